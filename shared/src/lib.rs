@@ -1,0 +1,14 @@
+//! IO-free building blocks both sluice daemons use: the model configuration, the checkpoint's
+//! tensor inventory and its validation, the expert locator and the size arithmetic.
+//!
+//! `checkpoint` is the one module that touches the filesystem: it reads `config.json`, the
+//! safetensors index and each shard's header (never a payload) and hands the bytes to the pure
+//! parsers here.
+
+pub mod checkpoint;
+pub mod config;
+pub mod kernels;
+pub mod safetensors_header;
+pub mod safetensors_locator;
+pub mod sizes;
+pub mod tensor_spec;

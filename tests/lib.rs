@@ -1,0 +1,177 @@
+//! Helpers for sluice's end-to-end tests: fixture paths, the oracle's reference files, the
+//! `hostd` binary, and safetensors rewriting used to build broken or re-laid-out checkpoints.
+
+use safetensors::{Dtype, SafeTensors};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+/// The workspace root (parent of this crate).
+pub fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("tests/ has a parent").to_path_buf()
+}
+
+/// Oracle presets with committed fixtures, sorted.
+pub fn presets() -> Vec<String> {
+    let dir = workspace_root().join("tests/fixtures/models");
+    let mut out: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+        .filter_map(|e| e.ok())
+        .filter(|e| e.path().join("config.json").exists())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    out.sort();
+    assert!(out.len() >= 3, "expected at least three oracle presets in {}", dir.display());
+    out
+}
+
+/// Directory of one preset's checkpoint.
+pub fn model_dir(preset: &str) -> PathBuf {
+    workspace_root().join("tests/fixtures/models").join(preset)
+}
+
+/// The oracle's reference JSON for one preset.
+pub fn reference(preset: &str) -> serde_json::Value {
+    let path = workspace_root().join("tests/fixtures/reference").join(format!("{preset}.json"));
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+/// Path of a workspace binary built alongside the test executable (`target/<profile>/NAME`).
+pub fn workspace_bin(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().expect("test executable path");
+    // target/<profile>/deps/it-<hash> → target/<profile>/NAME
+    let dir = exe.parent().and_then(Path::parent).expect("target/<profile>");
+    let bin = dir.join(name);
+    assert!(bin.exists(), "{} not built; run the tests through `cargo test --workspace`", bin.display());
+    bin
+}
+
+/// Runs `hostd ARGS…` and returns its output.
+pub fn hostd(args: &[&str]) -> Output {
+    Command::new(workspace_bin("hostd")).args(args).output().expect("spawn hostd")
+}
+
+/// Copies every file of `src` (flat directory) into a fresh temporary directory.
+pub fn copy_model(src: &Path) -> tempfile::TempDir {
+    let dst = tempfile::tempdir().expect("tempdir");
+    for entry in std::fs::read_dir(src).expect("read fixture dir") {
+        let entry = entry.expect("dir entry");
+        if entry.path().is_file() {
+            std::fs::copy(entry.path(), dst.path().join(entry.file_name())).expect("copy fixture file");
+        }
+    }
+    dst
+}
+
+/// An owned tensor for rewriting shards.
+#[derive(Clone, Debug)]
+pub struct OwnedTensor {
+    /// Element type.
+    pub dtype: Dtype,
+    /// Shape.
+    pub shape: Vec<usize>,
+    /// Raw little-endian bytes.
+    pub data: Vec<u8>,
+}
+
+impl safetensors::View for &OwnedTensor {
+    fn dtype(&self) -> Dtype {
+        self.dtype
+    }
+    fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+    fn data(&self) -> std::borrow::Cow<'_, [u8]> {
+        std::borrow::Cow::Borrowed(&self.data)
+    }
+    fn data_len(&self) -> usize {
+        self.data.len()
+    }
+}
+
+/// Reads every tensor of a shard (test-sized files only).
+pub fn read_shard(path: &Path) -> BTreeMap<String, OwnedTensor> {
+    let bytes = std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let st = SafeTensors::deserialize(&bytes).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    st.iter()
+        .map(|(name, view)| {
+            (name.to_string(), OwnedTensor { dtype: view.dtype(), shape: view.shape().to_vec(), data: view.data().to_vec() })
+        })
+        .collect()
+}
+
+/// Writes tensors as one safetensors file.
+pub fn write_shard(path: &Path, tensors: &BTreeMap<String, OwnedTensor>) {
+    safetensors::serialize_to_file(tensors.iter().map(|(n, t)| (n.clone(), t)), None, path)
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+}
+
+/// Writes `model.safetensors.index.json` for `weight_map` (tensor → shard file name).
+pub fn write_index(dir: &Path, weight_map: &BTreeMap<String, String>) {
+    let index = serde_json::json!({ "metadata": {}, "weight_map": weight_map });
+    std::fs::write(dir.join("model.safetensors.index.json"), serde_json::to_string_pretty(&index).expect("json"))
+        .expect("write index");
+}
+
+/// Reads `model.safetensors.index.json`'s weight map.
+pub fn read_index(dir: &Path) -> BTreeMap<String, String> {
+    let text = std::fs::read_to_string(dir.join("model.safetensors.index.json")).expect("index");
+    let v: serde_json::Value = serde_json::from_str(&text).expect("index json");
+    serde_json::from_value(v["weight_map"].clone()).expect("weight_map")
+}
+
+/// Rewrites the shard holding `tensor` with `edit` applied to that tensor (`None` removes it),
+/// keeping the index consistent. Returns the shard's file name.
+pub fn edit_tensor(dir: &Path, tensor: &str, edit: impl FnOnce(OwnedTensor) -> Option<OwnedTensor>) -> String {
+    let mut index = read_index(dir);
+    let shard = index.get(tensor).unwrap_or_else(|| panic!("{tensor} not in index")).clone();
+    let path = dir.join(&shard);
+    let mut tensors = read_shard(&path);
+    let t = tensors.remove(tensor).expect("tensor in shard");
+    match edit(t) {
+        Some(t) => {
+            tensors.insert(tensor.to_string(), t);
+        }
+        None => {
+            index.remove(tensor);
+        }
+    }
+    write_shard(&path, &tensors);
+    write_index(dir, &index);
+    shard
+}
+
+/// Deterministic pseudo-random numbers (SplitMix64) so test picks are reproducible.
+pub struct SplitMix(pub u64);
+
+impl SplitMix {
+    /// Next value in `0..n`.
+    pub fn below(&mut self, n: usize) -> usize {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        ((z ^ (z >> 31)) % n as u64) as usize
+    }
+}
+
+/// Reads a `{"path", "offset", "shape"}` logits block written beside `base_dir`'s JSON.
+pub fn read_logits(base_dir: &Path, block: &serde_json::Value) -> Vec<f32> {
+    let path = base_dir.join(block["path"].as_str().expect("logits path"));
+    let offset = block["offset"].as_u64().expect("offset") as usize;
+    let count: usize = block["shape"].as_array().expect("shape").iter().map(|d| d.as_u64().expect("dim") as usize).product();
+    let bytes = std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    bytes[offset..offset + count * 4].chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()
+}
+
+/// Directory of the oracle's reference files.
+pub fn reference_dir() -> PathBuf {
+    workspace_root().join("tests/fixtures/reference")
+}
+
+/// Largest absolute element-wise difference.
+pub fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len(), "length mismatch");
+    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
+}
