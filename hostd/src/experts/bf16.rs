@@ -1,0 +1,106 @@
+//! The reference expert backend: computes routed experts straight from the checkpoint's BF16
+//! bytes (memory-mapped, located by `shared::safetensors_locator`), f32 activations.
+//!
+//! Each expert's weights are read once per call for all rows routed to it (a GEMM over its
+//! rows), and each row's outputs are summed in the call's order.
+
+use super::{ExpertBackend, ExpertError, MoeCall, validate_call};
+use crate::model::ops::silu;
+use crate::model::weights::{MappedCheckpoint, Matrix, WeightsError};
+use rayon::prelude::*;
+use shared::kernels::{self, Isa};
+use shared::safetensors_locator::ExpertLocator;
+
+/// Gate, up and down matrices of one expert.
+struct ExpertMatrices {
+    gate: Matrix,
+    up: Matrix,
+    down: Matrix,
+}
+
+/// Routed experts computed from the checkpoint's BF16 weights.
+pub struct Bf16Experts {
+    /// `[layer][expert]`.
+    experts: Vec<Vec<ExpertMatrices>>,
+    n_experts: usize,
+    hidden: usize,
+    isa: Isa,
+}
+
+impl Bf16Experts {
+    /// Locates every expert of every layer in the mapped checkpoint.
+    pub fn new(w: &MappedCheckpoint, isa: Isa) -> Result<Bf16Experts, WeightsError> {
+        let cfg = &w.ckpt.config.text;
+        let locator = ExpertLocator::new(&w.ckpt);
+        let mut experts = Vec::with_capacity(cfg.num_layers);
+        for layer in 0..cfg.num_layers {
+            let mut row = Vec::with_capacity(cfg.num_experts);
+            for e in 0..cfg.num_experts {
+                let r = locator.expert(layer, e).map_err(|err| WeightsError::Missing(err.to_string()))?;
+                let name = format!("layer {layer} expert {e}");
+                let m = |b: &shared::safetensors_locator::ByteRange| w.matrix_at(&name, b.shard, b.offset, b.shape[0], b.shape[1]);
+                row.push(ExpertMatrices { gate: m(&r.gate)?, up: m(&r.up)?, down: m(&r.down)? });
+            }
+            experts.push(row);
+        }
+        Ok(Bf16Experts { experts, n_experts: cfg.num_experts, hidden: cfg.hidden_size, isa })
+    }
+}
+
+impl ExpertBackend for Bf16Experts {
+    fn name(&self) -> &'static str {
+        "bf16"
+    }
+
+    fn moe_layer(&self, call: &MoeCall<'_>, out: &mut [f32]) -> Result<(), ExpertError> {
+        validate_call(call, self.experts.len(), self.n_experts, self.hidden, out.len())?;
+        let (d, k) = (self.hidden, call.top_k);
+        // Group (row, slot) cells by expert.
+        let mut by_expert: Vec<Vec<usize>> = vec![Vec::new(); self.n_experts];
+        for (cell, &e) in call.ids.iter().enumerate() {
+            by_expert[e as usize].push(cell);
+        }
+        let used: Vec<(usize, Vec<usize>)> = by_expert.into_iter().enumerate().filter(|(_, c)| !c.is_empty()).collect();
+        // One GEMM chain per expert over its rows; results land in per-cell slots.
+        let results: Vec<(Vec<usize>, Vec<f32>)> = used
+            .into_par_iter()
+            .map(|(e, cells)| {
+                let m = &self.experts[call.layer][e];
+                let rows = cells.len();
+                let mut xs = Vec::with_capacity(rows * d);
+                for &cell in &cells {
+                    let r = cell / k;
+                    xs.extend_from_slice(&call.x[r * d..(r + 1) * d]);
+                }
+                let f = m.gate.rows;
+                let mut g = vec![0.0f32; rows * f];
+                let mut u = vec![0.0f32; rows * f];
+                kernels::gemm_bf16(self.isa, m.gate.data(), f, d, &xs, rows, &mut g);
+                kernels::gemm_bf16(self.isa, m.up.data(), f, d, &xs, rows, &mut u);
+                for (gv, uv) in g.iter_mut().zip(&u) {
+                    *gv = silu(*gv) * uv;
+                }
+                let mut y = vec![0.0f32; rows * d];
+                kernels::gemm_bf16(self.isa, m.down.data(), d, f, &g, rows, &mut y);
+                (cells, y)
+            })
+            .collect();
+        let mut slots = vec![0.0f32; call.n_rows * k * d];
+        for (cells, y) in results {
+            for (i, cell) in cells.into_iter().enumerate() {
+                slots[cell * d..(cell + 1) * d].copy_from_slice(&y[i * d..(i + 1) * d]);
+            }
+        }
+        out.fill(0.0);
+        for r in 0..call.n_rows {
+            let o = &mut out[r * d..(r + 1) * d];
+            for s in 0..k {
+                let wgt = call.weights[r * k + s];
+                for (ov, yv) in o.iter_mut().zip(&slots[(r * k + s) * d..(r * k + s + 1) * d]) {
+                    *ov += wgt * yv;
+                }
+            }
+        }
+        Ok(())
+    }
+}

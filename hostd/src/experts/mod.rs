@@ -1,0 +1,92 @@
+//! The expert boundary: the MoE block computes the route and hands `(layer, rows, expert ids,
+//! weights)` to an [`ExpertBackend`]; the backend returns the weighted sum of the chosen
+//! experts' outputs per row.
+//!
+//! Backends: [`bf16::Bf16Experts`] computes straight from the checkpoint's BF16 bytes (the
+//! reference). The INT8 container backend and the expertd client implement the same trait.
+
+pub mod bf16;
+
+/// One MoE layer's routed-expert work for a batch of rows.
+#[derive(Debug, Clone, Copy)]
+pub struct MoeCall<'a> {
+    /// Layer index.
+    pub layer: usize,
+    /// Rows (tokens) in this call.
+    pub n_rows: usize,
+    /// Experts per row.
+    pub top_k: usize,
+    /// Activations, `n_rows × hidden_size`, row-major.
+    pub x: &'a [f32],
+    /// Chosen experts, `n_rows × top_k`, row-major.
+    pub ids: &'a [u32],
+    /// Routing weights, `n_rows × top_k`, aligned with `ids`.
+    pub weights: &'a [f32],
+}
+
+/// Why an expert call failed, naming the layer and expert where one is involved.
+#[derive(Debug, thiserror::Error)]
+pub enum ExpertError {
+    /// The call itself is malformed (lengths, ids, weights).
+    #[error("invalid expert call for layer {layer}: {reason}")]
+    InvalidCall {
+        /// Layer of the call.
+        layer: usize,
+        /// What is wrong.
+        reason: String,
+    },
+    /// An expert's weights could not be read.
+    #[error("layer {layer} expert {expert}: {reason}")]
+    Expert {
+        /// Layer.
+        layer: usize,
+        /// Expert.
+        expert: u32,
+        /// What failed.
+        reason: String,
+    },
+}
+
+/// Computes routed experts. Implementations must sum each row's `top_k` weighted expert
+/// outputs in the order the call lists them, so results do not depend on caching or batching.
+pub trait ExpertBackend: Send + Sync {
+    /// Short name for logs and reports (`bf16`, `int8`, `expertd`).
+    fn name(&self) -> &'static str;
+    /// Writes `out[r] = Σ_k weights[r,k] · expert_{ids[r,k]}(x[r])` for every row.
+    fn moe_layer(&self, call: &MoeCall<'_>, out: &mut [f32]) -> Result<(), ExpertError>;
+}
+
+/// Checks a call's shape and contents against the model's dimensions.
+pub fn validate_call(call: &MoeCall<'_>, n_layers: usize, n_experts: usize, hidden: usize, out_len: usize) -> Result<(), ExpertError> {
+    let bad = |reason: String| Err(ExpertError::InvalidCall { layer: call.layer, reason });
+    if call.layer >= n_layers {
+        return bad(format!("layer out of range (model has {n_layers})"));
+    }
+    let cells = call.n_rows.checked_mul(call.top_k);
+    if call.top_k == 0 || cells != Some(call.ids.len()) || call.weights.len() != call.ids.len() {
+        return bad(format!(
+            "ids ({}) and weights ({}) must both hold rows × top_k = {} × {} entries",
+            call.ids.len(),
+            call.weights.len(),
+            call.n_rows,
+            call.top_k
+        ));
+    }
+    if call.x.len() != call.n_rows * hidden || out_len != call.n_rows * hidden {
+        return bad(format!("activations ({}) and output ({out_len}) must hold rows × hidden = {} × {hidden}", call.x.len(), call.n_rows));
+    }
+    for (r, row) in call.ids.chunks_exact(call.top_k).enumerate() {
+        for (i, &e) in row.iter().enumerate() {
+            if e as usize >= n_experts {
+                return bad(format!("row {r}: expert {e} out of range (layer has {n_experts})"));
+            }
+            if row[..i].contains(&e) {
+                return bad(format!("row {r}: expert {e} chosen twice"));
+            }
+        }
+    }
+    if let Some(w) = call.weights.iter().find(|w| !w.is_finite()) {
+        return bad(format!("non-finite routing weight {w}"));
+    }
+    Ok(())
+}

@@ -1,0 +1,47 @@
+//! `hostd` binary: parses the command line and hands each subcommand to `hostd::cli`.
+
+use clap::{Parser, Subcommand};
+
+/// sluice host process: model inspection, tokenizer tools (and, later, generation and serving).
+#[derive(Parser)]
+#[command(name = "hostd", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Validate a model directory and report its layers, tensors and memory arithmetic.
+    Inspect(hostd::cli::inspect::InspectArgs),
+    /// Read UTF-8 text on stdin and print its token ids.
+    Tokenize(hostd::cli::tokenize::TokenizeArgs),
+    /// Generate a reply to one prompt (greedy), streaming text, then report speed and memory.
+    Run(hostd::cli::run::RunArgs),
+    /// Parity interface: prefill + greedy steps per prompt, logits and routes to a file.
+    Eval(hostd::cli::eval::EvalArgs),
+    /// Write a deterministic random-weight checkpoint in the release layout (tiny, small, realdim).
+    Synth(hostd::cli::synth::SynthArgs),
+    /// Benchmark: per-op prefill and decode time, bytes streamed and GB/s vs DRAM bandwidth.
+    Profile(hostd::cli::profile::ProfileArgs),
+}
+
+fn main() -> std::process::ExitCode {
+    hostd::cli::init_tracing();
+    let result = match Cli::parse().command {
+        Command::Inspect(args) => hostd::cli::inspect::run(&args),
+        Command::Tokenize(args) => hostd::cli::tokenize::run(&args),
+        Command::Run(args) => hostd::cli::run::run(&args),
+        Command::Eval(args) => hostd::cli::eval::run(&args),
+        Command::Synth(args) => hostd::cli::synth::run(&args),
+        Command::Profile(args) => hostd::cli::profile::run(&args),
+    };
+    match result {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            // `{:#}` prints the whole context chain on one line: what failed, then why.
+            eprintln!("error: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,168 @@
+//! Gated full attention (spec §4.4–4.5): q/gate interleaved per head in `q_proj`, per-head
+//! zero-centred q/k norms, partial rotate-half RoPE, GQA, causal softmax, sigmoid output gate,
+//! and the layer's KV cache.
+//!
+//! Owns the attention math and its cache; the caller owns the residual stream and the norms
+//! around the mixer.
+
+use super::ops::{self, project_new};
+use super::profile;
+use super::weights::{MappedCheckpoint, Matrix, WeightsError};
+use rayon::prelude::*;
+use shared::config::{AttentionLayout, TextConfig};
+use shared::kernels::Isa;
+
+/// Keys and values of every past token of one sequence in one attention layer (f32, post-norm,
+/// post-RoPE), laid out `[position][kv head][head_dim]`.
+#[derive(Debug, Clone, Default)]
+pub struct KvCache {
+    k: Vec<f32>,
+    v: Vec<f32>,
+    len: usize,
+}
+
+impl KvCache {
+    /// Cached positions.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+    /// True when nothing is cached.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+    /// Bytes held by the cache's buffers.
+    pub fn bytes(&self) -> usize {
+        (self.k.capacity() + self.v.capacity()) * 4
+    }
+}
+
+/// RoPE inverse frequencies for the rotary dims, computed as transformers does (fp32 table).
+#[derive(Debug, Clone)]
+pub struct Rope {
+    inv_freq: Vec<f32>,
+}
+
+impl Rope {
+    /// `inv_freq[j] = 1 / θ^(2j / rotary_dims)` for j in `0..rotary_dims/2`.
+    pub fn new(theta: f64, rotary_dims: usize) -> Rope {
+        let inv_freq = (0..rotary_dims / 2)
+            .map(|j| {
+                let exponent = (2 * j) as f32 / rotary_dims as f32;
+                (1.0 / theta.powf(exponent as f64)) as f32
+            })
+            .collect();
+        Rope { inv_freq }
+    }
+
+    /// Rotates the first `rotary_dims` entries of one head vector at position `pos`
+    /// (rotate-half pairing `(j, j + rotary_dims/2)`).
+    pub fn apply(&self, x: &mut [f32], pos: usize) {
+        let half = self.inv_freq.len();
+        for (j, &f) in self.inv_freq.iter().enumerate() {
+            let angle = pos as f32 * f;
+            let (sin, cos) = angle.sin_cos();
+            let (a, b) = (x[j], x[j + half]);
+            x[j] = a * cos - b * sin;
+            x[j + half] = b * cos + a * sin;
+        }
+    }
+}
+
+/// Weights of one full-attention layer.
+pub struct Attention {
+    q_proj: Matrix,
+    k_proj: Matrix,
+    v_proj: Matrix,
+    o_proj: Matrix,
+    q_scale: Vec<f32>,
+    k_scale: Vec<f32>,
+    layout: AttentionLayout,
+    rope: Rope,
+    eps: f32,
+}
+
+impl Attention {
+    /// Loads layer `layer`'s attention weights (`prefix` is the text-model name prefix).
+    pub fn load(w: &MappedCheckpoint, cfg: &TextConfig, prefix: &str, layer: usize) -> Result<Attention, WeightsError> {
+        let a = format!("{prefix}layers.{layer}.self_attn.");
+        let at = cfg.attention;
+        let d = cfg.hidden_size;
+        Ok(Attention {
+            q_proj: w.matrix(&format!("{a}q_proj.weight"), at.q_proj_rows(), d)?,
+            k_proj: w.matrix(&format!("{a}k_proj.weight"), at.kv_proj_rows(), d)?,
+            v_proj: w.matrix(&format!("{a}v_proj.weight"), at.kv_proj_rows(), d)?,
+            o_proj: w.matrix(&format!("{a}o_proj.weight"), d, at.o_proj_cols())?,
+            q_scale: ops::zero_centred_scale(&w.vector_f32(&format!("{a}q_norm.weight"))?),
+            k_scale: ops::zero_centred_scale(&w.vector_f32(&format!("{a}k_norm.weight"))?),
+            layout: at,
+            rope: Rope::new(cfg.rope_theta, at.rotary_dims),
+            eps: cfg.rms_norm_eps as f32,
+        })
+    }
+
+    /// Runs `n` new tokens (rows of `x`, already normed) at positions `cache.len()..`, appends
+    /// their keys and values to `cache`, and returns the `n × d` mixer output.
+    pub fn forward(&self, isa: Isa, x: &[f32], n: usize, cache: &mut KvCache) -> Vec<f32> {
+        let at = self.layout;
+        let (nq, nkv, dh) = (at.n_q_heads, at.n_kv_heads, at.head_dim);
+        let start = cache.len;
+        let scope = profile::scope("attention.qkv_proj", self.q_proj.bytes() + self.k_proj.bytes() + self.v_proj.bytes());
+        let p = project_new(isa, &self.q_proj, x, n);
+        let mut k = project_new(isa, &self.k_proj, x, n);
+        let v = project_new(isa, &self.v_proj, x, n);
+        drop(scope);
+        let scope = profile::scope("attention.core", 0);
+
+        // Split q and gate (interleaved per head: [q_h | gate_h] blocks of head_dim), norm, rotate.
+        let mut q = vec![0.0f32; n * nq * dh];
+        let mut gate = vec![0.0f32; n * nq * dh];
+        for t in 0..n {
+            for h in 0..nq {
+                let src = &p[(t * nq + h) * 2 * dh..(t * nq + h + 1) * 2 * dh];
+                let qd = &mut q[(t * nq + h) * dh..(t * nq + h + 1) * dh];
+                qd.copy_from_slice(&src[..dh]);
+                gate[(t * nq + h) * dh..(t * nq + h + 1) * dh].copy_from_slice(&src[dh..]);
+                ops::rms_norm_scaled(qd, &self.q_scale, self.eps);
+                self.rope.apply(qd, start + t);
+            }
+            for g in 0..nkv {
+                let kd = &mut k[(t * nkv + g) * dh..(t * nkv + g + 1) * dh];
+                ops::rms_norm_scaled(kd, &self.k_scale, self.eps);
+                self.rope.apply(kd, start + t);
+            }
+        }
+        cache.k.extend_from_slice(&k);
+        cache.v.extend_from_slice(&v);
+        cache.len += n;
+
+        // Causal attention per (token, head); each output block is independent.
+        let scale = 1.0 / (dh as f32).sqrt();
+        let mut o = vec![0.0f32; n * nq * dh];
+        let (ck, cv) = (&cache.k, &cache.v);
+        o.par_chunks_mut(dh).enumerate().for_each(|(idx, out)| {
+            let (t, h) = (idx / nq, idx % nq);
+            let g = h / at.q_per_kv;
+            let qv = &q[idx * dh..(idx + 1) * dh];
+            let visible = start + t + 1;
+            let mut scores: Vec<f32> = (0..visible)
+                .map(|tau| {
+                    let kv = &ck[(tau * nkv + g) * dh..(tau * nkv + g + 1) * dh];
+                    qv.iter().zip(kv).map(|(a, b)| a * b).sum::<f32>() * scale
+                })
+                .collect();
+            ops::softmax(&mut scores);
+            for (tau, s) in scores.iter().enumerate() {
+                let vv = &cv[(tau * nkv + g) * dh..(tau * nkv + g + 1) * dh];
+                for (acc, x) in out.iter_mut().zip(vv) {
+                    *acc += s * x;
+                }
+            }
+        });
+        for (ov, gv) in o.iter_mut().zip(&gate) {
+            *ov *= ops::sigmoid(*gv);
+        }
+        drop(scope);
+        let _scope = profile::scope("attention.o_proj", self.o_proj.bytes());
+        project_new(isa, &self.o_proj, &o, n)
+    }
+}

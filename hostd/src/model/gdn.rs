@@ -1,0 +1,359 @@
+//! Gated DeltaNet (spec §4.6): in-projections, causal depthwise conv with SiLU and its rolling
+//! state, L2-normalised q/k, β = σ(b), decay g = −exp(A_log)·softplus(a + dt_bias), the
+//! delta-rule recurrence in f32 (decode) and its chunked form (prefill, chunks of 64), the
+//! SiLU-gated RMSNorm and the out-projection.
+//!
+//! Owns the DeltaNet math and its per-sequence state; the caller owns the residual stream.
+
+use super::ops::{self, project_new};
+use super::profile;
+use super::weights::{MappedCheckpoint, Matrix, WeightsError};
+use rayon::prelude::*;
+use shared::config::{DeltaNetLayout, TextConfig};
+use shared::kernels::Isa;
+
+/// Chunk length of the chunked (prefill) form, as transformers uses.
+pub const CHUNK: usize = 64;
+
+/// Per-sequence state of one DeltaNet layer (f32).
+#[derive(Debug, Clone)]
+pub struct DeltaNetState {
+    /// The last `conv_kernel − 1` pre-conv qkv rows, oldest first: `[(K−1) × conv_dim]`.
+    conv: Vec<f32>,
+    /// Recurrent state per v head, `[n_v_heads][key_head_dim][value_head_dim]`.
+    recurrent: Vec<f32>,
+}
+
+impl DeltaNetState {
+    /// A fresh (all-zero) state.
+    pub fn new(dn: &DeltaNetLayout) -> DeltaNetState {
+        DeltaNetState {
+            conv: vec![0.0; (dn.conv_kernel - 1) * dn.conv_dim()],
+            recurrent: vec![0.0; dn.n_v_heads * dn.key_head_dim * dn.value_head_dim],
+        }
+    }
+    /// Bytes held by the state.
+    pub fn bytes(&self) -> usize {
+        (self.conv.len() + self.recurrent.len()) * 4
+    }
+}
+
+/// Weights of one Gated DeltaNet layer.
+pub struct DeltaNet {
+    in_proj_qkv: Matrix,
+    in_proj_z: Matrix,
+    in_proj_b: Matrix,
+    in_proj_a: Matrix,
+    /// Conv taps `[conv_dim][K]`, tap K−1 multiplies the current token.
+    conv: Vec<f32>,
+    dt_bias: Vec<f32>,
+    /// −exp(A_log) per v head.
+    neg_a: Vec<f32>,
+    norm: Vec<f32>,
+    out_proj: Matrix,
+    dn: DeltaNetLayout,
+    eps: f32,
+}
+
+/// Per-token inputs of the recurrence for one v head, after conv, norms and gates.
+struct HeadInputs<'a> {
+    q: &'a [f32],
+    k: &'a [f32],
+    v: &'a [f32],
+    beta: &'a [f32],
+    g: &'a [f32],
+    n: usize,
+}
+
+impl DeltaNet {
+    /// Loads layer `layer`'s DeltaNet weights.
+    pub fn load(w: &MappedCheckpoint, cfg: &TextConfig, prefix: &str, layer: usize) -> Result<DeltaNet, WeightsError> {
+        let a = format!("{prefix}layers.{layer}.linear_attn.");
+        let dn = cfg.delta_net;
+        let d = cfg.hidden_size;
+        let a_log = w.vector_f32(&format!("{a}A_log"))?;
+        Ok(DeltaNet {
+            in_proj_qkv: w.matrix(&format!("{a}in_proj_qkv.weight"), dn.conv_dim(), d)?,
+            in_proj_z: w.matrix(&format!("{a}in_proj_z.weight"), dn.value_dim(), d)?,
+            in_proj_b: w.matrix(&format!("{a}in_proj_b.weight"), dn.n_v_heads, d)?,
+            in_proj_a: w.matrix(&format!("{a}in_proj_a.weight"), dn.n_v_heads, d)?,
+            conv: w.vector_f32(&format!("{a}conv1d.weight"))?,
+            dt_bias: w.vector_f32(&format!("{a}dt_bias"))?,
+            neg_a: a_log.iter().map(|v| -v.exp()).collect(),
+            norm: w.vector_f32(&format!("{a}norm.weight"))?,
+            out_proj: w.matrix(&format!("{a}out_proj.weight"), d, dn.value_dim())?,
+            dn,
+            eps: cfg.rms_norm_eps as f32,
+        })
+    }
+
+    /// Runs `n` new tokens (rows of `x`, already normed) through the layer, advancing `state`,
+    /// and returns the `n × d` mixer output. One token uses the recurrence; more use the
+    /// chunked form.
+    pub fn forward(&self, isa: Isa, x: &[f32], n: usize, state: &mut DeltaNetState) -> Vec<f32> {
+        let dn = self.dn;
+        let (nk, nv, dk, dv) = (dn.n_k_heads, dn.n_v_heads, dn.key_head_dim, dn.value_head_dim);
+        let (cdim, kw) = (dn.conv_dim(), dn.conv_kernel);
+        let in_bytes = self.in_proj_qkv.bytes() + self.in_proj_z.bytes() + self.in_proj_b.bytes() + self.in_proj_a.bytes();
+        let scope = profile::scope("deltanet.in_proj", in_bytes);
+        let xqkv = project_new(isa, &self.in_proj_qkv, x, n);
+        let z = project_new(isa, &self.in_proj_z, x, n);
+        let b = project_new(isa, &self.in_proj_b, x, n);
+        let a = project_new(isa, &self.in_proj_a, x, n);
+        drop(scope);
+        let scope = profile::scope("deltanet.conv_norm_gates", 0);
+
+        // Causal depthwise conv over [history ; new rows], then SiLU.
+        let hist = kw - 1;
+        let mut ext = Vec::with_capacity((hist + n) * cdim);
+        ext.extend_from_slice(&state.conv);
+        ext.extend_from_slice(&xqkv);
+        let mut y = vec![0.0f32; n * cdim];
+        y.par_chunks_mut(cdim).enumerate().for_each(|(t, row)| {
+            for (c, out) in row.iter_mut().enumerate() {
+                let taps = &self.conv[c * kw..(c + 1) * kw];
+                let acc: f32 = taps.iter().enumerate().map(|(m, w)| w * ext[(t + m) * cdim + c]).sum();
+                *out = ops::silu(acc);
+            }
+        });
+        state.conv.copy_from_slice(&ext[n * cdim..(n + hist) * cdim]);
+
+        // Split and normalise q, k per head; v as is.
+        let (ck, cv) = (nk * dk, nv * dv);
+        let q_mul = 1.0 / (dk as f32).sqrt();
+        let mut q = vec![0.0f32; n * ck];
+        let mut k = vec![0.0f32; n * ck];
+        let mut v = vec![0.0f32; n * cv];
+        for t in 0..n {
+            let row = &y[t * cdim..(t + 1) * cdim];
+            q[t * ck..(t + 1) * ck].copy_from_slice(&row[..ck]);
+            k[t * ck..(t + 1) * ck].copy_from_slice(&row[ck..2 * ck]);
+            v[t * cv..(t + 1) * cv].copy_from_slice(&row[2 * ck..]);
+            for h in 0..nk {
+                ops::l2_norm(&mut q[t * ck + h * dk..t * ck + (h + 1) * dk], 1e-6, q_mul);
+                ops::l2_norm(&mut k[t * ck + h * dk..t * ck + (h + 1) * dk], 1e-6, 1.0);
+            }
+        }
+        // Gates laid out per head: beta[h][t], g[h][t].
+        let mut beta = vec![0.0f32; nv * n];
+        let mut g = vec![0.0f32; nv * n];
+        for t in 0..n {
+            for h in 0..nv {
+                beta[h * n + t] = ops::sigmoid(b[t * nv + h]);
+                g[h * n + t] = self.neg_a[h] * ops::softplus(a[t * nv + h] + self.dt_bias[h]);
+            }
+        }
+
+        drop(scope);
+        let scope = profile::scope(if n == 1 { "deltanet.recurrence" } else { "deltanet.chunked" }, 0);
+        // Per v head: gather its inputs, run the recurrence, write outputs [t][h][dv].
+        let head_out: Vec<Vec<f32>> = state
+            .recurrent
+            .par_chunks_mut(dk * dv)
+            .enumerate()
+            .map(|(h, s)| {
+                let kh = h / dn.v_per_k;
+                let gather = |src: &[f32], width: usize, stride: usize, head: usize| -> Vec<f32> {
+                    (0..n).flat_map(|t| src[t * stride + head * width..t * stride + (head + 1) * width].iter().copied()).collect()
+                };
+                let (qh, khv, vh) = (gather(&q, dk, ck, kh), gather(&k, dk, ck, kh), gather(&v, dv, cv, h));
+                let inputs = HeadInputs { q: &qh, k: &khv, v: &vh, beta: &beta[h * n..(h + 1) * n], g: &g[h * n..(h + 1) * n], n };
+                if n == 1 { recurrent(s, &inputs, dk, dv) } else { chunked(s, &inputs, dk, dv) }
+            })
+            .collect();
+
+        drop(scope);
+        let scope = profile::scope("deltanet.gated_norm", 0);
+        // Gated RMSNorm per head, flattened head-major, then the out-projection.
+        let mut o = vec![0.0f32; n * cv];
+        for t in 0..n {
+            for (h, out_h) in head_out.iter().enumerate() {
+                let dst = &mut o[t * cv + h * dv..t * cv + (h + 1) * dv];
+                dst.copy_from_slice(&out_h[t * dv..(t + 1) * dv]);
+                let ms = dst.iter().map(|x| x * x).sum::<f32>() / dv as f32;
+                let inv = 1.0 / (ms + self.eps).sqrt();
+                let zh = &z[t * cv + h * dv..t * cv + (h + 1) * dv];
+                for ((x, w), zv) in dst.iter_mut().zip(&self.norm).zip(zh) {
+                    *x = w * (*x * inv) * ops::silu(*zv);
+                }
+            }
+        }
+        drop(scope);
+        let _scope = profile::scope("deltanet.out_proj", self.out_proj.bytes());
+        project_new(isa, &self.out_proj, &o, n)
+    }
+}
+
+/// The delta rule token by token (the normative form). `s` is `[dk][dv]`; returns `[n][dv]`.
+fn recurrent(s: &mut [f32], x: &HeadInputs<'_>, dk: usize, dv: usize) -> Vec<f32> {
+    let mut out = vec![0.0f32; x.n * dv];
+    let mut u = vec![0.0f32; dv];
+    for t in 0..x.n {
+        let (q, k, v) = (&x.q[t * dk..(t + 1) * dk], &x.k[t * dk..(t + 1) * dk], &x.v[t * dv..(t + 1) * dv]);
+        let decay = x.g[t].exp();
+        s.iter_mut().for_each(|e| *e *= decay);
+        // u = β (v − Sᵀk)
+        u.copy_from_slice(v);
+        for (i, ki) in k.iter().enumerate() {
+            for (uj, sij) in u.iter_mut().zip(&s[i * dv..(i + 1) * dv]) {
+                *uj -= ki * sij;
+            }
+        }
+        u.iter_mut().for_each(|e| *e *= x.beta[t]);
+        // S += k ⊗ u, then o = Sᵀq
+        let o = &mut out[t * dv..(t + 1) * dv];
+        for i in 0..dk {
+            let row = &mut s[i * dv..(i + 1) * dv];
+            for (sij, uj) in row.iter_mut().zip(&u) {
+                *sij += k[i] * uj;
+            }
+            for (oj, sij) in o.iter_mut().zip(row.iter()) {
+                *oj += q[i] * sij;
+            }
+        }
+    }
+    out
+}
+
+/// The chunked form (spec §4.6): mathematically identical to [`recurrent`], with work done as
+/// small matrix products per chunk of [`CHUNK`] tokens. `s` is `[dk][dv]`; returns `[n][dv]`.
+fn chunked(s: &mut [f32], x: &HeadInputs<'_>, dk: usize, dv: usize) -> Vec<f32> {
+    let mut out = vec![0.0f32; x.n * dv];
+    let mut start = 0;
+    while start < x.n {
+        let l = CHUNK.min(x.n - start);
+        let q = &x.q[start * dk..(start + l) * dk];
+        let k = &x.k[start * dk..(start + l) * dk];
+        let v = &x.v[start * dv..(start + l) * dv];
+        let beta = &x.beta[start..start + l];
+        // γ_i = Σ_{s≤i} g_s
+        let gamma: Vec<f32> = x.g[start..start + l]
+            .iter()
+            .scan(0.0f32, |acc, g| {
+                *acc += g;
+                Some(*acc)
+            })
+            .collect();
+        let dot = |a: &[f32], b: &[f32]| a.iter().zip(b).map(|(x, y)| x * y).sum::<f32>();
+        // Strictly lower L_ij = β_i (k_i·k_j) e^{γ_i−γ_j}.
+        let mut lmat = vec![0.0f32; l * l];
+        for i in 0..l {
+            for j in 0..i {
+                lmat[i * l + j] = beta[i] * dot(&k[i * dk..(i + 1) * dk], &k[j * dk..(j + 1) * dk]) * (gamma[i] - gamma[j]).exp();
+            }
+        }
+        // Forward substitution with (I + L): U = (I+L)⁻¹(β v), W = (I+L)⁻¹(β e^γ k).
+        let mut u = vec![0.0f32; l * dv];
+        let mut w = vec![0.0f32; l * dk];
+        for i in 0..l {
+            for c in 0..dv {
+                u[i * dv + c] = beta[i] * v[i * dv + c];
+            }
+            let scale = beta[i] * gamma[i].exp();
+            for c in 0..dk {
+                w[i * dk + c] = scale * k[i * dk + c];
+            }
+            for j in 0..i {
+                let lij = lmat[i * l + j];
+                if lij != 0.0 {
+                    let (done, cur) = u.split_at_mut(i * dv);
+                    for (uc, uj) in cur[..dv].iter_mut().zip(&done[j * dv..(j + 1) * dv]) {
+                        *uc -= lij * uj;
+                    }
+                    let (done, cur) = w.split_at_mut(i * dk);
+                    for (wc, wj) in cur[..dk].iter_mut().zip(&done[j * dk..(j + 1) * dk]) {
+                        *wc -= lij * wj;
+                    }
+                }
+            }
+        }
+        // V' = U − W·S
+        let mut vp = u;
+        for i in 0..l {
+            for r in 0..dk {
+                let wir = w[i * dk + r];
+                for (vc, sc) in vp[i * dv..(i + 1) * dv].iter_mut().zip(&s[r * dv..(r + 1) * dv]) {
+                    *vc -= wir * sc;
+                }
+            }
+        }
+        // O_i = e^{γ_i} q_i·S + Σ_{j≤i} (q_i·k_j) e^{γ_i−γ_j} V'_j
+        for i in 0..l {
+            let o = &mut out[(start + i) * dv..(start + i + 1) * dv];
+            let eg = gamma[i].exp();
+            for r in 0..dk {
+                let qr = q[i * dk + r] * eg;
+                for (oc, sc) in o.iter_mut().zip(&s[r * dv..(r + 1) * dv]) {
+                    *oc += qr * sc;
+                }
+            }
+            for j in 0..=i {
+                let a = dot(&q[i * dk..(i + 1) * dk], &k[j * dk..(j + 1) * dk]) * (gamma[i] - gamma[j]).exp();
+                for (oc, vc) in o.iter_mut().zip(&vp[j * dv..(j + 1) * dv]) {
+                    *oc += a * vc;
+                }
+            }
+        }
+        // S_new = e^{γ_last} S + Σ_j (k_j e^{γ_last−γ_j}) ⊗ V'_j
+        let last = gamma[l - 1];
+        let el = last.exp();
+        s.iter_mut().for_each(|e| *e *= el);
+        for j in 0..l {
+            let f = (last - gamma[j]).exp();
+            for r in 0..dk {
+                let kr = k[j * dk + r] * f;
+                for (sc, vc) in s[r * dv..(r + 1) * dv].iter_mut().zip(&vp[j * dv..(j + 1) * dv]) {
+                    *sc += kr * vc;
+                }
+            }
+        }
+        start += l;
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Deterministic inputs in realistic ranges (unit-norm k, β in (0,1), g ≤ 0).
+    /// q, k, v, β, g for `n` tokens.
+    type Inputs = (Vec<f32>, Vec<f32>, Vec<f32>, Vec<f32>, Vec<f32>);
+
+    fn inputs(n: usize, dk: usize, dv: usize, seed: u32) -> Inputs {
+        let mut state = seed.wrapping_mul(2654435761).wrapping_add(1);
+        let mut rnd = move || {
+            state ^= state << 13;
+            state ^= state >> 17;
+            state ^= state << 5;
+            (state as f32 / u32::MAX as f32) * 2.0 - 1.0
+        };
+        let mut q: Vec<f32> = (0..n * dk).map(|_| rnd()).collect();
+        let mut k: Vec<f32> = (0..n * dk).map(|_| rnd()).collect();
+        for t in 0..n {
+            ops::l2_norm(&mut q[t * dk..(t + 1) * dk], 1e-6, 1.0 / (dk as f32).sqrt());
+            ops::l2_norm(&mut k[t * dk..(t + 1) * dk], 1e-6, 1.0);
+        }
+        let v = (0..n * dv).map(|_| rnd()).collect();
+        let beta = (0..n).map(|_| ops::sigmoid(rnd() * 3.0)).collect();
+        let g = (0..n).map(|_| -ops::softplus(rnd() * 2.0) * 0.5).collect();
+        (q, k, v, beta, g)
+    }
+
+    #[test]
+    fn chunked_equals_recurrent_across_chunk_boundaries_and_carried_state() {
+        let (dk, dv) = (16, 24);
+        for n in [1, 2, 63, 64, 65, 130] {
+            let (q, k, v, beta, g) = inputs(n, dk, dv, n as u32);
+            let x = HeadInputs { q: &q, k: &k, v: &v, beta: &beta, g: &g, n };
+            // Non-zero incoming state, as when a prompt is fed in pieces.
+            let s0: Vec<f32> = (0..dk * dv).map(|i| ((i % 7) as f32 - 3.0) * 0.05).collect();
+            let (mut s_rec, mut s_chk) = (s0.clone(), s0);
+            let o_rec = recurrent(&mut s_rec, &x, dk, dv);
+            let o_chk = chunked(&mut s_chk, &x, dk, dv);
+            let max_o = o_rec.iter().zip(&o_chk).map(|(a, b)| (a - b).abs()).fold(0.0, f32::max);
+            let max_s = s_rec.iter().zip(&s_chk).map(|(a, b)| (a - b).abs()).fold(0.0, f32::max);
+            assert!(max_o < 1e-5 && max_s < 1e-5, "n={n}: max |Δo| {max_o}, max |ΔS| {max_s}");
+        }
+    }
+}

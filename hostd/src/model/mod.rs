@@ -1,0 +1,268 @@
+//! The Qwen3.5/3.6-MoE text model in Rust (spec §4): loading from a memory-mapped checkpoint,
+//! per-sequence state, and the forward pass over a block of new tokens.
+//!
+//! A forward call takes any number of new tokens for one sequence: several tokens run as one
+//! block (GEMMs, chunked DeltaNet), one token runs the decode path. State carries across calls,
+//! so a prompt may be fed in one call or in pieces.
+
+pub mod attention;
+pub mod gdn;
+pub mod moe;
+pub mod ops;
+pub mod profile;
+pub mod weights;
+
+use crate::experts::{ExpertBackend, ExpertError};
+use attention::{Attention, KvCache};
+use gdn::{DeltaNet, DeltaNetState};
+use moe::{Moe, Routes};
+use shared::config::{LayerType, TextConfig};
+use shared::kernels::Isa;
+use std::sync::Arc;
+use weights::{MappedCheckpoint, Matrix, WeightsError};
+
+/// Why a forward pass or a load failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ModelError {
+    /// Loading weights failed.
+    #[error(transparent)]
+    Weights(#[from] WeightsError),
+    /// The expert backend failed.
+    #[error(transparent)]
+    Experts(#[from] ExpertError),
+    /// A token id is outside the embedding table.
+    #[error("token id {id} at input position {index} is outside the vocabulary (size {vocab})")]
+    TokenOutOfRange {
+        /// The id.
+        id: u32,
+        /// Its index in the input.
+        index: usize,
+        /// Embedding rows.
+        vocab: usize,
+    },
+    /// The sequence would exceed the configured context.
+    #[error("sequence of {needed} tokens exceeds the model's context of {max} tokens (max_position_embeddings)")]
+    ContextExceeded {
+        /// Tokens the sequence would hold.
+        needed: usize,
+        /// The limit.
+        max: usize,
+    },
+    /// A forward call with no tokens.
+    #[error("empty input: at least one token is required")]
+    Empty,
+    /// An earlier forward call on this sequence failed midway; its state is unusable.
+    #[error("sequence state is unusable after an earlier failed forward call; start a new sequence")]
+    Poisoned,
+}
+
+/// The token mixer of one layer.
+pub enum Mixer {
+    /// Gated full attention.
+    Attention(Attention),
+    /// Gated DeltaNet.
+    DeltaNet(DeltaNet),
+}
+
+/// One decoder layer.
+pub struct Layer {
+    input_scale: Vec<f32>,
+    post_scale: Vec<f32>,
+    mixer: Mixer,
+    moe: Moe,
+}
+
+/// Per-layer state of one sequence.
+#[derive(Debug, Clone)]
+pub enum LayerState {
+    /// KV cache of a full-attention layer.
+    Kv(KvCache),
+    /// Conv and recurrent state of a DeltaNet layer.
+    DeltaNet(DeltaNetState),
+}
+
+/// Everything one sequence carries between forward calls.
+#[derive(Debug, Clone)]
+pub struct SequenceState {
+    layers: Vec<LayerState>,
+    pos: usize,
+    /// Set when a forward call failed after some layers advanced.
+    poisoned: bool,
+}
+
+impl SequenceState {
+    /// Tokens consumed so far (the next token's position).
+    pub fn len(&self) -> usize {
+        self.pos
+    }
+    /// True before the first token.
+    pub fn is_empty(&self) -> bool {
+        self.pos == 0
+    }
+    /// Bytes of KV cache and DeltaNet state held.
+    pub fn bytes(&self) -> usize {
+        self.layers
+            .iter()
+            .map(|l| match l {
+                LayerState::Kv(c) => c.bytes(),
+                LayerState::DeltaNet(s) => s.bytes(),
+            })
+            .sum()
+    }
+}
+
+/// Which rows of logits a forward call returns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Logits {
+    /// Every input position (`n × vocab`).
+    All,
+    /// Only the last input position (`vocab`).
+    Last,
+}
+
+/// The loaded model: dense weights resident (mapped), routed experts behind a backend.
+pub struct Model {
+    cfg: TextConfig,
+    isa: Isa,
+    embed: Matrix,
+    layers: Vec<Layer>,
+    final_scale: Vec<f32>,
+    lm_head: Matrix,
+    experts: Arc<dyn ExpertBackend>,
+}
+
+impl Model {
+    /// Loads the dense weights from a mapped checkpoint; routed experts go through `experts`.
+    pub fn load(w: &MappedCheckpoint, experts: Arc<dyn ExpertBackend>, isa: Isa) -> Result<Model, ModelError> {
+        let cfg = w.ckpt.config.text.clone();
+        let prefix = w.ckpt.prefix;
+        let d = cfg.hidden_size;
+        let mut layers = Vec::with_capacity(cfg.num_layers);
+        for (i, ty) in cfg.layer_types.iter().enumerate() {
+            let l = format!("{prefix}layers.{i}.");
+            let mixer = match ty {
+                LayerType::FullAttention => Mixer::Attention(Attention::load(w, &cfg, prefix, i)?),
+                LayerType::LinearAttention => Mixer::DeltaNet(DeltaNet::load(w, &cfg, prefix, i)?),
+            };
+            layers.push(Layer {
+                input_scale: ops::zero_centred_scale(&w.vector_f32(&format!("{l}input_layernorm.weight"))?),
+                post_scale: ops::zero_centred_scale(&w.vector_f32(&format!("{l}post_attention_layernorm.weight"))?),
+                mixer,
+                moe: Moe::load(w, &cfg, prefix, i)?,
+            });
+        }
+        Ok(Model {
+            embed: w.matrix(&format!("{prefix}embed_tokens.weight"), cfg.vocab_size, d)?,
+            final_scale: ops::zero_centred_scale(&w.vector_f32(&format!("{prefix}norm.weight"))?),
+            lm_head: w.matrix(shared::tensor_spec::LM_HEAD, cfg.vocab_size, d)?,
+            layers,
+            cfg,
+            isa,
+            experts,
+        })
+    }
+
+    /// The text configuration.
+    pub fn config(&self) -> &TextConfig {
+        &self.cfg
+    }
+
+    /// The kernel ISA in use.
+    pub fn isa(&self) -> Isa {
+        self.isa
+    }
+
+    /// The expert backend's name.
+    pub fn experts_name(&self) -> &'static str {
+        self.experts.name()
+    }
+
+    /// A fresh sequence state (empty caches, zero DeltaNet state).
+    pub fn new_state(&self) -> SequenceState {
+        let layers = self
+            .cfg
+            .layer_types
+            .iter()
+            .map(|t| match t {
+                LayerType::FullAttention => LayerState::Kv(KvCache::default()),
+                LayerType::LinearAttention => LayerState::DeltaNet(DeltaNetState::new(&self.cfg.delta_net)),
+            })
+            .collect();
+        SequenceState { layers, pos: 0, poisoned: false }
+    }
+
+    /// Runs `tokens` (one block) through the model, advancing `state`. Returns the requested
+    /// logits; when `routes` is given, appends each layer's routing (indexed by layer).
+    pub fn forward(
+        &self,
+        state: &mut SequenceState,
+        tokens: &[u32],
+        want: Logits,
+        mut routes: Option<&mut Vec<Routes>>,
+    ) -> Result<Vec<f32>, ModelError> {
+        let n = tokens.len();
+        if state.poisoned {
+            return Err(ModelError::Poisoned);
+        }
+        if n == 0 {
+            return Err(ModelError::Empty);
+        }
+        let (d, vocab) = (self.cfg.hidden_size, self.cfg.vocab_size);
+        if let Some((index, &id)) = tokens.iter().enumerate().find(|(_, id)| **id as usize >= vocab) {
+            return Err(ModelError::TokenOutOfRange { id, index, vocab });
+        }
+        let needed = state.pos + n;
+        if needed > self.cfg.max_position_embeddings {
+            return Err(ModelError::ContextExceeded { needed, max: self.cfg.max_position_embeddings });
+        }
+        let eps = self.cfg.rms_norm_eps as f32;
+        let scope = profile::scope("embed", n * d * 2);
+        let mut h = Vec::with_capacity(n * d);
+        for &id in tokens {
+            h.extend(self.embed.row(id as usize).iter().map(|v| v.to_f32()));
+        }
+        drop(scope);
+        // Layers advance their state in place; if a later layer fails, the state is marked
+        // poisoned rather than copied up front (a copy would cost ~60 MiB per token at real size).
+        state.poisoned = true;
+        for (i, (layer, ls)) in self.layers.iter().zip(state.layers.iter_mut()).enumerate() {
+            let _layer_scope = profile::scope(
+                match layer.mixer {
+                    Mixer::Attention(_) => "layer.attention",
+                    Mixer::DeltaNet(_) => "layer.deltanet",
+                },
+                0,
+            );
+            let mut a = h.clone();
+            ops::rms_norm_rows(&mut a, &layer.input_scale, eps);
+            let mixed = match (&layer.mixer, ls) {
+                (Mixer::Attention(att), LayerState::Kv(cache)) => att.forward(self.isa, &a, n, cache),
+                (Mixer::DeltaNet(dn), LayerState::DeltaNet(s)) => dn.forward(self.isa, &a, n, s),
+                _ => unreachable!("layer {i}: state kind always matches the mixer (built by new_state)"),
+            };
+            for (hv, mv) in h.iter_mut().zip(&mixed) {
+                *hv += mv;
+            }
+            let mut b = h.clone();
+            ops::rms_norm_rows(&mut b, &layer.post_scale, eps);
+            let (moe_out, r) = layer.moe.forward(self.isa, self.experts.as_ref(), &b, n)?;
+            for (hv, mv) in h.iter_mut().zip(&moe_out) {
+                *hv += mv;
+            }
+            if let Some(out) = routes.as_deref_mut() {
+                out.push(r);
+            }
+        }
+        state.poisoned = false;
+        state.pos += n;
+
+        let rows: &mut [f32] = match want {
+            Logits::All => &mut h,
+            Logits::Last => &mut h[(n - 1) * d..],
+        };
+        let _scope = profile::scope("lm_head", self.lm_head.bytes());
+        ops::rms_norm_rows(rows, &self.final_scale, eps);
+        let m = rows.len() / d;
+        Ok(ops::project_new(self.isa, &self.lm_head, rows, m))
+    }
+}

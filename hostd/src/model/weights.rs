@@ -1,0 +1,176 @@
+//! Memory-mapped checkpoint weights: every shard is mapped once (memmap2) and matrices are
+//! borrowed straight from the mapping as `&[bf16]`, never copied into a second in-RAM layout.
+//!
+//! Small vectors (norm weights, biases, `A_log`) are converted to `Vec<f32>` at load because
+//! that converted copy is what the math uses. A bf16 matrix whose file offset is odd (possible
+//! in a hand-written safetensors file, never in the release) is copied once into an aligned
+//! buffer, which is then the copy used for compute.
+
+use half::bf16;
+use memmap2::Mmap;
+use safetensors::Dtype;
+use shared::checkpoint::{Checkpoint, CheckpointError, TensorEntry};
+use std::sync::Arc;
+
+/// A loading or shape problem, naming the tensor.
+#[derive(Debug, thiserror::Error)]
+pub enum WeightsError {
+    /// The checkpoint failed validation.
+    #[error(transparent)]
+    Checkpoint(#[from] CheckpointError),
+    /// A shard could not be mapped.
+    #[error("{path}: cannot memory-map: {message}")]
+    Map {
+        /// The shard file.
+        path: String,
+        /// The OS error.
+        message: String,
+    },
+    /// A tensor the model needs is absent (the checkpoint validation should have caught it).
+    #[error("tensor {0} is missing")]
+    Missing(String),
+    /// A tensor has a dtype this code path cannot use.
+    #[error("tensor {name} has dtype {found:?}; {wanted}")]
+    Dtype {
+        /// The tensor.
+        name: String,
+        /// Its dtype.
+        found: Dtype,
+        /// What was wanted.
+        wanted: &'static str,
+    },
+    /// A mapped range lies outside its shard (the shard changed after validation?).
+    #[error("tensor {0} lies outside its mapped shard (was the file modified while loading?)")]
+    OutOfMap(String),
+}
+
+/// Storage of a bf16 matrix: a range of a shared mapping, or an owned aligned copy.
+#[derive(Clone)]
+enum Storage {
+    Mapped { map: Arc<Mmap>, offset: usize, len: usize },
+    Owned(Arc<Vec<bf16>>),
+}
+
+/// A row-major `[rows, cols]` bf16 weight matrix.
+#[derive(Clone)]
+pub struct Matrix {
+    storage: Storage,
+    /// Output dimension.
+    pub rows: usize,
+    /// Input dimension.
+    pub cols: usize,
+}
+
+impl std::fmt::Debug for Matrix {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Matrix[{}×{}]", self.rows, self.cols)
+    }
+}
+
+impl Matrix {
+    /// The weights as a flat row-major slice of `rows × cols` values.
+    pub fn data(&self) -> &[bf16] {
+        match &self.storage {
+            Storage::Mapped { map, offset, len } => {
+                // Alignment and bounds were checked when the matrix was built.
+                bytemuck::cast_slice(&map[*offset..*offset + *len])
+            }
+            Storage::Owned(v) => v,
+        }
+    }
+
+    /// Row `r` as a slice of `cols` values.
+    pub fn row(&self, r: usize) -> &[bf16] {
+        &self.data()[r * self.cols..(r + 1) * self.cols]
+    }
+
+    /// Bytes of weights this matrix streams per full pass.
+    pub fn bytes(&self) -> usize {
+        self.rows * self.cols * 2
+    }
+
+    /// A matrix over an owned buffer (synthetic weights in tests and tools).
+    pub fn from_vec(data: Vec<bf16>, rows: usize, cols: usize) -> Matrix {
+        assert_eq!(data.len(), rows * cols, "matrix data length");
+        Matrix { storage: Storage::Owned(Arc::new(data)), rows, cols }
+    }
+}
+
+/// A validated checkpoint with every shard memory-mapped.
+pub struct MappedCheckpoint {
+    /// The validated inventory.
+    pub ckpt: Checkpoint,
+    maps: Vec<Arc<Mmap>>,
+}
+
+impl MappedCheckpoint {
+    /// Validates the directory and maps every shard read-only.
+    pub fn open(dir: &std::path::Path) -> Result<MappedCheckpoint, WeightsError> {
+        let ckpt = Checkpoint::open(dir)?;
+        let mut maps = Vec::with_capacity(ckpt.shards.len());
+        for shard in &ckpt.shards {
+            let map_err = |e: std::io::Error| WeightsError::Map { path: shard.path.display().to_string(), message: e.to_string() };
+            let file = std::fs::File::open(&shard.path).map_err(map_err)?;
+            // SAFETY: the mapping is read-only and private to this process. Like every mmap-based
+            // loader we rely on nobody truncating or rewriting a checkpoint while it is served;
+            // lengths are re-checked against the mapping below, so a shrunk file fails loading
+            // instead of being read out of bounds.
+            let map = unsafe { Mmap::map(&file) }.map_err(map_err)?;
+            maps.push(Arc::new(map));
+        }
+        Ok(MappedCheckpoint { ckpt, maps })
+    }
+
+    fn entry(&self, name: &str) -> Result<&TensorEntry, WeightsError> {
+        self.ckpt.tensor(name).ok_or_else(|| WeightsError::Missing(name.to_string()))
+    }
+
+    /// The raw bytes of a tensor.
+    pub fn bytes(&self, name: &str) -> Result<&[u8], WeightsError> {
+        let e = self.entry(name)?;
+        self.range(name, e.shard, e.loc.offset, e.loc.len)
+    }
+
+    /// Bytes `[offset, offset + len)` of shard `shard`.
+    pub fn range(&self, name: &str, shard: usize, offset: u64, len: u64) -> Result<&[u8], WeightsError> {
+        let map = &self.maps[shard];
+        let start = usize::try_from(offset).map_err(|_| WeightsError::OutOfMap(name.to_string()))?;
+        let end = start.checked_add(len as usize).ok_or_else(|| WeightsError::OutOfMap(name.to_string()))?;
+        map.get(start..end).ok_or_else(|| WeightsError::OutOfMap(name.to_string()))
+    }
+
+    /// A bf16 `[rows, cols]` view of a shard byte range (used for expert slices).
+    pub fn matrix_at(&self, name: &str, shard: usize, offset: u64, rows: usize, cols: usize) -> Result<Matrix, WeightsError> {
+        let len = rows * cols * 2;
+        let bytes = self.range(name, shard, offset, len as u64)?;
+        if bytes.as_ptr().align_offset(std::mem::align_of::<bf16>()) == 0 {
+            Ok(Matrix { storage: Storage::Mapped { map: self.maps[shard].clone(), offset: offset as usize, len }, rows, cols })
+        } else {
+            let owned: Vec<bf16> = bytes.chunks_exact(2).map(|c| bf16::from_le_bytes([c[0], c[1]])).collect();
+            Ok(Matrix::from_vec(owned, rows, cols))
+        }
+    }
+
+    /// A 2-D (or `[rows, cols]`-viewable) BF16 tensor as a matrix.
+    pub fn matrix(&self, name: &str, rows: usize, cols: usize) -> Result<Matrix, WeightsError> {
+        let e = self.entry(name)?;
+        if e.loc.dtype != Dtype::BF16 {
+            return Err(WeightsError::Dtype { name: name.to_string(), found: e.loc.dtype, wanted: "a BF16 matrix" });
+        }
+        if e.loc.len != (rows * cols * 2) as u64 {
+            return Err(WeightsError::OutOfMap(name.to_string()));
+        }
+        self.matrix_at(name, e.shard, e.loc.offset, rows, cols)
+    }
+
+    /// A BF16 or F32 tensor converted to f32 values.
+    pub fn vector_f32(&self, name: &str) -> Result<Vec<f32>, WeightsError> {
+        let e = self.entry(name)?;
+        let bytes = self.bytes(name)?;
+        match e.loc.dtype {
+            Dtype::BF16 => Ok(bytes.chunks_exact(2).map(|c| bf16::from_le_bytes([c[0], c[1]]).to_f32()).collect()),
+            Dtype::F32 => Ok(bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()),
+            found => Err(WeightsError::Dtype { name: name.to_string(), found, wanted: "BF16 or F32" }),
+        }
+    }
+}

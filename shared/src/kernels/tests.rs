@@ -1,0 +1,400 @@
+//! Tests for the dense kernels: every available ISA against the scalar reference on odd shapes,
+//! misaligned slices and extreme values; the bitwise invariants (GEMM row == GEMV, parallel ==
+//! single-threaded, each SIMD kernel == a scalar model of its documented summation order); the
+//! ISA override parsing; and a smoke test of the bandwidth probe.
+//!
+//! # Error budget
+//!
+//! A SIMD result is accepted when, per element,
+//! `|y_simd − y_ref| ≤ 1e-6 · Σ_j |w_j · x_j| + 1e-30`.
+//! The reference sums in f64 and is exact to far below that; the SIMD kernels sum in f32, in
+//! a different order (16 or 8 interleaved lane sums, then a tree), and each f32 addition rounds
+//! by up to half an ulp of the running lane sum. A lane sum holds about `cols / 16` terms, so its
+//! accumulated rounding stays well under 1e-6 of `Σ|w·x|` for the shapes tested (the worst case,
+//! all terms positive with 2051 columns, is a few 1e-7). Products are exact inside an FMA, so
+//! the only error is summation order and width. The `1e-30` floor covers results built from
+//! subnormal products, whose absolute rounding (≈ 1e-45 per addition) has no relative bound.
+
+use std::panic::{AssertUnwindSafe, catch_unwind};
+
+use half::bf16;
+
+use super::*;
+
+const REL_TOL: f64 = 1e-6;
+const ABS_TOL: f64 = 1e-30;
+
+/// The column counts the brief asks for: vector widths ± 1 and a long odd row.
+const ODD_COLS: [usize; 10] = [1, 15, 16, 17, 31, 33, 63, 65, 127, 2048 + 3];
+/// Row counts: one, fewer than a tile, tiles plus a remainder.
+const ODD_ROWS: [usize; 4] = [1, 3, 17, 64 + 5];
+
+/// SplitMix64: a deterministic, dependency-free source of test data.
+struct Rng(u64);
+
+impl Rng {
+    fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in `[lo, hi)`.
+    fn uniform(&mut self, lo: f64, hi: f64) -> f64 {
+        lo + (hi - lo) * ((self.next_u64() >> 11) as f64 / (1u64 << 53) as f64)
+    }
+
+    fn sign(&mut self) -> f64 {
+        if self.next_u64() & 1 == 0 { 1.0 } else { -1.0 }
+    }
+}
+
+/// What the weights and activations look like.
+#[derive(Debug, Clone, Copy)]
+enum Data {
+    /// Uniform in [-1, 1): typical mixed-sign sums.
+    Signed,
+    /// Uniform in [0.5, 1): no cancellation, the worst case for summation order.
+    Positive,
+    /// |w| near 1e30 and |x| near 1e3: products near 1e33, sums far from f32 overflow.
+    Large,
+    /// |w| near 1e-30 and |x| near 1e-9: every product is subnormal in f32.
+    Small,
+    /// Magnitudes spread over 2^±40 in both operands.
+    Wide,
+    /// Only +0, −0 and ±1 in the weights, +0, −0 and ±0.25 in the activations.
+    Zeros,
+}
+
+impl Data {
+    const ALL: [Data; 6] = [Data::Signed, Data::Positive, Data::Large, Data::Small, Data::Wide, Data::Zeros];
+
+    fn weight(self, rng: &mut Rng) -> bf16 {
+        bf16::from_f64(match self {
+            Data::Signed => rng.uniform(-1.0, 1.0),
+            Data::Positive => rng.uniform(0.5, 1.0),
+            Data::Large => rng.sign() * rng.uniform(1e29, 1e30),
+            Data::Small => rng.sign() * rng.uniform(1e-31, 1e-30),
+            Data::Wide => rng.sign() * rng.uniform(1.0, 2.0) * 2f64.powi(rng.uniform(-40.0, 40.0) as i32),
+            Data::Zeros => [0.0, -0.0, 1.0, -1.0][(rng.next_u64() % 4) as usize],
+        })
+    }
+
+    fn activation(self, rng: &mut Rng) -> f32 {
+        (match self {
+            Data::Signed => rng.uniform(-1.0, 1.0),
+            Data::Positive => rng.uniform(0.5, 1.0),
+            Data::Large => rng.sign() * rng.uniform(1e2, 1e3),
+            Data::Small => rng.sign() * rng.uniform(1e-10, 1e-9),
+            Data::Wide => rng.sign() * rng.uniform(1.0, 2.0) * 2f64.powi(rng.uniform(-40.0, 40.0) as i32),
+            Data::Zeros => [0.0, -0.0, 0.25, -0.25][(rng.next_u64() % 4) as usize],
+        }) as f32
+    }
+}
+
+/// The SIMD instruction sets this CPU has; prints the ones it lacks.
+fn simd_isas() -> Vec<Isa> {
+    [Isa::Avx2, Isa::Avx512]
+        .into_iter()
+        .filter(|isa| {
+            let ok = isa.is_available();
+            if !ok {
+                println!("skipping {isa}: not available on this CPU");
+            }
+            ok
+        })
+        .collect()
+}
+
+/// One case: `rows × cols` weights starting `w_off` elements into their buffer, `n × cols`
+/// activations starting `x_off` elements into theirs.
+#[derive(Debug, Clone, Copy)]
+struct Case {
+    rows: usize,
+    cols: usize,
+    n: usize,
+    w_off: usize,
+    x_off: usize,
+    data: Data,
+    seed: u64,
+}
+
+/// Buffers for a case, with slack before and after the slices the kernels see.
+struct Inputs {
+    w_buf: Vec<bf16>,
+    x_buf: Vec<f32>,
+    case: Case,
+}
+
+impl Inputs {
+    fn new(case: Case) -> Inputs {
+        let mut rng = Rng(case.seed);
+        let w_buf = (0..case.w_off + case.rows * case.cols + 3).map(|_| case.data.weight(&mut rng)).collect();
+        let x_buf = (0..case.x_off + case.n * case.cols + 3).map(|_| case.data.activation(&mut rng)).collect();
+        Inputs { w_buf, x_buf, case }
+    }
+
+    fn w(&self) -> &[bf16] {
+        &self.w_buf[self.case.w_off..][..self.case.rows * self.case.cols]
+    }
+
+    fn x(&self) -> &[f32] {
+        &self.x_buf[self.case.x_off..][..self.case.n * self.case.cols]
+    }
+
+    /// `Σ_j |w_j · x_j|` for output `(t, r)`, the scale of the error budget.
+    fn abs_dot(&self, t: usize, r: usize) -> f64 {
+        let cols = self.case.cols;
+        let w = &self.w()[r * cols..][..cols];
+        let x = &self.x()[t * cols..][..cols];
+        w.iter().zip(x).map(|(&a, &b)| (f64::from(a.to_f32()) * f64::from(b)).abs()).sum()
+    }
+}
+
+fn gemm(isa: Isa, inputs: &Inputs) -> Vec<f32> {
+    let Case { rows, cols, n, .. } = inputs.case;
+    let mut y = vec![f32::NAN; n * rows];
+    gemm_bf16(isa, inputs.w(), rows, cols, inputs.x(), n, &mut y);
+    y
+}
+
+fn assert_bitwise(what: &str, case: &Case, got: &[f32], want: &[f32]) {
+    assert_eq!(got.len(), want.len());
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        assert!(g.to_bits() == w.to_bits(), "{what}: element {i} is {g:e}, expected bitwise {w:e}; {case:?}");
+    }
+}
+
+/// The full check of one case for one ISA: within budget of the scalar reference, bitwise equal
+/// to the model of its summation order, GEMM rows bitwise equal to GEMV, and every parallel
+/// split bitwise equal to the single-threaded result.
+fn check(isa: Isa, case: Case) {
+    let inputs = Inputs::new(case);
+    let Case { rows, cols, n, .. } = case;
+    let y = gemm(isa, &inputs);
+    let y_ref = gemm(Isa::Scalar, &inputs);
+
+    for t in 0..n {
+        for r in 0..rows {
+            let (got, want) = (f64::from(y[t * rows + r]), f64::from(y_ref[t * rows + r]));
+            let budget = REL_TOL * inputs.abs_dot(t, r) + ABS_TOL;
+            assert!(
+                (got - want).abs() <= budget,
+                "{isa} y[{t}][{r}] = {got:e}, scalar {want:e}, |diff| {:e} > budget {budget:e}; {case:?}",
+                (got - want).abs()
+            );
+        }
+    }
+
+    let model = order_model(isa, &inputs);
+    assert_bitwise(&format!("{isa} vs its order model"), &case, &y, &model);
+
+    for t in 0..n {
+        let mut y_row = vec![f32::NAN; rows];
+        gemv_bf16(isa, inputs.w(), rows, cols, &inputs.x()[t * cols..][..cols], &mut y_row);
+        assert_bitwise(&format!("{isa} gemv on token {t} vs gemm row"), &case, &y_row, &y[t * rows..][..rows]);
+    }
+
+    for tile_rows in [1, 3, 8, 13] {
+        let mut y_par = vec![f32::NAN; n * rows];
+        par_gemm_tiled(isa, inputs.w(), rows, cols, inputs.x(), n, &mut y_par, tile_rows);
+        assert_bitwise(&format!("{isa} parallel, {tile_rows}-row tiles"), &case, &y_par, &y);
+    }
+    let mut y_par = vec![f32::NAN; n * rows];
+    par_gemm_bf16(isa, inputs.w(), rows, cols, inputs.x(), n, &mut y_par);
+    assert_bitwise(&format!("{isa} par_gemm_bf16"), &case, &y_par, &y);
+}
+
+/// A scalar model of a SIMD kernel's documented summation order (see the `avx512` and `avx2`
+/// module docs): lane `l` of an `L`-lane accumulator fuses in columns `j ≡ l (mod L)` in order,
+/// then a halving tree adds lane `i` and lane `i + width/2`. The scalar ISA's order is its own
+/// f64 loop, so its model is the reference itself.
+fn order_model(isa: Isa, inputs: &Inputs) -> Vec<f32> {
+    let lanes = match isa {
+        Isa::Scalar => return gemm(Isa::Scalar, inputs),
+        Isa::Avx2 => 8,
+        Isa::Avx512 => 16,
+    };
+    let Case { rows, cols, n, .. } = inputs.case;
+    let mut y = vec![0.0f32; n * rows];
+    for t in 0..n {
+        let x = &inputs.x()[t * cols..][..cols];
+        for r in 0..rows {
+            let w = &inputs.w()[r * cols..][..cols];
+            let mut acc = vec![0.0f32; lanes];
+            for (j, (&wj, &xj)) in w.iter().zip(x).enumerate() {
+                acc[j % lanes] = wj.to_f32().mul_add(xj, acc[j % lanes]);
+            }
+            let mut width = lanes;
+            while width > 1 {
+                width /= 2;
+                for i in 0..width {
+                    acc[i] += acc[i + width];
+                }
+            }
+            y[t * rows + r] = acc[0];
+        }
+    }
+    y
+}
+
+/// Every ISA (scalar included) over the odd rows × cols grid and n = 1..=9; the slice offsets
+/// cycle through 0..=3 with the case index so every combination appears.
+#[test]
+fn odd_shapes_match_scalar_and_invariants_hold() {
+    let mut isas = vec![Isa::Scalar];
+    isas.extend(simd_isas());
+    for isa in isas {
+        let mut index = 0u64;
+        for rows in ODD_ROWS {
+            for cols in ODD_COLS {
+                for n in 1..=9 {
+                    let (w_off, x_off) = ((index % 4) as usize, ((index / 4) % 4) as usize);
+                    check(isa, Case { rows, cols, n, w_off, x_off, data: Data::Signed, seed: index });
+                    index += 1;
+                }
+            }
+        }
+    }
+}
+
+/// Every pair of slice offsets 0..=3 (weights and activations) on shapes with tails.
+#[test]
+fn misaligned_offsets_match_scalar() {
+    for isa in simd_isas() {
+        for w_off in 0..=3 {
+            for x_off in 0..=3 {
+                for (rows, cols, n) in [(17, 65, 3), (9, 2051, 5)] {
+                    let seed = (w_off * 4 + x_off) as u64;
+                    check(isa, Case { rows, cols, n, w_off, x_off, data: Data::Signed, seed });
+                }
+            }
+        }
+    }
+}
+
+/// Large and small magnitudes, subnormal products, zeros and negative zeros, wide dynamic range
+/// and the all-positive worst case for summation order.
+#[test]
+fn extremes_match_scalar() {
+    for isa in simd_isas() {
+        for data in Data::ALL {
+            for (rows, cols, n) in [(17, 17, 1), (17, 33, 5), (69, 2051, 1), (11, 2051, 9)] {
+                check(isa, Case { rows, cols, n, w_off: 1, x_off: 2, data, seed: 7 });
+            }
+        }
+    }
+}
+
+/// Negative zero stays a zero, and a row of zero weights gives exactly zero.
+#[test]
+fn zero_rows_give_zero() {
+    let mut isas = vec![Isa::Scalar];
+    isas.extend(simd_isas());
+    let cols = 33;
+    let w = vec![bf16::NEG_ZERO; 2 * cols];
+    let x: Vec<f32> = (0..cols).map(|j| j as f32 - 10.0).collect();
+    for isa in isas {
+        let mut y = [f32::NAN; 2];
+        gemv_bf16(isa, &w, 2, cols, &x, &mut y);
+        assert_eq!(y, [0.0, 0.0], "{isa}");
+    }
+}
+
+/// The real parallel wrappers on shapes big enough to split into several tasks, in a pool with
+/// more threads than this machine has cores, against the single-threaded kernels.
+#[test]
+fn par_wrappers_match_single_threaded() {
+    let pool = rayon::ThreadPoolBuilder::new().num_threads(3).build().expect("rayon pool");
+    let mut isas = vec![Isa::Scalar];
+    isas.extend(simd_isas());
+    for isa in isas {
+        for (rows, cols, n) in [(1000, 2051, 1), (517, 130, 7)] {
+            let case = Case { rows, cols, n, w_off: 3, x_off: 1, data: Data::Signed, seed: 99 };
+            let inputs = Inputs::new(case);
+            let y = gemm(isa, &inputs);
+            assert!(par_tile_rows(rows, cols) < rows, "the shape must split: {case:?}");
+            let mut y_par = vec![f32::NAN; n * rows];
+            pool.install(|| par_gemm_bf16(isa, inputs.w(), rows, cols, inputs.x(), n, &mut y_par));
+            assert_bitwise(&format!("{isa} par_gemm_bf16"), &case, &y_par, &y);
+            let mut y_par = vec![f32::NAN; rows];
+            pool.install(|| par_gemv_bf16(isa, inputs.w(), rows, cols, &inputs.x()[..cols], &mut y_par));
+            assert_bitwise(&format!("{isa} par_gemv_bf16"), &case, &y_par, &y[..rows]);
+        }
+    }
+}
+
+/// Empty shapes are legal and write nothing (or zeros, for `cols == 0`).
+#[test]
+fn empty_shapes() {
+    let mut isas = vec![Isa::Scalar];
+    isas.extend(simd_isas());
+    for isa in isas {
+        let mut y: [f32; 0] = [];
+        gemv_bf16(isa, &[], 0, 5, &[0.0; 5], &mut y);
+        gemm_bf16(isa, &[bf16::ONE; 15], 3, 5, &[], 0, &mut y);
+        let mut y = [f32::NAN; 3];
+        gemv_bf16(isa, &[], 3, 0, &[], &mut y);
+        assert_eq!(y, [0.0; 3], "{isa}");
+    }
+}
+
+/// Mismatched slice lengths panic (the documented `# Panics`).
+#[test]
+fn shape_mismatch_panics() {
+    let w = vec![bf16::ONE; 12];
+    let x = vec![1.0f32; 4];
+    let panics = |f: &dyn Fn()| catch_unwind(AssertUnwindSafe(f)).is_err();
+    assert!(panics(&|| gemv_bf16(Isa::Scalar, &w[..11], 3, 4, &x, &mut [0.0; 3])), "short weights");
+    assert!(panics(&|| gemv_bf16(Isa::Scalar, &w, 3, 4, &x[..3], &mut [0.0; 3])), "short activations");
+    assert!(panics(&|| gemv_bf16(Isa::Scalar, &w, 3, 4, &x, &mut [0.0; 4])), "long output");
+    assert!(panics(&|| gemm_bf16(Isa::Scalar, &w, 3, 4, &x, 2, &mut [0.0; 6])), "gemm with n too large");
+    assert!(panics(&|| par_gemm_bf16(Isa::Scalar, &w, 3, 4, &x, 1, &mut [0.0; 2])), "par short output");
+}
+
+#[test]
+fn isa_detection_is_consistent() {
+    let detected = Isa::detect();
+    assert!(detected.is_available());
+    assert!(Isa::active().is_available());
+    assert!(Isa::active() <= detected);
+    assert!(Isa::Scalar.is_available());
+    for isa in Isa::ALL {
+        assert_eq!(Isa::from_name(isa.name()), Some(isa));
+        if isa <= detected {
+            assert!(isa.is_available(), "{isa} is below the detected {detected}");
+        }
+    }
+    println!("detected ISA: {detected}; active: {}", Isa::active());
+}
+
+#[test]
+fn isa_override_resolution() {
+    let check = |value: Option<&str>, detected: Isa, active: Isa, problem: Option<IsaOverrideProblem>| {
+        let sel = IsaSelection::resolve(value, detected);
+        assert_eq!(sel, IsaSelection { active, detected, override_problem: problem }, "{value:?} on {detected}");
+        assert_eq!(sel.warning().is_some(), sel.override_problem.is_some());
+    };
+    check(None, Isa::Avx512, Isa::Avx512, None);
+    check(Some(""), Isa::Avx2, Isa::Avx2, None);
+    check(Some("  "), Isa::Avx2, Isa::Avx2, None);
+    check(Some("scalar"), Isa::Avx512, Isa::Scalar, None);
+    check(Some(" AVX2 "), Isa::Avx512, Isa::Avx2, None);
+    check(Some("avx512"), Isa::Avx512, Isa::Avx512, None);
+    check(Some("avx512"), Isa::Avx2, Isa::Avx2, Some(IsaOverrideProblem::Unsupported(Isa::Avx512)));
+    check(Some("avx2"), Isa::Scalar, Isa::Scalar, Some(IsaOverrideProblem::Unsupported(Isa::Avx2)));
+    check(Some("neon"), Isa::Avx2, Isa::Avx2, Some(IsaOverrideProblem::Unrecognized("neon".into())));
+    let warning = IsaSelection::resolve(Some("avx512"), Isa::Avx2).warning().expect("a warning");
+    assert_eq!(warning, "SLUICE_KERNEL_ISA=avx512 requested, but this CPU supports at most avx2; using avx2");
+}
+
+/// The probe runs and returns a plausible number on a small (cache-resident) buffer.
+#[test]
+fn bandwidth_probe_smoke() {
+    for threads in [0, 1, 2] {
+        let gbps = bandwidth::measure_read_bandwidth_gbps(8 << 20, threads);
+        assert!(gbps.is_finite() && gbps > 0.1, "{threads} threads: {gbps} GB/s");
+    }
+}
