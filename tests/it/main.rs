@@ -4,4 +4,5 @@ mod bad_input;
 mod inspect;
 mod locator;
 mod parity;
+mod synth;
 mod tokenizer;

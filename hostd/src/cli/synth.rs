@@ -1,0 +1,121 @@
+//! `hostd synth --preset {tiny,small,realdim} [--layers N] [--seed S] --out DIR [--tokenizer FILE] [--force]`:
+//! writes a deterministic random-weight checkpoint in the release's on-disk layout.
+
+use crate::synth::{self, Preset, SynthOptions, TokenizerSource};
+use anyhow::Context;
+use indicatif::{ProgressBar, ProgressStyle};
+use std::io::IsTerminal;
+use std::path::PathBuf;
+use std::time::Instant;
+
+/// Flags of `hostd synth`.
+#[derive(clap::Args, Debug)]
+pub struct SynthArgs {
+    /// Model size: `tiny`/`small` for tests, `realdim` for Qwen3.6-35B-A3B's per-layer dimensions.
+    #[arg(long, value_enum)]
+    pub preset: Preset,
+    /// Decoder layers (≥ 4; layer i is full attention iff i % 4 == 3). Default: 4 (tiny,
+    /// realdim), 8 (small).
+    #[arg(long)]
+    pub layers: Option<usize>,
+    /// Seed of the weight values (same preset, layers and seed → byte-identical files).
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Model directory to create (written as DIR.tmp-<pid>, renamed at the end).
+    #[arg(long)]
+    pub out: PathBuf,
+    /// A real Qwen3.6 tokenizer.json to copy (realdim only; specials must be at 248044…).
+    /// Default: the committed truncated vocabulary.
+    #[arg(long)]
+    pub tokenizer: Option<PathBuf>,
+    /// Replace DIR if it exists and is not empty.
+    #[arg(long)]
+    pub force: bool,
+}
+
+/// Runs `hostd synth`.
+pub fn run(args: &SynthArgs) -> anyhow::Result<()> {
+    let plan = synth::plan(args.preset, args.layers)?;
+    let total = plan.total_file_bytes();
+    eprintln!(
+        "synth {}: {} layers, hidden {}, {} experts top-{}, vocab {}; {} tensors in {} shards, {:.2} GiB",
+        plan.preset,
+        plan.layers,
+        plan.dims.hidden,
+        plan.dims.experts,
+        plan.dims.top_k,
+        plan.dims.vocab_size,
+        plan.shards.iter().map(|s| s.tensors.len()).sum::<usize>(),
+        plan.shards.len(),
+        total as f64 / f64::from(1u32 << 30)
+    );
+    let opts = SynthOptions {
+        seed: args.seed,
+        out: args.out.clone(),
+        tokenizer: args.tokenizer.clone().map_or(TokenizerSource::Asset, TokenizerSource::File),
+        force: args.force,
+    };
+    let start = Instant::now();
+    let mut reporter = Progress::new(args.preset == Preset::Realdim, total);
+    let summary = synth::synthesize(&plan, &opts, &mut |n| reporter.add(n))
+        .with_context(|| format!("writing {}", args.out.display()))?;
+    reporter.finish();
+    eprintln!(
+        "wrote {}: {} shards, {} tensors, {} bytes in {:.1} s",
+        summary.dir.display(),
+        summary.shards,
+        summary.tensors,
+        summary.shard_bytes,
+        start.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
+
+/// Bytes-written reporting: a progress bar on a terminal, a line per 10% otherwise.
+enum Progress {
+    Off,
+    Bar(ProgressBar),
+    Lines { done: u64, total: u64, next_tenth: u64, start: Instant },
+}
+
+impl Progress {
+    fn new(enabled: bool, total: u64) -> Progress {
+        if !enabled {
+            Progress::Off
+        } else if std::io::stderr().is_terminal() {
+            let bar = ProgressBar::new(total);
+            let style = ProgressStyle::with_template("{bar:40} {bytes}/{total_bytes} {binary_bytes_per_sec} eta {eta}")
+                .unwrap_or_else(|_| ProgressStyle::default_bar());
+            bar.set_style(style);
+            Progress::Bar(bar)
+        } else {
+            Progress::Lines { done: 0, total, next_tenth: 1, start: Instant::now() }
+        }
+    }
+
+    fn add(&mut self, n: u64) {
+        match self {
+            Progress::Off => {}
+            Progress::Bar(bar) => bar.inc(n),
+            Progress::Lines { done, total, next_tenth, start } => {
+                *done += n;
+                while *next_tenth <= 10 && *done >= *total / 10 * *next_tenth {
+                    eprintln!(
+                        "  {:>3}%  {:.2} / {:.2} GiB  {:.0} s",
+                        *next_tenth * 10,
+                        *done as f64 / f64::from(1u32 << 30),
+                        *total as f64 / f64::from(1u32 << 30),
+                        start.elapsed().as_secs_f64()
+                    );
+                    *next_tenth += 1;
+                }
+            }
+        }
+    }
+
+    fn finish(&self) {
+        if let Progress::Bar(bar) = self {
+            bar.finish();
+        }
+    }
+}
