@@ -175,3 +175,12 @@ pub fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len(), "length mismatch");
     a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
 }
+
+/// Runs `expertd prepare MODEL --out OUT` (the built binary) and panics with its output on failure.
+pub fn prepare_container(model: &Path, out: &Path) {
+    let o = Command::new(workspace_bin("expertd"))
+        .args(["prepare", model.to_str().expect("utf-8 path"), "--out", out.to_str().expect("utf-8 path")])
+        .output()
+        .expect("spawn expertd");
+    assert!(o.status.success(), "expertd prepare failed: {}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+}

@@ -26,6 +26,8 @@ pub struct GenerateOptions {
     pub prefill_chunk: usize,
     /// Only ids below this are eligible (masks the embedding table's padding rows).
     pub sample_vocab: usize,
+    /// When set, only ids whose entry is true are eligible (ids the tokenizer can decode).
+    pub allowed: Option<std::sync::Arc<[bool]>>,
 }
 
 /// Timings and counts of one generation.
@@ -91,7 +93,7 @@ pub fn generate_greedy(
     let vocab = opts.sample_vocab.min(logits.len()).max(1);
     let mut decode_start = None;
     while out.len() < opts.max_new_tokens {
-        let id = crate::cli::eval::argmax(&logits[..vocab]);
+        let id = argmax_allowed(&logits[..vocab], opts.allowed.as_deref());
         if out.is_empty() {
             stats.ttft = start.elapsed();
             decode_start = Some(Instant::now());
@@ -118,10 +120,37 @@ pub fn generate_greedy(
     Ok((out, stats))
 }
 
+/// Index of the largest eligible value (lowest index on ties); every index is eligible when
+/// `allowed` is `None`, and indices past the end of `allowed` are not.
+pub fn argmax_allowed(x: &[f32], allowed: Option<&[bool]>) -> u32 {
+    let eligible = |i: usize| allowed.is_none_or(|a| a.get(i).copied().unwrap_or(false));
+    let mut best: Option<usize> = None;
+    for (i, v) in x.iter().enumerate() {
+        if eligible(i) && best.is_none_or(|b| *v > x[b]) {
+            best = Some(i);
+        }
+    }
+    best.unwrap_or(0) as u32
+}
+
 /// Peak resident set size of this process in bytes (`VmHWM`), when /proc is available.
 pub fn peak_rss_bytes() -> Option<u64> {
     let status = std::fs::read_to_string("/proc/self/status").ok()?;
     let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
     let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
     Some(kib * 1024)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::argmax_allowed;
+
+    #[test]
+    fn argmax_respects_the_mask_and_prefers_the_lowest_id_on_ties() {
+        let x = [1.0, 5.0, 5.0, 9.0];
+        assert_eq!(argmax_allowed(&x, None), 3);
+        assert_eq!(argmax_allowed(&x, Some(&[true, true, true, false])), 1);
+        assert_eq!(argmax_allowed(&x, Some(&[true, false, true])), 2);
+        assert_eq!(argmax_allowed(&x, Some(&[true])), 0);
+    }
 }

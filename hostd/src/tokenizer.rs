@@ -199,6 +199,13 @@ impl Tokenizer {
         self.bytes.get(id)
     }
 
+    /// `mask[id]` is true for every id below [`Tokenizer::vocab_size`] that decodes to
+    /// something: the ids a sampler may choose. Gaps in the id space (a truncated synthetic
+    /// vocabulary with specials at their real ids) and padding rows are excluded.
+    pub fn defined_ids_mask(&self) -> Vec<bool> {
+        (0..self.vocab_size() as u32).map(|id| self.token_bytes(id).is_some()).collect()
+    }
+
     /// Number of token ids (largest id + 1, special tokens included): 248,077 for Qwen3.6. The model's
     /// embedding has more rows (248,320); the extra rows are padding no tokenizer id maps to.
     pub fn vocab_size(&self) -> usize {

@@ -7,6 +7,7 @@
 
 pub mod checkpoint;
 pub mod config;
+pub mod container;
 pub mod kernels;
 pub mod safetensors_header;
 pub mod safetensors_locator;

@@ -13,7 +13,7 @@ use tests::{max_abs_diff, model_dir, presets, read_logits, reference, reference_
 const LOGIT_TOL: f32 = 1e-3;
 
 fn load(preset: &str) -> Model {
-    let args = LoadArgs { model: model_dir(preset), experts: ExpertsKind::Bf16, threads: None };
+    let args = LoadArgs { model: model_dir(preset), experts: ExpertsKind::Bf16, container: None, threads: None };
     load_model(&args).expect("fixture model loads")
 }
 
@@ -101,7 +101,7 @@ fn bad_inputs_are_clear_errors() {
     let mut cfg: Value = serde_json::from_str(&std::fs::read_to_string(&cfg_path).expect("config")).expect("json");
     cfg["text_config"]["max_position_embeddings"] = 16.into();
     std::fs::write(&cfg_path, cfg.to_string()).expect("write config");
-    let small = load_model(&LoadArgs { model: dir.path().to_path_buf(), experts: ExpertsKind::Bf16, threads: None }).expect("loads");
+    let small = load_model(&LoadArgs { model: dir.path().to_path_buf(), experts: ExpertsKind::Bf16, container: None, threads: None }).expect("loads");
     let err = eval_prompt(&small, &[1; 20], 1, 8).err().expect("too-long prompt is rejected");
     assert!(format!("{err:#}").contains("exceeds the model's context of 16"), "{err:#}");
 }
@@ -173,6 +173,7 @@ fn generation_stops_on_stop_ids_and_token_limit() {
         stop_ids,
         prefill_chunk: 8,
         sample_vocab: model.config().vocab_size,
+        allowed: None,
     };
     let (out, stats) = generate_greedy(&model, &ids, &opts(vec![], 16), |_| true).expect("generate");
     assert_eq!(out, greedy, "greedy generation equals the reference continuation");

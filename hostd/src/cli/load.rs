@@ -1,7 +1,8 @@
 //! Flags and code shared by the subcommands that load a model (`run`, `eval`, `bench`): model
 //! directory, expert backend, thread count.
 
-use crate::experts::{ExpertBackend, bf16::Bf16Experts};
+use crate::experts::{ExpertBackend, bf16::Bf16Experts, int8::Int8Experts};
+use shared::kernels::int8::Int8Isa;
 use crate::model::Model;
 use crate::model::weights::MappedCheckpoint;
 use anyhow::Context;
@@ -14,6 +15,9 @@ use std::sync::Arc;
 pub enum ExpertsKind {
     /// Straight from the checkpoint's BF16 weights, in-process (the reference).
     Bf16,
+    /// W8A8 kernels on the INT8 container (`--container DIR`, made by `expertd prepare`),
+    /// in-process with plain reads.
+    Int8,
 }
 
 /// Model-loading flags.
@@ -25,6 +29,9 @@ pub struct LoadArgs {
     /// Routed-expert backend.
     #[arg(long, value_enum, default_value_t = ExpertsKind::Bf16)]
     pub experts: ExpertsKind,
+    /// INT8 expert container directory (with `--experts int8`).
+    #[arg(long, env = "SLUICE_CONTAINER")]
+    pub container: Option<PathBuf>,
     /// Compute threads (default: every core).
     #[arg(long, env = "SLUICE_THREADS")]
     pub threads: Option<usize>,
@@ -47,6 +54,15 @@ pub fn load_model(args: &LoadArgs) -> anyhow::Result<Model> {
         .with_context(|| format!("model directory {} failed validation", args.model.display()))?;
     let experts: Arc<dyn ExpertBackend> = match args.experts {
         ExpertsKind::Bf16 => Arc::new(Bf16Experts::new(&mapped, isa)?),
+        ExpertsKind::Int8 => {
+            let dir = args.container.as_ref().context("--experts int8 needs --container DIR (make one with `expertd prepare MODEL --out DIR`)")?;
+            let selection = Int8Isa::selection();
+            if let Some(warning) = selection.warning() {
+                tracing::warn!("{warning}");
+            }
+            tracing::info!(isa = selection.active.name(), container = %dir.display(), "int8 experts");
+            Arc::new(Int8Experts::open(dir, &mapped.ckpt, selection.active)?)
+        }
     };
     Ok(Model::load(&mapped, experts, isa)?)
 }

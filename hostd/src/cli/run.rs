@@ -70,6 +70,7 @@ pub fn run(args: &RunArgs) -> anyhow::Result<()> {
         stop_ids,
         prefill_chunk: args.prefill_chunk,
         sample_vocab: tokenizer.vocab_size(),
+        allowed: Some(tokenizer.defined_ids_mask().into()),
     };
     let mut decoder = tokenizer.incremental_decoder();
     let mut text_out = String::new();

@@ -3,9 +3,11 @@
 //! experts' outputs per row.
 //!
 //! Backends: [`bf16::Bf16Experts`] computes straight from the checkpoint's BF16 bytes (the
-//! reference). The INT8 container backend and the expertd client implement the same trait.
+//! reference); [`int8::Int8Experts`] runs the W8A8 kernels on the INT8 container. The expertd
+//! client implements the same trait.
 
 pub mod bf16;
+pub mod int8;
 
 /// One MoE layer's routed-expert work for a batch of rows.
 #[derive(Debug, Clone, Copy)]

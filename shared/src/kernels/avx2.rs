@@ -29,7 +29,7 @@ const LANES: usize = 8;
 const GEMV_ROWS: usize = 8;
 /// Rows × tokens per tile for GEMM: 8 accumulators, 2 weight and 4 activation vectors.
 const GEMM_ROWS: usize = 2;
-/// See [`GEMM_ROWS`].
+/// See [`GEMM_ROWS`]. A chunk's last `< GEMM_TOKENS` tokens go 2 and then 1 at a time.
 const GEMM_TOKENS: usize = 4;
 /// Bytes of weights per GEMM row panel (kept in L2 while the token chunk streams past).
 const PANEL_WEIGHT_BYTES: usize = 128 << 10;
@@ -57,26 +57,32 @@ pub(super) unsafe fn gemm(w: &[bf16], rows: usize, cols: usize, x: &[f32], n: us
         return;
     }
     let panel_rows = (PANEL_WEIGHT_BYTES / (2 * cols.max(1))).max(GEMM_ROWS) / GEMM_ROWS * GEMM_ROWS;
-    let chunk_tokens =
-        (CHUNK_ACTIVATION_BYTES / (4 * cols.max(1))).max(GEMM_TOKENS) / GEMM_TOKENS * GEMM_TOKENS;
+    let chunk_tokens = (CHUNK_ACTIVATION_BYTES / (4 * cols.max(1))).max(GEMM_TOKENS) / GEMM_TOKENS * GEMM_TOKENS;
     for t_chunk in (0..n).step_by(chunk_tokens) {
         let t_chunk_end = n.min(t_chunk + chunk_tokens);
         for r_panel in (0..rows).step_by(panel_rows) {
             let r_panel_end = rows.min(r_panel + panel_rows);
-            for t0 in (t_chunk..t_chunk_end).step_by(GEMM_TOKENS) {
+            let mut t0 = t_chunk;
+            while t0 < t_chunk_end {
                 let xt = x.wrapping_add(t0 * cols);
                 let yt = y.wrapping_add(t0 * ldy);
-                // SAFETY: tokens t0..t0 + T, with T = min(4, t_chunk_end - t0), are in bounds of
-                // x; rows r_panel..r_panel_end are in bounds of w; every (t, r) written is one
-                // the caller guarantees writable.
-                unsafe {
-                    match t_chunk_end - t0 {
-                        1 => row_range::<GEMM_ROWS, 1, false>(w, r_panel, r_panel_end, cols, xt, yt, ldy),
-                        2 => row_range::<GEMM_ROWS, 2, false>(w, r_panel, r_panel_end, cols, xt, yt, ldy),
-                        3 => row_range::<GEMM_ROWS, 3, false>(w, r_panel, r_panel_end, cols, xt, yt, ldy),
-                        _ => row_range::<GEMM_ROWS, GEMM_TOKENS, false>(w, r_panel, r_panel_end, cols, xt, yt, ldy),
+                let left = t_chunk_end - t0;
+                let (r0, r1) = (r_panel, r_panel_end);
+                // SAFETY: each arm reads tokens t0..t0 + T with T <= left, in bounds of x, and rows
+                // r_panel..r_panel_end, in bounds of w; every (t, r) written is one the caller
+                // guarantees writable.
+                t0 += unsafe {
+                    if left >= GEMM_TOKENS {
+                        row_range::<GEMM_ROWS, GEMM_TOKENS, false>(w, r0, r1, cols, xt, yt, ldy);
+                        GEMM_TOKENS
+                    } else if left >= 2 {
+                        row_range::<GEMM_ROWS, 2, false>(w, r0, r1, cols, xt, yt, ldy);
+                        2
+                    } else {
+                        row_range::<GEMM_ROWS, 1, false>(w, r0, r1, cols, xt, yt, ldy);
+                        1
                     }
-                }
+                };
             }
         }
     }
@@ -120,8 +126,9 @@ unsafe fn row_range<const R: usize, const T: usize, const PREFETCH: bool>(
 /// into L2 as many bytes of the next tile as it consumes of this one. The next tile's rows
 /// follow this tile's contiguously, so the prefetch runs one tile ahead in address order; the
 /// hardware streamer alone, facing `R` concurrent short streams (one 4 KiB row each for
-/// `cols = 2048`), measured 5–10% slower. Prefetches never fault, so running past the matrix
-/// on the last tile is harmless. Prefetching changes no arithmetic.
+/// `cols = 2048`), measured about 5–8% slower with the AVX-512 kernel, whose memory access
+/// pattern this one shares. Prefetches never fault, so running past the matrix on the last tile
+/// is harmless. Prefetching changes no arithmetic.
 ///
 /// # Safety
 ///
@@ -129,10 +136,17 @@ unsafe fn row_range<const R: usize, const T: usize, const PREFETCH: bool>(
 /// `y.add(t·ldy + r)` writable for `t < T`, `r < R`.
 #[target_feature(enable = "avx2,fma")]
 #[inline]
-unsafe fn tile<const R: usize, const T: usize, const PREFETCH: bool>(w: *const u16, cols: usize, x: *const f32, y: *mut f32, ldy: usize) {
+unsafe fn tile<const R: usize, const T: usize, const PREFETCH: bool>(
+    w: *const u16,
+    cols: usize,
+    x: *const f32,
+    y: *mut f32,
+    ldy: usize,
+) {
     let mut acc = [[_mm256_setzero_ps(); R]; T];
     let full = cols - cols % LANES;
     let mut k = 0;
+    // PERF-CRITICAL: decode streams every dense weight through this loop once per token.
     while k < full {
         if PREFETCH {
             let next = w.wrapping_add(R * cols + R * k).cast::<i8>();

@@ -6,50 +6,58 @@
 use std::sync::Barrier;
 use std::time::{Duration, Instant};
 
-/// Timed passes per measurement; the fastest one is reported.
-const PASSES: usize = 5;
+/// Passes over the whole buffer.
+const PASSES: usize = 3;
+/// Bytes all threads together read in one timed step.
+const STEP_BYTES: usize = 64 << 20;
 
-/// Measures the read bandwidth, in GB/s (10⁹ bytes per second), of summing a `bytes`-long
-/// buffer split evenly over `threads` threads; the best of a few passes.
+/// Measures the read bandwidth, in GB/s (10⁹ bytes per second), of `threads` threads streaming
+/// through a `bytes`-long buffer together.
 ///
 /// Pass a buffer well beyond the last-level cache (1–2 GiB) for a DRAM figure; a smaller one
 /// measures the cache instead. The buffer is written once first so every page is backed by
 /// real memory (untouched pages would all map the shared zero page and flatter the result).
-/// Reads use 64-byte AVX-512 loads where the CPU has them, else four-way unrolled u64 sums.
+/// The threads walk the buffer front to back, [`PASSES`] times, in synchronized steps of
+/// [`STEP_BYTES`] (each thread reads its own share of the step); the result is the fastest
+/// step. Every step reads lines last touched a whole buffer ago, so it comes from DRAM, and
+/// taking the fastest step rather than a whole pass keeps the figure meaningful on a machine
+/// where other processes take turns on the cores. Reads use 64-byte AVX-512 loads where the CPU
+/// has them, else four-way unrolled u64 sums.
 ///
-/// `bytes` is rounded down to a multiple of 4 KiB per thread (at least one page each) and
-/// `threads` is raised to at least 1. Allocates the buffer and spawns `threads` scoped threads.
+/// `threads` is raised to at least 1 and `bytes` to at least one step; `bytes` is rounded down to
+/// whole steps. Allocates the buffer and spawns `threads − 1` scoped threads.
 pub fn measure_read_bandwidth_gbps(bytes: usize, threads: usize) -> f64 {
-    const PAGE_WORDS: usize = 4096 / 8;
     let threads = threads.max(1);
-    let words_per_thread = (bytes / 8 / threads / PAGE_WORDS).max(1) * PAGE_WORDS;
-    let buf: Vec<u64> = (0..words_per_thread * threads).map(|i| i as u64).collect();
+    // Each thread's share of a step: whole 4 KiB pages.
+    let share_words = (STEP_BYTES / 8 / threads).next_multiple_of(512);
+    let step_words = share_words * threads;
+    let steps = (bytes / 8 / step_words).max(1);
+    let buf: Vec<u64> = (0..steps * step_words).map(|i| i as u64).collect();
     let barrier = Barrier::new(threads);
+    let read_share =
+        |thread: usize, step: usize| sum_words(&buf[step * step_words + thread * share_words..][..share_words]);
     let mut best = Duration::MAX;
     let mut sink = 0u64;
     std::thread::scope(|scope| {
-        let workers: Vec<_> = buf
-            .chunks(words_per_thread)
-            .skip(1)
-            .map(|part| {
-                let barrier = &barrier;
+        let workers: Vec<_> = (1..threads)
+            .map(|thread| {
+                let (barrier, read_share) = (&barrier, &read_share);
                 scope.spawn(move || {
                     let mut sum = 0u64;
-                    for _ in 0..PASSES {
+                    for step in (0..PASSES).flat_map(|_| 0..steps) {
                         barrier.wait();
-                        sum = sum.wrapping_add(sum_words(part));
+                        sum = sum.wrapping_add(read_share(thread, step));
                         barrier.wait();
                     }
                     sum
                 })
             })
             .collect();
-        let part = &buf[..words_per_thread];
-        for _ in 0..PASSES {
+        for step in (0..PASSES).flat_map(|_| 0..steps) {
             barrier.wait();
             let start = Instant::now();
-            sink = sink.wrapping_add(sum_words(part));
-            // The pass ends when the slowest thread reaches the second barrier.
+            sink = sink.wrapping_add(read_share(0, step));
+            // The step ends when the slowest thread reaches the second barrier.
             barrier.wait();
             best = best.min(start.elapsed());
         }
@@ -58,7 +66,7 @@ pub fn measure_read_bandwidth_gbps(bytes: usize, threads: usize) -> f64 {
         }
     });
     std::hint::black_box(sink);
-    (words_per_thread * threads * 8) as f64 / best.as_secs_f64() / 1e9
+    (step_words * 8) as f64 / best.as_secs_f64() / 1e9
 }
 
 /// The wrapping sum of `words`, read as fast as this CPU allows.

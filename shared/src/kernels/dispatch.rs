@@ -51,9 +51,7 @@ impl Isa {
         match self {
             Isa::Scalar => true,
             #[cfg(target_arch = "x86_64")]
-            Isa::Avx2 => {
-                std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
-            }
+            Isa::Avx2 => std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma"),
             #[cfg(target_arch = "x86_64")]
             Isa::Avx512 => {
                 std::arch::is_x86_feature_detected!("avx512f")
@@ -68,7 +66,11 @@ impl Isa {
 
     /// The most capable instruction set this CPU supports, ignoring `SLUICE_KERNEL_ISA`.
     pub fn detect() -> Isa {
-        Isa::ALL.into_iter().rev().find(|isa| isa.is_available()).unwrap_or(Isa::Scalar)
+        Isa::ALL
+            .into_iter()
+            .rev()
+            .find(|isa| isa.is_available())
+            .unwrap_or(Isa::Scalar)
     }
 
     /// The instruction set the process uses: [`Isa::detect`], unless `SLUICE_KERNEL_ISA` names a
@@ -129,7 +131,11 @@ impl IsaSelection {
                 None => (detected, Some(IsaOverrideProblem::Unrecognized(v.to_owned()))),
             },
         };
-        IsaSelection { active, detected, override_problem }
+        IsaSelection {
+            active,
+            detected,
+            override_problem,
+        }
     }
 
     /// A sentence for the caller to log at WARN when the override was not honoured.

@@ -2,8 +2,9 @@
 //!
 //! Owns the safe API (shape checks, ISA checks, the rayon wrappers) over one kernel per
 //! instruction set: `scalar` (the reference), `avx2` and `avx512` (x86_64 only). Choosing the
-//! instruction set lives in `dispatch`; the DRAM roofline probe in [`bandwidth`]. No IO, no
-//! logging: callers log [`Isa::selection`] once at startup.
+//! instruction set lives in `dispatch`; the DRAM roofline probe in [`bandwidth`]; the int8
+//! expert kernels in [`int8`]. No IO, no logging: callers log [`Isa::selection`] once at
+//! startup.
 //!
 //! Weights are row-major `[rows, cols]`, the `[out, in]` layout PyTorch stores linear weights
 //! in; activations are row-major `[n, cols]`; outputs are row-major `[n, rows]`.
@@ -17,13 +18,14 @@
 //! token-by-token decode therefore see identical projections. Different ISAs agree only within
 //! rounding (their lane counts differ), so the ISA must stay fixed for a comparison.
 
-pub mod bandwidth;
-mod dispatch;
-mod scalar;
 #[cfg(target_arch = "x86_64")]
 mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
+pub mod bandwidth;
+mod dispatch;
+pub mod int8;
+mod scalar;
 #[cfg(test)]
 mod tests;
 
@@ -149,7 +151,11 @@ impl SharedOut {
 fn check_shapes(isa: Isa, w: &[bf16], rows: usize, cols: usize, x: &[f32], n: usize, y: &[f32]) {
     assert!(isa.is_available(), "kernels: ISA {isa} is not available on this CPU");
     let w_len = rows.checked_mul(cols).expect("kernels: rows · cols overflows usize");
-    assert_eq!(w.len(), w_len, "kernels: weight length != rows ({rows}) · cols ({cols})");
+    assert_eq!(
+        w.len(),
+        w_len,
+        "kernels: weight length != rows ({rows}) · cols ({cols})"
+    );
     let x_len = n.checked_mul(cols).expect("kernels: n · cols overflows usize");
     assert_eq!(x.len(), x_len, "kernels: activation length != n ({n}) · cols ({cols})");
     let y_len = n.checked_mul(rows).expect("kernels: n · rows overflows usize");

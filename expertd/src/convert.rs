@@ -1,0 +1,110 @@
+//! Converting one routed expert: pread its BF16 gate, up and down ranges from the checkpoint,
+//! widen to f32, quantise with `shared::kernels::int8::quantize_weights`, encode the container
+//! blob, and measure the dequantisation error.
+//!
+//! Owns no file layout and no resume logic (that is `prepare`); holds one expert in memory at a
+//! time (about 40 MiB at the real dimensions), never a whole fused tensor.
+
+use crate::prepare::PrepareError;
+use crate::stats::{ErrorStats, KindStats};
+use half::bf16;
+use safetensors::Dtype;
+use shared::checkpoint::Checkpoint;
+use shared::container::BlobLayout;
+use shared::container::writer::encode_blob;
+use shared::kernels::int8::quantize_weights;
+use shared::safetensors_locator::{ByteRange, ExpertLocator};
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+
+/// The checkpoint's shard files, opened once and read with `pread` from any thread.
+pub struct ShardFiles {
+    files: Vec<File>,
+}
+
+impl ShardFiles {
+    /// Opens every shard of `ckpt` read-only.
+    pub fn open(ckpt: &Checkpoint) -> Result<ShardFiles, PrepareError> {
+        let files = ckpt
+            .shards
+            .iter()
+            .map(|s| File::open(&s.path).map_err(|e| PrepareError::io(&s.path, e)))
+            .collect::<Result<_, _>>()?;
+        Ok(ShardFiles { files })
+    }
+
+    /// Reads a BF16 matrix range and appends it widened to f32 to `out`.
+    fn read_bf16(&self, range: &ByteRange, what: &'static str, layer: usize, expert: usize, out: &mut Vec<f32>) -> Result<(), PrepareError> {
+        let [rows, cols] = range.shape;
+        let expected = (rows as u64) * (cols as u64) * 2;
+        if range.dtype != Dtype::BF16 || range.len != expected {
+            return Err(PrepareError::Source {
+                layer,
+                expert,
+                what,
+                reason: format!("expected BF16 {rows}×{cols} ({expected} bytes), found {:?} with {} bytes", range.dtype, range.len),
+            });
+        }
+        let file = self.files.get(range.shard).ok_or_else(|| PrepareError::Source {
+            layer,
+            expert,
+            what,
+            reason: format!("shard index {} out of range", range.shard),
+        })?;
+        let mut bytes = vec![0u8; range.len as usize];
+        file.read_exact_at(&mut bytes, range.offset).map_err(|e| PrepareError::io(&range.file, e))?;
+        out.extend(bytes.chunks_exact(2).map(|c| bf16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32()));
+        Ok(())
+    }
+}
+
+/// One converted expert, ready to be written at its offset.
+pub struct ConvertedExpert {
+    /// The blob, `layout.stride` bytes, checksum trailer included.
+    pub blob: Vec<u8>,
+    /// Its checksum (what the index stores).
+    pub checksum: u64,
+    /// Its dequantisation error.
+    pub stats: ErrorStats,
+    /// BF16 bytes read from the checkpoint.
+    pub source_bytes: u64,
+}
+
+/// Converts (layer, expert): gate and up are quantised as one `[2f × d]` matrix (gate rows
+/// first), down as `[d × f]`.
+pub fn convert_expert(
+    locator: &ExpertLocator<'_>,
+    files: &ShardFiles,
+    layout: &BlobLayout,
+    layer: usize,
+    expert: usize,
+) -> Result<ConvertedExpert, PrepareError> {
+    let ranges = locator.expert(layer, expert)?;
+    let (f, d) = (layout.down_cols, layout.down_rows);
+    let mut gate_up = Vec::with_capacity(2 * f * d);
+    files.read_bf16(&ranges.gate, "gate", layer, expert, &mut gate_up)?;
+    files.read_bf16(&ranges.up, "up", layer, expert, &mut gate_up)?;
+    let mut down = Vec::with_capacity(d * f);
+    files.read_bf16(&ranges.down, "down", layer, expert, &mut down)?;
+    if gate_up.len() != 2 * f * d || down.len() != d * f {
+        return Err(PrepareError::Source {
+            layer,
+            expert,
+            what: "gate/up/down",
+            reason: format!("shapes do not match the config's d = {d}, f = {f}"),
+        });
+    }
+    let q_gate_up = quantize_weights(&gate_up, 2 * f, d);
+    let q_down = quantize_weights(&down, d, f);
+    let mut blob = vec![0u8; layout.stride];
+    let checksum = encode_blob(layout, &q_gate_up.as_ref(), &q_down.as_ref(), &mut blob)?;
+    let deq_gate_up = q_gate_up.dequantize();
+    let deq_down = q_down.dequantize();
+    let split = f * d;
+    let stats = ErrorStats {
+        gate: KindStats::of_matrix(&gate_up[..split], &deq_gate_up[..split], d, layer, expert),
+        up: KindStats::of_matrix(&gate_up[split..], &deq_gate_up[split..], d, layer, expert),
+        down: KindStats::of_matrix(&down, &deq_down, f, layer, expert),
+    };
+    Ok(ConvertedExpert { blob, checksum, stats, source_bytes: ranges.total_bytes() })
+}

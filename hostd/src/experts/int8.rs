@@ -1,0 +1,122 @@
+//! The in-process INT8 expert backend: reads each routed expert's blob from the INT8 container
+//! with plain `pread` (the page cache is the only cache; io_uring and the leased cache are
+//! expertd's job), verifies its checksum on every read, and runs the W8A8 kernels.
+//!
+//! Each expert's blob is read once per call for all rows routed to it; each row's weighted
+//! outputs are summed in the call's order, so results do not depend on grouping.
+
+use super::{ExpertBackend, ExpertError, MoeCall, validate_call};
+use rayon::prelude::*;
+use shared::checkpoint::Checkpoint;
+use shared::container::{ContainerError, ContainerFile, ModelIdentity};
+use shared::kernels::int8::{ExpertScratch, Int8Isa, expert_forward};
+use std::path::Path;
+
+/// Why the container cannot serve this model.
+#[derive(Debug, thiserror::Error)]
+pub enum Int8LoadError {
+    /// The container is unreadable or corrupt.
+    #[error(transparent)]
+    Container(#[from] ContainerError),
+    /// The container was prepared from another model.
+    #[error(
+        "container {container} was prepared from a different model ({what} differ): container identity {theirs}, model {model} identity {ours}; run `expertd prepare {model} --out DIR` again"
+    )]
+    WrongModel {
+        /// The container file.
+        container: String,
+        /// The model directory.
+        model: String,
+        /// Which identity components differ.
+        what: String,
+        /// The container's config digest (hex).
+        theirs: String,
+        /// The model's config digest (hex).
+        ours: String,
+    },
+}
+
+/// Routed experts computed with W8A8 kernels from the INT8 container.
+pub struct Int8Experts {
+    container: ContainerFile,
+    isa: Int8Isa,
+    n_layers: usize,
+    n_experts: usize,
+    hidden: usize,
+}
+
+impl Int8Experts {
+    /// Opens the container in `dir` and checks it was prepared from `ckpt`.
+    pub fn open(dir: &Path, ckpt: &Checkpoint, isa: Int8Isa) -> Result<Int8Experts, Int8LoadError> {
+        let container = ContainerFile::open(dir)?;
+        let ours = ModelIdentity::of_checkpoint(ckpt)?;
+        let theirs = container.header().identity;
+        let what = theirs.differing(&ours);
+        if !what.is_empty() {
+            return Err(Int8LoadError::WrongModel {
+                container: container.path().display().to_string(),
+                model: ckpt.dir.display().to_string(),
+                what: what.join(", "),
+                theirs: theirs.to_hex().join("/"),
+                ours: ours.to_hex().join("/"),
+            });
+        }
+        let cfg = &ckpt.config.text;
+        Ok(Int8Experts { container, isa, n_layers: cfg.num_layers, n_experts: cfg.num_experts, hidden: cfg.hidden_size })
+    }
+}
+
+impl ExpertBackend for Int8Experts {
+    fn name(&self) -> &'static str {
+        "int8"
+    }
+
+    fn moe_layer(&self, call: &MoeCall<'_>, out: &mut [f32]) -> Result<(), ExpertError> {
+        validate_call(call, self.n_layers, self.n_experts, self.hidden, out.len())?;
+        let (d, k) = (self.hidden, call.top_k);
+        let mut by_expert: Vec<Vec<usize>> = vec![Vec::new(); self.n_experts];
+        for (cell, &e) in call.ids.iter().enumerate() {
+            by_expert[e as usize].push(cell);
+        }
+        let used: Vec<(usize, Vec<usize>)> = by_expert.into_iter().enumerate().filter(|(_, c)| !c.is_empty()).collect();
+        let results: Vec<(Vec<usize>, Vec<f32>)> = used
+            .into_par_iter()
+            .map_init(
+                || (Vec::new(), ExpertScratch::new()),
+                |(buf, scratch), (e, cells)| {
+                    let blob = self.container.read_expert(call.layer, e, buf).map_err(|err| ExpertError::Expert {
+                        layer: call.layer,
+                        expert: e as u32,
+                        reason: err.to_string(),
+                    })?;
+                    let rows = cells.len();
+                    let mut xs = Vec::with_capacity(rows * d);
+                    for &cell in &cells {
+                        let r = cell / k;
+                        xs.extend_from_slice(&call.x[r * d..(r + 1) * d]);
+                    }
+                    let mut y = vec![0.0f32; rows * d];
+                    expert_forward(self.isa, blob.gate_up, blob.down, &xs, rows, &mut y, scratch);
+                    Ok((cells, y))
+                },
+            )
+            .collect::<Result<_, ExpertError>>()?;
+        let mut slots = vec![0.0f32; call.n_rows * k * d];
+        for (cells, y) in results {
+            for (i, cell) in cells.into_iter().enumerate() {
+                slots[cell * d..(cell + 1) * d].copy_from_slice(&y[i * d..(i + 1) * d]);
+            }
+        }
+        out.fill(0.0);
+        for r in 0..call.n_rows {
+            let o = &mut out[r * d..(r + 1) * d];
+            for s in 0..k {
+                let w = call.weights[r * k + s];
+                for (ov, yv) in o.iter_mut().zip(&slots[(r * k + s) * d..(r * k + s + 1) * d]) {
+                    *ov += w * yv;
+                }
+            }
+        }
+        Ok(())
+    }
+}

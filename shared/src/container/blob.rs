@@ -1,0 +1,93 @@
+//! One expert blob read back: [`check_blob`] verifies a blob buffer (length, checksum against
+//! its trailer and the index, zero padding) and [`ExpertBlob::parse`] then views its parts as
+//! the int8 kernel's [`MatrixRef`]s, in place, with alignment checks.
+//!
+//! Pure and allocation-free, errors included: this runs once per expert read in the daemon.
+
+use super::checksum::{checksum, le_u64};
+use super::layout::{BlobLayout, CHECKSUM_BYTES, Part};
+use super::ContainerError;
+use crate::kernels::int8::MatrixRef;
+
+/// Which blob a buffer holds, for error messages.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BlobAt {
+    /// Layer.
+    pub layer: usize,
+    /// Expert within the layer.
+    pub expert: usize,
+    /// File offset of the blob.
+    pub offset: u64,
+}
+
+/// Verifies one blob buffer of `layout.stride` bytes: its contents hash to its trailer, the
+/// trailer equals `index_checksum` when one is given, and the padding after the trailer is
+/// zero. Returns the checksum.
+pub fn check_blob(bytes: &[u8], layout: &BlobLayout, at: BlobAt, index_checksum: Option<u64>) -> Result<u64, ContainerError> {
+    let BlobAt { layer, expert, offset } = at;
+    if bytes.len() != layout.stride {
+        return Err(ContainerError::BlobLength {
+            layer,
+            expert,
+            offset,
+            found: bytes.len() as u64,
+            expected: layout.stride as u64,
+        });
+    }
+    // PERF-CRITICAL: one pass over the blob (3 MiB at the real dimensions) per expert read.
+    let computed = checksum(&bytes[..layout.checksum_offset]);
+    let trailer = le_u64(bytes, layout.checksum_offset);
+    if computed != trailer || index_checksum.is_some_and(|c| c != computed) {
+        return Err(ContainerError::BlobChecksum { layer, expert, offset, computed, trailer, index: index_checksum });
+    }
+    if let Some(i) = bytes[layout.content_bytes..].iter().position(|&b| b != 0) {
+        let byte_offset = offset + (layout.content_bytes + i) as u64;
+        return Err(ContainerError::BlobPadding { layer, expert, offset, byte_offset });
+    }
+    Ok(computed)
+}
+
+/// The two matrices of one expert, borrowed from a verified blob buffer.
+#[derive(Clone, Copy)]
+pub struct ExpertBlob<'a> {
+    /// Gate and up projections as one `[2f × d]` matrix, gate rows first.
+    pub gate_up: MatrixRef<'a>,
+    /// Down projection, `[d × f]`.
+    pub down: MatrixRef<'a>,
+}
+
+impl<'a> ExpertBlob<'a> {
+    /// Verifies `bytes` (see [`check_blob`], with the index's `expected_checksum`) and views its
+    /// parts. The f32 and i32 parts must be 4-byte aligned in memory: they are 64-byte aligned
+    /// relative to the blob start, so any buffer aligned to 4 (every heap allocation) works.
+    pub fn parse(bytes: &'a [u8], layout: &BlobLayout, at: BlobAt, expected_checksum: u64) -> Result<ExpertBlob<'a>, ContainerError> {
+        check_blob(bytes, layout, at, Some(expected_checksum))?;
+        let floats = |part: Part, name: &'static str| -> Result<&'a [f32], ContainerError> {
+            bytemuck::try_cast_slice(&bytes[part.range()]).map_err(|_| misaligned(at, name))
+        };
+        let ints = |part: Part, name: &'static str| -> Result<&'a [i32], ContainerError> {
+            bytemuck::try_cast_slice(&bytes[part.range()]).map_err(|_| misaligned(at, name))
+        };
+        let gate_up = MatrixRef {
+            rows: layout.gate_up_rows,
+            cols: layout.gate_up_cols,
+            packed: bytemuck::cast_slice(&bytes[layout.gate_up_packed.range()]),
+            scales: floats(layout.gate_up_scales, "gate_up scales")?,
+            row_sums: ints(layout.gate_up_row_sums, "gate_up row sums")?,
+        };
+        let down = MatrixRef {
+            rows: layout.down_rows,
+            cols: layout.down_cols,
+            packed: bytemuck::cast_slice(&bytes[layout.down_packed.range()]),
+            scales: floats(layout.down_scales, "down scales")?,
+            row_sums: ints(layout.down_row_sums, "down row sums")?,
+        };
+        Ok(ExpertBlob { gate_up, down })
+    }
+}
+
+fn misaligned(at: BlobAt, part: &'static str) -> ContainerError {
+    ContainerError::Misaligned { layer: at.layer, expert: at.expert, offset: at.offset, part }
+}
+
+const _: () = assert!(CHECKSUM_BYTES == 8);

@@ -1,0 +1,88 @@
+//! Encoding: a blob from two quantised matrices, and the unfinished and complete headers.
+//! Pure — bytes out; `expertd prepare` does the file IO (pwrite, fsync, rename).
+//!
+//! Every multi-byte value is written with explicit `to_le_bytes`.
+
+use super::checksum::checksum;
+use super::header::{Header, VersionedMagic};
+use super::identity::ModelIdentity;
+use super::index;
+use super::layout::{BlobLayout, ContainerLayout, Part};
+use super::ContainerError;
+use crate::kernels::int8::MatrixRef;
+
+fn shape(what: &'static str, found: usize, expected: usize) -> Result<(), ContainerError> {
+    if found == expected {
+        Ok(())
+    } else {
+        Err(ContainerError::EncodeShape { what, found: found as u64, expected: expected as u64 })
+    }
+}
+
+fn check_matrix(m: &MatrixRef<'_>, rows: usize, cols: usize, packed: Part, scales: Part, names: [&'static str; 5]) -> Result<(), ContainerError> {
+    shape(names[0], m.rows, rows)?;
+    shape(names[1], m.cols, cols)?;
+    shape(names[2], m.packed.len(), packed.len)?;
+    shape(names[3], m.scales.len(), scales.len / 4)?;
+    shape(names[4], m.row_sums.len(), scales.len / 4)
+}
+
+/// Writes one expert's blob into `out` (exactly `layout.stride` bytes): the packed matrices,
+/// scales and row sums at their layout offsets, zeros everywhere else, and the checksum
+/// trailer. Returns the checksum (what the index stores).
+pub fn encode_blob(layout: &BlobLayout, gate_up: &MatrixRef<'_>, down: &MatrixRef<'_>, out: &mut [u8]) -> Result<u64, ContainerError> {
+    shape("blob buffer bytes", out.len(), layout.stride)?;
+    check_matrix(
+        gate_up,
+        layout.gate_up_rows,
+        layout.gate_up_cols,
+        layout.gate_up_packed,
+        layout.gate_up_scales,
+        ["gate_up rows", "gate_up cols", "gate_up packed bytes", "gate_up scales", "gate_up row sums"],
+    )?;
+    check_matrix(
+        down,
+        layout.down_rows,
+        layout.down_cols,
+        layout.down_packed,
+        layout.down_scales,
+        ["down rows", "down cols", "down packed bytes", "down scales", "down row sums"],
+    )?;
+    out.fill(0);
+    out[layout.gate_up_packed.range()].copy_from_slice(bytemuck::cast_slice(gate_up.packed));
+    out[layout.down_packed.range()].copy_from_slice(bytemuck::cast_slice(down.packed));
+    let floats = |dst: &mut [u8], src: &[f32]| {
+        for (d, s) in dst.chunks_exact_mut(4).zip(src) {
+            d.copy_from_slice(&s.to_le_bytes());
+        }
+    };
+    floats(&mut out[layout.gate_up_scales.range()], gate_up.scales);
+    floats(&mut out[layout.down_scales.range()], down.scales);
+    let ints = |dst: &mut [u8], src: &[i32]| {
+        for (d, s) in dst.chunks_exact_mut(4).zip(src) {
+            d.copy_from_slice(&s.to_le_bytes());
+        }
+    };
+    ints(&mut out[layout.gate_up_row_sums.range()], gate_up.row_sums);
+    ints(&mut out[layout.down_row_sums.range()], down.row_sums);
+    let sum = checksum(&out[..layout.checksum_offset]);
+    out[layout.checksum_offset..layout.content_bytes].copy_from_slice(&sum.to_le_bytes());
+    Ok(sum)
+}
+
+/// The header of a file being written: magic "SLUICEPT", `index_checksum` 0.
+pub fn unfinished_header(identity: ModelIdentity, layout: ContainerLayout) -> Header {
+    Header { magic: VersionedMagic::UnfinishedV1, identity, layout, index_checksum: 0 }
+}
+
+/// The index region and the complete header for the given blob checksums (in (layer, expert)
+/// order).
+///
+/// # Panics
+///
+/// Panics if `checksums.len()` is not the layout's blob count.
+pub fn finish(identity: ModelIdentity, layout: ContainerLayout, checksums: &[u64]) -> (Vec<u8>, Header) {
+    let region = index::encode_index(&layout, checksums);
+    let index_checksum = index::index_checksum(&layout, &region);
+    (region, Header { magic: VersionedMagic::CompleteV1, identity, layout, index_checksum })
+}
