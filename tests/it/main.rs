@@ -1,7 +1,9 @@
 //! sluice's end-to-end test binary: one executable, one module per area.
 
 mod bad_input;
+mod container;
 mod inspect;
+mod int8_quality;
 mod locator;
 mod parity;
 mod synth;
