@@ -107,9 +107,9 @@ impl Attention {
         let (nq, nkv, dh) = (at.n_q_heads, at.n_kv_heads, at.head_dim);
         let start = cache.len;
         let scope = profile::scope("attention.qkv_proj", self.q_proj.bytes() + self.k_proj.bytes() + self.v_proj.bytes());
-        let p = project_new(isa, &self.q_proj, x, n);
-        let mut k = project_new(isa, &self.k_proj, x, n);
-        let v = project_new(isa, &self.v_proj, x, n);
+        let [p, mut k, v]: [Vec<f32>; 3] = ops::project_many(isa, &[&self.q_proj, &self.k_proj, &self.v_proj], x, n)
+            .try_into()
+            .expect("three projections");
         drop(scope);
         let scope = profile::scope("attention.core", 0);
 

@@ -96,10 +96,10 @@ impl DeltaNet {
         let (cdim, kw) = (dn.conv_dim(), dn.conv_kernel);
         let in_bytes = self.in_proj_qkv.bytes() + self.in_proj_z.bytes() + self.in_proj_b.bytes() + self.in_proj_a.bytes();
         let scope = profile::scope("deltanet.in_proj", in_bytes);
-        let xqkv = project_new(isa, &self.in_proj_qkv, x, n);
-        let z = project_new(isa, &self.in_proj_z, x, n);
-        let b = project_new(isa, &self.in_proj_b, x, n);
-        let a = project_new(isa, &self.in_proj_a, x, n);
+        let [xqkv, z, b, a]: [Vec<f32>; 4] =
+            ops::project_many(isa, &[&self.in_proj_qkv, &self.in_proj_z, &self.in_proj_b, &self.in_proj_a], x, n)
+                .try_into()
+                .expect("four projections");
         drop(scope);
         let scope = profile::scope("deltanet.conv_norm_gates", 0);
 

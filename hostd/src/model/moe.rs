@@ -92,13 +92,14 @@ impl Moe {
             self.shared_gate.bytes() + self.shared_up.bytes() + self.shared_down.bytes() + self.shared_expert_gate.bytes(),
         );
 
-        let mut g = project_new(isa, &self.shared_gate, x, n);
-        let u = project_new(isa, &self.shared_up, x, n);
+        let [mut g, u, gate]: [Vec<f32>; 3] =
+            ops::project_many(isa, &[&self.shared_gate, &self.shared_up, &self.shared_expert_gate], x, n)
+                .try_into()
+                .expect("three projections");
         for (gv, uv) in g.iter_mut().zip(&u) {
             *gv = ops::silu(*gv) * uv;
         }
         let shared = project_new(isa, &self.shared_down, &g, n);
-        let gate = project_new(isa, &self.shared_expert_gate, x, n);
         for t in 0..n {
             let s = ops::sigmoid(gate[t]);
             for (o, v) in out[t * d..(t + 1) * d].iter_mut().zip(&shared[t * d..(t + 1) * d]) {

@@ -81,6 +81,37 @@ pub fn project(isa: Isa, w: &Matrix, x: &[f32], n: usize, y: &mut [f32]) {
     }
 }
 
+/// Weight bytes below which a GEMV tile is not worth a rayon task of its own.
+const MIN_TILE_WEIGHT_BYTES: usize = 64 << 10;
+
+/// Several projections of the same input in ONE parallel region: `x · Wᵢᵀ` for every matrix,
+/// returned in order. With one token (decode) the rows of all matrices are cut into tiles that
+/// share the rayon pool, paying one fork/join instead of one per matrix; every row is computed
+/// by the same single-threaded kernel as [`project`], so results are bitwise equal to it.
+/// With several tokens each matrix goes through [`project`] (compute-bound; the join is noise).
+pub fn project_many(isa: Isa, mats: &[&Matrix], x: &[f32], n: usize) -> Vec<Vec<f32>> {
+    // PERF-CRITICAL: decode runs this a few times per layer per token.
+    if n != 1 {
+        return mats.iter().map(|m| project_new(isa, m, x, n)).collect();
+    }
+    let mut outs: Vec<Vec<f32>> = mats.iter().map(|m| vec![0.0f32; m.rows]).collect();
+    let threads = rayon::current_num_threads();
+    let mut tiles: Vec<(&Matrix, usize, &mut [f32])> = Vec::new();
+    for (m, out) in mats.iter().zip(outs.iter_mut()) {
+        let min_rows = MIN_TILE_WEIGHT_BYTES.div_ceil(2 * m.cols.max(1));
+        let tile = min_rows.max(m.rows.div_ceil(4 * threads)).next_multiple_of(8);
+        for (i, chunk) in out.chunks_mut(tile).enumerate() {
+            tiles.push((m, i * tile, chunk));
+        }
+    }
+    use rayon::prelude::*;
+    tiles.into_par_iter().for_each(|(m, r0, y)| {
+        let rows = y.len();
+        kernels::gemv_bf16(isa, &m.data()[r0 * m.cols..(r0 + rows) * m.cols], rows, m.cols, x, y);
+    });
+    outs
+}
+
 /// Like [`project`] but allocates the output.
 pub fn project_new(isa: Isa, w: &Matrix, x: &[f32], n: usize) -> Vec<f32> {
     let mut y = vec![0.0; n * w.rows];
@@ -105,6 +136,25 @@ mod tests {
         rms_norm_scaled(&mut x, &zero_centred_scale(&[0.0, 0.0]), 0.0);
         let rms = (12.5f32).sqrt();
         assert!((x[0] - 3.0 / rms).abs() < 1e-6 && (x[1] - 4.0 / rms).abs() < 1e-6);
+    }
+
+    #[test]
+    fn project_many_equals_project_bitwise() {
+        let isa = Isa::active();
+        let mk = |rows: usize, cols: usize, seed: u32| {
+            let data = (0..rows * cols)
+                .map(|i| half::bf16::from_f32((((i as u32).wrapping_mul(2654435761) ^ seed) % 1000) as f32 / 500.0 - 1.0))
+                .collect();
+            Matrix::from_vec(data, rows, cols)
+        };
+        let (a, b, c) = (mk(300, 96, 1), mk(7, 96, 2), mk(1030, 96, 3));
+        for n in [1, 3] {
+            let x: Vec<f32> = (0..n * 96).map(|i| (i as f32 * 0.37).sin()).collect();
+            let many = project_many(isa, &[&a, &b, &c], &x, n);
+            for (m, got) in [&a, &b, &c].into_iter().zip(&many) {
+                assert_eq!(&project_new(isa, m, &x, n), got, "n = {n}");
+            }
+        }
     }
 
     #[test]
