@@ -3,8 +3,12 @@
 
 pub mod chat_template;
 pub mod cli;
+pub mod engine;
 pub mod experts;
 pub mod generate;
+pub mod http;
 pub mod model;
+pub mod prefix_cache;
+pub mod sampling;
 pub mod synth;
 pub mod tokenizer;

@@ -22,6 +22,8 @@ enum Command {
     Eval(hostd::cli::eval::EvalArgs),
     /// Write a deterministic random-weight checkpoint in the release layout (tiny, small, realdim).
     Synth(hostd::cli::synth::SynthArgs),
+    /// OpenAI-compatible HTTP server (chat and text completions, SSE, continuous batching).
+    Serve(hostd::cli::serve::ServeArgs),
     /// Benchmark: per-op prefill and decode time, bytes streamed and GB/s vs DRAM bandwidth.
     Profile(hostd::cli::profile::ProfileArgs),
 }
@@ -35,6 +37,7 @@ fn main() -> std::process::ExitCode {
         Command::Eval(args) => hostd::cli::eval::run(&args),
         Command::Synth(args) => hostd::cli::synth::run(&args),
         Command::Profile(args) => hostd::cli::profile::run(&args),
+        Command::Serve(args) => hostd::cli::serve::run(&args),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

@@ -6,5 +6,6 @@ mod inspect;
 mod int8_quality;
 mod locator;
 mod parity;
+mod serve;
 mod synth;
 mod tokenizer;

@@ -7,6 +7,7 @@ pub mod inspect;
 pub mod load;
 pub mod profile;
 pub mod run;
+pub mod serve;
 pub mod synth;
 pub mod tokenize;
 

@@ -6,6 +6,7 @@
 //! so a prompt may be fed in one call or in pieces.
 
 pub mod attention;
+pub mod batch;
 pub mod gdn;
 pub mod moe;
 pub mod ops;

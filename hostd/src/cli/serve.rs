@@ -1,0 +1,229 @@
+//! `hostd serve`: the OpenAI-compatible HTTP server. Parses flags, binds the socket (so
+//! `/health` answers `loading` at once), loads the model on a background thread, starts the
+//! engine, and serves until SIGINT/SIGTERM.
+//!
+//! Binding a non-loopback address requires an API key (`--api-key-file`); on loopback the key
+//! is optional. The first line on stdout is `hostd serve: listening on http://ADDR`, which
+//! scripts and tests read to learn the port when `--port 0` picks a free one.
+
+use super::load::{LoadArgs, load_model};
+use crate::engine::{self, EngineConfig, metrics::Metrics};
+use crate::http::{self, AppState, MAX_BODY_BYTES_DEFAULT, Ready, ServerConfig};
+use crate::tokenizer::Tokenizer;
+use anyhow::Context;
+use std::io::Write;
+use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
+use std::sync::Arc;
+
+/// How long in-flight requests may run after SIGINT/SIGTERM before the process exits.
+const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// Flags of `hostd serve`.
+#[derive(clap::Args, Debug)]
+pub struct ServeArgs {
+    #[command(flatten)]
+    pub load: LoadArgs,
+    /// Address to bind. A non-loopback address requires --api-key-file.
+    #[arg(long, env = "SLUICE_HOST", default_value = "127.0.0.1")]
+    pub host: IpAddr,
+    /// Port to bind (0 picks a free one; the chosen port is printed).
+    #[arg(long, env = "SLUICE_PORT", default_value_t = 8080)]
+    pub port: u16,
+    /// The model name clients send as `model` (default: the model directory's name).
+    #[arg(long, env = "SLUICE_SERVED_MODEL_NAME")]
+    pub served_model_name: Option<String>,
+    /// Requests that may wait for a free sequence slot; beyond it the server answers 429.
+    #[arg(long, env = "SLUICE_MAX_QUEUE", default_value_t = 16)]
+    pub max_queue: usize,
+    /// Sequences generated concurrently (one batched forward pass per decode step).
+    #[arg(long, env = "SLUICE_MAX_BATCH", default_value_t = 4)]
+    pub max_batch: usize,
+    /// Byte budget of the prefix cache of conversation states (0 disables reuse).
+    #[arg(long, env = "SLUICE_STATE_CACHE_BYTES", default_value_t = 1 << 30)]
+    pub state_cache_bytes: usize,
+    /// Thinking off by default (a request may still turn it on with chat_template_kwargs).
+    #[arg(long, env = "SLUICE_NO_THINK")]
+    pub no_think: bool,
+    /// File holding the API key that /v1/* requests must send as `Authorization: Bearer KEY`.
+    #[arg(long, env = "SLUICE_API_KEY_FILE")]
+    pub api_key_file: Option<PathBuf>,
+    /// Context limit in tokens (prompt + completion); default and maximum: the model's
+    /// max_position_embeddings.
+    #[arg(long, env = "SLUICE_MAX_CONTEXT")]
+    pub max_context: Option<usize>,
+    /// Prompt rows per prefill forward call (prefill can be cancelled between calls).
+    #[arg(long, env = "SLUICE_PREFILL_CHUNK", default_value_t = 512)]
+    pub prefill_chunk: usize,
+    /// Completion budget of a chat request that sets no max_tokens (clipped to the context).
+    #[arg(long, env = "SLUICE_DEFAULT_MAX_TOKENS", default_value_t = 4096)]
+    pub default_max_tokens: usize,
+    /// Largest accepted request body in bytes (larger ones get 413).
+    #[arg(long, env = "SLUICE_MAX_BODY_BYTES", default_value_t = MAX_BODY_BYTES_DEFAULT)]
+    pub max_body_bytes: usize,
+    /// Threads of the HTTP runtime (the model uses the compute pool, --threads).
+    #[arg(long, env = "SLUICE_HTTP_THREADS", default_value_t = 2)]
+    pub http_threads: usize,
+}
+
+/// Runs `hostd serve` until a signal (or a failed model load).
+pub fn run(args: &ServeArgs) -> anyhow::Result<()> {
+    anyhow::ensure!(args.max_queue >= 1, "--max-queue must be at least 1");
+    anyhow::ensure!(args.max_batch >= 1, "--max-batch must be at least 1");
+    anyhow::ensure!(args.prefill_chunk >= 1, "--prefill-chunk must be at least 1");
+    anyhow::ensure!(args.default_max_tokens >= 1, "--default-max-tokens must be at least 1");
+    anyhow::ensure!(args.http_threads >= 1, "--http-threads must be at least 1");
+    let api_key = match &args.api_key_file {
+        Some(path) => {
+            let key = std::fs::read_to_string(path).with_context(|| format!("reading the API key file {}", path.display()))?;
+            let key = key.trim().to_string();
+            anyhow::ensure!(!key.is_empty(), "the API key file {} is empty", path.display());
+            Some(key)
+        }
+        None => None,
+    };
+    anyhow::ensure!(
+        args.host.is_loopback() || api_key.is_some(),
+        "binding {} (not loopback) requires an API key: pass --api-key-file FILE, or bind 127.0.0.1",
+        args.host
+    );
+    let served_model_name = match &args.served_model_name {
+        Some(n) => n.clone(),
+        None => args
+            .load
+            .model
+            .canonicalize()
+            .ok()
+            .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
+            .unwrap_or_else(|| "sluice".to_string()),
+    };
+    let config = ServerConfig {
+        served_model_name,
+        api_key,
+        max_body_bytes: args.max_body_bytes,
+        default_max_tokens: args.default_max_tokens,
+        enable_thinking: !args.no_think,
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(args.http_threads)
+        .thread_name("hostd-http")
+        .enable_all()
+        .build()
+        .context("starting the HTTP runtime")?;
+    runtime.block_on(serve(args, config))
+}
+
+async fn serve(args: &ServeArgs, config: ServerConfig) -> anyhow::Result<()> {
+    let addr = SocketAddr::new(args.host, args.port);
+    let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("binding {addr}"))?;
+    let local = listener.local_addr().context("reading the bound address")?;
+    {
+        let mut out = std::io::stdout().lock();
+        writeln!(out, "hostd serve: listening on http://{local}")?;
+        out.flush()?;
+    }
+    tracing::info!(%local, model = %config.served_model_name, auth = config.api_key.is_some(), "listening");
+    let metrics = Arc::new(Metrics::new());
+    let state = AppState::new(config, Arc::clone(&metrics));
+
+    // Load on a plain thread: mapping and validating a checkpoint blocks for a while.
+    let (failed_tx, failed_rx) = tokio::sync::oneshot::channel::<String>();
+    let loader_state = Arc::clone(&state);
+    let load_args = args.load.clone();
+    let engine_limits = (args.max_queue, args.max_batch, args.state_cache_bytes, args.prefill_chunk, args.max_context);
+    std::thread::Builder::new()
+        .name("hostd-load".into())
+        .spawn(move || match load(&load_args, engine_limits, &loader_state) {
+            Ok(()) => drop(failed_tx),
+            Err(e) => {
+                let msg = format!("{e:#}");
+                tracing::error!(error = %msg, "model load failed");
+                loader_state.set_failed(msg.clone());
+                let _ = failed_tx.send(msg);
+            }
+        })
+        .context("starting the loader thread")?;
+
+    let failed = Arc::new(std::sync::Mutex::new(None::<String>));
+    let failed_w = Arc::clone(&failed);
+    let stopping = Arc::new(tokio::sync::Notify::new());
+    let stopping_w = Arc::clone(&stopping);
+    let shutdown = async move {
+        let load_failed = async {
+            match failed_rx.await {
+                Ok(msg) => {
+                    if let Ok(mut f) = failed_w.lock() {
+                        *f = Some(msg);
+                    }
+                }
+                // The loader succeeded: never resolve.
+                Err(_) => std::future::pending::<()>().await,
+            }
+        };
+        tokio::select! {
+            _ = signal() => tracing::info!(grace_s = SHUTDOWN_GRACE.as_secs(), "shutting down; in-flight requests may finish"),
+            _ = load_failed => {}
+        }
+        stopping_w.notify_one();
+    };
+    // Graceful shutdown waits for open streams; a long generation must not hold the process.
+    let grace = async move {
+        stopping.notified().await;
+        tokio::time::sleep(SHUTDOWN_GRACE).await;
+        tracing::warn!("in-flight requests did not finish within the grace period; exiting");
+    };
+    tokio::select! {
+        r = http::serve(listener, state, shutdown) => r.context("serving HTTP")?,
+        _ = grace => {}
+    }
+    if let Some(msg) = failed.lock().ok().and_then(|f| f.clone()) {
+        anyhow::bail!("the model could not be loaded: {msg}");
+    }
+    Ok(())
+}
+
+/// Loads tokenizer and model, starts the engine and marks the server ready.
+fn load(args: &LoadArgs, limits: (usize, usize, usize, usize, Option<usize>), state: &AppState) -> anyhow::Result<()> {
+    let (max_queue, max_batch, state_cache_bytes, prefill_chunk, max_context) = limits;
+    let tokenizer = Tokenizer::from_model_dir(&args.model).with_context(|| format!("loading the tokenizer of {}", args.model.display()))?;
+    let model = load_model(args)?;
+    let model_max = model.config().max_position_embeddings;
+    let max_context = max_context.unwrap_or(model_max);
+    anyhow::ensure!(
+        (2..=model_max).contains(&max_context),
+        "--max-context {max_context} must be between 2 and the model's max_position_embeddings ({model_max})"
+    );
+    let mut stop_ids = vec![tokenizer.im_end_id()?, tokenizer.endoftext_id()?];
+    stop_ids.extend(model.config().eos_token_ids.iter().copied());
+    stop_ids.sort_unstable();
+    stop_ids.dedup();
+    let tokenizer = Arc::new(tokenizer);
+    let config = EngineConfig { max_queue, max_batch, state_cache_bytes, prefill_chunk, max_context };
+    let (engine, _thread) = engine::start(model, Arc::clone(&tokenizer), config, Arc::clone(state.metrics())).context("starting the scheduler")?;
+    let created = http::unix_now();
+    state.set_ready(Ready { engine, tokenizer, stop_ids, created });
+    tracing::info!(max_context, max_batch, max_queue, state_cache_bytes, "model loaded; serving");
+    Ok(())
+}
+
+/// Resolves on SIGINT or SIGTERM.
+async fn signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => {}
+        _ = term => {}
+    }
+}

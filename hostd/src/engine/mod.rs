@@ -1,0 +1,184 @@
+//! The generation engine behind `hostd serve`: one scheduler thread owns the model, admits
+//! requests from a bounded queue, prefills each new sequence in blocks, and advances every
+//! running sequence by one token per batched forward pass (continuous batching).
+//!
+//! The HTTP layer talks to it only through [`EngineHandle::submit`] and the per-request
+//! [`Event`] channel; dropping that channel's receiver (the client went away) cancels the
+//! sequence within one decode step and frees its state. Requests carry token ids, not text;
+//! text comes back already split into reasoning and content with stop strings removed.
+//!
+//! Not here: HTTP, JSON and the OpenAI shapes (`http/`); the sampling math (`sampling`).
+
+pub mod metrics;
+pub mod output;
+mod scheduler;
+
+use crate::model::Model;
+use crate::sampling::SamplingParams;
+use crate::tokenizer::Tokenizer;
+use metrics::Metrics;
+use std::sync::Arc;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::mpsc::{SyncSender, TrySendError};
+use std::time::Instant;
+use tokio::sync::mpsc::UnboundedSender;
+
+pub use output::{Delta, LogprobEntry, TopLogprob};
+
+/// Scheduler limits.
+#[derive(Debug, Clone)]
+pub struct EngineConfig {
+    /// Requests that may wait for a slot; one more is refused (HTTP 429).
+    pub max_queue: usize,
+    /// Sequences prefilled or decoded concurrently.
+    pub max_batch: usize,
+    /// Byte budget of the prefix cache (0 disables it).
+    pub state_cache_bytes: usize,
+    /// Prompt rows per prefill forward call; prefill is cancellable between calls.
+    pub prefill_chunk: usize,
+    /// Most tokens a sequence may hold (prompt + generated).
+    pub max_context: usize,
+}
+
+/// One generation request, already tokenised and validated.
+#[derive(Debug)]
+pub struct GenRequest {
+    /// Correlates logs, responses and metrics.
+    pub request_id: String,
+    /// The request's INFO span; the scheduler logs inside it.
+    pub span: tracing::Span,
+    /// Prompt ids (non-empty, shorter than the context).
+    pub prompt: Vec<u32>,
+    /// Prompt position whose state is worth caching for follow-up turns (chat: just after
+    /// `<|im_start|>assistant\n`, where the next turn's prompt diverges).
+    pub checkpoint: Option<usize>,
+    /// Also cache the final state (prompt + output), for completions that continue the text.
+    pub cache_final_state: bool,
+    /// How tokens are picked.
+    pub sampling: SamplingParams,
+    /// Most tokens to generate (≥ 1).
+    pub max_tokens: usize,
+    /// Stop strings (removed from the output).
+    pub stop: Vec<String>,
+    /// Ids that end generation (not part of the output); empty with `ignore_eos`.
+    pub stop_ids: Vec<u32>,
+    /// Separate reasoning (`<think>` … `</think>`) from content (chat); off for raw text.
+    pub split_reasoning: bool,
+    /// Output starts inside a reasoning block (chat with thinking on; needs `split_reasoning`).
+    pub reasoning: bool,
+    /// When the HTTP request arrived (TTFT counts from here).
+    pub received: Instant,
+    /// Where the engine sends this request's events.
+    pub events: UnboundedSender<Event>,
+}
+
+/// Why a generation ended normally.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FinishReason {
+    /// A stop id or stop string.
+    Stop,
+    /// `max_tokens` or the context limit.
+    Length,
+}
+
+impl FinishReason {
+    /// OpenAI's `finish_reason` string.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FinishReason::Stop => "stop",
+            FinishReason::Length => "length",
+        }
+    }
+}
+
+/// Token counts of a finished generation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Usage {
+    /// Prompt tokens.
+    pub prompt_tokens: usize,
+    /// Generated tokens (a final stop id is not counted).
+    pub completion_tokens: usize,
+    /// Prompt tokens whose state came from the prefix cache.
+    pub cached_tokens: usize,
+}
+
+/// What the engine reports about one request, in order: any number of `Delta`s, then exactly
+/// one `Done` or `Failed`.
+#[derive(Debug)]
+pub enum Event {
+    /// Newly released output.
+    Delta(Delta),
+    /// The generation ended.
+    Done {
+        /// Why.
+        reason: FinishReason,
+        /// Token counts.
+        usage: Usage,
+    },
+    /// The model failed on this sequence.
+    Failed(String),
+}
+
+/// Why a request was not accepted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum SubmitError {
+    /// The queue holds `max_queue` requests.
+    #[error("the server is at capacity: {max_queue} requests are already queued")]
+    QueueFull {
+        /// The limit.
+        max_queue: usize,
+    },
+    /// The scheduler thread has stopped.
+    #[error("the generation engine has stopped")]
+    Stopped,
+}
+
+/// The handlers' side of the engine: submit requests, read limits.
+#[derive(Clone)]
+pub struct EngineHandle {
+    tx: SyncSender<GenRequest>,
+    metrics: Arc<Metrics>,
+    config: EngineConfig,
+}
+
+impl EngineHandle {
+    /// Queues a request, or refuses it when the queue is full.
+    pub fn submit(&self, req: GenRequest) -> Result<(), SubmitError> {
+        // Count first so the scheduler's decrement never runs ahead of the increment.
+        self.metrics.queue_depth.fetch_add(1, Relaxed);
+        match self.tx.try_send(req) {
+            Ok(()) => Ok(()),
+            Err(e) => {
+                self.metrics.queue_depth.fetch_sub(1, Relaxed);
+                match e {
+                    TrySendError::Full(_) => {
+                        self.metrics.queue_rejected.fetch_add(1, Relaxed);
+                        Err(SubmitError::QueueFull { max_queue: self.config.max_queue })
+                    }
+                    TrySendError::Disconnected(_) => Err(SubmitError::Stopped),
+                }
+            }
+        }
+    }
+
+    /// The limits the engine runs with.
+    pub fn config(&self) -> &EngineConfig {
+        &self.config
+    }
+}
+
+/// Starts the scheduler thread, which owns `model` until every [`EngineHandle`] is dropped
+/// and the running sequences have finished. Returns the handle and the thread.
+pub fn start(
+    model: Model,
+    tokenizer: Arc<Tokenizer>,
+    config: EngineConfig,
+    metrics: Arc<Metrics>,
+) -> std::io::Result<(EngineHandle, std::thread::JoinHandle<()>)> {
+    // `sync_channel(0)` would be a rendezvous channel: the queue always admits at least one.
+    let (tx, rx) = std::sync::mpsc::sync_channel(config.max_queue.max(1));
+    let sched = scheduler::Scheduler::new(model, tokenizer, config.clone(), Arc::clone(&metrics), rx);
+    let thread = std::thread::Builder::new().name("hostd-scheduler".into()).spawn(move || sched.run())?;
+    metrics.model_loaded.store(1, Relaxed);
+    Ok((EngineHandle { tx, metrics, config }, thread))
+}

@@ -1,0 +1,375 @@
+//! The scheduler loop: the only thread that touches the model.
+//!
+//! Each iteration: admit queued requests while fewer than `max_batch` sequences run (looking up
+//! the prefix cache), drop sequences whose client went away, run one prefill block of the oldest
+//! sequence still prefilling, then one decode step that feeds the last token of every decoding
+//! sequence through a single batched forward pass. A sequence's output depends only on its own
+//! prompt, parameters and (for prefix hits) the cached state, never on what else runs: batched
+//! rows equal per-sequence rows bit for bit (`model::batch`), and prefill blocks end at fixed
+//! positions (multiples of `prefill_chunk` and the checkpoint), whatever else is queued.
+
+use super::metrics::Metrics;
+use super::output::{Delta, OutputText};
+use super::{EngineConfig, Event, FinishReason, GenRequest, Usage};
+use crate::model::batch::{BatchError, BatchItem};
+use crate::model::{Logits, Model, SequenceState};
+use crate::prefix_cache::PrefixCache;
+use crate::sampling::Sampler;
+use crate::tokenizer::Tokenizer;
+use std::sync::Arc;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::mpsc::{Receiver, TryRecvError};
+use std::time::Instant;
+use tokio::sync::mpsc::UnboundedSender;
+
+enum Phase {
+    /// Prompt tokens `..fed` are in the state.
+    Prefill { fed: usize },
+    /// The prompt is in; `next` is the sampled token to feed on the next step.
+    Decode { next: u32 },
+}
+
+struct Sequence {
+    request_id: String,
+    span: tracing::Span,
+    prompt: Vec<u32>,
+    checkpoint: Option<usize>,
+    cache_final_state: bool,
+    cached_tokens: usize,
+    state: SequenceState,
+    phase: Phase,
+    generated: Vec<u32>,
+    sampler: Sampler,
+    out: OutputText,
+    max_tokens: usize,
+    stop_ids: Vec<u32>,
+    received: Instant,
+    last_token_at: Option<Instant>,
+    events: UnboundedSender<Event>,
+}
+
+/// How a sequence left the running set.
+enum Exit {
+    Finished(FinishReason),
+    Cancelled,
+    Failed(String),
+}
+
+/// The loop's state: the model, the prefix cache and the running sequences (FCFS order).
+pub(super) struct Scheduler {
+    model: Model,
+    tokenizer: Arc<Tokenizer>,
+    config: EngineConfig,
+    metrics: Arc<Metrics>,
+    rx: Receiver<GenRequest>,
+    cache: PrefixCache<SequenceState>,
+    seqs: Vec<Sequence>,
+    /// Ids ≥ this are padding rows of the embedding and never sampled.
+    sample_vocab: usize,
+    /// Ids below `sample_vocab` the tokenizer cannot decode (gaps in a truncated synthetic
+    /// vocabulary); their logits are set to −∞ before sampling. Empty for real vocabularies.
+    undefined_ids: Vec<u32>,
+    /// Seeds requests that gave none (time-derived, then advanced per request).
+    seed_counter: u64,
+}
+
+impl Scheduler {
+    /// A scheduler that will read requests from `rx`.
+    pub(super) fn new(
+        model: Model,
+        tokenizer: Arc<Tokenizer>,
+        config: EngineConfig,
+        metrics: Arc<Metrics>,
+        rx: Receiver<GenRequest>,
+    ) -> Scheduler {
+        let sample_vocab = tokenizer.vocab_size().min(model.config().vocab_size).max(1);
+        let undefined_ids: Vec<u32> =
+            (0..sample_vocab as u32).filter(|&id| tokenizer.token_bytes(id).is_none()).collect();
+        let seed_counter = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64);
+        Scheduler {
+            cache: PrefixCache::new(config.state_cache_bytes),
+            model,
+            tokenizer,
+            config,
+            metrics,
+            rx,
+            seqs: Vec::new(),
+            sample_vocab,
+            undefined_ids,
+            seed_counter,
+        }
+    }
+
+    /// Runs until every handle is dropped and no sequence is left.
+    pub(super) fn run(mut self) {
+        loop {
+            if !self.admit() {
+                break;
+            }
+            self.drop_cancelled();
+            self.prefill_one_block();
+            self.decode_step();
+            self.publish_gauges();
+        }
+        tracing::info!("scheduler stopped");
+    }
+
+    /// Pulls queued requests into free slots; blocks while nothing runs. Returns false when
+    /// the queue is closed and nothing is left to do.
+    fn admit(&mut self) -> bool {
+        while self.seqs.len() < self.config.max_batch.max(1) {
+            let req = if self.seqs.is_empty() {
+                match self.rx.recv() {
+                    Ok(r) => r,
+                    Err(_) => return false,
+                }
+            } else {
+                match self.rx.try_recv() {
+                    Ok(r) => r,
+                    Err(TryRecvError::Empty | TryRecvError::Disconnected) => break,
+                }
+            };
+            self.metrics.queue_depth.fetch_sub(1, Relaxed);
+            if req.events.is_closed() {
+                self.metrics.cancelled.fetch_add(1, Relaxed);
+                tracing::info!(parent: &req.span, "client went away while queued");
+                continue;
+            }
+            self.start_sequence(req);
+        }
+        true
+    }
+
+    fn start_sequence(&mut self, req: GenRequest) {
+        let hit = if self.config.state_cache_bytes > 0 { self.cache.lookup(&req.prompt) } else { None };
+        let (cached_tokens, state) = hit.unwrap_or_else(|| (0, self.model.new_state()));
+        self.metrics.prompt_tokens.fetch_add(req.prompt.len() as u64, Relaxed);
+        self.metrics.cached_prompt_tokens.fetch_add(cached_tokens as u64, Relaxed);
+        tracing::info!(parent: &req.span, prompt_tokens = req.prompt.len(), cached_tokens, "admitted");
+        self.seed_counter = self.seed_counter.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let sampler = Sampler::new(req.sampling, &req.prompt, self.seed_counter);
+        let out = OutputText::new(&self.tokenizer, &req.stop, req.split_reasoning, req.reasoning);
+        self.seqs.push(Sequence {
+            request_id: req.request_id,
+            span: req.span,
+            // Without a cache there is nothing to snapshot, and prefill blocks stay those of
+            // `hostd run` (multiples of `prefill_chunk`).
+            checkpoint: req.checkpoint.filter(|&c| self.config.state_cache_bytes > 0 && c > cached_tokens && c < req.prompt.len()),
+            prompt: req.prompt,
+            cache_final_state: req.cache_final_state,
+            cached_tokens,
+            state,
+            phase: Phase::Prefill { fed: cached_tokens },
+            generated: Vec::new(),
+            sampler,
+            out,
+            max_tokens: req.max_tokens,
+            stop_ids: req.stop_ids,
+            received: req.received,
+            last_token_at: None,
+            events: req.events,
+        });
+    }
+
+    /// Sequences whose client disconnected stop here, before any more compute is spent.
+    fn drop_cancelled(&mut self) {
+        let mut i = 0;
+        while i < self.seqs.len() {
+            if self.seqs[i].events.is_closed() {
+                let seq = self.seqs.remove(i);
+                self.exit(seq, Exit::Cancelled);
+            } else {
+                i += 1;
+            }
+        }
+    }
+
+    /// One prefill block of the oldest prefilling sequence.
+    fn prefill_one_block(&mut self) {
+        let Some(i) = self.seqs.iter().position(|s| matches!(s.phase, Phase::Prefill { .. })) else { return };
+        let chunk = self.config.prefill_chunk.max(1);
+        let seq = &mut self.seqs[i];
+        let Phase::Prefill { fed } = seq.phase else { return };
+        let mut end = ((fed / chunk) + 1) * chunk;
+        if let Some(c) = seq.checkpoint.filter(|&c| c > fed) {
+            end = end.min(c);
+        }
+        let end = end.min(seq.prompt.len());
+        let _enter = seq.span.enter();
+        let result = self.model.forward(&mut seq.state, &seq.prompt[fed..end], Logits::Last, None);
+        self.metrics.prefill_chunks.fetch_add(1, Relaxed);
+        let logits = match result {
+            Ok(l) => l,
+            Err(e) => {
+                drop(_enter);
+                let seq = self.seqs.remove(i);
+                self.exit(seq, Exit::Failed(format!("prefill failed: {e}")));
+                return;
+            }
+        };
+        tracing::debug!(fed, end, "prefill block");
+        if seq.checkpoint == Some(end) && self.config.state_cache_bytes > 0 {
+            let bytes = seq.state.bytes();
+            self.cache.insert(seq.prompt[..end].to_vec(), seq.state.clone(), bytes);
+        }
+        if end < seq.prompt.len() {
+            seq.phase = Phase::Prefill { fed: end };
+            return;
+        }
+        drop(_enter);
+        self.take_token(i, &logits);
+    }
+
+    /// Feeds every decoding sequence's last token through one batched forward pass.
+    fn decode_step(&mut self) {
+        let feeds: Vec<u32> = self
+            .seqs
+            .iter()
+            .filter_map(|s| match s.phase {
+                Phase::Decode { next } => Some(next),
+                Phase::Prefill { .. } => None,
+            })
+            .collect();
+        if feeds.is_empty() {
+            return;
+        }
+        let idx: Vec<usize> = (0..self.seqs.len()).filter(|&i| matches!(self.seqs[i].phase, Phase::Decode { .. })).collect();
+        let mut items: Vec<BatchItem<'_>> = self
+            .seqs
+            .iter_mut()
+            .filter(|s| matches!(s.phase, Phase::Decode { .. }))
+            .zip(&feeds)
+            .map(|(s, t)| BatchItem { state: &mut s.state, tokens: std::slice::from_ref(t) })
+            .collect();
+        let result = self.model.forward_batch(&mut items);
+        drop(items);
+        self.metrics.decode_steps.fetch_add(1, Relaxed);
+        self.metrics.decode_rows.fetch_add(feeds.len() as u64, Relaxed);
+        match result {
+            Ok(all) => {
+                // Walk backwards so removals inside `take_token` do not shift pending indices.
+                for (&i, logits) in idx.iter().zip(&all).rev() {
+                    self.take_token(i, logits);
+                }
+            }
+            Err(BatchError::Item { index, source }) => {
+                let seq = self.seqs.remove(idx[index]);
+                self.exit(seq, Exit::Failed(format!("decode step rejected this sequence: {source}")));
+            }
+            Err(BatchError::Failed(e)) => {
+                tracing::error!(error = %e, sequences = idx.len(), "batched decode step failed");
+                for &i in idx.iter().rev() {
+                    let seq = self.seqs.remove(i);
+                    self.exit(seq, Exit::Failed(format!("decode step failed: {e}")));
+                }
+            }
+        }
+    }
+
+    /// Samples from `logits` for sequence `i`, reports the token, and ends the sequence when a
+    /// stop id, stop string, `max_tokens` or the context limit says so.
+    fn take_token(&mut self, i: usize, logits: &[f32]) {
+        let now = Instant::now();
+        let seq = &mut self.seqs[i];
+        let masked;
+        let logits = if self.undefined_ids.is_empty() {
+            logits
+        } else {
+            masked = {
+                let mut l = logits.to_vec();
+                for &id in &self.undefined_ids {
+                    l[id as usize] = f32::NEG_INFINITY;
+                }
+                l
+            };
+            &masked
+        };
+        let (id, lp) = seq.sampler.sample(logits, self.sample_vocab);
+        match seq.last_token_at {
+            None => self.metrics.ttft.observe(now - seq.received),
+            Some(t) => self.metrics.per_token.observe(now - t),
+        }
+        seq.last_token_at = Some(now);
+        let exit = if seq.stop_ids.contains(&id) {
+            Some(FinishReason::Stop)
+        } else {
+            seq.generated.push(id);
+            self.metrics.generation_tokens.fetch_add(1, Relaxed);
+            let (delta, stopped) = seq.out.push(&self.tokenizer, id, lp);
+            send_delta(&seq.events, delta);
+            if stopped {
+                Some(FinishReason::Stop)
+            } else if seq.generated.len() >= seq.max_tokens || seq.state.len() + 1 > self.config.max_context {
+                Some(FinishReason::Length)
+            } else {
+                seq.phase = Phase::Decode { next: id };
+                None
+            }
+        };
+        if let Some(reason) = exit {
+            let seq = self.seqs.remove(i);
+            self.exit(seq, Exit::Finished(reason));
+        }
+    }
+
+    /// Reports the end of a sequence and frees (or caches) its state.
+    fn exit(&mut self, mut seq: Sequence, how: Exit) {
+        let _enter = seq.span.enter();
+        let usage = Usage { prompt_tokens: seq.prompt.len(), completion_tokens: seq.generated.len(), cached_tokens: seq.cached_tokens };
+        let state_ok = matches!(how, Exit::Finished(_) | Exit::Cancelled);
+        match how {
+            Exit::Finished(reason) => {
+                send_delta(&seq.events, seq.out.finish());
+                let _ = seq.events.send(Event::Done { reason, usage });
+                self.metrics.finished.fetch_add(1, Relaxed);
+                self.metrics.e2e.observe(seq.received.elapsed());
+                tracing::info!(
+                    finish_reason = reason.as_str(),
+                    completion_tokens = usage.completion_tokens,
+                    cached_tokens = usage.cached_tokens,
+                    "finished"
+                );
+            }
+            Exit::Cancelled => {
+                self.metrics.cancelled.fetch_add(1, Relaxed);
+                tracing::info!(completion_tokens = usage.completion_tokens, "client went away; sequence cancelled");
+            }
+            Exit::Failed(msg) => {
+                self.metrics.failed.fetch_add(1, Relaxed);
+                tracing::error!(error = %msg, "generation failed");
+                let _ = seq.events.send(Event::Failed(msg));
+            }
+        }
+        drop(_enter);
+        let complete_prompt = matches!(seq.phase, Phase::Decode { .. }) || seq.state.len() >= seq.prompt.len();
+        if state_ok && seq.cache_final_state && complete_prompt && self.config.state_cache_bytes > 0 && !seq.state.is_empty() {
+            let consumed = seq.state.len();
+            let mut tokens = seq.prompt.clone();
+            tokens.extend_from_slice(&seq.generated[..consumed.saturating_sub(seq.prompt.len()).min(seq.generated.len())]);
+            if tokens.len() == consumed {
+                let bytes = seq.state.bytes();
+                self.cache.insert(tokens, seq.state, bytes);
+            }
+        }
+        tracing::debug!(request_id = %seq.request_id, "sequence state freed");
+    }
+
+    fn publish_gauges(&self) {
+        let m = &self.metrics;
+        m.active_sequences.store(self.seqs.len() as u64, Relaxed);
+        m.active_state_bytes.store(self.seqs.iter().map(|s| s.state.bytes() as u64).sum(), Relaxed);
+        let c = self.cache.stats();
+        m.cache_bytes.store(c.bytes as u64, Relaxed);
+        m.cache_entries.store(c.entries as u64, Relaxed);
+        m.cache_hits.store(c.hits, Relaxed);
+        m.cache_misses.store(c.misses, Relaxed);
+        m.cache_evictions.store(c.evictions, Relaxed);
+    }
+}
+
+fn send_delta(events: &UnboundedSender<Event>, delta: Delta) {
+    if !delta.is_empty() {
+        // A closed channel means the client left; the next `drop_cancelled` handles it.
+        let _ = events.send(Event::Delta(delta));
+    }
+}

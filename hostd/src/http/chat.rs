@@ -1,0 +1,176 @@
+//! `POST /v1/chat/completions`: validate, render the chat template, tokenise, check the
+//! context, submit to the engine, then answer as one `chat.completion` or as a stream of
+//! `chat.completion.chunk`s.
+//!
+//! Thinking is on unless `chat_template_kwargs.enable_thinking` is false or the server runs
+//! with `--no-think`; the reply carries the reasoning in `reasoning_content` and the answer in
+//! `content`. The prompt's checkpoint for the prefix cache is the end of
+//! `<|im_start|>assistant\n`: a follow-up turn's prompt repeats everything up to there (the
+//! template drops earlier turns' reasoning, so it diverges right after).
+
+use super::error::ApiError;
+use super::openai::{
+    ChatChoice, ChatChunkChoice, ChatCompletion, ChatCompletionChunk, ChatCompletionRequest, ChatDelta, ChatLogprobs,
+    ChatMessageOut, LogprobContent, Usage,
+};
+use super::params;
+use super::stream::{self, to_json};
+use super::{AppState, RequestId, fingerprint, unix_now};
+use crate::chat_template::{self, ChatMessage, ChatOptions};
+use crate::engine::{Event, GenRequest, LogprobEntry};
+use crate::tokenizer::Tokenizer;
+use axum::Extension;
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::extract::rejection::BytesRejection;
+use axum::response::{IntoResponse, Response};
+use std::sync::Arc;
+use std::time::Instant;
+
+/// The handler.
+pub async fn chat_completions(
+    State(app): State<Arc<AppState>>,
+    Extension(RequestId(request_id)): Extension<RequestId>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let received = Instant::now();
+    let body = body.map_err(|e| ApiError::body_rejection(e, app.config.max_body_bytes))?;
+    let req: ChatCompletionRequest = serde_json::from_slice(&body)?;
+    let ready = app.ready()?;
+    params::check_model(req.model.as_deref(), &app.config.served_model_name)?;
+    params::reject_unsupported_chat(&req)?;
+    params::check_n(req.n)?;
+    let messages = params::chat_messages(req.messages.as_deref().ok_or_else(|| ApiError::missing("messages"))?)?;
+    let logprobs = req.logprobs.unwrap_or(false);
+    let sampling = params::sampling_params(&req.sampling(), logprobs, req.top_logprobs)?;
+    let stop = params::stop_strings(req.stop.as_ref())?;
+    let requested = match req.max_completion_tokens {
+        Some(_) => params::max_tokens(req.max_completion_tokens, "max_completion_tokens")?,
+        None => params::max_tokens(req.max_tokens, "max_tokens")?,
+    };
+    let kwargs = req.chat_template_kwargs.clone().unwrap_or_default();
+    let thinking = kwargs.enable_thinking.unwrap_or(app.config.enable_thinking);
+    let opts = ChatOptions { add_generation_prompt: true, enable_thinking: thinking, preserve_thinking: kwargs.preserve_thinking.unwrap_or(false) };
+    let text = chat_template::render(&messages, &opts)?;
+    let prompt = ready.tokenizer.encode(&text).map_err(|e| ApiError::Internal(e.to_string()))?;
+    let checkpoint = checkpoint(&ready.tokenizer, &messages, &opts, &prompt);
+    let max_context = ready.engine.config().max_context;
+    let max_tokens = params::budget(prompt.len(), requested, app.config.default_max_tokens, max_context, "messages")?;
+
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    let request = GenRequest {
+        request_id: request_id.clone(),
+        span: tracing::Span::current(),
+        prompt,
+        checkpoint,
+        cache_final_state: false,
+        sampling,
+        max_tokens,
+        stop,
+        stop_ids: if req.ignore_eos == Some(true) { Vec::new() } else { ready.stop_ids.clone() },
+        split_reasoning: true,
+        reasoning: thinking,
+        received,
+        events: tx,
+    };
+    ready.engine.submit(request)?;
+    let reply = Reply { id: format!("chatcmpl-{request_id}"), created: unix_now(), model: app.config.served_model_name.clone(), logprobs };
+    if req.stream == Some(true) {
+        let include_usage = req.stream_options.as_ref().is_some_and(|o| o.include_usage);
+        Ok(reply.stream(rx, include_usage))
+    } else {
+        let c = stream::collect(rx).await?;
+        Ok(axum::Json(reply.whole(c, thinking)).into_response())
+    }
+}
+
+/// Token count of the prompt up to and including `<|im_start|>assistant\n`, when the prompt's
+/// tokens really start with that prefix's tokens (tokenisation is checked, not assumed).
+fn checkpoint(tokenizer: &Tokenizer, messages: &[ChatMessage], opts: &ChatOptions, prompt: &[u32]) -> Option<usize> {
+    let no_gen = ChatOptions { add_generation_prompt: false, ..*opts };
+    let mut text = chat_template::render(messages, &no_gen).ok()?;
+    text.push_str("<|im_start|>assistant\n");
+    let prefix = tokenizer.encode(&text).ok()?;
+    (prefix.len() < prompt.len() && prompt.starts_with(&prefix)).then_some(prefix.len())
+}
+
+/// What every chunk and the whole reply share.
+struct Reply {
+    id: String,
+    created: u64,
+    model: String,
+    logprobs: bool,
+}
+
+fn chat_logprobs(entries: &[LogprobEntry]) -> ChatLogprobs {
+    ChatLogprobs { content: entries.iter().map(LogprobContent::from).collect(), refusal: None }
+}
+
+impl Reply {
+    fn whole(&self, c: stream::Collected, thinking: bool) -> ChatCompletion {
+        let reasoning = (thinking || !c.delta.reasoning.is_empty()).then(|| c.delta.reasoning.clone());
+        ChatCompletion {
+            id: self.id.clone(),
+            object: "chat.completion",
+            created: self.created,
+            model: self.model.clone(),
+            system_fingerprint: fingerprint(),
+            choices: vec![ChatChoice {
+                index: 0,
+                message: ChatMessageOut { role: "assistant", content: Some(c.delta.content), reasoning_content: reasoning, refusal: None },
+                logprobs: self.logprobs.then(|| chat_logprobs(&c.delta.logprobs)),
+                finish_reason: c.reason.as_str(),
+            }],
+            usage: Usage::from(c.usage),
+        }
+    }
+
+    fn chunk(&self, choices: Vec<ChatChunkChoice>, usage: Option<Usage>) -> String {
+        to_json(&ChatCompletionChunk {
+            id: self.id.clone(),
+            object: "chat.completion.chunk",
+            created: self.created,
+            model: self.model.clone(),
+            system_fingerprint: fingerprint(),
+            choices,
+            usage,
+        })
+    }
+
+    fn stream(self, rx: tokio::sync::mpsc::UnboundedReceiver<Event>, include_usage: bool) -> Response {
+        let first = self.chunk(
+            vec![ChatChunkChoice {
+                index: 0,
+                delta: ChatDelta { role: Some("assistant"), content: Some(String::new()), reasoning_content: None },
+                logprobs: None,
+                finish_reason: None,
+            }],
+            None,
+        );
+        stream::sse(rx, vec![first], move |ev| match ev {
+            Event::Delta(d) => {
+                let delta = ChatDelta {
+                    role: None,
+                    content: (!d.content.is_empty()).then_some(d.content),
+                    reasoning_content: (!d.reasoning.is_empty()).then_some(d.reasoning),
+                };
+                let logprobs = (self.logprobs && !d.logprobs.is_empty()).then(|| chat_logprobs(&d.logprobs));
+                if delta.content.is_none() && delta.reasoning_content.is_none() && logprobs.is_none() {
+                    return Vec::new();
+                }
+                vec![self.chunk(vec![ChatChunkChoice { index: 0, delta, logprobs, finish_reason: None }], None)]
+            }
+            Event::Done { reason, usage } => {
+                let mut out = vec![self.chunk(
+                    vec![ChatChunkChoice { index: 0, delta: ChatDelta::default(), logprobs: None, finish_reason: Some(reason.as_str()) }],
+                    None,
+                )];
+                if include_usage {
+                    out.push(self.chunk(Vec::new(), Some(usage.into())));
+                }
+                out
+            }
+            Event::Failed(_) => Vec::new(),
+        })
+    }
+}

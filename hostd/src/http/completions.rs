@@ -1,0 +1,149 @@
+//! `POST /v1/completions` (legacy text completions): the prompt is raw text or token ids, no
+//! chat template and no reasoning split; `max_tokens` defaults to 16 as in OpenAI's API, and
+//! `logprobs` takes the legacy integer form (0–5 alternatives per token).
+//!
+//! The final state (prompt + output) goes to the prefix cache, so a client that appends to the
+//! text it got back only prefills what it added.
+
+use super::error::ApiError;
+use super::openai::{Completion, CompletionChoice, CompletionLogprobs, CompletionRequest, Usage};
+use super::params;
+use super::stream::{self, to_json};
+use super::{AppState, RequestId, fingerprint, unix_now};
+use crate::engine::{Event, GenRequest, LogprobEntry};
+use axum::Extension;
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::extract::rejection::BytesRejection;
+use axum::response::{IntoResponse, Response};
+use std::sync::Arc;
+use std::time::Instant;
+
+/// OpenAI's default `max_tokens` for text completions.
+const DEFAULT_MAX_TOKENS: usize = 16;
+/// Most alternatives of the legacy `logprobs` field.
+const MAX_LEGACY_LOGPROBS: i64 = 5;
+
+/// The handler.
+pub async fn completions(
+    State(app): State<Arc<AppState>>,
+    Extension(RequestId(request_id)): Extension<RequestId>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let received = Instant::now();
+    let body = body.map_err(|e| ApiError::body_rejection(e, app.config.max_body_bytes))?;
+    let req: CompletionRequest = serde_json::from_slice(&body)?;
+    let ready = app.ready()?;
+    params::check_model(req.model.as_deref(), &app.config.served_model_name)?;
+    params::reject_unsupported_completion(&req)?;
+    params::check_n(req.n)?;
+    let top = match req.logprobs {
+        None => None,
+        Some(n) if (0..=MAX_LEGACY_LOGPROBS).contains(&n) => Some(n),
+        Some(n) => return Err(ApiError::invalid(format!("logprobs must be between 0 and 5 (got {n})."), "logprobs")),
+    };
+    let sampling = params::sampling_params(&req.sampling(), top.is_some(), top)?;
+    let stop = params::stop_strings(req.stop.as_ref())?;
+    let requested = params::max_tokens(req.max_tokens, "max_tokens")?;
+    let prompt = params::completion_prompt(req.prompt.as_ref(), &ready.tokenizer)?;
+    let max_context = ready.engine.config().max_context;
+    let max_tokens = params::budget(prompt.len(), requested, DEFAULT_MAX_TOKENS, max_context, "prompt")?;
+
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    ready.engine.submit(GenRequest {
+        request_id: request_id.clone(),
+        span: tracing::Span::current(),
+        prompt,
+        checkpoint: None,
+        cache_final_state: true,
+        sampling,
+        max_tokens,
+        stop,
+        stop_ids: if req.ignore_eos == Some(true) { Vec::new() } else { ready.stop_ids.clone() },
+        split_reasoning: false,
+        reasoning: false,
+        received,
+        events: tx,
+    })?;
+    let reply = Reply { id: format!("cmpl-{request_id}"), created: unix_now(), model: app.config.served_model_name.clone(), logprobs: top.is_some() };
+    if req.stream == Some(true) {
+        let include_usage = req.stream_options.as_ref().is_some_and(|o| o.include_usage);
+        let mut offset = 0;
+        Ok(stream::sse(rx, Vec::new(), move |ev| match ev {
+            Event::Delta(d) => {
+                let lp = reply.logprobs.then(|| legacy_logprobs(&d.logprobs, &mut offset));
+                if d.content.is_empty() && lp.as_ref().is_none_or(|l| l.tokens.is_empty()) {
+                    return Vec::new();
+                }
+                vec![reply.chunk(d.content, lp, None, None)]
+            }
+            Event::Done { reason, usage } => {
+                let mut out = vec![reply.chunk(String::new(), None, Some(reason.as_str()), None)];
+                if include_usage {
+                    out.push(reply.usage_chunk(usage.into()));
+                }
+                out
+            }
+            Event::Failed(_) => Vec::new(),
+        }))
+    } else {
+        let c = stream::collect(rx).await?;
+        let lp = reply.logprobs.then(|| legacy_logprobs(&c.delta.logprobs, &mut 0));
+        let whole = Completion {
+            id: reply.id.clone(),
+            object: "text_completion",
+            created: reply.created,
+            model: reply.model.clone(),
+            system_fingerprint: fingerprint(),
+            choices: vec![CompletionChoice { text: c.delta.content, index: 0, logprobs: lp, finish_reason: Some(c.reason.as_str()) }],
+            usage: Some(Usage::from(c.usage)),
+        };
+        Ok(axum::Json(whole).into_response())
+    }
+}
+
+struct Reply {
+    id: String,
+    created: u64,
+    model: String,
+    logprobs: bool,
+}
+
+impl Reply {
+    fn chunk(&self, text: String, logprobs: Option<CompletionLogprobs>, finish: Option<&'static str>, usage: Option<Usage>) -> String {
+        to_json(&Completion {
+            id: self.id.clone(),
+            object: "text_completion",
+            created: self.created,
+            model: self.model.clone(),
+            system_fingerprint: fingerprint(),
+            choices: vec![CompletionChoice { text, index: 0, logprobs, finish_reason: finish }],
+            usage,
+        })
+    }
+
+    fn usage_chunk(&self, usage: Usage) -> String {
+        to_json(&Completion {
+            id: self.id.clone(),
+            object: "text_completion",
+            created: self.created,
+            model: self.model.clone(),
+            system_fingerprint: fingerprint(),
+            choices: Vec::new(),
+            usage: Some(usage),
+        })
+    }
+}
+
+/// The legacy shape; `offset` carries the character offset across chunks.
+fn legacy_logprobs(entries: &[LogprobEntry], offset: &mut usize) -> CompletionLogprobs {
+    let mut out = CompletionLogprobs::default();
+    for e in entries {
+        out.tokens.push(e.token.token.clone());
+        out.token_logprobs.push(e.token.logprob);
+        out.top_logprobs.push(e.top.iter().map(|t| (t.token.clone(), serde_json::json!(t.logprob))).collect());
+        out.text_offset.push(*offset);
+        *offset += e.token.token.chars().count();
+    }
+    out
+}

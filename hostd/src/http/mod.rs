@@ -1,0 +1,250 @@
+//! The OpenAI-compatible HTTP API of `hostd serve` (axum on tokio): routes, shared state,
+//! request ids, API-key checks, request metrics, `/health`, `/v1/models` and `/metrics`.
+//!
+//! The caller owns the listener and the shutdown future ([`serve`]), so tests run the real
+//! server on a temporary port. The server answers `/health` (503, `loading`) before the model
+//! is loaded; [`AppState::set_ready`] switches it to serving. Generation requests go to the
+//! engine's scheduler thread; handlers never run the model.
+//!
+//! Files: `openai.rs` (wire types), `params.rs` (validation), `error.rs` (the one error → JSON
+//! mapping), `chat.rs` and `completions.rs` (the two generation endpoints), `stream.rs` (SSE
+//! and collecting engine events).
+
+mod chat;
+mod completions;
+pub mod error;
+pub mod openai;
+pub mod params;
+mod stream;
+
+use crate::engine::EngineHandle;
+use crate::engine::metrics::Metrics;
+use crate::tokenizer::Tokenizer;
+use axum::Router;
+use axum::extract::{DefaultBodyLimit, Request, State};
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use error::ApiError;
+use serde_json::json;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, OnceLock};
+use std::time::Instant;
+use tracing::Instrument;
+
+/// Default request body limit (bytes).
+pub const MAX_BODY_BYTES_DEFAULT: usize = 4 << 20;
+
+/// Settings of the HTTP layer (the engine has its own).
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    /// The name clients pass as `model`.
+    pub served_model_name: String,
+    /// When set, `/v1/*` requires `Authorization: Bearer <key>`.
+    pub api_key: Option<String>,
+    /// Largest accepted request body.
+    pub max_body_bytes: usize,
+    /// Completion budget of a chat request that names none (clipped to the context).
+    pub default_max_tokens: usize,
+    /// Thinking default for chat requests (`--no-think` turns it off).
+    pub enable_thinking: bool,
+}
+
+/// What exists once the model is loaded.
+pub struct Ready {
+    /// The scheduler's queue.
+    pub engine: EngineHandle,
+    /// The model's tokenizer.
+    pub tokenizer: Arc<Tokenizer>,
+    /// Ids that end a generation (`<|im_end|>`, `<|endoftext|>`, config EOS).
+    pub stop_ids: Vec<u32>,
+    /// Unix seconds of the load (the model card's `created`).
+    pub created: u64,
+}
+
+/// State shared by every handler.
+pub struct AppState {
+    config: ServerConfig,
+    metrics: Arc<Metrics>,
+    /// Set once when loading ends; a `OnceLock` because it is written once and then only read.
+    ready: OnceLock<Ready>,
+    /// Set instead of `ready` when loading failed.
+    failed: OnceLock<String>,
+    next_id: AtomicU64,
+    /// Distinguishes request ids across restarts.
+    id_salt: u64,
+}
+
+impl AppState {
+    /// State of a server whose model is not loaded yet.
+    pub fn new(config: ServerConfig, metrics: Arc<Metrics>) -> Arc<AppState> {
+        let id_salt = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_micros() as u64);
+        Arc::new(AppState { config, metrics, ready: OnceLock::new(), failed: OnceLock::new(), next_id: AtomicU64::new(1), id_salt })
+    }
+
+    /// Switches the server to serving (called once, after the model loaded).
+    pub fn set_ready(&self, ready: Ready) {
+        let _ = self.ready.set(ready);
+    }
+
+    /// Records that loading failed; `/health` reports it.
+    pub fn set_failed(&self, message: String) {
+        let _ = self.failed.set(message);
+    }
+
+    /// The metrics registry.
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.metrics
+    }
+
+    fn ready(&self) -> Result<&Ready, ApiError> {
+        self.ready.get().ok_or_else(|| match self.failed.get() {
+            Some(m) => ApiError::Unavailable(format!("The model failed to load: {m}")),
+            None => ApiError::Unavailable("The model is still loading; retry shortly.".to_string()),
+        })
+    }
+
+    fn new_request_id(&self) -> String {
+        let n = self.next_id.fetch_add(1, Relaxed);
+        format!("{:08x}{n:08x}", self.id_salt & 0xffff_ffff)
+    }
+}
+
+/// The request id of one request (from `x-request-id` when the client sent a sane one).
+#[derive(Debug, Clone)]
+pub struct RequestId(pub String);
+
+/// Seconds since the Unix epoch.
+pub(crate) fn unix_now() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs())
+}
+
+/// `system_fingerprint` of every response.
+pub(crate) fn fingerprint() -> String {
+    format!("sluice-hostd-{}", env!("CARGO_PKG_VERSION"))
+}
+
+/// All routes with their middleware.
+pub fn router(state: Arc<AppState>) -> Router {
+    let limit = state.config.max_body_bytes;
+    Router::new()
+        .route("/v1/chat/completions", post(chat::chat_completions))
+        .route("/v1/completions", post(completions::completions))
+        .route("/v1/models", get(models))
+        .route("/v1/models/{*id}", get(model_card))
+        .route("/health", get(health))
+        .route("/metrics", get(metrics))
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .layer(DefaultBodyLimit::max(limit))
+        .layer(middleware::from_fn_with_state(Arc::clone(&state), track))
+        .with_state(state)
+}
+
+/// Serves until `shutdown` resolves, then lets in-flight requests finish.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    state: Arc<AppState>,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    axum::serve(listener, router(state)).with_graceful_shutdown(shutdown).await
+}
+
+/// Request id, INFO span, API-key check and request metrics around every handler.
+async fn track(State(app): State<Arc<AppState>>, mut req: Request, next: Next) -> Response {
+    let start = Instant::now();
+    let path = req.uri().path().to_string();
+    let endpoint = Metrics::endpoint_label(&path);
+    let id = req
+        .headers()
+        .get("x-request-id")
+        .and_then(|v| v.to_str().ok())
+        .filter(|s| !s.is_empty() && s.len() <= 64 && s.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b)))
+        .map_or_else(|| app.new_request_id(), str::to_string);
+    let span = tracing::info_span!("request", request_id = %id, method = %req.method(), path = %path);
+    req.extensions_mut().insert(RequestId(id.clone()));
+    let authorized = match &app.config.api_key {
+        Some(key) if path.starts_with("/v1/") => bearer_matches(&req, key),
+        _ => true,
+    };
+    let mut resp = if authorized { next.run(req).instrument(span.clone()).await } else { ApiError::Unauthorized.into_response() };
+    let status = resp.status().as_u16();
+    app.metrics.record_request(endpoint, status, start.elapsed());
+    span.in_scope(|| tracing::info!(status, took_ms = start.elapsed().as_millis() as u64, "response"));
+    if let Ok(v) = HeaderValue::from_str(&id) {
+        resp.headers_mut().insert("x-request-id", v);
+    }
+    resp
+}
+
+/// Compares the bearer token in constant time (no early exit on the first differing byte).
+fn bearer_matches(req: &Request, key: &str) -> bool {
+    let Some(token) = req.headers().get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer "))
+    else {
+        return false;
+    };
+    let (a, b) = (token.trim().as_bytes(), key.as_bytes());
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+async fn not_found(req: Request) -> ApiError {
+    ApiError::RouteNotFound { method: req.method().to_string(), path: req.uri().path().to_string() }
+}
+
+async fn method_not_allowed(req: Request) -> ApiError {
+    ApiError::MethodNotAllowed { method: req.method().to_string(), path: req.uri().path().to_string() }
+}
+
+/// `GET /health`: 200 `ready` with queue counters once the model is loaded, else 503.
+async fn health(State(app): State<Arc<AppState>>) -> Response {
+    let m = &app.metrics;
+    match (app.ready.get(), app.failed.get()) {
+        (Some(r), _) => {
+            let c = r.engine.config();
+            let body = json!({
+                "status": "ready",
+                "model": app.config.served_model_name,
+                "queue_depth": m.queue_depth.load(Relaxed),
+                "max_queue": c.max_queue,
+                "active_sequences": m.active_sequences.load(Relaxed),
+                "max_batch": c.max_batch,
+                "max_context": c.max_context,
+            });
+            (StatusCode::OK, axum::Json(body)).into_response()
+        }
+        (None, Some(msg)) => (StatusCode::SERVICE_UNAVAILABLE, axum::Json(json!({ "status": "error", "message": msg }))).into_response(),
+        (None, None) => (StatusCode::SERVICE_UNAVAILABLE, axum::Json(json!({ "status": "loading" }))).into_response(),
+    }
+}
+
+fn card(app: &AppState, r: &Ready) -> openai::ModelCard {
+    openai::ModelCard {
+        id: app.config.served_model_name.clone(),
+        object: "model",
+        created: r.created,
+        owned_by: "sluice",
+        max_model_len: r.engine.config().max_context,
+    }
+}
+
+/// `GET /v1/models`.
+async fn models(State(app): State<Arc<AppState>>) -> Result<Response, ApiError> {
+    let r = app.ready()?;
+    Ok(axum::Json(openai::ModelList { object: "list", data: vec![card(&app, r)] }).into_response())
+}
+
+/// `GET /v1/models/{id}`.
+async fn model_card(State(app): State<Arc<AppState>>, axum::extract::Path(id): axum::extract::Path<String>) -> Result<Response, ApiError> {
+    let r = app.ready()?;
+    if id != app.config.served_model_name {
+        return Err(ApiError::ModelNotFound(id));
+    }
+    Ok(axum::Json(card(&app, r)).into_response())
+}
+
+/// `GET /metrics`: Prometheus text.
+async fn metrics(State(app): State<Arc<AppState>>) -> Response {
+    let body = app.metrics.render();
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], body).into_response()
+}

@@ -1,0 +1,468 @@
+//! OpenAI wire types: the request bodies this server accepts and the response, chunk, usage
+//! and logprobs shapes it returns, field for field as OpenAI's API reference names them.
+//!
+//! Requests deny unknown fields, so a misspelt or unsupported option is a 400 naming it rather
+//! than silently ignored. Options OpenAI defines but this server does not implement (tools,
+//! response formats, logit bias, …) are declared as raw values and refused with a sentence by
+//! `http::params`. vLLM's extensions that clients commonly send (`top_k`, `min_p`,
+//! `repetition_penalty`, `ignore_eos`, `chat_template_kwargs`) are accepted.
+//!
+//! Not here: validation and conversion to engine types (`http::params`).
+
+use crate::engine::{LogprobEntry, TopLogprob, Usage as EngineUsage};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+/// `stop`: one string or a list.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum Stop {
+    /// A single stop string.
+    One(String),
+    /// Up to four stop strings.
+    Many(Vec<String>),
+}
+
+/// `stream_options`.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StreamOptions {
+    /// Send a final chunk with `usage` and no choices.
+    #[serde(default)]
+    pub include_usage: bool,
+}
+
+/// `chat_template_kwargs` (vLLM's extension): switches of the chat template.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ChatTemplateKwargs {
+    /// Thinking on (default) or off.
+    pub enable_thinking: Option<bool>,
+    /// Keep the reasoning of earlier assistant turns in the prompt.
+    pub preserve_thinking: Option<bool>,
+}
+
+/// Sampling fields shared by both generation endpoints.
+#[derive(Debug, Clone, Default)]
+pub struct SamplingFields {
+    /// `temperature`.
+    pub temperature: Option<f64>,
+    /// `top_p`.
+    pub top_p: Option<f64>,
+    /// `top_k` (vLLM).
+    pub top_k: Option<i64>,
+    /// `min_p` (vLLM).
+    pub min_p: Option<f64>,
+    /// `presence_penalty`.
+    pub presence_penalty: Option<f64>,
+    /// `frequency_penalty`.
+    pub frequency_penalty: Option<f64>,
+    /// `repetition_penalty` (vLLM).
+    pub repetition_penalty: Option<f64>,
+    /// `seed`.
+    pub seed: Option<i64>,
+}
+
+/// `POST /v1/chat/completions` body.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ChatCompletionRequest {
+    /// The served model's name.
+    pub model: Option<String>,
+    /// The conversation; checked message by message for precise errors.
+    pub messages: Option<Vec<Value>>,
+    /// Stream chunks as server-sent events.
+    pub stream: Option<bool>,
+    /// Streaming options.
+    pub stream_options: Option<StreamOptions>,
+    /// Deprecated name of `max_completion_tokens`.
+    pub max_tokens: Option<i64>,
+    /// Most tokens to generate (reasoning included).
+    pub max_completion_tokens: Option<i64>,
+    /// Sampling temperature, 0–2.
+    pub temperature: Option<f64>,
+    /// Nucleus sampling mass.
+    pub top_p: Option<f64>,
+    /// Top-k candidates (vLLM).
+    pub top_k: Option<i64>,
+    /// Min-p filter (vLLM).
+    pub min_p: Option<f64>,
+    /// Presence penalty, −2–2.
+    pub presence_penalty: Option<f64>,
+    /// Frequency penalty, −2–2.
+    pub frequency_penalty: Option<f64>,
+    /// Repetition penalty (vLLM).
+    pub repetition_penalty: Option<f64>,
+    /// Seed of the sampler.
+    pub seed: Option<i64>,
+    /// Stop strings.
+    pub stop: Option<Stop>,
+    /// Choices per request (only 1).
+    pub n: Option<i64>,
+    /// Return log-probabilities of the output tokens.
+    pub logprobs: Option<bool>,
+    /// Alternatives per token, 0–20.
+    pub top_logprobs: Option<i64>,
+    /// Chat template switches (vLLM).
+    pub chat_template_kwargs: Option<ChatTemplateKwargs>,
+    /// Keep generating past the end-of-turn token (vLLM).
+    pub ignore_eos: Option<bool>,
+    /// End-user id (accepted, unused).
+    pub user: Option<String>,
+    /// Request metadata (accepted, unused).
+    pub metadata: Option<Value>,
+    /// Whether OpenAI would store the completion (accepted, unused).
+    pub store: Option<bool>,
+    /// Service tier (accepted, unused).
+    pub service_tier: Option<String>,
+    /// Unsupported: tool definitions.
+    pub tools: Option<Value>,
+    /// Unsupported unless `none`/`auto` without tools.
+    pub tool_choice: Option<Value>,
+    /// Unsupported unless false/absent.
+    pub parallel_tool_calls: Option<Value>,
+    /// Unsupported: legacy function definitions.
+    pub functions: Option<Value>,
+    /// Unsupported: legacy function call control.
+    pub function_call: Option<Value>,
+    /// Unsupported unless `{"type": "text"}`.
+    pub response_format: Option<Value>,
+    /// Unsupported unless empty.
+    pub logit_bias: Option<Value>,
+    /// Unsupported: audio output.
+    pub audio: Option<Value>,
+    /// Unsupported unless `["text"]`.
+    pub modalities: Option<Value>,
+    /// Unsupported: predicted outputs.
+    pub prediction: Option<Value>,
+    /// Unsupported: reasoning effort levels (use `chat_template_kwargs.enable_thinking`).
+    pub reasoning_effort: Option<Value>,
+    /// Unsupported: web search.
+    pub web_search_options: Option<Value>,
+}
+
+impl ChatCompletionRequest {
+    /// The sampling fields.
+    pub fn sampling(&self) -> SamplingFields {
+        SamplingFields {
+            temperature: self.temperature,
+            top_p: self.top_p,
+            top_k: self.top_k,
+            min_p: self.min_p,
+            presence_penalty: self.presence_penalty,
+            frequency_penalty: self.frequency_penalty,
+            repetition_penalty: self.repetition_penalty,
+            seed: self.seed,
+        }
+    }
+}
+
+/// `POST /v1/completions` body.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CompletionRequest {
+    /// The served model's name.
+    pub model: Option<String>,
+    /// A string, a one-element list of strings, token ids, or a one-element list of id lists.
+    pub prompt: Option<Value>,
+    /// Stream chunks as server-sent events.
+    pub stream: Option<bool>,
+    /// Streaming options.
+    pub stream_options: Option<StreamOptions>,
+    /// Most tokens to generate (default 16, as OpenAI).
+    pub max_tokens: Option<i64>,
+    /// Sampling temperature.
+    pub temperature: Option<f64>,
+    /// Nucleus sampling mass.
+    pub top_p: Option<f64>,
+    /// Top-k (vLLM).
+    pub top_k: Option<i64>,
+    /// Min-p (vLLM).
+    pub min_p: Option<f64>,
+    /// Presence penalty.
+    pub presence_penalty: Option<f64>,
+    /// Frequency penalty.
+    pub frequency_penalty: Option<f64>,
+    /// Repetition penalty (vLLM).
+    pub repetition_penalty: Option<f64>,
+    /// Seed.
+    pub seed: Option<i64>,
+    /// Stop strings.
+    pub stop: Option<Stop>,
+    /// Choices (only 1).
+    pub n: Option<i64>,
+    /// Top log-probabilities per token, 0–5 (legacy shape).
+    pub logprobs: Option<i64>,
+    /// Keep generating past end-of-text (vLLM).
+    pub ignore_eos: Option<bool>,
+    /// End-user id (accepted, unused).
+    pub user: Option<String>,
+    /// Unsupported unless false.
+    pub echo: Option<bool>,
+    /// Unsupported unless 1.
+    pub best_of: Option<i64>,
+    /// Unsupported: insertion suffix.
+    pub suffix: Option<Value>,
+    /// Unsupported unless empty.
+    pub logit_bias: Option<Value>,
+}
+
+impl CompletionRequest {
+    /// The sampling fields.
+    pub fn sampling(&self) -> SamplingFields {
+        SamplingFields {
+            temperature: self.temperature,
+            top_p: self.top_p,
+            top_k: self.top_k,
+            min_p: self.min_p,
+            presence_penalty: self.presence_penalty,
+            frequency_penalty: self.frequency_penalty,
+            repetition_penalty: self.repetition_penalty,
+            seed: self.seed,
+        }
+    }
+}
+
+/// `usage.prompt_tokens_details`.
+#[derive(Debug, Clone, Serialize)]
+pub struct PromptTokensDetails {
+    /// Prompt tokens whose state came from the prefix cache.
+    pub cached_tokens: usize,
+}
+
+/// `usage`.
+#[derive(Debug, Clone, Serialize)]
+pub struct Usage {
+    /// Prompt tokens.
+    pub prompt_tokens: usize,
+    /// Generated tokens.
+    pub completion_tokens: usize,
+    /// Sum of both.
+    pub total_tokens: usize,
+    /// Cache detail.
+    pub prompt_tokens_details: PromptTokensDetails,
+}
+
+impl From<EngineUsage> for Usage {
+    fn from(u: EngineUsage) -> Self {
+        Usage {
+            prompt_tokens: u.prompt_tokens,
+            completion_tokens: u.completion_tokens,
+            total_tokens: u.prompt_tokens + u.completion_tokens,
+            prompt_tokens_details: PromptTokensDetails { cached_tokens: u.cached_tokens },
+        }
+    }
+}
+
+/// One `top_logprobs` alternative (chat shape).
+#[derive(Debug, Clone, Serialize)]
+pub struct TopLogprobJson {
+    /// Token text.
+    pub token: String,
+    /// Natural-log probability.
+    pub logprob: f32,
+    /// UTF-8 bytes of the token.
+    pub bytes: Vec<u8>,
+}
+
+impl From<&TopLogprob> for TopLogprobJson {
+    fn from(t: &TopLogprob) -> Self {
+        TopLogprobJson { token: t.token.clone(), logprob: t.logprob, bytes: t.bytes.clone() }
+    }
+}
+
+/// One `logprobs.content` entry (chat shape).
+#[derive(Debug, Clone, Serialize)]
+pub struct LogprobContent {
+    /// Token text.
+    pub token: String,
+    /// Natural-log probability.
+    pub logprob: f32,
+    /// UTF-8 bytes of the token.
+    pub bytes: Vec<u8>,
+    /// Most likely alternatives.
+    pub top_logprobs: Vec<TopLogprobJson>,
+}
+
+impl From<&LogprobEntry> for LogprobContent {
+    fn from(e: &LogprobEntry) -> Self {
+        LogprobContent {
+            token: e.token.token.clone(),
+            logprob: e.token.logprob,
+            bytes: e.token.bytes.clone(),
+            top_logprobs: e.top.iter().map(TopLogprobJson::from).collect(),
+        }
+    }
+}
+
+/// `choices[].logprobs` (chat shape).
+#[derive(Debug, Clone, Serialize)]
+pub struct ChatLogprobs {
+    /// Entries of the content (and reasoning) tokens, in order.
+    pub content: Vec<LogprobContent>,
+    /// Always null: no refusals.
+    pub refusal: Option<Vec<LogprobContent>>,
+}
+
+/// `choices[].message` of a chat completion.
+#[derive(Debug, Clone, Serialize)]
+pub struct ChatMessageOut {
+    /// Always `assistant`.
+    pub role: &'static str,
+    /// The answer (empty when the budget ended inside the reasoning).
+    pub content: Option<String>,
+    /// The reasoning block's text; absent with thinking off.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reasoning_content: Option<String>,
+    /// Always null.
+    pub refusal: Option<String>,
+}
+
+/// One choice of a chat completion.
+#[derive(Debug, Clone, Serialize)]
+pub struct ChatChoice {
+    /// Always 0.
+    pub index: usize,
+    /// The reply.
+    pub message: ChatMessageOut,
+    /// Log-probabilities when asked for.
+    pub logprobs: Option<ChatLogprobs>,
+    /// `stop` or `length`.
+    pub finish_reason: &'static str,
+}
+
+/// A non-streaming chat completion.
+#[derive(Debug, Clone, Serialize)]
+pub struct ChatCompletion {
+    /// `chatcmpl-…`.
+    pub id: String,
+    /// `chat.completion`.
+    pub object: &'static str,
+    /// Unix seconds.
+    pub created: u64,
+    /// Served model name.
+    pub model: String,
+    /// Build identity.
+    pub system_fingerprint: String,
+    /// Exactly one choice.
+    pub choices: Vec<ChatChoice>,
+    /// Token counts.
+    pub usage: Usage,
+}
+
+/// `choices[].delta` of a chunk; absent fields are omitted.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct ChatDelta {
+    /// `assistant` on the first chunk.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub role: Option<&'static str>,
+    /// New answer text.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub content: Option<String>,
+    /// New reasoning text.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reasoning_content: Option<String>,
+}
+
+/// One choice of a chunk.
+#[derive(Debug, Clone, Serialize)]
+pub struct ChatChunkChoice {
+    /// Always 0.
+    pub index: usize,
+    /// New output.
+    pub delta: ChatDelta,
+    /// Entries of the tokens in this delta.
+    pub logprobs: Option<ChatLogprobs>,
+    /// Set on the last content chunk.
+    pub finish_reason: Option<&'static str>,
+}
+
+/// A `chat.completion.chunk`.
+#[derive(Debug, Clone, Serialize)]
+pub struct ChatCompletionChunk {
+    /// Same for every chunk of a stream.
+    pub id: String,
+    /// `chat.completion.chunk`.
+    pub object: &'static str,
+    /// Unix seconds.
+    pub created: u64,
+    /// Served model name.
+    pub model: String,
+    /// Build identity.
+    pub system_fingerprint: String,
+    /// One choice, or none on the usage chunk.
+    pub choices: Vec<ChatChunkChoice>,
+    /// Only on the final chunk when `stream_options.include_usage`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub usage: Option<Usage>,
+}
+
+/// Legacy completions logprobs.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct CompletionLogprobs {
+    /// Token texts.
+    pub tokens: Vec<String>,
+    /// Their log-probabilities.
+    pub token_logprobs: Vec<f32>,
+    /// Per token, alternative text → log-probability.
+    pub top_logprobs: Vec<serde_json::Map<String, Value>>,
+    /// Character offset of each token in the choice's text.
+    pub text_offset: Vec<usize>,
+}
+
+/// One choice of a text completion (also used in its chunks).
+#[derive(Debug, Clone, Serialize)]
+pub struct CompletionChoice {
+    /// Generated text (a piece of it in a chunk).
+    pub text: String,
+    /// Always 0.
+    pub index: usize,
+    /// Legacy logprobs when asked for.
+    pub logprobs: Option<CompletionLogprobs>,
+    /// `stop`/`length` at the end; null in earlier chunks.
+    pub finish_reason: Option<&'static str>,
+}
+
+/// A `text_completion` (whole or chunk).
+#[derive(Debug, Clone, Serialize)]
+pub struct Completion {
+    /// `cmpl-…`.
+    pub id: String,
+    /// `text_completion`.
+    pub object: &'static str,
+    /// Unix seconds.
+    pub created: u64,
+    /// Served model name.
+    pub model: String,
+    /// Build identity.
+    pub system_fingerprint: String,
+    /// One choice, or none on the usage chunk.
+    pub choices: Vec<CompletionChoice>,
+    /// Token counts (non-streaming, or the final chunk with `include_usage`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub usage: Option<Usage>,
+}
+
+/// One entry of `GET /v1/models`.
+#[derive(Debug, Clone, Serialize)]
+pub struct ModelCard {
+    /// The served name.
+    pub id: String,
+    /// `model`.
+    pub object: &'static str,
+    /// Unix seconds when the server loaded it.
+    pub created: u64,
+    /// `sluice`.
+    pub owned_by: &'static str,
+    /// Context limit (vLLM reports it too).
+    pub max_model_len: usize,
+}
+
+/// `GET /v1/models`.
+#[derive(Debug, Clone, Serialize)]
+pub struct ModelList {
+    /// `list`.
+    pub object: &'static str,
+    /// The one served model.
+    pub data: Vec<ModelCard>,
+}

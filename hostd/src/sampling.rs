@@ -1,0 +1,376 @@
+//! Token selection from one row of logits, and stop-string matching over the generated text.
+//!
+//! Pure: slices in, ids and strings out; no model, no IO, no clocks. The per-request random
+//! generator is seeded from the request's `seed`, so the same seed and the same logits give the
+//! same ids. The pipeline, in order: padding rows (ids ≥ the tokenizer's vocabulary) are cut
+//! off; repetition penalty (prompt and output tokens), then presence and frequency penalties
+//! (output tokens) adjust logits; temperature 0 picks the argmax (lowest id on ties); otherwise
+//! logits are divided by the temperature, turned into probabilities, filtered by top-k, top-p and
+//! min-p, and one id is drawn. Log-probabilities reported to clients come from the raw model
+//! distribution (before penalties and temperature), as vLLM reports them by default.
+//!
+//! Not here: detokenisation and the reasoning/content split (`engine::output`).
+
+use std::collections::HashMap;
+
+/// Upper bound on `top_logprobs` (OpenAI's limit).
+pub const MAX_TOP_LOGPROBS: usize = 20;
+/// Upper bound on the number of stop strings (OpenAI's limit).
+pub const MAX_STOP_STRINGS: usize = 4;
+
+/// A sampling parameter outside its valid range; names the API field.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("invalid value for {param}: {reason}")]
+pub struct SamplingError {
+    /// The request field (`temperature`, `top_p`, …).
+    pub param: &'static str,
+    /// What is wrong, with the accepted range.
+    pub reason: String,
+}
+
+/// How to pick each token of one request.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SamplingParams {
+    /// 0 is greedy; otherwise logits are divided by it. Range `[0, 2]`.
+    pub temperature: f32,
+    /// Nucleus mass kept, `(0, 1]`; 1 disables.
+    pub top_p: f32,
+    /// Most candidates kept; 0 disables.
+    pub top_k: usize,
+    /// Candidates below `min_p × max probability` are dropped, `[0, 1]`; 0 disables.
+    pub min_p: f32,
+    /// Subtracted once from the logit of every token already generated, `[-2, 2]`.
+    pub presence_penalty: f32,
+    /// Subtracted per occurrence from the logit of generated tokens, `[-2, 2]`.
+    pub frequency_penalty: f32,
+    /// HF-style multiplicative penalty on prompt and generated tokens, `(0, 2]`; 1 disables.
+    pub repetition_penalty: f32,
+    /// Seed of the request's generator; `None` draws a fresh one.
+    pub seed: Option<u64>,
+    /// Report the chosen token's log-probability.
+    pub logprobs: bool,
+    /// Alternatives reported per position, `0..=20` (needs `logprobs`).
+    pub top_logprobs: usize,
+}
+
+impl Default for SamplingParams {
+    /// OpenAI's defaults: temperature 1, no filtering, no penalties.
+    fn default() -> Self {
+        SamplingParams {
+            temperature: 1.0,
+            top_p: 1.0,
+            top_k: 0,
+            min_p: 0.0,
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
+            repetition_penalty: 1.0,
+            seed: None,
+            logprobs: false,
+            top_logprobs: 0,
+        }
+    }
+}
+
+impl SamplingParams {
+    /// Checks every field's range; the error names the first bad field.
+    pub fn validate(&self) -> Result<(), SamplingError> {
+        let bad = |param, reason: &str| Err(SamplingError { param, reason: reason.to_string() });
+        let finite = [
+            ("temperature", self.temperature),
+            ("top_p", self.top_p),
+            ("min_p", self.min_p),
+            ("presence_penalty", self.presence_penalty),
+            ("frequency_penalty", self.frequency_penalty),
+            ("repetition_penalty", self.repetition_penalty),
+        ];
+        if let Some((param, _)) = finite.iter().find(|(_, v)| !v.is_finite()) {
+            return bad(param, "must be a finite number");
+        }
+        if !(0.0..=2.0).contains(&self.temperature) {
+            return bad("temperature", "must be between 0 and 2");
+        }
+        if !(self.top_p > 0.0 && self.top_p <= 1.0) {
+            return bad("top_p", "must be greater than 0 and at most 1");
+        }
+        if !(0.0..=1.0).contains(&self.min_p) {
+            return bad("min_p", "must be between 0 and 1");
+        }
+        if !(-2.0..=2.0).contains(&self.presence_penalty) {
+            return bad("presence_penalty", "must be between -2 and 2");
+        }
+        if !(-2.0..=2.0).contains(&self.frequency_penalty) {
+            return bad("frequency_penalty", "must be between -2 and 2");
+        }
+        if !(self.repetition_penalty > 0.0 && self.repetition_penalty <= 2.0) {
+            return bad("repetition_penalty", "must be greater than 0 and at most 2");
+        }
+        if self.top_logprobs > MAX_TOP_LOGPROBS {
+            return bad("top_logprobs", "must be between 0 and 20");
+        }
+        if self.top_logprobs > 0 && !self.logprobs {
+            return bad("top_logprobs", "requires logprobs to be true");
+        }
+        Ok(())
+    }
+
+    /// True when the argmax decides (temperature 0 or top-k 1).
+    pub fn is_greedy(&self) -> bool {
+        self.temperature == 0.0 || self.top_k == 1
+    }
+}
+
+/// SplitMix64: a small, fast, seedable generator; one per request.
+#[derive(Debug, Clone)]
+pub struct Rng(u64);
+
+impl Rng {
+    /// A generator whose stream depends only on `seed`.
+    pub fn new(seed: u64) -> Rng {
+        Rng(seed)
+    }
+    /// Next 64 random bits.
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+    /// Uniform in `[0, 1)` with 53 bits of precision.
+    pub fn next_f64(&mut self) -> f64 {
+        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
+    }
+}
+
+/// One token's log-probability and its best alternatives (raw model distribution).
+#[derive(Debug, Clone, PartialEq)]
+pub struct TokenLogprob {
+    /// The chosen id.
+    pub id: u32,
+    /// Its natural-log probability.
+    pub logprob: f32,
+    /// The `top_logprobs` most likely ids, most likely first (lower id first on ties).
+    pub top: Vec<(u32, f32)>,
+}
+
+/// Per-request sampling state: parameters, generator and token counts for the penalties.
+#[derive(Debug, Clone)]
+pub struct Sampler {
+    params: SamplingParams,
+    rng: Rng,
+    /// Occurrences of each generated token (presence and frequency penalties).
+    output_counts: HashMap<u32, u32>,
+    /// Every id of the prompt and the output (repetition penalty).
+    seen: std::collections::HashSet<u32>,
+}
+
+impl Sampler {
+    /// A sampler for one request. `fallback_seed` is used when the request gave no seed.
+    pub fn new(params: SamplingParams, prompt: &[u32], fallback_seed: u64) -> Sampler {
+        let rng = Rng::new(params.seed.unwrap_or(fallback_seed));
+        let seen = if params.repetition_penalty != 1.0 { prompt.iter().copied().collect() } else { Default::default() };
+        Sampler { params, rng, output_counts: HashMap::new(), seen }
+    }
+
+    /// The parameters.
+    pub fn params(&self) -> &SamplingParams {
+        &self.params
+    }
+
+    /// Picks the next id from `logits` (only the first `vocab` entries are eligible) and, when
+    /// asked for, its log-probabilities. Records the id for the penalties.
+    pub fn sample(&mut self, logits: &[f32], vocab: usize) -> (u32, Option<TokenLogprob>) {
+        let vocab = vocab.min(logits.len()).max(1);
+        let raw = &logits[..vocab.min(logits.len())];
+        let mut adjusted;
+        let row: &[f32] = if self.needs_penalties() {
+            adjusted = raw.to_vec();
+            self.apply_penalties(&mut adjusted);
+            &adjusted
+        } else {
+            raw
+        };
+        let id = if self.params.is_greedy() {
+            argmax(row)
+        } else {
+            adjusted = row.to_vec();
+            self.draw(&mut adjusted)
+        };
+        let lp = self.params.logprobs.then(|| logprobs_of(raw, id, self.params.top_logprobs));
+        *self.output_counts.entry(id).or_insert(0) += 1;
+        if self.params.repetition_penalty != 1.0 {
+            self.seen.insert(id);
+        }
+        (id, lp)
+    }
+
+    fn needs_penalties(&self) -> bool {
+        let p = &self.params;
+        (p.presence_penalty != 0.0 || p.frequency_penalty != 0.0) && !self.output_counts.is_empty()
+            || p.repetition_penalty != 1.0 && !self.seen.is_empty()
+    }
+
+    fn apply_penalties(&self, row: &mut [f32]) {
+        let p = &self.params;
+        if p.repetition_penalty != 1.0 {
+            for &id in &self.seen {
+                if let Some(v) = row.get_mut(id as usize) {
+                    *v = if *v > 0.0 { *v / p.repetition_penalty } else { *v * p.repetition_penalty };
+                }
+            }
+        }
+        if p.presence_penalty != 0.0 || p.frequency_penalty != 0.0 {
+            for (&id, &count) in &self.output_counts {
+                if let Some(v) = row.get_mut(id as usize) {
+                    *v -= p.presence_penalty + p.frequency_penalty * count as f32;
+                }
+            }
+        }
+    }
+
+    /// Temperature, top-k, top-p, min-p, then one draw. Candidate order is a total order
+    /// (probability descending, id ascending), so the draw depends only on the logits and seed.
+    fn draw(&mut self, row: &mut [f32]) -> u32 {
+        let p = &self.params;
+        let inv_t = 1.0 / p.temperature;
+        let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        if !max.is_finite() {
+            return argmax(row);
+        }
+        let mut cand: Vec<(f32, u32)> = Vec::with_capacity(row.len());
+        for (i, v) in row.iter().enumerate() {
+            let e = ((v - max) * inv_t).exp();
+            if e > 0.0 {
+                cand.push((e, i as u32));
+            }
+        }
+        let order = |a: &(f32, u32), b: &(f32, u32)| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1));
+        if p.top_k > 0 && p.top_k < cand.len() {
+            cand.select_nth_unstable_by(p.top_k - 1, order);
+            cand.truncate(p.top_k);
+        }
+        cand.sort_unstable_by(order);
+        let total: f64 = cand.iter().map(|c| c.0 as f64).sum();
+        if p.top_p < 1.0 {
+            let mut acc = 0.0f64;
+            let keep = cand
+                .iter()
+                .position(|c| {
+                    acc += c.0 as f64 / total;
+                    acc >= p.top_p as f64
+                })
+                .map_or(cand.len(), |i| i + 1);
+            cand.truncate(keep.max(1));
+        }
+        if p.min_p > 0.0 {
+            let floor = cand[0].0 * p.min_p;
+            let keep = cand.iter().take_while(|c| c.0 >= floor).count();
+            cand.truncate(keep.max(1));
+        }
+        let total: f64 = cand.iter().map(|c| c.0 as f64).sum();
+        let mut u = self.rng.next_f64() * total;
+        for c in &cand {
+            u -= c.0 as f64;
+            if u < 0.0 {
+                return c.1;
+            }
+        }
+        cand[cand.len() - 1].1
+    }
+}
+
+/// Index of the largest value; the lowest index wins ties; NaN never wins over a number.
+pub fn argmax(x: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, v) in x.iter().enumerate() {
+        if *v > x[best] || x[best].is_nan() && !v.is_nan() {
+            best = i;
+        }
+    }
+    best as u32
+}
+
+/// Log-softmax value of `id` and the `top` most likely ids over `row`.
+pub fn logprobs_of(row: &[f32], id: u32, top: usize) -> TokenLogprob {
+    let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let sum: f64 = row.iter().map(|v| ((v - max) as f64).exp()).sum();
+    let log_z = max as f64 + sum.ln();
+    let lp = |i: u32| (row[i as usize] as f64 - log_z) as f32;
+    let mut best: Vec<u32> = Vec::new();
+    if top > 0 {
+        let mut ids: Vec<u32> = (0..row.len() as u32).collect();
+        let order = |a: &u32, b: &u32| row[*b as usize].total_cmp(&row[*a as usize]).then(a.cmp(b));
+        let k = top.min(ids.len());
+        if k < ids.len() {
+            ids.select_nth_unstable_by(k - 1, order);
+            ids.truncate(k);
+        }
+        ids.sort_unstable_by(order);
+        best = ids;
+    }
+    TokenLogprob { id, logprob: lp(id), top: best.into_iter().map(|i| (i, lp(i))).collect() }
+}
+
+/// Finds stop strings in streamed text without emitting any part of them: text that could
+/// still become a stop string is held back until it cannot.
+#[derive(Debug, Clone, Default)]
+pub struct StopMatcher {
+    stops: Vec<String>,
+    held: String,
+}
+
+/// What [`StopMatcher::push`] releases.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StopOutput {
+    /// Text safe to emit now.
+    pub text: String,
+    /// A stop string was found; `text` ends just before it and generation must end.
+    pub stopped: bool,
+}
+
+impl StopMatcher {
+    /// A matcher for `stops` (empty strings are ignored).
+    pub fn new(stops: &[String]) -> StopMatcher {
+        StopMatcher { stops: stops.iter().filter(|s| !s.is_empty()).cloned().collect(), held: String::new() }
+    }
+
+    /// Adds text; returns what may be emitted. After `stopped`, the matcher holds nothing.
+    pub fn push(&mut self, text: &str) -> StopOutput {
+        if self.stops.is_empty() {
+            return StopOutput { text: text.to_string(), stopped: false };
+        }
+        self.held.push_str(text);
+        // The earliest match wins; among matches at the same position, any ends the text there.
+        if let Some(at) = self.stops.iter().filter_map(|s| self.held.find(s.as_str())).min() {
+            let out = self.held[..at].to_string();
+            self.held.clear();
+            return StopOutput { text: out, stopped: true };
+        }
+        // Hold the longest suffix that is a proper prefix of some stop string.
+        let keep_from = self
+            .held
+            .char_indices()
+            .map(|(i, _)| i)
+            .find(|&i| {
+                let tail = &self.held[i..];
+                self.stops.iter().any(|s| s.len() > tail.len() && s.starts_with(tail))
+            })
+            .unwrap_or(self.held.len());
+        let out = self.held[..keep_from].to_string();
+        self.held.drain(..keep_from);
+        StopOutput { text: out, stopped: false }
+    }
+
+    /// Releases whatever is held (generation ended without a stop string).
+    pub fn flush(&mut self) -> String {
+        std::mem::take(&mut self.held)
+    }
+
+    /// True while text is held back.
+    pub fn is_holding(&self) -> bool {
+        !self.held.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests;
