@@ -1,5 +1,6 @@
 //! expertd subcommands' flags and their terminal output: `prepare` (progress bar, resume
-//! messages, the dequantisation table) and `verify` (the report).
+//! messages, the dequantisation table), `verify` (the report), `replay` (the table) and
+//! `serve` (flags, socket binding, signals; the server itself is `crate::server`).
 //!
 //! This is tool code: it may use `anyhow`; `prepare`, `verify` and `stats` use typed errors.
 
@@ -12,8 +13,14 @@ use std::time::{Duration, Instant};
 
 /// Install the process-wide `tracing` subscriber, filtered by `RUST_LOG` (default `warn`).
 pub fn init_tracing() {
+    init_tracing_with_default("warn");
+}
+
+/// Install the process-wide `tracing` subscriber, filtered by `RUST_LOG` (default `default`;
+/// `serve` uses `info` so its startup facts are logged).
+pub fn init_tracing_with_default(default: &str) {
     let filter =
-        tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+        tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
     let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
 }
 
@@ -207,4 +214,214 @@ pub fn verify(args: &VerifyArgs) -> anyhow::Result<bool> {
     }
     println!("FAILED: {} problem(s)", report.problems.len());
     Ok(false)
+}
+
+/// Flags of `expertd replay`.
+#[derive(clap::Args, Debug)]
+pub struct ReplayArgs {
+    /// The route trace (JSON lines) recorded by expertd.
+    #[arg(env = "EXPERTD_REPLAY_TRACE")]
+    pub trace: PathBuf,
+    /// Eviction policies to replay (repeat or comma-separate for a table); default: the trace's.
+    #[arg(long, value_enum, value_delimiter = ',', env = "EXPERTD_REPLAY_POLICY")]
+    pub policy: Vec<crate::cache::PolicyKind>,
+    /// Cache budgets in bytes (repeat or comma-separate for a table); default: the trace's.
+    #[arg(long = "cache-bytes", value_delimiter = ',', env = "EXPERTD_REPLAY_CACHE_BYTES")]
+    pub cache_bytes: Vec<u64>,
+    /// `lfu-aging` halving period in calls per layer; default: the trace's, else 32.
+    #[arg(long, env = "EXPERTD_REPLAY_HALVING_PERIOD")]
+    pub halving_period: Option<u64>,
+    /// Bytes of one cache slot (the blob stride); default: the trace's.
+    #[arg(long, env = "EXPERTD_REPLAY_SLOT_BYTES")]
+    pub slot_bytes: Option<u64>,
+    /// Transient buffers; default: the trace's.
+    #[arg(long, env = "EXPERTD_REPLAY_TRANSIENT_SLOTS")]
+    pub transient_slots: Option<u32>,
+    /// Print the results as JSON instead of a table.
+    #[arg(long, env = "EXPERTD_REPLAY_JSON")]
+    pub json: bool,
+}
+
+/// Runs `expertd replay`; returns false if a replay under the recorded configuration did not
+/// reproduce the recorded hits and misses exactly.
+pub fn replay(args: &ReplayArgs) -> anyhow::Result<bool> {
+    use crate::cache::Policy;
+    use crate::replay::{ReplayConfig, format_table, replay};
+    use anyhow::Context as _;
+    use rayon::prelude::*;
+    let trace = crate::trace::Trace::open(&args.trace).with_context(|| format!("reading {}", args.trace.display()))?;
+    let h = &trace.header;
+    let kinds = if args.policy.is_empty() { vec![h.policy] } else { args.policy.clone() };
+    let budgets = if args.cache_bytes.is_empty() { vec![h.budget_bytes] } else { args.cache_bytes.clone() };
+    let configs: Vec<ReplayConfig> = kinds
+        .iter()
+        .flat_map(|&kind| {
+            let policy = Policy::from_kind(kind, args.halving_period.or(h.halving_period));
+            budgets.iter().map(move |&budget_bytes| ReplayConfig {
+                policy,
+                budget_bytes,
+                slot_bytes: args.slot_bytes.unwrap_or(h.slot_bytes),
+                transient_slots: args.transient_slots.unwrap_or(h.transient_slots),
+            })
+        })
+        .collect();
+    let results = configs.par_iter().map(|c| replay(&trace, c)).collect::<Result<Vec<_>, _>>()?;
+    if args.json {
+        let doc = serde_json::json!({ "trace": args.trace, "recorded": h, "results": results });
+        println!("{}", serde_json::to_string_pretty(&doc)?);
+    } else {
+        println!(
+            "trace {}: {} events, recorded with {} over {} bytes ({} slots of {} bytes, {} transient)",
+            args.trace.display(),
+            trace.events.len(),
+            h.policy(),
+            h.budget_bytes,
+            h.slots,
+            h.slot_bytes,
+            h.transient_slots
+        );
+        print!("{}", format_table(&results));
+    }
+    Ok(results.iter().all(|r| r.check.as_ref().is_none_or(|c| c.matches)))
+}
+
+/// Flags of `expertd serve`.
+#[derive(clap::Args, Debug)]
+pub struct ServeArgs {
+    /// The container directory (holding `experts.sluice`).
+    #[arg(long, env = "EXPERTD_CONTAINER_DIR")]
+    pub container: PathBuf,
+    /// Serve on this unix socket (shared-memory activations, peer credentials checked).
+    #[arg(long, env = "EXPERTD_SOCKET", conflicts_with = "listen", required_unless_present = "listen")]
+    pub socket: Option<PathBuf>,
+    /// Permissions of the socket file, in octal.
+    #[arg(long, env = "EXPERTD_SOCKET_MODE", default_value = "660")]
+    pub socket_mode: String,
+    /// Serve on TCP HOST:PORT instead (inline activations; needs --auth-token-file).
+    #[arg(long, env = "EXPERTD_LISTEN")]
+    pub listen: Option<String>,
+    /// File holding the bearer token TCP clients must present (surrounding whitespace ignored).
+    #[arg(long, env = "EXPERTD_AUTH_TOKEN_FILE")]
+    pub auth_token_file: Option<PathBuf>,
+    /// Byte budget of the expert cache (resident experts).
+    #[arg(long, env = "EXPERTD_CACHE_BYTES")]
+    pub cache_bytes: u64,
+    /// Eviction policy.
+    #[arg(long, value_enum, env = "EXPERTD_POLICY", default_value_t = crate::cache::PolicyKind::Lru)]
+    pub policy: crate::cache::PolicyKind,
+    /// `lfu-aging` halving period, in calls per layer (default 32).
+    #[arg(long, env = "EXPERTD_HALVING_PERIOD")]
+    pub halving_period: Option<u64>,
+    /// How experts are read.
+    #[arg(long, value_enum, env = "EXPERTD_IO", default_value_t = crate::io::IoKind::Uring)]
+    pub io: crate::io::IoKind,
+    /// Extra buffers for misses when every cached expert is leased (default: min(experts per
+    /// layer, 32) per compute lane).
+    #[arg(long, env = "EXPERTD_TRANSIENT_SLOTS")]
+    pub transient_slots: Option<u32>,
+    /// Record every cache decision to this file (JSON lines) for `expertd replay`.
+    #[arg(long, env = "EXPERTD_ROUTE_TRACE")]
+    pub route_trace: Option<PathBuf>,
+    /// Allow unix peers with this uid (repeatable); with no --allow-uid/--allow-gid, any peer
+    /// the socket's mode admits may call.
+    #[arg(long = "allow-uid", env = "EXPERTD_ALLOW_UID", value_delimiter = ',')]
+    pub allow_uid: Vec<u32>,
+    /// Allow unix peers with this primary gid (repeatable).
+    #[arg(long = "allow-gid", env = "EXPERTD_ALLOW_GID", value_delimiter = ',')]
+    pub allow_gid: Vec<u32>,
+    /// Calls one session may have queued or running; more get RESOURCE_EXHAUSTED.
+    #[arg(long, env = "EXPERTD_MAX_QUEUED_CALLS", default_value_t = crate::server::DEFAULT_MAX_QUEUED_CALLS)]
+    pub max_queued_calls: u32,
+    /// Largest n_tokens of one call.
+    #[arg(long, env = "EXPERTD_MAX_ROWS_PER_CALL", default_value_t = crate::server::DEFAULT_MAX_ROWS)]
+    pub max_rows_per_call: u32,
+    /// Calls computing at once (each uses every compute thread).
+    #[arg(long, env = "EXPERTD_COMPUTE_LANES", default_value_t = crate::server::DEFAULT_COMPUTE_LANES)]
+    pub compute_lanes: usize,
+    /// Compute threads (0: one per core).
+    #[arg(long, env = "EXPERTD_THREADS", default_value_t = 0)]
+    pub threads: usize,
+    /// Exit (draining) when standard input reaches end of file: hostd's private daemon uses it
+    /// so that it never outlives hostd, however hostd ends.
+    #[arg(long, env = "EXPERTD_EXIT_ON_STDIN_EOF", hide = true)]
+    pub exit_on_stdin_eof: bool,
+}
+
+/// Resolves when the daemon should drain: SIGTERM, SIGINT, or (when asked) end of stdin.
+async fn shutdown_signal(watch_stdin: bool) {
+    use tokio::signal::unix::{SignalKind, signal};
+    let stdin_eof = async move {
+        if !watch_stdin {
+            return std::future::pending::<()>().await;
+        }
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        std::thread::spawn(move || {
+            let mut sink = [0u8; 256];
+            let mut stdin = std::io::stdin().lock();
+            while let Ok(n) = std::io::Read::read(&mut stdin, &mut sink) {
+                if n == 0 {
+                    break;
+                }
+            }
+            let _ = tx.send(());
+        });
+        let _ = rx.await;
+    };
+    let term = async {
+        match signal(SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    tokio::select! {
+        _ = term => tracing::info!("SIGTERM"),
+        _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT"),
+        _ = stdin_eof => tracing::info!("standard input closed (parent gone)"),
+    }
+}
+
+/// Runs `expertd serve` until SIGTERM/SIGINT, then drains.
+pub fn serve(args: &ServeArgs) -> anyhow::Result<()> {
+    use anyhow::Context as _;
+    use crate::server::{Listener, ServeConfig};
+    let token = match &args.auth_token_file {
+        Some(p) => Some(std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?.trim().to_string()),
+        None => None,
+    };
+    anyhow::ensure!(args.listen.is_none() || token.is_some(), "--listen (TCP) needs --auth-token-file: TCP clients must present a bearer token");
+    let mode = u32::from_str_radix(&args.socket_mode, 8).with_context(|| format!("--socket-mode {:?} is not octal", args.socket_mode))?;
+    let config = ServeConfig {
+        policy: crate::cache::Policy::from_kind(args.policy, args.halving_period),
+        transient_slots: args.transient_slots,
+        io: args.io,
+        route_trace: args.route_trace.clone(),
+        allow_uids: args.allow_uid.clone(),
+        allow_gids: args.allow_gid.clone(),
+        auth_token: token,
+        max_queued_calls_per_session: args.max_queued_calls,
+        max_rows_per_call: args.max_rows_per_call,
+        compute_lanes: args.compute_lanes,
+        threads: args.threads,
+        ..ServeConfig::new(args.container.clone(), args.cache_bytes)
+    };
+    config.validate()?;
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).thread_name("expertd-rt").enable_all().build()?;
+    rt.block_on(async {
+        let (listener, socket) = match (&args.socket, &args.listen) {
+            (Some(path), _) => (Listener::Unix(crate::server::bind_unix(path, mode)?), Some(path.clone())),
+            (None, Some(addr)) => {
+                let l = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("binding {addr}"))?;
+                tracing::info!(addr = %l.local_addr()?, "listening on TCP");
+                (Listener::Tcp(l), None)
+            }
+            (None, None) => anyhow::bail!("give --socket PATH or --listen HOST:PORT"),
+        };
+        let result = crate::server::run(config, listener, shutdown_signal(args.exit_on_stdin_eof)).await;
+        if let Some(path) = socket {
+            let _ = std::fs::remove_file(path);
+        }
+        result.map_err(anyhow::Error::from)
+    })
 }

@@ -1,12 +1,25 @@
 //! expertd, the sluice expert daemon, as a library. Today: `prepare` converts a BF16
 //! checkpoint's routed experts into the INT8 container `experts.sluice` (one expert at a time,
-//! resumable) and `verify` checks one; the server that streams experts comes later.
+//! resumable), `verify` checks one, and `serve` ([`run`]) serves the experts over gRPC to hostd
+//! processes: `rpc` (the service and its status mapping), `engine` (one call: leases, reads,
+//! kernels), `session` (sessions and fairness), `shm` (shared-memory activations).
 //!
 //! The container format itself (layout, header, index, blobs, identity) is
 //! `shared::container`; this crate owns the file IO around it and the command line.
 
+pub mod cache;
 pub mod cli;
 mod convert;
+pub mod engine;
+pub mod io;
 pub mod prepare;
+pub mod replay;
+pub mod rpc;
+pub mod server;
+pub mod session;
+pub mod shm;
 pub mod stats;
+pub mod trace;
 pub mod verify;
+
+pub use server::run;

@@ -2,7 +2,7 @@
 
 use clap::{Parser, Subcommand};
 
-/// sluice expert daemon: builds and checks the INT8 expert container (and, later, serves it).
+/// sluice expert daemon: builds, checks and serves the INT8 expert container.
 #[derive(Parser)]
 #[command(name = "expertd", version, about)]
 struct Cli {
@@ -16,13 +16,20 @@ enum Command {
     Prepare(expertd::cli::PrepareArgs),
     /// Check a container's header, index and every blob; non-zero exit on any problem.
     Verify(expertd::cli::VerifyArgs),
+    /// Replay a route trace through the cache policy for one or more policies and budgets.
+    Replay(expertd::cli::ReplayArgs),
+    /// Serve the container's experts over gRPC (unix socket with shared memory, or TCP).
+    Serve(expertd::cli::ServeArgs),
 }
 
 fn main() -> std::process::ExitCode {
-    expertd::cli::init_tracing();
-    let result = match Cli::parse().command {
+    let cli = Cli::parse();
+    expertd::cli::init_tracing_with_default(if matches!(cli.command, Command::Serve(_)) { "info" } else { "warn" });
+    let result = match cli.command {
         Command::Prepare(args) => expertd::cli::prepare(&args).map(|()| true),
         Command::Verify(args) => expertd::cli::verify(&args),
+        Command::Replay(args) => expertd::cli::replay(&args),
+        Command::Serve(args) => expertd::cli::serve(&args).map(|()| true),
     };
     match result {
         Ok(true) => std::process::ExitCode::SUCCESS,

@@ -1,9 +1,11 @@
 //! sluice host library: tokenizer, chat template, the model's forward pass and the expert
-//! boundary, and the command-line tools built on them.
+//! boundary (in-process backends and the expertd client), and the command-line tools built on
+//! them.
 
 pub mod chat_template;
 pub mod cli;
 pub mod engine;
+pub mod expert_client;
 pub mod experts;
 pub mod generate;
 pub mod http;

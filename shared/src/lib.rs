@@ -11,5 +11,6 @@ pub mod container;
 pub mod kernels;
 pub mod safetensors_header;
 pub mod safetensors_locator;
+pub mod shm_layout;
 pub mod sizes;
 pub mod tensor_spec;

@@ -1,7 +1,10 @@
 //! sluice's end-to-end test binary: one executable, one module per area.
 
 mod bad_input;
+mod cache_replay;
 mod container;
+mod expert_io;
+mod expertd;
 mod inspect;
 mod int8_quality;
 mod locator;

@@ -11,9 +11,11 @@ use tests::{max_abs_diff, model_dir, presets, read_logits, reference, reference_
 
 /// Stated tolerance of the fp32 parity check (absolute, on logits).
 const LOGIT_TOL: f32 = 1e-3;
+/// Stated tolerance on the renormalised routing weights (absolute).
+const ROUTE_WEIGHT_TOL: f32 = 1e-4;
 
 fn load(preset: &str) -> Model {
-    let args = LoadArgs { model: model_dir(preset), experts: ExpertsKind::Bf16, container: None, threads: None };
+    let args = LoadArgs { model: model_dir(preset), experts: ExpertsKind::Bf16, container: None, threads: None, expertd: Default::default() };
     load_model(&args).expect("fixture model loads")
 }
 
@@ -41,6 +43,10 @@ fn check_prompt(preset: &str, p: &Value, got: &PromptEval) -> f32 {
         assert_eq!(ours.len(), theirs.len(), "{preset}/{name}: {which} layer count");
         for (layer, (o, t)) in ours.iter().zip(theirs).enumerate() {
             assert_eq!(route_ids(o), ref_route_ids(t), "{preset}/{name}: {which} layer {layer}");
+            let want: Vec<Vec<f32>> = serde_json::from_value(t["weights"].clone()).expect("router weights");
+            let want: Vec<f32> = want.concat();
+            let d = max_abs_diff(&o.weights, &want);
+            assert!(d <= ROUTE_WEIGHT_TOL, "{preset}/{name}: {which} layer {layer} routing weights differ by {d}");
         }
     }
     d_prompt.max(d_greedy)
@@ -101,7 +107,7 @@ fn bad_inputs_are_clear_errors() {
     let mut cfg: Value = serde_json::from_str(&std::fs::read_to_string(&cfg_path).expect("config")).expect("json");
     cfg["text_config"]["max_position_embeddings"] = 16.into();
     std::fs::write(&cfg_path, cfg.to_string()).expect("write config");
-    let small = load_model(&LoadArgs { model: dir.path().to_path_buf(), experts: ExpertsKind::Bf16, container: None, threads: None }).expect("loads");
+    let small = load_model(&LoadArgs { model: dir.path().to_path_buf(), experts: ExpertsKind::Bf16, container: None, threads: None, expertd: Default::default() }).expect("loads");
     let err = eval_prompt(&small, &[1; 20], 1, 8).err().expect("too-long prompt is rejected");
     assert!(format!("{err:#}").contains("exceeds the model's context of 16"), "{err:#}");
 }

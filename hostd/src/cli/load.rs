@@ -1,7 +1,10 @@
-//! Flags and code shared by the subcommands that load a model (`run`, `eval`, `bench`): model
-//! directory, expert backend, thread count.
+//! Flags and code shared by the subcommands that load a model (`run`, `eval`, `profile`,
+//! `serve`): model directory, expert backend (in-process, or expertd: a running daemon with
+//! `--expertd URI`, or a private child with `--experts expertd`), thread count.
 
+use crate::expert_client::{ClientOptions, Endpoint, ExpertdClient, PrivateDaemon, PrivateOptions};
 use crate::experts::{ExpertBackend, bf16::Bf16Experts, int8::Int8Experts};
+use shared::container::ModelIdentity;
 use shared::kernels::int8::Int8Isa;
 use crate::model::Model;
 use crate::model::weights::MappedCheckpoint;
@@ -9,6 +12,7 @@ use anyhow::Context;
 use shared::kernels::Isa;
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Duration;
 
 /// Which backend computes routed experts.
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -18,6 +22,31 @@ pub enum ExpertsKind {
     /// W8A8 kernels on the INT8 container (`--container DIR`, made by `expertd prepare`),
     /// in-process with plain reads.
     Int8,
+    /// The same W8A8 experts computed by expertd: the daemon at `--expertd URI`, or without it
+    /// a private expertd that hostd starts on `--container DIR` (preparing it if missing).
+    Expertd,
+}
+
+/// Flags of the expertd backend.
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct ExpertdArgs {
+    /// A running expertd: `unix:///PATH` (shared-memory activations) or `http://HOST:PORT`
+    /// (needs --expertd-token-file). Selects `--experts expertd`.
+    #[arg(long = "expertd", env = "SLUICE_EXPERTD")]
+    pub expertd_uri: Option<String>,
+    /// File holding the bearer token of a TCP expertd.
+    #[arg(long = "expertd-token-file", env = "SLUICE_EXPERTD_TOKEN_FILE")]
+    pub expertd_token_file: Option<PathBuf>,
+    /// Container fingerprint the daemon must serve (hex, as `expertd verify` prints it;
+    /// default: the header of `--container DIR` when given).
+    #[arg(long = "expertd-fingerprint", env = "SLUICE_EXPERTD_FINGERPRINT")]
+    pub expertd_fingerprint: Option<String>,
+    /// Cache budget in bytes of the private expertd (default: the container's size, at most 4 GiB).
+    #[arg(long = "expertd-cache-bytes", env = "SLUICE_EXPERTD_CACHE_BYTES")]
+    pub expertd_cache_bytes: Option<u64>,
+    /// Send activations inline even over a unix socket (no shared memory).
+    #[arg(long = "expertd-no-shm", env = "SLUICE_EXPERTD_NO_SHM")]
+    pub expertd_no_shm: bool,
 }
 
 /// Model-loading flags.
@@ -35,6 +64,66 @@ pub struct LoadArgs {
     /// Compute threads (default: every core).
     #[arg(long, env = "SLUICE_THREADS")]
     pub threads: Option<usize>,
+    /// The expertd backend's flags.
+    #[command(flatten)]
+    pub expertd: ExpertdArgs,
+}
+
+/// The container fingerprint recorded in `dir/experts.sluice`'s header (the header only; the
+/// experts themselves are read by expertd).
+fn container_fingerprint(dir: &std::path::Path) -> anyhow::Result<u64> {
+    let path = dir.join(shared::container::CONTAINER_FILE);
+    let file = std::fs::File::open(&path).with_context(|| format!("opening {}", path.display()))?;
+    let (header, _) = shared::container::read_header(&file, &path)?;
+    Ok(header.fingerprint())
+}
+
+/// Connects the expertd backend (starting a private daemon when no `--expertd` is given).
+fn expertd_backend(args: &LoadArgs, mapped: &MappedCheckpoint) -> anyhow::Result<ExpertdClient> {
+    let e = &args.expertd;
+    let cfg = &mapped.ckpt.config.text;
+    let identity = ModelIdentity::of_checkpoint(&mapped.ckpt)?;
+    let (endpoint, daemon) = match &e.expertd_uri {
+        Some(uri) => (Endpoint::parse(uri).map_err(|m| anyhow::anyhow!("--expertd {m}"))?, None),
+        None => {
+            let dir = args.container.as_ref().context(
+                "--experts expertd without --expertd URI starts a private expertd and needs --container DIR (prepared if missing)",
+            )?;
+            let opts = PrivateOptions {
+                model: args.model.clone(),
+                container: dir.clone(),
+                cache_bytes: e.expertd_cache_bytes,
+                threads: args.threads,
+            };
+            let daemon = PrivateDaemon::start(&opts)?;
+            (daemon.endpoint(), Some(daemon))
+        }
+    };
+    let expected_fingerprint = match (&e.expertd_fingerprint, &args.container) {
+        (Some(hex), _) => {
+            let v = u64::from_str_radix(hex.trim_start_matches("0x"), 16).with_context(|| format!("--expertd-fingerprint {hex:?} is not hex"))?;
+            Some((v, "from --expertd-fingerprint".to_string()))
+        }
+        (None, Some(dir)) => Some((container_fingerprint(dir)?, format!("the header of {}", dir.join(shared::container::CONTAINER_FILE).display()))),
+        (None, None) => None,
+    };
+    let token = match &e.expertd_token_file {
+        Some(p) => Some(std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?.trim().to_string()),
+        None => None,
+    };
+    if matches!(endpoint, Endpoint::Tcp { .. }) && token.is_none() {
+        anyhow::bail!("--expertd {endpoint} is TCP and needs --expertd-token-file");
+    }
+    let mut opts = ClientOptions::new(endpoint, cfg.num_layers, cfg.num_experts, cfg.hidden_size);
+    opts.token = token;
+    opts.client_name = format!("hostd {}", std::env::args().nth(1).unwrap_or_default());
+    opts.model_identity = Some(identity);
+    opts.expected_fingerprint = expected_fingerprint;
+    opts.shm = !e.expertd_no_shm;
+    if daemon.is_some() {
+        opts.reconnect_timeout = Duration::from_secs(60);
+    }
+    Ok(ExpertdClient::connect(opts, daemon)?)
 }
 
 /// Sets up the thread pool, validates and maps the checkpoint, and builds the model.
@@ -52,7 +141,12 @@ pub fn load_model(args: &LoadArgs) -> anyhow::Result<Model> {
     tracing::info!(isa = isa.name(), threads = rayon::current_num_threads(), "kernels");
     let mapped = MappedCheckpoint::open(&args.model)
         .with_context(|| format!("model directory {} failed validation", args.model.display()))?;
-    let experts: Arc<dyn ExpertBackend> = match args.experts {
+    let kind = match (args.experts, &args.expertd.expertd_uri) {
+        (ExpertsKind::Int8, Some(_)) => anyhow::bail!("--expertd URI selects the expertd backend; it conflicts with --experts int8"),
+        (_, Some(_)) => ExpertsKind::Expertd,
+        (k, None) => k,
+    };
+    let experts: Arc<dyn ExpertBackend> = match kind {
         ExpertsKind::Bf16 => Arc::new(Bf16Experts::new(&mapped, isa)?),
         ExpertsKind::Int8 => {
             let dir = args.container.as_ref().context("--experts int8 needs --container DIR (make one with `expertd prepare MODEL --out DIR`)")?;
@@ -63,6 +157,7 @@ pub fn load_model(args: &LoadArgs) -> anyhow::Result<Model> {
             tracing::info!(isa = selection.active.name(), container = %dir.display(), "int8 experts");
             Arc::new(Int8Experts::open(dir, &mapped.ckpt, selection.active)?)
         }
+        ExpertsKind::Expertd => Arc::new(expertd_backend(args, &mapped)?),
     };
     Ok(Model::load(&mapped, experts, isa)?)
 }

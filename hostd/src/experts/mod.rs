@@ -37,6 +37,16 @@ pub enum ExpertError {
         /// What is wrong.
         reason: String,
     },
+    /// A remote backend (expertd) could not compute the call: unreachable, refused or failed.
+    #[error("layer {layer}: {backend} expert backend: {reason}")]
+    Backend {
+        /// The backend's name.
+        backend: &'static str,
+        /// Layer of the call.
+        layer: usize,
+        /// What failed, naming the daemon's address.
+        reason: String,
+    },
     /// An expert's weights could not be read.
     #[error("layer {layer} expert {expert}: {reason}")]
     Expert {
@@ -56,6 +66,44 @@ pub trait ExpertBackend: Send + Sync {
     fn name(&self) -> &'static str;
     /// Writes `out[r] = Σ_k weights[r,k] · expert_{ids[r,k]}(x[r])` for every row.
     fn moe_layer(&self, call: &MoeCall<'_>, out: &mut [f32]) -> Result<(), ExpertError>;
+    /// Weight bytes this backend streams per expert it computes (for profiling), if known.
+    fn expert_bytes(&self) -> Option<usize> {
+        None
+    }
+}
+
+/// The cells (`row · top_k + slot`) of a call grouped by expert: `(expert, cells)` for every
+/// expert used, in ascending expert order.
+pub fn cells_by_expert(call: &MoeCall<'_>, n_experts: usize) -> Vec<(usize, Vec<usize>)> {
+    let mut by_expert: Vec<Vec<usize>> = vec![Vec::new(); n_experts];
+    for (cell, &e) in call.ids.iter().enumerate() {
+        by_expert[e as usize].push(cell);
+    }
+    by_expert.into_iter().enumerate().filter(|(_, c)| !c.is_empty()).collect()
+}
+
+/// Combines per-expert outputs into the call's result: `results` holds, per expert, its cells
+/// and their `cells.len() × d` outputs. Each row's `top_k` weighted outputs are summed in slot
+/// order, so the result is independent of how experts were grouped, cached or scheduled.
+pub fn combine_in_call_order(call: &MoeCall<'_>, d: usize, results: Vec<(Vec<usize>, Vec<f32>)>, out: &mut [f32]) {
+    // PERF-CRITICAL: runs once per MoE layer call.
+    let k = call.top_k;
+    let mut slots = vec![0.0f32; call.n_rows * k * d];
+    for (cells, y) in results {
+        for (i, cell) in cells.into_iter().enumerate() {
+            slots[cell * d..(cell + 1) * d].copy_from_slice(&y[i * d..(i + 1) * d]);
+        }
+    }
+    out.fill(0.0);
+    for r in 0..call.n_rows {
+        let o = &mut out[r * d..(r + 1) * d];
+        for s in 0..k {
+            let w = call.weights[r * k + s];
+            for (ov, yv) in o.iter_mut().zip(&slots[(r * k + s) * d..(r * k + s + 1) * d]) {
+                *ov += w * yv;
+            }
+        }
+    }
 }
 
 /// Checks a call's shape and contents against the model's dimensions.

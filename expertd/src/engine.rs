@@ -1,0 +1,296 @@
+//! One `MoeLayer` call, end to end inside the daemon: validate the call against the container,
+//! lease its experts from the cache, read the misses (all submitted together) through the
+//! `ExpertSource`, mark them filled, view each blob as the int8 kernel's matrices, run the
+//! experts in parallel on the compute pool, and sum each row's weighted outputs in the order
+//! the call lists them.
+//!
+//! The arithmetic is exactly `hostd`'s in-process INT8 backend (`hostd/src/experts/int8.rs`):
+//! each expert runs `expert_forward` over the rows routed to it (rows in cell order), and
+//! `out[r] = Σ_k w[r,k] · y[r,k]` is accumulated from zero in call order, so hostd with expertd
+//! and hostd alone produce bit-identical logits. Transport, sessions, queueing and status codes
+//! are the caller's (`crate::rpc`).
+
+use crate::cache::{CacheError, ExpertCache, ExpertKey, SessionId};
+use crate::io::{ExpertSource, IoError, ReadRequest};
+use rayon::prelude::*;
+use shared::container::{BlobLayout, Header};
+use shared::kernels::int8::{ExpertScratch, Int8Isa, MatrixRef, expert_forward};
+use std::time::Instant;
+
+/// Why a call failed inside the engine. `Invalid` names the field; the others name the layer
+/// and expert where one is involved.
+#[derive(Debug, thiserror::Error)]
+pub enum CallError {
+    /// The call is malformed (lengths, ids, weights, rows).
+    #[error("invalid call for layer {layer}: {reason}")]
+    Invalid {
+        /// Layer of the call.
+        layer: u32,
+        /// What is wrong.
+        reason: String,
+    },
+    /// The cache refused the call (every slot and transient buffer leased) or another call's
+    /// read of a shared expert failed.
+    #[error(transparent)]
+    Cache(#[from] CacheError),
+    /// Reading an expert failed (checksum mismatch, short read, device error).
+    #[error(transparent)]
+    Io(#[from] IoError),
+    /// A verified blob could not be viewed as matrices (an internal inconsistency).
+    #[error("layer {layer} expert {expert}: blob part {part} is misaligned in the cache buffer")]
+    Misaligned {
+        /// Layer.
+        layer: u32,
+        /// Expert.
+        expert: u32,
+        /// The part that could not be viewed.
+        part: &'static str,
+    },
+}
+
+/// What one call cost.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CallCost {
+    /// Nanoseconds in `read_blobs` (and waiting for other calls' reads of shared experts).
+    pub io_wait_ns: u64,
+    /// Nanoseconds in the kernels and the weighted sum.
+    pub compute_ns: u64,
+    /// Distinct experts found in the cache.
+    pub hits: u32,
+    /// Distinct experts read.
+    pub misses: u32,
+    /// Bytes read from the container.
+    pub bytes_read: u64,
+}
+
+/// The routing part of one call, already decoded from the wire.
+#[derive(Debug, Clone, Copy)]
+pub struct CallSpec<'a> {
+    /// The session (for leases and the route trace).
+    pub session: u64,
+    /// The client's step counter (for the route trace).
+    pub step: u64,
+    /// Layer.
+    pub layer: u32,
+    /// Rows.
+    pub n_rows: usize,
+    /// Experts per row.
+    pub top_k: usize,
+    /// `n_rows × top_k` expert ids, row-major.
+    pub ids: &'a [u32],
+    /// `n_rows × top_k` weights aligned with `ids`.
+    pub weights: &'a [f32],
+}
+
+/// The daemon's compute engine: the container's source, the cache and the kernels.
+pub struct Engine {
+    cache: ExpertCache,
+    source: Box<dyn ExpertSource>,
+    isa: Int8Isa,
+    header: Header,
+    pool: rayon::ThreadPool,
+    max_rows: usize,
+}
+
+/// Views a verified blob (from a lease) as the kernel's two matrices, without hashing it
+/// again: the blob was checked when it was read into the cache, and cache buffers are written
+/// only by that read.
+fn view_blob<'a>(bytes: &'a [u8], layout: &BlobLayout, key: ExpertKey) -> Result<(MatrixRef<'a>, MatrixRef<'a>), CallError> {
+    let misaligned = |part| CallError::Misaligned { layer: key.layer, expert: key.expert, part };
+    if bytes.len() < layout.content_bytes {
+        return Err(misaligned("blob length"));
+    }
+    let f32s = |range: std::ops::Range<usize>, part| bytemuck::try_cast_slice::<u8, f32>(&bytes[range]).map_err(|_| misaligned(part));
+    let i32s = |range: std::ops::Range<usize>, part| bytemuck::try_cast_slice::<u8, i32>(&bytes[range]).map_err(|_| misaligned(part));
+    let gate_up = MatrixRef {
+        rows: layout.gate_up_rows,
+        cols: layout.gate_up_cols,
+        packed: bytemuck::cast_slice(&bytes[layout.gate_up_packed.range()]),
+        scales: f32s(layout.gate_up_scales.range(), "gate_up scales")?,
+        row_sums: i32s(layout.gate_up_row_sums.range(), "gate_up row sums")?,
+    };
+    let down = MatrixRef {
+        rows: layout.down_rows,
+        cols: layout.down_cols,
+        packed: bytemuck::cast_slice(&bytes[layout.down_packed.range()]),
+        scales: f32s(layout.down_scales.range(), "down scales")?,
+        row_sums: i32s(layout.down_row_sums.range(), "down row sums")?,
+    };
+    Ok((gate_up, down))
+}
+
+impl Engine {
+    /// An engine over `source` with `cache`, computing with `isa` on `threads` threads (0: one
+    /// per core), accepting calls of up to `max_rows` rows.
+    pub fn new(cache: ExpertCache, source: Box<dyn ExpertSource>, isa: Int8Isa, threads: usize, max_rows: usize) -> std::io::Result<Engine> {
+        let header = *source.container().header();
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .thread_name(|i| format!("expertd-compute-{i}"))
+            .build()
+            .map_err(std::io::Error::other)?;
+        Ok(Engine { cache, source, isa, header, pool, max_rows })
+    }
+
+    /// The container header (dimensions, identity, fingerprint).
+    pub fn header(&self) -> &Header {
+        &self.header
+    }
+
+    /// The cache.
+    pub fn cache(&self) -> &ExpertCache {
+        &self.cache
+    }
+
+    /// The kernel ISA.
+    pub fn isa(&self) -> Int8Isa {
+        self.isa
+    }
+
+    /// The reader's name (`io_uring`, `pread`, …).
+    pub fn source_name(&self) -> &'static str {
+        self.source.name()
+    }
+
+    /// The largest `n_rows` a call may have.
+    pub fn max_rows(&self) -> usize {
+        self.max_rows
+    }
+
+    /// Elements per activation row.
+    pub fn hidden(&self) -> usize {
+        self.header.layout.dims.hidden
+    }
+
+    /// Checks a call's routing against the container: layer and expert ranges, lengths,
+    /// duplicates within a row, finite weights, the row limit. Cheap; run before queueing.
+    pub fn validate(&self, spec: &CallSpec<'_>) -> Result<(), CallError> {
+        let dims = &self.header.layout.dims;
+        let bad = |reason: String| Err(CallError::Invalid { layer: spec.layer, reason });
+        if spec.layer as usize >= dims.n_layers {
+            return bad(format!("layer {} out of range (container has {} layers)", spec.layer, dims.n_layers));
+        }
+        if spec.n_rows == 0 || spec.n_rows > self.max_rows {
+            return bad(format!("n_tokens {} must be in 1..={}", spec.n_rows, self.max_rows));
+        }
+        if spec.top_k == 0 || spec.top_k > dims.n_experts {
+            return bad(format!("top_k {} must be in 1..={} (experts per layer)", spec.top_k, dims.n_experts));
+        }
+        let cells = spec.n_rows * spec.top_k;
+        if spec.ids.len() != cells || spec.weights.len() != cells {
+            return bad(format!(
+                "expert_ids ({}) and weights ({}) must both hold n_tokens × top_k = {} × {} = {cells} entries",
+                spec.ids.len(),
+                spec.weights.len(),
+                spec.n_rows,
+                spec.top_k
+            ));
+        }
+        for (r, row) in spec.ids.chunks_exact(spec.top_k).enumerate() {
+            for (i, &e) in row.iter().enumerate() {
+                if e as usize >= dims.n_experts {
+                    return bad(format!("row {r}: expert {e} out of range (layer has {} experts)", dims.n_experts));
+                }
+                if row[..i].contains(&e) {
+                    return bad(format!("row {r}: expert {e} chosen twice"));
+                }
+            }
+        }
+        if let Some((i, w)) = spec.weights.iter().enumerate().find(|(_, w)| !w.is_finite()) {
+            return bad(format!("weight {i} (row {}) is not finite: {w}", i / spec.top_k));
+        }
+        Ok(())
+    }
+
+    /// Runs one validated call: `out[r] = Σ_k weights[r,k] · expert_{ids[r,k]}(x[r])`.
+    /// `x` and `out` hold `n_rows × hidden` values. Blocks (reads and compute); run it off the
+    /// async runtime. Every lease is released when this returns, on success or failure.
+    pub fn run(&self, spec: &CallSpec<'_>, x: &[f32], out: &mut [f32]) -> Result<CallCost, CallError> {
+        // PERF-CRITICAL: the per-call path; no logging, no global locks beyond the cache's
+        // short planner section, no allocation proportional to anything but the call.
+        let d = self.hidden();
+        let k = spec.top_k;
+        debug_assert_eq!(x.len(), spec.n_rows * d);
+        debug_assert_eq!(out.len(), spec.n_rows * d);
+        // Group cells by expert, experts in ascending id order (as the in-process backend does;
+        // the order does not change any result, only which expert runs where).
+        let n_experts = self.header.layout.dims.n_experts;
+        let mut by_expert: Vec<Vec<usize>> = vec![Vec::new(); n_experts];
+        for (cell, &e) in spec.ids.iter().enumerate() {
+            by_expert[e as usize].push(cell);
+        }
+        let used: Vec<(u32, Vec<usize>)> =
+            by_expert.into_iter().enumerate().filter(|(_, c)| !c.is_empty()).map(|(e, c)| (e as u32, c)).collect();
+        let keys: Vec<ExpertKey> = used.iter().map(|(e, _)| ExpertKey::new(spec.layer, *e)).collect();
+
+        let t_io = Instant::now();
+        let mut acquired = self.cache.acquire_at(SessionId(spec.session), spec.step, &keys)?;
+        let (hits, misses) = (acquired.n_hits(), acquired.n_misses());
+        let results = {
+            let mut reqs: Vec<ReadRequest<'_>> = acquired
+                .misses()
+                .map(|lease| {
+                    let key = lease.key();
+                    ReadRequest { layer: key.layer, expert: key.expert, dst: lease.buffer_mut() }
+                })
+                .collect();
+            if reqs.is_empty() { Vec::new() } else { self.source.read_blobs(&mut reqs) }
+        };
+        let mut first_error = None;
+        for (lease, result) in acquired.misses().collect::<Vec<_>>().into_iter().zip(results) {
+            match result {
+                Ok(()) => lease.mark_filled(),
+                Err(e) => {
+                    first_error.get_or_insert(e);
+                }
+            }
+        }
+        if let Some(e) = first_error {
+            return Err(CallError::Io(e));
+        }
+        acquired.wait_ready()?;
+        let io_wait_ns = t_io.elapsed().as_nanos() as u64;
+
+        let t_compute = Instant::now();
+        let layout = self.header.layout.blob;
+        let leases = acquired.leases();
+        let isa = self.isa;
+        let results: Vec<(&[usize], Vec<f32>)> = self.pool.install(|| {
+            used.par_iter()
+                .zip(leases.par_iter())
+                .map_init(ExpertScratch::new, |scratch, ((_, cells), lease)| {
+                    let (gate_up, down) = view_blob(lease.bytes(), &layout, lease.key())?;
+                    let rows = cells.len();
+                    let mut xs = Vec::with_capacity(rows * d);
+                    for &cell in cells {
+                        let r = cell / k;
+                        xs.extend_from_slice(&x[r * d..(r + 1) * d]);
+                    }
+                    let mut y = vec![0.0f32; rows * d];
+                    expert_forward(isa, gate_up, down, &xs, rows, &mut y, scratch);
+                    Ok((cells.as_slice(), y))
+                })
+                .collect::<Result<_, CallError>>()
+        })?;
+        let mut slots = vec![0.0f32; spec.n_rows * k * d];
+        for (cells, y) in results {
+            for (i, &cell) in cells.iter().enumerate() {
+                slots[cell * d..(cell + 1) * d].copy_from_slice(&y[i * d..(i + 1) * d]);
+            }
+        }
+        out.fill(0.0);
+        for r in 0..spec.n_rows {
+            let o = &mut out[r * d..(r + 1) * d];
+            for s in 0..k {
+                let w = spec.weights[r * k + s];
+                for (ov, yv) in o.iter_mut().zip(&slots[(r * k + s) * d..(r * k + s + 1) * d]) {
+                    *ov += w * yv;
+                }
+            }
+        }
+        let compute_ns = t_compute.elapsed().as_nanos() as u64;
+        drop(acquired);
+        let bytes_read = u64::from(misses) * layout.stride as u64;
+        Ok(CallCost { io_wait_ns, compute_ns, hits, misses, bytes_read })
+    }
+}

@@ -1,0 +1,440 @@
+//! `expertd.v1.ExpertService`: decodes each request, checks the caller (`super::auth`), the
+//! session and the transport descriptors, admits the call into its session's bound and the fair
+//! queue, runs it on a blocking thread through the engine, and encodes the result. Errors are
+//! [`RpcError`]s, turned into statuses by `super::status` only.
+//!
+//! Owns the per-daemon [`ServiceState`] (engine, sessions, fair queue, draining flag) and the
+//! per-connection [`ConnInfo`] that the server attaches to every request.
+
+use super::auth::Auth;
+use super::status::RpcError;
+use crate::engine::{CallSpec, Engine};
+use crate::session::{CallCounters, FairQueue, Session, Sessions, TransportKind};
+use crate::shm::Segment;
+use proto::convert::{self, f32s_to_le_bytes};
+use proto::v1::expert_service_server::ExpertService;
+use proto::v1::{self as pb};
+use shared::container::ModelIdentity;
+use std::net::SocketAddr;
+use std::ops::Range;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::time::Instant;
+use tonic::{Request, Response, Status};
+use tracing::Instrument;
+
+/// Longest client name accepted in a handshake, in bytes.
+pub const MAX_CLIENT_NAME_BYTES: usize = 128;
+
+/// Who is on the other end of a connection.
+#[derive(Debug, Clone)]
+pub enum Peer {
+    /// A unix-socket peer, from its socket credentials.
+    Unix {
+        /// User id.
+        uid: u32,
+        /// Primary group id.
+        gid: u32,
+        /// Process id, when the kernel reports one.
+        pid: Option<i32>,
+    },
+    /// A TCP peer.
+    Tcp(Option<SocketAddr>),
+}
+
+impl std::fmt::Display for Peer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Peer::Unix { uid, gid, pid } => {
+                write!(f, "uid {uid} gid {gid}")?;
+                if let Some(pid) = pid {
+                    write!(f, " pid {pid}")?;
+                }
+                Ok(())
+            }
+            Peer::Tcp(Some(addr)) => write!(f, "{addr}"),
+            Peer::Tcp(None) => f.write_str("tcp peer"),
+        }
+    }
+}
+
+/// What the server knows about a connection; attached to every request on it.
+#[derive(Debug, Clone)]
+pub struct ConnInfo {
+    /// The connection's id; sessions opened on it are closed with it.
+    pub conn_id: u64,
+    /// The peer.
+    pub peer: Peer,
+    /// Whether a unix peer passed the allow lists (always true for TCP; the token decides).
+    pub allowed: bool,
+    /// The shared-memory segment the client passed in its pre-handshake, if any.
+    pub segment: Option<Arc<Segment>>,
+}
+
+/// Limits and identity facts the service reports and enforces.
+#[derive(Debug, Clone)]
+pub struct ServiceConfig {
+    /// Calls one session may have queued or running at once.
+    pub max_queued_calls_per_session: u32,
+    /// Largest gRPC message, in bytes.
+    pub max_message_bytes: u64,
+    /// The container file, for messages.
+    pub container_path: String,
+    /// How experts are read, for the handshake (`SourceInfo`'s rendering).
+    pub io_backend: String,
+}
+
+/// The daemon's state shared by every connection and call.
+pub struct ServiceState {
+    /// The compute engine (cache, source, kernels).
+    pub engine: Arc<Engine>,
+    /// Open sessions.
+    pub sessions: Sessions,
+    /// The fair queue in front of the compute lanes.
+    pub queue: Arc<FairQueue>,
+    /// Limits and facts.
+    pub config: ServiceConfig,
+    /// Access rules.
+    pub auth: Auth,
+    /// Set when shutdown begins: new handshakes and calls are refused.
+    pub draining: AtomicBool,
+    /// Connections open now.
+    pub open_connections: AtomicU32,
+    /// When serving started.
+    pub started: Instant,
+    /// The container fingerprint, computed once.
+    pub fingerprint: u64,
+}
+
+impl ServiceState {
+    /// A state over `engine` with `lanes` compute lanes.
+    pub fn new(engine: Arc<Engine>, lanes: usize, config: ServiceConfig, auth: Auth) -> ServiceState {
+        let fingerprint = engine.header().fingerprint();
+        ServiceState {
+            engine,
+            sessions: Sessions::new(),
+            queue: FairQueue::new(lanes),
+            config,
+            auth,
+            draining: AtomicBool::new(false),
+            open_connections: AtomicU32::new(0),
+            started: Instant::now(),
+            fingerprint,
+        }
+    }
+
+    /// A connection opened.
+    pub fn connection_opened(&self) {
+        self.open_connections.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A connection closed (its client exited, was killed, or hung up): close its sessions and
+    /// release their leases in the cache.
+    pub fn connection_closed(&self, conn_id: u64) {
+        self.open_connections.fetch_sub(1, Ordering::Relaxed);
+        for s in self.sessions.close_connection(conn_id) {
+            let orphaned = self.engine.cache().release_session(crate::cache::SessionId(s.id)).map_or(0, |st| st.leases_held);
+            tracing::info!(session = s.id, client_name = %s.client_name, peer = %s.peer, orphaned_leases = orphaned, "session closed: connection gone");
+        }
+    }
+}
+
+/// The service handle tonic clones per connection.
+#[derive(Clone)]
+pub struct ExpertdService {
+    state: Arc<ServiceState>,
+}
+
+impl ExpertdService {
+    /// A service over `state`.
+    pub fn new(state: Arc<ServiceState>) -> ExpertdService {
+        ExpertdService { state }
+    }
+}
+
+fn conn_of<T>(req: &Request<T>) -> Result<ConnInfo, RpcError> {
+    req.extensions().get::<ConnInfo>().cloned().ok_or_else(|| RpcError::Internal("request without connection info".into()))
+}
+
+/// Where a call's activations come from.
+enum Input {
+    Inline(Vec<f32>),
+    Shm(Arc<Segment>, Range<usize>),
+}
+
+/// Where a call's output goes.
+enum Output {
+    Inline,
+    Shm(Arc<Segment>, Range<usize>, pb::ShmSlice),
+}
+
+fn shm_target(conn: &ConnInfo, field: &'static str, slice: &pb::ShmSlice, needed: u64) -> Result<(Arc<Segment>, Range<usize>), RpcError> {
+    let slice = convert::shm_slice(field, slice).map_err(|e| RpcError::BadRequest(e.to_string()))?;
+    let segment = conn.segment.clone().ok_or(RpcError::NoSegment { field })?;
+    let range = segment.range(&slice)?;
+    if (range.len() as u64) < needed {
+        return Err(RpcError::BufferTooSmall { field, found_bytes: range.len() as u64, needed_bytes: needed });
+    }
+    let start = range.start;
+    Ok((segment, start..start + needed as usize))
+}
+
+impl ExpertdService {
+    async fn handshake_inner(&self, conn: &ConnInfo, r: pb::HandshakeRequest) -> Result<pb::HandshakeResponse, RpcError> {
+        let st = &self.state;
+        if st.draining.load(Ordering::Acquire) {
+            return Err(RpcError::ShuttingDown);
+        }
+        let (oldest, current) = (proto::version::OLDEST_SUPPORTED, proto::version::CURRENT);
+        if !(oldest..=current).contains(&r.protocol_version) {
+            return Err(RpcError::VersionMismatch { client: r.protocol_version, oldest, current });
+        }
+        if r.client_name.len() > MAX_CLIENT_NAME_BYTES {
+            return Err(RpcError::BadRequest(format!("client_name is {} bytes (at most {MAX_CLIENT_NAME_BYTES})", r.client_name.len())));
+        }
+        let header = st.engine.header();
+        if let Some(id) = &r.model_identity {
+            let ours = ModelIdentity::try_from(id).map_err(|e| RpcError::BadRequest(format!("model_identity.{e}")))?;
+            let what = header.identity.differing(&ours);
+            if !what.is_empty() {
+                return Err(RpcError::IdentityMismatch {
+                    container: st.config.container_path.clone(),
+                    what: what.join(", "),
+                    theirs: header.identity.to_hex().join("/"),
+                    ours: ours.to_hex().join("/"),
+                });
+            }
+        }
+        if r.expected_container_fingerprint != 0 && r.expected_container_fingerprint != st.fingerprint {
+            return Err(RpcError::FingerprintMismatch {
+                expected: r.expected_container_fingerprint,
+                served: st.fingerprint,
+                container: st.config.container_path.clone(),
+            });
+        }
+        let transport = if conn.segment.is_some() { TransportKind::SharedMemory } else { TransportKind::Inline };
+        let name = if r.client_name.is_empty() { "unnamed".to_string() } else { r.client_name };
+        let session = st.sessions.open(conn.conn_id, name, conn.peer.to_string(), transport);
+        tracing::info!(session = session.id, client_name = %session.client_name, peer = %session.peer, client_pid = r.client_pid, ?transport, "session opened");
+        let dims = &header.layout.dims;
+        let engine = &st.engine;
+        Ok(pb::HandshakeResponse {
+            protocol_version: current,
+            container_fingerprint: st.fingerprint,
+            container_identity: Some(pb::ModelIdentity::from(&header.identity)),
+            dims: Some(pb::ModelDims {
+                n_layers: dims.n_layers as u32,
+                n_experts: dims.n_experts as u32,
+                hidden_size: dims.hidden as u32,
+                expert_inner_size: dims.inner as u32,
+            }),
+            kernel_isa: engine.isa().name().to_string(),
+            io_backend: st.config.io_backend.clone(),
+            limits: Some(pb::Limits {
+                max_rows_per_call: engine.max_rows() as u32,
+                max_queued_calls_per_session: st.config.max_queued_calls_per_session,
+                cache_budget_bytes: engine.cache().config().budget_bytes,
+                max_message_bytes: st.config.max_message_bytes,
+            }),
+            session_id: session.id,
+            transport: match transport {
+                TransportKind::Inline => pb::Transport::Inline as i32,
+                TransportKind::SharedMemory => pb::Transport::SharedMemory as i32,
+            },
+            shm_segment_id: conn.segment.as_ref().map_or(0, |s| s.id()),
+            shm_segment_bytes: conn.segment.as_ref().map_or(0, |s| s.len_bytes()),
+        })
+    }
+
+    async fn moe_layer_inner(&self, conn: &ConnInfo, session: &Arc<Session>, r: pb::MoeLayerRequest) -> Result<(pb::MoeLayerResponse, CallCounters), RpcError> {
+        let st = &self.state;
+        if st.draining.load(Ordering::Acquire) {
+            return Err(RpcError::ShuttingDown);
+        }
+        let engine = &st.engine;
+        let (n_rows, top_k, d) = (r.n_tokens as usize, r.top_k as usize, engine.hidden());
+        let spec = CallSpec { session: session.id, step: r.step, layer: r.layer_idx, n_rows, top_k, ids: &r.expert_ids, weights: &r.weights };
+        engine.validate(&spec)?;
+        let n_values = n_rows * d;
+        let needed = n_values as u64 * 4;
+        let input = match r.input {
+            Some(pb::moe_layer_request::Input::InputInlineF32Le(bytes)) => {
+                let field = "input_inline_f32_le";
+                if (bytes.len() as u64) < needed {
+                    return Err(RpcError::BufferTooSmall { field, found_bytes: bytes.len() as u64, needed_bytes: needed });
+                }
+                if bytes.len() as u64 != needed {
+                    return Err(RpcError::BadRequest(format!("{field} holds {} bytes, expected exactly {needed}", bytes.len())));
+                }
+                let mut x = vec![0.0f32; n_values];
+                convert::le_bytes_into_f32s(field, &bytes, &mut x).map_err(|e| RpcError::BadRequest(e.to_string()))?;
+                Input::Inline(x)
+            }
+            Some(pb::moe_layer_request::Input::InputShm(slice)) => {
+                let (seg, range) = shm_target(conn, "input_shm", &slice, needed)?;
+                Input::Shm(seg, range)
+            }
+            None => return Err(RpcError::BadRequest("the request carries no activations (set input_inline_f32_le or input_shm)".into())),
+        };
+        let output = match &r.output_shm {
+            Some(slice) => {
+                let (seg, range) = shm_target(conn, "output_shm", slice, needed)?;
+                Output::Shm(seg, range, *slice)
+            }
+            None => Output::Inline,
+        };
+        let limit = st.config.max_queued_calls_per_session;
+        let in_flight = session.try_enter(limit).ok_or(RpcError::SessionBusy { session: session.id, limit })?;
+        let t_queue = Instant::now();
+        let permit = st.queue.acquire(session.id).await;
+        let queue_ns = t_queue.elapsed().as_nanos() as u64;
+
+        let engine = Arc::clone(engine);
+        let (session_id, step, layer) = (session.id, r.step, r.layer_idx);
+        let (ids, weights) = (r.expert_ids, r.weights);
+        // The blocking job owns the lane and the in-flight slot: if the client goes away and
+        // this future is dropped, both are held until the call really ends.
+        let job = tokio::task::spawn_blocking(move || {
+            let _permit = permit;
+            let _in_flight = in_flight;
+            let x = match input {
+                Input::Inline(x) => x,
+                Input::Shm(seg, range) => {
+                    let mut x = vec![0.0f32; n_values];
+                    seg.read_f32s(range, &mut x);
+                    x
+                }
+            };
+            let mut out = vec![0.0f32; n_values];
+            let spec = CallSpec { session: session_id, step, layer, n_rows, top_k, ids: &ids, weights: &weights };
+            let cost = engine.run(&spec, &x, &mut out)?;
+            let wire = match output {
+                Output::Inline => pb::moe_layer_response::Output::OutputInlineF32Le(f32s_to_le_bytes(&out)),
+                Output::Shm(seg, range, slice) => {
+                    seg.write_f32s(range, &out);
+                    pb::moe_layer_response::Output::OutputShm(slice)
+                }
+            };
+            // The route trace (when recording) is written here, after the call, off its path.
+            let _ = engine.cache().flush_trace();
+            Ok::<_, RpcError>((cost, wire))
+        });
+        let (cost, wire) = job.await.map_err(|e| RpcError::Internal(format!("the call's compute task failed: {e}")))??;
+        let counters = CallCounters {
+            queue_ns,
+            io_wait_ns: cost.io_wait_ns,
+            compute_ns: cost.compute_ns,
+            hits: cost.hits,
+            misses: cost.misses,
+            bytes_read: cost.bytes_read,
+        };
+        let resp = pb::MoeLayerResponse {
+            output: Some(wire),
+            queue_ns,
+            io_wait_ns: cost.io_wait_ns,
+            compute_ns: cost.compute_ns,
+            hits: cost.hits,
+            misses: cost.misses,
+            bytes_read: cost.bytes_read,
+        };
+        Ok((resp, counters))
+    }
+
+    fn stats_inner(&self) -> pb::StatsResponse {
+        let st = &self.state;
+        let cache = st.engine.cache();
+        let c = cache.stats();
+        let sessions = st
+            .sessions
+            .list()
+            .into_iter()
+            .map(|s| {
+                let leases_held = cache.session_stats(crate::cache::SessionId(s.id)).map_or(0, |x| x.leases_held);
+                let k = &s.counters;
+                let ld = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
+                pb::SessionStats {
+                    session_id: s.id,
+                    client_name: s.client_name.clone(),
+                    peer: s.peer.clone(),
+                    transport: match s.transport {
+                        TransportKind::Inline => pb::Transport::Inline as i32,
+                        TransportKind::SharedMemory => pb::Transport::SharedMemory as i32,
+                    },
+                    calls: ld(&k.calls),
+                    failed_calls: ld(&k.failed_calls),
+                    in_flight_calls: k.in_flight.load(Ordering::Relaxed),
+                    hits: ld(&k.hits),
+                    misses: ld(&k.misses),
+                    bytes_read: ld(&k.bytes_read),
+                    queue_ns: ld(&k.queue_ns),
+                    io_wait_ns: ld(&k.io_wait_ns),
+                    compute_ns: ld(&k.compute_ns),
+                    leases_held,
+                }
+            })
+            .collect();
+        pb::StatsResponse {
+            cache: Some(pb::CacheStats {
+                budget_bytes: c.budget_bytes,
+                resident_bytes: c.resident_bytes,
+                resident_experts: c.slots_used,
+                leases_held: c.leases_held,
+                hits: c.hits,
+                misses: c.misses,
+                evictions: c.evictions,
+                bytes_read: c.bytes_read,
+                sessions_open: c.sessions_open,
+                transient_uses: c.transient_uses,
+            }),
+            sessions,
+            open_connections: st.open_connections.load(Ordering::Relaxed),
+            draining: st.draining.load(Ordering::Acquire),
+            uptime_ns: st.started.elapsed().as_nanos() as u64,
+        }
+    }
+}
+
+#[tonic::async_trait]
+impl ExpertService for ExpertdService {
+    async fn handshake(&self, request: Request<pb::HandshakeRequest>) -> Result<Response<pb::HandshakeResponse>, Status> {
+        let conn = conn_of(&request)?;
+        self.state.auth.check(&conn, request.metadata())?;
+        let resp = self.handshake_inner(&conn, request.into_inner()).await.inspect_err(|e| {
+            tracing::warn!(error = %e, error_type = e.error_type(), peer = %conn.peer, "handshake refused");
+        })?;
+        Ok(Response::new(resp))
+    }
+
+    async fn moe_layer(&self, request: Request<pb::MoeLayerRequest>) -> Result<Response<pb::MoeLayerResponse>, Status> {
+        let conn = conn_of(&request)?;
+        self.state.auth.check(&conn, request.metadata())?;
+        let r = request.into_inner();
+        let session = self.state.sessions.get(r.session_id, conn.conn_id).ok_or(RpcError::UnknownSession { session: r.session_id })?;
+        let span = tracing::debug_span!("moe_layer", session = session.id, request_id = r.request_id, layer_idx = r.layer_idx, n_tokens = r.n_tokens);
+        let result = self.moe_layer_inner(&conn, &session, r).instrument(span).await;
+        session.record(result.as_ref().map(|(_, c)| c).map_err(|_| ()));
+        match result {
+            Ok((resp, _)) => Ok(Response::new(resp)),
+            Err(e) => {
+                tracing::debug!(error = %e, error_type = e.error_type(), "moe_layer failed");
+                Err(e.into())
+            }
+        }
+    }
+
+    async fn stats(&self, request: Request<pb::StatsRequest>) -> Result<Response<pb::StatsResponse>, Status> {
+        let conn = conn_of(&request)?;
+        self.state.auth.check(&conn, request.metadata())?;
+        Ok(Response::new(self.stats_inner()))
+    }
+
+    async fn close_session(&self, request: Request<pb::CloseSessionRequest>) -> Result<Response<pb::CloseSessionResponse>, Status> {
+        let conn = conn_of(&request)?;
+        self.state.auth.check(&conn, request.metadata())?;
+        let id = request.into_inner().session_id;
+        let s = self.state.sessions.close(id, conn.conn_id).ok_or(RpcError::UnknownSession { session: id })?;
+        self.state.engine.cache().release_session(crate::cache::SessionId(s.id));
+        tracing::info!(session = s.id, client_name = %s.client_name, "session closed by its client");
+        Ok(Response::new(pb::CloseSessionResponse {}))
+    }
+}

@@ -1,0 +1,408 @@
+//! The daemon's serving loop: [`run`] opens the container and the cache, logs what it serves,
+//! and serves `expertd.v1.ExpertService` plus `grpc.health.v1` on a listener the caller owns
+//! until the caller's shutdown future resolves; then it refuses new calls, lets in-flight ones
+//! finish, and returns (mini-redis style: tests run the real server on a temporary socket).
+//!
+//! Owns connection acceptance: unix peers' credentials and allow lists, the shared-memory
+//! pre-handshake (`crate::shm`), TCP only with a bearer token, and each connection's lifetime —
+//! when a connection's IO is dropped (client exited, was killed, hung up) its sessions close and
+//! their leases are released. The RPCs themselves are `crate::rpc`.
+
+use crate::cache::{CacheConfig, ExpertCache, Policy};
+use crate::engine::Engine;
+use crate::io::{IoKind, open_source};
+use crate::rpc::auth::Auth;
+use crate::rpc::{ConnInfo, ExpertdService, Peer, ServiceConfig, ServiceState};
+use crate::shm::PrefixedStream;
+use crate::trace::TraceWriter;
+use proto::v1::expert_service_server::ExpertServiceServer;
+use shared::kernels::int8::Int8Isa;
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::task::{Context, Poll};
+use std::time::Duration;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::{TcpListener, TcpStream, UnixListener};
+use tokio::sync::{mpsc, watch};
+use tonic::transport::server::Connected;
+
+/// Default bound on one session's calls queued or running.
+pub const DEFAULT_MAX_QUEUED_CALLS: u32 = 8;
+/// Default largest `n_tokens` of one call.
+pub const DEFAULT_MAX_ROWS: u32 = 8192;
+/// Default compute lanes (calls computing at once; each uses the whole thread pool).
+pub const DEFAULT_COMPUTE_LANES: usize = 2;
+/// Largest gRPC message either side sends (inline activations of a big prefill block).
+pub const MAX_MESSAGE_BYTES: usize = 512 << 20;
+/// HTTP/2 keepalive: a silent TCP peer is pinged this often …
+pub const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(10);
+/// … and its connection (and sessions) dropped when a ping goes unanswered this long.
+pub const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// Everything [`run`] needs, validated by [`ServeConfig::validate`].
+#[derive(Debug, Clone)]
+pub struct ServeConfig {
+    /// Directory holding `experts.sluice`.
+    pub container_dir: PathBuf,
+    /// The cache's byte budget for resident experts.
+    pub cache_bytes: u64,
+    /// Eviction policy.
+    pub policy: Policy,
+    /// Transient buffers (`None`: min(experts per layer, 32) per compute lane).
+    pub transient_slots: Option<u32>,
+    /// How experts are read.
+    pub io: IoKind,
+    /// Write the route trace here.
+    pub route_trace: Option<PathBuf>,
+    /// Unix peers allowed by uid (empty with `allow_gids` empty: any peer the socket mode admits).
+    pub allow_uids: Vec<u32>,
+    /// Unix peers allowed by primary gid.
+    pub allow_gids: Vec<u32>,
+    /// The bearer token TCP clients must present (required for TCP).
+    pub auth_token: Option<String>,
+    /// Bound on one session's calls queued or running.
+    pub max_queued_calls_per_session: u32,
+    /// Largest `n_tokens` of one call.
+    pub max_rows_per_call: u32,
+    /// Calls computing at once.
+    pub compute_lanes: usize,
+    /// Compute threads (0: one per core).
+    pub threads: usize,
+}
+
+impl ServeConfig {
+    /// A configuration with defaults for everything but the container and the budget.
+    pub fn new(container_dir: PathBuf, cache_bytes: u64) -> ServeConfig {
+        ServeConfig {
+            container_dir,
+            cache_bytes,
+            policy: Policy::Lru,
+            transient_slots: None,
+            io: IoKind::Uring,
+            route_trace: None,
+            allow_uids: Vec::new(),
+            allow_gids: Vec::new(),
+            auth_token: None,
+            max_queued_calls_per_session: DEFAULT_MAX_QUEUED_CALLS,
+            max_rows_per_call: DEFAULT_MAX_ROWS,
+            compute_lanes: DEFAULT_COMPUTE_LANES,
+            threads: 0,
+        }
+    }
+
+    /// Checks the values that do not need the container.
+    pub fn validate(&self) -> Result<(), ServeError> {
+        let bad = |what: String| Err(ServeError::Config(what));
+        if self.max_queued_calls_per_session == 0 {
+            return bad("--max-queued-calls must be at least 1".into());
+        }
+        if self.max_rows_per_call == 0 {
+            return bad("--max-rows-per-call must be at least 1".into());
+        }
+        if self.compute_lanes == 0 {
+            return bad("--compute-lanes must be at least 1".into());
+        }
+        if self.auth_token.as_ref().is_some_and(|t| t.is_empty()) {
+            return bad("the auth token file is empty".into());
+        }
+        Ok(())
+    }
+}
+
+/// Why the daemon could not start or stopped with an error.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    /// A configuration value is unusable.
+    #[error("{0}")]
+    Config(String),
+    /// TCP was asked for without a token.
+    #[error("--listen (TCP) needs --auth-token-file: TCP clients must present a bearer token")]
+    TcpWithoutToken,
+    /// The container is missing, unreadable or corrupt.
+    #[error("container {dir}: {source}")]
+    Container {
+        /// The container directory.
+        dir: String,
+        /// Why.
+        source: shared::container::ContainerError,
+    },
+    /// The cache could not be built.
+    #[error("expert cache: {0}")]
+    Cache(#[from] crate::cache::CacheError),
+    /// The route trace could not be started or finished.
+    #[error("route trace: {0}")]
+    Trace(String),
+    /// Binding or accepting failed.
+    #[error("{what}: {source}")]
+    Io {
+        /// What was being done.
+        what: String,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// The gRPC server failed.
+    #[error("gRPC server: {0}")]
+    Transport(#[from] tonic::transport::Error),
+}
+
+/// What [`run`] listens on. The caller binds it (and removes a unix socket file afterwards).
+pub enum Listener {
+    /// A unix socket (shared memory offered, peer credentials checked).
+    Unix(UnixListener),
+    /// A TCP socket (inline activations, bearer token required).
+    Tcp(TcpListener),
+}
+
+/// Binds a unix socket at `path` with permissions `mode` (0660 by default in the CLI). A stale
+/// socket file nobody listens on is replaced; a live one is an error, as is any other file.
+pub fn bind_unix(path: &Path, mode: u32) -> Result<UnixListener, ServeError> {
+    use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+    let io = |what: String| move |source| ServeError::Io { what, source };
+    if let Ok(meta) = std::fs::symlink_metadata(path) {
+        if !meta.file_type().is_socket() {
+            return Err(ServeError::Config(format!("{} exists and is not a socket; refusing to replace it", path.display())));
+        }
+        match std::os::unix::net::UnixStream::connect(path) {
+            Ok(_) => return Err(ServeError::Config(format!("another process is listening on {}", path.display()))),
+            Err(_) => std::fs::remove_file(path).map_err(io(format!("removing stale socket {}", path.display())))?,
+        }
+    }
+    let listener = std::os::unix::net::UnixListener::bind(path).map_err(io(format!("binding {}", path.display())))?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).map_err(io(format!("chmod {:o} {}", mode, path.display())))?;
+    listener.set_nonblocking(true).map_err(io("set_nonblocking".into()))?;
+    UnixListener::from_std(listener).map_err(io("registering the socket with tokio".into()))
+}
+
+/// Serves until `shutdown` resolves, then drains: new handshakes and calls get UNAVAILABLE,
+/// HTTP/2 GOAWAY tells clients to stop, and in-flight calls finish before this returns.
+pub async fn run(config: ServeConfig, listener: Listener, shutdown: impl Future<Output = ()> + Send + 'static) -> Result<(), ServeError> {
+    config.validate()?;
+    let tcp = matches!(listener, Listener::Tcp(_));
+    if tcp && config.auth_token.is_none() {
+        return Err(ServeError::TcpWithoutToken);
+    }
+    let dir = config.container_dir.display().to_string();
+    let (source, info) = open_source(&config.container_dir, config.io).map_err(|source| ServeError::Container { dir: dir.clone(), source })?;
+    let header = *source.container().header();
+    let dims = header.layout.dims;
+    let lanes = config.compute_lanes;
+    let transient_slots = config.transient_slots.unwrap_or((dims.n_experts.min(32) * lanes) as u32);
+    let cache_config = CacheConfig { budget_bytes: config.cache_bytes, policy: config.policy, transient_slots };
+    let cache = ExpertCache::new(cache_config, header.layout.blob.stride)?;
+    if let Some(path) = &config.route_trace {
+        let writer = TraceWriter::create(path).map_err(|e| ServeError::Trace(format!("{}: {e}", path.display())))?;
+        cache.start_trace(writer).map_err(|e| ServeError::Trace(format!("{}: {e}", path.display())))?;
+    }
+    let selection = Int8Isa::selection();
+    if let Some(warning) = selection.warning() {
+        tracing::warn!("{warning}");
+    }
+    let isa = selection.active;
+    let engine = Engine::new(cache, source, isa, config.threads, config.max_rows_per_call as usize)
+        .map_err(|source| ServeError::Io { what: "starting the compute pool".into(), source })?;
+    let engine = Arc::new(engine);
+    let slots = config.cache_bytes / header.layout.blob.stride as u64;
+    tracing::info!(
+        container = %dir,
+        fingerprint = format_args!("{:#018x}", header.fingerprint()),
+        identity = %header.identity,
+        n_layers = dims.n_layers,
+        n_experts = dims.n_experts,
+        hidden = dims.hidden,
+        isa = isa.name(),
+        io = %info,
+        budget_bytes = config.cache_bytes,
+        slots,
+        transient_slots,
+        blob_bytes = header.layout.blob.stride,
+        lanes,
+        transport = if tcp { "tcp" } else { "unix" },
+        "expertd serving"
+    );
+    if let Some(reason) = &info.fallback_reason {
+        tracing::warn!("{reason}");
+    }
+    let service_config = ServiceConfig {
+        max_queued_calls_per_session: config.max_queued_calls_per_session,
+        max_message_bytes: MAX_MESSAGE_BYTES as u64,
+        container_path: config.container_dir.join(shared::container::CONTAINER_FILE).display().to_string(),
+        io_backend: info.to_string(),
+    };
+    let auth = Auth::new(config.auth_token.clone(), config.allow_uids.clone(), config.allow_gids.clone());
+    let state = Arc::new(ServiceState::new(Arc::clone(&engine), lanes, service_config, auth));
+
+    let (health, health_service) = tonic_health::server::health_reporter();
+    health.set_serving::<ExpertServiceServer<ExpertdService>>().await;
+    let service = ExpertServiceServer::new(ExpertdService::new(Arc::clone(&state)))
+        .max_decoding_message_size(MAX_MESSAGE_BYTES)
+        .max_encoding_message_size(MAX_MESSAGE_BYTES);
+
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let (conn_tx, conn_rx) = mpsc::channel::<std::io::Result<Conn>>(64);
+    let accept = tokio::spawn(accept_loop(listener, Arc::clone(&state), conn_tx, stop_rx));
+    let incoming = futures_util::stream::unfold(conn_rx, |mut rx| async move { rx.recv().await.map(|c| (c, rx)) });
+    let drain_state = Arc::clone(&state);
+    let signal = async move {
+        shutdown.await;
+        drain_state.draining.store(true, Ordering::Release);
+        let _ = stop_tx.send(true);
+        health.set_not_serving::<ExpertServiceServer<ExpertdService>>().await;
+        tracing::info!("shutdown requested: refusing new calls, finishing in-flight ones");
+    };
+    let served = tonic::transport::Server::builder()
+        .http2_keepalive_interval(Some(KEEPALIVE_INTERVAL))
+        .http2_keepalive_timeout(Some(KEEPALIVE_TIMEOUT))
+        .add_service(health_service)
+        .add_service(service)
+        .serve_with_incoming_shutdown(incoming, signal)
+        .await;
+    accept.abort();
+    let _ = accept.await;
+    let trace = engine.cache().finish_trace();
+    served?;
+    trace.map_err(|e| ServeError::Trace(e.to_string()))?;
+    tracing::info!("expertd stopped");
+    Ok(())
+}
+
+/// Accepts connections until told to stop; each one is checked (and, on a unix socket,
+/// pre-handshaken) on its own task so a slow client cannot hold up the others.
+async fn accept_loop(listener: Listener, state: Arc<ServiceState>, tx: mpsc::Sender<std::io::Result<Conn>>, mut stop: watch::Receiver<bool>) {
+    static NEXT_CONN: AtomicU64 = AtomicU64::new(1);
+    loop {
+        let accepted = tokio::select! {
+            _ = stop.changed() => return,
+            a = accept_one(&listener) => a,
+        };
+        let (io, peer) = match accepted {
+            Ok(x) => x,
+            Err(e) => {
+                tracing::warn!(error = %e, "accept failed");
+                // Out of descriptors and similar: do not spin.
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let conn_id = NEXT_CONN.fetch_add(1, Ordering::Relaxed);
+        let (state, tx) = (Arc::clone(&state), tx.clone());
+        tokio::spawn(async move {
+            let allowed = match &peer {
+                Peer::Unix { uid, gid, .. } => state.auth.unix_peer_allowed(*uid, *gid),
+                Peer::Tcp(_) => true,
+            };
+            let (io, segment) = match io {
+                Accepted::Tcp(s) => {
+                    let _ = s.set_nodelay(true);
+                    (ConnIo::Tcp(s), None)
+                }
+                Accepted::Unix(mut s) => match crate::shm::negotiate(&mut s, conn_id).await {
+                    Ok(n) => (ConnIo::Unix(PrefixedStream::new(n.prefix, s)), if allowed { n.segment } else { None }),
+                    Err(e) => {
+                        tracing::warn!(error = %e, %peer, "connection dropped during the pre-handshake");
+                        return;
+                    }
+                },
+            };
+            if !allowed {
+                tracing::warn!(%peer, "peer not in --allow-uid/--allow-gid; its calls will be refused");
+            }
+            tracing::debug!(conn_id, %peer, shm = segment.is_some(), "connection accepted");
+            state.connection_opened();
+            let conn = Conn { io, info: ConnInfo { conn_id, peer, allowed, segment }, state };
+            let _ = tx.send(Ok(conn)).await;
+        });
+    }
+}
+
+enum Accepted {
+    Unix(tokio::net::UnixStream),
+    Tcp(TcpStream),
+}
+
+async fn accept_one(listener: &Listener) -> std::io::Result<(Accepted, Peer)> {
+    match listener {
+        Listener::Unix(l) => {
+            let (s, _) = l.accept().await?;
+            let cred = s.peer_cred()?;
+            let peer = Peer::Unix { uid: cred.uid(), gid: cred.gid(), pid: cred.pid() };
+            Ok((Accepted::Unix(s), peer))
+        }
+        Listener::Tcp(l) => {
+            let (s, addr) = l.accept().await?;
+            Ok((Accepted::Tcp(s), Peer::Tcp(Some(addr))))
+        }
+    }
+}
+
+enum ConnIo {
+    Unix(PrefixedStream),
+    Tcp(TcpStream),
+}
+
+/// One accepted connection as tonic serves it. Dropping it (the connection ended) closes the
+/// sessions opened on it and releases their leases.
+struct Conn {
+    io: ConnIo,
+    info: ConnInfo,
+    state: Arc<ServiceState>,
+}
+
+impl Drop for Conn {
+    fn drop(&mut self) {
+        tracing::debug!(conn_id = self.info.conn_id, peer = %self.info.peer, "connection closed");
+        self.state.connection_closed(self.info.conn_id);
+    }
+}
+
+impl Connected for Conn {
+    type ConnectInfo = ConnInfo;
+
+    fn connect_info(&self) -> ConnInfo {
+        self.info.clone()
+    }
+}
+
+impl AsyncRead for Conn {
+    fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<std::io::Result<()>> {
+        match &mut self.io {
+            ConnIo::Unix(s) => Pin::new(s).poll_read(cx, buf),
+            ConnIo::Tcp(s) => Pin::new(s).poll_read(cx, buf),
+        }
+    }
+}
+
+impl AsyncWrite for Conn {
+    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<std::io::Result<usize>> {
+        match &mut self.io {
+            ConnIo::Unix(s) => Pin::new(s).poll_write(cx, buf),
+            ConnIo::Tcp(s) => Pin::new(s).poll_write(cx, buf),
+        }
+    }
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        match &mut self.io {
+            ConnIo::Unix(s) => Pin::new(s).poll_flush(cx),
+            ConnIo::Tcp(s) => Pin::new(s).poll_flush(cx),
+        }
+    }
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        match &mut self.io {
+            ConnIo::Unix(s) => Pin::new(s).poll_shutdown(cx),
+            ConnIo::Tcp(s) => Pin::new(s).poll_shutdown(cx),
+        }
+    }
+    fn poll_write_vectored(mut self: Pin<&mut Self>, cx: &mut Context<'_>, bufs: &[std::io::IoSlice<'_>]) -> Poll<std::io::Result<usize>> {
+        match &mut self.io {
+            ConnIo::Unix(s) => Pin::new(s).poll_write_vectored(cx, bufs),
+            ConnIo::Tcp(s) => Pin::new(s).poll_write_vectored(cx, bufs),
+        }
+    }
+    fn is_write_vectored(&self) -> bool {
+        match &self.io {
+            ConnIo::Unix(s) => s.is_write_vectored(),
+            ConnIo::Tcp(s) => s.is_write_vectored(),
+        }
+    }
+}

@@ -1,0 +1,293 @@
+//! The daemon's side of the shared-memory transport: the pre-handshake on a freshly accepted
+//! unix connection (receive the client's memfd with SCM_RIGHTS, check it, map it, reply with a
+//! segment id), the mapped [`Segment`] that calls copy activations out of and outputs into, and
+//! [`PrefixedStream`], which gives back to HTTP/2 the bytes read while telling a plain gRPC
+//! client (no pre-handshake) from a sluice client.
+//!
+//! Frame and header layouts are `shared::shm_layout` (pure); the client's side is
+//! `hostd/src/expert_client/shm.rs`. A segment lives exactly as long as its connection: the
+//! mapping and the fd are dropped with the connection, so a client that exits (or is killed)
+//! releases it, and it is never a file anyone else can open.
+
+use rustix::fs::SealFlags;
+use rustix::net::{RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags};
+use shared::shm_layout::{self, Hello, HelloReply, SegmentHeader, ShmLayoutError, ShmSlice};
+use std::io::IoSliceMut;
+use std::mem::MaybeUninit;
+use std::ops::Range;
+use std::os::fd::{AsFd, OwnedFd};
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::Duration;
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, Interest, ReadBuf};
+use tokio::net::UnixStream;
+
+// Activations are copied as little-endian f32 bytes in place.
+#[cfg(target_endian = "big")]
+compile_error!("expertd's shared-memory transport copies little-endian f32 in place; big-endian hosts are unsupported");
+
+/// How long a new unix connection may take to send its first bytes (hello or HTTP/2 preface).
+pub const HELLO_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Why a segment or a pre-handshake was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum ShmError {
+    /// The socket failed or closed during the pre-handshake.
+    #[error("pre-handshake: {0}")]
+    Io(#[from] std::io::Error),
+    /// The client sent no bytes within [`HELLO_TIMEOUT`].
+    #[error("pre-handshake: no bytes within {0:?}")]
+    Timeout(Duration),
+    /// A malformed frame or segment header.
+    #[error("pre-handshake: {0}")]
+    Layout(#[from] ShmLayoutError),
+    /// The hello said a segment was attached but no descriptor arrived.
+    #[error("pre-handshake: the hello announced a segment but carried no file descriptor")]
+    NoDescriptor,
+    /// The descriptor is not a sealed memfd-like regular file.
+    #[error("segment descriptor refused: {0}")]
+    Refused(String),
+    /// A slice names another segment than this connection's.
+    #[error("shared-memory slice names segment {found}, but this connection's segment is {expected}")]
+    WrongSegment {
+        /// The segment id in the request.
+        found: u64,
+        /// This connection's segment id (0: none).
+        expected: u64,
+    },
+    /// A slice that is misaligned or out of the segment.
+    #[error("shared-memory slice: {0}")]
+    Slice(ShmLayoutError),
+}
+
+/// A client's memfd, mapped shared and read-write. Owns the fd and the mapping; both are
+/// released when the last `Arc<Segment>` (held by the connection and by in-flight calls) drops.
+pub struct Segment {
+    id: u64,
+    len: u64,
+    map: memmap2::MmapRaw,
+    _fd: OwnedFd,
+}
+
+impl std::fmt::Debug for Segment {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Segment").field("id", &self.id).field("len", &self.len).finish()
+    }
+}
+
+impl Segment {
+    /// Checks and maps a received descriptor: a regular file (memfd) whose size is within the
+    /// layout's limits and sealed against shrinking (so no access to the mapping can fault),
+    /// whose header agrees with its size.
+    pub fn from_fd(id: u64, fd: OwnedFd) -> Result<Segment, ShmError> {
+        let refused = |what: String| ShmError::Refused(what);
+        let stat = rustix::fs::fstat(&fd).map_err(|e| refused(format!("fstat: {e}")))?;
+        if rustix::fs::FileType::from_raw_mode(stat.st_mode) != rustix::fs::FileType::RegularFile {
+            return Err(refused("not a regular file (expected a memfd)".into()));
+        }
+        let len = u64::try_from(stat.st_size).map_err(|_| refused(format!("negative size {}", stat.st_size)))?;
+        let seals = rustix::fs::fcntl_get_seals(&fd).map_err(|e| refused(format!("not a sealable memfd: {e}")))?;
+        if !seals.contains(SealFlags::SHRINK) {
+            return Err(refused("the memfd is not sealed against shrinking (F_SEAL_SHRINK)".into()));
+        }
+        if !(shm_layout::MIN_SEGMENT_BYTES..=shm_layout::MAX_SEGMENT_BYTES).contains(&len) {
+            return Err(ShmLayoutError::SegmentSize { found: len, min: shm_layout::MIN_SEGMENT_BYTES, max: shm_layout::MAX_SEGMENT_BYTES }.into());
+        }
+        let file = std::fs::File::from(fd.try_clone().map_err(ShmError::Io)?);
+        let map = memmap2::MmapOptions::new().len(len as usize).map_raw(&file).map_err(ShmError::Io)?;
+        let segment = Segment { id, len, map, _fd: fd };
+        let mut header = [0u8; shm_layout::SEGMENT_HEADER_BYTES];
+        segment.copy_out(0..header.len(), &mut header);
+        SegmentHeader::parse(&header, len)?;
+        Ok(segment)
+    }
+
+    /// The id requests name this segment by.
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// The segment's size in bytes.
+    pub fn len_bytes(&self) -> u64 {
+        self.len
+    }
+
+    /// Checks a request's slice against this segment and returns its byte range.
+    pub fn range(&self, slice: &ShmSlice) -> Result<Range<usize>, ShmError> {
+        if slice.segment_id != self.id {
+            return Err(ShmError::WrongSegment { found: slice.segment_id, expected: self.id });
+        }
+        slice.range_in(self.len).map_err(ShmError::Slice)
+    }
+
+    fn copy_out(&self, range: Range<usize>, out: &mut [u8]) {
+        assert!(range.end as u64 <= self.len && range.len() == out.len(), "segment copy out of bounds");
+        // SAFETY: `range` lies inside the mapping (asserted), which stays mapped while `self`
+        // lives, and the memfd is sealed against shrinking, so every page stays backed and the
+        // read cannot fault. The client may write these bytes concurrently; we copy raw bytes
+        // once (no reference into the mapping escapes), so a racing client can only garble its
+        // own activations, never our memory.
+        unsafe { std::ptr::copy_nonoverlapping(self.map.as_ptr().add(range.start), out.as_mut_ptr(), out.len()) }
+    }
+
+    /// Copies `out.len()` f32 values from `range` (exactly `4 · out.len()` bytes).
+    // PERF-CRITICAL: one memcpy of a call's activations.
+    pub fn read_f32s(&self, range: Range<usize>, out: &mut [f32]) {
+        self.copy_out(range, bytemuck::cast_slice_mut(out));
+    }
+
+    /// Copies `values` into the first `4 · values.len()` bytes of `range`.
+    // PERF-CRITICAL: one memcpy of a call's output.
+    pub fn write_f32s(&self, range: Range<usize>, values: &[f32]) {
+        let bytes: &[u8] = bytemuck::cast_slice(values);
+        assert!(range.end as u64 <= self.len && bytes.len() <= range.len(), "segment copy out of bounds");
+        // SAFETY: the destination lies inside the live, shrink-sealed mapping (asserted above),
+        // `bytes` is our own buffer and cannot overlap it, and writing raw bytes to memory the
+        // client may read concurrently is sound for us (no Rust reference into the mapping).
+        unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), self.map.as_mut_ptr().add(range.start), bytes.len()) }
+    }
+}
+
+/// What the pre-handshake found on a new unix connection.
+pub struct Negotiated {
+    /// Bytes read that belong to HTTP/2 (a plain gRPC client's preface); empty after a hello.
+    pub prefix: Vec<u8>,
+    /// The mapped segment, when the client sent one and it was accepted.
+    pub segment: Option<std::sync::Arc<Segment>>,
+}
+
+/// Reads up to `buf.len()` bytes with `recvmsg`, collecting any SCM_RIGHTS descriptors into
+/// `fds` (extra descriptors are closed when dropped). Returns 0 at end of stream.
+async fn recv_with_fds(stream: &UnixStream, buf: &mut [u8], fds: &mut Vec<OwnedFd>) -> std::io::Result<usize> {
+    loop {
+        stream.readable().await?;
+        let got = stream.try_io(Interest::READABLE, || {
+            let mut space = [MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(2))];
+            let mut control = RecvAncillaryBuffer::new(&mut space);
+            let msg = rustix::net::recvmsg(stream.as_fd(), &mut [IoSliceMut::new(buf)], &mut control, RecvFlags::CMSG_CLOEXEC)
+                .map_err(std::io::Error::from)?;
+            for m in control.drain() {
+                if let RecvAncillaryMessage::ScmRights(received) = m {
+                    fds.extend(received);
+                }
+            }
+            Ok(msg.bytes)
+        });
+        match got {
+            Ok(n) => return Ok(n),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// Runs the pre-handshake on a freshly accepted connection: if the first eight bytes are the
+/// hello magic, reads the frame (and its memfd), maps the segment as `segment_id` and replies;
+/// otherwise returns the bytes read so HTTP/2 can start from them. A refused segment is logged
+/// and reported in the reply; the connection then carries activations inline.
+pub async fn negotiate(stream: &mut UnixStream, segment_id: u64) -> Result<Negotiated, ShmError> {
+    let mut buf = [0u8; shm_layout::HELLO_BYTES];
+    let mut fds = Vec::new();
+    let mut got = 0;
+    // Only the magic decides: read until eight bytes (or the stream ends).
+    let first = tokio::time::timeout(HELLO_TIMEOUT, async {
+        while got < 8 {
+            let n = recv_with_fds(stream, &mut buf[got..8], &mut fds).await?;
+            if n == 0 {
+                break;
+            }
+            got += n;
+        }
+        Ok::<_, std::io::Error>(())
+    })
+    .await;
+    match first {
+        Err(_) => return Err(ShmError::Timeout(HELLO_TIMEOUT)),
+        Ok(r) => r?,
+    }
+    if got < 8 || !shm_layout::is_hello_magic(&buf[..8]) {
+        return Ok(Negotiated { prefix: buf[..got].to_vec(), segment: None });
+    }
+    tokio::time::timeout(HELLO_TIMEOUT, async {
+        while got < buf.len() {
+            let n = recv_with_fds(stream, &mut buf[got..], &mut fds).await?;
+            if n == 0 {
+                return Err(std::io::Error::from(std::io::ErrorKind::UnexpectedEof));
+            }
+            got += n;
+        }
+        Ok(())
+    })
+    .await
+    .map_err(|_| ShmError::Timeout(HELLO_TIMEOUT))??;
+    let hello = Hello::parse(&buf)?;
+    let mut segment = None;
+    let mut status = shm_layout::REPLY_OK;
+    if hello.has_segment() {
+        let mapped = match fds.drain(..).next() {
+            Some(fd) => Segment::from_fd(segment_id, fd),
+            None => Err(ShmError::NoDescriptor),
+        };
+        match mapped {
+            Ok(s) => segment = Some(std::sync::Arc::new(s)),
+            Err(e) => {
+                tracing::warn!(error = %e, "shared-memory segment refused; this connection carries activations inline");
+                status = shm_layout::REPLY_SEGMENT_REFUSED;
+            }
+        }
+    }
+    let reply = HelloReply { status, segment_id: segment.as_ref().map_or(0, |s| s.id()) };
+    stream.write_all(&reply.encode()).await?;
+    Ok(Negotiated { prefix: Vec::new(), segment })
+}
+
+/// A unix stream that first yields `prefix` (bytes the pre-handshake read that belong to
+/// HTTP/2), then the socket.
+pub struct PrefixedStream {
+    prefix: Vec<u8>,
+    pos: usize,
+    inner: UnixStream,
+}
+
+impl PrefixedStream {
+    /// Wraps `inner`, replaying `prefix` first.
+    pub fn new(prefix: Vec<u8>, inner: UnixStream) -> PrefixedStream {
+        PrefixedStream { prefix, pos: 0, inner }
+    }
+
+    /// The socket.
+    pub fn inner(&self) -> &UnixStream {
+        &self.inner
+    }
+}
+
+impl AsyncRead for PrefixedStream {
+    fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<std::io::Result<()>> {
+        if self.pos < self.prefix.len() {
+            let n = buf.remaining().min(self.prefix.len() - self.pos);
+            let start = self.pos;
+            buf.put_slice(&self.prefix[start..start + n]);
+            self.pos += n;
+            return Poll::Ready(Ok(()));
+        }
+        Pin::new(&mut self.inner).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for PrefixedStream {
+    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+    fn poll_write_vectored(mut self: Pin<&mut Self>, cx: &mut Context<'_>, bufs: &[std::io::IoSlice<'_>]) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
+    }
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+}

@@ -1,0 +1,423 @@
+//! hostd's one client of expertd, as an [`ExpertBackend`]: [`ExpertdClient`] connects to a
+//! daemon (`unix:///PATH` with activations in a shared memfd, or `http://HOST:PORT` with
+//! inline activations and a bearer token), checks the handshake (protocol version, container
+//! identity, fingerprint, dimensions — refusing with both values named), and sends one
+//! `MoeLayer` call per MoE layer.
+//!
+//! Failure policy: a call in flight when the daemon goes away fails with a clear error (the
+//! model poisons that sequence; hostd itself stays up); the next call reconnects with
+//! exponential backoff and a new session. A call that finds its session unknown (the daemon
+//! restarted between calls) never ran, so it is retried once on a fresh session.
+//!
+//! The gRPC stack runs on a small private tokio runtime; callers are plain threads (the model's
+//! forward pass), so `moe_layer` blocks on a channel, never on a runtime it might be inside.
+//! Status codes become [`ExpertClientError`] in `error` only.
+
+pub mod error;
+pub mod private;
+pub mod shm;
+pub mod transport;
+
+pub use error::ExpertClientError;
+pub use private::{PrivateDaemon, PrivateOptions};
+pub use transport::Endpoint;
+
+use crate::experts::{ExpertBackend, ExpertError, MoeCall, validate_call};
+use proto::convert::{f32s_to_le_bytes, le_bytes_into_f32s};
+use proto::v1::{self as pb, moe_layer_request, moe_layer_response};
+use shared::container::ModelIdentity;
+use shared::shm_layout::SlotLayout;
+use shm::ClientSegment;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+use std::time::{Duration, Instant};
+use transport::Link;
+
+/// Calls that may use shared memory at once (more travel inline).
+pub const DEFAULT_SHM_SLOTS: usize = 2;
+/// Rows one shared-memory slot holds (bigger calls travel inline).
+pub const DEFAULT_SHM_MAX_ROWS: usize = 1024;
+
+/// How to reach and check the daemon.
+#[derive(Debug, Clone)]
+pub struct ClientOptions {
+    /// The daemon's address.
+    pub endpoint: Endpoint,
+    /// The bearer token (TCP).
+    pub token: Option<String>,
+    /// Name for the daemon's logs and stats.
+    pub client_name: String,
+    /// The model's identity; the daemon's container must match it.
+    pub model_identity: Option<ModelIdentity>,
+    /// The container fingerprint the daemon must serve, and where that expectation came from.
+    pub expected_fingerprint: Option<(u64, String)>,
+    /// MoE layers of the model.
+    pub n_layers: usize,
+    /// Routed experts per layer.
+    pub n_experts: usize,
+    /// Hidden size.
+    pub hidden: usize,
+    /// Offer a shared-memory segment on a unix socket.
+    pub shm: bool,
+    /// Shared-memory slots (calls in flight with shared memory).
+    pub shm_slots: usize,
+    /// Rows per shared-memory slot.
+    pub shm_max_rows: usize,
+    /// How long to keep retrying a connection (with backoff) before a call fails.
+    pub reconnect_timeout: Duration,
+}
+
+impl ClientOptions {
+    /// Options with defaults for a model of these dimensions.
+    pub fn new(endpoint: Endpoint, n_layers: usize, n_experts: usize, hidden: usize) -> ClientOptions {
+        ClientOptions {
+            endpoint,
+            token: None,
+            client_name: "hostd".to_string(),
+            model_identity: None,
+            expected_fingerprint: None,
+            n_layers,
+            n_experts,
+            hidden,
+            shm: true,
+            shm_slots: DEFAULT_SHM_SLOTS,
+            shm_max_rows: DEFAULT_SHM_MAX_ROWS,
+            reconnect_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+/// What the daemon said about itself in the last handshake.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DaemonInfo {
+    /// The session id.
+    pub session_id: u64,
+    /// The container fingerprint.
+    pub fingerprint: u64,
+    /// The daemon's kernel ISA.
+    pub kernel_isa: String,
+    /// The daemon's reader.
+    pub io_backend: String,
+    /// Whether activations travel in shared memory.
+    pub shared_memory: bool,
+}
+
+/// One connection and the session opened on it.
+struct Session {
+    link: Link,
+    info: DaemonInfo,
+}
+
+/// The expertd backend.
+pub struct ExpertdClient {
+    opts: ClientOptions,
+    endpoint: String,
+    runtime: tokio::runtime::Runtime,
+    segment: Option<Arc<ClientSegment>>,
+    /// The live session. A std mutex: held only to clone or replace the `Arc`, never during a
+    /// call or a connection attempt.
+    session: Mutex<Option<Arc<Session>>>,
+    next_request: AtomicU64,
+    step: AtomicU64,
+    last_layer: AtomicUsize,
+    expert_bytes: OnceLock<usize>,
+    /// Declared last: dropped after the connection, so the child sees its client leave first.
+    daemon: Option<PrivateDaemon>,
+}
+
+impl std::fmt::Debug for ExpertdClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ExpertdClient").field("endpoint", &self.endpoint).finish()
+    }
+}
+
+impl ExpertdClient {
+    /// Connects to the daemon (retrying within `reconnect_timeout`) and checks the handshake.
+    /// `daemon` is a private child to keep alive as long as the client.
+    pub fn connect(opts: ClientOptions, daemon: Option<PrivateDaemon>) -> Result<ExpertdClient, ExpertClientError> {
+        let endpoint = opts.endpoint.to_string();
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("hostd-expertd")
+            .enable_all()
+            .build()
+            .map_err(|e| ExpertClientError::Connect { endpoint: endpoint.clone(), reason: format!("starting the client runtime: {e}") })?;
+        let segment = match (&opts.endpoint, opts.shm) {
+            (Endpoint::Unix(_), true) => {
+                let layout = SlotLayout::new(opts.shm_slots, opts.shm_max_rows, opts.hidden).map_err(|e| ExpertClientError::Shm(std::io::Error::other(e)))?;
+                Some(Arc::new(ClientSegment::create(layout).map_err(ExpertClientError::Shm)?))
+            }
+            _ => None,
+        };
+        let client = ExpertdClient {
+            opts,
+            endpoint,
+            runtime,
+            segment,
+            session: Mutex::new(None),
+            next_request: AtomicU64::new(1),
+            step: AtomicU64::new(0),
+            last_layer: AtomicUsize::new(usize::MAX),
+            expert_bytes: OnceLock::new(),
+            daemon,
+        };
+        let s = client.session()?;
+        tracing::info!(
+            endpoint = %client.endpoint,
+            session = s.info.session_id,
+            fingerprint = format_args!("{:#018x}", s.info.fingerprint),
+            isa = %s.info.kernel_isa,
+            io = %s.info.io_backend,
+            shared_memory = s.info.shared_memory,
+            "connected to expertd"
+        );
+        Ok(client)
+    }
+
+    /// The daemon's address.
+    pub fn endpoint(&self) -> &str {
+        &self.endpoint
+    }
+
+    /// What the current session's handshake reported, if connected.
+    pub fn daemon_info(&self) -> Option<DaemonInfo> {
+        self.session.lock().unwrap_or_else(PoisonError::into_inner).as_ref().map(|s| s.info.clone())
+    }
+
+    /// The private daemon's process id, when hostd started one.
+    pub fn private_daemon_pid(&self) -> Option<u32> {
+        self.daemon.as_ref().map(PrivateDaemon::pid)
+    }
+
+    /// Runs `f` on the client runtime and waits for it from this (non-runtime) thread.
+    fn block_on<F, T>(&self, f: F) -> Option<T>
+    where
+        F: std::future::Future<Output = T> + Send + 'static,
+        T: Send + 'static,
+    {
+        let (tx, rx) = std::sync::mpsc::sync_channel(1);
+        self.runtime.spawn(async move {
+            let _ = tx.send(f.await);
+        });
+        rx.recv().ok()
+    }
+
+    fn lost(&self, message: &str) -> ExpertClientError {
+        ExpertClientError::ConnectionLost { endpoint: self.endpoint.clone(), message: message.to_string() }
+    }
+
+    /// The live session, or a new one (connect + handshake, retried with backoff).
+    fn session(&self) -> Result<Arc<Session>, ExpertClientError> {
+        {
+            let mut cur = self.session.lock().unwrap_or_else(PoisonError::into_inner);
+            match &*cur {
+                Some(s) if !s.link.watch.is_closed() => return Ok(Arc::clone(s)),
+                Some(_) => {
+                    tracing::warn!(endpoint = %self.endpoint, "expertd closed the connection; reconnecting");
+                    *cur = None;
+                }
+                None => {}
+            }
+        }
+        let deadline = Instant::now() + self.opts.reconnect_timeout;
+        let mut delay = Duration::from_millis(20);
+        loop {
+            match self.open_session() {
+                Ok(s) => {
+                    let s = Arc::new(s);
+                    *self.session.lock().unwrap_or_else(PoisonError::into_inner) = Some(Arc::clone(&s));
+                    return Ok(s);
+                }
+                Err(e) if e.needs_reconnect() && Instant::now() + delay < deadline => {
+                    tracing::debug!(error = %e, ?delay, "expertd not reachable yet; retrying");
+                    std::thread::sleep(delay);
+                    delay = (delay * 2).min(Duration::from_secs(1));
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    fn open_session(&self) -> Result<Session, ExpertClientError> {
+        let o = &self.opts;
+        let (endpoint, segment, token) = (o.endpoint.clone(), self.segment.clone(), o.token.clone());
+        let req = pb::HandshakeRequest {
+            protocol_version: proto::version::CURRENT,
+            client_name: o.client_name.clone(),
+            client_pid: std::process::id(),
+            model_identity: o.model_identity.as_ref().map(pb::ModelIdentity::from),
+            expected_container_fingerprint: o.expected_fingerprint.as_ref().map_or(0, |f| f.0),
+        };
+        let ep = self.endpoint.clone();
+        let (link, resp) = self
+            .block_on(async move {
+                let mut link = transport::connect(&endpoint, segment, token.as_deref()).await?;
+                let resp = link.client.handshake(req).await.map_err(|s| ExpertClientError::from_status(&ep, &s))?;
+                Ok::<_, ExpertClientError>((link, resp.into_inner()))
+            })
+            .ok_or_else(|| self.lost("the client runtime stopped"))??;
+        self.check_handshake(&resp)?;
+        let info = DaemonInfo {
+            session_id: resp.session_id,
+            fingerprint: resp.container_fingerprint,
+            kernel_isa: resp.kernel_isa,
+            io_backend: resp.io_backend,
+            shared_memory: link.segment_id != 0 && resp.shm_segment_id == link.segment_id,
+        };
+        Ok(Session { link, info })
+    }
+
+    fn check_handshake(&self, r: &pb::HandshakeResponse) -> Result<(), ExpertClientError> {
+        let o = &self.opts;
+        let endpoint = self.endpoint.clone();
+        if r.protocol_version != proto::version::CURRENT {
+            return Err(ExpertClientError::VersionMismatch { endpoint, daemon: r.protocol_version, ours: proto::version::CURRENT });
+        }
+        if let Some((expected, hint)) = &o.expected_fingerprint
+            && r.container_fingerprint != *expected
+        {
+            return Err(ExpertClientError::FingerprintMismatch {
+                endpoint,
+                served: r.container_fingerprint,
+                expected: *expected,
+                hint: format!(" ({hint})"),
+            });
+        }
+        if let (Some(ours), Some(theirs)) = (&o.model_identity, &r.container_identity) {
+            let theirs = ModelIdentity::try_from(theirs).map_err(|e| ExpertClientError::Protocol { endpoint: endpoint.clone(), reason: e.to_string() })?;
+            let what = theirs.differing(ours);
+            if !what.is_empty() {
+                return Err(ExpertClientError::WrongModel {
+                    endpoint,
+                    reason: format!(
+                        "its container was prepared from a different model ({} differ): container identity {}, this model's identity {}",
+                        what.join(", "),
+                        theirs.to_hex().join("/"),
+                        ours.to_hex().join("/")
+                    ),
+                });
+            }
+        }
+        let dims = r.dims.unwrap_or_default();
+        let theirs = (dims.n_layers as usize, dims.n_experts as usize, dims.hidden_size as usize);
+        let ours = (o.n_layers, o.n_experts, o.hidden);
+        if theirs != ours {
+            return Err(ExpertClientError::WrongModel {
+                endpoint,
+                reason: format!(
+                    "its container has {} layers × {} experts, hidden {}; this model has {} layers × {} experts, hidden {}",
+                    theirs.0, theirs.1, theirs.2, ours.0, ours.1, ours.2
+                ),
+            });
+        }
+        if let Ok(layout) = shared::container::BlobLayout::new(dims.hidden_size as usize, dims.expert_inner_size as usize) {
+            let _ = self.expert_bytes.set(layout.stride);
+        }
+        Ok(())
+    }
+
+    /// Forgets `s` if it is still the current session (its connection is gone).
+    fn forget(&self, s: &Arc<Session>) {
+        let mut cur = self.session.lock().unwrap_or_else(PoisonError::into_inner);
+        if cur.as_ref().is_some_and(|c| Arc::ptr_eq(c, s)) {
+            *cur = None;
+        }
+    }
+
+    fn next_step(&self, layer: usize) -> u64 {
+        let prev = self.last_layer.swap(layer, Ordering::Relaxed);
+        if prev == usize::MAX || layer <= prev { self.step.fetch_add(1, Ordering::Relaxed) + 1 } else { self.step.load(Ordering::Relaxed) }
+    }
+
+    /// One `MoeLayer` call on session `s`.
+    fn call_on(&self, s: &Session, call: &MoeCall<'_>, step: u64, out: &mut [f32]) -> Result<(), ExpertClientError> {
+        // PERF-CRITICAL: one round trip per MoE layer per step.
+        let n_values = call.n_rows * self.opts.hidden;
+        let segment = self.segment.as_deref().filter(|seg| s.info.shared_memory && seg.fits(call.n_rows));
+        let slot = segment.and_then(ClientSegment::try_slot);
+        let (input, output_shm) = match (segment, &slot) {
+            (Some(seg), Some(slot)) => {
+                let id = s.link.segment_id;
+                let input = seg.write_input(slot, id, call.x);
+                (moe_layer_request::Input::InputShm(input.into()), Some(pb::ShmSlice::from(seg.output_slice(slot, id, n_values))))
+            }
+            _ => (moe_layer_request::Input::InputInlineF32Le(f32s_to_le_bytes(call.x)), None),
+        };
+        let req = pb::MoeLayerRequest {
+            session_id: s.info.session_id,
+            request_id: self.next_request.fetch_add(1, Ordering::Relaxed),
+            step,
+            layer_idx: call.layer as u32,
+            n_tokens: call.n_rows as u32,
+            top_k: call.top_k as u32,
+            expert_ids: call.ids.to_vec(),
+            weights: call.weights.to_vec(),
+            input: Some(input),
+            output_shm,
+        };
+        let mut client = s.link.client.clone();
+        let ep = self.endpoint.clone();
+        let resp = self
+            .block_on(async move { client.moe_layer(req).await.map_err(|st| ExpertClientError::from_status(&ep, &st)) })
+            .ok_or_else(|| self.lost("the client runtime stopped"))??
+            .into_inner();
+        let protocol = |reason: &str| ExpertClientError::Protocol { endpoint: self.endpoint.clone(), reason: reason.to_string() };
+        match (resp.output, segment, &slot) {
+            (Some(moe_layer_response::Output::OutputInlineF32Le(bytes)), _, _) => {
+                le_bytes_into_f32s("output_inline_f32_le", &bytes, out).map_err(|e| protocol(&e.to_string()))?;
+            }
+            (Some(moe_layer_response::Output::OutputShm(_)), Some(seg), Some(slot)) => seg.read_output(slot, out),
+            (Some(moe_layer_response::Output::OutputShm(_)), _, _) => return Err(protocol("shared-memory output for an inline call")),
+            (None, _, _) => return Err(protocol("the response carries no output")),
+        }
+        tracing::trace!(
+            queue_ns = resp.queue_ns,
+            io_wait_ns = resp.io_wait_ns,
+            compute_ns = resp.compute_ns,
+            hits = resp.hits,
+            misses = resp.misses,
+            bytes_read = resp.bytes_read,
+            "expertd call"
+        );
+        Ok(())
+    }
+
+    /// One layer call with the reconnect policy of the module doc.
+    fn call(&self, call: &MoeCall<'_>, out: &mut [f32]) -> Result<(), ExpertClientError> {
+        let step = self.next_step(call.layer);
+        let mut retried = false;
+        loop {
+            let s = self.session()?;
+            match self.call_on(&s, call, step, out) {
+                Ok(()) => return Ok(()),
+                Err(e) => {
+                    if e.needs_reconnect() {
+                        self.forget(&s);
+                    }
+                    let never_ran = matches!(&e, ExpertClientError::Status { code: tonic::Code::NotFound, .. });
+                    if never_ran && !retried {
+                        retried = true;
+                        continue;
+                    }
+                    return Err(e);
+                }
+            }
+        }
+    }
+}
+
+impl ExpertBackend for ExpertdClient {
+    fn name(&self) -> &'static str {
+        "expertd"
+    }
+
+    fn expert_bytes(&self) -> Option<usize> {
+        self.expert_bytes.get().copied()
+    }
+
+    #[tracing::instrument(level = "debug", skip_all, fields(layer_idx = call.layer, n_tokens = call.n_rows))]
+    fn moe_layer(&self, call: &MoeCall<'_>, out: &mut [f32]) -> Result<(), ExpertError> {
+        validate_call(call, self.opts.n_layers, self.opts.n_experts, self.opts.hidden, out.len())?;
+        self.call(call, out).map_err(|e| e.into_expert_error(call.layer))
+    }
+}

@@ -1,0 +1,203 @@
+//! Connecting to expertd: parses `unix:///PATH` and `http://HOST:PORT` endpoints, opens the
+//! socket itself (on a unix socket: the shared-memory pre-handshake first), and hands that one
+//! stream to tonic through a single-use connector, so a gRPC channel is exactly one connection:
+//! when it breaks, the client notices ([`ConnWatch`]) and makes a new connection and session
+//! instead of tonic silently reconnecting under a session the daemon has already closed.
+
+use super::error::ExpertClientError;
+use super::shm::{ClientSegment, send_hello};
+use hyper_util::rt::TokioIo;
+use proto::v1::expert_service_client::ExpertServiceClient;
+use rustix::event::{PollFd, PollFlags, Timespec};
+use std::os::fd::{AsFd, OwnedFd};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, PoisonError};
+use tonic::service::Interceptor;
+use tonic::service::interceptor::InterceptedService;
+use tonic::transport::{Channel, Endpoint as TonicEndpoint, Uri};
+
+/// Largest gRPC message either side sends.
+pub const MAX_MESSAGE_BYTES: usize = 512 << 20;
+
+/// Where expertd listens.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Endpoint {
+    /// A unix socket path (`unix:///run/sluice/expertd.sock`).
+    Unix(PathBuf),
+    /// A TCP address (`http://127.0.0.1:7070`).
+    Tcp {
+        /// The URI as given.
+        uri: String,
+        /// `HOST:PORT`.
+        authority: String,
+    },
+}
+
+impl Endpoint {
+    /// Parses `unix:///PATH` (or `unix:PATH`) or `http://HOST:PORT`.
+    pub fn parse(s: &str) -> Result<Endpoint, String> {
+        if let Some(path) = s.strip_prefix("unix://").or_else(|| s.strip_prefix("unix:")) {
+            if path.is_empty() {
+                return Err(format!("{s:?}: the unix socket path is empty"));
+            }
+            return Ok(Endpoint::Unix(PathBuf::from(path)));
+        }
+        if let Some(rest) = s.strip_prefix("http://") {
+            let authority = rest.trim_end_matches('/');
+            if authority.is_empty() || authority.contains('/') || !authority.contains(':') {
+                return Err(format!("{s:?}: expected http://HOST:PORT"));
+            }
+            return Ok(Endpoint::Tcp { uri: s.to_string(), authority: authority.to_string() });
+        }
+        Err(format!("{s:?}: expected unix:///PATH or http://HOST:PORT"))
+    }
+}
+
+impl std::fmt::Display for Endpoint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Endpoint::Unix(p) => write!(f, "unix://{}", p.display()),
+            Endpoint::Tcp { uri, .. } => f.write_str(uri),
+        }
+    }
+}
+
+/// Adds `authorization: Bearer TOKEN` to every request when a token is configured.
+#[derive(Clone)]
+pub struct TokenInterceptor(Option<tonic::metadata::MetadataValue<tonic::metadata::Ascii>>);
+
+impl Interceptor for TokenInterceptor {
+    fn call(&mut self, mut req: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
+        if let Some(v) = &self.0 {
+            req.metadata_mut().insert(proto::AUTHORIZATION_HEADER, v.clone());
+        }
+        Ok(req)
+    }
+}
+
+/// The generated client over one connection.
+pub type Client = ExpertServiceClient<InterceptedService<Channel, TokenInterceptor>>;
+
+/// Watches a connection's socket for the peer hanging up, with a zero-timeout `poll`.
+pub struct ConnWatch(OwnedFd);
+
+impl ConnWatch {
+    /// Whether the daemon closed the connection (exited, restarted, drained).
+    pub fn is_closed(&self) -> bool {
+        let mut fds = [PollFd::new(&self.0, PollFlags::RDHUP)];
+        let zero = Timespec { tv_sec: 0, tv_nsec: 0 };
+        match rustix::event::poll(&mut fds, Some(&zero)) {
+            Ok(0) => false,
+            Ok(_) => fds[0].revents().intersects(PollFlags::RDHUP | PollFlags::HUP | PollFlags::ERR | PollFlags::NVAL),
+            Err(_) => true,
+        }
+    }
+}
+
+/// One connection: the client, its hang-up watch, and the segment id the daemon assigned
+/// (0: activations travel inline).
+pub struct Link {
+    /// The gRPC client.
+    pub client: Client,
+    /// The socket's watch.
+    pub watch: ConnWatch,
+    /// The daemon's id for our segment on this connection (0: none).
+    pub segment_id: u64,
+}
+
+/// A connector that hands out one already-open stream, once: later connection attempts fail,
+/// so tonic cannot reconnect behind the client's back.
+struct SingleUse<IO>(Arc<Mutex<Option<TokioIo<IO>>>>);
+
+impl<IO> Clone for SingleUse<IO> {
+    fn clone(&self) -> Self {
+        SingleUse(Arc::clone(&self.0))
+    }
+}
+
+impl<IO> tower::Service<Uri> for SingleUse<IO> {
+    type Response = TokioIo<IO>;
+    type Error = std::io::Error;
+    type Future = std::future::Ready<Result<TokioIo<IO>, std::io::Error>>;
+
+    fn poll_ready(&mut self, _cx: &mut std::task::Context<'_>) -> std::task::Poll<Result<(), std::io::Error>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, _uri: Uri) -> Self::Future {
+        let io = self.0.lock().unwrap_or_else(PoisonError::into_inner).take();
+        std::future::ready(io.ok_or_else(|| {
+            std::io::Error::new(std::io::ErrorKind::NotConnected, "the expertd connection closed; hostd reconnects with a new session")
+        }))
+    }
+}
+
+fn single_use_channel<IO>(io: IO) -> SingleUse<IO> {
+    SingleUse(Arc::new(Mutex::new(Some(TokioIo::new(io)))))
+}
+
+/// Opens one connection to `endpoint` (passing `segment` on a unix socket) and wraps it.
+pub async fn connect(endpoint: &Endpoint, segment: Option<Arc<ClientSegment>>, token: Option<&str>) -> Result<Link, ExpertClientError> {
+    let ep = endpoint.to_string();
+    let connect_err = |reason: String| ExpertClientError::Connect { endpoint: ep.clone(), reason };
+    let token = match token {
+        Some(t) => Some(format!("Bearer {t}").parse().map_err(|_| connect_err("the token is not valid header text".into()))?),
+        None => None,
+    };
+    let (channel, watch, segment_id) = match endpoint {
+        Endpoint::Unix(path) => {
+            let path = path.clone();
+            let (stream, reply) = tokio::task::spawn_blocking(move || {
+                let mut stream = std::os::unix::net::UnixStream::connect(&path)?;
+                let reply = send_hello(&mut stream, segment.as_deref())?;
+                stream.set_nonblocking(true)?;
+                Ok::<_, std::io::Error>((stream, reply))
+            })
+            .await
+            .map_err(|e| connect_err(e.to_string()))?
+            .map_err(|e| connect_err(e.to_string()))?;
+            if reply.status != shared::shm_layout::REPLY_OK {
+                tracing::warn!(endpoint = %ep, "expertd refused the shared-memory segment (see its log); activations travel inline");
+            }
+            let watch = ConnWatch(stream.as_fd().try_clone_to_owned().map_err(|e| connect_err(e.to_string()))?);
+            let stream = tokio::net::UnixStream::from_std(stream).map_err(|e| connect_err(e.to_string()))?;
+            let channel = TonicEndpoint::from_static("http://expertd.local")
+                .connect_with_connector(single_use_channel(stream))
+                .await
+                .map_err(|e| connect_err(e.to_string()))?;
+            (channel, watch, reply.segment_id)
+        }
+        Endpoint::Tcp { uri, authority } => {
+            let stream = tokio::net::TcpStream::connect(authority.as_str()).await.map_err(|e| connect_err(e.to_string()))?;
+            let _ = stream.set_nodelay(true);
+            let watch = ConnWatch(stream.as_fd().try_clone_to_owned().map_err(|e| connect_err(e.to_string()))?);
+            let channel = TonicEndpoint::from_shared(uri.clone())
+                .map_err(|e| connect_err(e.to_string()))?
+                .connect_with_connector(single_use_channel(stream))
+                .await
+                .map_err(|e| connect_err(e.to_string()))?;
+            (channel, watch, 0)
+        }
+    };
+    let client = ExpertServiceClient::with_interceptor(channel, TokenInterceptor(token))
+        .max_decoding_message_size(MAX_MESSAGE_BYTES)
+        .max_encoding_message_size(MAX_MESSAGE_BYTES);
+    Ok(Link { client, watch, segment_id })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn endpoints_parse() {
+        assert_eq!(Endpoint::parse("unix:///run/x.sock"), Ok(Endpoint::Unix("/run/x.sock".into())));
+        assert_eq!(
+            Endpoint::parse("http://127.0.0.1:7070"),
+            Ok(Endpoint::Tcp { uri: "http://127.0.0.1:7070".into(), authority: "127.0.0.1:7070".into() })
+        );
+        assert!(Endpoint::parse("https://x:1").is_err());
+        assert!(Endpoint::parse("http://nohost").is_err());
+        assert!(Endpoint::parse("unix://").is_err());
+    }
+}
