@@ -37,9 +37,13 @@ pub struct GenerateStats {
     pub prompt_tokens: usize,
     /// Tokens produced (excluding a final stop token).
     pub new_tokens: usize,
-    /// Wall time from the start of prefill to the first produced token (prefill + its argmax).
+    /// Wall time of the prefill forward passes alone (fresh state to last prompt logits).
+    pub prefill_time: Duration,
+    /// Wall time from the start of prefill to the first produced token (prefill + its argmax);
+    /// equals `prefill_time` when no token was produced.
     pub ttft: Duration,
-    /// Wall time of the decode steps after the first token (each: one forward + argmax).
+    /// Wall time from the first produced token to the end: every decode step (one forward +
+    /// argmax) plus the caller's per-token callback (detokenise, write).
     pub decode_time: Duration,
     /// Forward passes after prefill (tokens fed back).
     pub decode_steps: usize,
@@ -48,9 +52,9 @@ pub struct GenerateStats {
 }
 
 impl GenerateStats {
-    /// Prompt tokens per second of TTFT.
+    /// Prompt tokens per second of prefill time.
     pub fn prefill_tokens_per_s(&self) -> f64 {
-        self.prompt_tokens as f64 / self.ttft.as_secs_f64()
+        self.prompt_tokens as f64 / self.prefill_time.as_secs_f64()
     }
     /// Decode steps per second after the first token; `None` with no decode step.
     pub fn decode_tokens_per_s(&self) -> Option<f64> {
@@ -81,11 +85,13 @@ pub fn generate_greedy(
     for block in prompt.chunks(chunk) {
         logits = model.forward(&mut state, block, Logits::Last, None)?;
     }
+    let prefill_time = start.elapsed();
     let mut out = Vec::new();
     let mut stats = GenerateStats {
         prompt_tokens: prompt.len(),
         new_tokens: 0,
-        ttft: Duration::ZERO,
+        prefill_time,
+        ttft: prefill_time,
         decode_time: Duration::ZERO,
         decode_steps: 0,
         stop: StopReason::Length,

@@ -38,6 +38,10 @@ pub struct ModelSizes {
     pub linear_recurrent_bytes_per_sequence: u64,
     /// BF16 conv history `n_linear · conv_dim · (conv_kernel − 1) · 2`.
     pub linear_conv_bytes_per_sequence: u64,
+    /// What sluice's own f32 caches hold per token (K and V in f32): 2 × `kv_bytes_per_token`.
+    pub runtime_kv_bytes_per_token: u64,
+    /// What sluice's own DeltaNet state holds per sequence (recurrent and conv history in f32).
+    pub runtime_linear_state_bytes_per_sequence: u64,
     /// Parameters in routed experts.
     pub routed_expert_params: u64,
     /// Parameters in dense tensors.
@@ -78,6 +82,9 @@ impl ModelSizes {
             linear_state_bytes_per_sequence: linear_recurrent_bytes_per_sequence + linear_conv_bytes_per_sequence,
             linear_recurrent_bytes_per_sequence,
             linear_conv_bytes_per_sequence,
+            runtime_kv_bytes_per_token: kv_bytes_per_token / BF16_BYTES * F32_BYTES,
+            runtime_linear_state_bytes_per_sequence: linear_recurrent_bytes_per_sequence
+                + linear_conv_bytes_per_sequence / BF16_BYTES * F32_BYTES,
             routed_expert_params,
             dense_params,
         }
@@ -103,6 +110,8 @@ mod tests {
         assert_eq!(s.kv_bytes_per_token, 20_480);
         assert_eq!(s.linear_recurrent_bytes_per_sequence, 62_914_560);
         assert_eq!(s.linear_conv_bytes_per_sequence, 1_474_560);
+        assert_eq!(s.runtime_kv_bytes_per_token, 40_960);
+        assert_eq!(s.runtime_linear_state_bytes_per_sequence, 62_914_560 + 2 * 1_474_560);
         // dense minus one embedding table plus one row, plus 40 layers × 8 experts × 6 MiB.
         assert_eq!(s.decode_bytes_per_token, 4_896_721_536 - 1_017_118_720 + 4096 + 320 * (6 << 20));
     }

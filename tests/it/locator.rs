@@ -4,10 +4,9 @@
 use shared::checkpoint::Checkpoint;
 use shared::safetensors_locator::{ByteRange, ExpertLocator};
 use shared::tensor_spec::{self, ExpertLayout};
-use std::collections::BTreeMap;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
-use tests::{OwnedTensor, SplitMix, copy_model, model_dir, presets, read_index, read_shard, write_index, write_shard};
+use tests::{SplitMix, copy_model, model_dir, presets, read_index, read_shard, split_experts};
 
 fn read_range(r: &ByteRange) -> Vec<u8> {
     let f = std::fs::File::open(&r.file).expect("open shard");
@@ -61,43 +60,6 @@ fn fused_layout_ranges_equal_safetensors_slices() {
         assert!(ckpt.expert_layouts.iter().all(|l| *l == ExpertLayout::Fused));
         check_locator(&ckpt, &dir, 17 + i as u64);
     }
-}
-
-/// Re-saves a fused checkpoint with per-expert tensors (what transformers v5 writes), each
-/// expert's tensors in the shard that held its layer's fused tensor.
-fn split_experts(dir: &Path) {
-    let mut index = read_index(dir);
-    let shards: Vec<String> = index.values().cloned().collect::<std::collections::BTreeSet<_>>().into_iter().collect();
-    for shard in shards {
-        let path = dir.join(&shard);
-        let mut out = BTreeMap::new();
-        for (name, t) in read_shard(&path) {
-            let Some(stem) = name.strip_suffix(".mlp.experts.gate_up_proj").or(name.strip_suffix(".mlp.experts.down_proj")) else {
-                out.insert(name, t);
-                continue;
-            };
-            index.remove(&name);
-            let (n_experts, rows, cols) = (t.shape[0], t.shape[1], t.shape[2]);
-            let per_expert = t.data.len() / n_experts;
-            for e in 0..n_experts {
-                let block = &t.data[e * per_expert..(e + 1) * per_expert];
-                let mut put = |proj: &str, bytes: &[u8], r: usize| {
-                    let n = format!("{stem}.mlp.experts.{e}.{proj}.weight");
-                    index.insert(n.clone(), shard.clone());
-                    out.insert(n, OwnedTensor { dtype: t.dtype, shape: vec![r, cols], data: bytes.to_vec() });
-                };
-                if name.ends_with("gate_up_proj") {
-                    let half = block.len() / 2;
-                    put("gate_proj", &block[..half], rows / 2);
-                    put("up_proj", &block[half..], rows / 2);
-                } else {
-                    put("down_proj", block, rows);
-                }
-            }
-        }
-        write_shard(&path, &out);
-    }
-    write_index(dir, &index);
 }
 
 #[test]

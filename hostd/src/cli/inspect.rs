@@ -86,6 +86,8 @@ pub fn config_report(config: &ModelConfig) -> Value {
         "linear_state_bytes_per_sequence": s.linear_state_bytes_per_sequence,
         "linear_recurrent_bytes_per_sequence": s.linear_recurrent_bytes_per_sequence,
         "linear_conv_bytes_per_sequence": s.linear_conv_bytes_per_sequence,
+        "runtime_kv_bytes_per_token": s.runtime_kv_bytes_per_token,
+        "runtime_linear_state_bytes_per_sequence": s.runtime_linear_state_bytes_per_sequence,
         "routed_expert_params": s.routed_expert_params,
         "dense_params": s.dense_params,
     })
@@ -156,8 +158,16 @@ fn human(r: &Value) -> String {
     line(format!("routed experts {} (BF16, all layers)", bytes(n("routed_expert_bytes_bf16"))));
     line(format!("dense          {} (as released; embeddings {})", bytes(n("dense_bytes_bf16")), bytes(n("embedding_bytes_bf16"))));
     line(format!("decode/token   {} of weights touched (BF16, dense + top-k experts)", bytes(n("decode_bytes_per_token"))));
-    line(format!("KV/token       {} (BF16)", bytes(n("kv_bytes_per_token"))));
-    line(format!("state/sequence {} (DeltaNet recurrent F32 + conv BF16)", bytes(n("linear_state_bytes_per_sequence"))));
+    line(format!(
+        "KV/token       {} (BF16, as transformers stores it; sluice's f32 cache: {})",
+        bytes(n("kv_bytes_per_token")),
+        bytes(n("runtime_kv_bytes_per_token"))
+    ));
+    line(format!(
+        "state/sequence {} (DeltaNet recurrent F32 + conv BF16; sluice's all-f32 state: {})",
+        bytes(n("linear_state_bytes_per_sequence")),
+        bytes(n("runtime_linear_state_bytes_per_sequence"))
+    ));
     if let Some(layouts) = r["expert_layouts"].as_array() {
         let fused = layouts.iter().filter(|l| *l == "fused").count();
         line(format!(

@@ -86,6 +86,12 @@ pub fn run(args: &ProfileArgs) -> anyhow::Result<()> {
         "cpu": cpu_model(),
         "commit": git_commit(),
         "dram_read_bandwidth_gbps": bandwidth,
+        "notes": [
+            "ops: wall time inside each op scope; layer totals are reported separately under `layers` and contain the ops",
+            "weight_bytes_total / achieved_gbps: weight bytes the op read (each matrix once per call) divided by its time; in decode this is the op's memory bandwidth, in prefill (one GEMM over the whole block) it is not a bandwidth but weight throughput",
+            "moe.router and moe.shared_expert include their small element-wise work (softmax, top-k; SiLU, gate) besides the GEMVs",
+            "moe.routed_experts bytes: distinct experts per call x the backend's bytes per expert",
+        ],
         "prefill": phase(&prefill_ops, args.prompt_tokens, prefill_s, bandwidth),
         "decode": phase(&decode_ops, args.decode_steps, decode_s, bandwidth),
     });
@@ -98,7 +104,16 @@ pub fn run(args: &ProfileArgs) -> anyhow::Result<()> {
 
 fn phase(ops: &BTreeMap<&'static str, OpStat>, tokens: usize, secs: f64, bandwidth: f64) -> Value {
     let mut table = serde_json::Map::new();
+    let mut layers = serde_json::Map::new();
     for (name, s) in ops {
+        // Whole-layer scopes contain the op scopes; report them apart so nothing is summed twice.
+        if let Some(kind) = name.strip_prefix("layer.") {
+            layers.insert(
+                kind.to_string(),
+                json!({"calls": s.calls, "ms_total": s.ns as f64 / 1e6, "ms_per_token": s.ns as f64 / 1e6 / tokens as f64}),
+            );
+            continue;
+        }
         let gbps = if s.bytes > 0 { s.bytes as f64 / s.ns as f64 } else { 0.0 };
         table.insert(
             name.to_string(),
@@ -121,6 +136,7 @@ fn phase(ops: &BTreeMap<&'static str, OpStat>, tokens: usize, secs: f64, bandwid
         "wall_s": secs,
         "tokens_per_s": tokens as f64 / secs,
         "ops": table,
+        "layers": layers,
         "dense_projections": {
             "ops": DENSE_PROJECTIONS,
             "weight_bytes": bytes,
@@ -148,6 +164,9 @@ fn print_table(r: &Value) {
             p["tokens_per_s"].as_f64().unwrap_or(0.0)
         );
         println!("  {:<26} {:>10} {:>12} {:>9}", "op", "ms/token", "MB/token", "GB/s");
+        for (name, s) in p["layers"].as_object().into_iter().flatten() {
+            println!("  {:<26} {:>10.3}   (whole layer, contains the ops below)", format!("layer.{name}"), s["ms_per_token"].as_f64().unwrap_or(0.0));
+        }
         for (name, s) in p["ops"].as_object().into_iter().flatten() {
             let tokens = p["tokens"].as_f64().unwrap_or(1.0);
             println!(

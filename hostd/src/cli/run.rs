@@ -56,6 +56,7 @@ pub fn run(args: &RunArgs) -> anyhow::Result<()> {
     anyhow::ensure!(!prompt.is_empty(), "the prompt is empty: nothing to generate from");
     let model = load_model(&args.load)?;
     let max = model.config().max_position_embeddings;
+    // Strictly below the limit: the context must have room for at least one new token.
     anyhow::ensure!(
         prompt.len() < max,
         "the prompt is {} tokens but the model's context is {max} tokens (max_position_embeddings)",
@@ -115,6 +116,7 @@ pub fn run(args: &RunArgs) -> anyhow::Result<()> {
             "new_tokens": stats.new_tokens,
             "stop": stop,
             "ttft_s": stats.ttft.as_secs_f64(),
+            "prefill_s": stats.prefill_time.as_secs_f64(),
             "prefill_tokens_per_s": stats.prefill_tokens_per_s(),
             "decode_tokens_per_s": stats.decode_tokens_per_s(),
             "decode_steps": stats.decode_steps,

@@ -4,7 +4,7 @@
 //! Each expert's weights are read once per call for all rows routed to it (a GEMM over its
 //! rows), and each row's outputs are summed in the call's order.
 
-use super::{ExpertBackend, ExpertError, MoeCall, validate_call};
+use super::{ExpertBackend, ExpertError, MoeCall, cells_by_expert, combine_in_call_order, validate_call};
 use crate::model::ops::silu;
 use crate::model::weights::{MappedCheckpoint, Matrix, WeightsError};
 use rayon::prelude::*;
@@ -52,15 +52,15 @@ impl ExpertBackend for Bf16Experts {
         "bf16"
     }
 
+    fn expert_bytes(&self) -> Option<usize> {
+        self.experts.first().and_then(|l| l.first()).map(|m| m.gate.bytes() + m.up.bytes() + m.down.bytes())
+    }
+
     fn moe_layer(&self, call: &MoeCall<'_>, out: &mut [f32]) -> Result<(), ExpertError> {
         validate_call(call, self.experts.len(), self.n_experts, self.hidden, out.len())?;
         let (d, k) = (self.hidden, call.top_k);
         // Group (row, slot) cells by expert.
-        let mut by_expert: Vec<Vec<usize>> = vec![Vec::new(); self.n_experts];
-        for (cell, &e) in call.ids.iter().enumerate() {
-            by_expert[e as usize].push(cell);
-        }
-        let used: Vec<(usize, Vec<usize>)> = by_expert.into_iter().enumerate().filter(|(_, c)| !c.is_empty()).collect();
+        let used = cells_by_expert(call, self.n_experts);
         // One GEMM chain per expert over its rows; results land in per-cell slots.
         let results: Vec<(Vec<usize>, Vec<f32>)> = used
             .into_par_iter()
@@ -85,22 +85,7 @@ impl ExpertBackend for Bf16Experts {
                 (cells, y)
             })
             .collect();
-        let mut slots = vec![0.0f32; call.n_rows * k * d];
-        for (cells, y) in results {
-            for (i, cell) in cells.into_iter().enumerate() {
-                slots[cell * d..(cell + 1) * d].copy_from_slice(&y[i * d..(i + 1) * d]);
-            }
-        }
-        out.fill(0.0);
-        for r in 0..call.n_rows {
-            let o = &mut out[r * d..(r + 1) * d];
-            for s in 0..k {
-                let wgt = call.weights[r * k + s];
-                for (ov, yv) in o.iter_mut().zip(&slots[(r * k + s) * d..(r * k + s + 1) * d]) {
-                    *ov += wgt * yv;
-                }
-            }
-        }
+        combine_in_call_order(call, d, results, out);
         Ok(())
     }
 }

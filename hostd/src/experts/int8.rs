@@ -5,7 +5,7 @@
 //! Each expert's blob is read once per call for all rows routed to it; each row's weighted
 //! outputs are summed in the call's order, so results do not depend on grouping.
 
-use super::{ExpertBackend, ExpertError, MoeCall, validate_call};
+use super::{ExpertBackend, ExpertError, MoeCall, cells_by_expert, combine_in_call_order, validate_call};
 use rayon::prelude::*;
 use shared::checkpoint::Checkpoint;
 use shared::container::{ContainerError, ContainerFile, ModelIdentity};
@@ -71,14 +71,14 @@ impl ExpertBackend for Int8Experts {
         "int8"
     }
 
+    fn expert_bytes(&self) -> Option<usize> {
+        Some(self.container.header().layout.blob.stride)
+    }
+
     fn moe_layer(&self, call: &MoeCall<'_>, out: &mut [f32]) -> Result<(), ExpertError> {
         validate_call(call, self.n_layers, self.n_experts, self.hidden, out.len())?;
         let (d, k) = (self.hidden, call.top_k);
-        let mut by_expert: Vec<Vec<usize>> = vec![Vec::new(); self.n_experts];
-        for (cell, &e) in call.ids.iter().enumerate() {
-            by_expert[e as usize].push(cell);
-        }
-        let used: Vec<(usize, Vec<usize>)> = by_expert.into_iter().enumerate().filter(|(_, c)| !c.is_empty()).collect();
+        let used = cells_by_expert(call, self.n_experts);
         let results: Vec<(Vec<usize>, Vec<f32>)> = used
             .into_par_iter()
             .map_init(
@@ -101,22 +101,7 @@ impl ExpertBackend for Int8Experts {
                 },
             )
             .collect::<Result<_, ExpertError>>()?;
-        let mut slots = vec![0.0f32; call.n_rows * k * d];
-        for (cells, y) in results {
-            for (i, cell) in cells.into_iter().enumerate() {
-                slots[cell * d..(cell + 1) * d].copy_from_slice(&y[i * d..(i + 1) * d]);
-            }
-        }
-        out.fill(0.0);
-        for r in 0..call.n_rows {
-            let o = &mut out[r * d..(r + 1) * d];
-            for s in 0..k {
-                let w = call.weights[r * k + s];
-                for (ov, yv) in o.iter_mut().zip(&slots[(r * k + s) * d..(r * k + s + 1) * d]) {
-                    *ov += w * yv;
-                }
-            }
-        }
+        combine_in_call_order(call, d, results, out);
         Ok(())
     }
 }

@@ -29,8 +29,6 @@ pub struct Moe {
     shared_expert_gate: Matrix,
     top_k: usize,
     layer: usize,
-    /// Bytes of one routed expert's weights as the backend streams them (BF16 reference).
-    expert_bytes: usize,
 }
 
 impl Moe {
@@ -46,7 +44,6 @@ impl Moe {
             shared_expert_gate: w.matrix(&format!("{m}shared_expert_gate.weight"), 1, d)?,
             top_k: cfg.experts_per_token,
             layer,
-            expert_bytes: 3 * cfg.moe_intermediate_size * d * 2,
         })
     }
 
@@ -84,7 +81,7 @@ impl Moe {
         let mut distinct = routes.ids.clone();
         distinct.sort_unstable();
         distinct.dedup();
-        let scope = profile::scope("moe.routed_experts", distinct.len() * self.expert_bytes);
+        let scope = profile::scope("moe.routed_experts", distinct.len() * experts.expert_bytes().unwrap_or(0));
         experts.moe_layer(&call, &mut out)?;
         drop(scope);
         let _scope = profile::scope(
