@@ -90,7 +90,16 @@ pub struct Engine {
     header: Header,
     pool: rayon::ThreadPool,
     max_rows: usize,
+    /// Most experts one wave of a call leases at once: half of what the cache can ever lend
+    /// (resident slots + transient buffers), so a call whose experts exceed the cache (a long
+    /// prefill under a small budget) runs in waves instead of failing, and concurrent calls
+    /// leave each other room.
+    wave_experts: usize,
 }
+
+/// How long a wave waits for leases held by other calls before giving up with the cache's
+/// `Exhausted` error. Waves never hold leases while waiting, so waiting cannot deadlock.
+const WAVE_WAIT_LIMIT: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// Views a verified blob (from a lease) as the kernel's two matrices, without hashing it
 /// again: the blob was checked when it was read into the cache, and cache buffers are written
@@ -129,7 +138,25 @@ impl Engine {
             .thread_name(|i| format!("expertd-compute-{i}"))
             .build()
             .map_err(std::io::Error::other)?;
-        Ok(Engine { cache, source, isa, header, pool, max_rows })
+        let st = cache.stats();
+        let wave_experts = (((st.n_slots + st.transient_slots) / 2).max(1)) as usize;
+        Ok(Engine { cache, source, isa, header, pool, max_rows, wave_experts })
+    }
+
+    /// Leases one wave's experts, waiting (bounded by [`WAVE_WAIT_LIMIT`]) while other calls
+    /// hold every slot and transient buffer; a refused acquire changes nothing in the cache.
+    fn acquire_wave(&self, spec: &CallSpec<'_>, keys: &[ExpertKey]) -> Result<crate::cache::Acquired, CallError> {
+        let deadline = Instant::now() + WAVE_WAIT_LIMIT;
+        let mut pause = std::time::Duration::from_micros(200);
+        loop {
+            match self.cache.acquire_at(SessionId(spec.session), spec.step, keys) {
+                Err(CacheError::Exhausted { .. }) if Instant::now() < deadline => {
+                    std::thread::sleep(pause);
+                    pause = (pause * 2).min(std::time::Duration::from_millis(20));
+                }
+                other => return other.map_err(CallError::from),
+            }
+        }
     }
 
     /// The container header (dimensions, identity, fingerprint).
@@ -221,63 +248,69 @@ impl Engine {
         }
         let used: Vec<(u32, Vec<usize>)> =
             by_expert.into_iter().enumerate().filter(|(_, c)| !c.is_empty()).map(|(e, c)| (e as u32, c)).collect();
-        let keys: Vec<ExpertKey> = used.iter().map(|(e, _)| ExpertKey::new(spec.layer, *e)).collect();
-
-        let t_io = Instant::now();
-        let mut acquired = self.cache.acquire_at(SessionId(spec.session), spec.step, &keys)?;
-        let (hits, misses) = (acquired.n_hits(), acquired.n_misses());
-        let results = {
-            let mut reqs: Vec<ReadRequest<'_>> = acquired
-                .misses()
-                .map(|lease| {
-                    let key = lease.key();
-                    ReadRequest { layer: key.layer, expert: key.expert, dst: lease.buffer_mut() }
-                })
-                .collect();
-            if reqs.is_empty() { Vec::new() } else { self.source.read_blobs(&mut reqs) }
-        };
-        let mut first_error = None;
-        for (lease, result) in acquired.misses().collect::<Vec<_>>().into_iter().zip(results) {
-            match result {
-                Ok(()) => lease.mark_filled(),
-                Err(e) => {
-                    first_error.get_or_insert(e);
+        let layout = self.header.layout.blob;
+        let mut slots = vec![0.0f32; spec.n_rows * k * d];
+        let (mut hits, mut misses, mut io_wait_ns, mut compute_ns) = (0u32, 0u32, 0u64, 0u64);
+        for wave in used.chunks(self.wave_experts) {
+            let keys: Vec<ExpertKey> = wave.iter().map(|(e, _)| ExpertKey::new(spec.layer, *e)).collect();
+            let t_io = Instant::now();
+            let mut acquired = self.acquire_wave(spec, &keys)?;
+            hits += acquired.n_hits();
+            misses += acquired.n_misses();
+            let results = {
+                let mut reqs: Vec<ReadRequest<'_>> = acquired
+                    .misses()
+                    .map(|lease| {
+                        let key = lease.key();
+                        ReadRequest { layer: key.layer, expert: key.expert, dst: lease.buffer_mut() }
+                    })
+                    .collect();
+                if reqs.is_empty() { Vec::new() } else { self.source.read_blobs(&mut reqs) }
+            };
+            let mut first_error = None;
+            for (lease, result) in acquired.misses().collect::<Vec<_>>().into_iter().zip(results) {
+                match result {
+                    Ok(()) => lease.mark_filled(),
+                    Err(e) => {
+                        first_error.get_or_insert(e);
+                    }
                 }
             }
-        }
-        if let Some(e) = first_error {
-            return Err(CallError::Io(e));
-        }
-        acquired.wait_ready()?;
-        let io_wait_ns = t_io.elapsed().as_nanos() as u64;
-
-        let t_compute = Instant::now();
-        let layout = self.header.layout.blob;
-        let leases = acquired.leases();
-        let isa = self.isa;
-        let results: Vec<(&[usize], Vec<f32>)> = self.pool.install(|| {
-            used.par_iter()
-                .zip(leases.par_iter())
-                .map_init(ExpertScratch::new, |scratch, ((_, cells), lease)| {
-                    let (gate_up, down) = view_blob(lease.bytes(), &layout, lease.key())?;
-                    let rows = cells.len();
-                    let mut xs = Vec::with_capacity(rows * d);
-                    for &cell in cells {
-                        let r = cell / k;
-                        xs.extend_from_slice(&x[r * d..(r + 1) * d]);
-                    }
-                    let mut y = vec![0.0f32; rows * d];
-                    expert_forward(isa, gate_up, down, &xs, rows, &mut y, scratch);
-                    Ok((cells.as_slice(), y))
-                })
-                .collect::<Result<_, CallError>>()
-        })?;
-        let mut slots = vec![0.0f32; spec.n_rows * k * d];
-        for (cells, y) in results {
-            for (i, &cell) in cells.iter().enumerate() {
-                slots[cell * d..(cell + 1) * d].copy_from_slice(&y[i * d..(i + 1) * d]);
+            if let Some(e) = first_error {
+                return Err(CallError::Io(e));
             }
+            acquired.wait_ready()?;
+            io_wait_ns += t_io.elapsed().as_nanos() as u64;
+
+            let t_compute = Instant::now();
+            let leases = acquired.leases();
+            let isa = self.isa;
+            let results: Vec<(&[usize], Vec<f32>)> = self.pool.install(|| {
+                wave.par_iter()
+                    .zip(leases.par_iter())
+                    .map_init(ExpertScratch::new, |scratch, ((_, cells), lease)| {
+                        let (gate_up, down) = view_blob(lease.bytes(), &layout, lease.key())?;
+                        let rows = cells.len();
+                        let mut xs = Vec::with_capacity(rows * d);
+                        for &cell in cells {
+                            let r = cell / k;
+                            xs.extend_from_slice(&x[r * d..(r + 1) * d]);
+                        }
+                        let mut y = vec![0.0f32; rows * d];
+                        expert_forward(isa, gate_up, down, &xs, rows, &mut y, scratch);
+                        Ok((cells.as_slice(), y))
+                    })
+                    .collect::<Result<_, CallError>>()
+            })?;
+            for (cells, y) in results {
+                for (i, &cell) in cells.iter().enumerate() {
+                    slots[cell * d..(cell + 1) * d].copy_from_slice(&y[i * d..(i + 1) * d]);
+                }
+            }
+            compute_ns += t_compute.elapsed().as_nanos() as u64;
+            drop(acquired);
         }
+        // Each row's weighted outputs summed in slot order: independent of waves and cache state.
         out.fill(0.0);
         for r in 0..spec.n_rows {
             let o = &mut out[r * d..(r + 1) * d];
@@ -288,8 +321,6 @@ impl Engine {
                 }
             }
         }
-        let compute_ns = t_compute.elapsed().as_nanos() as u64;
-        drop(acquired);
         let bytes_read = u64::from(misses) * layout.stride as u64;
         Ok(CallCost { io_wait_ns, compute_ns, hits, misses, bytes_read })
     }

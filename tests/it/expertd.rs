@@ -532,3 +532,20 @@ fn a_corrupted_blob_is_data_loss_for_that_expert_only() {
         assert_eq!(again.code(), Code::DataLoss);
     });
 }
+
+/// A call whose experts exceed everything the cache can lend (a prefill under a tiny budget and
+/// no spare transient buffers) runs in waves instead of failing, with identical results.
+#[test]
+fn a_call_larger_than_the_cache_runs_in_waves() {
+    let work = tempfile::tempdir().expect("tempdir");
+    let container = work.path().join("container");
+    prepare_container(&model_dir("small"), &container);
+    let prompts = prompts_file("small", work.path(), 1);
+    let c = container.to_str().expect("utf-8");
+    let baseline = eval("small", &prompts, work.path(), "int8", &["--experts", "int8", "--container", c]);
+    // 2 resident slots + 1 transient buffer: a 70-token prefill routes to all 16 experts.
+    let daemon = Daemon::unix(&container, 2 * blob_stride(&container), &["--transient-slots", "1"]);
+    let waves = eval("small", &prompts, work.path(), "waves", &["--expertd", &daemon.uri()]);
+    assert_eq!(waves, baseline, "results do not depend on waves");
+    assert_eq!(daemon.stop().code(), Some(0));
+}

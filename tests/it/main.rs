@@ -5,6 +5,7 @@ mod cache_replay;
 mod container;
 mod expert_io;
 mod expertd;
+mod expertd_rss;
 mod inspect;
 mod int8_quality;
 mod locator;
