@@ -29,15 +29,15 @@
 //! adds only ISA-independent scalar steps (quantisation, SiLU), so its output is bit-identical
 //! across ISAs too. Tokens decoded one at a time and the same tokens in a batch agree exactly.
 
+#[cfg(target_arch = "x86_64")]
+mod avx2;
+#[cfg(target_arch = "x86_64")]
+mod avx512_vnni;
 mod dispatch;
 mod expert;
 mod pack;
 mod quant;
 mod scalar;
-#[cfg(target_arch = "x86_64")]
-mod avx2;
-#[cfg(target_arch = "x86_64")]
-mod avx512_vnni;
 #[cfg(test)]
 mod tests;
 
@@ -49,8 +49,9 @@ pub use pack::{
 };
 pub use quant::{quantize_activations, quantize_weights};
 
-/// `y = dequant(W · x)` for one quantised activation row: `y[r] = acc[r] as f32 * m.scales[r]
-/// * x_scale` (see the module docs). Single-threaded and allocation-free.
+/// `y = dequant(W · x)` for one quantised activation row:
+/// `y[r] = acc[r] as f32 * m.scales[r] * x_scale` (see the module docs). Single-threaded and
+/// allocation-free.
 ///
 /// # Panics
 ///
@@ -60,9 +61,10 @@ pub fn gemv_w8a8(isa: Int8Isa, m: MatrixRef<'_>, x_q: &[u8], x_scale: f32, y: &m
     gemm_w8a8(isa, m, x_q, std::slice::from_ref(&x_scale), 1, y);
 }
 
-/// `Y = dequant(X · Wᵀ)` for `n` quantised activation rows: `y[t·rows + r] = acc[t][r] as f32
-/// * m.scales[r] * x_scales[t]`. Each 16-row weight block is read once per batch of up to 8
-/// tokens (AVX-512) and kept in L1 across batches. Row `t` of `y` is bitwise equal to
+/// `Y = dequant(X · Wᵀ)` for `n` quantised activation rows:
+/// `y[t·rows + r] = acc[t][r] as f32 * m.scales[r] * x_scales[t]`. Each 16-row weight block is
+/// read from memory once per call and reused from L1 by every batch of up to 8 tokens
+/// (AVX-512; 2 for AVX2). Row `t` of `y` is bitwise equal to
 /// [`gemv_w8a8`] on row `t` of `x_q`, and bitwise equal across ISAs.
 ///
 /// # Panics

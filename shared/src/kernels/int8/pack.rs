@@ -39,7 +39,10 @@ pub fn padded_cols(cols: usize) -> usize {
 /// (`r < padded_rows`, `c < padded_cols(cols)`).
 pub fn packed_index(r: usize, c: usize, cols: usize) -> usize {
     let pc = padded_cols(cols);
-    (r / ROW_BLOCK) * ROW_BLOCK * pc + (c / COL_GROUP) * ROW_BLOCK * COL_GROUP + (r % ROW_BLOCK) * COL_GROUP + c % COL_GROUP
+    (r / ROW_BLOCK) * ROW_BLOCK * pc
+        + (c / COL_GROUP) * ROW_BLOCK * COL_GROUP
+        + (r % ROW_BLOCK) * COL_GROUP
+        + c % COL_GROUP
 }
 
 /// Packs a row-major `[rows, cols]` int8 matrix into R16C4 order, zero-padded to
@@ -175,7 +178,13 @@ impl QuantizedMatrix {
 
     /// The borrowed view the kernels take.
     pub fn as_ref(&self) -> MatrixRef<'_> {
-        MatrixRef { rows: self.rows, cols: self.cols, packed: &self.packed, scales: &self.scales, row_sums: &self.row_sums }
+        MatrixRef {
+            rows: self.rows,
+            cols: self.cols,
+            packed: &self.packed,
+            scales: &self.scales,
+            row_sums: &self.row_sums,
+        }
     }
 
     /// The row-major `[rows, cols]` f32 values `q[r][c] as f32 · scales[r]`, for error reports.

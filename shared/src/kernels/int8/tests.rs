@@ -6,7 +6,7 @@
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
-use super::quant::row_params;
+use super::quant::{quantize_value, row_params};
 use super::*;
 
 /// Row counts: one, the row block ± 1, two blocks + 1, and a large odd count.
@@ -124,7 +124,13 @@ fn check_all_isas(what: &str, m: MatrixRef<'_>, x_q: &[u8], x_scales: &[f32], n:
         let mut acc = vec![i32::MIN; n * rows];
         gemm_w8a8_i32(isa, m, x_q, n, &mut acc);
         if let Some(i) = (0..acc.len()).find(|&i| acc[i] != acc_ref[i]) {
-            panic!("{what}: {isa} accumulator {i} (t {}, r {}) = {}, scalar {}", i / rows, i % rows, acc[i], acc_ref[i]);
+            panic!(
+                "{what}: {isa} accumulator {i} (t {}, r {}) = {}, scalar {}",
+                i / rows,
+                i % rows,
+                acc[i],
+                acc_ref[i]
+            );
         }
         let mut y = vec![f32::NAN; n * rows];
         gemm_w8a8(isa, m, x_q, x_scales, n, &mut y);
@@ -141,7 +147,13 @@ fn check_all_isas(what: &str, m: MatrixRef<'_>, x_q: &[u8], x_scales: &[f32], n:
 fn assert_bitwise(what: &str, got: &[f32], want: &[f32]) {
     assert_eq!(got.len(), want.len(), "{what}: length");
     if let Some(i) = (0..got.len()).find(|&i| got[i].to_bits() != want[i].to_bits()) {
-        panic!("{what}: element {i} is {:e} ({:#x}), want {:e} ({:#x})", got[i], got[i].to_bits(), want[i], want[i].to_bits());
+        panic!(
+            "{what}: element {i} is {:e} ({:#x}), want {:e} ({:#x})",
+            got[i],
+            got[i].to_bits(),
+            want[i],
+            want[i].to_bits()
+        );
     }
 }
 
@@ -240,6 +252,28 @@ fn quantisation_round_trip_and_invariants() {
     let m = quantize_weights(&[127.0, 0.5, 1.5, 2.5, -0.5, -126.5], 1, 6);
     assert_eq!(unpack_r16c4(&m.packed, 1, 6), [127, 0, 2, 2, 0, -126]);
     assert_eq!(m.scales[0], 1.0);
+}
+
+/// The fast `quantize_value` equals the formula as specified on ties, near-ties, signed zeros,
+/// the clamp bounds, non-finite values and a million random products.
+#[test]
+fn quantize_value_matches_the_formula() {
+    let formula = |v: f32, inv: f32| (v * inv).round_ties_even().clamp(-127.0, 127.0) as i8;
+    let mut values = vec![0.0f32, -0.0, f32::NAN, f32::INFINITY, f32::NEG_INFINITY, f32::MAX, f32::MIN, 1e-45];
+    for k in -130i32..=130 {
+        let k = k as f32;
+        for d in [0.0f32, 0.5, -0.5, 0.25, 0.75] {
+            let v = k + d;
+            values.extend([v, v.next_up(), v.next_down()]);
+        }
+    }
+    let mut rng = Rng(21);
+    values.extend((0..1_000_000).map(|_| rng.uniform(-300.0, 300.0)));
+    for &v in &values {
+        for inv in [1.0f32, 0.5, 127.0 / 3.0, 1e30, 0.0] {
+            assert_eq!(quantize_value(v, inv), formula(v, inv), "v {v:e}, inv {inv:e}");
+        }
+    }
 }
 
 #[test]
@@ -587,5 +621,8 @@ fn isa_override_resolution() {
     check(Some("avx512"), Avx2, Avx2, Some(Int8IsaOverrideProblem::Unsupported(Avx512Vnni)));
     check(Some("neon"), Avx2, Avx2, Some(Int8IsaOverrideProblem::Unrecognized("neon".into())));
     let warning = Int8IsaSelection::resolve(Some("avx512"), Avx2).warning().expect("a warning");
-    assert_eq!(warning, "SLUICE_KERNEL_ISA=avx512vnni requested, but this CPU supports at most avx2 for int8 kernels; using avx2");
+    assert_eq!(
+        warning,
+        "SLUICE_KERNEL_ISA=avx512vnni requested, but this CPU supports at most avx2 for int8 kernels; using avx2"
+    );
 }
