@@ -10,7 +10,7 @@ cd "$(dirname "$0")/../.."
 MODEL_DIR="${SLUICE_TEST_MODEL:-tests/fixtures/models/tiny}"
 if [ -z "${HOSTD_BIN:-}" ]; then
     cargo build --quiet -p hostd --locked
-    HOSTD_BIN=target/debug/hostd
+    HOSTD_BIN="${CARGO_TARGET_DIR:-target}/debug/hostd"
 fi
 python3 -c 'import openai, pytest' 2>/dev/null || {
     echo "tests/openai/run.sh: installing tests/openai/requirements.txt" >&2
