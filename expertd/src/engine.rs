@@ -241,13 +241,7 @@ impl Engine {
         debug_assert_eq!(out.len(), spec.n_rows * d);
         // Group cells by expert, experts in ascending id order (as the in-process backend does;
         // the order does not change any result, only which expert runs where).
-        let n_experts = self.header.layout.dims.n_experts;
-        let mut by_expert: Vec<Vec<usize>> = vec![Vec::new(); n_experts];
-        for (cell, &e) in spec.ids.iter().enumerate() {
-            by_expert[e as usize].push(cell);
-        }
-        let used: Vec<(u32, Vec<usize>)> =
-            by_expert.into_iter().enumerate().filter(|(_, c)| !c.is_empty()).map(|(e, c)| (e as u32, c)).collect();
+        let used = shared::moe_combine::cells_by_expert(spec.ids, self.header.layout.dims.n_experts);
         let layout = self.header.layout.blob;
         let mut slots = vec![0.0f32; spec.n_rows * k * d];
         let (mut hits, mut misses, mut io_wait_ns, mut compute_ns) = (0u32, 0u32, 0u64, 0u64);
@@ -303,24 +297,13 @@ impl Engine {
                     .collect::<Result<_, CallError>>()
             })?;
             for (cells, y) in results {
-                for (i, &cell) in cells.iter().enumerate() {
-                    slots[cell * d..(cell + 1) * d].copy_from_slice(&y[i * d..(i + 1) * d]);
-                }
+                shared::moe_combine::scatter(&mut slots, d, cells, &y);
             }
             compute_ns += t_compute.elapsed().as_nanos() as u64;
             drop(acquired);
         }
         // Each row's weighted outputs summed in slot order: independent of waves and cache state.
-        out.fill(0.0);
-        for r in 0..spec.n_rows {
-            let o = &mut out[r * d..(r + 1) * d];
-            for s in 0..k {
-                let w = spec.weights[r * k + s];
-                for (ov, yv) in o.iter_mut().zip(&slots[(r * k + s) * d..(r * k + s + 1) * d]) {
-                    *ov += w * yv;
-                }
-            }
-        }
+        shared::moe_combine::sum_in_call_order(&slots, spec.weights, spec.n_rows, k, d, out);
         let bytes_read = u64::from(misses) * layout.stride as u64;
         Ok(CallCost { io_wait_ns, compute_ns, hits, misses, bytes_read })
     }

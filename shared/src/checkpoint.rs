@@ -420,8 +420,8 @@ pub fn read_shard_header(path: &Path) -> Result<Vec<(String, TensorLocation)>, C
     safetensors_header::parse_header(&json, file_len).map_err(header_err)
 }
 
-/// `read_at` until `buf` is full or end of file; returns the bytes read.
-fn read_full_at(file: &File, buf: &mut [u8], offset: u64) -> std::io::Result<usize> {
+/// `pread` until `buf` is full or the file ends; returns the bytes read.
+pub fn read_full_at(file: &File, buf: &mut [u8], offset: u64) -> std::io::Result<usize> {
     let mut done = 0;
     while done < buf.len() {
         match file.read_at(&mut buf[done..], offset + done as u64) {

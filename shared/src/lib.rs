@@ -9,6 +9,7 @@ pub mod checkpoint;
 pub mod config;
 pub mod container;
 pub mod kernels;
+pub mod moe_combine;
 pub mod safetensors_header;
 pub mod safetensors_locator;
 pub mod shm_layout;

@@ -72,38 +72,20 @@ pub trait ExpertBackend: Send + Sync {
     }
 }
 
-/// The cells (`row · top_k + slot`) of a call grouped by expert: `(expert, cells)` for every
-/// expert used, in ascending expert order.
+/// The cells of a call grouped by expert (see [`shared::moe_combine::cells_by_expert`]).
 pub fn cells_by_expert(call: &MoeCall<'_>, n_experts: usize) -> Vec<(usize, Vec<usize>)> {
-    let mut by_expert: Vec<Vec<usize>> = vec![Vec::new(); n_experts];
-    for (cell, &e) in call.ids.iter().enumerate() {
-        by_expert[e as usize].push(cell);
-    }
-    by_expert.into_iter().enumerate().filter(|(_, c)| !c.is_empty()).collect()
+    shared::moe_combine::cells_by_expert(call.ids, n_experts).into_iter().map(|(e, c)| (e as usize, c)).collect()
 }
 
-/// Combines per-expert outputs into the call's result: `results` holds, per expert, its cells
-/// and their `cells.len() × d` outputs. Each row's `top_k` weighted outputs are summed in slot
-/// order, so the result is independent of how experts were grouped, cached or scheduled.
+/// Combines per-expert outputs (`(cells, cells.len() × d outputs)` per expert) into the call's
+/// result with the one implementation every backend shares ([`shared::moe_combine`]): each
+/// row's weighted outputs summed in slot order.
 pub fn combine_in_call_order(call: &MoeCall<'_>, d: usize, results: Vec<(Vec<usize>, Vec<f32>)>, out: &mut [f32]) {
-    // PERF-CRITICAL: runs once per MoE layer call.
-    let k = call.top_k;
-    let mut slots = vec![0.0f32; call.n_rows * k * d];
+    let mut slots = vec![0.0f32; call.n_rows * call.top_k * d];
     for (cells, y) in results {
-        for (i, cell) in cells.into_iter().enumerate() {
-            slots[cell * d..(cell + 1) * d].copy_from_slice(&y[i * d..(i + 1) * d]);
-        }
+        shared::moe_combine::scatter(&mut slots, d, &cells, &y);
     }
-    out.fill(0.0);
-    for r in 0..call.n_rows {
-        let o = &mut out[r * d..(r + 1) * d];
-        for s in 0..k {
-            let w = call.weights[r * k + s];
-            for (ov, yv) in o.iter_mut().zip(&slots[(r * k + s) * d..(r * k + s + 1) * d]) {
-                *ov += w * yv;
-            }
-        }
-    }
+    shared::moe_combine::sum_in_call_order(&slots, call.weights, call.n_rows, call.top_k, d, out);
 }
 
 /// Checks a call's shape and contents against the model's dimensions.

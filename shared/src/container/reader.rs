@@ -11,7 +11,6 @@ use super::index::{self, IndexEntry};
 use super::layout::HEADER_BYTES;
 use super::{CONTAINER_FILE, ContainerError};
 use std::fs::File;
-use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
 /// An open, validated container.
@@ -27,19 +26,7 @@ fn io_err(path: &Path, e: std::io::Error) -> ContainerError {
     ContainerError::Io { path: path.to_path_buf(), message: e.to_string() }
 }
 
-/// `pread` until `buf` is full or the file ends; returns the bytes read.
-pub fn read_full_at(file: &File, buf: &mut [u8], offset: u64) -> std::io::Result<usize> {
-    let mut done = 0;
-    while done < buf.len() {
-        match file.read_at(&mut buf[done..], offset + done as u64) {
-            Ok(0) => break,
-            Ok(n) => done += n,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(done)
-}
+pub use crate::checkpoint::read_full_at;
 
 /// Reads and parses the header of an open file (complete or unfinished) and returns it with
 /// the file's length.
