@@ -160,7 +160,7 @@ fn expertd_rss_with_four_concurrent_hosts_stays_within_budget_transients_and_idl
     }
     let t0 = Instant::now();
     let (mut peak, mut samples) = (idle, 0u32);
-    let mut done = vec![false; CLIENTS];
+    let mut done = [false; CLIENTS];
     while done.iter().any(|d| !d) {
         assert!(t0.elapsed() < DEADLINE, "clients still running after {DEADLINE:?}");
         peak = peak.max(vm_rss(pid).expect("expertd died while serving"));
