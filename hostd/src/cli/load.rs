@@ -7,6 +7,7 @@ use crate::experts::{ExpertBackend, bf16::Bf16Experts, int8::Int8Experts};
 use shared::container::ModelIdentity;
 use shared::kernels::int8::Int8Isa;
 use crate::model::Model;
+use crate::model::linear::DenseFormat;
 use crate::model::weights::MappedCheckpoint;
 use anyhow::Context;
 use shared::kernels::Isa;
@@ -25,6 +26,26 @@ pub enum ExpertsKind {
     /// The same W8A8 experts computed by expertd: the daemon at `--expertd URI`, or without it
     /// a private expertd that hostd starts on `--container DIR` (preparing it if missing).
     Expertd,
+}
+
+/// Storage of the large dense projections (attention, DeltaNet, shared expert, lm_head).
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum DenseKind {
+    /// BF16 weights as stored in the checkpoint, f32 activations (the exact mode).
+    #[default]
+    Bf16,
+    /// W8A8: weights quantised to INT8 per output row at load, activations per row; about half
+    /// the bytes per token. Router and small gates stay BF16.
+    Int8,
+}
+
+impl From<DenseKind> for DenseFormat {
+    fn from(k: DenseKind) -> DenseFormat {
+        match k {
+            DenseKind::Bf16 => DenseFormat::Bf16,
+            DenseKind::Int8 => DenseFormat::Int8,
+        }
+    }
 }
 
 /// Flags of the expertd backend.
@@ -58,6 +79,9 @@ pub struct LoadArgs {
     /// Routed-expert backend.
     #[arg(long, value_enum, default_value_t = ExpertsKind::Bf16)]
     pub experts: ExpertsKind,
+    /// Dense-weight format.
+    #[arg(long, value_enum, default_value_t = DenseKind::Bf16, env = "SLUICE_DENSE")]
+    pub dense: DenseKind,
     /// INT8 expert container directory (with `--experts int8`).
     #[arg(long, env = "SLUICE_CONTAINER")]
     pub container: Option<PathBuf>,
@@ -159,5 +183,9 @@ pub fn load_model(args: &LoadArgs) -> anyhow::Result<Model> {
         }
         ExpertsKind::Expertd => Arc::new(expertd_backend(args, &mapped)?),
     };
-    Ok(Model::load(&mapped, experts, isa)?)
+    let dense: DenseFormat = args.dense.into();
+    let t = std::time::Instant::now();
+    let model = Model::load(&mapped, experts, isa, dense)?;
+    tracing::info!(dense = dense.name(), load_s = t.elapsed().as_secs_f64(), "dense weights loaded");
+    Ok(model)
 }

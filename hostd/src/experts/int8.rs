@@ -1,14 +1,18 @@
-//! The in-process INT8 expert backend: reads each routed expert's blob from the INT8 container
-//! with plain `pread` (the page cache is the only cache; io_uring and the leased cache are
-//! expertd's job), verifies its checksum on every read, and runs the W8A8 kernels.
+//! The in-process INT8 expert backend: memory-maps the INT8 container (the page cache is the
+//! only cache; io_uring, O_DIRECT and the leased, byte-budgeted cache are expertd's job),
+//! verifies each expert blob's checksum the first time it is used, and runs the W8A8 kernels
+//! straight from the mapping afterwards.
 //!
-//! Each expert's blob is read once per call for all rows routed to it; each row's weighted
-//! outputs are summed in the call's order, so results do not depend on grouping.
+//! Each expert's weights are read once per call for all rows routed to it; each row's weighted
+//! outputs are summed in the call's order, so results do not depend on grouping. A blob that
+//! fails verification fails every call that uses it (it is never marked verified).
 
 use super::{ExpertBackend, ExpertError, MoeCall, cells_by_expert, combine_in_call_order, validate_call};
 use rayon::prelude::*;
 use shared::checkpoint::Checkpoint;
-use shared::container::{ContainerError, ContainerFile, ModelIdentity};
+use memmap2::Mmap;
+use shared::container::{BlobAt, ContainerError, ContainerFile, ExpertBlob, ModelIdentity, check_blob};
+use std::sync::atomic::{AtomicBool, Ordering};
 use shared::kernels::int8::{ExpertScratch, Int8Isa, expert_forward};
 use std::path::Path;
 
@@ -18,6 +22,14 @@ pub enum Int8LoadError {
     /// The container is unreadable or corrupt.
     #[error(transparent)]
     Container(#[from] ContainerError),
+    /// The container file cannot be memory-mapped.
+    #[error("{path}: cannot memory-map: {message}")]
+    Map {
+        /// The container file.
+        path: String,
+        /// The OS error.
+        message: String,
+    },
     /// The container was prepared from another model.
     #[error(
         "container {container} was prepared from a different model ({what} differ): container identity {theirs}, model {model} identity {ours}; run `expertd prepare {model} --out DIR` again"
@@ -39,6 +51,9 @@ pub enum Int8LoadError {
 /// Routed experts computed with W8A8 kernels from the INT8 container.
 pub struct Int8Experts {
     container: ContainerFile,
+    map: Mmap,
+    /// One flag per index entry: its blob's checksum has been verified in the mapping.
+    verified: Vec<AtomicBool>,
     isa: Int8Isa,
     n_layers: usize,
     n_experts: usize,
@@ -62,7 +77,41 @@ impl Int8Experts {
             });
         }
         let cfg = &ckpt.config.text;
-        Ok(Int8Experts { container, isa, n_layers: cfg.num_layers, n_experts: cfg.num_experts, hidden: cfg.hidden_size })
+        let map_err = |e: std::io::Error| Int8LoadError::Map { path: container.path().display().to_string(), message: e.to_string() };
+        let file = std::fs::File::open(container.path()).map_err(map_err)?;
+        // SAFETY: read-only private mapping. As with the checkpoint shards, we rely on nobody
+        // rewriting the container while it is served; every blob is still checksummed once in
+        // the mapping before its first use, and the length was checked when it was opened.
+        let map = unsafe { Mmap::map(&file) }.map_err(map_err)?;
+        if (map.len() as u64) < container.header().layout.file_bytes {
+            return Err(Int8LoadError::Map { path: container.path().display().to_string(), message: "file shrank after it was opened".into() });
+        }
+        let verified = container.index().iter().map(|_| AtomicBool::new(false)).collect();
+        Ok(Int8Experts { container, map, verified, isa, n_layers: cfg.num_layers, n_experts: cfg.num_experts, hidden: cfg.hidden_size })
+    }
+}
+
+impl Int8Experts {
+    /// (layer, expert)'s matrices in the mapping, verifying the blob on its first use.
+    fn blob(&self, layer: usize, expert: usize) -> Result<ExpertBlob<'_>, ContainerError> {
+        let layout = &self.container.header().layout;
+        let i = layout.blob_index(layer, expert)?;
+        let entry = self.container.index()[i];
+        let at = BlobAt { layer, expert, offset: entry.offset };
+        let start = entry.offset as usize;
+        let bytes = self.map.get(start..start + layout.blob.stride).ok_or(ContainerError::BlobLength {
+            layer,
+            expert,
+            offset: entry.offset,
+            found: self.map.len().saturating_sub(start) as u64,
+            expected: layout.blob.stride as u64,
+        })?;
+        if !self.verified[i].load(Ordering::Acquire) {
+            // Two threads may both verify the same blob the first time; that is harmless.
+            check_blob(bytes, &layout.blob, at, Some(entry.checksum))?;
+            self.verified[i].store(true, Ordering::Release);
+        }
+        ExpertBlob::view_verified(bytes, &layout.blob, at)
     }
 }
 
@@ -82,9 +131,9 @@ impl ExpertBackend for Int8Experts {
         let results: Vec<(Vec<usize>, Vec<f32>)> = used
             .into_par_iter()
             .map_init(
-                || (Vec::new(), ExpertScratch::new()),
-                |(buf, scratch), (e, cells)| {
-                    let blob = self.container.read_expert(call.layer, e, buf).map_err(|err| ExpertError::Expert {
+                ExpertScratch::new,
+                |scratch, (e, cells)| {
+                    let blob = self.blob(call.layer, e).map_err(|err| ExpertError::Expert {
                         layer: call.layer,
                         expert: e as u32,
                         reason: err.to_string(),

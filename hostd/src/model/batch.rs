@@ -11,7 +11,7 @@
 //!
 //! Not here: choosing which sequences run together (`engine::scheduler`).
 
-use super::{LayerState, Mixer, Model, ModelError, SequenceState, ops, profile};
+use super::{LayerState, Mixer, Model, ModelError, SequenceState, linear, ops, profile};
 
 /// One sequence's share of a batched forward call.
 pub struct BatchItem<'a> {
@@ -126,7 +126,7 @@ impl Model {
         }
         let _scope = profile::scope("lm_head", self.lm_head.bytes());
         ops::rms_norm_rows(&mut last, &self.final_scale, eps);
-        let logits = ops::project_new(self.isa, &self.lm_head, &last, m);
+        let logits = linear::project_new(self.isa, &self.lm_head, &last, m);
         let vocab = self.cfg.vocab_size;
         Ok(logits.chunks_exact(vocab).map(<[f32]>::to_vec).collect())
     }
@@ -137,23 +137,28 @@ mod tests {
     use super::*;
     use crate::experts::bf16::Bf16Experts;
     use crate::model::Logits;
+    use crate::model::linear::DenseFormat;
     use crate::model::weights::MappedCheckpoint;
     use shared::kernels::Isa;
     use std::sync::Arc;
 
     fn load(preset: &str) -> Model {
+        load_dense(preset, DenseFormat::Bf16)
+    }
+
+    fn load_dense(preset: &str, dense: DenseFormat) -> Model {
         let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/models").join(preset);
         let mapped = MappedCheckpoint::open(&dir).expect("fixture opens");
         let isa = Isa::selection().active;
         let experts = Arc::new(Bf16Experts::new(&mapped, isa).expect("experts"));
-        Model::load(&mapped, experts, isa).expect("model loads")
+        Model::load(&mapped, experts, isa, dense).expect("model loads")
     }
 
     /// Prompts of different lengths, prefilled per sequence, then `steps` decode steps in which
     /// the batch and the solo runs feed the same tokens; logits must match exactly, and so must
     /// a mixed step where one sequence brings a multi-token block.
-    fn check_batch_equals_solo(preset: &str, steps: usize) {
-        let model = load(preset);
+    fn check_batch_equals_solo(preset: &str, steps: usize, dense: DenseFormat) {
+        let model = load_dense(preset, dense);
         let vocab = model.config().vocab_size as u32;
         let prompts: Vec<Vec<u32>> =
             [5usize, 1, 9, 3].iter().enumerate().map(|(s, &n)| (0..n as u32).map(|t| (t * 31 + s as u32 * 7 + 1) % vocab).collect()).collect();
@@ -192,12 +197,17 @@ mod tests {
 
     #[test]
     fn batched_logits_equal_per_sequence_forward_tiny() {
-        check_batch_equals_solo("tiny", 4);
+        check_batch_equals_solo("tiny", 4, DenseFormat::Bf16);
+    }
+
+    #[test]
+    fn batched_logits_equal_per_sequence_forward_tiny_int8_dense() {
+        check_batch_equals_solo("tiny", 4, DenseFormat::Int8);
     }
 
     #[test]
     fn batched_logits_equal_per_sequence_forward_small() {
-        check_batch_equals_solo("small", 3);
+        check_batch_equals_solo("small", 3, DenseFormat::Bf16);
     }
 
     #[test]

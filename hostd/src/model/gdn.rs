@@ -5,9 +5,10 @@
 //!
 //! Owns the DeltaNet math and its per-sequence state; the caller owns the residual stream.
 
-use super::ops::{self, project_new};
+use super::linear::{self, DenseFormat, Linear, project_new};
+use super::ops;
 use super::profile;
-use super::weights::{MappedCheckpoint, Matrix, WeightsError};
+use super::weights::{MappedCheckpoint, WeightsError};
 use rayon::prelude::*;
 use shared::config::{DeltaNetLayout, TextConfig};
 use shared::kernels::Isa;
@@ -40,17 +41,17 @@ impl DeltaNetState {
 
 /// Weights of one Gated DeltaNet layer.
 pub struct DeltaNet {
-    in_proj_qkv: Matrix,
-    in_proj_z: Matrix,
-    in_proj_b: Matrix,
-    in_proj_a: Matrix,
+    in_proj_qkv: Linear,
+    in_proj_z: Linear,
+    in_proj_b: Linear,
+    in_proj_a: Linear,
     /// Conv taps `[conv_dim][K]`, tap K−1 multiplies the current token.
     conv: Vec<f32>,
     dt_bias: Vec<f32>,
     /// −exp(A_log) per v head.
     neg_a: Vec<f32>,
     norm: Vec<f32>,
-    out_proj: Matrix,
+    out_proj: Linear,
     dn: DeltaNetLayout,
     eps: f32,
 }
@@ -67,21 +68,22 @@ struct HeadInputs<'a> {
 
 impl DeltaNet {
     /// Loads layer `layer`'s DeltaNet weights.
-    pub fn load(w: &MappedCheckpoint, cfg: &TextConfig, prefix: &str, layer: usize) -> Result<DeltaNet, WeightsError> {
+    pub fn load(w: &MappedCheckpoint, cfg: &TextConfig, prefix: &str, layer: usize, dense: DenseFormat) -> Result<DeltaNet, WeightsError> {
         let a = format!("{prefix}layers.{layer}.linear_attn.");
         let dn = cfg.delta_net;
         let d = cfg.hidden_size;
         let a_log = w.vector_f32(&format!("{a}A_log"))?;
         Ok(DeltaNet {
-            in_proj_qkv: w.matrix(&format!("{a}in_proj_qkv.weight"), dn.conv_dim(), d)?,
-            in_proj_z: w.matrix(&format!("{a}in_proj_z.weight"), dn.value_dim(), d)?,
-            in_proj_b: w.matrix(&format!("{a}in_proj_b.weight"), dn.n_v_heads, d)?,
-            in_proj_a: w.matrix(&format!("{a}in_proj_a.weight"), dn.n_v_heads, d)?,
+            in_proj_qkv: Linear::new(w.matrix(&format!("{a}in_proj_qkv.weight"), dn.conv_dim(), d)?, dense),
+            in_proj_z: Linear::new(w.matrix(&format!("{a}in_proj_z.weight"), dn.value_dim(), d)?, dense),
+            // The per-head β and decay gates stay BF16 (see `linear`).
+            in_proj_b: Linear::new(w.matrix(&format!("{a}in_proj_b.weight"), dn.n_v_heads, d)?, DenseFormat::Bf16),
+            in_proj_a: Linear::new(w.matrix(&format!("{a}in_proj_a.weight"), dn.n_v_heads, d)?, DenseFormat::Bf16),
             conv: w.vector_f32(&format!("{a}conv1d.weight"))?,
             dt_bias: w.vector_f32(&format!("{a}dt_bias"))?,
             neg_a: a_log.iter().map(|v| -v.exp()).collect(),
             norm: w.vector_f32(&format!("{a}norm.weight"))?,
-            out_proj: w.matrix(&format!("{a}out_proj.weight"), d, dn.value_dim())?,
+            out_proj: Linear::new(w.matrix(&format!("{a}out_proj.weight"), d, dn.value_dim())?, dense),
             dn,
             eps: cfg.rms_norm_eps as f32,
         })
@@ -97,7 +99,7 @@ impl DeltaNet {
         let in_bytes = self.in_proj_qkv.bytes() + self.in_proj_z.bytes() + self.in_proj_b.bytes() + self.in_proj_a.bytes();
         let scope = profile::scope("deltanet.in_proj", in_bytes);
         let [xqkv, z, b, a]: [Vec<f32>; 4] =
-            ops::project_many(isa, &[&self.in_proj_qkv, &self.in_proj_z, &self.in_proj_b, &self.in_proj_a], x, n)
+            linear::project_many(isa, &[&self.in_proj_qkv, &self.in_proj_z, &self.in_proj_b, &self.in_proj_a], x, n)
                 .try_into()
                 .expect("four projections");
         drop(scope);

@@ -8,6 +8,7 @@
 pub mod attention;
 pub mod batch;
 pub mod gdn;
+pub mod linear;
 pub mod moe;
 pub mod ops;
 pub mod profile;
@@ -16,6 +17,7 @@ pub mod weights;
 use crate::experts::{ExpertBackend, ExpertError};
 use attention::{Attention, KvCache};
 use gdn::{DeltaNet, DeltaNetState};
+use linear::{DenseFormat, Linear};
 use moe::{Moe, Routes};
 use shared::config::{LayerType, TextConfig};
 use shared::kernels::Isa;
@@ -128,13 +130,15 @@ pub struct Model {
     embed: Matrix,
     layers: Vec<Layer>,
     final_scale: Vec<f32>,
-    lm_head: Matrix,
+    lm_head: Linear,
+    dense: DenseFormat,
     experts: Arc<dyn ExpertBackend>,
 }
 
 impl Model {
-    /// Loads the dense weights from a mapped checkpoint; routed experts go through `experts`.
-    pub fn load(w: &MappedCheckpoint, experts: Arc<dyn ExpertBackend>, isa: Isa) -> Result<Model, ModelError> {
+    /// Loads the dense weights from a mapped checkpoint (the large projections converted to
+    /// `dense`); routed experts go through `experts`.
+    pub fn load(w: &MappedCheckpoint, experts: Arc<dyn ExpertBackend>, isa: Isa, dense: DenseFormat) -> Result<Model, ModelError> {
         let cfg = w.ckpt.config.text.clone();
         let prefix = w.ckpt.prefix;
         let d = cfg.hidden_size;
@@ -142,20 +146,21 @@ impl Model {
         for (i, ty) in cfg.layer_types.iter().enumerate() {
             let l = format!("{prefix}layers.{i}.");
             let mixer = match ty {
-                LayerType::FullAttention => Mixer::Attention(Attention::load(w, &cfg, prefix, i)?),
-                LayerType::LinearAttention => Mixer::DeltaNet(DeltaNet::load(w, &cfg, prefix, i)?),
+                LayerType::FullAttention => Mixer::Attention(Attention::load(w, &cfg, prefix, i, dense)?),
+                LayerType::LinearAttention => Mixer::DeltaNet(DeltaNet::load(w, &cfg, prefix, i, dense)?),
             };
             layers.push(Layer {
                 input_scale: ops::zero_centred_scale(&w.vector_f32(&format!("{l}input_layernorm.weight"))?),
                 post_scale: ops::zero_centred_scale(&w.vector_f32(&format!("{l}post_attention_layernorm.weight"))?),
                 mixer,
-                moe: Moe::load(w, &cfg, prefix, i)?,
+                moe: Moe::load(w, &cfg, prefix, i, dense)?,
             });
         }
         Ok(Model {
             embed: w.matrix(&format!("{prefix}embed_tokens.weight"), cfg.vocab_size, d)?,
             final_scale: ops::zero_centred_scale(&w.vector_f32(&format!("{prefix}norm.weight"))?),
-            lm_head: w.matrix(shared::tensor_spec::LM_HEAD, cfg.vocab_size, d)?,
+            lm_head: Linear::new(w.matrix(shared::tensor_spec::LM_HEAD, cfg.vocab_size, d)?, dense),
+            dense,
             layers,
             cfg,
             isa,
@@ -171,6 +176,11 @@ impl Model {
     /// The kernel ISA in use.
     pub fn isa(&self) -> Isa {
         self.isa
+    }
+
+    /// The format of the large dense projections.
+    pub fn dense_format(&self) -> DenseFormat {
+        self.dense
     }
 
     /// The expert backend's name.
@@ -264,6 +274,6 @@ impl Model {
         let _scope = profile::scope("lm_head", self.lm_head.bytes());
         ops::rms_norm_rows(rows, &self.final_scale, eps);
         let m = rows.len() / d;
-        Ok(ops::project_new(self.isa, &self.lm_head, rows, m))
+        Ok(linear::project_new(self.isa, &self.lm_head, rows, m))
     }
 }

@@ -2,9 +2,10 @@
 //! to the [`ExpertBackend`](crate::experts::ExpertBackend), and the shared expert with its
 //! sigmoid gate.
 
-use super::ops::{self, project_new};
+use super::linear::{self, DenseFormat, Linear, project_new};
+use super::ops;
 use super::profile;
-use super::weights::{MappedCheckpoint, Matrix, WeightsError};
+use super::weights::{MappedCheckpoint, WeightsError};
 use crate::experts::{ExpertBackend, ExpertError, MoeCall};
 use shared::config::TextConfig;
 use shared::kernels::Isa;
@@ -22,26 +23,27 @@ pub struct Routes {
 
 /// Router and shared-expert weights of one layer.
 pub struct Moe {
-    router: Matrix,
-    shared_gate: Matrix,
-    shared_up: Matrix,
-    shared_down: Matrix,
-    shared_expert_gate: Matrix,
+    router: Linear,
+    shared_gate: Linear,
+    shared_up: Linear,
+    shared_down: Linear,
+    shared_expert_gate: Linear,
     top_k: usize,
     layer: usize,
 }
 
 impl Moe {
     /// Loads layer `layer`'s router and shared expert.
-    pub fn load(w: &MappedCheckpoint, cfg: &TextConfig, prefix: &str, layer: usize) -> Result<Moe, WeightsError> {
+    pub fn load(w: &MappedCheckpoint, cfg: &TextConfig, prefix: &str, layer: usize, dense: DenseFormat) -> Result<Moe, WeightsError> {
         let m = format!("{prefix}layers.{layer}.mlp.");
         let (d, fs) = (cfg.hidden_size, cfg.shared_expert_intermediate_size);
         Ok(Moe {
-            router: w.matrix(&format!("{m}gate.weight"), cfg.num_experts, d)?,
-            shared_gate: w.matrix(&format!("{m}shared_expert.gate_proj.weight"), fs, d)?,
-            shared_up: w.matrix(&format!("{m}shared_expert.up_proj.weight"), fs, d)?,
-            shared_down: w.matrix(&format!("{m}shared_expert.down_proj.weight"), d, fs)?,
-            shared_expert_gate: w.matrix(&format!("{m}shared_expert_gate.weight"), 1, d)?,
+            // Router and shared-expert gate stay BF16 in every mode (see `linear`).
+            router: Linear::new(w.matrix(&format!("{m}gate.weight"), cfg.num_experts, d)?, DenseFormat::Bf16),
+            shared_gate: Linear::new(w.matrix(&format!("{m}shared_expert.gate_proj.weight"), fs, d)?, dense),
+            shared_up: Linear::new(w.matrix(&format!("{m}shared_expert.up_proj.weight"), fs, d)?, dense),
+            shared_down: Linear::new(w.matrix(&format!("{m}shared_expert.down_proj.weight"), d, fs)?, dense),
+            shared_expert_gate: Linear::new(w.matrix(&format!("{m}shared_expert_gate.weight"), 1, d)?, DenseFormat::Bf16),
             top_k: cfg.experts_per_token,
             layer,
         })
@@ -90,7 +92,7 @@ impl Moe {
         );
 
         let [mut g, u, gate]: [Vec<f32>; 3] =
-            ops::project_many(isa, &[&self.shared_gate, &self.shared_up, &self.shared_expert_gate], x, n)
+            linear::project_many(isa, &[&self.shared_gate, &self.shared_up, &self.shared_expert_gate], x, n)
                 .try_into()
                 .expect("three projections");
         for (gv, uv) in g.iter_mut().zip(&u) {

@@ -89,6 +89,20 @@ impl Matrix {
         self.rows * self.cols * 2
     }
 
+    /// Tells the kernel this matrix's mapped pages are no longer needed, so they leave the
+    /// process's resident set (used after converting the matrix to another format). Reading
+    /// the matrix again afterwards is still correct: the pages fault back in from the file.
+    /// A no-op for owned matrices; failures are ignored (the advice only saves memory).
+    pub fn release_pages(&self) {
+        if let Storage::Mapped { map, offset, len } = &self.storage {
+            // SAFETY: the mapping is private and read-only and this process never writes it, so
+            // MADV_DONTNEED only unmaps pages whose contents are the file's bytes; any later
+            // read (of this matrix, or of a neighbour sharing an edge page) faults the same
+            // bytes back in from the file. Values seen through existing borrows never change.
+            let _ = unsafe { map.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, *offset, *len) };
+        }
+    }
+
     /// A matrix over an owned buffer (synthetic weights in tests and tools).
     pub fn from_vec(data: Vec<bf16>, rows: usize, cols: usize) -> Matrix {
         assert_eq!(data.len(), rows * cols, "matrix data length");

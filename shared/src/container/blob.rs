@@ -62,6 +62,17 @@ impl<'a> ExpertBlob<'a> {
     /// relative to the blob start, so any buffer aligned to 4 (every heap allocation) works.
     pub fn parse(bytes: &'a [u8], layout: &BlobLayout, at: BlobAt, expected_checksum: u64) -> Result<ExpertBlob<'a>, ContainerError> {
         check_blob(bytes, layout, at, Some(expected_checksum))?;
+        ExpertBlob::view_verified(bytes, layout, at)
+    }
+
+    /// Views the parts of a blob that [`check_blob`] (or [`ExpertBlob::parse`]) has already
+    /// verified, without hashing it again: for callers that keep verified blobs in memory and
+    /// compute from them many times. Checks only the length and the alignment of the parts.
+    pub fn view_verified(bytes: &'a [u8], layout: &BlobLayout, at: BlobAt) -> Result<ExpertBlob<'a>, ContainerError> {
+        if bytes.len() != layout.stride {
+            let BlobAt { layer, expert, offset } = at;
+            return Err(ContainerError::BlobLength { layer, expert, offset, found: bytes.len() as u64, expected: layout.stride as u64 });
+        }
         let floats = |part: Part, name: &'static str| -> Result<&'a [f32], ContainerError> {
             bytemuck::try_cast_slice(&bytes[part.range()]).map_err(|_| misaligned(at, name))
         };
