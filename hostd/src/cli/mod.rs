@@ -5,6 +5,7 @@
 pub mod eval;
 pub mod inspect;
 pub mod load;
+pub mod procfs;
 pub mod profile;
 pub mod run;
 pub mod serve;
