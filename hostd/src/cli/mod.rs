@@ -2,6 +2,7 @@
 //!
 //! This is tool code: it may use `anyhow`; library modules outside `cli/` use typed errors.
 
+pub mod bench;
 pub mod eval;
 pub mod inspect;
 pub mod load;
