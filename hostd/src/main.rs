@@ -26,6 +26,9 @@ enum Command {
     Serve(hostd::cli::serve::ServeArgs),
     /// Benchmark: per-op prefill and decode time, bytes streamed and GB/s vs DRAM bandwidth.
     Profile(hostd::cli::profile::ProfileArgs),
+    /// Benchmark configurations end to end: one fresh process per run, TTFT, decode speed and
+    /// its phases, memory, disk reads, and the fraction of DRAM and disk bandwidth achieved.
+    Bench(hostd::cli::bench::BenchArgs),
 }
 
 fn main() -> std::process::ExitCode {
@@ -38,6 +41,7 @@ fn main() -> std::process::ExitCode {
         Command::Synth(args) => hostd::cli::synth::run(&args),
         Command::Profile(args) => hostd::cli::profile::run(&args),
         Command::Serve(args) => hostd::cli::serve::run(&args),
+        Command::Bench(args) => hostd::cli::bench::run(&args),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

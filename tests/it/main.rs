@@ -1,6 +1,7 @@
 //! sluice's end-to-end test binary: one executable, one module per area.
 
 mod bad_input;
+mod bench;
 mod cache_replay;
 mod container;
 mod expert_io;

@@ -2,9 +2,11 @@
 //!
 //! This is tool code: it may use `anyhow`; library modules outside `cli/` use typed errors.
 
+pub mod bench;
 pub mod eval;
 pub mod inspect;
 pub mod load;
+pub mod procfs;
 pub mod profile;
 pub mod run;
 pub mod serve;

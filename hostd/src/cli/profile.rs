@@ -2,10 +2,15 @@
 //! weight bytes each op streams and the GB/s it achieves, beside the machine's DRAM read
 //! bandwidth measured in the same run. A benchmark, not a test: run it on a `realdim`
 //! checkpoint and keep the JSON in `docs/results/`.
+//!
+//! Also the child of `hostd bench` (one process per run): it reports time to first token,
+//! prefill and decode speed, decode time split into phases, and the process's (and its private
+//! expertd's) peak memory and physical reads.
 
 use super::load::{LoadArgs, load_model};
+use super::procfs::{self, Reads};
 use crate::model::profile::{self, OpStat};
-use crate::model::Logits;
+use crate::model::{Logits, Model, SequenceState};
 use anyhow::Context;
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
@@ -34,20 +39,41 @@ pub struct ProfileArgs {
     /// Decode steps measured after the prefill.
     #[arg(long, default_value_t = 32)]
     pub decode_steps: usize,
-    /// Bytes of the buffer the DRAM bandwidth probe streams.
+    /// Bytes of the buffer the DRAM bandwidth probe streams (0: no probe).
     #[arg(long, default_value_t = 1 << 30)]
     pub bandwidth_bytes: usize,
+    /// Skip the warm-up pass (a cold run: weights and experts are read during the measurement).
+    #[arg(long)]
+    pub no_warmup: bool,
     /// Write the JSON report here (also printed as a table).
     #[arg(long)]
     pub out: Option<PathBuf>,
 }
+
+/// What each decode phase includes (`decode_phases_ms_per_token` in the report).
+pub const PHASE_NOTES: &[(&str, &str)] = &[
+    ("attention", "every attention.* op scope: q/k/v projections, the attention core (rope, scores, softmax, values), o_proj"),
+    ("deltanet", "every deltanet.* op scope: in_proj, conv + norms + gates, recurrence, gated norm, out_proj"),
+    ("router", "moe.router: the router GEMV, softmax and top-k"),
+    ("shared_expert", "moe.shared_expert: the shared expert's GEMVs, SiLU, sigmoid gate and its add into the MoE output"),
+    ("routed_expert_compute", "moe.routed_experts minus expert_io_wait, expert_queue and ipc: the expert kernels plus grouping and the weighted combine (bf16: all of moe.routed_experts; int8: its share of the parallel expert section plus combine; expertd: the daemon's compute_ns plus the client's call validation)"),
+    ("expert_io_wait", "experts.io_wait: int8 in-process: the wall of the parallel expert section shared out by the workers' thread time in pread + checksum vs kernels; expertd: the daemon's io_wait_ns (acquiring cache slots and reading missed experts); bf16: 0"),
+    ("expert_queue", "experts.queue: expertd's queue_ns (waiting for a compute lane); 0 otherwise"),
+    ("ipc", "experts.ipc: expertd only: the client's wall time of each MoeLayer call minus the daemon's queue + io_wait + compute (encoding, transport both ways, the daemon's untimed glue, decoding)"),
+    ("lm_head", "lm_head: the final RMS norm and the vocabulary projection"),
+    ("sampling", "sampling: argmax over the logits"),
+    ("other", "decode wall time minus all of the above: embedding lookup, layer RMS norms, residual adds, activation copies, anything not in an op scope"),
+];
 
 /// Runs `hostd profile`.
 pub fn run(args: &ProfileArgs) -> anyhow::Result<()> {
     anyhow::ensure!(args.prompt_tokens >= 2 && args.decode_steps >= 1, "need --prompt-tokens ≥ 2 and --decode-steps ≥ 1");
     let model = load_model(&args.load)?;
     let threads = rayon::current_num_threads();
-    let bandwidth = shared::kernels::bandwidth::measure_read_bandwidth_gbps(args.bandwidth_bytes, threads);
+    let daemon = crate::expert_client::private::live_pids().first().copied();
+    let io_backend = (model.experts_name() == "expertd").then(crate::expert_client::last_io_backend).flatten();
+    let bandwidth =
+        (args.bandwidth_bytes > 0).then(|| shared::kernels::bandwidth::measure_read_bandwidth_gbps(args.bandwidth_bytes, threads));
 
     let vocab = model.config().vocab_size as u64;
     // Deterministic pseudo-random prompt ids (no tokenizer needed).
@@ -55,54 +81,153 @@ pub fn run(args: &ProfileArgs) -> anyhow::Result<()> {
         .map(|i| ((i.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 17) % vocab.min(1000)) as u32)
         .collect();
 
-    // Warm-up: fault in every dense page and every expert the prompt touches.
-    let mut warm = model.new_state();
-    model.forward(&mut warm, &prompt[..prompt.len().min(64)], Logits::Last, None)?;
-    model.forward(&mut warm, &prompt[..1], Logits::Last, None)?;
+    if !args.no_warmup {
+        // Warm-up: fault in every dense page and every expert the prompt touches.
+        let mut warm = model.new_state();
+        model.forward(&mut warm, &prompt[..prompt.len().min(64)], Logits::Last, None)?;
+        model.forward(&mut warm, &prompt[..1], Logits::Last, None)?;
+    }
 
+    let reads_start = Reads::now(daemon);
     profile::set_enabled(true);
     profile::take();
+    profile::take_counts();
     let mut state = model.new_state();
     let t = Instant::now();
-    let mut logits = model.forward(&mut state, &prompt, Logits::Last, None)?;
+    let logits = model.forward(&mut state, &prompt, Logits::Last, None)?;
     let prefill_s = t.elapsed().as_secs_f64();
+    let mut id = sample(&logits);
+    let ttft_s = t.elapsed().as_secs_f64();
     let prefill_ops = profile::take();
+    let prefill_counts = profile::take_counts();
+    let reads_mid = Reads::now(daemon);
 
     let t = Instant::now();
     for _ in 0..args.decode_steps {
-        let id = crate::cli::eval::argmax(&logits);
-        logits = model.forward(&mut state, &[id], Logits::Last, None)?;
+        id = step(&model, &mut state, id)?;
     }
     let decode_s = t.elapsed().as_secs_f64();
     let decode_ops = profile::take();
+    let decode_counts = profile::take_counts();
     profile::set_enabled(false);
+    let reads_end = Reads::now(daemon);
+    let m = args.decode_steps as f64;
 
+    let decode_reads = reads_mid.delta_json(&reads_end);
+    let weight_bytes: u64 =
+        DENSE_PROJECTIONS.iter().chain(&["moe.routed_experts"]).filter_map(|op| decode_ops.get(op)).map(|s| s.bytes).sum();
+    let expertd = daemon.map(|pid| {
+        json!({
+            "pid": pid,
+            "io_backend": io_backend,
+            "vm_hwm_bytes": procfs::vm_hwm_bytes(Some(pid)),
+            "read_bytes_total": procfs::read_bytes(Some(pid)),
+        })
+    });
+    let cache = (model.experts_name() == "expertd").then(|| json!({"prefill": cache_json(&prefill_counts), "decode": cache_json(&decode_counts)}));
     let report = json!({
-        "what": "per-op forward-pass time; weights resident and warm (page cache, after a warm-up pass)",
+        "what": if args.no_warmup {
+            "per-op forward-pass time; NO warm-up pass: weights and experts are read (from the page cache or storage) during the measurement"
+        } else {
+            "per-op forward-pass time; weights resident and warm (page cache, after a warm-up pass)"
+        },
         "model_dir": args.load.model.display().to_string(),
         "experts": model.experts_name(),
         "kernel_isa": model.isa().name(),
         "threads": threads,
         "cpu": cpu_model(),
         "commit": git_commit(),
+        "warmup": !args.no_warmup,
         "dram_read_bandwidth_gbps": bandwidth,
         "notes": [
             "ops: wall time inside each op scope; layer totals are reported separately under `layers` and contain the ops",
             "weight_bytes_total / achieved_gbps: weight bytes the op read (each matrix once per call) divided by its time; in decode this is the op's memory bandwidth, in prefill (one GEMM over the whole block) it is not a bandwidth but weight throughput",
             "moe.router and moe.shared_expert include their small element-wise work (softmax, top-k; SiLU, gate) besides the GEMVs",
             "moe.routed_experts bytes: distinct experts per call x the backend's bytes per expert",
+            "experts.* ops are recorded inside moe.routed_experts (see decode_phase_notes); *_thread_sum are summed over worker threads, not wall time",
+            "ttft_s: wall time of the prefill forward pass over the whole prompt (one block) plus the argmax choosing the first generated token",
+            "prefill_tokens_per_s: prompt tokens / prefill forward-pass wall time (argmax excluded)",
+            "decode_tokens_per_s: decode steps / decode wall time; one step = one single-token forward pass + argmax over its logits",
+            "weight_bytes_per_decode_token: weight bytes of the dense projections (incl. lm_head) and the routed experts read per decode step, as the op scopes count them",
+            "disk_reads: physical storage reads (/proc/PID/io read_bytes) of hostd and its private expertd, between the marks named",
+            "expert_cache: the expertd daemon's hits, misses (distinct experts per call) and bytes read, summed from its per-call responses",
         ],
+        "ttft_s": ttft_s,
+        "prefill_tokens_per_s": args.prompt_tokens as f64 / prefill_s,
+        "decode_tokens_per_s": m / decode_s,
+        "decode_phases_ms_per_token": decode_phases(&decode_ops, args.decode_steps, decode_s),
+        "decode_phase_notes": PHASE_NOTES.iter().map(|(k, v)| (k.to_string(), json!(v))).collect::<serde_json::Map<_, _>>(),
+        "weight_bytes_per_decode_token": weight_bytes as f64 / m,
+        "disk_reads": {
+            "prefill": reads_start.delta_json(&reads_mid),
+            "decode": decode_reads,
+            "decode_bytes_per_token": decode_reads["total"].as_f64().map(|b| b / m),
+        },
+        "process": {
+            "hostd": {"vm_hwm_bytes": procfs::vm_hwm_bytes(None), "read_bytes_total": procfs::read_bytes(None)},
+            "expertd": expertd,
+        },
+        "expert_cache": cache,
         "prefill": phase(&prefill_ops, args.prompt_tokens, prefill_s, bandwidth),
         "decode": phase(&decode_ops, args.decode_steps, decode_s, bandwidth),
     });
-    print_table(&report);
     if let Some(out) = &args.out {
         std::fs::write(out, serde_json::to_string_pretty(&report)?).with_context(|| format!("writing {}", out.display()))?;
     }
+    print_table(&report);
     Ok(())
 }
 
-fn phase(ops: &BTreeMap<&'static str, OpStat>, tokens: usize, secs: f64, bandwidth: f64) -> Value {
+/// Greedy sampling under the `sampling` scope.
+fn sample(logits: &[f32]) -> u32 {
+    let _scope = profile::scope("sampling", 0);
+    crate::cli::eval::argmax(logits)
+}
+
+/// One decode step: feed `id`, return the next greedy id.
+fn step(model: &Model, state: &mut SequenceState, id: u32) -> anyhow::Result<u32> {
+    let logits = model.forward(state, &[id], Logits::Last, None)?;
+    Ok(sample(&logits))
+}
+
+fn cache_json(counts: &BTreeMap<&'static str, u64>) -> Value {
+    let get = |k: &str| counts.get(k).copied().unwrap_or(0);
+    let (hits, misses) = (get("experts.hits"), get("experts.misses"));
+    json!({
+        "hits": hits,
+        "misses": misses,
+        "bytes_read": get("experts.bytes_read"),
+        "hit_rate": (hits + misses > 0).then(|| hits as f64 / (hits + misses) as f64),
+    })
+}
+
+/// Decode wall time per token split into the phases of [`PHASE_NOTES`], in ms.
+fn decode_phases(ops: &BTreeMap<&'static str, OpStat>, tokens: usize, secs: f64) -> Value {
+    let ns = |op: &str| ops.get(op).map_or(0, |s| s.ns);
+    let prefixed = |p: &str| ops.iter().filter(|(k, _)| k.starts_with(p)).map(|(_, s)| s.ns).sum::<u64>();
+    let (io, queue, ipc) = (ns("experts.io_wait"), ns("experts.queue"), ns("experts.ipc"));
+    let phases: [(&str, u64); 10] = [
+        ("attention", prefixed("attention.")),
+        ("deltanet", prefixed("deltanet.")),
+        ("router", ns("moe.router")),
+        ("shared_expert", ns("moe.shared_expert")),
+        ("routed_expert_compute", ns("moe.routed_experts").saturating_sub(io + queue + ipc)),
+        ("expert_io_wait", io),
+        ("expert_queue", queue),
+        ("ipc", ipc),
+        ("lm_head", ns("lm_head")),
+        ("sampling", ns("sampling")),
+    ];
+    let per_token = |ns: f64| ns / 1e6 / tokens as f64;
+    let wall_ns = secs * 1e9;
+    let sum: u64 = phases.iter().map(|p| p.1).sum();
+    let mut out: serde_json::Map<String, Value> = phases.iter().map(|(k, v)| (k.to_string(), json!(per_token(*v as f64)))).collect();
+    out.insert("other".into(), json!(per_token(wall_ns - sum as f64)));
+    out.insert("wall".into(), json!(per_token(wall_ns)));
+    Value::Object(out)
+}
+
+fn phase(ops: &BTreeMap<&'static str, OpStat>, tokens: usize, secs: f64, bandwidth: Option<f64>) -> Value {
     let mut table = serde_json::Map::new();
     let mut layers = serde_json::Map::new();
     for (name, s) in ops {
@@ -142,7 +267,7 @@ fn phase(ops: &BTreeMap<&'static str, OpStat>, tokens: usize, secs: f64, bandwid
             "weight_bytes": bytes,
             "ms": ns as f64 / 1e6,
             "achieved_gbps": dense_gbps,
-            "fraction_of_dram_bandwidth": dense_gbps / bandwidth,
+            "fraction_of_dram_bandwidth": bandwidth.map(|b| dense_gbps / b),
         },
     })
 }
@@ -155,6 +280,15 @@ fn print_table(r: &Value) {
         r["dram_read_bandwidth_gbps"].as_f64().unwrap_or(0.0),
         r["experts"].as_str().unwrap_or("?")
     );
+    println!(
+        "TTFT {:.3} s | prefill {:.2} tok/s | decode {:.2} tok/s | decode disk reads {:.0} B/token",
+        r["ttft_s"].as_f64().unwrap_or(0.0),
+        r["prefill_tokens_per_s"].as_f64().unwrap_or(0.0),
+        r["decode_tokens_per_s"].as_f64().unwrap_or(0.0),
+        r["disk_reads"]["decode_bytes_per_token"].as_f64().unwrap_or(0.0)
+    );
+    let phases = r["decode_phases_ms_per_token"].as_object().into_iter().flatten();
+    println!("decode phases (ms/token): {}", phases.map(|(k, v)| format!("{k} {:.3}", v.as_f64().unwrap_or(0.0))).collect::<Vec<_>>().join(", "));
     for phase in ["prefill", "decode"] {
         let p = &r[phase];
         println!(
@@ -179,7 +313,7 @@ fn print_table(r: &Value) {
         }
         let d = &p["dense_projections"];
         println!(
-            "  dense projections: {:.1} GB/s = {:.0}% of DRAM read bandwidth",
+            "  dense projections: {:.1} GB/s = {:.0}% of DRAM read bandwidth (0: not probed)",
             d["achieved_gbps"].as_f64().unwrap_or(0.0),
             100.0 * d["fraction_of_dram_bandwidth"].as_f64().unwrap_or(0.0)
         );

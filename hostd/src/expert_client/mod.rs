@@ -23,6 +23,7 @@ pub use private::{PrivateDaemon, PrivateOptions};
 pub use transport::Endpoint;
 
 use crate::experts::{ExpertBackend, ExpertError, MoeCall, validate_call};
+use crate::model::profile;
 use proto::convert::{f32s_to_le_bytes, le_bytes_into_f32s};
 use proto::v1::{self as pb, moe_layer_request, moe_layer_response};
 use shared::container::ModelIdentity;
@@ -102,6 +103,26 @@ pub struct DaemonInfo {
     pub shared_memory: bool,
 }
 
+/// The daemon-reported cost of one `MoeLayer` call (the response's figures).
+#[derive(Debug, Clone, Copy, Default)]
+struct CallCost {
+    queue_ns: u64,
+    io_wait_ns: u64,
+    compute_ns: u64,
+    hits: u32,
+    misses: u32,
+    bytes_read: u64,
+}
+
+/// The reader of the daemon this process connected to last (`io=… o_direct=…`), for reports.
+static LAST_IO_BACKEND: Mutex<Option<String>> = Mutex::new(None);
+
+/// The reader the most recently connected daemon reported in its handshake, e.g.
+/// `io=io_uring o_direct=true` (for `hostd profile`, which has no handle on its client).
+pub fn last_io_backend() -> Option<String> {
+    LAST_IO_BACKEND.lock().unwrap_or_else(PoisonError::into_inner).clone()
+}
+
 /// One connection and the session opened on it.
 struct Session {
     link: Link,
@@ -162,6 +183,7 @@ impl ExpertdClient {
             daemon,
         };
         let s = client.session()?;
+        *LAST_IO_BACKEND.lock().unwrap_or_else(PoisonError::into_inner) = Some(s.info.io_backend.clone());
         tracing::info!(
             endpoint = %client.endpoint,
             session = s.info.session_id,
@@ -330,7 +352,7 @@ impl ExpertdClient {
     }
 
     /// One `MoeLayer` call on session `s`.
-    fn call_on(&self, s: &Session, call: &MoeCall<'_>, step: u64, out: &mut [f32]) -> Result<(), ExpertClientError> {
+    fn call_on(&self, s: &Session, call: &MoeCall<'_>, step: u64, out: &mut [f32]) -> Result<CallCost, ExpertClientError> {
         // PERF-CRITICAL: one round trip per MoE layer per step.
         let n_values = call.n_rows * self.opts.hidden;
         let segment = self.segment.as_deref().filter(|seg| s.info.shared_memory && seg.fits(call.n_rows));
@@ -379,17 +401,24 @@ impl ExpertdClient {
             bytes_read = resp.bytes_read,
             "expertd call"
         );
-        Ok(())
+        Ok(CallCost {
+            queue_ns: resp.queue_ns,
+            io_wait_ns: resp.io_wait_ns,
+            compute_ns: resp.compute_ns,
+            hits: resp.hits,
+            misses: resp.misses,
+            bytes_read: resp.bytes_read,
+        })
     }
 
     /// One layer call with the reconnect policy of the module doc.
-    fn call(&self, call: &MoeCall<'_>, out: &mut [f32]) -> Result<(), ExpertClientError> {
+    fn call(&self, call: &MoeCall<'_>, out: &mut [f32]) -> Result<CallCost, ExpertClientError> {
         let step = self.next_step(call.layer);
         let mut retried = false;
         loop {
             let s = self.session()?;
             match self.call_on(&s, call, step, out) {
-                Ok(()) => return Ok(()),
+                Ok(cost) => return Ok(cost),
                 Err(e) => {
                     if e.needs_reconnect() {
                         self.forget(&s);
@@ -418,6 +447,21 @@ impl ExpertBackend for ExpertdClient {
     #[tracing::instrument(level = "debug", skip_all, fields(layer_idx = call.layer, n_tokens = call.n_rows))]
     fn moe_layer(&self, call: &MoeCall<'_>, out: &mut [f32]) -> Result<(), ExpertError> {
         validate_call(call, self.opts.n_layers, self.opts.n_experts, self.opts.hidden, out.len())?;
-        self.call(call, out).map_err(|e| e.into_expert_error(call.layer))
+        let t = Instant::now();
+        let cost = self.call(call, out).map_err(|e| e.into_expert_error(call.layer))?;
+        if profile::enabled() {
+            // The call's client wall time, split into the daemon's reported queue, IO wait and
+            // compute; the rest (encode, transport both ways, decode, a retry) is IPC.
+            let wall = t.elapsed().as_nanos() as u64;
+            let server = cost.queue_ns + cost.io_wait_ns + cost.compute_ns;
+            profile::add("experts.queue", cost.queue_ns, 0);
+            profile::add("experts.io_wait", cost.io_wait_ns, 0);
+            profile::add("experts.compute", cost.compute_ns, 0);
+            profile::add("experts.ipc", wall.saturating_sub(server), 0);
+            profile::count("experts.hits", u64::from(cost.hits));
+            profile::count("experts.misses", u64::from(cost.misses));
+            profile::count("experts.bytes_read", cost.bytes_read);
+        }
+        Ok(())
     }
 }

@@ -18,6 +18,15 @@ pub const START_TIMEOUT: Duration = Duration::from_secs(60);
 /// Largest default cache budget of a private daemon, in bytes.
 pub const DEFAULT_MAX_CACHE_BYTES: u64 = 4 << 30;
 
+/// Process ids of the private daemons alive in this process (for `hostd profile`'s memory and
+/// IO figures, which cannot reach the client behind the model).
+static LIVE: std::sync::Mutex<Vec<u32>> = std::sync::Mutex::new(Vec::new());
+
+/// The process ids of this process's private expertd children that are still running.
+pub fn live_pids() -> Vec<u32> {
+    LIVE.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
+}
+
 /// What the private daemon serves.
 #[derive(Debug, Clone)]
 pub struct PrivateOptions {
@@ -129,6 +138,7 @@ impl PrivateDaemon {
             std::thread::sleep(Duration::from_millis(20));
         }
         tracing::info!(socket = %daemon.socket.display(), pid = daemon.child.id(), budget_bytes = budget, "private expertd started");
+        LIVE.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push(daemon.child.id());
         Ok(daemon)
     }
 
@@ -150,6 +160,8 @@ impl PrivateDaemon {
 
 impl Drop for PrivateDaemon {
     fn drop(&mut self) {
+        let pid = self.child.id();
+        LIVE.lock().unwrap_or_else(std::sync::PoisonError::into_inner).retain(|&p| p != pid);
         drop(self.stdin.take());
         let deadline = Instant::now() + Duration::from_secs(5);
         while Instant::now() < deadline {

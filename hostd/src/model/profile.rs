@@ -25,15 +25,48 @@ static ENABLED: AtomicBool = AtomicBool::new(false);
 // A mutex is fine: scopes are entered from the calling thread a few hundred times per token,
 // never from inside rayon workers.
 static STATS: Mutex<BTreeMap<&'static str, OpStat>> = Mutex::new(BTreeMap::new());
+// Plain event counters (cache hits, misses, bytes read), recorded only while enabled.
+static COUNTS: Mutex<BTreeMap<&'static str, u64>> = Mutex::new(BTreeMap::new());
 
 /// Turns recording on or off for the whole process.
 pub fn set_enabled(on: bool) {
     ENABLED.store(on, Ordering::Relaxed);
 }
 
+/// Whether recording is on (callers that time work themselves check this first).
+pub fn enabled() -> bool {
+    ENABLED.load(Ordering::Relaxed)
+}
+
 /// Returns and clears everything recorded so far.
 pub fn take() -> BTreeMap<&'static str, OpStat> {
     std::mem::take(&mut *STATS.lock().unwrap_or_else(|p| p.into_inner()))
+}
+
+/// Returns and clears the counters recorded so far.
+pub fn take_counts() -> BTreeMap<&'static str, u64> {
+    std::mem::take(&mut *COUNTS.lock().unwrap_or_else(|p| p.into_inner()))
+}
+
+/// Records one call of `op` that took `ns` nanoseconds, measured elsewhere (a daemon's
+/// reported time, a share of a parallel section), with `bytes` of weights. No-op when disabled.
+pub fn add(op: &'static str, ns: u64, bytes: u64) {
+    if !enabled() {
+        return;
+    }
+    let mut stats = STATS.lock().unwrap_or_else(|p| p.into_inner());
+    let s = stats.entry(op).or_default();
+    s.calls += 1;
+    s.ns += ns;
+    s.bytes += bytes;
+}
+
+/// Adds `n` to the counter `name`. No-op when disabled.
+pub fn count(name: &'static str, n: u64) {
+    if !enabled() {
+        return;
+    }
+    *COUNTS.lock().unwrap_or_else(|p| p.into_inner()).entry(name).or_default() += n;
 }
 
 /// Records the time until the guard drops under `op`, plus `bytes` of weights streamed.
