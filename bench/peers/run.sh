@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Run llama-bench (pp512, tg128, 2 threads, 3 reps) on the Q8_0 GGUF and save
 # raw JSON + metadata under docs/results/peers/. Run convert.sh first.
+# PEERS_P / PEERS_N change -p / -n (default 512 / 128; the tag then says so).
 # Optional bounded-memory run: PEERS_MEM_LIMIT=4G ./run.sh  (cgroup memory limit;
 # systemd-run --scope if it works, else a cgroup-v1/v2 child of our own cgroup).
 # Evict the GGUF from the page cache first (PEERS_EVICT=1) or the limit does nothing.
@@ -16,8 +17,11 @@ LIMIT=${PEERS_MEM_LIMIT:-}
 RES=$REPO/docs/results/peers
 mkdir -p "$RES"
 BENCH=$W/llama.cpp/build/bin/llama-bench
-CMD=(timeout "${BENCH_TIMEOUT:-900}" "$BENCH" -m "$GGUF" -p 512 -n 128 -t "$THREADS" -r "$REPS" -o json)
+P=${PEERS_P:-512}
+N=${PEERS_N:-128}
+CMD=(timeout "${BENCH_TIMEOUT:-900}" "$BENCH" -m "$GGUF" -p "$P" -n "$N" -t "$THREADS" -r "$REPS" -o json)
 TAG=llama-bench-$(basename "$GGUF" .gguf)-t$THREADS${LIMIT:+-mem$LIMIT}
+[ "$P/$N" = 512/128 ] || TAG=$TAG-p$P-n$N
 STAMP=$(date -u +%Y-%m-%dT%H:%M:%SZ)
 
 run_limited() {

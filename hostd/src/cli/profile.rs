@@ -82,10 +82,15 @@ pub fn run(args: &ProfileArgs) -> anyhow::Result<()> {
         .collect();
 
     if !args.no_warmup {
-        // Warm-up: fault in every dense page and every expert the prompt touches.
+        // Warm-up: the exact pass the measurement makes (the same prompt, then the same greedy
+        // steps), so every dense page and every expert the measurement touches has been read
+        // once (page cache, expertd's cache, first-use checksums): a resident, warm measurement.
         let mut warm = model.new_state();
-        model.forward(&mut warm, &prompt[..prompt.len().min(64)], Logits::Last, None)?;
-        model.forward(&mut warm, &prompt[..1], Logits::Last, None)?;
+        let mut logits = model.forward(&mut warm, &prompt, Logits::Last, None)?;
+        for _ in 0..args.decode_steps {
+            let id = crate::cli::eval::argmax(&logits);
+            logits = model.forward(&mut warm, &[id], Logits::Last, None)?;
+        }
     }
 
     let reads_start = Reads::now(daemon);
@@ -129,7 +134,7 @@ pub fn run(args: &ProfileArgs) -> anyhow::Result<()> {
         "what": if args.no_warmup {
             "per-op forward-pass time; NO warm-up pass: weights and experts are read (from the page cache or storage) during the measurement"
         } else {
-            "per-op forward-pass time; weights resident and warm (page cache, after a warm-up pass)"
+            "per-op forward-pass time; weights resident and warm: a warm-up pass made the same prefill and decode steps first"
         },
         "model_dir": args.load.model.display().to_string(),
         "experts": model.experts_name(),

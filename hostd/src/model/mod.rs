@@ -156,8 +156,10 @@ impl Model {
                 moe: Moe::load(w, &cfg, prefix, i, dense)?,
             });
         }
+        let embed = w.matrix(&format!("{prefix}embed_tokens.weight"), cfg.vocab_size, d)?;
+        embed.advise_random_rows();
         Ok(Model {
-            embed: w.matrix(&format!("{prefix}embed_tokens.weight"), cfg.vocab_size, d)?,
+            embed,
             final_scale: ops::zero_centred_scale(&w.vector_f32(&format!("{prefix}norm.weight"))?),
             lm_head: Linear::new(w.matrix(shared::tensor_spec::LM_HEAD, cfg.vocab_size, d)?, dense),
             dense,

@@ -103,6 +103,16 @@ impl Matrix {
         }
     }
 
+    /// Tells the kernel this matrix is read in scattered rows (an embedding table), so a page
+    /// fault reads only the faulting page instead of a readahead window: a decode step then
+    /// costs one or two pages of disk reads for its token's row when the table is not cached.
+    /// Failures are ignored (the advice only saves reads).
+    pub fn advise_random_rows(&self) {
+        if let Storage::Mapped { map, offset, len } = &self.storage {
+            let _ = map.advise_range(memmap2::Advice::Random, *offset, *len);
+        }
+    }
+
     /// A matrix over an owned buffer (synthetic weights in tests and tools).
     pub fn from_vec(data: Vec<bf16>, rows: usize, cols: usize) -> Matrix {
         assert_eq!(data.len(), rows * cols, "matrix data length");

@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# One harness run for issue 7's targets, sluice and llama.cpp side by side on one machine:
+#   1. hostd bench, warm/resident: bf16 (exact), int8 (dense + experts in-process),
+#      int8 through a private expertd (full cache) — fresh process per run, A/B/C interleaved,
+#      drift check at the end.
+#   2. llama-bench pp512/tg128, Q8_0, same threads (bench/peers/run.sh).
+#   3. hostd bench --cold: int8 dense + expertd streaming with a cache of 10% of the expert
+#      bytes; page cache dropped before every run, O_DIRECT reads, physical reads counted.
+#   4. llama-bench decode under a cgroup memory limit equal to sluice's total peak RSS in (3)
+#      (hostd + expertd), GGUF evicted from the page cache first.
+#   5. bench/headline_summary.py: ratios against the targets -> $OUT/headline.{json,md}.
+# Needs root (drop_caches, cgroups), /tmp/peers from bench/peers/{build-llama,convert}.sh, the
+# realdim checkpoint and its container. ~20 minutes on the project's 2-core VM.
+set -euo pipefail
+HERE=$(cd "$(dirname "$0")" && pwd)
+REPO=$(cd "$HERE/.." && pwd)
+MODEL=${MODEL:-/tmp/realdim4}
+CONTAINER=${CONTAINER:-/tmp/rd4c}
+THREADS=${THREADS:-2}
+RUNS=${RUNS:-3}
+NEW=${NEW_TOKENS:-128}
+COLD_NEW=${COLD_NEW_TOKENS:-32}
+OUT=${OUT:-$REPO/docs/results/headline}
+BIN=${BENCH_BIN:-/tmp/sluice-bench-bin}
+mkdir -p "$OUT" "$BIN"
+# Run from a copy so a rebuild during the bench cannot swap the binaries under it.
+TARGET=${CARGO_TARGET_DIR:-$REPO/target}
+cp "$TARGET/release/hostd" "$TARGET/release/expertd" "$BIN/"
+[ -d "$MODEL" ] || "$BIN/hostd" synth --preset realdim --layers 4 --seed 0 --out "$MODEL"
+[ -f "$CONTAINER/experts.sluice" ] || "$BIN/expertd" prepare "$MODEL" --out "$CONTAINER"
+CBYTES=$(stat -c %s "$CONTAINER/experts.sluice")
+TENTH=$((CBYTES / 10))
+cd "$REPO"
+# Warm the page cache for the resident runs.
+cat "$MODEL"/*.safetensors "$CONTAINER/experts.sluice" > /dev/null
+
+echo "== 1. resident (warm)"
+"$BIN/hostd" bench --model "$MODEL" --threads "$THREADS" --runs "$RUNS" --prompt-tokens 512 --new-tokens "$NEW" \
+  --config "bf16: --dense bf16 --experts bf16" \
+  --config "int8: --dense int8 --experts int8 --container $CONTAINER" \
+  --config "int8-expertd: --dense int8 --experts expertd --container $CONTAINER" \
+  --json "$OUT/resident.json"
+
+echo "== 2. llama.cpp pp512 / tg128"
+REPS=$RUNS bash "$HERE/peers/run.sh"
+
+echo "== 3. streaming, cache = 10% of the expert bytes, cold"
+"$BIN/hostd" bench --model "$MODEL" --threads "$THREADS" --runs "$RUNS" --prompt-tokens 512 --new-tokens "$COLD_NEW" --cold \
+  --config "stream10: --dense int8 --experts expertd --container $CONTAINER --expertd-cache-bytes $TENTH" \
+  --json "$OUT/streaming.json"
+
+LIMIT=$(python3 -c 'import json,sys; s=json.load(open(sys.argv[1]))["configs"][0]["summary"]; print(int(s["hostd_vm_hwm_bytes"]["median"] + s["expertd_vm_hwm_bytes"]["median"]))' "$OUT/streaming.json")
+echo "== 4. llama.cpp decode under a ${LIMIT}-byte cgroup limit (sluice's streaming hostd + expertd peak RSS)"
+PEERS_EVICT=1 PEERS_MEM_LIMIT=$LIMIT PEERS_P=0 PEERS_N="$COLD_NEW" REPS=1 BENCH_TIMEOUT=1200 bash "$HERE/peers/run.sh" || echo "bounded llama-bench failed or timed out"
+# Put the GGUF and checkpoint back in the page cache for whoever runs next.
+cat "$MODEL"/*.safetensors > /dev/null
+
+echo "== 5. summary"
+python3 "$HERE/headline_summary.py" --resident "$OUT/resident.json" --streaming "$OUT/streaming.json" \
+  --peer docs/results/peers/llama-bench-$(basename "$MODEL")-q8_0-t$THREADS.json \
+  --peer-bounded docs/results/peers/llama-bench-$(basename "$MODEL")-q8_0-t$THREADS-mem$LIMIT-p0-n$COLD_NEW.json \
+  --limit-bytes "$LIMIT" --out "$OUT/headline"
