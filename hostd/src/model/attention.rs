@@ -148,7 +148,7 @@ impl Attention {
             let mut scores: Vec<f32> = (0..visible)
                 .map(|tau| {
                     let kv = &ck[(tau * nkv + g) * dh..(tau * nkv + g + 1) * dh];
-                    qv.iter().zip(kv).map(|(a, b)| a * b).sum::<f32>() * scale
+                    ops::dot(qv, kv) * scale
                 })
                 .collect();
             ops::softmax(&mut scores);

@@ -236,7 +236,7 @@ fn chunked(s: &mut [f32], x: &HeadInputs<'_>, dk: usize, dv: usize) -> Vec<f32> 
                 Some(*acc)
             })
             .collect();
-        let dot = |a: &[f32], b: &[f32]| a.iter().zip(b).map(|(x, y)| x * y).sum::<f32>();
+        let dot = ops::dot;
         // Strictly lower L_ij = β_i (k_i·k_j) e^{γ_i−γ_j}.
         let mut lmat = vec![0.0f32; l * l];
         for i in 0..l {

@@ -57,6 +57,37 @@ pub fn l2_norm(x: &mut [f32], eps: f32, mul: f32) {
     }
 }
 
+/// `Σ a[i]·b[i]` with 16 independent partial sums (lane `i % 16`), combined pairwise at the
+/// end, then the tail: a fixed order (so every caller, decode or prefill, gets the same bits
+/// for the same inputs) that the compiler can keep in SIMD registers, unlike one sequential
+/// f32 chain. Used for the attention scores and DeltaNet's chunk-local dot products.
+#[inline]
+pub fn dot(a: &[f32], b: &[f32]) -> f32 {
+    // PERF-CRITICAL: attention scores and DeltaNet chunk products in prefill.
+    debug_assert_eq!(a.len(), b.len());
+    const LANES: usize = 16;
+    let mut acc = [0.0f32; LANES];
+    let (ca, cb) = (a.chunks_exact(LANES), b.chunks_exact(LANES));
+    let (ta, tb) = (ca.remainder(), cb.remainder());
+    for (x, y) in ca.zip(cb) {
+        for i in 0..LANES {
+            acc[i] += x[i] * y[i];
+        }
+    }
+    let mut width = LANES / 2;
+    while width > 0 {
+        for i in 0..width {
+            acc[i] += acc[i + width];
+        }
+        width /= 2;
+    }
+    let mut sum = acc[0];
+    for (x, y) in ta.iter().zip(tb) {
+        sum += x * y;
+    }
+    sum
+}
+
 /// Numerically stable softmax in place.
 pub fn softmax(x: &mut [f32]) {
     let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
@@ -154,6 +185,17 @@ mod tests {
             for (m, got) in [&a, &b, &c].into_iter().zip(&many) {
                 assert_eq!(&project_new(isa, m, &x, n), got, "n = {n}");
             }
+        }
+    }
+
+    #[test]
+    fn dot_matches_the_plain_sum_closely_on_every_length() {
+        for len in [0usize, 1, 7, 15, 16, 17, 33, 128, 256, 300] {
+            let a: Vec<f32> = (0..len).map(|i| (i as f32 * 0.37).sin()).collect();
+            let b: Vec<f32> = (0..len).map(|i| (i as f32 * 0.11).cos()).collect();
+            let plain: f64 = a.iter().zip(&b).map(|(x, y)| f64::from(*x) * f64::from(*y)).sum();
+            let scale: f64 = a.iter().zip(&b).map(|(x, y)| f64::from((x * y).abs())).sum::<f64>().max(1e-30);
+            assert!((f64::from(dot(&a, &b)) - plain).abs() <= 1e-6 * scale, "len {len}");
         }
     }
 
