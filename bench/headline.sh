@@ -6,8 +6,9 @@
 #   2. llama-bench pp512/tg128, Q8_0, same threads (bench/peers/run.sh).
 #   3. hostd bench --cold: int8 dense + expertd streaming with a cache of 10% of the expert
 #      bytes; page cache dropped before every run, O_DIRECT reads, physical reads counted.
-#   4. llama-bench decode under a cgroup memory limit equal to sluice's total peak RSS in (3)
-#      (hostd + expertd), GGUF evicted from the page cache first.
+#   4. The same streaming bench INSIDE a cgroup whose memory limit is sluice's total peak RSS
+#      in (3) (hostd + expertd VmHWM medians), then llama-bench decode under the same limit
+#      (GGUF evicted from the page cache first): both bounded by one number.
 #   5. bench/headline_summary.py: ratios against the targets -> $OUT/headline.{json,md}.
 # Needs root (drop_caches, cgroups), /tmp/peers from bench/peers/{build-llama,convert}.sh, the
 # realdim checkpoint and its container. ~20 minutes on the project's 2-core VM.
@@ -31,6 +32,13 @@ cp "$TARGET/release/hostd" "$TARGET/release/expertd" "$BIN/"
 CBYTES=$(stat -c %s "$CONTAINER/experts.sluice")
 TENTH=$((CBYTES / 10))
 cd "$REPO"
+source "$HERE/peers/cgroup.sh"
+{
+  echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
+  echo "commit: $(git rev-parse HEAD) $( [ -z "$(git status --porcelain --untracked-files=no)" ] && echo clean || echo DIRTY)"
+  sha256sum "$BIN/hostd" "$BIN/expertd"
+  echo "loadavg at start: $(cat /proc/loadavg)"
+} > "$OUT/meta.txt"
 # Warm the page cache for the resident runs.
 cat "$MODEL"/*.safetensors "$CONTAINER/experts.sluice" > /dev/null
 
@@ -50,13 +58,20 @@ echo "== 3. streaming, cache = 10% of the expert bytes, cold"
   --json "$OUT/streaming.json"
 
 LIMIT=$(python3 -c 'import json,sys; s=json.load(open(sys.argv[1]))["configs"][0]["summary"]; print(int(s["hostd_vm_hwm_bytes"]["median"] + s["expertd_vm_hwm_bytes"]["median"]))' "$OUT/streaming.json")
-echo "== 4. llama.cpp decode under a ${LIMIT}-byte cgroup limit (sluice's streaming hostd + expertd peak RSS)"
-PEERS_EVICT=1 PEERS_MEM_LIMIT=$LIMIT PEERS_P=0 PEERS_N="$COLD_NEW" REPS=1 BENCH_TIMEOUT=1200 bash "$HERE/peers/run.sh" || echo "bounded llama-bench failed or timed out"
+echo "== 4a. sluice streaming inside a ${LIMIT}-byte cgroup (its own hostd + expertd peak RSS)"
+rm -f "$OUT/streaming-bounded.cgroup.txt"
+CGROUP_REPORT="$OUT/streaming-bounded.cgroup.txt" run_limited "$BIN/hostd" bench --model "$MODEL" --threads "$THREADS" --runs "$RUNS" --prompt-tokens 512 --new-tokens "$COLD_NEW" --cold \
+  --config "stream10: --dense int8 --experts expertd --container $CONTAINER --expertd-cache-bytes $TENTH" \
+  --json "$OUT/streaming-bounded.json" || echo "bounded sluice run failed"
+echo "== 4b. llama.cpp decode under the same ${LIMIT}-byte cgroup limit"
+PEERS_EVICT=1 PEERS_MEM_LIMIT=$LIMIT PEERS_P=0 PEERS_N="$COLD_NEW" REPS=$RUNS BENCH_TIMEOUT=1500 bash "$HERE/peers/run.sh" || echo "bounded llama-bench failed or timed out"
 # Put the GGUF and checkpoint back in the page cache for whoever runs next.
 cat "$MODEL"/*.safetensors > /dev/null
 
 echo "== 5. summary"
+echo "loadavg at end: $(cat /proc/loadavg)" >> "$OUT/meta.txt"
 python3 "$HERE/headline_summary.py" --resident "$OUT/resident.json" --streaming "$OUT/streaming.json" \
+  --streaming-bounded "$OUT/streaming-bounded.json" \
   --peer docs/results/peers/llama-bench-$(basename "$MODEL")-q8_0-t$THREADS.json \
   --peer-bounded docs/results/peers/llama-bench-$(basename "$MODEL")-q8_0-t$THREADS-mem$LIMIT-p0-n$COLD_NEW.json \
   --limit-bytes "$LIMIT" --out "$OUT/headline"

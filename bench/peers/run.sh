@@ -24,32 +24,15 @@ TAG=llama-bench-$(basename "$GGUF" .gguf)-t$THREADS${LIMIT:+-mem$LIMIT}
 [ "$P/$N" = 512/128 ] || TAG=$TAG-p$P-n$N
 STAMP=$(date -u +%Y-%m-%dT%H:%M:%SZ)
 
-run_limited() {
-  if systemd-run --scope -q -p MemoryMax="$LIMIT" true 2>/dev/null; then
-    systemd-run --scope -q -p MemoryMax="$LIMIT" "$@"; return
-  fi
-  local bytes; bytes=$(numfmt --from=iec "$LIMIT")
-  local cg
-  if [ -f /sys/fs/cgroup/cgroup.controllers ]; then          # v2
-    cg=/sys/fs/cgroup$(awk -F: '$1=="0"{print $3}' /proc/self/cgroup)/peers-$$
-    mkdir "$cg"; echo "$bytes" > "$cg/memory.max"
-  else                                                        # v1
-    cg=/sys/fs/cgroup/memory$(awk -F: '$2=="memory"{print $3}' /proc/self/cgroup)/peers-$$
-    mkdir "$cg"; echo "$bytes" > "$cg/memory.limit_in_bytes"
-  fi
-  # the page cache of the mmapped GGUF is charged to this cgroup too
-  local rc=0
-  sh -c 'echo $$ > "$1/cgroup.procs"; shift; exec "$@"' sh "$cg" "$@" || rc=$?
-  rmdir "$cg" 2>/dev/null || true
-  return $rc
-}
+source "$HERE/cgroup.sh"
 
 if [ -n "${PEERS_EVICT:-}" ]; then
   # drop this file's clean pages from the page cache (posix_fadvise DONTNEED)
   python3 -c 'import os,sys; fd=os.open(sys.argv[1],os.O_RDONLY); os.posix_fadvise(fd,0,0,os.POSIX_FADV_DONTNEED)' "$GGUF"
 fi
 if [ -n "$LIMIT" ]; then
-  run_limited "${CMD[@]}" > "$RES/$TAG.json" 2> "$W/$TAG.stderr"
+  rm -f "$W/$TAG.cgroup.txt"
+  CGROUP_REPORT="$W/$TAG.cgroup.txt" run_limited "${CMD[@]}" > "$RES/$TAG.json" 2> "$W/$TAG.stderr"
 else
   "${CMD[@]}" > "$RES/$TAG.json" 2> "$W/$TAG.stderr"
 fi
@@ -57,9 +40,10 @@ fi
 {
   echo "date: $STAMP"
   echo "command: ${CMD[*]}"
-  [ -n "$LIMIT" ] && echo "memory limit: $LIMIT (cgroup)"
+  [ -n "$LIMIT" ] && echo "memory limit: $LIMIT (cgroup)" && sed 's/^/cgroup after the run: /' "$W/$TAG.cgroup.txt" 2>/dev/null
   echo "cpu: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ //')"
   echo "nproc: $(nproc)"
+  echo "build: see bench/peers/build-llama.sh (GGML_NATIVE=ON, AMX compiled out: tilezero faults in this VM)"
   echo "gguf: $GGUF ($(stat -c %s "$GGUF") bytes)"
   echo "model: $MODEL"
   sed 's/^/llama: /' "$W/llama-version.txt"

@@ -65,7 +65,7 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = 2 << 30)]
     pub odirect_bytes: u64,
     /// Parallel readers of the O_DIRECT probe.
-    #[arg(long, default_value_t = 4)]
+    #[arg(long, default_value_t = 8)]
     pub odirect_readers: usize,
 }
 
@@ -262,6 +262,10 @@ fn largest_shard(model: &Path) -> anyhow::Result<PathBuf> {
 
 /// Spawns one child run and returns its record.
 fn one_run(args: &BenchArgs, exe: &Path, c: &Config, label: &str, out: &Path) -> anyhow::Result<Value> {
+    if args.cold && c.flags.iter().any(|f| f == "--expertd" || f.starts_with("--expertd=")) {
+        bail!("config {}: --cold needs a private expertd per run; a running daemon (--expertd URI) keeps its cache across the page-cache drop", c.name);
+    }
+    let loadavg_before = std::fs::read_to_string("/proc/loadavg").ok().map(|s| s.trim().to_string());
     let drop = args.cold.then(roofline::drop_caches);
     let mut cmd = Command::new(exe);
     cmd.arg("profile")
@@ -291,7 +295,14 @@ fn one_run(args: &BenchArgs, exe: &Path, c: &Config, label: &str, out: &Path) ->
     let cold = match &drop {
         None => json!({"requested": false}),
         Some(d) => {
-            let (proven, reason) = cold_verdict(d, hostd_reads, expertd["read_bytes_total"].as_u64(), expertd["io_backend"].as_str());
+            let evidence = ColdEvidence {
+                hostd_reads,
+                expertd_reads: expertd["read_bytes_total"].as_u64(),
+                expertd_decode_reads: p["disk_reads"]["decode"]["expertd"].as_u64(),
+                expertd_decode_logical_reads: cache["bytes_read"].as_u64(),
+                has_expertd: expertd["pid"].as_u64().is_some(),
+            };
+            let (proven, reason) = cold_verdict(d, &evidence);
             json!({"requested": true, "drop_caches": d.as_ref().map_or_else(|e| e.clone(), |()| "ok".into()), "cold_proven": proven, "reason": reason})
         }
     };
@@ -299,6 +310,8 @@ fn one_run(args: &BenchArgs, exe: &Path, c: &Config, label: &str, out: &Path) ->
         "config": c.name,
         "round": label,
         "child_wall_s": child_wall_s,
+        "loadavg_before": loadavg_before,
+        "load_s": p["load_s"],
         "cold": cold,
         "experts": p["experts"],
         "threads": p["threads"],
@@ -320,24 +333,44 @@ fn one_run(args: &BenchArgs, exe: &Path, c: &Config, label: &str, out: &Path) ->
     }))
 }
 
-/// Whether a `--cold` run is proven cold, and why (never claimed without evidence).
-fn cold_verdict(drop: &Result<(), String>, hostd_reads: Option<u64>, expertd_reads: Option<u64>, io_backend: Option<&str>) -> (bool, String) {
-    let total = hostd_reads.unwrap_or(0) + expertd_reads.unwrap_or(0);
-    let o_direct = io_backend.is_some_and(|s| s.contains("o_direct=true"));
-    if hostd_reads.is_none() && expertd_reads.is_none() {
+/// What a run's /proc counters say about where its bytes came from.
+struct ColdEvidence {
+    hostd_reads: Option<u64>,
+    expertd_reads: Option<u64>,
+    /// Physical reads of the private expertd during the measured decode steps.
+    expertd_decode_reads: Option<u64>,
+    /// Bytes the expertd cache says it read for misses during those steps.
+    expertd_decode_logical_reads: Option<u64>,
+    has_expertd: bool,
+}
+
+/// Whether a `--cold` run is proven cold, and why (never claimed without evidence): the page
+/// cache was dropped before the run, storage reads were counted, and — with a private expertd —
+/// every byte its cache read for misses during decode was a physical read (O_DIRECT).
+/// "Cold" is cold inside this machine: on a VM the host may still cache the virtual disk.
+fn cold_verdict(drop: &Result<(), String>, e: &ColdEvidence) -> (bool, String) {
+    let total = e.hostd_reads.unwrap_or(0) + e.expertd_reads.unwrap_or(0);
+    if let Err(err) = drop {
+        return (false, format!("page cache not dropped ({err}): dense weights, and experts unless read with O_DIRECT, may have been cached"));
+    }
+    if e.hostd_reads.is_none() && e.expertd_reads.is_none() {
         return (false, "/proc/PID/io read_bytes unreadable: no evidence of physical reads".into());
     }
     if total == 0 {
-        return (false, "no physical reads counted (hostd and expertd read_bytes are 0): everything came from the page cache".into());
+        return (false, "no physical reads counted (hostd and expertd read_bytes are 0): everything came from memory".into());
     }
-    match drop {
-        Ok(()) => (true, format!("page cache dropped before the run; {total} bytes read from storage (hostd {hostd_reads:?}, expertd {expertd_reads:?})")),
-        Err(e) if o_direct && expertd_reads.unwrap_or(0) > 0 => (
-            true,
-            format!("page cache NOT dropped ({e}) but expertd reads experts with O_DIRECT and read {expertd_reads:?} bytes: cold experts; dense weights may have been warm"),
-        ),
-        Err(e) => (false, format!("page cache not dropped ({e}) and expertd does not read with O_DIRECT: reads may have been partly cached")),
+    if e.has_expertd {
+        match (e.expertd_decode_reads, e.expertd_decode_logical_reads) {
+            (Some(phys), Some(logical)) if logical > 0 && phys >= logical => {}
+            (phys, logical) => {
+                return (
+                    false,
+                    format!("expertd's physical decode reads ({phys:?} bytes) do not cover its cache's miss reads ({logical:?} bytes): some misses were served from memory"),
+                );
+            }
+        }
     }
+    (true, format!("page cache dropped before the run; {total} bytes read from storage (hostd {:?}, expertd {:?})", e.hostd_reads, e.expertd_reads))
 }
 
 /// Adds `dram_fraction` and `disk_fraction` to a run record.

@@ -57,7 +57,7 @@ pub const PHASE_NOTES: &[(&str, &str)] = &[
     ("router", "moe.router: the router GEMV, softmax and top-k"),
     ("shared_expert", "moe.shared_expert: the shared expert's GEMVs, SiLU, sigmoid gate and its add into the MoE output"),
     ("routed_expert_compute", "moe.routed_experts minus expert_io_wait, expert_queue and ipc: the expert kernels plus grouping and the weighted combine (bf16: all of moe.routed_experts; int8: its share of the parallel expert section plus combine; expertd: the daemon's compute_ns plus the client's call validation)"),
-    ("expert_io_wait", "experts.io_wait: int8 in-process: the wall of the parallel expert section shared out by the workers' thread time in pread + checksum vs kernels; expertd: the daemon's io_wait_ns (acquiring cache slots and reading missed experts); bf16: 0"),
+    ("expert_io_wait", "experts.io_wait: int8 in-process: the wall of the parallel expert section shared out by the workers' thread time in getting blobs (the first-use checksum of a mapped blob) vs kernels — page faults on the mapping land in compute; expertd: the daemon's io_wait_ns (acquiring cache slots and reading missed experts); bf16: 0"),
     ("expert_queue", "experts.queue: expertd's queue_ns (waiting for a compute lane); 0 otherwise"),
     ("ipc", "experts.ipc: expertd only: the client's wall time of each MoeLayer call minus the daemon's queue + io_wait + compute (encoding, transport both ways, the daemon's untimed glue, decoding)"),
     ("lm_head", "lm_head: the final RMS norm and the vocabulary projection"),
@@ -68,7 +68,9 @@ pub const PHASE_NOTES: &[(&str, &str)] = &[
 /// Runs `hostd profile`.
 pub fn run(args: &ProfileArgs) -> anyhow::Result<()> {
     anyhow::ensure!(args.prompt_tokens >= 2 && args.decode_steps >= 1, "need --prompt-tokens ≥ 2 and --decode-steps ≥ 1");
+    let t_load = Instant::now();
     let model = load_model(&args.load)?;
+    let load_s = t_load.elapsed().as_secs_f64();
     let threads = rayon::current_num_threads();
     let daemon = crate::expert_client::private::live_pids().first().copied();
     let io_backend = (model.experts_name() == "expertd").then(crate::expert_client::last_io_backend).flatten();
@@ -158,6 +160,7 @@ pub fn run(args: &ProfileArgs) -> anyhow::Result<()> {
             "expert_cache: the expertd daemon's hits, misses (distinct experts per call) and bytes read, summed from its per-call responses",
         ],
         "ttft_s": ttft_s,
+        "load_s": load_s,
         "prefill_tokens_per_s": args.prompt_tokens as f64 / prefill_s,
         "decode_tokens_per_s": m / decode_s,
         "decode_phases_ms_per_token": decode_phases(&decode_ops, args.decode_steps, decode_s),
