@@ -39,7 +39,11 @@ def main():
     drift = {"resident": res.get("drift_check", {}).get("decode_deviation_from_first_config_median"),
              "streaming": st.get("drift_check", {}).get("decode_deviation_from_first_config_median"),
              "streaming_bounded": (stb or {}).get("drift_check", {}).get("decode_deviation_from_first_config_median")}
-    DRIFT_LIMIT = 0.05
+    # This VM's run-to-run noise: the drift checks of the first headline runs (2026-11-29) ranged
+    # -9% .. +11% with nothing else running, so a bench that drifted more than 10% is not
+    # judged, and a ratio within 10% of its goal is reported as "within noise", not met/unmet.
+    DRIFT_LIMIT = 0.10
+    NOISE = 0.10
 
     def drift_ok(which):
         d = drift.get(which)
@@ -57,7 +61,8 @@ def main():
     def target(name, value, goal, what, benches):
         ok = all(drift_ok(b) for b in benches)
         met = None if value is None or not ok else value >= goal
-        rows.append({"target": name, "value": value, "goal": goal, "met": met, "drift_ok": ok, "what": what})
+        within_noise = value is not None and abs(value / goal - 1.0) < NOISE
+        rows.append({"target": name, "value": value, "goal": goal, "met": met, "within_noise": within_noise, "drift_ok": ok, "what": what})
 
     i8, bf, xd = cfg.get("int8"), cfg.get("bf16"), cfg.get("int8-expertd")
     target("resident int8 decode / llama.cpp Q8_0 tg128", ratio(med(i8, "decode_tokens_per_s"), tg), 1.0,
@@ -111,6 +116,8 @@ def main():
            "| target | measured | goal | met |", "|---|---:|---:|---|"]
     for r in rows:
         verdict = "yes" if r["met"] else ("no" if r["met"] is False else ("not judged: drift" if not r["drift_ok"] and r["value"] is not None else "not measured"))
+        if r["met"] is not None and r["within_noise"]:
+            verdict += f" (within {NOISE:.0%} of the goal: not distinguishable on this machine)"
         md.append(f"| {r['target']} | {f(r['value'])} | {r['goal']} | {verdict} |")
     open(a.out + ".md", "w").write("\n".join(md) + "\n")
     print("\n".join(md))

@@ -127,6 +127,16 @@ fn run_cli_reports_errors_without_panicking() {
     assert!(v["new_tokens"].as_u64().expect("count") <= 4);
     assert!(v["ttft_s"].as_f64().expect("ttft") > 0.0);
     assert!(v["peak_rss_bytes"].as_u64().expect("rss") > 0);
+    assert_eq!(v["dense"], "bf16");
+
+    // The INT8 dense mode through the CLI, and a value it does not know.
+    let out = tests::hostd(&["run", "--model", model_dir("tiny").to_str().expect("utf-8"), "--prompt", "hi", "--max-new-tokens", "4", "--json", "--dense", "int8"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: Value = serde_json::from_slice(&out.stdout).expect("json");
+    assert_eq!(v["dense"], "int8");
+    let out = tests::hostd(&["run", "--model", model_dir("tiny").to_str().expect("utf-8"), "--prompt", "hi", "--dense", "int4"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--dense"));
 }
 
 #[test]

@@ -140,6 +140,7 @@ pub fn run(args: &ProfileArgs) -> anyhow::Result<()> {
         },
         "model_dir": args.load.model.display().to_string(),
         "experts": model.experts_name(),
+        "dense": model.dense_format().name(),
         "kernel_isa": model.isa().name(),
         "threads": threads,
         "cpu": cpu_model(),

@@ -123,6 +123,7 @@ pub fn run(args: &RunArgs) -> anyhow::Result<()> {
             "decode_s": stats.decode_time.as_secs_f64(),
             "peak_rss_bytes": rss,
             "experts": model.experts_name(),
+            "dense": model.dense_format().name(),
             "kernel_isa": model.isa().name(),
             "threads": rayon::current_num_threads(),
         });
@@ -131,13 +132,14 @@ pub fn run(args: &RunArgs) -> anyhow::Result<()> {
         writeln!(stdout)?;
         let decode = stats.decode_tokens_per_s().map_or("n/a".to_string(), |v| format!("{v:.2}"));
         eprintln!(
-            "\n[{} prompt tokens, {} new ({stop})] TTFT {:.3} s | prefill {:.1} tok/s | decode {decode} tok/s | peak RSS {} | experts {} | isa {} | threads {}",
+            "\n[{} prompt tokens, {} new ({stop})] TTFT {:.3} s | prefill {:.1} tok/s | decode {decode} tok/s | peak RSS {} | experts {} | dense {} | isa {} | threads {}",
             stats.prompt_tokens,
             stats.new_tokens,
             stats.ttft.as_secs_f64(),
             stats.prefill_tokens_per_s(),
             rss.map_or("n/a".to_string(), |b| format!("{:.1} MiB", b as f64 / 1048576.0)),
             model.experts_name(),
+            model.dense_format().name(),
             model.isa().name(),
             rayon::current_num_threads()
         );
