@@ -244,7 +244,7 @@ fn notes() -> Vec<&'static str> {
         "hit_rate: the expertd cache's hits / (hits + misses) over the decode, from its per-call responses (distinct experts per call); null without expertd",
         "dram_fraction: weight_bytes_per_decode_token x decode_tokens_per_s / the larger DRAM probe (bandwidth.dram_gbps_used)",
         "disk_fraction: disk_bytes_per_decode_token x decode_tokens_per_s / the storage probe of the config's container (else the model's largest shard); null when the decode read nothing from storage",
-        "cold_proven: true only when physical reads were counted (hostd or expertd read_bytes > 0 over the child's life) and either the page-cache drop succeeded or expertd reads with O_DIRECT",
+        "cold_proven: true only when the page-cache drop before the run succeeded, physical reads were counted (hostd or expertd read_bytes > 0), and, with a private expertd, its physical reads during the decode steps cover every byte its cache read for misses",
         "summary: median/min/max over the config's runs (drift run excluded); nulls skipped",
     ]
 }
