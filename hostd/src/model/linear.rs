@@ -181,9 +181,6 @@ impl QuantizedInput {
     }
 }
 
-/// Weight bytes below which a tile is not worth a rayon task of its own.
-const MIN_TILE_WEIGHT_BYTES: usize = 64 << 10;
-
 /// One unit of parallel work: rows `r0 .. r0 + rows` of one matrix.
 struct Tile<'a> {
     lin: &'a Linear,
@@ -215,12 +212,10 @@ pub fn project_many(isa: Isa, mats: &[&Linear], x: &[f32], n: usize) -> Vec<Vec<
         return ops::project_many(isa, &bf16, x, n);
     }
     let xq = QuantizedInput::new(x, n, cols);
-    let threads = rayon::current_num_threads();
     let mut tiles = Vec::new();
     for (out, m) in mats.iter().enumerate() {
         let elem = if m.format() == DenseFormat::Int8 { 1 } else { 2 };
-        let min_rows = MIN_TILE_WEIGHT_BYTES.div_ceil(elem * cols.max(1));
-        let tile = min_rows.max(m.rows.div_ceil(4 * threads)).next_multiple_of(ROW_BLOCK);
+        let tile = ops::tile_rows(m.rows, elem * cols, ROW_BLOCK);
         for r0 in (0..m.rows).step_by(tile.max(1)) {
             tiles.push(Tile { lin: m, r0, rows: tile.min(m.rows - r0), out });
         }

@@ -115,6 +115,14 @@ pub fn project(isa: Isa, w: &Matrix, x: &[f32], n: usize, y: &mut [f32]) {
 /// Weight bytes below which a GEMV tile is not worth a rayon task of its own.
 const MIN_TILE_WEIGHT_BYTES: usize = 64 << 10;
 
+/// Rows per parallel tile of a decode projection over `rows` rows of `row_bytes` weight bytes
+/// each: at least [`MIN_TILE_WEIGHT_BYTES`] of weights, at most a quarter of a thread's share,
+/// rounded up to a multiple of `align` (the kernel's row block). One rule for every format.
+pub(super) fn tile_rows(rows: usize, row_bytes: usize, align: usize) -> usize {
+    let min_rows = MIN_TILE_WEIGHT_BYTES.div_ceil(row_bytes.max(1));
+    min_rows.max(rows.div_ceil(4 * rayon::current_num_threads())).next_multiple_of(align)
+}
+
 /// Several projections of the same input in ONE parallel region: `x · Wᵢᵀ` for every matrix,
 /// returned in order. With one token (decode) the rows of all matrices are cut into tiles that
 /// share the rayon pool, paying one fork/join instead of one per matrix; every row is computed
@@ -126,11 +134,9 @@ pub fn project_many(isa: Isa, mats: &[&Matrix], x: &[f32], n: usize) -> Vec<Vec<
         return mats.iter().map(|m| project_new(isa, m, x, n)).collect();
     }
     let mut outs: Vec<Vec<f32>> = mats.iter().map(|m| vec![0.0f32; m.rows]).collect();
-    let threads = rayon::current_num_threads();
     let mut tiles: Vec<(&Matrix, usize, &mut [f32])> = Vec::new();
     for (m, out) in mats.iter().zip(outs.iter_mut()) {
-        let min_rows = MIN_TILE_WEIGHT_BYTES.div_ceil(2 * m.cols.max(1));
-        let tile = min_rows.max(m.rows.div_ceil(4 * threads)).next_multiple_of(8);
+        let tile = tile_rows(m.rows, 2 * m.cols, 8);
         for (i, chunk) in out.chunks_mut(tile).enumerate() {
             tiles.push((m, i * tile, chunk));
         }
