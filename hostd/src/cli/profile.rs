@@ -88,10 +88,9 @@ pub fn run(args: &ProfileArgs) -> anyhow::Result<()> {
         // steps), so every dense page and every expert the measurement touches has been read
         // once (page cache, expertd's cache, first-use checksums): a resident, warm measurement.
         let mut warm = model.new_state();
-        let mut logits = model.forward(&mut warm, &prompt, Logits::Last, None)?;
+        let mut id = sample(&model.forward(&mut warm, &prompt, Logits::Last, None)?);
         for _ in 0..args.decode_steps {
-            let id = crate::cli::eval::argmax(&logits);
-            logits = model.forward(&mut warm, &[id], Logits::Last, None)?;
+            id = step(&model, &mut warm, id)?;
         }
     }
 

@@ -91,9 +91,7 @@ impl Int8Experts {
         let verified = container.index().iter().map(|_| AtomicBool::new(false)).collect();
         Ok(Int8Experts { container, map, verified, isa, n_layers: cfg.num_layers, n_experts: cfg.num_experts, hidden: cfg.hidden_size })
     }
-}
 
-impl Int8Experts {
     /// (layer, expert)'s matrices in the mapping, verifying the blob on its first use.
     fn blob(&self, layer: usize, expert: usize) -> Result<ExpertBlob<'_>, ContainerError> {
         let layout = &self.container.header().layout;

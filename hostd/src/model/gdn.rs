@@ -236,12 +236,11 @@ fn chunked(s: &mut [f32], x: &HeadInputs<'_>, dk: usize, dv: usize) -> Vec<f32> 
                 Some(*acc)
             })
             .collect();
-        let dot = ops::dot;
         // Strictly lower L_ij = β_i (k_i·k_j) e^{γ_i−γ_j}.
         let mut lmat = vec![0.0f32; l * l];
         for i in 0..l {
             for j in 0..i {
-                lmat[i * l + j] = beta[i] * dot(&k[i * dk..(i + 1) * dk], &k[j * dk..(j + 1) * dk]) * (gamma[i] - gamma[j]).exp();
+                lmat[i * l + j] = beta[i] * ops::dot(&k[i * dk..(i + 1) * dk], &k[j * dk..(j + 1) * dk]) * (gamma[i] - gamma[j]).exp();
             }
         }
         // Forward substitution with (I + L): U = (I+L)⁻¹(β v), W = (I+L)⁻¹(β e^γ k).
@@ -290,7 +289,7 @@ fn chunked(s: &mut [f32], x: &HeadInputs<'_>, dk: usize, dv: usize) -> Vec<f32> 
                 }
             }
             for j in 0..=i {
-                let a = dot(&q[i * dk..(i + 1) * dk], &k[j * dk..(j + 1) * dk]) * (gamma[i] - gamma[j]).exp();
+                let a = ops::dot(&q[i * dk..(i + 1) * dk], &k[j * dk..(j + 1) * dk]) * (gamma[i] - gamma[j]).exp();
                 for (oc, vc) in o.iter_mut().zip(&vp[j * dv..(j + 1) * dv]) {
                     *oc += a * vc;
                 }
