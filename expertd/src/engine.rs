@@ -285,11 +285,7 @@ impl Engine {
                     .map_init(ExpertScratch::new, |scratch, ((_, cells), lease)| {
                         let (gate_up, down) = view_blob(lease.bytes(), &layout, lease.key())?;
                         let rows = cells.len();
-                        let mut xs = Vec::with_capacity(rows * d);
-                        for &cell in cells {
-                            let r = cell / k;
-                            xs.extend_from_slice(&x[r * d..(r + 1) * d]);
-                        }
+                        let xs = shared::moe_combine::gather(x, d, k, cells);
                         let mut y = vec![0.0f32; rows * d];
                         expert_forward(isa, gate_up, down, &xs, rows, &mut y, scratch);
                         Ok((cells.as_slice(), y))

@@ -16,6 +16,17 @@ pub fn cells_by_expert(ids: &[u32], n_experts: usize) -> Vec<(u32, Vec<usize>)> 
     by_expert.into_iter().enumerate().filter(|(_, c)| !c.is_empty()).map(|(e, c)| (e as u32, c)).collect()
 }
 
+/// The input rows one expert computes on: row `cell / top_k` of `x` (`n_rows × d`) for each of
+/// its `cells`, in `cells` order (`cells.len() × d`).
+pub fn gather(x: &[f32], d: usize, top_k: usize, cells: &[usize]) -> Vec<f32> {
+    let mut xs = Vec::with_capacity(cells.len() * d);
+    for &cell in cells {
+        let r = cell / top_k;
+        xs.extend_from_slice(&x[r * d..(r + 1) * d]);
+    }
+    xs
+}
+
 /// Copies one expert's outputs (`cells.len() × d`, in `cells` order) into their cell slots
 /// (`slots` holds `n_rows × top_k × d`).
 pub fn scatter(slots: &mut [f32], d: usize, cells: &[usize], y: &[f32]) {

@@ -67,11 +67,7 @@ impl ExpertBackend for Bf16Experts {
             .map(|(e, cells)| {
                 let m = &self.experts[call.layer][e];
                 let rows = cells.len();
-                let mut xs = Vec::with_capacity(rows * d);
-                for &cell in &cells {
-                    let r = cell / k;
-                    xs.extend_from_slice(&call.x[r * d..(r + 1) * d]);
-                }
+                let xs = shared::moe_combine::gather(call.x, d, k, &cells);
                 let f = m.gate.rows;
                 let mut g = vec![0.0f32; rows * f];
                 let mut u = vec![0.0f32; rows * f];

@@ -154,11 +154,7 @@ impl ExpertBackend for Int8Experts {
                     since(t, &read_ns);
                     let t = timing.then(Instant::now);
                     let rows = cells.len();
-                    let mut xs = Vec::with_capacity(rows * d);
-                    for &cell in &cells {
-                        let r = cell / k;
-                        xs.extend_from_slice(&call.x[r * d..(r + 1) * d]);
-                    }
+                    let xs = shared::moe_combine::gather(call.x, d, k, &cells);
                     let mut y = vec![0.0f32; rows * d];
                     expert_forward(self.isa, blob.gate_up, blob.down, &xs, rows, &mut y, scratch);
                     since(t, &compute_ns);
