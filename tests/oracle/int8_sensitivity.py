@@ -3,8 +3,9 @@
 
 Runs spec_reference.py's float32 forward pass with the routed experts' weights (and optionally
 activations) fake-quantised, teacher-forced on each reference prompt + greedy continuation, and
-prints the top-1 agreement with the transformers fp32 logits over all positions — the same
-metric tests/it/int8_quality.rs measures for the Rust W8A8 path.
+prints the top-1 agreement with the transformers fp32 logits over all positions, separately for
+the random-weight presets and the trained one — the same metric tests/it/int8_quality.rs
+measures for the Rust W8A8 path.
 
     python3 tests/oracle/int8_sensitivity.py "(None, False, None)" "(None, True, None)" "(8, False, None)"
 
@@ -81,9 +82,12 @@ def main():
     ref_dir = os.path.join(ROOT, "tests/fixtures/reference")
     for mode in [eval(a) for a in sys.argv[1:]] or [(None, False, None), (None, True, None)]:
         Quantised.mode = mode
-        agree = total = 0
-        for preset in ["tiny", "small", "wide"]:
+        counts = {}
+        presets = sorted(d for d in os.listdir(os.path.join(ROOT, "tests/fixtures/models")) if not d.startswith("."))
+        for preset in presets:
             ref = json.load(open(os.path.join(ref_dir, f"{preset}.json")))
+            group = "trained" if "training" in ref else "random-weight"
+            agree, total = counts.get(group, (0, 0))
             model = Quantised(os.path.join(ROOT, "tests/fixtures/models", preset), np.float32)
             for p in ref["prompts"]:
                 seq = p["input_ids"] + p["greedy_ids"][:-1]
@@ -91,7 +95,9 @@ def main():
                 theirs = np.concatenate([logits(ref_dir, p["prompt_logits_file"]), logits(ref_dir, p["greedy_logits_file"])[1:]])
                 agree += int((ours.argmax(-1) == theirs.argmax(-1)).sum())
                 total += len(seq)
-        print(f"mode {mode}: top-1 agreement {agree}/{total} = {100 * agree / total:.2f}%", flush=True)
+            counts[group] = (agree, total)
+        for group, (agree, total) in sorted(counts.items()):
+            print(f"mode {mode}, {group} presets: top-1 agreement {agree}/{total} = {100 * agree / total:.2f}%", flush=True)
 
 
 if __name__ == "__main__":

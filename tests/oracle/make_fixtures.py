@@ -44,6 +44,7 @@ sys.path.insert(0, HERE)
 
 import build_tokenizer as bt  # noqa: E402  (written by the tokenizer helper; the truncated vocabulary)
 from spec_reference import SpecModel  # noqa: E402  (independent float64 forward written from the spec)
+import train_fixture as tf  # noqa: E402  (the trained preset: corpus, held-out prompts, training loop)
 
 REPO = os.path.dirname(os.path.dirname(HERE))
 FIXTURES = os.path.join(REPO, "tests", "fixtures")
@@ -94,6 +95,20 @@ PRESETS = {
         experts=32, topk=8, moe_inter=16, shared_inter=64,          # top-8 like the real model
         shards=2,
     ),
+    # Trained (train_fixture.py): the same random initialisation, then 600 AdamW steps on English text, so
+    # its next-token distributions are peaked like a language model's instead of flat.  3 DeltaNet + 1
+    # attention layer like the real model's pattern; top-8 of 32 experts.  Two extra prompts from held-out
+    # corpus text.
+    "trained": dict(
+        seed=4, ranks=600, vocab_size=640,
+        hidden=128, layers=4, layer_types=[L_ATTN, L_ATTN, L_ATTN, F_ATTN], interval=4,
+        nq=4, nkv=2, head_dim=32,                                    # GQA 2:1, rotary dims 8
+        mrope_section=[2, 1, 1],
+        lin_k_heads=2, lin_v_heads=4, lin_k_dim=32, lin_v_dim=32,   # nv/nk = 2
+        experts=32, topk=8, moe_inter=32, shared_inter=64,
+        shards=2,
+        train=dict(steps=600, seq=128, batch=16, lr=3e-3, heldout_every=10, heldout_prompts=2, heldout_len=64),
+    ),
 }
 
 # Vision tower stub (a complete depth-1 tower, tiny) so that loaders' skip logic is exercised and
@@ -140,7 +155,8 @@ def render_chat(messages, enable_thinking: bool = True) -> str:
     return out
 
 
-def make_prompts(ranks: int):
+def make_prompts(ranks: int, extra=()):
+    """The four standard prompts, then `extra` (name, text, ids) prompts (a trained preset's held-out text)."""
     enc = lambda s: bt.reference_encode(s, max_ranks=ranks)  # noqa: E731  (NFC + tiktoken, specials allowed)
     short, long_ = enc(TEXT_SHORT), enc(TEXT_LONG)
     assert len(short) >= 20 and len(long_) >= 70, (len(short), len(long_))
@@ -151,7 +167,7 @@ def make_prompts(ranks: int):
         ("chat", enc(render_chat(CHAT))),
     ]
     assert prompts[0][1] and prompts[3][1][0] == bt.special_ids(ranks)["<|im_start|>"]
-    return prompts
+    return prompts + [(name, ids) for name, _, ids in extra]
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -724,9 +740,16 @@ def build_preset(name: str) -> dict:
     dump_json(os.path.join(model_dir, "tokenizer_config.json"), tokenizer_config(sids))
     bt.write_tokenizer_json(os.path.join(model_dir, "tokenizer.json"), max_ranks=N)
 
-    prompts = make_prompts(N)
+    training = p.get("train")
+    extra, corpus_text, corpus_facts = [], None, None
+    if training:
+        corpus_text, held, corpus_facts = tf.corpus(training["heldout_every"])
+        extra = tf.heldout_prompts(held, lambda s: bt.reference_encode(s, max_ranks=N), training["heldout_prompts"],
+                                   training["heldout_len"])
+    prompts = make_prompts(N, extra)
     hf_tok = Tokenizer.from_file(os.path.join(model_dir, "tokenizer.json"))
     texts = {"len20": TEXT_SHORT, "len70": TEXT_LONG, "chat": render_chat(CHAT), "len1": "The"}
+    texts.update({name: text for name, text, _ in extra})
     for pname, ids in prompts:
         hf_ids = hf_tok.encode(texts[pname], add_special_tokens=False).ids
         assert hf_ids[:len(ids)] == ids, f"tokenizer.json disagrees with encoding({N}) on {pname}"
@@ -744,6 +767,14 @@ def build_preset(name: str) -> dict:
     assert {k: tuple(v.shape) for k, v in tensors.items()} == text_meta, \
         sorted(set(text_meta).symmetric_difference(tensors))[:10]
     vision_shapes = {k: s for k, s in meta_shapes.items() if k.startswith("model.visual.")}
+    train_facts = None
+    if training:
+        log(f"[{name}] training {training['steps']} steps on {corpus_facts['train_chars']} chars of {corpus_facts['source']}")
+        trained, train_facts = tf.train(p, cfg["text_config"], tensors,
+                                        bt.reference_encode(corpus_text, max_ranks=N), training)
+        train_facts["corpus"] = corpus_facts
+        tensors.update(trained)
+        log(f"[{name}] trained: {train_facts}")
     tensors.update(extra_tensors(p, vision_shapes))
 
     # --- first write, load, tune margins, write the final checkpoint ------------------------------------------
@@ -895,6 +926,8 @@ def build_preset(name: str) -> dict:
         "margins": {"router_min_gap": f32_short(router_min_gap), "greedy_min_gap": f32_short(greedy_min_gap)},
         "prompts": out_prompts,
     }
+    if train_facts:
+        ref["training"] = train_facts
     with open(os.path.join(REF_DIR, f"{name}.json"), "w") as fh:
         json.dump(ref, fh, separators=(",", ":"))
         fh.write("\n")
