@@ -9,30 +9,67 @@ use hostd::model::Logits;
 use serde_json::{Value, json};
 use tests::{model_dir, prepare_container, presets, read_logits, reference, reference_dir};
 
-/// Required share of positions whose INT8 top-1 token equals the reference's.
+/// Required top-1 agreement with the fp32 reference on the trained fixture (the target).
 ///
-/// The target is 98%; W8A8 with per-row scales measures 96.1% on these fixtures and is
-/// held here just under that figure so a regression (a wrong scale, a layout bug: agreement
-/// collapses to a few percent) fails. The shortfall is the fixtures' flat random-weight logits,
-/// not a defect: even weight-only per-row INT8 with f32 activations reaches only 97.5% on them
-/// (`tests/oracle/int8_sensitivity.py`; see docs/results/int8-quality.md).
-const MIN_TOP1_AGREEMENT: f64 = 0.955;
+/// Only a trained preset (its reference JSON has a `training` entry: `tests/oracle/train_fixture.py`)
+/// has next-token distributions shaped like a language model's. The random-weight presets' logits
+/// are flat: their top-1 is within 0.1 of the top-2 at 9–12% of positions (5% on the trained
+/// one), so there the figure mostly counts ties (see `MIN_TOP1_AGREEMENT_RANDOM`).
+const MIN_TOP1_AGREEMENT: f64 = 0.98;
 
-/// The same floor for `--dense int8` with BF16 experts. Measured 85.9% (614/715): per-row W8A8
-/// on every large dense projection compounds through all layers on these flat fixtures (no
-/// single matrix dominates; DeltaNet's `in_proj_qkv` alone costs the most, 90.6%); see
-/// docs/results/int8-quality.md. `--dense int8` is an option, not the default; this floor only
-/// catches a broken path (a wrong scale or layout collapses agreement to a few percent).
-const MIN_TOP1_AGREEMENT_DENSE: f64 = 0.83;
+/// The floor on the random-weight presets (tiny, small, wide), held just under the measured
+/// 95.9% (686/715) so that a regression (a wrong scale, a layout bug: agreement collapses to a few
+/// percent) fails. Even weight-only per-row INT8 with f32 activations reaches only 97.5% there
+/// (`tests/oracle/int8_sensitivity.py`; docs/results/int8-quality.md).
+const MIN_TOP1_AGREEMENT_RANDOM: f64 = 0.955;
 
-/// The same floor for INT8 dense and INT8 experts together (measured 85.5%, 611/715).
-const MIN_TOP1_AGREEMENT_ALL: f64 = 0.83;
+/// Floors for `--dense int8` (W8A8 on every large dense projection, opt-in). Per-row W8A8
+/// compounds through all layers; on the flat random presets it measured 85.9% (BF16 experts) and
+/// 85.5% (INT8 experts); no single matrix dominates (docs/results/int8-quality.md). These floors
+/// catch a broken path (a wrong scale or layout collapses agreement to a few percent).
+const MIN_TOP1_AGREEMENT_DENSE_RANDOM: f64 = 0.83;
+/// The same on the trained fixture (measured 97.7% with BF16 experts, 97.2% with INT8 experts).
+const MIN_TOP1_AGREEMENT_DENSE_TRAINED: f64 = 0.96;
 
-/// Measures one configuration against the reference on every fixture and returns the overall
-/// top-1 agreement (the per-preset report is printed).
-fn agreement(what: &str, experts: ExpertsKind, dense: DenseKind) -> f64 {
+/// Agreement counts of one group of presets.
+#[derive(Default, Clone, Copy)]
+struct Tally {
+    agree: usize,
+    total: usize,
+    /// The largest reference top-1/top-2 logit gap at a position where the tested path picked
+    /// another token: how decisive a decision INT8 has overturned.
+    worst_flipped_gap: f32,
+}
+
+impl Tally {
+    fn share(&self) -> f64 {
+        self.agree as f64 / self.total as f64
+    }
+}
+
+/// The reference's top-1 minus top-2 logit.
+fn top_gap(x: &[f32]) -> f32 {
+    let (mut a, mut b) = (f32::NEG_INFINITY, f32::NEG_INFINITY);
+    for &v in x {
+        if v > a {
+            (a, b) = (v, a);
+        } else if v > b {
+            b = v;
+        }
+    }
+    a - b
+}
+
+/// Whether a preset is trained (its reference JSON records the training run).
+fn is_trained(reference: &Value) -> bool {
+    reference.get("training").is_some()
+}
+
+/// Measures one configuration against the reference on every fixture and returns the top-1
+/// agreement of the random-weight presets and of the trained ones (the per-preset report is printed).
+fn agreement(what: &str, experts: ExpertsKind, dense: DenseKind) -> (Tally, Tally) {
     let mut report = Vec::new();
-    let (mut agree_all, mut total_all) = (0usize, 0usize);
+    let (mut random, mut trained) = (Tally::default(), Tally::default());
     for preset in presets() {
         let container = tempfile::tempdir().expect("tempdir");
         if experts == ExpertsKind::Int8 {
@@ -49,7 +86,8 @@ fn agreement(what: &str, experts: ExpertsKind, dense: DenseKind) -> f64 {
         let model = load_model(&args).expect("model loads");
         let vocab = model.config().vocab_size;
         let reference = reference(&preset);
-        let (mut agree, mut total, mut max_diff, mut sum_diff, mut n_diff) = (0usize, 0usize, 0f32, 0f64, 0usize);
+        let mut tally = Tally::default();
+        let (mut max_diff, mut sum_diff, mut n_diff) = (0f32, 0f64, 0usize);
         let mut greedy_agreement = Vec::new();
         for p in reference["prompts"].as_array().expect("prompts") {
             let ids: Vec<u32> = serde_json::from_value(p["input_ids"].clone()).expect("ids");
@@ -64,8 +102,12 @@ fn agreement(what: &str, experts: ExpertsKind, dense: DenseKind) -> f64 {
             theirs.extend_from_slice(&read_logits(&reference_dir(), &p["greedy_logits_file"])[vocab..]);
             assert_eq!(ours.len(), theirs.len());
             for (o, t) in ours.chunks_exact(vocab).zip(theirs.chunks_exact(vocab)) {
-                total += 1;
-                agree += usize::from(argmax(o) == argmax(t));
+                tally.total += 1;
+                if argmax(o) == argmax(t) {
+                    tally.agree += 1;
+                } else {
+                    tally.worst_flipped_gap = tally.worst_flipped_gap.max(top_gap(t));
+                }
                 for (a, b) in o.iter().zip(t) {
                     let d = (a - b).abs();
                     max_diff = max_diff.max(d);
@@ -77,50 +119,59 @@ fn agreement(what: &str, experts: ExpertsKind, dense: DenseKind) -> f64 {
             let same = own.greedy_ids.iter().zip(&greedy).take_while(|(a, b)| a == b).count();
             greedy_agreement.push(json!({"prompt": p["name"], "agreeing_tokens": same, "of": greedy.len()}));
         }
-        let top1 = agree as f64 / total as f64;
         println!(
-            "{what} {preset}: top-1 agreement {agree}/{total} = {:.2}%, max |Δlogit| {max_diff:.4}, mean |Δlogit| {:.5}, greedy agreement {}",
-            100.0 * top1,
+            "{what} {preset}: top-1 agreement {}/{} = {:.2}%, largest reference top-1 gap overturned {:.3}, max |Δlogit| {max_diff:.4}, mean |Δlogit| {:.5}, greedy agreement {}",
+            tally.agree,
+            tally.total,
+            100.0 * tally.share(),
+            tally.worst_flipped_gap,
             sum_diff / n_diff as f64,
             greedy_agreement.iter().map(|g| format!("{}/{}", g["agreeing_tokens"], g["of"])).collect::<Vec<_>>().join(" ")
         );
         report.push(json!({
             "config": what,
             "preset": preset,
-            "positions": total,
-            "top1_agreement": top1,
+            "trained": is_trained(&reference),
+            "positions": tally.total,
+            "top1_agreement": tally.share(),
+            "largest_overturned_reference_gap": tally.worst_flipped_gap,
             "max_abs_logit_diff": max_diff,
             "mean_abs_logit_diff": sum_diff / n_diff as f64,
             "greedy_agreement": greedy_agreement,
         }));
-        agree_all += agree;
-        total_all += total;
+        let group = if is_trained(&reference) { &mut trained } else { &mut random };
+        group.agree += tally.agree;
+        group.total += tally.total;
+        group.worst_flipped_gap = group.worst_flipped_gap.max(tally.worst_flipped_gap);
     }
-    let overall = agree_all as f64 / total_all as f64;
-    println!("{what}: overall top-1 agreement {agree_all}/{total_all} = {:.2}%", 100.0 * overall);
+    for (name, t) in [("random-weight presets", random), ("trained presets", trained)] {
+        println!("{what}, {name}: top-1 agreement {}/{} = {:.2}%", t.agree, t.total, 100.0 * t.share());
+    }
     println!("{}", serde_json::to_string(&Value::Array(report)).expect("json"));
-    overall
+    assert!(random.total > 0 && trained.total > 0, "expected random-weight and trained fixtures");
+    (random, trained)
 }
 
 #[test]
 fn int8_experts_agree_with_the_fp32_reference() {
-    let overall = agreement("int8 experts, bf16 dense", ExpertsKind::Int8, DenseKind::Bf16);
-    assert!(overall >= MIN_TOP1_AGREEMENT, "INT8 top-1 agreement {overall:.4} below {MIN_TOP1_AGREEMENT}");
+    let (random, trained) = agreement("int8 experts, bf16 dense", ExpertsKind::Int8, DenseKind::Bf16);
+    assert!(trained.share() >= MIN_TOP1_AGREEMENT, "INT8 top-1 agreement on the trained fixture {:.4} below {MIN_TOP1_AGREEMENT}", trained.share());
+    assert!(random.share() >= MIN_TOP1_AGREEMENT_RANDOM, "INT8 top-1 agreement on the random presets {:.4} below {MIN_TOP1_AGREEMENT_RANDOM}", random.share());
 }
 
 #[test]
 fn int8_dense_agrees_with_the_fp32_reference() {
-    let overall = agreement("bf16 experts, int8 dense", ExpertsKind::Bf16, DenseKind::Int8);
-    assert!(overall >= MIN_TOP1_AGREEMENT_DENSE, "INT8-dense top-1 agreement {overall:.4} below {MIN_TOP1_AGREEMENT_DENSE}");
+    let (random, trained) = agreement("bf16 experts, int8 dense", ExpertsKind::Bf16, DenseKind::Int8);
+    assert!(trained.share() >= MIN_TOP1_AGREEMENT_DENSE_TRAINED, "INT8-dense, trained: {:.4}", trained.share());
+    assert!(random.share() >= MIN_TOP1_AGREEMENT_DENSE_RANDOM, "INT8-dense, random: {:.4}", random.share());
 }
 
 #[test]
 fn all_int8_agrees_with_the_fp32_reference() {
-    let overall = agreement("int8 experts, int8 dense", ExpertsKind::Int8, DenseKind::Int8);
-    assert!(overall >= MIN_TOP1_AGREEMENT_ALL, "all-INT8 top-1 agreement {overall:.4} below {MIN_TOP1_AGREEMENT_ALL}");
+    let (random, trained) = agreement("int8 experts, int8 dense", ExpertsKind::Int8, DenseKind::Int8);
+    assert!(trained.share() >= MIN_TOP1_AGREEMENT_DENSE_TRAINED, "all-INT8, trained: {:.4}", trained.share());
+    assert!(random.share() >= MIN_TOP1_AGREEMENT_DENSE_RANDOM, "all-INT8, random: {:.4}", random.share());
 }
-
-
 
 #[test]
 fn a_corrupt_blob_fails_the_forward_pass_naming_layer_and_expert() {
