@@ -156,7 +156,7 @@ def render_chat(messages, enable_thinking: bool = True) -> str:
 
 
 def make_prompts(ranks: int, extra=()):
-    """The four standard prompts, then `extra` (name, text, ids) prompts (a trained preset's held-out text)."""
+    """The four standard prompts, then `extra` (name, topic, text, ids) prompts (a trained preset's held-out text)."""
     enc = lambda s: bt.reference_encode(s, max_ranks=ranks)  # noqa: E731  (NFC + tiktoken, specials allowed)
     short, long_ = enc(TEXT_SHORT), enc(TEXT_LONG)
     assert len(short) >= 20 and len(long_) >= 70, (len(short), len(long_))
@@ -167,7 +167,7 @@ def make_prompts(ranks: int, extra=()):
         ("chat", enc(render_chat(CHAT))),
     ]
     assert prompts[0][1] and prompts[3][1][0] == bt.special_ids(ranks)["<|im_start|>"]
-    return prompts + [(name, ids) for name, _, ids in extra]
+    return prompts + [(name, ids) for name, _, _, ids in extra]
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -744,12 +744,13 @@ def build_preset(name: str) -> dict:
     extra, corpus_text, corpus_facts = [], None, None
     if training:
         corpus_text, held, corpus_facts = tf.corpus(training["heldout_every"])
-        extra = tf.heldout_prompts(held, lambda s: bt.reference_encode(s, max_ranks=N), training["heldout_prompts"],
-                                   training["heldout_len"])
+        extra = tf.heldout_prompts(held, corpus_text, lambda s: bt.reference_encode(s, max_ranks=N),
+                                   training["heldout_prompts"], training["heldout_len"])
+        corpus_facts["heldout_prompt_topics"] = [key for _, key, _, _ in extra]
     prompts = make_prompts(N, extra)
     hf_tok = Tokenizer.from_file(os.path.join(model_dir, "tokenizer.json"))
     texts = {"len20": TEXT_SHORT, "len70": TEXT_LONG, "chat": render_chat(CHAT), "len1": "The"}
-    texts.update({name: text for name, text, _ in extra})
+    texts.update({name: text for name, _, text, _ in extra})
     for pname, ids in prompts:
         hf_ids = hf_tok.encode(texts[pname], add_special_tokens=False).ids
         assert hf_ids[:len(ids)] == ids, f"tokenizer.json disagrees with encoding({N}) on {pname}"

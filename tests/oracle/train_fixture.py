@@ -14,10 +14,13 @@ reference sections `help()` shows), its topics in sorted order. The training top
 documents of four paragraphs and every second one is wrapped as a ChatML conversation (system, user
 = its first paragraph, assistant = a `<think>` block with the second paragraph, then the rest), so
 the special tokens and the chat template are learnt too (untrained, the chat prompt degenerates into
-repeating one token). Every `heldout_every`-th topic is held out of training; the held-out prompts
-are taken from those topics (plain text), so they are in-domain text the model has not seen. The
-corpus depends on the Python version (recorded, with its sha256, in the reference JSON); training is
-deterministic on one machine (fixed seeds, two threads, deterministic algorithms).
+repeating one token). Every `heldout_every`-th topic is held out of training; the held-out prompts come from
+held-out topics whose prompt text shares no 48-character run with the training text (topics
+overlap: `class` is repeated inside `compound`, so holding a topic out is not enough), so they are
+in-domain text the model has not seen. The corpus depends on the Python version (recorded, with
+its sha256, in the reference JSON). Training is deterministic on one machine: fixed seeds, and
+`make_fixtures.main` sets two threads and deterministic algorithms (asserted here); a rerun wrote
+byte-identical files.
 """
 
 from __future__ import annotations
@@ -34,21 +37,20 @@ def log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
-def corpus(heldout_every: int) -> tuple[str, list[str], dict]:
-    """(training text, held-out topic texts in order, facts about the corpus)."""
+def corpus(heldout_every: int) -> tuple[str, list[tuple[str, str]], dict]:
+    """(training text, held-out (topic key, text) pairs in order, facts about the corpus)."""
     import pydoc_data.topics as topics
 
     keys = sorted(topics.topics)
-    train = [topics.topics[k] for i, k in enumerate(keys) if i % heldout_every != heldout_every - 1]
-    docs = [d for t in train for d in documents(t)]
-    train = [as_chat(d) if i % 2 else d for i, d in enumerate(docs)]
-    held = [topics.topics[k] for i, k in enumerate(keys) if i % heldout_every == heldout_every - 1]
-    text = "\n\n".join(train)
+    is_held = lambda i: i % heldout_every == heldout_every - 1  # noqa: E731
+    docs = [d for i, k in enumerate(keys) if not is_held(i) for d in documents(topics.topics[k])]
+    text = "\n\n".join(as_chat(d) if j % 2 else d for j, d in enumerate(docs))
+    held = [(k, topics.topics[k]) for i, k in enumerate(keys) if is_held(i)]
     facts = {
         "source": "pydoc_data.topics (CPython's language reference text)",
         "python": sys.version.split()[0],
         "topics": len(keys),
-        "heldout_topics": [k for i, k in enumerate(keys) if i % heldout_every == heldout_every - 1],
+        "heldout_topics": [k for k, _ in held],
         "train_chars": len(text),
         "train_sha256": hashlib.sha256(text.encode()).hexdigest(),
     }
@@ -70,14 +72,35 @@ def as_chat(text: str) -> str:
             f"<|im_start|>assistant\n<think>\n{think}\n</think>\n\n{answer}<|im_end|>\n")
 
 
-def heldout_prompts(held: list[str], encode, n_prompts: int, length: int) -> list[tuple[str, str, list]]:
-    """(name, text, ids) of `n_prompts` prompts of `length` tokens, one per held-out topic."""
+def heldout_prompts(held: list[tuple[str, str]], train_text: str, encode, n_prompts: int,
+                    length: int) -> list[tuple[str, str, str, list]]:
+    """(name, topic key, text, ids) of `n_prompts` prompts of `length` tokens from held-out topics whose prompt
+    text shares no `UNSEEN_WINDOW`-character run with the training text.
+
+    Holding a topic out is not enough: CPython's topics overlap (`class` is repeated almost word
+    for word inside `compound`), so a held-out topic can still be training text. Topics whose
+    prompt span overlaps are skipped (and named in the log)."""
+    windows = {train_text[i:i + UNSEEN_WINDOW] for i in range(len(train_text) - UNSEEN_WINDOW + 1)}
     out = []
-    for j, text in enumerate(held[:n_prompts]):
+    for key, text in held:
         ids = encode(text)
-        assert len(ids) >= length, f"held-out topic {j} has only {len(ids)} tokens"
-        out.append((f"heldout{j + 1}", text, ids[:length]))
-    return out
+        if len(ids) < length:
+            log(f"    held-out topic {key!r}: only {len(ids)} tokens, skipped")
+            continue
+        span = next(text[:n] for n in range(length, len(text) + 1) if len(encode(text[:n])) >= length)
+        seen = sum(span[i:i + UNSEEN_WINDOW] in windows for i in range(len(span) - UNSEEN_WINDOW + 1))
+        if seen:
+            log(f"    held-out topic {key!r}: {seen} {UNSEEN_WINDOW}-char runs of its prompt are in the training text, skipped")
+            continue
+        out.append((f"heldout{len(out) + 1}", key, text, ids[:length]))
+        log(f"    held-out prompt {out[-1][0]}: topic {key!r} ({len(span)} chars, no run shared with training)")
+        if len(out) == n_prompts:
+            return out
+    raise AssertionError(f"only {len(out)} of {n_prompts} held-out topics are unseen")
+
+
+# A prompt counts as unseen when none of its runs of this many characters occurs in the training text.
+UNSEEN_WINDOW = 48
 
 
 def train(p: dict, cfg_dict: dict, tensors: dict, ids: list, train_cfg: dict) -> tuple[dict, dict]:
@@ -85,6 +108,8 @@ def train(p: dict, cfg_dict: dict, tensors: dict, ids: list, train_cfg: dict) ->
     file dtypes, training facts). Only `model.language_model.*` and `lm_head.weight` change."""
     from transformers import Qwen3_5MoeForCausalLM, Qwen3_5MoeTextConfig
 
+    assert torch.are_deterministic_algorithms_enabled() and torch.get_num_threads() == 2, \
+        "make_fixtures.main sets deterministic algorithms and 2 threads; training relies on both"
     cfg = Qwen3_5MoeTextConfig(**{k: v for k, v in cfg_dict.items() if k != "model_type"})
     cfg._attn_implementation = "eager"
     cfg._experts_implementation = "eager"
@@ -106,7 +131,7 @@ def train(p: dict, cfg_dict: dict, tensors: dict, ids: list, train_cfg: dict) ->
         lr = lr_max * min(1.0, (step + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * step / steps))
         for group in opt.param_groups:
             group["lr"] = lr
-        starts = torch.randint(0, len(ids) - seq - 1, (batch,), generator=gen)
+        starts = torch.randint(0, len(ids) - seq + 1, (batch,), generator=gen)
         x = torch.stack([data[s:s + seq] for s in starts.tolist()])
         # loss = next-token cross entropy + router_aux_loss_coef * load-balancing loss
         out = model(input_ids=x, labels=x, output_router_logits=True)
@@ -114,7 +139,7 @@ def train(p: dict, cfg_dict: dict, tensors: dict, ids: list, train_cfg: dict) ->
         out.loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
-        losses.append(float(out.loss))
+        losses.append(out.loss.item())
         if step % 50 == 0 or step == steps - 1:
             log(f"    train step {step}/{steps}: loss {losses[-1]:.3f} lr {lr:.2e} ({time.time() - t0:.0f} s)")
 
@@ -123,6 +148,10 @@ def train(p: dict, cfg_dict: dict, tensors: dict, ids: list, train_cfg: dict) ->
     for n, pn in to_param.items():
         new[n] = sd[pn].detach().to(tensors[n].dtype).contiguous().clone()
     tail = losses[-max(1, steps // 10):]
-    facts = dict(train_cfg, tokens=len(ids), final_loss_mean_last_10pct=round(sum(tail) / len(tail), 4),
-                 first_loss=round(losses[0], 4), seconds=round(time.time() - t0, 1))
+    # No wall-clock time in the facts: they go into the reference JSON, which must be byte-identical on a rerun.
+    facts = dict(train_cfg, tokens=len(ids), epochs=round(steps * batch * seq / len(ids), 2),
+                 objective="next-token cross entropy + router_aux_loss_coef x load-balancing loss",
+                 first_objective=round(losses[0], 4),
+                 final_objective_mean_last_10pct=round(sum(tail) / len(tail), 4))
+    log(f"    trained in {time.time() - t0:.0f} s")
     return new, facts
