@@ -161,25 +161,26 @@ fn agreement(what: &str, experts: ExpertsKind, dense: DenseKind) -> (Tally, Tall
     (random, trained)
 }
 
+/// Measures one configuration and requires its floors on the trained and the random presets.
+fn assert_agreement(what: &str, experts: ExpertsKind, dense: DenseKind, min_trained: f64, min_random: f64) {
+    let (random, trained) = agreement(what, experts, dense);
+    assert!(trained.share() >= min_trained, "{what}: top-1 agreement on the trained fixture {:.4} below {min_trained}", trained.share());
+    assert!(random.share() >= min_random, "{what}: top-1 agreement on the random presets {:.4} below {min_random}", random.share());
+}
+
 #[test]
 fn int8_experts_agree_with_the_fp32_reference() {
-    let (random, trained) = agreement("int8 experts, bf16 dense", ExpertsKind::Int8, DenseKind::Bf16);
-    assert!(trained.share() >= MIN_TOP1_AGREEMENT, "INT8 top-1 agreement on the trained fixture {:.4} below {MIN_TOP1_AGREEMENT}", trained.share());
-    assert!(random.share() >= MIN_TOP1_AGREEMENT_RANDOM, "INT8 top-1 agreement on the random presets {:.4} below {MIN_TOP1_AGREEMENT_RANDOM}", random.share());
+    assert_agreement("int8 experts, bf16 dense", ExpertsKind::Int8, DenseKind::Bf16, MIN_TOP1_AGREEMENT, MIN_TOP1_AGREEMENT_RANDOM);
 }
 
 #[test]
 fn int8_dense_agrees_with_the_fp32_reference() {
-    let (random, trained) = agreement("bf16 experts, int8 dense", ExpertsKind::Bf16, DenseKind::Int8);
-    assert!(trained.share() >= MIN_TOP1_AGREEMENT_DENSE_TRAINED, "INT8-dense, trained: {:.4}", trained.share());
-    assert!(random.share() >= MIN_TOP1_AGREEMENT_DENSE_RANDOM, "INT8-dense, random: {:.4}", random.share());
+    assert_agreement("bf16 experts, int8 dense", ExpertsKind::Bf16, DenseKind::Int8, MIN_TOP1_AGREEMENT_DENSE_TRAINED, MIN_TOP1_AGREEMENT_DENSE_RANDOM);
 }
 
 #[test]
 fn all_int8_agrees_with_the_fp32_reference() {
-    let (random, trained) = agreement("int8 experts, int8 dense", ExpertsKind::Int8, DenseKind::Int8);
-    assert!(trained.share() >= MIN_TOP1_AGREEMENT_DENSE_TRAINED, "all-INT8, trained: {:.4}", trained.share());
-    assert!(random.share() >= MIN_TOP1_AGREEMENT_DENSE_RANDOM, "all-INT8, random: {:.4}", random.share());
+    assert_agreement("int8 experts, int8 dense", ExpertsKind::Int8, DenseKind::Int8, MIN_TOP1_AGREEMENT_DENSE_TRAINED, MIN_TOP1_AGREEMENT_DENSE_RANDOM);
 }
 
 #[test]
