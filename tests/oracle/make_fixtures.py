@@ -514,15 +514,18 @@ def load_text_model(model_dir: str):
     return model
 
 
+def causal_lm_names(tensors: dict) -> dict:
+    """File name -> parameter name in transformers' text-only `Qwen3_5MoeForCausalLM`, for every text tensor
+    (`model.language_model.*` -> `model.*`, `lm_head.weight` as is; `mtp.*` and `model.visual.*` have none)."""
+    prefix = "model.language_model."
+    return {n: ("model." + n[len(prefix):] if n.startswith(prefix) else n)
+            for n in tensors if n.startswith(prefix) or n == "lm_head.weight"}
+
+
 def assert_loaded_from_file(model, tensors: dict) -> None:
     """Every text tensor in the file equals the fp32 parameter transformers holds (upcast exactly), and vice versa."""
     sd = model.state_dict()
-    mapped = {}
-    for name, t in tensors.items():
-        if name.startswith("model.language_model."):
-            mapped["model." + name[len("model.language_model."):]] = t
-        elif name == "lm_head.weight":
-            mapped[name] = t
+    mapped = {param: tensors[name] for name, param in causal_lm_names(tensors).items()}
     assert set(mapped) == set(sd), (sorted(set(mapped) ^ set(sd)))[:10]
     for k, t in mapped.items():
         assert sd[k].dtype == torch.float32, (k, sd[k].dtype)
@@ -771,7 +774,7 @@ def build_preset(name: str) -> dict:
     train_facts = None
     if training:
         log(f"[{name}] training {training['steps']} steps on {corpus_facts['train_chars']} chars of {corpus_facts['source']}")
-        trained, train_facts = tf.train(p, cfg["text_config"], tensors,
+        trained, train_facts = tf.train(p, cfg["text_config"], tensors, causal_lm_names(tensors),
                                         bt.reference_encode(corpus_text, max_ranks=N), training)
         train_facts["corpus"] = corpus_facts
         tensors.update(trained)

@@ -103,9 +103,10 @@ def heldout_prompts(held: list[tuple[str, str]], train_text: str, encode, n_prom
 UNSEEN_WINDOW = 48
 
 
-def train(p: dict, cfg_dict: dict, tensors: dict, ids: list, train_cfg: dict) -> tuple[dict, dict]:
+def train(p: dict, cfg_dict: dict, tensors: dict, to_param: dict, ids: list, train_cfg: dict) -> tuple[dict, dict]:
     """Trains the text model initialised from `tensors` on `ids`; returns (new text tensors in the
-    file dtypes, training facts). Only `model.language_model.*` and `lm_head.weight` change."""
+    file dtypes, training facts). `to_param` maps each text tensor's file name to its parameter name
+    (`make_fixtures.causal_lm_names`); only those tensors change."""
     from transformers import Qwen3_5MoeForCausalLM, Qwen3_5MoeTextConfig
 
     assert torch.are_deterministic_algorithms_enabled() and torch.get_num_threads() == 2, \
@@ -115,9 +116,6 @@ def train(p: dict, cfg_dict: dict, tensors: dict, ids: list, train_cfg: dict) ->
     cfg._experts_implementation = "eager"
     torch.manual_seed(p["seed"])
     model = Qwen3_5MoeForCausalLM(cfg)
-    prefix = "model.language_model."
-    to_param = {n: ("model." + n[len(prefix):] if n.startswith(prefix) else n)
-                for n in tensors if n.startswith(prefix) or n == "lm_head.weight"}
     model.load_state_dict({to_param[n]: tensors[n].float() for n in to_param}, strict=True)
     model.train()
 
