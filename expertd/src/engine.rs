@@ -12,9 +12,9 @@
 
 use crate::cache::{CacheError, ExpertCache, ExpertKey, SessionId};
 use crate::io::{ExpertSource, IoError, ReadRequest};
-use rayon::prelude::*;
 use shared::container::{BlobLayout, Header};
-use shared::kernels::int8::{ExpertScratch, Int8Isa, MatrixRef, expert_forward};
+use shared::kernels::int8::{Int8Isa, MatrixRef};
+use shared::moe_exec::{ExpertMatrices, MoeExec};
 use std::time::Instant;
 
 /// Why a call failed inside the engine. `Invalid` names the field; the others name the layer
@@ -51,9 +51,13 @@ pub enum CallError {
 /// What one call cost.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct CallCost {
-    /// Nanoseconds in `read_blobs` (and waiting for other calls' reads of shared experts).
+    /// Nanoseconds the call could not compute because of IO: leasing its experts (waiting for
+    /// free slots included) plus the wait for reads (its own, or another call's read of a
+    /// shared expert) left after the resident experts were computed — reads that completed
+    /// while hits were computing cost nothing here.
     pub io_wait_ns: u64,
-    /// Nanoseconds in the kernels and the weighted sum.
+    /// Nanoseconds computing (the rest of each wave's wall time; the final weighted sum is
+    /// not timed).
     pub compute_ns: u64,
     /// Distinct experts found in the cache.
     pub hits: u32,
@@ -200,32 +204,8 @@ impl Engine {
         if spec.n_rows == 0 || spec.n_rows > self.max_rows {
             return bad(format!("n_tokens {} must be in 1..={}", spec.n_rows, self.max_rows));
         }
-        if spec.top_k == 0 || spec.top_k > dims.n_experts {
-            return bad(format!("top_k {} must be in 1..={} (experts per layer)", spec.top_k, dims.n_experts));
-        }
-        let cells = spec.n_rows * spec.top_k;
-        if spec.ids.len() != cells || spec.weights.len() != cells {
-            return bad(format!(
-                "expert_ids ({}) and weights ({}) must both hold n_tokens × top_k = {} × {} = {cells} entries",
-                spec.ids.len(),
-                spec.weights.len(),
-                spec.n_rows,
-                spec.top_k
-            ));
-        }
-        for (r, row) in spec.ids.chunks_exact(spec.top_k).enumerate() {
-            for (i, &e) in row.iter().enumerate() {
-                if e as usize >= dims.n_experts {
-                    return bad(format!("row {r}: expert {e} out of range (layer has {} experts)", dims.n_experts));
-                }
-                if row[..i].contains(&e) {
-                    return bad(format!("row {r}: expert {e} chosen twice"));
-                }
-            }
-        }
-        if let Some((i, w)) = spec.weights.iter().enumerate().find(|(_, w)| !w.is_finite()) {
-            return bad(format!("weight {i} (row {}) is not finite: {w}", i / spec.top_k));
-        }
+        shared::moe_exec::validate_routing(spec.n_rows, spec.top_k, spec.ids, spec.weights, dims.n_experts)
+            .map_err(|reason| CallError::Invalid { layer: spec.layer, reason })?;
         Ok(())
     }
 
@@ -235,72 +215,118 @@ impl Engine {
     pub fn run(&self, spec: &CallSpec<'_>, x: &[f32], out: &mut [f32]) -> Result<CallCost, CallError> {
         // PERF-CRITICAL: the per-call path; no logging, no global locks beyond the cache's
         // short planner section, no allocation proportional to anything but the call.
-        let d = self.hidden();
-        let k = spec.top_k;
-        debug_assert_eq!(x.len(), spec.n_rows * d);
-        debug_assert_eq!(out.len(), spec.n_rows * d);
-        // Group cells by expert, experts in ascending id order (as the in-process backend does;
-        // the order does not change any result, only which expert runs where).
-        let used = shared::moe_combine::cells_by_expert(spec.ids, self.header.layout.dims.n_experts);
-        let layout = self.header.layout.blob;
-        let mut slots = vec![0.0f32; spec.n_rows * k * d];
+        debug_assert_eq!(x.len(), spec.n_rows * self.hidden());
+        debug_assert_eq!(out.len(), spec.n_rows * self.hidden());
+        // Experts in ascending id order (as the in-process backend does; the order does not
+        // change any result, only which expert runs where).
+        let mut exec = MoeExec::new(x, spec.ids, spec.weights, spec.n_rows, spec.top_k, self.hidden(), self.header.layout.dims.n_experts);
+        let n_groups = exec.groups().len();
         let (mut hits, mut misses, mut io_wait_ns, mut compute_ns) = (0u32, 0u32, 0u64, 0u64);
-        for wave in used.chunks(self.wave_experts) {
-            let keys: Vec<ExpertKey> = wave.iter().map(|(e, _)| ExpertKey::new(spec.layer, *e)).collect();
-            let t_io = Instant::now();
+        let mut start = 0;
+        while start < n_groups {
+            let wave: Vec<usize> = (start..(start + self.wave_experts).min(n_groups)).collect();
+            start += wave.len();
+            let keys: Vec<ExpertKey> = wave.iter().map(|&g| ExpertKey::new(spec.layer, exec.groups()[g].0)).collect();
+            let t_acquire = Instant::now();
             let mut acquired = self.acquire_wave(spec, &keys)?;
+            let acquire_ns = t_acquire.elapsed().as_nanos() as u64;
             hits += acquired.n_hits();
             misses += acquired.n_misses();
-            let results = {
-                let mut reqs: Vec<ReadRequest<'_>> = acquired
-                    .misses()
-                    .map(|lease| {
-                        let key = lease.key();
-                        ReadRequest { layer: key.layer, expert: key.expert, dst: lease.buffer_mut() }
-                    })
-                    .collect();
-                if reqs.is_empty() { Vec::new() } else { self.source.read_blobs(&mut reqs) }
-            };
-            let mut first_error = None;
-            for (lease, result) in acquired.misses().collect::<Vec<_>>().into_iter().zip(results) {
-                match result {
-                    Ok(()) => lease.mark_filled(),
-                    Err(e) => {
-                        first_error.get_or_insert(e);
-                    }
-                }
-            }
-            if let Some(e) = first_error {
-                return Err(CallError::Io(e));
-            }
-            acquired.wait_ready()?;
-            io_wait_ns += t_io.elapsed().as_nanos() as u64;
-
-            let t_compute = Instant::now();
-            let leases = acquired.leases();
-            let isa = self.isa;
-            let results: Vec<(&[usize], Vec<f32>)> = self.pool.install(|| {
-                wave.par_iter()
-                    .zip(leases.par_iter())
-                    .map_init(ExpertScratch::new, |scratch, ((_, cells), lease)| {
-                        let (gate_up, down) = view_blob(lease.bytes(), &layout, lease.key())?;
-                        let rows = cells.len();
-                        let xs = shared::moe_combine::gather(x, d, k, cells);
-                        let mut y = vec![0.0f32; rows * d];
-                        expert_forward(isa, gate_up, down, &xs, rows, &mut y, scratch);
-                        Ok((cells.as_slice(), y))
-                    })
-                    .collect::<Result<_, CallError>>()
-            })?;
-            for (cells, y) in results {
-                shared::moe_combine::scatter(&mut slots, d, cells, &y);
-            }
-            compute_ns += t_compute.elapsed().as_nanos() as u64;
+            let t_wave = Instant::now();
+            let (waited_ns,) = self.pool.install(|| self.run_wave(&mut exec, &wave, &mut acquired))?;
+            io_wait_ns += acquire_ns + waited_ns;
+            compute_ns += (t_wave.elapsed().as_nanos() as u64).saturating_sub(waited_ns);
             drop(acquired);
         }
-        // Each row's weighted outputs summed in slot order: independent of waves and cache state.
-        shared::moe_combine::sum_in_call_order(&slots, spec.weights, spec.n_rows, k, d, out);
-        let bytes_read = u64::from(misses) * layout.stride as u64;
+        // Each row's weighted outputs summed in call order: independent of waves and cache state.
+        exec.finish(out);
+        let bytes_read = u64::from(misses) * self.header.layout.blob.stride as u64;
         Ok(CallCost { io_wait_ns, compute_ns, hits, misses, bytes_read })
     }
+
+    /// One wave on the compute pool: the misses' reads (all submitted together) run on one
+    /// thread while the experts already resident (hits, and experts another call is reading)
+    /// are computed on the others; then the misses are computed. Returns the nanoseconds the
+    /// wave's compute had to wait for reads after the hits were done (the part of the IO
+    /// that was not hidden behind compute).
+    fn run_wave(&self, exec: &mut MoeExec<'_>, wave: &[usize], acquired: &mut crate::cache::Acquired) -> Result<(u64,), CallError> {
+        let layout = self.header.layout.blob;
+        let isa = self.isa;
+        let n_missing = acquired.n_misses() as usize;
+        if n_missing == 0 {
+            acquired.wait_ready()?;
+            let leases = acquired.leases();
+            exec.compute(isa, wave, |g, _| view_lease(&leases[position(wave, g)], &layout))?;
+            return Ok((0,));
+        }
+        // Which wave positions need our read (the others are ready now or being read by
+        // another call, which `wait_ready` covers).
+        let ready_now: Vec<usize> = acquired.leases().iter().enumerate().filter(|(_, l)| l.is_ready()).map(|(i, _)| wave[i]).collect();
+        let rest: Vec<usize> = wave.iter().copied().filter(|g| !ready_now.contains(g)).collect();
+        // Split the borrows: the reader fills the miss buffers; the hits are read-only views
+        // of other leases (a lease is either a miss we fill or ready/being filled by another
+        // call, never both).
+        let (read_result, hit_result) = {
+            let mut mine: Vec<&mut crate::cache::Lease> = Vec::with_capacity(n_missing);
+            let mut ready: Vec<(usize, &crate::cache::Lease)> = Vec::with_capacity(ready_now.len());
+            for (lease, &g) in acquired.leases_mut().iter_mut().zip(wave) {
+                if lease.needs_fill() {
+                    mine.push(lease);
+                } else if lease.is_ready() {
+                    ready.push((g, &*lease));
+                }
+            }
+            let source = &self.source;
+            let exec_ref = &mut *exec;
+            rayon::join(
+                move || {
+                    let mut reqs: Vec<ReadRequest<'_>> = mine
+                        .iter_mut()
+                        .map(|lease| {
+                            let key = lease.key();
+                            ReadRequest { layer: key.layer, expert: key.expert, dst: lease.buffer_mut() }
+                        })
+                        .collect();
+                    let results = source.read_blobs(&mut reqs);
+                    drop(reqs);
+                    let mut first_error = None;
+                    for (lease, result) in mine.into_iter().zip(results) {
+                        match result {
+                            Ok(()) => lease.mark_filled(),
+                            Err(e) => {
+                                first_error.get_or_insert(e);
+                            }
+                        }
+                    }
+                    first_error.map_or(Ok(()), |e| Err(CallError::Io(e)))
+                },
+                move || {
+                    exec_ref.compute(isa, &ready_now, |g, _| {
+                        let (_, lease) = ready.iter().find(|(rg, _)| *rg == g).expect("ready_now lists the ready leases");
+                        view_lease(lease, &layout)
+                    })
+                },
+            )
+        };
+        read_result?;
+        hit_result?;
+        let t_wait = Instant::now();
+        acquired.wait_ready()?;
+        let waited = t_wait.elapsed().as_nanos() as u64;
+        let leases = acquired.leases();
+        exec.compute(isa, &rest, |g, _| view_lease(&leases[position(wave, g)], &layout))?;
+        Ok((waited,))
+    }
 }
+
+/// Where group `g` sits in `wave` (waves are short: a linear scan).
+fn position(wave: &[usize], g: usize) -> usize {
+    wave.iter().position(|&w| w == g).expect("group belongs to the wave")
+}
+
+/// A ready lease's blob as the kernel's matrices.
+fn view_lease<'a>(lease: &'a crate::cache::Lease, layout: &BlobLayout) -> Result<ExpertMatrices<'a>, CallError> {
+    let (gate_up, down) = view_blob(lease.bytes(), layout, lease.key())?;
+    Ok(ExpertMatrices { gate_up, down })
+}
+

@@ -76,9 +76,20 @@ pub struct Session {
     pub transport: TransportKind,
     /// Counters.
     pub counters: SessionCounters,
+    /// Set when the session is closed (its ring worker, if any, stops).
+    closed: std::sync::atomic::AtomicBool,
 }
 
 impl Session {
+    /// Whether the session was closed.
+    pub fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::Acquire)
+    }
+
+    fn mark_closed(&self) {
+        self.closed.store(true, Ordering::Release);
+    }
+
     /// Records a finished call.
     pub fn record(&self, result: Result<&CallCounters, ()>) {
         let c = &self.counters;
@@ -157,7 +168,7 @@ impl Sessions {
     /// Opens a session on connection `conn_id`.
     pub fn open(&self, conn_id: u64, client_name: String, peer: String, transport: TransportKind) -> Arc<Session> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let s = Arc::new(Session { id, conn_id, client_name, peer, transport, counters: SessionCounters::default() });
+        let s = Arc::new(Session { id, conn_id, client_name, peer, transport, counters: SessionCounters::default(), closed: Default::default() });
         self.map().insert(id, Arc::clone(&s));
         s
     }
@@ -171,14 +182,22 @@ impl Sessions {
     /// Closes session `id` if it belongs to `conn_id`.
     pub fn close(&self, id: u64, conn_id: u64) -> Option<Arc<Session>> {
         let mut map = self.map();
-        if map.get(&id).is_some_and(|s| s.conn_id == conn_id) { map.remove(&id) } else { None }
+        let s = if map.get(&id).is_some_and(|s| s.conn_id == conn_id) { map.remove(&id) } else { None };
+        if let Some(s) = &s {
+            s.mark_closed();
+        }
+        s
     }
 
     /// Closes every session of a connection that went away.
     pub fn close_connection(&self, conn_id: u64) -> Vec<Arc<Session>> {
         let mut map = self.map();
         let ids: Vec<u64> = map.values().filter(|s| s.conn_id == conn_id).map(|s| s.id).collect();
-        ids.iter().filter_map(|id| map.remove(id)).collect()
+        let closed: Vec<Arc<Session>> = ids.iter().filter_map(|id| map.remove(id)).collect();
+        for s in &closed {
+            s.mark_closed();
+        }
+        closed
     }
 
     /// Every open session, by id.
@@ -235,22 +254,43 @@ impl FairQueue {
     /// Waits for a lane for a call of `session`. Cancel-safe: a waiter dropped before or after
     /// its lane arrives passes the lane on.
     pub async fn acquire(self: &Arc<FairQueue>, session: u64) -> LanePermit {
-        let rx = {
-            let mut st = self.lock();
-            if st.lanes_free > 0 && st.waiting.is_empty() {
-                st.lanes_free -= 1;
-                st.last_served = session;
-                return LanePermit { queue: Some(Arc::clone(self)) };
-            }
-            let (tx, rx) = oneshot::channel();
-            st.waiting.entry(session).or_default().push_back(tx);
-            rx
+        let rx = match self.take_or_enqueue(session) {
+            Ok(permit) => return permit,
+            Err(rx) => rx,
         };
         match rx.await {
             Ok(permit) => permit,
             // The sender is only dropped after a send (or with the queue itself, which `self`
             // keeps alive), so this cannot happen; wait again rather than run without a lane.
             Err(_) => Box::pin(self.acquire(session)).await,
+        }
+    }
+
+    /// A free lane when nobody waits, otherwise a place in `session`'s queue.
+    fn take_or_enqueue(self: &Arc<FairQueue>, session: u64) -> Result<LanePermit, oneshot::Receiver<LanePermit>> {
+        let mut st = self.lock();
+        if st.lanes_free > 0 && st.waiting.is_empty() {
+            st.lanes_free -= 1;
+            st.last_served = session;
+            return Ok(LanePermit { queue: Some(Arc::clone(self)) });
+        }
+        let (tx, rx) = oneshot::channel();
+        st.waiting.entry(session).or_default().push_back(tx);
+        Err(rx)
+    }
+
+    /// [`acquire`](Self::acquire) for a plain thread (the call ring's worker): takes a free
+    /// lane at once when nobody waits, otherwise queues fairly and blocks.
+    pub fn acquire_blocking(self: &Arc<FairQueue>, session: u64) -> LanePermit {
+        loop {
+            match self.take_or_enqueue(session) {
+                Ok(permit) => return permit,
+                Err(rx) => {
+                    if let Ok(permit) = rx.blocking_recv() {
+                        return permit;
+                    }
+                }
+            }
         }
     }
 

@@ -11,7 +11,9 @@
 
 use rustix::fs::SealFlags;
 use rustix::net::{RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags};
+use shared::ring::{RingLayout, RingView};
 use shared::shm_layout::{self, Hello, HelloReply, SegmentHeader, ShmLayoutError, ShmSlice};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::io::IoSliceMut;
 use std::mem::MaybeUninit;
 use std::ops::Range;
@@ -67,6 +69,10 @@ pub struct Segment {
     len: u64,
     map: memmap2::MmapRaw,
     _fd: OwnedFd,
+    /// The MoE-call ring the header announces, if any.
+    ring: Option<RingLayout>,
+    /// Set once a session's worker serves the ring (one worker per ring).
+    ring_taken: AtomicBool,
 }
 
 impl std::fmt::Debug for Segment {
@@ -95,10 +101,10 @@ impl Segment {
         }
         let file = std::fs::File::from(fd.try_clone().map_err(ShmError::Io)?);
         let map = memmap2::MmapOptions::new().len(len as usize).map_raw(&file).map_err(ShmError::Io)?;
-        let segment = Segment { id, len, map, _fd: fd };
+        let mut segment = Segment { id, len, map, _fd: fd, ring: None, ring_taken: AtomicBool::new(false) };
         let mut header = [0u8; shm_layout::SEGMENT_HEADER_BYTES];
         segment.copy_out(0..header.len(), &mut header);
-        SegmentHeader::parse(&header, len)?;
+        segment.ring = SegmentHeader::parse(&header, len)?.ring;
         Ok(segment)
     }
 
@@ -110,6 +116,20 @@ impl Segment {
     /// The segment's size in bytes.
     pub fn len_bytes(&self) -> u64 {
         self.len
+    }
+
+    /// The segment's call ring, for the first session that asks (one worker per ring); `None`
+    /// when the header announced none or another session already serves it.
+    pub fn take_ring(&self) -> Option<RingView> {
+        let layout = self.ring?;
+        if self.ring_taken.swap(true, Ordering::AcqRel) {
+            return None;
+        }
+        // SAFETY: the header's ring layout was checked against the mapping's length when the
+        // segment was mapped (`SegmentHeader::parse` → `RingLayout::check`); the mapping is
+        // page-aligned and shrink-sealed, and the worker that uses the view holds an `Arc` of
+        // this segment for as long as it runs.
+        Some(unsafe { RingView::new(self.map.as_mut_ptr(), layout) })
     }
 
     /// Checks a request's slice against this segment and returns its byte range.

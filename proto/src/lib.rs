@@ -20,10 +20,15 @@ pub mod version {
     pub const MOE_LAYER_INLINE: u32 = 1;
     /// Activations and outputs in a memfd segment passed with SCM_RIGHTS over the unix socket.
     pub const SHM_SEGMENTS: u32 = 2;
+    /// MoE calls through a shared-memory ring in the segment (`shared::ring`), announced in the
+    /// segment header and confirmed by `HandshakeResponse.ring_entries`.
+    pub const CALL_RING: u32 = 3;
     /// The version this build speaks.
-    pub const CURRENT: u32 = SHM_SEGMENTS;
+    pub const CURRENT: u32 = CALL_RING;
     /// The oldest client version the daemon accepts. Version 1 never shipped on its own.
     pub const OLDEST_SUPPORTED: u32 = SHM_SEGMENTS;
+    /// The oldest daemon version a client accepts (a version-2 daemon serves `MoeLayer` only).
+    pub const OLDEST_DAEMON: u32 = SHM_SEGMENTS;
 }
 
 /// The gRPC metadata key that carries a TCP client's bearer token.

@@ -10,6 +10,8 @@ pub mod config;
 pub mod container;
 pub mod kernels;
 pub mod moe_combine;
+pub mod moe_exec;
+pub mod ring;
 pub mod safetensors_header;
 pub mod safetensors_locator;
 pub mod shm_layout;

@@ -241,6 +241,9 @@ pub struct SegmentHeader {
     pub segment_bytes: u64,
     /// Offset of the first slot (= `header_bytes`).
     pub data_offset: u64,
+    /// The MoE-call ring (`crate::ring`), when the client offers one (bytes 32..48; zero
+    /// when absent, which is all a daemon that predates rings ever saw there).
+    pub ring: Option<crate::ring::RingLayout>,
 }
 
 impl SegmentHeader {
@@ -252,6 +255,7 @@ impl SegmentHeader {
             header_bytes: SEGMENT_HEADER_BYTES as u32,
             segment_bytes,
             data_offset: SEGMENT_HEADER_BYTES as u64,
+            ring: None,
         }
     }
 
@@ -263,6 +267,11 @@ impl SegmentHeader {
         out[12..16].copy_from_slice(&self.header_bytes.to_le_bytes());
         out[16..24].copy_from_slice(&self.segment_bytes.to_le_bytes());
         out[24..32].copy_from_slice(&self.data_offset.to_le_bytes());
+        if let Some(r) = &self.ring {
+            out[32..40].copy_from_slice(&r.offset.to_le_bytes());
+            out[40..44].copy_from_slice(&r.entries.to_le_bytes());
+            out[44..48].copy_from_slice(&r.cells.to_le_bytes());
+        }
         out
     }
 
@@ -283,6 +292,7 @@ impl SegmentHeader {
             header_bytes: le_u32(bytes, 12),
             segment_bytes: le_u64(bytes, 16),
             data_offset: le_u64(bytes, 24),
+            ring: None,
         };
         if h.version != SEGMENT_VERSION {
             return Err(ShmLayoutError::Version { what: "segment header", found: h.version, expected: SEGMENT_VERSION });
@@ -293,7 +303,15 @@ impl SegmentHeader {
         exact("header_bytes", u64::from(h.header_bytes), SEGMENT_HEADER_BYTES as u64)?;
         exact("segment_bytes", h.segment_bytes, file_bytes)?;
         exact("data_offset", h.data_offset, SEGMENT_HEADER_BYTES as u64)?;
-        Ok(h)
+        let ring_offset = le_u64(bytes, 32);
+        let ring = if ring_offset == 0 {
+            None
+        } else {
+            let r = crate::ring::RingLayout { offset: ring_offset, entries: le_u32(bytes, 40), cells: le_u32(bytes, 44) };
+            r.check(file_bytes)?;
+            Some(r)
+        };
+        Ok(SegmentHeader { ring, ..h })
     }
 }
 
@@ -341,6 +359,8 @@ pub struct SlotLayout {
     pub region_bytes: u64,
     /// The whole segment's size in bytes.
     pub segment_bytes: u64,
+    /// The MoE-call ring after the slots, one entry per slot, when asked for.
+    pub ring: Option<crate::ring::RingLayout>,
 }
 
 impl SlotLayout {
@@ -363,7 +383,26 @@ impl SlotLayout {
         if segment_bytes > MAX_SEGMENT_BYTES {
             return Err(overflow);
         }
-        Ok(SlotLayout { n_slots, max_rows, hidden, region_bytes, segment_bytes })
+        Ok(SlotLayout { n_slots, max_rows, hidden, region_bytes, segment_bytes, ring: None })
+    }
+
+    /// The same slots followed by a ring of one entry per slot, each carrying up to `cells`
+    /// ids and weights (`max_rows × top_k` of the largest call that may use the ring).
+    pub fn with_ring(self, cells: usize) -> Result<SlotLayout, ShmLayoutError> {
+        let overflow = ShmLayoutError::SlotOverflow { n_slots: self.n_slots, max_rows: self.max_rows, hidden: self.hidden };
+        let ring = crate::ring::RingLayout {
+            offset: self.segment_bytes,
+            entries: u32::try_from(self.n_slots).map_err(|_| overflow.clone())?,
+            cells: u32::try_from(cells).map_err(|_| overflow.clone())?,
+        };
+        let segment_bytes = self.segment_bytes.checked_add(ring.bytes()).filter(|&b| b <= MAX_SEGMENT_BYTES).ok_or(overflow)?;
+        ring.check(segment_bytes)?;
+        Ok(SlotLayout { segment_bytes, ring: Some(ring), ..self })
+    }
+
+    /// The segment header for this layout.
+    pub fn header(&self) -> SegmentHeader {
+        SegmentHeader { ring: self.ring, ..SegmentHeader::new(self.segment_bytes) }
     }
 
     /// Offset of slot `slot`'s input region.
@@ -424,5 +463,13 @@ mod tests {
         assert_eq!(l.output_offset(1), 64 + 3 * 64);
         assert_eq!(l.segment_bytes, 64 + 4 * 64);
         assert!(SlotLayout::new(2, usize::MAX, 5).is_err());
+        // A ring goes after the slots and its header round-trips.
+        let r = l.with_ring(3 * 8).expect("ring");
+        let ring = r.ring.expect("ring layout");
+        assert_eq!(ring.offset, l.segment_bytes);
+        assert_eq!(r.segment_bytes, l.segment_bytes + ring.bytes());
+        assert_eq!(SegmentHeader::parse(&r.header().encode(), r.segment_bytes), Ok(r.header()));
+        // A ring that does not fit the file is refused.
+        assert!(SegmentHeader::parse(&r.header().encode(), l.segment_bytes).is_err());
     }
 }

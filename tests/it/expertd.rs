@@ -23,9 +23,9 @@ use tonic::transport::Channel;
 const NEW_TOKENS: &str = "8";
 
 /// A running `expertd serve`, killed (SIGKILL) when dropped unless stopped.
-struct Daemon {
+pub(crate) struct Daemon {
     child: Child,
-    socket: Option<PathBuf>,
+    pub(crate) socket: Option<PathBuf>,
     port: Option<u16>,
     log: PathBuf,
     _dir: tempfile::TempDir,
@@ -65,7 +65,7 @@ impl Daemon {
         d
     }
 
-    fn unix(container: &Path, cache_bytes: u64, extra: &[&str]) -> Daemon {
+    pub(crate) fn unix(container: &Path, cache_bytes: u64, extra: &[&str]) -> Daemon {
         Daemon::start(container, cache_bytes, None, extra)
     }
 
@@ -88,11 +88,11 @@ impl Daemon {
         }
     }
 
-    fn log_text(&self) -> String {
+    pub(crate) fn log_text(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
-    fn uri(&self) -> String {
+    pub(crate) fn uri(&self) -> String {
         match (&self.socket, self.port) {
             (Some(s), _) => format!("unix://{}", s.display()),
             (None, Some(p)) => format!("http://127.0.0.1:{p}"),
@@ -100,7 +100,7 @@ impl Daemon {
         }
     }
 
-    fn signal(&self, sig: &str) {
+    pub(crate) fn signal(&self, sig: &str) {
         let ok = Command::new("kill").arg(format!("-{sig}")).arg(self.child.id().to_string()).status().expect("kill").success();
         assert!(ok, "kill -{sig} failed");
     }
@@ -126,16 +126,16 @@ impl Drop for Daemon {
     }
 }
 
-fn blob_stride(container: &Path) -> u64 {
+pub(crate) fn blob_stride(container: &Path) -> u64 {
     ContainerFile::open(container).expect("container").header().layout.blob.stride as u64
 }
 
-fn container_bytes(container: &Path) -> u64 {
+pub(crate) fn container_bytes(container: &Path) -> u64 {
     std::fs::metadata(container.join(shared::container::CONTAINER_FILE)).expect("container file").len()
 }
 
 /// Writes the preset's oracle prompts (ids only), `repeat` times over.
-fn prompts_file(preset: &str, dir: &Path, repeat: usize) -> PathBuf {
+pub(crate) fn prompts_file(preset: &str, dir: &Path, repeat: usize) -> PathBuf {
     let r = reference(preset);
     let prompts: Vec<serde_json::Value> = (0..repeat)
         .flat_map(|i| {
@@ -149,7 +149,7 @@ fn prompts_file(preset: &str, dir: &Path, repeat: usize) -> PathBuf {
 
 /// What `hostd eval` produced: the logits file's bytes and the greedy ids.
 #[derive(PartialEq, Eq)]
-struct EvalOut {
+pub(crate) struct EvalOut {
     logits: Vec<u8>,
     greedy: Vec<Vec<u32>>,
 }
@@ -173,19 +173,19 @@ fn read_eval(out: &Path) -> EvalOut {
     EvalOut { logits: std::fs::read(out.with_extension("logits.f32")).expect("logits"), greedy }
 }
 
-fn eval(preset: &str, prompts: &Path, dir: &Path, tag: &str, backend: &[&str]) -> EvalOut {
+pub(crate) fn eval(preset: &str, prompts: &Path, dir: &Path, tag: &str, backend: &[&str]) -> EvalOut {
     let out = dir.join(format!("{tag}.json"));
     let o = eval_cmd(preset, prompts, &out, backend).output().expect("spawn hostd");
     assert!(o.status.success(), "hostd eval ({tag}) failed: {}", String::from_utf8_lossy(&o.stderr));
     read_eval(&out)
 }
 
-fn rt() -> tokio::runtime::Runtime {
+pub(crate) fn rt() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime")
 }
 
 /// A plain gRPC client (no shared-memory pre-handshake) on the daemon's unix socket.
-async fn raw_unix(socket: &Path) -> ExpertServiceClient<Channel> {
+pub(crate) async fn raw_unix(socket: &Path) -> ExpertServiceClient<Channel> {
     let socket = socket.to_path_buf();
     let channel = tonic::transport::Endpoint::from_static("http://expertd.test")
         .connect_with_connector(tower::service_fn(move |_| {
@@ -197,7 +197,7 @@ async fn raw_unix(socket: &Path) -> ExpertServiceClient<Channel> {
     ExpertServiceClient::new(channel)
 }
 
-fn handshake_request(identity: Option<&ModelIdentity>) -> pb::HandshakeRequest {
+pub(crate) fn handshake_request(identity: Option<&ModelIdentity>) -> pb::HandshakeRequest {
     pb::HandshakeRequest {
         protocol_version: proto::version::CURRENT,
         client_name: "test".into(),
@@ -207,9 +207,9 @@ fn handshake_request(identity: Option<&ModelIdentity>) -> pb::HandshakeRequest {
     }
 }
 
-const HIDDEN_TINY: usize = 64;
+pub(crate) const HIDDEN_TINY: usize = 64;
 
-fn activations(n: usize, d: usize) -> Vec<f32> {
+pub(crate) fn activations(n: usize, d: usize) -> Vec<f32> {
     (0..n * d).map(|i| ((i as f32) * 0.37).sin()).collect()
 }
 
@@ -373,7 +373,7 @@ fn client_for(socket: &Path, reconnect: Duration) -> ExpertdClient {
     ExpertdClient::connect(opts, None).expect("connect")
 }
 
-fn tiny_call(client: &ExpertdClient) -> Result<Vec<f32>, hostd::experts::ExpertError> {
+pub(crate) fn tiny_call(client: &ExpertdClient) -> Result<Vec<f32>, hostd::experts::ExpertError> {
     let x = activations(3, HIDDEN_TINY);
     let call = MoeCall { layer: 1, n_rows: 3, top_k: 2, x: &x, ids: &[4, 5, 6, 7, 0, 4], weights: &[0.6, 0.4, 0.3, 0.7, 0.5, 0.5] };
     let mut out = vec![0.0f32; 3 * HIDDEN_TINY];

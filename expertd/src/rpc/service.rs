@@ -215,7 +215,18 @@ impl ExpertdService {
         let transport = if conn.segment.is_some() { TransportKind::SharedMemory } else { TransportKind::Inline };
         let name = if r.client_name.is_empty() { "unnamed".to_string() } else { r.client_name };
         let session = st.sessions.open(conn.conn_id, name, conn.peer.to_string(), transport);
-        tracing::info!(session = session.id, client_name = %session.client_name, peer = %session.peer, client_pid = r.client_pid, ?transport, "session opened");
+        // A version-3 client's segment may carry a call ring: serve it from its own worker.
+        let mut ring_entries = 0;
+        if r.protocol_version >= proto::version::CALL_RING
+            && let Some(segment) = &conn.segment
+            && let Some(ring) = segment.take_ring()
+        {
+            match super::ring::spawn(Arc::clone(&self.state), Arc::clone(&session), Arc::clone(segment), ring) {
+                Ok(()) => ring_entries = ring.layout().entries,
+                Err(e) => tracing::warn!(session = session.id, error = %e, "could not start the call-ring worker; MoeLayer RPCs only"),
+            }
+        }
+        tracing::info!(session = session.id, client_name = %session.client_name, peer = %session.peer, client_pid = r.client_pid, ?transport, ring_entries, "session opened");
         let dims = &header.layout.dims;
         let engine = &st.engine;
         Ok(pb::HandshakeResponse {
@@ -243,6 +254,7 @@ impl ExpertdService {
             },
             shm_segment_id: conn.segment.as_ref().map_or(0, |s| s.id()),
             shm_segment_bytes: conn.segment.as_ref().map_or(0, |s| s.len_bytes()),
+            ring_entries,
         })
     }
 

@@ -2,14 +2,17 @@
 //! (never a file anyone can open by name), sizes it for `n_slots` calls of `max_rows` rows,
 //! seals it against shrinking and growing (so the daemon's mapping can never fault), maps it,
 //! and lends out slots; [`send_hello`] passes it to the daemon with SCM_RIGHTS in the
-//! pre-handshake. The segment outlives connections: after a daemon restart the same memfd is
-//! passed again. It is freed when hostd drops it (or exits) and the daemon's connection closes.
+//! pre-handshake. Each session gets a fresh segment, so nothing a daemon-side call of an
+//! abandoned session might still write can reach a later call. It is freed when hostd drops it
+//! (or exits) and the daemon's connection closes. The segment may end with a MoE-call ring
+//! (`shared::ring`), one entry per slot.
 //!
 //! Layouts are `shared::shm_layout`; the daemon's side is `expertd/src/shm.rs`.
 
 use rustix::fs::{MemfdFlags, SealFlags};
 use rustix::net::{SendAncillaryBuffer, SendAncillaryMessage, SendFlags};
-use shared::shm_layout::{self, Hello, HelloReply, SegmentHeader, ShmSlice, SlotLayout};
+use shared::ring::RingView;
+use shared::shm_layout::{self, Hello, HelloReply, ShmSlice, SlotLayout};
 use std::io::{IoSlice, Read};
 use std::mem::MaybeUninit;
 use std::os::fd::{AsFd, OwnedFd};
@@ -45,6 +48,13 @@ pub struct Slot<'a> {
     index: usize,
 }
 
+impl Slot<'_> {
+    /// The slot's index (also its ring entry).
+    pub fn index(&self) -> usize {
+        self.index
+    }
+}
+
 impl Drop for Slot<'_> {
     fn drop(&mut self) {
         self.segment.free.lock().unwrap_or_else(PoisonError::into_inner).push(self.index);
@@ -60,8 +70,20 @@ impl ClientSegment {
         let file = std::fs::File::from(fd.try_clone()?);
         let map = memmap2::MmapOptions::new().len(layout.segment_bytes as usize).map_raw(&file)?;
         let segment = ClientSegment { fd, map, layout, free: Mutex::new((0..layout.n_slots).rev().collect()) };
-        segment.copy_in(0, &SegmentHeader::new(layout.segment_bytes).encode());
+        segment.copy_in(0, &layout.header().encode());
+        if let Some(ring) = segment.ring() {
+            ring.reset();
+        }
         Ok(segment)
+    }
+
+    /// The segment's call ring, when its layout has one.
+    pub fn ring(&self) -> Option<RingView> {
+        let layout = self.layout.ring?;
+        // SAFETY: the layout was checked to fit the segment (`SlotLayout::with_ring`), the
+        // mapping is page-aligned, sealed against shrinking and lives as long as `self`; views
+        // are used only while the segment is borrowed.
+        Some(unsafe { RingView::new(self.map.as_mut_ptr(), layout) })
     }
 
     /// The slot layout.

@@ -7,12 +7,12 @@
 //! outputs are summed in the call's order, so results do not depend on grouping. A blob that
 //! fails verification fails every call that uses it (it is never marked verified).
 
-use super::{ExpertBackend, ExpertError, MoeCall, cells_by_expert, combine_in_call_order, validate_call};
-use rayon::prelude::*;
+use super::{ExpertBackend, ExpertError, MoeCall, validate_call};
 use shared::checkpoint::Checkpoint;
 use memmap2::Mmap;
 use shared::container::{BlobAt, ContainerError, ContainerFile, ExpertBlob, ModelIdentity, check_blob};
-use shared::kernels::int8::{ExpertScratch, Int8Isa, expert_forward};
+use shared::kernels::int8::Int8Isa;
+use shared::moe_exec::{ExpertMatrices, MoeExec};
 use crate::model::profile;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -126,52 +126,30 @@ impl ExpertBackend for Int8Experts {
 
     fn moe_layer(&self, call: &MoeCall<'_>, out: &mut [f32]) -> Result<(), ExpertError> {
         validate_call(call, self.n_layers, self.n_experts, self.hidden, out.len())?;
-        let (d, k) = (self.hidden, call.top_k);
-        let used = cells_by_expert(call, self.n_experts);
+        let d = self.hidden;
+        let mut exec = MoeExec::new(call.x, call.ids, call.weights, call.n_rows, call.top_k, d, self.n_experts);
         // Profiling: thread time the workers spend getting blobs (the first-use checksum of a
-        // mapped blob; later uses are a lookup) vs. computing (they interleave on the same
-        // threads, so the wall is shared out below in proportion). Page faults on the mapping
-        // happen while the kernels touch the weights, so they count as compute here.
+        // mapped blob; later uses are a lookup). Page faults on the mapping happen while the
+        // kernels touch the weights, so they count as compute here (the rest of the wall).
         let timing = profile::enabled();
-        let (read_ns, compute_ns) = (AtomicU64::new(0), AtomicU64::new(0));
-        let since = |t: Option<Instant>, acc: &AtomicU64| {
-            if let Some(t) = t {
-                acc.fetch_add(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
-            }
-        };
+        let read_ns = AtomicU64::new(0);
         let t_wall = timing.then(Instant::now);
-        let results: Vec<(Vec<usize>, Vec<f32>)> = used
-            .into_par_iter()
-            .map_init(
-                ExpertScratch::new,
-                |scratch, (e, cells)| {
-                    let t = timing.then(Instant::now);
-                    let blob = self.blob(call.layer, e).map_err(|err| ExpertError::Expert {
-                        layer: call.layer,
-                        expert: e as u32,
-                        reason: err.to_string(),
-                    })?;
-                    since(t, &read_ns);
-                    let t = timing.then(Instant::now);
-                    let rows = cells.len();
-                    let xs = shared::moe_combine::gather(call.x, d, k, &cells);
-                    let mut y = vec![0.0f32; rows * d];
-                    expert_forward(self.isa, blob.gate_up, blob.down, &xs, rows, &mut y, scratch);
-                    since(t, &compute_ns);
-                    Ok((cells, y))
-                },
-            )
-            .collect::<Result<_, ExpertError>>()?;
+        let all: Vec<usize> = (0..exec.groups().len()).collect();
+        exec.compute(self.isa, &all, |_, e| {
+            let t = timing.then(Instant::now);
+            let blob = self.blob(call.layer, e as usize).map_err(|err| ExpertError::Expert { layer: call.layer, expert: e, reason: err.to_string() })?;
+            if let Some(t) = t {
+                read_ns.fetch_add(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
+            }
+            Ok(ExpertMatrices { gate_up: blob.gate_up, down: blob.down })
+        })?;
         if let Some(t) = t_wall {
             let wall = t.elapsed().as_nanos() as u64;
-            let (r, c) = (read_ns.into_inner(), compute_ns.into_inner());
-            let io = if r + c > 0 { (wall as u128 * r as u128 / (r + c) as u128) as u64 } else { 0 };
-            profile::add("experts.io_wait", io, 0);
-            profile::add("experts.compute", wall - io, 0);
-            profile::add("experts.io_wait_thread_sum", r, 0);
-            profile::add("experts.compute_thread_sum", c, 0);
+            let r = read_ns.into_inner().min(wall);
+            profile::add("experts.io_wait", r, 0);
+            profile::add("experts.compute", wall - r, 0);
         }
-        combine_in_call_order(call, d, results, out);
+        exec.finish(out);
         Ok(())
     }
 }

@@ -94,31 +94,9 @@ pub fn validate_call(call: &MoeCall<'_>, n_layers: usize, n_experts: usize, hidd
     if call.layer >= n_layers {
         return bad(format!("layer out of range (model has {n_layers})"));
     }
-    let cells = call.n_rows.checked_mul(call.top_k);
-    if call.top_k == 0 || cells != Some(call.ids.len()) || call.weights.len() != call.ids.len() {
-        return bad(format!(
-            "ids ({}) and weights ({}) must both hold rows × top_k = {} × {} entries",
-            call.ids.len(),
-            call.weights.len(),
-            call.n_rows,
-            call.top_k
-        ));
-    }
+    shared::moe_exec::validate_routing(call.n_rows, call.top_k, call.ids, call.weights, n_experts).map_err(|reason| ExpertError::InvalidCall { layer: call.layer, reason })?;
     if call.x.len() != call.n_rows * hidden || out_len != call.n_rows * hidden {
         return bad(format!("activations ({}) and output ({out_len}) must hold rows × hidden = {} × {hidden}", call.x.len(), call.n_rows));
-    }
-    for (r, row) in call.ids.chunks_exact(call.top_k).enumerate() {
-        for (i, &e) in row.iter().enumerate() {
-            if e as usize >= n_experts {
-                return bad(format!("row {r}: expert {e} out of range (layer has {n_experts})"));
-            }
-            if row[..i].contains(&e) {
-                return bad(format!("row {r}: expert {e} chosen twice"));
-            }
-        }
-    }
-    if let Some(w) = call.weights.iter().find(|w| !w.is_finite()) {
-        return bad(format!("non-finite routing weight {w}"));
     }
     Ok(())
 }

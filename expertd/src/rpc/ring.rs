@@ -1,0 +1,178 @@
+//! The daemon's side of the MoE-call ring (`shared::ring`): one worker thread per session whose
+//! connection passed a segment with a ring. The worker takes calls straight out of shared
+//! memory and runs them through the same engine, session bound, fair queue and status mapping
+//! as the `MoeLayer` RPC — no tokio, no HTTP/2, no protobuf, no hand-off before the compute
+//! pool. The RPC stays for everything else (handshake, stats, health, TCP, old clients).
+//!
+//! Every value the client wrote is copied out of shared memory before it is checked, so a
+//! client that keeps writing cannot change a call after validation. A malformed entry fails
+//! that call with a status (code and text in the entry); it never stops the worker. The worker
+//! ends when its session closes (the connection went away, or `CloseSession`), marking the
+//! ring `daemon_gone` and failing whatever was still submitted, so the client stops waiting.
+
+use super::service::ServiceState;
+use super::status::RpcError;
+use crate::engine::CallSpec;
+use crate::session::{CallCounters, Session};
+use crate::shm::Segment;
+use shared::ring::{self, Completion, Entry, RingView, Submission};
+use shared::shm_layout::ShmSlice;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+/// How long the worker spins for the next submission before sleeping on the doorbell.
+pub const WORKER_SPIN: Duration = Duration::from_micros(30);
+/// Longest sleep between checks that the session is still open.
+const WORKER_SLICE: Duration = Duration::from_millis(100);
+
+/// Starts the worker for `session` on `segment`'s ring.
+pub fn spawn(state: Arc<ServiceState>, session: Arc<Session>, segment: Arc<Segment>, ring: RingView) -> std::io::Result<()> {
+    std::thread::Builder::new().name(format!("expertd-ring-{}", session.id)).spawn(move || {
+        let worker = Worker { state, session, segment, ring, ids: Vec::new(), weights: Vec::new(), x: Vec::new(), out: Vec::new() };
+        worker.serve();
+    })?;
+    Ok(())
+}
+
+struct Worker {
+    state: Arc<ServiceState>,
+    session: Arc<Session>,
+    /// Keeps the mapping the ring lives in alive for as long as the worker runs.
+    segment: Arc<Segment>,
+    ring: RingView,
+    ids: Vec<u32>,
+    weights: Vec<f32>,
+    x: Vec<f32>,
+    out: Vec<f32>,
+}
+
+impl Worker {
+    fn any_submitted(&self) -> bool {
+        (0..self.ring.layout().entries).any(|i| self.ring.entry(i).state().load(Ordering::Acquire) == ring::STATE_SUBMITTED)
+    }
+
+    fn serve(mut self) {
+        let entries = self.ring.layout().entries;
+        let mut next = 0;
+        tracing::debug!(session = self.session.id, entries, "call ring serving");
+        while !self.session.is_closed() {
+            // Round-robin over the entries, so one busy entry cannot starve another.
+            let claimed = (0..entries).map(|j| (next + j) % entries).find_map(|i| self.ring.entry(i).claim().map(|s| (i, s)));
+            if let Some((i, sub)) = claimed {
+                self.run(i, sub);
+                next = (i + 1) % entries;
+                continue;
+            }
+            if ring::spin_until(WORKER_SPIN, || self.any_submitted() || self.session.is_closed()) {
+                continue;
+            }
+            let d = self.ring.doorbell().load(Ordering::SeqCst);
+            self.ring.daemon_waiting().store(1, Ordering::SeqCst);
+            if !self.any_submitted() {
+                ring::futex_wait(self.ring.doorbell(), d, Some(WORKER_SLICE));
+            }
+            self.ring.daemon_waiting().store(0, Ordering::SeqCst);
+        }
+        self.ring.daemon_gone().store(1, Ordering::SeqCst);
+        for i in 0..entries {
+            if let Some(sub) = self.ring.entry(i).claim() {
+                fail(&self.ring.entry(i), sub.seq, RpcError::UnknownSession { session: self.session.id });
+            }
+            // Wake a client sleeping on any entry: it sees `daemon_gone` and stops waiting.
+            ring::futex_wake(self.ring.entry(i).state());
+        }
+        tracing::debug!(session = self.session.id, "call ring stopped: session closed");
+    }
+
+    fn run(&mut self, i: u32, sub: Submission) {
+        let ring = self.ring;
+        let entry = ring.entry(i);
+        match self.call(&entry, &sub) {
+            Ok(c) => {
+                self.session.record(Ok(&c));
+                entry.complete(
+                    sub.seq,
+                    &Completion {
+                        queue_ns: c.queue_ns,
+                        io_wait_ns: c.io_wait_ns,
+                        compute_ns: c.compute_ns,
+                        bytes_read: c.bytes_read,
+                        hits: c.hits,
+                        misses: c.misses,
+                    },
+                );
+            }
+            Err(e) => {
+                self.session.record(Err(()));
+                tracing::debug!(session = self.session.id, error = %e, error_type = e.error_type(), "ring call failed");
+                fail(&entry, sub.seq, e);
+            }
+        }
+    }
+
+    /// A byte range of this connection's segment for `n_values` f32 at `offset`.
+    fn range(&self, offset: u64, n_values: usize) -> Result<std::ops::Range<usize>, RpcError> {
+        let slice = ShmSlice { segment_id: self.segment.id(), offset_bytes: offset, length_bytes: n_values as u64 * 4 };
+        Ok(self.segment.range(&slice)?)
+    }
+
+    fn call(&mut self, entry: &Entry<'_>, sub: &Submission) -> Result<CallCounters, RpcError> {
+        // PERF-CRITICAL: one MoE layer call per entry.
+        let st = Arc::clone(&self.state);
+        if st.draining.load(Ordering::Acquire) {
+            return Err(RpcError::ShuttingDown);
+        }
+        let engine = &st.engine;
+        let (n_rows, top_k, d) = (sub.n_rows as usize, sub.top_k as usize, engine.hidden());
+        if n_rows == 0 || n_rows > engine.max_rows() {
+            return Err(RpcError::BadRequest(format!("n_tokens {n_rows} must be in 1..={}", engine.max_rows())));
+        }
+        let n_values = n_rows * d;
+        let input = self.range(sub.input_offset, n_values)?;
+        let output = self.range(sub.output_offset, n_values)?;
+        self.x.resize(n_values, 0.0);
+        self.out.resize(n_values, 0.0);
+        match sub.op {
+            ring::OP_ECHO => {
+                self.segment.read_f32s(input, &mut self.x);
+                self.segment.write_f32s(output, &self.x);
+                Ok(CallCounters::default())
+            }
+            ring::OP_MOE => {
+                let capacity = self.ring.layout().cells as usize;
+                let cells = n_rows.checked_mul(top_k).filter(|&c| c <= capacity).ok_or_else(|| {
+                    RpcError::BadRequest(format!("n_tokens × top_k = {n_rows} × {top_k} exceeds the ring entry's {capacity} cells"))
+                })?;
+                entry.read_cells(cells, &mut self.ids, &mut self.weights);
+                let spec = CallSpec { session: self.session.id, step: sub.step, layer: sub.layer, n_rows, top_k, ids: &self.ids, weights: &self.weights };
+                engine.validate(&spec)?;
+                let limit = st.config.max_queued_calls_per_session;
+                let _in_flight = self.session.try_enter(limit).ok_or(RpcError::SessionBusy { session: self.session.id, limit })?;
+                let t_queue = Instant::now();
+                let _permit = st.queue.acquire_blocking(self.session.id);
+                let queue_ns = t_queue.elapsed().as_nanos() as u64;
+                self.segment.read_f32s(input, &mut self.x);
+                let cost = engine.run(&spec, &self.x, &mut self.out)?;
+                self.segment.write_f32s(output, &self.out);
+                // The route trace (when recording) is written here, after the call.
+                let _ = engine.cache().flush_trace();
+                Ok(CallCounters {
+                    queue_ns,
+                    io_wait_ns: cost.io_wait_ns,
+                    compute_ns: cost.compute_ns,
+                    hits: cost.hits,
+                    misses: cost.misses,
+                    bytes_read: cost.bytes_read,
+                })
+            }
+            op => Err(RpcError::BadRequest(format!("unknown ring op {op} (expected {} = moe or {} = echo)", ring::OP_MOE, ring::OP_ECHO))),
+        }
+    }
+}
+
+/// Publishes `e` as the entry's failure, with the status code the RPC would have returned.
+fn fail(entry: &Entry<'_>, seq: u32, e: RpcError) {
+    let status: tonic::Status = e.into();
+    entry.fail(seq, status.code() as u32, status.message());
+}

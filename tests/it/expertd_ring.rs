@@ -1,0 +1,149 @@
+//! The shared-memory call ring between hostd and expertd (`shared::ring`,
+//! `expertd/src/rpc/ring.rs`): a unix client with shared memory sends its MoE calls through the
+//! ring by default, and `hostd eval` writes byte-equal logits through the ring, through the
+//! `MoeLayer` RPC and in process, at a budget that evicts every step and at one that holds
+//! everything; the echo op returns its input; and every malformed ring entry fails that call
+//! with its own status while the worker keeps serving.
+
+use super::expertd::{Daemon, HIDDEN_TINY, activations, blob_stride, container_bytes, eval, prompts_file, rt, tiny_call};
+use hostd::expert_client::shm::ClientSegment;
+use hostd::expert_client::{ClientOptions, Endpoint, ExpertdClient, transport};
+use proto::v1 as pb;
+use shared::ring::{self, OP_ECHO, OP_MOE, Submission};
+use shared::shm_layout::SlotLayout;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+use tests::{model_dir, prepare_container};
+use tonic::Code;
+
+fn client(socket: &Path, ring: bool) -> ExpertdClient {
+    let mut opts = ClientOptions::new(Endpoint::Unix(socket.to_path_buf()), 4, 8, HIDDEN_TINY);
+    opts.ring = ring;
+    opts.ring_top_k = 2;
+    opts.client_name = format!("ring test ring={ring}");
+    ExpertdClient::connect(opts, None).expect("connect")
+}
+
+fn bits(v: &[f32]) -> Vec<u32> {
+    v.iter().map(|x| x.to_bits()).collect()
+}
+
+#[test]
+fn ring_rpc_and_in_process_give_byte_equal_logits_at_tiny_and_full_budgets() {
+    for preset in ["tiny", "small"] {
+        let work = tempfile::tempdir().expect("tempdir");
+        let container = work.path().join("container");
+        prepare_container(&model_dir(preset), &container);
+        let prompts = prompts_file(preset, work.path(), 1);
+        let c = container.to_str().expect("utf-8");
+        let baseline = eval(preset, &prompts, work.path(), "int8", &["--experts", "int8", "--container", c]);
+        for (tag, budget) in [("tiny budget", 2 * blob_stride(&container)), ("full budget", container_bytes(&container))] {
+            let d = Daemon::unix(&container, budget, &[]);
+            let ring = eval(preset, &prompts, work.path(), "ring", &["--expertd", &d.uri()]);
+            assert_eq!(ring, baseline, "{preset} {tag}: ring vs in-process");
+            let rpc = eval(preset, &prompts, work.path(), "rpc", &["--expertd", &d.uri(), "--expertd-no-ring"]);
+            assert_eq!(rpc, baseline, "{preset} {tag}: MoeLayer RPC vs in-process");
+            // The daemon's log proves which path each client took.
+            let log = d.log_text();
+            assert!(log.contains("ring_entries=2"), "{preset} {tag}: no session used the ring:\n{log}");
+            assert!(log.contains("ring_entries=0"), "{preset} {tag}: the --expertd-no-ring session used it:\n{log}");
+        }
+    }
+}
+
+#[test]
+fn a_unix_client_uses_the_ring_by_default_and_both_paths_agree() {
+    let work = tempfile::tempdir().expect("tempdir");
+    let container = work.path().join("container");
+    prepare_container(&model_dir("tiny"), &container);
+    let d = Daemon::unix(&container, container_bytes(&container), &[]);
+    let socket = d.socket.clone().expect("socket");
+    let with_ring = client(&socket, true);
+    let without = client(&socket, false);
+    assert_eq!(with_ring.daemon_info().expect("info").ring_entries, 2);
+    assert_eq!(without.daemon_info().expect("info").ring_entries, 0);
+    let a = tiny_call(&with_ring).expect("ring call");
+    let b = tiny_call(&without).expect("rpc call");
+    assert_eq!(bits(&a), bits(&b));
+    // The echo op moves the rows and computes nothing.
+    let x = activations(3, HIDDEN_TINY);
+    let mut out = vec![0.0; x.len()];
+    with_ring.echo(&x, &mut out).expect("echo");
+    assert_eq!(bits(&x), bits(&out));
+    assert!(without.echo(&x, &mut out).is_err(), "no ring, no echo");
+}
+
+#[test]
+fn malformed_ring_entries_fail_that_call_and_the_worker_keeps_serving() {
+    let work = tempfile::tempdir().expect("tempdir");
+    let container = work.path().join("container");
+    prepare_container(&model_dir("tiny"), &container);
+    let d = Daemon::unix(&container, container_bytes(&container), &[]);
+    let socket = d.socket.clone().expect("socket");
+    // A hand-driven client: its own segment (2 slots of 4 rows, ring cells 8), handshake, then
+    // entries written directly.
+    let layout = SlotLayout::new(2, 4, HIDDEN_TINY).and_then(|l| l.with_ring(8)).expect("layout");
+    let seg = Arc::new(ClientSegment::create(layout).expect("segment"));
+    let (link, hs) = rt().block_on(async {
+        let mut link = transport::connect(&Endpoint::Unix(socket.clone()), Some(Arc::clone(&seg)), None).await.expect("connect");
+        let req = pb::HandshakeRequest { protocol_version: proto::version::CURRENT, client_name: "raw ring".into(), ..Default::default() };
+        let hs = link.client.handshake(req).await.expect("handshake").into_inner();
+        (link, hs)
+    });
+    assert_eq!(hs.ring_entries, 2);
+    let ring = seg.ring().expect("ring");
+    let slot = seg.try_slot().expect("slot");
+    let x = activations(2, HIDDEN_TINY);
+    let input = seg.write_input(&slot, link.segment_id, &x).offset_bytes;
+    let output = seg.output_slice(&slot, link.segment_id, x.len()).offset_bytes;
+    let entry = ring.entry(slot.index() as u32);
+    let valid = Submission { op: OP_MOE, seq: 1, layer: 0, n_rows: 2, top_k: 2, step: 0, input_offset: input, output_offset: output };
+    let send = |sub: &Submission, ids: &[u32], weights: &[f32]| {
+        entry.submit(sub, ids, weights);
+        ring.ring_doorbell();
+        assert!(entry.wait_finished(Duration::from_micros(50), Duration::from_millis(20), || true));
+        let (seq, cost, failure) = entry.result();
+        entry.state().store(ring::STATE_FREE, std::sync::atomic::Ordering::Release);
+        assert_eq!(seq, sub.seq, "the completion echoes the call's sequence number");
+        (cost, failure)
+    };
+    let (ids, w) = (vec![0, 1, 2, 3], vec![0.75, 0.25, 0.5, 0.5]);
+    let cases: Vec<(&str, Submission, Vec<u32>, Vec<f32>, Code, &str)> = vec![
+        ("unknown op", Submission { op: 99, ..valid }, ids.clone(), w.clone(), Code::InvalidArgument, "unknown ring op 99"),
+        ("layer out of range", Submission { layer: 4, ..valid }, ids.clone(), w.clone(), Code::InvalidArgument, "layer 4 out of range"),
+        ("zero rows", Submission { n_rows: 0, ..valid }, vec![], vec![], Code::InvalidArgument, "n_tokens 0"),
+        ("more cells than the entry holds", Submission { n_rows: 4, top_k: 8, ..valid }, ids.clone(), w.clone(), Code::InvalidArgument, "exceeds the ring entry"),
+        ("expert out of range", valid, vec![0, 8, 2, 3], w.clone(), Code::InvalidArgument, "expert 8 out of range"),
+        ("duplicate expert", valid, vec![0, 1, 3, 3], w.clone(), Code::InvalidArgument, "expert 3 chosen twice"),
+        ("NaN weight", valid, ids.clone(), vec![0.5, f32::NAN, 0.5, 0.5], Code::InvalidArgument, "not finite"),
+        ("input past the segment", Submission { input_offset: layout.segment_bytes, ..valid }, ids.clone(), w.clone(), Code::InvalidArgument, "past"),
+        ("misaligned output", Submission { output_offset: output + 4, ..valid }, ids.clone(), w.clone(), Code::InvalidArgument, "multiple of 64"),
+        ("output over the header", Submission { output_offset: 0, ..valid }, ids.clone(), w.clone(), Code::InvalidArgument, "multiple of 64"),
+    ];
+    for (i, (what, sub, ids, w, code, needle)) in cases.into_iter().enumerate() {
+        let sub = Submission { seq: 100 + i as u32, ..sub };
+        let (_, failure) = send(&sub, &ids, &w);
+        let (got, message) = failure.unwrap_or_else(|| panic!("{what}: must fail"));
+        assert_eq!(Code::from(got as i32), code, "{what}: {message}");
+        assert!(message.contains(needle), "{what}: {message:?} does not mention {needle:?}");
+    }
+    // The worker still serves: a valid call computes what the RPC path computes.
+    let (cost, failure) = send(&Submission { seq: 7, ..valid }, &ids, &w);
+    assert!(failure.is_none(), "{failure:?}");
+    assert_eq!(cost.hits + cost.misses, 4, "four distinct experts");
+    let mut ring_out = vec![0.0f32; x.len()];
+    seg.read_output(&slot, &mut ring_out);
+    let rpc = client(&socket, false);
+    let call = hostd::experts::MoeCall { layer: 0, n_rows: 2, top_k: 2, x: &x, ids: &ids, weights: &w };
+    let mut rpc_out = vec![0.0f32; x.len()];
+    hostd::experts::ExpertBackend::moe_layer(&rpc, &call, &mut rpc_out).expect("rpc call");
+    assert_eq!(bits(&ring_out), bits(&rpc_out));
+    // Echo through the raw entry too.
+    let (_, failure) = send(&Submission { op: OP_ECHO, seq: 8, ..valid }, &[], &[]);
+    assert!(failure.is_none());
+    let mut echoed = vec![0.0f32; x.len()];
+    seg.read_output(&slot, &mut echoed);
+    assert_eq!(bits(&echoed), bits(&x));
+    drop(link);
+}
