@@ -29,6 +29,8 @@ enum Command {
     /// Benchmark configurations end to end: one fresh process per run, TTFT, decode speed and
     /// its phases, memory, disk reads, and the fraction of DRAM and disk bandwidth achieved.
     Bench(hostd::cli::bench::BenchArgs),
+    /// Per-call round trip to a running expertd (call ring, MoeLayer RPC, inline), each call timed.
+    Rtt(hostd::cli::rtt::RttArgs),
 }
 
 fn main() -> std::process::ExitCode {
@@ -42,6 +44,7 @@ fn main() -> std::process::ExitCode {
         Command::Profile(args) => hostd::cli::profile::run(&args),
         Command::Serve(args) => hostd::cli::serve::run(&args),
         Command::Bench(args) => hostd::cli::bench::run(&args),
+        Command::Rtt(args) => hostd::cli::rtt::run(&args),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

@@ -8,6 +8,7 @@ pub mod inspect;
 pub mod load;
 pub mod procfs;
 pub mod profile;
+pub mod rtt;
 pub mod run;
 pub mod serve;
 pub mod synth;
