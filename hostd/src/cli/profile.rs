@@ -139,6 +139,7 @@ pub fn run(args: &ProfileArgs) -> anyhow::Result<()> {
         },
         "model_dir": args.load.model.display().to_string(),
         "experts": model.experts_name(),
+        "expert_transport": model.experts_transport(),
         "dense": model.dense_format().name(),
         "kernel_isa": model.isa().name(),
         "threads": threads,
@@ -158,12 +159,14 @@ pub fn run(args: &ProfileArgs) -> anyhow::Result<()> {
             "weight_bytes_per_decode_token: weight bytes of the dense projections (incl. lm_head) and the routed experts read per decode step, as the op scopes count them",
             "disk_reads: physical storage reads (/proc/PID/io read_bytes) of hostd and its private expertd, between the marks named",
             "expert_cache: the expertd daemon's hits, misses (distinct experts per call) and bytes read, summed from its per-call responses",
+            "expert_calls: calls_per_token = MoE-layer expert calls per decode step (one per MoE layer; 40 at full depth); ipc_us_per_call = experts.ipc / calls (expertd only: client wall time of a call minus the daemon's queue, io_wait and compute)",
         ],
         "ttft_s": ttft_s,
         "load_s": load_s,
         "prefill_tokens_per_s": args.prompt_tokens as f64 / prefill_s,
         "decode_tokens_per_s": m / decode_s,
         "decode_phases_ms_per_token": decode_phases(&decode_ops, args.decode_steps, decode_s),
+        "expert_calls": expert_calls(&decode_ops, args.decode_steps),
         "decode_phase_notes": PHASE_NOTES.iter().map(|(k, v)| (k.to_string(), json!(v))).collect::<serde_json::Map<_, _>>(),
         "weight_bytes_per_decode_token": weight_bytes as f64 / m,
         "disk_reads": {
@@ -206,6 +209,16 @@ fn cache_json(counts: &BTreeMap<&'static str, u64>) -> Value {
         "misses": misses,
         "bytes_read": get("experts.bytes_read"),
         "hit_rate": (hits + misses > 0).then(|| hits as f64 / (hits + misses) as f64),
+    })
+}
+
+/// The decode phase's expert calls: how many per token, and (expertd) the IPC per call.
+fn expert_calls(ops: &BTreeMap<&'static str, OpStat>, tokens: usize) -> Value {
+    let calls = ops.get("moe.routed_experts").map_or(0, |s| s.calls);
+    let ipc = ops.get("experts.ipc");
+    json!({
+        "calls_per_token": calls as f64 / tokens.max(1) as f64,
+        "ipc_us_per_call": ipc.filter(|_| calls > 0).map(|s| s.ns as f64 / 1e3 / calls as f64),
     })
 }
 

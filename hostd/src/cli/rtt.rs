@@ -104,13 +104,7 @@ pub fn run(args: &RttArgs) -> anyhow::Result<()> {
     let mean = us.iter().sum::<f64>() / us.len() as f64;
     us.sort_by(f64::total_cmp);
     let q = |p: f64| us[((us.len() - 1) as f64 * p).round() as usize];
-    let transport = if info.ring_entries > 0 {
-        "ring"
-    } else if info.shared_memory {
-        "rpc+shm"
-    } else {
-        "rpc-inline"
-    };
+    let transport = client.transport();
     let doc = serde_json::json!({
         "what": "client wall time of one call, each timed alone (ExpertdClient::echo or ::moe_layer: copy in, submit, daemon work, wake, copy out)",
         "expertd": args.expertd,

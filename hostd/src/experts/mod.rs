@@ -70,6 +70,10 @@ pub trait ExpertBackend: Send + Sync {
     fn expert_bytes(&self) -> Option<usize> {
         None
     }
+    /// How calls reach a remote backend (`ring`, `rpc+shm`, `rpc-inline`); `None` in process.
+    fn transport(&self) -> Option<String> {
+        None
+    }
 }
 
 /// The cells of a call grouped by expert (see [`shared::moe_combine::cells_by_expert`]).

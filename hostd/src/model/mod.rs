@@ -190,6 +190,11 @@ impl Model {
         self.experts.name()
     }
 
+    /// How the expert backend reaches its experts (`ring`, `rpc+shm`, … for expertd).
+    pub fn experts_transport(&self) -> Option<String> {
+        self.experts.transport()
+    }
+
     /// A fresh sequence state (empty caches, zero DeltaNet state).
     pub fn new_state(&self) -> SequenceState {
         let layers = self
