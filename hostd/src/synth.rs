@@ -5,7 +5,7 @@
 //!
 //! [`plan`] computes everything but the values (tensor list, shard assignment, headers);
 //! [`synthesize`] streams the values into the files. The same preset, layer count and seed
-//! always give byte-identical files.
+//! always give byte-identical files; so do the same preset, layer count, expert count and seed.
 
 pub mod plan;
 pub mod preset;
@@ -14,7 +14,7 @@ pub mod values;
 mod write;
 
 pub use plan::{Plan, PlannedTensor, SHARD_CAP_BYTES, ShardPlan, plan};
-pub use preset::{Dims, Preset};
+pub use preset::{Dims, MAX_EXPERTS, Preset};
 pub use tokenizer::TokenizerSource;
 pub use write::{Summary, SynthOptions, synthesize};
 
@@ -30,6 +30,20 @@ pub enum SynthError {
     Layers {
         /// The layer count asked for.
         layers: usize,
+        /// The largest accepted.
+        max: usize,
+    },
+    /// The expert count is out of range for the preset.
+    #[error(
+        "--experts {experts} is invalid for preset {preset}: it routes each token to its top {top_k} experts, so a layer needs at least {top_k} experts (and at most {max})"
+    )]
+    Experts {
+        /// The expert count asked for.
+        experts: usize,
+        /// The preset.
+        preset: Preset,
+        /// The preset's experts per token.
+        top_k: usize,
         /// The largest accepted.
         max: usize,
     },

@@ -168,7 +168,7 @@ fn run_generates_on_a_synthetic_model() {
 
 #[test]
 fn realdim_plan_has_the_release_per_layer_shapes() {
-    let p = synth::plan(Preset::Realdim, Some(4)).expect("realdim plan");
+    let p = synth::plan(Preset::Realdim, Some(4), None).expect("realdim plan");
     let real_text = std::fs::read_to_string(workspace_root().join("tests/fixtures/configs/qwen3.6-35b-a3b.config.json"))
         .expect("real config");
     let real = shared::config::parse_config(&real_text).expect("real config parses").text;
@@ -213,4 +213,59 @@ fn realdim_plan_has_the_release_per_layer_shapes() {
     assert_eq!(p.total_data_bytes(), sizes.dense_bytes_bf16 + sizes.routed_expert_bytes_bf16);
     assert_eq!(p.config_json["text_config"]["max_position_embeddings"], 262_144);
     assert_eq!(p.config_json["text_config"]["eos_token_id"], 248_044);
+}
+
+#[test]
+fn experts_flag_sets_the_expert_count_deterministically_and_prints_the_sizes() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let (a, b) = (tmp.path().join("a"), tmp.path().join("b"));
+    let args = ["--preset", "small", "--layers", "4", "--experts", "8", "--seed", "5"];
+    let out = |dir: &Path| {
+        let mut all = vec!["synth"];
+        all.extend_from_slice(&args);
+        all.extend_from_slice(&["--out", dir.to_str().expect("utf-8")]);
+        let o = hostd(&all);
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        String::from_utf8_lossy(&o.stderr).into_owned()
+    };
+    let log = out(&a);
+    out(&b);
+    assert_eq!(files(&a), files(&b), "same preset, layers, experts and seed give identical files");
+    let config: serde_json::Value = serde_json::from_slice(&std::fs::read(a.join("config.json")).expect("read")).expect("json");
+    assert_eq!(config["text_config"]["num_experts"], 8);
+    assert_eq!(config["text_config"]["num_experts_per_tok"], Preset::Small.dims().top_k, "top-k stays the preset's");
+    let o = hostd(&["inspect", "--json", a.to_str().expect("utf-8")]);
+    assert!(o.status.success(), "inspect accepts it: {}", String::from_utf8_lossy(&o.stderr));
+    let r: serde_json::Value = serde_json::from_slice(&o.stdout).expect("json");
+    assert_eq!((r["num_experts"].as_u64(), r["experts_per_token"].as_u64()), (Some(8), Some(4)));
+    assert_eq!(r["routed_expert_bytes_on_disk"], r["routed_expert_bytes_bf16"]);
+
+    // The printed sizes are what is written and what `expertd prepare` makes of it.
+    let plan = synth::plan(Preset::Small, Some(4), Some(8)).expect("plan");
+    let shard_bytes: u64 = Checkpoint::open(&a).expect("validates").shards.iter().map(|s| s.file_len).sum();
+    assert_eq!(shard_bytes, plan.total_file_bytes());
+    assert!(log.contains(&format!("{shard_bytes} bytes")), "checkpoint size printed: {log}");
+    let container = tmp.path().join("container");
+    tests::prepare_container(&a, &container);
+    let container_len = std::fs::metadata(container.join(shared::container::CONTAINER_FILE)).expect("container").len();
+    assert_eq!(container_len, plan.int8_container_bytes().expect("container size"));
+    assert!(log.contains(&format!("{container_len} bytes (expertd prepare)")), "container size printed: {log}");
+
+    // --dry-run prints the same sizes and writes nothing.
+    let dry = tmp.path().join("dry");
+    let o = hostd(&["synth", "--preset", "realdim", "--layers", "40", "--experts", "32", "--dry-run", "--out", dry.to_str().expect("utf-8")]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let big = synth::plan(Preset::Realdim, Some(40), Some(32)).expect("plan");
+    let dry_log = String::from_utf8_lossy(&o.stderr);
+    assert!(dry_log.contains(&format!("{} bytes", big.total_file_bytes())), "{dry_log}");
+    assert!(dry_log.contains(&format!("{} bytes (expertd prepare)", big.int8_container_bytes().expect("size"))), "{dry_log}");
+    assert!(!dry.exists(), "--dry-run writes nothing");
+
+    // Fewer experts than the preset's top-k: refused with a message naming both.
+    let bad = tmp.path().join("bad");
+    let o = hostd(&["synth", "--preset", "realdim", "--experts", "4", "--out", bad.to_str().expect("utf-8")]);
+    assert!(!o.status.success());
+    let msg = String::from_utf8_lossy(&o.stderr);
+    assert!(msg.contains("--experts 4") && msg.contains("top 8"), "{msg}");
+    assert!(!bad.exists());
 }

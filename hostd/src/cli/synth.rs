@@ -1,5 +1,7 @@
-//! `hostd synth --preset {tiny,small,realdim} [--layers N] [--seed S] --out DIR [--tokenizer FILE] [--force]`:
-//! writes a deterministic random-weight checkpoint in the release's on-disk layout.
+//! `hostd synth --preset {tiny,small,realdim} [--layers N] [--experts N] [--seed S] --out DIR
+//! [--tokenizer FILE] [--force] [--dry-run]`: writes a deterministic random-weight checkpoint in the
+//! release's on-disk layout, after printing its size and the size of the INT8 expert container
+//! `expertd prepare` would make from it.
 
 use crate::synth::{self, Preset, SynthOptions, TokenizerSource};
 use anyhow::Context;
@@ -18,7 +20,11 @@ pub struct SynthArgs {
     /// realdim), 8 (small).
     #[arg(long)]
     pub layers: Option<usize>,
-    /// Seed of the weight values (same preset, layers and seed → byte-identical files).
+    /// Routed experts per layer (≥ the preset's top-k, which stays as it is: 2 tiny, 4 small,
+    /// 8 realdim). Default: 8 (tiny), 32 (small), 256 (realdim).
+    #[arg(long)]
+    pub experts: Option<usize>,
+    /// Seed of the weight values (same preset, layers, experts and seed → byte-identical files).
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
     /// Model directory to create (written as DIR.tmp-<pid>, renamed at the end).
@@ -31,14 +37,19 @@ pub struct SynthArgs {
     /// Replace DIR if it exists and is not empty.
     #[arg(long)]
     pub force: bool,
+    /// Print the plan and the sizes only; write nothing.
+    #[arg(long)]
+    pub dry_run: bool,
 }
 
 /// Runs `hostd synth`.
 pub fn run(args: &SynthArgs) -> anyhow::Result<()> {
-    let plan = synth::plan(args.preset, args.layers)?;
+    let plan = synth::plan(args.preset, args.layers, args.experts)?;
     let total = plan.total_file_bytes();
+    let sizes = shared::sizes::ModelSizes::from_config(&plan.config);
+    let container = plan.int8_container_bytes()?;
     eprintln!(
-        "synth {}: {} layers, hidden {}, {} experts top-{}, vocab {}; {} tensors in {} shards, {:.2} GiB",
+        "synth {}: {} layers, hidden {}, {} experts top-{}, vocab {}; {} tensors in {} shards",
         plan.preset,
         plan.layers,
         plan.dims.hidden,
@@ -47,8 +58,17 @@ pub fn run(args: &SynthArgs) -> anyhow::Result<()> {
         plan.dims.vocab_size,
         plan.shards.iter().map(|s| s.tensors.len()).sum::<usize>(),
         plan.shards.len(),
-        total as f64 / f64::from(1u32 << 30)
     );
+    eprintln!(
+        "  checkpoint (BF16 shards)      {:>9.2} GiB  {total} bytes (dense {}, routed experts {})",
+        gib(total),
+        sizes.dense_bytes_bf16,
+        sizes.routed_expert_bytes_bf16
+    );
+    eprintln!("  INT8 expert container         {:>9.2} GiB  {container} bytes (expertd prepare)", gib(container));
+    if args.dry_run {
+        return Ok(());
+    }
     let opts = SynthOptions {
         seed: args.seed,
         out: args.out.clone(),
@@ -69,6 +89,10 @@ pub fn run(args: &SynthArgs) -> anyhow::Result<()> {
         start.elapsed().as_secs_f64()
     );
     Ok(())
+}
+
+fn gib(bytes: u64) -> f64 {
+    bytes as f64 / f64::from(1u32 << 30)
 }
 
 /// Bytes-written reporting: a progress bar on a terminal, a line per 10% otherwise.

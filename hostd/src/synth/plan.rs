@@ -8,11 +8,12 @@
 //! (top-k choices vary between tokens) and an `lm_head` giving logits with std ≈ 3.
 
 use super::SynthError;
-use super::preset::{Dims, Preset, check_layers, config_json};
+use super::preset::{Dims, Preset, check_experts, check_layers, config_json};
 use super::values::{Init, elem_bytes};
 use safetensors::Dtype;
 use serde_json::Value;
 use shared::config::TextConfig;
+use shared::container::{ContainerLayout, ExpertDims};
 use shared::tensor_spec::{self, ExpectedTensor, ExpertLayout, PREFIX_RELEASE};
 use std::collections::BTreeMap;
 
@@ -75,7 +76,7 @@ impl ShardPlan {
 pub struct Plan {
     /// The preset.
     pub preset: Preset,
-    /// Its dimensions.
+    /// Its dimensions (`experts` as asked for with `--experts`).
     pub dims: Dims,
     /// Decoder layers.
     pub layers: usize,
@@ -95,6 +96,12 @@ impl Plan {
     /// Bytes of tensor data (the index's `metadata.total_size`).
     pub fn total_data_bytes(&self) -> u64 {
         self.shards.iter().map(ShardPlan::data_bytes).sum()
+    }
+    /// Bytes of the INT8 expert container `expertd prepare` makes from this checkpoint (header,
+    /// index and one aligned blob per routed expert; `shared::container`'s layout arithmetic).
+    pub fn int8_container_bytes(&self) -> Result<u64, SynthError> {
+        let dims = ExpertDims::from_config(&self.config).map_err(|e| SynthError::Internal(e.to_string()))?;
+        Ok(ContainerLayout::new(dims).map_err(|e| SynthError::Internal(e.to_string()))?.file_bytes)
     }
     /// Tensor name → shard file name.
     pub fn weight_map(&self) -> BTreeMap<String, String> {
@@ -116,11 +123,16 @@ impl Plan {
     }
 }
 
-/// Computes the plan for `preset` with `layers` decoder layers (default: the preset's).
-pub fn plan(preset: Preset, layers: Option<usize>) -> Result<Plan, SynthError> {
-    let dims = preset.dims();
+/// Computes the plan for `preset` with `layers` decoder layers and `experts` routed experts per
+/// layer (defaults: the preset's; top-k stays the preset's).
+pub fn plan(preset: Preset, layers: Option<usize>, experts: Option<usize>) -> Result<Plan, SynthError> {
+    let mut dims = preset.dims();
     let layers = layers.unwrap_or(dims.default_layers);
     check_layers(layers)?;
+    if let Some(experts) = experts {
+        check_experts(preset, &dims, experts)?;
+        dims.experts = experts;
+    }
     let config_json = config_json(&dims, layers);
     let config = shared::config::parse_config(&config_json.to_string())
         .map_err(|e| SynthError::Internal(format!("generated config does not parse: {e}")))?

@@ -12,6 +12,8 @@ pub const REAL_RANKS: u32 = 248_044;
 pub const ASSET_RANKS: u32 = 1000;
 /// Most layers a preset accepts.
 pub const MAX_LAYERS: usize = 512;
+/// Most experts per layer `--experts` accepts (what `shared::config` accepts).
+pub const MAX_EXPERTS: usize = u16::MAX as usize;
 
 /// A synthetic model size.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, clap::ValueEnum)]
@@ -178,6 +180,15 @@ pub fn check_layers(layers: usize) -> Result<(), SynthError> {
     Ok(())
 }
 
+/// Checks an expert count for a preset routing to `dims.top_k` experts per token: at least
+/// top-k (so every token finds its k experts), at most [`MAX_EXPERTS`].
+pub fn check_experts(preset: Preset, dims: &Dims, experts: usize) -> Result<(), SynthError> {
+    if experts < dims.top_k || experts > MAX_EXPERTS {
+        return Err(SynthError::Experts { experts, preset, top_k: dims.top_k, max: MAX_EXPERTS });
+    }
+    Ok(())
+}
+
 /// The nested `config.json` (release structure: `text_config` plus a `vision_config` stub).
 pub fn config_json(d: &Dims, layers: usize) -> Value {
     json!({
@@ -315,6 +326,14 @@ mod tests {
         assert!(check_layers(3).is_err());
         assert!(check_layers(4).is_ok());
         assert!(check_layers(MAX_LAYERS + 1).is_err());
+        let d = Preset::Realdim.dims();
+        assert!(check_experts(Preset::Realdim, &d, 8).is_ok());
+        assert!(check_experts(Preset::Realdim, &d, MAX_EXPERTS).is_ok());
+        assert!(matches!(
+            check_experts(Preset::Realdim, &d, 7),
+            Err(SynthError::Experts { experts: 7, top_k: 8, .. })
+        ));
+        assert!(check_experts(Preset::Realdim, &d, MAX_EXPERTS + 1).is_err());
         assert_eq!(layer_types(8)[3], "full_attention");
         assert_eq!(layer_types(8)[4], "linear_attention");
     }

@@ -36,7 +36,7 @@ fn expected(p: &Plan) -> BTreeMap<String, (Vec<usize>, safetensors::Dtype)> {
 #[test]
 fn plans_hold_exactly_the_inventory() {
     for (preset, layers) in [(Preset::Tiny, None), (Preset::Small, Some(5)), (Preset::Realdim, Some(8))] {
-        let p = plan(preset, layers).expect("plan");
+        let p = plan(preset, layers, None).expect("plan");
         let got: BTreeMap<_, _> =
             p.shards.iter().flat_map(|s| &s.tensors).map(|t| (t.name.clone(), (t.shape.clone(), t.dtype))).collect();
         let n: usize = p.shards.iter().map(|s| s.tensors.len()).sum();
@@ -47,7 +47,7 @@ fn plans_hold_exactly_the_inventory() {
 
 #[test]
 fn headers_parse_and_tile_the_data() {
-    let p = plan(Preset::Small, None).expect("plan");
+    let p = plan(Preset::Small, None, None).expect("plan");
     for s in &p.shards {
         assert_eq!(s.header.len() % 8, 0, "{}: 8-byte prefix + padded JSON", s.file_name);
         let n = u64::from_le_bytes(s.header[..8].try_into().expect("8 bytes"));
@@ -67,7 +67,7 @@ fn headers_parse_and_tile_the_data() {
 #[test]
 fn fused_pairs_are_split_and_shards_capped() {
     for preset in [Preset::Tiny, Preset::Realdim] {
-        let p = plan(preset, Some(12)).expect("plan");
+        let p = plan(preset, Some(12), None).expect("plan");
         assert!(p.shards.len() >= 2);
         for l in 0..12 {
             let gu = p.shard_of(&tensor_spec::fused_gate_up_name(PREFIX_RELEASE, l)).expect("gate_up");
@@ -84,9 +84,51 @@ fn fused_pairs_are_split_and_shards_capped() {
 
 #[test]
 fn layer_count_is_checked() {
-    assert!(matches!(plan(Preset::Tiny, Some(3)), Err(SynthError::Layers { layers: 3, .. })));
-    assert!(matches!(plan(Preset::Tiny, Some(0)), Err(SynthError::Layers { .. })));
-    assert_eq!(plan(Preset::Realdim, None).expect("plan").layers, 4);
+    assert!(matches!(plan(Preset::Tiny, Some(3), None), Err(SynthError::Layers { layers: 3, .. })));
+    assert!(matches!(plan(Preset::Tiny, Some(0), None), Err(SynthError::Layers { .. })));
+    assert_eq!(plan(Preset::Realdim, None, None).expect("plan").layers, 4);
+}
+
+#[test]
+fn experts_option_sets_the_expert_count_and_keeps_top_k() {
+    let p = plan(Preset::Small, Some(4), Some(8)).expect("plan");
+    assert_eq!((p.config.num_experts, p.config.experts_per_token), (8, 4));
+    assert_eq!(p.dims.experts, 8);
+    assert_eq!(p.config_json["text_config"]["num_experts"], 8);
+    assert_eq!(p.config_json["text_config"]["num_experts_per_tok"], 4);
+    let all: BTreeMap<_, _> = p.shards.iter().flat_map(|s| &s.tensors).map(|t| (t.name.clone(), t.shape.clone())).collect();
+    assert_eq!(all[&tensor_spec::fused_gate_up_name(PREFIX_RELEASE, 0)], vec![8, 128, 128]);
+    assert_eq!(all[&format!("{PREFIX_RELEASE}layers.0.mlp.gate.weight")], vec![8, 128]);
+    assert_eq!(all.len(), expected(&p).len());
+    // Fewer experts than top-k, or more than the config accepts: refused, naming both numbers.
+    let err = plan(Preset::Realdim, Some(40), Some(7)).expect_err("7 < top-8");
+    assert!(matches!(err, SynthError::Experts { experts: 7, top_k: 8, .. }), "{err:?}");
+    let msg = err.to_string();
+    assert!(msg.contains("--experts 7") && msg.contains("top 8"), "{msg}");
+    assert!(plan(Preset::Tiny, None, Some(MAX_EXPERTS + 1)).is_err());
+    assert_eq!(plan(Preset::Tiny, None, Some(2)).expect("top-k experts suffice").config.num_experts, 2);
+}
+
+#[test]
+fn realdim_sizes_follow_the_expert_count() {
+    let six_mib = 6u64 << 20;
+    let mut dense = None;
+    for experts in [16usize, 32, 256] {
+        let p = plan(Preset::Realdim, Some(40), Some(experts)).expect("plan");
+        let sizes = shared::sizes::ModelSizes::from_config(&p.config);
+        assert_eq!(sizes.routed_expert_bytes_bf16, 40 * experts as u64 * six_mib);
+        assert_eq!(p.total_data_bytes(), sizes.dense_bytes_bf16 + sizes.routed_expert_bytes_bf16);
+        // The router is the only dense tensor that depends on the expert count.
+        let router_bytes = 40 * experts as u64 * 2048 * 2;
+        let d = *dense.get_or_insert(sizes.dense_bytes_bf16 - router_bytes);
+        assert_eq!(sizes.dense_bytes_bf16 - router_bytes, d, "{experts} experts");
+        // One 4 KiB-aligned INT8 blob per expert after a 4 KiB header and the index.
+        let layout = shared::container::BlobLayout::new(2048, 512).expect("blob layout");
+        let blobs = 40 * experts as u64;
+        let index_end = 4096 + blobs * 24;
+        let want = index_end.div_ceil(4096) * 4096 + blobs * layout.stride as u64;
+        assert_eq!(p.int8_container_bytes().expect("container size"), want, "{experts} experts");
+    }
 }
 
 #[test]
