@@ -9,7 +9,8 @@
 //!   replayed trace reproduces the daemon's counters exactly.
 //! - [`policy`]: `lru` and `lfu-aging`, and the exact victim order.
 //! - [`lease`]: the RAII guards ([`Lease`], [`Acquired`]) and their access rules.
-//! - `arena`: one up-front, 4096-aligned allocation for every slot and the transient pool.
+//! - `arena`: one up-front, 4096-aligned reservation for every slot and the transient pool;
+//!   its pages are committed only as experts are read into them.
 //! - [`stats`]: the counters and the numbered budget and lease invariants.
 //!
 //! # Flow of one MoE-layer call
@@ -25,8 +26,9 @@
 //! The budget buys `budget_bytes / slot_bytes` resident slots. When every evictable slot is
 //! leased, a miss is served from a bounded pool of `transient_slots` extra buffers (read, used,
 //! not cached); when that pool is empty too, the call is refused with
-//! [`CacheError::Exhausted`] and changes nothing. Total memory is therefore
-//! `(n_slots + transient_slots) × slot_bytes`, of which at most `budget_bytes` caches.
+//! [`CacheError::Exhausted`] and changes nothing. Total memory is therefore at most
+//! `(n_slots + transient_slots) × slot_bytes`, of which at most `budget_bytes` caches; it is
+//! reserved at construction and committed as buffers are first written.
 
 mod arena;
 mod invariants;
@@ -232,7 +234,8 @@ pub struct ExpertCache {
 
 impl ExpertCache {
     /// A cache of `config.budget_bytes / slot_bytes` slots plus `config.transient_slots`
-    /// transient buffers, all allocated now. `slot_bytes` is the container's blob stride.
+    /// transient buffers, all reserved now (committed as they are first written). `slot_bytes`
+    /// is the container's blob stride.
     pub fn new(config: CacheConfig, slot_bytes: usize) -> Result<ExpertCache, CacheError> {
         if slot_bytes == 0 || !slot_bytes.is_multiple_of(SLOT_ALIGN) {
             return Err(CacheError::SlotBytes { slot_bytes });
