@@ -391,6 +391,7 @@ pub fn serve(args: &ServeArgs) -> anyhow::Result<()> {
         None => None,
     };
     anyhow::ensure!(args.listen.is_none() || token.is_some(), "--listen (TCP) needs --auth-token-file: TCP clients must present a bearer token");
+    anyhow::ensure!(args.socket.is_some() || args.listen.is_some(), "give --socket PATH or --listen HOST:PORT");
     let mode = u32::from_str_radix(&args.socket_mode, 8).with_context(|| format!("--socket-mode {:?} is not octal", args.socket_mode))?;
     let config = ServeConfig {
         policy: crate::cache::Policy::from_kind(args.policy, args.halving_period),
@@ -409,6 +410,9 @@ pub fn serve(args: &ServeArgs) -> anyhow::Result<()> {
     config.validate()?;
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).thread_name("expertd-rt").enable_all().build()?;
     rt.block_on(async {
+        // Everything that can fail or take time happens before the socket exists: a client that
+        // sees the socket file (or can connect to the port) is served at once.
+        let prepared = crate::server::Prepared::new(config)?;
         let (listener, socket) = match (&args.socket, &args.listen) {
             (Some(path), _) => (Listener::Unix(crate::server::bind_unix(path, mode)?), Some(path.clone())),
             (None, Some(addr)) => {
@@ -418,7 +422,7 @@ pub fn serve(args: &ServeArgs) -> anyhow::Result<()> {
             }
             (None, None) => anyhow::bail!("give --socket PATH or --listen HOST:PORT"),
         };
-        let result = crate::server::run(config, listener, shutdown_signal(args.exit_on_stdin_eof)).await;
+        let result = prepared.serve(listener, shutdown_signal(args.exit_on_stdin_eof)).await;
         if let Some(path) = socket {
             let _ = std::fs::remove_file(path);
         }

@@ -1,7 +1,10 @@
-//! The daemon's serving loop: [`run`] opens the container and the cache, logs what it serves,
-//! and serves `expertd.v1.ExpertService` plus `grpc.health.v1` on a listener the caller owns
-//! until the caller's shutdown future resolves; then it refuses new calls, lets in-flight ones
-//! finish, and returns (mini-redis style: tests run the real server on a temporary socket).
+//! The daemon's serving loop, in two steps so that nothing listens before the daemon can
+//! serve: [`Prepared::new`] opens the container and builds the cache (its budget clamped to
+//! what the container holds) and the engine, and logs what it will serve; [`Prepared::serve`]
+//! then serves `expertd.v1.ExpertService` plus `grpc.health.v1` on a listener the caller bound
+//! *afterwards*, until the caller's shutdown future resolves; then it refuses new calls, lets
+//! in-flight ones finish, and returns. [`run`] is both steps for a listener bound already
+//! (mini-redis style: tests run the real server on a temporary socket).
 //!
 //! Owns connection acceptance: unix peers' credentials and allow lists, the shared-memory
 //! pre-handshake (`crate::shm`), TCP only with a bearer token, and each connection's lifetime —
@@ -158,6 +161,12 @@ pub enum Listener {
 
 /// Binds a unix socket at `path` with permissions `mode` (0660 by default in the CLI). A stale
 /// socket file nobody listens on is replaced; a live one is an error, as is any other file.
+///
+/// The file appears at `path` atomically, already listening and with its final mode: the socket
+/// is bound under a temporary name in the same directory and renamed into place (when that
+/// name would be too long for a socket address, it is bound at `path` directly). Call it once
+/// the daemon can serve ([`Prepared::new`] done), so that a client that sees the file can
+/// connect at once.
 pub fn bind_unix(path: &Path, mode: u32) -> Result<UnixListener, ServeError> {
     use std::os::unix::fs::{FileTypeExt, PermissionsExt};
     let io = |what: String| move |source| ServeError::Io { what, source };
@@ -170,102 +179,187 @@ pub fn bind_unix(path: &Path, mode: u32) -> Result<UnixListener, ServeError> {
             Err(_) => std::fs::remove_file(path).map_err(io(format!("removing stale socket {}", path.display())))?,
         }
     }
-    let listener = std::os::unix::net::UnixListener::bind(path).map_err(io(format!("binding {}", path.display())))?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).map_err(io(format!("chmod {:o} {}", mode, path.display())))?;
+    let name = path.file_name().ok_or_else(|| ServeError::Config(format!("{} names no socket file", path.display())))?;
+    let tmp = path.with_file_name(format!(".{}.{}.tmp", name.to_string_lossy(), std::process::id()));
+    let _ = std::fs::remove_file(&tmp);
+    let (listener, bound_at) = match std::os::unix::net::UnixListener::bind(&tmp) {
+        Ok(l) => (l, tmp.as_path()),
+        // The longer temporary name does not fit a socket address: bind in place.
+        Err(e) if e.kind() == std::io::ErrorKind::InvalidInput => {
+            (std::os::unix::net::UnixListener::bind(path).map_err(io(format!("binding {}", path.display())))?, path)
+        }
+        Err(e) => return Err(io(format!("binding {}", tmp.display()))(e)),
+    };
+    let placed = std::fs::set_permissions(bound_at, std::fs::Permissions::from_mode(mode))
+        .map_err(io(format!("chmod {:o} {}", mode, bound_at.display())))
+        .and_then(|()| if bound_at == path { Ok(()) } else { std::fs::rename(bound_at, path).map_err(io(format!("renaming {} to {}", bound_at.display(), path.display()))) });
+    if let Err(e) = placed {
+        let _ = std::fs::remove_file(bound_at);
+        return Err(e);
+    }
     listener.set_nonblocking(true).map_err(io("set_nonblocking".into()))?;
     UnixListener::from_std(listener).map_err(io("registering the socket with tokio".into()))
 }
 
-/// Serves until `shutdown` resolves, then drains: new handshakes and calls get UNAVAILABLE,
-/// HTTP/2 GOAWAY tells clients to stop, and in-flight calls finish before this returns.
+/// A daemon that can serve: the container is open, the cache and the compute engine are
+/// built, and nothing listens yet. See the module doc.
+pub struct Prepared {
+    config: ServeConfig,
+    engine: Arc<Engine>,
+    state: Arc<ServiceState>,
+    banner: Banner,
+}
+
+/// What the ready line says.
+struct Banner {
+    dir: String,
+    header: shared::container::Header,
+    isa: Int8Isa,
+    io: String,
+    budget_bytes: u64,
+    slots: u64,
+    transient_slots: u32,
+    lanes: usize,
+}
+
+impl Prepared {
+    /// Opens the container, builds the cache and the engine, and starts the route trace. A
+    /// budget above what the container holds is clamped to it (one slot per expert), and the
+    /// clamp is logged.
+    pub fn new(config: ServeConfig) -> Result<Prepared, ServeError> {
+        config.validate()?;
+        let dir = config.container_dir.display().to_string();
+        let (source, info) = open_source(&config.container_dir, config.io).map_err(|source| ServeError::Container { dir: dir.clone(), source })?;
+        let header = *source.container().header();
+        let dims = header.layout.dims;
+        let stride = header.layout.blob.stride as u64;
+        let lanes = config.compute_lanes;
+        let transient_slots = config.transient_slots.unwrap_or((dims.n_experts.min(32) * lanes) as u32);
+        let budget_bytes = clamp_budget(config.cache_bytes, dims.n_blobs() as u64, stride);
+        if budget_bytes < config.cache_bytes {
+            tracing::info!(
+                requested_bytes = config.cache_bytes,
+                container_expert_bytes = budget_bytes,
+                experts = dims.n_blobs(),
+                "--cache-bytes exceeds what the container holds ({} layers × {} experts × {} bytes): budget clamped to one slot per expert",
+                dims.n_layers,
+                dims.n_experts,
+                stride
+            );
+        }
+        let cache_config = CacheConfig { budget_bytes, policy: config.policy, transient_slots };
+        let cache = ExpertCache::new(cache_config, header.layout.blob.stride)?;
+        if let Some(path) = &config.route_trace {
+            let writer = TraceWriter::create(path).map_err(|e| ServeError::Trace(format!("{}: {e}", path.display())))?;
+            cache.start_trace(writer).map_err(|e| ServeError::Trace(format!("{}: {e}", path.display())))?;
+        }
+        let selection = Int8Isa::selection();
+        if let Some(warning) = selection.warning() {
+            tracing::warn!("{warning}");
+        }
+        let isa = selection.active;
+        let slots = cache.stats().n_slots;
+        let engine = Engine::new(cache, source, isa, config.threads, config.max_rows_per_call as usize)
+            .map_err(|source| ServeError::Io { what: "starting the compute pool".into(), source })?;
+        let engine = Arc::new(engine);
+        if let Some(reason) = &info.fallback_reason {
+            tracing::warn!("{reason}");
+        }
+        let io = info.to_string();
+        let banner = Banner { dir, header, isa, io, budget_bytes, slots, transient_slots, lanes };
+        let service_config = ServiceConfig {
+            max_queued_calls_per_session: config.max_queued_calls_per_session,
+            max_message_bytes: MAX_MESSAGE_BYTES as u64,
+            container_path: config.container_dir.join(shared::container::CONTAINER_FILE).display().to_string(),
+            io_backend: banner.io.clone(),
+        };
+        let auth = Auth::new(config.auth_token.clone(), config.allow_uids.clone(), config.allow_gids.clone());
+        let state = Arc::new(ServiceState::new(Arc::clone(&engine), lanes, service_config, auth));
+        Ok(Prepared { config, engine, state, banner })
+    }
+
+    /// The engine (its cache's configuration and counters, for checks before serving).
+    pub fn engine(&self) -> &Arc<Engine> {
+        &self.engine
+    }
+
+    /// Logs the one ready line (`expertd serving`, with what is served), then serves on
+    /// `listener` until `shutdown` resolves, then drains: new handshakes and calls get
+    /// UNAVAILABLE, HTTP/2 GOAWAY tells clients to stop, and in-flight calls finish before this
+    /// returns.
+    pub async fn serve(self, listener: Listener, shutdown: impl Future<Output = ()> + Send + 'static) -> Result<(), ServeError> {
+        let Prepared { config, engine, state, banner: b } = self;
+        let tcp = matches!(listener, Listener::Tcp(_));
+        if tcp && config.auth_token.is_none() {
+            return Err(ServeError::TcpWithoutToken);
+        }
+        let dims = b.header.layout.dims;
+        tracing::info!(
+            container = %b.dir,
+            fingerprint = format_args!("{:#018x}", b.header.fingerprint()),
+            identity = %b.header.identity,
+            n_layers = dims.n_layers,
+            n_experts = dims.n_experts,
+            hidden = dims.hidden,
+            isa = b.isa.name(),
+            io = %b.io,
+            budget_bytes = b.budget_bytes,
+            slots = b.slots,
+            transient_slots = b.transient_slots,
+            blob_bytes = b.header.layout.blob.stride,
+            lanes = b.lanes,
+            transport = if tcp { "tcp" } else { "unix" },
+            "expertd serving"
+        );
+        let (health, health_service) = tonic_health::server::health_reporter();
+        health.set_serving::<ExpertServiceServer<ExpertdService>>().await;
+        let service = ExpertServiceServer::new(ExpertdService::new(Arc::clone(&state)))
+            .max_decoding_message_size(MAX_MESSAGE_BYTES)
+            .max_encoding_message_size(MAX_MESSAGE_BYTES);
+
+        let (stop_tx, stop_rx) = watch::channel(false);
+        let (conn_tx, conn_rx) = mpsc::channel::<std::io::Result<Conn>>(64);
+        let accept = tokio::spawn(accept_loop(listener, Arc::clone(&state), conn_tx, stop_rx));
+        let incoming = futures_util::stream::unfold(conn_rx, |mut rx| async move { rx.recv().await.map(|c| (c, rx)) });
+        let drain_state = Arc::clone(&state);
+        let signal = async move {
+            shutdown.await;
+            drain_state.draining.store(true, Ordering::Release);
+            let _ = stop_tx.send(true);
+            health.set_not_serving::<ExpertServiceServer<ExpertdService>>().await;
+            tracing::info!("shutdown requested: refusing new calls, finishing in-flight ones");
+        };
+        let served = tonic::transport::Server::builder()
+            .http2_keepalive_interval(Some(KEEPALIVE_INTERVAL))
+            .http2_keepalive_timeout(Some(KEEPALIVE_TIMEOUT))
+            .add_service(health_service)
+            .add_service(service)
+            .serve_with_incoming_shutdown(incoming, signal)
+            .await;
+        accept.abort();
+        let _ = accept.await;
+        let trace = engine.cache().finish_trace();
+        served?;
+        trace.map_err(|e| ServeError::Trace(e.to_string()))?;
+        tracing::info!("expertd stopped");
+        Ok(())
+    }
+}
+
+/// The resident budget actually used: `requested`, but never more than `n_blobs` slots of
+/// `stride` bytes (the whole container resident); a budget is a cap, not an allocation.
+pub fn clamp_budget(requested: u64, n_blobs: u64, stride: u64) -> u64 {
+    requested.min(n_blobs.saturating_mul(stride))
+}
+
+/// [`Prepared::new`] then [`Prepared::serve`], for a listener the caller bound already (a
+/// client may then connect before the daemon can serve and wait in the backlog meanwhile;
+/// `expertd serve` prepares first and binds afterwards).
 pub async fn run(config: ServeConfig, listener: Listener, shutdown: impl Future<Output = ()> + Send + 'static) -> Result<(), ServeError> {
-    config.validate()?;
-    let tcp = matches!(listener, Listener::Tcp(_));
-    if tcp && config.auth_token.is_none() {
+    if matches!(listener, Listener::Tcp(_)) && config.auth_token.is_none() {
         return Err(ServeError::TcpWithoutToken);
     }
-    let dir = config.container_dir.display().to_string();
-    let (source, info) = open_source(&config.container_dir, config.io).map_err(|source| ServeError::Container { dir: dir.clone(), source })?;
-    let header = *source.container().header();
-    let dims = header.layout.dims;
-    let lanes = config.compute_lanes;
-    let transient_slots = config.transient_slots.unwrap_or((dims.n_experts.min(32) * lanes) as u32);
-    let cache_config = CacheConfig { budget_bytes: config.cache_bytes, policy: config.policy, transient_slots };
-    let cache = ExpertCache::new(cache_config, header.layout.blob.stride)?;
-    if let Some(path) = &config.route_trace {
-        let writer = TraceWriter::create(path).map_err(|e| ServeError::Trace(format!("{}: {e}", path.display())))?;
-        cache.start_trace(writer).map_err(|e| ServeError::Trace(format!("{}: {e}", path.display())))?;
-    }
-    let selection = Int8Isa::selection();
-    if let Some(warning) = selection.warning() {
-        tracing::warn!("{warning}");
-    }
-    let isa = selection.active;
-    let engine = Engine::new(cache, source, isa, config.threads, config.max_rows_per_call as usize)
-        .map_err(|source| ServeError::Io { what: "starting the compute pool".into(), source })?;
-    let engine = Arc::new(engine);
-    let slots = config.cache_bytes / header.layout.blob.stride as u64;
-    tracing::info!(
-        container = %dir,
-        fingerprint = format_args!("{:#018x}", header.fingerprint()),
-        identity = %header.identity,
-        n_layers = dims.n_layers,
-        n_experts = dims.n_experts,
-        hidden = dims.hidden,
-        isa = isa.name(),
-        io = %info,
-        budget_bytes = config.cache_bytes,
-        slots,
-        transient_slots,
-        blob_bytes = header.layout.blob.stride,
-        lanes,
-        transport = if tcp { "tcp" } else { "unix" },
-        "expertd serving"
-    );
-    if let Some(reason) = &info.fallback_reason {
-        tracing::warn!("{reason}");
-    }
-    let service_config = ServiceConfig {
-        max_queued_calls_per_session: config.max_queued_calls_per_session,
-        max_message_bytes: MAX_MESSAGE_BYTES as u64,
-        container_path: config.container_dir.join(shared::container::CONTAINER_FILE).display().to_string(),
-        io_backend: info.to_string(),
-    };
-    let auth = Auth::new(config.auth_token.clone(), config.allow_uids.clone(), config.allow_gids.clone());
-    let state = Arc::new(ServiceState::new(Arc::clone(&engine), lanes, service_config, auth));
-
-    let (health, health_service) = tonic_health::server::health_reporter();
-    health.set_serving::<ExpertServiceServer<ExpertdService>>().await;
-    let service = ExpertServiceServer::new(ExpertdService::new(Arc::clone(&state)))
-        .max_decoding_message_size(MAX_MESSAGE_BYTES)
-        .max_encoding_message_size(MAX_MESSAGE_BYTES);
-
-    let (stop_tx, stop_rx) = watch::channel(false);
-    let (conn_tx, conn_rx) = mpsc::channel::<std::io::Result<Conn>>(64);
-    let accept = tokio::spawn(accept_loop(listener, Arc::clone(&state), conn_tx, stop_rx));
-    let incoming = futures_util::stream::unfold(conn_rx, |mut rx| async move { rx.recv().await.map(|c| (c, rx)) });
-    let drain_state = Arc::clone(&state);
-    let signal = async move {
-        shutdown.await;
-        drain_state.draining.store(true, Ordering::Release);
-        let _ = stop_tx.send(true);
-        health.set_not_serving::<ExpertServiceServer<ExpertdService>>().await;
-        tracing::info!("shutdown requested: refusing new calls, finishing in-flight ones");
-    };
-    let served = tonic::transport::Server::builder()
-        .http2_keepalive_interval(Some(KEEPALIVE_INTERVAL))
-        .http2_keepalive_timeout(Some(KEEPALIVE_TIMEOUT))
-        .add_service(health_service)
-        .add_service(service)
-        .serve_with_incoming_shutdown(incoming, signal)
-        .await;
-    accept.abort();
-    let _ = accept.await;
-    let trace = engine.cache().finish_trace();
-    served?;
-    trace.map_err(|e| ServeError::Trace(e.to_string()))?;
-    tracing::info!("expertd stopped");
-    Ok(())
+    Prepared::new(config)?.serve(listener, shutdown).await
 }
 
 /// Accepts connections until told to stop; each one is checked (and, on a unix socket,
