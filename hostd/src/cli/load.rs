@@ -145,6 +145,7 @@ fn expertd_backend(args: &LoadArgs, mapped: &MappedCheckpoint) -> anyhow::Result
     opts.expected_fingerprint = expected_fingerprint;
     opts.shm = !e.expertd_no_shm;
     if daemon.is_some() {
+        opts.connect_timeout = Duration::from_secs(60);
         opts.reconnect_timeout = Duration::from_secs(60);
     }
     Ok(ExpertdClient::connect(opts, daemon)?)

@@ -23,6 +23,17 @@ pub enum ExpertClientError {
         /// Why.
         reason: String,
     },
+    /// No daemon answered within the wait: the socket never appeared, refused connections, or
+    /// its backlog stayed full (a daemon still starting), or every handshake failed.
+    #[error("expertd at {endpoint} did not come up within {waited_s} s; last error: {last}")]
+    NotUp {
+        /// The daemon's address.
+        endpoint: String,
+        /// How long the client waited, in seconds (to 0.1 s).
+        waited_s: f64,
+        /// The last attempt's error (for a connection failure, the OS's reason).
+        last: String,
+    },
     /// The daemon speaks another protocol version.
     #[error(
         "expertd at {endpoint} speaks protocol version {daemon}, but this hostd speaks version {ours}; run matching hostd and expertd builds"
@@ -114,10 +125,47 @@ impl ExpertClientError {
     /// Whether the session or connection is gone and a new handshake may succeed.
     pub fn needs_reconnect(&self) -> bool {
         match self {
-            ExpertClientError::ConnectionLost { .. } | ExpertClientError::Connect { .. } => true,
+            ExpertClientError::ConnectionLost { .. } | ExpertClientError::Connect { .. } | ExpertClientError::NotUp { .. } => true,
             ExpertClientError::Status { code, .. } => matches!(code, Code::NotFound | Code::Unavailable | Code::Unknown),
             _ => false,
         }
+    }
+
+    /// Whether this is a connection attempt that failed because no daemon is serving at the
+    /// address yet: the socket file is missing (`NotFound`), nobody listens
+    /// (`ConnectionRefused`), or the listener's backlog is full because it does not accept yet
+    /// (`WouldBlock`, `EAGAIN`). A daemon that is still starting gives these; the client waits.
+    pub fn daemon_not_up(&self) -> bool {
+        let ExpertClientError::Connect { reason, .. } = self else { return false };
+        os_error_kind(reason).is_some_and(|k| {
+            matches!(k, std::io::ErrorKind::NotFound | std::io::ErrorKind::ConnectionRefused | std::io::ErrorKind::WouldBlock)
+        })
+    }
+
+    /// Whether a new connection may succeed if the client waits: the daemon is not up yet
+    /// ([`Self::daemon_not_up`]), a connection broke (the daemon restarts or drains), or the
+    /// session is gone. A connection refused for a reason waiting does not change (permission
+    /// denied, a path through a file that is not a directory, …) is not worth waiting for.
+    pub fn worth_waiting_for(&self) -> bool {
+        use std::io::ErrorKind as K;
+        match self {
+            ExpertClientError::Connect { reason, .. } => os_error_kind(reason).is_none_or(|k| {
+                matches!(
+                    k,
+                    K::NotFound | K::ConnectionRefused | K::WouldBlock | K::ConnectionReset | K::ConnectionAborted | K::BrokenPipe | K::Interrupted | K::TimedOut
+                )
+            }),
+            other => other.needs_reconnect(),
+        }
+    }
+
+    /// `NotUp` after waiting `waited` for a daemon, with `self` as the last attempt's error.
+    pub fn not_up(self, endpoint: &str, waited: std::time::Duration) -> ExpertClientError {
+        let last = match self {
+            ExpertClientError::Connect { reason, .. } => reason,
+            other => other.to_string(),
+        };
+        ExpertClientError::NotUp { endpoint: endpoint.to_string(), waited_s: (waited.as_secs_f64() * 10.0).round() / 10.0, last }
     }
 
     /// As the model's `ExpertError` for a call of `layer`.
@@ -128,6 +176,13 @@ impl ExpertClientError {
             other => ExpertError::Backend { backend: "expertd", layer, reason: other.to_string() },
         }
     }
+}
+
+/// The kind of an OS error from its message: `std::io::Error` displays an OS error as
+/// `"<description> (os error N)"`, and the connection path keeps only that text.
+fn os_error_kind(reason: &str) -> Option<std::io::ErrorKind> {
+    let code = reason.rsplit_once("(os error ")?.1.strip_suffix(')')?.parse::<i32>().ok()?;
+    Some(std::io::Error::from_raw_os_error(code).kind())
 }
 
 #[cfg(test)]
@@ -150,5 +205,35 @@ mod tests {
         assert!(matches!(e, ExpertClientError::ConnectionLost { .. }), "{e:?}");
         let e = ExpertClientError::from_status("unix:///x", &tonic::Status::new(Code::InvalidArgument, "bad"));
         assert!(!e.needs_reconnect());
+    }
+
+    #[test]
+    fn a_daemon_still_starting_is_recognised_by_the_os_error() {
+        use std::io::{Error, ErrorKind};
+        let connect = |e: Error| ExpertClientError::Connect { endpoint: "unix:///x".into(), reason: e.to_string() };
+        // The codes a connect to a daemon that is not serving yet fails with, as the connection
+        // path reports them: the io::Error's text.
+        for (code, kind) in [(libc::ENOENT, ErrorKind::NotFound), (libc::ECONNREFUSED, ErrorKind::ConnectionRefused), (libc::EAGAIN, ErrorKind::WouldBlock)] {
+            let e = connect(Error::from_raw_os_error(code));
+            assert_eq!(os_error_kind(&e.to_string()), Some(kind));
+            assert!(e.daemon_not_up() && e.worth_waiting_for(), "{e}");
+        }
+        let denied = connect(Error::from_raw_os_error(libc::EACCES));
+        assert!(!denied.daemon_not_up() && !denied.worth_waiting_for(), "waiting does not grant permissions");
+        assert!(!connect(Error::other("the token is not valid header text")).daemon_not_up());
+        assert!(connect(Error::from_raw_os_error(libc::ECONNRESET)).worth_waiting_for(), "a daemon restarting");
+        let lost = ExpertClientError::ConnectionLost { endpoint: "unix:///x".into(), message: "reset".into() };
+        assert!(!lost.daemon_not_up() && lost.worth_waiting_for());
+        let bad = ExpertClientError::from_status("unix:///x", &tonic::Status::new(Code::InvalidArgument, "bad"));
+        assert!(!bad.worth_waiting_for());
+
+        let e = connect(Error::from_raw_os_error(libc::ENOENT)).not_up("unix:///x", std::time::Duration::from_secs(30));
+        let msg = e.to_string();
+        assert!(msg.starts_with("expertd at unix:///x did not come up within 30 s; last error: "), "{msg}");
+        assert!(msg.contains("(os error 2)"), "{msg}");
+        assert!(e.needs_reconnect());
+        let e = ExpertClientError::ConnectionLost { endpoint: "unix:///x".into(), message: "reset".into() };
+        let msg = e.not_up("unix:///x", std::time::Duration::from_millis(250)).to_string();
+        assert!(msg.contains("within 0.3 s; last error: expertd at unix:///x went away"), "{msg}");
     }
 }

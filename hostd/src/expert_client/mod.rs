@@ -39,6 +39,9 @@ pub const DEFAULT_SHM_SLOTS: usize = 2;
 /// Rows one shared-memory slot holds (bigger calls travel inline).
 pub const DEFAULT_SHM_MAX_ROWS: usize = 1024;
 
+/// How long a first connection waits for a daemon that is still starting.
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
+
 /// How to reach and check the daemon.
 #[derive(Debug, Clone)]
 pub struct ClientOptions {
@@ -64,7 +67,10 @@ pub struct ClientOptions {
     pub shm_slots: usize,
     /// Rows per shared-memory slot.
     pub shm_max_rows: usize,
-    /// How long to keep retrying a connection (with backoff) before a call fails.
+    /// How long the first connection waits (with backoff) for a daemon that is not up yet:
+    /// no socket file, refused, or a full backlog.
+    pub connect_timeout: Duration,
+    /// How long to keep retrying a reconnection (with backoff) before a call fails.
     pub reconnect_timeout: Duration,
 }
 
@@ -83,6 +89,7 @@ impl ClientOptions {
             shm: true,
             shm_slots: DEFAULT_SHM_SLOTS,
             shm_max_rows: DEFAULT_SHM_MAX_ROWS,
+            connect_timeout: DEFAULT_CONNECT_TIMEOUT,
             reconnect_timeout: Duration::from_secs(10),
         }
     }
@@ -153,7 +160,7 @@ impl std::fmt::Debug for ExpertdClient {
 }
 
 impl ExpertdClient {
-    /// Connects to the daemon (retrying within `reconnect_timeout`) and checks the handshake.
+    /// Connects to the daemon (retrying within `connect_timeout`) and checks the handshake.
     /// `daemon` is a private child to keep alive as long as the client.
     pub fn connect(opts: ClientOptions, daemon: Option<PrivateDaemon>) -> Result<ExpertdClient, ExpertClientError> {
         let endpoint = opts.endpoint.to_string();
@@ -228,7 +235,10 @@ impl ExpertdClient {
         ExpertClientError::ConnectionLost { endpoint: self.endpoint.clone(), message: message.to_string() }
     }
 
-    /// The live session, or a new one (connect + handshake, retried with backoff).
+    /// The live session, or a new one (connect + handshake, retried with backoff while the
+    /// failure is worth waiting for: a daemon still starting, restarting or draining). The
+    /// first connection waits `connect_timeout`, a reconnection `reconnect_timeout`; when the
+    /// wait runs out the error says so and names the last attempt's error.
     fn session(&self) -> Result<Arc<Session>, ExpertClientError> {
         {
             let mut cur = self.session.lock().unwrap_or_else(PoisonError::into_inner);
@@ -241,7 +251,11 @@ impl ExpertdClient {
                 None => {}
             }
         }
-        let deadline = Instant::now() + self.opts.reconnect_timeout;
+        // Every successful handshake records the blob size: none yet means this is the first
+        // connection, to a daemon that may have been started together with hostd.
+        let first = self.expert_bytes.get().is_none();
+        let wait = if first { self.opts.connect_timeout } else { self.opts.reconnect_timeout };
+        let deadline = Instant::now() + wait;
         let mut delay = Duration::from_millis(20);
         loop {
             match self.open_session() {
@@ -250,10 +264,14 @@ impl ExpertdClient {
                     *self.session.lock().unwrap_or_else(PoisonError::into_inner) = Some(Arc::clone(&s));
                     return Ok(s);
                 }
-                Err(e) if e.needs_reconnect() && Instant::now() + delay < deadline => {
+                Err(e) if e.worth_waiting_for() => {
+                    let now = Instant::now();
+                    if now >= deadline {
+                        return Err(e.not_up(&self.endpoint, wait));
+                    }
                     tracing::debug!(error = %e, ?delay, "expertd not reachable yet; retrying");
-                    std::thread::sleep(delay);
-                    delay = (delay * 2).min(Duration::from_secs(1));
+                    std::thread::sleep(delay.min(deadline - now));
+                    delay = (delay * 2).min(Duration::from_millis(500));
                 }
                 Err(e) => return Err(e),
             }
