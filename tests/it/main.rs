@@ -7,6 +7,7 @@ mod container;
 mod expert_io;
 mod expertd;
 mod expertd_rss;
+mod expertd_startup;
 mod inspect;
 mod int8_quality;
 mod locator;
