@@ -21,7 +21,9 @@ pub fn init_tracing() {
 pub fn init_tracing_with_default(default: &str) {
     let filter =
         tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
-    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
+    // Colour only on a terminal: redirected logs stay plain text.
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(ansi).try_init();
 }
 
 /// Flags of `expertd prepare`.
@@ -341,6 +343,17 @@ pub struct ServeArgs {
     /// Compute threads (0: one per core).
     #[arg(long, env = "EXPERTD_THREADS", default_value_t = 0)]
     pub threads: usize,
+    /// Speculative bytes read per client step (token) on prefetch hints; 0: four experts per
+    /// layer. Hints come only from clients run with `--expertd-prefetch`.
+    #[arg(long, env = "EXPERTD_PREFETCH_CAP_BYTES", default_value_t = 0)]
+    pub prefetch_cap_bytes: u64,
+    /// Ignore prefetch hints (no speculative reads).
+    #[arg(long, env = "EXPERTD_NO_PREFETCH")]
+    pub no_prefetch: bool,
+    /// Read a call's misses before computing any of its experts (the design before the call
+    /// ring; for A/B measurements). By default resident experts compute while misses are read.
+    #[arg(long, env = "EXPERTD_NO_OVERLAP")]
+    pub no_overlap: bool,
     /// Exit (draining) when standard input reaches end of file: hostd's private daemon uses it
     /// so that it never outlives hostd, however hostd ends.
     #[arg(long, env = "EXPERTD_EXIT_ON_STDIN_EOF", hide = true)]
@@ -405,6 +418,9 @@ pub fn serve(args: &ServeArgs) -> anyhow::Result<()> {
         max_rows_per_call: args.max_rows_per_call,
         compute_lanes: args.compute_lanes,
         threads: args.threads,
+        prefetch_cap_bytes: args.prefetch_cap_bytes,
+        no_prefetch: args.no_prefetch,
+        overlap: !args.no_overlap,
         ..ServeConfig::new(args.container.clone(), args.cache_bytes)
     };
     config.validate()?;

@@ -15,6 +15,9 @@ use crate::io::{ExpertSource, IoError, ReadRequest};
 use shared::container::{BlobLayout, Header};
 use shared::kernels::int8::{Int8Isa, MatrixRef};
 use shared::moe_exec::{ExpertMatrices, MoeExec};
+use crate::prefetch::Prefetcher;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
 /// Why a call failed inside the engine. `Invalid` names the field; the others name the layer
@@ -65,6 +68,8 @@ pub struct CallCost {
     pub misses: u32,
     /// Bytes read from the container.
     pub bytes_read: u64,
+    /// Of the hits, experts a speculative read had brought in (see `crate::prefetch`).
+    pub prefetched_hits: u32,
 }
 
 /// The routing part of one call, already decoded from the wire.
@@ -99,6 +104,13 @@ pub struct Engine {
     /// prefill under a small budget) runs in waves instead of failing, and concurrent calls
     /// leave each other room.
     wave_experts: usize,
+    /// Waves reading demand misses now (speculative reads wait while this is non-zero).
+    demand_reads: AtomicU32,
+    /// The speculative reader, when the daemon runs one.
+    prefetcher: OnceLock<Arc<Prefetcher>>,
+    /// Compute a wave's resident experts while its misses are read (off: read, then compute,
+    /// as before the call ring; for A/B measurements).
+    overlap: bool,
 }
 
 /// How long a wave waits for leases held by other calls before giving up with the cache's
@@ -144,7 +156,7 @@ impl Engine {
             .map_err(std::io::Error::other)?;
         let st = cache.stats();
         let wave_experts = (((st.n_slots + st.transient_slots) / 2).max(1)) as usize;
-        Ok(Engine { cache, source, isa, header, pool, max_rows, wave_experts })
+        Ok(Engine { cache, source, isa, header, pool, max_rows, wave_experts, demand_reads: AtomicU32::new(0), prefetcher: OnceLock::new(), overlap: true })
     }
 
     /// Leases one wave's experts, waiting (bounded by [`WAVE_WAIT_LIMIT`]) while other calls
@@ -161,6 +173,32 @@ impl Engine {
                 other => return other.map_err(CallError::from),
             }
         }
+    }
+
+    /// Turns the hits-while-reading overlap on (default) or off.
+    pub fn with_overlap(mut self, on: bool) -> Engine {
+        self.overlap = on;
+        self
+    }
+
+    /// Attaches the speculative reader (once).
+    pub fn set_prefetcher(&self, p: Arc<Prefetcher>) {
+        let _ = self.prefetcher.set(p);
+    }
+
+    /// The speculative reader, if any.
+    pub fn prefetcher(&self) -> Option<&Arc<Prefetcher>> {
+        self.prefetcher.get()
+    }
+
+    /// Waves reading demand misses at this moment.
+    pub fn demand_reads_in_flight(&self) -> u32 {
+        self.demand_reads.load(Ordering::Acquire)
+    }
+
+    /// The expert reader.
+    pub fn source(&self) -> &dyn ExpertSource {
+        self.source.as_ref()
     }
 
     /// The container header (dimensions, identity, fingerprint).
@@ -221,7 +259,7 @@ impl Engine {
         // change any result, only which expert runs where).
         let mut exec = MoeExec::new(x, spec.ids, spec.weights, spec.n_rows, spec.top_k, self.hidden(), self.header.layout.dims.n_experts);
         let n_groups = exec.groups().len();
-        let (mut hits, mut misses, mut io_wait_ns, mut compute_ns) = (0u32, 0u32, 0u64, 0u64);
+        let (mut hits, mut misses, mut io_wait_ns, mut compute_ns, mut prefetched_hits) = (0u32, 0u32, 0u64, 0u64, 0u32);
         let mut start = 0;
         while start < n_groups {
             let wave: Vec<usize> = (start..(start + self.wave_experts).min(n_groups)).collect();
@@ -232,6 +270,10 @@ impl Engine {
             let acquire_ns = t_acquire.elapsed().as_nanos() as u64;
             hits += acquired.n_hits();
             misses += acquired.n_misses();
+            if let Some(p) = self.prefetcher.get() {
+                let stride = self.header.layout.blob.stride as u64;
+                prefetched_hits += acquired.leases().iter().filter(|l| l.is_hit() && p.note_hit(l.key(), stride)).count() as u32;
+            }
             let t_wave = Instant::now();
             let (waited_ns,) = self.pool.install(|| self.run_wave(&mut exec, &wave, &mut acquired))?;
             io_wait_ns += acquire_ns + waited_ns;
@@ -241,7 +283,7 @@ impl Engine {
         // Each row's weighted outputs summed in call order: independent of waves and cache state.
         exec.finish(out);
         let bytes_read = u64::from(misses) * self.header.layout.blob.stride as u64;
-        Ok(CallCost { io_wait_ns, compute_ns, hits, misses, bytes_read })
+        Ok(CallCost { io_wait_ns, compute_ns, hits, misses, bytes_read, prefetched_hits })
     }
 
     /// One wave on the compute pool: the misses' reads (all submitted together) run on one
@@ -253,6 +295,15 @@ impl Engine {
         let layout = self.header.layout.blob;
         let isa = self.isa;
         let n_missing = acquired.n_misses() as usize;
+        if n_missing > 0 && !self.overlap {
+            let t_read = Instant::now();
+            self.read_misses(acquired.misses().collect())?;
+            acquired.wait_ready()?;
+            let waited = t_read.elapsed().as_nanos() as u64;
+            let leases = acquired.leases();
+            exec.compute(isa, wave, |g, _| view_lease(&leases[position(wave, g)], &layout))?;
+            return Ok((waited,));
+        }
         if n_missing == 0 {
             acquired.wait_ready()?;
             let leases = acquired.leases();
@@ -276,30 +327,9 @@ impl Engine {
                     ready.push((g, &*lease));
                 }
             }
-            let source = &self.source;
             let exec_ref = &mut *exec;
             rayon::join(
-                move || {
-                    let mut reqs: Vec<ReadRequest<'_>> = mine
-                        .iter_mut()
-                        .map(|lease| {
-                            let key = lease.key();
-                            ReadRequest { layer: key.layer, expert: key.expert, dst: lease.buffer_mut() }
-                        })
-                        .collect();
-                    let results = source.read_blobs(&mut reqs);
-                    drop(reqs);
-                    let mut first_error = None;
-                    for (lease, result) in mine.into_iter().zip(results) {
-                        match result {
-                            Ok(()) => lease.mark_filled(),
-                            Err(e) => {
-                                first_error.get_or_insert(e);
-                            }
-                        }
-                    }
-                    first_error.map_or(Ok(()), |e| Err(CallError::Io(e)))
-                },
+                move || self.read_misses(mine),
                 move || {
                     exec_ref.compute(isa, &ready_now, |g, _| {
                         let (_, lease) = ready.iter().find(|(rg, _)| *rg == g).expect("ready_now lists the ready leases");
@@ -316,6 +346,34 @@ impl Engine {
         let leases = acquired.leases();
         exec.compute(isa, &rest, |g, _| view_lease(&leases[position(wave, g)], &layout))?;
         Ok((waited,))
+    }
+}
+
+impl Engine {
+    /// Reads a wave's misses (all submitted together) and marks each filled; the first error
+    /// fails the wave. Counted in `demand_reads` while it runs.
+    fn read_misses(&self, mut mine: Vec<&mut crate::cache::Lease>) -> Result<(), CallError> {
+        self.demand_reads.fetch_add(1, Ordering::AcqRel);
+        let mut reqs: Vec<ReadRequest<'_>> = mine
+            .iter_mut()
+            .map(|lease| {
+                let key = lease.key();
+                ReadRequest { layer: key.layer, expert: key.expert, dst: lease.buffer_mut() }
+            })
+            .collect();
+        let results = self.source.read_blobs(&mut reqs);
+        drop(reqs);
+        self.demand_reads.fetch_sub(1, Ordering::AcqRel);
+        let mut first_error = None;
+        for (lease, result) in mine.into_iter().zip(results) {
+            match result {
+                Ok(()) => lease.mark_filled(),
+                Err(e) => {
+                    first_error.get_or_insert(e);
+                }
+            }
+        }
+        first_error.map_or(Ok(()), |e| Err(CallError::Io(e)))
     }
 }
 

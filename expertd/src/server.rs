@@ -74,6 +74,12 @@ pub struct ServeConfig {
     pub compute_lanes: usize,
     /// Compute threads (0: one per core).
     pub threads: usize,
+    /// Speculative (prefetch) bytes allowed per client step; 0: four experts per layer.
+    pub prefetch_cap_bytes: u64,
+    /// No speculative reads at all (prefetch hints are accepted and ignored).
+    pub no_prefetch: bool,
+    /// Compute a call's resident experts while its misses are read (off: as before the ring).
+    pub overlap: bool,
 }
 
 impl ServeConfig {
@@ -93,6 +99,9 @@ impl ServeConfig {
             max_rows_per_call: DEFAULT_MAX_ROWS,
             compute_lanes: DEFAULT_COMPUTE_LANES,
             threads: 0,
+            prefetch_cap_bytes: 0,
+            no_prefetch: false,
+            overlap: true,
         }
     }
 
@@ -260,8 +269,14 @@ impl Prepared {
         let isa = selection.active;
         let slots = cache.stats().n_slots;
         let engine = Engine::new(cache, source, isa, config.threads, config.max_rows_per_call as usize)
-            .map_err(|source| ServeError::Io { what: "starting the compute pool".into(), source })?;
+            .map_err(|source| ServeError::Io { what: "starting the compute pool".into(), source })?
+            .with_overlap(config.overlap);
         let engine = Arc::new(engine);
+        if !config.no_prefetch {
+            let cap = if config.prefetch_cap_bytes > 0 { config.prefetch_cap_bytes } else { 4 * header.layout.dims.n_layers as u64 * stride };
+            let p = crate::prefetch::Prefetcher::start(&engine, cap).map_err(|source| ServeError::Io { what: "starting the prefetch thread".into(), source })?;
+            engine.set_prefetcher(p);
+        }
         if let Some(reason) = &info.fallback_reason {
             tracing::warn!("{reason}");
         }

@@ -59,6 +59,8 @@ pub struct CallCounters {
     pub misses: u32,
     /// Bytes read.
     pub bytes_read: u64,
+    /// Of the hits, experts a speculative read had brought in.
+    pub prefetched_hits: u32,
 }
 
 /// One open session.

@@ -41,6 +41,10 @@ pub const STATE_FAILED: u32 = 4;
 pub const OP_MOE: u32 = 1;
 /// Copy the input rows to the output unchanged: the transport alone, for round-trip benchmarks.
 pub const OP_ECHO: u32 = 2;
+/// A hint: `layer`'s experts `ids[..top_k]` will probably be called next; read the ones not
+/// resident (speculatively, capped, demand reads first). Completes at once; the client does
+/// not wait for it. Only on the ring's last entry, which no activation slot uses.
+pub const OP_PREFETCH: u32 = 3;
 
 /// Bytes of the ring's control block.
 pub const CONTROL_BYTES: u64 = 64;
@@ -73,6 +77,7 @@ const F_COMPUTE_NS: u64 = 80;
 const F_BYTES_READ: u64 = 88;
 const F_HITS: u64 = 96;
 const F_MISSES: u64 = 100;
+const F_PREFETCHED_HITS: u64 = 104;
 
 /// Where a ring sits in a segment and how big its entries are.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -253,6 +258,8 @@ pub struct Completion {
     pub hits: u32,
     /// Distinct experts read.
     pub misses: u32,
+    /// Of the hits, experts a speculative read had brought in.
+    pub prefetched_hits: u32,
 }
 
 /// One entry of a ring.
@@ -344,6 +351,7 @@ impl Entry<'_> {
         self.u64(F_BYTES_READ).store(c.bytes_read, r);
         self.u32(F_HITS).store(c.hits, r);
         self.u32(F_MISSES).store(c.misses, r);
+        self.u32(F_PREFETCHED_HITS).store(c.prefetched_hits, r);
         self.finish(seq, STATE_DONE);
     }
 
@@ -378,6 +386,7 @@ impl Entry<'_> {
             bytes_read: self.u64(F_BYTES_READ).load(r),
             hits: self.u32(F_HITS).load(r),
             misses: self.u32(F_MISSES).load(r),
+            prefetched_hits: self.u32(F_PREFETCHED_HITS).load(r),
         };
         let failure = (self.state().load(Ordering::Acquire) == STATE_FAILED).then(|| {
             let n = (self.u32(F_ERROR_LEN).load(r) as usize).min(ERROR_BYTES as usize);

@@ -359,7 +359,7 @@ pub struct SlotLayout {
     pub region_bytes: u64,
     /// The whole segment's size in bytes.
     pub segment_bytes: u64,
-    /// The MoE-call ring after the slots, one entry per slot, when asked for.
+    /// The MoE-call ring after the slots (one entry per slot, plus one for hints), when asked for.
     pub ring: Option<crate::ring::RingLayout>,
 }
 
@@ -386,13 +386,14 @@ impl SlotLayout {
         Ok(SlotLayout { n_slots, max_rows, hidden, region_bytes, segment_bytes, ring: None })
     }
 
-    /// The same slots followed by a ring of one entry per slot, each carrying up to `cells`
-    /// ids and weights (`max_rows × top_k` of the largest call that may use the ring).
+    /// The same slots followed by a ring of one entry per slot plus one for prefetch hints
+    /// (the last), each carrying up to `cells` ids and weights (`max_rows × top_k` of the
+    /// largest call that may use the ring).
     pub fn with_ring(self, cells: usize) -> Result<SlotLayout, ShmLayoutError> {
         let overflow = ShmLayoutError::SlotOverflow { n_slots: self.n_slots, max_rows: self.max_rows, hidden: self.hidden };
         let ring = crate::ring::RingLayout {
             offset: self.segment_bytes,
-            entries: u32::try_from(self.n_slots).map_err(|_| overflow.clone())?,
+            entries: u32::try_from(self.n_slots + 1).map_err(|_| overflow.clone())?,
             cells: u32::try_from(cells).map_err(|_| overflow.clone())?,
         };
         let segment_bytes = self.segment_bytes.checked_add(ring.bytes()).filter(|&b| b <= MAX_SEGMENT_BYTES).ok_or(overflow)?;

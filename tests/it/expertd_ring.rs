@@ -2,10 +2,10 @@
 //! `expertd/src/rpc/ring.rs`): a unix client with shared memory sends its MoE calls through the
 //! ring by default, and `hostd eval` writes byte-equal logits through the ring, through the
 //! `MoeLayer` RPC and in process, at a budget that evicts every step and at one that holds
-//! everything; the echo op returns its input; and every malformed ring entry fails that call
-//! with its own status while the worker keeps serving.
+//! everything, with prefetch hints on and off; the echo op returns its input; and every
+//! malformed ring entry fails that call with its own status while the worker keeps serving.
 
-use super::expertd::{Daemon, HIDDEN_TINY, activations, blob_stride, container_bytes, eval, prompts_file, rt, tiny_call};
+use super::expertd::{Daemon, HIDDEN_TINY, activations, blob_stride, container_bytes, eval, prompts_file, raw_unix, rt, tiny_call};
 use hostd::expert_client::shm::ClientSegment;
 use hostd::expert_client::{ClientOptions, Endpoint, ExpertdClient, transport};
 use proto::v1 as pb;
@@ -46,10 +46,38 @@ fn ring_rpc_and_in_process_give_byte_equal_logits_at_tiny_and_full_budgets() {
             assert_eq!(rpc, baseline, "{preset} {tag}: MoeLayer RPC vs in-process");
             // The daemon's log proves which path each client took.
             let log = d.log_text();
-            assert!(log.contains("ring_entries=2"), "{preset} {tag}: no session used the ring:\n{log}");
+            assert!(log.contains("ring_entries=3"), "{preset} {tag}: no session used the ring:\n{log}");
             assert!(log.contains("ring_entries=0"), "{preset} {tag}: the --expertd-no-ring session used it:\n{log}");
         }
     }
+}
+
+#[test]
+fn prefetch_hints_read_ahead_and_change_no_result() {
+    let preset = "small";
+    let work = tempfile::tempdir().expect("tempdir");
+    let container = work.path().join("container");
+    prepare_container(&model_dir(preset), &container);
+    let prompts = prompts_file(preset, work.path(), 1);
+    let c = container.to_str().expect("utf-8");
+    let baseline = eval(preset, &prompts, work.path(), "int8", &["--experts", "int8", "--container", c]);
+    // A quarter of the container: predictions of experts that are not resident get read.
+    let d = Daemon::unix(&container, container_bytes(&container) / 4, &[]);
+    let with = eval(preset, &prompts, work.path(), "prefetch", &["--expertd", &d.uri(), "--expertd-prefetch"]);
+    assert_eq!(with, baseline, "prefetch on");
+    let stats = rt().block_on(async {
+        let mut c = raw_unix(d.socket.as_ref().expect("socket")).await;
+        c.stats(pb::StatsRequest {}).await.expect("stats").into_inner()
+    });
+    let p = stats.prefetch.expect("the daemon runs a prefetcher");
+    assert!(p.hints > 0, "the client sent hints: {p:?}");
+    assert!(p.reads > 0 && p.bytes_read == p.reads * blob_stride(&container), "speculative reads, stride each: {p:?}");
+    assert!(p.useful_bytes <= p.bytes_read, "{p:?}");
+    let cache = stats.cache.expect("cache");
+    assert_eq!(cache.leases_held, 0, "speculative leases are released");
+    // The same daemon with prefetch off in the client.
+    let without = eval(preset, &prompts, work.path(), "no-prefetch", &["--expertd", &d.uri()]);
+    assert_eq!(without, baseline, "prefetch off");
 }
 
 #[test]
@@ -61,7 +89,7 @@ fn a_unix_client_uses_the_ring_by_default_and_both_paths_agree() {
     let socket = d.socket.clone().expect("socket");
     let with_ring = client(&socket, true);
     let without = client(&socket, false);
-    assert_eq!(with_ring.daemon_info().expect("info").ring_entries, 2);
+    assert_eq!(with_ring.daemon_info().expect("info").ring_entries, 3);
     assert_eq!(without.daemon_info().expect("info").ring_entries, 0);
     let a = tiny_call(&with_ring).expect("ring call");
     let b = tiny_call(&without).expect("rpc call");
@@ -91,7 +119,7 @@ fn malformed_ring_entries_fail_that_call_and_the_worker_keeps_serving() {
         let hs = link.client.handshake(req).await.expect("handshake").into_inner();
         (link, hs)
     });
-    assert_eq!(hs.ring_entries, 2);
+    assert_eq!(hs.ring_entries, 3);
     let ring = seg.ring().expect("ring");
     let slot = seg.try_slot().expect("slot");
     let x = activations(2, HIDDEN_TINY);
@@ -109,7 +137,9 @@ fn malformed_ring_entries_fail_that_call_and_the_worker_keeps_serving() {
         (cost, failure)
     };
     let (ids, w) = (vec![0, 1, 2, 3], vec![0.75, 0.25, 0.5, 0.5]);
-    let cases: Vec<(&str, Submission, Vec<u32>, Vec<f32>, Code, &str)> = vec![
+    // (what, entry, ids, weights, expected code, text the message must contain)
+    type Case = (&'static str, Submission, Vec<u32>, Vec<f32>, Code, &'static str);
+    let cases: Vec<Case> = vec![
         ("unknown op", Submission { op: 99, ..valid }, ids.clone(), w.clone(), Code::InvalidArgument, "unknown ring op 99"),
         ("layer out of range", Submission { layer: 4, ..valid }, ids.clone(), w.clone(), Code::InvalidArgument, "layer 4 out of range"),
         ("zero rows", Submission { n_rows: 0, ..valid }, vec![], vec![], Code::InvalidArgument, "n_tokens 0"),

@@ -100,6 +100,7 @@ impl Worker {
                         bytes_read: c.bytes_read,
                         hits: c.hits,
                         misses: c.misses,
+                        prefetched_hits: c.prefetched_hits,
                     },
                 );
             }
@@ -109,6 +110,29 @@ impl Worker {
                 fail(&entry, sub.seq, e);
             }
         }
+    }
+
+    /// A prefetch hint: `top_k` predicted experts of `layer` (one row). Validated like a call's
+    /// routing, queued for the speculative reader (dropped when its queue is full, and a no-op
+    /// when the daemon runs none), and completed at once.
+    fn hint(&mut self, entry: &Entry<'_>, sub: &Submission) -> Result<(), RpcError> {
+        let engine = &self.state.engine;
+        let dims = engine.header().layout.dims;
+        let n = sub.top_k as usize;
+        if sub.layer as usize >= dims.n_layers || sub.n_rows != 1 || n == 0 || n > dims.n_experts.min(self.ring.layout().cells as usize) {
+            return Err(RpcError::BadRequest(format!(
+                "prefetch hint: layer {} (of {}), rows {} (must be 1), experts {n} (1..={})",
+                sub.layer, dims.n_layers, sub.n_rows, dims.n_experts
+            )));
+        }
+        entry.read_cells(n, &mut self.ids, &mut self.weights);
+        if let Some(e) = self.ids.iter().find(|&&e| e as usize >= dims.n_experts) {
+            return Err(RpcError::BadRequest(format!("prefetch hint: expert {e} out of range (layer has {} experts)", dims.n_experts)));
+        }
+        if let Some(p) = engine.prefetcher() {
+            p.hint(crate::prefetch::Hint { session: self.session.id, step: sub.step, layer: sub.layer, experts: self.ids.clone() });
+        }
+        Ok(())
     }
 
     /// A byte range of this connection's segment for `n_values` f32 at `offset`.
@@ -124,6 +148,9 @@ impl Worker {
             return Err(RpcError::ShuttingDown);
         }
         let engine = &st.engine;
+        if sub.op == ring::OP_PREFETCH {
+            return self.hint(entry, sub).map(|()| CallCounters::default());
+        }
         let (n_rows, top_k, d) = (sub.n_rows as usize, sub.top_k as usize, engine.hidden());
         if n_rows == 0 || n_rows > engine.max_rows() {
             return Err(RpcError::BadRequest(format!("n_tokens {n_rows} must be in 1..={}", engine.max_rows())));
@@ -164,9 +191,15 @@ impl Worker {
                     hits: cost.hits,
                     misses: cost.misses,
                     bytes_read: cost.bytes_read,
+                    prefetched_hits: cost.prefetched_hits,
                 })
             }
-            op => Err(RpcError::BadRequest(format!("unknown ring op {op} (expected {} = moe or {} = echo)", ring::OP_MOE, ring::OP_ECHO))),
+            op => Err(RpcError::BadRequest(format!(
+                "unknown ring op {op} (expected {} = moe, {} = echo or {} = prefetch)",
+                ring::OP_MOE,
+                ring::OP_ECHO,
+                ring::OP_PREFETCH
+            ))),
         }
     }
 }

@@ -339,6 +339,7 @@ impl ExpertdService {
             hits: cost.hits,
             misses: cost.misses,
             bytes_read: cost.bytes_read,
+            prefetched_hits: cost.prefetched_hits,
         };
         let resp = pb::MoeLayerResponse {
             output: Some(wire),
@@ -348,6 +349,7 @@ impl ExpertdService {
             hits: cost.hits,
             misses: cost.misses,
             bytes_read: cost.bytes_read,
+            prefetched_hits: cost.prefetched_hits,
         };
         Ok((resp, counters))
     }
@@ -402,6 +404,20 @@ impl ExpertdService {
             open_connections: st.open_connections.load(Ordering::Relaxed),
             draining: st.draining.load(Ordering::Acquire),
             uptime_ns: st.started.elapsed().as_nanos() as u64,
+            prefetch: st.engine.prefetcher().map(|p| {
+                let c = &p.counters;
+                let get = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
+                pb::PrefetchStats {
+                    hints: get(&c.hints),
+                    dropped_hints: get(&c.dropped_hints),
+                    already_resident: get(&c.already_resident),
+                    reads: get(&c.reads),
+                    bytes_read: get(&c.bytes_read),
+                    useful_bytes: get(&c.useful_bytes),
+                    capped: get(&c.capped),
+                    skipped: get(&c.skipped),
+                }
+            }),
         }
     }
 }

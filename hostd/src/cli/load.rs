@@ -68,6 +68,19 @@ pub struct ExpertdArgs {
     /// Send activations inline even over a unix socket (no shared memory).
     #[arg(long = "expertd-no-shm", env = "SLUICE_EXPERTD_NO_SHM")]
     pub expertd_no_shm: bool,
+    /// Send MoE calls as `MoeLayer` RPCs instead of through the shared-memory call ring (the
+    /// ring is the default on a unix socket with shared memory; results are identical).
+    #[arg(long = "expertd-no-ring", env = "SLUICE_EXPERTD_NO_RING")]
+    pub expertd_no_ring: bool,
+    /// Predict each next layer's experts (its router on the current hidden state) and send
+    /// them to expertd as prefetch hints, so their reads overlap this layer's compute (call
+    /// ring only; results are unchanged).
+    #[arg(long = "expertd-prefetch", env = "SLUICE_EXPERTD_PREFETCH")]
+    pub expertd_prefetch: bool,
+    /// One more `expertd serve` flag for the private daemon (repeatable), e.g.
+    /// `--expertd-daemon-arg=--no-overlap`.
+    #[arg(long = "expertd-daemon-arg", allow_hyphen_values = true)]
+    pub expertd_daemon_args: Vec<String>,
 }
 
 /// Model-loading flags.
@@ -118,6 +131,7 @@ fn expertd_backend(args: &LoadArgs, mapped: &MappedCheckpoint) -> anyhow::Result
                 container: dir.clone(),
                 cache_bytes: e.expertd_cache_bytes,
                 threads: args.threads,
+                extra_args: e.expertd_daemon_args.clone(),
             };
             let daemon = PrivateDaemon::start(&opts)?;
             (daemon.endpoint(), Some(daemon))
@@ -144,6 +158,9 @@ fn expertd_backend(args: &LoadArgs, mapped: &MappedCheckpoint) -> anyhow::Result
     opts.model_identity = Some(identity);
     opts.expected_fingerprint = expected_fingerprint;
     opts.shm = !e.expertd_no_shm;
+    opts.ring = !e.expertd_no_ring;
+    opts.prefetch = e.expertd_prefetch;
+    opts.ring_top_k = cfg.experts_per_token;
     if daemon.is_some() {
         opts.connect_timeout = Duration::from_secs(60);
         opts.reconnect_timeout = Duration::from_secs(60);

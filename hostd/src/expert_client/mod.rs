@@ -27,6 +27,7 @@ use crate::model::profile;
 use proto::convert::{f32s_to_le_bytes, le_bytes_into_f32s};
 use proto::v1::{self as pb, moe_layer_request, moe_layer_response};
 use shared::container::ModelIdentity;
+use shared::ring::{self, RingView, Submission};
 use shared::shm_layout::SlotLayout;
 use shm::ClientSegment;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -38,6 +39,13 @@ use transport::Link;
 pub const DEFAULT_SHM_SLOTS: usize = 2;
 /// Rows one shared-memory slot holds (bigger calls travel inline).
 pub const DEFAULT_SHM_MAX_ROWS: usize = 1024;
+/// Experts per row a ring entry has room for by default (Qwen3.6 routes top-8).
+pub const DEFAULT_RING_TOP_K: usize = 8;
+/// How long a ring call spins for its completion before sleeping on the futex: short, since
+/// client and daemon may share the cores and a real call computes for far longer.
+pub const RING_SPIN: Duration = Duration::from_micros(25);
+/// Longest futex sleep between checks that the daemon is still there.
+pub const RING_SLICE: Duration = Duration::from_millis(20);
 
 /// How long a first connection waits for a daemon that is still starting.
 pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
@@ -67,6 +75,12 @@ pub struct ClientOptions {
     pub shm_slots: usize,
     /// Rows per shared-memory slot.
     pub shm_max_rows: usize,
+    /// Offer a MoE-call ring in the segment (protocol version 3): calls then skip gRPC.
+    pub ring: bool,
+    /// Experts per row the ring entries are sized for (calls with more cells use gRPC).
+    pub ring_top_k: usize,
+    /// Send the model's next-layer predictions to the daemon as prefetch hints (ring only).
+    pub prefetch: bool,
     /// How long the first connection waits (with backoff) for a daemon that is not up yet:
     /// no socket file, refused, or a full backlog.
     pub connect_timeout: Duration,
@@ -89,6 +103,9 @@ impl ClientOptions {
             shm: true,
             shm_slots: DEFAULT_SHM_SLOTS,
             shm_max_rows: DEFAULT_SHM_MAX_ROWS,
+            ring: true,
+            ring_top_k: DEFAULT_RING_TOP_K,
+            prefetch: false,
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
             reconnect_timeout: Duration::from_secs(10),
         }
@@ -108,6 +125,8 @@ pub struct DaemonInfo {
     pub io_backend: String,
     /// Whether activations travel in shared memory.
     pub shared_memory: bool,
+    /// Entries of the call ring the daemon serves for this session (0: calls use `MoeLayer`).
+    pub ring_entries: u32,
 }
 
 /// The daemon-reported cost of one `MoeLayer` call (the response's figures).
@@ -119,6 +138,7 @@ struct CallCost {
     hits: u32,
     misses: u32,
     bytes_read: u64,
+    prefetched_hits: u32,
 }
 
 /// The reader of the daemon this process connected to last (`io=… o_direct=…`), for reports.
@@ -130,10 +150,12 @@ pub fn last_io_backend() -> Option<String> {
     LAST_IO_BACKEND.lock().unwrap_or_else(PoisonError::into_inner).clone()
 }
 
-/// One connection and the session opened on it.
+/// One connection, the session opened on it and the segment passed with it (fresh per
+/// session, so a daemon-side call of a lost session can never write into a later call's slot).
 struct Session {
     link: Link,
     info: DaemonInfo,
+    segment: Option<Arc<ClientSegment>>,
 }
 
 /// The expertd backend.
@@ -141,7 +163,8 @@ pub struct ExpertdClient {
     opts: ClientOptions,
     endpoint: String,
     runtime: tokio::runtime::Runtime,
-    segment: Option<Arc<ClientSegment>>,
+    /// The layout of each session's segment (`None`: activations travel inline).
+    segment_layout: Option<SlotLayout>,
     /// The live session. A std mutex: held only to clone or replace the `Arc`, never during a
     /// call or a connection attempt.
     session: Mutex<Option<Arc<Session>>>,
@@ -149,6 +172,9 @@ pub struct ExpertdClient {
     step: AtomicU64,
     last_layer: AtomicUsize,
     expert_bytes: OnceLock<usize>,
+    /// The experts last predicted for each layer (prefetch), to measure the prediction's
+    /// recall when that layer's call comes. A std mutex: held for a swap only.
+    predicted: Mutex<Vec<Vec<u32>>>,
     /// Declared last: dropped after the connection, so the child sees its client leave first.
     daemon: Option<PrivateDaemon>,
 }
@@ -170,23 +196,26 @@ impl ExpertdClient {
             .enable_all()
             .build()
             .map_err(|e| ExpertClientError::Connect { endpoint: endpoint.clone(), reason: format!("starting the client runtime: {e}") })?;
-        let segment = match (&opts.endpoint, opts.shm) {
+        let segment_layout = match (&opts.endpoint, opts.shm) {
             (Endpoint::Unix(_), true) => {
-                let layout = SlotLayout::new(opts.shm_slots, opts.shm_max_rows, opts.hidden).map_err(|e| ExpertClientError::Shm(std::io::Error::other(e)))?;
-                Some(Arc::new(ClientSegment::create(layout).map_err(ExpertClientError::Shm)?))
+                let shm_err = |e| ExpertClientError::Shm(std::io::Error::other(e));
+                let layout = SlotLayout::new(opts.shm_slots, opts.shm_max_rows, opts.hidden).map_err(shm_err)?;
+                Some(if opts.ring { layout.with_ring(opts.shm_max_rows * opts.ring_top_k.max(1)).map_err(shm_err)? } else { layout })
             }
             _ => None,
         };
+        let n_layers_for_predictions = opts.n_layers;
         let client = ExpertdClient {
             opts,
             endpoint,
             runtime,
-            segment,
+            segment_layout,
             session: Mutex::new(None),
             next_request: AtomicU64::new(1),
             step: AtomicU64::new(0),
             last_layer: AtomicUsize::new(usize::MAX),
             expert_bytes: OnceLock::new(),
+            predicted: Mutex::new(vec![Vec::new(); n_layers_for_predictions]),
             daemon,
         };
         let s = client.session()?;
@@ -198,6 +227,7 @@ impl ExpertdClient {
             isa = %s.info.kernel_isa,
             io = %s.info.io_backend,
             shared_memory = s.info.shared_memory,
+            ring_entries = s.info.ring_entries,
             "connected to expertd"
         );
         Ok(client)
@@ -280,7 +310,12 @@ impl ExpertdClient {
 
     fn open_session(&self) -> Result<Session, ExpertClientError> {
         let o = &self.opts;
-        let (endpoint, segment, token) = (o.endpoint.clone(), self.segment.clone(), o.token.clone());
+        let segment = match &self.segment_layout {
+            Some(layout) => Some(Arc::new(ClientSegment::create(*layout).map_err(ExpertClientError::Shm)?)),
+            None => None,
+        };
+        let (endpoint, token) = (o.endpoint.clone(), o.token.clone());
+        let link_segment = segment.clone();
         let req = pb::HandshakeRequest {
             protocol_version: proto::version::CURRENT,
             client_name: o.client_name.clone(),
@@ -291,7 +326,7 @@ impl ExpertdClient {
         let ep = self.endpoint.clone();
         let (link, resp) = self
             .block_on(async move {
-                let mut link = transport::connect(&endpoint, segment, token.as_deref()).await?;
+                let mut link = transport::connect(&endpoint, link_segment, token.as_deref()).await?;
                 let resp = link.client.handshake(req).await.map_err(|s| ExpertClientError::from_status(&ep, &s))?;
                 Ok::<_, ExpertClientError>((link, resp.into_inner()))
             })
@@ -303,14 +338,21 @@ impl ExpertdClient {
             kernel_isa: resp.kernel_isa,
             io_backend: resp.io_backend,
             shared_memory: link.segment_id != 0 && resp.shm_segment_id == link.segment_id,
+            ring_entries: 0,
         };
-        Ok(Session { link, info })
+        let shared_memory = info.shared_memory;
+        // The ring is used only if the daemon serves exactly the ring this segment announced.
+        let ring_entries = match segment.as_ref().and_then(|seg| seg.layout().ring) {
+            Some(r) if shared_memory && resp.ring_entries == r.entries => r.entries,
+            _ => 0,
+        };
+        Ok(Session { link, info: DaemonInfo { ring_entries, ..info }, segment })
     }
 
     fn check_handshake(&self, r: &pb::HandshakeResponse) -> Result<(), ExpertClientError> {
         let o = &self.opts;
         let endpoint = self.endpoint.clone();
-        if r.protocol_version != proto::version::CURRENT {
+        if !(proto::version::OLDEST_DAEMON..=proto::version::CURRENT).contains(&r.protocol_version) {
             return Err(ExpertClientError::VersionMismatch { endpoint, daemon: r.protocol_version, ours: proto::version::CURRENT });
         }
         if let Some((expected, hint)) = &o.expected_fingerprint
@@ -373,8 +415,14 @@ impl ExpertdClient {
     fn call_on(&self, s: &Session, call: &MoeCall<'_>, step: u64, out: &mut [f32]) -> Result<CallCost, ExpertClientError> {
         // PERF-CRITICAL: one round trip per MoE layer per step.
         let n_values = call.n_rows * self.opts.hidden;
-        let segment = self.segment.as_deref().filter(|seg| s.info.shared_memory && seg.fits(call.n_rows));
+        let segment = s.segment.as_deref().filter(|seg| s.info.shared_memory && seg.fits(call.n_rows));
         let slot = segment.and_then(ClientSegment::try_slot);
+        if let (Some(seg), Some(slot)) = (segment, &slot)
+            && let Some(ring) = seg.ring().filter(|r| s.info.ring_entries > 0 && call.ids.len() <= r.layout().cells as usize)
+        {
+            let sub = Submission { op: ring::OP_MOE, seq: 0, layer: call.layer as u32, n_rows: call.n_rows as u32, top_k: call.top_k as u32, step, input_offset: 0, output_offset: 0 };
+            return self.ring_call(s, seg, slot, &ring, sub, call.x, call.ids, call.weights, out);
+        }
         let (input, output_shm) = match (segment, &slot) {
             (Some(seg), Some(slot)) => {
                 let id = s.link.segment_id;
@@ -426,7 +474,96 @@ impl ExpertdClient {
             hits: resp.hits,
             misses: resp.misses,
             bytes_read: resp.bytes_read,
+            prefetched_hits: resp.prefetched_hits,
         })
+    }
+
+    /// One call through the session's ring: activations into the slot, the call into the
+    /// slot's entry, a doorbell, then a short spin and a futex sleep until the daemon's worker
+    /// answers. No gRPC, no runtime, no other thread. `sub` carries the op and the routing
+    /// scalars; the sequence number and slot offsets are filled in here.
+    #[allow(clippy::too_many_arguments)]
+    fn ring_call(
+        &self,
+        s: &Session,
+        seg: &ClientSegment,
+        slot: &shm::Slot<'_>,
+        ring: &RingView,
+        mut sub: Submission,
+        x: &[f32],
+        ids: &[u32],
+        weights: &[f32],
+        out: &mut [f32],
+    ) -> Result<CallCost, ExpertClientError> {
+        // PERF-CRITICAL: one round trip per MoE layer per step.
+        let id = s.link.segment_id;
+        let entry = ring.entry(slot.index() as u32);
+        sub.seq = self.next_request.fetch_add(1, Ordering::Relaxed) as u32;
+        sub.input_offset = seg.write_input(slot, id, x).offset_bytes;
+        sub.output_offset = seg.output_slice(slot, id, out.len()).offset_bytes;
+        entry.submit(&sub, ids, weights);
+        ring.ring_doorbell();
+        let alive = || ring.daemon_gone().load(Ordering::SeqCst) == 0 && !s.link.watch.is_closed();
+        if !entry.wait_finished(RING_SPIN, RING_SLICE, alive) {
+            // The daemon went away mid-call. This session (and its segment, which the old
+            // worker might still write into) is abandoned; the caller reconnects.
+            return Err(self.lost("expertd stopped serving the call ring (the daemon exited or closed the session) during the call"));
+        }
+        let (done_seq, cost, failure) = entry.result();
+        entry.state().store(ring::STATE_FREE, Ordering::Release);
+        if done_seq != sub.seq {
+            return Err(ExpertClientError::Protocol {
+                endpoint: self.endpoint.clone(),
+                reason: format!("ring entry {} answered call {done_seq}, expected {}", slot.index(), sub.seq),
+            });
+        }
+        if let Some((code, message)) = failure {
+            let status = tonic::Status::new(tonic::Code::from(code as i32), message);
+            return Err(ExpertClientError::from_status(&self.endpoint, &status));
+        }
+        seg.read_output(slot, out);
+        Ok(CallCost {
+            queue_ns: cost.queue_ns,
+            io_wait_ns: cost.io_wait_ns,
+            compute_ns: cost.compute_ns,
+            hits: cost.hits,
+            misses: cost.misses,
+            bytes_read: cost.bytes_read,
+            prefetched_hits: cost.prefetched_hits,
+        })
+    }
+
+    /// Sends `x` (`rows × hidden`) through the call ring and back unchanged (the daemon copies
+    /// it in and out, computing nothing): the transport's round trip, for benchmarks. Fails
+    /// when this session has no ring.
+    pub fn echo(&self, x: &[f32], out: &mut [f32]) -> Result<(), ExpertClientError> {
+        let s = self.session()?;
+        let rows = x.len() / self.opts.hidden.max(1);
+        let protocol = |reason: &str| ExpertClientError::Protocol { endpoint: self.endpoint.clone(), reason: reason.to_string() };
+        if x.len() != out.len() || rows * self.opts.hidden != x.len() || rows == 0 {
+            return Err(protocol("echo needs equal input and output lengths, a positive multiple of hidden"));
+        }
+        let seg = s.segment.as_deref().filter(|seg| s.info.ring_entries > 0 && seg.fits(rows)).ok_or_else(|| protocol("this session has no call ring"))?;
+        let ring = seg.ring().ok_or_else(|| protocol("this session has no call ring"))?;
+        let slot = seg.try_slot().ok_or_else(|| protocol("no free shared-memory slot"))?;
+        let sub = Submission { op: ring::OP_ECHO, seq: 0, layer: 0, n_rows: rows as u32, top_k: 1, step: 0, input_offset: 0, output_offset: 0 };
+        self.ring_call(&s, seg, &slot, &ring, sub, x, &[], &[], out).map(|_| ())
+    }
+
+    /// Prefetch recall for `call`'s layer: how many of its distinct experts the last prediction
+    /// for the layer named (profile counters `prefetch.*`).
+    fn count_recall(&self, call: &MoeCall<'_>) {
+        let predicted = std::mem::take(&mut self.predicted.lock().unwrap_or_else(PoisonError::into_inner)[call.layer]);
+        if predicted.is_empty() {
+            return;
+        }
+        let mut actual = call.ids.to_vec();
+        actual.sort_unstable();
+        actual.dedup();
+        let found = actual.iter().filter(|e| predicted.binary_search(e).is_ok()).count();
+        profile::count("prefetch.actual_experts", actual.len() as u64);
+        profile::count("prefetch.predicted_experts", predicted.len() as u64);
+        profile::count("prefetch.predicted_and_used", found as u64);
     }
 
     /// One layer call with the reconnect policy of the module doc.
@@ -462,9 +599,50 @@ impl ExpertBackend for ExpertdClient {
         self.expert_bytes.get().copied()
     }
 
+    fn wants_prefetch(&self) -> bool {
+        self.opts.prefetch && self.daemon_info().is_some_and(|i| i.ring_entries > 0)
+    }
+
+    fn prefetch(&self, layer: usize, experts: &[u32]) {
+        if let Some(p) = self.predicted.lock().unwrap_or_else(PoisonError::into_inner).get_mut(layer) {
+            p.clear();
+            p.extend_from_slice(experts);
+        }
+        let Ok(s) = self.session() else { return };
+        let Some(seg) = s.segment.as_deref() else { return };
+        let Some(ring) = seg.ring().filter(|r| s.info.ring_entries == r.layout().entries) else { return };
+        // The last entry carries hints; it is reused once the worker has taken the last one.
+        let entry = ring.entry(ring.layout().entries - 1);
+        let n = experts.len().min(ring.layout().cells as usize);
+        if n == 0 {
+            return;
+        }
+        match entry.state().load(Ordering::Acquire) {
+            ring::STATE_FREE | ring::STATE_DONE | ring::STATE_FAILED => {}
+            _ => {
+                profile::count("prefetch.hints_skipped", 1);
+                return;
+            }
+        }
+        let step = self.step.load(Ordering::Relaxed);
+        let sub = Submission { op: ring::OP_PREFETCH, seq: 0, layer: layer as u32, n_rows: 1, top_k: n as u32, step, input_offset: 0, output_offset: 0 };
+        let weights = vec![0.0f32; n];
+        entry.submit(&sub, &experts[..n], &weights);
+        ring.ring_doorbell();
+        profile::count("prefetch.hints", 1);
+    }
+
+    fn transport(&self) -> Option<String> {
+        let info = self.daemon_info()?;
+        Some(if info.ring_entries > 0 { "ring" } else if info.shared_memory { "rpc+shm" } else { "rpc-inline" }.to_string())
+    }
+
     #[tracing::instrument(level = "debug", skip_all, fields(layer_idx = call.layer, n_tokens = call.n_rows))]
     fn moe_layer(&self, call: &MoeCall<'_>, out: &mut [f32]) -> Result<(), ExpertError> {
         validate_call(call, self.opts.n_layers, self.opts.n_experts, self.opts.hidden, out.len())?;
+        if self.opts.prefetch && profile::enabled() {
+            self.count_recall(call);
+        }
         let t = Instant::now();
         let cost = self.call(call, out).map_err(|e| e.into_expert_error(call.layer))?;
         if profile::enabled() {
@@ -479,6 +657,7 @@ impl ExpertBackend for ExpertdClient {
             profile::count("experts.hits", u64::from(cost.hits));
             profile::count("experts.misses", u64::from(cost.misses));
             profile::count("experts.bytes_read", cost.bytes_read);
+            profile::count("experts.prefetched_hits", u64::from(cost.prefetched_hits));
         }
         Ok(())
     }

@@ -38,6 +38,8 @@ pub struct PrivateOptions {
     pub cache_bytes: Option<u64>,
     /// The daemon's compute threads (default: one per core).
     pub threads: Option<usize>,
+    /// More `expertd serve` flags, passed verbatim (e.g. `--no-overlap` for A/B runs).
+    pub extra_args: Vec<String>,
 }
 
 /// A running child expertd.
@@ -116,6 +118,7 @@ impl PrivateDaemon {
         if let Some(t) = opts.threads {
             cmd.arg("--threads").arg(t.to_string());
         }
+        cmd.args(&opts.extra_args);
         // The child logs to hostd's stderr; quietly unless the user asked for more.
         if std::env::var_os("RUST_LOG").is_none() {
             cmd.env("RUST_LOG", "warn");

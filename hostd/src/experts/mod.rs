@@ -74,6 +74,14 @@ pub trait ExpertBackend: Send + Sync {
     fn transport(&self) -> Option<String> {
         None
     }
+    /// Whether the backend takes [`prefetch`](Self::prefetch) hints (the model then predicts
+    /// the next layer's experts; it costs a router projection per layer).
+    fn wants_prefetch(&self) -> bool {
+        false
+    }
+    /// A hint: `layer` will probably call `experts` next. Never changes a result; a backend
+    /// may ignore it.
+    fn prefetch(&self, _layer: usize, _experts: &[u32]) {}
 }
 
 /// The cells of a call grouped by expert (see [`shared::moe_combine::cells_by_expert`]).

@@ -112,6 +112,7 @@ impl Model {
             for (hv, mv) in h.iter_mut().zip(&moe_out) {
                 *hv += mv;
             }
+            self.prefetch_next(i, &h, total);
         }
         for item in items.iter_mut() {
             item.state.poisoned = false;

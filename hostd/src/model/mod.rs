@@ -190,6 +190,25 @@ impl Model {
         self.experts.name()
     }
 
+    /// Hints the expert backend with the experts layer `i + 1` will probably use: that
+    /// layer's router applied to its post-attention norm of the residual after layer `i`'s MoE
+    /// (the shared expert's output included). Only for decode-sized blocks (a prefill block's
+    /// union covers most experts anyway) and only when the backend takes hints.
+    pub(crate) fn prefetch_next(&self, i: usize, h: &[f32], n: usize) {
+        const MAX_ROWS: usize = 8;
+        let Some(next) = self.layers.get(i + 1) else { return };
+        if n > MAX_ROWS || !self.experts.wants_prefetch() {
+            return;
+        }
+        let _scope = profile::scope("moe.prefetch_router", 0);
+        let mut b = h.to_vec();
+        ops::rms_norm_rows(&mut b, &next.post_scale, self.cfg.rms_norm_eps as f32);
+        let mut ids = next.moe.route(self.isa, &b, n).ids;
+        ids.sort_unstable();
+        ids.dedup();
+        self.experts.prefetch(i + 1, &ids);
+    }
+
     /// How the expert backend reaches its experts (`ring`, `rpc+shm`, … for expertd).
     pub fn experts_transport(&self) -> Option<String> {
         self.experts.transport()
@@ -267,6 +286,7 @@ impl Model {
             for (hv, mv) in h.iter_mut().zip(&moe_out) {
                 *hv += mv;
             }
+            self.prefetch_next(i, &h, n);
             if let Some(out) = routes.as_deref_mut() {
                 out.push(r);
             }
