@@ -322,6 +322,9 @@ fn one_run(args: &BenchArgs, exe: &Path, c: &Config, label: &str, out: &Path) ->
         "expert_calls_per_token": p["expert_calls"]["calls_per_token"],
         "ipc_us_per_expert_call": p["expert_calls"]["ipc_us_per_call"],
         "expert_transport": p["expert_transport"],
+        "prefetch_recall": p["prefetch"]["recall"],
+        "prefetch_wasted_bytes_per_token": p["prefetch"]["wasted_bytes_per_token"],
+        "prefetch": p["prefetch"],
         "weight_bytes_per_decode_token": p["weight_bytes_per_decode_token"],
         "disk_bytes_per_decode_token": p["disk_reads"]["decode_bytes_per_token"],
         "disk_reads": p["disk_reads"],
@@ -403,6 +406,10 @@ fn metrics() -> Vec<(String, String)> {
         "dram_fraction",
         "disk_fraction",
         "child_wall_s",
+        "expert_calls_per_token",
+        "ipc_us_per_expert_call",
+        "prefetch_recall",
+        "prefetch_wasted_bytes_per_token",
     ]
     .iter()
     .map(|k| (k.to_string(), format!("/{k}")))

@@ -131,6 +131,7 @@ pub fn run(args: &ProfileArgs) -> anyhow::Result<()> {
         })
     });
     let cache = (model.experts_name() == "expertd").then(|| json!({"prefill": cache_json(&prefill_counts), "decode": cache_json(&decode_counts)}));
+    let prefetch = prefetch_json(&decode_counts, decode_reads["expertd"].as_u64(), model.expert_bytes(), m);
     let report = json!({
         "what": if args.no_warmup {
             "per-op forward-pass time; NO warm-up pass: weights and experts are read (from the page cache or storage) during the measurement"
@@ -159,6 +160,7 @@ pub fn run(args: &ProfileArgs) -> anyhow::Result<()> {
             "weight_bytes_per_decode_token: weight bytes of the dense projections (incl. lm_head) and the routed experts read per decode step, as the op scopes count them",
             "disk_reads: physical storage reads (/proc/PID/io read_bytes) of hostd and its private expertd, between the marks named",
             "expert_cache: the expertd daemon's hits, misses (distinct experts per call) and bytes read, summed from its per-call responses",
+            "prefetch (expertd with --expertd-prefetch): recall = distinct experts of a call that the prediction for its layer named / distinct experts of the call; useful_bytes = demand hits on speculatively read experts x blob bytes; speculative_bytes_read = the daemon's physical reads in decode minus the demand calls' bytes_read; wasted = speculative - useful; moe.prefetch_router (the prediction's router projection) is in the decode phase `other`",
             "expert_calls: calls_per_token = MoE-layer expert calls per decode step (one per MoE layer; 40 at full depth); ipc_us_per_call = experts.ipc / calls (expertd only: client wall time of a call minus the daemon's queue, io_wait and compute)",
         ],
         "ttft_s": ttft_s,
@@ -179,6 +181,7 @@ pub fn run(args: &ProfileArgs) -> anyhow::Result<()> {
             "expertd": expertd,
         },
         "expert_cache": cache,
+        "prefetch": prefetch,
         "prefill": phase(&prefill_ops, args.prompt_tokens, prefill_s, bandwidth),
         "decode": phase(&decode_ops, args.decode_steps, decode_s, bandwidth),
     });
@@ -199,6 +202,30 @@ fn sample(logits: &[f32]) -> u32 {
 fn step(model: &Model, state: &mut SequenceState, id: u32) -> anyhow::Result<u32> {
     let logits = model.forward(state, &[id], Logits::Last, None)?;
     Ok(sample(&logits))
+}
+
+/// The decode phase's prefetch figures (`None` when the client sent no hints): the
+/// prediction's recall, and what the speculative reads cost. `speculative_bytes_read` is the
+/// daemon's physical reads during decode minus its demand reads (what the calls report).
+fn prefetch_json(counts: &BTreeMap<&'static str, u64>, expertd_reads: Option<u64>, expert_bytes: Option<usize>, tokens: f64) -> Option<Value> {
+    let get = |k: &str| counts.get(k).copied().unwrap_or(0);
+    if get("prefetch.hints") + get("prefetch.hints_skipped") == 0 {
+        return None;
+    }
+    let (actual, used) = (get("prefetch.actual_experts"), get("prefetch.predicted_and_used"));
+    let useful = expert_bytes.map(|b| get("experts.prefetched_hits") * b as u64);
+    let speculative = expertd_reads.map(|r| r.saturating_sub(get("experts.bytes_read")));
+    Some(json!({
+        "hints": get("prefetch.hints"),
+        "hints_skipped_busy": get("prefetch.hints_skipped"),
+        "recall": (actual > 0).then(|| used as f64 / actual as f64),
+        "predicted_experts_per_token": get("prefetch.predicted_experts") as f64 / tokens,
+        "demand_hits_on_prefetched": get("experts.prefetched_hits"),
+        "useful_bytes": useful,
+        "speculative_bytes_read": speculative,
+        "wasted_bytes": speculative.zip(useful).map(|(s, u)| s.saturating_sub(u)),
+        "wasted_bytes_per_token": speculative.zip(useful).map(|(s, u)| s.saturating_sub(u) as f64 / tokens),
+    }))
 }
 
 fn cache_json(counts: &BTreeMap<&'static str, u64>) -> Value {

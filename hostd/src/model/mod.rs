@@ -209,6 +209,11 @@ impl Model {
         self.experts.prefetch(i + 1, &ids);
     }
 
+    /// Bytes the expert backend streams per expert, if known.
+    pub fn expert_bytes(&self) -> Option<usize> {
+        self.experts.expert_bytes()
+    }
+
     /// How the expert backend reaches its experts (`ring`, `rpc+shm`, … for expertd).
     pub fn experts_transport(&self) -> Option<String> {
         self.experts.transport()
