@@ -259,66 +259,66 @@ impl Engine {
         // change any result, only which expert runs where).
         let mut exec = MoeExec::new(x, spec.ids, spec.weights, spec.n_rows, spec.top_k, self.hidden(), self.header.layout.dims.n_experts);
         let n_groups = exec.groups().len();
-        let (mut hits, mut misses, mut io_wait_ns, mut compute_ns, mut prefetched_hits) = (0u32, 0u32, 0u64, 0u64, 0u32);
+        let mut cost = CallCost::default();
         let mut start = 0;
         while start < n_groups {
             let wave: Vec<usize> = (start..(start + self.wave_experts).min(n_groups)).collect();
             start += wave.len();
             let keys: Vec<ExpertKey> = wave.iter().map(|&g| ExpertKey::new(spec.layer, exec.groups()[g].0)).collect();
-            let t_acquire = Instant::now();
-            let mut acquired = self.acquire_wave(spec, &keys)?;
-            let acquire_ns = t_acquire.elapsed().as_nanos() as u64;
-            hits += acquired.n_hits();
-            misses += acquired.n_misses();
-            if let Some(p) = self.prefetcher.get() {
-                let stride = self.header.layout.blob.stride as u64;
-                prefetched_hits += acquired.leases().iter().filter(|l| l.is_hit() && p.note_hit(l.key(), stride)).count() as u32;
-            }
-            let t_wave = Instant::now();
-            let (waited_ns,) = self.pool.install(|| self.run_wave(&mut exec, &wave, &mut acquired))?;
-            io_wait_ns += acquire_ns + waited_ns;
-            compute_ns += (t_wave.elapsed().as_nanos() as u64).saturating_sub(waited_ns);
-            drop(acquired);
+            // A hit on an expert whose read by another caller (another call, or a speculative
+            // read) failed is read again by this call: once, on a fresh lease.
+            let w = match self.run_wave(spec, &mut exec, &wave, &keys) {
+                Err(CallError::Cache(CacheError::FillFailed { .. })) => self.run_wave(spec, &mut exec, &wave, &keys)?,
+                other => other?,
+            };
+            cost.io_wait_ns += w.io_wait_ns;
+            cost.compute_ns += w.compute_ns;
+            cost.hits += w.hits;
+            cost.misses += w.misses;
+            cost.prefetched_hits += w.prefetched_hits;
         }
         // Each row's weighted outputs summed in call order: independent of waves and cache state.
         exec.finish(out);
-        let bytes_read = u64::from(misses) * self.header.layout.blob.stride as u64;
-        Ok(CallCost { io_wait_ns, compute_ns, hits, misses, bytes_read, prefetched_hits })
+        cost.bytes_read = u64::from(cost.misses) * self.header.layout.blob.stride as u64;
+        Ok(cost)
     }
 
-    /// One wave on the compute pool: the misses' reads (all submitted together) run on one
-    /// thread while the experts already resident (hits, and experts another call is reading)
-    /// are computed on the others; then the misses are computed. Returns the nanoseconds the
-    /// wave's compute had to wait for reads after the hits were done (the part of the IO
-    /// that was not hidden behind compute).
-    fn run_wave(&self, exec: &mut MoeExec<'_>, wave: &[usize], acquired: &mut crate::cache::Acquired) -> Result<(u64,), CallError> {
+    /// One wave: lease its experts; compute the ones already resident on the pool while this
+    /// thread reads the misses (all submitted together); wait for any expert another caller
+    /// is reading; compute the rest. Reads and waits happen on the calling thread, never on
+    /// the compute pool, so a pool thread cannot block on another call's read. Adds to
+    /// its cost: IO wait = leasing + the part of the reads not hidden behind the hits' compute +
+    /// waiting for other callers' reads; compute = the rest of the wave's time.
+    fn run_wave(&self, spec: &CallSpec<'_>, exec: &mut MoeExec<'_>, wave: &[usize], keys: &[ExpertKey]) -> Result<CallCost, CallError> {
+        let mut cost = CallCost::default();
         let layout = self.header.layout.blob;
         let isa = self.isa;
-        let n_missing = acquired.n_misses() as usize;
-        if n_missing > 0 && !self.overlap {
-            let t_read = Instant::now();
-            self.read_misses(acquired.misses().collect())?;
-            acquired.wait_ready()?;
-            let waited = t_read.elapsed().as_nanos() as u64;
-            let leases = acquired.leases();
-            exec.compute(isa, wave, |g, _| view_lease(&leases[position(wave, g)], &layout))?;
-            return Ok((waited,));
+        let t_acquire = Instant::now();
+        let mut acquired = self.acquire_wave(spec, keys)?;
+        cost.io_wait_ns += t_acquire.elapsed().as_nanos() as u64;
+        cost.hits += acquired.n_hits();
+        cost.misses += acquired.n_misses();
+        if let Some(p) = self.prefetcher.get() {
+            let stride = self.header.layout.blob.stride as u64;
+            for l in acquired.leases() {
+                if !l.is_hit() {
+                    p.note_demand_miss(l.key());
+                } else if p.note_hit(l.key(), stride) {
+                    cost.prefetched_hits += 1;
+                }
+            }
         }
-        if n_missing == 0 {
-            acquired.wait_ready()?;
-            let leases = acquired.leases();
-            exec.compute(isa, wave, |g, _| view_lease(&leases[position(wave, g)], &layout))?;
-            return Ok((0,));
-        }
-        // Which wave positions need our read (the others are ready now or being read by
-        // another call, which `wait_ready` covers).
+        let t_wave = Instant::now();
         let ready_now: Vec<usize> = acquired.leases().iter().enumerate().filter(|(_, l)| l.is_ready()).map(|(i, _)| wave[i]).collect();
         let rest: Vec<usize> = wave.iter().copied().filter(|g| !ready_now.contains(g)).collect();
-        // Split the borrows: the reader fills the miss buffers; the hits are read-only views
-        // of other leases (a lease is either a miss we fill or ready/being filled by another
-        // call, never both).
-        let (read_result, hit_result) = {
-            let mut mine: Vec<&mut crate::cache::Lease> = Vec::with_capacity(n_missing);
+        let mut read_wait_ns = 0u64;
+        if acquired.n_misses() > 0 && !self.overlap {
+            // As before the call ring: read everything, then compute.
+            let t = Instant::now();
+            self.read_misses(acquired.misses().collect())?;
+            read_wait_ns += t.elapsed().as_nanos() as u64;
+        } else if acquired.n_misses() > 0 {
+            let mut mine: Vec<&mut crate::cache::Lease> = Vec::new();
             let mut ready: Vec<(usize, &crate::cache::Lease)> = Vec::with_capacity(ready_now.len());
             for (lease, &g) in acquired.leases_mut().iter_mut().zip(wave) {
                 if lease.needs_fill() {
@@ -328,24 +328,41 @@ impl Engine {
                 }
             }
             let exec_ref = &mut *exec;
-            rayon::join(
-                move || self.read_misses(mine),
-                move || {
-                    exec_ref.compute(isa, &ready_now, |g, _| {
-                        let (_, lease) = ready.iter().find(|(rg, _)| *rg == g).expect("ready_now lists the ready leases");
-                        view_lease(lease, &layout)
-                    })
-                },
-            )
-        };
-        read_result?;
-        hit_result?;
+            let mut hit_result: Result<(), CallError> = Ok(());
+            let mut hits_done: Option<Instant> = None;
+            let read_result = self.pool.in_place_scope(|scope| {
+                if !ready_now.is_empty() {
+                    scope.spawn(|_| {
+                        hit_result = exec_ref.compute(isa, &ready_now, |g, _| {
+                            let (_, lease) = ready.iter().find(|(rg, _)| *rg == g).expect("ready_now lists the ready leases");
+                            view_lease(lease, &layout)
+                        });
+                        hits_done = Some(Instant::now());
+                    });
+                }
+                // This (calling) thread reads meanwhile.
+                let r = self.read_misses(mine);
+                (r, Instant::now())
+            });
+            let (read_result, read_done) = read_result;
+            read_result?;
+            hit_result?;
+            // The reads cost the wave only as far as they outlasted the hits' compute.
+            read_wait_ns += hits_done.map_or_else(
+                || read_done.duration_since(t_wave).as_nanos() as u64,
+                |h| read_done.saturating_duration_since(h).as_nanos() as u64,
+            );
+        }
         let t_wait = Instant::now();
         acquired.wait_ready()?;
-        let waited = t_wait.elapsed().as_nanos() as u64;
+        read_wait_ns += t_wait.elapsed().as_nanos() as u64;
+        // After an overlapped read the hits are done; otherwise nothing is computed yet.
+        let to_compute: &[usize] = if acquired.n_misses() > 0 && self.overlap { &rest } else { wave };
         let leases = acquired.leases();
-        exec.compute(isa, &rest, |g, _| view_lease(&leases[position(wave, g)], &layout))?;
-        Ok((waited,))
+        self.pool.install(|| exec.compute(isa, to_compute, |g, _| view_lease(&leases[position(wave, g)], &layout)))?;
+        cost.io_wait_ns += read_wait_ns;
+        cost.compute_ns += (t_wave.elapsed().as_nanos() as u64).saturating_sub(read_wait_ns);
+        Ok(cost)
     }
 }
 

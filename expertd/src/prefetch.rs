@@ -16,7 +16,7 @@
 use crate::cache::{ExpertKey, SessionId};
 use crate::engine::Engine;
 use crate::io::ReadRequest;
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, SyncSender, TrySendError};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
@@ -107,6 +107,15 @@ impl Prefetcher {
         true
     }
 
+    /// A demand call missed `key`: a speculative copy of it (if one was read) was evicted
+    /// unused, so a later hit on the demand-read copy is not the speculation's doing.
+    pub fn note_demand_miss(&self, key: ExpertKey) {
+        let mut set = self.speculative.lock().unwrap_or_else(PoisonError::into_inner);
+        if !set.is_empty() {
+            set.remove(&key);
+        }
+    }
+
     fn remember(&self, key: ExpertKey) {
         let mut set = self.speculative.lock().unwrap_or_else(PoisonError::into_inner);
         if set.len() >= MAX_TRACKED {
@@ -114,15 +123,25 @@ impl Prefetcher {
         }
         set.insert(key);
     }
+
+    fn forget(&self, key: ExpertKey) {
+        self.speculative.lock().unwrap_or_else(PoisonError::into_inner).remove(&key);
+    }
 }
 
 fn run(rx: Receiver<Hint>, engine: Weak<Engine>, p: Weak<Prefetcher>) {
-    // (session, step) → speculative bytes spent on it.
-    let mut spent: (u64, u64, u64) = (u64::MAX, u64::MAX, 0);
+    // Per session: (the step its budget is for, speculative bytes spent in it). A session
+    // that sends a new step number gets a new budget, but only one per step it moves on, and
+    // other sessions' hints never reset it.
+    let mut spent: HashMap<u64, (u64, u64)> = HashMap::new();
     while let Ok(hint) = rx.recv() {
         let (Some(engine), Some(p)) = (engine.upgrade(), p.upgrade()) else { return };
-        if (spent.0, spent.1) != (hint.session, hint.step) {
-            spent = (hint.session, hint.step, 0);
+        if spent.len() > 1024 {
+            spent.clear();
+        }
+        let budget = spent.entry(hint.session).or_insert((hint.step, 0));
+        if budget.0 != hint.step {
+            *budget = (hint.step, 0);
         }
         let stride = engine.header().layout.blob.stride as u64;
         for &e in &hint.experts {
@@ -132,7 +151,7 @@ fn run(rx: Receiver<Hint>, engine: Weak<Engine>, p: Weak<Prefetcher>) {
                 c.already_resident.fetch_add(1, Ordering::Relaxed);
                 continue;
             }
-            if spent.2 + stride > p.cap_bytes_per_step {
+            if budget.1 + stride > p.cap_bytes_per_step {
                 c.capped.fetch_add(1, Ordering::Relaxed);
                 continue;
             }
@@ -145,15 +164,18 @@ fn run(rx: Receiver<Hint>, engine: Weak<Engine>, p: Weak<Prefetcher>) {
                 c.skipped.fetch_add(1, Ordering::Relaxed);
                 continue;
             }
+            // Remembered before the read: a demand call that hits the slot while it is still
+            // being read (the common case: the read overlaps the layer's dense compute) counts.
+            p.remember(key);
             match read_one(&engine, key, hint.step) {
                 Some(true) => {
-                    spent.2 += stride;
+                    budget.1 += stride;
                     c.reads.fetch_add(1, Ordering::Relaxed);
                     c.bytes_read.fetch_add(stride, Ordering::Relaxed);
-                    p.remember(key);
                 }
-                Some(false) => {}
+                Some(false) => p.forget(key),
                 None => {
+                    p.forget(key);
                     c.skipped.fetch_add(1, Ordering::Relaxed);
                 }
             }

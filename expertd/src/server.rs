@@ -168,6 +168,9 @@ pub enum Listener {
     Tcp(TcpListener),
 }
 
+/// Longest a draining daemon waits for calls still running on call-ring workers.
+const RING_DRAIN_LIMIT: Duration = Duration::from_secs(30);
+
 /// Binds a unix socket at `path` with permissions `mode` (0660 by default in the CLI). A stale
 /// socket file nobody listens on is replaced; a live one is an error, as is any other file.
 ///
@@ -353,6 +356,11 @@ impl Prepared {
             .await;
         accept.abort();
         let _ = accept.await;
+        // Calls on call-ring workers are not HTTP/2 streams: wait for them too (bounded).
+        let deadline = std::time::Instant::now() + RING_DRAIN_LIMIT;
+        while state.ring_calls.load(Ordering::Acquire) > 0 && std::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
         let trace = engine.cache().finish_trace();
         served?;
         trace.map_err(|e| ServeError::Trace(e.to_string()))?;

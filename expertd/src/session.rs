@@ -42,6 +42,8 @@ pub struct SessionCounters {
     pub io_wait_ns: AtomicU64,
     /// Nanoseconds computed.
     pub compute_ns: AtomicU64,
+    /// Of `calls`, those that came through the shared-memory call ring.
+    pub ring_calls: AtomicU64,
 }
 
 /// What one successful call adds to its session's counters.

@@ -9,7 +9,7 @@ use super::expertd::{Daemon, HIDDEN_TINY, activations, blob_stride, container_by
 use hostd::expert_client::shm::ClientSegment;
 use hostd::expert_client::{ClientOptions, Endpoint, ExpertdClient, transport};
 use proto::v1 as pb;
-use shared::ring::{self, OP_ECHO, OP_MOE, Submission};
+use shared::ring::{self, OP_ECHO, OP_MOE, OP_PREFETCH, Submission};
 use shared::shm_layout::SlotLayout;
 use std::path::Path;
 use std::sync::Arc;
@@ -42,6 +42,8 @@ fn ring_rpc_and_in_process_give_byte_equal_logits_at_tiny_and_full_budgets() {
             let d = Daemon::unix(&container, budget, &[]);
             let ring = eval(preset, &prompts, work.path(), "ring", &["--expertd", &d.uri()]);
             assert_eq!(ring, baseline, "{preset} {tag}: ring vs in-process");
+            let prefetch = eval(preset, &prompts, work.path(), "ring-prefetch", &["--expertd", &d.uri(), "--expertd-prefetch"]);
+            assert_eq!(prefetch, baseline, "{preset} {tag}: ring with prefetch hints vs in-process");
             let rpc = eval(preset, &prompts, work.path(), "rpc", &["--expertd", &d.uri(), "--expertd-no-ring"]);
             assert_eq!(rpc, baseline, "{preset} {tag}: MoeLayer RPC vs in-process");
             // The daemon's log proves which path each client took.
@@ -49,6 +51,10 @@ fn ring_rpc_and_in_process_give_byte_equal_logits_at_tiny_and_full_budgets() {
             assert!(log.contains("ring_entries=3"), "{preset} {tag}: no session used the ring:\n{log}");
             assert!(log.contains("ring_entries=0"), "{preset} {tag}: the --expertd-no-ring session used it:\n{log}");
         }
+        // The design before the ring (read, then compute) gives the same bits too.
+        let d = Daemon::unix(&container, 2 * blob_stride(&container), &["--no-overlap"]);
+        let old = eval(preset, &prompts, work.path(), "no-overlap", &["--expertd", &d.uri()]);
+        assert_eq!(old, baseline, "{preset}: --no-overlap");
     }
 }
 
@@ -65,14 +71,23 @@ fn prefetch_hints_read_ahead_and_change_no_result() {
     let d = Daemon::unix(&container, container_bytes(&container) / 4, &[]);
     let with = eval(preset, &prompts, work.path(), "prefetch", &["--expertd", &d.uri(), "--expertd-prefetch"]);
     assert_eq!(with, baseline, "prefetch on");
-    let stats = rt().block_on(async {
-        let mut c = raw_unix(d.socket.as_ref().expect("socket")).await;
-        c.stats(pb::StatsRequest {}).await.expect("stats").into_inner()
-    });
+    // Hints are read asynchronously: wait (bounded) until the prefetch thread has let go.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let stats = loop {
+        let stats = rt().block_on(async {
+            let mut c = raw_unix(d.socket.as_ref().expect("socket")).await;
+            c.stats(pb::StatsRequest {}).await.expect("stats").into_inner()
+        });
+        if stats.cache.as_ref().is_some_and(|c| c.leases_held == 0) || std::time::Instant::now() > deadline {
+            break stats;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
     let p = stats.prefetch.expect("the daemon runs a prefetcher");
     assert!(p.hints > 0, "the client sent hints: {p:?}");
     assert!(p.reads > 0 && p.bytes_read == p.reads * blob_stride(&container), "speculative reads, stride each: {p:?}");
     assert!(p.useful_bytes <= p.bytes_read, "{p:?}");
+    assert!(p.useful_bytes > 0, "some speculatively read expert was then used by a demand call: {p:?}");
     let cache = stats.cache.expect("cache");
     assert_eq!(cache.leases_held, 0, "speculative leases are released");
     // The same daemon with prefetch off in the client.
@@ -94,6 +109,15 @@ fn a_unix_client_uses_the_ring_by_default_and_both_paths_agree() {
     let a = tiny_call(&with_ring).expect("ring call");
     let b = tiny_call(&without).expect("rpc call");
     assert_eq!(bits(&a), bits(&b));
+    // The daemon saw one call on each session, and only the first came through the ring.
+    let stats = rt().block_on(async {
+        let mut c = raw_unix(&socket).await;
+        c.stats(pb::StatsRequest {}).await.expect("stats").into_inner()
+    });
+    let by_name = |n: &str| stats.sessions.iter().find(|s| s.client_name == n).unwrap_or_else(|| panic!("session {n}: {:?}", stats.sessions)).clone();
+    let (r, g) = (by_name("ring test ring=true"), by_name("ring test ring=false"));
+    assert_eq!((r.calls, r.ring_calls), (1, 1), "{r:?}");
+    assert_eq!((g.calls, g.ring_calls), (1, 0), "{g:?}");
     // The echo op moves the rows and computes nothing.
     let x = activations(3, HIDDEN_TINY);
     let mut out = vec![0.0; x.len()];
@@ -130,7 +154,9 @@ fn malformed_ring_entries_fail_that_call_and_the_worker_keeps_serving() {
     let send = |sub: &Submission, ids: &[u32], weights: &[f32]| {
         entry.submit(sub, ids, weights);
         ring.ring_doorbell();
-        assert!(entry.wait_finished(Duration::from_micros(50), Duration::from_millis(20), || true));
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        let answered = entry.wait_finished(Duration::from_micros(50), Duration::from_millis(20), || std::time::Instant::now() < deadline);
+        assert!(answered, "the worker did not answer within 10 s (op {}, layer {})", sub.op, sub.layer);
         let (seq, cost, failure) = entry.result();
         entry.state().store(ring::STATE_FREE, std::sync::atomic::Ordering::Release);
         assert_eq!(seq, sub.seq, "the completion echoes the call's sequence number");
@@ -150,6 +176,8 @@ fn malformed_ring_entries_fail_that_call_and_the_worker_keeps_serving() {
         ("input past the segment", Submission { input_offset: layout.segment_bytes, ..valid }, ids.clone(), w.clone(), Code::InvalidArgument, "past"),
         ("misaligned output", Submission { output_offset: output + 4, ..valid }, ids.clone(), w.clone(), Code::InvalidArgument, "multiple of 64"),
         ("output over the header", Submission { output_offset: 0, ..valid }, ids.clone(), w.clone(), Code::InvalidArgument, "multiple of 64"),
+        ("hint for a layer out of range", Submission { op: OP_PREFETCH, layer: 4, n_rows: 1, top_k: 2, ..valid }, vec![0, 1], vec![0.0; 2], Code::InvalidArgument, "prefetch hint"),
+        ("hint for an expert out of range", Submission { op: OP_PREFETCH, n_rows: 1, top_k: 2, ..valid }, vec![0, 9], vec![0.0; 2], Code::InvalidArgument, "expert 9 out of range"),
     ];
     for (i, (what, sub, ids, w, code, needle)) in cases.into_iter().enumerate() {
         let sub = Submission { seq: 100 + i as u32, ..sub };

@@ -56,6 +56,8 @@ impl Worker {
         let entries = self.ring.layout().entries;
         let mut next = 0;
         tracing::debug!(session = self.session.id, entries, "call ring serving");
+        // However the loop ends (even by a panic), the client must stop waiting.
+        let _gone = Gone(self.ring);
         while !self.session.is_closed() {
             // Round-robin over the entries, so one busy entry cannot starve another.
             let claimed = (0..entries).map(|j| (next + j) % entries).find_map(|i| self.ring.entry(i).claim().map(|s| (i, s)));
@@ -74,13 +76,10 @@ impl Worker {
             }
             self.ring.daemon_waiting().store(0, Ordering::SeqCst);
         }
-        self.ring.daemon_gone().store(1, Ordering::SeqCst);
         for i in 0..entries {
             if let Some(sub) = self.ring.entry(i).claim() {
                 fail(&self.ring.entry(i), sub.seq, RpcError::UnknownSession { session: self.session.id });
             }
-            // Wake a client sleeping on any entry: it sees `daemon_gone` and stops waiting.
-            ring::futex_wake(self.ring.entry(i).state());
         }
         tracing::debug!(session = self.session.id, "call ring stopped: session closed");
     }
@@ -88,9 +87,19 @@ impl Worker {
     fn run(&mut self, i: u32, sub: Submission) {
         let ring = self.ring;
         let entry = ring.entry(i);
-        match self.call(&entry, &sub) {
+        // Counted while it runs, so a draining daemon waits for it before exiting.
+        self.state.ring_calls.fetch_add(1, Ordering::AcqRel);
+        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.call(&entry, &sub)))
+            .unwrap_or_else(|_| Err(RpcError::Internal("the call panicked in the daemon (a bug; see its log)".into())));
+        self.state.ring_calls.fetch_sub(1, Ordering::AcqRel);
+        // Echoes and hints are not MoE calls: only those count in the session's figures.
+        let counted = sub.op == ring::OP_MOE;
+        match result {
             Ok(c) => {
-                self.session.record(Ok(&c));
+                if counted {
+                    self.session.record(Ok(&c));
+                    self.session.counters.ring_calls.fetch_add(1, Ordering::Relaxed);
+                }
                 entry.complete(
                     sub.seq,
                     &Completion {
@@ -105,7 +114,9 @@ impl Worker {
                 );
             }
             Err(e) => {
-                self.session.record(Err(()));
+                if counted {
+                    self.session.record(Err(()));
+                }
                 tracing::debug!(session = self.session.id, error = %e, error_type = e.error_type(), "ring call failed");
                 fail(&entry, sub.seq, e);
             }
@@ -179,6 +190,11 @@ impl Worker {
                 let t_queue = Instant::now();
                 let _permit = st.queue.acquire_blocking(self.session.id);
                 let queue_ns = t_queue.elapsed().as_nanos() as u64;
+                // The session may have closed while this call queued: its leases would then
+                // outlive it in the cache.
+                if self.session.is_closed() {
+                    return Err(RpcError::UnknownSession { session: self.session.id });
+                }
                 self.segment.read_f32s(input, &mut self.x);
                 let cost = engine.run(&spec, &self.x, &mut self.out)?;
                 self.segment.write_f32s(output, &self.out);
@@ -200,6 +216,19 @@ impl Worker {
                 ring::OP_ECHO,
                 ring::OP_PREFETCH
             ))),
+        }
+    }
+}
+
+/// Marks the ring's daemon side gone and wakes every entry, when the worker ends.
+struct Gone(RingView);
+
+impl Drop for Gone {
+    fn drop(&mut self) {
+        self.0.daemon_gone().store(1, Ordering::SeqCst);
+        for i in 0..self.0.layout().entries {
+            // A client sleeping on any entry wakes, sees `daemon_gone` and stops waiting.
+            ring::futex_wake(self.0.entry(i).state());
         }
     }
 }

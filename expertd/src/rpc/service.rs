@@ -104,6 +104,8 @@ pub struct ServiceState {
     pub started: Instant,
     /// The container fingerprint, computed once.
     pub fingerprint: u64,
+    /// Calls running on call-ring workers now (a draining daemon waits for them).
+    pub ring_calls: AtomicU32,
 }
 
 impl ServiceState {
@@ -120,6 +122,7 @@ impl ServiceState {
             open_connections: AtomicU32::new(0),
             started: Instant::now(),
             fingerprint,
+            ring_calls: AtomicU32::new(0),
         }
     }
 
@@ -384,6 +387,7 @@ impl ExpertdService {
                     io_wait_ns: ld(&k.io_wait_ns),
                     compute_ns: ld(&k.compute_ns),
                     leases_held,
+                    ring_calls: ld(&k.ring_calls),
                 }
             })
             .collect();

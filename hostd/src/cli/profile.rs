@@ -107,6 +107,7 @@ pub fn run(args: &ProfileArgs) -> anyhow::Result<()> {
     let prefill_ops = profile::take();
     let prefill_counts = profile::take_counts();
     let reads_mid = Reads::now(daemon);
+    let spec_start = model.speculative_counters();
 
     let t = Instant::now();
     for _ in 0..args.decode_steps {
@@ -117,6 +118,7 @@ pub fn run(args: &ProfileArgs) -> anyhow::Result<()> {
     let decode_counts = profile::take_counts();
     profile::set_enabled(false);
     let reads_end = Reads::now(daemon);
+    let spec_end = model.speculative_counters();
     let m = args.decode_steps as f64;
 
     let decode_reads = reads_mid.delta_json(&reads_end);
@@ -131,7 +133,8 @@ pub fn run(args: &ProfileArgs) -> anyhow::Result<()> {
         })
     });
     let cache = (model.experts_name() == "expertd").then(|| json!({"prefill": cache_json(&prefill_counts), "decode": cache_json(&decode_counts)}));
-    let prefetch = prefetch_json(&decode_counts, decode_reads["expertd"].as_u64(), model.expert_bytes(), m);
+    let spec = spec_start.zip(spec_end).map(|(a, b)| (b.0.saturating_sub(a.0), b.1.saturating_sub(a.1)));
+    let prefetch = prefetch_json(&decode_counts, spec, m);
     let report = json!({
         "what": if args.no_warmup {
             "per-op forward-pass time; NO warm-up pass: weights and experts are read (from the page cache or storage) during the measurement"
@@ -160,7 +163,7 @@ pub fn run(args: &ProfileArgs) -> anyhow::Result<()> {
             "weight_bytes_per_decode_token: weight bytes of the dense projections (incl. lm_head) and the routed experts read per decode step, as the op scopes count them",
             "disk_reads: physical storage reads (/proc/PID/io read_bytes) of hostd and its private expertd, between the marks named",
             "expert_cache: the expertd daemon's hits, misses (distinct experts per call) and bytes read, summed from its per-call responses",
-            "prefetch (expertd with --expertd-prefetch): recall = distinct experts of a call that the prediction for its layer named / distinct experts of the call; useful_bytes = demand hits on speculatively read experts x blob bytes; speculative_bytes_read = the daemon's physical reads in decode minus the demand calls' bytes_read; wasted = speculative - useful; moe.prefetch_router (the prediction's router projection) is in the decode phase `other`",
+            "prefetch (expertd with --expertd-prefetch): recall = distinct experts of a call that the prediction for its layer named / distinct experts of the call; speculative_bytes_read and useful_bytes (bytes of speculatively read experts a demand call then hit) are the daemon's Stats.prefetch deltas over decode (reads of the last hints may land after the end mark); wasted = speculative - useful (read, not hit yet); moe.prefetch_router (the prediction's router projection) is in the decode phase `other`",
             "expert_calls: calls_per_token = MoE-layer expert calls per decode step (one per MoE layer; 40 at full depth); ipc_us_per_call = experts.ipc / calls (expertd only: client wall time of a call minus the daemon's queue, io_wait and compute)",
         ],
         "ttft_s": ttft_s,
@@ -205,26 +208,24 @@ fn step(model: &Model, state: &mut SequenceState, id: u32) -> anyhow::Result<u32
 }
 
 /// The decode phase's prefetch figures (`None` when the client sent no hints): the
-/// prediction's recall, and what the speculative reads cost. `speculative_bytes_read` is the
-/// daemon's physical reads during decode minus its demand reads (what the calls report).
-fn prefetch_json(counts: &BTreeMap<&'static str, u64>, expertd_reads: Option<u64>, expert_bytes: Option<usize>, tokens: f64) -> Option<Value> {
+/// prediction's recall, and what the speculative reads cost — the daemon's own counters
+/// (`Stats.prefetch`) between the start and the end of decode.
+fn prefetch_json(counts: &BTreeMap<&'static str, u64>, speculative: Option<(u64, u64)>, tokens: f64) -> Option<Value> {
     let get = |k: &str| counts.get(k).copied().unwrap_or(0);
     if get("prefetch.hints") + get("prefetch.hints_skipped") == 0 {
         return None;
     }
     let (actual, used) = (get("prefetch.actual_experts"), get("prefetch.predicted_and_used"));
-    let useful = expert_bytes.map(|b| get("experts.prefetched_hits") * b as u64);
-    let speculative = expertd_reads.map(|r| r.saturating_sub(get("experts.bytes_read")));
     Some(json!({
         "hints": get("prefetch.hints"),
         "hints_skipped_busy": get("prefetch.hints_skipped"),
         "recall": (actual > 0).then(|| used as f64 / actual as f64),
         "predicted_experts_per_token": get("prefetch.predicted_experts") as f64 / tokens,
         "demand_hits_on_prefetched": get("experts.prefetched_hits"),
-        "useful_bytes": useful,
-        "speculative_bytes_read": speculative,
-        "wasted_bytes": speculative.zip(useful).map(|(s, u)| s.saturating_sub(u)),
-        "wasted_bytes_per_token": speculative.zip(useful).map(|(s, u)| s.saturating_sub(u) as f64 / tokens),
+        "speculative_bytes_read": speculative.map(|s| s.0),
+        "useful_bytes": speculative.map(|s| s.1),
+        "wasted_bytes": speculative.map(|s| s.0.saturating_sub(s.1)),
+        "wasted_bytes_per_token": speculative.map(|s| s.0.saturating_sub(s.1) as f64 / tokens),
     }))
 }
 

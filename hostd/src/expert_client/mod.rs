@@ -518,7 +518,9 @@ impl ExpertdClient {
             });
         }
         if let Some((code, message)) = failure {
-            let status = tonic::Status::new(tonic::Code::from(code as i32), message);
+            // The worker wrote this failure: it is the daemon's answer, not a transport fault.
+            let mut status = tonic::Status::new(tonic::Code::from(code as i32), message);
+            status.metadata_mut().insert(error::ORIGIN_METADATA, tonic::metadata::MetadataValue::from_static("expertd"));
             return Err(ExpertClientError::from_status(&self.endpoint, &status));
         }
         seg.read_output(slot, out);
@@ -608,7 +610,8 @@ impl ExpertBackend for ExpertdClient {
             p.clear();
             p.extend_from_slice(experts);
         }
-        let Ok(s) = self.session() else { return };
+        // Only on the live session: a hint never waits for a reconnection.
+        let Some(s) = self.session.lock().unwrap_or_else(PoisonError::into_inner).clone() else { return };
         let Some(seg) = s.segment.as_deref() else { return };
         let Some(ring) = seg.ring().filter(|r| s.info.ring_entries == r.layout().entries) else { return };
         // The last entry carries hints; it is reused once the worker has taken the last one.
@@ -630,6 +633,13 @@ impl ExpertBackend for ExpertdClient {
         entry.submit(&sub, &experts[..n], &weights);
         ring.ring_doorbell();
         profile::count("prefetch.hints", 1);
+    }
+
+    fn speculative_counters(&self) -> Option<(u64, u64)> {
+        let s = self.session.lock().unwrap_or_else(PoisonError::into_inner).clone()?;
+        let mut client = s.link.client.clone();
+        let stats = self.block_on(async move { client.stats(pb::StatsRequest {}).await.ok() })??.into_inner();
+        stats.prefetch.map(|p| (p.bytes_read, p.useful_bytes))
     }
 
     fn transport(&self) -> Option<String> {

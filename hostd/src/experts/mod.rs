@@ -82,6 +82,10 @@ pub trait ExpertBackend: Send + Sync {
     /// A hint: `layer` will probably call `experts` next. Never changes a result; a backend
     /// may ignore it.
     fn prefetch(&self, _layer: usize, _experts: &[u32]) {}
+    /// Cumulative speculative reads: (bytes read, bytes of those a demand call then hit).
+    fn speculative_counters(&self) -> Option<(u64, u64)> {
+        None
+    }
 }
 
 /// The cells of a call grouped by expert (see [`shared::moe_combine::cells_by_expert`]).

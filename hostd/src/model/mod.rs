@@ -209,6 +209,12 @@ impl Model {
         self.experts.prefetch(i + 1, &ids);
     }
 
+    /// The expert backend's speculative-read counters: (bytes read, bytes a demand call then
+    /// hit), when it has them.
+    pub fn speculative_counters(&self) -> Option<(u64, u64)> {
+        self.experts.speculative_counters()
+    }
+
     /// Bytes the expert backend streams per expert, if known.
     pub fn expert_bytes(&self) -> Option<usize> {
         self.experts.expert_bytes()
