@@ -370,7 +370,9 @@ impl Engine {
     /// Reads a wave's misses (all submitted together) and marks each filled; the first error
     /// fails the wave. Counted in `demand_reads` while it runs.
     fn read_misses(&self, mut mine: Vec<&mut crate::cache::Lease>) -> Result<(), CallError> {
-        self.demand_reads.fetch_add(1, Ordering::AcqRel);
+        // Counted until this returns, even by unwinding (speculative reads wait while it is
+        // non-zero).
+        let _reading = DemandReading::new(&self.demand_reads);
         let mut reqs: Vec<ReadRequest<'_>> = mine
             .iter_mut()
             .map(|lease| {
@@ -380,7 +382,6 @@ impl Engine {
             .collect();
         let results = self.source.read_blobs(&mut reqs);
         drop(reqs);
-        self.demand_reads.fetch_sub(1, Ordering::AcqRel);
         let mut first_error = None;
         for (lease, result) in mine.into_iter().zip(results) {
             match result {
@@ -391,6 +392,22 @@ impl Engine {
             }
         }
         first_error.map_or(Ok(()), |e| Err(CallError::Io(e)))
+    }
+}
+
+/// One wave's demand reads in progress, counted in `Engine::demand_reads` while it lives.
+struct DemandReading<'a>(&'a AtomicU32);
+
+impl<'a> DemandReading<'a> {
+    fn new(n: &'a AtomicU32) -> DemandReading<'a> {
+        n.fetch_add(1, Ordering::AcqRel);
+        DemandReading(n)
+    }
+}
+
+impl Drop for DemandReading<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
     }
 }
 

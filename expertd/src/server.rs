@@ -74,7 +74,8 @@ pub struct ServeConfig {
     pub compute_lanes: usize,
     /// Compute threads (0: one per core).
     pub threads: usize,
-    /// Speculative (prefetch) bytes allowed per client step; 0: four experts per layer.
+    /// Speculative (prefetch) bytes allowed per client session and step; 0: 4 × layers × blob
+    /// size, shared across the layers.
     pub prefetch_cap_bytes: u64,
     /// No speculative reads at all (prefetch hints are accepted and ignored).
     pub no_prefetch: bool,
