@@ -72,6 +72,21 @@ pub struct CallCost {
     pub prefetched_hits: u32,
 }
 
+impl CallCost {
+    /// What the call adds to its session's counters, with the time it queued for a lane.
+    pub fn counters(&self, queue_ns: u64) -> crate::session::CallCounters {
+        crate::session::CallCounters {
+            queue_ns,
+            io_wait_ns: self.io_wait_ns,
+            compute_ns: self.compute_ns,
+            hits: self.hits,
+            misses: self.misses,
+            bytes_read: self.bytes_read,
+            prefetched_hits: self.prefetched_hits,
+        }
+    }
+}
+
 /// The routing part of one call, already decoded from the wire.
 #[derive(Debug, Clone, Copy)]
 pub struct CallSpec<'a> {

@@ -25,6 +25,16 @@ fn client(socket: &Path, ring: bool) -> ExpertdClient {
     ExpertdClient::connect(opts, None).expect("connect")
 }
 
+/// A daemon on the `tiny` fixture's container, whole container cached; keep the temp dir alive.
+fn tiny_daemon() -> (tempfile::TempDir, Daemon, std::path::PathBuf) {
+    let work = tempfile::tempdir().expect("tempdir");
+    let container = work.path().join("container");
+    prepare_container(&model_dir("tiny"), &container);
+    let d = Daemon::unix(&container, container_bytes(&container), &[]);
+    let socket = d.socket.clone().expect("socket");
+    (work, d, socket)
+}
+
 fn bits(v: &[f32]) -> Vec<u32> {
     v.iter().map(|x| x.to_bits()).collect()
 }
@@ -97,11 +107,7 @@ fn prefetch_hints_read_ahead_and_change_no_result() {
 
 #[test]
 fn a_unix_client_uses_the_ring_by_default_and_both_paths_agree() {
-    let work = tempfile::tempdir().expect("tempdir");
-    let container = work.path().join("container");
-    prepare_container(&model_dir("tiny"), &container);
-    let d = Daemon::unix(&container, container_bytes(&container), &[]);
-    let socket = d.socket.clone().expect("socket");
+    let (_work, _daemon, socket) = tiny_daemon();
     let with_ring = client(&socket, true);
     let without = client(&socket, false);
     assert_eq!(with_ring.daemon_info().expect("info").ring_entries, 3);
@@ -128,11 +134,7 @@ fn a_unix_client_uses_the_ring_by_default_and_both_paths_agree() {
 
 #[test]
 fn malformed_ring_entries_fail_that_call_and_the_worker_keeps_serving() {
-    let work = tempfile::tempdir().expect("tempdir");
-    let container = work.path().join("container");
-    prepare_container(&model_dir("tiny"), &container);
-    let d = Daemon::unix(&container, container_bytes(&container), &[]);
-    let socket = d.socket.clone().expect("socket");
+    let (_work, _daemon, socket) = tiny_daemon();
     // A hand-driven client: its own segment (2 slots of 4 rows, ring cells 8), handshake, then
     // entries written directly.
     let layout = SlotLayout::new(2, 4, HIDDEN_TINY).and_then(|l| l.with_ring(8)).expect("layout");

@@ -200,15 +200,7 @@ impl Worker {
                 self.segment.write_f32s(output, &self.out);
                 // The route trace (when recording) is written here, after the call.
                 let _ = engine.cache().flush_trace();
-                Ok(CallCounters {
-                    queue_ns,
-                    io_wait_ns: cost.io_wait_ns,
-                    compute_ns: cost.compute_ns,
-                    hits: cost.hits,
-                    misses: cost.misses,
-                    bytes_read: cost.bytes_read,
-                    prefetched_hits: cost.prefetched_hits,
-                })
+                Ok(cost.counters(queue_ns))
             }
             op => Err(RpcError::BadRequest(format!(
                 "unknown ring op {op} (expected {} = moe, {} = echo or {} = prefetch)",

@@ -335,15 +335,7 @@ impl ExpertdService {
             Ok::<_, RpcError>((cost, wire))
         });
         let (cost, wire) = job.await.map_err(|e| RpcError::Internal(format!("the call's compute task failed: {e}")))??;
-        let counters = CallCounters {
-            queue_ns,
-            io_wait_ns: cost.io_wait_ns,
-            compute_ns: cost.compute_ns,
-            hits: cost.hits,
-            misses: cost.misses,
-            bytes_read: cost.bytes_read,
-            prefetched_hits: cost.prefetched_hits,
-        };
+        let counters = cost.counters(queue_ns);
         let resp = pb::MoeLayerResponse {
             output: Some(wire),
             queue_ns,
