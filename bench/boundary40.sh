@@ -10,6 +10,7 @@
 #   3. hostd bench --cold, cache = 10% of the expert bytes: the old design vs the ring vs the
 #      ring with prefetch hints (page cache dropped before every run, O_DIRECT, physical reads).
 # Needs root (drop_caches). Writes $OUT/{meta.txt,rtt.jsonl,resident.json,streaming.json}.
+# PARTS (default "1 2 3") picks the parts to run.
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 REPO=$(cd "$HERE/.." && pwd)
@@ -22,6 +23,8 @@ PROMPT=${PROMPT_TOKENS:-64}
 NEW=${NEW_TOKENS:-32}
 COLD_NEW=${COLD_NEW_TOKENS:-16}
 OUT=${OUT:-$REPO/docs/results/boundary40}
+PARTS=${PARTS:-1 2 3}
+part() { [[ " $PARTS " == *" $1 "* ]]; }
 BIN=${BENCH_BIN:-/tmp/sluice-bench-bin}
 mkdir -p "$OUT" "$BIN"
 TARGET=${CARGO_TARGET_DIR:-$REPO/target}
@@ -41,6 +44,7 @@ cd "$REPO"
 } > "$OUT/meta.txt"
 cat "$MODEL"/*.safetensors "$CONTAINER/experts.sluice" > /dev/null
 
+if part 1; then
 echo "== 1. per-call round trip"
 SOCK=$(mktemp -d)/expertd.sock
 "$BIN/expertd" serve --container "$CONTAINER" --socket "$SOCK" --cache-bytes "$CBYTES" 2> "$OUT/rtt-expertd.log" &
@@ -55,19 +59,24 @@ for cell in "--op echo" "--op moe --top-k 8" "--op moe --top-k 8 --no-ring" "--o
   done
 done
 kill $DPID; wait $DPID 2>/dev/null || true; trap - EXIT
+fi
 
+if part 2; then
 echo "== 2. resident (warm, full cache)"
 "$BIN/hostd" bench --model "$MODEL" --threads "$THREADS" --runs "$RUNS" --prompt-tokens "$PROMPT" --new-tokens "$NEW" \
   --config "int8: --dense int8 --experts int8 --container $CONTAINER" \
   --config "expertd-ring: --dense int8 --experts expertd --container $CONTAINER --expertd-cache-bytes $CBYTES" \
   --config "expertd-old: --dense int8 --experts expertd --container $CONTAINER --expertd-cache-bytes $CBYTES --expertd-no-ring --expertd-daemon-arg=--no-overlap" \
   --json "$OUT/resident.json"
+fi
 
+if part 3; then
 echo "== 3. streaming, cache = 10% of the expert bytes, cold"
 "$BIN/hostd" bench --model "$MODEL" --threads "$THREADS" --runs "$RUNS" --prompt-tokens "$PROMPT" --new-tokens "$COLD_NEW" --cold \
   --config "stream-old: --dense int8 --experts expertd --container $CONTAINER --expertd-cache-bytes $TENTH --expertd-no-ring --expertd-daemon-arg=--no-overlap" \
   --config "stream-ring: --dense int8 --experts expertd --container $CONTAINER --expertd-cache-bytes $TENTH" \
   --config "stream-ring-prefetch: --dense int8 --experts expertd --container $CONTAINER --expertd-cache-bytes $TENTH --expertd-prefetch" \
   --json "$OUT/streaming.json"
+fi
 echo "loadavg at end: $(cat /proc/loadavg)" >> "$OUT/meta.txt"
 echo "done: $OUT"

@@ -343,9 +343,9 @@ pub struct ServeArgs {
     /// Compute threads (0: one per core).
     #[arg(long, env = "EXPERTD_THREADS", default_value_t = 0)]
     pub threads: usize,
-    /// Speculative bytes read per client session and step (token) on prefetch hints; 0: four
-    /// blobs per layer (4 × layers × blob size), shared across the layers. Hints come only from
-    /// clients run with `--expertd-prefetch`.
+    /// Speculative bytes read per client session and step (token) on prefetch hints; 0: eight
+    /// blobs per layer (8 × layers × blob size: one top-8 token's worth), shared across the
+    /// layers. Hints come only from clients run with `--expertd-prefetch`.
     #[arg(long, env = "EXPERTD_PREFETCH_CAP_BYTES", default_value_t = 0)]
     pub prefetch_cap_bytes: u64,
     /// Ignore prefetch hints (no speculative reads).

@@ -26,6 +26,8 @@ use std::time::{Duration, Instant};
 pub const PREFETCH_SESSION: SessionId = SessionId(u64::MAX);
 /// Hints queued at most; more are dropped.
 const QUEUE: usize = 4;
+/// Speculative reads submitted together (each batch waits for demand reads to finish first).
+const BATCH: usize = 4;
 /// Longest a speculative read waits for demand reads to finish before it is skipped.
 const DEMAND_WAIT_LIMIT: Duration = Duration::from_millis(50);
 /// Most keys remembered as "read speculatively, not used yet" (older ones count as wasted).
@@ -144,62 +146,77 @@ fn run(rx: Receiver<Hint>, engine: Weak<Engine>, p: Weak<Prefetcher>) {
             *budget = (hint.step, 0);
         }
         let stride = engine.header().layout.blob.stride as u64;
+        let c = &p.counters;
+        let mut wanted = Vec::with_capacity(hint.experts.len());
         for &e in &hint.experts {
             let key = ExpertKey::new(hint.layer, e);
-            let c = &p.counters;
             if engine.cache().contains(key) {
                 c.already_resident.fetch_add(1, Ordering::Relaxed);
-                continue;
-            }
-            if budget.1 + stride > p.cap_bytes_per_step {
+            } else if budget.1 + stride * (wanted.len() as u64 + 1) > p.cap_bytes_per_step {
                 c.capped.fetch_add(1, Ordering::Relaxed);
-                continue;
+            } else if !wanted.contains(&key) {
+                wanted.push(key);
             }
+        }
+        for batch in wanted.chunks(BATCH) {
             // Demand first: wait while any call reads.
             let t = Instant::now();
             while engine.demand_reads_in_flight() > 0 && t.elapsed() < DEMAND_WAIT_LIMIT {
                 std::thread::sleep(Duration::from_micros(100));
             }
             if engine.demand_reads_in_flight() > 0 {
-                c.skipped.fetch_add(1, Ordering::Relaxed);
+                c.skipped.fetch_add(batch.len() as u64, Ordering::Relaxed);
                 continue;
             }
-            // Remembered before the read: a demand call that hits the slot while it is still
+            // Remembered before the read: a demand call that hits a slot while it is still
             // being read (the common case: the read overlaps the layer's dense compute) counts.
-            p.remember(key);
-            match read_one(&engine, key, hint.step) {
-                Some(true) => {
-                    budget.1 += stride;
-                    c.reads.fetch_add(1, Ordering::Relaxed);
-                    c.bytes_read.fetch_add(stride, Ordering::Relaxed);
-                }
-                Some(false) => p.forget(key),
-                None => {
-                    p.forget(key);
-                    c.skipped.fetch_add(1, Ordering::Relaxed);
+            for &key in batch {
+                p.remember(key);
+            }
+            let read = read_batch(&engine, batch, hint.step);
+            for (&key, outcome) in batch.iter().zip(&read) {
+                match outcome {
+                    Some(true) => {
+                        budget.1 += stride;
+                        c.reads.fetch_add(1, Ordering::Relaxed);
+                        c.bytes_read.fetch_add(stride, Ordering::Relaxed);
+                    }
+                    Some(false) => p.forget(key),
+                    None => {
+                        p.forget(key);
+                        c.skipped.fetch_add(1, Ordering::Relaxed);
+                    }
                 }
             }
         }
     }
 }
 
-/// Leases `key` under the prefetch session and reads it into its slot. `Some(true)`: read;
-/// `Some(false)`: it became resident meanwhile (nothing read); `None`: no slot (only a
-/// transient buffer or nothing was available) or the read failed — skipped.
-fn read_one(engine: &Engine, key: ExpertKey, step: u64) -> Option<bool> {
-    let mut acquired = engine.cache().acquire_at(PREFETCH_SESSION, step, &[key]).ok()?;
-    let lease = acquired.leases_mut().first_mut()?;
-    if !lease.needs_fill() {
-        return Some(false);
+/// Leases `keys` (one layer, distinct) under the prefetch session and reads the misses into
+/// their slots, all submitted together. Per key: `Some(true)` read; `Some(false)` resident
+/// meanwhile (nothing read); `None` skipped — only a transient buffer or nothing was free,
+/// or the read failed.
+fn read_batch(engine: &Engine, keys: &[ExpertKey], step: u64) -> Vec<Option<bool>> {
+    let Ok(mut acquired) = engine.cache().acquire_at(PREFETCH_SESSION, step, keys) else { return vec![None; keys.len()] };
+    let mut outcome: Vec<Option<bool>> = acquired.leases().iter().map(|l| (!l.needs_fill()).then_some(false)).collect();
+    let mut mine: Vec<(usize, &mut crate::cache::Lease)> =
+        acquired.leases_mut().iter_mut().enumerate().filter(|(_, l)| l.needs_fill() && !l.is_transient()).collect();
+    let mut reqs: Vec<ReadRequest<'_>> = mine
+        .iter_mut()
+        .map(|(_, lease)| {
+            let key = lease.key();
+            ReadRequest { layer: key.layer, expert: key.expert, dst: lease.buffer_mut() }
+        })
+        .collect();
+    let results = engine.source().read_blobs(&mut reqs);
+    drop(reqs);
+    for ((i, lease), r) in mine.into_iter().zip(results) {
+        if r.is_ok() {
+            lease.mark_filled();
+            outcome[i] = Some(true);
+        }
     }
-    if lease.is_transient() {
-        return None;
-    }
-    let mut reqs = [ReadRequest { layer: key.layer, expert: key.expert, dst: lease.buffer_mut() }];
-    let ok = engine.source().read_blobs(&mut reqs).into_iter().all(|r| r.is_ok());
-    if ok {
-        lease.mark_filled();
-    }
-    // Dropping the lease leaves a filled slot resident (and unpinned), or an abandoned fill.
-    ok.then_some(true)
+    // Dropping the leases leaves filled slots resident (unpinned); unfilled ones are abandoned.
+    outcome
 }
+

@@ -74,8 +74,8 @@ pub struct ServeConfig {
     pub compute_lanes: usize,
     /// Compute threads (0: one per core).
     pub threads: usize,
-    /// Speculative (prefetch) bytes allowed per client session and step; 0: 4 × layers × blob
-    /// size, shared across the layers.
+    /// Speculative (prefetch) bytes allowed per client session and step; 0: 8 × layers × blob
+    /// size (one token's top-8 worth), shared across the layers.
     pub prefetch_cap_bytes: u64,
     /// No speculative reads at all (prefetch hints are accepted and ignored).
     pub no_prefetch: bool,
@@ -277,7 +277,7 @@ impl Prepared {
             .with_overlap(config.overlap);
         let engine = Arc::new(engine);
         if !config.no_prefetch {
-            let cap = if config.prefetch_cap_bytes > 0 { config.prefetch_cap_bytes } else { 4 * header.layout.dims.n_layers as u64 * stride };
+            let cap = if config.prefetch_cap_bytes > 0 { config.prefetch_cap_bytes } else { 8 * header.layout.dims.n_layers as u64 * stride };
             let p = crate::prefetch::Prefetcher::start(&engine, cap).map_err(|source| ServeError::Io { what: "starting the prefetch thread".into(), source })?;
             engine.set_prefetcher(p);
         }
