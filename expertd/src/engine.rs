@@ -135,7 +135,7 @@ const WAVE_WAIT_LIMIT: std::time::Duration = std::time::Duration::from_secs(30);
 /// Views a verified blob (from a lease) as the kernel's two matrices, without hashing it
 /// again: the blob was checked when it was read into the cache, and cache buffers are written
 /// only by that read.
-fn view_blob<'a>(bytes: &'a [u8], layout: &BlobLayout, key: ExpertKey) -> Result<(MatrixRef<'a>, MatrixRef<'a>), CallError> {
+fn view_blob<'a>(bytes: &'a [u8], layout: &BlobLayout, key: ExpertKey) -> Result<ExpertMatrices<'a>, CallError> {
     let misaligned = |part| CallError::Misaligned { layer: key.layer, expert: key.expert, part };
     if bytes.len() < layout.content_bytes {
         return Err(misaligned("blob length"));
@@ -156,7 +156,7 @@ fn view_blob<'a>(bytes: &'a [u8], layout: &BlobLayout, key: ExpertKey) -> Result
         scales: f32s(layout.down_scales.range(), "down scales")?,
         row_sums: i32s(layout.down_row_sums.range(), "down row sums")?,
     };
-    Ok((gate_up, down))
+    Ok(ExpertMatrices { gate_up, down })
 }
 
 impl Engine {
@@ -246,6 +246,14 @@ impl Engine {
         self.header.layout.dims.hidden
     }
 
+    /// Checks a call's row count: `1..=max_rows` (before any buffer of that size is touched).
+    pub fn check_rows(&self, layer: u32, n_rows: usize) -> Result<(), CallError> {
+        if n_rows == 0 || n_rows > self.max_rows {
+            return Err(CallError::Invalid { layer, reason: format!("n_tokens {n_rows} must be in 1..={}", self.max_rows) });
+        }
+        Ok(())
+    }
+
     /// Checks a call's routing against the container: layer and expert ranges, lengths,
     /// duplicates within a row, finite weights, the row limit. Cheap; run before queueing.
     pub fn validate(&self, spec: &CallSpec<'_>) -> Result<(), CallError> {
@@ -254,9 +262,7 @@ impl Engine {
         if spec.layer as usize >= dims.n_layers {
             return bad(format!("layer {} out of range (container has {} layers)", spec.layer, dims.n_layers));
         }
-        if spec.n_rows == 0 || spec.n_rows > self.max_rows {
-            return bad(format!("n_tokens {} must be in 1..={}", spec.n_rows, self.max_rows));
-        }
+        self.check_rows(spec.layer, spec.n_rows)?;
         shared::moe_exec::validate_routing(spec.n_rows, spec.top_k, spec.ids, spec.weights, dims.n_experts)
             .map_err(|reason| CallError::Invalid { layer: spec.layer, reason })?;
         Ok(())
@@ -374,14 +380,13 @@ impl Engine {
         // After an overlapped read the hits are done; otherwise nothing is computed yet.
         let to_compute: &[usize] = if acquired.n_misses() > 0 && self.overlap { &rest } else { wave };
         let leases = acquired.leases();
-        self.pool.install(|| exec.compute(isa, to_compute, |g, _| view_lease(&leases[position(wave, g)], &layout)))?;
+        // A wave is a run of consecutive groups, so group `g` is lease `g - wave[0]`.
+        self.pool.install(|| exec.compute(isa, to_compute, |g, _| view_lease(&leases[g - wave[0]], &layout)))?;
         cost.io_wait_ns += read_wait_ns;
         cost.compute_ns += (t_wave.elapsed().as_nanos() as u64).saturating_sub(read_wait_ns);
         Ok(cost)
     }
-}
 
-impl Engine {
     /// Reads a wave's misses (all submitted together) and marks each filled; the first error
     /// fails the wave. Counted in `demand_reads` while it runs.
     fn read_misses(&self, mut mine: Vec<&mut crate::cache::Lease>) -> Result<(), CallError> {
@@ -426,14 +431,8 @@ impl Drop for DemandReading<'_> {
     }
 }
 
-/// Where group `g` sits in `wave` (waves are short: a linear scan).
-fn position(wave: &[usize], g: usize) -> usize {
-    wave.iter().position(|&w| w == g).expect("group belongs to the wave")
-}
-
 /// A ready lease's blob as the kernel's matrices.
 fn view_lease<'a>(lease: &'a crate::cache::Lease, layout: &BlobLayout) -> Result<ExpertMatrices<'a>, CallError> {
-    let (gate_up, down) = view_blob(lease.bytes(), layout, lease.key())?;
-    Ok(ExpertMatrices { gate_up, down })
+    view_blob(lease.bytes(), layout, lease.key())
 }
 

@@ -163,9 +163,7 @@ impl Worker {
             return self.hint(entry, sub).map(|()| CallCounters::default());
         }
         let (n_rows, top_k, d) = (sub.n_rows as usize, sub.top_k as usize, engine.hidden());
-        if n_rows == 0 || n_rows > engine.max_rows() {
-            return Err(RpcError::BadRequest(format!("n_tokens {n_rows} must be in 1..={}", engine.max_rows())));
-        }
+        engine.check_rows(sub.layer, n_rows)?;
         let n_values = n_rows * d;
         let input = self.range(sub.input_offset, n_values)?;
         let output = self.range(sub.output_offset, n_values)?;
