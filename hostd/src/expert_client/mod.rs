@@ -602,7 +602,8 @@ impl ExpertBackend for ExpertdClient {
     }
 
     fn wants_prefetch(&self) -> bool {
-        self.opts.prefetch && self.daemon_info().is_some_and(|i| i.ring_entries > 0)
+        // Asked once per layer per token: look at the live session, clone nothing.
+        self.opts.prefetch && self.session.lock().unwrap_or_else(PoisonError::into_inner).as_ref().is_some_and(|s| s.info.ring_entries > 0)
     }
 
     fn prefetch(&self, layer: usize, experts: &[u32]) {
