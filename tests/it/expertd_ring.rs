@@ -35,6 +35,25 @@ fn tiny_daemon() -> (tempfile::TempDir, Daemon, std::path::PathBuf) {
     (work, d, socket)
 }
 
+/// `preset`'s container and oracle prompts in a temp dir, and the in-process INT8 backend's
+/// eval of them: the baseline every expertd path must equal byte for byte.
+struct Baseline {
+    work: tempfile::TempDir,
+    container: std::path::PathBuf,
+    prompts: std::path::PathBuf,
+    out: super::expertd::EvalOut,
+}
+
+fn int8_baseline(preset: &str) -> Baseline {
+    let work = tempfile::tempdir().expect("tempdir");
+    let container = work.path().join("container");
+    prepare_container(&model_dir(preset), &container);
+    let prompts = prompts_file(preset, work.path(), 1);
+    let c = container.to_str().expect("utf-8");
+    let out = eval(preset, &prompts, work.path(), "int8", &["--experts", "int8", "--container", c]);
+    Baseline { work, container, prompts, out }
+}
+
 fn bits(v: &[f32]) -> Vec<u32> {
     v.iter().map(|x| x.to_bits()).collect()
 }
@@ -42,12 +61,7 @@ fn bits(v: &[f32]) -> Vec<u32> {
 #[test]
 fn ring_rpc_and_in_process_give_byte_equal_logits_at_tiny_and_full_budgets() {
     for preset in ["tiny", "small"] {
-        let work = tempfile::tempdir().expect("tempdir");
-        let container = work.path().join("container");
-        prepare_container(&model_dir(preset), &container);
-        let prompts = prompts_file(preset, work.path(), 1);
-        let c = container.to_str().expect("utf-8");
-        let baseline = eval(preset, &prompts, work.path(), "int8", &["--experts", "int8", "--container", c]);
+        let Baseline { work, container, prompts, out: baseline } = int8_baseline(preset);
         for (tag, budget) in [("tiny budget", 2 * blob_stride(&container)), ("full budget", container_bytes(&container))] {
             let d = Daemon::unix(&container, budget, &[]);
             let ring = eval(preset, &prompts, work.path(), "ring", &["--expertd", &d.uri()]);
@@ -71,12 +85,7 @@ fn ring_rpc_and_in_process_give_byte_equal_logits_at_tiny_and_full_budgets() {
 #[test]
 fn prefetch_hints_read_ahead_and_change_no_result() {
     let preset = "small";
-    let work = tempfile::tempdir().expect("tempdir");
-    let container = work.path().join("container");
-    prepare_container(&model_dir(preset), &container);
-    let prompts = prompts_file(preset, work.path(), 1);
-    let c = container.to_str().expect("utf-8");
-    let baseline = eval(preset, &prompts, work.path(), "int8", &["--experts", "int8", "--container", c]);
+    let Baseline { work, container, prompts, out: baseline } = int8_baseline(preset);
     // A quarter of the container: predictions of experts that are not resident get read.
     let d = Daemon::unix(&container, container_bytes(&container) / 4, &[]);
     let with = eval(preset, &prompts, work.path(), "prefetch", &["--expertd", &d.uri(), "--expertd-prefetch"]);

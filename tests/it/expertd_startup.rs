@@ -5,10 +5,10 @@
 //! a budget above what the container holds is clamped to it, and a big arena is not committed
 //! at start (VmRSS well below it).
 
+use super::expertd::{container_bytes, raw_unix, rt};
 use expertd::server::{Prepared, ServeConfig};
 use hostd::expert_client::{ClientOptions, Endpoint, ExpertdClient};
 use hostd::experts::{ExpertBackend, MoeCall};
-use proto::v1::expert_service_client::ExpertServiceClient;
 use proto::v1::{self as pb};
 use shared::container::ContainerFile;
 use std::io::Read;
@@ -94,10 +94,6 @@ fn tiny_container(dir: &Path) -> PathBuf {
     container
 }
 
-fn container_file_bytes(container: &Path) -> u64 {
-    std::fs::metadata(container.join(shared::container::CONTAINER_FILE)).expect("container file").len()
-}
-
 /// A client for `tiny` at `socket` that waits `connect_timeout` for the first connection.
 fn connect_tiny(socket: &Path, connect_timeout: Duration) -> Result<ExpertdClient, hostd::expert_client::ExpertClientError> {
     let mut opts = ClientOptions::new(Endpoint::Unix(socket.to_path_buf()), 4, 8, HIDDEN_TINY);
@@ -114,23 +110,6 @@ fn tiny_call(client: &ExpertdClient) {
     let mut out = vec![0.0f32; 2 * HIDDEN_TINY];
     client.moe_layer(&call, &mut out).expect("a call on the new session");
     assert!(out.iter().all(|v| v.is_finite()) && out.iter().any(|&v| v != 0.0));
-}
-
-fn rt() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime")
-}
-
-/// A plain gRPC client (no shared-memory pre-handshake) on the daemon's unix socket.
-async fn raw_unix(socket: &Path) -> ExpertServiceClient<tonic::transport::Channel> {
-    let socket = socket.to_path_buf();
-    let channel = tonic::transport::Endpoint::from_static("http://expertd.test")
-        .connect_with_connector(tower::service_fn(move |_| {
-            let socket = socket.clone();
-            async move { Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(tokio::net::UnixStream::connect(socket).await?)) }
-        }))
-        .await
-        .expect("connect");
-    ExpertServiceClient::new(channel)
 }
 
 /// The daemon's `Stats`, answered within 2 s.
@@ -158,7 +137,7 @@ fn the_socket_appears_only_once_the_daemon_can_serve_and_an_early_client_waits()
     assert!(Command::new("mkfifo").arg(&fifo).status().expect("mkfifo").success());
     let socket = run.join("expertd.sock");
     // Opening the route trace (a FIFO with no reader yet) holds the daemon inside its start-up.
-    let mut daemon = Serve::spawn(&container, &socket, container_file_bytes(&container), &["--route-trace", fifo.to_str().expect("utf-8")]);
+    let mut daemon = Serve::spawn(&container, &socket, container_bytes(&container), &["--route-trace", fifo.to_str().expect("utf-8")]);
     std::thread::scope(|s| {
         let early = s.spawn(|| connect_tiny(&socket, Duration::from_secs(60)));
         std::thread::sleep(Duration::from_millis(800));
@@ -208,7 +187,7 @@ fn a_first_connect_waits_for_a_daemon_started_a_second_later() {
         let client = s.spawn(|| connect_tiny(&socket, Duration::from_secs(60)));
         std::thread::sleep(Duration::from_secs(1));
         assert!(!client.is_finished(), "the client waits instead of failing");
-        let daemon = Serve::spawn(&container, &socket, container_file_bytes(&container), &[]);
+        let daemon = Serve::spawn(&container, &socket, container_bytes(&container), &[]);
         let client = client.join().expect("join").unwrap_or_else(|e| panic!("connect: {e}\n{}", daemon.log_text()));
         tiny_call(&client);
         drop(client);
@@ -247,7 +226,7 @@ fn a_budget_above_the_container_is_clamped_and_a_big_arena_is_not_committed_at_s
     let stride = header.layout.blob.stride as u64;
     let n_blobs = header.layout.dims.n_blobs() as u64;
     let holds = n_blobs * stride;
-    let budget = 4 * container_file_bytes(&container);
+    let budget = 4 * container_bytes(&container);
     assert!(budget > holds);
 
     // In process: the cache holds one slot per expert, and its configuration says so.
