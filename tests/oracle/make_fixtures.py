@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Generate the random-weight Qwen3.5/3.6-MoE checkpoints and their transformers reference outputs.
 
-Authority: spec/qwen36-moe-architecture.md (tensor names, shapes, dtypes, config nesting, math).
+Authority: docs/model.md (§2 config nesting, §3 tensor names, shapes and dtypes, §4 math).
 
   python3 tests/oracle/make_fixtures.py [--preset NAME ...]
 
@@ -43,7 +43,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 import build_tokenizer as bt  # noqa: E402  (written by the tokenizer helper; the truncated vocabulary)
-from spec_reference import SpecModel  # noqa: E402  (independent float64 forward written from the spec)
+from spec_reference import SpecModel  # noqa: E402  (independent float64 forward written from docs/model.md §4)
 import train_fixture as tf  # noqa: E402  (the trained preset: corpus, held-out prompts, training loop)
 
 REPO = os.path.dirname(os.path.dirname(HERE))
@@ -79,7 +79,7 @@ PRESETS = {
         seed=2, ranks=700, vocab_size=736,
         hidden=80, layers=5, layer_types=[L_ATTN, F_ATTN, L_ATTN, L_ATTN, F_ATTN], interval=4,
         # NOTE: full_attention_interval=4 would give [L,L,L,F,L]; the explicit layer_types list is
-        # authoritative (spec §2.1) and disagrees on purpose.
+        # authoritative (docs/model.md §2.1) and disagrees on purpose.
         nq=6, nkv=2, head_dim=16,                                    # GQA 3:1, rotary dims 4
         mrope_section=[1, 1, 0],
         lin_k_heads=3, lin_v_heads=6, lin_k_dim=16, lin_v_dim=24,   # nv/nk = 2, dk != dv
@@ -149,7 +149,7 @@ def log(msg: str) -> None:
 # Tokenizer side
 # ---------------------------------------------------------------------------------------------------------------
 def render_chat(messages, enable_thinking: bool = True) -> str:
-    """ChatML rendering per spec §7.3 (past assistant turns before the last user query keep only the answer)."""
+    """ChatML rendering per docs/model.md §7.3 (past assistant turns before the last user query keep only the answer)."""
     out = "".join(f"<|im_start|>{role}\n{content}<|im_end|>\n" for role, content in messages)
     out += "<|im_start|>assistant\n<think>\n" if enable_thinking else "<|im_start|>assistant\n<think>\n\n</think>\n\n"
     return out
@@ -294,7 +294,7 @@ def tokenizer_config(sids) -> dict:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Weights (spec §3).  Values: numpy PCG64 with a per-tensor seed derived from (preset seed, tensor name),
+# Weights (docs/model.md §3).  Values: numpy PCG64 with a per-tensor seed derived from (preset seed, tensor name),
 # rounded to bf16 (round-to-nearest-even).  A_log and linear_attn.norm.weight are F32 in the file and keep
 # full f32 precision (so a loader that rounds them to bf16 does not match the fp32 reference).
 # ---------------------------------------------------------------------------------------------------------------
@@ -667,7 +667,7 @@ def _push_margin(W0, gap_fn, target, what):
 
 
 def tune_margins(model, tap, prompts, k, log_prefix):
-    """Make routing and greedy decisions robust (spec §8: routing is discontinuous).
+    """Make routing and greedy decisions robust (docs/model.md §8: routing is discontinuous).
 
     Iterate to a fixed point: compute the greedy continuations; layer by layer (a router only changes what
     later layers see), nudge the router weights so that on every token of every prompt + continuation the
@@ -867,7 +867,7 @@ def build_preset(name: str) -> dict:
         log(f"[{name}] {pname}: T={T} greedy={r['greedy_ids']} cache_diff={diff:.2e} "
             f"router_gap={r['router_min_gap']:.2e} greedy_gap={r['greedy_min_gap']:.3f}")
 
-    # --- independent implementation of the spec (float64 = exact math, float32 = what a plain fp32 engine
+    # --- independent implementation of docs/model.md §4 (float64 = exact math, float32 = what a plain fp32 engine
     #     computes) agrees: logits within SPEC_TOL and every routing / greedy decision identical ----------------
     spec_diff = {}
     for dt in (np.float64, np.float32):

