@@ -4,7 +4,7 @@ use clap::{Parser, Subcommand};
 
 /// sluice expert daemon: builds, checks and serves the INT8 expert container.
 #[derive(Parser)]
-#[command(name = "expertd", version, about)]
+#[command(name = "expertd", version)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -25,6 +25,9 @@ enum Command {
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     expertd::cli::init_tracing_with_default(if matches!(cli.command, Command::Serve(_)) { "info" } else { "warn" });
+    if cfg!(debug_assertions) && matches!(cli.command, Command::Serve(_) | Command::Prepare(_)) {
+        tracing::warn!("this expertd is a debug build: its kernels run several times slower than in the release build (scripts/build, then target/release/expertd)");
+    }
     let result = match cli.command {
         Command::Prepare(args) => expertd::cli::prepare(&args).map(|()| true),
         Command::Verify(args) => expertd::cli::verify(&args),
@@ -35,8 +38,8 @@ fn main() -> std::process::ExitCode {
         Ok(true) => std::process::ExitCode::SUCCESS,
         Ok(false) => std::process::ExitCode::FAILURE,
         Err(e) => {
-            // `{:#}` prints the whole context chain on one line: what failed, then why.
-            eprintln!("error: {e:#}");
+            // The whole context chain on one line (what failed, then why), each cause once.
+            eprintln!("error: {}", shared::error_text::chain(e.as_ref()));
             std::process::ExitCode::FAILURE
         }
     }

@@ -2,9 +2,10 @@
 
 use clap::{Parser, Subcommand};
 
-/// sluice host process: model inspection, tokenizer tools (and, later, generation and serving).
+/// sluice host process: runs Qwen3.6 MoE checkpoints (generate, serve the OpenAI API, benchmark),
+/// with routed experts in process or from an expertd.
 #[derive(Parser)]
-#[command(name = "hostd", version, about)]
+#[command(name = "hostd", version)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -35,7 +36,11 @@ enum Command {
 
 fn main() -> std::process::ExitCode {
     hostd::cli::init_tracing();
-    let result = match Cli::parse().command {
+    let command = Cli::parse().command;
+    if cfg!(debug_assertions) && matches!(command, Command::Run(_) | Command::Serve(_) | Command::Bench(_) | Command::Profile(_)) {
+        tracing::warn!("this hostd is a debug build: the model runs several times slower than in the release build (scripts/build, then target/release/hostd)");
+    }
+    let result = match command {
         Command::Inspect(args) => hostd::cli::inspect::run(&args),
         Command::Tokenize(args) => hostd::cli::tokenize::run(&args),
         Command::Run(args) => hostd::cli::run::run(&args),
@@ -49,8 +54,8 @@ fn main() -> std::process::ExitCode {
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
-            // `{:#}` prints the whole context chain on one line: what failed, then why.
-            eprintln!("error: {e:#}");
+            // The whole context chain on one line (what failed, then why), each cause once.
+            eprintln!("error: {}", shared::error_text::chain(e.as_ref()));
             std::process::ExitCode::FAILURE
         }
     }

@@ -1,6 +1,6 @@
 //! Qwen3.6 text tokenizer: a thin wrapper over Hugging Face `tokenizers` plus a byte-exact incremental decoder.
 //!
-//! The model's `tokenizer.json` (spec §7.2: NFC normaliser, regex split + ByteLevel pre-tokenizer, byte-level BPE
+//! The model's `tokenizer.json` (docs/model.md §7.2: NFC normaliser, regex split + ByteLevel pre-tokenizer, byte-level BPE
 //! with `ignore_merges`, 33 added special tokens) does all the encoding work. On top of it this module adds
 //! typed errors naming the file or id that failed, looks up the chat-control tokens by their text, and
 //! provides [`IncrementalDecoder`], which turns a stream of generated ids into text without ever splitting a
@@ -27,6 +27,14 @@ pub const THINK_END: &str = "</think>";
 /// Errors from loading a tokenizer or converting between text and ids.
 #[derive(Debug, thiserror::Error)]
 pub enum TokenizerError {
+    /// The model directory itself is missing or not a directory.
+    #[error("model directory {dir}: {message}")]
+    ModelDir {
+        /// The directory given as the model.
+        dir: PathBuf,
+        /// Why it is unusable (does not exist, not a directory).
+        message: String,
+    },
     /// The `tokenizer.json` could not be read or parsed.
     #[error("cannot load tokenizer {path}: {error}")]
     Load {
@@ -154,7 +162,14 @@ impl Tokenizer {
 
     /// Load `DIR/tokenizer.json` from a model directory.
     pub fn from_model_dir(dir: impl AsRef<Path>) -> Result<Self> {
-        Self::from_file(dir.as_ref().join("tokenizer.json"))
+        let dir = dir.as_ref();
+        // Say so when the directory itself is wrong, not that its tokenizer.json is missing.
+        match std::fs::metadata(dir) {
+            Ok(m) if m.is_dir() => {}
+            Ok(_) => return Err(TokenizerError::ModelDir { dir: dir.to_path_buf(), message: "not a directory".into() }),
+            Err(e) => return Err(TokenizerError::ModelDir { dir: dir.to_path_buf(), message: e.to_string() }),
+        }
+        Self::from_file(dir.join("tokenizer.json"))
     }
 
     /// The file this tokenizer was loaded from.

@@ -67,6 +67,14 @@ pub struct Checkpoint {
 /// Why a model directory cannot be loaded.
 #[derive(Debug, thiserror::Error)]
 pub enum CheckpointError {
+    /// The model directory is missing or not a directory.
+    #[error("{dir}: {message}")]
+    Directory {
+        /// The directory given.
+        dir: PathBuf,
+        /// Why it is unusable.
+        message: String,
+    },
     /// A file could not be opened or read.
     #[error("{path}: {message}")]
     Io {
@@ -181,6 +189,12 @@ fn io_err(path: &Path, e: std::io::Error) -> CheckpointError {
 
 /// Reads and validates `dir/config.json`.
 pub fn read_config(dir: &Path) -> Result<ModelConfig, CheckpointError> {
+    // A wrong directory is named as such, not as a missing config.json inside it.
+    match std::fs::metadata(dir) {
+        Ok(m) if m.is_dir() => {}
+        Ok(_) => return Err(CheckpointError::Directory { dir: dir.to_path_buf(), message: "not a directory".into() }),
+        Err(e) => return Err(CheckpointError::Directory { dir: dir.to_path_buf(), message: e.to_string() }),
+    }
     let path = dir.join(CONFIG_FILE);
     let text = std::fs::read_to_string(&path).map_err(|e| io_err(&path, e))?;
     parse_config(&text).map_err(|source| CheckpointError::Config { path, source })

@@ -8,6 +8,7 @@
 pub mod checkpoint;
 pub mod config;
 pub mod container;
+pub mod error_text;
 pub mod kernels;
 pub mod moe_combine;
 pub mod moe_exec;

@@ -80,7 +80,7 @@ pub enum ExpertClientError {
     },
     /// The connection broke during the call (daemon exited or restarted); the next call
     /// reconnects.
-    #[error("expertd at {endpoint} went away during the call ({message}); the call failed and hostd reconnects on the next one")]
+    #[error("expertd at {endpoint} went away during the call ({message})")]
     ConnectionLost {
         /// The daemon's address.
         endpoint: String,
