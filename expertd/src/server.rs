@@ -229,6 +229,8 @@ struct Banner {
     header: shared::container::Header,
     isa: Int8Isa,
     io: String,
+    io_kind: crate::io::IoKind,
+    o_direct: bool,
     budget_bytes: u64,
     slots: u64,
     transient_slots: u32,
@@ -260,6 +262,14 @@ impl Prepared {
                 stride
             );
         }
+        if budget_bytes < stride {
+            return Err(ServeError::Config(format!(
+                "--cache-bytes {} holds no expert: one expert blob is {stride} bytes (the container holds {} of them, {} bytes); give at least {stride}, or the container's size to keep every expert resident",
+                config.cache_bytes,
+                dims.n_blobs(),
+                dims.n_blobs() as u64 * stride
+            )));
+        }
         let cache_config = CacheConfig { budget_bytes, policy: config.policy, transient_slots };
         let cache = ExpertCache::new(cache_config, header.layout.blob.stride)?;
         if let Some(path) = &config.route_trace {
@@ -285,7 +295,8 @@ impl Prepared {
             tracing::warn!("{reason}");
         }
         let io = info.to_string();
-        let banner = Banner { dir, header, isa, io, budget_bytes, slots, transient_slots, lanes };
+        tracing::debug!(features = %info.features.join(","), "io_uring");
+        let banner = Banner { dir, header, isa, io, io_kind: info.kind, o_direct: info.o_direct, budget_bytes, slots, transient_slots, lanes };
         let service_config = ServiceConfig {
             max_queued_calls_per_session: config.max_queued_calls_per_session,
             max_message_bytes: MAX_MESSAGE_BYTES as u64,
@@ -313,23 +324,32 @@ impl Prepared {
             return Err(ServeError::TcpWithoutToken);
         }
         let dims = b.header.layout.dims;
+        let container_bytes = dims.n_blobs() as u64 * b.header.layout.blob.stride as u64;
         tracing::info!(
             container = %b.dir,
             fingerprint = format_args!("{:#018x}", b.header.fingerprint()),
-            identity = %b.header.identity,
             n_layers = dims.n_layers,
             n_experts = dims.n_experts,
             hidden = dims.hidden,
-            isa = b.isa.name(),
-            io = %b.io,
-            budget_bytes = b.budget_bytes,
-            slots = b.slots,
-            transient_slots = b.transient_slots,
-            blob_bytes = b.header.layout.blob.stride,
-            lanes = b.lanes,
-            transport = if tcp { "tcp" } else { "unix" },
             "expertd serving"
         );
+        tracing::info!(
+            cache = %shared::sizes::cache_budget_summary(b.budget_bytes, container_bytes),
+            budget_bytes = b.budget_bytes,
+            container_bytes,
+            slots = b.slots,
+            transient_slots = b.transient_slots,
+            "expert cache"
+        );
+        tracing::info!(
+            isa = b.isa.name(),
+            io = %b.io_kind,
+            o_direct = b.o_direct,
+            lanes = b.lanes,
+            transport = if tcp { "tcp" } else { "unix" },
+            "compute and IO"
+        );
+        tracing::debug!(identity = %b.header.identity, blob_bytes = b.header.layout.blob.stride, io = %b.io, "container details");
         let (health, health_service) = tonic_health::server::health_reporter();
         health.set_serving::<ExpertServiceServer<ExpertdService>>().await;
         let service = ExpertServiceServer::new(ExpertdService::new(Arc::clone(&state)))

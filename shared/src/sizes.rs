@@ -95,7 +95,7 @@ impl ModelSizes {
 mod tests {
     use super::*;
 
-    /// The numbers spec §5–§6 derives for Qwen3.6-35B-A3B, from its config without any weights.
+    /// The numbers docs/model.md §5–§6 derives for Qwen3.6-35B-A3B, from its config without any weights.
     #[test]
     fn real_config_matches_the_spec() {
         let json = include_str!("../../tests/fixtures/configs/qwen3.6-35b-a3b.config.json");
@@ -114,5 +114,57 @@ mod tests {
         assert_eq!(s.runtime_linear_state_bytes_per_sequence, 62_914_560 + 2 * 1_474_560);
         // dense minus one embedding table plus one row, plus 40 layers × 8 experts × 6 MiB.
         assert_eq!(s.decode_bytes_per_token, 4_896_721_536 - 1_017_118_720 + 4096 + 320 * (6 << 20));
+    }
+}
+
+/// What an expert-cache budget means for a container of `container_bytes`, in words: every
+/// expert resident, or streaming with a share of them cached. expertd logs it at start and
+/// hostd prints it for its private daemon.
+pub fn cache_budget_summary(budget_bytes: u64, container_bytes: u64) -> String {
+    if budget_bytes >= container_bytes {
+        format!(
+            "resident: the {} cache holds the whole {} container (each expert is read from disk once)",
+            human_bytes(budget_bytes),
+            human_bytes(container_bytes)
+        )
+    } else {
+        format!(
+            "streaming: the {} cache holds {:.0}% of the {} container; the other experts are read from disk when routed",
+            human_bytes(budget_bytes),
+            100.0 * budget_bytes as f64 / container_bytes.max(1) as f64,
+            human_bytes(container_bytes)
+        )
+    }
+}
+
+/// `bytes` in the largest binary unit that keeps a leading digit: `512 B`, `8.0 KiB`, `3.81 GiB`.
+pub fn human_bytes(bytes: u64) -> String {
+    const UNITS: [(&str, u64); 3] = [("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)];
+    for (name, size) in UNITS {
+        if bytes >= size {
+            let v = bytes as f64 / size as f64;
+            return if v < 10.0 { format!("{v:.2} {name}") } else { format!("{v:.1} {name}") };
+        }
+    }
+    format!("{bytes} B")
+}
+
+#[cfg(test)]
+mod budget_tests {
+    use super::cache_budget_summary;
+
+    #[test]
+    fn a_budget_says_whether_the_container_fits() {
+        let s = cache_budget_summary(10 << 30, 4 << 30);
+        assert!(s.starts_with("resident: the 10.0 GiB cache holds the whole 4.00 GiB container"), "{s}");
+        let s = cache_budget_summary(100_000, 262_144);
+        assert!(s.starts_with("streaming: the 97.7 KiB cache holds 38% of the 256.0 KiB container"), "{s}");
+    }
+
+    #[test]
+    fn byte_counts_read_in_the_largest_unit() {
+        assert_eq!(super::human_bytes(512), "512 B");
+        assert_eq!(super::human_bytes(8192), "8.00 KiB");
+        assert_eq!(super::human_bytes(3 << 30), "3.00 GiB");
     }
 }
