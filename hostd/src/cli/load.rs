@@ -62,7 +62,8 @@ pub struct ExpertdArgs {
     /// default: the header of `--container DIR` when given).
     #[arg(long = "expertd-fingerprint", env = "SLUICE_EXPERTD_FINGERPRINT")]
     pub expertd_fingerprint: Option<String>,
-    /// Cache budget in bytes of the private expertd (default: the container's size, at most 4 GiB).
+    /// Cache budget in bytes of the private expertd (default: the whole container if it fits in
+    /// free memory beside the dense weights and 1 GiB headroom, else what is left; printed at start).
     #[arg(long = "expertd-cache-bytes", env = "SLUICE_EXPERTD_CACHE_BYTES")]
     pub expertd_cache_bytes: Option<u64>,
     /// Send activations inline even over a unix socket (no shared memory).
@@ -130,6 +131,7 @@ fn expertd_backend(args: &LoadArgs, mapped: &MappedCheckpoint) -> anyhow::Result
                 model: args.model.clone(),
                 container: dir.clone(),
                 cache_bytes: e.expertd_cache_bytes,
+                host_bytes: shared::sizes::ModelSizes::from_config(cfg).dense_bytes_bf16,
                 threads: args.threads,
                 extra_args: e.expertd_daemon_args.clone(),
             };

@@ -6,6 +6,7 @@
 
 use super::error::ExpertClientError;
 use super::transport::Endpoint;
+use shared::sizes::human_bytes;
 use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, Stdio};
@@ -15,8 +16,12 @@ use std::time::{Duration, Instant};
 pub const EXPERTD_BIN_ENV: &str = "SLUICE_EXPERTD_BIN";
 /// How long the child may take to create its socket.
 pub const START_TIMEOUT: Duration = Duration::from_secs(60);
-/// Largest default cache budget of a private daemon, in bytes.
-pub const DEFAULT_MAX_CACHE_BYTES: u64 = 4 << 30;
+/// Memory left free for everything else on the machine when a private daemon's cache is sized
+/// from free memory (beyond what hostd itself will hold).
+pub const DEFAULT_HEADROOM_BYTES: u64 = 1 << 30;
+/// Smallest default cache budget (or the container, if smaller): room for a few layers' experts
+/// even when free memory is short.
+pub const MIN_DEFAULT_CACHE_BYTES: u64 = 256 << 20;
 
 /// Process ids of the private daemons alive in this process (for `hostd profile`'s memory and
 /// IO figures, which cannot reach the client behind the model).
@@ -34,8 +39,11 @@ pub struct PrivateOptions {
     pub model: PathBuf,
     /// The container directory.
     pub container: PathBuf,
-    /// The cache budget (default: the container's size, at most [`DEFAULT_MAX_CACHE_BYTES`]).
+    /// The cache budget (default: [`default_cache_budget`] from free memory).
     pub cache_bytes: Option<u64>,
+    /// Bytes hostd itself will still allocate after the daemon starts (its dense weights), kept
+    /// out of the default budget.
+    pub host_bytes: u64,
     /// The daemon's compute threads (default: one per core).
     pub threads: Option<usize>,
     /// More `expertd serve` flags, passed verbatim (e.g. `--no-overlap` for A/B runs).
@@ -101,7 +109,12 @@ impl PrivateDaemon {
             PrivateDaemon::prepare(&bin, &opts.model, &opts.container)?;
         }
         let len = std::fs::metadata(&file).map_err(|e| err(format!("{}: {e}", file.display())))?.len();
-        let budget = opts.cache_bytes.unwrap_or(len.min(DEFAULT_MAX_CACHE_BYTES));
+        let (budget, why) = match opts.cache_bytes {
+            Some(b) => (b, "set by --expertd-cache-bytes".to_string()),
+            None => default_cache_budget(len, opts.host_bytes, available_memory()),
+        };
+        // Said on stderr whatever the log level: whether the run streams decides its speed.
+        eprintln!("hostd: private expertd cache: {} ({why})", shared::sizes::cache_budget_summary(budget.min(len), len));
         let dir = tempfile::Builder::new().prefix("sluice-expertd-").tempdir().map_err(|e| err(format!("temporary directory: {e}")))?;
         let socket = dir.path().join("expertd.sock");
         let mut cmd = Command::new(&bin);
@@ -175,5 +188,86 @@ impl Drop for PrivateDaemon {
         }
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+}
+
+/// The default cache budget of a private daemon and how it was chosen: the whole container
+/// when it fits in `available` memory beside `host_bytes` and [`DEFAULT_HEADROOM_BYTES`],
+/// otherwise what is left (at least [`MIN_DEFAULT_CACHE_BYTES`]). Without a memory figure,
+/// the whole container.
+pub fn default_cache_budget(container_bytes: u64, host_bytes: u64, available: Option<u64>) -> (u64, String) {
+    let Some(available) = available else {
+        return (container_bytes, "default: the whole container; free memory unknown".into());
+    };
+    let spare = available.saturating_sub(host_bytes).saturating_sub(DEFAULT_HEADROOM_BYTES);
+    let budget = container_bytes.min(spare.max(MIN_DEFAULT_CACHE_BYTES));
+    let why = format!(
+        "default: {} available less {} for hostd's dense weights and {} headroom; --expertd-cache-bytes to choose",
+        human_bytes(available),
+        human_bytes(host_bytes),
+        human_bytes(DEFAULT_HEADROOM_BYTES)
+    );
+    (budget, why)
+}
+
+/// Memory this process may still use: `MemAvailable` from `/proc/meminfo`, lowered to the
+/// room left under each enclosing cgroup v2 `memory.max` (a container or systemd limit).
+pub fn available_memory() -> Option<u64> {
+    let meminfo = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let kib: u64 = meminfo.lines().find_map(|l| l.strip_prefix("MemAvailable:"))?.split_whitespace().next()?.parse().ok()?;
+    let mut available = kib * 1024;
+    if let Some(room) = cgroup_room() {
+        available = available.min(room);
+    }
+    Some(available)
+}
+
+/// The least `memory.max − memory.current` over this process's cgroup v2 and its ancestors
+/// (None when no limit is set or cgroup v2 is not mounted).
+fn cgroup_room() -> Option<u64> {
+    let line = std::fs::read_to_string("/proc/self/cgroup").ok()?;
+    let rel = line.lines().find_map(|l| l.strip_prefix("0::"))?.trim().trim_start_matches('/').to_string();
+    let root = Path::new("/sys/fs/cgroup");
+    let mut dir = root.join(&rel);
+    let mut room: Option<u64> = None;
+    loop {
+        let max = std::fs::read_to_string(dir.join("memory.max")).ok();
+        let current = std::fs::read_to_string(dir.join("memory.current")).ok();
+        if let (Some(max), Some(current)) = (max, current)
+            && let (Ok(max), Ok(current)) = (max.trim().parse::<u64>(), current.trim().parse::<u64>())
+        {
+            let r = max.saturating_sub(current);
+            room = Some(room.map_or(r, |x| x.min(r)));
+        }
+        if dir == root || !dir.pop() || !dir.starts_with(root) {
+            break;
+        }
+    }
+    room
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{DEFAULT_HEADROOM_BYTES, MIN_DEFAULT_CACHE_BYTES, default_cache_budget};
+
+    const GIB: u64 = 1 << 30;
+
+    #[test]
+    fn a_container_that_fits_in_free_memory_is_cached_whole() {
+        let (b, why) = default_cache_budget(10 * GIB, 5 * GIB, Some(20 * GIB));
+        assert_eq!(b, 10 * GIB, "{why}");
+    }
+
+    #[test]
+    fn a_container_larger_than_free_memory_gets_what_is_left() {
+        let (b, _) = default_cache_budget(60 * GIB, 5 * GIB, Some(20 * GIB));
+        assert_eq!(b, 20 * GIB - 5 * GIB - DEFAULT_HEADROOM_BYTES);
+    }
+
+    #[test]
+    fn short_memory_still_leaves_a_working_cache() {
+        assert_eq!(default_cache_budget(60 * GIB, 5 * GIB, Some(GIB)).0, MIN_DEFAULT_CACHE_BYTES);
+        assert_eq!(default_cache_budget(100 << 20, 5 * GIB, Some(GIB)).0, 100 << 20);
+        assert_eq!(default_cache_budget(60 * GIB, 5 * GIB, None).0, 60 * GIB);
     }
 }
