@@ -4,7 +4,9 @@
 //!
 //! Binding a non-loopback address requires an API key (`--api-key-file`); on loopback the key
 //! is optional. The first line on stdout is `hostd serve: listening on http://ADDR`, which
-//! scripts and tests read to learn the port when `--port 0` picks a free one.
+//! scripts and tests read to learn the port when `--port 0` picks a free one; a `loading` line
+//! follows at once and a `ready` line once the model can serve (or the process exits with the
+//! load error).
 
 use super::load::{LoadArgs, load_model};
 use crate::engine::{self, EngineConfig, metrics::Metrics};
@@ -18,6 +20,19 @@ use std::sync::Arc;
 
 /// How long in-flight requests may run after SIGINT/SIGTERM before the process exits.
 const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// Default completion budget of a chat request without max_tokens: the output length the
+/// Qwen3.6 model card recommends for most queries in thinking mode.
+pub const DEFAULT_MAX_TOKENS: usize = 32_768;
+
+/// The chat thinking default (`--default-thinking`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Thinking {
+    /// Think first (reasoning in `reasoning_content`), then answer.
+    On,
+    /// Answer at once.
+    Off,
+}
 
 /// Flags of `hostd serve`.
 #[derive(clap::Args, Debug)]
@@ -42,8 +57,14 @@ pub struct ServeArgs {
     /// Byte budget of the prefix cache of conversation states (0 disables reuse).
     #[arg(long, env = "SLUICE_STATE_CACHE_BYTES", default_value_t = 1 << 30)]
     pub state_cache_bytes: usize,
-    /// Thinking off by default (a request may still turn it on with chat_template_kwargs).
-    #[arg(long, env = "SLUICE_NO_THINK")]
+    /// Whether a chat request that does not say thinks first: `on` (Qwen3.6's own default) puts
+    /// the reasoning in `reasoning_content` before the answer in `content`; `off` answers at
+    /// once, for clients that show only `content`. A request overrides it with
+    /// `chat_template_kwargs: {"enable_thinking": BOOL}`.
+    #[arg(long, value_enum, env = "SLUICE_DEFAULT_THINKING", default_value_t = Thinking::On)]
+    pub default_thinking: Thinking,
+    /// Same as `--default-thinking off` (kept for existing scripts).
+    #[arg(long, env = "SLUICE_NO_THINK", hide = true)]
     pub no_think: bool,
     /// File holding the API key that /v1/* requests must send as `Authorization: Bearer KEY`.
     #[arg(long, env = "SLUICE_API_KEY_FILE")]
@@ -55,8 +76,10 @@ pub struct ServeArgs {
     /// Prompt rows per prefill forward call (prefill can be cancelled between calls).
     #[arg(long, env = "SLUICE_PREFILL_CHUNK", default_value_t = 512)]
     pub prefill_chunk: usize,
-    /// Completion budget of a chat request that sets no max_tokens (clipped to the context).
-    #[arg(long, env = "SLUICE_DEFAULT_MAX_TOKENS", default_value_t = 4096)]
+    /// Completion budget of a chat request that sets no max_tokens, reasoning included
+    /// (clipped to the context). The default is the output length Qwen recommends for thinking
+    /// mode; a smaller one often ends a reply while it is still thinking, with empty `content`.
+    #[arg(long, env = "SLUICE_DEFAULT_MAX_TOKENS", default_value_t = DEFAULT_MAX_TOKENS)]
     pub default_max_tokens: usize,
     /// Largest accepted request body in bytes (larger ones get 413).
     #[arg(long, env = "SLUICE_MAX_BODY_BYTES", default_value_t = MAX_BODY_BYTES_DEFAULT)]
@@ -102,7 +125,7 @@ pub fn run(args: &ServeArgs) -> anyhow::Result<()> {
         api_key,
         max_body_bytes: args.max_body_bytes,
         default_max_tokens: args.default_max_tokens,
-        enable_thinking: !args.no_think,
+        enable_thinking: args.default_thinking == Thinking::On && !args.no_think,
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(args.http_threads)
@@ -122,6 +145,10 @@ async fn serve(args: &ServeArgs, config: ServerConfig) -> anyhow::Result<()> {
         writeln!(out, "hostd serve: listening on http://{local}")?;
         out.flush()?;
     }
+    // The address comes first (scripts read it to learn the port); the model is not loaded yet,
+    // so say what happens next. Later lines ignore write errors: a reader may have stopped
+    // after the first line.
+    say(&format!("hostd serve: loading {} (/health answers 503 \"loading\" until the model is ready)", args.load.model.display()));
     tracing::info!(%local, model = %config.served_model_name, auth = config.api_key.is_some(), "listening");
     let metrics = Arc::new(Metrics::new());
     let state = AppState::new(config, Arc::clone(&metrics));
@@ -136,7 +163,7 @@ async fn serve(args: &ServeArgs, config: ServerConfig) -> anyhow::Result<()> {
         .spawn(move || match load(&load_args, engine_limits, &loader_state) {
             Ok(()) => drop(failed_tx),
             Err(e) => {
-                let msg = format!("{e:#}");
+                let msg = shared::error_text::chain(e.as_ref());
                 tracing::error!(error = %msg, "model load failed");
                 loader_state.set_failed(msg.clone());
                 let _ = failed_tx.send(msg);
@@ -203,7 +230,15 @@ fn load(args: &LoadArgs, limits: (usize, usize, usize, usize, Option<usize>), st
     let created = http::unix_now();
     state.set_ready(Ready { engine, tokenizer, stop_ids, created });
     tracing::info!(max_context, max_batch, max_queue, state_cache_bytes, "model loaded; serving");
+    say(&format!("hostd serve: ready (max context {max_context} tokens, batch {max_batch}, queue {max_queue})"));
     Ok(())
+}
+
+/// One status line on stdout, after the first; a closed stdout is not an error.
+fn say(line: &str) {
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "{line}");
+    let _ = out.flush();
 }
 
 /// Resolves on SIGINT or SIGTERM.

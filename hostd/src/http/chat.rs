@@ -2,9 +2,9 @@
 //! context, submit to the engine, then answer as one `chat.completion` or as a stream of
 //! `chat.completion.chunk`s.
 //!
-//! Thinking is on unless `chat_template_kwargs.enable_thinking` is false or the server runs
-//! with `--no-think`; the reply carries the reasoning in `reasoning_content` and the answer in
-//! `content`. The prompt's checkpoint for the prefix cache is the end of
+//! Thinking follows the request's `chat_template_kwargs.enable_thinking`, else the server's
+//! `--default-thinking` (on unless set off); the reply carries the reasoning in
+//! `reasoning_content` and the answer in `content`. The prompt's checkpoint for the prefix cache is the end of
 //! `<|im_start|>assistant\n`: a follow-up turn's prompt repeats everything up to there (the
 //! template drops earlier turns' reasoning, so it diverges right after).
 

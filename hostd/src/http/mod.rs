@@ -47,7 +47,7 @@ pub struct ServerConfig {
     pub max_body_bytes: usize,
     /// Completion budget of a chat request that names none (clipped to the context).
     pub default_max_tokens: usize,
-    /// Thinking default for chat requests (`--no-think` turns it off).
+    /// Thinking default for chat requests (`--default-thinking`).
     pub enable_thinking: bool,
 }
 
