@@ -339,6 +339,7 @@ impl Prepared {
             container_bytes,
             slots = b.slots,
             transient_slots = b.transient_slots,
+            blob_bytes = b.header.layout.blob.stride,
             "expert cache"
         );
         tracing::info!(
@@ -349,7 +350,7 @@ impl Prepared {
             transport = if tcp { "tcp" } else { "unix" },
             "compute and IO"
         );
-        tracing::debug!(identity = %b.header.identity, blob_bytes = b.header.layout.blob.stride, io = %b.io, "container details");
+        tracing::debug!(identity = %b.header.identity, io = %b.io, "container details");
         let (health, health_service) = tonic_health::server::health_reporter();
         health.set_serving::<ExpertServiceServer<ExpertdService>>().await;
         let service = ExpertServiceServer::new(ExpertdService::new(Arc::clone(&state)))

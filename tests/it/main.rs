@@ -9,6 +9,7 @@ mod expertd;
 mod expertd_ring;
 mod expertd_rss;
 mod expertd_startup;
+mod first_hour;
 mod inspect;
 mod int8_quality;
 mod locator;

@@ -476,3 +476,17 @@ fn second_turn_reuses_the_first_turns_state() {
     assert_eq!(cold_usage["prompt_tokens_details"]["cached_tokens"], 0);
     eprintln!("second-turn TTFT on small ({prompt} prompt tokens): {ttft:?} with reuse ({cached} cached), {cold_ttft:?} without");
 }
+
+#[test]
+fn default_thinking_off_answers_at_once_and_a_request_can_still_think() {
+    let s = Server::start("tiny", &["--default-thinking", "off"]);
+    let body = json!({ "model": s.name, "messages": user("Hello"), "max_tokens": 4, "temperature": 0, "ignore_eos": true });
+    let plain = s.chat(body.clone());
+    assert!(plain["choices"][0]["message"].get("reasoning_content").is_none(), "{plain}");
+    let mut think = body;
+    think["chat_template_kwargs"] = json!({ "enable_thinking": true });
+    let thought = s.chat(think);
+    assert!(thought["choices"][0]["message"]["reasoning_content"].is_string(), "{thought}");
+    // Thinking off renders an empty think block into the prompt: more prompt tokens.
+    assert!(plain["usage"]["prompt_tokens"].as_u64() > thought["usage"]["prompt_tokens"].as_u64());
+}

@@ -555,8 +555,11 @@ fn tokenizer_truncated_vocabulary_matches_tiktoken() {
 
 #[test]
 fn tokenizer_missing_file_error_names_the_path() {
-    let err = Tokenizer::from_model_dir(Path::new("/nonexistent/model"))
-        .unwrap_err()
-        .to_string();
-    assert!(err.contains("/nonexistent/model/tokenizer.json"), "{err}");
+    // A directory without tokenizer.json: the file is named.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let err = Tokenizer::from_model_dir(dir.path()).unwrap_err().to_string();
+    assert!(err.contains(&dir.path().join("tokenizer.json").display().to_string()), "{err}");
+    // A directory that does not exist: the directory is named, not a file inside it.
+    let err = Tokenizer::from_model_dir(Path::new("/nonexistent/model")).unwrap_err().to_string();
+    assert!(err.starts_with("model directory /nonexistent/model: ") && !err.contains("tokenizer.json"), "{err}");
 }

@@ -1,0 +1,181 @@
+//! What a new user meets in the first hour, with the real binaries: errors that say each cause
+//! once and name the wrong directory, a cache budget that holds no expert refused, a daemon
+//! log that is plain text with one key per field and says resident or streaming, a private
+//! daemon whose budget hostd prints, `hostd serve` saying loading then ready, and honest
+//! `--help`/`--version`.
+
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+use tests::{copy_model, hostd, model_dir, prepare_container, workspace_bin};
+
+/// Runs `expertd ARGS…`, which must exit within 30 s (a daemon that starts serving where it
+/// should have refused is killed and fails the test instead of hanging it).
+fn expertd(args: &[&str]) -> Output {
+    let mut child = Command::new(workspace_bin("expertd"))
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn expertd");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while child.try_wait().expect("try_wait").is_none() {
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let out = child.wait_with_output().expect("output");
+            panic!("expertd {args:?} did not exit: {}", String::from_utf8_lossy(&out.stderr));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child.wait_with_output().expect("output")
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+#[test]
+fn an_error_says_each_cause_once() {
+    let dir = copy_model(&model_dir("tiny"));
+    let config = dir.path().join("config.json");
+    let mut v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&config).expect("config")).expect("json");
+    v["model_type"] = "llama".into();
+    std::fs::write(&config, v.to_string()).expect("write config");
+    let o = hostd(&["inspect", dir.path().to_str().expect("utf-8")]);
+    assert!(!o.status.success());
+    assert_eq!(stderr(&o).matches("unsupported model_type").count(), 1, "{}", stderr(&o));
+
+    let o = expertd(&["serve", "--container", "/nonexistent/container", "--socket", "/nonexistent/s.sock", "--cache-bytes", "1000000"]);
+    assert!(!o.status.success());
+    assert_eq!(stderr(&o).matches("No such file or directory").count(), 1, "{}", stderr(&o));
+}
+
+#[test]
+fn a_missing_model_directory_is_named_as_such() {
+    for args in [&["run", "--model", "/nonexistent/model", "--prompt", "hi"][..], &["inspect", "/nonexistent/model"][..]] {
+        let o = hostd(args);
+        assert!(!o.status.success());
+        let err = stderr(&o);
+        assert!(err.contains("/nonexistent/model: No such file or directory"), "{args:?}: {err}");
+        assert!(!err.contains("tokenizer.json") && !err.contains("config.json"), "{args:?}: {err}");
+    }
+}
+
+#[test]
+fn a_cache_budget_that_holds_no_expert_is_refused() {
+    let work = tempfile::tempdir().expect("tempdir");
+    let container = work.path().join("container");
+    prepare_container(&model_dir("tiny"), &container);
+    let socket = work.path().join("s.sock");
+    for budget in ["0", "1000"] {
+        let o = expertd(&["serve", "--container", container.to_str().expect("utf-8"), "--socket", socket.to_str().expect("utf-8"), "--cache-bytes", budget]);
+        assert!(!o.status.success(), "--cache-bytes {budget} must be refused");
+        assert!(stderr(&o).contains(&format!("--cache-bytes {budget} holds no expert: one expert blob is ")), "{}", stderr(&o));
+        assert!(!socket.exists());
+    }
+}
+
+/// Starts `expertd serve` with its log redirected to a file, waits for the start-up lines,
+/// stops it and returns the log.
+fn daemon_log(container: &Path, budget: u64) -> String {
+    let work = tempfile::tempdir().expect("tempdir");
+    let log = work.path().join("expertd.log");
+    let socket = work.path().join("s.sock");
+    let mut child = Command::new(workspace_bin("expertd"))
+        .args(["serve", "--container", container.to_str().expect("utf-8"), "--socket", socket.to_str().expect("utf-8")])
+        .args(["--cache-bytes", &budget.to_string()])
+        .env_remove("RUST_LOG")
+        .stdin(Stdio::null())
+        .stderr(std::fs::File::create(&log).expect("log"))
+        .spawn()
+        .expect("spawn expertd");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !std::fs::read_to_string(&log).unwrap_or_default().contains("compute and IO") {
+        assert!(Instant::now() < deadline && child.try_wait().expect("try_wait").is_none(), "{}", std::fs::read_to_string(&log).unwrap_or_default());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    std::fs::read_to_string(&log).expect("log")
+}
+
+#[test]
+fn a_redirected_daemon_log_is_plain_and_says_resident_or_streaming() {
+    let work = tempfile::tempdir().expect("tempdir");
+    let container = work.path().join("container");
+    prepare_container(&model_dir("tiny"), &container);
+    let whole = std::fs::metadata(container.join(shared::container::CONTAINER_FILE)).expect("container").len();
+
+    let log = daemon_log(&container, whole);
+    assert!(!log.contains('\u{1b}'), "no ANSI colour in a redirected log: {log:?}");
+    assert!(!log.contains("io=io="), "{log}");
+    for line in log.lines() {
+        assert!(line.len() < 400, "start-up lines stay short: {line}");
+    }
+    assert!(log.contains("cache=resident: "), "{log}");
+    assert!(daemon_log(&container, whole / 4).contains("cache=streaming: "));
+}
+
+#[test]
+fn a_private_daemon_says_its_budget() {
+    let work = tempfile::tempdir().expect("tempdir");
+    let container = work.path().join("container");
+    let model = model_dir("tiny");
+    let o = hostd(&["run", "--model", model.to_str().expect("utf-8"), "--experts", "expertd", "--container", container.to_str().expect("utf-8"), "--prompt", "hi", "--max-new-tokens", "2"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    // The tiny container fits in any machine's free memory: the default keeps it resident.
+    assert!(stderr(&o).contains("hostd: private expertd cache: resident: "), "{}", stderr(&o));
+    assert!(stderr(&o).contains("(default: "), "{}", stderr(&o));
+
+    let o = hostd(&["run", "--model", model.to_str().expect("utf-8"), "--experts", "expertd", "--container", container.to_str().expect("utf-8"), "--expertd-cache-bytes", "65536", "--prompt", "hi", "--max-new-tokens", "2"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stderr(&o).contains("hostd: private expertd cache: streaming: ") && stderr(&o).contains("set by --expertd-cache-bytes"), "{}", stderr(&o));
+}
+
+#[test]
+fn serve_says_loading_then_ready() {
+    let mut child = Command::new(workspace_bin("hostd"))
+        .args(["serve", "--model", model_dir("tiny").to_str().expect("utf-8"), "--port", "0", "--threads", "2"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn hostd serve");
+    let stdout = child.stdout.take().expect("stdout");
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let mut lines = Vec::new();
+    while lines.len() < 3 {
+        match rx.recv_timeout(Duration::from_secs(60)) {
+            Ok(l) => lines.push(l),
+            Err(_) => break,
+        }
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    assert_eq!(lines.len(), 3, "{lines:?}");
+    assert!(lines[0].starts_with("hostd serve: listening on http://127.0.0.1:"), "{lines:?}");
+    assert!(lines[1].starts_with("hostd serve: loading "), "{lines:?}");
+    assert!(lines[2].starts_with("hostd serve: ready "), "{lines:?}");
+}
+
+#[test]
+fn help_and_version_describe_the_binaries_as_they_are() {
+    for bin in ["hostd", "expertd"] {
+        let help = Command::new(workspace_bin(bin)).arg("--help").output().expect("help");
+        let text = String::from_utf8_lossy(&help.stdout);
+        assert!(help.status.success() && !text.contains("later"), "{bin} --help: {text}");
+        let v = Command::new(workspace_bin(bin)).arg("--version").output().expect("version");
+        assert_eq!(String::from_utf8_lossy(&v.stdout).trim(), format!("{bin} {}", env!("CARGO_PKG_VERSION")));
+        assert_ne!(env!("CARGO_PKG_VERSION"), "0.0.0");
+    }
+}
