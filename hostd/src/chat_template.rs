@@ -1,4 +1,4 @@
-//! Qwen3.6 ChatML prompt rendering for text conversations (spec §7.3), written to match the model's Jinja template.
+//! Qwen3.6 ChatML prompt rendering for text conversations (docs/model.md §7.3), written to match the model's Jinja template.
 //!
 //! Each turn is `<|im_start|>{role}\n{content}<|im_end|>\n`; there is no BOS. The optional system message must
 //! come first. Assistant turns after the last user query carry their reasoning as

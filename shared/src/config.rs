@@ -2,8 +2,8 @@
 //! validates every field the runtime depends on and derives the layer types and head layouts.
 //!
 //! Pure: takes the JSON text, returns values. Reading the file is `model_dir`'s job.
-//! Fields the runtime does not use are ignored; fields it uses are required unless the spec
-//! gives transformers' default (noted next to each default below).
+//! Fields the runtime does not use are ignored; fields it uses are required, except the few
+//! that take transformers' default (noted next to each default below; docs/model.md §2.1).
 
 use serde_json::{Map, Value};
 
@@ -119,7 +119,7 @@ pub struct TextConfig {
     pub rope_theta: f64,
     /// Longest context the model is configured for, in tokens.
     pub max_position_embeddings: usize,
-    /// ε of every RMSNorm and of the DeltaNet L2 norm.
+    /// ε of every RMSNorm (the DeltaNet L2 norm of q and k uses a fixed 1e-6, as transformers does).
     pub rms_norm_eps: f64,
     /// Gated DeltaNet head layout.
     pub delta_net: DeltaNetLayout,

@@ -1,5 +1,5 @@
 //! The expert locator: for (layer, expert) the exact byte ranges — file, offset, length, dtype,
-//! shape — of its gate, up and down weights, in either checkpoint layout (spec §3.5).
+//! shape — of its gate, up and down weights, in either checkpoint layout (docs/model.md §3.5).
 //!
 //! Pure arithmetic over a validated `Checkpoint`; every offset is computed with checked
 //! arithmetic and re-checked against the containing tensor's range.

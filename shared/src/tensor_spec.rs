@@ -1,5 +1,5 @@
 //! The text model's tensor inventory as the configuration predicts it: every name, shape and
-//! accepted dtype (spec §3), and which names belong to parts the text runtime skips.
+//! accepted dtype (docs/model.md §3), and which names belong to parts the text runtime skips.
 //!
 //! Pure: a function of `TextConfig`. The checkpoint reader compares files against it; the size
 //! arithmetic sums it, so `hostd inspect` works on a bare config too.
@@ -45,7 +45,7 @@ pub enum TensorRole {
     RoutedExpert,
 }
 
-/// How a checkpoint stores a layer's routed experts (spec §3.5).
+/// How a checkpoint stores a layer's routed experts (docs/model.md §3.5).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ExpertLayout {
     /// `mlp.experts.gate_up_proj` `[E, 2f, d]` (gate rows first) and `mlp.experts.down_proj` `[E, d, f]`.
@@ -96,7 +96,7 @@ pub fn dtype_bytes(dtype: Dtype) -> u64 {
 }
 
 const BF16_ONLY: &[Dtype] = &[Dtype::BF16];
-// `A_log` and the DeltaNet gated-norm weight are F32 in the release; BF16 re-saves exist [spec §3.3].
+// `A_log` and the DeltaNet gated-norm weight are F32 in the release; BF16 re-saves exist [docs/model.md §3.3].
 const F32_OR_BF16: &[Dtype] = &[Dtype::F32, Dtype::BF16];
 
 fn bf16(name: String, shape: Vec<usize>, role: TensorRole) -> ExpectedTensor {

@@ -1,4 +1,4 @@
-//! Gated full attention (spec §4.4–4.5): q/gate interleaved per head in `q_proj`, per-head
+//! Gated full attention (docs/model.md §4.4–4.5): q/gate interleaved per head in `q_proj`, per-head
 //! zero-centred q/k norms, partial rotate-half RoPE, GQA, causal softmax, sigmoid output gate,
 //! and the layer's KV cache.
 //!

@@ -1,4 +1,4 @@
-//! Gated DeltaNet (spec §4.6): in-projections, causal depthwise conv with SiLU and its rolling
+//! Gated DeltaNet (docs/model.md §4.6): in-projections, causal depthwise conv with SiLU and its rolling
 //! state, L2-normalised q/k, β = σ(b), decay g = −exp(A_log)·softplus(a + dt_bias), the
 //! delta-rule recurrence in f32 (decode) and its chunked form (prefill, chunks of 64), the
 //! SiLU-gated RMSNorm and the out-projection.
@@ -217,7 +217,7 @@ fn recurrent(s: &mut [f32], x: &HeadInputs<'_>, dk: usize, dv: usize) -> Vec<f32
     out
 }
 
-/// The chunked form (spec §4.6): mathematically identical to [`recurrent`], with work done as
+/// The chunked form (docs/model.md §4.6): mathematically identical to [`recurrent`], with work done as
 /// small matrix products per chunk of [`CHUNK`] tokens. `s` is `[dk][dv]`; returns `[n][dv]`.
 fn chunked(s: &mut [f32], x: &HeadInputs<'_>, dk: usize, dv: usize) -> Vec<f32> {
     let mut out = vec![0.0f32; x.n * dv];

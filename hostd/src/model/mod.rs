@@ -1,4 +1,4 @@
-//! The Qwen3.5/3.6-MoE text model in Rust (spec §4): loading from a memory-mapped checkpoint,
+//! The Qwen3.5/3.6-MoE text model in Rust (docs/model.md §4): loading from a memory-mapped checkpoint,
 //! per-sequence state, and the forward pass over a block of new tokens.
 //!
 //! A forward call takes any number of new tokens for one sequence: several tokens run as one

@@ -1,4 +1,4 @@
-//! The MoE block (spec §4.7): router (softmax over all experts, top-k, renormalise), the call
+//! The MoE block (docs/model.md §4.7): router (softmax over all experts, top-k, renormalise), the call
 //! to the [`ExpertBackend`](crate::experts::ExpertBackend), and the shared expert with its
 //! sigmoid gate.
 

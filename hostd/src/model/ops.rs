@@ -1,4 +1,4 @@
-//! Element-wise and per-vector math of the forward pass in f32 (spec §4.1): the zero-centred
+//! Element-wise and per-vector math of the forward pass in f32 (docs/model.md §4.1): the zero-centred
 //! RMSNorm, the SiLU-gated DeltaNet norm, the L2 norm, activations, softmax and the dense
 //! projections (thin wrappers over `shared::kernels`).
 //!

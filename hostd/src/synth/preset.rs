@@ -4,7 +4,7 @@
 use super::SynthError;
 use serde_json::{Value, json};
 
-/// Number of added (special) tokens after the BPE ranks (spec §7.1).
+/// Number of added (special) tokens after the BPE ranks (docs/model.md §7.1).
 pub const N_SPECIALS: u32 = 33;
 /// BPE ranks of the real Qwen3.6 vocabulary; the specials start here.
 pub const REAL_RANKS: u32 = 248_044;
@@ -106,7 +106,7 @@ impl std::fmt::Display for Preset {
     }
 }
 
-/// Dimensions of one preset (spec §2 field meanings).
+/// Dimensions of one preset (docs/model.md §2 field meanings).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Dims {
     /// `hidden_size`.
@@ -260,7 +260,7 @@ pub fn config_json(d: &Dims, layers: usize) -> Value {
     })
 }
 
-/// `generation_config.json` (family pattern, spec §2.1).
+/// `generation_config.json` (family pattern, docs/model.md §2.1).
 pub fn generation_config_json(d: &Dims) -> Value {
     let eot = d.special_id(ENDOFTEXT);
     json!({
