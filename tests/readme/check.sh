@@ -2,43 +2,53 @@
 # Runs the README's commands as written (CI calls it after scripts/run):
 #  - the set-up commands .ci/run runs must appear verbatim in the README;
 #  - the "Share one expert daemon between several programs" block is extracted from the README
-#    and run as is (bash -e), then its `hostd serve` must answer /health with 200 and its
-#    `hostd run` must have generated; the background daemon and server are stopped afterwards.
+#    and run unchanged (bash -e) in its own session, so everything it starts can be stopped as a
+#    group; then the block's own expertd must have logged that it serves, its `hostd run` must
+#    have generated, and its `hostd serve` must say ready and answer /health with 200. The port
+#    must be free before the block runs, so another server cannot answer in its place.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+fail() { echo "tests/readme/check.sh: $*" >&2; exit 1; }
 
 for cmd in 'scripts/run [MODEL_DIR] ["prompt"]' \
            'HOSTD_ARGS="--experts expertd --container target/synth/small.experts" scripts/run' \
            'scripts/test '; do
-    grep -qF -- "$cmd" README.md || { echo "tests/readme/check.sh: README no longer says: $cmd" >&2; exit 1; }
+    grep -qF -- "$cmd" README.md || fail "README no longer says: $cmd"
 done
 
 block="$(awk '/^## Share one expert daemon/{s=1} s&&/^```sh$/{c=1;next} c&&/^```$/{exit} c{print}' README.md)"
-[ -n "$block" ] || { echo "tests/readme/check.sh: no sh block under 'Share one expert daemon'" >&2; exit 1; }
+[ -n "$block" ] || fail "no sh block under 'Share one expert daemon'"
 port="$(sed -n 's/.*hostd serve .*--port \([0-9]*\).*/\1/p' <<<"${block//\\$'\n'/ }" | head -n1)"
-[ -n "$port" ] || { echo "tests/readme/check.sh: the block starts no hostd serve --port N" >&2; exit 1; }
+[ -n "$port" ] || fail "the block starts no hostd serve --port N"
+health() { python3 -c "import sys,urllib.request; sys.exit(0 if urllib.request.urlopen('http://127.0.0.1:$port/health', timeout=2).status == 200 else 1)" 2>/dev/null; }
+! health || fail "port $port already answers /health; stop that server first"
 
 log="$(mktemp -d)"
-# The block's background processes outlive its subshell: stop them by what they run.
-stop_block() {
-    pkill -f "expertd serve --container target/synth/small.experts --socket /tmp/sluice-$(id -u)/" 2>/dev/null || true
-    pkill -f "hostd serve --model target/synth/small .*--port $port" 2>/dev/null || true
-}
-cleanup() { stop_block; wait 2>/dev/null || true; rm -rf "$log"; }
-trap cleanup EXIT
-echo "tests/readme/check.sh: running the README's shared-daemon block" >&2
-set +e
-( set -e; eval "$block" ) >"$log/out" 2>"$log/err" &
-runner=$!
-ok=0
-for _ in $(seq 600); do
-    if python3 -c "import sys,urllib.request; sys.exit(0 if urllib.request.urlopen('http://127.0.0.1:$port/health', timeout=2).status == 200 else 1)" 2>/dev/null; then
-        ok=1; break
+pgid=""
+cleanup() {
+    if [ -n "$pgid" ]; then
+        kill -TERM -- "-$pgid" 2>/dev/null || true
+        for _ in $(seq 50); do kill -0 -- "-$pgid" 2>/dev/null || break; sleep 0.1; done
+        kill -KILL -- "-$pgid" 2>/dev/null || true
     fi
+    rm -rf "$log"
+}
+trap cleanup EXIT
+trap 'exit 1' INT TERM
+echo "tests/readme/check.sh: running the README's shared-daemon block" >&2
+# A new session: the block's bash is its leader (pid = pgid), and what it starts in the
+# background stays in its process group.
+setsid bash -c 'echo $$ > "$1"; set -e; eval "$2"' _ "$log/pgid" "$block" >"$log/out" 2>"$log/err" &
+runner=$!
+for _ in $(seq 100); do [ -s "$log/pgid" ] && break; sleep 0.05; done
+pgid="$(cat "$log/pgid")"
+wait "$runner" || { cat "$log/err" >&2; fail "the README block failed"; }
+ready=0
+for _ in $(seq 600); do
+    if grep -q "^hostd serve: ready" "$log/out" && health; then ready=1; break; fi
     sleep 0.2
 done
-set -e
-wait "$runner" || { cat "$log/err" >&2; echo "tests/readme/check.sh: the README block failed" >&2; exit 1; }
-[ "$ok" = 1 ] || { cat "$log/err" >&2; echo "tests/readme/check.sh: hostd serve on port $port never became ready" >&2; exit 1; }
-cat "$log/out" "$log/err" | grep -q " new (" || { cat "$log/err" >&2; echo "tests/readme/check.sh: hostd run reported no generation" >&2; exit 1; }
+[ "$ready" = 1 ] || { cat "$log/out" "$log/err" >&2; fail "the block's hostd serve on port $port never became ready"; }
+grep -q "expertd serving" "$log/err" || { cat "$log/err" >&2; fail "the block's expertd did not log that it serves"; }
+grep -q " new (" "$log/err" || { cat "$log/err" >&2; fail "the block's hostd run reported no generation"; }
 echo "tests/readme/check.sh: README commands ran as written" >&2
