@@ -274,8 +274,8 @@ impl Engine {
     pub fn run(&self, spec: &CallSpec<'_>, x: &[f32], out: &mut [f32]) -> Result<CallCost, CallError> {
         // PERF-CRITICAL: the per-call path; no logging, no global locks beyond the cache's
         // short planner section, no allocation proportional to anything but the call.
-        debug_assert_eq!(x.len(), spec.n_rows * self.hidden());
-        debug_assert_eq!(out.len(), spec.n_rows * self.hidden());
+        assert_eq!(x.len(), spec.n_rows * self.hidden());
+        assert_eq!(out.len(), spec.n_rows * self.hidden());
         // Experts in ascending id order (as the in-process backend does; the order does not
         // change any result, only which expert runs where).
         let mut exec = MoeExec::new(x, spec.ids, spec.weights, spec.n_rows, spec.top_k, self.hidden(), self.header.layout.dims.n_experts);

@@ -295,7 +295,6 @@ impl Prepared {
             tracing::warn!("{reason}");
         }
         let io = info.to_string();
-        tracing::debug!(features = %info.features.join(","), "io_uring");
         let banner = Banner { dir, header, isa, io, io_kind: info.kind, o_direct: info.o_direct, budget_bytes, slots, transient_slots, lanes };
         let service_config = ServiceConfig {
             max_queued_calls_per_session: config.max_queued_calls_per_session,
@@ -350,7 +349,7 @@ impl Prepared {
             transport = if tcp { "tcp" } else { "unix" },
             "compute and IO"
         );
-        tracing::debug!(identity = %b.header.identity, io = %b.io, "container details");
+        tracing::debug!(identity = %b.header.identity, reader = %b.io, "container and reader details");
         let (health, health_service) = tonic_health::server::health_reporter();
         health.set_serving::<ExpertServiceServer<ExpertdService>>().await;
         let service = ExpertServiceServer::new(ExpertdService::new(Arc::clone(&state)))

@@ -69,7 +69,7 @@ impl<'a> MoeExec<'a> {
     /// A call of `n_rows` rows of `d` values (`x`), routed by `ids` / `weights`
     /// (`n_rows × top_k`, already validated with [`validate_routing`]).
     pub fn new(x: &'a [f32], ids: &[u32], weights: &'a [f32], n_rows: usize, top_k: usize, d: usize, n_experts: usize) -> MoeExec<'a> {
-        debug_assert_eq!(x.len(), n_rows * d);
+        assert_eq!(x.len(), n_rows * d);
         MoeExec { x, weights, n_rows, top_k, d, groups: moe_combine::cells_by_expert(ids, n_experts), slots: vec![0.0; n_rows * top_k * d] }
     }
 

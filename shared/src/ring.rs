@@ -163,7 +163,7 @@ impl RingView {
     }
 
     fn ptr(&self, ring_offset: u64) -> *mut u8 {
-        debug_assert!(ring_offset < self.layout.bytes());
+        assert!(ring_offset < self.layout.bytes());
         // SAFETY: `ring_offset` lies inside the ring (callers pass field offsets of a valid
         // entry or the control block), which lies inside the mapping (`new`'s contract).
         unsafe { self.base.add((self.layout.offset + ring_offset) as usize) }

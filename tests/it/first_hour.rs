@@ -55,12 +55,18 @@ fn an_error_says_each_cause_once() {
 
 #[test]
 fn a_missing_model_directory_is_named_as_such() {
-    for args in [&["run", "--model", "/nonexistent/model", "--prompt", "hi"][..], &["inspect", "/nonexistent/model"][..]] {
+    let runs: [&[&str]; 4] = [
+        &["run", "--model", "/nonexistent/model", "--prompt", "hi"],
+        &["serve", "--model", "/nonexistent/model", "--port", "0"],
+        &["eval", "--model", "/nonexistent/model", "--prompts", "/nonexistent/prompts.json", "--new-tokens", "1", "--out", "/nonexistent/out.json"],
+        &["inspect", "/nonexistent/model"],
+    ];
+    for args in runs {
         let o = hostd(args);
         assert!(!o.status.success());
         let err = stderr(&o);
         assert!(err.contains("/nonexistent/model: No such file or directory"), "{args:?}: {err}");
-        assert!(!err.contains("tokenizer.json") && !err.contains("config.json"), "{args:?}: {err}");
+        assert!(!err.contains("tokenizer") && !err.contains("config.json"), "{args:?}: {err}");
     }
 }
 
@@ -84,22 +90,33 @@ fn daemon_log(container: &Path, budget: u64) -> String {
     let work = tempfile::tempdir().expect("tempdir");
     let log = work.path().join("expertd.log");
     let socket = work.path().join("s.sock");
-    let mut child = Command::new(workspace_bin("expertd"))
+    let child = Command::new(workspace_bin("expertd"))
         .args(["serve", "--container", container.to_str().expect("utf-8"), "--socket", socket.to_str().expect("utf-8")])
         .args(["--cache-bytes", &budget.to_string()])
         .env_remove("RUST_LOG")
         .stdin(Stdio::null())
+        .stdout(Stdio::null())
         .stderr(std::fs::File::create(&log).expect("log"))
         .spawn()
         .expect("spawn expertd");
+    let mut child = KillOnDrop(child);
     let deadline = Instant::now() + Duration::from_secs(30);
     while !std::fs::read_to_string(&log).unwrap_or_default().contains("compute and IO") {
-        assert!(Instant::now() < deadline && child.try_wait().expect("try_wait").is_none(), "{}", std::fs::read_to_string(&log).unwrap_or_default());
+        assert!(Instant::now() < deadline && child.0.try_wait().expect("try_wait").is_none(), "{}", std::fs::read_to_string(&log).unwrap_or_default());
         std::thread::sleep(Duration::from_millis(20));
     }
-    let _ = child.kill();
-    let _ = child.wait();
+    drop(child);
     std::fs::read_to_string(&log).expect("log")
+}
+
+/// A child process killed (and reaped) when dropped, also when a test panics.
+struct KillOnDrop(std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
 }
 
 #[test]
@@ -137,14 +154,16 @@ fn a_private_daemon_says_its_budget() {
 
 #[test]
 fn serve_says_loading_then_ready() {
-    let mut child = Command::new(workspace_bin("hostd"))
-        .args(["serve", "--model", model_dir("tiny").to_str().expect("utf-8"), "--port", "0", "--threads", "2"])
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("spawn hostd serve");
-    let stdout = child.stdout.take().expect("stdout");
+    let mut child = KillOnDrop(
+        Command::new(workspace_bin("hostd"))
+            .args(["serve", "--model", model_dir("tiny").to_str().expect("utf-8"), "--port", "0", "--threads", "2"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn hostd serve"),
+    );
+    let stdout = child.0.stdout.take().expect("stdout");
     let (tx, rx) = mpsc::channel();
     std::thread::spawn(move || {
         for line in BufReader::new(stdout).lines().map_while(Result::ok) {
@@ -160,12 +179,24 @@ fn serve_says_loading_then_ready() {
             Err(_) => break,
         }
     }
-    let _ = child.kill();
-    let _ = child.wait();
     assert_eq!(lines.len(), 3, "{lines:?}");
-    assert!(lines[0].starts_with("hostd serve: listening on http://127.0.0.1:"), "{lines:?}");
+    let addr = lines[0].strip_prefix("hostd serve: listening on http://").unwrap_or_else(|| panic!("{lines:?}"));
     assert!(lines[1].starts_with("hostd serve: loading "), "{lines:?}");
     assert!(lines[2].starts_with("hostd serve: ready "), "{lines:?}");
+    // Ready means ready: /health answers 200 at once.
+    assert_eq!(health_status(addr), 200);
+    drop(child);
+}
+
+/// The HTTP status of `GET /health` at `addr`.
+fn health_status(addr: &str) -> u16 {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(10))).expect("timeout");
+    write!(s, "GET /health HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").expect("request");
+    let mut head = String::new();
+    s.read_to_string(&mut head).expect("response");
+    head.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or_else(|| panic!("{head}"))
 }
 
 #[test]

@@ -82,6 +82,7 @@ fn agreement(what: &str, experts: ExpertsKind, dense: DenseKind) -> (Tally, Tall
             threads: None,
             expertd: Default::default(),
             dense,
+            host_extra_bytes: 0,
         };
         let model = load_model(&args).expect("model loads");
         let vocab = model.config().vocab_size;
@@ -187,7 +188,7 @@ fn all_int8_agrees_with_the_fp32_reference() {
 fn a_corrupt_blob_fails_the_forward_pass_naming_layer_and_expert() {
     let container = tempfile::tempdir().expect("tempdir");
     prepare_container(&model_dir("tiny"), container.path());
-    let args = LoadArgs { model: model_dir("tiny"), experts: ExpertsKind::Int8, container: Some(container.path().to_path_buf()), threads: None, expertd: Default::default(), dense: Default::default() };
+    let args = LoadArgs { model: model_dir("tiny"), experts: ExpertsKind::Int8, container: Some(container.path().to_path_buf()), threads: None, expertd: Default::default(), dense: Default::default(), host_extra_bytes: 0 };
     // Flip one byte inside the first blob's packed weights (layer 0, expert 0).
     let file = container.path().join("experts.sluice");
     let reader = shared::container::ContainerFile::open(container.path()).expect("valid container");
@@ -211,7 +212,7 @@ fn a_corrupt_blob_fails_the_forward_pass_naming_layer_and_expert() {
 fn a_container_from_another_model_is_refused() {
     let container = tempfile::tempdir().expect("tempdir");
     prepare_container(&model_dir("tiny"), container.path());
-    let args = LoadArgs { model: model_dir("small"), experts: ExpertsKind::Int8, container: Some(container.path().to_path_buf()), threads: None, expertd: Default::default(), dense: Default::default() };
+    let args = LoadArgs { model: model_dir("small"), experts: ExpertsKind::Int8, container: Some(container.path().to_path_buf()), threads: None, expertd: Default::default(), dense: Default::default(), host_extra_bytes: 0 };
     let err = load_model(&args).err().expect("mismatched container is refused");
     let msg = format!("{err:#}");
     assert!(msg.contains("different model") || msg.contains("dims"), "{msg}");

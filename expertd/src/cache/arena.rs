@@ -45,7 +45,7 @@ impl Arena {
     /// Reserves `n_slots + n_transient` slots of `slot_bytes` (a positive multiple of
     /// [`SLOT_ALIGN`], checked by the caller). Commits no memory: see the module doc.
     pub fn new(slot_bytes: usize, n_slots: u32, n_transient: u32) -> Result<Arena, CacheError> {
-        debug_assert!(slot_bytes > 0 && slot_bytes.is_multiple_of(SLOT_ALIGN));
+        assert!(slot_bytes > 0 && slot_bytes.is_multiple_of(SLOT_ALIGN));
         let n = u64::from(n_slots) + u64::from(n_transient);
         let bytes = n.checked_mul(slot_bytes as u64).filter(|&b| b <= isize::MAX as u64 / 2).ok_or(CacheError::ArenaAlloc { bytes: u64::MAX })?;
         let bytes = bytes as usize;

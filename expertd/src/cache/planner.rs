@@ -12,6 +12,16 @@
 //! [`Planner::mark_filled`] only records that a read completed; the release event lists the
 //! reads that did not, which is all a replay needs.
 
+/// An invariant of the planner's bookkeeping, checked in debug builds and in this crate's unit
+/// tests (which run on the release profile, where `debug_assert!` would be compiled out).
+macro_rules! invariant {
+    ($($arg:tt)*) => {
+        if cfg!(any(debug_assertions, test)) {
+            assert!($($arg)*);
+        }
+    };
+}
+
 use super::policy::{EvictKey, Policy};
 use super::stats::{CacheStats, Counters, SessionStats};
 use super::{CacheConfig, CacheError, ExpertKey, SessionId};
@@ -215,7 +225,7 @@ impl Planner {
     /// Moves the journaled events into `into` (which must be empty) in O(1): the two vectors
     /// are swapped, so the journal keeps `into`'s allocation.
     pub fn take_journal(&mut self, into: &mut Vec<TraceEvent>) {
-        debug_assert!(into.is_empty());
+        invariant!(into.is_empty());
         if let Some(j) = &mut self.journal {
             std::mem::swap(j, into);
         }
@@ -350,7 +360,7 @@ impl Planner {
             } else {
                 // The feasibility check reserved enough transient buffers.
                 let buffer = self.transient_free.pop().unwrap_or(u32::MAX);
-                debug_assert_ne!(buffer, u32::MAX, "transient pool checked before placing");
+                invariant!(buffer != u32::MAX, "transient pool checked before placing");
                 Placement::Transient { buffer }
             };
         }
@@ -395,7 +405,7 @@ impl Planner {
     /// Puts `key` into free slot `s` as a pinned read in flight.
     fn install(&mut self, s: u32, key: ExpertKey, tick: u64) {
         let slot = &mut self.slots[s as usize];
-        debug_assert!(slot.key.is_none() && slot.pins == 0 && slot.evict_key.is_none());
+        invariant!(slot.key.is_none() && slot.pins == 0 && slot.evict_key.is_none());
         *slot = Slot { key: Some(key), fill: FillState::Filling, pins: 1, count: 1, last_use: tick, evict_key: None };
         self.counters.slots_leased += 1;
         self.index.insert(key, s);
@@ -415,7 +425,7 @@ impl Planner {
 
     fn unpin(&mut self, s: u32) {
         let slot = &mut self.slots[s as usize];
-        debug_assert!(slot.pins > 0, "unpinning slot {s} with no pins");
+        invariant!(slot.pins > 0, "unpinning slot {s} with no pins");
         slot.pins = slot.pins.saturating_sub(1);
         if slot.pins > 0 {
             return;
@@ -433,7 +443,7 @@ impl Planner {
             }
             // A read in flight is pinned by its call, whose release turns it into `Failed`
             // before unpinning; `Free` slots have no pins.
-            FillState::Filling | FillState::Free => debug_assert!(false, "slot {s} unpinned while {:?}", slot.fill),
+            FillState::Filling | FillState::Free => invariant!(false, "slot {s} unpinned while {:?}", slot.fill),
         }
     }
 
@@ -460,7 +470,7 @@ impl Planner {
     /// reads were abandoned; 0 also for an unknown call.
     pub fn release(&mut self, call: CallId) -> u32 {
         let Some(rec) = self.calls.remove(&call) else {
-            debug_assert!(false, "release of unknown call {call:?}");
+            invariant!(false, "release of unknown call {call:?}");
             return 0;
         };
         let mut unfilled = Vec::new();

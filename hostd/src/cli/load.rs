@@ -105,6 +105,20 @@ pub struct LoadArgs {
     /// The expertd backend's flags.
     #[command(flatten)]
     pub expertd: ExpertdArgs,
+    /// Bytes this process will hold beyond its dense weights (set by `hostd serve`: its prefix
+    /// cache of conversation states), kept out of a private daemon's default cache budget.
+    #[arg(skip)]
+    pub host_extra_bytes: u64,
+}
+
+/// The model directory's tokenizer; a missing or wrong directory is reported as such (not as a
+/// tokenizer problem).
+pub fn load_tokenizer(model: &std::path::Path) -> anyhow::Result<crate::tokenizer::Tokenizer> {
+    use crate::tokenizer::{Tokenizer, TokenizerError};
+    Tokenizer::from_model_dir(model).map_err(|e| match e {
+        e @ TokenizerError::ModelDir { .. } => anyhow::Error::from(e),
+        e => anyhow::Error::from(e).context(format!("loading the tokenizer of {}", model.display())),
+    })
 }
 
 /// The container fingerprint recorded in `dir/experts.sluice`'s header (the header only; the
@@ -131,7 +145,7 @@ fn expertd_backend(args: &LoadArgs, mapped: &MappedCheckpoint) -> anyhow::Result
                 model: args.model.clone(),
                 container: dir.clone(),
                 cache_bytes: e.expertd_cache_bytes,
-                host_bytes: shared::sizes::ModelSizes::from_config(cfg).dense_bytes_bf16,
+                host_bytes: shared::sizes::ModelSizes::from_config(cfg).dense_bytes_bf16 + args.host_extra_bytes,
                 threads: args.threads,
                 extra_args: e.expertd_daemon_args.clone(),
             };

@@ -4,7 +4,6 @@
 use super::load::{LoadArgs, load_model};
 use crate::chat_template::{self, ChatMessage, ChatOptions};
 use crate::generate::{GenerateOptions, StopReason, generate_greedy, peak_rss_bytes};
-use crate::tokenizer::Tokenizer;
 use anyhow::Context;
 use serde_json::json;
 use std::io::Write;
@@ -39,8 +38,7 @@ pub struct RunArgs {
 
 /// Runs `hostd run`.
 pub fn run(args: &RunArgs) -> anyhow::Result<()> {
-    let tokenizer = Tokenizer::from_model_dir(&args.load.model)
-        .with_context(|| format!("loading the tokenizer of {}", args.load.model.display()))?;
+    let tokenizer = super::load::load_tokenizer(&args.load.model)?;
     let text = if args.raw {
         args.prompt.clone()
     } else {

@@ -11,7 +11,6 @@
 use super::load::{LoadArgs, load_model};
 use crate::engine::{self, EngineConfig, metrics::Metrics};
 use crate::http::{self, AppState, MAX_BODY_BYTES_DEFAULT, Ready, ServerConfig};
-use crate::tokenizer::Tokenizer;
 use anyhow::Context;
 use std::io::Write;
 use std::net::{IpAddr, SocketAddr};
@@ -156,7 +155,8 @@ async fn serve(args: &ServeArgs, config: ServerConfig) -> anyhow::Result<()> {
     // Load on a plain thread: mapping and validating a checkpoint blocks for a while.
     let (failed_tx, failed_rx) = tokio::sync::oneshot::channel::<String>();
     let loader_state = Arc::clone(&state);
-    let load_args = args.load.clone();
+    let mut load_args = args.load.clone();
+    load_args.host_extra_bytes = args.state_cache_bytes as u64;
     let engine_limits = (args.max_queue, args.max_batch, args.state_cache_bytes, args.prefill_chunk, args.max_context);
     std::thread::Builder::new()
         .name("hostd-load".into())
@@ -212,7 +212,7 @@ async fn serve(args: &ServeArgs, config: ServerConfig) -> anyhow::Result<()> {
 /// Loads tokenizer and model, starts the engine and marks the server ready.
 fn load(args: &LoadArgs, limits: (usize, usize, usize, usize, Option<usize>), state: &AppState) -> anyhow::Result<()> {
     let (max_queue, max_batch, state_cache_bytes, prefill_chunk, max_context) = limits;
-    let tokenizer = Tokenizer::from_model_dir(&args.model).with_context(|| format!("loading the tokenizer of {}", args.model.display()))?;
+    let tokenizer = super::load::load_tokenizer(&args.model)?;
     let model = load_model(args)?;
     let model_max = model.config().max_position_embeddings;
     let max_context = max_context.unwrap_or(model_max);

@@ -41,8 +41,8 @@ pub struct PrivateOptions {
     pub container: PathBuf,
     /// The cache budget (default: [`default_cache_budget`] from free memory).
     pub cache_bytes: Option<u64>,
-    /// Bytes hostd itself will still allocate after the daemon starts (its dense weights), kept
-    /// out of the default budget.
+    /// Bytes hostd itself will still allocate after the daemon starts (its dense weights, and
+    /// `hostd serve`'s prefix cache), kept out of the default budget.
     pub host_bytes: u64,
     /// The daemon's compute threads (default: one per core).
     pub threads: Option<usize>,
@@ -108,7 +108,12 @@ impl PrivateDaemon {
         if !file.exists() {
             PrivateDaemon::prepare(&bin, &opts.model, &opts.container)?;
         }
-        let len = std::fs::metadata(&file).map_err(|e| err(format!("{}: {e}", file.display())))?.len();
+        // The experts' bytes as expertd counts them (blobs × stride), not the file's length.
+        let header = std::fs::File::open(&file)
+            .map_err(|e| err(format!("{}: {e}", file.display())))
+            .and_then(|f| shared::container::read_header(&f, &file).map_err(|e| err(e.to_string())))?
+            .0;
+        let len = header.layout.dims.n_blobs() as u64 * header.layout.blob.stride as u64;
         let (budget, why) = match opts.cache_bytes {
             Some(b) => (b, "set by --expertd-cache-bytes".to_string()),
             None => default_cache_budget(len, opts.host_bytes, available_memory()),
@@ -202,7 +207,7 @@ pub fn default_cache_budget(container_bytes: u64, host_bytes: u64, available: Op
     let spare = available.saturating_sub(host_bytes).saturating_sub(DEFAULT_HEADROOM_BYTES);
     let budget = container_bytes.min(spare.max(MIN_DEFAULT_CACHE_BYTES));
     let why = format!(
-        "default: {} available less {} for hostd's dense weights and {} headroom; --expertd-cache-bytes to choose",
+        "default: {} available less {} for hostd (dense weights, state cache) and {} headroom; --expertd-cache-bytes to choose",
         human_bytes(available),
         human_bytes(host_bytes),
         human_bytes(DEFAULT_HEADROOM_BYTES)
@@ -211,39 +216,61 @@ pub fn default_cache_budget(container_bytes: u64, host_bytes: u64, available: Op
 }
 
 /// Memory this process may still use: `MemAvailable` from `/proc/meminfo`, lowered to the
-/// room left under each enclosing cgroup v2 `memory.max` (a container or systemd limit).
+/// room left under the memory limits of this process's cgroup and its ancestors (v2
+/// `memory.max`, or v1 `memory.limit_in_bytes`: a container or systemd limit).
 pub fn available_memory() -> Option<u64> {
     let meminfo = std::fs::read_to_string("/proc/meminfo").ok()?;
     let kib: u64 = meminfo.lines().find_map(|l| l.strip_prefix("MemAvailable:"))?.split_whitespace().next()?.parse().ok()?;
     let mut available = kib * 1024;
-    if let Some(room) = cgroup_room() {
+    let cgroups = std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
+    if let Some(room) = cgroup_room(Path::new("/sys/fs/cgroup"), &cgroups) {
         available = available.min(room);
     }
     Some(available)
 }
 
-/// The least `memory.max − memory.current` over this process's cgroup v2 and its ancestors
-/// (None when no limit is set or cgroup v2 is not mounted).
-fn cgroup_room() -> Option<u64> {
-    let line = std::fs::read_to_string("/proc/self/cgroup").ok()?;
-    let rel = line.lines().find_map(|l| l.strip_prefix("0::"))?.trim().trim_start_matches('/').to_string();
-    let root = Path::new("/sys/fs/cgroup");
-    let mut dir = root.join(&rel);
+/// The least room under a memory limit over the cgroup named in `proc_self_cgroup` (the text
+/// of `/proc/self/cgroup`) and its ancestors, below `root` (`/sys/fs/cgroup`): v2 (`0::PATH`,
+/// `memory.max`) or v1 (`N:memory:PATH` or `N:…,memory,…:PATH`, `memory/…/memory.limit_in_bytes`).
+/// Room is the limit less the usage, where page cache the kernel can drop (`inactive_file`
+/// in `memory.stat`) does not count as used. None when no limit is set.
+pub fn cgroup_room(root: &Path, proc_self_cgroup: &str) -> Option<u64> {
     let mut room: Option<u64> = None;
-    loop {
-        let max = std::fs::read_to_string(dir.join("memory.max")).ok();
-        let current = std::fs::read_to_string(dir.join("memory.current")).ok();
-        if let (Some(max), Some(current)) = (max, current)
-            && let (Ok(max), Ok(current)) = (max.trim().parse::<u64>(), current.trim().parse::<u64>())
-        {
-            let r = max.saturating_sub(current);
-            room = Some(room.map_or(r, |x| x.min(r)));
-        }
-        if dir == root || !dir.pop() || !dir.starts_with(root) {
-            break;
+    let mut consider = |r: u64| room = Some(room.map_or(r, |x: u64| x.min(r)));
+    for line in proc_self_cgroup.lines() {
+        let mut parts = line.splitn(3, ':');
+        let (Some(_), Some(controllers), Some(path)) = (parts.next(), parts.next(), parts.next()) else { continue };
+        let rel = path.trim().trim_start_matches('/');
+        let (base, files) = if controllers.is_empty() {
+            (root.to_path_buf(), ("memory.max", "memory.current", "inactive_file"))
+        } else if controllers.split(',').any(|c| c == "memory") {
+            (root.join("memory"), ("memory.limit_in_bytes", "memory.usage_in_bytes", "total_inactive_file"))
+        } else {
+            continue;
+        };
+        let mut dir = base.join(rel);
+        loop {
+            if let Some(r) = limit_room(&dir, files) {
+                consider(r);
+            }
+            if dir == base || !dir.pop() || !dir.starts_with(&base) {
+                break;
+            }
         }
     }
     room
+}
+
+/// `limit − (usage − inactive file pages)` of one cgroup directory, if it has a numeric limit
+/// (v2 writes `max` for none; v1 writes a huge number, which leaves the room huge too).
+fn limit_room(dir: &Path, (limit_file, usage_file, inactive_key): (&str, &str, &str)) -> Option<u64> {
+    let read = |f: &str| std::fs::read_to_string(dir.join(f)).ok();
+    let limit: u64 = read(limit_file)?.trim().parse().ok()?;
+    let usage: u64 = read(usage_file)?.trim().parse().ok()?;
+    let inactive: u64 = read("memory.stat")
+        .and_then(|stat| stat.lines().find_map(|l| l.strip_prefix(inactive_key).and_then(|v| v.strip_prefix(' ')).and_then(|v| v.trim().parse().ok())))
+        .unwrap_or(0);
+    Some(limit.saturating_sub(usage.saturating_sub(inactive)))
 }
 
 #[cfg(test)]
@@ -262,6 +289,44 @@ mod tests {
     fn a_container_larger_than_free_memory_gets_what_is_left() {
         let (b, _) = default_cache_budget(60 * GIB, 5 * GIB, Some(20 * GIB));
         assert_eq!(b, 20 * GIB - 5 * GIB - DEFAULT_HEADROOM_BYTES);
+    }
+
+    /// Writes `files` (path → contents) under a fresh directory.
+    fn tree(files: &[(&str, &str)]) -> tempfile::TempDir {
+        let dir = tempfile::tempdir().expect("tempdir");
+        for (path, text) in files {
+            let p = dir.path().join(path);
+            std::fs::create_dir_all(p.parent().expect("parent")).expect("mkdir");
+            std::fs::write(p, text).expect("write");
+        }
+        dir
+    }
+
+    #[test]
+    fn cgroup_v2_room_is_the_tightest_limit_up_the_tree_with_reclaimable_cache_free() {
+        let t = tree(&[
+            ("system.slice/memory.max", "max\n"),
+            ("system.slice/memory.current", "999\n"),
+            ("system.slice/app.service/memory.max", "8000\n"),
+            ("system.slice/app.service/memory.current", "5000\n"),
+            ("system.slice/app.service/memory.stat", "anon 3000\ninactive_file 1000\nactive_file 1000\n"),
+        ]);
+        // 8000 − (5000 − 1000 inactive) = 4000; the parent has no limit.
+        assert_eq!(super::cgroup_room(t.path(), "0::/system.slice/app.service\n"), Some(4000));
+        assert_eq!(super::cgroup_room(t.path(), "0::/\n"), None);
+    }
+
+    #[test]
+    fn cgroup_v1_memory_controller_is_read_too() {
+        let t = tree(&[
+            ("memory/docker/abc/memory.limit_in_bytes", "4096\n"),
+            ("memory/docker/abc/memory.usage_in_bytes", "3000\n"),
+            ("memory/docker/abc/memory.stat", "cache 10\ntotal_inactive_file 1000\n"),
+            ("memory/memory.limit_in_bytes", "9223372036854771712\n"),
+            ("memory/memory.usage_in_bytes", "1\n"),
+        ]);
+        let text = "12:cpu,cpuacct:/docker/abc\n4:memory:/docker/abc\n0::/\n";
+        assert_eq!(super::cgroup_room(t.path(), text), Some(4096 - 2000));
     }
 
     #[test]

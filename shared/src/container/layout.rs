@@ -125,7 +125,7 @@ fn overflow(what: &'static str) -> ContainerError {
 
 /// `n` rounded up to a multiple of `align` (a power of two), or `None` on overflow.
 pub fn align_up(n: u64, align: u64) -> Option<u64> {
-    debug_assert!(align.is_power_of_two());
+    assert!(align.is_power_of_two());
     Some(n.checked_add(align - 1)? & !(align - 1))
 }
 
@@ -237,7 +237,7 @@ impl ContainerLayout {
     /// File offset of blob number `i` (in (layer, expert) order). `i` must be below `n_blobs`;
     /// under that bound it cannot overflow because `file_bytes` did not.
     pub fn blob_offset_at(&self, i: usize) -> u64 {
-        debug_assert!(i < self.dims.n_blobs());
+        assert!(i < self.dims.n_blobs());
         self.blobs_offset + i as u64 * self.blob.stride as u64
     }
 
