@@ -276,6 +276,14 @@ impl Engine {
         // short planner section, no allocation proportional to anything but the call.
         debug_assert_eq!(x.len(), spec.n_rows * self.hidden());
         debug_assert_eq!(out.len(), spec.n_rows * self.hidden());
+        // The activations' boundary, for the RPC and the call ring alike: a NaN or an infinity
+        // would quantise its whole row into finite garbage. One vectorised pass over `x`.
+        if let Some((row, column, value)) = shared::moe_exec::first_non_finite(x, self.hidden()) {
+            return Err(CallError::Invalid {
+                layer: spec.layer,
+                reason: format!("activation row {row} is not finite ({value} at column {column}); NaN and infinite activations are refused"),
+            });
+        }
         // Experts in ascending id order (as the in-process backend does; the order does not
         // change any result, only which expert runs where).
         let mut exec = MoeExec::new(x, spec.ids, spec.weights, spec.n_rows, spec.top_k, self.hidden(), self.header.layout.dims.n_experts);
