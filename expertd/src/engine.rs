@@ -269,7 +269,8 @@ impl Engine {
     }
 
     /// Runs one validated call: `out[r] = Σ_k weights[r,k] · expert_{ids[r,k]}(x[r])`.
-    /// `x` and `out` hold `n_rows × hidden` values. Blocks (reads and compute); run it off the
+    /// `x` and `out` hold `n_rows × hidden` values; a non-finite value in `x` fails the call
+    /// (`Invalid`, naming the row) before any lease is taken. Blocks (reads and compute); run it off the
     /// async runtime. Every lease is released when this returns, on success or failure.
     pub fn run(&self, spec: &CallSpec<'_>, x: &[f32], out: &mut [f32]) -> Result<CallCost, CallError> {
         // PERF-CRITICAL: the per-call path; no logging, no global locks beyond the cache's

@@ -19,7 +19,7 @@ use shared::container::ModelIdentity;
 use std::net::SocketAddr;
 use std::ops::Range;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::time::Instant;
 use tonic::{Request, Response, Status};
 use tracing::Instrument;
@@ -120,6 +120,8 @@ pub struct ServiceState {
     pub fingerprint: u64,
     /// Calls running on call-ring workers now (a draining daemon waits for them).
     pub ring_calls: AtomicU32,
+    /// Handshakes refused so far because a session cap was reached (for log rate limiting).
+    pub session_cap_refusals: AtomicU64,
 }
 
 impl ServiceState {
@@ -137,6 +139,7 @@ impl ServiceState {
             started: Instant::now(),
             fingerprint,
             ring_calls: AtomicU32::new(0),
+            session_cap_refusals: AtomicU64::new(0),
         }
     }
 
@@ -438,7 +441,15 @@ impl ExpertService for ExpertdService {
         let conn = conn_of(&request)?;
         self.state.auth.check(&conn, request.metadata())?;
         let resp = self.handshake_inner(&conn, request.into_inner()).await.inspect_err(|e| {
-            tracing::warn!(error = %logsafe::text(&e.to_string()), error_type = e.error_type(), peer = %conn.peer, "handshake refused");
+            // A client hammering the session caps must not flood the log: those refusals are
+            // logged at the 1st, 2nd, 4th, 8th … one (with the running count), the rest at debug.
+            let capped = matches!(e, RpcError::TooManySessions(_));
+            let n = if capped { self.state.session_cap_refusals.fetch_add(1, Ordering::Relaxed) + 1 } else { 0 };
+            if !capped || n.is_power_of_two() {
+                tracing::warn!(error = %logsafe::text(&e.to_string()), error_type = e.error_type(), peer = %conn.peer, session_cap_refusals = n, "handshake refused");
+            } else {
+                tracing::debug!(error = %logsafe::text(&e.to_string()), error_type = e.error_type(), peer = %conn.peer, session_cap_refusals = n, "handshake refused");
+            }
         })?;
         Ok(Response::new(resp))
     }
