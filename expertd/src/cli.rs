@@ -334,6 +334,13 @@ pub struct ServeArgs {
     /// Calls one session may have queued or running; more get RESOURCE_EXHAUSTED.
     #[arg(long, env = "EXPERTD_MAX_QUEUED_CALLS", default_value_t = crate::server::DEFAULT_MAX_QUEUED_CALLS)]
     pub max_queued_calls: u32,
+    /// Sessions one connection may hold open; a handshake past it gets RESOURCE_EXHAUSTED.
+    #[arg(long, env = "EXPERTD_MAX_SESSIONS_PER_CONNECTION", default_value_t = crate::server::DEFAULT_MAX_SESSIONS_PER_CONNECTION)]
+    pub max_sessions_per_connection: u32,
+    /// Sessions one unix uid (over all its connections; for TCP, one client address) may hold
+    /// open; a handshake past it gets RESOURCE_EXHAUSTED.
+    #[arg(long, env = "EXPERTD_MAX_SESSIONS_PER_UID", default_value_t = crate::server::DEFAULT_MAX_SESSIONS_PER_UID)]
+    pub max_sessions_per_uid: u32,
     /// Largest n_tokens of one call.
     #[arg(long, env = "EXPERTD_MAX_ROWS_PER_CALL", default_value_t = crate::server::DEFAULT_MAX_ROWS)]
     pub max_rows_per_call: u32,
@@ -416,6 +423,8 @@ pub fn serve(args: &ServeArgs) -> anyhow::Result<()> {
         allow_gids: args.allow_gid.clone(),
         auth_token: token,
         max_queued_calls_per_session: args.max_queued_calls,
+        max_sessions_per_connection: args.max_sessions_per_connection,
+        max_sessions_per_uid: args.max_sessions_per_uid,
         max_rows_per_call: args.max_rows_per_call,
         compute_lanes: args.compute_lanes,
         threads: args.threads,

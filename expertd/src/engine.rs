@@ -269,13 +269,22 @@ impl Engine {
     }
 
     /// Runs one validated call: `out[r] = Σ_k weights[r,k] · expert_{ids[r,k]}(x[r])`.
-    /// `x` and `out` hold `n_rows × hidden` values. Blocks (reads and compute); run it off the
+    /// `x` and `out` hold `n_rows × hidden` values; a non-finite value in `x` fails the call
+    /// (`Invalid`, naming the row) before any lease is taken. Blocks (reads and compute); run it off the
     /// async runtime. Every lease is released when this returns, on success or failure.
     pub fn run(&self, spec: &CallSpec<'_>, x: &[f32], out: &mut [f32]) -> Result<CallCost, CallError> {
         // PERF-CRITICAL: the per-call path; no logging, no global locks beyond the cache's
         // short planner section, no allocation proportional to anything but the call.
         assert_eq!(x.len(), spec.n_rows * self.hidden());
         assert_eq!(out.len(), spec.n_rows * self.hidden());
+        // The activations' boundary, for the RPC and the call ring alike: a NaN or an infinity
+        // would quantise its whole row into finite garbage. One vectorised pass over `x`.
+        if let Some((row, column, value)) = shared::moe_exec::first_non_finite(x, self.hidden()) {
+            return Err(CallError::Invalid {
+                layer: spec.layer,
+                reason: format!("activation row {row} is not finite ({value} at column {column}); NaN and infinite activations are refused"),
+            });
+        }
         // Experts in ascending id order (as the in-process backend does; the order does not
         // change any result, only which expert runs where).
         let mut exec = MoeExec::new(x, spec.ids, spec.weights, spec.n_rows, spec.top_k, self.hidden(), self.header.layout.dims.n_experts);

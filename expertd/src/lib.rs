@@ -12,6 +12,7 @@ pub mod cli;
 mod convert;
 pub mod engine;
 pub mod io;
+pub mod logsafe;
 pub mod prefetch;
 pub mod prepare;
 pub mod replay;

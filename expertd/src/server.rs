@@ -7,7 +7,7 @@
 //! (mini-redis style: tests run the real server on a temporary socket).
 //!
 //! Owns connection acceptance: unix peers' credentials and allow lists, the shared-memory
-//! pre-handshake (`crate::shm`), TCP only with a bearer token, and each connection's lifetime —
+//! pre-handshake (`crate::shm`), TCP only with a bearer token (gRPC health included), and each connection's lifetime —
 //! when a connection's IO is dropped (client exited, was killed, hung up) its sessions close and
 //! their leases are released. The RPCs themselves are `crate::rpc`.
 
@@ -34,6 +34,11 @@ use tonic::transport::server::Connected;
 
 /// Default bound on one session's calls queued or running.
 pub const DEFAULT_MAX_QUEUED_CALLS: u32 = 8;
+/// Default cap on sessions one connection holds open (a hostd opens one).
+pub const DEFAULT_MAX_SESSIONS_PER_CONNECTION: u32 = 64;
+/// Default cap on sessions one peer (unix uid, or TCP address) holds open over all its
+/// connections.
+pub const DEFAULT_MAX_SESSIONS_PER_UID: u32 = 256;
 /// Default largest `n_tokens` of one call.
 pub const DEFAULT_MAX_ROWS: u32 = 8192;
 /// Default compute lanes (calls computing at once; each uses the whole thread pool).
@@ -68,6 +73,10 @@ pub struct ServeConfig {
     pub auth_token: Option<String>,
     /// Bound on one session's calls queued or running.
     pub max_queued_calls_per_session: u32,
+    /// Cap on sessions one connection holds open.
+    pub max_sessions_per_connection: u32,
+    /// Cap on sessions one peer (unix uid, or TCP address) holds open.
+    pub max_sessions_per_uid: u32,
     /// Largest `n_tokens` of one call.
     pub max_rows_per_call: u32,
     /// Calls computing at once.
@@ -97,6 +106,8 @@ impl ServeConfig {
             allow_gids: Vec::new(),
             auth_token: None,
             max_queued_calls_per_session: DEFAULT_MAX_QUEUED_CALLS,
+            max_sessions_per_connection: DEFAULT_MAX_SESSIONS_PER_CONNECTION,
+            max_sessions_per_uid: DEFAULT_MAX_SESSIONS_PER_UID,
             max_rows_per_call: DEFAULT_MAX_ROWS,
             compute_lanes: DEFAULT_COMPUTE_LANES,
             threads: 0,
@@ -111,6 +122,12 @@ impl ServeConfig {
         let bad = |what: String| Err(ServeError::Config(what));
         if self.max_queued_calls_per_session == 0 {
             return bad("--max-queued-calls must be at least 1".into());
+        }
+        if self.max_sessions_per_connection == 0 {
+            return bad("--max-sessions-per-connection must be at least 1".into());
+        }
+        if self.max_sessions_per_uid == 0 {
+            return bad("--max-sessions-per-uid must be at least 1".into());
         }
         if self.max_rows_per_call == 0 {
             return bad("--max-rows-per-call must be at least 1".into());
@@ -298,6 +315,10 @@ impl Prepared {
         let banner = Banner { dir, header, isa, io, io_kind: info.kind, o_direct: info.o_direct, budget_bytes, slots, transient_slots, lanes };
         let service_config = ServiceConfig {
             max_queued_calls_per_session: config.max_queued_calls_per_session,
+            session_caps: crate::session::SessionCaps {
+                per_connection: config.max_sessions_per_connection,
+                per_peer: config.max_sessions_per_uid,
+            },
             max_message_bytes: MAX_MESSAGE_BYTES as u64,
             container_path: config.container_dir.join(shared::container::CONTAINER_FILE).display().to_string(),
             io_backend: banner.io.clone(),
@@ -352,6 +373,13 @@ impl Prepared {
         tracing::debug!(identity = %b.header.identity, reader = %b.io, "container and reader details");
         let (health, health_service) = tonic_health::server::health_reporter();
         health.set_serving::<ExpertServiceServer<ExpertdService>>().await;
+        // Health answers to the same rules as the service on TCP (the bearer token); on a unix
+        // socket it stays open to any peer the socket admits, as before.
+        let health_auth = state.auth.clone();
+        let health_service = tonic::service::interceptor::InterceptedService::new(health_service, move |req: tonic::Request<()>| {
+            health_auth.check_health(req.extensions().get::<ConnInfo>(), req.metadata())?;
+            Ok(req)
+        });
         let service = ExpertServiceServer::new(ExpertdService::new(Arc::clone(&state)))
             .max_decoding_message_size(MAX_MESSAGE_BYTES)
             .max_encoding_message_size(MAX_MESSAGE_BYTES);
@@ -439,7 +467,7 @@ async fn accept_loop(listener: Listener, state: Arc<ServiceState>, tx: mpsc::Sen
                 Accepted::Unix(mut s) => match crate::shm::negotiate(&mut s, conn_id).await {
                     Ok(n) => (ConnIo::Unix(PrefixedStream::new(n.prefix, s)), if allowed { n.segment } else { None }),
                     Err(e) => {
-                        tracing::warn!(error = %e, %peer, "connection dropped during the pre-handshake");
+                        tracing::warn!(error = %crate::logsafe::text(&e.to_string()), %peer, "connection dropped during the pre-handshake");
                         return;
                     }
                 },

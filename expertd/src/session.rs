@@ -1,5 +1,6 @@
 //! Sessions and fairness: the registry of open sessions (one per client handshake, bound to the
-//! connection it was opened on and closed with it), each session's counters and its bound on
+//! connection it was opened on and closed with it, and capped per connection and per peer so
+//! that no client can fill the daemon with sessions), each session's counters and its bound on
 //! calls in flight, and the fair queue in front of the compute lanes, which serves waiting
 //! sessions round-robin so a client that floods the daemon gets only its share.
 //!
@@ -18,6 +19,61 @@ pub enum TransportKind {
     Inline,
     /// The connection's memfd segment.
     SharedMemory,
+}
+
+/// Whom a session counts against for the per-peer cap: a unix peer by its uid (every
+/// connection of that user together), a TCP peer by its IP address.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum PeerKey {
+    /// A unix-socket peer's uid.
+    Uid(u32),
+    /// A TCP peer's address (the port differs per connection and is not counted).
+    Addr(std::net::IpAddr),
+    /// A TCP peer whose address the OS did not report: counted together.
+    Unknown,
+}
+
+impl std::fmt::Display for PeerKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            PeerKey::Uid(uid) => write!(f, "uid {uid}"),
+            PeerKey::Addr(addr) => write!(f, "address {addr}"),
+            PeerKey::Unknown => f.write_str("peers without an address"),
+        }
+    }
+}
+
+/// The caps on open sessions (each at least 1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SessionCaps {
+    /// Sessions one connection may hold open (`--max-sessions-per-connection`).
+    pub per_connection: u32,
+    /// Sessions one peer (uid, or TCP address) may hold open over all its connections
+    /// (`--max-sessions-per-uid`).
+    pub per_peer: u32,
+}
+
+/// A handshake refused because a session cap is reached.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CapReached {
+    /// The connection holds its cap of sessions.
+    #[error(
+        "this connection already holds {limit} open sessions, the cap set by --max-sessions-per-connection; close one (CloseSession) or reuse it"
+    )]
+    Connection {
+        /// The cap.
+        limit: u32,
+    },
+    /// The peer holds its cap over all its connections.
+    #[error(
+        "{peer} already holds {limit} open sessions over all its connections, the cap set by --max-sessions-per-uid; close some (CloseSession, or end the processes holding them)"
+    )]
+    Peer {
+        /// Whom the cap counts.
+        peer: PeerKey,
+        /// The cap.
+        limit: u32,
+    },
 }
 
 /// A session's cumulative counters. Relaxed atomics: they order nothing, and a stats reader
@@ -76,6 +132,8 @@ pub struct Session {
     pub client_name: String,
     /// The peer: "uid U gid G pid P" or "ADDRESS:PORT".
     pub peer: String,
+    /// Whom the session counts against for the per-peer cap.
+    pub peer_key: PeerKey,
     /// How the connection moves activations.
     pub transport: TransportKind,
     /// Counters.
@@ -169,12 +227,35 @@ impl Sessions {
         self.by_id.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Opens a session on connection `conn_id`.
-    pub fn open(&self, conn_id: u64, client_name: String, peer: String, transport: TransportKind) -> Arc<Session> {
+    /// Opens a session on connection `conn_id` for `peer_key`, unless the connection or the
+    /// peer already holds its cap of open sessions (checked and inserted under one lock, so
+    /// concurrent handshakes cannot overshoot). Counting walks the open sessions, whose number
+    /// the caps bound; a handshake is rare next to calls.
+    pub fn open(
+        &self,
+        conn_id: u64,
+        peer_key: PeerKey,
+        client_name: String,
+        peer: String,
+        transport: TransportKind,
+        caps: SessionCaps,
+    ) -> Result<Arc<Session>, CapReached> {
+        let mut map = self.map();
+        let (mut on_conn, mut of_peer) = (0u32, 0u32);
+        for s in map.values() {
+            on_conn += u32::from(s.conn_id == conn_id);
+            of_peer += u32::from(s.peer_key == peer_key);
+        }
+        if on_conn >= caps.per_connection {
+            return Err(CapReached::Connection { limit: caps.per_connection });
+        }
+        if of_peer >= caps.per_peer {
+            return Err(CapReached::Peer { peer: peer_key, limit: caps.per_peer });
+        }
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let s = Arc::new(Session { id, conn_id, client_name, peer, transport, counters: SessionCounters::default(), closed: Default::default() });
-        self.map().insert(id, Arc::clone(&s));
-        s
+        let s = Arc::new(Session { id, conn_id, client_name, peer, peer_key, transport, counters: SessionCounters::default(), closed: Default::default() });
+        map.insert(id, Arc::clone(&s));
+        Ok(s)
     }
 
     /// The session `id` if it is open and belongs to connection `conn_id` (a session is usable
@@ -383,10 +464,37 @@ mod tests {
         drop(p);
     }
 
+    const CAPS: SessionCaps = SessionCaps { per_connection: 64, per_peer: 256 };
+
+    fn open(sessions: &Sessions, conn: u64, uid: u32, caps: SessionCaps) -> Result<Arc<Session>, CapReached> {
+        sessions.open(conn, PeerKey::Uid(uid), "t".into(), "p".into(), TransportKind::Inline, caps)
+    }
+
+    #[test]
+    fn sessions_are_capped_per_connection_and_per_peer() {
+        let sessions = Sessions::new();
+        let caps = SessionCaps { per_connection: 3, per_peer: 5 };
+        for _ in 0..3 {
+            open(&sessions, 1, 1000, caps).expect("under the connection cap");
+        }
+        assert_eq!(open(&sessions, 1, 1000, caps).unwrap_err(), CapReached::Connection { limit: 3 });
+        // Another connection of the same uid: two more, then the uid's cap.
+        open(&sessions, 2, 1000, caps).expect("fourth of the uid");
+        open(&sessions, 2, 1000, caps).expect("fifth of the uid");
+        assert_eq!(open(&sessions, 2, 1000, caps).unwrap_err(), CapReached::Peer { peer: PeerKey::Uid(1000), limit: 5 });
+        // Another uid is not affected.
+        open(&sessions, 3, 1001, caps).expect("another uid");
+        // Closing frees room: a dropped connection's sessions no longer count.
+        assert_eq!(sessions.close_connection(1).len(), 3);
+        open(&sessions, 2, 1000, caps).expect("room again after connection 1 closed");
+        assert!(CapReached::Connection { limit: 3 }.to_string().contains("--max-sessions-per-connection"));
+        assert!(CapReached::Peer { peer: PeerKey::Uid(7), limit: 5 }.to_string().contains("uid 7 already holds 5"));
+    }
+
     #[test]
     fn in_flight_is_bounded() {
         let sessions = Sessions::new();
-        let s = sessions.open(7, "t".into(), "p".into(), TransportKind::Inline);
+        let s = open(&sessions, 7, 1, CAPS).expect("open");
         let a = s.try_enter(2).expect("first");
         let _b = s.try_enter(2).expect("second");
         assert!(s.try_enter(2).is_none());

@@ -251,7 +251,7 @@ pub async fn negotiate(stream: &mut UnixStream, segment_id: u64) -> Result<Negot
         match mapped {
             Ok(s) => segment = Some(std::sync::Arc::new(s)),
             Err(e) => {
-                tracing::warn!(error = %e, "shared-memory segment refused; this connection carries activations inline");
+                tracing::warn!(error = %crate::logsafe::text(&e.to_string()), "shared-memory segment refused; this connection carries activations inline");
                 status = shm_layout::REPLY_SEGMENT_REFUSED;
             }
         }

@@ -36,7 +36,7 @@ fn free_port() -> u16 {
 }
 
 impl Daemon {
-    fn start(container: &Path, cache_bytes: u64, tcp_token: Option<&Path>, extra: &[&str]) -> Daemon {
+    pub(crate) fn start(container: &Path, cache_bytes: u64, tcp_token: Option<&Path>, extra: &[&str]) -> Daemon {
         Daemon::start_at(container, cache_bytes, tcp_token, extra, None)
     }
 
@@ -186,15 +186,19 @@ pub(crate) fn rt() -> tokio::runtime::Runtime {
 
 /// A plain gRPC client (no shared-memory pre-handshake) on the daemon's unix socket.
 pub(crate) async fn raw_unix(socket: &Path) -> ExpertServiceClient<Channel> {
+    ExpertServiceClient::new(unix_channel(socket).await)
+}
+
+/// One HTTP/2 connection (no shared-memory pre-handshake) to the daemon's unix socket.
+pub(crate) async fn unix_channel(socket: &Path) -> Channel {
     let socket = socket.to_path_buf();
-    let channel = tonic::transport::Endpoint::from_static("http://expertd.test")
+    tonic::transport::Endpoint::from_static("http://expertd.test")
         .connect_with_connector(tower::service_fn(move |_| {
             let socket = socket.clone();
             async move { Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(tokio::net::UnixStream::connect(socket).await?)) }
         }))
         .await
-        .expect("connect");
-    ExpertServiceClient::new(channel)
+        .expect("connect")
 }
 
 pub(crate) fn handshake_request(identity: Option<&ModelIdentity>) -> pb::HandshakeRequest {
@@ -214,7 +218,7 @@ pub(crate) fn activations(n: usize, d: usize) -> Vec<f32> {
 }
 
 /// A valid call on `tiny`: two rows, top-2.
-fn valid_call(session_id: u64) -> pb::MoeLayerRequest {
+pub(crate) fn valid_call(session_id: u64) -> pb::MoeLayerRequest {
     pb::MoeLayerRequest {
         session_id,
         request_id: 1,
@@ -229,7 +233,7 @@ fn valid_call(session_id: u64) -> pb::MoeLayerRequest {
     }
 }
 
-fn check_status<T: std::fmt::Debug>(what: &str, r: Result<T, tonic::Status>, code: Code, needle: &str) {
+pub(crate) fn check_status<T: std::fmt::Debug>(what: &str, r: Result<T, tonic::Status>, code: Code, needle: &str) {
     let s = r.expect_err(what);
     assert_eq!(s.code(), code, "{what}: {}", s.message());
     assert!(s.message().contains(needle), "{what}: {:?} does not mention {needle:?}", s.message());

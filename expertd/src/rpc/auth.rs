@@ -2,7 +2,8 @@
 //! `--allow-gid` (when either is given), TCP peers by a bearer token compared in constant time.
 //! The decision for a unix peer is made once, when the connection is accepted, and travels in
 //! [`super::ConnInfo`]; the token is checked on every request, because HTTP/2 metadata is per
-//! request. Status codes come from `super::status`.
+//! request. gRPC health is checked here too (`Auth::check_health`): the token on TCP, nothing
+//! more on a unix socket. Status codes come from `super::status`.
 
 use super::status::RpcError;
 use super::{ConnInfo, Peer};
@@ -65,6 +66,19 @@ impl Auth {
                     Err(RpcError::Unauthenticated("bearer token does not match"))
                 }
             }
+        }
+    }
+}
+
+impl Auth {
+    /// Checks a `grpc.health.v1` request: on TCP the same bearer token as every other call
+    /// (a health probe over the network must not reveal, unauthenticated, that a daemon is
+    /// there and serving); on a unix socket anyone the socket's mode admits.
+    pub fn check_health(&self, conn: Option<&ConnInfo>, metadata: &tonic::metadata::MetadataMap) -> Result<(), RpcError> {
+        match conn {
+            Some(ConnInfo { peer: Peer::Unix { .. }, .. }) => Ok(()),
+            Some(conn) => self.check(conn, metadata),
+            None => Err(RpcError::Internal("health request without connection info".into())),
         }
     }
 }

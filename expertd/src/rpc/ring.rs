@@ -117,7 +117,7 @@ impl Worker {
                 if counted {
                     self.session.record(Err(()));
                 }
-                tracing::debug!(session = self.session.id, error = %e, error_type = e.error_type(), "ring call failed");
+                tracing::debug!(session = self.session.id, error = %crate::logsafe::text(&e.to_string()), error_type = e.error_type(), "ring call failed");
                 fail(&entry, sub.seq, e);
             }
         }

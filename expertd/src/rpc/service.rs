@@ -9,7 +9,8 @@
 use super::auth::Auth;
 use super::status::RpcError;
 use crate::engine::{CallSpec, Engine};
-use crate::session::{CallCounters, FairQueue, Session, Sessions, TransportKind};
+use crate::logsafe;
+use crate::session::{CallCounters, FairQueue, PeerKey, Session, SessionCaps, Sessions, TransportKind};
 use crate::shm::Segment;
 use proto::convert::{self, f32s_to_le_bytes};
 use proto::v1::expert_service_server::ExpertService;
@@ -18,7 +19,7 @@ use shared::container::ModelIdentity;
 use std::net::SocketAddr;
 use std::ops::Range;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::time::Instant;
 use tonic::{Request, Response, Status};
 use tracing::Instrument;
@@ -40,6 +41,17 @@ pub enum Peer {
     },
     /// A TCP peer.
     Tcp(Option<SocketAddr>),
+}
+
+impl Peer {
+    /// Whom this peer's sessions count against for `--max-sessions-per-uid`.
+    pub fn key(&self) -> PeerKey {
+        match self {
+            Peer::Unix { uid, .. } => PeerKey::Uid(*uid),
+            Peer::Tcp(Some(addr)) => PeerKey::Addr(addr.ip()),
+            Peer::Tcp(None) => PeerKey::Unknown,
+        }
+    }
 }
 
 impl std::fmt::Display for Peer {
@@ -76,6 +88,8 @@ pub struct ConnInfo {
 pub struct ServiceConfig {
     /// Calls one session may have queued or running at once.
     pub max_queued_calls_per_session: u32,
+    /// Caps on open sessions per connection and per peer.
+    pub session_caps: SessionCaps,
     /// Largest gRPC message, in bytes.
     pub max_message_bytes: u64,
     /// The container file, for messages.
@@ -106,6 +120,8 @@ pub struct ServiceState {
     pub fingerprint: u64,
     /// Calls running on call-ring workers now (a draining daemon waits for them).
     pub ring_calls: AtomicU32,
+    /// Handshakes refused so far because a session cap was reached (for log rate limiting).
+    pub session_cap_refusals: AtomicU64,
 }
 
 impl ServiceState {
@@ -123,6 +139,7 @@ impl ServiceState {
             started: Instant::now(),
             fingerprint,
             ring_calls: AtomicU32::new(0),
+            session_cap_refusals: AtomicU64::new(0),
         }
     }
 
@@ -137,7 +154,7 @@ impl ServiceState {
         self.open_connections.fetch_sub(1, Ordering::Relaxed);
         for s in self.sessions.close_connection(conn_id) {
             let orphaned = self.engine.cache().release_session(crate::cache::SessionId(s.id)).map_or(0, |st| st.leases_held);
-            tracing::info!(session = s.id, client_name = %s.client_name, peer = %s.peer, orphaned_leases = orphaned, "session closed: connection gone");
+            tracing::info!(session = s.id, client_name = %logsafe::name(&s.client_name), peer = %s.peer, orphaned_leases = orphaned, "session closed: connection gone");
         }
     }
 }
@@ -217,7 +234,7 @@ impl ExpertdService {
         }
         let transport = if conn.segment.is_some() { TransportKind::SharedMemory } else { TransportKind::Inline };
         let name = if r.client_name.is_empty() { "unnamed".to_string() } else { r.client_name };
-        let session = st.sessions.open(conn.conn_id, name, conn.peer.to_string(), transport);
+        let session = st.sessions.open(conn.conn_id, conn.peer.key(), name, conn.peer.to_string(), transport, st.config.session_caps)?;
         // A version-3 client's segment may carry a call ring: serve it from its own worker.
         let mut ring_entries = 0;
         if r.protocol_version >= proto::version::CALL_RING
@@ -229,7 +246,7 @@ impl ExpertdService {
                 Err(e) => tracing::warn!(session = session.id, error = %e, "could not start the call-ring worker; MoeLayer RPCs only"),
             }
         }
-        tracing::info!(session = session.id, client_name = %session.client_name, peer = %session.peer, client_pid = r.client_pid, ?transport, ring_entries, "session opened");
+        tracing::info!(session = session.id, client_name = %logsafe::name(&session.client_name), peer = %session.peer, client_pid = r.client_pid, ?transport, ring_entries, "session opened");
         let dims = &header.layout.dims;
         let engine = &st.engine;
         Ok(pb::HandshakeResponse {
@@ -424,7 +441,15 @@ impl ExpertService for ExpertdService {
         let conn = conn_of(&request)?;
         self.state.auth.check(&conn, request.metadata())?;
         let resp = self.handshake_inner(&conn, request.into_inner()).await.inspect_err(|e| {
-            tracing::warn!(error = %e, error_type = e.error_type(), peer = %conn.peer, "handshake refused");
+            // A client hammering the session caps must not flood the log: those refusals are
+            // logged at the 1st, 2nd, 4th, 8th … one (with the running count), the rest at debug.
+            let capped = matches!(e, RpcError::TooManySessions(_));
+            let n = if capped { self.state.session_cap_refusals.fetch_add(1, Ordering::Relaxed) + 1 } else { 0 };
+            if !capped || n.is_power_of_two() {
+                tracing::warn!(error = %logsafe::text(&e.to_string()), error_type = e.error_type(), peer = %conn.peer, session_cap_refusals = n, "handshake refused");
+            } else {
+                tracing::debug!(error = %logsafe::text(&e.to_string()), error_type = e.error_type(), peer = %conn.peer, session_cap_refusals = n, "handshake refused");
+            }
         })?;
         Ok(Response::new(resp))
     }
@@ -440,7 +465,7 @@ impl ExpertService for ExpertdService {
         match result {
             Ok((resp, _)) => Ok(Response::new(resp)),
             Err(e) => {
-                tracing::debug!(error = %e, error_type = e.error_type(), "moe_layer failed");
+                tracing::debug!(error = %logsafe::text(&e.to_string()), error_type = e.error_type(), "moe_layer failed");
                 Err(e.into())
             }
         }
@@ -458,7 +483,7 @@ impl ExpertService for ExpertdService {
         let id = request.into_inner().session_id;
         let s = self.state.sessions.close(id, conn.conn_id).ok_or(RpcError::UnknownSession { session: id })?;
         self.state.engine.cache().release_session(crate::cache::SessionId(s.id));
-        tracing::info!(session = s.id, client_name = %s.client_name, "session closed by its client");
+        tracing::info!(session = s.id, client_name = %logsafe::name(&s.client_name), "session closed by its client");
         Ok(Response::new(pb::CloseSessionResponse {}))
     }
 }

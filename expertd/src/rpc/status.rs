@@ -3,10 +3,10 @@
 //!
 //! | error | code |
 //! |---|---|
-//! | malformed call: lengths, ranges, duplicates, non-finite weights, bad slices, buffer too small, bad wire values | `INVALID_ARGUMENT` |
+//! | malformed call: lengths, ranges, duplicates, non-finite weights or activations (naming layer and row), bad slices, buffer too small, bad wire values | `INVALID_ARGUMENT` |
 //! | protocol version, container identity or fingerprint mismatch; shared memory on a connection without a segment | `FAILED_PRECONDITION` |
 //! | unknown session (never opened, closed, or opened on another connection) | `NOT_FOUND` |
-//! | session at its bound on calls in flight; cache exhausted (every slot and transient buffer leased) | `RESOURCE_EXHAUSTED` |
+//! | session at its bound on calls in flight; connection or peer at its cap of open sessions (naming the flag); cache exhausted (every slot and transient buffer leased) | `RESOURCE_EXHAUSTED` |
 //! | blob checksum or padding mismatch, container file shorter than its blobs | `DATA_LOSS` |
 //! | draining for shutdown; device read error; another call's read of a shared expert failed | `UNAVAILABLE` |
 //! | unix peer not in `--allow-uid` / `--allow-gid` | `PERMISSION_DENIED` |
@@ -16,6 +16,7 @@
 use crate::cache::CacheError;
 use crate::engine::CallError;
 use crate::io::IoError;
+use crate::session::CapReached;
 use crate::shm::ShmError;
 use tonic::{Code, Status};
 
@@ -39,6 +40,9 @@ pub enum RpcError {
         /// The bound.
         limit: u32,
     },
+    /// A handshake over the connection's or the peer's cap of open sessions.
+    #[error(transparent)]
+    TooManySessions(#[from] CapReached),
     /// The daemon is draining for shutdown.
     #[error("expertd is shutting down and accepts no new calls")]
     ShuttingDown,
@@ -133,7 +137,7 @@ impl RpcError {
             },
             RpcError::Call(CallError::Misaligned { .. }) => Code::Internal,
             RpcError::UnknownSession { .. } => Code::NotFound,
-            RpcError::SessionBusy { .. } => Code::ResourceExhausted,
+            RpcError::SessionBusy { .. } | RpcError::TooManySessions(_) => Code::ResourceExhausted,
             RpcError::ShuttingDown => Code::Unavailable,
             RpcError::VersionMismatch { .. } | RpcError::IdentityMismatch { .. } | RpcError::FingerprintMismatch { .. } => {
                 Code::FailedPrecondition
@@ -157,6 +161,7 @@ impl RpcError {
             RpcError::Call(CallError::Misaligned { .. }) => "misaligned",
             RpcError::UnknownSession { .. } => "unknown_session",
             RpcError::SessionBusy { .. } => "session_busy",
+            RpcError::TooManySessions(_) => "session_cap",
             RpcError::ShuttingDown => "shutting_down",
             RpcError::VersionMismatch { .. } => "version_mismatch",
             RpcError::IdentityMismatch { .. } => "identity_mismatch",
@@ -217,6 +222,7 @@ mod tests {
     fn codes() {
         check(RpcError::UnknownSession { session: 9 }, Code::NotFound, "unknown session 9");
         check(RpcError::SessionBusy { session: 1, limit: 4 }, Code::ResourceExhausted, "4 calls");
+        check(RpcError::from(CapReached::Connection { limit: 64 }), Code::ResourceExhausted, "--max-sessions-per-connection");
         check(RpcError::VersionMismatch { client: 1, oldest: 2, current: 2 }, Code::FailedPrecondition, "version 1");
         check(RpcError::Call(CallError::Invalid { layer: 3, reason: "x".into() }), Code::InvalidArgument, "layer 3");
         check(
