@@ -38,9 +38,11 @@ pub const TARGETS: &[(&str, Target)] = &[
 /// (an invented field name, a number) counts once.
 pub fn class(prefix: &str, e: &impl std::fmt::Debug) -> Outcome {
     let text = format!("{e:?}");
-    let (mut kind, mut quoted, mut in_quote) = (String::new(), 0, false);
+    let (mut kind, mut quoted, mut in_quote, mut escaped) = (String::new(), 0, false, false);
     for c in text.chars().filter(|c| !c.is_ascii_digit()) {
-        if c == '"' {
+        let was_escaped = escaped;
+        escaped = in_quote && c == '\\' && !was_escaped;
+        if c == '"' && !was_escaped {
             in_quote = !in_quote;
             quoted = 0;
         } else if in_quote {
