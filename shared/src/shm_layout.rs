@@ -87,6 +87,17 @@ pub enum ShmLayoutError {
         /// The value required.
         expected: u64,
     },
+    /// A byte that is unused in this version (reserved) but not zero: only zero is ever
+    /// written, so anything else is a foreign or corrupted frame.
+    #[error("{what}: reserved byte {offset} is {found:#04x}, expected 0")]
+    Reserved {
+        /// The frame or header.
+        what: &'static str,
+        /// Offset of the first non-zero reserved byte.
+        offset: usize,
+        /// Its value.
+        found: u8,
+    },
     /// A segment size outside the accepted range.
     #[error("segment of {found} bytes is outside {min}..={max}")]
     SegmentSize {
@@ -133,6 +144,15 @@ fn le_u64(b: &[u8], at: usize) -> u64 {
     let mut a = [0u8; 8];
     a.copy_from_slice(&b[at..at + 8]);
     u64::from_le_bytes(a)
+}
+
+/// `Err(Reserved)` naming the first non-zero byte of `b[range]`.
+fn reserved_zero(what: &'static str, b: &[u8], range: Range<usize>) -> Result<(), ShmLayoutError> {
+    let start = range.start;
+    match b[range].iter().position(|&x| x != 0) {
+        None => Ok(()),
+        Some(i) => Err(ShmLayoutError::Reserved { what, offset: start + i, found: b[start + i] }),
+    }
 }
 
 fn magic_of(b: &[u8]) -> [u8; 8] {
@@ -221,6 +241,7 @@ impl HelloReply {
         if bytes[..8] != REPLY_MAGIC {
             return Err(ShmLayoutError::Magic { what: "hello reply", found: magic_of(bytes), expected: "SLUICEOK" });
         }
+        reserved_zero("hello reply", bytes, 12..16)?;
         Ok(HelloReply { status: le_u32(bytes, 8), segment_id: le_u64(bytes, 16) })
     }
 }
@@ -303,8 +324,11 @@ impl SegmentHeader {
         exact("header_bytes", u64::from(h.header_bytes), SEGMENT_HEADER_BYTES as u64)?;
         exact("segment_bytes", h.segment_bytes, file_bytes)?;
         exact("data_offset", h.data_offset, SEGMENT_HEADER_BYTES as u64)?;
+        // Bytes 48..64 are unused, and so are the ring's counts when no ring is announced.
+        reserved_zero("segment header", bytes, 48..SEGMENT_HEADER_BYTES)?;
         let ring_offset = le_u64(bytes, 32);
         let ring = if ring_offset == 0 {
+            reserved_zero("segment header (no ring)", bytes, 40..48)?;
             None
         } else {
             let r = crate::ring::RingLayout { offset: ring_offset, entries: le_u32(bytes, 40), cells: le_u32(bytes, 44) };
@@ -431,6 +455,27 @@ mod tests {
         bad[8] = 9;
         assert!(matches!(Hello::parse(&bad), Err(ShmLayoutError::Version { found: 9, .. })));
         assert!(!is_hello_magic(b"PRI * HT"));
+        // Reserved bytes must be zero (found by fuzzing: a reply with garbage there was accepted).
+        let mut odd = r.encode();
+        odd[13] = 1;
+        assert_eq!(HelloReply::parse(&odd), Err(ShmLayoutError::Reserved { what: "hello reply", offset: 13, found: 1 }));
+    }
+
+    #[test]
+    fn unused_header_bytes_must_be_zero() {
+        // Found by fuzzing (`fuzz/corpus/shm_segment/finding-*`): non-zero unused bytes were
+        // accepted, so the accepted header did not re-encode to its bytes.
+        let h = SegmentHeader::new(4096);
+        let mut b = h.encode();
+        b[58] = 0x80;
+        assert!(matches!(SegmentHeader::parse(&b, 4096), Err(ShmLayoutError::Reserved { offset: 58, .. })));
+        let mut b = h.encode();
+        b[44] = 3; // ring cells without a ring
+        assert!(matches!(SegmentHeader::parse(&b, 4096), Err(ShmLayoutError::Reserved { offset: 44, .. })));
+        let l = SlotLayout::new(1, 1, 16).expect("layout").with_ring(8).expect("ring");
+        let mut b = l.header().encode();
+        b[63] = 1;
+        assert!(matches!(SegmentHeader::parse(&b, l.segment_bytes), Err(ShmLayoutError::Reserved { offset: 63, .. })));
     }
 
     #[test]
