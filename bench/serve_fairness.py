@@ -3,8 +3,10 @@
 first token while a long prompt is being prefilled.
 
 For each run: start a long /v1/completions request (LONG token ids, max_tokens 1, distinct ids
-per run so nothing is reused), wait until the scheduler has run at least one of its prefill
-blocks (hostd_prefill_chunks_total grows), then send a streaming request with a SHORT-token
+per run so nothing is reused), wait until the scheduler has run a given share of its prefill
+blocks (hostd_prefill_chunks_total; run i of N waits for (i + 0.5) / N of them, so the runs
+sample early to late positions, where blocks cost more: attention grows with position), then
+send a streaming request with a SHORT-token
 prompt and max_tokens 4 and time, from its send: the first streamed token (TTFT) and its end.
 Also records when the long request ended, so "the short one finished first" is observed, not
 assumed. A solo run of each gives the baselines.
@@ -18,7 +20,9 @@ Extra flags after `--` go to `hostd serve`.
 import argparse
 import http.client
 import json
+import math
 import os
+import signal
 import random
 import statistics
 import subprocess
@@ -124,7 +128,9 @@ def main():
     ap.add_argument("--out")
     args, extra = ap.parse_known_args()
     extra = [e for e in extra if e != "--"]
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit("terminated"))
     rng = random.Random(14)
+    blocks = math.ceil(args.long / args.chunk)
     proc, addr = start_server(args, extra)
     report = {"bin": args.bin, "model": args.model, "prefill_chunk": args.chunk, "long_tokens": args.long,
               "short_tokens": args.short, "threads": args.threads, "serve_flags": extra,
@@ -141,11 +147,12 @@ def main():
             before = metric(addr, "hostd_prefill_chunks_total")
             t = threading.Thread(target=long_request, args=(addr, ids_for(rng, args.long), res))
             t.start()
-            while metric(addr, "hostd_prefill_chunks_total") < before + 1:
+            at = max(1, int((i + 0.5) / args.runs * blocks))
+            while metric(addr, "hostd_prefill_chunks_total") < before + at:
                 time.sleep(0.005)
             s = short_request(addr, ids_for(rng, args.short))
             t.join()
-            run = {"short_ttft_s": s["ttft_s"], "short_e2e_s": s["e2e_s"], "long_s": res["elapsed_s"],
+            run = {"sent_after_blocks": at, "of_blocks": blocks, "short_ttft_s": s["ttft_s"], "short_e2e_s": s["e2e_s"], "long_s": res["elapsed_s"],
                    "long_status": res["status"], "short_finished_first": s["end"] < res["end"]}
             report["runs"].append(run)
             print(json.dumps(run), flush=True)

@@ -216,8 +216,14 @@ fn the_queue_limit_counts_prompt_tokens() {
     wait_for("60 queued prompt tokens", Duration::from_secs(10), || s.metric("hostd_queued_prompt_tokens") == 60.0);
     assert_eq!(s.metric("hostd_queue_depth"), 1.0, "one request queued: the request limit (16) is not what refuses");
     // One more token would pass the limit of 40: 429 with Retry-After, nothing else changes.
-    let r = s.post(&greedy(&prompt_ids("tiny", 1, 5), 1));
-    assert_eq!(r.status, 429, "{}", String::from_utf8_lossy(&r.body));
+    // (Streaming, so a wrongly queued request shows at once as a 200 head.)
+    let mut one = greedy(&prompt_ids("tiny", 1, 5), 1);
+    one["stream"] = json!(true);
+    let mut refused = s.send("POST", "/v1/completions", Some(&one)).expect("send");
+    let mut head = [0u8; 12];
+    refused.read_exact(&mut head).expect("response head");
+    assert_eq!(&head, b"HTTP/1.1 429", "a request past the token limit was not refused");
+    let r = read_rest(head.to_vec(), refused).expect("429 body");
     let e = &r.json()["error"];
     assert_eq!((e["code"].as_str(), e["type"].as_str()), (Some("queue_full"), Some("rate_limit_error")), "{e}");
     assert!(e["message"].as_str().is_some_and(|m| m.contains("60 prompt tokens queued") && m.contains("40")), "{e}");
@@ -226,7 +232,7 @@ fn the_queue_limit_counts_prompt_tokens() {
     assert_eq!(s.metric("hostd_queued_prompt_tokens"), 60.0);
     // Once the slot frees, the queued request runs and its tokens leave the count.
     drop(running);
-    let reply = read_rest(head.to_vec(), queued).expect("queued request's reply");
+    let reply = read_rest(b"HTTP/1.1 200".to_vec(), queued).expect("queued request's reply");
     assert_eq!(reply.status, 200);
     assert!(String::from_utf8_lossy(&reply.body).contains("[DONE]"));
     wait_for("the queue to empty", Duration::from_secs(30), || s.metric("hostd_queued_prompt_tokens") == 0.0);
