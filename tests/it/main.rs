@@ -16,5 +16,6 @@ mod int8_quality;
 mod locator;
 mod parity;
 mod serve;
+mod serve_fairness;
 mod synth;
 mod tokenizer;

@@ -72,9 +72,20 @@ pub struct ServeArgs {
     /// max_position_embeddings.
     #[arg(long, env = "SLUICE_MAX_CONTEXT")]
     pub max_context: Option<usize>,
-    /// Prompt rows per prefill forward call (prefill can be cancelled between calls).
+    /// Prompt rows per prefill forward call (prefill can be cancelled between calls). It also
+    /// bounds how long a long prompt delays other requests: about one block's compute.
     #[arg(long, env = "SLUICE_PREFILL_CHUNK", default_value_t = 512)]
     pub prefill_chunk: usize,
+    /// Prompt tokens prefilled per scheduler iteration, shared by the prompts being prefilled
+    /// (shortest remaining first, at most one block each) before the next decode step; at least
+    /// one block always runs. Default: --prefill-chunk.
+    #[arg(long, env = "SLUICE_PREFILL_BUDGET")]
+    pub prefill_budget: Option<usize>,
+    /// Prompt tokens that may wait in the queue, all queued requests together; a request that
+    /// would go past it gets 429 with Retry-After (a request into an empty queue is always
+    /// taken, so any prompt that fits the context can be served).
+    #[arg(long, env = "SLUICE_MAX_QUEUED_TOKENS", default_value_t = 262_144)]
+    pub max_queued_tokens: usize,
     /// Completion budget of a chat request that sets no max_tokens, reasoning included
     /// (clipped to the context). The default is the output length Qwen recommends for thinking
     /// mode; a smaller one often ends a reply while it is still thinking, with empty `content`.
@@ -93,6 +104,8 @@ pub fn run(args: &ServeArgs) -> anyhow::Result<()> {
     anyhow::ensure!(args.max_queue >= 1, "--max-queue must be at least 1");
     anyhow::ensure!(args.max_batch >= 1, "--max-batch must be at least 1");
     anyhow::ensure!(args.prefill_chunk >= 1, "--prefill-chunk must be at least 1");
+    anyhow::ensure!(args.prefill_budget != Some(0), "--prefill-budget must be at least 1");
+    anyhow::ensure!(args.max_queued_tokens >= 1, "--max-queued-tokens must be at least 1");
     anyhow::ensure!(args.default_max_tokens >= 1, "--default-max-tokens must be at least 1");
     anyhow::ensure!(args.http_threads >= 1, "--http-threads must be at least 1");
     let api_key = match &args.api_key_file {
@@ -157,7 +170,19 @@ async fn serve(args: &ServeArgs, config: ServerConfig) -> anyhow::Result<()> {
     let loader_state = Arc::clone(&state);
     let mut load_args = args.load.clone();
     load_args.host_extra_bytes = args.state_cache_bytes as u64;
-    let engine_limits = (args.max_queue, args.max_batch, args.state_cache_bytes, args.prefill_chunk, args.max_context);
+    // `max_context` is resolved against the model once it is loaded.
+    let engine_limits = (
+        EngineConfig {
+            max_queue: args.max_queue,
+            max_queued_tokens: args.max_queued_tokens,
+            max_batch: args.max_batch,
+            state_cache_bytes: args.state_cache_bytes,
+            prefill_chunk: args.prefill_chunk,
+            prefill_budget: args.prefill_budget.unwrap_or(args.prefill_chunk),
+            max_context: 0,
+        },
+        args.max_context,
+    );
     std::thread::Builder::new()
         .name("hostd-load".into())
         .spawn(move || match load(&load_args, engine_limits, &loader_state) {
@@ -210,8 +235,8 @@ async fn serve(args: &ServeArgs, config: ServerConfig) -> anyhow::Result<()> {
 }
 
 /// Loads tokenizer and model, starts the engine and marks the server ready.
-fn load(args: &LoadArgs, limits: (usize, usize, usize, usize, Option<usize>), state: &AppState) -> anyhow::Result<()> {
-    let (max_queue, max_batch, state_cache_bytes, prefill_chunk, max_context) = limits;
+fn load(args: &LoadArgs, limits: (EngineConfig, Option<usize>), state: &AppState) -> anyhow::Result<()> {
+    let (mut config, max_context) = limits;
     let tokenizer = super::load::load_tokenizer(&args.model)?;
     let model = load_model(args)?;
     let model_max = model.config().max_position_embeddings;
@@ -225,11 +250,12 @@ fn load(args: &LoadArgs, limits: (usize, usize, usize, usize, Option<usize>), st
     stop_ids.sort_unstable();
     stop_ids.dedup();
     let tokenizer = Arc::new(tokenizer);
-    let config = EngineConfig { max_queue, max_batch, state_cache_bytes, prefill_chunk, max_context };
+    config.max_context = max_context;
+    let EngineConfig { max_batch, max_queue, max_queued_tokens, state_cache_bytes, .. } = config;
     let (engine, _thread) = engine::start(model, Arc::clone(&tokenizer), config, Arc::clone(state.metrics())).context("starting the scheduler")?;
     let created = http::unix_now();
     state.set_ready(Ready { engine, tokenizer, stop_ids, created });
-    tracing::info!(max_context, max_batch, max_queue, state_cache_bytes, "model loaded; serving");
+    tracing::info!(max_context, max_batch, max_queue, max_queued_tokens, state_cache_bytes, "model loaded; serving");
     say(&format!("hostd serve: ready (max context {max_context} tokens, batch {max_batch}, queue {max_queue})"));
     Ok(())
 }

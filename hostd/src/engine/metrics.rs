@@ -80,7 +80,9 @@ pub struct Metrics {
     pub generation_tokens: AtomicU64,
     /// Requests waiting for the scheduler.
     pub queue_depth: AtomicU64,
-    /// Requests refused because the queue was full.
+    /// Prompt tokens of the requests waiting for the scheduler.
+    pub queued_tokens: AtomicU64,
+    /// Requests refused because the queue was full (in requests or in tokens).
     pub queue_rejected: AtomicU64,
     /// Sequences being prefilled or decoded.
     pub active_sequences: AtomicU64,
@@ -132,6 +134,7 @@ impl Metrics {
             cached_prompt_tokens: AtomicU64::new(0),
             generation_tokens: AtomicU64::new(0),
             queue_depth: AtomicU64::new(0),
+            queued_tokens: AtomicU64::new(0),
             queue_rejected: AtomicU64::new(0),
             active_sequences: AtomicU64::new(0),
             active_state_bytes: AtomicU64::new(0),
@@ -189,12 +192,13 @@ impl Metrics {
             head(&mut out, name, "histogram", help);
             h.render(&mut out, name, "");
         }
-        let scalars: [(&str, &str, &str, &AtomicU64); 19] = [
+        let scalars: [(&str, &str, &str, &AtomicU64); 20] = [
             ("hostd_prompt_tokens_total", "counter", "Prompt tokens of admitted requests.", &self.prompt_tokens),
             ("hostd_cached_prompt_tokens_total", "counter", "Prompt tokens served from the prefix cache.", &self.cached_prompt_tokens),
             ("hostd_generation_tokens_total", "counter", "Tokens generated.", &self.generation_tokens),
             ("hostd_queue_depth", "gauge", "Requests waiting for the scheduler.", &self.queue_depth),
-            ("hostd_queue_rejected_total", "counter", "Requests refused with 429 because the queue was full.", &self.queue_rejected),
+            ("hostd_queued_prompt_tokens", "gauge", "Prompt tokens of the requests waiting for the scheduler.", &self.queued_tokens),
+            ("hostd_queue_rejected_total", "counter", "Requests refused with 429 because the queue was full (requests or tokens).", &self.queue_rejected),
             ("hostd_active_sequences", "gauge", "Sequences being prefilled or decoded.", &self.active_sequences),
             ("hostd_active_state_bytes", "gauge", "KV and DeltaNet state bytes held by active sequences.", &self.active_state_bytes),
             ("hostd_sequences_cancelled_total", "counter", "Sequences stopped because the client disconnected.", &self.cancelled),

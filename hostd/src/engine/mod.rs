@@ -1,6 +1,7 @@
 //! The generation engine behind `hostd serve`: one scheduler thread owns the model, admits
-//! requests from a bounded queue, prefills each new sequence in blocks, and advances every
-//! running sequence by one token per batched forward pass (continuous batching).
+//! requests from a queue bounded in requests and in prompt tokens, prefills each new sequence
+//! in blocks interleaved fairly with other sequences' blocks and decode steps (`fairness`), and
+//! advances every running sequence by one token per batched forward pass (continuous batching).
 //!
 //! The HTTP layer talks to it only through [`EngineHandle::submit`] and the per-request
 //! [`Event`] channel; dropping that channel's receiver (the client went away) cancels the
@@ -9,6 +10,7 @@
 //!
 //! Not here: HTTP, JSON and the OpenAI shapes (`http/`); the sampling math (`sampling`).
 
+mod fairness;
 pub mod metrics;
 pub mod output;
 mod scheduler;
@@ -30,12 +32,20 @@ pub use output::{Delta, LogprobEntry, TopLogprob};
 pub struct EngineConfig {
     /// Requests that may wait for a slot; one more is refused (HTTP 429).
     pub max_queue: usize,
+    /// Prompt tokens that may wait for a slot, all queued requests together; a request that
+    /// would go past it is refused (HTTP 429), except into an empty queue (so any prompt that
+    /// fits the context can be served).
+    pub max_queued_tokens: usize,
     /// Sequences prefilled or decoded concurrently.
     pub max_batch: usize,
     /// Byte budget of the prefix cache (0 disables it).
     pub state_cache_bytes: usize,
-    /// Prompt rows per prefill forward call; prefill is cancellable between calls.
+    /// Prompt rows per prefill forward call; prefill is cancellable between calls. Blocks end
+    /// at multiples of it, whatever else runs.
     pub prefill_chunk: usize,
+    /// Prompt rows prefilled per scheduler iteration across all sequences, between two decode
+    /// steps (at least one block always runs).
+    pub prefill_budget: usize,
     /// Most tokens a sequence may hold (prompt + generated).
     pub max_context: usize,
 }
@@ -128,6 +138,18 @@ pub enum SubmitError {
         /// The limit.
         max_queue: usize,
     },
+    /// The queued prompts hold `max_queued_tokens` tokens, or would with this one.
+    #[error(
+        "the server is at capacity: {queued_tokens} prompt tokens are already queued and this request's {prompt_tokens} would pass the limit of {max_queued_tokens}"
+    )]
+    QueuedTokensFull {
+        /// Prompt tokens already queued.
+        queued_tokens: u64,
+        /// This request's prompt tokens.
+        prompt_tokens: u64,
+        /// The limit.
+        max_queued_tokens: usize,
+    },
     /// The scheduler thread has stopped.
     #[error("the generation engine has stopped")]
     Stopped,
@@ -142,14 +164,23 @@ pub struct EngineHandle {
 }
 
 impl EngineHandle {
-    /// Queues a request, or refuses it when the queue is full.
+    /// Queues a request, or refuses it when the queue is full (in requests or in tokens).
     pub fn submit(&self, req: GenRequest) -> Result<(), SubmitError> {
-        // Count first so the scheduler's decrement never runs ahead of the increment.
+        // Reserve the prompt's tokens first; the scheduler releases them when it takes the
+        // request, so its decrement never runs ahead of this increment.
+        let n = req.prompt.len() as u64;
+        let limit = self.config.max_queued_tokens as u64;
+        let reserved = self.metrics.queued_tokens.fetch_update(Relaxed, Relaxed, |q| (q == 0 || q.saturating_add(n) <= limit).then(|| q + n));
+        if let Err(queued_tokens) = reserved {
+            self.metrics.queue_rejected.fetch_add(1, Relaxed);
+            return Err(SubmitError::QueuedTokensFull { queued_tokens, prompt_tokens: n, max_queued_tokens: self.config.max_queued_tokens });
+        }
         self.metrics.queue_depth.fetch_add(1, Relaxed);
         match self.tx.try_send(req) {
             Ok(()) => Ok(()),
             Err(e) => {
                 self.metrics.queue_depth.fetch_sub(1, Relaxed);
+                self.metrics.queued_tokens.fetch_sub(n, Relaxed);
                 match e {
                     TrySendError::Full(_) => {
                         self.metrics.queue_rejected.fetch_add(1, Relaxed);

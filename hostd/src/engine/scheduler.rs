@@ -1,13 +1,17 @@
 //! The scheduler loop: the only thread that touches the model.
 //!
 //! Each iteration: admit queued requests while fewer than `max_batch` sequences run (looking up
-//! the prefix cache), drop sequences whose client went away, run one prefill block of the oldest
-//! sequence still prefilling, then one decode step that feeds the last token of every decoding
-//! sequence through a single batched forward pass. A sequence's output depends only on its own
+//! the prefix cache), drop sequences whose client went away, run this iteration's prefill blocks
+//! (at most one per prefilling sequence, shortest remaining prompt first, within the
+//! `prefill_budget` token budget; see `fairness`), then one decode step that feeds the last
+//! token of every decoding sequence through a single batched forward pass. So a long prompt
+//! delays a short one's first token, and every decoding sequence's next token, by at most about
+//! one block. A sequence's output depends only on its own
 //! prompt, parameters and (for prefix hits) the cached state, never on what else runs: batched
 //! rows equal per-sequence rows bit for bit (`model::batch`), and prefill blocks end at fixed
 //! positions (multiples of `prefill_chunk` and the checkpoint), whatever else is queued.
 
+use super::fairness::{self, Candidate};
 use super::metrics::Metrics;
 use super::output::{Delta, OutputText};
 use super::{EngineConfig, Event, FinishReason, GenRequest, Usage};
@@ -30,6 +34,10 @@ enum Phase {
 }
 
 struct Sequence {
+    /// Unique per scheduler; names the sequence in a prefill plan.
+    serial: u64,
+    /// Consecutive iterations this sequence was prefilling but ran no block.
+    skipped: u32,
     request_id: String,
     span: tracing::Span,
     prompt: Vec<u32>,
@@ -71,6 +79,8 @@ pub(super) struct Scheduler {
     undefined_ids: Vec<u32>,
     /// Seeds requests that gave none (time-derived, then advanced per request).
     seed_counter: u64,
+    /// The next sequence's `serial`.
+    next_serial: u64,
 }
 
 impl Scheduler {
@@ -97,6 +107,7 @@ impl Scheduler {
             sample_vocab,
             undefined_ids,
             seed_counter,
+            next_serial: 0,
         }
     }
 
@@ -107,7 +118,7 @@ impl Scheduler {
                 break;
             }
             self.drop_cancelled();
-            self.prefill_one_block();
+            self.prefill_step();
             self.decode_step();
             self.publish_gauges();
         }
@@ -130,6 +141,7 @@ impl Scheduler {
                 }
             };
             self.metrics.queue_depth.fetch_sub(1, Relaxed);
+            self.metrics.queued_tokens.fetch_sub(req.prompt.len() as u64, Relaxed);
             if req.events.is_closed() {
                 self.metrics.cancelled.fetch_add(1, Relaxed);
                 tracing::info!(parent: &req.span, "client went away while queued");
@@ -149,7 +161,10 @@ impl Scheduler {
         self.seed_counter = self.seed_counter.wrapping_add(0x9E37_79B9_7F4A_7C15);
         let sampler = Sampler::new(req.sampling, &req.prompt, self.seed_counter);
         let out = OutputText::new(&self.tokenizer, &req.stop, req.split_reasoning, req.reasoning);
+        self.next_serial += 1;
         self.seqs.push(Sequence {
+            serial: self.next_serial,
+            skipped: 0,
             request_id: req.request_id,
             span: req.span,
             // Without a cache there is nothing to snapshot, and prefill blocks stay those of
@@ -184,17 +199,41 @@ impl Scheduler {
         }
     }
 
-    /// One prefill block of the oldest prefilling sequence.
-    fn prefill_one_block(&mut self) {
-        let Some(i) = self.seqs.iter().position(|s| matches!(s.phase, Phase::Prefill { .. })) else { return };
-        let chunk = self.config.prefill_chunk.max(1);
+    /// This iteration's prefill blocks, as `fairness::plan` orders them.
+    fn prefill_step(&mut self) {
+        let cands: Vec<Candidate> = self
+            .seqs
+            .iter()
+            .filter_map(|s| match s.phase {
+                Phase::Prefill { fed } => {
+                    Some(Candidate { serial: s.serial, fed, prompt_len: s.prompt.len(), checkpoint: s.checkpoint, skipped: s.skipped })
+                }
+                Phase::Decode { .. } => None,
+            })
+            .collect();
+        if cands.is_empty() {
+            return;
+        }
+        let blocks = fairness::plan(&cands, self.config.prefill_chunk, self.config.prefill_budget.max(1));
+        for s in &mut self.seqs {
+            if matches!(s.phase, Phase::Prefill { .. }) {
+                s.skipped = s.skipped.saturating_add(1);
+            }
+        }
+        for b in blocks {
+            // Earlier blocks may have ended (or failed) sequences, shifting indices.
+            let Some(i) = self.seqs.iter().position(|s| s.serial == b.serial) else { continue };
+            self.seqs[i].skipped = 0;
+            self.prefill_block(i, b.end);
+        }
+    }
+
+    /// Feeds the prompt tokens from sequence `i`'s `fed` to `end`; samples the first token when
+    /// that completes the prompt.
+    fn prefill_block(&mut self, i: usize, end: usize) {
         let seq = &mut self.seqs[i];
         let Phase::Prefill { fed } = seq.phase else { return };
-        let mut end = ((fed / chunk) + 1) * chunk;
-        if let Some(c) = seq.checkpoint.filter(|&c| c > fed) {
-            end = end.min(c);
-        }
-        let end = end.min(seq.prompt.len());
+        let end = end.clamp(fed + 1, seq.prompt.len());
         let _enter = seq.span.enter();
         let result = self.model.forward(&mut seq.state, &seq.prompt[fed..end], Logits::Last, None);
         self.metrics.prefill_chunks.fetch_add(1, Relaxed);

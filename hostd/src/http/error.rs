@@ -79,6 +79,20 @@ pub enum ApiError {
         /// Suggested wait in seconds.
         retry_after_s: u64,
     },
+    /// The queued prompts hold too many tokens (429, with `Retry-After`).
+    #[error(
+        "The server is at capacity ({queued_tokens} prompt tokens queued; this request's {prompt_tokens} would pass the limit of {max_queued_tokens}). Retry after {retry_after_s} s."
+    )]
+    QueuedTokensFull {
+        /// Prompt tokens already queued.
+        queued_tokens: u64,
+        /// This request's prompt tokens.
+        prompt_tokens: u64,
+        /// The limit.
+        max_queued_tokens: usize,
+        /// Suggested wait in seconds.
+        retry_after_s: u64,
+    },
     /// The model is still loading, or the engine stopped (503).
     #[error("{0}")]
     Unavailable(String),
@@ -115,7 +129,7 @@ impl ApiError {
             ApiError::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
             ApiError::Unauthorized => StatusCode::UNAUTHORIZED,
             ApiError::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
-            ApiError::QueueFull { .. } => StatusCode::TOO_MANY_REQUESTS,
+            ApiError::QueueFull { .. } | ApiError::QueuedTokensFull { .. } => StatusCode::TOO_MANY_REQUESTS,
             ApiError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
@@ -125,7 +139,7 @@ impl ApiError {
     pub fn error_type(&self) -> &'static str {
         match self {
             ApiError::Unauthorized => "authentication_error",
-            ApiError::QueueFull { .. } => "rate_limit_error",
+            ApiError::QueueFull { .. } | ApiError::QueuedTokensFull { .. } => "rate_limit_error",
             ApiError::Unavailable(_) | ApiError::Internal(_) => "server_error",
             _ => "invalid_request_error",
         }
@@ -141,7 +155,7 @@ impl ApiError {
             ApiError::MethodNotAllowed { .. } => "method_not_allowed",
             ApiError::Unauthorized => "invalid_api_key",
             ApiError::BodyTooLarge { .. } => "request_too_large",
-            ApiError::QueueFull { .. } => "queue_full",
+            ApiError::QueueFull { .. } | ApiError::QueuedTokensFull { .. } => "queue_full",
             ApiError::Unavailable(_) => "unavailable",
             ApiError::Internal(_) => "internal_error",
         }
@@ -165,7 +179,7 @@ impl ApiError {
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let mut resp = (self.status(), Json(self.body())).into_response();
-        if let ApiError::QueueFull { retry_after_s, .. } = self {
+        if let ApiError::QueueFull { retry_after_s, .. } | ApiError::QueuedTokensFull { retry_after_s, .. } = self {
             resp.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(retry_after_s));
         }
         if matches!(self, ApiError::Unauthorized) {
@@ -195,6 +209,9 @@ impl From<SubmitError> for ApiError {
     fn from(e: SubmitError) -> Self {
         match e {
             SubmitError::QueueFull { max_queue } => ApiError::QueueFull { max_queue, retry_after_s: 1 },
+            SubmitError::QueuedTokensFull { queued_tokens, prompt_tokens, max_queued_tokens } => {
+                ApiError::QueuedTokensFull { queued_tokens, prompt_tokens, max_queued_tokens, retry_after_s: 1 }
+            }
             SubmitError::Stopped => ApiError::Unavailable(e.to_string()),
         }
     }
@@ -243,6 +260,8 @@ mod tests {
         check(ApiError::missing("messages"), 400, "invalid_request_error", "missing_required_parameter");
         check(ApiError::ModelNotFound("x".into()), 404, "invalid_request_error", "model_not_found");
         check(ApiError::QueueFull { max_queue: 1, retry_after_s: 1 }, 429, "rate_limit_error", "queue_full");
+        let e = ApiError::QueuedTokensFull { queued_tokens: 9, prompt_tokens: 2, max_queued_tokens: 10, retry_after_s: 1 };
+        check(e, 429, "rate_limit_error", "queue_full");
         check(ApiError::BodyTooLarge { limit_bytes: 1 }, 413, "invalid_request_error", "request_too_large");
         check(ApiError::Unauthorized, 401, "authentication_error", "invalid_api_key");
         let e = ApiError::ContextLength { max_context: 10, requested: 12, prompt_tokens: 11, completion_tokens: 1, param: "messages" };
