@@ -15,5 +15,6 @@ mod int8_quality;
 mod locator;
 mod parity;
 mod serve;
+mod serve_limits;
 mod synth;
 mod tokenizer;
