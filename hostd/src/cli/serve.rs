@@ -96,6 +96,11 @@ pub struct ServeArgs {
     /// for a slot, then gets 503 with Retry-After.
     #[arg(long, env = "SLUICE_TOKENIZE_THREADS", default_value_t = TOKENIZE_THREADS_DEFAULT)]
     pub tokenize_threads: usize,
+    /// Bytes of prompt text tokenised at once over all --tokenize-threads (a larger prompt
+    /// waits for the whole budget). Tokenising costs roughly 100-250× the text in transient
+    /// memory, so this bounds that memory.
+    #[arg(long, env = "SLUICE_TOKENIZE_BUDGET_BYTES", default_value_t = MAX_PROMPT_BYTES_DEFAULT)]
+    pub tokenize_budget_bytes: usize,
     /// Seconds a request may wait for a tokeniser slot.
     #[arg(long, env = "SLUICE_TOKENIZE_WAIT", default_value_t = admission::TOKENIZE_WAIT_DEFAULT.as_secs_f64())]
     pub tokenize_wait: f64,
@@ -136,6 +141,7 @@ pub fn run(args: &ServeArgs) -> anyhow::Result<()> {
         body_timeout: secs(args.body_timeout, "--body-timeout")?,
         tokenize_threads: args.tokenize_threads,
         tokenize_wait: secs(args.tokenize_wait, "--tokenize-wait")?,
+        tokenize_budget_bytes: args.tokenize_budget_bytes.max(1),
     };
     let peer = PeerLimits { header_timeout: secs(args.header_timeout, "--header-timeout")?, max_connections: args.max_connections };
     let api_key = match &args.api_key_file {

@@ -68,6 +68,9 @@ pub struct AdmissionConfig {
     pub tokenize_threads: usize,
     /// Longest wait for a tokeniser slot (`--tokenize-wait`).
     pub tokenize_wait: Duration,
+    /// Prompt bytes being tokenised at once, over all slots (`--tokenize-budget-bytes`): the
+    /// tokeniser's transient memory is roughly proportional to it.
+    pub tokenize_budget_bytes: usize,
 }
 
 impl Default for AdmissionConfig {
@@ -78,6 +81,7 @@ impl Default for AdmissionConfig {
             body_timeout: BODY_TIMEOUT_DEFAULT,
             tokenize_threads: TOKENIZE_THREADS_DEFAULT,
             tokenize_wait: TOKENIZE_WAIT_DEFAULT,
+            tokenize_budget_bytes: MAX_PROMPT_BYTES_DEFAULT,
         }
     }
 }
@@ -86,13 +90,16 @@ impl Default for AdmissionConfig {
 pub struct Admission {
     config: AdmissionConfig,
     slots: Arc<Semaphore>,
+    /// The byte budget in KiB permits.
+    budget_kib: Arc<Semaphore>,
 }
 
 impl Admission {
     /// Admission with these limits.
     pub fn new(config: AdmissionConfig) -> Admission {
         let slots = Arc::new(Semaphore::new(config.tokenize_threads.max(1)));
-        Admission { config, slots }
+        let budget_kib = Arc::new(Semaphore::new(config.tokenize_budget_bytes.div_ceil(1024).clamp(1, Semaphore::MAX_PERMITS)));
+        Admission { config, slots, budget_kib }
     }
 
     /// The limits.
@@ -156,18 +163,27 @@ impl Admission {
         Ok(())
     }
 
-    /// Runs `work` (tokenisation) on a blocking thread once one of the pool's slots is free;
-    /// 503 with `Retry-After` when none frees within `--tokenize-wait`.
-    pub async fn tokenize<T: Send + 'static>(&self, work: impl FnOnce() -> T + Send + 'static) -> Result<T, ApiError> {
+    /// Runs `work` (tokenisation of `text_bytes` bytes) on a blocking thread once one of the
+    /// pool's slots and that much of its byte budget are free (a text over the whole budget
+    /// waits for all of it); 503 with `Retry-After` when they do not free within
+    /// `--tokenize-wait`. After a large text, freed heap is handed back to the system.
+    pub async fn tokenize<T: Send + 'static>(&self, text_bytes: usize, work: impl FnOnce() -> T + Send + 'static) -> Result<T, ApiError> {
         let wait = self.config.tokenize_wait;
-        let permit = match tokio::time::timeout(wait, Arc::clone(&self.slots).acquire_owned()).await {
+        let kib = u32::try_from(text_bytes.div_ceil(1024).max(1)).unwrap_or(u32::MAX).min(self.budget_kib_total());
+        let acquire = async {
+            let slot = Arc::clone(&self.slots).acquire_owned().await?;
+            let budget = Arc::clone(&self.budget_kib).acquire_many_owned(kib).await?;
+            Ok::<_, tokio::sync::AcquireError>((slot, budget))
+        };
+        let permit = match tokio::time::timeout(wait, acquire).await {
             Ok(Ok(p)) => p,
             Ok(Err(_)) => return Err(ApiError::Unavailable("The tokeniser pool is closed.".to_string())),
             Err(_) => {
                 return Err(ApiError::Busy {
                     message: format!(
-                        "All {} tokeniser slots stayed busy for {} s (--tokenize-threads).",
+                        "The tokeniser pool ({} slots, {} bytes of prompt text at once) stayed busy for {} s.",
                         self.config.tokenize_threads,
+                        self.config.tokenize_budget_bytes,
                         wait.as_secs_f32()
                     ),
                     retry_after_s: 1,
@@ -176,6 +192,9 @@ impl Admission {
         };
         tokio::task::spawn_blocking(move || {
             let out = work();
+            if text_bytes >= TRIM_AFTER_BYTES {
+                release_free_heap();
+            }
             drop(permit);
             out
         })
@@ -183,6 +202,31 @@ impl Admission {
         .map_err(|e| ApiError::Internal(format!("the tokeniser task failed: {e}")))
     }
 }
+
+impl Admission {
+    fn budget_kib_total(&self) -> u32 {
+        u32::try_from(self.config.tokenize_budget_bytes.div_ceil(1024).clamp(1, Semaphore::MAX_PERMITS)).unwrap_or(u32::MAX)
+    }
+}
+
+/// Texts from this size on hand their freed heap back after tokenisation.
+const TRIM_AFTER_BYTES: usize = 256 << 10;
+
+/// Returns free heap pages to the system: tokenising a large text allocates ~100× its size in
+/// small blocks on the blocking thread's malloc arena, which glibc otherwise keeps (issue 14:
+/// 450 MB stayed resident after one 4 MB message).
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+fn release_free_heap() {
+    // SAFETY: malloc_trim only walks glibc's own arenas under their locks and releases free
+    // pages; it takes no pointers from us and is safe to call from any thread at any time.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}
+
+/// Other allocators and platforms: nothing to do.
+#[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+fn release_free_heap() {}
 
 /// The longest token of the vocabulary in bytes (special tokens included): no token covers
 /// more of the text than this.
@@ -241,12 +285,29 @@ mod tests {
         let (tx, rx) = std::sync::mpsc::channel::<()>();
         let a = Arc::new(a);
         let a2 = Arc::clone(&a);
-        let held = tokio::spawn(async move { a2.tokenize(move || rx.recv().is_ok()).await });
+        let held = tokio::spawn(async move { a2.tokenize(10, move || rx.recv().is_ok()).await });
         tokio::time::sleep(Duration::from_millis(20)).await;
-        let e = a.tokenize(|| 1).await.expect_err("the only slot is taken");
+        let e = a.tokenize(10, || 1).await.expect_err("the only slot is taken");
         assert_eq!((e.status().as_u16(), e.code()), (503, "server_busy"));
         let _ = tx.send(());
         assert_eq!(held.await.ok().and_then(Result::ok), Some(true));
-        assert_eq!(a.tokenize(|| 7).await.ok(), Some(7));
+        assert_eq!(a.tokenize(10, || 7).await.ok(), Some(7));
+    }
+
+    #[tokio::test]
+    async fn the_byte_budget_is_shared() {
+        // Two slots but a 4 KiB budget: a 3 KiB text leaves no room for another 3 KiB one.
+        let cfg = AdmissionConfig { tokenize_threads: 2, tokenize_budget_bytes: 4096, tokenize_wait: Duration::from_millis(50), ..AdmissionConfig::default() };
+        let a = Arc::new(Admission::new(cfg));
+        let (tx, rx) = std::sync::mpsc::channel::<()>();
+        let a2 = Arc::clone(&a);
+        let held = tokio::spawn(async move { a2.tokenize(3072, move || rx.recv().is_ok()).await });
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert_eq!(a.tokenize(3072, || 1).await.map_err(|e| e.code()), Err("server_busy"));
+        assert_eq!(a.tokenize(1024, || 2).await.ok(), Some(2));
+        let _ = tx.send(());
+        assert_eq!(held.await.ok().and_then(Result::ok), Some(true));
+        // A text over the whole budget waits for all of it rather than forever.
+        assert_eq!(a.tokenize(1 << 20, || 3).await.ok(), Some(3));
     }
 }

@@ -68,7 +68,7 @@ pub async fn chat_completions(
     let tokenizer = Arc::clone(&ready.tokenizer);
     let (prompt, checkpoint) = app
         .admission
-        .tokenize(move || {
+        .tokenize(text.len(), move || {
             let prompt = tokenizer.encode(&text)?;
             let checkpoint = checkpoint(&tokenizer, &messages, &opts, &prompt);
             Ok::<_, crate::tokenizer::TokenizerError>((prompt, checkpoint))

@@ -55,7 +55,7 @@ pub async fn completions(
             app.admission.check_prompt_bytes(&text, "prompt")?;
             admission::check_fits(text.len(), ready.max_token_bytes, max_context, "prompt")?;
             let tokenizer = Arc::clone(&ready.tokenizer);
-            let ids = app.admission.tokenize(move || tokenizer.encode(&text)).await?.map_err(|e| ApiError::Internal(e.to_string()))?;
+            let ids = app.admission.tokenize(text.len(), move || tokenizer.encode(&text)).await?.map_err(|e| ApiError::Internal(e.to_string()))?;
             if ids.is_empty() {
                 return Err(ApiError::invalid("The prompt is empty: nothing to generate from.", "prompt"));
             }
