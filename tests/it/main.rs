@@ -17,5 +17,6 @@ mod locator;
 mod parity;
 mod serve;
 mod serve_fairness;
+mod serve_limits;
 mod synth;
 mod tokenizer;

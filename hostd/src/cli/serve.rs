@@ -10,7 +10,9 @@
 
 use super::load::{LoadArgs, load_model};
 use crate::engine::{self, EngineConfig, metrics::Metrics};
-use crate::http::{self, AppState, MAX_BODY_BYTES_DEFAULT, Ready, ServerConfig};
+use crate::http::admission::{self, AdmissionConfig, MAX_BODY_BYTES_DEFAULT, MAX_PROMPT_BYTES_DEFAULT, TOKENIZE_THREADS_DEFAULT};
+use crate::http::listener::{MAX_CONNECTIONS_DEFAULT, PeerLimits};
+use crate::http::{self, AppState, Ready, ServerConfig};
 use anyhow::Context;
 use std::io::Write;
 use std::net::{IpAddr, SocketAddr};
@@ -91,9 +93,39 @@ pub struct ServeArgs {
     /// mode; a smaller one often ends a reply while it is still thinking, with empty `content`.
     #[arg(long, env = "SLUICE_DEFAULT_MAX_TOKENS", default_value_t = DEFAULT_MAX_TOKENS)]
     pub default_max_tokens: usize,
-    /// Largest accepted request body in bytes (larger ones get 413).
+    /// Largest accepted request body in bytes (larger ones get 413, refused from
+    /// Content-Length or as soon as the bytes received pass it).
     #[arg(long, env = "SLUICE_MAX_BODY_BYTES", default_value_t = MAX_BODY_BYTES_DEFAULT)]
     pub max_body_bytes: usize,
+    /// Largest message content, and largest rendered prompt, in bytes; larger ones get 400
+    /// (`prompt_too_large`) before any tokenisation. Tokenising costs roughly 100× the text in
+    /// memory, so this and --tokenize-threads bound that cost.
+    #[arg(long, env = "SLUICE_MAX_PROMPT_BYTES", default_value_t = MAX_PROMPT_BYTES_DEFAULT)]
+    pub max_prompt_bytes: usize,
+    /// Prompts tokenised at once, off the HTTP threads; a request waits up to --tokenize-wait
+    /// for a slot, then gets 503 with Retry-After.
+    #[arg(long, env = "SLUICE_TOKENIZE_THREADS", default_value_t = TOKENIZE_THREADS_DEFAULT)]
+    pub tokenize_threads: usize,
+    /// Bytes of prompt text tokenised at once over all --tokenize-threads (a larger prompt
+    /// waits for the whole budget). Tokenising costs roughly 100-250× the text in transient
+    /// memory, so this bounds that memory.
+    #[arg(long, env = "SLUICE_TOKENIZE_BUDGET_BYTES", default_value_t = MAX_PROMPT_BYTES_DEFAULT)]
+    pub tokenize_budget_bytes: usize,
+    /// Seconds a request may wait for a tokeniser slot.
+    #[arg(long, env = "SLUICE_TOKENIZE_WAIT", default_value_t = admission::TOKENIZE_WAIT_DEFAULT.as_secs_f64())]
+    pub tokenize_wait: f64,
+    /// Seconds a client has to send a request head, counted from connecting or from the end of
+    /// the previous response on a keep-alive connection (so also the idle timeout); the
+    /// connection is closed after it.
+    #[arg(long, env = "SLUICE_HEADER_TIMEOUT", default_value_t = http::listener::HEADER_TIMEOUT_DEFAULT.as_secs_f64())]
+    pub header_timeout: f64,
+    /// Seconds a client has to send a whole request body (408 after it).
+    #[arg(long, env = "SLUICE_BODY_TIMEOUT", default_value_t = admission::BODY_TIMEOUT_DEFAULT.as_secs_f64())]
+    pub body_timeout: f64,
+    /// Open connections served at once. Beyond it, a few more (32) may only ask GET /health,
+    /// and further ones are closed at once.
+    #[arg(long, env = "SLUICE_MAX_CONNECTIONS", default_value_t = MAX_CONNECTIONS_DEFAULT)]
+    pub max_connections: usize,
     /// Threads of the HTTP runtime (the model uses the compute pool, --threads).
     #[arg(long, env = "SLUICE_HTTP_THREADS", default_value_t = 2)]
     pub http_threads: usize,
@@ -108,6 +140,22 @@ pub fn run(args: &ServeArgs) -> anyhow::Result<()> {
     anyhow::ensure!(args.max_queued_tokens >= 1, "--max-queued-tokens must be at least 1");
     anyhow::ensure!(args.default_max_tokens >= 1, "--default-max-tokens must be at least 1");
     anyhow::ensure!(args.http_threads >= 1, "--http-threads must be at least 1");
+    anyhow::ensure!(args.tokenize_threads >= 1, "--tokenize-threads must be at least 1");
+    anyhow::ensure!(args.max_connections >= 1, "--max-connections must be at least 1");
+    anyhow::ensure!(args.max_prompt_bytes >= 1, "--max-prompt-bytes must be at least 1");
+    let secs = |v: f64, flag: &str| -> anyhow::Result<std::time::Duration> {
+        anyhow::ensure!(v.is_finite() && v > 0.0 && v <= 86_400.0, "{flag} must be between 0 and 86400 seconds (got {v})");
+        Ok(std::time::Duration::from_secs_f64(v))
+    };
+    let admission = AdmissionConfig {
+        max_body_bytes: args.max_body_bytes,
+        max_prompt_bytes: args.max_prompt_bytes,
+        body_timeout: secs(args.body_timeout, "--body-timeout")?,
+        tokenize_threads: args.tokenize_threads,
+        tokenize_wait: secs(args.tokenize_wait, "--tokenize-wait")?,
+        tokenize_budget_bytes: args.tokenize_budget_bytes.max(1),
+    };
+    let peer = PeerLimits { header_timeout: secs(args.header_timeout, "--header-timeout")?, max_connections: args.max_connections };
     let api_key = match &args.api_key_file {
         Some(path) => {
             let key = std::fs::read_to_string(path).with_context(|| format!("reading the API key file {}", path.display()))?;
@@ -135,7 +183,8 @@ pub fn run(args: &ServeArgs) -> anyhow::Result<()> {
     let config = ServerConfig {
         served_model_name,
         api_key,
-        max_body_bytes: args.max_body_bytes,
+        admission,
+        peer,
         default_max_tokens: args.default_max_tokens,
         enable_thinking: args.default_thinking == Thinking::On && !args.no_think,
     };
@@ -254,7 +303,8 @@ fn load(args: &LoadArgs, limits: (EngineConfig, Option<usize>), state: &AppState
     let EngineConfig { max_batch, max_queue, max_queued_tokens, state_cache_bytes, .. } = config;
     let (engine, _thread) = engine::start(model, Arc::clone(&tokenizer), config, Arc::clone(state.metrics())).context("starting the scheduler")?;
     let created = http::unix_now();
-    state.set_ready(Ready { engine, tokenizer, stop_ids, created });
+    let max_token_bytes = admission::max_token_bytes(&tokenizer);
+    state.set_ready(Ready { engine, tokenizer, stop_ids, created, max_token_bytes });
     tracing::info!(max_context, max_batch, max_queue, max_queued_tokens, state_cache_bytes, "model loaded; serving");
     say(&format!("hostd serve: ready (max context {max_context} tokens, batch {max_batch}, queue {max_queue})"));
     Ok(())

@@ -1,5 +1,6 @@
-//! `POST /v1/chat/completions`: validate, render the chat template, tokenise, check the
-//! context, submit to the engine, then answer as one `chat.completion` or as a stream of
+//! `POST /v1/chat/completions`: read the body under its limits, validate, render the chat
+//! template, check the prompt's size, tokenise in the bounded pool, check the context, submit
+//! to the engine, then answer as one `chat.completion` or as a stream of
 //! `chat.completion.chunk`s.
 //!
 //! Thinking follows the request's `chat_template_kwargs.enable_thinking`, else the server's
@@ -15,14 +16,15 @@ use super::openai::{
 };
 use super::params;
 use super::stream::{self, to_json};
+use super::admission;
 use super::{AppState, RequestId, fingerprint, unix_now};
 use crate::chat_template::{self, ChatMessage, ChatOptions};
 use crate::engine::{Event, GenRequest, LogprobEntry};
 use crate::tokenizer::Tokenizer;
 use axum::Extension;
-use axum::body::Bytes;
+use axum::body::Body;
 use axum::extract::State;
-use axum::extract::rejection::BytesRejection;
+use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use std::sync::Arc;
 use std::time::Instant;
@@ -31,16 +33,24 @@ use std::time::Instant;
 pub async fn chat_completions(
     State(app): State<Arc<AppState>>,
     Extension(RequestId(request_id)): Extension<RequestId>,
-    body: Result<Bytes, BytesRejection>,
+    headers: HeaderMap,
+    body: Body,
 ) -> Result<Response, ApiError> {
     let received = Instant::now();
-    let body = body.map_err(|e| ApiError::body_rejection(e, app.config.max_body_bytes))?;
-    let req: ChatCompletionRequest = serde_json::from_slice(&body)?;
     let ready = app.ready()?;
+    let body = app.admission.read_body(&headers, body).await?;
+    let req: ChatCompletionRequest = serde_json::from_slice(&body)?;
+    drop(body);
     params::check_model(req.model.as_deref(), &app.config.served_model_name)?;
     params::reject_unsupported_chat(&req)?;
     params::check_n(req.n)?;
     let messages = params::chat_messages(req.messages.as_deref().ok_or_else(|| ApiError::missing("messages"))?)?;
+    for (i, m) in messages.iter().enumerate() {
+        app.admission.check_prompt_bytes(&m.content, &format!("messages[{i}].content"))?;
+        if let Some(r) = &m.reasoning_content {
+            app.admission.check_prompt_bytes(r, &format!("messages[{i}].reasoning_content"))?;
+        }
+    }
     let logprobs = req.logprobs.unwrap_or(false);
     let sampling = params::sampling_params(&req.sampling(), logprobs, req.top_logprobs)?;
     let stop = params::stop_strings(req.stop.as_ref())?;
@@ -52,9 +62,19 @@ pub async fn chat_completions(
     let thinking = kwargs.enable_thinking.unwrap_or(app.config.enable_thinking);
     let opts = ChatOptions { add_generation_prompt: true, enable_thinking: thinking, preserve_thinking: kwargs.preserve_thinking.unwrap_or(false) };
     let text = chat_template::render(&messages, &opts)?;
-    let prompt = ready.tokenizer.encode(&text).map_err(|e| ApiError::Internal(e.to_string()))?;
-    let checkpoint = checkpoint(&ready.tokenizer, &messages, &opts, &prompt);
+    app.admission.check_prompt_bytes(&text, "messages")?;
     let max_context = ready.engine.config().max_context;
+    admission::check_fits(text.len(), ready.max_token_bytes, max_context, "messages")?;
+    let tokenizer = Arc::clone(&ready.tokenizer);
+    let (prompt, checkpoint) = app
+        .admission
+        .tokenize(text.len(), move || {
+            let prompt = tokenizer.encode(&text)?;
+            let checkpoint = checkpoint(&tokenizer, &messages, &opts, &prompt);
+            Ok::<_, crate::tokenizer::TokenizerError>((prompt, checkpoint))
+        })
+        .await?
+        .map_err(|e| ApiError::Internal(e.to_string()))?;
     let max_tokens = params::budget(prompt.len(), requested, app.config.default_max_tokens, max_context, "messages")?;
 
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();

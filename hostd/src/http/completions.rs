@@ -7,14 +7,15 @@
 
 use super::error::ApiError;
 use super::openai::{Completion, CompletionChoice, CompletionLogprobs, CompletionRequest, Usage};
-use super::params;
+use super::admission;
+use super::params::{self, PromptInput};
 use super::stream::{self, to_json};
 use super::{AppState, RequestId, fingerprint, unix_now};
 use crate::engine::{Event, GenRequest, LogprobEntry};
 use axum::Extension;
-use axum::body::Bytes;
+use axum::body::Body;
 use axum::extract::State;
-use axum::extract::rejection::BytesRejection;
+use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use std::sync::Arc;
 use std::time::Instant;
@@ -28,12 +29,14 @@ const MAX_LEGACY_LOGPROBS: i64 = 5;
 pub async fn completions(
     State(app): State<Arc<AppState>>,
     Extension(RequestId(request_id)): Extension<RequestId>,
-    body: Result<Bytes, BytesRejection>,
+    headers: HeaderMap,
+    body: Body,
 ) -> Result<Response, ApiError> {
     let received = Instant::now();
-    let body = body.map_err(|e| ApiError::body_rejection(e, app.config.max_body_bytes))?;
-    let req: CompletionRequest = serde_json::from_slice(&body)?;
     let ready = app.ready()?;
+    let body = app.admission.read_body(&headers, body).await?;
+    let req: CompletionRequest = serde_json::from_slice(&body)?;
+    drop(body);
     params::check_model(req.model.as_deref(), &app.config.served_model_name)?;
     params::reject_unsupported_completion(&req)?;
     params::check_n(req.n)?;
@@ -45,8 +48,20 @@ pub async fn completions(
     let sampling = params::sampling_params(&req.sampling(), top.is_some(), top)?;
     let stop = params::stop_strings(req.stop.as_ref())?;
     let requested = params::max_tokens(req.max_tokens, "max_tokens")?;
-    let prompt = params::completion_prompt(req.prompt.as_ref(), &ready.tokenizer)?;
     let max_context = ready.engine.config().max_context;
+    let prompt = match params::completion_prompt(req.prompt.as_ref(), &ready.tokenizer)? {
+        PromptInput::Ids(ids) => ids,
+        PromptInput::Text(text) => {
+            app.admission.check_prompt_bytes(&text, "prompt")?;
+            admission::check_fits(text.len(), ready.max_token_bytes, max_context, "prompt")?;
+            let tokenizer = Arc::clone(&ready.tokenizer);
+            let ids = app.admission.tokenize(text.len(), move || tokenizer.encode(&text)).await?.map_err(|e| ApiError::Internal(e.to_string()))?;
+            if ids.is_empty() {
+                return Err(ApiError::invalid("The prompt is empty: nothing to generate from.", "prompt"));
+            }
+            ids
+        }
+    };
     let max_tokens = params::budget(prompt.len(), requested, DEFAULT_MAX_TOKENS, max_context, "prompt")?;
 
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();

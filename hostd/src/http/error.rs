@@ -96,7 +96,23 @@ pub enum ApiError {
     /// The model is still loading, or the engine stopped (503).
     #[error("{0}")]
     Unavailable(String),
-    /// The model failed while generating (500).
+    /// A bounded server resource (tokeniser pool, connection slots) is taken (503, with
+    /// `Retry-After`).
+    #[error("{message} Retry after {retry_after_s} s.")]
+    Busy {
+        /// What is busy, as a sentence.
+        message: String,
+        /// Suggested wait in seconds.
+        retry_after_s: u64,
+    },
+    /// The client did not send the request body in time (408).
+    #[error("The request body was not received within {limit_s} s.")]
+    BodyTimeout {
+        /// The limit (`--body-timeout`).
+        limit_s: u64,
+    },
+    /// The model failed while generating (500). The detail goes to the server log only; the
+    /// client gets a generic message with the request id (see [`ApiError::body`]).
     #[error("Generation failed: {0}")]
     Internal(String),
 }
@@ -130,7 +146,8 @@ impl ApiError {
             ApiError::Unauthorized => StatusCode::UNAUTHORIZED,
             ApiError::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::QueueFull { .. } | ApiError::QueuedTokensFull { .. } => StatusCode::TOO_MANY_REQUESTS,
-            ApiError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::Unavailable(_) | ApiError::Busy { .. } => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::BodyTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -140,7 +157,7 @@ impl ApiError {
         match self {
             ApiError::Unauthorized => "authentication_error",
             ApiError::QueueFull { .. } | ApiError::QueuedTokensFull { .. } => "rate_limit_error",
-            ApiError::Unavailable(_) | ApiError::Internal(_) => "server_error",
+            ApiError::Unavailable(_) | ApiError::Busy { .. } | ApiError::Internal(_) => "server_error",
             _ => "invalid_request_error",
         }
     }
@@ -157,6 +174,8 @@ impl ApiError {
             ApiError::BodyTooLarge { .. } => "request_too_large",
             ApiError::QueueFull { .. } | ApiError::QueuedTokensFull { .. } => "queue_full",
             ApiError::Unavailable(_) => "unavailable",
+            ApiError::Busy { .. } => "server_busy",
+            ApiError::BodyTimeout { .. } => "request_timeout",
             ApiError::Internal(_) => "internal_error",
         }
     }
@@ -170,16 +189,39 @@ impl ApiError {
         }
     }
 
-    /// The JSON body, also sent as an SSE event when a stream fails midway.
+    /// The JSON body, also sent as an SSE event when a stream fails midway. The request id
+    /// is the current request's (a task-local set by the request middleware).
     pub fn body(&self) -> serde_json::Value {
-        json!({ "error": { "message": self.to_string(), "type": self.error_type(), "param": self.param(), "code": self.code() } })
+        self.body_for(super::current_request_id().as_deref())
+    }
+
+    /// The JSON body for the request `request_id`. A 500 says only that the server failed and
+    /// names the request id: its detail (socket paths, file offsets) is for the server log,
+    /// which records it under the same id ([`ApiError::log_internal`]).
+    pub fn body_for(&self, request_id: Option<&str>) -> serde_json::Value {
+        let message = match self {
+            ApiError::Internal(_) => format!(
+                "The server had an error while processing your request (request id {}); its log has the details.",
+                request_id.unwrap_or("unknown")
+            ),
+            _ => self.to_string(),
+        };
+        json!({ "error": { "message": message, "type": self.error_type(), "param": self.param(), "code": self.code() } })
+    }
+
+    /// Writes a 500's detail to the log (in the current span, which carries the request id).
+    pub fn log_internal(&self) {
+        if let ApiError::Internal(detail) = self {
+            tracing::error!(detail = %detail, "internal error");
+        }
     }
 }
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
+        self.log_internal();
         let mut resp = (self.status(), Json(self.body())).into_response();
-        if let ApiError::QueueFull { retry_after_s, .. } | ApiError::QueuedTokensFull { retry_after_s, .. } = self {
+        if let ApiError::QueueFull { retry_after_s, .. } | ApiError::QueuedTokensFull { retry_after_s, .. } | ApiError::Busy { retry_after_s, .. } = self {
             resp.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(retry_after_s));
         }
         if matches!(self, ApiError::Unauthorized) {
@@ -266,6 +308,15 @@ mod tests {
         check(ApiError::Unauthorized, 401, "authentication_error", "invalid_api_key");
         let e = ApiError::ContextLength { max_context: 10, requested: 12, prompt_tokens: 11, completion_tokens: 1, param: "messages" };
         check(e, 400, "invalid_request_error", "context_length_exceeded");
+        check(ApiError::Busy { message: "x".into(), retry_after_s: 1 }, 503, "server_error", "server_busy");
+        check(ApiError::BodyTimeout { limit_s: 1 }, 408, "invalid_request_error", "request_timeout");
+    }
+
+    #[test]
+    fn internal_errors_hide_their_detail() {
+        let e = ApiError::Internal("reading /run/sluice/expertd.sock at offset 123456".into());
+        let msg = e.body_for(Some("abc123"))["error"]["message"].as_str().unwrap_or_default().to_string();
+        assert!(msg.contains("abc123") && !msg.contains("expertd.sock") && !msg.contains("123456"), "{msg}");
     }
 
     #[test]

@@ -4,15 +4,19 @@
 //! The caller owns the listener and the shutdown future ([`serve`]), so tests run the real
 //! server on a temporary port. The server answers `/health` (503, `loading`) before the model
 //! is loaded; [`AppState::set_ready`] switches it to serving. Generation requests go to the
-//! engine's scheduler thread; handlers never run the model.
+//! engine's scheduler thread; handlers never run the model, and tokenise only through the
+//! bounded pool of `admission.rs`.
 //!
-//! Files: `openai.rs` (wire types), `params.rs` (validation), `error.rs` (the one error → JSON
-//! mapping), `chat.rs` and `completions.rs` (the two generation endpoints), `stream.rs` (SSE
-//! and collecting engine events).
+//! Files: `listener.rs` (accept loop and peer limits), `admission.rs` (body, prompt and
+//! tokeniser limits), `openai.rs` (wire types), `params.rs` (validation), `error.rs` (the one
+//! error → JSON mapping), `chat.rs` and `completions.rs` (the two generation endpoints),
+//! `stream.rs` (SSE and collecting engine events).
 
+pub mod admission;
 mod chat;
 mod completions;
 pub mod error;
+pub mod listener;
 pub mod openai;
 pub mod params;
 mod stream;
@@ -21,20 +25,19 @@ use crate::engine::EngineHandle;
 use crate::engine::metrics::Metrics;
 use crate::tokenizer::Tokenizer;
 use axum::Router;
-use axum::extract::{DefaultBodyLimit, Request, State};
+use admission::{Admission, AdmissionConfig};
+use axum::extract::{Request, State};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use error::ApiError;
+use listener::PeerLimits;
 use serde_json::json;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 use tracing::Instrument;
-
-/// Default request body limit (bytes).
-pub const MAX_BODY_BYTES_DEFAULT: usize = 4 << 20;
 
 /// Settings of the HTTP layer (the engine has its own).
 #[derive(Debug, Clone)]
@@ -43,8 +46,10 @@ pub struct ServerConfig {
     pub served_model_name: String,
     /// When set, `/v1/*` requires `Authorization: Bearer <key>`.
     pub api_key: Option<String>,
-    /// Largest accepted request body.
-    pub max_body_bytes: usize,
+    /// Body, prompt and tokeniser limits.
+    pub admission: AdmissionConfig,
+    /// Connection limits and timeouts.
+    pub peer: PeerLimits,
     /// Completion budget of a chat request that names none (clipped to the context).
     pub default_max_tokens: usize,
     /// Thinking default for chat requests (`--default-thinking`).
@@ -61,6 +66,8 @@ pub struct Ready {
     pub stop_ids: Vec<u32>,
     /// Unix seconds of the load (the model card's `created`).
     pub created: u64,
+    /// The vocabulary's longest token in bytes (bounds prompt tokens from prompt bytes).
+    pub max_token_bytes: usize,
 }
 
 /// State shared by every handler.
@@ -74,13 +81,27 @@ pub struct AppState {
     next_id: AtomicU64,
     /// Distinguishes request ids across restarts.
     id_salt: u64,
+    /// Body, prompt and tokeniser limits.
+    admission: Admission,
+    /// Open HTTP connections (the listener counts them).
+    connections: AtomicUsize,
 }
 
 impl AppState {
     /// State of a server whose model is not loaded yet.
     pub fn new(config: ServerConfig, metrics: Arc<Metrics>) -> Arc<AppState> {
         let id_salt = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_micros() as u64);
-        Arc::new(AppState { config, metrics, ready: OnceLock::new(), failed: OnceLock::new(), next_id: AtomicU64::new(1), id_salt })
+        let admission = Admission::new(config.admission.clone());
+        Arc::new(AppState {
+            config,
+            metrics,
+            ready: OnceLock::new(),
+            failed: OnceLock::new(),
+            next_id: AtomicU64::new(1),
+            id_salt,
+            admission,
+            connections: AtomicUsize::new(0),
+        })
     }
 
     /// Switches the server to serving (called once, after the model loaded).
@@ -115,6 +136,16 @@ impl AppState {
 #[derive(Debug, Clone)]
 pub struct RequestId(pub String);
 
+tokio::task_local! {
+    /// The id of the request whose handler runs on this task (set by the request middleware).
+    static REQUEST_ID: String;
+}
+
+/// The current request's id, inside a handler (errors name it in their body).
+pub(crate) fn current_request_id() -> Option<String> {
+    REQUEST_ID.try_with(Clone::clone).ok()
+}
+
 /// Seconds since the Unix epoch.
 pub(crate) fn unix_now() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs())
@@ -127,7 +158,6 @@ pub(crate) fn fingerprint() -> String {
 
 /// All routes with their middleware.
 pub fn router(state: Arc<AppState>) -> Router {
-    let limit = state.config.max_body_bytes;
     Router::new()
         .route("/v1/chat/completions", post(chat::chat_completions))
         .route("/v1/completions", post(completions::completions))
@@ -137,7 +167,6 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/metrics", get(metrics))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
-        .layer(DefaultBodyLimit::max(limit))
         .layer(middleware::from_fn_with_state(Arc::clone(&state), track))
         .with_state(state)
 }
@@ -148,7 +177,8 @@ pub async fn serve(
     state: Arc<AppState>,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    axum::serve(listener, router(state)).with_graceful_shutdown(shutdown).await
+    let app = router(Arc::clone(&state));
+    listener::serve(listener, state, app, shutdown).await
 }
 
 /// Request id, INFO span, API-key check and request metrics around every handler.
@@ -168,7 +198,16 @@ async fn track(State(app): State<Arc<AppState>>, mut req: Request, next: Next) -
         Some(key) if path.starts_with("/v1/") => bearer_matches(&req, key),
         _ => true,
     };
-    let mut resp = if authorized { next.run(req).instrument(span.clone()).await } else { ApiError::Unauthorized.into_response() };
+    // A connection beyond --max-connections may only ask for /health.
+    let overflow = req.extensions().get::<listener::Overflow>().is_some() && path != "/health";
+    let mut resp = if overflow {
+        let message = format!("The server has {} connections open (--max-connections).", app.config.peer.max_connections);
+        ApiError::Busy { message, retry_after_s: 1 }.into_response()
+    } else if authorized {
+        REQUEST_ID.scope(id.clone(), next.run(req).instrument(span.clone())).await
+    } else {
+        ApiError::Unauthorized.into_response()
+    };
     let status = resp.status().as_u16();
     app.metrics.record_request(endpoint, status, start.elapsed());
     span.in_scope(|| tracing::info!(status, took_ms = start.elapsed().as_millis() as u64, "response"));
@@ -210,6 +249,8 @@ async fn health(State(app): State<Arc<AppState>>) -> Response {
                 "active_sequences": m.active_sequences.load(Relaxed),
                 "max_batch": c.max_batch,
                 "max_context": c.max_context,
+                "connections": app.connections.load(Relaxed),
+                "max_connections": app.config.peer.max_connections,
             });
             (StatusCode::OK, axum::Json(body)).into_response()
         }

@@ -261,10 +261,27 @@ fn content_parts(i: usize, parts: &[Value]) -> Result<String, ApiError> {
     Ok(texts.join("\n"))
 }
 
+/// The completions `prompt` before tokenisation: text (tokenised by the caller, in the
+/// bounded pool) or validated token ids.
+#[derive(Debug, Clone, PartialEq)]
+pub enum PromptInput {
+    /// Text to tokenise.
+    Text(String),
+    /// Token ids, each checked against the vocabulary.
+    Ids(Vec<u32>),
+}
+
 /// The completions `prompt`: a string, a one-element list of strings, a list of token ids, or a
 /// one-element list of id lists. Several prompts in one request are refused (only one choice).
-pub fn completion_prompt(prompt: Option<&Value>, tokenizer: &Tokenizer) -> Result<Vec<u32>, ApiError> {
-    let encode = |s: &str| tokenizer.encode(s).map_err(|e| ApiError::Internal(e.to_string()));
+/// An empty prompt is refused here; text that tokenises to nothing is the caller's check.
+pub fn completion_prompt(prompt: Option<&Value>, tokenizer: &Tokenizer) -> Result<PromptInput, ApiError> {
+    let text = |s: &str| {
+        if s.is_empty() {
+            Err(ApiError::invalid("The prompt is empty: nothing to generate from.", "prompt"))
+        } else {
+            Ok(PromptInput::Text(s.to_string()))
+        }
+    };
     let ids = |items: &[Value]| -> Result<Vec<u32>, ApiError> {
         items
             .iter()
@@ -278,10 +295,10 @@ pub fn completion_prompt(prompt: Option<&Value>, tokenizer: &Tokenizer) -> Resul
     };
     let tokens = match prompt {
         None | Some(Value::Null) => return Err(ApiError::missing("prompt")),
-        Some(Value::String(s)) => encode(s)?,
+        Some(Value::String(s)) => return text(s),
         Some(Value::Array(items)) => match items.as_slice() {
             [] => return Err(ApiError::invalid("prompt must not be empty.", "prompt")),
-            [Value::String(s)] => encode(s)?,
+            [Value::String(s)] => return text(s),
             [Value::Array(inner)] => ids(inner)?,
             [first, ..] if first.is_number() => ids(items)?,
             _ => return Err(ApiError::unsupported("Only one prompt per request is supported.", "prompt")),
@@ -291,7 +308,7 @@ pub fn completion_prompt(prompt: Option<&Value>, tokenizer: &Tokenizer) -> Resul
     if tokens.is_empty() {
         return Err(ApiError::invalid("The prompt is empty: nothing to generate from.", "prompt"));
     }
-    Ok(tokens)
+    Ok(PromptInput::Ids(tokens))
 }
 
 #[cfg(test)]

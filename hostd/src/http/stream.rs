@@ -41,11 +41,13 @@ pub async fn collect(mut rx: UnboundedReceiver<Event>) -> Result<Collected, ApiE
     }
 }
 
-struct StreamState<F> {
+struct StreamState<F, G> {
     rx: UnboundedReceiver<Event>,
     queue: VecDeque<String>,
     done: bool,
     format: F,
+    /// An error as the payload the client gets (its detail logged).
+    failure: G,
 }
 
 /// An SSE response: `first` payloads, then `format(event)` for each engine event (a list of
@@ -55,7 +57,14 @@ pub fn sse<F>(rx: UnboundedReceiver<Event>, first: Vec<String>, format: F) -> Re
 where
     F: FnMut(Event) -> Vec<String> + Send + 'static,
 {
-    let st = StreamState { rx, queue: first.into(), done: false, format };
+    // The body is polled outside the handler's task-local and span: keep both for failures.
+    let request_id = super::current_request_id();
+    let span = tracing::Span::current();
+    let failure = move |e: ApiError| {
+        span.in_scope(|| e.log_internal());
+        e.body_for(request_id.as_deref()).to_string()
+    };
+    let st = StreamState { rx, queue: first.into(), done: false, format, failure };
     let stream = futures_util::stream::unfold(st, |mut st| async move {
         loop {
             if let Some(data) = st.queue.pop_front() {
@@ -68,7 +77,8 @@ where
                 Some(ev) => {
                     let terminal = matches!(ev, Event::Done { .. } | Event::Failed(_));
                     if let Event::Failed(m) = &ev {
-                        st.queue.push_back(ApiError::Internal(m.clone()).body().to_string());
+                        let payload = (st.failure)(ApiError::Internal(m.clone()));
+                        st.queue.push_back(payload);
                     } else {
                         let payloads = (st.format)(ev);
                         st.queue.extend(payloads);
@@ -80,7 +90,8 @@ where
                 }
                 None => {
                     let e = ApiError::Internal("the generation engine stopped before the reply was complete".to_string());
-                    st.queue.push_back(e.body().to_string());
+                    let payload = (st.failure)(e);
+                    st.queue.push_back(payload);
                     st.queue.push_back("[DONE]".to_string());
                     st.done = true;
                 }

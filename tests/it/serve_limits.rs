@@ -1,0 +1,277 @@
+//! `hostd serve` under hostile or careless peers (issue 14): large prompts are refused before
+//! any tokenisation with RSS barely moving and `/health` answering throughout; half-open and
+//! idle connections are closed by the header timeout while the server keeps serving; a slow
+//! body gets 408; connections beyond the cap may only ask `/health`; a half-closed request gets
+//! its response. The real binary on the `tiny` fixture, over raw sockets; every wait bounded.
+
+use serde_json::{Value, json};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{Shutdown, SocketAddr, TcpStream};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, mpsc};
+use std::time::{Duration, Instant};
+use tests::{model_dir, workspace_bin};
+
+/// A running `hostd serve`, killed on drop.
+struct Server {
+    child: Child,
+    addr: SocketAddr,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Server {
+    fn start(extra: &[&str]) -> Server {
+        let dir = model_dir("tiny");
+        let mut child = Command::new(workspace_bin("hostd"))
+            .args(["serve", "--model", dir.to_str().expect("utf-8 path"), "--port", "0", "--served-model-name", "tiny"])
+            .args(extra)
+            .env("SLUICE_THREADS", "2")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn hostd serve");
+        let stdout = child.stdout.take().expect("stdout");
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            let mut line = String::new();
+            let _ = BufReader::new(stdout).read_line(&mut line);
+            let _ = tx.send(line);
+        });
+        let line = rx.recv_timeout(Duration::from_secs(60)).expect("hostd serve printed its address");
+        let addr = line.trim().rsplit("http://").next().and_then(|a| a.parse().ok()).unwrap_or_else(|| panic!("first line {line:?}"));
+        let server = Server { child, addr };
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while server.try_get("/health").map(|r| r.0) != Some(200) {
+            assert!(Instant::now() < deadline, "not ready within 60 s");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        server
+    }
+
+    fn connect(&self) -> TcpStream {
+        let s = TcpStream::connect_timeout(&self.addr, Duration::from_secs(10)).expect("connect");
+        s.set_read_timeout(Some(Duration::from_secs(60))).expect("read timeout");
+        s
+    }
+
+    /// Sends `head` (without the blank line) and `body`, half-closes when asked, reads the reply.
+    fn exchange(&self, head: &str, body: &[u8], half_close: bool) -> (u16, Value, Vec<(String, String)>) {
+        let mut s = self.connect();
+        let _ = s.write_all(format!("{head}\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes());
+        // A refused body may stop being read; the reply still has to arrive.
+        let _ = s.write_all(body);
+        if half_close {
+            s.shutdown(Shutdown::Write).expect("half-close");
+        }
+        let mut raw = Vec::new();
+        let _ = s.read_to_end(&mut raw);
+        parse(&raw).unwrap_or_else(|| panic!("no response to {head:?}: {:?}", String::from_utf8_lossy(&raw)))
+    }
+
+    fn try_get(&self, path: &str) -> Option<(u16, Value, Vec<(String, String)>)> {
+        let mut s = TcpStream::connect_timeout(&self.addr, Duration::from_secs(5)).ok()?;
+        s.set_read_timeout(Some(Duration::from_secs(30))).ok()?;
+        s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes()).ok()?;
+        let mut raw = Vec::new();
+        s.read_to_end(&mut raw).ok()?;
+        parse(&raw)
+    }
+
+    fn post(&self, path: &str, body: &[u8]) -> (u16, Value, Vec<(String, String)>) {
+        let head = format!("POST {path} HTTP/1.1\r\nContent-Type: application/json\r\nContent-Length: {}", body.len());
+        self.exchange(&head, body, false)
+    }
+
+    fn health(&self) -> Value {
+        let (status, body, _) = self.try_get("/health").expect("/health answers");
+        assert_eq!(status, 200, "{body}");
+        body
+    }
+
+    fn rss_bytes(&self) -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).expect("/proc status");
+        let kb: u64 = status.lines().find_map(|l| l.strip_prefix("VmRSS:")).and_then(|v| v.split_whitespace().next()?.parse().ok()).expect("VmRSS");
+        kb * 1024
+    }
+}
+
+/// Status, JSON body (or null) and headers of a `Connection: close` response.
+fn parse(raw: &[u8]) -> Option<(u16, Value, Vec<(String, String)>)> {
+    let split = raw.windows(4).position(|w| w == b"\r\n\r\n")?;
+    let head = String::from_utf8_lossy(&raw[..split]).into_owned();
+    let mut lines = head.lines();
+    let status = lines.next()?.split(' ').nth(1)?.parse().ok()?;
+    let headers = lines.filter_map(|l| l.split_once(':')).map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_string())).collect();
+    Some((status, serde_json::from_slice(&raw[split + 4..]).unwrap_or(Value::Null), headers))
+}
+
+fn chat_body(content: &str, max_tokens: usize) -> Vec<u8> {
+    json!({ "model": "tiny", "messages": [{ "role": "user", "content": content }], "max_tokens": max_tokens, "temperature": 0 })
+        .to_string()
+        .into_bytes()
+}
+
+/// Polls /health every 20 ms until `stop`; returns the slowest answer and the largest RSS seen.
+fn watch(s: &Server, stop: &AtomicBool) -> (Duration, u64) {
+    let (mut slowest, mut rss) = (Duration::ZERO, 0);
+    while !stop.load(Ordering::Relaxed) {
+        let t = Instant::now();
+        let r = s.try_get("/health");
+        slowest = slowest.max(t.elapsed());
+        assert_eq!(r.map(|r| r.0), Some(200), "/health must answer during the burst");
+        rss = rss.max(s.rss_bytes());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    (slowest, rss)
+}
+
+#[test]
+fn large_prompts_are_refused_before_tokenising() {
+    let s = Server::start(&[]);
+    let before = s.rss_bytes();
+    // Eight 4 MB messages at once: over the default body cap (2 MiB), refused from
+    // Content-Length without being buffered or tokenised.
+    let big = Arc::new(chat_body(&"x".repeat(4_000_000), 1));
+    let stop = AtomicBool::new(false);
+    let (statuses, (slowest, peak)) = std::thread::scope(|scope| {
+        let watcher = scope.spawn(|| watch(&s, &stop));
+        let senders: Vec<_> = (0..8)
+            .map(|_| {
+                let big = Arc::clone(&big);
+                let s = &s;
+                scope.spawn(move || {
+                    let t = Instant::now();
+                    let (status, body, _) = s.post("/v1/chat/completions", &big);
+                    (status, body["error"]["code"].clone(), t.elapsed())
+                })
+            })
+            .collect();
+        let statuses: Vec<_> = senders.into_iter().map(|h| h.join().expect("sender")).collect();
+        stop.store(true, Ordering::Relaxed);
+        (statuses, watcher.join().expect("watcher"))
+    });
+    for (status, code, took) in &statuses {
+        assert_eq!((*status, code.as_str()), (413, Some("request_too_large")), "{statuses:?}");
+        assert!(*took < Duration::from_secs(10), "a refusal took {took:?}");
+    }
+    let grew = peak.saturating_sub(before);
+    assert!(grew < 200 << 20, "RSS grew by {} MiB during the burst", grew >> 20);
+    assert!(slowest < Duration::from_secs(2), "/health took {slowest:?} during the burst");
+
+    // Under the body cap but over the prompt cap: 400 naming the message, before tokenising.
+    let (status, body, _) = s.post("/v1/chat/completions", &chat_body(&"y".repeat(1_500_000), 1));
+    assert_eq!((status, body["error"]["code"].as_str(), body["error"]["param"].as_str()), (400, Some("prompt_too_large"), Some("messages[0].content")), "{body}");
+    let prompt = json!({ "model": "tiny", "prompt": "z".repeat(1_500_000), "max_tokens": 1 }).to_string();
+    let (status, body, _) = s.post("/v1/completions", prompt.as_bytes());
+    assert_eq!((status, body["error"]["param"].as_str()), (400, Some("prompt")), "{body}");
+    // A prompt that cannot fit a 64-token context is refused from its length alone.
+    drop(s);
+    let s = Server::start(&["--max-context", "64"]);
+    let (status, body, _) = s.post("/v1/chat/completions", &chat_body(&"word ".repeat(20_000), 1));
+    assert_eq!((status, body["error"]["code"].as_str()), (400, Some("context_length_exceeded")), "{body}");
+    assert!(body["error"]["message"].as_str().is_some_and(|m| m.contains("at least")), "{body}");
+    // And the server still generates.
+    let (status, body, _) = s.post("/v1/chat/completions", &chat_body("hi", 2));
+    assert_eq!(status, 200, "{body}");
+}
+
+#[test]
+fn half_open_and_idle_connections_are_closed_while_the_server_serves() {
+    let s = Server::start(&["--header-timeout", "2"]);
+    let opened = Instant::now();
+    let mut half_open: Vec<TcpStream> = (0..500)
+        .map(|_| {
+            let mut c = s.connect();
+            c.write_all(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Le").expect("partial head");
+            c
+        })
+        .collect();
+    // An idle keep-alive connection, after one complete exchange.
+    let mut idle = s.connect();
+    idle.write_all(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n").expect("request");
+    let mut buf = [0u8; 4096];
+    assert!(idle.read(&mut buf).expect("response") > 0);
+
+    // Meanwhile the server answers and generates.
+    assert!(s.health()["connections"].as_u64().is_some_and(|n| n >= 500), "{}", s.health());
+    let (status, body, _) = s.post("/v1/chat/completions", &chat_body("hello", 3));
+    assert_eq!(status, 200, "{body}");
+
+    // Each is closed by the server (EOF or reset) within the timeout plus a generous margin.
+    half_open.push(idle);
+    for c in &mut half_open {
+        c.set_read_timeout(Some(Duration::from_secs(20))).expect("read timeout");
+        let mut rest = Vec::new();
+        match c.read_to_end(&mut rest) {
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => {}
+            Err(e) => panic!("a half-open connection stayed open ({e}) {:?} after opening", opened.elapsed()),
+        }
+    }
+    let took = opened.elapsed();
+    assert!(took < Duration::from_secs(20), "closing 501 connections took {took:?}");
+    // They are gone from the server's count too.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while s.health()["connections"].as_u64() != Some(1) {
+        assert!(Instant::now() < deadline, "{}", s.health());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn slow_bodies_time_out_and_half_closed_requests_are_answered() {
+    let s = Server::start(&["--body-timeout", "1"]);
+    let t = Instant::now();
+    let (status, body, _) = s.exchange("POST /v1/chat/completions HTTP/1.1\r\nContent-Length: 100", b"{\"model\"", false);
+    assert_eq!((status, body["error"]["code"].as_str()), (408, Some("request_timeout")), "{body}");
+    assert!(t.elapsed() < Duration::from_secs(15), "{:?}", t.elapsed());
+
+    // The client shuts its write side after sending: the reply still comes.
+    let (status, body, _) = s.exchange("GET /health HTTP/1.1", b"", true);
+    assert_eq!(status, 200, "{body}");
+    let chat = chat_body("hi", 2);
+    let head = format!("POST /v1/chat/completions HTTP/1.1\r\nContent-Type: application/json\r\nContent-Length: {}", chat.len());
+    let (status, body, _) = s.exchange(&head, &chat, true);
+    assert_eq!((status, body["object"].as_str()), (200, Some("chat.completion")), "{body}");
+}
+
+#[test]
+fn connections_beyond_the_cap_may_only_ask_for_health() {
+    let s = Server::start(&["--max-connections", "8", "--header-timeout", "60"]);
+    let held: Vec<TcpStream> = (0..8)
+        .map(|_| {
+            let mut c = s.connect();
+            c.write_all(b"GET /hea").expect("partial head");
+            c
+        })
+        .collect();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while s.health()["connections"].as_u64() < Some(9) {
+        assert!(Instant::now() < deadline, "{}", s.health());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let t = Instant::now();
+    let h = s.health();
+    assert!(t.elapsed() < Duration::from_secs(2), "/health took {:?} at the cap", t.elapsed());
+    assert_eq!(h["max_connections"], 8, "{h}");
+    let (status, body, headers) = s.post("/v1/chat/completions", &chat_body("hi", 2));
+    assert_eq!((status, body["error"]["code"].as_str()), (503, Some("server_busy")), "{body}");
+    assert!(headers.iter().any(|(k, v)| k == "retry-after" && v == "1"), "{headers:?}");
+    drop(held);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let (status, body, _) = s.post("/v1/chat/completions", &chat_body("hi", 2));
+        if status == 200 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "after the held connections closed: {status} {body}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
