@@ -97,7 +97,8 @@ impl Server {
 
     fn rss_bytes(&self) -> u64 {
         let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).expect("/proc status");
-        let kb: u64 = status.lines().find_map(|l| l.strip_prefix("VmRSS:")).and_then(|v| v.split_whitespace().next()?.parse().ok()).expect("VmRSS");
+        let kb: u64 =
+            status.lines().find_map(|l| l.strip_prefix("VmRSS:")).and_then(|v| v.split_whitespace().next()?.parse().ok()).expect("VmRSS");
         kb * 1024
     }
 }
@@ -167,7 +168,11 @@ fn large_prompts_are_refused_before_tokenising() {
 
     // Under the body cap but over the prompt cap: 400 naming the message, before tokenising.
     let (status, body, _) = s.post("/v1/chat/completions", &chat_body(&"y".repeat(1_500_000), 1));
-    assert_eq!((status, body["error"]["code"].as_str(), body["error"]["param"].as_str()), (400, Some("prompt_too_large"), Some("messages[0].content")), "{body}");
+    assert_eq!(
+        (status, body["error"]["code"].as_str(), body["error"]["param"].as_str()),
+        (400, Some("prompt_too_large"), Some("messages[0].content")),
+        "{body}"
+    );
     let prompt = json!({ "model": "tiny", "prompt": "z".repeat(1_500_000), "max_tokens": 1 }).to_string();
     let (status, body, _) = s.post("/v1/completions", prompt.as_bytes());
     assert_eq!((status, body["error"]["param"].as_str()), (400, Some("prompt")), "{body}");
@@ -274,4 +279,29 @@ fn connections_beyond_the_cap_may_only_ask_for_health() {
         assert!(Instant::now() < deadline, "after the held connections closed: {status} {body}");
         std::thread::sleep(Duration::from_millis(50));
     }
+}
+
+#[test]
+fn the_header_timeout_spares_bodies_and_long_replies() {
+    let s = Server::start(&["--header-timeout", "0.5"]);
+    // A body dribbled over ~1.6 s: the header timeout stops at the end of the head.
+    let body = chat_body("hi", 2);
+    let mut c = s.connect();
+    let head = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    );
+    c.write_all(head.as_bytes()).expect("head");
+    for piece in body.chunks(body.len().div_ceil(4)) {
+        std::thread::sleep(Duration::from_millis(400));
+        c.write_all(piece).expect("a body piece: the connection must stay open");
+    }
+    let mut raw = Vec::new();
+    let _ = c.read_to_end(&mut raw);
+    let (status, reply, _) = parse(&raw).expect("a response");
+    assert_eq!(status, 200, "{reply}");
+    // A reply that takes longer than the header timeout to generate is not cut off.
+    let long = json!({ "model": "tiny", "messages": [{ "role": "user", "content": "hi" }], "max_tokens": 1500, "ignore_eos": true });
+    let (status, reply, _) = s.post("/v1/chat/completions", long.to_string().as_bytes());
+    assert_eq!((status, reply["usage"]["completion_tokens"].as_u64()), (200, Some(1500)), "{reply}");
 }

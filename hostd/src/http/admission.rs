@@ -281,7 +281,8 @@ mod tests {
 
     #[tokio::test]
     async fn a_full_pool_answers_busy() {
-        let a = Admission::new(AdmissionConfig { tokenize_threads: 1, tokenize_wait: Duration::from_millis(50), ..AdmissionConfig::default() });
+        let a =
+            Admission::new(AdmissionConfig { tokenize_threads: 1, tokenize_wait: Duration::from_millis(50), ..AdmissionConfig::default() });
         let (tx, rx) = std::sync::mpsc::channel::<()>();
         let a = Arc::new(a);
         let a2 = Arc::clone(&a);
@@ -297,7 +298,12 @@ mod tests {
     #[tokio::test]
     async fn the_byte_budget_is_shared() {
         // Two slots but a 4 KiB budget: a 3 KiB text leaves no room for another 3 KiB one.
-        let cfg = AdmissionConfig { tokenize_threads: 2, tokenize_budget_bytes: 4096, tokenize_wait: Duration::from_millis(50), ..AdmissionConfig::default() };
+        let cfg = AdmissionConfig {
+            tokenize_threads: 2,
+            tokenize_budget_bytes: 4096,
+            tokenize_wait: Duration::from_millis(50),
+            ..AdmissionConfig::default()
+        };
         let a = Arc::new(Admission::new(cfg));
         let (tx, rx) = std::sync::mpsc::channel::<()>();
         let a2 = Arc::clone(&a);

@@ -9,6 +9,7 @@
 //! `<|im_start|>assistant\n`: a follow-up turn's prompt repeats everything up to there (the
 //! template drops earlier turns' reasoning, so it diverges right after).
 
+use super::admission;
 use super::error::ApiError;
 use super::openai::{
     ChatChoice, ChatChunkChoice, ChatCompletion, ChatCompletionChunk, ChatCompletionRequest, ChatDelta, ChatLogprobs,
@@ -16,7 +17,6 @@ use super::openai::{
 };
 use super::params;
 use super::stream::{self, to_json};
-use super::admission;
 use super::{AppState, RequestId, fingerprint, unix_now};
 use crate::chat_template::{self, ChatMessage, ChatOptions};
 use crate::engine::{Event, GenRequest, LogprobEntry};

@@ -5,9 +5,9 @@
 //! The final state (prompt + output) goes to the prefix cache, so a client that appends to the
 //! text it got back only prefills what it added.
 
+use super::admission;
 use super::error::ApiError;
 use super::openai::{Completion, CompletionChoice, CompletionLogprobs, CompletionRequest, Usage};
-use super::admission;
 use super::params::{self, PromptInput};
 use super::stream::{self, to_json};
 use super::{AppState, RequestId, fingerprint, unix_now};
@@ -55,7 +55,11 @@ pub async fn completions(
             app.admission.check_prompt_bytes(&text, "prompt")?;
             admission::check_fits(text.len(), ready.max_token_bytes, max_context, "prompt")?;
             let tokenizer = Arc::clone(&ready.tokenizer);
-            let ids = app.admission.tokenize(text.len(), move || tokenizer.encode(&text)).await?.map_err(|e| ApiError::Internal(e.to_string()))?;
+            let ids = app
+                .admission
+                .tokenize(text.len(), move || tokenizer.encode(&text))
+                .await?
+                .map_err(|e| ApiError::Internal(e.to_string()))?;
             if ids.is_empty() {
                 return Err(ApiError::invalid("The prompt is empty: nothing to generate from.", "prompt"));
             }

@@ -105,3 +105,33 @@ where
 pub fn to_json<T: serde::Serialize>(v: &T) -> String {
     serde_json::to_string(v).unwrap_or_else(|e| ApiError::Internal(format!("serialising a chunk: {e}")).body().to_string())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A generation that fails midway: the client's error event names the request id and
+    /// none of the failure's detail (socket paths, offsets), in a stream and in a whole reply.
+    #[tokio::test]
+    async fn failures_reach_the_client_without_their_detail() {
+        let detail = "expertd call failed: /run/user/0/sluice/expertd.sock at offset 123456789";
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        let _ = tx.send(Event::Failed(detail.to_string()));
+        let resp = crate::http::REQUEST_ID.scope("req-42".to_string(), async { sse(rx, Vec::new(), |_| Vec::new()) }).await;
+        let body = axum::body::to_bytes(resp.into_body(), 1 << 20).await.expect("body");
+        let text = String::from_utf8_lossy(&body);
+        assert!(text.contains("req-42") && text.contains("internal_error") && text.contains("[DONE]"), "{text}");
+        assert!(!text.contains("expertd.sock") && !text.contains("123456789"), "{text}");
+
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        let _ = tx.send(Event::Failed(detail.to_string()));
+        let resp = crate::http::REQUEST_ID
+            .scope("req-43".to_string(), async { collect(rx).await.map(|_| ()).map_err(IntoResponse::into_response) })
+            .await
+            .expect_err("the generation failed");
+        assert_eq!(resp.status().as_u16(), 500);
+        let body = axum::body::to_bytes(resp.into_body(), 1 << 20).await.expect("body");
+        let text = String::from_utf8_lossy(&body);
+        assert!(text.contains("req-43") && !text.contains("expertd.sock") && !text.contains("123456789"), "{text}");
+    }
+}
