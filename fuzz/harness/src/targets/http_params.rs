@@ -103,7 +103,15 @@ fn completion(body: &[u8]) -> Result<&'static str, ApiError> {
     assert!(stop.len() <= MAX_STOP_STRINGS);
     let requested = params::max_tokens(req.max_tokens, "max_tokens")?;
     let t = tokenizer();
-    let prompt = params::completion_prompt(req.prompt.as_ref(), t)?;
+    // The server tokenises text prompts in its admission pool; here inline, with the same
+    // refusal of text that tokenises to nothing.
+    let prompt = match params::completion_prompt(req.prompt.as_ref(), t)? {
+        params::PromptInput::Ids(ids) => ids,
+        params::PromptInput::Text(text) => t.encode(&text).map_err(|e| ApiError::invalid(e.to_string(), "prompt"))?,
+    };
+    if prompt.is_empty() {
+        return Err(ApiError::invalid("prompt tokenises to nothing.", "prompt"));
+    }
     assert!(!prompt.is_empty() && prompt.iter().all(|&id| (id as usize) < t.vocab_size()));
     let budget = params::budget(prompt.len(), requested, 16, MAX_CONTEXT, "prompt")?;
     assert!(budget >= 1 && prompt.len() + budget <= MAX_CONTEXT);
