@@ -6,6 +6,7 @@ mod cache_replay;
 mod container;
 mod expert_io;
 mod expertd;
+mod expertd_faults;
 mod expertd_ring;
 mod expertd_rss;
 mod expertd_startup;

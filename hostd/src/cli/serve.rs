@@ -226,9 +226,10 @@ fn load(args: &LoadArgs, limits: (usize, usize, usize, usize, Option<usize>), st
     stop_ids.dedup();
     let tokenizer = Arc::new(tokenizer);
     let config = EngineConfig { max_queue, max_batch, state_cache_bytes, prefill_chunk, max_context };
+    let experts = Some(model.experts_backend());
     let (engine, _thread) = engine::start(model, Arc::clone(&tokenizer), config, Arc::clone(state.metrics())).context("starting the scheduler")?;
     let created = http::unix_now();
-    state.set_ready(Ready { engine, tokenizer, stop_ids, created });
+    state.set_ready(Ready { engine, tokenizer, stop_ids, created, experts });
     tracing::info!(max_context, max_batch, max_queue, state_cache_bytes, "model loaded; serving");
     say(&format!("hostd serve: ready (max context {max_context} tokens, batch {max_batch}, queue {max_queue})"));
     Ok(())

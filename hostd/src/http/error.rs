@@ -6,7 +6,7 @@
 //! the `type`/`code` strings are decided here and nowhere else.
 
 use crate::chat_template::ChatTemplateError;
-use crate::engine::SubmitError;
+use crate::engine::{Failure, SubmitError};
 use crate::sampling::SamplingError;
 use axum::Json;
 use axum::extract::rejection::BytesRejection;
@@ -85,6 +85,15 @@ pub enum ApiError {
     /// The model failed while generating (500).
     #[error("Generation failed: {0}")]
     Internal(String),
+    /// The expert daemon is unreachable or did not answer in time (503, with `Retry-After`):
+    /// the same request may succeed when retried.
+    #[error("The expert backend is unavailable; retry after {retry_after_s} s. {message}")]
+    ExpertsUnavailable {
+        /// What failed, naming the daemon.
+        message: String,
+        /// Suggested wait in seconds.
+        retry_after_s: u64,
+    },
 }
 
 impl ApiError {
@@ -116,7 +125,7 @@ impl ApiError {
             ApiError::Unauthorized => StatusCode::UNAUTHORIZED,
             ApiError::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::QueueFull { .. } => StatusCode::TOO_MANY_REQUESTS,
-            ApiError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::Unavailable(_) | ApiError::ExpertsUnavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -126,7 +135,7 @@ impl ApiError {
         match self {
             ApiError::Unauthorized => "authentication_error",
             ApiError::QueueFull { .. } => "rate_limit_error",
-            ApiError::Unavailable(_) | ApiError::Internal(_) => "server_error",
+            ApiError::Unavailable(_) | ApiError::Internal(_) | ApiError::ExpertsUnavailable { .. } => "server_error",
             _ => "invalid_request_error",
         }
     }
@@ -144,6 +153,7 @@ impl ApiError {
             ApiError::QueueFull { .. } => "queue_full",
             ApiError::Unavailable(_) => "unavailable",
             ApiError::Internal(_) => "internal_error",
+            ApiError::ExpertsUnavailable { .. } => "experts_unavailable",
         }
     }
 
@@ -165,7 +175,7 @@ impl ApiError {
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let mut resp = (self.status(), Json(self.body())).into_response();
-        if let ApiError::QueueFull { retry_after_s, .. } = self {
+        if let ApiError::QueueFull { retry_after_s, .. } | ApiError::ExpertsUnavailable { retry_after_s, .. } = self {
             resp.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(retry_after_s));
         }
         if matches!(self, ApiError::Unauthorized) {
@@ -196,6 +206,15 @@ impl From<SubmitError> for ApiError {
         match e {
             SubmitError::QueueFull { max_queue } => ApiError::QueueFull { max_queue, retry_after_s: 1 },
             SubmitError::Stopped => ApiError::Unavailable(e.to_string()),
+        }
+    }
+}
+
+impl From<Failure> for ApiError {
+    fn from(f: Failure) -> Self {
+        match f.retry_after_s {
+            Some(retry_after_s) => ApiError::ExpertsUnavailable { message: f.message, retry_after_s },
+            None => ApiError::Internal(f.message),
         }
     }
 }
@@ -245,6 +264,10 @@ mod tests {
         check(ApiError::QueueFull { max_queue: 1, retry_after_s: 1 }, 429, "rate_limit_error", "queue_full");
         check(ApiError::BodyTooLarge { limit_bytes: 1 }, 413, "invalid_request_error", "request_too_large");
         check(ApiError::Unauthorized, 401, "authentication_error", "invalid_api_key");
+        let down = ApiError::from(Failure { message: "decode step failed: expertd gone".into(), retry_after_s: Some(2) });
+        check(down.clone(), 503, "server_error", "experts_unavailable");
+        assert_eq!(down.into_response().headers().get(header::RETRY_AFTER).and_then(|v| v.to_str().ok()), Some("2"));
+        check(ApiError::from(Failure { message: "bug".into(), retry_after_s: None }), 500, "server_error", "internal_error");
         let e = ApiError::ContextLength { max_context: 10, requested: 12, prompt_tokens: 11, completion_tokens: 1, param: "messages" };
         check(e, 400, "invalid_request_error", "context_length_exceeded");
     }

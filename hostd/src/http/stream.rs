@@ -35,7 +35,7 @@ pub async fn collect(mut rx: UnboundedReceiver<Event>) -> Result<Collected, ApiE
                 delta.logprobs.extend(d.logprobs);
             }
             Some(Event::Done { reason, usage }) => return Ok(Collected { delta, reason, usage }),
-            Some(Event::Failed(m)) => return Err(ApiError::Internal(m)),
+            Some(Event::Failed(f)) => return Err(ApiError::from(f)),
             None => return Err(ApiError::Internal("the generation engine stopped before the reply was complete".to_string())),
         }
     }
@@ -67,8 +67,8 @@ where
             match st.rx.recv().await {
                 Some(ev) => {
                     let terminal = matches!(ev, Event::Done { .. } | Event::Failed(_));
-                    if let Event::Failed(m) = &ev {
-                        st.queue.push_back(ApiError::Internal(m.clone()).body().to_string());
+                    if let Event::Failed(f) = &ev {
+                        st.queue.push_back(ApiError::from(f.clone()).body().to_string());
                     } else {
                         let payloads = (st.format)(ev);
                         st.queue.extend(payloads);
