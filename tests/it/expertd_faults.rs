@@ -198,11 +198,12 @@ fn a_killed_private_daemon_is_reaped_and_restarted_and_hostd_leaves_nothing_behi
     assert!(!dir.exists(), "{} left behind", dir.display());
 }
 
-/// A call of `rows` rows of `x` on `tiny`'s layer 1, top-2.
+/// A call of `rows` rows of `x` on `tiny`'s layer 1, every row routed to all 8 experts (the
+/// most compute a call of this size can ask for).
 fn big_call(client: &ExpertdClient, x: &[f32], rows: usize) -> Result<Vec<f32>, ExpertError> {
-    let ids: Vec<u32> = (0..rows).flat_map(|r| [(r % 8) as u32, ((r + 3) % 8) as u32]).collect();
-    let weights: Vec<f32> = (0..rows).flat_map(|_| [0.625f32, 0.375]).collect();
-    let call = MoeCall { layer: 1, n_rows: rows, top_k: 2, x, ids: &ids, weights: &weights };
+    let ids: Vec<u32> = (0..rows).flat_map(|r| (0..8u32).map(move |k| (k + r as u32) % 8)).collect();
+    let weights: Vec<f32> = (0..rows).flat_map(|_| (0..8).map(|k| (k as f32 + 1.0) / 36.0)).collect();
+    let call = MoeCall { layer: 1, n_rows: rows, top_k: 8, x, ids: &ids, weights: &weights };
     let mut out = vec![0.0f32; rows * HIDDEN_TINY];
     client.moe_layer(&call, &mut out).map(|()| out)
 }
@@ -216,7 +217,7 @@ fn a_call_abandoned_mid_compute_never_lends_its_slot_to_a_later_call() {
     let (_work, container) = tiny_container();
     let daemon = Daemon::unix(&container, container_bytes(&container), &[]);
     let socket = daemon.socket.clone().expect("socket");
-    const ROWS: usize = 512;
+    const ROWS: usize = 1024;
     let xa = activations(ROWS, HIDDEN_TINY);
     let xb: Vec<f32> = xa.iter().map(|v| 1.5 - v).collect();
     for ring in [true, false] {
@@ -229,18 +230,25 @@ fn a_call_abandoned_mid_compute_never_lends_its_slot_to_a_later_call() {
         let want_b = bits(&big_call(&client, &xb, ROWS).expect("call B"));
         assert_ne!(want_a, want_b);
         let mut abandoned = 0;
-        // Stop the daemon at several points of call A: before it is taken, and (likely) while
-        // its experts compute. A call that misses the deadline is abandoned; the daemon then
-        // resumes and finishes it, writing A's output into A's slot.
-        for offset_us in [0u64, 0, 50, 200, 500, 1000, 2000, 4000] {
+        // Stop the daemon at several points of call A: before it is sent (None: surely
+        // abandoned), and at offsets after it was sent, where it is likely computing. A call
+        // that misses the deadline is abandoned; the daemon then resumes and finishes it,
+        // writing A's output into A's slot.
+        let offsets = [None, None, Some(0u64), Some(0), Some(200), Some(500), Some(1000), Some(2000)];
+        for offset_us in offsets {
             let (tx, rx) = std::sync::mpsc::channel();
             let c = Arc::clone(&client);
             let x = xa.clone();
+            if offset_us.is_none() {
+                daemon.signal("STOP");
+            }
             std::thread::spawn(move || {
                 let _ = tx.send(big_call(&c, &x, ROWS));
             });
-            std::thread::sleep(Duration::from_micros(offset_us));
-            daemon.signal("STOP");
+            if let Some(us) = offset_us {
+                std::thread::sleep(Duration::from_micros(us));
+                daemon.signal("STOP");
+            }
             let a = rx.recv_timeout(Duration::from_secs(10));
             daemon.signal("CONT");
             match a.expect("call A ends within its deadline while the daemon is stopped") {
@@ -253,11 +261,11 @@ fn a_call_abandoned_mid_compute_never_lends_its_slot_to_a_later_call() {
             }
             // The next calls get their own outputs, never the abandoned call's late one.
             for (x, want, what) in [(&xb, &want_b, "B"), (&xa, &want_a, "A again"), (&xb, &want_b, "B again")] {
-                let got = big_call(&client, x, ROWS).unwrap_or_else(|e| panic!("ring={ring}, offset {offset_us} µs: call {what} after the fault: {e}"));
-                assert!(bits(&got) == *want, "ring={ring}, offset {offset_us} µs: call {what} read another call's output");
+                let got = big_call(&client, x, ROWS).unwrap_or_else(|e| panic!("ring={ring}, stop at {offset_us:?} µs: call {what} after the fault: {e}"));
+                assert!(bits(&got) == *want, "ring={ring}, stop at {offset_us:?} µs: call {what} read another call's output");
             }
         }
         assert!(abandoned >= 2, "ring={ring}: only {abandoned} calls were abandoned; the test did not exercise the fault");
-        println!("ring={ring}: {abandoned} of 8 calls abandoned mid-flight; every later call read its own output");
+        println!("ring={ring}: {abandoned} of {} calls abandoned; every later call read its own output", offsets.len());
     }
 }

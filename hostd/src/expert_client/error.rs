@@ -98,7 +98,7 @@ pub enum ExpertClientError {
     DeadlineExceeded {
         /// The daemon's address.
         endpoint: String,
-        /// What was waited for (`the call`, `the connection`).
+        /// What was waited for (`the call`, `a new connection's handshake`).
         what: &'static str,
         /// The deadline, in seconds (to 0.1 s).
         deadline_s: f64,

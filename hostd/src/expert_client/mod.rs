@@ -66,6 +66,9 @@ pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
 /// not mistaken for a dead daemon) yet bounds how long a stopped daemon can hold the
 /// scheduler and every request in its batch.
 pub const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_secs(30);
+/// The pre-handshake's own read timeout runs this much past a connection attempt's deadline,
+/// so a daemon that accepts but never answers is reported as a deadline, not a socket error.
+const HELLO_MARGIN: Duration = Duration::from_millis(100);
 /// Default interval of the health probe (one `Stats` RPC).
 pub const DEFAULT_HEALTH_INTERVAL: Duration = Duration::from_secs(1);
 /// Longest a health probe waits for its answer (less when the call deadline is shorter).
@@ -357,6 +360,10 @@ impl ExpertdClient {
                 Err(e) if e.worth_waiting_for() => {
                     let now = Instant::now();
                     if now >= deadline {
+                        // A daemon that accepts but does not answer is reported as such.
+                        if matches!(e, ExpertClientError::DeadlineExceeded { .. }) {
+                            return Err(e);
+                        }
                         return Err(e.not_up(&self.endpoint, wait));
                     }
                     tracing::debug!(error = %e, ?delay, "expertd not reachable yet; retrying");
@@ -385,11 +392,11 @@ impl ExpertdClient {
             expected_container_fingerprint: o.expected_fingerprint.as_ref().map_or(0, |f| f.0),
         };
         let ep = self.endpoint.clone();
-        let late = ExpertClientError::DeadlineExceeded { endpoint: ep.clone(), what: "the connection", deadline_s: tenths(timeout) };
+        let late = ExpertClientError::DeadlineExceeded { endpoint: ep.clone(), what: "a new connection's handshake", deadline_s: tenths(timeout) };
         let (link, resp) = self
             .block_on(async move {
                 let open = async {
-                    let mut link = transport::connect_within(&endpoint, link_segment, token.as_deref(), timeout).await?;
+                    let mut link = transport::connect_within(&endpoint, link_segment, token.as_deref(), timeout + HELLO_MARGIN).await?;
                     let resp = link.client.handshake(req).await.map_err(|s| ExpertClientError::from_status(&ep, &s))?;
                     Ok::<_, ExpertClientError>((link, resp.into_inner()))
                 };
@@ -716,7 +723,7 @@ impl ExpertdClient {
     /// Reports a failed call to the readiness record when it says something about the daemon.
     fn note_failure(&self, e: &ExpertClientError) {
         match e {
-            ExpertClientError::DeadlineExceeded { what: "the call", .. } => self.health.degraded(e.to_string()),
+            ExpertClientError::DeadlineExceeded { .. } => self.health.degraded(e.to_string()),
             e if e.is_unavailable() => self.health.unavailable(e.to_string()),
             _ => {}
         }
