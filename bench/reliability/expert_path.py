@@ -130,16 +130,26 @@ def probe_stop(work, container, stop_s, deadline_s):
         s.started.wait(30)
         d.send_signal(signal.SIGSTOP)
         t0 = time.time()
-        t = time.time()
-        st, hdr, body = http(addr, "POST", "/v1/chat/completions", {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4})
-        new_req = {"status": st, "code": json.loads(body)["error"]["code"], "retry_after": hdr.get("Retry-After") or hdr.get("retry-after"), "s": round(time.time() - t, 2)}
+        new_req = {}
+
+        def new_request():
+            t = time.time()
+            st, hdr, body = http(addr, "POST", "/v1/chat/completions", {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4})
+            new_req.update({"status": st, "code": json.loads(body)["error"]["code"], "retry_after": hdr.get("Retry-After") or hdr.get("retry-after"), "s": round(time.time() - t, 2)})
+
+        # A request sent right after the stop, while the stream's call is still in flight.
+        threading.Thread(target=new_request, daemon=True).start()
         states = []
         while time.time() - t0 < stop_s:
             hs, hb = health(addr)
             if not states or states[-1][1] != hb["status"]:
                 states.append((round(time.time() - t0, 2), hb["status"], hs))
             time.sleep(0.25)
-        s.join(1)
+        # And one sent late in the stop, when no call is in flight.
+        late = {}
+        t = time.time()
+        st, hdr, body = http(addr, "POST", "/v1/chat/completions", {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4})
+        late.update({"status": st, "code": json.loads(body)["error"]["code"], "s": round(time.time() - t, 2)})
         d.send_signal(signal.SIGCONT)
         t1 = time.time()
         while health(addr)[0] != 200:
@@ -148,7 +158,7 @@ def probe_stop(work, container, stop_s, deadline_s):
         ready_after = round(time.time() - t1, 2)
         after = greedy(addr)
         return {"probe": "stop", "stop_s": stop_s, "deadline_s": deadline_s, "in_flight_stream_error": s.error,
-                "in_flight_failed_after_s": None if s.ended is None else round(s.ended - t0, 2), "new_request": new_req,
+                "in_flight_failed_after_s": None if s.ended is None else round(s.ended - t0, 2), "new_request_at_stop": new_req, "new_request_late": late,
                 "health_during_stop": states, "ready_after_cont_s": ready_after, "same_greedy_reply": before == after}
     finally:
         h.kill()
@@ -177,6 +187,7 @@ def probe_kill(container):
             time.sleep(0.01)
         restarted = round(time.time() - t0, 3)
         zombie = Path(f"/proc/{old}").exists()
+        time.sleep(0.1)  # the supervisor counts the restart once it saw the socket
         s.join(5)
         s.stop.set()
         chunks_after_kill = s.chunks
@@ -201,13 +212,16 @@ def probe_sweep(container):
     child, dirpath = private_child(h.pid)
     h.kill()
     h.wait()
-    time.sleep(1.0)
+    t = time.time()
+    while Path(f"/proc/{child}/cmdline").exists() and Path(f"/proc/{child}/cmdline").read_bytes() and time.time() - t < 10:
+        time.sleep(0.05)
+    child_exit_s = round(time.time() - t, 2)
     left = dirpath.exists()
     h2, _ = start_hostd(["--experts", "expertd", "--container", str(container)])
     swept = not dirpath.exists()
     h2.send_signal(signal.SIGTERM)
     h2.wait(30)
-    return {"probe": "sweep", "dir_left_by_killed_hostd": left, "child_exited": not Path(f"/proc/{child}").exists(), "removed_by_next_start": swept}
+    return {"probe": "sweep", "dir_left_by_killed_hostd": left, "child_exited_after_s": child_exit_s, "removed_by_next_start": swept}
 
 
 def main():

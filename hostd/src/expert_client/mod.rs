@@ -724,6 +724,9 @@ impl ExpertdClient {
     fn note_failure(&self, e: &ExpertClientError) {
         match e {
             ExpertClientError::DeadlineExceeded { .. } => self.health.degraded(e.to_string()),
+            // EAGAIN on connect: the listener's backlog is full, nobody accepts — a daemon that
+            // is there but not running (stopped, hung).
+            ExpertClientError::NotUp { last, .. } if last.contains("(os error 11)") => self.health.degraded(e.to_string()),
             e if e.is_unavailable() => self.health.unavailable(e.to_string()),
             _ => {}
         }
