@@ -210,10 +210,12 @@ impl Probe {
                     self.health.ok();
                     link = Some(l);
                 }
-                Ok(Err(status)) => {
-                    let e = ExpertClientError::from_status(&ep, &status);
-                    self.health.unavailable(format!("health probe: {e}"));
-                }
+                Ok(Err(status)) => match ExpertClientError::from_status(&ep, &status) {
+                    // The probe's own connection broke (e.g. closed by the keepalive while the
+                    // daemon is stopped): says nothing new; the next tick reconnects and tells.
+                    ExpertClientError::ConnectionLost { .. } => {}
+                    e => self.health.unavailable(format!("health probe: {e}")),
+                },
                 Err(_) => {
                     self.health.degraded(slow());
                     link = Some(l);
