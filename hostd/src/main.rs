@@ -51,6 +51,9 @@ fn main() -> std::process::ExitCode {
         Command::Bench(args) => hostd::cli::bench::run(&args),
         Command::Rtt(args) => hostd::cli::rtt::run(&args),
     };
+    // A private expertd may belong to a model on a detached thread (serve): stop it and
+    // remove its directory on every return.
+    hostd::expert_client::private::stop_all();
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {

@@ -7,6 +7,7 @@ mod container;
 mod expert_io;
 mod expertd;
 mod expertd_limits;
+mod expertd_faults;
 mod expertd_ring;
 mod expertd_rss;
 mod expertd_startup;

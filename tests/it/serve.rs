@@ -17,10 +17,10 @@ use tests::{model_dir, workspace_bin};
 const IO_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// A running `hostd serve`, killed on drop.
-struct Server {
-    child: Child,
+pub(crate) struct Server {
+    pub(crate) child: Child,
     addr: SocketAddr,
-    name: String,
+    pub(crate) name: String,
 }
 
 impl Drop for Server {
@@ -32,7 +32,7 @@ impl Drop for Server {
 
 impl Server {
     /// Starts the server on `preset` with extra flags and waits (≤ 60 s) for /health = 200.
-    fn start(preset: &str, extra: &[&str]) -> Server {
+    pub(crate) fn start(preset: &str, extra: &[&str]) -> Server {
         let name = format!("sluice-{preset}");
         let dir = model_dir(preset);
         let mut child = Command::new(workspace_bin("hostd"))
@@ -70,11 +70,11 @@ impl Server {
         }
     }
 
-    fn request(&self, method: &str, path: &str, headers: &[(&str, &str)], body: Option<&str>) -> Response {
+    pub(crate) fn request(&self, method: &str, path: &str, headers: &[(&str, &str)], body: Option<&str>) -> Response {
         self.try_request(method, path, headers, body).unwrap_or_else(|e| panic!("{method} {path}: {e}"))
     }
 
-    fn try_request(&self, method: &str, path: &str, headers: &[(&str, &str)], body: Option<&str>) -> std::io::Result<Response> {
+    pub(crate) fn try_request(&self, method: &str, path: &str, headers: &[(&str, &str)], body: Option<&str>) -> std::io::Result<Response> {
         let mut s = self.send(method, path, headers, body)?;
         let mut raw = Vec::new();
         s.read_to_end(&mut raw)?;
@@ -82,7 +82,7 @@ impl Server {
     }
 
     /// Sends a request and returns the open socket (for streaming reads and disconnects).
-    fn send(&self, method: &str, path: &str, headers: &[(&str, &str)], body: Option<&str>) -> std::io::Result<TcpStream> {
+    pub(crate) fn send(&self, method: &str, path: &str, headers: &[(&str, &str)], body: Option<&str>) -> std::io::Result<TcpStream> {
         let mut s = TcpStream::connect_timeout(&self.addr, Duration::from_secs(10))?;
         s.set_read_timeout(Some(IO_TIMEOUT))?;
         let body = body.unwrap_or("");
@@ -99,18 +99,18 @@ impl Server {
         Ok(s)
     }
 
-    fn post(&self, path: &str, body: &Value) -> Response {
+    pub(crate) fn post(&self, path: &str, body: &Value) -> Response {
         self.request("POST", path, &[], Some(&body.to_string()))
     }
 
-    fn chat(&self, body: Value) -> Value {
+    pub(crate) fn chat(&self, body: Value) -> Value {
         let r = self.post("/v1/chat/completions", &body);
         assert_eq!(r.status, 200, "{}", r.text());
         r.json()
     }
 
     /// One metric's value from /metrics.
-    fn metric(&self, name: &str) -> f64 {
+    pub(crate) fn metric(&self, name: &str) -> f64 {
         let text = self.request("GET", "/metrics", &[], None).text();
         text.lines()
             .find_map(|l| l.strip_prefix(name).and_then(|r| r.strip_prefix(' ')).and_then(|v| v.trim().parse().ok()))
@@ -118,20 +118,20 @@ impl Server {
     }
 }
 
-struct Response {
-    status: u16,
+pub(crate) struct Response {
+    pub(crate) status: u16,
     headers: Vec<(String, String)>,
     body: Vec<u8>,
 }
 
 impl Response {
-    fn text(&self) -> String {
+    pub(crate) fn text(&self) -> String {
         String::from_utf8_lossy(&self.body).into_owned()
     }
-    fn json(&self) -> Value {
+    pub(crate) fn json(&self) -> Value {
         serde_json::from_slice(&self.body).unwrap_or_else(|e| panic!("status {}: body is not JSON ({e}): {}", self.status, self.text()))
     }
-    fn header(&self, name: &str) -> Option<&str> {
+    pub(crate) fn header(&self, name: &str) -> Option<&str> {
         self.headers.iter().find(|(k, _)| k.eq_ignore_ascii_case(name)).map(|(_, v)| v.as_str())
     }
     /// The `data:` payloads of an SSE body.
@@ -170,7 +170,7 @@ fn dechunk(mut b: &[u8]) -> Vec<u8> {
 }
 
 /// Asserts OpenAI's error shape and the status; returns `error.param`.
-fn check_error(r: &Response, status: u16, code: &str) -> Value {
+pub(crate) fn check_error(r: &Response, status: u16, code: &str) -> Value {
     assert_eq!(r.status, status, "{}", r.text());
     let e = &r.json()["error"];
     for key in ["message", "type", "param", "code"] {
@@ -181,7 +181,7 @@ fn check_error(r: &Response, status: u16, code: &str) -> Value {
     e["param"].clone()
 }
 
-fn user(text: &str) -> Value {
+pub(crate) fn user(text: &str) -> Value {
     json!([{ "role": "user", "content": text }])
 }
 
@@ -347,7 +347,7 @@ fn four_concurrent_greedy_requests_equal_solo() {
 
 /// Opens a streaming chat request that would run for a long time and reads until `n` data
 /// lines arrived; returns the open socket.
-fn open_long_stream(s: &Server, n: usize) -> TcpStream {
+pub(crate) fn open_long_stream(s: &Server, n: usize) -> TcpStream {
     let body = json!({ "model": s.name, "messages": user("go"), "max_tokens": 200_000, "ignore_eos": true, "stream": true, "temperature": 0 });
     let stream = s.send("POST", "/v1/chat/completions", &[], Some(&body.to_string())).expect("send");
     let mut reader = BufReader::new(stream.try_clone().expect("clone socket"));
@@ -363,7 +363,7 @@ fn open_long_stream(s: &Server, n: usize) -> TcpStream {
     stream
 }
 
-fn wait_for(what: &str, limit: Duration, mut cond: impl FnMut() -> bool) {
+pub(crate) fn wait_for(what: &str, limit: Duration, mut cond: impl FnMut() -> bool) {
     let deadline = Instant::now() + limit;
     while !cond() {
         assert!(Instant::now() < deadline, "timed out after {limit:?} waiting for {what}");

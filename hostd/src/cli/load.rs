@@ -82,6 +82,34 @@ pub struct ExpertdArgs {
     /// `--expertd-daemon-arg=--no-overlap`.
     #[arg(long = "expertd-daemon-arg", allow_hyphen_values = true)]
     pub expertd_daemon_args: Vec<String>,
+    /// Deadline of one expert call in seconds, reconnection included: a daemon that does not
+    /// answer within it (stopped, hung) fails the call — HTTP 503 with Retry-After in `serve`
+    /// — instead of holding the batch. Default 30: far above the slowest legitimate call (a
+    /// cold 1024-row block, ~1 s), bounded so a stuck daemon is noticed.
+    #[arg(long = "expertd-call-timeout", env = "SLUICE_EXPERTD_CALL_TIMEOUT", value_parser = positive_seconds)]
+    pub expertd_call_timeout: Option<f64>,
+    /// Seconds between health probes of the daemon (one Stats RPC each, on its own
+    /// connection; `/health` reports the result); 0 disables the probe. Default 1.
+    #[arg(long = "expertd-health-interval", env = "SLUICE_EXPERTD_HEALTH_INTERVAL", value_parser = seconds)]
+    pub expertd_health_interval: Option<f64>,
+}
+
+/// A duration in seconds: finite, ≥ 0, at most a day.
+fn seconds(s: &str) -> Result<f64, String> {
+    let v: f64 = s.parse().map_err(|_| format!("{s:?} is not a number of seconds"))?;
+    if !(0.0..=86_400.0).contains(&v) {
+        return Err(format!("{v} s is outside 0..=86400"));
+    }
+    Ok(v)
+}
+
+/// A duration in seconds, > 0 (at least 1 ms).
+fn positive_seconds(s: &str) -> Result<f64, String> {
+    let v = seconds(s)?;
+    if v < 0.001 {
+        return Err(format!("{v} s: the deadline must be at least 0.001 s"));
+    }
+    Ok(v)
 }
 
 /// Model-loading flags.
@@ -178,8 +206,16 @@ fn expertd_backend(args: &LoadArgs, mapped: &MappedCheckpoint) -> anyhow::Result
     opts.prefetch = e.expertd_prefetch;
     opts.ring_top_k = cfg.experts_per_token;
     if daemon.is_some() {
+        // The first connection may wait for a container still being opened; a reconnection
+        // waits for the supervisor's restart, within the call's deadline.
         opts.connect_timeout = Duration::from_secs(60);
         opts.reconnect_timeout = Duration::from_secs(60);
+    }
+    if let Some(t) = e.expertd_call_timeout {
+        opts.call_timeout = Duration::from_secs_f64(t);
+    }
+    if let Some(every) = e.expertd_health_interval {
+        opts.health_interval = (every > 0.0).then(|| Duration::from_secs_f64(every));
     }
     Ok(ExpertdClient::connect(opts, daemon)?)
 }

@@ -301,10 +301,11 @@ fn load(args: &LoadArgs, limits: (EngineConfig, Option<usize>), state: &AppState
     let tokenizer = Arc::new(tokenizer);
     config.max_context = max_context;
     let EngineConfig { max_batch, max_queue, max_queued_tokens, state_cache_bytes, .. } = config;
+    let experts = Some(model.experts_backend());
     let (engine, _thread) = engine::start(model, Arc::clone(&tokenizer), config, Arc::clone(state.metrics())).context("starting the scheduler")?;
     let created = http::unix_now();
     let max_token_bytes = admission::max_token_bytes(&tokenizer);
-    state.set_ready(Ready { engine, tokenizer, stop_ids, created, max_token_bytes });
+    state.set_ready(Ready { engine, tokenizer, stop_ids, created, max_token_bytes, experts });
     tracing::info!(max_context, max_batch, max_queue, max_queued_tokens, state_cache_bytes, "model loaded; serving");
     say(&format!("hostd serve: ready (max context {max_context} tokens, batch {max_batch}, queue {max_queue})"));
     Ok(())

@@ -126,7 +126,29 @@ pub enum Event {
         usage: Usage,
     },
     /// The model failed on this sequence.
-    Failed(String),
+    Failed(Failure),
+}
+
+/// Why a sequence failed, with what the HTTP layer needs to answer it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Failure {
+    /// What failed, as a sentence.
+    pub message: String,
+    /// Set when the expert backend was unreachable or too slow: retrying after this many
+    /// seconds may succeed (HTTP 503 with `Retry-After`). `None`: an internal failure.
+    pub retry_after_s: Option<u64>,
+}
+
+impl Failure {
+    /// `context: error`, retryable when the model failed because its expert backend was
+    /// unavailable.
+    pub fn of(context: &str, e: &crate::model::ModelError) -> Failure {
+        let retry_after_s = match e {
+            crate::model::ModelError::Experts(crate::experts::ExpertError::Unavailable { retry_after_s, .. }) => Some(*retry_after_s),
+            _ => None,
+        };
+        Failure { message: format!("{context}: {e}"), retry_after_s }
+    }
 }
 
 /// Why a request was not accepted.

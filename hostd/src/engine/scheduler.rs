@@ -60,7 +60,7 @@ struct Sequence {
 enum Exit {
     Finished(FinishReason),
     Cancelled,
-    Failed(String),
+    Failed(super::Failure),
 }
 
 /// The loop's state: the model, the prefix cache and the running sequences (FCFS order).
@@ -242,7 +242,7 @@ impl Scheduler {
             Err(e) => {
                 drop(_enter);
                 let seq = self.seqs.remove(i);
-                self.exit(seq, Exit::Failed(format!("prefill failed: {e}")));
+                self.exit(seq, Exit::Failed(super::Failure::of("prefill failed", &e)));
                 return;
             }
         };
@@ -293,13 +293,13 @@ impl Scheduler {
             }
             Err(BatchError::Item { index, source }) => {
                 let seq = self.seqs.remove(idx[index]);
-                self.exit(seq, Exit::Failed(format!("decode step rejected this sequence: {source}")));
+                self.exit(seq, Exit::Failed(super::Failure::of("decode step rejected this sequence", &source)));
             }
             Err(BatchError::Failed(e)) => {
                 tracing::error!(error = %e, sequences = idx.len(), "batched decode step failed");
                 for &i in idx.iter().rev() {
                     let seq = self.seqs.remove(i);
-                    self.exit(seq, Exit::Failed(format!("decode step failed: {e}")));
+                    self.exit(seq, Exit::Failed(super::Failure::of("decode step failed", &e)));
                 }
             }
         }
@@ -375,7 +375,7 @@ impl Scheduler {
             }
             Exit::Failed(msg) => {
                 self.metrics.failed.fetch_add(1, Relaxed);
-                tracing::error!(error = %msg, "generation failed");
+                tracing::error!(error = %msg.message, "generation failed");
                 let _ = seq.events.send(Event::Failed(msg));
             }
         }

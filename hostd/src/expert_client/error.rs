@@ -12,6 +12,10 @@ pub const LAYER_METADATA: &str = "expertd-layer";
 /// Metadata key under which expertd names the expert of a failed expert read.
 pub const EXPERT_METADATA: &str = "expertd-expert";
 
+/// The `Retry-After` (seconds) of a request failed because the daemon was unreachable: long
+/// enough for a private daemon to restart or a stopped one to be noticed back by the probe.
+pub const RETRY_AFTER_S: u64 = 2;
+
 /// Why an expertd call or connection failed.
 #[derive(Debug, thiserror::Error)]
 pub enum ExpertClientError {
@@ -87,6 +91,18 @@ pub enum ExpertClientError {
         /// The transport's message.
         message: String,
     },
+    /// The daemon did not answer within the call's deadline (`--expertd-call-timeout`): it is
+    /// stopped, overloaded or hung. The call was abandoned with its session; the next call
+    /// opens a new one.
+    #[error("expertd at {endpoint} did not answer {what} within {deadline_s} s (--expertd-call-timeout); the daemon is stopped, overloaded or hung, and the call was abandoned")]
+    DeadlineExceeded {
+        /// The daemon's address.
+        endpoint: String,
+        /// What was waited for (`the call`, `a new connection's handshake`).
+        what: &'static str,
+        /// The deadline, in seconds (to 0.1 s).
+        deadline_s: f64,
+    },
     /// Setting up shared memory failed.
     #[error("shared memory for expertd: {0}")]
     Shm(std::io::Error),
@@ -125,7 +141,10 @@ impl ExpertClientError {
     /// Whether the session or connection is gone and a new handshake may succeed.
     pub fn needs_reconnect(&self) -> bool {
         match self {
-            ExpertClientError::ConnectionLost { .. } | ExpertClientError::Connect { .. } | ExpertClientError::NotUp { .. } => true,
+            ExpertClientError::ConnectionLost { .. }
+            | ExpertClientError::Connect { .. }
+            | ExpertClientError::NotUp { .. }
+            | ExpertClientError::DeadlineExceeded { .. } => true,
             ExpertClientError::Status { code, .. } => matches!(code, Code::NotFound | Code::Unavailable | Code::Unknown),
             _ => false,
         }
@@ -168,8 +187,40 @@ impl ExpertClientError {
         ExpertClientError::NotUp { endpoint: endpoint.to_string(), waited_s: (waited.as_secs_f64() * 10.0).round() / 10.0, last }
     }
 
+    /// Whether the daemon itself answered the call with this failure, so its work on the call
+    /// is over (expertd answers a call only after its compute job ended). Any other failure
+    /// (deadline, lost connection, malformed answer) may leave the daemon still writing the
+    /// call's output: its slot must not be reused.
+    pub fn answered_by_daemon(&self) -> bool {
+        matches!(self, ExpertClientError::Status { .. })
+    }
+
+    /// Whether this is a connection that nobody is listening for: the socket file is missing or
+    /// the connection was refused or reset (the daemon is gone or restarting), as opposed to a
+    /// daemon that accepted and then did not answer.
+    pub fn nobody_listening(&self) -> bool {
+        use std::io::ErrorKind as K;
+        let ExpertClientError::Connect { reason, .. } = self else { return false };
+        os_error_kind(reason).is_some_and(|k| matches!(k, K::NotFound | K::ConnectionRefused | K::ConnectionReset | K::BrokenPipe))
+    }
+
+    /// Whether the daemon is (for now) unreachable or too slow, so the same request may succeed
+    /// if retried shortly: gone, restarting, not answering in time, or saying it is
+    /// unavailable. Requests failing this way are answered 503 with `Retry-After`.
+    pub fn is_unavailable(&self) -> bool {
+        match self {
+            ExpertClientError::ConnectionLost { .. } | ExpertClientError::NotUp { .. } | ExpertClientError::DeadlineExceeded { .. } => true,
+            ExpertClientError::Connect { .. } => self.worth_waiting_for(),
+            ExpertClientError::Status { code, .. } => matches!(code, Code::Unavailable | Code::DeadlineExceeded | Code::Aborted),
+            _ => false,
+        }
+    }
+
     /// As the model's `ExpertError` for a call of `layer`.
     pub fn into_expert_error(self, layer: usize) -> ExpertError {
+        if self.is_unavailable() {
+            return ExpertError::Unavailable { backend: "expertd", layer, reason: self.to_string(), retry_after_s: RETRY_AFTER_S };
+        }
         match self {
             ExpertClientError::Status { expert: Some((l, e)), .. } => ExpertError::Expert { layer: l, expert: e, reason: self.to_string() },
             ExpertClientError::Status { code: Code::InvalidArgument, .. } => ExpertError::InvalidCall { layer, reason: self.to_string() },
@@ -205,6 +256,24 @@ mod tests {
         assert!(matches!(e, ExpertClientError::ConnectionLost { .. }), "{e:?}");
         let e = ExpertClientError::from_status("unix:///x", &tonic::Status::new(Code::InvalidArgument, "bad"));
         assert!(!e.needs_reconnect());
+    }
+
+    #[test]
+    fn an_unreachable_or_slow_daemon_is_a_retryable_unavailability() {
+        let late = ExpertClientError::DeadlineExceeded { endpoint: "unix:///x".into(), what: "the call", deadline_s: 2.0 };
+        assert!(late.needs_reconnect() && late.is_unavailable());
+        assert!(late.to_string().contains("within 2 s"), "{late}");
+        match late.into_expert_error(3) {
+            ExpertError::Unavailable { layer: 3, retry_after_s: RETRY_AFTER_S, reason, .. } => assert!(reason.contains("unix:///x"), "{reason}"),
+            other => panic!("{other:?}"),
+        }
+        let lost = ExpertClientError::ConnectionLost { endpoint: "unix:///x".into(), message: "reset".into() };
+        assert!(matches!(lost.into_expert_error(0), ExpertError::Unavailable { .. }));
+        let bad = ExpertClientError::from_status("unix:///x", &tonic::Status::new(Code::InvalidArgument, "bad"));
+        assert!(!bad.is_unavailable());
+        assert!(matches!(bad.into_expert_error(0), ExpertError::InvalidCall { .. }));
+        let wrong = ExpertClientError::WrongModel { endpoint: "unix:///x".into(), reason: "dims".into() };
+        assert!(!wrong.is_unavailable(), "retrying does not fix a wrong container");
     }
 
     #[test]

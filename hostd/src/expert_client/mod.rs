@@ -9,11 +9,22 @@
 //! exponential backoff and a new session. A call that finds its session unknown (the daemon
 //! restarted between calls) never ran, so it is retried once on a fresh session.
 //!
+//! Deadlines: every call — reconnection, pre-handshake and handshake included — ends within
+//! `call_timeout` (`--expertd-call-timeout`). A call that runs out of time is abandoned
+//! together with its session: its shared-memory slot is quarantined (the daemon may still
+//! write it) and the next call opens a new session with a fresh segment. Failures that
+//! retrying may fix (unreachable, restarting, too slow) become `ExpertError::Unavailable`.
+//! Readiness is kept in [`health::ExpertHealth`]: calls report to it, and a probe task sends
+//! one `Stats` RPC per `health_interval` on its own connection, so `/health` turns
+//! `degraded`/`unavailable` while the daemon does not answer and `ready` when it is back,
+//! with or without traffic.
+//!
 //! The gRPC stack runs on a small private tokio runtime; callers are plain threads (the model's
 //! forward pass), so `moe_layer` blocks on a channel, never on a runtime it might be inside.
 //! Status codes become [`ExpertClientError`] in `error` only.
 
 pub mod error;
+pub mod health;
 pub mod private;
 pub mod shm;
 pub mod transport;
@@ -49,6 +60,19 @@ pub const RING_SLICE: Duration = Duration::from_millis(20);
 
 /// How long a first connection waits for a daemon that is still starting.
 pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
+/// Default deadline of one expert call. The slowest legitimate call measured is a cold
+/// streaming call of a 1024-row prefill block (every expert of the layer read from disk,
+/// ~0.1–1 s on the 35B model); 30 s is far beyond it (so a slow disk or a loaded machine is
+/// not mistaken for a dead daemon) yet bounds how long a stopped daemon can hold the
+/// scheduler and every request in its batch.
+pub const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_secs(30);
+/// The pre-handshake's own read timeout runs this much past a connection attempt's deadline,
+/// so a daemon that accepts but never answers is reported as a deadline, not a socket error.
+const HELLO_MARGIN: Duration = Duration::from_millis(100);
+/// Default interval of the health probe (one `Stats` RPC).
+pub const DEFAULT_HEALTH_INTERVAL: Duration = Duration::from_secs(1);
+/// Longest a health probe waits for its answer (less when the call deadline is shorter).
+pub const MAX_PROBE_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// How to reach and check the daemon.
 #[derive(Debug, Clone)]
@@ -86,6 +110,10 @@ pub struct ClientOptions {
     pub connect_timeout: Duration,
     /// How long to keep retrying a reconnection (with backoff) before a call fails.
     pub reconnect_timeout: Duration,
+    /// Deadline of one call, reconnection included (see the module doc).
+    pub call_timeout: Duration,
+    /// Interval of the health probe (`None`: no probe; calls still report).
+    pub health_interval: Option<Duration>,
 }
 
 impl ClientOptions {
@@ -108,6 +136,8 @@ impl ClientOptions {
             prefetch: false,
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
             reconnect_timeout: Duration::from_secs(10),
+            call_timeout: DEFAULT_CALL_TIMEOUT,
+            health_interval: Some(DEFAULT_HEALTH_INTERVAL),
         }
     }
 }
@@ -175,6 +205,8 @@ pub struct ExpertdClient {
     /// The experts last predicted for each layer (prefetch), to measure the prediction's
     /// recall when that layer's call comes. A std mutex: held for a swap only.
     predicted: Mutex<Vec<Vec<u32>>>,
+    /// Readiness, shared with the probe task, the private daemon's supervisor and `/health`.
+    health: Arc<health::ExpertHealth>,
     /// Declared last: dropped after the connection, so the child sees its client leave first.
     daemon: Option<PrivateDaemon>,
 }
@@ -216,6 +248,7 @@ impl ExpertdClient {
             last_layer: AtomicUsize::new(usize::MAX),
             expert_bytes: OnceLock::new(),
             predicted: Mutex::new(vec![Vec::new(); n_layers_for_predictions]),
+            health: daemon.as_ref().map_or_else(|| Arc::new(health::ExpertHealth::new()), PrivateDaemon::health),
             daemon,
         };
         let s = client.session()?;
@@ -230,7 +263,22 @@ impl ExpertdClient {
             ring_entries = s.info.ring_entries,
             "connected to expertd"
         );
+        if let Some(every) = client.opts.health_interval {
+            let probe = health::Probe {
+                endpoint: client.opts.endpoint.clone(),
+                token: client.opts.token.clone(),
+                every,
+                timeout: client.opts.call_timeout.min(MAX_PROBE_TIMEOUT),
+                health: Arc::clone(&client.health),
+            };
+            client.runtime.spawn(probe.run());
+        }
         Ok(client)
+    }
+
+    /// The shared readiness record.
+    pub fn health_record(&self) -> Arc<health::ExpertHealth> {
+        Arc::clone(&self.health)
     }
 
     /// The daemon's address.
@@ -245,7 +293,7 @@ impl ExpertdClient {
 
     /// The private daemon's process id, when hostd started one.
     pub fn private_daemon_pid(&self) -> Option<u32> {
-        self.daemon.as_ref().map(PrivateDaemon::pid)
+        self.daemon.as_ref().and_then(PrivateDaemon::pid)
     }
 
     /// Runs `f` on the client runtime and waits for it from this (non-runtime) thread.
@@ -261,6 +309,11 @@ impl ExpertdClient {
         rx.recv().ok()
     }
 
+    /// The error of a call that ran past `deadline` (which was `call_timeout` after it began).
+    fn late(&self, _deadline: Instant) -> ExpertClientError {
+        ExpertClientError::DeadlineExceeded { endpoint: self.endpoint.clone(), what: "the call", deadline_s: tenths(self.opts.call_timeout) }
+    }
+
     fn lost(&self, message: &str) -> ExpertClientError {
         ExpertClientError::ConnectionLost { endpoint: self.endpoint.clone(), message: message.to_string() }
     }
@@ -270,6 +323,11 @@ impl ExpertdClient {
     /// first connection waits `connect_timeout`, a reconnection `reconnect_timeout`; when the
     /// wait runs out the error says so and names the last attempt's error.
     fn session(&self) -> Result<Arc<Session>, ExpertClientError> {
+        self.session_by(None)
+    }
+
+    /// [`Self::session`], giving up at `call_deadline` (a call's deadline) if that comes first.
+    fn session_by(&self, call_deadline: Option<Instant>) -> Result<Arc<Session>, ExpertClientError> {
         {
             let mut cur = self.session.lock().unwrap_or_else(PoisonError::into_inner);
             match &*cur {
@@ -284,11 +342,16 @@ impl ExpertdClient {
         // Every successful handshake records the blob size: none yet means this is the first
         // connection, to a daemon that may have been started together with hostd.
         let first = self.expert_bytes.get().is_none();
+        let start = Instant::now();
         let wait = if first { self.opts.connect_timeout } else { self.opts.reconnect_timeout };
-        let deadline = Instant::now() + wait;
+        let deadline = call_deadline.map_or(start + wait, |d| d.min(start + wait));
+        let wait = deadline.saturating_duration_since(start);
         let mut delay = Duration::from_millis(20);
         loop {
-            match self.open_session() {
+            // One attempt never outlasts the wait: a stopped daemon accepts the connection
+            // into its backlog and then never answers the pre-handshake.
+            let attempt = deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(10));
+            match self.open_session(attempt.min(shm::HELLO_REPLY_TIMEOUT)) {
                 Ok(s) => {
                     let s = Arc::new(s);
                     *self.session.lock().unwrap_or_else(PoisonError::into_inner) = Some(Arc::clone(&s));
@@ -297,6 +360,10 @@ impl ExpertdClient {
                 Err(e) if e.worth_waiting_for() => {
                     let now = Instant::now();
                     if now >= deadline {
+                        // A daemon that accepts but does not answer is reported as such.
+                        if matches!(e, ExpertClientError::DeadlineExceeded { .. }) {
+                            return Err(e);
+                        }
                         return Err(e.not_up(&self.endpoint, wait));
                     }
                     tracing::debug!(error = %e, ?delay, "expertd not reachable yet; retrying");
@@ -308,7 +375,8 @@ impl ExpertdClient {
         }
     }
 
-    fn open_session(&self) -> Result<Session, ExpertClientError> {
+    /// Connects, passes a fresh segment and handshakes, all within `timeout`.
+    fn open_session(&self, timeout: Duration) -> Result<Session, ExpertClientError> {
         let o = &self.opts;
         let segment = match &self.segment_layout {
             Some(layout) => Some(Arc::new(ClientSegment::create(*layout).map_err(ExpertClientError::Shm)?)),
@@ -324,11 +392,15 @@ impl ExpertdClient {
             expected_container_fingerprint: o.expected_fingerprint.as_ref().map_or(0, |f| f.0),
         };
         let ep = self.endpoint.clone();
+        let late = ExpertClientError::DeadlineExceeded { endpoint: ep.clone(), what: "a new connection's handshake", deadline_s: tenths(timeout) };
         let (link, resp) = self
             .block_on(async move {
-                let mut link = transport::connect(&endpoint, link_segment, token.as_deref()).await?;
-                let resp = link.client.handshake(req).await.map_err(|s| ExpertClientError::from_status(&ep, &s))?;
-                Ok::<_, ExpertClientError>((link, resp.into_inner()))
+                let open = async {
+                    let mut link = transport::connect_within(&endpoint, link_segment, token.as_deref(), timeout + HELLO_MARGIN).await?;
+                    let resp = link.client.handshake(req).await.map_err(|s| ExpertClientError::from_status(&ep, &s))?;
+                    Ok::<_, ExpertClientError>((link, resp.into_inner()))
+                };
+                tokio::time::timeout(timeout, open).await.unwrap_or(Err(late))
             })
             .ok_or_else(|| self.lost("the client runtime stopped"))??;
         self.check_handshake(&resp)?;
@@ -411,19 +483,40 @@ impl ExpertdClient {
         if prev == usize::MAX || layer <= prev { self.step.fetch_add(1, Ordering::Relaxed) + 1 } else { self.step.load(Ordering::Relaxed) }
     }
 
-    /// One `MoeLayer` call on session `s`.
-    fn call_on(&self, s: &Session, call: &MoeCall<'_>, step: u64, out: &mut [f32]) -> Result<CallCost, ExpertClientError> {
+    /// One `MoeLayer` call on session `s`, abandoned at `deadline`. When it fails in a way
+    /// that leaves the daemon possibly still working on it, its slot is quarantined.
+    fn call_on(&self, s: &Session, call: &MoeCall<'_>, step: u64, out: &mut [f32], deadline: Instant) -> Result<CallCost, ExpertClientError> {
         // PERF-CRITICAL: one round trip per MoE layer per step.
-        let n_values = call.n_rows * self.opts.hidden;
         let segment = s.segment.as_deref().filter(|seg| s.info.shared_memory && seg.fits(call.n_rows));
-        let slot = segment.and_then(ClientSegment::try_slot);
-        if let (Some(seg), Some(slot)) = (segment, &slot)
+        let mut slot = segment.and_then(ClientSegment::try_slot);
+        let result = self.call_on_slot(s, call, step, out, deadline, segment, slot.as_ref());
+        if let (Err(e), Some(slot)) = (&result, slot.as_mut())
+            && !e.answered_by_daemon()
+        {
+            slot.quarantine();
+        }
+        result
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn call_on_slot(
+        &self,
+        s: &Session,
+        call: &MoeCall<'_>,
+        step: u64,
+        out: &mut [f32],
+        deadline: Instant,
+        segment: Option<&ClientSegment>,
+        slot: Option<&shm::Slot<'_>>,
+    ) -> Result<CallCost, ExpertClientError> {
+        let n_values = call.n_rows * self.opts.hidden;
+        if let (Some(seg), Some(slot)) = (segment, slot)
             && let Some(ring) = seg.ring().filter(|r| s.info.ring_entries > 0 && call.ids.len() <= r.layout().cells as usize)
         {
             let sub = Submission { op: ring::OP_MOE, seq: 0, layer: call.layer as u32, n_rows: call.n_rows as u32, top_k: call.top_k as u32, step, input_offset: 0, output_offset: 0 };
-            return self.ring_call(s, seg, slot, &ring, sub, call.x, call.ids, call.weights, out);
+            return self.ring_call(s, seg, slot, &ring, sub, call.x, call.ids, call.weights, out, deadline);
         }
-        let (input, output_shm) = match (segment, &slot) {
+        let (input, output_shm) = match (segment, slot) {
             (Some(seg), Some(slot)) => {
                 let id = s.link.segment_id;
                 let input = seg.write_input(slot, id, call.x);
@@ -445,12 +538,19 @@ impl ExpertdClient {
         };
         let mut client = s.link.client.clone();
         let ep = self.endpoint.clone();
+        let timeout = deadline.saturating_duration_since(Instant::now());
+        let late = self.late(deadline);
         let resp = self
-            .block_on(async move { client.moe_layer(req).await.map_err(|st| ExpertClientError::from_status(&ep, &st)) })
+            .block_on(async move {
+                match tokio::time::timeout(timeout, client.moe_layer(req)).await {
+                    Ok(r) => r.map_err(|st| ExpertClientError::from_status(&ep, &st)),
+                    Err(_) => Err(late),
+                }
+            })
             .ok_or_else(|| self.lost("the client runtime stopped"))??
             .into_inner();
         let protocol = |reason: &str| ExpertClientError::Protocol { endpoint: self.endpoint.clone(), reason: reason.to_string() };
-        match (resp.output, segment, &slot) {
+        match (resp.output, segment, slot) {
             (Some(moe_layer_response::Output::OutputInlineF32Le(bytes)), _, _) => {
                 le_bytes_into_f32s("output_inline_f32_le", &bytes, out).map_err(|e| protocol(&e.to_string()))?;
             }
@@ -494,6 +594,7 @@ impl ExpertdClient {
         ids: &[u32],
         weights: &[f32],
         out: &mut [f32],
+        deadline: Instant,
     ) -> Result<CallCost, ExpertClientError> {
         // PERF-CRITICAL: one round trip per MoE layer per step.
         let id = s.link.segment_id;
@@ -504,10 +605,14 @@ impl ExpertdClient {
         entry.submit(&sub, ids, weights);
         ring.ring_doorbell();
         let alive = || ring.daemon_gone().load(Ordering::SeqCst) == 0 && !s.link.watch.is_closed();
-        if !entry.wait_finished(RING_SPIN, RING_SLICE, alive) {
-            // The daemon went away mid-call. This session (and its segment, which the old
-            // worker might still write into) is abandoned; the caller reconnects.
-            return Err(self.lost("expertd stopped serving the call ring (the daemon exited or closed the session) during the call"));
+        if !entry.wait_finished(RING_SPIN, RING_SLICE, || alive() && Instant::now() < deadline) {
+            // The daemon went away or ran past the deadline mid-call. This session (and its
+            // segment, which the worker might still write into) is abandoned, the slot
+            // quarantined by the caller; the next call reconnects.
+            if !alive() {
+                return Err(self.lost("expertd stopped serving the call ring (the daemon exited or closed the session) during the call"));
+            }
+            return Err(self.late(deadline));
         }
         let (done_seq, cost, failure) = entry.result();
         entry.state().store(ring::STATE_FREE, Ordering::Release);
@@ -549,7 +654,16 @@ impl ExpertdClient {
         let ring = seg.ring().ok_or_else(|| protocol("this session has no call ring"))?;
         let slot = seg.try_slot().ok_or_else(|| protocol("no free shared-memory slot"))?;
         let sub = Submission { op: ring::OP_ECHO, seq: 0, layer: 0, n_rows: rows as u32, top_k: 1, step: 0, input_offset: 0, output_offset: 0 };
-        self.ring_call(&s, seg, &slot, &ring, sub, x, &[], &[], out).map(|_| ())
+        let deadline = Instant::now() + self.opts.call_timeout;
+        let mut slot = slot;
+        let r = self.ring_call(&s, seg, &slot, &ring, sub, x, &[], &[], out, deadline).map(|_| ());
+        if let Err(e) = &r
+            && !e.answered_by_daemon()
+        {
+            slot.quarantine();
+            self.forget(&s);
+        }
+        r
     }
 
     /// Prefetch recall for `call`'s layer: how many of its distinct experts the last prediction
@@ -571,15 +685,28 @@ impl ExpertdClient {
     /// One layer call with the reconnect policy of the module doc.
     fn call(&self, call: &MoeCall<'_>, out: &mut [f32]) -> Result<CallCost, ExpertClientError> {
         let step = self.next_step(call.layer);
+        let deadline = Instant::now() + self.opts.call_timeout;
         let mut retried = false;
         loop {
-            let s = self.session()?;
-            match self.call_on(&s, call, step, out) {
-                Ok(cost) => return Ok(cost),
+            let s = match self.session_by(Some(deadline)) {
+                Ok(s) => s,
                 Err(e) => {
-                    if e.needs_reconnect() {
+                    self.note_failure(&e);
+                    return Err(e);
+                }
+            };
+            match self.call_on(&s, call, step, out, deadline) {
+                Ok(cost) => {
+                    self.health.ok();
+                    return Ok(cost);
+                }
+                Err(e) => {
+                    // A call the daemon did not answer leaves its session unusable: the worker
+                    // may still write the quarantined slot, and its ring entry is taken.
+                    if e.needs_reconnect() || !e.answered_by_daemon() {
                         self.forget(&s);
                     }
+                    self.note_failure(&e);
                     let never_ran = matches!(&e, ExpertClientError::Status { code: tonic::Code::NotFound, .. });
                     if never_ran && !retried {
                         retried = true;
@@ -590,6 +717,25 @@ impl ExpertdClient {
             }
         }
     }
+}
+
+impl ExpertdClient {
+    /// Reports a failed call to the readiness record when it says something about the daemon.
+    fn note_failure(&self, e: &ExpertClientError) {
+        match e {
+            ExpertClientError::DeadlineExceeded { .. } => self.health.degraded(e.to_string()),
+            // EAGAIN on connect: the listener's backlog is full, nobody accepts — a daemon that
+            // is there but not running (stopped, hung).
+            ExpertClientError::NotUp { last, .. } if last.contains("(os error 11)") => self.health.degraded(e.to_string()),
+            e if e.is_unavailable() => self.health.unavailable(e.to_string()),
+            _ => {}
+        }
+    }
+}
+
+/// Seconds to 0.1 s, for messages.
+fn tenths(d: Duration) -> f64 {
+    (d.as_secs_f64() * 10.0).round() / 10.0
 }
 
 impl ExpertBackend for ExpertdClient {
@@ -641,6 +787,10 @@ impl ExpertBackend for ExpertdClient {
         let mut client = s.link.client.clone();
         let stats = self.block_on(async move { client.stats(pb::StatsRequest {}).await.ok() })??.into_inner();
         stats.prefetch.map(|p| (p.bytes_read, p.useful_bytes))
+    }
+
+    fn health(&self) -> Option<health::HealthReport> {
+        Some(self.health.report())
     }
 
     fn transport(&self) -> Option<String> {

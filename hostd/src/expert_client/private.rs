@@ -2,14 +2,28 @@
 //! daemon as a child process on a socket in a fresh 0700 temporary directory, after preparing
 //! the container if it is missing (`expertd prepare`). The child watches its standard input
 //! (a pipe from hostd) and drains and exits when it closes, so it never outlives hostd however
-//! hostd ends — `kill -9` included. Dropping [`PrivateDaemon`] closes the pipe and waits.
+//! hostd ends — `kill -9` included.
+//!
+//! Supervision: a thread reaps the child as soon as it exits (no zombie), marks the daemon
+//! `unavailable` in the shared [`ExpertHealth`] and starts a new child on the same socket path
+//! with backoff (100 ms, doubling to 5 s; back to 100 ms after a child that lived 30 s). Calls
+//! in flight fail at once (their connection closes); the client reconnects to the new child.
+//!
+//! Cleanup: dropping [`PrivateDaemon`] or [`stop_all`] (hostd's `main` calls it on every
+//! return) closes the pipe, waits for the child (killing it after 5 s) and removes the
+//! temporary directory. A directory left by a hostd that was itself killed is removed by the
+//! next private daemon's start ([`sweep_stale_dirs`]): its name carries the owner's pid.
 
 use super::error::ExpertClientError;
+use super::health::ExpertHealth;
 use super::transport::Endpoint;
 use shared::sizes::human_bytes;
+use std::ffi::OsString;
 use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::{Duration, Instant};
 
 /// Environment variable that overrides where the `expertd` binary is.
@@ -22,14 +36,39 @@ pub const DEFAULT_HEADROOM_BYTES: u64 = 1 << 30;
 /// Smallest default cache budget (or the container, if smaller): room for a few layers' experts
 /// even when free memory is short.
 pub const MIN_DEFAULT_CACHE_BYTES: u64 = 256 << 20;
+/// First wait before restarting a child that exited.
+pub const RESTART_BACKOFF_MIN: Duration = Duration::from_millis(100);
+/// Longest wait between restarts of a child that keeps exiting.
+pub const RESTART_BACKOFF_MAX: Duration = Duration::from_secs(5);
+/// A child that lived this long resets the backoff.
+pub const STABLE_AFTER: Duration = Duration::from_secs(30);
+/// How often the supervisor looks at the child.
+const SUPERVISE_POLL: Duration = Duration::from_millis(50);
+/// How long a stopping child may drain before it is killed.
+const DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
+/// Prefix of the temporary directories (followed by the owner's pid and a dash).
+const DIR_PREFIX: &str = "sluice-expertd-";
 
-/// Process ids of the private daemons alive in this process (for `hostd profile`'s memory and
-/// IO figures, which cannot reach the client behind the model).
-static LIVE: std::sync::Mutex<Vec<u32>> = std::sync::Mutex::new(Vec::new());
+/// Every private daemon of this process (for [`live_pids`] and [`stop_all`]).
+static DAEMONS: Mutex<Vec<Weak<Supervised>>> = Mutex::new(Vec::new());
 
-/// The process ids of this process's private expertd children that are still running.
+fn daemons() -> Vec<Arc<Supervised>> {
+    let mut all = DAEMONS.lock().unwrap_or_else(PoisonError::into_inner);
+    all.retain(|w| w.strong_count() > 0);
+    all.iter().filter_map(Weak::upgrade).collect()
+}
+
+/// The process ids of this process's private expertd children that are running now.
 pub fn live_pids() -> Vec<u32> {
-    LIVE.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
+    daemons().iter().filter_map(|d| d.pid()).collect()
+}
+
+/// Stops every private daemon of this process and removes its directory (hostd's `main` calls
+/// this on every return, since the model that owns a client may live on a detached thread).
+pub fn stop_all() {
+    for d in daemons() {
+        d.shutdown();
+    }
 }
 
 /// What the private daemon serves.
@@ -50,14 +89,38 @@ pub struct PrivateOptions {
     pub extra_args: Vec<String>,
 }
 
-/// A running child expertd.
-#[derive(Debug)]
-pub struct PrivateDaemon {
+/// One child process.
+struct Running {
     child: Child,
     /// Closing this pipe tells the child to drain and exit.
     stdin: Option<ChildStdin>,
+    started: Instant,
+}
+
+/// The state the owner and the supervisor thread share.
+struct Supervised {
+    bin: PathBuf,
+    args: Vec<OsString>,
     socket: PathBuf,
-    _dir: tempfile::TempDir,
+    /// Removed (with the socket) at shutdown.
+    dir: Mutex<Option<tempfile::TempDir>>,
+    /// The current child; `None` between an exit and the restart. Spawning happens under this
+    /// lock after checking `stopping`, so a shutdown never misses a child.
+    child: Mutex<Option<Running>>,
+    stopping: AtomicBool,
+    health: Arc<ExpertHealth>,
+}
+
+/// A supervised child expertd.
+pub struct PrivateDaemon {
+    inner: Arc<Supervised>,
+    supervisor: Option<std::thread::JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for PrivateDaemon {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PrivateDaemon").field("socket", &self.inner.socket).field("pid", &self.inner.pid()).finish()
+    }
 }
 
 fn err(msg: String) -> ExpertClientError {
@@ -101,7 +164,8 @@ impl PrivateDaemon {
         Ok(())
     }
 
-    /// Prepares the container if needed, starts the child and waits for its socket.
+    /// Prepares the container if needed, starts the child, waits for its socket and starts
+    /// the supervisor.
     pub fn start(opts: &PrivateOptions) -> Result<PrivateDaemon, ExpertClientError> {
         let bin = PrivateDaemon::binary()?;
         let file = opts.container.join(shared::container::CONTAINER_FILE);
@@ -120,79 +184,225 @@ impl PrivateDaemon {
         };
         // Said on stderr whatever the log level: whether the run streams decides its speed.
         eprintln!("hostd: private expertd cache: {} ({why})", shared::sizes::cache_budget_summary(budget.min(len), len));
-        let dir = tempfile::Builder::new().prefix("sluice-expertd-").tempdir().map_err(|e| err(format!("temporary directory: {e}")))?;
+        sweep_stale_dirs(&std::env::temp_dir());
+        let dir = tempfile::Builder::new()
+            .prefix(&format!("{DIR_PREFIX}{}-", std::process::id()))
+            .tempdir()
+            .map_err(|e| err(format!("temporary directory: {e}")))?;
         let socket = dir.path().join("expertd.sock");
-        let mut cmd = Command::new(&bin);
-        cmd.arg("serve")
-            .arg("--container")
-            .arg(&opts.container)
-            .arg("--socket")
-            .arg(&socket)
-            .arg("--socket-mode")
-            .arg("600")
-            .arg("--cache-bytes")
-            .arg(budget.to_string())
-            .arg("--exit-on-stdin-eof");
+        let mut args: Vec<OsString> = vec!["serve".into(), "--container".into(), opts.container.clone().into()];
+        args.extend(["--socket".into(), socket.clone().into(), "--socket-mode".into(), "600".into()]);
+        args.extend(["--cache-bytes".into(), budget.to_string().into(), "--exit-on-stdin-eof".into()]);
         if let Some(t) = opts.threads {
-            cmd.arg("--threads").arg(t.to_string());
+            args.extend(["--threads".into(), t.to_string().into()]);
         }
-        cmd.args(&opts.extra_args);
-        // The child logs to hostd's stderr; quietly unless the user asked for more.
-        if std::env::var_os("RUST_LOG").is_none() {
-            cmd.env("RUST_LOG", "warn");
+        args.extend(opts.extra_args.iter().map(OsString::from));
+        let inner = Arc::new(Supervised {
+            bin,
+            args,
+            socket,
+            dir: Mutex::new(Some(dir)),
+            child: Mutex::new(None),
+            stopping: AtomicBool::new(false),
+            health: Arc::new(ExpertHealth::new()),
+        });
+        DAEMONS.lock().unwrap_or_else(PoisonError::into_inner).push(Arc::downgrade(&inner));
+        if let Err(e) = inner.spawn_child() {
+            inner.shutdown();
+            return Err(e);
         }
-        cmd.stdin(Stdio::piped()).stdout(stderr_stdio()).stderr(Stdio::inherit());
-        let mut child = cmd.spawn().map_err(|e| err(format!("starting {}: {e}", bin.display())))?;
-        let stdin = child.stdin.take();
-        let mut daemon = PrivateDaemon { child, stdin, socket, _dir: dir };
-        let deadline = Instant::now() + START_TIMEOUT;
-        loop {
-            if let Some(status) = daemon.child.try_wait().map_err(|e| err(e.to_string()))? {
-                return Err(err(format!("expertd exited ({status}) before it was ready; its log is above")));
-            }
-            if daemon.socket.exists() {
-                break;
-            }
-            if Instant::now() > deadline {
-                return Err(err(format!("expertd did not create {} within {START_TIMEOUT:?}", daemon.socket.display())));
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        tracing::info!(socket = %daemon.socket.display(), pid = daemon.child.id(), budget_bytes = budget, "private expertd started");
-        LIVE.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push(daemon.child.id());
-        Ok(daemon)
+        tracing::info!(socket = %inner.socket.display(), pid = inner.pid(), budget_bytes = budget, "private expertd started");
+        let watched = Arc::clone(&inner);
+        let supervisor = std::thread::Builder::new()
+            .name("hostd-expertd-supervisor".into())
+            .spawn(move || supervise(&watched))
+            .map_err(|e| {
+                inner.shutdown();
+                err(format!("starting the supervisor thread: {e}"))
+            })?;
+        Ok(PrivateDaemon { inner, supervisor: Some(supervisor) })
     }
 
-    /// Where the child listens.
+    /// Where the child listens (the same path across restarts).
     pub fn endpoint(&self) -> Endpoint {
-        Endpoint::Unix(self.socket.clone())
+        Endpoint::Unix(self.inner.socket.clone())
     }
 
-    /// The child's process id.
-    pub fn pid(&self) -> u32 {
-        self.child.id()
+    /// The current child's process id (`None` while it is being restarted).
+    pub fn pid(&self) -> Option<u32> {
+        self.inner.pid()
     }
 
-    /// Whether the child has exited.
-    pub fn exited(&mut self) -> bool {
-        matches!(self.child.try_wait(), Ok(Some(_)) | Err(_))
+    /// The readiness record the supervisor reports to (shared with the client).
+    pub fn health(&self) -> Arc<ExpertHealth> {
+        Arc::clone(&self.inner.health)
     }
 }
 
 impl Drop for PrivateDaemon {
     fn drop(&mut self) {
-        let pid = self.child.id();
-        LIVE.lock().unwrap_or_else(std::sync::PoisonError::into_inner).retain(|&p| p != pid);
-        drop(self.stdin.take());
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while Instant::now() < deadline {
-            if let Ok(Some(_)) = self.child.try_wait() {
+        self.inner.shutdown();
+        if let Some(t) = self.supervisor.take() {
+            t.thread().unpark();
+            let _ = t.join();
+        }
+    }
+}
+
+impl Supervised {
+    fn pid(&self) -> Option<u32> {
+        self.child.lock().unwrap_or_else(PoisonError::into_inner).as_ref().map(|r| r.child.id())
+    }
+
+    /// Starts a child (unless stopping) and waits for its socket.
+    fn spawn_child(&self) -> Result<(), ExpertClientError> {
+        let pid = {
+            let mut slot = self.child.lock().unwrap_or_else(PoisonError::into_inner);
+            if self.stopping.load(Ordering::SeqCst) {
+                return Err(err("hostd is stopping".into()));
+            }
+            // A socket file left by a killed child would look like readiness.
+            let _ = std::fs::remove_file(&self.socket);
+            let mut cmd = Command::new(&self.bin);
+            cmd.args(&self.args);
+            // The child logs to hostd's stderr; quietly unless the user asked for more.
+            if std::env::var_os("RUST_LOG").is_none() {
+                cmd.env("RUST_LOG", "warn");
+            }
+            cmd.stdin(Stdio::piped()).stdout(stderr_stdio()).stderr(Stdio::inherit());
+            let mut child = cmd.spawn().map_err(|e| err(format!("starting {}: {e}", self.bin.display())))?;
+            let stdin = child.stdin.take();
+            let pid = child.id();
+            *slot = Some(Running { child, stdin, started: Instant::now() });
+            pid
+        };
+        let deadline = Instant::now() + START_TIMEOUT;
+        loop {
+            {
+                let mut slot = self.child.lock().unwrap_or_else(PoisonError::into_inner);
+                let Some(r) = slot.as_mut() else { return Err(err("hostd is stopping".into())) };
+                if let Some(status) = r.child.try_wait().map_err(|e| err(e.to_string()))? {
+                    *slot = None;
+                    return Err(err(format!("expertd (pid {pid}) exited ({status}) before it was ready; its log is above")));
+                }
+            }
+            if self.socket.exists() {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                return Err(err(format!("expertd did not create {} within {START_TIMEOUT:?}", self.socket.display())));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Stops the child (closing its pipe, then killing it after [`DRAIN_TIMEOUT`]) and removes
+    /// the directory. Idempotent.
+    fn shutdown(&self) {
+        self.stopping.store(true, Ordering::SeqCst);
+        let running = self.child.lock().unwrap_or_else(PoisonError::into_inner).take();
+        if let Some(mut r) = running {
+            drop(r.stdin.take());
+            let deadline = Instant::now() + DRAIN_TIMEOUT;
+            let mut exited = false;
+            while Instant::now() < deadline {
+                if let Ok(Some(_)) | Err(_) = r.child.try_wait() {
+                    exited = true;
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            if !exited {
+                let _ = r.child.kill();
+                let _ = r.child.wait();
+            }
+        }
+        if let Some(dir) = self.dir.lock().unwrap_or_else(PoisonError::into_inner).take() {
+            let path = dir.path().to_path_buf();
+            if let Err(e) = dir.close() {
+                tracing::warn!(dir = %path.display(), error = %e, "could not remove the private expertd's directory");
+            }
+        }
+    }
+}
+
+/// The supervisor thread: reaps an exited child at once and restarts it with backoff, until
+/// the daemon is stopping.
+fn supervise(d: &Supervised) {
+    let mut backoff = RESTART_BACKOFF_MIN;
+    while !d.stopping.load(Ordering::SeqCst) {
+        std::thread::park_timeout(SUPERVISE_POLL);
+        let exited = {
+            let mut slot = d.child.lock().unwrap_or_else(PoisonError::into_inner);
+            let status = slot.as_mut().and_then(|r| match r.child.try_wait() {
+                Ok(Some(status)) => Some((r.child.id(), status.to_string(), r.started.elapsed())),
+                Ok(None) => None,
+                Err(e) => Some((r.child.id(), e.to_string(), r.started.elapsed())),
+            });
+            if status.is_some() {
+                // Reaped by `try_wait`: no zombie. The pipe closes with it.
+                *slot = None;
+            }
+            status
+        };
+        let Some((pid, status, lived)) = exited else { continue };
+        if d.stopping.load(Ordering::SeqCst) {
+            return;
+        }
+        if lived >= STABLE_AFTER {
+            backoff = RESTART_BACKOFF_MIN;
+        }
+        let what = format!("the private expertd (pid {pid}) exited ({status}) after {:.1} s", lived.as_secs_f64());
+        eprintln!("hostd: {what}; restarting it in {} ms", backoff.as_millis());
+        d.health.unavailable(format!("{what}; restarting"));
+        loop {
+            std::thread::park_timeout(backoff);
+            if d.stopping.load(Ordering::SeqCst) {
                 return;
             }
-            std::thread::sleep(Duration::from_millis(10));
+            let t = Instant::now();
+            let result = d.spawn_child();
+            backoff = (backoff * 2).min(RESTART_BACKOFF_MAX);
+            match result {
+                Ok(()) => {
+                    d.health.restarted();
+                    eprintln!("hostd: private expertd restarted (pid {}, ready in {} ms)", d.pid().unwrap_or(0), t.elapsed().as_millis());
+                    break;
+                }
+                Err(e) => {
+                    if d.stopping.load(Ordering::SeqCst) {
+                        return;
+                    }
+                    d.health.unavailable(format!("{what}; restarting it failed: {e}; retrying in {} ms", backoff.as_millis()));
+                    eprintln!("hostd: restarting the private expertd failed: {e}; retrying in {} ms", backoff.as_millis());
+                }
+            }
         }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+    }
+}
+
+/// Removes private-daemon directories in `tmp` whose owning hostd (the pid in the name) is no
+/// longer running: left behind when that hostd was killed. Only this user's directories.
+pub fn sweep_stale_dirs(tmp: &Path) {
+    let Ok(entries) = std::fs::read_dir(tmp) else { return };
+    // `/proc/self` belongs to this process's user.
+    let Ok(uid) = std::fs::metadata("/proc/self").map(|m| std::os::unix::fs::MetadataExt::uid(&m)) else { return };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(pid) = name.to_str().and_then(|n| n.strip_prefix(DIR_PREFIX)).and_then(|r| r.split_once('-')).and_then(|(p, _)| p.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        let owned = std::os::unix::fs::MetadataExt::uid(&match entry.metadata() {
+            Ok(m) if m.is_dir() => m,
+            _ => continue,
+        }) == uid;
+        if owned && pid != std::process::id() && !Path::new(&format!("/proc/{pid}")).exists() {
+            match std::fs::remove_dir_all(entry.path()) {
+                Ok(()) => tracing::info!(dir = %entry.path().display(), "removed a private expertd directory left by a hostd that was killed"),
+                Err(e) => tracing::debug!(dir = %entry.path().display(), error = %e, "could not remove a stale private expertd directory"),
+            }
+        }
     }
 }
 

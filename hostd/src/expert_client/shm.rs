@@ -3,7 +3,8 @@
 //! seals it against shrinking and growing (so the daemon's mapping can never fault), maps it,
 //! and lends out slots; [`send_hello`] passes it to the daemon with SCM_RIGHTS in the
 //! pre-handshake. Each session gets a fresh segment, so nothing a daemon-side call of an
-//! abandoned session might still write can reach a later call. It is freed when hostd drops it
+//! abandoned session might still write can reach a later call; within a session, the slot of
+//! an abandoned call is quarantined ([`Slot::quarantine`]), never lent again. It is freed when hostd drops it
 //! (or exits) and the daemon's connection closes. The segment may end with a MoE-call ring
 //! (`shared::ring`), one entry per slot.
 //!
@@ -34,6 +35,8 @@ pub struct ClientSegment {
     layout: SlotLayout,
     /// Free slot indices. A std mutex: held for a push or pop only.
     free: Mutex<Vec<usize>>,
+    /// Slots withheld because their call was abandoned ([`Slot::quarantine`]).
+    quarantined: std::sync::atomic::AtomicUsize,
 }
 
 impl std::fmt::Debug for ClientSegment {
@@ -42,10 +45,11 @@ impl std::fmt::Debug for ClientSegment {
     }
 }
 
-/// One slot lent to one call; returned when dropped.
+/// One slot lent to one call; returned when dropped, unless quarantined.
 pub struct Slot<'a> {
     segment: &'a ClientSegment,
     index: usize,
+    quarantined: bool,
 }
 
 impl Slot<'_> {
@@ -53,10 +57,22 @@ impl Slot<'_> {
     pub fn index(&self) -> usize {
         self.index
     }
+
+    /// Never lends this slot again: its call was abandoned (deadline, lost connection, a
+    /// malformed answer) while the daemon may still be computing it and write its output
+    /// region. The slot stays out of the pool until the segment itself is dropped with its
+    /// session, so no later call can read an abandoned call's output.
+    pub fn quarantine(&mut self) {
+        self.quarantined = true;
+    }
 }
 
 impl Drop for Slot<'_> {
     fn drop(&mut self) {
+        if self.quarantined {
+            self.segment.quarantined.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            return;
+        }
         self.segment.free.lock().unwrap_or_else(PoisonError::into_inner).push(self.index);
     }
 }
@@ -69,7 +85,7 @@ impl ClientSegment {
         rustix::fs::fcntl_add_seals(&fd, SealFlags::SHRINK | SealFlags::GROW | SealFlags::SEAL)?;
         let file = std::fs::File::from(fd.try_clone()?);
         let map = memmap2::MmapOptions::new().len(layout.segment_bytes as usize).map_raw(&file)?;
-        let segment = ClientSegment { fd, map, layout, free: Mutex::new((0..layout.n_slots).rev().collect()) };
+        let segment = ClientSegment { fd, map, layout, free: Mutex::new((0..layout.n_slots).rev().collect()), quarantined: Default::default() };
         segment.copy_in(0, &layout.header().encode());
         if let Some(ring) = segment.ring() {
             ring.reset();
@@ -94,7 +110,12 @@ impl ClientSegment {
     /// A free slot, if any (calls beyond the slot count travel inline).
     pub fn try_slot(&self) -> Option<Slot<'_>> {
         let index = self.free.lock().unwrap_or_else(PoisonError::into_inner).pop()?;
-        Some(Slot { segment: self, index })
+        Some(Slot { segment: self, index, quarantined: false })
+    }
+
+    /// Slots withheld from reuse because their call was abandoned.
+    pub fn quarantined(&self) -> usize {
+        self.quarantined.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     fn copy_in(&self, offset: u64, bytes: &[u8]) {
@@ -140,6 +161,11 @@ impl ClientSegment {
 /// Runs the pre-handshake on a freshly connected unix stream: sends the hello frame, with the
 /// segment's memfd attached when there is one, and reads the daemon's reply.
 pub fn send_hello(stream: &mut UnixStream, segment: Option<&ClientSegment>) -> std::io::Result<HelloReply> {
+    send_hello_within(stream, segment, HELLO_REPLY_TIMEOUT)
+}
+
+/// [`send_hello`], waiting at most `timeout` (at least 1 ms) for the reply.
+pub fn send_hello_within(stream: &mut UnixStream, segment: Option<&ClientSegment>, timeout: Duration) -> std::io::Result<HelloReply> {
     let hello = Hello { version: shm_layout::HELLO_VERSION, flags: if segment.is_some() { shm_layout::HELLO_FLAG_SEGMENT } else { 0 } };
     let frame = hello.encode();
     let mut space = [MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(1))];
@@ -156,7 +182,7 @@ pub fn send_hello(stream: &mut UnixStream, segment: Option<&ClientSegment>) -> s
     while sent < frame.len() {
         sent += rustix::net::send(&*stream, &frame[sent..], SendFlags::NOSIGNAL)?;
     }
-    stream.set_read_timeout(Some(HELLO_REPLY_TIMEOUT))?;
+    stream.set_read_timeout(Some(timeout.max(Duration::from_millis(1))))?;
     let mut reply = [0u8; shm_layout::REPLY_BYTES];
     stream.read_exact(&mut reply)?;
     stream.set_read_timeout(None)?;

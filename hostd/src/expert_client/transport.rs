@@ -5,7 +5,7 @@
 //! instead of tonic silently reconnecting under a session the daemon has already closed.
 
 use super::error::ExpertClientError;
-use super::shm::{ClientSegment, send_hello};
+use super::shm::{ClientSegment, HELLO_REPLY_TIMEOUT, send_hello_within};
 use hyper_util::rt::TokioIo;
 use proto::v1::expert_service_client::ExpertServiceClient;
 use rustix::event::{PollFd, PollFlags, Timespec};
@@ -18,6 +18,11 @@ use tonic::transport::{Channel, Endpoint as TonicEndpoint, Uri};
 
 /// Largest gRPC message either side sends.
 pub const MAX_MESSAGE_BYTES: usize = 512 << 20;
+/// HTTP/2 keepalive: a PING this often, even when idle…
+pub const KEEPALIVE_INTERVAL: std::time::Duration = std::time::Duration::from_secs(10);
+/// …and the connection is closed (calls fail as `ConnectionLost`, the next one reconnects)
+/// when a PING is not answered within this: a half-open TCP connection is noticed.
+pub const KEEPALIVE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(20);
 
 /// Where expertd listens.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -138,6 +143,17 @@ fn single_use_channel<IO>(io: IO) -> SingleUse<IO> {
 
 /// Opens one connection to `endpoint` (passing `segment` on a unix socket) and wraps it.
 pub async fn connect(endpoint: &Endpoint, segment: Option<Arc<ClientSegment>>, token: Option<&str>) -> Result<Link, ExpertClientError> {
+    connect_within(endpoint, segment, token, HELLO_REPLY_TIMEOUT).await
+}
+
+/// [`connect`], waiting at most `hello_timeout` for the pre-handshake's reply (a stopped
+/// daemon's listener still accepts connections into its backlog, then never answers).
+pub async fn connect_within(
+    endpoint: &Endpoint,
+    segment: Option<Arc<ClientSegment>>,
+    token: Option<&str>,
+    hello_timeout: std::time::Duration,
+) -> Result<Link, ExpertClientError> {
     let ep = endpoint.to_string();
     let connect_err = |reason: String| ExpertClientError::Connect { endpoint: ep.clone(), reason };
     let token = match token {
@@ -149,7 +165,7 @@ pub async fn connect(endpoint: &Endpoint, segment: Option<Arc<ClientSegment>>, t
             let path = path.clone();
             let (stream, reply) = tokio::task::spawn_blocking(move || {
                 let mut stream = std::os::unix::net::UnixStream::connect(&path)?;
-                let reply = send_hello(&mut stream, segment.as_deref())?;
+                let reply = send_hello_within(&mut stream, segment.as_deref(), hello_timeout)?;
                 stream.set_nonblocking(true)?;
                 Ok::<_, std::io::Error>((stream, reply))
             })
@@ -161,7 +177,7 @@ pub async fn connect(endpoint: &Endpoint, segment: Option<Arc<ClientSegment>>, t
             }
             let watch = ConnWatch(stream.as_fd().try_clone_to_owned().map_err(|e| connect_err(e.to_string()))?);
             let stream = tokio::net::UnixStream::from_std(stream).map_err(|e| connect_err(e.to_string()))?;
-            let channel = TonicEndpoint::from_static("http://expertd.local")
+            let channel = keepalive(TonicEndpoint::from_static("http://expertd.local"))
                 .connect_with_connector(single_use_channel(stream))
                 .await
                 .map_err(|e| connect_err(e.to_string()))?;
@@ -171,8 +187,7 @@ pub async fn connect(endpoint: &Endpoint, segment: Option<Arc<ClientSegment>>, t
             let stream = tokio::net::TcpStream::connect(authority.as_str()).await.map_err(|e| connect_err(e.to_string()))?;
             let _ = stream.set_nodelay(true);
             let watch = ConnWatch(stream.as_fd().try_clone_to_owned().map_err(|e| connect_err(e.to_string()))?);
-            let channel = TonicEndpoint::from_shared(uri.clone())
-                .map_err(|e| connect_err(e.to_string()))?
+            let channel = keepalive(TonicEndpoint::from_shared(uri.clone()).map_err(|e| connect_err(e.to_string()))?)
                 .connect_with_connector(single_use_channel(stream))
                 .await
                 .map_err(|e| connect_err(e.to_string()))?;
@@ -183,6 +198,10 @@ pub async fn connect(endpoint: &Endpoint, segment: Option<Arc<ClientSegment>>, t
         .max_decoding_message_size(MAX_MESSAGE_BYTES)
         .max_encoding_message_size(MAX_MESSAGE_BYTES);
     Ok(Link { client, watch, segment_id })
+}
+
+fn keepalive(e: TonicEndpoint) -> TonicEndpoint {
+    e.http2_keep_alive_interval(KEEPALIVE_INTERVAL).keep_alive_timeout(KEEPALIVE_TIMEOUT).keep_alive_while_idle(true)
 }
 
 #[cfg(test)]

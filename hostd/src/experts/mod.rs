@@ -47,6 +47,19 @@ pub enum ExpertError {
         /// What failed, naming the daemon's address.
         reason: String,
     },
+    /// A remote backend is (for now) unreachable or did not answer in time; the same request
+    /// may succeed when retried after `retry_after_s` (HTTP 503 with `Retry-After`).
+    #[error("layer {layer}: {backend} expert backend unavailable: {reason}")]
+    Unavailable {
+        /// The backend's name.
+        backend: &'static str,
+        /// Layer of the call.
+        layer: usize,
+        /// What failed, naming the daemon's address.
+        reason: String,
+        /// Suggested wait before retrying, in seconds.
+        retry_after_s: u64,
+    },
     /// An expert's weights could not be read.
     #[error("layer {layer} expert {expert}: {reason}")]
     Expert {
@@ -84,6 +97,10 @@ pub trait ExpertBackend: Send + Sync {
     fn prefetch(&self, _layer: usize, _experts: &[u32]) {}
     /// Cumulative speculative reads: (bytes read, bytes of those a demand call then hit).
     fn speculative_counters(&self) -> Option<(u64, u64)> {
+        None
+    }
+    /// Readiness of a remote backend (`None`: in process, always ready).
+    fn health(&self) -> Option<crate::expert_client::health::HealthReport> {
         None
     }
 }

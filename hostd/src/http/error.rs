@@ -6,7 +6,7 @@
 //! the `type`/`code` strings are decided here and nowhere else.
 
 use crate::chat_template::ChatTemplateError;
-use crate::engine::SubmitError;
+use crate::engine::{Failure, SubmitError};
 use crate::sampling::SamplingError;
 use axum::Json;
 use axum::extract::rejection::BytesRejection;
@@ -115,6 +115,15 @@ pub enum ApiError {
     /// client gets a generic message with the request id (see [`ApiError::body`]).
     #[error("Generation failed: {0}")]
     Internal(String),
+    /// The expert daemon is unreachable or did not answer in time (503, with `Retry-After`):
+    /// the same request may succeed when retried.
+    #[error("The expert backend is unavailable; retry after {retry_after_s} s. {message}")]
+    ExpertsUnavailable {
+        /// What failed, naming the daemon.
+        message: String,
+        /// Suggested wait in seconds.
+        retry_after_s: u64,
+    },
 }
 
 impl ApiError {
@@ -146,7 +155,7 @@ impl ApiError {
             ApiError::Unauthorized => StatusCode::UNAUTHORIZED,
             ApiError::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::QueueFull { .. } | ApiError::QueuedTokensFull { .. } => StatusCode::TOO_MANY_REQUESTS,
-            ApiError::Unavailable(_) | ApiError::Busy { .. } => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::Unavailable(_) | ApiError::Busy { .. } | ApiError::ExpertsUnavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::BodyTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
@@ -157,7 +166,7 @@ impl ApiError {
         match self {
             ApiError::Unauthorized => "authentication_error",
             ApiError::QueueFull { .. } | ApiError::QueuedTokensFull { .. } => "rate_limit_error",
-            ApiError::Unavailable(_) | ApiError::Busy { .. } | ApiError::Internal(_) => "server_error",
+            ApiError::Unavailable(_) | ApiError::Busy { .. } | ApiError::Internal(_) | ApiError::ExpertsUnavailable { .. } => "server_error",
             _ => "invalid_request_error",
         }
     }
@@ -177,6 +186,7 @@ impl ApiError {
             ApiError::Busy { .. } => "server_busy",
             ApiError::BodyTimeout { .. } => "request_timeout",
             ApiError::Internal(_) => "internal_error",
+            ApiError::ExpertsUnavailable { .. } => "experts_unavailable",
         }
     }
 
@@ -221,7 +231,11 @@ impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         self.log_internal();
         let mut resp = (self.status(), Json(self.body())).into_response();
-        if let ApiError::QueueFull { retry_after_s, .. } | ApiError::QueuedTokensFull { retry_after_s, .. } | ApiError::Busy { retry_after_s, .. } = self {
+        if let ApiError::QueueFull { retry_after_s, .. }
+        | ApiError::QueuedTokensFull { retry_after_s, .. }
+        | ApiError::Busy { retry_after_s, .. }
+        | ApiError::ExpertsUnavailable { retry_after_s, .. } = self
+        {
             resp.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(retry_after_s));
         }
         if matches!(self, ApiError::Unauthorized) {
@@ -255,6 +269,15 @@ impl From<SubmitError> for ApiError {
                 ApiError::QueuedTokensFull { queued_tokens, prompt_tokens, max_queued_tokens, retry_after_s: 1 }
             }
             SubmitError::Stopped => ApiError::Unavailable(e.to_string()),
+        }
+    }
+}
+
+impl From<Failure> for ApiError {
+    fn from(f: Failure) -> Self {
+        match f.retry_after_s {
+            Some(retry_after_s) => ApiError::ExpertsUnavailable { message: f.message, retry_after_s },
+            None => ApiError::Internal(f.message),
         }
     }
 }
@@ -306,6 +329,10 @@ mod tests {
         check(e, 429, "rate_limit_error", "queue_full");
         check(ApiError::BodyTooLarge { limit_bytes: 1 }, 413, "invalid_request_error", "request_too_large");
         check(ApiError::Unauthorized, 401, "authentication_error", "invalid_api_key");
+        let down = ApiError::from(Failure { message: "decode step failed: expertd gone".into(), retry_after_s: Some(2) });
+        check(down.clone(), 503, "server_error", "experts_unavailable");
+        assert_eq!(down.into_response().headers().get(header::RETRY_AFTER).and_then(|v| v.to_str().ok()), Some("2"));
+        check(ApiError::from(Failure { message: "bug".into(), retry_after_s: None }), 500, "server_error", "internal_error");
         let e = ApiError::ContextLength { max_context: 10, requested: 12, prompt_tokens: 11, completion_tokens: 1, param: "messages" };
         check(e, 400, "invalid_request_error", "context_length_exceeded");
         check(ApiError::Busy { message: "x".into(), retry_after_s: 1 }, 503, "server_error", "server_busy");

@@ -68,6 +68,8 @@ pub struct Ready {
     pub created: u64,
     /// The vocabulary's longest token in bytes (bounds prompt tokens from prompt bytes).
     pub max_token_bytes: usize,
+    /// The model's expert backend, for its readiness in `/health`.
+    pub experts: Option<Arc<dyn crate::experts::ExpertBackend>>,
 }
 
 /// State shared by every handler.
@@ -235,14 +237,23 @@ async fn method_not_allowed(req: Request) -> ApiError {
     ApiError::MethodNotAllowed { method: req.method().to_string(), path: req.uri().path().to_string() }
 }
 
-/// `GET /health`: 200 `ready` with queue counters once the model is loaded, else 503.
+/// `GET /health`: 200 `ready` with queue counters once the model is loaded, else 503. With
+/// the expertd backend, 503 `degraded` (connected, not answering in time) or `unavailable`
+/// (gone, restarting) while requests would fail, with the reason under `experts`: a readiness
+/// probe stops routing to this server until the daemon is back (`/health` itself still answers
+/// at once, so a liveness check on it does not restart a healthy hostd).
 async fn health(State(app): State<Arc<AppState>>) -> Response {
     let m = &app.metrics;
     match (app.ready.get(), app.failed.get()) {
         (Some(r), _) => {
             let c = r.engine.config();
-            let body = json!({
-                "status": "ready",
+            let experts = r.experts.as_ref().and_then(|e| e.health().map(|h| (e.name(), h)));
+            let (code, status) = match experts.as_ref().map(|(_, h)| h.readiness) {
+                None | Some(crate::expert_client::health::Readiness::Ready) => (StatusCode::OK, "ready"),
+                Some(other) => (StatusCode::SERVICE_UNAVAILABLE, other.as_str()),
+            };
+            let mut body = json!({
+                "status": status,
                 "model": app.config.served_model_name,
                 "queue_depth": m.queue_depth.load(Relaxed),
                 "max_queue": c.max_queue,
@@ -252,7 +263,16 @@ async fn health(State(app): State<Arc<AppState>>) -> Response {
                 "connections": app.connections.load(Relaxed),
                 "max_connections": app.config.peer.max_connections,
             });
-            (StatusCode::OK, axum::Json(body)).into_response()
+            if let Some((backend, h)) = experts {
+                body["experts"] = json!({
+                    "backend": backend,
+                    "status": h.readiness.as_str(),
+                    "reason": h.reason,
+                    "for_s": h.for_s,
+                    "restarts": h.restarts,
+                });
+            }
+            (code, axum::Json(body)).into_response()
         }
         (None, Some(msg)) => (StatusCode::SERVICE_UNAVAILABLE, axum::Json(json!({ "status": "error", "message": msg }))).into_response(),
         (None, None) => (StatusCode::SERVICE_UNAVAILABLE, axum::Json(json!({ "status": "loading" }))).into_response(),

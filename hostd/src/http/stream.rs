@@ -35,7 +35,7 @@ pub async fn collect(mut rx: UnboundedReceiver<Event>) -> Result<Collected, ApiE
                 delta.logprobs.extend(d.logprobs);
             }
             Some(Event::Done { reason, usage }) => return Ok(Collected { delta, reason, usage }),
-            Some(Event::Failed(m)) => return Err(ApiError::Internal(m)),
+            Some(Event::Failed(f)) => return Err(ApiError::from(f)),
             None => return Err(ApiError::Internal("the generation engine stopped before the reply was complete".to_string())),
         }
     }
@@ -76,8 +76,8 @@ where
             match st.rx.recv().await {
                 Some(ev) => {
                     let terminal = matches!(ev, Event::Done { .. } | Event::Failed(_));
-                    if let Event::Failed(m) = &ev {
-                        let payload = (st.failure)(ApiError::Internal(m.clone()));
+                    if let Event::Failed(f) = &ev {
+                        let payload = (st.failure)(ApiError::from(f.clone()));
                         st.queue.push_back(payload);
                     } else {
                         let payloads = (st.format)(ev);

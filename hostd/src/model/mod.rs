@@ -190,6 +190,11 @@ impl Model {
         self.experts.name()
     }
 
+    /// The expert backend (shared), e.g. for its readiness in `/health`.
+    pub fn experts_backend(&self) -> Arc<dyn ExpertBackend> {
+        Arc::clone(&self.experts)
+    }
+
     /// Hints the expert backend with the experts layer `i + 1` will probably use: that
     /// layer's router applied to its post-attention norm of the residual after layer `i`'s MoE
     /// (the shared expert's output included). Only for decode-sized blocks (a prefill block's
