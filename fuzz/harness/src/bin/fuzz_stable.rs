@@ -16,7 +16,7 @@
 //! With FILEs (and one `--target`), runs only those inputs (reproduce a finding).
 
 use sluice_fuzz::seeds::{dictionary, seeds};
-use sluice_fuzz::{TARGETS, Target};
+use sluice_fuzz::{Target, targets};
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
@@ -318,8 +318,8 @@ fn parse_args() -> Result<Options, String> {
         }
     }
     for t in &o.targets {
-        if !TARGETS.iter().any(|(n, _)| n == t) {
-            return Err(format!("unknown target {t} (targets: {})", TARGETS.iter().map(|t| t.0).collect::<Vec<_>>().join(", ")));
+        if !targets().iter().any(|(n, _)| n == t) {
+            return Err(format!("unknown target {t} (targets: {})", targets().iter().map(|t| t.0).collect::<Vec<_>>().join(", ")));
         }
     }
     Ok(o)
@@ -339,7 +339,7 @@ fn main() {
             default_hook(info);
         }
     }));
-    let chosen: Vec<(&str, Target)> = TARGETS.iter().copied().filter(|(n, _)| o.targets.is_empty() || o.targets.iter().any(|t| t == n)).collect();
+    let chosen: Vec<(&str, Target)> = targets().into_iter().filter(|(n, _)| o.targets.is_empty() || o.targets.iter().any(|t| t == n)).collect();
     if o.write_seeds {
         for (name, _) in &chosen {
             let dir = o.corpus.join(name);

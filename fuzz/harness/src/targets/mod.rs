@@ -1,8 +1,10 @@
 //! One module per parser boundary; each exposes `run(&[u8]) -> Outcome`.
 
 pub mod container;
+#[cfg(feature = "http")]
 pub mod http_params;
 pub mod proto_convert;
 pub mod safetensors_header;
 pub mod shm_ring;
+#[cfg(feature = "daemon")]
 pub mod shm_segment;
