@@ -116,7 +116,7 @@ mod tests {
     async fn failures_reach_the_client_without_their_detail() {
         let detail = "expertd call failed: /run/user/0/sluice/expertd.sock at offset 123456789";
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-        let _ = tx.send(Event::Failed(detail.to_string()));
+        let _ = tx.send(Event::Failed(crate::engine::Failure { message: detail.to_string(), retry_after_s: None }));
         let resp = crate::http::REQUEST_ID.scope("req-42".to_string(), async { sse(rx, Vec::new(), |_| Vec::new()) }).await;
         let body = axum::body::to_bytes(resp.into_body(), 1 << 20).await.expect("body");
         let text = String::from_utf8_lossy(&body);
@@ -124,7 +124,7 @@ mod tests {
         assert!(!text.contains("expertd.sock") && !text.contains("123456789"), "{text}");
 
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-        let _ = tx.send(Event::Failed(detail.to_string()));
+        let _ = tx.send(Event::Failed(crate::engine::Failure { message: detail.to_string(), retry_after_s: None }));
         let resp = crate::http::REQUEST_ID
             .scope("req-43".to_string(), async { collect(rx).await.map(|_| ()).map_err(IntoResponse::into_response) })
             .await
