@@ -30,33 +30,36 @@ impl Drop for Server {
     }
 }
 
+/// Spawns `hostd serve --model DIR --port 0 --served-model-name NAME EXTRA…` (stdout piped,
+/// stderr discarded) and returns it with the address its first stdout line names (≤ 60 s).
+/// Each test module wraps the child in its own `Server` with the requests it needs.
+pub(crate) fn spawn_serve(dir: &std::path::Path, name: &str, extra: &[&str]) -> (Child, SocketAddr) {
+    let mut child = Command::new(workspace_bin("hostd"))
+        .args(["serve", "--model", dir.to_str().expect("utf-8 path"), "--port", "0", "--served-model-name", name])
+        .args(extra)
+        .env("SLUICE_THREADS", "2")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn hostd serve");
+    let stdout = child.stdout.take().expect("stdout");
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let mut line = String::new();
+        let _ = BufReader::new(stdout).read_line(&mut line);
+        let _ = tx.send(line);
+    });
+    let line = rx.recv_timeout(Duration::from_secs(60)).expect("hostd serve printed its address");
+    let addr = line.trim().rsplit("http://").next().and_then(|a| a.parse().ok()).unwrap_or_else(|| panic!("unexpected first line {line:?}"));
+    (child, addr)
+}
+
 impl Server {
     /// Starts the server on `preset` with extra flags and waits (≤ 60 s) for /health = 200.
     pub(crate) fn start(preset: &str, extra: &[&str]) -> Server {
         let name = format!("sluice-{preset}");
         let dir = model_dir(preset);
-        let mut child = Command::new(workspace_bin("hostd"))
-            .args(["serve", "--model", dir.to_str().expect("utf-8 path"), "--port", "0", "--served-model-name", &name])
-            .args(extra)
-            .env("SLUICE_THREADS", "2")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("spawn hostd serve");
-        let stdout = child.stdout.take().expect("stdout");
-        let (tx, rx) = mpsc::channel();
-        std::thread::spawn(move || {
-            let mut line = String::new();
-            let _ = BufReader::new(stdout).read_line(&mut line);
-            let _ = tx.send(line);
-        });
-        let line = rx.recv_timeout(Duration::from_secs(60)).expect("hostd serve printed its address");
-        let addr: SocketAddr = line
-            .trim()
-            .rsplit("http://")
-            .next()
-            .and_then(|a| a.parse().ok())
-            .unwrap_or_else(|| panic!("unexpected first line {line:?}"));
+        let (child, addr) = spawn_serve(&dir, &name, extra);
         let server = Server { child, addr, name };
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {

@@ -7,12 +7,11 @@
 //! the timing target is measured by `bench/serve_fairness.py`.
 
 use serde_json::{Value, json};
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
+use std::process::Child;
 use std::time::{Duration, Instant};
-use tests::{model_dir, workspace_bin};
+use tests::model_dir;
 
 const IO_TIMEOUT: Duration = Duration::from_secs(300);
 
@@ -45,23 +44,7 @@ impl Server {
     /// Starts the server on `preset` with extra flags and waits (≤ 60 s) for /health = 200.
     fn start(preset: &str, extra: &[&str]) -> Server {
         let dir = model_dir(preset);
-        let mut child = Command::new(workspace_bin("hostd"))
-            .args(["serve", "--model", dir.to_str().expect("utf-8 path"), "--port", "0", "--served-model-name", "m"])
-            .args(extra)
-            .env("SLUICE_THREADS", "2")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("spawn hostd serve");
-        let stdout = child.stdout.take().expect("stdout");
-        let (tx, rx) = mpsc::channel();
-        std::thread::spawn(move || {
-            let mut line = String::new();
-            let _ = BufReader::new(stdout).read_line(&mut line);
-            let _ = tx.send(line);
-        });
-        let line = rx.recv_timeout(Duration::from_secs(60)).expect("hostd serve printed its address");
-        let addr = line.trim().rsplit("http://").next().and_then(|a| a.parse().ok()).unwrap_or_else(|| panic!("first line {line:?}"));
+        let (child, addr) = crate::serve::spawn_serve(&dir, "m", extra);
         let server = Server { child, addr };
         let deadline = Instant::now() + Duration::from_secs(60);
         while !server.send("GET", "/health", None).and_then(read_response).is_ok_and(|r| r.status == 200) {

@@ -5,13 +5,13 @@
 //! its response. The real binary on the `tiny` fixture, over raw sockets; every wait bounded.
 
 use serde_json::{Value, json};
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpStream};
-use std::process::{Child, Command, Stdio};
+use std::process::Child;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, mpsc};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tests::{model_dir, workspace_bin};
+use tests::model_dir;
 
 /// A running `hostd serve`, killed on drop.
 struct Server {
@@ -29,23 +29,7 @@ impl Drop for Server {
 impl Server {
     fn start(extra: &[&str]) -> Server {
         let dir = model_dir("tiny");
-        let mut child = Command::new(workspace_bin("hostd"))
-            .args(["serve", "--model", dir.to_str().expect("utf-8 path"), "--port", "0", "--served-model-name", "tiny"])
-            .args(extra)
-            .env("SLUICE_THREADS", "2")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("spawn hostd serve");
-        let stdout = child.stdout.take().expect("stdout");
-        let (tx, rx) = mpsc::channel();
-        std::thread::spawn(move || {
-            let mut line = String::new();
-            let _ = BufReader::new(stdout).read_line(&mut line);
-            let _ = tx.send(line);
-        });
-        let line = rx.recv_timeout(Duration::from_secs(60)).expect("hostd serve printed its address");
-        let addr = line.trim().rsplit("http://").next().and_then(|a| a.parse().ok()).unwrap_or_else(|| panic!("first line {line:?}"));
+        let (child, addr) = crate::serve::spawn_serve(&dir, "tiny", extra);
         let server = Server { child, addr };
         let deadline = Instant::now() + Duration::from_secs(60);
         while server.try_get("/health").map(|r| r.0) != Some(200) {
