@@ -97,6 +97,27 @@ fn parse(raw: &[u8]) -> Option<(u16, Value, Vec<(String, String)>)> {
     Some((status, serde_json::from_slice(&raw[split + 4..]).unwrap_or(Value::Null), headers))
 }
 
+/// `GET /health` on a kept-alive connection; reads exactly one response (by Content-Length).
+fn keep_alive_health(c: &mut TcpStream) -> Value {
+    c.write_all(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n").expect("monitor request");
+    let mut raw = Vec::new();
+    let mut byte = [0u8; 1];
+    while !raw.ends_with(b"\r\n\r\n") {
+        assert_eq!(c.read(&mut byte).expect("monitor head"), 1, "monitor connection closed: {:?}", String::from_utf8_lossy(&raw));
+        raw.push(byte[0]);
+    }
+    let head = String::from_utf8_lossy(&raw).to_ascii_lowercase();
+    assert!(head.starts_with("http/1.1 200"), "{head}");
+    let len: usize = head
+        .lines()
+        .find_map(|l| l.strip_prefix("content-length:"))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no content-length: {head}"));
+    let mut body = vec![0u8; len];
+    c.read_exact(&mut body).expect("monitor body");
+    serde_json::from_slice(&body).expect("health JSON")
+}
+
 fn chat_body(content: &str, max_tokens: usize) -> Vec<u8> {
     json!({ "model": "tiny", "messages": [{ "role": "user", "content": content }], "max_tokens": max_tokens, "temperature": 0 })
         .to_string()
@@ -234,16 +255,23 @@ fn slow_bodies_time_out_and_half_closed_requests_are_answered() {
 #[test]
 fn connections_beyond_the_cap_may_only_ask_for_health() {
     let s = Server::start(&["--max-connections", "8", "--header-timeout", "60"]);
-    let held: Vec<TcpStream> = (0..8)
+    // A keep-alive monitor holds one slot; once it alone is counted, the connections of
+    // `Server::start` have given their slots back, so the 7 held below fill the other 7.
+    let mut monitor = s.connect();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while keep_alive_health(&mut monitor)["connections"].as_u64() != Some(1) {
+        assert!(Instant::now() < deadline, "{}", keep_alive_health(&mut monitor));
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let held: Vec<TcpStream> = (0..7)
         .map(|_| {
             let mut c = s.connect();
             c.write_all(b"GET /hea").expect("partial head");
             c
         })
         .collect();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while s.health()["connections"].as_u64() < Some(9) {
-        assert!(Instant::now() < deadline, "{}", s.health());
+    while keep_alive_health(&mut monitor)["connections"].as_u64() < Some(8) {
+        assert!(Instant::now() < deadline, "{}", keep_alive_health(&mut monitor));
         std::thread::sleep(Duration::from_millis(20));
     }
     let t = Instant::now();
@@ -254,6 +282,7 @@ fn connections_beyond_the_cap_may_only_ask_for_health() {
     assert_eq!((status, body["error"]["code"].as_str()), (503, Some("server_busy")), "{body}");
     assert!(headers.iter().any(|(k, v)| k == "retry-after" && v == "1"), "{headers:?}");
     drop(held);
+    drop(monitor);
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let (status, body, _) = s.post("/v1/chat/completions", &chat_body("hi", 2));

@@ -114,8 +114,9 @@ pub async fn serve(
             if let Err(e) = result {
                 tracing::debug!(error = %e, "connection ended with an error");
             }
-            state.connections.fetch_sub(1, Relaxed);
+            // The permit goes first, so the count never reads lower than the slots in use.
             drop(permit);
+            state.connections.fetch_sub(1, Relaxed);
         });
     }
     drop(listener);
