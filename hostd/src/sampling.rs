@@ -4,7 +4,7 @@
 //! generator is seeded from the request's `seed`, so the same seed and the same logits give the
 //! same ids. The pipeline, in order: padding rows (ids ≥ the tokenizer's vocabulary) are cut
 //! off; repetition penalty (prompt and output tokens), then presence and frequency penalties
-//! (output tokens) adjust logits; temperature 0 picks the argmax (lowest id on ties); otherwise
+//! (output tokens), then `logit_bias` (added per id) adjust logits; temperature 0 picks the argmax (lowest id on ties); otherwise
 //! logits are divided by the temperature, turned into probabilities, filtered by top-k, top-p and
 //! min-p, and one id is drawn. Log-probabilities reported to clients come from the raw model
 //! distribution (before penalties and temperature), as vLLM reports them by default.
@@ -51,6 +51,8 @@ pub struct SamplingParams {
     pub logprobs: bool,
     /// Alternatives reported per position, `0..=20` (needs `logprobs`).
     pub top_logprobs: usize,
+    /// `(id, bias)` added to the id's logit before sampling (greedy included), bias `[-100, 100]`.
+    pub logit_bias: Vec<(u32, f32)>,
 }
 
 impl Default for SamplingParams {
@@ -67,6 +69,7 @@ impl Default for SamplingParams {
             seed: None,
             logprobs: false,
             top_logprobs: 0,
+            logit_bias: Vec::new(),
         }
     }
 }
@@ -109,6 +112,9 @@ impl SamplingParams {
         }
         if self.top_logprobs > 0 && !self.logprobs {
             return bad("top_logprobs", "requires logprobs to be true");
+        }
+        if self.logit_bias.iter().any(|(_, b)| !(b.is_finite() && (-100.0..=100.0).contains(b))) {
+            return bad("logit_bias", "biases must be between -100 and 100");
         }
         Ok(())
     }
@@ -208,6 +214,7 @@ impl Sampler {
         let p = &self.params;
         (p.presence_penalty != 0.0 || p.frequency_penalty != 0.0) && !self.output_counts.is_empty()
             || p.repetition_penalty != 1.0 && !self.seen.is_empty()
+            || !p.logit_bias.is_empty()
     }
 
     fn apply_penalties(&self, row: &mut [f32]) {
@@ -224,6 +231,11 @@ impl Sampler {
                 if let Some(v) = row.get_mut(id as usize) {
                     *v -= p.presence_penalty + p.frequency_penalty * count as f32;
                 }
+            }
+        }
+        for &(id, bias) in &p.logit_bias {
+            if let Some(v) = row.get_mut(id as usize) {
+                *v += bias;
             }
         }
     }

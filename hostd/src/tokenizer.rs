@@ -125,6 +125,8 @@ pub struct Tokenizer {
     inner: tokenizers::Tokenizer,
     path: PathBuf,
     bytes: Arc<TokenBytes>,
+    /// Ids of the added tokens the file flags `special: true`, sorted.
+    special: Vec<u32>,
 }
 
 impl std::fmt::Debug for Tokenizer {
@@ -157,7 +159,9 @@ impl Tokenizer {
             }
         }
         let bytes = Arc::new(build_token_bytes(&inner));
-        Ok(Self { inner, path, bytes })
+        let mut special: Vec<u32> = inner.get_added_tokens_decoder().into_iter().filter(|(_, t)| t.special).map(|(id, _)| id).collect();
+        special.sort_unstable();
+        Ok(Self { inner, path, bytes, special })
     }
 
     /// Load `DIR/tokenizer.json` from a model directory.
@@ -207,6 +211,17 @@ impl Tokenizer {
     /// The id of a token given its exact text (a special token or a byte-level vocabulary string).
     pub fn token_id(&self, token: &str) -> Option<u32> {
         self.inner.token_to_id(token)
+    }
+
+    /// Whether `tokenizer.json` flags the id as a special added token (what vLLM's
+    /// `skip_special_tokens` drops from output text).
+    pub fn is_special(&self, id: u32) -> bool {
+        self.special.binary_search(&id).is_ok()
+    }
+
+    /// The ids [`Tokenizer::is_special`] accepts, sorted.
+    pub fn flagged_special_ids(&self) -> &[u32] {
+        &self.special
     }
 
     /// The raw bytes an id decodes to, or `None` for an unknown id.

@@ -18,6 +18,7 @@ mod locator;
 mod parity;
 mod serve;
 mod serve_fairness;
+mod serve_fields;
 mod serve_limits;
 mod synth;
 mod tokenizer;

@@ -70,6 +70,10 @@ pub struct ServeArgs {
     /// File holding the API key that /v1/* requests must send as `Authorization: Bearer KEY`.
     #[arg(long, env = "SLUICE_API_KEY_FILE")]
     pub api_key_file: Option<PathBuf>,
+    /// A browser origin (`https://app.example`) allowed to call the API cross-origin; repeat for
+    /// several, or `*` for any. Default: none (no CORS headers; preflights get 405).
+    #[arg(long = "cors-allow-origin", value_name = "ORIGIN")]
+    pub cors_allow_origin: Vec<String>,
     /// Context limit in tokens (prompt + completion); default and maximum: the model's
     /// max_position_embeddings.
     #[arg(long, env = "SLUICE_MAX_CONTEXT")]
@@ -180,6 +184,13 @@ pub fn run(args: &ServeArgs) -> anyhow::Result<()> {
             .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
             .unwrap_or_else(|| "sluice".to_string()),
     };
+    for origin in &args.cors_allow_origin {
+        let well_formed = origin == "*"
+            || (origin.starts_with("http://") || origin.starts_with("https://"))
+                && !origin.ends_with('/')
+                && origin.split("://").nth(1).is_some_and(|rest| !rest.is_empty() && !rest.contains('/') && rest.is_ascii());
+        anyhow::ensure!(well_formed, "--cors-allow-origin {origin:?}: expected an origin such as https://app.example (scheme://host[:port], no path) or *");
+    }
     let config = ServerConfig {
         served_model_name,
         api_key,
@@ -187,6 +198,7 @@ pub fn run(args: &ServeArgs) -> anyhow::Result<()> {
         peer,
         default_max_tokens: args.default_max_tokens,
         enable_thinking: args.default_thinking == Thinking::On && !args.no_think,
+        cors_allow_origins: args.cors_allow_origin.clone(),
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(args.http_threads)

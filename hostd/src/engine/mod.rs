@@ -76,6 +76,8 @@ pub struct GenRequest {
     pub split_reasoning: bool,
     /// Output starts inside a reasoning block (chat with thinking on; needs `split_reasoning`).
     pub reasoning: bool,
+    /// Special tokens add no text (`engine::output`); vLLM's `skip_special_tokens`.
+    pub skip_special_tokens: bool,
     /// When the HTTP request arrived (TTFT counts from here).
     pub received: Instant,
     /// Where the engine sends this request's events.
@@ -106,7 +108,8 @@ impl FinishReason {
 pub struct Usage {
     /// Prompt tokens.
     pub prompt_tokens: usize,
-    /// Generated tokens (a final stop id is not counted).
+    /// Generated tokens, the stop id that ended the generation included (as vLLM and OpenAI
+    /// count it: a reply that ends at once used one token).
     pub completion_tokens: usize,
     /// Prompt tokens whose state came from the prefix cache.
     pub cached_tokens: usize,

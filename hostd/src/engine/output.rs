@@ -7,6 +7,11 @@
 //! with thinking off it starts as content. Leading newlines of the content (the template's
 //! `</think>\n\n`) are dropped. A stop string cannot span the switch from reasoning to content.
 //! Streaming and non-streaming replies are built from the same [`Delta`]s, so they agree.
+//!
+//! With `skip_special_tokens` (the default of both endpoints, as in vLLM) ids the tokenizer
+//! flags special (`<|vision_end|>`, `<|im_start|>`, …) add no text; the tokens this module or a
+//! client parses out of the text (`<think>`, `</think>`, `<tool_call>`, `</tool_call>`) are
+//! kept. Their log-probability entries are still reported.
 
 use crate::sampling::{StopMatcher, TokenLogprob};
 use crate::tokenizer::{IncrementalDecoder, Tokenizer};
@@ -61,7 +66,13 @@ pub struct OutputText {
     content_started: bool,
     /// Entries of tokens whose text is still held back.
     pending: Vec<LogprobEntry>,
+    /// Special ids that add no text (sorted); empty unless skipping is on.
+    skipped: Vec<u32>,
 }
+
+/// Special tokens that stay in the text when special tokens are skipped: the reasoning
+/// markers and the tool-call markers that parsers read.
+const KEPT_SPECIAL: &[&str] = &[crate::tokenizer::THINK, crate::tokenizer::THINK_END, "<tool_call>", "</tool_call>"];
 
 impl OutputText {
     /// `split`: recognise `<think>`/`</think>` (chat); without it every token is text.
@@ -77,7 +88,15 @@ impl OutputText {
             // Raw text keeps its leading newlines: only chat replies drop the template's.
             content_started: !split,
             pending: Vec::new(),
+            skipped: Vec::new(),
         }
+    }
+
+    /// Drops the text of special tokens (all but [`KEPT_SPECIAL`]) from now on.
+    pub fn skip_special_tokens(mut self, tokenizer: &Tokenizer) -> OutputText {
+        let kept: Vec<u32> = KEPT_SPECIAL.iter().filter_map(|t| tokenizer.token_id(t)).collect();
+        self.skipped = tokenizer.flagged_special_ids().iter().copied().filter(|id| !kept.contains(id)).collect();
+        self
     }
 
     /// Whether output is currently inside the reasoning block.
@@ -109,6 +128,12 @@ impl OutputText {
             // A reasoning block the model opened itself (thinking was not pre-opened).
             self.in_reasoning = true;
             delta.logprobs = std::mem::take(&mut self.pending);
+            return (delta, false);
+        }
+        if self.skipped.binary_search(&id).is_ok() {
+            if !self.stop.is_holding() && !self.decoder.has_pending() {
+                delta.logprobs = std::mem::take(&mut self.pending);
+            }
             return (delta, false);
         }
         let piece = match self.decoder.push(id) {
@@ -210,6 +235,23 @@ mod tests {
     #[test]
     fn model_opened_think_block_is_split_out() {
         assert_eq!(run("<think>hmm</think>ok", &[], true, false), ("hmm".to_string(), "ok".to_string(), false));
+    }
+
+    #[test]
+    fn special_tokens_are_skipped_unless_asked_for_and_markers_stay() {
+        let tok = tokenizer();
+        let text = "a<|vision_end|>b<tool_call>c</tool_call><|im_start|>";
+        let collect = |mut out: OutputText| {
+            let mut c = String::new();
+            for id in tok.encode(text).expect("encode") {
+                c.push_str(&out.push(&tok, id, None).0.content);
+            }
+            c + &out.finish().content
+        };
+        let kept = collect(OutputText::new(&tok, &[], true, false));
+        assert_eq!(kept, text);
+        let skipped = collect(OutputText::new(&tok, &[], true, false).skip_special_tokens(&tok));
+        assert_eq!(skipped, "ab<tool_call>c</tool_call>");
     }
 
     #[test]

@@ -47,6 +47,8 @@ struct Sequence {
     state: SequenceState,
     phase: Phase,
     generated: Vec<u32>,
+    /// The generation ended on a stop id (sampled, counted in usage, not in `generated`).
+    stop_id_sampled: bool,
     sampler: Sampler,
     out: OutputText,
     max_tokens: usize,
@@ -160,7 +162,10 @@ impl Scheduler {
         tracing::info!(parent: &req.span, prompt_tokens = req.prompt.len(), cached_tokens, "admitted");
         self.seed_counter = self.seed_counter.wrapping_add(0x9E37_79B9_7F4A_7C15);
         let sampler = Sampler::new(req.sampling, &req.prompt, self.seed_counter);
-        let out = OutputText::new(&self.tokenizer, &req.stop, req.split_reasoning, req.reasoning);
+        let mut out = OutputText::new(&self.tokenizer, &req.stop, req.split_reasoning, req.reasoning);
+        if req.skip_special_tokens {
+            out = out.skip_special_tokens(&self.tokenizer);
+        }
         self.next_serial += 1;
         self.seqs.push(Sequence {
             serial: self.next_serial,
@@ -176,6 +181,7 @@ impl Scheduler {
             state,
             phase: Phase::Prefill { fed: cached_tokens },
             generated: Vec::new(),
+            stop_id_sampled: false,
             sampler,
             out,
             max_tokens: req.max_tokens,
@@ -330,6 +336,8 @@ impl Scheduler {
         }
         seq.last_token_at = Some(now);
         let exit = if seq.stop_ids.contains(&id) {
+            seq.stop_id_sampled = true;
+            self.metrics.generation_tokens.fetch_add(1, Relaxed);
             Some(FinishReason::Stop)
         } else {
             seq.generated.push(id);
@@ -354,7 +362,8 @@ impl Scheduler {
     /// Reports the end of a sequence and frees (or caches) its state.
     fn exit(&mut self, mut seq: Sequence, how: Exit) {
         let _enter = seq.span.enter();
-        let usage = Usage { prompt_tokens: seq.prompt.len(), completion_tokens: seq.generated.len(), cached_tokens: seq.cached_tokens };
+        let completion_tokens = seq.generated.len() + usize::from(seq.stop_id_sampled);
+        let usage = Usage { prompt_tokens: seq.prompt.len(), completion_tokens, cached_tokens: seq.cached_tokens };
         let state_ok = matches!(how, Exit::Finished(_) | Exit::Cancelled);
         match how {
             Exit::Finished(reason) => {

@@ -3,14 +3,17 @@
 //! to the engine, then answer as one `chat.completion` or as a stream of
 //! `chat.completion.chunk`s.
 //!
-//! Thinking follows the request's `chat_template_kwargs.enable_thinking`, else the server's
-//! `--default-thinking` (on unless set off); the reply carries the reasoning in
-//! `reasoning_content` and the answer in `content`. The prompt's checkpoint for the prefix cache is the end of
+//! Thinking follows the request's switches (`chat_template_kwargs.enable_thinking`,
+//! `enable_thinking`, `reasoning_effort`, `reasoning`; see `http::fields::thinking`), else the
+//! server's `--default-thinking` (on unless set off); the reply carries the reasoning in
+//! `reasoning_content` (unless `include_reasoning: false`) and the answer in `content`. With
+//! `n > 1` each choice is its own sequence in the scheduler's batch, with its own seed. The prompt's checkpoint for the prefix cache is the end of
 //! `<|im_start|>assistant\n`: a follow-up turn's prompt repeats everything up to there (the
 //! template drops earlier turns' reasoning, so it diverges right after).
 
 use super::admission;
 use super::error::ApiError;
+use super::fields::{self, Thinking, ThinkingFields};
 use super::openai::{
     ChatChoice, ChatChunkChoice, ChatCompletion, ChatCompletionChunk, ChatCompletionRequest, ChatDelta, ChatLogprobs,
     ChatMessageOut, LogprobContent, Usage,
@@ -19,7 +22,7 @@ use super::params;
 use super::stream::{self, to_json};
 use super::{AppState, RequestId, fingerprint, unix_now};
 use crate::chat_template::{self, ChatMessage, ChatOptions};
-use crate::engine::{Event, GenRequest, LogprobEntry};
+use crate::engine::{Event, GenRequest, LogprobEntry, Usage as EngineUsage};
 use crate::tokenizer::Tokenizer;
 use axum::Extension;
 use axum::body::Body;
@@ -39,11 +42,11 @@ pub async fn chat_completions(
     let received = Instant::now();
     let ready = app.ready()?;
     let body = app.admission.read_body(&headers, body).await?;
-    let req: ChatCompletionRequest = serde_json::from_slice(&body)?;
+    let req: ChatCompletionRequest = fields::parse_body(&body)?;
     drop(body);
     params::check_model(req.model.as_deref(), &app.config.served_model_name)?;
     params::reject_unsupported_chat(&req)?;
-    params::check_n(req.n)?;
+    let n = params::check_n(req.n)?;
     let messages = params::chat_messages(req.messages.as_deref().ok_or_else(|| ApiError::missing("messages"))?)?;
     for (i, m) in messages.iter().enumerate() {
         app.admission.check_prompt_bytes(&m.content, &format!("messages[{i}].content"))?;
@@ -52,15 +55,27 @@ pub async fn chat_completions(
         }
     }
     let logprobs = req.logprobs.unwrap_or(false);
-    let sampling = params::sampling_params(&req.sampling(), logprobs, req.top_logprobs)?;
+    let mut sampling = params::sampling_params(&req.sampling(), logprobs, req.top_logprobs)?;
+    sampling.logit_bias = params::logit_bias(req.logit_bias.as_ref(), &ready.tokenizer)?;
     let stop = params::stop_strings(req.stop.as_ref())?;
     let requested = match req.max_completion_tokens {
         Some(_) => params::max_tokens(req.max_completion_tokens, "max_completion_tokens")?,
         None => params::max_tokens(req.max_tokens, "max_tokens")?,
     };
     let kwargs = req.chat_template_kwargs.clone().unwrap_or_default();
-    let thinking = kwargs.enable_thinking.unwrap_or(app.config.enable_thinking);
-    let opts = ChatOptions { add_generation_prompt: true, enable_thinking: thinking, preserve_thinking: kwargs.preserve_thinking.unwrap_or(false) };
+    let switches = ThinkingFields {
+        template_kwarg: kwargs.enable_thinking,
+        enable_thinking: req.enable_thinking,
+        reasoning_effort: req.reasoning_effort.as_deref(),
+        include_reasoning: req.include_reasoning,
+        reasoning: req.reasoning.as_ref(),
+    };
+    let thinking = fields::thinking(&switches, app.config.enable_thinking)?;
+    let opts = ChatOptions {
+        add_generation_prompt: true,
+        enable_thinking: thinking.enabled,
+        preserve_thinking: kwargs.preserve_thinking.unwrap_or(false),
+    };
     let text = chat_template::render(&messages, &opts)?;
     app.admission.check_prompt_bytes(&text, "messages")?;
     let max_context = ready.engine.config().max_context;
@@ -77,30 +92,39 @@ pub async fn chat_completions(
         .map_err(|e| ApiError::Internal(e.to_string()))?;
     let max_tokens = params::budget(prompt.len(), requested, app.config.default_max_tokens, max_context, "messages")?;
 
-    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-    let request = GenRequest {
-        request_id: request_id.clone(),
-        span: tracing::Span::current(),
-        prompt,
-        checkpoint,
-        cache_final_state: false,
-        sampling,
-        max_tokens,
-        stop,
-        stop_ids: if req.ignore_eos == Some(true) { Vec::new() } else { ready.stop_ids.clone() },
-        split_reasoning: true,
-        reasoning: thinking,
-        received,
-        events: tx,
-    };
-    ready.engine.submit(request)?;
-    let reply = Reply { id: format!("chatcmpl-{request_id}"), created: unix_now(), model: app.config.served_model_name.clone(), logprobs };
+    // One sequence per choice; if a later one is refused (queue full), dropping the earlier
+    // ones' receivers cancels them.
+    let mut rxs = Vec::with_capacity(n);
+    for i in 0..n {
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        let mut sampling = sampling.clone();
+        sampling.seed = params::choice_seed(sampling.seed, i);
+        ready.engine.submit(GenRequest {
+            request_id: if i == 0 { request_id.clone() } else { format!("{request_id}-{i}") },
+            span: tracing::Span::current(),
+            prompt: prompt.clone(),
+            checkpoint,
+            cache_final_state: false,
+            sampling,
+            max_tokens,
+            stop: stop.clone(),
+            stop_ids: if req.ignore_eos == Some(true) { Vec::new() } else { ready.stop_ids.clone() },
+            split_reasoning: true,
+            reasoning: thinking.enabled,
+            skip_special_tokens: req.skip_special_tokens.unwrap_or(true),
+            received,
+            events: tx,
+        })?;
+        rxs.push(rx);
+    }
+    let reply = Reply { id: format!("chatcmpl-{request_id}"), created: unix_now(), model: app.config.served_model_name.clone(), logprobs, thinking };
+    let choices = stream::Choices::new(rxs);
     if req.stream == Some(true) {
         let include_usage = req.stream_options.as_ref().is_some_and(|o| o.include_usage);
-        Ok(reply.stream(rx, include_usage))
+        Ok(reply.stream(choices, n, include_usage))
     } else {
-        let c = stream::collect(rx).await?;
-        Ok(axum::Json(reply.whole(c, thinking)).into_response())
+        let all = stream::collect_choices(choices).await?;
+        Ok(axum::Json(reply.whole(all)).into_response())
     }
 }
 
@@ -120,6 +144,7 @@ struct Reply {
     created: u64,
     model: String,
     logprobs: bool,
+    thinking: Thinking,
 }
 
 fn chat_logprobs(entries: &[LogprobEntry]) -> ChatLogprobs {
@@ -127,21 +152,30 @@ fn chat_logprobs(entries: &[LogprobEntry]) -> ChatLogprobs {
 }
 
 impl Reply {
-    fn whole(&self, c: stream::Collected, thinking: bool) -> ChatCompletion {
-        let reasoning = (thinking || !c.delta.reasoning.is_empty()).then(|| c.delta.reasoning.clone());
+    fn whole(&self, all: Vec<stream::Collected>) -> ChatCompletion {
+        let usage = stream::total_usage(&all.iter().map(|c| c.usage).collect::<Vec<_>>());
+        let choices = all
+            .into_iter()
+            .enumerate()
+            .map(|(index, c)| {
+                let shown = self.thinking.shown && (self.thinking.enabled || !c.delta.reasoning.is_empty());
+                let reasoning = shown.then(|| c.delta.reasoning.clone());
+                ChatChoice {
+                    index,
+                    message: ChatMessageOut { role: "assistant", content: Some(c.delta.content), reasoning_content: reasoning, refusal: None },
+                    logprobs: self.logprobs.then(|| chat_logprobs(&c.delta.logprobs)),
+                    finish_reason: c.reason.as_str(),
+                }
+            })
+            .collect();
         ChatCompletion {
             id: self.id.clone(),
             object: "chat.completion",
             created: self.created,
             model: self.model.clone(),
             system_fingerprint: fingerprint(),
-            choices: vec![ChatChoice {
-                index: 0,
-                message: ChatMessageOut { role: "assistant", content: Some(c.delta.content), reasoning_content: reasoning, refusal: None },
-                logprobs: self.logprobs.then(|| chat_logprobs(&c.delta.logprobs)),
-                finish_reason: c.reason.as_str(),
-            }],
-            usage: Usage::from(c.usage),
+            choices,
+            usage: Usage::from(usage),
         }
     }
 
@@ -157,36 +191,46 @@ impl Reply {
         })
     }
 
-    fn stream(self, rx: tokio::sync::mpsc::UnboundedReceiver<Event>, include_usage: bool) -> Response {
-        let first = self.chunk(
-            vec![ChatChunkChoice {
-                index: 0,
-                delta: ChatDelta { role: Some("assistant"), content: Some(String::new()), reasoning_content: None },
-                logprobs: None,
-                finish_reason: None,
-            }],
-            None,
-        );
-        stream::sse(rx, vec![first], move |ev| match ev {
+    /// Chunks of `n` choices, each tagged with its `index`; the usage chunk (when asked for)
+    /// comes after the last choice's finish chunk and sums them.
+    fn stream(self, choices: stream::Choices, n: usize, include_usage: bool) -> Response {
+        let first = (0..n)
+            .map(|index| {
+                self.chunk(
+                    vec![ChatChunkChoice {
+                        index,
+                        delta: ChatDelta { role: Some("assistant"), content: Some(String::new()), reasoning_content: None },
+                        logprobs: None,
+                        finish_reason: None,
+                    }],
+                    None,
+                )
+            })
+            .collect();
+        let mut usages: Vec<Option<EngineUsage>> = vec![None; n];
+        stream::sse_choices(choices, first, move |index, ev| match ev {
             Event::Delta(d) => {
+                let reasoning = if self.thinking.shown { d.reasoning } else { String::new() };
                 let delta = ChatDelta {
                     role: None,
                     content: (!d.content.is_empty()).then_some(d.content),
-                    reasoning_content: (!d.reasoning.is_empty()).then_some(d.reasoning),
+                    reasoning_content: (!reasoning.is_empty()).then_some(reasoning),
                 };
                 let logprobs = (self.logprobs && !d.logprobs.is_empty()).then(|| chat_logprobs(&d.logprobs));
                 if delta.content.is_none() && delta.reasoning_content.is_none() && logprobs.is_none() {
                     return Vec::new();
                 }
-                vec![self.chunk(vec![ChatChunkChoice { index: 0, delta, logprobs, finish_reason: None }], None)]
+                vec![self.chunk(vec![ChatChunkChoice { index, delta, logprobs, finish_reason: None }], None)]
             }
             Event::Done { reason, usage } => {
                 let mut out = vec![self.chunk(
-                    vec![ChatChunkChoice { index: 0, delta: ChatDelta::default(), logprobs: None, finish_reason: Some(reason.as_str()) }],
+                    vec![ChatChunkChoice { index, delta: ChatDelta::default(), logprobs: None, finish_reason: Some(reason.as_str()) }],
                     None,
                 )];
-                if include_usage {
-                    out.push(self.chunk(Vec::new(), Some(usage.into())));
+                usages[index] = Some(usage);
+                if include_usage && usages.iter().all(Option::is_some) {
+                    let all: Vec<EngineUsage> = usages.iter().flatten().copied().collect();
+                    out.push(self.chunk(Vec::new(), Some(stream::total_usage(&all).into())));
                 }
                 out
             }

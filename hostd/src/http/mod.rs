@@ -8,7 +8,8 @@
 //! bounded pool of `admission.rs`.
 //!
 //! Files: `listener.rs` (accept loop and peer limits), `admission.rs` (body, prompt and
-//! tokeniser limits), `openai.rs` (wire types), `params.rs` (validation), `error.rs` (the one
+//! tokeniser limits), `openai.rs` (wire types), `params.rs` (validation), `fields.rs` (the
+//! policy for fields without a typed slot, thinking switches), `error.rs` (the one
 //! error → JSON mapping), `chat.rs` and `completions.rs` (the two generation endpoints),
 //! `stream.rs` (SSE and collecting engine events).
 
@@ -16,6 +17,7 @@ pub mod admission;
 mod chat;
 mod completions;
 pub mod error;
+pub mod fields;
 pub mod listener;
 pub mod openai;
 pub mod params;
@@ -54,6 +56,8 @@ pub struct ServerConfig {
     pub default_max_tokens: usize,
     /// Thinking default for chat requests (`--default-thinking`).
     pub enable_thinking: bool,
+    /// Origins allowed cross-origin (`--cors-allow-origin`; `*` for any); empty: no CORS.
+    pub cors_allow_origins: Vec<String>,
 }
 
 /// What exists once the model is loaded.
@@ -158,9 +162,11 @@ pub(crate) fn fingerprint() -> String {
     format!("sluice-hostd-{}", env!("CARGO_PKG_VERSION"))
 }
 
-/// All routes with their middleware.
+/// All routes with their middleware. CORS, when configured, is the outermost layer, so a
+/// preflight is answered before the API-key check (browsers send preflights without it).
 pub fn router(state: Arc<AppState>) -> Router {
-    Router::new()
+    let cors = cors_layer(&state.config.cors_allow_origins);
+    let router = Router::new()
         .route("/v1/chat/completions", post(chat::chat_completions))
         .route("/v1/completions", post(completions::completions))
         .route("/v1/models", get(models))
@@ -170,7 +176,32 @@ pub fn router(state: Arc<AppState>) -> Router {
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(middleware::from_fn_with_state(Arc::clone(&state), track))
-        .with_state(state)
+        .with_state(state);
+    match cors {
+        Some(layer) => router.layer(layer),
+        None => router,
+    }
+}
+
+/// The CORS layer for `--cors-allow-origin` values: any request header, the methods the API
+/// uses, and the response headers a browser client reads (request id, retry hint).
+fn cors_layer(origins: &[String]) -> Option<tower_http::cors::CorsLayer> {
+    use tower_http::cors::{AllowOrigin, Any, CorsLayer};
+    if origins.is_empty() {
+        return None;
+    }
+    let allow = if origins.iter().any(|o| o == "*") {
+        AllowOrigin::from(Any)
+    } else {
+        AllowOrigin::list(origins.iter().filter_map(|o| HeaderValue::from_str(o).ok()))
+    };
+    let layer = CorsLayer::new()
+        .allow_origin(allow)
+        .allow_methods([axum::http::Method::GET, axum::http::Method::POST, axum::http::Method::OPTIONS])
+        .allow_headers(Any)
+        .expose_headers([header::HeaderName::from_static("x-request-id"), header::RETRY_AFTER])
+        .max_age(std::time::Duration::from_secs(600));
+    Some(layer)
 }
 
 /// Serves until `shutdown` resolves, then lets in-flight requests finish.

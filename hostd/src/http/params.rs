@@ -1,9 +1,10 @@
 //! Validation of request bodies and their conversion to engine inputs: messages to
 //! [`ChatMessage`]s, sampling fields to [`SamplingParams`], stop strings, token budgets, and the
 //! refusal of OpenAI features this server does not implement. Every failure is an [`ApiError`]
-//! naming the field.
+//! naming the field. The policy for fields without a typed slot is `http::fields`.
 
 use super::error::ApiError;
+use super::fields;
 use super::openai::{ChatCompletionRequest, CompletionRequest, SamplingFields, Stop};
 use crate::chat_template::{ChatMessage, Role};
 use crate::sampling::{MAX_STOP_STRINGS, MAX_TOP_LOGPROBS, SamplingParams};
@@ -22,13 +23,55 @@ pub fn check_model(model: Option<&str>, served: &str) -> Result<(), ApiError> {
     }
 }
 
-/// Only one choice per request.
-pub fn check_n(n: Option<i64>) -> Result<(), ApiError> {
+/// Most choices per request (each is its own sequence in the batch).
+pub const MAX_N: usize = 8;
+
+/// The number of choices, 1–[`MAX_N`].
+pub fn check_n(n: Option<i64>) -> Result<usize, ApiError> {
     match n {
-        None | Some(1) => Ok(()),
-        Some(n) if n < 1 => Err(ApiError::invalid(format!("n must be at least 1 (got {n})."), "n")),
-        Some(n) => Err(ApiError::unsupported(format!("n = {n} is not supported: this server returns exactly one choice."), "n")),
+        None => Ok(1),
+        Some(n) if (1..=MAX_N as i64).contains(&n) => Ok(n as usize),
+        Some(n) => Err(ApiError::invalid(format!("n must be between 1 and {MAX_N} (got {n})."), "n")),
     }
+}
+
+/// The seed of choice `index`: choice 0 keeps the request's seed (so `n = 1` and `n > 1` agree
+/// on it), later choices get seeds derived from it deterministically.
+pub fn choice_seed(seed: Option<u64>, index: usize) -> Option<u64> {
+    let seed = seed?;
+    if index == 0 {
+        return Some(seed);
+    }
+    Some(crate::sampling::Rng::new(seed ^ (index as u64).wrapping_mul(0xD1B5_4A32_D192_ED03)).next_u64())
+}
+
+/// Largest `|bias|` of a `logit_bias` entry (OpenAI's range).
+const MAX_LOGIT_BIAS: f64 = 100.0;
+
+/// `logit_bias`: an object of token id (as a string) → bias in −100…100; each id must be in
+/// the vocabulary. Returns the entries sorted by id.
+pub fn logit_bias(v: Option<&Value>, tokenizer: &Tokenizer) -> Result<Vec<(u32, f32)>, ApiError> {
+    let map = match v {
+        None | Some(Value::Null) => return Ok(Vec::new()),
+        Some(Value::Object(m)) => m,
+        Some(_) => return Err(ApiError::invalid("logit_bias must be an object of token id → bias.", "logit_bias")),
+    };
+    let mut out = Vec::with_capacity(map.len());
+    for (key, bias) in map {
+        let at = format!("logit_bias.{key}");
+        let id = key
+            .parse::<u32>()
+            .ok()
+            .filter(|&id| (id as usize) < tokenizer.vocab_size() && tokenizer.token_bytes(id).is_some())
+            .ok_or_else(|| ApiError::invalid(format!("logit_bias key '{key}' is not a token id of this model's vocabulary."), at.clone()))?;
+        let b = bias
+            .as_f64()
+            .filter(|b| (-MAX_LOGIT_BIAS..=MAX_LOGIT_BIAS).contains(b))
+            .ok_or_else(|| ApiError::invalid(format!("logit_bias values must be numbers between -100 and 100 (got {bias})."), at))?;
+        out.push((id, b as f32));
+    }
+    out.sort_unstable_by_key(|e| e.0);
+    Ok(out)
 }
 
 /// Converts the shared sampling fields, with OpenAI's defaults, and checks their ranges.
@@ -56,6 +99,7 @@ pub fn sampling_params(f: &SamplingFields, logprobs: bool, top_logprobs: Option<
         seed: f.seed.map(|s| s as u64),
         logprobs,
         top_logprobs,
+        logit_bias: Vec::new(),
     };
     p.validate()?;
     Ok(p)
@@ -140,9 +184,6 @@ pub fn reject_unsupported_chat(r: &ChatCompletionRequest) -> Result<(), ApiError
     {
         return Err(ApiError::unsupported("Only response_format {\"type\": \"text\"} is supported.", "response_format"));
     }
-    if r.logit_bias.as_ref().is_some_and(|v| v.as_object().is_none_or(|m| !m.is_empty()) && !v.is_null()) {
-        return Err(ApiError::unsupported("logit_bias is not supported.", "logit_bias"));
-    }
     if let Some(m) = &r.modalities
         && !(m.is_null() || *m == serde_json::json!(["text"]))
     {
@@ -151,17 +192,13 @@ pub fn reject_unsupported_chat(r: &ChatCompletionRequest) -> Result<(), ApiError
     let plain = [
         (&r.functions, "functions", "Function calling is not supported."),
         (&r.function_call, "function_call", "Function calling is not supported."),
-        (&r.audio, "audio", "Audio output is not supported."),
-        (&r.prediction, "prediction", "Predicted outputs are not supported."),
-        (&r.reasoning_effort, "reasoning_effort", "reasoning_effort is not supported; use chat_template_kwargs.enable_thinking."),
-        (&r.web_search_options, "web_search_options", "Web search is not supported."),
     ];
     for (v, param, msg) in plain {
         if present(v) {
             return Err(ApiError::unsupported(msg, param));
         }
     }
-    Ok(())
+    fields::check_extra(&r.extra, &[fields::REFUSED, fields::REFUSED_CHAT], &[fields::IGNORED], "")
 }
 
 /// Refuses the legacy completion options this server does not implement.
@@ -169,20 +206,15 @@ pub fn reject_unsupported_completion(r: &CompletionRequest) -> Result<(), ApiErr
     if r.echo == Some(true) {
         return Err(ApiError::unsupported("echo is not supported.", "echo"));
     }
-    if r.best_of.is_some_and(|b| b != 1) {
-        return Err(ApiError::unsupported("best_of other than 1 is not supported.", "best_of"));
+    if r.best_of.is_some_and(|b| b != r.n.unwrap_or(1)) {
+        return Err(ApiError::unsupported("best_of other than n is not supported (no candidates are ranked).", "best_of"));
     }
-    if r.suffix.as_ref().is_some_and(|s| !s.is_null() && s.as_str() != Some("")) {
-        return Err(ApiError::unsupported("suffix (insertion) is not supported.", "suffix"));
-    }
-    if r.logit_bias.as_ref().is_some_and(|v| !v.is_null() && v.as_object().is_none_or(|m| !m.is_empty())) {
-        return Err(ApiError::unsupported("logit_bias is not supported.", "logit_bias"));
-    }
-    Ok(())
+    fields::check_extra(&r.extra, &[fields::REFUSED], &[fields::IGNORED], "")
 }
 
-/// Message keys that are accepted; tool-related keys are refused, anything else is unknown.
-const MESSAGE_KEYS: &[&str] = &["role", "content", "name", "reasoning_content", "refusal"];
+/// Message keys read here; the rest go through the field policy (`fields::IGNORED_MESSAGE`,
+/// `fields::REFUSED_MESSAGE`, unknown keys accepted).
+const MESSAGE_KEYS: &[&str] = &["role", "content", "reasoning_content", "reasoning", "refusal"];
 
 /// Converts `messages` (OpenAI shape) to template messages.
 pub fn chat_messages(messages: &[Value]) -> Result<Vec<ChatMessage>, ApiError> {
@@ -195,15 +227,17 @@ pub fn chat_messages(messages: &[Value]) -> Result<Vec<ChatMessage>, ApiError> {
 fn chat_message(i: usize, m: &Value) -> Result<ChatMessage, ApiError> {
     let at = |field: &str| format!("messages[{i}].{field}");
     let obj = m.as_object().ok_or_else(|| ApiError::invalid(format!("messages[{i}] must be an object."), format!("messages[{i}]")))?;
-    for key in obj.keys() {
-        if matches!(key.as_str(), "tool_calls" | "tool_call_id" | "function_call" | "audio") {
-            if !obj[key].is_null() {
+    let mut extra = serde_json::Map::new();
+    for (key, value) in obj {
+        if matches!(key.as_str(), "tool_calls" | "tool_call_id") {
+            if !value.is_null() {
                 return Err(ApiError::unsupported(format!("{key} in messages is not supported (no tool calling)."), at(key)));
             }
         } else if !MESSAGE_KEYS.contains(&key.as_str()) {
-            return Err(ApiError::unsupported(format!("Unrecognized message field: {key}"), at(key)));
+            extra.insert(key.clone(), value.clone());
         }
     }
+    fields::check_extra(&extra, &[fields::REFUSED_MESSAGE], &[fields::IGNORED_MESSAGE], &format!("messages[{i}]."))?;
     let role = match obj.get("role") {
         None => return Err(ApiError::missing(&at("role"))),
         Some(Value::String(r)) => r.as_str(),
@@ -223,18 +257,34 @@ fn chat_message(i: usize, m: &Value) -> Result<ChatMessage, ApiError> {
             ));
         }
     };
+    // A refusal in history (content null, `refusal` set) is what the assistant said.
+    let refusal = match obj.get("refusal") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(s)) if role == Role::Assistant => Some(s.clone()),
+        Some(_) => return Err(ApiError::invalid("refusal must be a string on an assistant message.", at("refusal"))),
+    };
     let content = match obj.get("content") {
-        None | Some(Value::Null) if role == Role::Assistant => String::new(),
+        None | Some(Value::Null) if role == Role::Assistant => refusal.unwrap_or_default(),
         None | Some(Value::Null) => return Err(ApiError::missing(&at("content"))),
         Some(Value::String(s)) => s.clone(),
         Some(Value::Array(parts)) => content_parts(i, parts)?,
         Some(_) => return Err(ApiError::invalid("content must be a string or an array of content parts.", at("content"))),
     };
-    let reasoning = match obj.get("reasoning_content") {
-        None | Some(Value::Null) => None,
-        Some(Value::String(s)) if role == Role::Assistant => Some(s.clone()),
-        Some(_) => return Err(ApiError::invalid("reasoning_content must be a string on an assistant message.", at("reasoning_content"))),
-    };
+    // `reasoning` (OpenRouter, newer vLLM) is another name of `reasoning_content`.
+    let mut reasoning = None;
+    for key in ["reasoning_content", "reasoning"] {
+        let text = match obj.get(key) {
+            None | Some(Value::Null) => continue,
+            Some(Value::String(s)) if role == Role::Assistant => s,
+            Some(_) => return Err(ApiError::invalid(format!("{key} must be a string on an assistant message."), at(key))),
+        };
+        match &reasoning {
+            Some(prev) if prev != text => {
+                return Err(ApiError::invalid("reasoning and reasoning_content differ; send one of them.", at(key)));
+            }
+            _ => reasoning = Some(text.clone()),
+        }
+    }
     Ok(ChatMessage { role, content, reasoning_content: reasoning })
 }
 
@@ -339,7 +389,24 @@ mod tests {
             "messages[0].content[1].type",
         );
         check_messages_err(json!([{"role": "user", "content": "x", "tool_calls": []}]), 400, "messages[0].tool_calls");
-        check_messages_err(json!([{"role": "user", "content": "x", "colour": 1}]), 400, "messages[0].colour");
+        check_messages_err(json!([{"role": "assistant", "content": "x", "audio": {"id": "a1"}}]), 400, "messages[0].audio");
+        check_messages_err(json!([{"role": "assistant", "content": "x", "function_call": {"name": "f"}}]), 400, "messages[0].function_call");
+        check_messages_err(json!([{"role": "assistant", "content": "x", "prefix": true}]), 400, "messages[0].prefix");
+        check_messages_err(json!([{"role": "assistant", "content": "x", "reasoning": "a", "reasoning_content": "b"}]), 400, "messages[0].reasoning");
+        check_messages_err(json!([{"role": "user", "content": "x", "reasoning": "a"}]), 400, "messages[0].reasoning");
+    }
+
+    /// What `message.model_dump()` of an openai SDK reply carries is accepted as history;
+    /// `reasoning` counts as `reasoning_content`, a refusal as what the assistant said, and
+    /// unknown keys pass.
+    #[test]
+    fn reply_dumps_are_accepted_as_history() {
+        let dump = json!({"role": "assistant", "content": "hi", "refusal": null, "annotations": [], "audio": null,
+            "function_call": null, "tool_calls": null, "reasoning": "thought", "colour": 1, "name": "bot"});
+        let m = chat_messages(&[json!({"role": "user", "content": "q"}), dump]).expect("accepted");
+        assert_eq!(m[1], ChatMessage::assistant_with_reasoning("hi", "thought"));
+        let m = chat_messages(&[json!({"role": "assistant", "content": null, "refusal": "I can't help with that."})]).expect("accepted");
+        assert_eq!(m[0].content, "I can't help with that.");
     }
 
     #[test]
@@ -368,8 +435,13 @@ mod tests {
         assert_eq!(stop_strings(Some(&Stop::One("x".into()))).ok(), Some(vec!["x".to_string()]));
         let five = Stop::Many((0..5).map(|i| i.to_string()).collect());
         assert_eq!(stop_strings(Some(&five)).map_err(param_of), Err((400, Some("stop".into()))));
-        assert_eq!(check_n(Some(2)).map_err(param_of), Err((400, Some("n".into()))));
-        assert!(check_n(Some(1)).is_ok());
+        assert_eq!(check_n(Some(9)).map_err(param_of), Err((400, Some("n".into()))));
+        assert_eq!(check_n(Some(0)).map_err(param_of), Err((400, Some("n".into()))));
+        assert_eq!((check_n(None).ok(), check_n(Some(8)).ok()), (Some(1), Some(8)));
+        assert_eq!(choice_seed(Some(7), 0), Some(7));
+        assert_ne!(choice_seed(Some(7), 1), choice_seed(Some(7), 2));
+        assert_eq!(choice_seed(Some(7), 1), choice_seed(Some(7), 1));
+        assert_eq!(choice_seed(None, 3), None);
     }
 
     #[test]

@@ -2,8 +2,10 @@
 //! `data: [DONE]`, keep-alive comments while the prompt prefills) or, when not streaming, the
 //! events folded into one result.
 //!
-//! The SSE body owns the request's event receiver: when the client disconnects, hyper drops
-//! the body, the receiver closes, and the scheduler cancels the sequence on its next step.
+//! The SSE body owns the request's event receivers (one per choice when `n > 1`): when the
+//! client disconnects, hyper drops the body, the receivers close, and the scheduler cancels the
+//! sequences on its next step. A choice that fails ends the whole reply (the other choices'
+//! receivers are dropped, so they are cancelled too).
 
 use super::error::ApiError;
 use crate::engine::{Delta, Event, FinishReason, Usage};
@@ -11,7 +13,53 @@ use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use std::collections::VecDeque;
 use std::convert::Infallible;
+use std::task::Poll;
 use tokio::sync::mpsc::UnboundedReceiver;
+
+/// The event receivers of a request's choices, read as one stream of `(choice, event)`.
+pub struct Choices {
+    /// `None` once the choice delivered its terminal event.
+    rxs: Vec<Option<UnboundedReceiver<Event>>>,
+    /// Where the next poll starts, so a busy choice cannot starve the others.
+    next: usize,
+}
+
+impl Choices {
+    /// The receivers of choices 0, 1, ….
+    pub fn new(rxs: Vec<UnboundedReceiver<Event>>) -> Choices {
+        Choices { rxs: rxs.into_iter().map(Some).collect(), next: 0 }
+    }
+
+    /// The next event of any choice; `(i, None)` when choice `i`'s channel closed without a
+    /// terminal event; `None` when every choice has ended.
+    pub async fn recv(&mut self) -> Option<(usize, Option<Event>)> {
+        std::future::poll_fn(|cx| {
+            let n = self.rxs.len();
+            let mut open = false;
+            for k in 0..n {
+                let i = (self.next + k) % n;
+                let Some(rx) = self.rxs[i].as_mut() else { continue };
+                open = true;
+                if let Poll::Ready(ev) = rx.poll_recv(cx) {
+                    self.next = (i + 1) % n;
+                    if ev.as_ref().is_none_or(|e| matches!(e, Event::Done { .. } | Event::Failed(_))) {
+                        self.rxs[i] = None;
+                    }
+                    return Poll::Ready(Some((i, ev)));
+                }
+            }
+            if open { Poll::Pending } else { Poll::Ready(None) }
+        })
+        .await
+    }
+}
+
+/// Token counts of a reply with several choices: the prompt (and its cached part) once, as
+/// choice 0 saw it, and the completion tokens of all choices together.
+pub fn total_usage(usages: &[Usage]) -> Usage {
+    let first = usages.first().copied().unwrap_or(Usage { prompt_tokens: 0, completion_tokens: 0, cached_tokens: 0 });
+    Usage { completion_tokens: usages.iter().map(|u| u.completion_tokens).sum(), ..first }
+}
 
 /// A whole generation, folded from its events.
 #[derive(Debug)]
@@ -25,24 +73,41 @@ pub struct Collected {
 }
 
 /// Waits for the generation to end and folds its deltas.
-pub async fn collect(mut rx: UnboundedReceiver<Event>) -> Result<Collected, ApiError> {
-    let mut delta = Delta::default();
-    loop {
-        match rx.recv().await {
+pub async fn collect(rx: UnboundedReceiver<Event>) -> Result<Collected, ApiError> {
+    let mut all = collect_choices(Choices::new(vec![rx])).await?;
+    all.pop().ok_or_else(stopped)
+}
+
+fn stopped() -> ApiError {
+    ApiError::Internal("the generation engine stopped before the reply was complete".to_string())
+}
+
+/// Waits for every choice to end and folds each one's deltas; the first failure fails all.
+pub async fn collect_choices(mut choices: Choices) -> Result<Vec<Collected>, ApiError> {
+    let n = choices.rxs.len();
+    let mut deltas: Vec<Delta> = (0..n).map(|_| Delta::default()).collect();
+    let mut done: Vec<Option<(FinishReason, Usage)>> = vec![None; n];
+    while let Some((i, ev)) = choices.recv().await {
+        match ev {
             Some(Event::Delta(d)) => {
-                delta.reasoning.push_str(&d.reasoning);
-                delta.content.push_str(&d.content);
-                delta.logprobs.extend(d.logprobs);
+                deltas[i].reasoning.push_str(&d.reasoning);
+                deltas[i].content.push_str(&d.content);
+                deltas[i].logprobs.extend(d.logprobs);
             }
-            Some(Event::Done { reason, usage }) => return Ok(Collected { delta, reason, usage }),
+            Some(Event::Done { reason, usage }) => done[i] = Some((reason, usage)),
             Some(Event::Failed(f)) => return Err(ApiError::from(f)),
-            None => return Err(ApiError::Internal("the generation engine stopped before the reply was complete".to_string())),
+            None => return Err(stopped()),
         }
     }
+    deltas
+        .into_iter()
+        .zip(done)
+        .map(|(delta, d)| d.map(|(reason, usage)| Collected { delta, reason, usage }).ok_or_else(stopped))
+        .collect()
 }
 
 struct StreamState<F, G> {
-    rx: UnboundedReceiver<Event>,
+    rx: Choices,
     queue: VecDeque<String>,
     done: bool,
     format: F,
@@ -53,9 +118,18 @@ struct StreamState<F, G> {
 /// An SSE response: `first` payloads, then `format(event)` for each engine event (a list of
 /// JSON payloads), then `[DONE]` after the terminal event. A failure mid-stream is sent as an
 /// OpenAI error object, which the official clients raise as an exception.
-pub fn sse<F>(rx: UnboundedReceiver<Event>, first: Vec<String>, format: F) -> Response
+pub fn sse<F>(rx: UnboundedReceiver<Event>, first: Vec<String>, mut format: F) -> Response
 where
     F: FnMut(Event) -> Vec<String> + Send + 'static,
+{
+    sse_choices(Choices::new(vec![rx]), first, move |_, ev| format(ev))
+}
+
+/// [`sse`] for several choices: `format(choice, event)`; `[DONE]` once every choice has ended
+/// (after the last one's `Done`), or right after the first failure.
+pub fn sse_choices<F>(rx: Choices, first: Vec<String>, format: F) -> Response
+where
+    F: FnMut(usize, Event) -> Vec<String> + Send + 'static,
 {
     // The body is polled outside the handler's task-local and span: keep both for failures.
     let request_id = super::current_request_id();
@@ -74,24 +148,26 @@ where
                 return None;
             }
             match st.rx.recv().await {
-                Some(ev) => {
-                    let terminal = matches!(ev, Event::Done { .. } | Event::Failed(_));
-                    if let Event::Failed(f) = &ev {
-                        let payload = (st.failure)(ApiError::from(f.clone()));
-                        st.queue.push_back(payload);
-                    } else {
-                        let payloads = (st.format)(ev);
-                        st.queue.extend(payloads);
-                    }
-                    if terminal {
-                        st.queue.push_back("[DONE]".to_string());
-                        st.done = true;
-                    }
+                Some((_, Some(Event::Failed(f)))) => {
+                    let payload = (st.failure)(ApiError::from(f));
+                    st.queue.push_back(payload);
+                    st.queue.push_back("[DONE]".to_string());
+                    st.done = true;
+                    // The other choices' receivers close with the stream: they are cancelled.
+                    st.rx = Choices::new(Vec::new());
+                }
+                Some((i, Some(ev))) => {
+                    let payloads = (st.format)(i, ev);
+                    st.queue.extend(payloads);
+                }
+                Some((_, None)) => {
+                    let payload = (st.failure)(stopped());
+                    st.queue.push_back(payload);
+                    st.queue.push_back("[DONE]".to_string());
+                    st.done = true;
+                    st.rx = Choices::new(Vec::new());
                 }
                 None => {
-                    let e = ApiError::Internal("the generation engine stopped before the reply was complete".to_string());
-                    let payload = (st.failure)(e);
-                    st.queue.push_back(payload);
                     st.queue.push_back("[DONE]".to_string());
                     st.done = true;
                 }

@@ -166,3 +166,23 @@ fn multibyte_stop_strings_hold_on_char_boundaries() {
 fn no_stops_passes_through() {
     check_stop(&[], &["a", "b"], &["a", "b"], false, "");
 }
+
+#[test]
+fn logit_bias_moves_greedy_and_random_picks_and_leaves_logprobs_raw() {
+    let logits = [0.1, 0.9, 0.3];
+    // +100 forces a token, −100 bans one, in greedy and in random sampling.
+    let forced = SamplingParams { logit_bias: vec![(2, 100.0)], ..greedy() };
+    assert_eq!(sample_n(forced, &logits, 3, 3), [2, 2, 2]);
+    let banned = SamplingParams { logit_bias: vec![(1, -100.0)], temperature: 1.0, seed: Some(5), ..SamplingParams::default() };
+    assert!(sample_n(banned, &logits, 3, 200).iter().all(|&id| id != 1));
+    // A small bias shifts the argmax only when it overcomes the gap.
+    assert_eq!(sample_n(SamplingParams { logit_bias: vec![(0, 0.5)], ..greedy() }, &logits, 3, 1), [1]);
+    assert_eq!(sample_n(SamplingParams { logit_bias: vec![(0, 0.9)], ..greedy() }, &logits, 3, 1), [0]);
+    // Log-probabilities stay those of the model's distribution.
+    let mut s = Sampler::new(SamplingParams { logit_bias: vec![(2, 100.0)], logprobs: true, ..greedy() }, &[], 1);
+    let (id, lp) = s.sample(&logits, 3);
+    assert_eq!(id, 2);
+    assert_eq!(lp.map(|l| l.logprob), Some(logprobs_of(&logits, 2, 0).logprob));
+    let bad = SamplingParams { logit_bias: vec![(0, 101.0)], ..SamplingParams::default() };
+    assert_eq!(bad.validate().map_err(|e| e.param), Err("logit_bias"));
+}
