@@ -147,7 +147,7 @@ pub fn check_extra(extra: &Map<String, Value>, refused_lists: &[&[Rule]], ignore
 /// (`chat_template_kwargs.foo`, `stream_options.bar`) in the error's `param`.
 pub fn parse_body<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
     let de = &mut serde_json::Deserializer::from_slice(body);
-    let value = serde_path_to_error::deserialize(de).map_err(path_error)?;
+    let value = serde_path_to_error::deserialize(&mut *de).map_err(path_error)?;
     de.end().map_err(ApiError::from)?;
     Ok(value)
 }

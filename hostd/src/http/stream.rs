@@ -72,7 +72,9 @@ pub struct Collected {
     pub usage: Usage,
 }
 
-/// Waits for the generation to end and folds its deltas.
+/// Waits for the generation to end and folds its deltas (the single-choice form, for endpoints
+/// without `n`).
+#[allow(dead_code, reason = "the single-choice form for endpoints without `n`; the chat and completion handlers use `collect_choices`")]
 pub async fn collect(rx: UnboundedReceiver<Event>) -> Result<Collected, ApiError> {
     let mut all = collect_choices(Choices::new(vec![rx])).await?;
     all.pop().ok_or_else(stopped)
@@ -117,7 +119,9 @@ struct StreamState<F, G> {
 
 /// An SSE response: `first` payloads, then `format(event)` for each engine event (a list of
 /// JSON payloads), then `[DONE]` after the terminal event. A failure mid-stream is sent as an
-/// OpenAI error object, which the official clients raise as an exception.
+/// OpenAI error object, which the official clients raise as an exception. The single-choice
+/// form, for endpoints without `n`.
+#[allow(dead_code, reason = "the single-choice form for endpoints without `n`; the chat and completion handlers use `sse_choices`")]
 pub fn sse<F>(rx: UnboundedReceiver<Event>, first: Vec<String>, mut format: F) -> Response
 where
     F: FnMut(Event) -> Vec<String> + Send + 'static,
