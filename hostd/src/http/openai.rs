@@ -2,8 +2,8 @@
 //! and logprobs shapes it returns, field for field as OpenAI's API reference names them.
 //!
 //! Requests deny unknown fields, so a misspelt or unsupported option is a 400 naming it rather
-//! than silently ignored. Options OpenAI defines but this server does not implement (tools,
-//! response formats, logit bias, …) are declared as raw values and refused with a sentence by
+//! than silently ignored. The tool fields are raw values checked by `http::tools`. Options OpenAI
+//! defines but this server does not implement (response formats, logit bias, …) are declared as raw values and refused with a sentence by
 //! `http::params`. vLLM's extensions that clients commonly send (`top_k`, `min_p`,
 //! `repetition_penalty`, `ignore_eos`, `chat_template_kwargs`) are accepted.
 //!
@@ -115,11 +115,11 @@ pub struct ChatCompletionRequest {
     pub store: Option<bool>,
     /// Service tier (accepted, unused).
     pub service_tier: Option<String>,
-    /// Unsupported: tool definitions.
+    /// Tool definitions (function tools), checked by `http::tools`.
     pub tools: Option<Value>,
-    /// Unsupported unless `none`/`auto` without tools.
+    /// `none`, `auto`, `required` or a named function (the last two refused for now).
     pub tool_choice: Option<Value>,
-    /// Unsupported unless false/absent.
+    /// Whether a reply may hold several calls (false keeps only the first).
     pub parallel_tool_calls: Option<Value>,
     /// Unsupported: legacy function definitions.
     pub functions: Option<Value>,
@@ -316,6 +316,57 @@ pub struct ChatMessageOut {
     pub reasoning_content: Option<String>,
     /// Always null.
     pub refusal: Option<String>,
+    /// The calls the model made; absent when none.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<ToolCallOut>>,
+}
+
+/// One call of `message.tool_calls`.
+#[derive(Debug, Clone, Serialize)]
+pub struct ToolCallOut {
+    /// `call_…`.
+    pub id: String,
+    /// Always `function`.
+    #[serde(rename = "type")]
+    pub kind: &'static str,
+    /// The function and its arguments.
+    pub function: FunctionCallOut,
+}
+
+/// `tool_calls[].function`.
+#[derive(Debug, Clone, Serialize)]
+pub struct FunctionCallOut {
+    /// The function's name.
+    pub name: String,
+    /// The arguments as a JSON object's text.
+    pub arguments: String,
+}
+
+/// One entry of `delta.tool_calls`: the first for a call carries `id`, `type` and `name`; later
+/// ones only argument text to append (the openai SDK concatenates string fields).
+#[derive(Debug, Clone, Serialize)]
+pub struct ToolCallDelta {
+    /// The call's position in the reply.
+    pub index: usize,
+    /// On the call's first delta.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    /// `function`, on the call's first delta.
+    #[serde(rename = "type", skip_serializing_if = "Option::is_none")]
+    pub kind: Option<&'static str>,
+    /// Name and/or argument text.
+    pub function: FunctionDelta,
+}
+
+/// `delta.tool_calls[].function`.
+#[derive(Debug, Clone, Serialize)]
+pub struct FunctionDelta {
+    /// On the call's first delta.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// Text to append to the arguments.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub arguments: Option<String>,
 }
 
 /// One choice of a chat completion.
@@ -327,7 +378,7 @@ pub struct ChatChoice {
     pub message: ChatMessageOut,
     /// Log-probabilities when asked for.
     pub logprobs: Option<ChatLogprobs>,
-    /// `stop` or `length`.
+    /// `stop`, `length` or `tool_calls`.
     pub finish_reason: &'static str,
 }
 
@@ -362,6 +413,9 @@ pub struct ChatDelta {
     /// New reasoning text.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub reasoning_content: Option<String>,
+    /// New tool calls and argument text.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<ToolCallDelta>>,
 }
 
 /// One choice of a chunk.
