@@ -123,7 +123,7 @@ impl ToolCallParser {
     }
 
     /// Number of calls reported so far.
-    pub fn calls(&self) -> usize {
+    pub fn reported_calls(&self) -> usize {
         self.reported
     }
 

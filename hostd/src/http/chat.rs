@@ -264,7 +264,7 @@ impl Reply {
                 let mut calls = 0;
                 if let Some(p) = parser.as_mut() {
                     let (content, deltas) = tool_deltas(p.finish(), &mut ids);
-                    calls = p.calls();
+                    calls = p.reported_calls();
                     if !content.is_empty() || !deltas.is_empty() {
                         let delta = ChatDelta {
                             content: (!content.is_empty()).then_some(content),

@@ -94,7 +94,7 @@ fn streamed_events_start_calls_once_and_fragments_concatenate() {
     events.extend(p.finish());
     let starts: Vec<_> = events.iter().filter(|e| matches!(e, ToolEvent::CallStart { .. })).collect();
     assert_eq!(starts.len(), 2);
-    assert_eq!(p.calls(), 2);
+    assert_eq!(p.reported_calls(), 2);
     // A call's first fragment comes right after its start and opens the object.
     let first = events.iter().position(|e| matches!(e, ToolEvent::CallStart { index: 0, .. })).expect("start");
     assert_eq!(events[first + 1], ToolEvent::Arguments { index: 0, fragment: "{".into() });
