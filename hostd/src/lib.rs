@@ -14,3 +14,4 @@ pub mod prefix_cache;
 pub mod sampling;
 pub mod synth;
 pub mod tokenizer;
+pub mod tool_calls;

@@ -217,8 +217,11 @@ fn health_models_and_error_shapes() {
     check_error(&r, 400, "invalid_json");
     check_error(&chat(&ok(json!({ "model": "gpt-4" }))), 404, "model_not_found");
     assert_eq!(check_error(&chat(&json!({ "model": s.name })), 400, "missing_required_parameter"), "messages");
-    let tool = ok(json!({ "messages": [{ "role": "tool", "content": "x" }] }));
-    assert_eq!(check_error(&chat(&tool), 400, "unsupported_parameter"), "messages[0].role");
+    let function_role = ok(json!({ "messages": [{ "role": "function", "content": "x" }] }));
+    assert_eq!(check_error(&chat(&function_role), 400, "unsupported_parameter"), "messages[0].role");
+    // A tool result alone has no user query for the template to answer.
+    let tool_only = ok(json!({ "messages": [{ "role": "tool", "content": "x", "tool_call_id": "c" }] }));
+    assert_eq!(check_error(&chat(&tool_only), 400, "invalid_value"), "messages");
     let image = ok(json!({ "messages": [{ "role": "user", "content": [{ "type": "image_url", "image_url": { "url": "http://x" } }] }] }));
     assert_eq!(check_error(&chat(&image), 400, "unsupported_parameter"), "messages[0].content[0].type");
     assert_eq!(check_error(&chat(&ok(json!({ "n": 9 }))), 400, "invalid_value"), "n");
@@ -226,7 +229,11 @@ fn health_models_and_error_shapes() {
     assert_eq!(check_error(&chat(&ok(json!({ "top_p": 0 }))), 400, "invalid_value"), "top_p");
     assert_eq!(check_error(&chat(&ok(json!({ "stop": ["a", "b", "c", "d", "e"] }))), 400, "invalid_value"), "stop");
     assert_eq!(check_error(&chat(&ok(json!({ "max_tokens": 0 }))), 400, "invalid_value"), "max_tokens");
-    assert_eq!(check_error(&chat(&ok(json!({ "tools": [{ "type": "function" }] }))), 400, "unsupported_parameter"), "tools");
+    assert_eq!(check_error(&chat(&ok(json!({ "tools": [{ "type": "function" }] }))), 400, "missing_required_parameter"), "tools[0].function");
+    assert_eq!(check_error(&chat(&ok(json!({ "tools": [{ "type": "web_search" }] }))), 400, "unsupported_parameter"), "tools[0].type");
+    let weather = json!([{ "type": "function", "function": { "name": "get_weather" } }]);
+    let forced = ok(json!({ "tools": weather, "tool_choice": "required" }));
+    assert_eq!(check_error(&chat(&forced), 400, "unsupported_parameter"), "tool_choice");
     // Unknown fields are accepted (field policy: `docs/api.md`); known-unsupported ones are not.
     assert_eq!(chat(&ok(json!({ "frobnicate": true }))).status, 200);
     assert_eq!(check_error(&chat(&ok(json!({ "use_beam_search": true }))), 400, "unsupported_parameter"), "use_beam_search");

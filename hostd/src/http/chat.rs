@@ -3,6 +3,10 @@
 //! to the engine, then answer as one `chat.completion` or as a stream of
 //! `chat.completion.chunk`s.
 //!
+//! With `tools` (and `tool_choice` not `none`) each choice's content is run through the
+//! tool-call parser (`crate::tool_calls`): calls come back as `message.tool_calls`
+//! (`finish_reason` `tool_calls`), or streamed as `delta.tool_calls` entries.
+//!
 //! Thinking follows the request's switches (`chat_template_kwargs.enable_thinking`,
 //! `enable_thinking`, `reasoning_effort`, `reasoning`; see `http::fields::thinking`), else the
 //! server's `--default-thinking` (on unless set off); the reply carries the reasoning in
@@ -16,13 +20,15 @@ use super::error::ApiError;
 use super::fields::{self, Thinking, ThinkingFields};
 use super::openai::{
     ChatChoice, ChatChunkChoice, ChatCompletion, ChatCompletionChunk, ChatCompletionRequest, ChatDelta, ChatLogprobs,
-    ChatMessageOut, LogprobContent, Usage,
+    ChatMessageOut, FunctionCallOut, FunctionDelta, LogprobContent, ToolCallDelta, ToolCallOut, Usage,
 };
 use super::params;
+use super::tools::{self, ToolRequest};
 use super::stream::{self, to_json};
 use super::{AppState, RequestId, fingerprint, unix_now};
 use crate::chat_template::{self, ChatMessage, ChatOptions};
-use crate::engine::{Event, GenRequest, LogprobEntry, Usage as EngineUsage};
+use crate::engine::{Event, FinishReason, GenRequest, LogprobEntry, Usage as EngineUsage};
+use crate::tool_calls::{ToolCallParser, ToolEvent};
 use crate::tokenizer::Tokenizer;
 use axum::Extension;
 use axum::body::Body;
@@ -48,6 +54,8 @@ pub async fn chat_completions(
     params::reject_unsupported_chat(&req)?;
     let n = params::check_n(req.n)?;
     let messages = params::chat_messages(req.messages.as_deref().ok_or_else(|| ApiError::missing("messages"))?)?;
+    let tool_req = tools::tool_request(&req)?;
+    tools::refuse_forced(&tool_req.choice)?;
     for (i, m) in messages.iter().enumerate() {
         app.admission.check_prompt_bytes(&m.content, &format!("messages[{i}].content"))?;
         if let Some(r) = &m.reasoning_content {
@@ -76,16 +84,17 @@ pub async fn chat_completions(
         enable_thinking: thinking.enabled,
         preserve_thinking: kwargs.preserve_thinking.unwrap_or(false),
     };
-    let text = chat_template::render(&messages, &opts)?;
+    let text = chat_template::render_with_tools(&messages, &tool_req.definitions, &opts)?;
     app.admission.check_prompt_bytes(&text, "messages")?;
     let max_context = ready.engine.config().max_context;
     admission::check_fits(text.len(), ready.max_token_bytes, max_context, "messages")?;
     let tokenizer = Arc::clone(&ready.tokenizer);
+    let definitions = tool_req.definitions.clone();
     let (prompt, checkpoint) = app
         .admission
         .tokenize(text.len(), move || {
             let prompt = tokenizer.encode(&text)?;
-            let checkpoint = checkpoint(&tokenizer, &messages, &opts, &prompt);
+            let checkpoint = checkpoint(&tokenizer, &messages, &definitions, &opts, &prompt);
             Ok::<_, crate::tokenizer::TokenizerError>((prompt, checkpoint))
         })
         .await?
@@ -117,7 +126,14 @@ pub async fn chat_completions(
         })?;
         rxs.push(rx);
     }
-    let reply = Reply { id: format!("chatcmpl-{request_id}"), created: unix_now(), model: app.config.served_model_name.clone(), logprobs, thinking };
+    let reply = Reply {
+        id: format!("chatcmpl-{request_id}"),
+        created: unix_now(),
+        model: app.config.served_model_name.clone(),
+        logprobs,
+        thinking,
+        tools: tool_req,
+    };
     let choices = stream::Choices::new(rxs);
     if req.stream == Some(true) {
         let include_usage = req.stream_options.as_ref().is_some_and(|o| o.include_usage);
@@ -130,9 +146,15 @@ pub async fn chat_completions(
 
 /// Token count of the prompt up to and including `<|im_start|>assistant\n`, when the prompt's
 /// tokens really start with that prefix's tokens (tokenisation is checked, not assumed).
-fn checkpoint(tokenizer: &Tokenizer, messages: &[ChatMessage], opts: &ChatOptions, prompt: &[u32]) -> Option<usize> {
+fn checkpoint(
+    tokenizer: &Tokenizer,
+    messages: &[ChatMessage],
+    tools: &[serde_json::Value],
+    opts: &ChatOptions,
+    prompt: &[u32],
+) -> Option<usize> {
     let no_gen = ChatOptions { add_generation_prompt: false, ..*opts };
-    let mut text = chat_template::render(messages, &no_gen).ok()?;
+    let mut text = chat_template::render_with_tools(messages, tools, &no_gen).ok()?;
     text.push_str("<|im_start|>assistant\n");
     let prefix = tokenizer.encode(&text).ok()?;
     (prefix.len() < prompt.len() && prompt.starts_with(&prefix)).then_some(prefix.len())
@@ -145,6 +167,36 @@ struct Reply {
     model: String,
     logprobs: bool,
     thinking: Thinking,
+    tools: ToolRequest,
+}
+/// `finish_reason`: `tool_calls` when the reply made calls and ended by itself.
+fn finish_reason(reason: FinishReason, calls: usize) -> &'static str {
+    if calls > 0 && reason == FinishReason::Stop { "tool_calls" } else { reason.as_str() }
+}
+
+/// Parser events as a chunk's content and `tool_calls` entries (each call's id made on its start).
+fn tool_deltas(events: Vec<ToolEvent>, ids: &mut Vec<String>) -> (String, Vec<ToolCallDelta>) {
+    let mut content = String::new();
+    let mut calls: Vec<ToolCallDelta> = Vec::new();
+    for e in events {
+        match e {
+            ToolEvent::Content(t) => content.push_str(&t),
+            ToolEvent::CallStart { index, name } => {
+                ids.push(tools::call_id());
+                calls.push(ToolCallDelta {
+                    index,
+                    id: Some(ids[index].clone()),
+                    kind: Some("function"),
+                    function: FunctionDelta { name: Some(name), arguments: Some(String::new()) },
+                });
+            }
+            ToolEvent::Arguments { index, fragment } => match calls.last_mut() {
+                Some(last) if last.index == index => last.function.arguments.get_or_insert_default().push_str(&fragment),
+                _ => calls.push(ToolCallDelta { index, id: None, kind: None, function: FunctionDelta { name: None, arguments: Some(fragment) } }),
+            },
+        }
+    }
+    (content, calls)
 }
 
 fn chat_logprobs(entries: &[LogprobEntry]) -> ChatLogprobs {
@@ -160,11 +212,31 @@ impl Reply {
             .map(|(index, c)| {
                 let shown = self.thinking.shown && (self.thinking.enabled || !c.delta.reasoning.is_empty());
                 let reasoning = shown.then(|| c.delta.reasoning.clone());
+                let (content, calls) = match self.tools.parser() {
+                    Some(mut parser) => {
+                        let mut events = parser.feed(&c.delta.content);
+                        events.extend(parser.finish());
+                        crate::tool_calls::fold(events)
+                    }
+                    None => (c.delta.content, Vec::new()),
+                };
+                let finish_reason = finish_reason(c.reason, calls.len());
+                let tool_calls: Vec<ToolCallOut> = calls
+                    .into_iter()
+                    .map(|(name, arguments)| ToolCallOut { id: tools::call_id(), kind: "function", function: FunctionCallOut { name, arguments } })
+                    .collect();
+                let content = (tool_calls.is_empty() || !content.is_empty()).then_some(content);
                 ChatChoice {
                     index,
-                    message: ChatMessageOut { role: "assistant", content: Some(c.delta.content), reasoning_content: reasoning, refusal: None },
+                    message: ChatMessageOut {
+                        role: "assistant",
+                        content,
+                        reasoning_content: reasoning,
+                        refusal: None,
+                        tool_calls: (!tool_calls.is_empty()).then_some(tool_calls),
+                    },
                     logprobs: self.logprobs.then(|| chat_logprobs(&c.delta.logprobs)),
-                    finish_reason: c.reason.as_str(),
+                    finish_reason,
                 }
             })
             .collect();
@@ -191,15 +263,16 @@ impl Reply {
         })
     }
 
-    /// Chunks of `n` choices, each tagged with its `index`; the usage chunk (when asked for)
-    /// comes after the last choice's finish chunk and sums them.
+    /// Chunks of `n` choices, each tagged with its `index` and run through its own tool-call
+    /// parser; the usage chunk (when asked for) comes after the last choice's finish chunk and
+    /// sums them.
     fn stream(self, choices: stream::Choices, n: usize, include_usage: bool) -> Response {
         let first = (0..n)
             .map(|index| {
                 self.chunk(
                     vec![ChatChunkChoice {
                         index,
-                        delta: ChatDelta { role: Some("assistant"), content: Some(String::new()), reasoning_content: None },
+                        delta: ChatDelta { role: Some("assistant"), content: Some(String::new()), ..ChatDelta::default() },
                         logprobs: None,
                         finish_reason: None,
                     }],
@@ -208,25 +281,46 @@ impl Reply {
             })
             .collect();
         let mut usages: Vec<Option<EngineUsage>> = vec![None; n];
+        let mut parsers: Vec<Option<ToolCallParser>> = (0..n).map(|_| self.tools.parser()).collect();
+        let mut ids: Vec<Vec<String>> = vec![Vec::new(); n];
         stream::sse_choices(choices, first, move |index, ev| match ev {
             Event::Delta(d) => {
+                let (content, calls) = match parsers[index].as_mut() {
+                    Some(p) => tool_deltas(p.feed(&d.content), &mut ids[index]),
+                    None => (d.content, Vec::new()),
+                };
                 let reasoning = if self.thinking.shown { d.reasoning } else { String::new() };
                 let delta = ChatDelta {
                     role: None,
-                    content: (!d.content.is_empty()).then_some(d.content),
+                    content: (!content.is_empty()).then_some(content),
                     reasoning_content: (!reasoning.is_empty()).then_some(reasoning),
+                    tool_calls: (!calls.is_empty()).then_some(calls),
                 };
                 let logprobs = (self.logprobs && !d.logprobs.is_empty()).then(|| chat_logprobs(&d.logprobs));
-                if delta.content.is_none() && delta.reasoning_content.is_none() && logprobs.is_none() {
+                if delta.content.is_none() && delta.reasoning_content.is_none() && delta.tool_calls.is_none() && logprobs.is_none() {
                     return Vec::new();
                 }
                 vec![self.chunk(vec![ChatChunkChoice { index, delta, logprobs, finish_reason: None }], None)]
             }
             Event::Done { reason, usage } => {
-                let mut out = vec![self.chunk(
-                    vec![ChatChunkChoice { index, delta: ChatDelta::default(), logprobs: None, finish_reason: Some(reason.as_str()) }],
+                let mut out = Vec::new();
+                let mut calls = 0;
+                if let Some(p) = parsers[index].as_mut() {
+                    let (content, deltas) = tool_deltas(p.finish(), &mut ids[index]);
+                    calls = p.reported_calls();
+                    if !content.is_empty() || !deltas.is_empty() {
+                        let delta = ChatDelta {
+                            content: (!content.is_empty()).then_some(content),
+                            tool_calls: (!deltas.is_empty()).then_some(deltas),
+                            ..ChatDelta::default()
+                        };
+                        out.push(self.chunk(vec![ChatChunkChoice { index, delta, logprobs: None, finish_reason: None }], None));
+                    }
+                }
+                out.push(self.chunk(
+                    vec![ChatChunkChoice { index, delta: ChatDelta::default(), logprobs: None, finish_reason: Some(finish_reason(reason, calls)) }],
                     None,
-                )];
+                ));
                 usages[index] = Some(usage);
                 if include_usage && usages.iter().all(Option::is_some) {
                     let all: Vec<EngineUsage> = usages.iter().flatten().copied().collect();
@@ -236,5 +330,36 @@ impl Reply {
             }
             Event::Failed(_) => Vec::new(),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Streamed deltas: the first entry of a call carries id, type and name; later entries of the
+    /// same call only argument text, so the openai SDK's concatenation rebuilds each field.
+    #[test]
+    fn tool_deltas_follow_openais_shape() {
+        let events = vec![
+            ToolEvent::Content("Hi".into()),
+            ToolEvent::CallStart { index: 0, name: "f".into() },
+            ToolEvent::Arguments { index: 0, fragment: "{".into() },
+            ToolEvent::Arguments { index: 0, fragment: "\"a\":1".into() },
+        ];
+        let mut ids = Vec::new();
+        let (content, deltas) = tool_deltas(events, &mut ids);
+        assert_eq!(content, "Hi");
+        assert_eq!(deltas.len(), 1);
+        let v = serde_json::to_value(&deltas[0]).unwrap();
+        assert_eq!(v["id"], serde_json::json!(ids[0]));
+        assert_eq!(v["type"], "function");
+        assert_eq!(v["function"], serde_json::json!({"name": "f", "arguments": "{\"a\":1"}));
+        let (_, more) = tool_deltas(vec![ToolEvent::Arguments { index: 0, fragment: "}".into() }], &mut ids);
+        let v = serde_json::to_value(&more[0]).unwrap();
+        assert_eq!(v, serde_json::json!({"index": 0, "function": {"arguments": "}"}}));
+        assert_eq!(finish_reason(FinishReason::Stop, 1), "tool_calls");
+        assert_eq!(finish_reason(FinishReason::Length, 1), "length");
+        assert_eq!(finish_reason(FinishReason::Stop, 0), "stop");
     }
 }

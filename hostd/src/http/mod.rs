@@ -22,6 +22,7 @@ pub mod listener;
 pub mod openai;
 pub mod params;
 mod stream;
+pub mod tools;
 
 use crate::engine::EngineHandle;
 use crate::engine::metrics::Metrics;

@@ -3,8 +3,8 @@
 //!
 //! Each request keeps the fields it has no typed slot for in `extra`, which `http::fields`
 //! checks against the field policy (ignored, refused unless neutral, or unknown and accepted).
-//! Options OpenAI defines but this server does not implement (tools, response formats, …) are
-//! declared as raw values and refused with a sentence by `http::params`. vLLM's extensions that
+//! The tool fields are raw values checked by `http::tools`. Options OpenAI defines but this
+//! server does not implement are declared as raw values and refused with a sentence by `http::params`. vLLM's extensions that
 //! clients commonly send (`top_k`, `min_p`, `repetition_penalty`, `ignore_eos`,
 //! `chat_template_kwargs`, `skip_special_tokens`) are implemented. Nested option objects
 //! (`stream_options`, `chat_template_kwargs`) still deny unknown keys, named with their path.
@@ -123,11 +123,11 @@ pub struct ChatCompletionRequest {
     pub reasoning_effort: Option<String>,
     /// Token id → bias added to its logit before sampling, −100–100.
     pub logit_bias: Option<Value>,
-    /// Unsupported: tool definitions.
+    /// Tool definitions (function tools), checked by `http::tools`.
     pub tools: Option<Value>,
-    /// Unsupported unless `none`/`auto` without tools.
+    /// `none`, `auto`, `required` or a named function (the last two refused for now).
     pub tool_choice: Option<Value>,
-    /// Unsupported unless false/absent.
+    /// Whether a reply may hold several calls (false keeps only the first).
     pub parallel_tool_calls: Option<Value>,
     /// Unsupported: legacy function definitions.
     pub functions: Option<Value>,
@@ -319,6 +319,57 @@ pub struct ChatMessageOut {
     pub reasoning_content: Option<String>,
     /// Always null.
     pub refusal: Option<String>,
+    /// The calls the model made; absent when none.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<ToolCallOut>>,
+}
+
+/// One call of `message.tool_calls`.
+#[derive(Debug, Clone, Serialize)]
+pub struct ToolCallOut {
+    /// `call_…`.
+    pub id: String,
+    /// Always `function`.
+    #[serde(rename = "type")]
+    pub kind: &'static str,
+    /// The function and its arguments.
+    pub function: FunctionCallOut,
+}
+
+/// `tool_calls[].function`.
+#[derive(Debug, Clone, Serialize)]
+pub struct FunctionCallOut {
+    /// The function's name.
+    pub name: String,
+    /// The arguments as a JSON object's text.
+    pub arguments: String,
+}
+
+/// One entry of `delta.tool_calls`: the first for a call carries `id`, `type` and `name`; later
+/// ones only argument text to append (the openai SDK concatenates string fields).
+#[derive(Debug, Clone, Serialize)]
+pub struct ToolCallDelta {
+    /// The call's position in the reply.
+    pub index: usize,
+    /// On the call's first delta.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    /// `function`, on the call's first delta.
+    #[serde(rename = "type", skip_serializing_if = "Option::is_none")]
+    pub kind: Option<&'static str>,
+    /// Name and/or argument text.
+    pub function: FunctionDelta,
+}
+
+/// `delta.tool_calls[].function`.
+#[derive(Debug, Clone, Serialize)]
+pub struct FunctionDelta {
+    /// On the call's first delta.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// Text to append to the arguments.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub arguments: Option<String>,
 }
 
 /// One choice of a chat completion.
@@ -330,7 +381,7 @@ pub struct ChatChoice {
     pub message: ChatMessageOut,
     /// Log-probabilities when asked for.
     pub logprobs: Option<ChatLogprobs>,
-    /// `stop` or `length`.
+    /// `stop`, `length` or `tool_calls`.
     pub finish_reason: &'static str,
 }
 
@@ -365,6 +416,9 @@ pub struct ChatDelta {
     /// New reasoning text.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub reasoning_content: Option<String>,
+    /// New tool calls and argument text.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<ToolCallDelta>>,
 }
 
 /// One choice of a chunk.

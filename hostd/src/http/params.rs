@@ -165,20 +165,9 @@ fn present(v: &Option<Value>) -> bool {
     v.as_ref().is_some_and(|v| !v.is_null())
 }
 
-/// Refuses the chat options this server does not implement, naming each.
+/// Refuses the chat options this server does not implement, naming each (the tool fields are
+/// `http::tools`' to check).
 pub fn reject_unsupported_chat(r: &ChatCompletionRequest) -> Result<(), ApiError> {
-    let tools_given = r.tools.as_ref().is_some_and(|t| !t.is_null() && t.as_array().is_none_or(|a| !a.is_empty()));
-    if tools_given {
-        return Err(ApiError::unsupported("Tool calling is not supported by this server.", "tools"));
-    }
-    if let Some(tc) = &r.tool_choice
-        && !(tc.is_null() || tc == "none" || tc == "auto")
-    {
-        return Err(ApiError::unsupported("tool_choice is not supported (no tools).", "tool_choice"));
-    }
-    if r.parallel_tool_calls.as_ref().is_some_and(|v| v.as_bool() == Some(true)) {
-        return Err(ApiError::unsupported("parallel_tool_calls is not supported (no tools).", "parallel_tool_calls"));
-    }
     if let Some(rf) = &r.response_format
         && !(rf.is_null() || rf.get("type").and_then(Value::as_str) == Some("text"))
     {
@@ -213,8 +202,9 @@ pub fn reject_unsupported_completion(r: &CompletionRequest) -> Result<(), ApiErr
 }
 
 /// Message keys read here; the rest go through the field policy (`fields::IGNORED_MESSAGE`,
-/// `fields::REFUSED_MESSAGE`, unknown keys accepted).
-const MESSAGE_KEYS: &[&str] = &["role", "content", "reasoning_content", "reasoning", "refusal"];
+/// `fields::REFUSED_MESSAGE`, unknown keys accepted). `tool_calls` belongs on assistant
+/// messages and `tool_call_id` on tool messages.
+const MESSAGE_KEYS: &[&str] = &["role", "content", "reasoning_content", "reasoning", "refusal", "tool_calls", "tool_call_id"];
 
 /// Converts `messages` (OpenAI shape) to template messages.
 pub fn chat_messages(messages: &[Value]) -> Result<Vec<ChatMessage>, ApiError> {
@@ -229,11 +219,7 @@ fn chat_message(i: usize, m: &Value) -> Result<ChatMessage, ApiError> {
     let obj = m.as_object().ok_or_else(|| ApiError::invalid(format!("messages[{i}] must be an object."), format!("messages[{i}]")))?;
     let mut extra = serde_json::Map::new();
     for (key, value) in obj {
-        if matches!(key.as_str(), "tool_calls" | "tool_call_id") {
-            if !value.is_null() {
-                return Err(ApiError::unsupported(format!("{key} in messages is not supported (no tool calling)."), at(key)));
-            }
-        } else if !MESSAGE_KEYS.contains(&key.as_str()) {
+        if !MESSAGE_KEYS.contains(&key.as_str()) {
             extra.insert(key.clone(), value.clone());
         }
     }
@@ -247,12 +233,13 @@ fn chat_message(i: usize, m: &Value) -> Result<ChatMessage, ApiError> {
         "system" | "developer" => Role::System,
         "user" => Role::User,
         "assistant" => Role::Assistant,
-        "tool" | "function" => {
-            return Err(ApiError::unsupported(format!("Unsupported role '{role}': tool calling is not supported."), at("role")));
+        "tool" => Role::Tool,
+        "function" => {
+            return Err(ApiError::unsupported("The legacy 'function' role is not supported; use 'tool'.", at("role")));
         }
         other => {
             return Err(ApiError::invalid(
-                format!("Invalid role '{other}': expected one of system, developer, user, assistant."),
+                format!("Invalid role '{other}': expected one of system, developer, user, assistant, tool."),
                 at("role"),
             ));
         }
@@ -285,7 +272,18 @@ fn chat_message(i: usize, m: &Value) -> Result<ChatMessage, ApiError> {
             _ => reasoning = Some(text.clone()),
         }
     }
-    Ok(ChatMessage { role, content, reasoning_content: reasoning })
+    let tool_calls = match obj.get("tool_calls") {
+        None | Some(Value::Null) => Vec::new(),
+        Some(v) if role == Role::Assistant => super::tools::history_tool_calls(i, v)?,
+        Some(_) => return Err(ApiError::invalid("tool_calls is only allowed on assistant messages.", at("tool_calls"))),
+    };
+    match obj.get("tool_call_id") {
+        None | Some(Value::Null) => {}
+        Some(Value::String(_)) if role == Role::Tool => {}
+        Some(Value::String(_)) => return Err(ApiError::invalid("tool_call_id is only allowed on tool messages.", at("tool_call_id"))),
+        Some(_) => return Err(ApiError::invalid("tool_call_id must be a string.", at("tool_call_id"))),
+    }
+    Ok(ChatMessage { role, content, reasoning_content: reasoning, tool_calls })
 }
 
 /// Text parts are joined with newlines; any other part type is refused.
@@ -379,7 +377,12 @@ mod tests {
     #[test]
     fn message_errors_name_the_field() {
         check_messages_err(json!([]), 400, "messages");
-        check_messages_err(json!([{"role": "tool", "content": "x"}]), 400, "messages[0].role");
+        check_messages_err(json!([{"role": "function", "content": "x"}]), 400, "messages[0].role");
+        check_messages_err(json!([{"role": "tool"}]), 400, "messages[0].content");
+        check_messages_err(json!([{"role": "tool", "content": "x", "tool_call_id": 5}]), 400, "messages[0].tool_call_id");
+        check_messages_err(json!([{"role": "user", "content": "x", "tool_call_id": "c"}]), 400, "messages[0].tool_call_id");
+        check_messages_err(json!([{"role": "assistant", "content": "x", "tool_calls": {}}]), 400, "messages[0].tool_calls");
+        check_messages_err(json!([{"role": "assistant", "content": "x", "annotations": [1]}]), 400, "messages[0].annotations");
         check_messages_err(json!([{"role": "wizard", "content": "x"}]), 400, "messages[0].role");
         check_messages_err(json!([{"content": "x"}]), 400, "messages[0].role");
         check_messages_err(json!([{"role": "user"}]), 400, "messages[0].content");
@@ -407,6 +410,7 @@ mod tests {
         assert_eq!(m[1], ChatMessage::assistant_with_reasoning("hi", "thought"));
         let m = chat_messages(&[json!({"role": "assistant", "content": null, "refusal": "I can't help with that."})]).expect("accepted");
         assert_eq!(m[0].content, "I can't help with that.");
+        check_messages_err(json!([{"role": "user", "content": "x", "tool_calls": [{}]}]), 400, "messages[0].tool_calls");
     }
 
     #[test]
@@ -420,6 +424,24 @@ mod tests {
         assert_eq!(m[0], ChatMessage::system("be brief"));
         assert_eq!(m[1], ChatMessage::user("a\nb"));
         assert_eq!(m[2], ChatMessage::assistant_with_reasoning("", "hmm"));
+    }
+
+    #[test]
+    fn tool_history_converts() {
+        // The shape `messages.append(resp.choices[0].message.model_dump())` sends, then a result.
+        let m = chat_messages(&[
+            json!({"role": "user", "content": "weather?"}),
+            json!({"role": "assistant", "content": null, "refusal": null, "annotations": null, "audio": null, "function_call": null,
+                   "tool_calls": [{"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": "{\"city\": \"Oslo\"}"}}]}),
+            json!({"role": "tool", "tool_call_id": "call_1", "content": [{"type": "text", "text": "-3"}]}),
+            json!({"role": "assistant", "content": "cold", "tool_calls": []}),
+        ])
+        .expect("valid");
+        let mut args = serde_json::Map::new();
+        args.insert("city".into(), json!("Oslo"));
+        assert_eq!(m[1], ChatMessage::assistant("").with_tool_calls(vec![crate::chat_template::ToolCall::new("get_weather", args)]));
+        assert_eq!(m[2], ChatMessage::tool("-3"));
+        assert_eq!(m[3], ChatMessage::assistant("cold"));
     }
 
     #[test]
