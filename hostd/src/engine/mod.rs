@@ -76,6 +76,8 @@ pub struct GenRequest {
     pub split_reasoning: bool,
     /// Output starts inside a reasoning block (chat with thinking on; needs `split_reasoning`).
     pub reasoning: bool,
+    /// The grammar the output must follow; `None` for free text (no per-token cost).
+    pub constraint: Option<Box<crate::constraint::SequenceConstraint>>,
     /// When the HTTP request arrived (TTFT counts from here).
     pub received: Instant,
     /// Where the engine sends this request's events.

@@ -16,6 +16,7 @@ use super::openai::{
     ChatMessageOut, LogprobContent, Usage,
 };
 use super::params;
+use super::response_format;
 use super::stream::{self, to_json};
 use super::{AppState, RequestId, fingerprint, unix_now};
 use crate::chat_template::{self, ChatMessage, ChatOptions};
@@ -44,6 +45,7 @@ pub async fn chat_completions(
     params::check_model(req.model.as_deref(), &app.config.served_model_name)?;
     params::reject_unsupported_chat(&req)?;
     params::check_n(req.n)?;
+    let constraint = response_format::constraint_spec(req.response_format.as_ref())?;
     let messages = params::chat_messages(req.messages.as_deref().ok_or_else(|| ApiError::missing("messages"))?)?;
     for (i, m) in messages.iter().enumerate() {
         app.admission.check_prompt_bytes(&m.content, &format!("messages[{i}].content"))?;
@@ -76,6 +78,13 @@ pub async fn chat_completions(
         .await?
         .map_err(|e| ApiError::Internal(e.to_string()))?;
     let max_tokens = params::budget(prompt.len(), requested, app.config.default_max_tokens, max_context, "messages")?;
+    let constraint = match constraint {
+        None => None,
+        Some(spec) => {
+            let start = crate::constraint::StartOptions::new(thinking, max_tokens);
+            Some(response_format::compile(&app, &ready.grammars, spec, start, "response_format").await?)
+        }
+    };
 
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
     let request = GenRequest {
@@ -90,6 +99,7 @@ pub async fn chat_completions(
         stop_ids: if req.ignore_eos == Some(true) { Vec::new() } else { ready.stop_ids.clone() },
         split_reasoning: true,
         reasoning: thinking,
+        constraint,
         received,
         events: tx,
     };

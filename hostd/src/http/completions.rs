@@ -9,6 +9,7 @@ use super::admission;
 use super::error::ApiError;
 use super::openai::{Completion, CompletionChoice, CompletionLogprobs, CompletionRequest, Usage};
 use super::params::{self, PromptInput};
+use super::response_format;
 use super::stream::{self, to_json};
 use super::{AppState, RequestId, fingerprint, unix_now};
 use crate::engine::{Event, GenRequest, LogprobEntry};
@@ -40,6 +41,7 @@ pub async fn completions(
     params::check_model(req.model.as_deref(), &app.config.served_model_name)?;
     params::reject_unsupported_completion(&req)?;
     params::check_n(req.n)?;
+    let constraint = response_format::constraint_spec(req.response_format.as_ref())?;
     let top = match req.logprobs {
         None => None,
         Some(n) if (0..=MAX_LEGACY_LOGPROBS).contains(&n) => Some(n),
@@ -67,6 +69,13 @@ pub async fn completions(
         }
     };
     let max_tokens = params::budget(prompt.len(), requested, DEFAULT_MAX_TOKENS, max_context, "prompt")?;
+    let constraint = match constraint {
+        None => None,
+        Some(spec) => {
+            let start = crate::constraint::StartOptions::new(false, max_tokens);
+            Some(response_format::compile(&app, &ready.grammars, spec, start, "response_format").await?)
+        }
+    };
 
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
     ready.engine.submit(GenRequest {
@@ -81,6 +90,7 @@ pub async fn completions(
         stop_ids: if req.ignore_eos == Some(true) { Vec::new() } else { ready.stop_ids.clone() },
         split_reasoning: false,
         reasoning: false,
+        constraint,
         received,
         events: tx,
     })?;

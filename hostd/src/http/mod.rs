@@ -19,6 +19,7 @@ pub mod error;
 pub mod listener;
 pub mod openai;
 pub mod params;
+pub mod response_format;
 mod stream;
 
 use crate::engine::EngineHandle;
@@ -70,6 +71,8 @@ pub struct Ready {
     pub max_token_bytes: usize,
     /// The model's expert backend, for its readiness in `/health`.
     pub experts: Option<Arc<dyn crate::experts::ExpertBackend>>,
+    /// Constrained decoding over this tokenizer (built on the first constrained request).
+    pub grammars: Arc<crate::constraint::Grammars>,
 }
 
 /// State shared by every handler.

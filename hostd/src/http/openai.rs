@@ -125,7 +125,7 @@ pub struct ChatCompletionRequest {
     pub functions: Option<Value>,
     /// Unsupported: legacy function call control.
     pub function_call: Option<Value>,
-    /// Unsupported unless `{"type": "text"}`.
+    /// `text`, `json_object` or `json_schema` (constrained decoding; `http::response_format`).
     pub response_format: Option<Value>,
     /// Unsupported unless empty.
     pub logit_bias: Option<Value>,
@@ -197,6 +197,8 @@ pub struct CompletionRequest {
     pub ignore_eos: Option<bool>,
     /// End-user id (accepted, unused).
     pub user: Option<String>,
+    /// `text`, `json_object` or `json_schema` (constrained decoding, as on chat).
+    pub response_format: Option<Value>,
     /// Unsupported unless false.
     pub echo: Option<bool>,
     /// Unsupported unless 1.

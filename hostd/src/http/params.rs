@@ -135,11 +135,6 @@ pub fn reject_unsupported_chat(r: &ChatCompletionRequest) -> Result<(), ApiError
     if r.parallel_tool_calls.as_ref().is_some_and(|v| v.as_bool() == Some(true)) {
         return Err(ApiError::unsupported("parallel_tool_calls is not supported (no tools).", "parallel_tool_calls"));
     }
-    if let Some(rf) = &r.response_format
-        && !(rf.is_null() || rf.get("type").and_then(Value::as_str) == Some("text"))
-    {
-        return Err(ApiError::unsupported("Only response_format {\"type\": \"text\"} is supported.", "response_format"));
-    }
     if r.logit_bias.as_ref().is_some_and(|v| v.as_object().is_none_or(|m| !m.is_empty()) && !v.is_null()) {
         return Err(ApiError::unsupported("logit_bias is not supported.", "logit_bias"));
     }
