@@ -19,5 +19,6 @@ mod parity;
 mod serve;
 mod serve_fairness;
 mod serve_limits;
+mod serve_structured;
 mod synth;
 mod tokenizer;

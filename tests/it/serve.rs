@@ -138,7 +138,7 @@ impl Response {
         self.headers.iter().find(|(k, _)| k.eq_ignore_ascii_case(name)).map(|(_, v)| v.as_str())
     }
     /// The `data:` payloads of an SSE body.
-    fn sse_data(&self) -> Vec<String> {
+    pub(crate) fn sse_data(&self) -> Vec<String> {
         self.text().lines().filter_map(|l| l.strip_prefix("data: ")).map(str::to_string).collect()
     }
 }
