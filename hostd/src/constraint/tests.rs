@@ -116,10 +116,10 @@ pub(super) fn conforms(v: &Value, s: &Value) -> Result<(), String> {
             return Err(format!("{v} is not of type {t}"));
         }
     }
-    if let Some(n) = v.as_f64() {
-        if s.get("minimum").and_then(Value::as_f64).is_some_and(|m| n < m) || s.get("maximum").and_then(Value::as_f64).is_some_and(|m| n > m) {
-            return Err(format!("{v} out of range"));
-        }
+    if let Some(n) = v.as_f64()
+        && (s.get("minimum").and_then(Value::as_f64).is_some_and(|m| n < m) || s.get("maximum").and_then(Value::as_f64).is_some_and(|m| n > m))
+    {
+        return Err(format!("{v} out of range"));
     }
     if let Some(st) = v.as_str()
         && s.get("maxLength").and_then(Value::as_u64).is_some_and(|m| st.chars().count() as u64 > m)

@@ -220,8 +220,11 @@ mod tests {
         ]
     }
 
+    /// A parsed call: the function's name and its typed arguments.
+    type Call = (String, Map<String, Value>);
+
     /// Reads calls back from the XML form, typing values by the tools' schemas.
-    fn parse_calls(text: &str, tools: &[(&str, Value)]) -> Result<Vec<(String, Map<String, Value>)>, String> {
+    fn parse_calls(text: &str, tools: &[(&str, Value)]) -> Result<Vec<Call>, String> {
         let mut rest = text.trim_start_matches('\n');
         let mut calls = Vec::new();
         loop {
