@@ -3,6 +3,7 @@
 //! them.
 
 pub mod chat_template;
+pub mod constraint;
 pub mod cli;
 pub mod engine;
 pub mod expert_client;

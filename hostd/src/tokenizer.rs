@@ -281,6 +281,14 @@ impl Tokenizer {
         })
     }
 
+    /// Ids of the added tokens marked special (`<|im_end|>`, `<think>`, `<tool_call>`, …),
+    /// sorted: text never encodes to them by BPE, only by their exact spelling.
+    pub fn special_token_ids(&self) -> Vec<u32> {
+        let mut ids: Vec<u32> = self.inner.get_added_tokens_decoder().into_iter().filter(|(_, t)| t.special).map(|(id, _)| id).collect();
+        ids.sort_unstable();
+        ids
+    }
+
     /// A fresh streaming decoder over this tokenizer's vocabulary (it shares the byte table, so it is
     /// `'static` and can live in per-request state).
     pub fn incremental_decoder(&self) -> IncrementalDecoder {

@@ -20,5 +20,6 @@ mod serve;
 mod serve_fairness;
 mod serve_fields;
 mod serve_limits;
+mod serve_structured;
 mod synth;
 mod tokenizer;

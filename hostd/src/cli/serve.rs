@@ -317,7 +317,8 @@ fn load(args: &LoadArgs, limits: (EngineConfig, Option<usize>), state: &AppState
     let (engine, _thread) = engine::start(model, Arc::clone(&tokenizer), config, Arc::clone(state.metrics())).context("starting the scheduler")?;
     let created = http::unix_now();
     let max_token_bytes = admission::max_token_bytes(&tokenizer);
-    state.set_ready(Ready { engine, tokenizer, stop_ids, created, max_token_bytes, experts });
+    let grammars = Arc::new(crate::constraint::Grammars::new(Arc::clone(&tokenizer), stop_ids.clone()));
+    state.set_ready(Ready { engine, tokenizer, stop_ids, created, max_token_bytes, experts, grammars });
     tracing::info!(max_context, max_batch, max_queue, max_queued_tokens, state_cache_bytes, "model loaded; serving");
     say(&format!("hostd serve: ready (max context {max_context} tokens, batch {max_batch}, queue {max_queue})"));
     Ok(())

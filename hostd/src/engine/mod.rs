@@ -78,6 +78,8 @@ pub struct GenRequest {
     pub reasoning: bool,
     /// Special tokens add no text (`engine::output`); vLLM's `skip_special_tokens`.
     pub skip_special_tokens: bool,
+    /// The grammar the output must follow; `None` for free text (no per-token cost).
+    pub constraint: Option<Box<crate::constraint::SequenceConstraint>>,
     /// When the HTTP request arrived (TTFT counts from here).
     pub received: Instant,
     /// Where the engine sends this request's events.

@@ -17,6 +17,7 @@ use super::output::{Delta, OutputText};
 use super::{EngineConfig, Event, FinishReason, GenRequest, Usage};
 use crate::model::batch::{BatchError, BatchItem};
 use crate::model::{Logits, Model, SequenceState};
+use crate::constraint::{Commit, SequenceConstraint};
 use crate::prefix_cache::PrefixCache;
 use crate::sampling::Sampler;
 use crate::tokenizer::Tokenizer;
@@ -50,6 +51,8 @@ struct Sequence {
     /// The generation ended on a stop id (sampled, counted in usage, not in `generated`).
     stop_id_sampled: bool,
     sampler: Sampler,
+    /// The grammar this sequence's output must follow (`response_format`, forced tool calls).
+    constraint: Option<Box<SequenceConstraint>>,
     out: OutputText,
     max_tokens: usize,
     stop_ids: Vec<u32>,
@@ -183,6 +186,7 @@ impl Scheduler {
             generated: Vec::new(),
             stop_id_sampled: false,
             sampler,
+            constraint: req.constraint,
             out,
             max_tokens: req.max_tokens,
             stop_ids: req.stop_ids,
@@ -312,7 +316,8 @@ impl Scheduler {
     }
 
     /// Samples from `logits` for sequence `i`, reports the token, and ends the sequence when a
-    /// stop id, stop string, `max_tokens` or the context limit says so.
+    /// stop id, stop string, `max_tokens` or the context limit says so, or when its grammar is
+    /// complete. Only a constrained sequence pays for a mask (and its own logits buffer).
     fn take_token(&mut self, i: usize, logits: &[f32]) {
         let now = Instant::now();
         let seq = &mut self.seqs[i];
@@ -329,13 +334,28 @@ impl Scheduler {
             };
             &masked
         };
-        let (id, lp) = seq.sampler.sample(logits, self.sample_vocab);
+        let sampled = match seq.constraint.as_mut() {
+            None => Ok(seq.sampler.sample(logits, self.sample_vocab)),
+            Some(c) => c.mask_logits(logits, self.sample_vocab).map(|l| seq.sampler.sample(l, self.sample_vocab)),
+        };
+        let commit = sampled.and_then(|(id, lp)| match seq.constraint.as_mut() {
+            None => Ok((id, lp, Commit::Continue)),
+            Some(c) => c.commit(id).map(|commit| (id, lp, commit)),
+        });
+        let (id, lp, commit) = match commit {
+            Ok(t) => t,
+            Err(e) => {
+                let seq = self.seqs.remove(i);
+                self.exit(seq, Exit::Failed(super::Failure { message: e.to_string(), retry_after_s: None }));
+                return;
+            }
+        };
         match seq.last_token_at {
             None => self.metrics.ttft.observe(now - seq.received),
             Some(t) => self.metrics.per_token.observe(now - t),
         }
         seq.last_token_at = Some(now);
-        let exit = if seq.stop_ids.contains(&id) {
+        let exit = if commit == Commit::End || seq.stop_ids.contains(&id) {
             seq.stop_id_sampled = true;
             self.metrics.generation_tokens.fetch_add(1, Relaxed);
             Some(FinishReason::Stop)
@@ -344,7 +364,7 @@ impl Scheduler {
             self.metrics.generation_tokens.fetch_add(1, Relaxed);
             let (delta, stopped) = seq.out.push(&self.tokenizer, id, lp);
             send_delta(&seq.events, delta);
-            if stopped {
+            if stopped || commit == Commit::Complete {
                 Some(FinishReason::Stop)
             } else if seq.generated.len() >= seq.max_tokens || seq.state.len() + 1 > self.config.max_context {
                 Some(FinishReason::Length)

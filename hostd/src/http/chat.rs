@@ -24,6 +24,7 @@ use super::openai::{
 };
 use super::params;
 use super::tools::{self, ToolRequest};
+use super::response_format;
 use super::stream::{self, to_json};
 use super::{AppState, RequestId, fingerprint, unix_now};
 use crate::chat_template::{self, ChatMessage, ChatOptions};
@@ -53,6 +54,7 @@ pub async fn chat_completions(
     params::check_model(req.model.as_deref(), &app.config.served_model_name)?;
     params::reject_unsupported_chat(&req)?;
     let n = params::check_n(req.n)?;
+    let constraint = response_format::constraint_spec(req.response_format.as_ref())?;
     let messages = params::chat_messages(req.messages.as_deref().ok_or_else(|| ApiError::missing("messages"))?)?;
     let tool_req = tools::tool_request(&req)?;
     tools::refuse_forced(&tool_req.choice)?;
@@ -100,6 +102,18 @@ pub async fn chat_completions(
         .await?
         .map_err(|e| ApiError::Internal(e.to_string()))?;
     let max_tokens = params::budget(prompt.len(), requested, app.config.default_max_tokens, max_context, "messages")?;
+    // Each choice follows the grammar from its own state.
+    let mut compiled = Vec::with_capacity(n);
+    for _ in 0..n {
+        compiled.push(match &constraint {
+            None => None,
+            Some(spec) => {
+                let start = crate::constraint::StartOptions::new(thinking.enabled, max_tokens);
+                Some(response_format::compile(&app, &ready.grammars, spec.clone(), start, "response_format").await?)
+            }
+        });
+    }
+    let mut constraints = compiled.into_iter();
 
     // One sequence per choice; if a later one is refused (queue full), dropping the earlier
     // ones' receivers cancels them.
@@ -121,6 +135,7 @@ pub async fn chat_completions(
             split_reasoning: true,
             reasoning: thinking.enabled,
             skip_special_tokens: req.skip_special_tokens.unwrap_or(true),
+            constraint: constraints.next().flatten(),
             received,
             events: tx,
         })?;

@@ -15,6 +15,7 @@ use super::error::ApiError;
 use super::fields;
 use super::openai::{Completion, CompletionChoice, CompletionLogprobs, CompletionRequest, Usage};
 use super::params::{self, PromptInput};
+use super::response_format;
 use super::stream::{self, to_json};
 use super::{AppState, RequestId, fingerprint, unix_now};
 use crate::engine::{Event, GenRequest, LogprobEntry, Usage as EngineUsage};
@@ -47,6 +48,7 @@ pub async fn completions(
     params::check_model(req.model.as_deref(), &app.config.served_model_name)?;
     params::reject_unsupported_completion(&req)?;
     let n = params::check_n(req.n)?;
+    let constraint = response_format::constraint_spec(req.response_format.as_ref())?;
     let top = match req.logprobs {
         None => None,
         Some(n) if (0..=MAX_LEGACY_LOGPROBS).contains(&n) => Some(n),
@@ -86,6 +88,18 @@ pub async fn completions(
         }
     };
     let max_tokens = params::budget(prompt.len(), requested, DEFAULT_MAX_TOKENS, max_context, "prompt")?;
+    // Each choice follows the grammar from its own state.
+    let mut compiled = Vec::with_capacity(n);
+    for _ in 0..n {
+        compiled.push(match &constraint {
+            None => None,
+            Some(spec) => {
+                let start = crate::constraint::StartOptions::new(false, max_tokens);
+                Some(response_format::compile(&app, &ready.grammars, spec.clone(), start, "response_format").await?)
+            }
+        });
+    }
+    let mut constraints = compiled.into_iter();
 
     let mut rxs = Vec::with_capacity(n);
     for i in 0..n {
@@ -105,6 +119,7 @@ pub async fn completions(
             split_reasoning: false,
             reasoning: false,
             skip_special_tokens: req.skip_special_tokens.unwrap_or(true),
+            constraint: constraints.next().flatten(),
             received,
             events: tx,
         })?;

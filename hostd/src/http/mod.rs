@@ -21,6 +21,7 @@ pub mod fields;
 pub mod listener;
 pub mod openai;
 pub mod params;
+pub mod response_format;
 mod stream;
 pub mod tools;
 
@@ -75,6 +76,8 @@ pub struct Ready {
     pub max_token_bytes: usize,
     /// The model's expert backend, for its readiness in `/health`.
     pub experts: Option<Arc<dyn crate::experts::ExpertBackend>>,
+    /// Constrained decoding over this tokenizer (built on the first constrained request).
+    pub grammars: Arc<crate::constraint::Grammars>,
 }
 
 /// State shared by every handler.

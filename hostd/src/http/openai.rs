@@ -133,7 +133,7 @@ pub struct ChatCompletionRequest {
     pub functions: Option<Value>,
     /// Unsupported: legacy function call control.
     pub function_call: Option<Value>,
-    /// Unsupported unless `{"type": "text"}`.
+    /// `text`, `json_object` or `json_schema` (constrained decoding; `http::response_format`).
     pub response_format: Option<Value>,
     /// Unsupported unless `["text"]`.
     pub modalities: Option<Value>,
@@ -197,6 +197,8 @@ pub struct CompletionRequest {
     pub ignore_eos: Option<bool>,
     /// Keep special tokens in the text (vLLM; default false).
     pub skip_special_tokens: Option<bool>,
+    /// `text`, `json_object` or `json_schema` (constrained decoding, as on chat).
+    pub response_format: Option<Value>,
     /// Unsupported unless false.
     pub echo: Option<bool>,
     /// Unsupported unless absent or equal to `n`.

@@ -168,11 +168,6 @@ fn present(v: &Option<Value>) -> bool {
 /// Refuses the chat options this server does not implement, naming each (the tool fields are
 /// `http::tools`' to check).
 pub fn reject_unsupported_chat(r: &ChatCompletionRequest) -> Result<(), ApiError> {
-    if let Some(rf) = &r.response_format
-        && !(rf.is_null() || rf.get("type").and_then(Value::as_str) == Some("text"))
-    {
-        return Err(ApiError::unsupported("Only response_format {\"type\": \"text\"} is supported.", "response_format"));
-    }
     if let Some(m) = &r.modalities
         && !(m.is_null() || *m == serde_json::json!(["text"]))
     {
