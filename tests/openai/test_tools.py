@@ -3,8 +3,9 @@
 With random weights the model does not call tools on its own, so these tests check what a real
 client can see: tools requests are accepted, the agent loop's history round trip
 (`messages.append(message.model_dump())` plus a `tool` result) is accepted, streamed and whole
-replies agree, and forced tool choices are refused for now. Parsing the model's calls (including
-calls split across chunks) is tested on fed text in Rust (hostd/src/tool_calls/tests.rs).
+replies agree, and forced tool choices (`required`, a named function) produce valid calls even from
+random weights, because constrained decoding writes them. Parsing the model's free calls
+(including calls split across chunks) is tested on fed text in Rust (hostd/src/tool_calls/tests.rs).
 """
 
 import json
@@ -100,10 +101,77 @@ def test_streamed_reply_accumulates_like_the_whole_one(client, model):
     assert names(final.message) == names(whole.message)
 
 
-def test_forced_and_invalid_tool_choices_are_refused(client, model):
+# Bounded parameters (string length, integer range, enums), so random weights finish the call
+# within max_tokens; constrained decoding enforces each bound.
+BOUNDED_WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string", "maxLength": 12}, "days": {"type": "integer", "minimum": 1, "maximum": 7}},
+            "required": ["city"],
+        },
+    },
+}
+CLOCK = {
+    "type": "function",
+    "function": {
+        "name": "get_time",
+        "parameters": {
+            "type": "object",
+            "properties": {"zone": {"type": "string", "enum": ["UTC", "CET"]}, "verbose": {"type": "boolean"}},
+            "required": ["zone", "verbose"],
+        },
+    },
+}
+NO_THINKING = {"chat_template_kwargs": {"enable_thinking": False}}
+
+
+def check_forced_calls(calls, allowed):
+    assert calls, "a forced tool_choice must produce a call"
+    for call in calls:
+        assert call.function.name in allowed
+        args = json.loads(call.function.arguments)
+        if call.function.name == "get_weather":
+            assert isinstance(args["city"], str) and len(args["city"]) <= 12
+            assert set(args) <= {"city", "days"}
+            assert "days" not in args or (isinstance(args["days"], int) and 1 <= args["days"] <= 7)
+        else:
+            assert args["zone"] in ("UTC", "CET") and isinstance(args["verbose"], bool)
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_forced_tool_choices_give_valid_calls_from_random_weights(client, model, seed):
+    named = {"type": "function", "function": {"name": "get_time"}}
+    for choice, allowed, extra in [("required", {"get_weather", "get_time"}, NO_THINKING), (named, {"get_time"}, NO_THINKING), (named, {"get_time"}, {})]:
+        r = client.chat.completions.create(
+            model=model, messages=USER, tools=[BOUNDED_WEATHER, CLOCK], tool_choice=choice, parallel_tool_calls=False, max_tokens=400, temperature=0.8, seed=seed, extra_body=extra
+        )
+        c = r.choices[0]
+        assert c.finish_reason == "tool_calls", (choice, c)
+        check_forced_calls(c.message.tool_calls, allowed)
+
+
+def test_forced_tool_call_streams_as_deltas(client, model):
+    kw = dict(model=model, messages=USER, tools=[BOUNDED_WEATHER, CLOCK], tool_choice="required", parallel_tool_calls=False, max_tokens=400, temperature=0.8, seed=5, extra_body=NO_THINKING)
+    whole = client.chat.completions.create(**kw).choices[0]
+    calls, finish = {}, None
+    for chunk in client.chat.completions.create(stream=True, **kw):
+        for ch in chunk.choices:
+            finish = ch.finish_reason or finish
+            for d in ch.delta.tool_calls or []:
+                entry = calls.setdefault(d.index, {"name": "", "arguments": ""})
+                entry["name"] += (d.function.name or "") if d.function else ""
+                entry["arguments"] += (d.function.arguments or "") if d.function else ""
+    assert finish == "tool_calls"
+    assert [(c["name"], json.loads(c["arguments"])) for _, c in sorted(calls.items())] == [
+        (t.function.name, json.loads(t.function.arguments)) for t in whole.message.tool_calls
+    ]
+
+
+def test_invalid_tool_choices_are_refused(client, model):
     cases = [
-        (dict(tools=[WEATHER], tool_choice="required"), "tool_choice"),
-        (dict(tools=[WEATHER], tool_choice={"type": "function", "function": {"name": "get_weather"}}), "tool_choice"),
         (dict(tools=[WEATHER], tool_choice={"type": "function", "function": {"name": "nope"}}), "tool_choice"),
         (dict(tools=[{"type": "function", "function": {"name": "bad name"}}]), "tools[0].function.name"),
         (dict(tools=[{"type": "custom", "custom": {"name": "x"}}]), "tools[0].type"),

@@ -12,7 +12,11 @@ use serde_json::Value;
 
 /// The typed value of parameter `key` of a tool whose `parameters` schema is `schema`.
 pub fn typed_value(raw: &str, schema: Option<&Value>, key: &str) -> Value {
-    let types = property_types(schema.and_then(|s| s.get("properties")).and_then(|p| p.get(key)));
+    let types = property_types(
+        schema
+            .and_then(|s| s.get("properties"))
+            .and_then(|p| p.get(key)),
+    );
     if types.iter().all(|t| *t == "string") {
         return Value::String(raw.to_string());
     }
@@ -54,7 +58,12 @@ fn property_types(prop: Option<&Value>) -> Vec<&str> {
     let mut out = Vec::new();
     add(&mut out, prop.get("type"));
     for combo in ["anyOf", "oneOf"] {
-        for member in prop.get(combo).and_then(Value::as_array).into_iter().flatten() {
+        for member in prop
+            .get(combo)
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+        {
             add(&mut out, member.get("type"));
         }
     }
