@@ -23,6 +23,7 @@
 //! each parameter completes, `}` at the end; their concatenation is the call's arguments.
 
 mod schema;
+pub use schema::is_raw_text;
 
 pub use schema::typed_value;
 

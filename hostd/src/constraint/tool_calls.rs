@@ -13,7 +13,7 @@
 //!
 //! `<tool_call>` and `</tool_call>` are single special tokens. Parameters come in the order of
 //! the tool's `properties`; required ones must appear, optional ones may. A parameter whose schema
-//! is exactly `"type": "string"` ([`is_raw_string`]) has raw text as its value (no quotes,
+//! names no type but `string` ([`is_raw_string`]) has raw text as its value (no quotes,
 //! never containing `</parameter>`; `enum`, `const`, `minLength` and `maxLength` are enforced,
 //! `pattern` is refused); any other parameter's value is JSON conforming to its schema (with the
 //! tool's `$defs` / `definitions` in scope). With parallel calls allowed, one or more calls
@@ -41,10 +41,11 @@ pub enum ToolChoice<'a> {
     Named(&'a str),
 }
 
-/// Whether a parameter with this schema is written as raw text (exactly `"type": "string"`)
-/// rather than as JSON. The tool-call parser must use the same rule.
+/// Whether a parameter with this schema is written as raw text rather than as JSON: the
+/// tool-call parser's rule (`crate::tool_calls::is_raw_text`: no type but `string`, counting
+/// `anyOf`/`oneOf` members), shared so a forced call parses back to what the grammar wrote.
 pub fn is_raw_string(schema: &Value) -> bool {
-    schema.get("type").and_then(Value::as_str) == Some("string")
+    crate::tool_calls::is_raw_text(schema)
 }
 
 /// The constraint that makes the answer one call (or, with `parallel`, one or more calls) in
@@ -252,8 +253,9 @@ mod tests {
                 json!({"type": "object", "properties": {
                     "query": {"type": "string", "maxLength": 20},
                     "filters": {"$ref": "#/$defs/Filters"},
-                    "tags": {"type": "array", "items": {"type": "string", "enum": ["a", "b"]}, "maxItems": 3}
-                }, "required": ["query", "filters"], "$defs": {"Filters": {"type": "object", "properties": {"lang": {"type": "string", "enum": ["en", "fr"]}}, "required": ["lang"], "additionalProperties": false}}}),
+                    "tags": {"type": "array", "items": {"type": "string", "enum": ["a", "b"]}, "maxItems": 3},
+                    "mode": {"enum": ["fast", "slow"]}
+                }, "required": ["query", "filters", "mode"], "$defs": {"Filters": {"type": "object", "properties": {"lang": {"type": "string", "enum": ["en", "fr"]}}, "required": ["lang"], "additionalProperties": false}}}),
             ),
             ("ping", json!({"type": "object", "properties": {}})),
         ]
@@ -262,48 +264,27 @@ mod tests {
     /// A parsed call: the function's name and its typed arguments.
     type Call = (String, Map<String, Value>);
 
-    /// Reads calls back from the XML form, typing values by the tools' schemas.
+    /// Reads calls back with the production parser (`crate::tool_calls`), which types values by
+    /// the tools' schemas: a forced call must parse back whole, with no text around it.
     fn parse_calls(text: &str, tools: &[(&str, Value)]) -> Result<Vec<Call>, String> {
-        let mut rest = text.trim_start_matches('\n');
-        let mut calls = Vec::new();
-        loop {
-            rest = rest
-                .strip_prefix("<tool_call>\n<function=")
-                .ok_or(format!("expected a call at {rest:?}"))?;
-            let (name, r) = rest.split_once(">\n").ok_or("unterminated function tag")?;
-            let (_, schema) = tools
-                .iter()
-                .find(|(n, _)| *n == name)
-                .ok_or(format!("unknown tool {name}"))?;
-            rest = r;
-            let mut args = Map::new();
-            while let Some(r) = rest.strip_prefix("<parameter=") {
-                let (key, r) = r.split_once(">\n").ok_or("unterminated parameter tag")?;
-                let (value, r) = r
-                    .split_once("\n</parameter>\n")
-                    .ok_or("unterminated parameter")?;
-                let ps = &schema["properties"][key];
-                let v = if is_raw_string(ps) {
-                    Value::String(value.to_string())
-                } else {
-                    serde_json::from_str(value).map_err(|e| format!("{key}: {e}: {value:?}"))?
-                };
-                if args.insert(key.to_string(), v).is_some() {
-                    return Err(format!("{key} twice"));
-                }
-                rest = r;
-            }
-            rest = rest
-                .strip_prefix("</function>\n</tool_call>")
-                .ok_or(format!("expected the end of the call at {rest:?}"))?;
-            calls.push((name.to_string(), args));
-            if rest.is_empty() {
-                return Ok(calls);
-            }
-            rest = rest
-                .strip_prefix('\n')
-                .ok_or(format!("junk after a call: {rest:?}"))?;
+        let specs = tools
+            .iter()
+            .map(|(n, p)| crate::tool_calls::ToolSpec { name: n.to_string(), parameters: Some(p.clone()) })
+            .collect();
+        let mut parser = crate::tool_calls::ToolCallParser::new(specs, None);
+        let mut events = parser.feed(text);
+        events.extend(parser.finish());
+        let (content, calls) = crate::tool_calls::fold(events);
+        if !content.trim().is_empty() {
+            return Err(format!("text outside the calls: {content:?}"));
         }
+        calls
+            .into_iter()
+            .map(|(name, arguments)| match serde_json::from_str(&arguments) {
+                Ok(Value::Object(args)) => Ok((name, args)),
+                _ => Err(format!("arguments of {name} are not a JSON object: {arguments}")),
+            })
+            .collect()
     }
 
     fn check(choice: ToolChoice<'_>, parallel: bool, seeds: std::ops::Range<u64>) {

@@ -576,11 +576,6 @@ mod tests {
             "messages[0].tool_calls",
         );
         check_messages_err(
-            json!([{"role": "assistant", "content": "x", "annotations": [1]}]),
-            400,
-            "messages[0].annotations",
-        );
-        check_messages_err(
             json!([{"role": "wizard", "content": "x"}]),
             400,
             "messages[0].role",

@@ -419,15 +419,10 @@ mod tests {
         let t = tool_request(&req(json!({"tools": [weather()], "tool_choice": {"type": "function", "function": {"name": "get_weather"}}})))
             .unwrap();
         assert_eq!(t.choice, ToolChoice::Function("get_weather".into()));
-        assert_eq!(
-            param_of(refuse_forced(&t.choice).unwrap_err()),
-            (400, "tool_choice".into())
-        );
-        assert_eq!(
-            param_of(refuse_forced(&ToolChoice::Required).unwrap_err()),
-            (400, "tool_choice".into())
-        );
-        assert!(refuse_forced(&ToolChoice::Auto).is_ok());
+        // A named or required choice compiles to a grammar; auto and none do not.
+        assert!(matches!(forced_constraint(&t), Ok(Some(ConstraintSpec::Lark(_)))));
+        let auto = tool_request(&req(json!({"tools": [weather()]}))).unwrap();
+        assert!(matches!(forced_constraint(&auto), Ok(None)));
         assert_eq!(
             tool_request(&req(json!({}))).unwrap().choice,
             ToolChoice::None

@@ -2,9 +2,10 @@
 //! between `<parameter=…>` tags, and the schema says whether that text is a string or JSON.
 //!
 //! Rules (docs/tool-calling.md): the types are the property's `type` (a name or a list) plus the
-//! `type`s of its `anyOf`/`oneOf` members. No non-string type (or no schema for the key) → the raw
-//! text as a string. Otherwise the text, trimmed, is parsed as JSON and kept when its kind is one of
-//! the types (`integer` needs an integral number); `True`/`False` (any case) count as booleans and
+//! `type`s of its `anyOf`/`oneOf` members. Only `string` types, or no type but string
+//! `enum`/`const` values ([`is_raw_text`]), or no schema for the key → the raw text as a string.
+//! Otherwise the text, trimmed, is parsed as JSON and kept when its kind is one of the types (any
+//! kind when the schema names no type; `integer` needs an integral number); `True`/`False` (any case) count as booleans and
 //! `None` as null, as the template writes Python values that way. Anything else falls back to the
 //! raw string.
 
@@ -12,14 +13,12 @@ use serde_json::Value;
 
 /// The typed value of parameter `key` of a tool whose `parameters` schema is `schema`.
 pub fn typed_value(raw: &str, schema: Option<&Value>, key: &str) -> Value {
-    let types = property_types(
-        schema
-            .and_then(|s| s.get("properties"))
-            .and_then(|p| p.get(key)),
-    );
-    if types.iter().all(|t| *t == "string") {
+    let prop = schema.and_then(|s| s.get("properties")).and_then(|p| p.get(key));
+    // No schema for the key: the template writes strings raw, so the text is a string.
+    if prop.is_none_or(is_raw_text) {
         return Value::String(raw.to_string());
     }
+    let types = property_types(prop);
     let text = raw.trim();
     let parsed = match text.to_ascii_lowercase().as_str() {
         "true" => Some(Value::Bool(true)),
@@ -28,7 +27,8 @@ pub fn typed_value(raw: &str, schema: Option<&Value>, key: &str) -> Value {
         _ => serde_json::from_str::<Value>(text).ok(),
     };
     match parsed {
-        Some(v) if types.iter().any(|t| kind_matches(&v, t)) => v,
+        // A schema that names no type takes any JSON value.
+        Some(v) if types.is_empty() || types.iter().any(|t| kind_matches(&v, t)) => v,
         _ => Value::String(raw.to_string()),
     }
 }
@@ -43,6 +43,25 @@ fn kind_matches(v: &Value, ty: &str) -> bool {
         "null" => v.is_null(),
         _ => false,
     }
+}
+
+/// Whether a parameter with this property schema is written as raw text rather than JSON: every
+/// type it names (`type`, and the `type`s of `anyOf`/`oneOf` members) is `string`; or it names
+/// none and its `enum`/`const` values are all strings. A schema that says nothing of its type
+/// (`{}`, a `$ref`, `allOf`) is read as JSON when the text parses. Forced calls
+/// (`crate::constraint::tool_call_constraint`) follow the same rule, so a constrained call
+/// parses back to the value the grammar wrote.
+pub fn is_raw_text(prop: &Value) -> bool {
+    let types = property_types(Some(prop));
+    if !types.is_empty() {
+        return types.iter().all(|t| *t == "string");
+    }
+    let values: Vec<&Value> = match (prop.get("enum").and_then(Value::as_array), prop.get("const")) {
+        (Some(list), _) => list.iter().collect(),
+        (None, Some(c)) => vec![c],
+        (None, None) => return false,
+    };
+    !values.is_empty() && values.iter().all(|v| v.is_string())
 }
 
 /// The type names a property schema allows (empty when it names none).
@@ -86,7 +105,8 @@ mod tests {
             "z": {"type": "null"},
             "sn": {"type": ["string", "null"]},
             "any": {"anyOf": [{"type": "integer"}, {"type": "string"}]},
-            "untyped": {"description": "no type"}
+            "untyped": {"description": "no type"},
+            "choice": {"enum": ["1", "b"]}
         }})
     }
 
@@ -111,7 +131,12 @@ mod tests {
         assert_eq!(t("hello", "sn"), json!("hello"));
         assert_eq!(t("7", "any"), json!(7));
         assert_eq!(t("seven", "any"), json!("seven"));
-        assert_eq!(t("7", "untyped"), json!("7"));
+        // No type named: any JSON value (as the grammar of a forced call writes it), else raw.
+        assert_eq!(t("7", "untyped"), json!(7));
+        assert_eq!(t("seven", "untyped"), json!("seven"));
+        // No type but string enum values: raw text, like a string.
+        assert_eq!(t("1", "choice"), json!("1"));
+        assert!(is_raw_text(&json!({"enum": ["a"]})) && !is_raw_text(&json!({"enum": [1]})) && !is_raw_text(&json!({"$ref": "#/x"})));
         assert_eq!(t("7", "not_in_schema"), json!("7"));
         assert_eq!(typed_value("7", None, "i"), json!("7"));
     }
