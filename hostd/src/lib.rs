@@ -3,8 +3,8 @@
 //! them.
 
 pub mod chat_template;
-pub mod cli;
 pub mod constraint;
+pub mod cli;
 pub mod engine;
 pub mod expert_client;
 pub mod experts;

@@ -77,12 +77,7 @@ impl Default for SamplingParams {
 impl SamplingParams {
     /// Checks every field's range; the error names the first bad field.
     pub fn validate(&self) -> Result<(), SamplingError> {
-        let bad = |param, reason: &str| {
-            Err(SamplingError {
-                param,
-                reason: reason.to_string(),
-            })
-        };
+        let bad = |param, reason: &str| Err(SamplingError { param, reason: reason.to_string() });
         let finite = [
             ("temperature", self.temperature),
             ("top_p", self.top_p),
@@ -118,11 +113,7 @@ impl SamplingParams {
         if self.top_logprobs > 0 && !self.logprobs {
             return bad("top_logprobs", "requires logprobs to be true");
         }
-        if self
-            .logit_bias
-            .iter()
-            .any(|(_, b)| !(b.is_finite() && (-100.0..=100.0).contains(b)))
-        {
+        if self.logit_bias.iter().any(|(_, b)| !(b.is_finite() && (-100.0..=100.0).contains(b))) {
             return bad("logit_bias", "biases must be between -100 and 100");
         }
         Ok(())
@@ -183,17 +174,8 @@ impl Sampler {
     /// A sampler for one request. `fallback_seed` is used when the request gave no seed.
     pub fn new(params: SamplingParams, prompt: &[u32], fallback_seed: u64) -> Sampler {
         let rng = Rng::new(params.seed.unwrap_or(fallback_seed));
-        let seen = if params.repetition_penalty != 1.0 {
-            prompt.iter().copied().collect()
-        } else {
-            Default::default()
-        };
-        Sampler {
-            params,
-            rng,
-            output_counts: HashMap::new(),
-            seen,
-        }
+        let seen = if params.repetition_penalty != 1.0 { prompt.iter().copied().collect() } else { Default::default() };
+        Sampler { params, rng, output_counts: HashMap::new(), seen }
     }
 
     /// The parameters.
@@ -220,10 +202,7 @@ impl Sampler {
             adjusted = row.to_vec();
             self.draw(&mut adjusted)
         };
-        let lp = self
-            .params
-            .logprobs
-            .then(|| logprobs_of(raw, id, self.params.top_logprobs));
+        let lp = self.params.logprobs.then(|| logprobs_of(raw, id, self.params.top_logprobs));
         *self.output_counts.entry(id).or_insert(0) += 1;
         if self.params.repetition_penalty != 1.0 {
             self.seen.insert(id);
@@ -243,11 +222,7 @@ impl Sampler {
         if p.repetition_penalty != 1.0 {
             for &id in &self.seen {
                 if let Some(v) = row.get_mut(id as usize) {
-                    *v = if *v > 0.0 {
-                        *v / p.repetition_penalty
-                    } else {
-                        *v * p.repetition_penalty
-                    };
+                    *v = if *v > 0.0 { *v / p.repetition_penalty } else { *v * p.repetition_penalty };
                 }
             }
         }
@@ -345,11 +320,7 @@ pub fn logprobs_of(row: &[f32], id: u32, top: usize) -> TokenLogprob {
         ids.sort_unstable_by(order);
         best = ids;
     }
-    TokenLogprob {
-        id,
-        logprob: lp(id),
-        top: best.into_iter().map(|i| (i, lp(i))).collect(),
-    }
+    TokenLogprob { id, logprob: lp(id), top: best.into_iter().map(|i| (i, lp(i))).collect() }
 }
 
 /// Finds stop strings in streamed text without emitting any part of them: text that could
@@ -372,34 +343,20 @@ pub struct StopOutput {
 impl StopMatcher {
     /// A matcher for `stops` (empty strings are ignored).
     pub fn new(stops: &[String]) -> StopMatcher {
-        StopMatcher {
-            stops: stops.iter().filter(|s| !s.is_empty()).cloned().collect(),
-            held: String::new(),
-        }
+        StopMatcher { stops: stops.iter().filter(|s| !s.is_empty()).cloned().collect(), held: String::new() }
     }
 
     /// Adds text; returns what may be emitted. After `stopped`, the matcher holds nothing.
     pub fn push(&mut self, text: &str) -> StopOutput {
         if self.stops.is_empty() {
-            return StopOutput {
-                text: text.to_string(),
-                stopped: false,
-            };
+            return StopOutput { text: text.to_string(), stopped: false };
         }
         self.held.push_str(text);
         // The earliest match wins; among matches at the same position, any ends the text there.
-        if let Some(at) = self
-            .stops
-            .iter()
-            .filter_map(|s| self.held.find(s.as_str()))
-            .min()
-        {
+        if let Some(at) = self.stops.iter().filter_map(|s| self.held.find(s.as_str())).min() {
             let out = self.held[..at].to_string();
             self.held.clear();
-            return StopOutput {
-                text: out,
-                stopped: true,
-            };
+            return StopOutput { text: out, stopped: true };
         }
         // Hold the longest suffix that is a proper prefix of some stop string.
         let keep_from = self
@@ -408,17 +365,12 @@ impl StopMatcher {
             .map(|(i, _)| i)
             .find(|&i| {
                 let tail = &self.held[i..];
-                self.stops
-                    .iter()
-                    .any(|s| s.len() > tail.len() && s.starts_with(tail))
+                self.stops.iter().any(|s| s.len() > tail.len() && s.starts_with(tail))
             })
             .unwrap_or(self.held.len());
         let out = self.held[..keep_from].to_string();
         self.held.drain(..keep_from);
-        StopOutput {
-            text: out,
-            stopped: false,
-        }
+        StopOutput { text: out, stopped: false }
     }
 
     /// Releases whatever is held (generation ended without a stop string).

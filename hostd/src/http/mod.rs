@@ -28,8 +28,8 @@ pub mod tools;
 use crate::engine::EngineHandle;
 use crate::engine::metrics::Metrics;
 use crate::tokenizer::Tokenizer;
-use admission::{Admission, AdmissionConfig};
 use axum::Router;
+use admission::{Admission, AdmissionConfig};
 use axum::extract::{Request, State};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::middleware::{self, Next};
@@ -100,9 +100,7 @@ pub struct AppState {
 impl AppState {
     /// State of a server whose model is not loaded yet.
     pub fn new(config: ServerConfig, metrics: Arc<Metrics>) -> Arc<AppState> {
-        let id_salt = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_micros() as u64);
+        let id_salt = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_micros() as u64);
         let admission = Admission::new(config.admission.clone());
         Arc::new(AppState {
             config,
@@ -160,9 +158,7 @@ pub(crate) fn current_request_id() -> Option<String> {
 
 /// Seconds since the Unix epoch.
 pub(crate) fn unix_now() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs())
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs())
 }
 
 /// `system_fingerprint` of every response.
@@ -205,16 +201,9 @@ fn cors_layer(origins: &[String]) -> Option<tower_http::cors::CorsLayer> {
     };
     let layer = CorsLayer::new()
         .allow_origin(allow)
-        .allow_methods([
-            axum::http::Method::GET,
-            axum::http::Method::POST,
-            axum::http::Method::OPTIONS,
-        ])
+        .allow_methods([axum::http::Method::GET, axum::http::Method::POST, axum::http::Method::OPTIONS])
         .allow_headers(Any)
-        .expose_headers([
-            header::HeaderName::from_static("x-request-id"),
-            header::RETRY_AFTER,
-        ])
+        .expose_headers([header::HeaderName::from_static("x-request-id"), header::RETRY_AFTER])
         .max_age(std::time::Duration::from_secs(600));
     Some(layer)
 }
@@ -238,15 +227,9 @@ async fn track(State(app): State<Arc<AppState>>, mut req: Request, next: Next) -
         .headers()
         .get("x-request-id")
         .and_then(|v| v.to_str().ok())
-        .filter(|s| {
-            !s.is_empty()
-                && s.len() <= 64
-                && s.bytes()
-                    .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
-        })
+        .filter(|s| !s.is_empty() && s.len() <= 64 && s.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b)))
         .map_or_else(|| app.new_request_id(), str::to_string);
-    let span =
-        tracing::info_span!("request", request_id = %id, method = %req.method(), path = %path);
+    let span = tracing::info_span!("request", request_id = %id, method = %req.method(), path = %path);
     req.extensions_mut().insert(RequestId(id.clone()));
     let authorized = match &app.config.api_key {
         Some(key) if path.starts_with("/v1/") => bearer_matches(&req, key),
@@ -255,32 +238,16 @@ async fn track(State(app): State<Arc<AppState>>, mut req: Request, next: Next) -
     // A connection beyond --max-connections may only ask for /health.
     let overflow = req.extensions().get::<listener::Overflow>().is_some() && path != "/health";
     let mut resp = if overflow {
-        let message = format!(
-            "The server has {} connections open (--max-connections).",
-            app.config.peer.max_connections
-        );
-        ApiError::Busy {
-            message,
-            retry_after_s: 1,
-        }
-        .into_response()
+        let message = format!("The server has {} connections open (--max-connections).", app.config.peer.max_connections);
+        ApiError::Busy { message, retry_after_s: 1 }.into_response()
     } else if authorized {
-        REQUEST_ID
-            .scope(id.clone(), next.run(req).instrument(span.clone()))
-            .await
+        REQUEST_ID.scope(id.clone(), next.run(req).instrument(span.clone())).await
     } else {
         ApiError::Unauthorized.into_response()
     };
     let status = resp.status().as_u16();
-    app.metrics
-        .record_request(endpoint, status, start.elapsed());
-    span.in_scope(|| {
-        tracing::info!(
-            status,
-            took_ms = start.elapsed().as_millis() as u64,
-            "response"
-        )
-    });
+    app.metrics.record_request(endpoint, status, start.elapsed());
+    span.in_scope(|| tracing::info!(status, took_ms = start.elapsed().as_millis() as u64, "response"));
     if let Ok(v) = HeaderValue::from_str(&id) {
         resp.headers_mut().insert("x-request-id", v);
     }
@@ -289,11 +256,7 @@ async fn track(State(app): State<Arc<AppState>>, mut req: Request, next: Next) -
 
 /// Compares the bearer token in constant time (no early exit on the first differing byte).
 fn bearer_matches(req: &Request, key: &str) -> bool {
-    let Some(token) = req
-        .headers()
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
+    let Some(token) = req.headers().get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer "))
     else {
         return false;
     };
@@ -302,17 +265,11 @@ fn bearer_matches(req: &Request, key: &str) -> bool {
 }
 
 async fn not_found(req: Request) -> ApiError {
-    ApiError::RouteNotFound {
-        method: req.method().to_string(),
-        path: req.uri().path().to_string(),
-    }
+    ApiError::RouteNotFound { method: req.method().to_string(), path: req.uri().path().to_string() }
 }
 
 async fn method_not_allowed(req: Request) -> ApiError {
-    ApiError::MethodNotAllowed {
-        method: req.method().to_string(),
-        path: req.uri().path().to_string(),
-    }
+    ApiError::MethodNotAllowed { method: req.method().to_string(), path: req.uri().path().to_string() }
 }
 
 /// `GET /health`: 200 `ready` with queue counters once the model is loaded, else 503. With
@@ -325,14 +282,9 @@ async fn health(State(app): State<Arc<AppState>>) -> Response {
     match (app.ready.get(), app.failed.get()) {
         (Some(r), _) => {
             let c = r.engine.config();
-            let experts = r
-                .experts
-                .as_ref()
-                .and_then(|e| e.health().map(|h| (e.name(), h)));
+            let experts = r.experts.as_ref().and_then(|e| e.health().map(|h| (e.name(), h)));
             let (code, status) = match experts.as_ref().map(|(_, h)| h.readiness) {
-                None | Some(crate::expert_client::health::Readiness::Ready) => {
-                    (StatusCode::OK, "ready")
-                }
+                None | Some(crate::expert_client::health::Readiness::Ready) => (StatusCode::OK, "ready"),
                 Some(other) => (StatusCode::SERVICE_UNAVAILABLE, other.as_str()),
             };
             let mut body = json!({
@@ -357,16 +309,8 @@ async fn health(State(app): State<Arc<AppState>>) -> Response {
             }
             (code, axum::Json(body)).into_response()
         }
-        (None, Some(msg)) => (
-            StatusCode::SERVICE_UNAVAILABLE,
-            axum::Json(json!({ "status": "error", "message": msg })),
-        )
-            .into_response(),
-        (None, None) => (
-            StatusCode::SERVICE_UNAVAILABLE,
-            axum::Json(json!({ "status": "loading" })),
-        )
-            .into_response(),
+        (None, Some(msg)) => (StatusCode::SERVICE_UNAVAILABLE, axum::Json(json!({ "status": "error", "message": msg }))).into_response(),
+        (None, None) => (StatusCode::SERVICE_UNAVAILABLE, axum::Json(json!({ "status": "loading" }))).into_response(),
     }
 }
 
@@ -383,18 +327,11 @@ fn card(app: &AppState, r: &Ready) -> openai::ModelCard {
 /// `GET /v1/models`.
 async fn models(State(app): State<Arc<AppState>>) -> Result<Response, ApiError> {
     let r = app.ready()?;
-    Ok(axum::Json(openai::ModelList {
-        object: "list",
-        data: vec![card(&app, r)],
-    })
-    .into_response())
+    Ok(axum::Json(openai::ModelList { object: "list", data: vec![card(&app, r)] }).into_response())
 }
 
 /// `GET /v1/models/{id}`.
-async fn model_card(
-    State(app): State<Arc<AppState>>,
-    axum::extract::Path(id): axum::extract::Path<String>,
-) -> Result<Response, ApiError> {
+async fn model_card(State(app): State<Arc<AppState>>, axum::extract::Path(id): axum::extract::Path<String>) -> Result<Response, ApiError> {
     let r = app.ready()?;
     if id != app.config.served_model_name {
         return Err(ApiError::ModelNotFound(id));
@@ -405,12 +342,5 @@ async fn model_card(
 /// `GET /metrics`: Prometheus text.
 async fn metrics(State(app): State<Arc<AppState>>) -> Response {
     let body = app.metrics.render();
-    (
-        [(
-            header::CONTENT_TYPE,
-            "text/plain; version=0.0.4; charset=utf-8",
-        )],
-        body,
-    )
-        .into_response()
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], body).into_response()
 }

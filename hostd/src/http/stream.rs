@@ -27,10 +27,7 @@ pub struct Choices {
 impl Choices {
     /// The receivers of choices 0, 1, ….
     pub fn new(rxs: Vec<UnboundedReceiver<Event>>) -> Choices {
-        Choices {
-            rxs: rxs.into_iter().map(Some).collect(),
-            next: 0,
-        }
+        Choices { rxs: rxs.into_iter().map(Some).collect(), next: 0 }
     }
 
     /// The next event of any choice; `(i, None)` when choice `i`'s channel closed without a
@@ -41,26 +38,17 @@ impl Choices {
             let mut open = false;
             for k in 0..n {
                 let i = (self.next + k) % n;
-                let Some(rx) = self.rxs[i].as_mut() else {
-                    continue;
-                };
+                let Some(rx) = self.rxs[i].as_mut() else { continue };
                 open = true;
                 if let Poll::Ready(ev) = rx.poll_recv(cx) {
                     self.next = (i + 1) % n;
-                    if ev
-                        .as_ref()
-                        .is_none_or(|e| matches!(e, Event::Done { .. } | Event::Failed(_)))
-                    {
+                    if ev.as_ref().is_none_or(|e| matches!(e, Event::Done { .. } | Event::Failed(_))) {
                         self.rxs[i] = None;
                     }
                     return Poll::Ready(Some((i, ev)));
                 }
             }
-            if open {
-                Poll::Pending
-            } else {
-                Poll::Ready(None)
-            }
+            if open { Poll::Pending } else { Poll::Ready(None) }
         })
         .await
     }
@@ -69,15 +57,8 @@ impl Choices {
 /// Token counts of a reply with several choices: the prompt (and its cached part) once, as
 /// choice 0 saw it, and the completion tokens of all choices together.
 pub fn total_usage(usages: &[Usage]) -> Usage {
-    let first = usages.first().copied().unwrap_or(Usage {
-        prompt_tokens: 0,
-        completion_tokens: 0,
-        cached_tokens: 0,
-    });
-    Usage {
-        completion_tokens: usages.iter().map(|u| u.completion_tokens).sum(),
-        ..first
-    }
+    let first = usages.first().copied().unwrap_or(Usage { prompt_tokens: 0, completion_tokens: 0, cached_tokens: 0 });
+    Usage { completion_tokens: usages.iter().map(|u| u.completion_tokens).sum(), ..first }
 }
 
 /// A whole generation, folded from its events.
@@ -93,10 +74,7 @@ pub struct Collected {
 
 /// Waits for the generation to end and folds its deltas (the single-choice form, for endpoints
 /// without `n`).
-#[allow(
-    dead_code,
-    reason = "the single-choice form for endpoints without `n`; the chat and completion handlers use `collect_choices`"
-)]
+#[allow(dead_code, reason = "the single-choice form for endpoints without `n`; the chat and completion handlers use `collect_choices`")]
 pub async fn collect(rx: UnboundedReceiver<Event>) -> Result<Collected, ApiError> {
     let mut all = collect_choices(Choices::new(vec![rx])).await?;
     all.pop().ok_or_else(stopped)
@@ -126,14 +104,7 @@ pub async fn collect_choices(mut choices: Choices) -> Result<Vec<Collected>, Api
     deltas
         .into_iter()
         .zip(done)
-        .map(|(delta, d)| {
-            d.map(|(reason, usage)| Collected {
-                delta,
-                reason,
-                usage,
-            })
-            .ok_or_else(stopped)
-        })
+        .map(|(delta, d)| d.map(|(reason, usage)| Collected { delta, reason, usage }).ok_or_else(stopped))
         .collect()
 }
 
@@ -150,10 +121,7 @@ struct StreamState<F, G> {
 /// JSON payloads), then `[DONE]` after the terminal event. A failure mid-stream is sent as an
 /// OpenAI error object, which the official clients raise as an exception. The single-choice
 /// form, for endpoints without `n`.
-#[allow(
-    dead_code,
-    reason = "the single-choice form for endpoints without `n`; the chat and completion handlers use `sse_choices`"
-)]
+#[allow(dead_code, reason = "the single-choice form for endpoints without `n`; the chat and completion handlers use `sse_choices`")]
 pub fn sse<F>(rx: UnboundedReceiver<Event>, first: Vec<String>, mut format: F) -> Response
 where
     F: FnMut(Event) -> Vec<String> + Send + 'static,
@@ -174,13 +142,7 @@ where
         span.in_scope(|| e.log_internal());
         e.body_for(request_id.as_deref()).to_string()
     };
-    let st = StreamState {
-        rx,
-        queue: first.into(),
-        done: false,
-        format,
-        failure,
-    };
+    let st = StreamState { rx, queue: first.into(), done: false, format, failure };
     let stream = futures_util::stream::unfold(st, |mut st| async move {
         loop {
             if let Some(data) = st.queue.pop_front() {
@@ -216,18 +178,12 @@ where
             }
         }
     });
-    Sse::new(stream)
-        .keep_alive(KeepAlive::default())
-        .into_response()
+    Sse::new(stream).keep_alive(KeepAlive::default()).into_response()
 }
 
 /// Serialises a response object; these types always serialise.
 pub fn to_json<T: serde::Serialize>(v: &T) -> String {
-    serde_json::to_string(v).unwrap_or_else(|e| {
-        ApiError::Internal(format!("serialising a chunk: {e}"))
-            .body()
-            .to_string()
-    })
+    serde_json::to_string(v).unwrap_or_else(|e| ApiError::Internal(format!("serialising a chunk: {e}")).body().to_string())
 }
 
 #[cfg(test)]
@@ -240,52 +196,22 @@ mod tests {
     async fn failures_reach_the_client_without_their_detail() {
         let detail = "expertd call failed: /run/user/0/sluice/expertd.sock at offset 123456789";
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-        let _ = tx.send(Event::Failed(crate::engine::Failure {
-            message: detail.to_string(),
-            retry_after_s: None,
-        }));
-        let resp = crate::http::REQUEST_ID
-            .scope("req-42".to_string(), async {
-                sse(rx, Vec::new(), |_| Vec::new())
-            })
-            .await;
-        let body = axum::body::to_bytes(resp.into_body(), 1 << 20)
-            .await
-            .expect("body");
+        let _ = tx.send(Event::Failed(crate::engine::Failure { message: detail.to_string(), retry_after_s: None }));
+        let resp = crate::http::REQUEST_ID.scope("req-42".to_string(), async { sse(rx, Vec::new(), |_| Vec::new()) }).await;
+        let body = axum::body::to_bytes(resp.into_body(), 1 << 20).await.expect("body");
         let text = String::from_utf8_lossy(&body);
-        assert!(
-            text.contains("req-42") && text.contains("internal_error") && text.contains("[DONE]"),
-            "{text}"
-        );
-        assert!(
-            !text.contains("expertd.sock") && !text.contains("123456789"),
-            "{text}"
-        );
+        assert!(text.contains("req-42") && text.contains("internal_error") && text.contains("[DONE]"), "{text}");
+        assert!(!text.contains("expertd.sock") && !text.contains("123456789"), "{text}");
 
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-        let _ = tx.send(Event::Failed(crate::engine::Failure {
-            message: detail.to_string(),
-            retry_after_s: None,
-        }));
+        let _ = tx.send(Event::Failed(crate::engine::Failure { message: detail.to_string(), retry_after_s: None }));
         let resp = crate::http::REQUEST_ID
-            .scope("req-43".to_string(), async {
-                collect(rx)
-                    .await
-                    .map(|_| ())
-                    .map_err(IntoResponse::into_response)
-            })
+            .scope("req-43".to_string(), async { collect(rx).await.map(|_| ()).map_err(IntoResponse::into_response) })
             .await
             .expect_err("the generation failed");
         assert_eq!(resp.status().as_u16(), 500);
-        let body = axum::body::to_bytes(resp.into_body(), 1 << 20)
-            .await
-            .expect("body");
+        let body = axum::body::to_bytes(resp.into_body(), 1 << 20).await.expect("body");
         let text = String::from_utf8_lossy(&body);
-        assert!(
-            text.contains("req-43")
-                && !text.contains("expertd.sock")
-                && !text.contains("123456789"),
-            "{text}"
-        );
+        assert!(text.contains("req-43") && !text.contains("expertd.sock") && !text.contains("123456789"), "{text}");
     }
 }

@@ -77,12 +77,7 @@ fn property_types(prop: Option<&Value>) -> Vec<&str> {
     let mut out = Vec::new();
     add(&mut out, prop.get("type"));
     for combo in ["anyOf", "oneOf"] {
-        for member in prop
-            .get(combo)
-            .and_then(Value::as_array)
-            .into_iter()
-            .flatten()
-        {
+        for member in prop.get(combo).and_then(Value::as_array).into_iter().flatten() {
             add(&mut out, member.get("type"));
         }
     }
