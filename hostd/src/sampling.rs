@@ -315,8 +315,11 @@ pub fn logprobs_of(row: &[f32], id: u32, top: usize) -> TokenLogprob {
 /// still become a stop string is held back until it cannot.
 #[derive(Debug, Clone, Default)]
 pub struct StopMatcher {
-    stops: Vec<String>,
+    /// The non-empty stop strings, each with its index in the list given to [`StopMatcher::new`].
+    stops: Vec<(usize, String)>,
     held: String,
+    /// Index of the stop string that ended the text (Anthropic's `stop_sequence` names it).
+    matched: Option<usize>,
 }
 
 /// What [`StopMatcher::push`] releases.
@@ -331,7 +334,8 @@ pub struct StopOutput {
 impl StopMatcher {
     /// A matcher for `stops` (empty strings are ignored).
     pub fn new(stops: &[String]) -> StopMatcher {
-        StopMatcher { stops: stops.iter().filter(|s| !s.is_empty()).cloned().collect(), held: String::new() }
+        let stops = stops.iter().enumerate().filter(|(_, s)| !s.is_empty()).map(|(i, s)| (i, s.clone())).collect();
+        StopMatcher { stops, held: String::new(), matched: None }
     }
 
     /// Adds text; returns what may be emitted. After `stopped`, the matcher holds nothing.
@@ -340,10 +344,11 @@ impl StopMatcher {
             return StopOutput { text: text.to_string(), stopped: false };
         }
         self.held.push_str(text);
-        // The earliest match wins; among matches at the same position, any ends the text there.
-        if let Some(at) = self.stops.iter().filter_map(|s| self.held.find(s.as_str())).min() {
+        // The earliest match wins; among matches at the same position, the first in the list.
+        if let Some((at, index)) = self.stops.iter().filter_map(|(i, s)| self.held.find(s.as_str()).map(|at| (at, *i))).min() {
             let out = self.held[..at].to_string();
             self.held.clear();
+            self.matched = Some(index);
             return StopOutput { text: out, stopped: true };
         }
         // Hold the longest suffix that is a proper prefix of some stop string.
@@ -353,7 +358,7 @@ impl StopMatcher {
             .map(|(i, _)| i)
             .find(|&i| {
                 let tail = &self.held[i..];
-                self.stops.iter().any(|s| s.len() > tail.len() && s.starts_with(tail))
+                self.stops.iter().any(|(_, s)| s.len() > tail.len() && s.starts_with(tail))
             })
             .unwrap_or(self.held.len());
         let out = self.held[..keep_from].to_string();
@@ -369,6 +374,12 @@ impl StopMatcher {
     /// True while text is held back.
     pub fn is_holding(&self) -> bool {
         !self.held.is_empty()
+    }
+
+    /// The index (in the list given to [`StopMatcher::new`]) of the stop string that ended the
+    /// text, once one did.
+    pub fn matched(&self) -> Option<usize> {
+        self.matched
     }
 }
 

@@ -57,7 +57,8 @@ impl Histogram {
 }
 
 /// HTTP endpoints with their own request-duration histogram; anything else is `other`.
-pub const ENDPOINTS: &[&str] = &["/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics", "other"];
+pub const ENDPOINTS: &[&str] =
+    &["/v1/chat/completions", "/v1/completions", "/v1/messages", "/v1/messages/count_tokens", "/v1/models", "/health", "/metrics", "other"];
 
 /// Everything `/metrics` reports.
 #[derive(Debug)]

@@ -80,6 +80,12 @@ impl OutputText {
         }
     }
 
+    /// The index (in the stop list given to [`OutputText::new`]) of the stop string that ended
+    /// the output, once one did.
+    pub fn matched_stop(&self) -> Option<usize> {
+        self.stop.matched()
+    }
+
     /// Whether output is currently inside the reasoning block.
     pub fn in_reasoning(&self) -> bool {
         self.in_reasoning

@@ -337,7 +337,7 @@ impl Scheduler {
             let (delta, stopped) = seq.out.push(&self.tokenizer, id, lp);
             send_delta(&seq.events, delta);
             if stopped {
-                Some(FinishReason::Stop)
+                Some(seq.out.matched_stop().map_or(FinishReason::Stop, FinishReason::StopString))
             } else if seq.generated.len() >= seq.max_tokens || seq.state.len() + 1 > self.config.max_context {
                 Some(FinishReason::Length)
             } else {

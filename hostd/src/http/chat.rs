@@ -1,26 +1,24 @@
 //! `POST /v1/chat/completions`: read the body under its limits, validate, render the chat
 //! template, check the prompt's size, tokenise in the bounded pool, check the context, submit
 //! to the engine, then answer as one `chat.completion` or as a stream of
-//! `chat.completion.chunk`s.
+//! `chat.completion.chunk`s. The steps shared with the Anthropic endpoint (template, tokens,
+//! budget, submission) are in `generate.rs`.
 //!
 //! Thinking follows the request's `chat_template_kwargs.enable_thinking`, else the server's
 //! `--default-thinking` (on unless set off); the reply carries the reasoning in
-//! `reasoning_content` and the answer in `content`. The prompt's checkpoint for the prefix cache is the end of
-//! `<|im_start|>assistant\n`: a follow-up turn's prompt repeats everything up to there (the
-//! template drops earlier turns' reasoning, so it diverges right after).
+//! `reasoning_content` and the answer in `content`.
 
-use super::admission;
 use super::error::ApiError;
 use super::openai::{
     ChatChoice, ChatChunkChoice, ChatCompletion, ChatCompletionChunk, ChatCompletionRequest, ChatDelta, ChatLogprobs,
     ChatMessageOut, LogprobContent, Usage,
 };
+use super::generate::{self, ChatGeneration};
 use super::params;
 use super::stream::{self, to_json};
 use super::{AppState, RequestId, fingerprint, unix_now};
-use crate::chat_template::{self, ChatMessage, ChatOptions};
-use crate::engine::{Event, GenRequest, LogprobEntry};
-use crate::tokenizer::Tokenizer;
+use crate::chat_template::ChatOptions;
+use crate::engine::{Event, LogprobEntry};
 use axum::Extension;
 use axum::body::Body;
 use axum::extract::State;
@@ -61,39 +59,18 @@ pub async fn chat_completions(
     let kwargs = req.chat_template_kwargs.clone().unwrap_or_default();
     let thinking = kwargs.enable_thinking.unwrap_or(app.config.enable_thinking);
     let opts = ChatOptions { add_generation_prompt: true, enable_thinking: thinking, preserve_thinking: kwargs.preserve_thinking.unwrap_or(false) };
-    let text = chat_template::render(&messages, &opts)?;
-    app.admission.check_prompt_bytes(&text, "messages")?;
-    let max_context = ready.engine.config().max_context;
-    admission::check_fits(text.len(), ready.max_token_bytes, max_context, "messages")?;
-    let tokenizer = Arc::clone(&ready.tokenizer);
-    let (prompt, checkpoint) = app
-        .admission
-        .tokenize(text.len(), move || {
-            let prompt = tokenizer.encode(&text)?;
-            let checkpoint = checkpoint(&tokenizer, &messages, &opts, &prompt);
-            Ok::<_, crate::tokenizer::TokenizerError>((prompt, checkpoint))
-        })
-        .await?
-        .map_err(|e| ApiError::Internal(e.to_string()))?;
-    let max_tokens = params::budget(prompt.len(), requested, app.config.default_max_tokens, max_context, "messages")?;
-
-    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-    let request = GenRequest {
+    let prompt = generate::tokenize_chat(&app, ready, messages, opts, true).await?;
+    let generation = ChatGeneration {
         request_id: request_id.clone(),
-        span: tracing::Span::current(),
-        prompt,
-        checkpoint,
-        cache_final_state: false,
-        sampling,
-        max_tokens,
-        stop,
-        stop_ids: if req.ignore_eos == Some(true) { Vec::new() } else { ready.stop_ids.clone() },
-        split_reasoning: true,
-        reasoning: thinking,
         received,
-        events: tx,
+        prompt,
+        sampling,
+        max_tokens: requested,
+        stop,
+        ignore_eos: req.ignore_eos == Some(true),
+        thinking,
     };
-    ready.engine.submit(request)?;
+    let (rx, _) = generate::submit_chat(&app, ready, generation)?;
     let reply = Reply { id: format!("chatcmpl-{request_id}"), created: unix_now(), model: app.config.served_model_name.clone(), logprobs };
     if req.stream == Some(true) {
         let include_usage = req.stream_options.as_ref().is_some_and(|o| o.include_usage);
@@ -102,16 +79,6 @@ pub async fn chat_completions(
         let c = stream::collect(rx).await?;
         Ok(axum::Json(reply.whole(c, thinking)).into_response())
     }
-}
-
-/// Token count of the prompt up to and including `<|im_start|>assistant\n`, when the prompt's
-/// tokens really start with that prefix's tokens (tokenisation is checked, not assumed).
-fn checkpoint(tokenizer: &Tokenizer, messages: &[ChatMessage], opts: &ChatOptions, prompt: &[u32]) -> Option<usize> {
-    let no_gen = ChatOptions { add_generation_prompt: false, ..*opts };
-    let mut text = chat_template::render(messages, &no_gen).ok()?;
-    text.push_str("<|im_start|>assistant\n");
-    let prefix = tokenizer.encode(&text).ok()?;
-    (prefix.len() < prompt.len() && prompt.starts_with(&prefix)).then_some(prefix.len())
 }
 
 /// What every chunk and the whole reply share.

@@ -63,7 +63,7 @@ pub enum ApiError {
         path: String,
     },
     /// Missing or wrong API key (401).
-    #[error("Incorrect or missing API key. Send it as `Authorization: Bearer <key>`.")]
+    #[error("Incorrect or missing API key. Send it as `Authorization: Bearer <key>` or `x-api-key: <key>`.")]
     Unauthorized,
     /// The body exceeds the server's limit (413).
     #[error("Request body too large: the limit is {limit_bytes} bytes.")]
@@ -209,14 +209,32 @@ impl ApiError {
     /// names the request id: its detail (socket paths, file offsets) is for the server log,
     /// which records it under the same id ([`ApiError::log_internal`]).
     pub fn body_for(&self, request_id: Option<&str>) -> serde_json::Value {
-        let message = match self {
+        let message = self.client_message(request_id);
+        json!({ "error": { "message": message, "type": self.error_type(), "param": self.param(), "code": self.code() } })
+    }
+
+    /// The message the client sees: a 500's says only that the server failed and names the
+    /// request id; every other error's is its sentence.
+    pub fn client_message(&self, request_id: Option<&str>) -> String {
+        match self {
             ApiError::Internal(_) => format!(
                 "The server had an error while processing your request (request id {}); its log has the details.",
                 request_id.unwrap_or("unknown")
             ),
             _ => self.to_string(),
-        };
-        json!({ "error": { "message": message, "type": self.error_type(), "param": self.param(), "code": self.code() } })
+        }
+    }
+
+    /// The `Retry-After` seconds of the errors a retry may cure (full queue, busy pool,
+    /// unavailable expert backend).
+    pub fn retry_after_s(&self) -> Option<u64> {
+        match self {
+            ApiError::QueueFull { retry_after_s, .. }
+            | ApiError::QueuedTokensFull { retry_after_s, .. }
+            | ApiError::Busy { retry_after_s, .. }
+            | ApiError::ExpertsUnavailable { retry_after_s, .. } => Some(*retry_after_s),
+            _ => None,
+        }
     }
 
     /// Writes a 500's detail to the log (in the current span, which carries the request id).
@@ -231,11 +249,7 @@ impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         self.log_internal();
         let mut resp = (self.status(), Json(self.body())).into_response();
-        if let ApiError::QueueFull { retry_after_s, .. }
-        | ApiError::QueuedTokensFull { retry_after_s, .. }
-        | ApiError::Busy { retry_after_s, .. }
-        | ApiError::ExpertsUnavailable { retry_after_s, .. } = self
-        {
+        if let Some(retry_after_s) = self.retry_after_s() {
             resp.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(retry_after_s));
         }
         if matches!(self, ApiError::Unauthorized) {

@@ -9,13 +9,20 @@
 //!
 //! Files: `listener.rs` (accept loop and peer limits), `admission.rs` (body, prompt and
 //! tokeniser limits), `openai.rs` (wire types), `params.rs` (validation), `error.rs` (the one
-//! error → JSON mapping), `chat.rs` and `completions.rs` (the two generation endpoints),
-//! `stream.rs` (SSE and collecting engine events).
+//! error → JSON mapping), `chat.rs` and `completions.rs` (the two OpenAI generation endpoints),
+//! `generate.rs` (template → tokens → engine, shared by the chat-style endpoints), `stream.rs`
+//! (SSE and collecting engine events), `anthropic/` (the Anthropic Messages API).
+//!
+//! The API key is accepted as `Authorization: Bearer <key>` or as `x-api-key: <key>`
+//! (Anthropic's header) on every `/v1/` route. Errors of the `/v1/messages` routes, the
+//! middleware's included, take Anthropic's shape.
 
 pub mod admission;
+pub mod anthropic;
 mod chat;
 mod completions;
 pub mod error;
+mod generate;
 pub mod listener;
 pub mod openai;
 pub mod params;
@@ -44,7 +51,7 @@ use tracing::Instrument;
 pub struct ServerConfig {
     /// The name clients pass as `model`.
     pub served_model_name: String,
-    /// When set, `/v1/*` requires `Authorization: Bearer <key>`.
+    /// When set, `/v1/*` requires `Authorization: Bearer <key>` or `x-api-key: <key>`.
     pub api_key: Option<String>,
     /// Body, prompt and tokeniser limits.
     pub admission: AdmissionConfig,
@@ -163,6 +170,8 @@ pub fn router(state: Arc<AppState>) -> Router {
     Router::new()
         .route("/v1/chat/completions", post(chat::chat_completions))
         .route("/v1/completions", post(completions::completions))
+        .route("/v1/messages", post(anthropic::messages))
+        .route("/v1/messages/count_tokens", post(anthropic::count_tokens))
         .route("/v1/models", get(models))
         .route("/v1/models/{*id}", get(model_card))
         .route("/health", get(health))
@@ -183,6 +192,11 @@ pub async fn serve(
     listener::serve(listener, state, app, shutdown).await
 }
 
+/// An error of the middleware or a fallback, in Anthropic's shape on Anthropic's routes.
+fn error_response(path: &str, e: ApiError) -> Response {
+    if anthropic::owns(path) { anthropic::error::AnthropicError(e).into_response() } else { e.into_response() }
+}
+
 /// Request id, INFO span, API-key check and request metrics around every handler.
 async fn track(State(app): State<Arc<AppState>>, mut req: Request, next: Next) -> Response {
     let start = Instant::now();
@@ -197,44 +211,52 @@ async fn track(State(app): State<Arc<AppState>>, mut req: Request, next: Next) -
     let span = tracing::info_span!("request", request_id = %id, method = %req.method(), path = %path);
     req.extensions_mut().insert(RequestId(id.clone()));
     let authorized = match &app.config.api_key {
-        Some(key) if path.starts_with("/v1/") => bearer_matches(&req, key),
+        Some(key) if path.starts_with("/v1/") => key_matches(&req, key),
         _ => true,
     };
     // A connection beyond --max-connections may only ask for /health.
     let overflow = req.extensions().get::<listener::Overflow>().is_some() && path != "/health";
     let mut resp = if overflow {
         let message = format!("The server has {} connections open (--max-connections).", app.config.peer.max_connections);
-        ApiError::Busy { message, retry_after_s: 1 }.into_response()
+        error_response(&path, ApiError::Busy { message, retry_after_s: 1 })
     } else if authorized {
         REQUEST_ID.scope(id.clone(), next.run(req).instrument(span.clone())).await
     } else {
-        ApiError::Unauthorized.into_response()
+        REQUEST_ID.scope(id.clone(), async { error_response(&path, ApiError::Unauthorized) }).await
     };
     let status = resp.status().as_u16();
     app.metrics.record_request(endpoint, status, start.elapsed());
     span.in_scope(|| tracing::info!(status, took_ms = start.elapsed().as_millis() as u64, "response"));
     if let Ok(v) = HeaderValue::from_str(&id) {
+        if anthropic::owns(&path) {
+            // Anthropic's clients read the id from `request-id`.
+            resp.headers_mut().insert("request-id", v.clone());
+        }
         resp.headers_mut().insert("x-request-id", v);
     }
     resp
 }
 
-/// Compares the bearer token in constant time (no early exit on the first differing byte).
-fn bearer_matches(req: &Request, key: &str) -> bool {
-    let Some(token) = req.headers().get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer "))
-    else {
-        return false;
+/// Whether the request carries the key, as a bearer token or in `x-api-key`, compared in
+/// constant time (no early exit on the first differing byte).
+fn key_matches(req: &Request, key: &str) -> bool {
+    let same = |token: &str| {
+        let (a, b) = (token.trim().as_bytes(), key.as_bytes());
+        a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
     };
-    let (a, b) = (token.trim().as_bytes(), key.as_bytes());
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+    let header = |name| req.headers().get(name).and_then(|v: &HeaderValue| v.to_str().ok());
+    let bearer = header(header::AUTHORIZATION).and_then(|v| v.strip_prefix("Bearer "));
+    bearer.is_some_and(same) || header(header::HeaderName::from_static("x-api-key")).is_some_and(same)
 }
 
-async fn not_found(req: Request) -> ApiError {
-    ApiError::RouteNotFound { method: req.method().to_string(), path: req.uri().path().to_string() }
+async fn not_found(req: Request) -> Response {
+    let path = req.uri().path().to_string();
+    error_response(&path.clone(), ApiError::RouteNotFound { method: req.method().to_string(), path })
 }
 
-async fn method_not_allowed(req: Request) -> ApiError {
-    ApiError::MethodNotAllowed { method: req.method().to_string(), path: req.uri().path().to_string() }
+async fn method_not_allowed(req: Request) -> Response {
+    let path = req.uri().path().to_string();
+    error_response(&path.clone(), ApiError::MethodNotAllowed { method: req.method().to_string(), path })
 }
 
 /// `GET /health`: 200 `ready` with queue counters once the model is loaded, else 503. With

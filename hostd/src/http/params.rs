@@ -63,19 +63,23 @@ pub fn sampling_params(f: &SamplingFields, logprobs: bool, top_logprobs: Option<
 
 /// At most four non-empty stop strings.
 pub fn stop_strings(stop: Option<&Stop>) -> Result<Vec<String>, ApiError> {
-    let list = match stop {
-        None => return Ok(Vec::new()),
-        Some(Stop::One(s)) => vec![s.clone()],
-        Some(Stop::Many(v)) => v.clone(),
-    };
+    match stop {
+        None => Ok(Vec::new()),
+        Some(Stop::One(s)) => stop_list(vec![s.clone()], "stop"),
+        Some(Stop::Many(v)) => stop_list(v.clone(), "stop"),
+    }
+}
+
+/// Checks a list of stop strings (at most four, none empty or overlong); errors name `param`.
+pub fn stop_list(list: Vec<String>, param: &str) -> Result<Vec<String>, ApiError> {
     if list.len() > MAX_STOP_STRINGS {
-        return Err(ApiError::invalid(format!("At most {MAX_STOP_STRINGS} stop sequences are allowed (got {}).", list.len()), "stop"));
+        return Err(ApiError::invalid(format!("At most {MAX_STOP_STRINGS} stop sequences are allowed (got {}).", list.len()), param));
     }
     if list.iter().any(String::is_empty) {
-        return Err(ApiError::invalid("Stop sequences must not be empty.", "stop"));
+        return Err(ApiError::invalid("Stop sequences must not be empty.", param));
     }
     if list.iter().any(|s| s.len() > MAX_STOP_BYTES) {
-        return Err(ApiError::invalid(format!("Stop sequences are limited to {MAX_STOP_BYTES} bytes."), "stop"));
+        return Err(ApiError::invalid(format!("Stop sequences are limited to {MAX_STOP_BYTES} bytes."), param));
     }
     Ok(list)
 }

@@ -1,13 +1,15 @@
-//! Engine events to HTTP: a server-sent-event stream (`data: {json}` per chunk, then
-//! `data: [DONE]`, keep-alive comments while the prompt prefills) or, when not streaming, the
-//! events folded into one result.
+//! Engine events to HTTP: a server-sent-event stream or, when not streaming, the events folded
+//! into one result. OpenAI's framing is `data: {json}` per chunk, then `data: [DONE]`, with
+//! keep-alive comments while the prompt prefills; other APIs (Anthropic's named events) pass
+//! their own [`Framing`] to [`sse_framed`].
 //!
 //! The SSE body owns the request's event receiver: when the client disconnects, hyper drops
 //! the body, the receiver closes, and the scheduler cancels the sequence on its next step.
 
 use super::error::ApiError;
 use crate::engine::{Delta, Event, FinishReason, Usage};
-use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
+pub use axum::response::sse::{Event as SseEvent, KeepAlive};
+use axum::response::sse::Sse;
 use axum::response::{IntoResponse, Response};
 use std::collections::VecDeque;
 use std::convert::Infallible;
@@ -41,64 +43,99 @@ pub async fn collect(mut rx: UnboundedReceiver<Event>) -> Result<Collected, ApiE
     }
 }
 
-struct StreamState<F, G> {
-    rx: UnboundedReceiver<Event>,
-    queue: VecDeque<String>,
-    done: bool,
-    format: F,
-    /// An error as the payload the client gets (its detail logged).
-    failure: G,
+/// How a stream frames what is not an engine delta: the payloads sent for a failure, those
+/// sent after the terminal event, and the keep-alive sent while nothing else is.
+pub struct Framing {
+    /// The frames a failure becomes (the error already logged).
+    pub failure: Box<dyn Fn(&ApiError, Option<&str>) -> Vec<SseEvent> + Send>,
+    /// Frames after a normal end (OpenAI's `[DONE]`).
+    pub done: Vec<SseEvent>,
+    /// What is sent while the prompt prefills or the model is slow.
+    pub keep_alive: KeepAlive,
 }
 
-/// An SSE response: `first` payloads, then `format(event)` for each engine event (a list of
-/// JSON payloads), then `[DONE]` after the terminal event. A failure mid-stream is sent as an
+impl Framing {
+    /// OpenAI's framing: data-only frames, the error object as data, `[DONE]` after the end
+    /// (a failure included), comment keep-alives.
+    pub fn openai() -> Framing {
+        Framing {
+            failure: Box::new(|e, request_id| {
+                vec![SseEvent::default().data(e.body_for(request_id).to_string()), SseEvent::default().data("[DONE]")]
+            }),
+            done: vec![SseEvent::default().data("[DONE]")],
+            keep_alive: KeepAlive::default(),
+        }
+    }
+}
+
+struct StreamState<F> {
+    rx: UnboundedReceiver<Event>,
+    queue: VecDeque<SseEvent>,
+    done: bool,
+    format: F,
+    framing: Framing,
+    request_id: Option<String>,
+    span: tracing::Span,
+}
+
+impl<F> StreamState<F> {
+    fn fail(&mut self, e: ApiError) {
+        self.span.in_scope(|| e.log_internal());
+        let frames = (self.framing.failure)(&e, self.request_id.as_deref());
+        self.queue.extend(frames);
+        self.done = true;
+    }
+}
+
+/// An OpenAI SSE response: `first` payloads, then `format(event)` for each engine event (a list
+/// of JSON payloads), then `[DONE]` after the terminal event. A failure mid-stream is sent as an
 /// OpenAI error object, which the official clients raise as an exception.
-pub fn sse<F>(rx: UnboundedReceiver<Event>, first: Vec<String>, format: F) -> Response
+pub fn sse<F>(rx: UnboundedReceiver<Event>, first: Vec<String>, mut format: F) -> Response
 where
     F: FnMut(Event) -> Vec<String> + Send + 'static,
+{
+    let data = |payloads: Vec<String>| payloads.into_iter().map(|p| SseEvent::default().data(p)).collect::<Vec<_>>();
+    let first = data(first);
+    sse_framed(rx, first, move |ev| data(format(ev)), Framing::openai())
+}
+
+/// An SSE response of any framing: `first` frames, then `format(event)` for each engine event
+/// but a failure, which becomes `framing.failure`'s frames; `framing.done` follows a normal end.
+/// The body owns the event receiver, so a client that goes away cancels the generation.
+pub fn sse_framed<F>(rx: UnboundedReceiver<Event>, first: Vec<SseEvent>, format: F, framing: Framing) -> Response
+where
+    F: FnMut(Event) -> Vec<SseEvent> + Send + 'static,
 {
     // The body is polled outside the handler's task-local and span: keep both for failures.
     let request_id = super::current_request_id();
     let span = tracing::Span::current();
-    let failure = move |e: ApiError| {
-        span.in_scope(|| e.log_internal());
-        e.body_for(request_id.as_deref()).to_string()
-    };
-    let st = StreamState { rx, queue: first.into(), done: false, format, failure };
+    let keep_alive = framing.keep_alive.clone();
+    let st = StreamState { rx, queue: first.into(), done: false, format, framing, request_id, span };
     let stream = futures_util::stream::unfold(st, |mut st| async move {
         loop {
-            if let Some(data) = st.queue.pop_front() {
-                return Some((Ok::<_, Infallible>(SseEvent::default().data(data)), st));
+            if let Some(frame) = st.queue.pop_front() {
+                return Some((Ok::<_, Infallible>(frame), st));
             }
             if st.done {
                 return None;
             }
             match st.rx.recv().await {
+                Some(Event::Failed(f)) => st.fail(ApiError::from(f)),
                 Some(ev) => {
-                    let terminal = matches!(ev, Event::Done { .. } | Event::Failed(_));
-                    if let Event::Failed(f) = &ev {
-                        let payload = (st.failure)(ApiError::from(f.clone()));
-                        st.queue.push_back(payload);
-                    } else {
-                        let payloads = (st.format)(ev);
-                        st.queue.extend(payloads);
-                    }
+                    let terminal = matches!(ev, Event::Done { .. });
+                    let frames = (st.format)(ev);
+                    st.queue.extend(frames);
                     if terminal {
-                        st.queue.push_back("[DONE]".to_string());
+                        let done = st.framing.done.clone();
+                        st.queue.extend(done);
                         st.done = true;
                     }
                 }
-                None => {
-                    let e = ApiError::Internal("the generation engine stopped before the reply was complete".to_string());
-                    let payload = (st.failure)(e);
-                    st.queue.push_back(payload);
-                    st.queue.push_back("[DONE]".to_string());
-                    st.done = true;
-                }
+                None => st.fail(ApiError::Internal("the generation engine stopped before the reply was complete".to_string())),
             }
         }
     });
-    Sse::new(stream).keep_alive(KeepAlive::default()).into_response()
+    Sse::new(stream).keep_alive(keep_alive).into_response()
 }
 
 /// Serialises a response object; these types always serialise.

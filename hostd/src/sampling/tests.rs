@@ -166,3 +166,18 @@ fn multibyte_stop_strings_hold_on_char_boundaries() {
 fn no_stops_passes_through() {
     check_stop(&[], &["a", "b"], &["a", "b"], false, "");
 }
+
+/// The matcher names the stop string that ended the text by its index in the list given (empty
+/// strings counted), the earliest match first, the first listed among matches at one position.
+#[test]
+fn matched_stop_is_named_by_index() {
+    let stops: Vec<String> = ["", "xyz", "b", "bc"].iter().map(|s| s.to_string()).collect();
+    let mut m = StopMatcher::new(&stops);
+    assert_eq!(m.push("a").stopped, false);
+    assert_eq!(m.matched(), None);
+    assert!(m.push("bcd").stopped);
+    assert_eq!(m.matched(), Some(2));
+    let mut m = StopMatcher::new(&stops);
+    assert!(m.push("qqxyzb").stopped);
+    assert_eq!(m.matched(), Some(1));
+}
