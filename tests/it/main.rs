@@ -17,6 +17,7 @@ mod int8_quality;
 mod locator;
 mod parity;
 mod serve;
+mod serve_anthropic;
 mod serve_fairness;
 mod serve_limits;
 mod synth;

@@ -111,7 +111,7 @@ pub async fn messages(
         sampling,
         max_tokens,
         stop: stop.clone(),
-        ignore_eos: false,
+        ignore_eos: req.ignore_eos == Some(true),
         thinking: thinking.enabled,
     };
     let (rx, prompt_tokens) = generate::submit_chat(&app, ready, generation)?;

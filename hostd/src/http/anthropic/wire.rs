@@ -5,6 +5,7 @@
 //! Requests deny unknown top-level fields (a 400 naming the field). Fields whose meaning is
 //! structured (`system`, `messages`, `thinking`, `tools`, `tool_choice`, `output_config`) are
 //! raw values, checked field by field in `convert.rs` so each error names its exact path.
+//! One extension beyond Anthropic's fields, as on the OpenAI routes (vLLM's): `ignore_eos`.
 //! Accepted and ignored: `metadata`, `cache_control` (the prefix cache works without
 //! markers), `service_tier`, `inference_geo`, `speed`, `diagnostics`. Refused when set:
 //! `container`, `mcp_servers`, `context_management` (server-side tools and context editing).
@@ -42,6 +43,8 @@ pub struct MessagesRequest {
     pub tool_choice: Option<Value>,
     /// `effort` (accepted, ignored) and `format` (refused).
     pub output_config: Option<Value>,
+    /// Keep generating past the end-of-turn token (vLLM's extension, for benchmarks and tests).
+    pub ignore_eos: Option<bool>,
     /// Request metadata such as `user_id` (accepted, ignored).
     pub metadata: Option<Value>,
     /// Prompt-cache marker (accepted, ignored).
