@@ -43,11 +43,14 @@ pub async fn collect(mut rx: UnboundedReceiver<Event>) -> Result<Collected, ApiE
     }
 }
 
+/// Turns a failure (and the request id) into the frames the client gets.
+pub type FailureFrames = Box<dyn Fn(&ApiError, Option<&str>) -> Vec<SseEvent> + Send>;
+
 /// How a stream frames what is not an engine delta: the payloads sent for a failure, those
 /// sent after the terminal event, and the keep-alive sent while nothing else is.
 pub struct Framing {
     /// The frames a failure becomes (the error already logged).
-    pub failure: Box<dyn Fn(&ApiError, Option<&str>) -> Vec<SseEvent> + Send>,
+    pub failure: FailureFrames,
     /// Frames after a normal end (OpenAI's `[DONE]`).
     pub done: Vec<SseEvent>,
     /// What is sent while the prompt prefills or the model is slow.

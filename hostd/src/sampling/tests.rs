@@ -173,7 +173,7 @@ fn no_stops_passes_through() {
 fn matched_stop_is_named_by_index() {
     let stops: Vec<String> = ["", "xyz", "b", "bc"].iter().map(|s| s.to_string()).collect();
     let mut m = StopMatcher::new(&stops);
-    assert_eq!(m.push("a").stopped, false);
+    assert!(!m.push("a").stopped);
     assert_eq!(m.matched(), None);
     assert!(m.push("bcd").stopped);
     assert_eq!(m.matched(), Some(2));
