@@ -8,7 +8,10 @@ use std::process::{Command, Output};
 
 /// The workspace root (parent of this crate).
 pub fn workspace_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("tests/ has a parent").to_path_buf()
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("tests/ has a parent")
+        .to_path_buf()
 }
 
 /// Oracle presets with committed fixtures, sorted.
@@ -21,7 +24,11 @@ pub fn presets() -> Vec<String> {
         .map(|e| e.file_name().to_string_lossy().into_owned())
         .collect();
     out.sort();
-    assert!(out.len() >= 3, "expected at least three oracle presets in {}", dir.display());
+    assert!(
+        out.len() >= 3,
+        "expected at least three oracle presets in {}",
+        dir.display()
+    );
     out
 }
 
@@ -32,7 +39,9 @@ pub fn model_dir(preset: &str) -> PathBuf {
 
 /// The oracle's reference JSON for one preset.
 pub fn reference(preset: &str) -> serde_json::Value {
-    let path = workspace_root().join("tests/fixtures/reference").join(format!("{preset}.json"));
+    let path = workspace_root()
+        .join("tests/fixtures/reference")
+        .join(format!("{preset}.json"));
     let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
@@ -41,15 +50,25 @@ pub fn reference(preset: &str) -> serde_json::Value {
 pub fn workspace_bin(name: &str) -> PathBuf {
     let exe = std::env::current_exe().expect("test executable path");
     // target/<profile>/deps/it-<hash> → target/<profile>/NAME
-    let dir = exe.parent().and_then(Path::parent).expect("target/<profile>");
+    let dir = exe
+        .parent()
+        .and_then(Path::parent)
+        .expect("target/<profile>");
     let bin = dir.join(name);
-    assert!(bin.exists(), "{} not built; run the tests through `cargo test --workspace`", bin.display());
+    assert!(
+        bin.exists(),
+        "{} not built; run the tests through `cargo test --workspace`",
+        bin.display()
+    );
     bin
 }
 
 /// Runs `hostd ARGS…` and returns its output.
 pub fn hostd(args: &[&str]) -> Output {
-    Command::new(workspace_bin("hostd")).args(args).output().expect("spawn hostd")
+    Command::new(workspace_bin("hostd"))
+        .args(args)
+        .output()
+        .expect("spawn hostd")
 }
 
 /// Copies every file of `src` (flat directory) into a fresh temporary directory.
@@ -58,7 +77,8 @@ pub fn copy_model(src: &Path) -> tempfile::TempDir {
     for entry in std::fs::read_dir(src).expect("read fixture dir") {
         let entry = entry.expect("dir entry");
         if entry.path().is_file() {
-            std::fs::copy(entry.path(), dst.path().join(entry.file_name())).expect("copy fixture file");
+            std::fs::copy(entry.path(), dst.path().join(entry.file_name()))
+                .expect("copy fixture file");
         }
     }
     dst
@@ -96,7 +116,14 @@ pub fn read_shard(path: &Path) -> BTreeMap<String, OwnedTensor> {
     let st = SafeTensors::deserialize(&bytes).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     st.iter()
         .map(|(name, view)| {
-            (name.to_string(), OwnedTensor { dtype: view.dtype(), shape: view.shape().to_vec(), data: view.data().to_vec() })
+            (
+                name.to_string(),
+                OwnedTensor {
+                    dtype: view.dtype(),
+                    shape: view.shape().to_vec(),
+                    data: view.data().to_vec(),
+                },
+            )
         })
         .collect()
 }
@@ -110,8 +137,11 @@ pub fn write_shard(path: &Path, tensors: &BTreeMap<String, OwnedTensor>) {
 /// Writes `model.safetensors.index.json` for `weight_map` (tensor → shard file name).
 pub fn write_index(dir: &Path, weight_map: &BTreeMap<String, String>) {
     let index = serde_json::json!({ "metadata": {}, "weight_map": weight_map });
-    std::fs::write(dir.join("model.safetensors.index.json"), serde_json::to_string_pretty(&index).expect("json"))
-        .expect("write index");
+    std::fs::write(
+        dir.join("model.safetensors.index.json"),
+        serde_json::to_string_pretty(&index).expect("json"),
+    )
+    .expect("write index");
 }
 
 /// Reads `model.safetensors.index.json`'s weight map.
@@ -123,9 +153,16 @@ pub fn read_index(dir: &Path) -> BTreeMap<String, String> {
 
 /// Rewrites the shard holding `tensor` with `edit` applied to that tensor (`None` removes it),
 /// keeping the index consistent. Returns the shard's file name.
-pub fn edit_tensor(dir: &Path, tensor: &str, edit: impl FnOnce(OwnedTensor) -> Option<OwnedTensor>) -> String {
+pub fn edit_tensor(
+    dir: &Path,
+    tensor: &str,
+    edit: impl FnOnce(OwnedTensor) -> Option<OwnedTensor>,
+) -> String {
     let mut index = read_index(dir);
-    let shard = index.get(tensor).unwrap_or_else(|| panic!("{tensor} not in index")).clone();
+    let shard = index
+        .get(tensor)
+        .unwrap_or_else(|| panic!("{tensor} not in index"))
+        .clone();
     let path = dir.join(&shard);
     let mut tensors = read_shard(&path);
     let t = tensors.remove(tensor).expect("tensor in shard");
@@ -160,9 +197,17 @@ impl SplitMix {
 pub fn read_logits(base_dir: &Path, block: &serde_json::Value) -> Vec<f32> {
     let path = base_dir.join(block["path"].as_str().expect("logits path"));
     let offset = block["offset"].as_u64().expect("offset") as usize;
-    let count: usize = block["shape"].as_array().expect("shape").iter().map(|d| d.as_u64().expect("dim") as usize).product();
+    let count: usize = block["shape"]
+        .as_array()
+        .expect("shape")
+        .iter()
+        .map(|d| d.as_u64().expect("dim") as usize)
+        .product();
     let bytes = std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    bytes[offset..offset + count * 4].chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()
+    bytes[offset..offset + count * 4]
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect()
 }
 
 /// Directory of the oracle's reference files.
@@ -173,28 +218,49 @@ pub fn reference_dir() -> PathBuf {
 /// Largest absolute element-wise difference.
 pub fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len(), "length mismatch");
-    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
 }
 
 /// Runs `expertd prepare MODEL --out OUT` (the built binary) and panics with its output on failure.
 pub fn prepare_container(model: &Path, out: &Path) {
     let o = Command::new(workspace_bin("expertd"))
-        .args(["prepare", model.to_str().expect("utf-8 path"), "--out", out.to_str().expect("utf-8 path")])
+        .args([
+            "prepare",
+            model.to_str().expect("utf-8 path"),
+            "--out",
+            out.to_str().expect("utf-8 path"),
+        ])
         .output()
         .expect("spawn expertd");
-    assert!(o.status.success(), "expertd prepare failed: {}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+    assert!(
+        o.status.success(),
+        "expertd prepare failed: {}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
 }
 
 /// Re-saves a fused checkpoint with per-expert tensors (what transformers v5 writes), each
 /// expert's tensors in the shard that held its layer's fused tensor.
 pub fn split_experts(dir: &Path) {
     let mut index = read_index(dir);
-    let shards: Vec<String> = index.values().cloned().collect::<std::collections::BTreeSet<_>>().into_iter().collect();
+    let shards: Vec<String> = index
+        .values()
+        .cloned()
+        .collect::<std::collections::BTreeSet<_>>()
+        .into_iter()
+        .collect();
     for shard in shards {
         let path = dir.join(&shard);
         let mut out = BTreeMap::new();
         for (name, t) in read_shard(&path) {
-            let Some(stem) = name.strip_suffix(".mlp.experts.gate_up_proj").or(name.strip_suffix(".mlp.experts.down_proj")) else {
+            let Some(stem) = name
+                .strip_suffix(".mlp.experts.gate_up_proj")
+                .or(name.strip_suffix(".mlp.experts.down_proj"))
+            else {
                 out.insert(name, t);
                 continue;
             };
@@ -206,7 +272,14 @@ pub fn split_experts(dir: &Path) {
                 let mut put = |proj: &str, bytes: &[u8], r: usize| {
                     let n = format!("{stem}.mlp.experts.{e}.{proj}.weight");
                     index.insert(n.clone(), shard.clone());
-                    out.insert(n, OwnedTensor { dtype: t.dtype, shape: vec![r, cols], data: bytes.to_vec() });
+                    out.insert(
+                        n,
+                        OwnedTensor {
+                            dtype: t.dtype,
+                            shape: vec![r, cols],
+                            data: bytes.to_vec(),
+                        },
+                    );
                 };
                 if name.ends_with("gate_up_proj") {
                     let half = block.len() / 2;
@@ -221,4 +294,3 @@ pub fn split_experts(dir: &Path) {
     }
     write_index(dir, &index);
 }
-

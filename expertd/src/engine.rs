@@ -12,10 +12,10 @@
 
 use crate::cache::{CacheError, ExpertCache, ExpertKey, SessionId};
 use crate::io::{ExpertSource, IoError, ReadRequest};
+use crate::prefetch::Prefetcher;
 use shared::container::{BlobLayout, Header};
 use shared::kernels::int8::{Int8Isa, MatrixRef};
 use shared::moe_exec::{ExpertMatrices, MoeExec};
-use crate::prefetch::Prefetcher;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Instant;
@@ -135,13 +135,25 @@ const WAVE_WAIT_LIMIT: std::time::Duration = std::time::Duration::from_secs(30);
 /// Views a verified blob (from a lease) as the kernel's two matrices, without hashing it
 /// again: the blob was checked when it was read into the cache, and cache buffers are written
 /// only by that read.
-fn view_blob<'a>(bytes: &'a [u8], layout: &BlobLayout, key: ExpertKey) -> Result<ExpertMatrices<'a>, CallError> {
-    let misaligned = |part| CallError::Misaligned { layer: key.layer, expert: key.expert, part };
+fn view_blob<'a>(
+    bytes: &'a [u8],
+    layout: &BlobLayout,
+    key: ExpertKey,
+) -> Result<ExpertMatrices<'a>, CallError> {
+    let misaligned = |part| CallError::Misaligned {
+        layer: key.layer,
+        expert: key.expert,
+        part,
+    };
     if bytes.len() < layout.content_bytes {
         return Err(misaligned("blob length"));
     }
-    let f32s = |range: std::ops::Range<usize>, part| bytemuck::try_cast_slice::<u8, f32>(&bytes[range]).map_err(|_| misaligned(part));
-    let i32s = |range: std::ops::Range<usize>, part| bytemuck::try_cast_slice::<u8, i32>(&bytes[range]).map_err(|_| misaligned(part));
+    let f32s = |range: std::ops::Range<usize>, part| {
+        bytemuck::try_cast_slice::<u8, f32>(&bytes[range]).map_err(|_| misaligned(part))
+    };
+    let i32s = |range: std::ops::Range<usize>, part| {
+        bytemuck::try_cast_slice::<u8, i32>(&bytes[range]).map_err(|_| misaligned(part))
+    };
     let gate_up = MatrixRef {
         rows: layout.gate_up_rows,
         cols: layout.gate_up_cols,
@@ -162,7 +174,13 @@ fn view_blob<'a>(bytes: &'a [u8], layout: &BlobLayout, key: ExpertKey) -> Result
 impl Engine {
     /// An engine over `source` with `cache`, computing with `isa` on `threads` threads (0: one
     /// per core), accepting calls of up to `max_rows` rows.
-    pub fn new(cache: ExpertCache, source: Box<dyn ExpertSource>, isa: Int8Isa, threads: usize, max_rows: usize) -> std::io::Result<Engine> {
+    pub fn new(
+        cache: ExpertCache,
+        source: Box<dyn ExpertSource>,
+        isa: Int8Isa,
+        threads: usize,
+        max_rows: usize,
+    ) -> std::io::Result<Engine> {
         let header = *source.container().header();
         let pool = rayon::ThreadPoolBuilder::new()
             .num_threads(threads)
@@ -171,16 +189,34 @@ impl Engine {
             .map_err(std::io::Error::other)?;
         let st = cache.stats();
         let wave_experts = (((st.n_slots + st.transient_slots) / 2).max(1)) as usize;
-        Ok(Engine { cache, source, isa, header, pool, max_rows, wave_experts, demand_reads: AtomicU32::new(0), prefetcher: OnceLock::new(), overlap: true })
+        Ok(Engine {
+            cache,
+            source,
+            isa,
+            header,
+            pool,
+            max_rows,
+            wave_experts,
+            demand_reads: AtomicU32::new(0),
+            prefetcher: OnceLock::new(),
+            overlap: true,
+        })
     }
 
     /// Leases one wave's experts, waiting (bounded by [`WAVE_WAIT_LIMIT`]) while other calls
     /// hold every slot and transient buffer; a refused acquire changes nothing in the cache.
-    fn acquire_wave(&self, spec: &CallSpec<'_>, keys: &[ExpertKey]) -> Result<crate::cache::Acquired, CallError> {
+    fn acquire_wave(
+        &self,
+        spec: &CallSpec<'_>,
+        keys: &[ExpertKey],
+    ) -> Result<crate::cache::Acquired, CallError> {
         let deadline = Instant::now() + WAVE_WAIT_LIMIT;
         let mut pause = std::time::Duration::from_micros(200);
         loop {
-            match self.cache.acquire_at(SessionId(spec.session), spec.step, keys) {
+            match self
+                .cache
+                .acquire_at(SessionId(spec.session), spec.step, keys)
+            {
                 Err(CacheError::Exhausted { .. }) if Instant::now() < deadline => {
                     std::thread::sleep(pause);
                     pause = (pause * 2).min(std::time::Duration::from_millis(20));
@@ -249,7 +285,10 @@ impl Engine {
     /// Checks a call's row count: `1..=max_rows` (before any buffer of that size is touched).
     pub fn check_rows(&self, layer: u32, n_rows: usize) -> Result<(), CallError> {
         if n_rows == 0 || n_rows > self.max_rows {
-            return Err(CallError::Invalid { layer, reason: format!("n_tokens {n_rows} must be in 1..={}", self.max_rows) });
+            return Err(CallError::Invalid {
+                layer,
+                reason: format!("n_tokens {n_rows} must be in 1..={}", self.max_rows),
+            });
         }
         Ok(())
     }
@@ -258,13 +297,30 @@ impl Engine {
     /// duplicates within a row, finite weights, the row limit. Cheap; run before queueing.
     pub fn validate(&self, spec: &CallSpec<'_>) -> Result<(), CallError> {
         let dims = &self.header.layout.dims;
-        let bad = |reason: String| Err(CallError::Invalid { layer: spec.layer, reason });
+        let bad = |reason: String| {
+            Err(CallError::Invalid {
+                layer: spec.layer,
+                reason,
+            })
+        };
         if spec.layer as usize >= dims.n_layers {
-            return bad(format!("layer {} out of range (container has {} layers)", spec.layer, dims.n_layers));
+            return bad(format!(
+                "layer {} out of range (container has {} layers)",
+                spec.layer, dims.n_layers
+            ));
         }
         self.check_rows(spec.layer, spec.n_rows)?;
-        shared::moe_exec::validate_routing(spec.n_rows, spec.top_k, spec.ids, spec.weights, dims.n_experts)
-            .map_err(|reason| CallError::Invalid { layer: spec.layer, reason })?;
+        shared::moe_exec::validate_routing(
+            spec.n_rows,
+            spec.top_k,
+            spec.ids,
+            spec.weights,
+            dims.n_experts,
+        )
+        .map_err(|reason| CallError::Invalid {
+            layer: spec.layer,
+            reason,
+        })?;
         Ok(())
     }
 
@@ -272,7 +328,12 @@ impl Engine {
     /// `x` and `out` hold `n_rows × hidden` values; a non-finite value in `x` fails the call
     /// (`Invalid`, naming the row) before any lease is taken. Blocks (reads and compute); run it off the
     /// async runtime. Every lease is released when this returns, on success or failure.
-    pub fn run(&self, spec: &CallSpec<'_>, x: &[f32], out: &mut [f32]) -> Result<CallCost, CallError> {
+    pub fn run(
+        &self,
+        spec: &CallSpec<'_>,
+        x: &[f32],
+        out: &mut [f32],
+    ) -> Result<CallCost, CallError> {
         // PERF-CRITICAL: the per-call path; no logging, no global locks beyond the cache's
         // short planner section, no allocation proportional to anything but the call.
         assert_eq!(x.len(), spec.n_rows * self.hidden());
@@ -282,23 +343,38 @@ impl Engine {
         if let Some((row, column, value)) = shared::moe_exec::first_non_finite(x, self.hidden()) {
             return Err(CallError::Invalid {
                 layer: spec.layer,
-                reason: format!("activation row {row} is not finite ({value} at column {column}); NaN and infinite activations are refused"),
+                reason: format!(
+                    "activation row {row} is not finite ({value} at column {column}); NaN and infinite activations are refused"
+                ),
             });
         }
         // Experts in ascending id order (as the in-process backend does; the order does not
         // change any result, only which expert runs where).
-        let mut exec = MoeExec::new(x, spec.ids, spec.weights, spec.n_rows, spec.top_k, self.hidden(), self.header.layout.dims.n_experts);
+        let mut exec = MoeExec::new(
+            x,
+            spec.ids,
+            spec.weights,
+            spec.n_rows,
+            spec.top_k,
+            self.hidden(),
+            self.header.layout.dims.n_experts,
+        );
         let n_groups = exec.groups().len();
         let mut cost = CallCost::default();
         let mut start = 0;
         while start < n_groups {
             let wave: Vec<usize> = (start..(start + self.wave_experts).min(n_groups)).collect();
             start += wave.len();
-            let keys: Vec<ExpertKey> = wave.iter().map(|&g| ExpertKey::new(spec.layer, exec.groups()[g].0)).collect();
+            let keys: Vec<ExpertKey> = wave
+                .iter()
+                .map(|&g| ExpertKey::new(spec.layer, exec.groups()[g].0))
+                .collect();
             // A hit on an expert whose read by another caller (another call, or a speculative
             // read) failed is read again by this call: once, on a fresh lease.
             let w = match self.run_wave(spec, &mut exec, &wave, &keys) {
-                Err(CallError::Cache(CacheError::FillFailed { .. })) => self.run_wave(spec, &mut exec, &wave, &keys)?,
+                Err(CallError::Cache(CacheError::FillFailed { .. })) => {
+                    self.run_wave(spec, &mut exec, &wave, &keys)?
+                }
                 other => other?,
             };
             cost.io_wait_ns += w.io_wait_ns;
@@ -319,7 +395,13 @@ impl Engine {
     /// the compute pool, so a pool thread cannot block on another call's read. Adds to
     /// its cost: IO wait = leasing + the part of the reads not hidden behind the hits' compute +
     /// waiting for other callers' reads; compute = the rest of the wave's time.
-    fn run_wave(&self, spec: &CallSpec<'_>, exec: &mut MoeExec<'_>, wave: &[usize], keys: &[ExpertKey]) -> Result<CallCost, CallError> {
+    fn run_wave(
+        &self,
+        spec: &CallSpec<'_>,
+        exec: &mut MoeExec<'_>,
+        wave: &[usize],
+        keys: &[ExpertKey],
+    ) -> Result<CallCost, CallError> {
         let mut cost = CallCost::default();
         let layout = self.header.layout.blob;
         let isa = self.isa;
@@ -339,8 +421,18 @@ impl Engine {
             }
         }
         let t_wave = Instant::now();
-        let ready_now: Vec<usize> = acquired.leases().iter().enumerate().filter(|(_, l)| l.is_ready()).map(|(i, _)| wave[i]).collect();
-        let rest: Vec<usize> = wave.iter().copied().filter(|g| !ready_now.contains(g)).collect();
+        let ready_now: Vec<usize> = acquired
+            .leases()
+            .iter()
+            .enumerate()
+            .filter(|(_, l)| l.is_ready())
+            .map(|(i, _)| wave[i])
+            .collect();
+        let rest: Vec<usize> = wave
+            .iter()
+            .copied()
+            .filter(|g| !ready_now.contains(g))
+            .collect();
         let mut read_wait_ns = 0u64;
         if acquired.n_misses() > 0 && !self.overlap {
             // As before the call ring: read everything, then compute.
@@ -364,7 +456,10 @@ impl Engine {
                 if !ready_now.is_empty() {
                     scope.spawn(|_| {
                         hit_result = exec_ref.compute(isa, &ready_now, |g, _| {
-                            let (_, lease) = ready.iter().find(|(rg, _)| *rg == g).expect("ready_now lists the ready leases");
+                            let (_, lease) = ready
+                                .iter()
+                                .find(|(rg, _)| *rg == g)
+                                .expect("ready_now lists the ready leases");
                             view_lease(lease, &layout)
                         });
                         hits_done = Some(Instant::now());
@@ -387,10 +482,18 @@ impl Engine {
         acquired.wait_ready()?;
         read_wait_ns += t_wait.elapsed().as_nanos() as u64;
         // After an overlapped read the hits are done; otherwise nothing is computed yet.
-        let to_compute: &[usize] = if acquired.n_misses() > 0 && self.overlap { &rest } else { wave };
+        let to_compute: &[usize] = if acquired.n_misses() > 0 && self.overlap {
+            &rest
+        } else {
+            wave
+        };
         let leases = acquired.leases();
         // A wave is a run of consecutive groups, so group `g` is lease `g - wave[0]`.
-        self.pool.install(|| exec.compute(isa, to_compute, |g, _| view_lease(&leases[g - wave[0]], &layout)))?;
+        self.pool.install(|| {
+            exec.compute(isa, to_compute, |g, _| {
+                view_lease(&leases[g - wave[0]], &layout)
+            })
+        })?;
         cost.io_wait_ns += read_wait_ns;
         cost.compute_ns += (t_wave.elapsed().as_nanos() as u64).saturating_sub(read_wait_ns);
         Ok(cost)
@@ -406,7 +509,11 @@ impl Engine {
             .iter_mut()
             .map(|lease| {
                 let key = lease.key();
-                ReadRequest { layer: key.layer, expert: key.expert, dst: lease.buffer_mut() }
+                ReadRequest {
+                    layer: key.layer,
+                    expert: key.expert,
+                    dst: lease.buffer_mut(),
+                }
             })
             .collect();
         let results = self.source.read_blobs(&mut reqs);
@@ -441,7 +548,9 @@ impl Drop for DemandReading<'_> {
 }
 
 /// A ready lease's blob as the kernel's matrices.
-fn view_lease<'a>(lease: &'a crate::cache::Lease, layout: &BlobLayout) -> Result<ExpertMatrices<'a>, CallError> {
+fn view_lease<'a>(
+    lease: &'a crate::cache::Lease,
+    layout: &BlobLayout,
+) -> Result<ExpertMatrices<'a>, CallError> {
     view_blob(lease.bytes(), layout, lease.key())
 }
-

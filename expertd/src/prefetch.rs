@@ -82,11 +82,21 @@ pub struct Prefetcher {
 impl Prefetcher {
     /// Starts the prefetch thread for `engine`, capped at `cap_bytes_per_step` speculative
     /// bytes per client step. The thread ends when the engine is dropped.
-    pub fn start(engine: &Arc<Engine>, cap_bytes_per_step: u64) -> std::io::Result<Arc<Prefetcher>> {
+    pub fn start(
+        engine: &Arc<Engine>,
+        cap_bytes_per_step: u64,
+    ) -> std::io::Result<Arc<Prefetcher>> {
         let (tx, rx) = std::sync::mpsc::sync_channel(QUEUE);
-        let p = Arc::new(Prefetcher { tx, speculative: Mutex::new(HashSet::new()), counters: PrefetchCounters::default(), cap_bytes_per_step });
+        let p = Arc::new(Prefetcher {
+            tx,
+            speculative: Mutex::new(HashSet::new()),
+            counters: PrefetchCounters::default(),
+            cap_bytes_per_step,
+        });
         let (weak_engine, weak_p) = (Arc::downgrade(engine), Arc::downgrade(&p));
-        std::thread::Builder::new().name("expertd-prefetch".into()).spawn(move || run(rx, weak_engine, weak_p))?;
+        std::thread::Builder::new()
+            .name("expertd-prefetch".into())
+            .spawn(move || run(rx, weak_engine, weak_p))?;
         Ok(p)
     }
 
@@ -94,32 +104,45 @@ impl Prefetcher {
     pub fn hint(&self, h: Hint) {
         match self.tx.try_send(h) {
             Ok(()) => self.counters.hints.fetch_add(1, Ordering::Relaxed),
-            Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) => self.counters.dropped_hints.fetch_add(1, Ordering::Relaxed),
+            Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) => {
+                self.counters.dropped_hints.fetch_add(1, Ordering::Relaxed)
+            }
         };
     }
 
     /// A demand call hit `key`: if it was read speculatively, its bytes were useful. Returns
     /// whether it was.
     pub fn note_hit(&self, key: ExpertKey, stride: u64) -> bool {
-        let mut set = self.speculative.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut set = self
+            .speculative
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
         if set.is_empty() || !set.remove(&key) {
             return false;
         }
-        self.counters.useful_bytes.fetch_add(stride, Ordering::Relaxed);
+        self.counters
+            .useful_bytes
+            .fetch_add(stride, Ordering::Relaxed);
         true
     }
 
     /// A demand call missed `key`: a speculative copy of it (if one was read) was evicted
     /// unused, so a later hit on the demand-read copy is not the speculation's doing.
     pub fn note_demand_miss(&self, key: ExpertKey) {
-        let mut set = self.speculative.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut set = self
+            .speculative
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
         if !set.is_empty() {
             set.remove(&key);
         }
     }
 
     fn remember(&self, key: ExpertKey) {
-        let mut set = self.speculative.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut set = self
+            .speculative
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
         if set.len() >= MAX_TRACKED {
             set.clear();
         }
@@ -127,7 +150,10 @@ impl Prefetcher {
     }
 
     fn forget(&self, key: ExpertKey) {
-        self.speculative.lock().unwrap_or_else(PoisonError::into_inner).remove(&key);
+        self.speculative
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(&key);
     }
 }
 
@@ -137,7 +163,9 @@ fn run(rx: Receiver<Hint>, engine: Weak<Engine>, p: Weak<Prefetcher>) {
     // other sessions' hints never reset it.
     let mut spent: HashMap<u64, (u64, u64)> = HashMap::new();
     while let Ok(hint) = rx.recv() {
-        let (Some(engine), Some(p)) = (engine.upgrade(), p.upgrade()) else { return };
+        let (Some(engine), Some(p)) = (engine.upgrade(), p.upgrade()) else {
+            return;
+        };
         if spent.len() > 1024 {
             spent.clear();
         }
@@ -197,15 +225,29 @@ fn run(rx: Receiver<Hint>, engine: Weak<Engine>, p: Weak<Prefetcher>) {
 /// meanwhile (nothing read); `None` skipped — only a transient buffer or nothing was free,
 /// or the read failed.
 fn read_batch(engine: &Engine, keys: &[ExpertKey], step: u64) -> Vec<Option<bool>> {
-    let Ok(mut acquired) = engine.cache().acquire_at(PREFETCH_SESSION, step, keys) else { return vec![None; keys.len()] };
-    let mut outcome: Vec<Option<bool>> = acquired.leases().iter().map(|l| (!l.needs_fill()).then_some(false)).collect();
-    let mut mine: Vec<(usize, &mut crate::cache::Lease)> =
-        acquired.leases_mut().iter_mut().enumerate().filter(|(_, l)| l.needs_fill() && !l.is_transient()).collect();
+    let Ok(mut acquired) = engine.cache().acquire_at(PREFETCH_SESSION, step, keys) else {
+        return vec![None; keys.len()];
+    };
+    let mut outcome: Vec<Option<bool>> = acquired
+        .leases()
+        .iter()
+        .map(|l| (!l.needs_fill()).then_some(false))
+        .collect();
+    let mut mine: Vec<(usize, &mut crate::cache::Lease)> = acquired
+        .leases_mut()
+        .iter_mut()
+        .enumerate()
+        .filter(|(_, l)| l.needs_fill() && !l.is_transient())
+        .collect();
     let mut reqs: Vec<ReadRequest<'_>> = mine
         .iter_mut()
         .map(|(_, lease)| {
             let key = lease.key();
-            ReadRequest { layer: key.layer, expert: key.expert, dst: lease.buffer_mut() }
+            ReadRequest {
+                layer: key.layer,
+                expert: key.expert,
+                dst: lease.buffer_mut(),
+            }
         })
         .collect();
     let results = engine.source().read_blobs(&mut reqs);
@@ -219,4 +261,3 @@ fn read_batch(engine: &Engine, keys: &[ExpertKey], step: u64) -> Vec<Option<bool
     // Dropping the leases leaves filled slots resident (unpinned); unfilled ones are abandoned.
     outcome
 }
-

@@ -13,9 +13,21 @@
 //! conversation needs at least one user query; a user message wrapped entirely in
 //! `<tool_response>…</tool_response>` does not count as a query.
 //!
-//! Out of scope: tool calling (the `# Tools` system block, `tool_calls` on assistant turns, the `tool` role)
-//! and multimodal content (image/video placeholders). A `tool` role is rejected with an error.
+//! Tool calling ([`render_with_tools`], `tools.rs`): the `# Tools` system block, `tool_calls` on
+//! assistant turns and `tool` results, as the official template writes them; golden conversations
+//! rendered by transformers check it byte for byte (tests/oracle/tool_goldens.json).
+//!
+//! Out of scope: multimodal content (image/video placeholders).
 
+#[cfg(test)]
+mod goldens;
+mod pyjson;
+mod tools;
+
+pub use pyjson::tojson;
+pub use tools::ToolCall;
+
+use serde_json::Value;
 use std::fmt;
 use std::str::FromStr;
 
@@ -34,10 +46,8 @@ pub enum ChatTemplateError {
     /// There is no user query (a user message that is not just a tool response).
     #[error("no user query found in messages")]
     NoUserQuery,
-    /// A role name other than system/user/assistant.
-    #[error(
-        "unsupported message role {0:?} (only system, user and assistant; tool calling is not supported)"
-    )]
+    /// A role name other than system/user/assistant/tool.
+    #[error("unsupported message role {0:?} (only system, user, assistant and tool)")]
     UnknownRole(String),
 }
 
@@ -48,8 +58,10 @@ pub enum Role {
     System,
     /// A user turn.
     User,
-    /// A model turn (possibly with reasoning).
+    /// A model turn (possibly with reasoning and tool calls).
     Assistant,
+    /// A tool's result, rendered inside a user turn as `<tool_response>`.
+    Tool,
 }
 
 impl Role {
@@ -59,6 +71,7 @@ impl Role {
             Role::System => "system",
             Role::User => "user",
             Role::Assistant => "assistant",
+            Role::Tool => "tool",
         }
     }
 }
@@ -72,13 +85,14 @@ impl fmt::Display for Role {
 impl FromStr for Role {
     type Err = ChatTemplateError;
 
-    /// Parse `system`, `user` or `assistant`; anything else (including `tool`) is
+    /// Parse `system`, `user`, `assistant` or `tool`; anything else is
     /// [`ChatTemplateError::UnknownRole`].
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         match s {
             "system" => Ok(Role::System),
             "user" => Ok(Role::User),
             "assistant" => Ok(Role::Assistant),
+            "tool" => Ok(Role::Tool),
             other => Err(ChatTemplateError::UnknownRole(other.to_string())),
         }
     }
@@ -93,6 +107,8 @@ pub struct ChatMessage {
     pub content: String,
     /// An assistant turn's reasoning (the text inside `<think>…</think>`); ignored on other roles.
     pub reasoning_content: Option<String>,
+    /// An assistant turn's tool calls, rendered after its content; ignored on other roles.
+    pub tool_calls: Vec<ToolCall>,
 }
 
 impl ChatMessage {
@@ -102,6 +118,7 @@ impl ChatMessage {
             role,
             content: content.into(),
             reasoning_content: None,
+            tool_calls: Vec::new(),
         }
     }
 
@@ -129,7 +146,19 @@ impl ChatMessage {
             role: Role::Assistant,
             content: content.into(),
             reasoning_content: Some(reasoning.into()),
+            tool_calls: Vec::new(),
         }
+    }
+
+    /// A tool's result.
+    pub fn tool(content: impl Into<String>) -> Self {
+        Self::new(Role::Tool, content)
+    }
+
+    /// The same message with these tool calls (meaningful on an assistant turn).
+    pub fn with_tool_calls(mut self, calls: Vec<ToolCall>) -> Self {
+        self.tool_calls = calls;
+        self
     }
 }
 
@@ -160,27 +189,45 @@ const IM_END: &str = "<|im_end|>";
 const THINK: &str = "<think>";
 const THINK_END: &str = "</think>";
 
-/// Render a conversation to the prompt text (encode it with special tokens matched as text).
+/// Render a conversation without tools to the prompt text (encode it with special tokens matched
+/// as text).
 pub fn render(
     messages: &[ChatMessage],
+    options: &ChatOptions,
+) -> Result<String, ChatTemplateError> {
+    render_with_tools(messages, &[], options)
+}
+
+/// Render a conversation with the tool definitions `tools` (each rendered as given, with
+/// `tojson`; an empty list means no tools) to the prompt text.
+pub fn render_with_tools(
+    messages: &[ChatMessage],
+    tools: &[Value],
     options: &ChatOptions,
 ) -> Result<String, ChatTemplateError> {
     if messages.is_empty() {
         return Err(ChatTemplateError::NoMessages);
     }
-    if let Some(index) = messages.iter().skip(1).position(|m| m.role == Role::System) {
-        return Err(ChatTemplateError::SystemNotFirst { index: index + 1 });
+    let system = (messages[0].role == Role::System).then(|| py_trim(&messages[0].content));
+    let mut out = String::new();
+    if !tools.is_empty() {
+        tools::push_system_with_tools(&mut out, tools, system);
+    } else if let Some(s) = system {
+        push_turn(&mut out, Role::System, s);
     }
     let last_query = messages
         .iter()
         .rposition(|m| m.role == Role::User && is_query(&m.content))
         .ok_or(ChatTemplateError::NoUserQuery)?;
+    if let Some(index) = messages.iter().skip(1).position(|m| m.role == Role::System) {
+        return Err(ChatTemplateError::SystemNotFirst { index: index + 1 });
+    }
 
-    let mut out = String::new();
     for (index, message) in messages.iter().enumerate() {
         let content = py_trim(&message.content);
         match message.role {
-            Role::System | Role::User => push_turn(&mut out, message.role, content),
+            Role::System => {}
+            Role::User => push_turn(&mut out, message.role, content),
             Role::Assistant => {
                 let (reasoning, answer) = match &message.reasoning_content {
                     Some(r) => (r.as_str(), content),
@@ -197,8 +244,16 @@ pub fn render(
                     out.push_str("\n\n");
                 }
                 out.push_str(answer);
+                tools::push_tool_calls(&mut out, &message.tool_calls, py_trim(answer).is_empty());
                 out.push_str(IM_END);
                 out.push('\n');
+            }
+            Role::Tool => {
+                let prev = index.checked_sub(1).map(|p| messages[p].role == Role::Tool);
+                let next = messages
+                    .get(index + 1)
+                    .is_some_and(|m| m.role == Role::Tool);
+                tools::push_tool_response(&mut out, content, prev, next);
             }
         }
     }
@@ -347,9 +402,10 @@ mod tests {
         assert_eq!("assistant".parse::<Role>(), Ok(Role::Assistant));
         assert_eq!("system".parse::<Role>(), Ok(Role::System));
         assert_eq!("user".parse::<Role>(), Ok(Role::User));
+        assert_eq!("tool".parse::<Role>(), Ok(Role::Tool));
         assert_eq!(
-            "tool".parse::<Role>(),
-            Err(ChatTemplateError::UnknownRole("tool".into()))
+            "function".parse::<Role>(),
+            Err(ChatTemplateError::UnknownRole("function".into()))
         );
         assert_eq!(
             "User".parse::<Role>(),

@@ -4,6 +4,7 @@
 
 pub mod chat_template;
 pub mod cli;
+pub mod constraint;
 pub mod engine;
 pub mod expert_client;
 pub mod experts;
@@ -14,3 +15,4 @@ pub mod prefix_cache;
 pub mod sampling;
 pub mod synth;
 pub mod tokenizer;
+pub mod tool_calls;

@@ -4,7 +4,7 @@
 //! generator is seeded from the request's `seed`, so the same seed and the same logits give the
 //! same ids. The pipeline, in order: padding rows (ids ≥ the tokenizer's vocabulary) are cut
 //! off; repetition penalty (prompt and output tokens), then presence and frequency penalties
-//! (output tokens) adjust logits; temperature 0 picks the argmax (lowest id on ties); otherwise
+//! (output tokens), then `logit_bias` (added per id) adjust logits; temperature 0 picks the argmax (lowest id on ties); otherwise
 //! logits are divided by the temperature, turned into probabilities, filtered by top-k, top-p and
 //! min-p, and one id is drawn. Log-probabilities reported to clients come from the raw model
 //! distribution (before penalties and temperature), as vLLM reports them by default.
@@ -51,6 +51,8 @@ pub struct SamplingParams {
     pub logprobs: bool,
     /// Alternatives reported per position, `0..=20` (needs `logprobs`).
     pub top_logprobs: usize,
+    /// `(id, bias)` added to the id's logit before sampling (greedy included), bias `[-100, 100]`.
+    pub logit_bias: Vec<(u32, f32)>,
 }
 
 impl Default for SamplingParams {
@@ -67,6 +69,7 @@ impl Default for SamplingParams {
             seed: None,
             logprobs: false,
             top_logprobs: 0,
+            logit_bias: Vec::new(),
         }
     }
 }
@@ -74,7 +77,12 @@ impl Default for SamplingParams {
 impl SamplingParams {
     /// Checks every field's range; the error names the first bad field.
     pub fn validate(&self) -> Result<(), SamplingError> {
-        let bad = |param, reason: &str| Err(SamplingError { param, reason: reason.to_string() });
+        let bad = |param, reason: &str| {
+            Err(SamplingError {
+                param,
+                reason: reason.to_string(),
+            })
+        };
         let finite = [
             ("temperature", self.temperature),
             ("top_p", self.top_p),
@@ -109,6 +117,13 @@ impl SamplingParams {
         }
         if self.top_logprobs > 0 && !self.logprobs {
             return bad("top_logprobs", "requires logprobs to be true");
+        }
+        if self
+            .logit_bias
+            .iter()
+            .any(|(_, b)| !(b.is_finite() && (-100.0..=100.0).contains(b)))
+        {
+            return bad("logit_bias", "biases must be between -100 and 100");
         }
         Ok(())
     }
@@ -168,8 +183,17 @@ impl Sampler {
     /// A sampler for one request. `fallback_seed` is used when the request gave no seed.
     pub fn new(params: SamplingParams, prompt: &[u32], fallback_seed: u64) -> Sampler {
         let rng = Rng::new(params.seed.unwrap_or(fallback_seed));
-        let seen = if params.repetition_penalty != 1.0 { prompt.iter().copied().collect() } else { Default::default() };
-        Sampler { params, rng, output_counts: HashMap::new(), seen }
+        let seen = if params.repetition_penalty != 1.0 {
+            prompt.iter().copied().collect()
+        } else {
+            Default::default()
+        };
+        Sampler {
+            params,
+            rng,
+            output_counts: HashMap::new(),
+            seen,
+        }
     }
 
     /// The parameters.
@@ -196,7 +220,10 @@ impl Sampler {
             adjusted = row.to_vec();
             self.draw(&mut adjusted)
         };
-        let lp = self.params.logprobs.then(|| logprobs_of(raw, id, self.params.top_logprobs));
+        let lp = self
+            .params
+            .logprobs
+            .then(|| logprobs_of(raw, id, self.params.top_logprobs));
         *self.output_counts.entry(id).or_insert(0) += 1;
         if self.params.repetition_penalty != 1.0 {
             self.seen.insert(id);
@@ -208,6 +235,7 @@ impl Sampler {
         let p = &self.params;
         (p.presence_penalty != 0.0 || p.frequency_penalty != 0.0) && !self.output_counts.is_empty()
             || p.repetition_penalty != 1.0 && !self.seen.is_empty()
+            || !p.logit_bias.is_empty()
     }
 
     fn apply_penalties(&self, row: &mut [f32]) {
@@ -215,7 +243,11 @@ impl Sampler {
         if p.repetition_penalty != 1.0 {
             for &id in &self.seen {
                 if let Some(v) = row.get_mut(id as usize) {
-                    *v = if *v > 0.0 { *v / p.repetition_penalty } else { *v * p.repetition_penalty };
+                    *v = if *v > 0.0 {
+                        *v / p.repetition_penalty
+                    } else {
+                        *v * p.repetition_penalty
+                    };
                 }
             }
         }
@@ -224,6 +256,11 @@ impl Sampler {
                 if let Some(v) = row.get_mut(id as usize) {
                     *v -= p.presence_penalty + p.frequency_penalty * count as f32;
                 }
+            }
+        }
+        for &(id, bias) in &p.logit_bias {
+            if let Some(v) = row.get_mut(id as usize) {
+                *v += bias;
             }
         }
     }
@@ -308,7 +345,11 @@ pub fn logprobs_of(row: &[f32], id: u32, top: usize) -> TokenLogprob {
         ids.sort_unstable_by(order);
         best = ids;
     }
-    TokenLogprob { id, logprob: lp(id), top: best.into_iter().map(|i| (i, lp(i))).collect() }
+    TokenLogprob {
+        id,
+        logprob: lp(id),
+        top: best.into_iter().map(|i| (i, lp(i))).collect(),
+    }
 }
 
 /// Finds stop strings in streamed text without emitting any part of them: text that could
@@ -334,22 +375,42 @@ pub struct StopOutput {
 impl StopMatcher {
     /// A matcher for `stops` (empty strings are ignored).
     pub fn new(stops: &[String]) -> StopMatcher {
-        let stops = stops.iter().enumerate().filter(|(_, s)| !s.is_empty()).map(|(i, s)| (i, s.clone())).collect();
-        StopMatcher { stops, held: String::new(), matched: None }
+        let stops = stops
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| !s.is_empty())
+            .map(|(i, s)| (i, s.clone()))
+            .collect();
+        StopMatcher {
+            stops,
+            held: String::new(),
+            matched: None,
+        }
     }
 
     /// Adds text; returns what may be emitted. After `stopped`, the matcher holds nothing.
     pub fn push(&mut self, text: &str) -> StopOutput {
         if self.stops.is_empty() {
-            return StopOutput { text: text.to_string(), stopped: false };
+            return StopOutput {
+                text: text.to_string(),
+                stopped: false,
+            };
         }
         self.held.push_str(text);
         // The earliest match wins; among matches at the same position, the first in the list.
-        if let Some((at, index)) = self.stops.iter().filter_map(|(i, s)| self.held.find(s.as_str()).map(|at| (at, *i))).min() {
+        if let Some((at, index)) = self
+            .stops
+            .iter()
+            .filter_map(|(i, s)| self.held.find(s.as_str()).map(|at| (at, *i)))
+            .min()
+        {
             let out = self.held[..at].to_string();
             self.held.clear();
             self.matched = Some(index);
-            return StopOutput { text: out, stopped: true };
+            return StopOutput {
+                text: out,
+                stopped: true,
+            };
         }
         // Hold the longest suffix that is a proper prefix of some stop string.
         let keep_from = self
@@ -358,12 +419,17 @@ impl StopMatcher {
             .map(|(i, _)| i)
             .find(|&i| {
                 let tail = &self.held[i..];
-                self.stops.iter().any(|(_, s)| s.len() > tail.len() && s.starts_with(tail))
+                self.stops
+                    .iter()
+                    .any(|(_, s)| s.len() > tail.len() && s.starts_with(tail))
             })
             .unwrap_or(self.held.len());
         let out = self.held[..keep_from].to_string();
         self.held.drain(..keep_from);
-        StopOutput { text: out, stopped: false }
+        StopOutput {
+            text: out,
+            stopped: false,
+        }
     }
 
     /// Releases whatever is held (generation ended without a stop string).

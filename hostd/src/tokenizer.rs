@@ -125,6 +125,8 @@ pub struct Tokenizer {
     inner: tokenizers::Tokenizer,
     path: PathBuf,
     bytes: Arc<TokenBytes>,
+    /// Ids of the added tokens the file flags `special: true`, sorted.
+    special: Vec<u32>,
 }
 
 impl std::fmt::Debug for Tokenizer {
@@ -157,7 +159,19 @@ impl Tokenizer {
             }
         }
         let bytes = Arc::new(build_token_bytes(&inner));
-        Ok(Self { inner, path, bytes })
+        let mut special: Vec<u32> = inner
+            .get_added_tokens_decoder()
+            .into_iter()
+            .filter(|(_, t)| t.special)
+            .map(|(id, _)| id)
+            .collect();
+        special.sort_unstable();
+        Ok(Self {
+            inner,
+            path,
+            bytes,
+            special,
+        })
     }
 
     /// Load `DIR/tokenizer.json` from a model directory.
@@ -166,8 +180,18 @@ impl Tokenizer {
         // Say so when the directory itself is wrong, not that its tokenizer.json is missing.
         match std::fs::metadata(dir) {
             Ok(m) if m.is_dir() => {}
-            Ok(_) => return Err(TokenizerError::ModelDir { dir: dir.to_path_buf(), message: "not a directory".into() }),
-            Err(e) => return Err(TokenizerError::ModelDir { dir: dir.to_path_buf(), message: e.to_string() }),
+            Ok(_) => {
+                return Err(TokenizerError::ModelDir {
+                    dir: dir.to_path_buf(),
+                    message: "not a directory".into(),
+                });
+            }
+            Err(e) => {
+                return Err(TokenizerError::ModelDir {
+                    dir: dir.to_path_buf(),
+                    message: e.to_string(),
+                });
+            }
         }
         Self::from_file(dir.join("tokenizer.json"))
     }
@@ -209,6 +233,17 @@ impl Tokenizer {
         self.inner.token_to_id(token)
     }
 
+    /// Whether `tokenizer.json` flags the id as a special added token (what vLLM's
+    /// `skip_special_tokens` drops from output text).
+    pub fn is_special(&self, id: u32) -> bool {
+        self.special.binary_search(&id).is_ok()
+    }
+
+    /// The ids [`Tokenizer::is_special`] accepts, sorted.
+    pub fn flagged_special_ids(&self) -> &[u32] {
+        &self.special
+    }
+
     /// The raw bytes an id decodes to, or `None` for an unknown id.
     pub fn token_bytes(&self, id: u32) -> Option<&[u8]> {
         self.bytes.get(id)
@@ -218,7 +253,9 @@ impl Tokenizer {
     /// something: the ids a sampler may choose. Gaps in the id space (a truncated synthetic
     /// vocabulary with specials at their real ids) and padding rows are excluded.
     pub fn defined_ids_mask(&self) -> Vec<bool> {
-        (0..self.vocab_size() as u32).map(|id| self.token_bytes(id).is_some()).collect()
+        (0..self.vocab_size() as u32)
+            .map(|id| self.token_bytes(id).is_some())
+            .collect()
     }
 
     /// Number of token ids (largest id + 1, special tokens included): 248,077 for Qwen3.6. The model's
@@ -264,6 +301,20 @@ impl Tokenizer {
             think: self.think_id()?,
             think_end: self.think_end_id()?,
         })
+    }
+
+    /// Ids of the added tokens marked special (`<|im_end|>`, `<think>`, `<tool_call>`, …),
+    /// sorted: text never encodes to them by BPE, only by their exact spelling.
+    pub fn special_token_ids(&self) -> Vec<u32> {
+        let mut ids: Vec<u32> = self
+            .inner
+            .get_added_tokens_decoder()
+            .into_iter()
+            .filter(|(_, t)| t.special)
+            .map(|(id, _)| id)
+            .collect();
+        ids.sort_unstable();
+        ids
     }
 
     /// A fresh streaming decoder over this tokenizer's vocabulary (it shares the byte table, so it is

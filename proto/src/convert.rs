@@ -40,7 +40,10 @@ pub enum ConvertError {
 }
 
 fn digest(field: &'static str, bytes: &[u8]) -> Result<[u8; 32], ConvertError> {
-    bytes.try_into().map_err(|_| ConvertError::DigestLength { field, found: bytes.len() })
+    bytes.try_into().map_err(|_| ConvertError::DigestLength {
+        field,
+        found: bytes.len(),
+    })
 }
 
 impl From<&ModelIdentity> for v1::ModelIdentity {
@@ -79,9 +82,16 @@ impl From<ShmSlice> for v1::ShmSlice {
 /// Converts a wire slice named `field`; only f32 slices exist today.
 pub fn shm_slice(field: &'static str, s: &v1::ShmSlice) -> Result<ShmSlice, ConvertError> {
     if s.dtype != v1::Dtype::F32 as i32 {
-        return Err(ConvertError::Dtype { field, found: s.dtype });
+        return Err(ConvertError::Dtype {
+            field,
+            found: s.dtype,
+        });
     }
-    Ok(ShmSlice { segment_id: s.segment_id, offset_bytes: s.offset_bytes, length_bytes: s.length_bytes })
+    Ok(ShmSlice {
+        segment_id: s.segment_id,
+        offset_bytes: s.offset_bytes,
+        length_bytes: s.length_bytes,
+    })
 }
 
 /// `values` as little-endian bytes (the inline transport's encoding).
@@ -95,19 +105,37 @@ pub fn f32s_to_le_bytes(values: &[f32]) -> Vec<u8> {
 
 /// Decodes little-endian f32 bytes into `out` (cleared first); every bit pattern, NaN payloads
 /// and signed zeros included, survives the round trip.
-pub fn le_bytes_to_f32s(field: &'static str, bytes: &[u8], out: &mut Vec<f32>) -> Result<(), ConvertError> {
+pub fn le_bytes_to_f32s(
+    field: &'static str,
+    bytes: &[u8],
+    out: &mut Vec<f32>,
+) -> Result<(), ConvertError> {
     if !bytes.len().is_multiple_of(4) {
-        return Err(ConvertError::F32Bytes { field, found: bytes.len() });
+        return Err(ConvertError::F32Bytes {
+            field,
+            found: bytes.len(),
+        });
     }
     out.clear();
-    out.extend(bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])));
+    out.extend(
+        bytes
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])),
+    );
     Ok(())
 }
 
 /// Decodes little-endian f32 bytes into a slice of exactly `bytes.len() / 4` values.
-pub fn le_bytes_into_f32s(field: &'static str, bytes: &[u8], out: &mut [f32]) -> Result<(), ConvertError> {
+pub fn le_bytes_into_f32s(
+    field: &'static str,
+    bytes: &[u8],
+    out: &mut [f32],
+) -> Result<(), ConvertError> {
     if bytes.len() != out.len() * 4 {
-        return Err(ConvertError::F32Bytes { field, found: bytes.len() });
+        return Err(ConvertError::F32Bytes {
+            field,
+            found: bytes.len(),
+        });
     }
     for (o, c) in out.iter_mut().zip(bytes.chunks_exact(4)) {
         *o = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
@@ -121,20 +149,42 @@ mod tests {
 
     #[test]
     fn f32_bytes_round_trip_bit_for_bit() {
-        let values = [0.0f32, -0.0, 1.5, f32::MIN_POSITIVE / 2.0, f32::from_bits(0x7fc0_1234)];
+        let values = [
+            0.0f32,
+            -0.0,
+            1.5,
+            f32::MIN_POSITIVE / 2.0,
+            f32::from_bits(0x7fc0_1234),
+        ];
         let bytes = f32s_to_le_bytes(&values);
         let mut back = Vec::new();
         le_bytes_to_f32s("x", &bytes, &mut back).expect("decodes");
-        assert_eq!(values.map(f32::to_bits).to_vec(), back.iter().map(|v| v.to_bits()).collect::<Vec<_>>());
+        assert_eq!(
+            values.map(f32::to_bits).to_vec(),
+            back.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+        );
         assert!(le_bytes_to_f32s("x", &bytes[1..], &mut back).is_err());
     }
 
     #[test]
     fn identity_digests_must_be_32_bytes() {
-        let id = ModelIdentity { config_sha256: [1; 32], expert_tensors_sha256: [2; 32], expert_sample_sha256: [3; 32] };
+        let id = ModelIdentity {
+            config_sha256: [1; 32],
+            expert_tensors_sha256: [2; 32],
+            expert_sample_sha256: [3; 32],
+        };
         let wire = v1::ModelIdentity::from(&id);
         assert_eq!(ModelIdentity::try_from(&wire), Ok(id));
-        let short = v1::ModelIdentity { config_sha256: vec![1; 31], ..wire };
-        assert_eq!(ModelIdentity::try_from(&short), Err(ConvertError::DigestLength { field: "config_sha256", found: 31 }));
+        let short = v1::ModelIdentity {
+            config_sha256: vec![1; 31],
+            ..wire
+        };
+        assert_eq!(
+            ModelIdentity::try_from(&short),
+            Err(ConvertError::DigestLength {
+                field: "config_sha256",
+                found: 31
+            })
+        );
     }
 }

@@ -64,10 +64,15 @@ struct WeightPool {
 impl WeightPool {
     fn new() -> WeightPool {
         let mut elems = vec![bf16::ZERO; POOL_ELEMS];
-        elems.par_chunks_mut(1 << 20).enumerate().for_each(|(i, chunk)| {
-            let mut state = i as u64;
-            chunk.iter_mut().for_each(|w| *w = bf16::from_f32(unit(&mut state)));
-        });
+        elems
+            .par_chunks_mut(1 << 20)
+            .enumerate()
+            .for_each(|(i, chunk)| {
+                let mut state = i as u64;
+                chunk
+                    .iter_mut()
+                    .for_each(|w| *w = bf16::from_f32(unit(&mut state)));
+            });
         WeightPool {
             elems,
             cursor: Cell::new(0),
@@ -153,7 +158,8 @@ fn bench_kernels(c: &mut Criterion) {
                         if *threads == 1 {
                             kernels::gemv_bf16(isa, w, rows, cols, &x, &mut y);
                         } else {
-                            thread_pool.install(|| kernels::par_gemv_bf16(isa, w, rows, cols, &x, &mut y));
+                            thread_pool
+                                .install(|| kernels::par_gemv_bf16(isa, w, rows, cols, &x, &mut y));
                         }
                         black_box(&mut y);
                     })
@@ -177,7 +183,8 @@ fn bench_kernels(c: &mut Criterion) {
                     if *threads == 1 {
                         kernels::gemm_bf16(isa, w, rows, cols, &x, n, &mut y);
                     } else {
-                        thread_pool.install(|| kernels::par_gemm_bf16(isa, w, rows, cols, &x, n, &mut y));
+                        thread_pool
+                            .install(|| kernels::par_gemm_bf16(isa, w, rows, cols, &x, n, &mut y));
                     }
                     black_box(&mut y);
                 })
@@ -215,7 +222,8 @@ fn best_of_summary(probe_gbps: &[(usize, f64)]) {
                         if *threads == 1 {
                             kernels::gemv_bf16(isa, w, rows, cols, &x, &mut y);
                         } else {
-                            thread_pool.install(|| kernels::par_gemv_bf16(isa, w, rows, cols, &x, &mut y));
+                            thread_pool
+                                .install(|| kernels::par_gemv_bf16(isa, w, rows, cols, &x, &mut y));
                         }
                         black_box(&mut y);
                         start.elapsed().as_secs_f64()
@@ -223,7 +231,10 @@ fn best_of_summary(probe_gbps: &[(usize, f64)]) {
                     .collect();
                 secs.sort_by(f64::total_cmp);
                 let (best, median) = (gb / secs[0], gb / secs[iters / 2]);
-                let probe = probe_gbps.iter().find(|(t, _)| t == threads).map_or(f64::NAN, |p| p.1);
+                let probe = probe_gbps
+                    .iter()
+                    .find(|(t, _)| t == threads)
+                    .map_or(f64::NAN, |p| p.1);
                 println!(
                     "  {name:<12} {rows:>6}x{cols:<5} {isa:<6} {threads}t  {best:6.2} / {median:6.2} GB/s  ({:3.0}% of {probe:.1})",
                     100.0 * best / probe

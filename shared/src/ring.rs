@@ -113,12 +113,22 @@ impl RingLayout {
     /// Checks the layout against a segment of `segment_bytes`: aligned, after the header,
     /// entry and cell counts in range, and wholly inside the segment (checked arithmetic).
     pub fn check(&self, segment_bytes: u64) -> Result<(), ShmLayoutError> {
-        let field = |field, found: u64, expected: u64| Err(ShmLayoutError::HeaderField { field, found, expected });
+        let field = |field, found: u64, expected: u64| {
+            Err(ShmLayoutError::HeaderField {
+                field,
+                found,
+                expected,
+            })
+        };
         if !self.offset.is_multiple_of(SLICE_ALIGN) || self.offset < SEGMENT_HEADER_BYTES as u64 {
             return field("ring_offset", self.offset, SEGMENT_HEADER_BYTES as u64);
         }
         if self.entries == 0 || self.entries > MAX_ENTRIES {
-            return field("ring_entries", u64::from(self.entries), u64::from(MAX_ENTRIES));
+            return field(
+                "ring_entries",
+                u64::from(self.entries),
+                u64::from(MAX_ENTRIES),
+            );
         }
         if self.cells == 0 || self.cells > MAX_CELLS {
             return field("ring_cells", u64::from(self.cells), u64::from(MAX_CELLS));
@@ -126,7 +136,11 @@ impl RingLayout {
         // Bounded above, so no overflow: ≤ 64 × (384 + 2 × 4 MiB) plus the offset, checked.
         match self.offset.checked_add(self.bytes()) {
             Some(end) if end <= segment_bytes => Ok(()),
-            _ => Err(ShmLayoutError::SliceBounds { offset_bytes: self.offset, length_bytes: self.bytes(), segment_bytes }),
+            _ => Err(ShmLayoutError::SliceBounds {
+                offset_bytes: self.offset,
+                length_bytes: self.bytes(),
+                segment_bytes,
+            }),
         }
     }
 }
@@ -154,7 +168,10 @@ impl RingView {
     /// bytes (use [`RingLayout::check`]) that stays mapped while the view or any copy of it is
     /// used, and must be aligned to at least 64 bytes (a page-aligned mapping is).
     pub unsafe fn new(segment: *mut u8, layout: RingLayout) -> RingView {
-        RingView { base: segment, layout }
+        RingView {
+            base: segment,
+            layout,
+        }
     }
 
     /// The layout.
@@ -197,8 +214,15 @@ impl RingView {
 
     /// Entry `i` (< `entries`).
     pub fn entry(&self, i: u32) -> Entry<'_> {
-        assert!(i < self.layout.entries, "ring entry {i} of {}", self.layout.entries);
-        Entry { ring: self, at: self.layout.entry(i) }
+        assert!(
+            i < self.layout.entries,
+            "ring entry {i} of {}",
+            self.layout.entries
+        );
+        Entry {
+            ring: self,
+            at: self.layout.entry(i),
+        }
     }
 
     /// Marks every entry free and clears the control block (the client, before first use).
@@ -289,13 +313,17 @@ impl Entry<'_> {
 
     fn cells_ptr(&self, second: bool) -> *mut u8 {
         let arr = round64(u64::from(self.ring.layout.cells) * 4);
-        self.ring.ptr(self.at + ENTRY_HEADER_BYTES + ERROR_BYTES + if second { arr } else { 0 })
+        self.ring
+            .ptr(self.at + ENTRY_HEADER_BYTES + ERROR_BYTES + if second { arr } else { 0 })
     }
 
     /// Client: writes a call into a free entry and submits it (then ring the doorbell).
     /// `ids` and `weights` must have the same length, at most the ring's `cells`.
     pub fn submit(&self, s: &Submission, ids: &[u32], weights: &[f32]) {
-        assert!(ids.len() == weights.len() && ids.len() <= self.ring.layout.cells as usize, "ring entry cells");
+        assert!(
+            ids.len() == weights.len() && ids.len() <= self.ring.layout.cells as usize,
+            "ring entry cells"
+        );
         let r = Ordering::Relaxed;
         self.u32(F_OP).store(s.op, r);
         self.u32(F_SEQ).store(s.seq, r);
@@ -307,15 +335,30 @@ impl Entry<'_> {
         self.u64(F_OUTPUT).store(s.output_offset, r);
         // SAFETY: both arrays fit the entry's cell areas (asserted), which lie inside the ring.
         unsafe {
-            std::ptr::copy_nonoverlapping(ids.as_ptr() as *const u8, self.cells_ptr(false), ids.len() * 4);
-            std::ptr::copy_nonoverlapping(weights.as_ptr() as *const u8, self.cells_ptr(true), weights.len() * 4);
+            std::ptr::copy_nonoverlapping(
+                ids.as_ptr() as *const u8,
+                self.cells_ptr(false),
+                ids.len() * 4,
+            );
+            std::ptr::copy_nonoverlapping(
+                weights.as_ptr() as *const u8,
+                self.cells_ptr(true),
+                weights.len() * 4,
+            );
         }
         self.state().store(STATE_SUBMITTED, Ordering::SeqCst);
     }
 
     /// Worker: claims a submitted entry. `None` if it is not submitted (or another claimed it).
     pub fn claim(&self) -> Option<Submission> {
-        self.state().compare_exchange(STATE_SUBMITTED, STATE_RUNNING, Ordering::AcqRel, Ordering::Relaxed).ok()?;
+        self.state()
+            .compare_exchange(
+                STATE_SUBMITTED,
+                STATE_RUNNING,
+                Ordering::AcqRel,
+                Ordering::Relaxed,
+            )
+            .ok()?;
         let r = Ordering::Relaxed;
         Some(Submission {
             op: self.u32(F_OP).load(r),
@@ -337,8 +380,16 @@ impl Entry<'_> {
         weights.resize(n, 0.0);
         // SAFETY: `n` cells fit both areas (asserted) and the destinations hold `n` elements.
         unsafe {
-            std::ptr::copy_nonoverlapping(self.cells_ptr(false), ids.as_mut_ptr() as *mut u8, n * 4);
-            std::ptr::copy_nonoverlapping(self.cells_ptr(true), weights.as_mut_ptr() as *mut u8, n * 4);
+            std::ptr::copy_nonoverlapping(
+                self.cells_ptr(false),
+                ids.as_mut_ptr() as *mut u8,
+                n * 4,
+            );
+            std::ptr::copy_nonoverlapping(
+                self.cells_ptr(true),
+                weights.as_mut_ptr() as *mut u8,
+                n * 4,
+            );
         }
     }
 
@@ -362,7 +413,13 @@ impl Entry<'_> {
             n -= 1;
         }
         // SAFETY: `n` ≤ ERROR_BYTES bytes, the size of the entry's error area.
-        unsafe { std::ptr::copy_nonoverlapping(message.as_ptr(), self.ring.ptr(self.at + ENTRY_HEADER_BYTES), n) };
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                message.as_ptr(),
+                self.ring.ptr(self.at + ENTRY_HEADER_BYTES),
+                n,
+            )
+        };
         self.u32(F_ERROR_LEN).store(n as u32, Ordering::Relaxed);
         self.u32(F_STATUS).store(code, Ordering::Relaxed);
         self.finish(seq, STATE_FAILED);
@@ -392,8 +449,17 @@ impl Entry<'_> {
             let n = (self.u32(F_ERROR_LEN).load(r) as usize).min(ERROR_BYTES as usize);
             let mut buf = vec![0u8; n];
             // SAFETY: `n` ≤ ERROR_BYTES, the size of the entry's error area.
-            unsafe { std::ptr::copy_nonoverlapping(self.ring.ptr(self.at + ENTRY_HEADER_BYTES), buf.as_mut_ptr(), n) };
-            (self.u32(F_STATUS).load(r), String::from_utf8_lossy(&buf).into_owned())
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    self.ring.ptr(self.at + ENTRY_HEADER_BYTES),
+                    buf.as_mut_ptr(),
+                    n,
+                )
+            };
+            (
+                self.u32(F_STATUS).load(r),
+                String::from_utf8_lossy(&buf).into_owned(),
+            )
         });
         (self.u32(F_DONE_SEQ).load(r), c, failure)
     }
@@ -401,7 +467,12 @@ impl Entry<'_> {
     /// Client: waits until the worker finished the entry (`DONE` or `FAILED`): spins for
     /// `spin`, then sleeps on the futex in slices of `slice`, calling `alive` between slices;
     /// gives up (returns `false`) when `alive` says the peer is gone.
-    pub fn wait_finished(&self, spin: Duration, slice: Duration, mut alive: impl FnMut() -> bool) -> bool {
+    pub fn wait_finished(
+        &self,
+        spin: Duration,
+        slice: Duration,
+        mut alive: impl FnMut() -> bool,
+    ) -> bool {
         let finished = |s: u32| s == STATE_DONE || s == STATE_FAILED;
         if spin_until(spin, || finished(self.state().load(Ordering::Acquire))) {
             return true;
@@ -454,13 +525,26 @@ pub fn spin_until(budget: Duration, mut done: impl FnMut() -> bool) -> bool {
 /// the word lives in a mapping both processes share. Spurious returns are allowed.
 #[cfg(target_os = "linux")]
 pub fn futex_wait(word: &AtomicU32, expected: u32, timeout: Option<Duration>) {
-    let ts = timeout.map(|t| libc::timespec { tv_sec: t.as_secs() as libc::time_t, tv_nsec: t.subsec_nanos() as libc::c_long });
-    let ts_ptr = ts.as_ref().map_or(std::ptr::null(), |t| t as *const libc::timespec);
+    let ts = timeout.map(|t| libc::timespec {
+        tv_sec: t.as_secs() as libc::time_t,
+        tv_nsec: t.subsec_nanos() as libc::c_long,
+    });
+    let ts_ptr = ts
+        .as_ref()
+        .map_or(std::ptr::null(), |t| t as *const libc::timespec);
     // SAFETY: FUTEX_WAIT reads the aligned u32 at `word` (valid for the call) and sleeps; the
     // timeout pointer is null or points at a live timespec. Errors (EAGAIN: the value changed;
     // ETIMEDOUT; EINTR) all mean "look again", which every caller does.
     unsafe {
-        libc::syscall(libc::SYS_futex, word.as_ptr(), libc::FUTEX_WAIT, expected, ts_ptr, std::ptr::null::<u32>(), 0);
+        libc::syscall(
+            libc::SYS_futex,
+            word.as_ptr(),
+            libc::FUTEX_WAIT,
+            expected,
+            ts_ptr,
+            std::ptr::null::<u32>(),
+            0,
+        );
     }
 }
 
@@ -469,7 +553,15 @@ pub fn futex_wait(word: &AtomicU32, expected: u32, timeout: Option<Duration>) {
 pub fn futex_wake(word: &AtomicU32) {
     // SAFETY: FUTEX_WAKE only uses the address as a key; it is valid for the call.
     unsafe {
-        libc::syscall(libc::SYS_futex, word.as_ptr(), libc::FUTEX_WAKE, i32::MAX, std::ptr::null::<libc::timespec>(), std::ptr::null::<u32>(), 0);
+        libc::syscall(
+            libc::SYS_futex,
+            word.as_ptr(),
+            libc::FUTEX_WAKE,
+            i32::MAX,
+            std::ptr::null::<libc::timespec>(),
+            std::ptr::null::<u32>(),
+            0,
+        );
     }
 }
 
@@ -477,7 +569,11 @@ pub fn futex_wake(word: &AtomicU32) {
 #[cfg(not(target_os = "linux"))]
 pub fn futex_wait(word: &AtomicU32, expected: u32, timeout: Option<Duration>) {
     if word.load(Ordering::SeqCst) == expected {
-        std::thread::sleep(timeout.unwrap_or(Duration::from_millis(1)).min(Duration::from_micros(200)));
+        std::thread::sleep(
+            timeout
+                .unwrap_or(Duration::from_millis(1))
+                .min(Duration::from_micros(200)),
+        );
     }
 }
 
@@ -498,21 +594,43 @@ mod tests {
 
     #[test]
     fn layouts_are_checked() {
-        let l = RingLayout { offset: 128, entries: 2, cells: 8 };
+        let l = RingLayout {
+            offset: 128,
+            entries: 2,
+            cells: 8,
+        };
         assert_eq!(l.entry_bytes(), 128 + 256 + 64 + 64);
         assert!(l.check(128 + l.bytes()).is_ok());
         assert!(l.check(128 + l.bytes() - 1).is_err());
         assert!(RingLayout { offset: 100, ..l }.check(1 << 20).is_err());
         assert!(RingLayout { offset: 0, ..l }.check(1 << 20).is_err());
         assert!(RingLayout { entries: 0, ..l }.check(1 << 20).is_err());
-        assert!(RingLayout { entries: MAX_ENTRIES + 1, ..l }.check(1 << 30).is_err());
+        assert!(
+            RingLayout {
+                entries: MAX_ENTRIES + 1,
+                ..l
+            }
+            .check(1 << 30)
+            .is_err()
+        );
         assert!(RingLayout { cells: 0, ..l }.check(1 << 20).is_err());
-        assert!(RingLayout { offset: u64::MAX - 63, ..l }.check(u64::MAX).is_err());
+        assert!(
+            RingLayout {
+                offset: u64::MAX - 63,
+                ..l
+            }
+            .check(u64::MAX)
+            .is_err()
+        );
     }
 
     #[test]
     fn a_call_round_trips_between_two_threads() {
-        let layout = RingLayout { offset: 64, entries: 2, cells: 4 };
+        let layout = RingLayout {
+            offset: 64,
+            entries: 2,
+            cells: 4,
+        };
         let mut buf = vec![0u64; ((64 + layout.bytes()) / 8) as usize];
         let ring = ring_in(&mut buf, layout);
         ring.reset();
@@ -522,20 +640,43 @@ mod tests {
                 loop {
                     if let Some(sub) = ring.entry(1).claim() {
                         let (mut ids, mut w) = (Vec::new(), Vec::new());
-                        ring.entry(1).read_cells((sub.n_rows * sub.top_k) as usize, &mut ids, &mut w);
+                        ring.entry(1).read_cells(
+                            (sub.n_rows * sub.top_k) as usize,
+                            &mut ids,
+                            &mut w,
+                        );
                         assert_eq!(ids, [3, 1]);
                         assert_eq!(w, [0.5, 0.25]);
-                        ring.entry(1).complete(sub.seq, &Completion { hits: 2, ..Completion::default() });
+                        ring.entry(1).complete(
+                            sub.seq,
+                            &Completion {
+                                hits: 2,
+                                ..Completion::default()
+                            },
+                        );
                         return sub;
                     }
                     let d = ring.doorbell().load(Ordering::SeqCst);
                     futex_wait(ring.doorbell(), d, Some(Duration::from_millis(5)));
                 }
             });
-            let sub = Submission { op: OP_MOE, seq: 9, layer: 3, n_rows: 1, top_k: 2, step: 5, input_offset: 64, output_offset: 128 };
+            let sub = Submission {
+                op: OP_MOE,
+                seq: 9,
+                layer: 3,
+                n_rows: 1,
+                top_k: 2,
+                step: 5,
+                input_offset: 64,
+                output_offset: 128,
+            };
             ring.entry(1).submit(&sub, &[3, 1], &[0.5, 0.25]);
             ring.ring_doorbell();
-            assert!(ring.entry(1).wait_finished(Duration::from_micros(10), Duration::from_millis(5), || true));
+            assert!(ring.entry(1).wait_finished(
+                Duration::from_micros(10),
+                Duration::from_millis(5),
+                || true
+            ));
             let (seq, cost, failure) = ring.entry(1).result();
             assert_eq!((seq, cost.hits, failure), (9, 2, None));
             h.join().expect("worker")
@@ -544,7 +685,20 @@ mod tests {
         assert_eq!(worker.step, 5);
         // A failure carries its code and text, cut at a character boundary.
         let e = ring.entry(0);
-        e.submit(&Submission { op: OP_ECHO, seq: 1, layer: 0, n_rows: 1, top_k: 1, step: 0, input_offset: 64, output_offset: 64 }, &[0], &[1.0]);
+        e.submit(
+            &Submission {
+                op: OP_ECHO,
+                seq: 1,
+                layer: 0,
+                n_rows: 1,
+                top_k: 1,
+                step: 0,
+                input_offset: 64,
+                output_offset: 64,
+            },
+            &[0],
+            &[1.0],
+        );
         assert!(e.claim().is_some());
         assert!(e.claim().is_none(), "an entry is claimed once");
         e.fail(1, 3, &"é".repeat(200));
@@ -556,15 +710,21 @@ mod tests {
 
     #[test]
     fn a_dead_peer_ends_the_wait() {
-        let layout = RingLayout { offset: 64, entries: 1, cells: 1 };
+        let layout = RingLayout {
+            offset: 64,
+            entries: 1,
+            cells: 1,
+        };
         let mut buf = vec![0u64; ((64 + layout.bytes()) / 8) as usize];
         let ring = ring_in(&mut buf, layout);
         ring.reset();
         let mut asked = 0;
-        let finished = ring.entry(0).wait_finished(Duration::ZERO, Duration::from_millis(1), || {
-            asked += 1;
-            asked < 3
-        });
+        let finished =
+            ring.entry(0)
+                .wait_finished(Duration::ZERO, Duration::from_millis(1), || {
+                    asked += 1;
+                    asked < 3
+                });
         assert!(!finished);
         assert_eq!(asked, 3);
     }

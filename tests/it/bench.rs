@@ -26,17 +26,37 @@ fn bench_runs_fresh_processes_and_reports_phases() {
         out.to_str().expect("utf-8"),
     ];
     let o = hostd(&args);
-    assert!(o.status.success(), "hostd bench failed: {}", String::from_utf8_lossy(&o.stderr));
-    let r: serde_json::Value = serde_json::from_slice(&std::fs::read(&out).expect("json written")).expect("valid JSON");
+    assert!(
+        o.status.success(),
+        "hostd bench failed: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let r: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&out).expect("json written")).expect("valid JSON");
     let c = &r["configs"][0];
     assert_eq!(c["name"], "default");
     let runs = c["runs"].as_array().expect("runs");
     assert_eq!(runs.len(), 2);
     for run in runs.iter().chain([&r["drift_check"]["run"]]) {
-        assert!(run["decode_tokens_per_s"].as_f64().expect("decode tok/s") > 0.0, "{run}");
+        assert!(
+            run["decode_tokens_per_s"].as_f64().expect("decode tok/s") > 0.0,
+            "{run}"
+        );
         assert!(run["ttft_s"].as_f64().expect("ttft") > 0.0);
         let phases = &run["decode_phases_ms_per_token"];
-        for k in ["attention", "deltanet", "router", "shared_expert", "routed_expert_compute", "expert_io_wait", "ipc", "lm_head", "sampling", "other", "wall"] {
+        for k in [
+            "attention",
+            "deltanet",
+            "router",
+            "shared_expert",
+            "routed_expert_compute",
+            "expert_io_wait",
+            "ipc",
+            "lm_head",
+            "sampling",
+            "other",
+            "wall",
+        ] {
             assert!(phases[k].is_number(), "phase {k} missing: {phases}");
         }
         assert!(run["hostd_vm_hwm_bytes"].as_u64().expect("rss") > 0);

@@ -54,8 +54,15 @@ fn strip_ansi(log: &str) -> String {
 fn log_field(log: &str, key: &str) -> u64 {
     let log = &strip_ansi(log);
     let needle = format!("{key}=");
-    let at = log.find(&needle).unwrap_or_else(|| panic!("{key} not in the expertd log: {log}"));
-    log[at + needle.len()..].chars().take_while(char::is_ascii_digit).collect::<String>().parse().unwrap_or_else(|e| panic!("{key}: {e}: {log}"))
+    let at = log
+        .find(&needle)
+        .unwrap_or_else(|| panic!("{key} not in the expertd log: {log}"));
+    log[at + needle.len()..]
+        .chars()
+        .take_while(char::is_ascii_digit)
+        .collect::<String>()
+        .parse()
+        .unwrap_or_else(|e| panic!("{key}: {e}: {log}"))
 }
 
 /// The `small` oracle prompts (ids only), `repeat` times over.
@@ -64,7 +71,10 @@ fn prompts_file(dir: &Path, repeat: usize) -> PathBuf {
     let mut items = Vec::new();
     for i in 0..repeat {
         for (j, p) in r["prompts"].as_array().expect("prompts").iter().enumerate() {
-            items.push(format!("{{\"name\":\"p{j}-{i}\",\"input_ids\":{}}}", p["input_ids"]));
+            items.push(format!(
+                "{{\"name\":\"p{j}-{i}\",\"input_ids\":{}}}",
+                p["input_ids"]
+            ));
         }
     }
     let path = dir.join("prompts.json");
@@ -88,7 +98,9 @@ fn expertd_rss_with_four_concurrent_hosts_stays_within_budget_transients_and_idl
     let work = tempfile::tempdir().expect("tempdir");
     let container = work.path().join("container");
     prepare_container(&model_dir("small"), &container);
-    let container_bytes = std::fs::metadata(container.join("experts.sluice")).expect("container").len();
+    let container_bytes = std::fs::metadata(container.join("experts.sluice"))
+        .expect("container")
+        .len();
 
     // Start the daemon with a budget of a quarter of the container (so it evicts).
     let socket = work.path().join("expertd.sock");
@@ -113,11 +125,19 @@ fn expertd_rss_with_four_concurrent_hosts_stays_within_budget_transients_and_idl
     let start = Instant::now();
     let log = loop {
         let log = std::fs::read_to_string(&log_path).unwrap_or_default();
-        if log.contains("expertd serving") && std::os::unix::net::UnixStream::connect(&socket).is_ok() {
+        if log.contains("expertd serving")
+            && std::os::unix::net::UnixStream::connect(&socket).is_ok()
+        {
             break log;
         }
-        assert!(guard.0[0].try_wait().expect("try_wait").is_none(), "expertd exited: {log}");
-        assert!(start.elapsed() < Duration::from_secs(30), "expertd not ready: {log}");
+        assert!(
+            guard.0[0].try_wait().expect("try_wait").is_none(),
+            "expertd exited: {log}"
+        );
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "expertd not ready: {log}"
+        );
         std::thread::sleep(Duration::from_millis(20));
     };
     let stride = log_field(&log, "blob_bytes");
@@ -156,13 +176,21 @@ fn expertd_rss_with_four_concurrent_hosts_stays_within_budget_transients_and_idl
         if i % 2 == 1 {
             cmd.arg("--expertd-no-shm");
         }
-        guard.0.push(cmd.stdout(Stdio::null()).stderr(Stdio::piped()).spawn().expect("spawn hostd"));
+        guard.0.push(
+            cmd.stdout(Stdio::null())
+                .stderr(Stdio::piped())
+                .spawn()
+                .expect("spawn hostd"),
+        );
     }
     let t0 = Instant::now();
     let (mut peak, mut samples) = (idle, 0u32);
     let mut done = [false; CLIENTS];
     while done.iter().any(|d| !d) {
-        assert!(t0.elapsed() < DEADLINE, "clients still running after {DEADLINE:?}");
+        assert!(
+            t0.elapsed() < DEADLINE,
+            "clients still running after {DEADLINE:?}"
+        );
         peak = peak.max(vm_rss(pid).expect("expertd died while serving"));
         samples += 1;
         for (i, d) in done.iter_mut().enumerate() {
@@ -187,6 +215,12 @@ fn expertd_rss_with_four_concurrent_hosts_stays_within_budget_transients_and_idl
         budget as f64 / MIB as f64,
         transient_slots,
     );
-    assert!(samples >= 10, "only {samples} RSS samples: the clients ran {elapsed:?}, too short to measure");
-    assert!(peak <= bound, "expertd peak RSS {peak} B > bound {bound} B (idle {idle}, budget {budget}, transient {transient})");
+    assert!(
+        samples >= 10,
+        "only {samples} RSS samples: the clients ran {elapsed:?}, too short to measure"
+    );
+    assert!(
+        peak <= bound,
+        "expertd peak RSS {peak} B > bound {bound} B (idle {idle}, budget {budget}, transient {transient})"
+    );
 }

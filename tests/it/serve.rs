@@ -33,9 +33,21 @@ impl Drop for Server {
 /// Spawns `hostd serve --model DIR --port 0 --served-model-name NAME EXTRA…` (stdout piped,
 /// stderr discarded) and returns it with the address its first stdout line names (≤ 60 s).
 /// Each test module wraps the child in its own `Server` with the requests it needs.
-pub(crate) fn spawn_serve(dir: &std::path::Path, name: &str, extra: &[&str]) -> (Child, SocketAddr) {
+pub(crate) fn spawn_serve(
+    dir: &std::path::Path,
+    name: &str,
+    extra: &[&str],
+) -> (Child, SocketAddr) {
     let mut child = Command::new(workspace_bin("hostd"))
-        .args(["serve", "--model", dir.to_str().expect("utf-8 path"), "--port", "0", "--served-model-name", name])
+        .args([
+            "serve",
+            "--model",
+            dir.to_str().expect("utf-8 path"),
+            "--port",
+            "0",
+            "--served-model-name",
+            name,
+        ])
         .args(extra)
         .env("SLUICE_THREADS", "2")
         .stdout(Stdio::piped())
@@ -49,8 +61,15 @@ pub(crate) fn spawn_serve(dir: &std::path::Path, name: &str, extra: &[&str]) -> 
         let _ = BufReader::new(stdout).read_line(&mut line);
         let _ = tx.send(line);
     });
-    let line = rx.recv_timeout(Duration::from_secs(60)).expect("hostd serve printed its address");
-    let addr = line.trim().rsplit("http://").next().and_then(|a| a.parse().ok()).unwrap_or_else(|| panic!("unexpected first line {line:?}"));
+    let line = rx
+        .recv_timeout(Duration::from_secs(60))
+        .expect("hostd serve printed its address");
+    let addr = line
+        .trim()
+        .rsplit("http://")
+        .next()
+        .and_then(|a| a.parse().ok())
+        .unwrap_or_else(|| panic!("unexpected first line {line:?}"));
     (child, addr)
 }
 
@@ -68,16 +87,32 @@ impl Server {
             {
                 return server;
             }
-            assert!(Instant::now() < deadline, "server on {preset} not ready within 60 s");
+            assert!(
+                Instant::now() < deadline,
+                "server on {preset} not ready within 60 s"
+            );
             std::thread::sleep(Duration::from_millis(50));
         }
     }
 
-    pub(crate) fn request(&self, method: &str, path: &str, headers: &[(&str, &str)], body: Option<&str>) -> Response {
-        self.try_request(method, path, headers, body).unwrap_or_else(|e| panic!("{method} {path}: {e}"))
+    pub(crate) fn request(
+        &self,
+        method: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: Option<&str>,
+    ) -> Response {
+        self.try_request(method, path, headers, body)
+            .unwrap_or_else(|e| panic!("{method} {path}: {e}"))
     }
 
-    pub(crate) fn try_request(&self, method: &str, path: &str, headers: &[(&str, &str)], body: Option<&str>) -> std::io::Result<Response> {
+    pub(crate) fn try_request(
+        &self,
+        method: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: Option<&str>,
+    ) -> std::io::Result<Response> {
         let mut s = self.send(method, path, headers, body)?;
         let mut raw = Vec::new();
         s.read_to_end(&mut raw)?;
@@ -85,11 +120,21 @@ impl Server {
     }
 
     /// Sends a request and returns the open socket (for streaming reads and disconnects).
-    pub(crate) fn send(&self, method: &str, path: &str, headers: &[(&str, &str)], body: Option<&str>) -> std::io::Result<TcpStream> {
+    pub(crate) fn send(
+        &self,
+        method: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: Option<&str>,
+    ) -> std::io::Result<TcpStream> {
         let mut s = TcpStream::connect_timeout(&self.addr, Duration::from_secs(10))?;
         s.set_read_timeout(Some(IO_TIMEOUT))?;
         let body = body.unwrap_or("");
-        let mut head = format!("{method} {path} HTTP/1.1\r\nHost: {}\r\nConnection: close\r\nContent-Length: {}\r\n", self.addr, body.len());
+        let mut head = format!(
+            "{method} {path} HTTP/1.1\r\nHost: {}\r\nConnection: close\r\nContent-Length: {}\r\n",
+            self.addr,
+            body.len()
+        );
         if !body.is_empty() {
             head.push_str("Content-Type: application/json\r\n");
         }
@@ -116,7 +161,11 @@ impl Server {
     pub(crate) fn metric(&self, name: &str) -> f64 {
         let text = self.request("GET", "/metrics", &[], None).text();
         text.lines()
-            .find_map(|l| l.strip_prefix(name).and_then(|r| r.strip_prefix(' ')).and_then(|v| v.trim().parse().ok()))
+            .find_map(|l| {
+                l.strip_prefix(name)
+                    .and_then(|r| r.strip_prefix(' '))
+                    .and_then(|v| v.trim().parse().ok())
+            })
             .unwrap_or_else(|| panic!("metric {name} missing"))
     }
 }
@@ -132,36 +181,65 @@ impl Response {
         String::from_utf8_lossy(&self.body).into_owned()
     }
     pub(crate) fn json(&self) -> Value {
-        serde_json::from_slice(&self.body).unwrap_or_else(|e| panic!("status {}: body is not JSON ({e}): {}", self.status, self.text()))
+        serde_json::from_slice(&self.body).unwrap_or_else(|e| {
+            panic!(
+                "status {}: body is not JSON ({e}): {}",
+                self.status,
+                self.text()
+            )
+        })
     }
     pub(crate) fn header(&self, name: &str) -> Option<&str> {
-        self.headers.iter().find(|(k, _)| k.eq_ignore_ascii_case(name)).map(|(_, v)| v.as_str())
+        self.headers
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
     }
     /// The `data:` payloads of an SSE body.
-    fn sse_data(&self) -> Vec<String> {
-        self.text().lines().filter_map(|l| l.strip_prefix("data: ")).map(str::to_string).collect()
+    pub(crate) fn sse_data(&self) -> Vec<String> {
+        self.text()
+            .lines()
+            .filter_map(|l| l.strip_prefix("data: "))
+            .map(str::to_string)
+            .collect()
     }
 }
 
 fn parse_response(raw: &[u8]) -> Response {
-    let split = raw.windows(4).position(|w| w == b"\r\n\r\n").expect("response head");
+    let split = raw
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .expect("response head");
     let head = String::from_utf8_lossy(&raw[..split]).into_owned();
     let mut lines = head.lines();
-    let status = lines.next().and_then(|l| l.split(' ').nth(1)).and_then(|s| s.parse().ok()).expect("status line");
-    let headers: Vec<(String, String)> =
-        lines.filter_map(|l| l.split_once(':')).map(|(k, v)| (k.trim().to_string(), v.trim().to_string())).collect();
+    let status = lines
+        .next()
+        .and_then(|l| l.split(' ').nth(1))
+        .and_then(|s| s.parse().ok())
+        .expect("status line");
+    let headers: Vec<(String, String)> = lines
+        .filter_map(|l| l.split_once(':'))
+        .map(|(k, v)| (k.trim().to_string(), v.trim().to_string()))
+        .collect();
     let mut body = raw[split + 4..].to_vec();
-    let chunked = headers.iter().any(|(k, v)| k.eq_ignore_ascii_case("transfer-encoding") && v.contains("chunked"));
+    let chunked = headers
+        .iter()
+        .any(|(k, v)| k.eq_ignore_ascii_case("transfer-encoding") && v.contains("chunked"));
     if chunked {
         body = dechunk(&body);
     }
-    Response { status, headers, body }
+    Response {
+        status,
+        headers,
+        body,
+    }
 }
 
 fn dechunk(mut b: &[u8]) -> Vec<u8> {
     let mut out = Vec::new();
     while let Some(eol) = b.windows(2).position(|w| w == b"\r\n") {
-        let size = usize::from_str_radix(String::from_utf8_lossy(&b[..eol]).trim(), 16).unwrap_or(0);
+        let size =
+            usize::from_str_radix(String::from_utf8_lossy(&b[..eol]).trim(), 16).unwrap_or(0);
         if size == 0 {
             break;
         }
@@ -194,7 +272,14 @@ fn token_bytes(reply: &Value) -> Vec<Vec<u8>> {
         .as_array()
         .expect("logprobs.content")
         .iter()
-        .map(|e| e["bytes"].as_array().expect("bytes").iter().map(|b| b.as_u64().expect("byte") as u8).collect())
+        .map(|e| {
+            e["bytes"]
+                .as_array()
+                .expect("bytes")
+                .iter()
+                .map(|b| b.as_u64().expect("byte") as u8)
+                .collect()
+        })
         .collect()
 }
 
@@ -205,41 +290,166 @@ fn health_models_and_error_shapes() {
     assert_eq!(h.json()["status"], "ready");
     assert!(h.header("x-request-id").is_some_and(|v| !v.is_empty()));
     let m = s.request("GET", "/v1/models", &[], None).json();
-    assert_eq!((m["object"].clone(), m["data"][0]["id"].clone(), m["data"][0]["object"].clone()), (json!("list"), json!(s.name), json!("model")));
+    assert_eq!(
+        (
+            m["object"].clone(),
+            m["data"][0]["id"].clone(),
+            m["data"][0]["object"].clone()
+        ),
+        (json!("list"), json!(s.name), json!("model"))
+    );
     let ok = |extra: Value| {
         let mut b = json!({ "model": s.name, "messages": user("hi"), "max_tokens": 2 });
-        b.as_object_mut().expect("object").extend(extra.as_object().expect("object").clone());
+        b.as_object_mut()
+            .expect("object")
+            .extend(extra.as_object().expect("object").clone());
         b
     };
     let chat = |b: &Value| s.post("/v1/chat/completions", b);
 
     let r = s.request("POST", "/v1/chat/completions", &[], Some("{\"model\": "));
     check_error(&r, 400, "invalid_json");
-    check_error(&chat(&ok(json!({ "model": "gpt-4" }))), 404, "model_not_found");
-    assert_eq!(check_error(&chat(&json!({ "model": s.name })), 400, "missing_required_parameter"), "messages");
-    let tool = ok(json!({ "messages": [{ "role": "tool", "content": "x" }] }));
-    assert_eq!(check_error(&chat(&tool), 400, "unsupported_parameter"), "messages[0].role");
-    let image = ok(json!({ "messages": [{ "role": "user", "content": [{ "type": "image_url", "image_url": { "url": "http://x" } }] }] }));
-    assert_eq!(check_error(&chat(&image), 400, "unsupported_parameter"), "messages[0].content[0].type");
-    assert_eq!(check_error(&chat(&ok(json!({ "n": 2 }))), 400, "unsupported_parameter"), "n");
-    assert_eq!(check_error(&chat(&ok(json!({ "temperature": 2.5 }))), 400, "invalid_value"), "temperature");
-    assert_eq!(check_error(&chat(&ok(json!({ "top_p": 0 }))), 400, "invalid_value"), "top_p");
-    assert_eq!(check_error(&chat(&ok(json!({ "stop": ["a", "b", "c", "d", "e"] }))), 400, "invalid_value"), "stop");
-    assert_eq!(check_error(&chat(&ok(json!({ "max_tokens": 0 }))), 400, "invalid_value"), "max_tokens");
-    assert_eq!(check_error(&chat(&ok(json!({ "tools": [{ "type": "function" }] }))), 400, "unsupported_parameter"), "tools");
-    assert_eq!(check_error(&chat(&ok(json!({ "frobnicate": true }))), 400, "unsupported_parameter"), "frobnicate");
+    check_error(
+        &chat(&ok(json!({ "model": "gpt-4" }))),
+        404,
+        "model_not_found",
+    );
+    assert_eq!(
+        check_error(
+            &chat(&json!({ "model": s.name })),
+            400,
+            "missing_required_parameter"
+        ),
+        "messages"
+    );
+    let function_role = ok(json!({ "messages": [{ "role": "function", "content": "x" }] }));
+    assert_eq!(
+        check_error(&chat(&function_role), 400, "unsupported_parameter"),
+        "messages[0].role"
+    );
+    // A tool result alone has no user query for the template to answer.
+    let tool_only =
+        ok(json!({ "messages": [{ "role": "tool", "content": "x", "tool_call_id": "c" }] }));
+    assert_eq!(
+        check_error(&chat(&tool_only), 400, "invalid_value"),
+        "messages"
+    );
+    let image = ok(
+        json!({ "messages": [{ "role": "user", "content": [{ "type": "image_url", "image_url": { "url": "http://x" } }] }] }),
+    );
+    assert_eq!(
+        check_error(&chat(&image), 400, "unsupported_parameter"),
+        "messages[0].content[0].type"
+    );
+    assert_eq!(
+        check_error(&chat(&ok(json!({ "n": 9 }))), 400, "invalid_value"),
+        "n"
+    );
+    assert_eq!(
+        check_error(
+            &chat(&ok(json!({ "temperature": 2.5 }))),
+            400,
+            "invalid_value"
+        ),
+        "temperature"
+    );
+    assert_eq!(
+        check_error(&chat(&ok(json!({ "top_p": 0 }))), 400, "invalid_value"),
+        "top_p"
+    );
+    assert_eq!(
+        check_error(
+            &chat(&ok(json!({ "stop": ["a", "b", "c", "d", "e"] }))),
+            400,
+            "invalid_value"
+        ),
+        "stop"
+    );
+    assert_eq!(
+        check_error(&chat(&ok(json!({ "max_tokens": 0 }))), 400, "invalid_value"),
+        "max_tokens"
+    );
+    assert_eq!(
+        check_error(
+            &chat(&ok(json!({ "tools": [{ "type": "function" }] }))),
+            400,
+            "missing_required_parameter"
+        ),
+        "tools[0].function"
+    );
+    assert_eq!(
+        check_error(
+            &chat(&ok(json!({ "tools": [{ "type": "web_search" }] }))),
+            400,
+            "unsupported_parameter"
+        ),
+        "tools[0].type"
+    );
+    let weather = json!([{ "type": "function", "function": { "name": "get_weather" } }]);
+    // A forced call (constrained decoding) cannot also follow a response_format.
+    let both = ok(
+        json!({ "tools": weather, "tool_choice": "required", "response_format": { "type": "json_object" } }),
+    );
+    assert_eq!(
+        check_error(&chat(&both), 400, "unsupported_parameter"),
+        "response_format"
+    );
+    // Unknown fields are accepted (field policy: `docs/api.md`); known-unsupported ones are not.
+    assert_eq!(chat(&ok(json!({ "frobnicate": true }))).status, 200);
+    assert_eq!(
+        check_error(
+            &chat(&ok(json!({ "use_beam_search": true }))),
+            400,
+            "unsupported_parameter"
+        ),
+        "use_beam_search"
+    );
     // The context is 64 tokens here: a long prompt, or a budget past the end, is refused.
     let long = "word ".repeat(200);
-    check_error(&chat(&ok(json!({ "messages": user(&long) }))), 400, "context_length_exceeded");
-    check_error(&chat(&ok(json!({ "max_tokens": 60 }))), 400, "context_length_exceeded");
+    check_error(
+        &chat(&ok(json!({ "messages": user(&long) }))),
+        400,
+        "context_length_exceeded",
+    );
+    check_error(
+        &chat(&ok(json!({ "max_tokens": 60 }))),
+        400,
+        "context_length_exceeded",
+    );
     let big = ok(json!({ "messages": user(&"x".repeat(8000)) }));
     check_error(&chat(&big), 413, "request_too_large");
-    check_error(&s.request("GET", "/v1/nothing", &[], None), 404, "unknown_url");
-    check_error(&s.request("GET", "/v1/chat/completions", &[], None), 405, "method_not_allowed");
+    check_error(
+        &s.request("GET", "/v1/nothing", &[], None),
+        404,
+        "unknown_url",
+    );
+    check_error(
+        &s.request("GET", "/v1/chat/completions", &[], None),
+        405,
+        "method_not_allowed",
+    );
     let long_completion = json!({ "model": s.name, "prompt": long, "max_tokens": 1 });
-    assert_eq!(check_error(&s.post("/v1/completions", &long_completion), 400, "context_length_exceeded"), "prompt");
-    check_error(&s.post("/v1/completions", &json!({ "model": s.name })), 400, "missing_required_parameter");
-    check_error(&s.post("/v1/completions", &json!({ "model": s.name, "prompt": "a", "echo": true })), 400, "unsupported_parameter");
+    assert_eq!(
+        check_error(
+            &s.post("/v1/completions", &long_completion),
+            400,
+            "context_length_exceeded"
+        ),
+        "prompt"
+    );
+    check_error(
+        &s.post("/v1/completions", &json!({ "model": s.name })),
+        400,
+        "missing_required_parameter",
+    );
+    check_error(
+        &s.post(
+            "/v1/completions",
+            &json!({ "model": s.name, "prompt": "a", "echo": true }),
+        ),
+        400,
+        "unsupported_parameter",
+    );
 
     // A valid request after all of that still works, and /metrics counted the statuses.
     let reply = s.chat(ok(json!({ "temperature": 0 })));
@@ -247,9 +457,21 @@ fn health_models_and_error_shapes() {
     assert_eq!(reply["choices"][0]["finish_reason"], "length");
     assert_eq!(reply["usage"]["completion_tokens"], 2);
     let metrics = s.request("GET", "/metrics", &[], None).text();
-    assert!(metrics.contains("hostd_requests_total{endpoint=\"/v1/chat/completions\",status=\"400\"}"), "{metrics}");
-    assert!(metrics.contains("hostd_requests_total{endpoint=\"/v1/chat/completions\",status=\"413\"} 1"), "{metrics}");
-    assert!(metrics.lines().filter(|l| !l.starts_with('#') && !l.is_empty()).all(|l| l.starts_with("hostd_")));
+    assert!(
+        metrics.contains("hostd_requests_total{endpoint=\"/v1/chat/completions\",status=\"400\"}"),
+        "{metrics}"
+    );
+    assert!(
+        metrics
+            .contains("hostd_requests_total{endpoint=\"/v1/chat/completions\",status=\"413\"} 1"),
+        "{metrics}"
+    );
+    assert!(
+        metrics
+            .lines()
+            .filter(|l| !l.starts_with('#') && !l.is_empty())
+            .all(|l| l.starts_with("hostd_"))
+    );
 }
 
 #[test]
@@ -259,19 +481,35 @@ fn chat_and_completion_shapes_streaming_and_not() {
     let whole = s.chat(body.clone());
     let msg = &whole["choices"][0]["message"];
     assert_eq!(msg["role"], "assistant");
-    assert!(msg["reasoning_content"].is_string() && msg["content"].is_string(), "{whole}");
-    assert_eq!(whole["usage"]["total_tokens"], whole["usage"]["prompt_tokens"].as_u64().unwrap_or(0) + 6);
+    assert!(
+        msg["reasoning_content"].is_string() && msg["content"].is_string(),
+        "{whole}"
+    );
+    assert_eq!(
+        whole["usage"]["total_tokens"],
+        whole["usage"]["prompt_tokens"].as_u64().unwrap_or(0) + 6
+    );
 
     let mut sb = body.clone();
     sb["stream"] = json!(true);
     sb["stream_options"] = json!({ "include_usage": true });
     let r = s.post("/v1/chat/completions", &sb);
     assert_eq!(r.status, 200);
-    assert!(r.header("content-type").is_some_and(|c| c.starts_with("text/event-stream")));
+    assert!(
+        r.header("content-type")
+            .is_some_and(|c| c.starts_with("text/event-stream"))
+    );
     let data = r.sse_data();
     assert_eq!(data.last().map(String::as_str), Some("[DONE]"));
-    let chunks: Vec<Value> = data[..data.len() - 1].iter().map(|d| serde_json::from_str(d).expect("chunk JSON")).collect();
-    assert!(chunks.iter().all(|c| c["object"] == "chat.completion.chunk" && c["id"] == chunks[0]["id"]));
+    let chunks: Vec<Value> = data[..data.len() - 1]
+        .iter()
+        .map(|d| serde_json::from_str(d).expect("chunk JSON"))
+        .collect();
+    assert!(
+        chunks
+            .iter()
+            .all(|c| c["object"] == "chat.completion.chunk" && c["id"] == chunks[0]["id"])
+    );
     assert_eq!(chunks[0]["choices"][0]["delta"]["role"], "assistant");
     let (mut reasoning, mut content) = (String::new(), String::new());
     for c in &chunks {
@@ -280,7 +518,13 @@ fn chat_and_completion_shapes_streaming_and_not() {
             content.push_str(d["content"].as_str().unwrap_or(""));
         }
     }
-    assert_eq!((reasoning.as_str(), content.as_str()), (msg["reasoning_content"].as_str().unwrap_or(""), msg["content"].as_str().unwrap_or("")));
+    assert_eq!(
+        (reasoning.as_str(), content.as_str()),
+        (
+            msg["reasoning_content"].as_str().unwrap_or(""),
+            msg["content"].as_str().unwrap_or("")
+        )
+    );
     let fin = &chunks[chunks.len() - 2];
     assert_eq!(fin["choices"][0]["finish_reason"], "length");
     let usage = &chunks[chunks.len() - 1];
@@ -291,7 +535,12 @@ fn chat_and_completion_shapes_streaming_and_not() {
     let mut off = body.clone();
     off["chat_template_kwargs"] = json!({ "enable_thinking": false });
     let reply = s.chat(off);
-    assert!(reply["choices"][0]["message"].get("reasoning_content").is_none(), "{reply}");
+    assert!(
+        reply["choices"][0]["message"]
+            .get("reasoning_content")
+            .is_none(),
+        "{reply}"
+    );
     assert!(reply["usage"]["prompt_tokens"].as_u64() > whole["usage"]["prompt_tokens"].as_u64());
 
     let c = s.post("/v1/completions", &json!({ "model": s.name, "prompt": "The cat", "max_tokens": 5, "temperature": 0, "ignore_eos": true }));
@@ -304,13 +553,31 @@ fn chat_and_completion_shapes_streaming_and_not() {
 /// Greedy ids of `hostd run --json` for one prompt.
 fn run_ids(preset: &str, prompt: &str, n: usize) -> Vec<u64> {
     let out = Command::new(workspace_bin("hostd"))
-        .args(["run", "--model", model_dir(preset).to_str().expect("path"), "--prompt", prompt, "--max-new-tokens", &n.to_string(), "--json"])
+        .args([
+            "run",
+            "--model",
+            model_dir(preset).to_str().expect("path"),
+            "--prompt",
+            prompt,
+            "--max-new-tokens",
+            &n.to_string(),
+            "--json",
+        ])
         .env("SLUICE_THREADS", "2")
         .output()
         .expect("hostd run");
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let v: Value = serde_json::from_slice(&out.stdout).expect("run --json");
-    v["generated_ids"].as_array().expect("generated_ids").iter().map(|x| x.as_u64().expect("id")).collect()
+    v["generated_ids"]
+        .as_array()
+        .expect("generated_ids")
+        .iter()
+        .map(|x| x.as_u64().expect("id"))
+        .collect()
 }
 
 #[test]
@@ -318,13 +585,23 @@ fn greedy_reply_equals_hostd_run() {
     // Without the prefix cache, prefill blocks are exactly `hostd run`'s, so ids must match.
     for preset in ["tiny", "small"] {
         let s = Server::start(preset, &["--state-cache-bytes", "0"]);
-        let tok = hostd::tokenizer::Tokenizer::from_model_dir(model_dir(preset)).expect("tokenizer");
+        let tok =
+            hostd::tokenizer::Tokenizer::from_model_dir(model_dir(preset)).expect("tokenizer");
         for prompt in ["hi", "Write a haiku about rivers."] {
             let ids = run_ids(preset, prompt, 24);
             let reply = s.chat(json!({ "model": s.name, "messages": user(prompt), "max_tokens": 24, "temperature": 0, "logprobs": true }));
-            let expect: Vec<Vec<u8>> = ids.iter().map(|&id| tok.token_bytes(id as u32).expect("known id").to_vec()).collect();
-            assert_eq!(token_bytes(&reply), expect, "{preset} {prompt:?}: server and hostd run disagree");
-            assert_eq!(reply["usage"]["completion_tokens"], ids.len());
+            let expect: Vec<Vec<u8>> = ids
+                .iter()
+                .map(|&id| tok.token_bytes(id as u32).expect("known id").to_vec())
+                .collect();
+            assert_eq!(
+                token_bytes(&reply),
+                expect,
+                "{preset} {prompt:?}: server and hostd run disagree"
+            );
+            // Usage also counts an end-of-turn token that ended the reply (not in `ids`).
+            let stop = usize::from(reply["choices"][0]["finish_reason"] == "stop");
+            assert_eq!(reply["usage"]["completion_tokens"], ids.len() + stop);
         }
     }
 }
@@ -332,27 +609,55 @@ fn greedy_reply_equals_hostd_run() {
 #[test]
 fn four_concurrent_greedy_requests_equal_solo() {
     let s = Server::start("small", &["--max-batch", "4"]);
-    let prompts = ["Tell me about the sea.", "What is 2+2?", "Name a colour.", "Why is the sky blue? Explain at length."];
+    let prompts = [
+        "Tell me about the sea.",
+        "What is 2+2?",
+        "Name a colour.",
+        "Why is the sky blue? Explain at length.",
+    ];
     let body = |p: &str| json!({ "model": s.name, "messages": user(p), "max_tokens": 24, "temperature": 0, "ignore_eos": true, "logprobs": true });
-    let solo: Vec<Vec<Vec<u8>>> = prompts.iter().map(|p| token_bytes(&s.chat(body(p)))).collect();
-    let (steps0, rows0) = (s.metric("hostd_decode_steps_total"), s.metric("hostd_decode_rows_total"));
+    let solo: Vec<Vec<Vec<u8>>> = prompts
+        .iter()
+        .map(|p| token_bytes(&s.chat(body(p))))
+        .collect();
+    let (steps0, rows0) = (
+        s.metric("hostd_decode_steps_total"),
+        s.metric("hostd_decode_rows_total"),
+    );
     let together: Vec<Vec<Vec<u8>>> = std::thread::scope(|scope| {
-        let handles: Vec<_> = prompts.iter().map(|p| scope.spawn(|| token_bytes(&s.chat(body(p))))).collect();
-        handles.into_iter().map(|h| h.join().expect("request thread")).collect()
+        let handles: Vec<_> = prompts
+            .iter()
+            .map(|p| scope.spawn(|| token_bytes(&s.chat(body(p)))))
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("request thread"))
+            .collect()
     });
     for (i, (a, b)) in solo.iter().zip(&together).enumerate() {
-        assert_eq!(a, b, "request {i}: concurrent output differs from its solo run");
+        assert_eq!(
+            a, b,
+            "request {i}: concurrent output differs from its solo run"
+        );
         assert_eq!(a.len(), 24);
     }
-    let (steps, rows) = (s.metric("hostd_decode_steps_total") - steps0, s.metric("hostd_decode_rows_total") - rows0);
-    assert!(rows > steps, "no decode step carried more than one sequence ({rows} rows in {steps} steps)");
+    let (steps, rows) = (
+        s.metric("hostd_decode_steps_total") - steps0,
+        s.metric("hostd_decode_rows_total") - rows0,
+    );
+    assert!(
+        rows > steps,
+        "no decode step carried more than one sequence ({rows} rows in {steps} steps)"
+    );
 }
 
 /// Opens a streaming chat request that would run for a long time and reads until `n` data
 /// lines arrived; returns the open socket.
 pub(crate) fn open_long_stream(s: &Server, n: usize) -> TcpStream {
     let body = json!({ "model": s.name, "messages": user("go"), "max_tokens": 200_000, "ignore_eos": true, "stream": true, "temperature": 0 });
-    let stream = s.send("POST", "/v1/chat/completions", &[], Some(&body.to_string())).expect("send");
+    let stream = s
+        .send("POST", "/v1/chat/completions", &[], Some(&body.to_string()))
+        .expect("send");
     let mut reader = BufReader::new(stream.try_clone().expect("clone socket"));
     let (mut seen, mut line) = (0, String::new());
     while seen < n {
@@ -369,7 +674,10 @@ pub(crate) fn open_long_stream(s: &Server, n: usize) -> TcpStream {
 pub(crate) fn wait_for(what: &str, limit: Duration, mut cond: impl FnMut() -> bool) {
     let deadline = Instant::now() + limit;
     while !cond() {
-        assert!(Instant::now() < deadline, "timed out after {limit:?} waiting for {what}");
+        assert!(
+            Instant::now() < deadline,
+            "timed out after {limit:?} waiting for {what}"
+        );
         std::thread::sleep(Duration::from_millis(50));
     }
 }
@@ -381,13 +689,22 @@ fn disconnect_cancels_and_frees_state() {
     assert_eq!(s.metric("hostd_active_sequences"), 1.0);
     assert!(s.metric("hostd_active_state_bytes") > 0.0);
     drop(stream);
-    wait_for("the cancelled sequence to leave", Duration::from_secs(20), || {
-        s.metric("hostd_active_sequences") == 0.0 && s.metric("hostd_sequences_cancelled_total") == 1.0
-    });
+    wait_for(
+        "the cancelled sequence to leave",
+        Duration::from_secs(20),
+        || {
+            s.metric("hostd_active_sequences") == 0.0
+                && s.metric("hostd_sequences_cancelled_total") == 1.0
+        },
+    );
     assert_eq!(s.metric("hostd_active_state_bytes"), 0.0);
     let generated = s.metric("hostd_generation_tokens_total");
     std::thread::sleep(Duration::from_millis(300));
-    assert_eq!(s.metric("hostd_generation_tokens_total"), generated, "tokens are still being generated");
+    assert_eq!(
+        s.metric("hostd_generation_tokens_total"),
+        generated,
+        "tokens are still being generated"
+    );
 }
 
 #[test]
@@ -395,13 +712,21 @@ fn full_queue_answers_429_with_retry_after() {
     let s = Server::start("tiny", &["--max-batch", "1", "--max-queue", "1"]);
     let running = open_long_stream(&s, 2);
     // The second request waits in the queue (its SSE head arrives once it is queued).
-    let body = json!({ "model": s.name, "messages": user("wait"), "max_tokens": 4, "stream": true });
-    let mut queued = s.send("POST", "/v1/chat/completions", &[], Some(&body.to_string())).expect("send");
+    let body =
+        json!({ "model": s.name, "messages": user("wait"), "max_tokens": 4, "stream": true });
+    let mut queued = s
+        .send("POST", "/v1/chat/completions", &[], Some(&body.to_string()))
+        .expect("send");
     let mut head = [0u8; 12];
     queued.read_exact(&mut head).expect("queued response head");
     assert_eq!(&head, b"HTTP/1.1 200");
-    wait_for("one queued request", Duration::from_secs(10), || s.metric("hostd_queue_depth") == 1.0);
-    let r = s.post("/v1/chat/completions", &json!({ "model": s.name, "messages": user("x"), "max_tokens": 1 }));
+    wait_for("one queued request", Duration::from_secs(10), || {
+        s.metric("hostd_queue_depth") == 1.0
+    });
+    let r = s.post(
+        "/v1/chat/completions",
+        &json!({ "model": s.name, "messages": user("x"), "max_tokens": 1 }),
+    );
     check_error(&r, 429, "queue_full");
     assert_eq!(r.header("retry-after"), Some("1"));
     assert_eq!(s.metric("hostd_queue_rejected_total"), 1.0);
@@ -414,18 +739,55 @@ fn api_key_is_required_when_configured_and_for_public_binds() {
     let dir = tempfile::tempdir().expect("tempdir");
     let key_file = dir.path().join("key");
     std::fs::write(&key_file, "s3cret\n").expect("write key");
-    let s = Server::start("tiny", &["--api-key-file", key_file.to_str().expect("path")]);
-    check_error(&s.request("GET", "/v1/models", &[], None), 401, "invalid_api_key");
-    check_error(&s.request("GET", "/v1/models", &[("Authorization", "Bearer wrong")], None), 401, "invalid_api_key");
-    assert_eq!(s.request("GET", "/v1/models", &[("Authorization", "Bearer s3cret")], None).status, 200);
+    let s = Server::start(
+        "tiny",
+        &["--api-key-file", key_file.to_str().expect("path")],
+    );
+    check_error(
+        &s.request("GET", "/v1/models", &[], None),
+        401,
+        "invalid_api_key",
+    );
+    check_error(
+        &s.request(
+            "GET",
+            "/v1/models",
+            &[("Authorization", "Bearer wrong")],
+            None,
+        ),
+        401,
+        "invalid_api_key",
+    );
+    assert_eq!(
+        s.request(
+            "GET",
+            "/v1/models",
+            &[("Authorization", "Bearer s3cret")],
+            None
+        )
+        .status,
+        200
+    );
     assert_eq!(s.request("GET", "/health", &[], None).status, 200);
     // A non-loopback bind without a key is refused before anything is bound.
     let out = Command::new(workspace_bin("hostd"))
-        .args(["serve", "--model", model_dir("tiny").to_str().expect("path"), "--host", "0.0.0.0", "--port", "0"])
+        .args([
+            "serve",
+            "--model",
+            model_dir("tiny").to_str().expect("path"),
+            "--host",
+            "0.0.0.0",
+            "--port",
+            "0",
+        ])
         .output()
         .expect("hostd serve");
     assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("requires an API key"), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("requires an API key"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 /// Time to the first generated text of a streaming chat request.
@@ -433,7 +795,9 @@ fn stream_ttft(s: &Server, messages: &Value, max_tokens: usize) -> (Duration, Va
     let body = json!({ "model": s.name, "messages": messages, "max_tokens": max_tokens, "temperature": 0, "stream": true,
                        "stream_options": { "include_usage": true }, "ignore_eos": true });
     let start = Instant::now();
-    let stream = s.send("POST", "/v1/chat/completions", &[], Some(&body.to_string())).expect("send");
+    let stream = s
+        .send("POST", "/v1/chat/completions", &[], Some(&body.to_string()))
+        .expect("send");
     let mut reader = BufReader::new(stream);
     let (mut ttft, mut usage, mut line) = (None, Value::Null, String::new());
     let deadline = start + IO_TIMEOUT;
@@ -442,13 +806,18 @@ fn stream_ttft(s: &Server, messages: &Value, max_tokens: usize) -> (Duration, Va
         if reader.read_line(&mut line).expect("read") == 0 {
             break;
         }
-        let Some(data) = line.trim_end().strip_prefix("data: ") else { continue };
+        let Some(data) = line.trim_end().strip_prefix("data: ") else {
+            continue;
+        };
         if data == "[DONE]" {
             break;
         }
         let c: Value = serde_json::from_str(data).expect("chunk");
         let d = &c["choices"][0]["delta"];
-        if ttft.is_none() && (d["reasoning_content"].is_string() || d["content"].as_str().is_some_and(|t| !t.is_empty())) {
+        if ttft.is_none()
+            && (d["reasoning_content"].is_string()
+                || d["content"].as_str().is_some_and(|t| !t.is_empty()))
+        {
             ttft = Some(start.elapsed());
         }
         if c["usage"].is_object() {
@@ -469,15 +838,25 @@ fn second_turn_reuses_the_first_turns_state() {
     second.push(json!({ "role": "assistant", "content": msg["content"], "reasoning_content": msg["reasoning_content"] }));
     second.push(json!({ "role": "user", "content": "And then?" }));
     let (ttft, usage) = stream_ttft(&s, &Value::Array(second.clone()), 4);
-    let cached = usage["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap_or(0);
+    let cached = usage["prompt_tokens_details"]["cached_tokens"]
+        .as_u64()
+        .unwrap_or(0);
     let prompt = usage["prompt_tokens"].as_u64().unwrap_or(0);
-    assert!(cached > 0 && cached < prompt, "second turn: {cached} of {prompt} prompt tokens cached");
-    assert!(s.metric("hostd_state_cache_hits_total") >= 1.0 && s.metric("hostd_state_cache_bytes") > 0.0);
+    assert!(
+        cached > 0 && cached < prompt,
+        "second turn: {cached} of {prompt} prompt tokens cached"
+    );
+    assert!(
+        s.metric("hostd_state_cache_hits_total") >= 1.0
+            && s.metric("hostd_state_cache_bytes") > 0.0
+    );
 
     let cold = Server::start("small", &["--state-cache-bytes", "0"]);
     let (cold_ttft, cold_usage) = stream_ttft(&cold, &Value::Array(second), 4);
     assert_eq!(cold_usage["prompt_tokens_details"]["cached_tokens"], 0);
-    eprintln!("second-turn TTFT on small ({prompt} prompt tokens): {ttft:?} with reuse ({cached} cached), {cold_ttft:?} without");
+    eprintln!(
+        "second-turn TTFT on small ({prompt} prompt tokens): {ttft:?} with reuse ({cached} cached), {cold_ttft:?} without"
+    );
 }
 
 #[test]
@@ -485,12 +864,24 @@ fn default_thinking_off_answers_at_once_and_a_request_can_still_think() {
     let s = Server::start("tiny", &["--default-thinking", "off"]);
     let body = json!({ "model": s.name, "messages": user("Hello"), "max_tokens": 4, "temperature": 0, "ignore_eos": true });
     let plain = s.chat(body.clone());
-    assert!(plain["choices"][0]["message"].get("reasoning_content").is_none(), "{plain}");
+    assert!(
+        plain["choices"][0]["message"]
+            .get("reasoning_content")
+            .is_none(),
+        "{plain}"
+    );
     let mut think = body;
     think["chat_template_kwargs"] = json!({ "enable_thinking": true });
     let thought = s.chat(think);
-    assert!(thought["choices"][0]["message"]["reasoning_content"].is_string(), "{thought}");
+    assert!(
+        thought["choices"][0]["message"]["reasoning_content"].is_string(),
+        "{thought}"
+    );
     // Thinking off renders an empty think block into the prompt: more prompt tokens.
-    let tokens = |r: &Value| r["usage"]["prompt_tokens"].as_u64().unwrap_or_else(|| panic!("no usage: {r}"));
+    let tokens = |r: &Value| {
+        r["usage"]["prompt_tokens"]
+            .as_u64()
+            .unwrap_or_else(|| panic!("no usage: {r}"))
+    };
     assert!(tokens(&plain) > tokens(&thought));
 }

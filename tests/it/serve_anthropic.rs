@@ -118,8 +118,9 @@ fn messages_shapes_stream_stop_sequences_and_count_tokens() {
     assert_eq!(whole["content"][0]["type"], "thinking", "{whole}");
     assert_eq!(whole["content"][0]["signature"], "");
     assert_eq!(whole["usage"]["output_tokens"], 16);
+    // Anthropic's field order (serde_json keeps insertion order since the field-policy branch).
     let keys: Vec<&String> = whole["usage"].as_object().expect("usage").keys().collect();
-    assert_eq!(keys, ["cache_creation_input_tokens", "cache_read_input_tokens", "input_tokens", "output_tokens"]);
+    assert_eq!(keys, ["input_tokens", "output_tokens", "cache_creation_input_tokens", "cache_read_input_tokens"]);
 
     // The stream folds into the same message, for both thinking switches.
     for thinking in [Value::Null, json!({ "type": "disabled" })] {

@@ -36,7 +36,13 @@ struct Response {
 
 impl Response {
     fn json(&self) -> Value {
-        serde_json::from_slice(&self.body).unwrap_or_else(|e| panic!("status {}: not JSON ({e}): {}", self.status, String::from_utf8_lossy(&self.body)))
+        serde_json::from_slice(&self.body).unwrap_or_else(|e| {
+            panic!(
+                "status {}: not JSON ({e}): {}",
+                self.status,
+                String::from_utf8_lossy(&self.body)
+            )
+        })
     }
 }
 
@@ -47,8 +53,15 @@ impl Server {
         let (child, addr) = crate::serve::spawn_serve(&dir, "m", extra);
         let server = Server { child, addr };
         let deadline = Instant::now() + Duration::from_secs(60);
-        while !server.send("GET", "/health", None).and_then(read_response).is_ok_and(|r| r.status == 200) {
-            assert!(Instant::now() < deadline, "server on {preset} not ready within 60 s");
+        while !server
+            .send("GET", "/health", None)
+            .and_then(read_response)
+            .is_ok_and(|r| r.status == 200)
+        {
+            assert!(
+                Instant::now() < deadline,
+                "server on {preset} not ready within 60 s"
+            );
             std::thread::sleep(Duration::from_millis(50));
         }
         server
@@ -69,14 +82,23 @@ impl Server {
     }
 
     fn post(&self, body: &Value) -> Response {
-        self.send("POST", "/v1/completions", Some(body)).and_then(read_response).expect("POST /v1/completions")
+        self.send("POST", "/v1/completions", Some(body))
+            .and_then(read_response)
+            .expect("POST /v1/completions")
     }
 
     fn metric(&self, name: &str) -> f64 {
-        let r = self.send("GET", "/metrics", None).and_then(read_response).expect("GET /metrics");
+        let r = self
+            .send("GET", "/metrics", None)
+            .and_then(read_response)
+            .expect("GET /metrics");
         String::from_utf8_lossy(&r.body)
             .lines()
-            .find_map(|l| l.strip_prefix(name).and_then(|r| r.strip_prefix(' ')).and_then(|v| v.trim().parse().ok()))
+            .find_map(|l| {
+                l.strip_prefix(name)
+                    .and_then(|r| r.strip_prefix(' '))
+                    .and_then(|v| v.trim().parse().ok())
+            })
             .unwrap_or_else(|| panic!("metric {name} missing"))
     }
 }
@@ -88,11 +110,21 @@ fn read_response(s: TcpStream) -> std::io::Result<Response> {
 /// Reads the response whose first bytes (`raw`) were already read.
 fn read_rest(mut raw: Vec<u8>, mut s: TcpStream) -> std::io::Result<Response> {
     s.read_to_end(&mut raw)?;
-    let split = raw.windows(4).position(|w| w == b"\r\n\r\n").ok_or_else(|| std::io::Error::other("no response head"))?;
+    let split = raw
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .ok_or_else(|| std::io::Error::other("no response head"))?;
     let head = String::from_utf8_lossy(&raw[..split]).into_owned();
-    let status = head.split(' ').nth(1).and_then(|s| s.parse().ok()).ok_or_else(|| std::io::Error::other("no status"))?;
+    let status = head
+        .split(' ')
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| std::io::Error::other("no status"))?;
     let mut body = raw[split + 4..].to_vec();
-    if head.to_ascii_lowercase().contains("transfer-encoding: chunked") {
+    if head
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked")
+    {
         body = dechunk(&body);
     }
     Ok(Response { status, head, body })
@@ -101,7 +133,8 @@ fn read_rest(mut raw: Vec<u8>, mut s: TcpStream) -> std::io::Result<Response> {
 fn dechunk(mut b: &[u8]) -> Vec<u8> {
     let mut out = Vec::new();
     while let Some(eol) = b.windows(2).position(|w| w == b"\r\n") {
-        let size = usize::from_str_radix(String::from_utf8_lossy(&b[..eol]).trim(), 16).unwrap_or(0);
+        let size =
+            usize::from_str_radix(String::from_utf8_lossy(&b[..eol]).trim(), 16).unwrap_or(0);
         if size == 0 {
             break;
         }
@@ -115,7 +148,10 @@ fn dechunk(mut b: &[u8]) -> Vec<u8> {
 fn wait_for(what: &str, limit: Duration, mut cond: impl FnMut() -> bool) {
     let deadline = Instant::now() + limit;
     while !cond() {
-        assert!(Instant::now() < deadline, "timed out after {limit:?} waiting for {what}");
+        assert!(
+            Instant::now() < deadline,
+            "timed out after {limit:?} waiting for {what}"
+        );
         std::thread::sleep(Duration::from_millis(20));
     }
 }
@@ -123,7 +159,9 @@ fn wait_for(what: &str, limit: Duration, mut cond: impl FnMut() -> bool) {
 /// `n` prompt ids the fixture's tokenizer knows, varied by `seed` (so no prefix is shared).
 fn prompt_ids(preset: &str, n: usize, seed: u64) -> Vec<u32> {
     let tok = hostd::tokenizer::Tokenizer::from_model_dir(model_dir(preset)).expect("tokenizer");
-    let known: Vec<u32> = (50..tok.vocab_size() as u32 / 2).filter(|&id| tok.token_bytes(id).is_some()).collect();
+    let known: Vec<u32> = (50..tok.vocab_size() as u32 / 2)
+        .filter(|&id| tok.token_bytes(id).is_some())
+        .collect();
     assert!(known.len() > 50, "too few known ids");
     let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
     (0..n)
@@ -149,7 +187,17 @@ fn tokens(reply: &Value) -> Value {
 #[test]
 fn a_short_request_finishes_while_a_long_prompt_is_prefilled_and_its_output_is_unchanged() {
     // 64-row blocks: the long prompt takes dozens of blocks, the short one fits in one.
-    let s = Server::start("small", &["--prefill-chunk", "64", "--state-cache-bytes", "0", "--max-batch", "4"]);
+    let s = Server::start(
+        "small",
+        &[
+            "--prefill-chunk",
+            "64",
+            "--state-cache-bytes",
+            "0",
+            "--max-batch",
+            "4",
+        ],
+    );
     let long = prompt_ids("small", 3000, 1);
     let short = prompt_ids("small", 4, 2);
     let solo_short = s.post(&greedy(&short, 4)).json();
@@ -157,28 +205,47 @@ fn a_short_request_finishes_while_a_long_prompt_is_prefilled_and_its_output_is_u
     assert_eq!(solo_long["usage"]["prompt_tokens"], 3000);
 
     let blocks0 = s.metric("hostd_prefill_chunks_total");
-    let (long_reply, long_done, short_reply, short_done, blocks_at_short) = std::thread::scope(|scope| {
-        let long_thread = scope.spawn(|| {
-            let r = s.post(&greedy(&long, 2));
-            (r, Instant::now())
+    let (long_reply, long_done, short_reply, short_done, blocks_at_short) =
+        std::thread::scope(|scope| {
+            let long_thread = scope.spawn(|| {
+                let r = s.post(&greedy(&long, 2));
+                (r, Instant::now())
+            });
+            // Send the short request once the long prompt is a few blocks in (of ~47).
+            wait_for(
+                "the long prefill to start",
+                Duration::from_secs(120),
+                || s.metric("hostd_prefill_chunks_total") >= blocks0 + 3.0,
+            );
+            let r = s.post(&greedy(&short, 4));
+            let short_done = Instant::now();
+            let blocks_at_short = s.metric("hostd_prefill_chunks_total") - blocks0;
+            let (long_reply, long_done) = long_thread.join().expect("long request thread");
+            (long_reply, long_done, r, short_done, blocks_at_short)
         });
-        // Send the short request once the long prompt is a few blocks in (of ~47).
-        wait_for("the long prefill to start", Duration::from_secs(120), || s.metric("hostd_prefill_chunks_total") >= blocks0 + 3.0);
-        let r = s.post(&greedy(&short, 4));
-        let short_done = Instant::now();
-        let blocks_at_short = s.metric("hostd_prefill_chunks_total") - blocks0;
-        let (long_reply, long_done) = long_thread.join().expect("long request thread");
-        (long_reply, long_done, r, short_done, blocks_at_short)
-    });
     assert_eq!(long_reply.status, 200);
     assert_eq!(short_reply.status, 200);
     // The long prompt has 3000 / 64 = 47 blocks; the short request (1 block, 4 tokens) ended
     // while they were still running.
-    assert!(short_done < long_done, "the short request waited for the whole long prefill");
-    assert!(blocks_at_short < 47.0, "the short request ended after {blocks_at_short} blocks: the long prefill had finished");
+    assert!(
+        short_done < long_done,
+        "the short request waited for the whole long prefill"
+    );
+    assert!(
+        blocks_at_short < 47.0,
+        "the short request ended after {blocks_at_short} blocks: the long prefill had finished"
+    );
     // Greedy outputs do not depend on what else ran.
-    assert_eq!(tokens(&short_reply.json()), tokens(&solo_short), "short output changed under a concurrent long prompt");
-    assert_eq!(tokens(&long_reply.json()), tokens(&solo_long), "long output changed under a concurrent short request");
+    assert_eq!(
+        tokens(&short_reply.json()),
+        tokens(&solo_short),
+        "short output changed under a concurrent long prompt"
+    );
+    assert_eq!(
+        tokens(&long_reply.json()),
+        tokens(&solo_long),
+        "long output changed under a concurrent short request"
+    );
     assert_eq!(tokens(&solo_short).as_array().map(Vec::len), Some(4));
 }
 
@@ -188,7 +255,9 @@ fn the_queue_limit_counts_prompt_tokens() {
     // Occupy the only slot with a long generation.
     let go = json!({ "model": "m", "prompt": prompt_ids("tiny", 3, 3), "max_tokens": 200_000, "ignore_eos": true, "stream": true });
     let running = s.send("POST", "/v1/completions", Some(&go)).expect("send");
-    wait_for("the slot to be taken", Duration::from_secs(30), || s.metric("hostd_active_sequences") == 1.0);
+    wait_for("the slot to be taken", Duration::from_secs(30), || {
+        s.metric("hostd_active_sequences") == 1.0
+    });
     // Into an empty queue, a prompt over the limit is still taken (else it could never run).
     let mut big = greedy(&prompt_ids("tiny", 60, 4), 1);
     big["stream"] = json!(true);
@@ -196,8 +265,14 @@ fn the_queue_limit_counts_prompt_tokens() {
     let mut head = [0u8; 12];
     queued.read_exact(&mut head).expect("queued response head");
     assert_eq!(&head, b"HTTP/1.1 200");
-    wait_for("60 queued prompt tokens", Duration::from_secs(10), || s.metric("hostd_queued_prompt_tokens") == 60.0);
-    assert_eq!(s.metric("hostd_queue_depth"), 1.0, "one request queued: the request limit (16) is not what refuses");
+    wait_for("60 queued prompt tokens", Duration::from_secs(10), || {
+        s.metric("hostd_queued_prompt_tokens") == 60.0
+    });
+    assert_eq!(
+        s.metric("hostd_queue_depth"),
+        1.0,
+        "one request queued: the request limit (16) is not what refuses"
+    );
     // One more token would pass the limit of 40: 429 with Retry-After, nothing else changes.
     // (Streaming, so a wrongly queued request shows at once as a 200 head.)
     let mut one = greedy(&prompt_ids("tiny", 1, 5), 1);
@@ -205,12 +280,28 @@ fn the_queue_limit_counts_prompt_tokens() {
     let mut refused = s.send("POST", "/v1/completions", Some(&one)).expect("send");
     let mut head = [0u8; 12];
     refused.read_exact(&mut head).expect("response head");
-    assert_eq!(&head, b"HTTP/1.1 429", "a request past the token limit was not refused");
+    assert_eq!(
+        &head, b"HTTP/1.1 429",
+        "a request past the token limit was not refused"
+    );
     let r = read_rest(head.to_vec(), refused).expect("429 body");
     let e = &r.json()["error"];
-    assert_eq!((e["code"].as_str(), e["type"].as_str()), (Some("queue_full"), Some("rate_limit_error")), "{e}");
-    assert!(e["message"].as_str().is_some_and(|m| m.contains("60 prompt tokens queued") && m.contains("40")), "{e}");
-    assert!(r.head.to_ascii_lowercase().contains("retry-after: 1"), "{}", r.head);
+    assert_eq!(
+        (e["code"].as_str(), e["type"].as_str()),
+        (Some("queue_full"), Some("rate_limit_error")),
+        "{e}"
+    );
+    assert!(
+        e["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("60 prompt tokens queued") && m.contains("40")),
+        "{e}"
+    );
+    assert!(
+        r.head.to_ascii_lowercase().contains("retry-after: 1"),
+        "{}",
+        r.head
+    );
     assert_eq!(s.metric("hostd_queue_rejected_total"), 1.0);
     assert_eq!(s.metric("hostd_queued_prompt_tokens"), 60.0);
     // Once the slot frees, the queued request runs and its tokens leave the count.
@@ -218,6 +309,8 @@ fn the_queue_limit_counts_prompt_tokens() {
     let reply = read_rest(b"HTTP/1.1 200".to_vec(), queued).expect("queued request's reply");
     assert_eq!(reply.status, 200);
     assert!(String::from_utf8_lossy(&reply.body).contains("[DONE]"));
-    wait_for("the queue to empty", Duration::from_secs(30), || s.metric("hostd_queued_prompt_tokens") == 0.0);
+    wait_for("the queue to empty", Duration::from_secs(30), || {
+        s.metric("hostd_queued_prompt_tokens") == 0.0
+    });
     assert_eq!(s.post(&greedy(&prompt_ids("tiny", 30, 6), 1)).status, 200);
 }

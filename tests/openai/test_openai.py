@@ -115,13 +115,13 @@ def test_logprobs(client, model):
 @pytest.mark.parametrize(
     "kw, exc, param",
     [
-        (dict(n=2), openai.BadRequestError, "n"),
+        (dict(n=9), openai.BadRequestError, "n"),
         (dict(temperature=5), openai.BadRequestError, "temperature"),
         (dict(model="no-such-model"), openai.NotFoundError, "model"),
         (dict(messages=[]), openai.BadRequestError, "messages"),
-        (dict(messages=[{"role": "tool", "content": "x", "tool_call_id": "1"}]), openai.BadRequestError, "messages[0].tool_call_id"),
+        (dict(messages=[{"role": "function", "content": "x", "name": "f"}]), openai.BadRequestError, "messages[0].role"),
         (dict(stop=["a", "b", "c", "d", "e"]), openai.BadRequestError, "stop"),
-        (dict(extra_body={"frobnicate": 1}), openai.BadRequestError, "frobnicate"),
+        (dict(extra_body={"use_beam_search": True}), openai.BadRequestError, "use_beam_search"),
     ],
 )
 def test_errors(client, model, kw, exc, param):

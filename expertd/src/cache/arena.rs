@@ -47,15 +47,38 @@ impl Arena {
     pub fn new(slot_bytes: usize, n_slots: u32, n_transient: u32) -> Result<Arena, CacheError> {
         assert!(slot_bytes > 0 && slot_bytes.is_multiple_of(SLOT_ALIGN));
         let n = u64::from(n_slots) + u64::from(n_transient);
-        let bytes = n.checked_mul(slot_bytes as u64).filter(|&b| b <= isize::MAX as u64 / 2).ok_or(CacheError::ArenaAlloc { bytes: u64::MAX })?;
+        let bytes = n
+            .checked_mul(slot_bytes as u64)
+            .filter(|&b| b <= isize::MAX as u64 / 2)
+            .ok_or(CacheError::ArenaAlloc { bytes: u64::MAX })?;
         let bytes = bytes as usize;
         if bytes == 0 {
-            return Ok(Arena { ptr: NonNull::dangling(), bytes: 0, slot_bytes, n_slots, n_transient, huge_pages: false });
+            return Ok(Arena {
+                ptr: NonNull::dangling(),
+                bytes: 0,
+                slot_bytes,
+                n_slots,
+                n_transient,
+                huge_pages: false,
+            });
         }
-        let align = if bytes >= HUGE_PAGE_BYTES { HUGE_PAGE_BYTES } else { SLOT_ALIGN };
-        let ptr = map_aligned(bytes, align).ok_or(CacheError::ArenaAlloc { bytes: bytes as u64 })?;
+        let align = if bytes >= HUGE_PAGE_BYTES {
+            HUGE_PAGE_BYTES
+        } else {
+            SLOT_ALIGN
+        };
+        let ptr = map_aligned(bytes, align).ok_or(CacheError::ArenaAlloc {
+            bytes: bytes as u64,
+        })?;
         let huge_pages = align == HUGE_PAGE_BYTES && advise_huge_pages(ptr, bytes);
-        Ok(Arena { ptr, bytes, slot_bytes, n_slots, n_transient, huge_pages })
+        Ok(Arena {
+            ptr,
+            bytes,
+            slot_bytes,
+            n_slots,
+            n_transient,
+            huge_pages,
+        })
     }
 
     /// Start of resident slot `slot` (< `n_slots`).
@@ -66,7 +89,11 @@ impl Arena {
 
     /// Start of transient buffer `buffer` (< `n_transient`).
     pub fn transient_ptr(&self, buffer: u32) -> NonNull<u8> {
-        assert!(buffer < self.n_transient, "transient buffer {buffer} of {}", self.n_transient);
+        assert!(
+            buffer < self.n_transient,
+            "transient buffer {buffer} of {}",
+            self.n_transient
+        );
         self.at(self.n_slots as usize + buffer as usize)
     }
 
@@ -198,15 +225,26 @@ mod tests {
         let (ptr, len) = arena.span();
         assert_eq!(len, 256 * slot);
         assert_eq!(arena.total_bytes(), len as u64);
-        assert_eq!(ptr.as_ptr() as usize % HUGE_PAGE_BYTES, 0, "a big arena starts on a 2 MiB boundary");
-        assert_eq!(resident_bytes(ptr, len), 0, "nothing is resident right after start");
+        assert_eq!(
+            ptr.as_ptr() as usize % HUGE_PAGE_BYTES,
+            0,
+            "a big arena starts on a 2 MiB boundary"
+        );
+        assert_eq!(
+            resident_bytes(ptr, len),
+            0,
+            "nothing is resident right after start"
+        );
         // Filling one slot (as a read does) commits that slot and no more (huge pages may
         // round to their 2 MiB).
         let s = arena.slot_ptr(7);
         // SAFETY: slot 7 is `slot` bytes inside the arena and nothing else refers to it.
         unsafe { std::ptr::write_bytes(s.as_ptr(), 0xA5, slot) };
         let resident = resident_bytes(ptr, len);
-        assert!((slot..=slot + 2 * HUGE_PAGE_BYTES).contains(&resident), "{resident} bytes resident after one {slot}-byte slot");
+        assert!(
+            (slot..=slot + 2 * HUGE_PAGE_BYTES).contains(&resident),
+            "{resident} bytes resident after one {slot}-byte slot"
+        );
         // SAFETY: as above; the slot was just written.
         let back = unsafe { std::slice::from_raw_parts(s.as_ptr(), slot) };
         assert!(back.iter().all(|&b| b == 0xA5));
@@ -225,7 +263,10 @@ mod tests {
         for i in 0..3 {
             assert_eq!(arena.slot_ptr(i).as_ptr() as usize % SLOT_ALIGN, 0);
         }
-        assert!(!arena.huge_pages(), "below 2 MiB no huge-page advice is asked for");
+        assert!(
+            !arena.huge_pages(),
+            "below 2 MiB no huge-page advice is asked for"
+        );
         let empty = Arena::new(SLOT_ALIGN, 0, 0).expect("empty arena");
         assert_eq!(empty.total_bytes(), 0);
     }

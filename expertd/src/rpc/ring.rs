@@ -27,11 +27,27 @@ pub const WORKER_SPIN: Duration = Duration::from_micros(30);
 const WORKER_SLICE: Duration = Duration::from_millis(100);
 
 /// Starts the worker for `session` on `segment`'s ring.
-pub fn spawn(state: Arc<ServiceState>, session: Arc<Session>, segment: Arc<Segment>, ring: RingView) -> std::io::Result<()> {
-    std::thread::Builder::new().name(format!("expertd-ring-{}", session.id)).spawn(move || {
-        let worker = Worker { state, session, segment, ring, ids: Vec::new(), weights: Vec::new(), x: Vec::new(), out: Vec::new() };
-        worker.serve();
-    })?;
+pub fn spawn(
+    state: Arc<ServiceState>,
+    session: Arc<Session>,
+    segment: Arc<Segment>,
+    ring: RingView,
+) -> std::io::Result<()> {
+    std::thread::Builder::new()
+        .name(format!("expertd-ring-{}", session.id))
+        .spawn(move || {
+            let worker = Worker {
+                state,
+                session,
+                segment,
+                ring,
+                ids: Vec::new(),
+                weights: Vec::new(),
+                x: Vec::new(),
+                out: Vec::new(),
+            };
+            worker.serve();
+        })?;
     Ok(())
 }
 
@@ -49,7 +65,8 @@ struct Worker {
 
 impl Worker {
     fn any_submitted(&self) -> bool {
-        (0..self.ring.layout().entries).any(|i| self.ring.entry(i).state().load(Ordering::Acquire) == ring::STATE_SUBMITTED)
+        (0..self.ring.layout().entries)
+            .any(|i| self.ring.entry(i).state().load(Ordering::Acquire) == ring::STATE_SUBMITTED)
     }
 
     fn serve(mut self) {
@@ -60,13 +77,17 @@ impl Worker {
         let _gone = Gone(self.ring);
         while !self.session.is_closed() {
             // Round-robin over the entries, so one busy entry cannot starve another.
-            let claimed = (0..entries).map(|j| (next + j) % entries).find_map(|i| self.ring.entry(i).claim().map(|s| (i, s)));
+            let claimed = (0..entries)
+                .map(|j| (next + j) % entries)
+                .find_map(|i| self.ring.entry(i).claim().map(|s| (i, s)));
             if let Some((i, sub)) = claimed {
                 self.run(i, sub);
                 next = (i + 1) % entries;
                 continue;
             }
-            if ring::spin_until(WORKER_SPIN, || self.any_submitted() || self.session.is_closed()) {
+            if ring::spin_until(WORKER_SPIN, || {
+                self.any_submitted() || self.session.is_closed()
+            }) {
                 continue;
             }
             let d = self.ring.doorbell().load(Ordering::SeqCst);
@@ -78,10 +99,19 @@ impl Worker {
         }
         for i in 0..entries {
             if let Some(sub) = self.ring.entry(i).claim() {
-                fail(&self.ring.entry(i), sub.seq, RpcError::UnknownSession { session: self.session.id });
+                fail(
+                    &self.ring.entry(i),
+                    sub.seq,
+                    RpcError::UnknownSession {
+                        session: self.session.id,
+                    },
+                );
             }
         }
-        tracing::debug!(session = self.session.id, "call ring stopped: session closed");
+        tracing::debug!(
+            session = self.session.id,
+            "call ring stopped: session closed"
+        );
     }
 
     fn run(&mut self, i: u32, sub: Submission) {
@@ -89,8 +119,13 @@ impl Worker {
         let entry = ring.entry(i);
         // Counted while it runs, so a draining daemon waits for it before exiting.
         self.state.ring_calls.fetch_add(1, Ordering::AcqRel);
-        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.call(&entry, &sub)))
-            .unwrap_or_else(|_| Err(RpcError::Internal("the call panicked in the daemon (a bug; see its log)".into())));
+        let result =
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.call(&entry, &sub)))
+                .unwrap_or_else(|_| {
+                    Err(RpcError::Internal(
+                        "the call panicked in the daemon (a bug; see its log)".into(),
+                    ))
+                });
         self.state.ring_calls.fetch_sub(1, Ordering::AcqRel);
         // Echoes and hints are not MoE calls: only those count in the session's figures.
         let counted = sub.op == ring::OP_MOE;
@@ -98,7 +133,10 @@ impl Worker {
             Ok(c) => {
                 if counted {
                     self.session.record(Ok(&c));
-                    self.session.counters.ring_calls.fetch_add(1, Ordering::Relaxed);
+                    self.session
+                        .counters
+                        .ring_calls
+                        .fetch_add(1, Ordering::Relaxed);
                 }
                 entry.complete(
                     sub.seq,
@@ -130,7 +168,11 @@ impl Worker {
         let engine = &self.state.engine;
         let dims = engine.header().layout.dims;
         let n = sub.top_k as usize;
-        if sub.layer as usize >= dims.n_layers || sub.n_rows != 1 || n == 0 || n > dims.n_experts.min(self.ring.layout().cells as usize) {
+        if sub.layer as usize >= dims.n_layers
+            || sub.n_rows != 1
+            || n == 0
+            || n > dims.n_experts.min(self.ring.layout().cells as usize)
+        {
             return Err(RpcError::BadRequest(format!(
                 "prefetch hint: layer {} (of {}), rows {} (must be 1), experts {n} (1..={})",
                 sub.layer, dims.n_layers, sub.n_rows, dims.n_experts
@@ -138,17 +180,29 @@ impl Worker {
         }
         entry.read_cells(n, &mut self.ids, &mut self.weights);
         if let Some(e) = self.ids.iter().find(|&&e| e as usize >= dims.n_experts) {
-            return Err(RpcError::BadRequest(format!("prefetch hint: expert {e} out of range (layer has {} experts)", dims.n_experts)));
+            return Err(RpcError::BadRequest(format!(
+                "prefetch hint: expert {e} out of range (layer has {} experts)",
+                dims.n_experts
+            )));
         }
         if let Some(p) = engine.prefetcher() {
-            p.hint(crate::prefetch::Hint { session: self.session.id, step: sub.step, layer: sub.layer, experts: self.ids.clone() });
+            p.hint(crate::prefetch::Hint {
+                session: self.session.id,
+                step: sub.step,
+                layer: sub.layer,
+                experts: self.ids.clone(),
+            });
         }
         Ok(())
     }
 
     /// A byte range of this connection's segment for `n_values` f32 at `offset`.
     fn range(&self, offset: u64, n_values: usize) -> Result<std::ops::Range<usize>, RpcError> {
-        let slice = ShmSlice { segment_id: self.segment.id(), offset_bytes: offset, length_bytes: n_values as u64 * 4 };
+        let slice = ShmSlice {
+            segment_id: self.segment.id(),
+            offset_bytes: offset,
+            length_bytes: n_values as u64 * 4,
+        };
         Ok(self.segment.range(&slice)?)
     }
 
@@ -181,17 +235,30 @@ impl Worker {
                     RpcError::BadRequest(format!("n_tokens × top_k = {n_rows} × {top_k} exceeds the ring entry's {capacity} cells"))
                 })?;
                 entry.read_cells(cells, &mut self.ids, &mut self.weights);
-                let spec = CallSpec { session: self.session.id, step: sub.step, layer: sub.layer, n_rows, top_k, ids: &self.ids, weights: &self.weights };
+                let spec = CallSpec {
+                    session: self.session.id,
+                    step: sub.step,
+                    layer: sub.layer,
+                    n_rows,
+                    top_k,
+                    ids: &self.ids,
+                    weights: &self.weights,
+                };
                 engine.validate(&spec)?;
                 let limit = st.config.max_queued_calls_per_session;
-                let _in_flight = self.session.try_enter(limit).ok_or(RpcError::SessionBusy { session: self.session.id, limit })?;
+                let _in_flight = self.session.try_enter(limit).ok_or(RpcError::SessionBusy {
+                    session: self.session.id,
+                    limit,
+                })?;
                 let t_queue = Instant::now();
                 let _permit = st.queue.acquire_blocking(self.session.id);
                 let queue_ns = t_queue.elapsed().as_nanos() as u64;
                 // The session may have closed while this call queued: its leases would then
                 // outlive it in the cache.
                 if self.session.is_closed() {
-                    return Err(RpcError::UnknownSession { session: self.session.id });
+                    return Err(RpcError::UnknownSession {
+                        session: self.session.id,
+                    });
                 }
                 self.segment.read_f32s(input, &mut self.x);
                 let cost = engine.run(&spec, &self.x, &mut self.out)?;

@@ -79,32 +79,66 @@ struct Config {
 }
 
 /// Flags the bench itself sets on every child.
-const MANAGED: &[&str] = &["--model", "--out", "--prompt-tokens", "--decode-steps", "--bandwidth-bytes", "--no-warmup"];
+const MANAGED: &[&str] = &[
+    "--model",
+    "--out",
+    "--prompt-tokens",
+    "--decode-steps",
+    "--bandwidth-bytes",
+    "--no-warmup",
+];
 
 fn parse_config(spec: &str) -> anyhow::Result<Config> {
-    let (name, flags) = spec.split_once(':').with_context(|| format!("--config {spec:?}: expected `NAME: FLAGS`"))?;
+    let (name, flags) = spec
+        .split_once(':')
+        .with_context(|| format!("--config {spec:?}: expected `NAME: FLAGS`"))?;
     let name = name.trim();
     anyhow::ensure!(!name.is_empty(), "--config {spec:?}: empty name");
     let flags: Vec<String> = flags.split_whitespace().map(str::to_string).collect();
-    if let Some(f) = flags.iter().find(|f| MANAGED.iter().any(|m| f.as_str() == *m || f.starts_with(&format!("{m}=")))) {
+    if let Some(f) = flags.iter().find(|f| {
+        MANAGED
+            .iter()
+            .any(|m| f.as_str() == *m || f.starts_with(&format!("{m}=")))
+    }) {
         bail!("--config {name}: {f} is set by hostd bench itself");
     }
-    let container = flags.iter().enumerate().find_map(|(i, f)| match f.strip_prefix("--container") {
-        Some("") => flags.get(i + 1).map(PathBuf::from),
-        Some(rest) => rest.strip_prefix('=').map(PathBuf::from),
-        None => None,
-    });
-    Ok(Config { name: name.to_string(), flags, container })
+    let container =
+        flags
+            .iter()
+            .enumerate()
+            .find_map(|(i, f)| match f.strip_prefix("--container") {
+                Some("") => flags.get(i + 1).map(PathBuf::from),
+                Some(rest) => rest.strip_prefix('=').map(PathBuf::from),
+                None => None,
+            });
+    Ok(Config {
+        name: name.to_string(),
+        flags,
+        container,
+    })
 }
 
 fn configs(args: &BenchArgs) -> anyhow::Result<Vec<Config>> {
-    let has_default_flags =
-        args.experts.is_some() || args.container.is_some() || args.expertd_uri.is_some() || args.expertd_cache_bytes.is_some();
+    let has_default_flags = args.experts.is_some()
+        || args.container.is_some()
+        || args.expertd_uri.is_some()
+        || args.expertd_cache_bytes.is_some();
     if !args.configs.is_empty() {
-        anyhow::ensure!(!has_default_flags, "--experts/--container/--expertd/--expertd-cache-bytes describe the default configuration; with --config put them inside each config");
-        let configs = args.configs.iter().map(|c| parse_config(c)).collect::<anyhow::Result<Vec<_>>>()?;
+        anyhow::ensure!(
+            !has_default_flags,
+            "--experts/--container/--expertd/--expertd-cache-bytes describe the default configuration; with --config put them inside each config"
+        );
+        let configs = args
+            .configs
+            .iter()
+            .map(|c| parse_config(c))
+            .collect::<anyhow::Result<Vec<_>>>()?;
         for (i, c) in configs.iter().enumerate() {
-            anyhow::ensure!(!configs[..i].iter().any(|o| o.name == c.name), "--config name {:?} given twice", c.name);
+            anyhow::ensure!(
+                !configs[..i].iter().any(|o| o.name == c.name),
+                "--config name {:?} given twice",
+                c.name
+            );
         }
         return Ok(configs);
     }
@@ -115,15 +149,27 @@ fn configs(args: &BenchArgs) -> anyhow::Result<Vec<Config>> {
         }
     };
     push("--experts", args.experts.clone());
-    push("--container", args.container.as_ref().map(|p| p.display().to_string()));
+    push(
+        "--container",
+        args.container.as_ref().map(|p| p.display().to_string()),
+    );
     push("--expertd", args.expertd_uri.clone());
-    push("--expertd-cache-bytes", args.expertd_cache_bytes.map(|b| b.to_string()));
-    Ok(vec![parse_config(&format!("default: {}", flags.join(" ")))?])
+    push(
+        "--expertd-cache-bytes",
+        args.expertd_cache_bytes.map(|b| b.to_string()),
+    );
+    Ok(vec![parse_config(&format!(
+        "default: {}",
+        flags.join(" ")
+    ))?])
 }
 
 /// Runs `hostd bench`.
 pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
-    anyhow::ensure!(args.runs >= 1 && args.new_tokens >= 1 && args.prompt_tokens >= 2, "need --runs ≥ 1, --new-tokens ≥ 1, --prompt-tokens ≥ 2");
+    anyhow::ensure!(
+        args.runs >= 1 && args.new_tokens >= 1 && args.prompt_tokens >= 2,
+        "need --runs ≥ 1, --new-tokens ≥ 1, --prompt-tokens ≥ 2"
+    );
     let configs = configs(args)?;
     let exe = std::env::current_exe().context("locating this executable")?;
     let tmp = tempfile::Builder::new().prefix("sluice-bench-").tempdir()?;
@@ -149,13 +195,20 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
     }
 
     // Interleaved schedule, then the drift check.
-    let mut schedule: Vec<(usize, String)> = (1..=args.runs).flat_map(|r| (0..configs.len()).map(move |c| (c, r.to_string()))).collect();
+    let mut schedule: Vec<(usize, String)> = (1..=args.runs)
+        .flat_map(|r| (0..configs.len()).map(move |c| (c, r.to_string())))
+        .collect();
     schedule.push((0, "drift".to_string()));
     let mut runs: Vec<Vec<Value>> = vec![Vec::new(); configs.len()];
     let mut drift = Value::Null;
     for (i, (ci, label)) in schedule.iter().enumerate() {
         let c = &configs[*ci];
-        eprintln!("bench: run {}/{}: {} (round {label})", i + 1, schedule.len(), c.name);
+        eprintln!(
+            "bench: run {}/{}: {} (round {label})",
+            i + 1,
+            schedule.len(),
+            c.name
+        );
         let out = tmp.path().join(format!("run-{i}.json"));
         let record = one_run(args, &exe, c, label, &out)?;
         if label == "drift" {
@@ -167,13 +220,19 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
 
     eprintln!("bench: DRAM read bandwidth probe (end)");
     let dram_end = roofline::dram(args.bandwidth_bytes, threads, "end");
-    let dram_gbps = dram_start["gbps"].as_f64().unwrap_or(0.0).max(dram_end["gbps"].as_f64().unwrap_or(0.0));
+    let dram_gbps = dram_start["gbps"]
+        .as_f64()
+        .unwrap_or(0.0)
+        .max(dram_end["gbps"].as_f64().unwrap_or(0.0));
     let disk_gbps = |c: &Config| -> Option<f64> {
         let file = match &c.container {
             Some(dir) => dir.join(shared::container::CONTAINER_FILE),
             None => largest_shard(&args.model).ok()?,
         };
-        disk_probes.iter().find(|(f, _)| *f == file).and_then(|(_, v)| v["gbps"].as_f64())
+        disk_probes
+            .iter()
+            .find(|(f, _)| *f == file)
+            .and_then(|(_, v)| v["gbps"].as_f64())
     };
     for (c, rs) in configs.iter().zip(runs.iter_mut()) {
         for r in rs.iter_mut() {
@@ -224,7 +283,8 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
         "drift_check": drift_check,
     });
     if let Some(path) = &args.json {
-        std::fs::write(path, serde_json::to_string_pretty(&report)?).with_context(|| format!("writing {}", path.display()))?;
+        std::fs::write(path, serde_json::to_string_pretty(&report)?)
+            .with_context(|| format!("writing {}", path.display()))?;
     }
     print_table(&report);
     Ok(())
@@ -261,34 +321,69 @@ fn largest_shard(model: &Path) -> anyhow::Result<PathBuf> {
 }
 
 /// Spawns one child run and returns its record.
-fn one_run(args: &BenchArgs, exe: &Path, c: &Config, label: &str, out: &Path) -> anyhow::Result<Value> {
-    if args.cold && c.flags.iter().any(|f| f == "--expertd" || f.starts_with("--expertd=")) {
-        bail!("config {}: --cold needs a private expertd per run; a running daemon (--expertd URI) keeps its cache across the page-cache drop", c.name);
+fn one_run(
+    args: &BenchArgs,
+    exe: &Path,
+    c: &Config,
+    label: &str,
+    out: &Path,
+) -> anyhow::Result<Value> {
+    if args.cold
+        && c.flags
+            .iter()
+            .any(|f| f == "--expertd" || f.starts_with("--expertd="))
+    {
+        bail!(
+            "config {}: --cold needs a private expertd per run; a running daemon (--expertd URI) keeps its cache across the page-cache drop",
+            c.name
+        );
     }
-    let loadavg_before = std::fs::read_to_string("/proc/loadavg").ok().map(|s| s.trim().to_string());
+    let loadavg_before = std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .map(|s| s.trim().to_string());
     let drop = args.cold.then(roofline::drop_caches);
     let mut cmd = Command::new(exe);
     cmd.arg("profile")
         .arg("--model")
         .arg(&args.model)
-        .args(["--prompt-tokens", &args.prompt_tokens.to_string(), "--decode-steps", &args.new_tokens.to_string()])
+        .args([
+            "--prompt-tokens",
+            &args.prompt_tokens.to_string(),
+            "--decode-steps",
+            &args.new_tokens.to_string(),
+        ])
         .args(["--bandwidth-bytes", "0", "--out"])
         .arg(out);
-    if let Some(t) = args.threads.filter(|_| !c.flags.iter().any(|f| f == "--threads" || f.starts_with("--threads="))) {
+    if let Some(t) = args.threads.filter(|_| {
+        !c.flags
+            .iter()
+            .any(|f| f == "--threads" || f.starts_with("--threads="))
+    }) {
         cmd.args(["--threads", &t.to_string()]);
     }
     if args.cold {
         cmd.arg("--no-warmup");
     }
-    cmd.args(&c.flags).stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::inherit());
+    cmd.args(&c.flags)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit());
     let t = Instant::now();
-    let status = cmd.status().with_context(|| format!("starting {}", exe.display()))?;
+    let status = cmd
+        .status()
+        .with_context(|| format!("starting {}", exe.display()))?;
     let child_wall_s = t.elapsed().as_secs_f64();
     if !status.success() {
-        bail!("config {} run {label}: `hostd profile {}` failed ({status}); its error is above", c.name, c.flags.join(" "));
+        bail!(
+            "config {} run {label}: `hostd profile {}` failed ({status}); its error is above",
+            c.name,
+            c.flags.join(" ")
+        );
     }
-    let p: Value = serde_json::from_slice(&std::fs::read(out).with_context(|| format!("reading {}", out.display()))?)
-        .with_context(|| format!("parsing {}", out.display()))?;
+    let p: Value = serde_json::from_slice(
+        &std::fs::read(out).with_context(|| format!("reading {}", out.display()))?,
+    )
+    .with_context(|| format!("parsing {}", out.display()))?;
     let hostd_reads = p["process"]["hostd"]["read_bytes_total"].as_u64();
     let expertd = &p["process"]["expertd"];
     let cache = &p["expert_cache"]["decode"];
@@ -357,10 +452,18 @@ struct ColdEvidence {
 fn cold_verdict(drop: &Result<(), String>, e: &ColdEvidence) -> (bool, String) {
     let total = e.hostd_reads.unwrap_or(0) + e.expertd_reads.unwrap_or(0);
     if let Err(err) = drop {
-        return (false, format!("page cache not dropped ({err}): dense weights, and experts unless read with O_DIRECT, may have been cached"));
+        return (
+            false,
+            format!(
+                "page cache not dropped ({err}): dense weights, and experts unless read with O_DIRECT, may have been cached"
+            ),
+        );
     }
     if e.hostd_reads.is_none() && e.expertd_reads.is_none() {
-        return (false, "/proc/PID/io read_bytes unreadable: no evidence of physical reads".into());
+        return (
+            false,
+            "/proc/PID/io read_bytes unreadable: no evidence of physical reads".into(),
+        );
     }
     if total == 0 {
         return (false, "no physical reads counted (hostd and expertd read_bytes are 0): everything came from memory".into());
@@ -371,12 +474,20 @@ fn cold_verdict(drop: &Result<(), String>, e: &ColdEvidence) -> (bool, String) {
             (phys, logical) => {
                 return (
                     false,
-                    format!("expertd's physical decode reads ({phys:?} bytes) do not cover its cache's miss reads ({logical:?} bytes): some misses were served from memory"),
+                    format!(
+                        "expertd's physical decode reads ({phys:?} bytes) do not cover its cache's miss reads ({logical:?} bytes): some misses were served from memory"
+                    ),
                 );
             }
         }
     }
-    (true, format!("page cache dropped before the run; {total} bytes read from storage (hostd {:?}, expertd {:?})", e.hostd_reads, e.expertd_reads))
+    (
+        true,
+        format!(
+            "page cache dropped before the run; {total} bytes read from storage (hostd {:?}, expertd {:?})",
+            e.hostd_reads, e.expertd_reads
+        ),
+    )
 }
 
 /// Adds `dram_fraction` and `disk_fraction` to a run record.
@@ -387,7 +498,11 @@ fn add_fractions(r: &mut Value, dram_gbps: f64, disk_gbps: Option<f64>) {
     let tps = r["decode_tokens_per_s"].as_f64().unwrap_or(0.0);
     let weights = r["weight_bytes_per_decode_token"].as_f64().unwrap_or(0.0);
     let dram = (dram_gbps > 0.0).then(|| weights * tps / (dram_gbps * 1e9));
-    let disk = r["disk_bytes_per_decode_token"].as_f64().filter(|b| *b > 0.0).zip(disk_gbps).map(|(b, g)| b * tps / (g * 1e9));
+    let disk = r["disk_bytes_per_decode_token"]
+        .as_f64()
+        .filter(|b| *b > 0.0)
+        .zip(disk_gbps)
+        .map(|(b, g)| b * tps / (g * 1e9));
     r["dram_fraction"] = json!(dram);
     r["disk_fraction"] = json!(disk);
 }
@@ -415,7 +530,10 @@ fn metrics() -> Vec<(String, String)> {
     .map(|k| (k.to_string(), format!("/{k}")))
     .collect();
     for (k, _) in PHASE_NOTES.iter().chain(&[("wall", "")]) {
-        m.push((format!("phase_ms_per_token.{k}"), format!("/decode_phases_ms_per_token/{k}")));
+        m.push((
+            format!("phase_ms_per_token.{k}"),
+            format!("/decode_phases_ms_per_token/{k}"),
+        ));
     }
     m
 }
@@ -423,19 +541,36 @@ fn metrics() -> Vec<(String, String)> {
 fn summarize(runs: &[Value]) -> Value {
     let mut out = serde_json::Map::new();
     for (name, ptr) in metrics() {
-        let mut v: Vec<f64> = runs.iter().filter_map(|r| r.pointer(&ptr).and_then(Value::as_f64)).collect();
+        let mut v: Vec<f64> = runs
+            .iter()
+            .filter_map(|r| r.pointer(&ptr).and_then(Value::as_f64))
+            .collect();
         v.sort_by(f64::total_cmp);
         let s = if v.is_empty() {
             Value::Null
         } else {
-            let median = if v.len() % 2 == 1 { v[v.len() / 2] } else { (v[v.len() / 2 - 1] + v[v.len() / 2]) / 2.0 };
+            let median = if v.len() % 2 == 1 {
+                v[v.len() / 2]
+            } else {
+                (v[v.len() / 2 - 1] + v[v.len() / 2]) / 2.0
+            };
             json!({"median": median, "min": v[0], "max": v[v.len() - 1], "n": v.len()})
         };
         out.insert(name, s);
     }
-    let cold: Vec<&Value> = runs.iter().filter_map(|r| r["cold"]["cold_proven"].as_bool().map(|_| &r["cold"]["cold_proven"])).collect();
+    let cold: Vec<&Value> = runs
+        .iter()
+        .filter_map(|r| {
+            r["cold"]["cold_proven"]
+                .as_bool()
+                .map(|_| &r["cold"]["cold_proven"])
+        })
+        .collect();
     if !cold.is_empty() {
-        out.insert("cold_proven_runs".into(), json!(cold.iter().filter(|v| v.as_bool() == Some(true)).count()));
+        out.insert(
+            "cold_proven_runs".into(),
+            json!(cold.iter().filter(|v| v.as_bool() == Some(true)).count()),
+        );
     }
     Value::Object(out)
 }
@@ -452,29 +587,78 @@ fn date_utc() -> String {
 
 fn mem_total_bytes() -> Option<u64> {
     let s = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let kib: u64 = s.lines().find_map(|l| l.strip_prefix("MemTotal:"))?.split_whitespace().next()?.parse().ok()?;
+    let kib: u64 = s
+        .lines()
+        .find_map(|l| l.strip_prefix("MemTotal:"))?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()?;
     Some(kib * 1024)
 }
 
 fn print_table(r: &Value) {
     let f = |v: &Value| v.as_f64();
-    println!("{} | commit {} | {} | {} cores, threads {}", r["date"].as_str().unwrap_or("?"), r["commit"].as_str().unwrap_or("?"), r["cpu"].as_str().unwrap_or("?"), r["cores"], r["threads"]);
-    let dram: Vec<String> = r["bandwidth"]["dram"].as_array().into_iter().flatten().map(|d| format!("{} {:.1}", d["when"].as_str().unwrap_or("?"), f(&d["gbps"]).unwrap_or(0.0))).collect();
+    println!(
+        "{} | commit {} | {} | {} cores, threads {}",
+        r["date"].as_str().unwrap_or("?"),
+        r["commit"].as_str().unwrap_or("?"),
+        r["cpu"].as_str().unwrap_or("?"),
+        r["cores"],
+        r["threads"]
+    );
+    let dram: Vec<String> = r["bandwidth"]["dram"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|d| {
+            format!(
+                "{} {:.1}",
+                d["when"].as_str().unwrap_or("?"),
+                f(&d["gbps"]).unwrap_or(0.0)
+            )
+        })
+        .collect();
     println!("DRAM read GB/s: {}", dram.join(", "));
     for s in r["bandwidth"]["storage"].as_array().into_iter().flatten() {
-        println!("storage read GB/s: {} ({}) {}", f(&s["gbps"]).map_or("n/a".into(), |g| format!("{g:.2}")), s["mode"].as_str().unwrap_or("?"), s["file"].as_str().unwrap_or("?"));
+        println!(
+            "storage read GB/s: {} ({}) {}",
+            f(&s["gbps"]).map_or("n/a".into(), |g| format!("{g:.2}")),
+            s["mode"].as_str().unwrap_or("?"),
+            s["file"].as_str().unwrap_or("?")
+        );
     }
-    println!("prompt {} tokens, {} new tokens, {} runs/config, cold {}", r["prompt_tokens"], r["new_tokens"], r["runs_per_config"], r["cold"]);
-    let cell = |s: &Value, scale: f64, prec: usize| match (f(&s["median"]), f(&s["min"]), f(&s["max"])) {
-        (Some(m), Some(lo), Some(hi)) => format!("{:.p$} [{:.p$}-{:.p$}]", m * scale, lo * scale, hi * scale, p = prec),
-        _ => "-".into(),
-    };
+    println!(
+        "prompt {} tokens, {} new tokens, {} runs/config, cold {}",
+        r["prompt_tokens"], r["new_tokens"], r["runs_per_config"], r["cold"]
+    );
+    let cell =
+        |s: &Value, scale: f64, prec: usize| match (f(&s["median"]), f(&s["min"]), f(&s["max"])) {
+            (Some(m), Some(lo), Some(hi)) => format!(
+                "{:.p$} [{:.p$}-{:.p$}]",
+                m * scale,
+                lo * scale,
+                hi * scale,
+                p = prec
+            ),
+            _ => "-".into(),
+        };
     let rows: [(&str, &str, f64, usize); 10] = [
         ("TTFT s", "ttft_s", 1.0, 3),
         ("prefill tok/s", "prefill_tokens_per_s", 1.0, 1),
         ("decode tok/s", "decode_tokens_per_s", 1.0, 2),
-        ("hostd RSS GiB", "hostd_vm_hwm_bytes", 1.0 / (1u64 << 30) as f64, 2),
-        ("expertd RSS GiB", "expertd_vm_hwm_bytes", 1.0 / (1u64 << 30) as f64, 2),
+        (
+            "hostd RSS GiB",
+            "hostd_vm_hwm_bytes",
+            1.0 / (1u64 << 30) as f64,
+            2,
+        ),
+        (
+            "expertd RSS GiB",
+            "expertd_vm_hwm_bytes",
+            1.0 / (1u64 << 30) as f64,
+            2,
+        ),
         ("disk MB/token", "disk_bytes_per_decode_token", 1e-6, 2),
         ("weights MB/token", "weight_bytes_per_decode_token", 1e-6, 1),
         ("hit rate", "hit_rate", 1.0, 3),
@@ -483,18 +667,38 @@ fn print_table(r: &Value) {
     ];
     for c in r["configs"].as_array().into_iter().flatten() {
         let s = &c["summary"];
-        println!("\n== {} ({}) — median [min-max]", c["name"].as_str().unwrap_or("?"), c["flags"].as_array().into_iter().flatten().filter_map(Value::as_str).collect::<Vec<_>>().join(" "));
+        println!(
+            "\n== {} ({}) — median [min-max]",
+            c["name"].as_str().unwrap_or("?"),
+            c["flags"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(Value::as_str)
+                .collect::<Vec<_>>()
+                .join(" ")
+        );
         for (label, key, scale, prec) in rows {
             println!("  {label:<18} {}", cell(&s[key], scale, prec));
         }
         println!("  decode phases, ms/token (median [min-max]):");
         for (k, _) in PHASE_NOTES.iter().chain(&[("wall", "")]) {
-            println!("    {k:<22} {}", cell(&s[format!("phase_ms_per_token.{k}")], 1.0, 3));
+            println!(
+                "    {k:<22} {}",
+                cell(&s[format!("phase_ms_per_token.{k}")], 1.0, 3)
+            );
         }
         if let Some(n) = s["cold_proven_runs"].as_u64() {
-            println!("  cold proven in {n} of {} runs", c["runs"].as_array().map_or(0, Vec::len));
+            println!(
+                "  cold proven in {n} of {} runs",
+                c["runs"].as_array().map_or(0, Vec::len)
+            );
             for run in c["runs"].as_array().into_iter().flatten() {
-                println!("    run {}: {}", run["round"].as_str().unwrap_or("?"), run["cold"]["reason"].as_str().unwrap_or("?"));
+                println!(
+                    "    run {}: {}",
+                    run["round"].as_str().unwrap_or("?"),
+                    run["cold"]["reason"].as_str().unwrap_or("?")
+                );
             }
         }
     }

@@ -4,13 +4,13 @@
 
 use crate::expert_client::{ClientOptions, Endpoint, ExpertdClient, PrivateDaemon, PrivateOptions};
 use crate::experts::{ExpertBackend, bf16::Bf16Experts, int8::Int8Experts};
-use shared::container::ModelIdentity;
-use shared::kernels::int8::Int8Isa;
 use crate::model::Model;
 use crate::model::linear::DenseFormat;
 use crate::model::weights::MappedCheckpoint;
 use anyhow::Context;
+use shared::container::ModelIdentity;
 use shared::kernels::Isa;
+use shared::kernels::int8::Int8Isa;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -96,7 +96,9 @@ pub struct ExpertdArgs {
 
 /// A duration in seconds: finite, ≥ 0, at most a day.
 fn seconds(s: &str) -> Result<f64, String> {
-    let v: f64 = s.parse().map_err(|_| format!("{s:?} is not a number of seconds"))?;
+    let v: f64 = s
+        .parse()
+        .map_err(|_| format!("{s:?} is not a number of seconds"))?;
     if !(0.0..=86_400.0).contains(&v) {
         return Err(format!("{v} s is outside 0..=86400"));
     }
@@ -145,7 +147,9 @@ pub fn load_tokenizer(model: &std::path::Path) -> anyhow::Result<crate::tokenize
     use crate::tokenizer::{Tokenizer, TokenizerError};
     Tokenizer::from_model_dir(model).map_err(|e| match e {
         e @ TokenizerError::ModelDir { .. } => anyhow::Error::from(e),
-        e => anyhow::Error::from(e).context(format!("loading the tokenizer of {}", model.display())),
+        e => {
+            anyhow::Error::from(e).context(format!("loading the tokenizer of {}", model.display()))
+        }
     })
 }
 
@@ -164,7 +168,10 @@ fn expertd_backend(args: &LoadArgs, mapped: &MappedCheckpoint) -> anyhow::Result
     let cfg = &mapped.ckpt.config.text;
     let identity = ModelIdentity::of_checkpoint(&mapped.ckpt)?;
     let (endpoint, daemon) = match &e.expertd_uri {
-        Some(uri) => (Endpoint::parse(uri).map_err(|m| anyhow::anyhow!("--expertd {m}"))?, None),
+        Some(uri) => (
+            Endpoint::parse(uri).map_err(|m| anyhow::anyhow!("--expertd {m}"))?,
+            None,
+        ),
         None => {
             let dir = args.container.as_ref().context(
                 "--experts expertd without --expertd URI starts a private expertd and needs --container DIR (prepared if missing)",
@@ -173,7 +180,8 @@ fn expertd_backend(args: &LoadArgs, mapped: &MappedCheckpoint) -> anyhow::Result
                 model: args.model.clone(),
                 container: dir.clone(),
                 cache_bytes: e.expertd_cache_bytes,
-                host_bytes: shared::sizes::ModelSizes::from_config(cfg).dense_bytes_bf16 + args.host_extra_bytes,
+                host_bytes: shared::sizes::ModelSizes::from_config(cfg).dense_bytes_bf16
+                    + args.host_extra_bytes,
                 threads: args.threads,
                 extra_args: e.expertd_daemon_args.clone(),
             };
@@ -183,14 +191,26 @@ fn expertd_backend(args: &LoadArgs, mapped: &MappedCheckpoint) -> anyhow::Result
     };
     let expected_fingerprint = match (&e.expertd_fingerprint, &args.container) {
         (Some(hex), _) => {
-            let v = u64::from_str_radix(hex.trim_start_matches("0x"), 16).with_context(|| format!("--expertd-fingerprint {hex:?} is not hex"))?;
+            let v = u64::from_str_radix(hex.trim_start_matches("0x"), 16)
+                .with_context(|| format!("--expertd-fingerprint {hex:?} is not hex"))?;
             Some((v, "from --expertd-fingerprint".to_string()))
         }
-        (None, Some(dir)) => Some((container_fingerprint(dir)?, format!("the header of {}", dir.join(shared::container::CONTAINER_FILE).display()))),
+        (None, Some(dir)) => Some((
+            container_fingerprint(dir)?,
+            format!(
+                "the header of {}",
+                dir.join(shared::container::CONTAINER_FILE).display()
+            ),
+        )),
         (None, None) => None,
     };
     let token = match &e.expertd_token_file {
-        Some(p) => Some(std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?.trim().to_string()),
+        Some(p) => Some(
+            std::fs::read_to_string(p)
+                .with_context(|| format!("reading {}", p.display()))?
+                .trim()
+                .to_string(),
+        ),
         None => None,
     };
     if matches!(endpoint, Endpoint::Tcp { .. }) && token.is_none() {
@@ -225,18 +245,26 @@ pub fn load_model(args: &LoadArgs) -> anyhow::Result<Model> {
     if let Some(n) = args.threads {
         anyhow::ensure!(n >= 1, "--threads must be at least 1");
         // Fails only if a pool already exists (tests calling twice); the first setting stands.
-        let _ = rayon::ThreadPoolBuilder::new().num_threads(n).build_global();
+        let _ = rayon::ThreadPoolBuilder::new()
+            .num_threads(n)
+            .build_global();
     }
     let selection = Isa::selection();
     if let Some(warning) = selection.warning() {
         tracing::warn!("{warning}");
     }
     let isa = selection.active;
-    tracing::info!(isa = isa.name(), threads = rayon::current_num_threads(), "kernels");
+    tracing::info!(
+        isa = isa.name(),
+        threads = rayon::current_num_threads(),
+        "kernels"
+    );
     let mapped = MappedCheckpoint::open(&args.model)
         .with_context(|| format!("model directory {} failed validation", args.model.display()))?;
     let kind = match (args.experts, &args.expertd.expertd_uri) {
-        (ExpertsKind::Int8, Some(_)) => anyhow::bail!("--expertd URI selects the expertd backend; it conflicts with --experts int8"),
+        (ExpertsKind::Int8, Some(_)) => anyhow::bail!(
+            "--expertd URI selects the expertd backend; it conflicts with --experts int8"
+        ),
         (_, Some(_)) => ExpertsKind::Expertd,
         (k, None) => k,
     };
@@ -256,6 +284,10 @@ pub fn load_model(args: &LoadArgs) -> anyhow::Result<Model> {
     let dense: DenseFormat = args.dense.into();
     let t = std::time::Instant::now();
     let model = Model::load(&mapped, experts, isa, dense)?;
-    tracing::info!(dense = dense.name(), load_s = t.elapsed().as_secs_f64(), "dense weights loaded");
+    tracing::info!(
+        dense = dense.name(),
+        load_s = t.elapsed().as_secs_f64(),
+        "dense weights loaded"
+    );
     Ok(model)
 }

@@ -20,7 +20,9 @@ pub fn vm_hwm_bytes(pid: Option<u32>) -> Option<u64> {
 /// Bytes the process has read from storage so far (`read_bytes` of /proc/PID/io), if readable.
 pub fn read_bytes(pid: Option<u32>) -> Option<u64> {
     let io = std::fs::read_to_string(format!("{}/io", dir(pid))).ok()?;
-    io.lines().find_map(|l| l.strip_prefix("read_bytes:")).and_then(|v| v.trim().parse().ok())
+    io.lines()
+        .find_map(|l| l.strip_prefix("read_bytes:"))
+        .and_then(|v| v.trim().parse().ok())
 }
 
 /// A snapshot of `read_bytes` for hostd (this process) and, when there is one, its expertd.
@@ -37,7 +39,11 @@ pub struct Reads {
 impl Reads {
     /// Reads both counters now.
     pub fn now(daemon: Option<u32>) -> Reads {
-        Reads { hostd: read_bytes(None), expertd: daemon.and_then(|p| read_bytes(Some(p))), daemon: daemon.is_some() }
+        Reads {
+            hostd: read_bytes(None),
+            expertd: daemon.and_then(|p| read_bytes(Some(p))),
+            daemon: daemon.is_some(),
+        }
     }
 
     /// Bytes read by each process between `self` and `later`, as JSON (null where unreadable).
@@ -45,7 +51,11 @@ impl Reads {
         let d = |a: Option<u64>, b: Option<u64>| a.zip(b).map(|(a, b)| b.saturating_sub(a));
         let (h, e) = (d(self.hostd, later.hostd), d(self.expertd, later.expertd));
         // With a daemon whose counter could not be read the total is unknown, not hostd's alone.
-        let total = if self.daemon && e.is_none() { None } else { h.map(|h| h + e.unwrap_or(0)) };
+        let total = if self.daemon && e.is_none() {
+            None
+        } else {
+            h.map(|h| h + e.unwrap_or(0))
+        };
         json!({"hostd": h, "expertd": e, "total": total})
     }
 }

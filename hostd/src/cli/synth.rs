@@ -65,14 +65,20 @@ pub fn run(args: &SynthArgs) -> anyhow::Result<()> {
         sizes.dense_bytes_bf16,
         sizes.routed_expert_bytes_bf16
     );
-    eprintln!("  INT8 expert container         {:>9.2} GiB  {container} bytes (expertd prepare)", gib(container));
+    eprintln!(
+        "  INT8 expert container         {:>9.2} GiB  {container} bytes (expertd prepare)",
+        gib(container)
+    );
     if args.dry_run {
         return Ok(());
     }
     let opts = SynthOptions {
         seed: args.seed,
         out: args.out.clone(),
-        tokenizer: args.tokenizer.clone().map_or(TokenizerSource::Asset, TokenizerSource::File),
+        tokenizer: args
+            .tokenizer
+            .clone()
+            .map_or(TokenizerSource::Asset, TokenizerSource::File),
         force: args.force,
     };
     let start = Instant::now();
@@ -99,7 +105,12 @@ fn gib(bytes: u64) -> f64 {
 enum Progress {
     Off,
     Bar(ProgressBar),
-    Lines { done: u64, total: u64, next_tenth: u64, start: Instant },
+    Lines {
+        done: u64,
+        total: u64,
+        next_tenth: u64,
+        start: Instant,
+    },
 }
 
 impl Progress {
@@ -108,12 +119,19 @@ impl Progress {
             Progress::Off
         } else if std::io::stderr().is_terminal() {
             let bar = ProgressBar::new(total);
-            let style = ProgressStyle::with_template("{bar:40} {bytes}/{total_bytes} {binary_bytes_per_sec} eta {eta}")
-                .unwrap_or_else(|_| ProgressStyle::default_bar());
+            let style = ProgressStyle::with_template(
+                "{bar:40} {bytes}/{total_bytes} {binary_bytes_per_sec} eta {eta}",
+            )
+            .unwrap_or_else(|_| ProgressStyle::default_bar());
             bar.set_style(style);
             Progress::Bar(bar)
         } else {
-            Progress::Lines { done: 0, total, next_tenth: 1, start: Instant::now() }
+            Progress::Lines {
+                done: 0,
+                total,
+                next_tenth: 1,
+                start: Instant::now(),
+            }
         }
     }
 
@@ -121,7 +139,12 @@ impl Progress {
         match self {
             Progress::Off => {}
             Progress::Bar(bar) => bar.inc(n),
-            Progress::Lines { done, total, next_tenth, start } => {
+            Progress::Lines {
+                done,
+                total,
+                next_tenth,
+                start,
+            } => {
                 *done += n;
                 while *next_tenth <= 10 && *done >= *total / 10 * *next_tenth {
                     eprintln!(

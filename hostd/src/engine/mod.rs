@@ -76,6 +76,10 @@ pub struct GenRequest {
     pub split_reasoning: bool,
     /// Output starts inside a reasoning block (chat with thinking on; needs `split_reasoning`).
     pub reasoning: bool,
+    /// Special tokens add no text (`engine::output`); vLLM's `skip_special_tokens`.
+    pub skip_special_tokens: bool,
+    /// The grammar the output must follow; `None` for free text (no per-token cost).
+    pub constraint: Option<Box<crate::constraint::SequenceConstraint>>,
     /// When the HTTP request arrived (TTFT counts from here).
     pub received: Instant,
     /// Where the engine sends this request's events.
@@ -108,7 +112,8 @@ impl FinishReason {
 pub struct Usage {
     /// Prompt tokens.
     pub prompt_tokens: usize,
-    /// Generated tokens (a final stop id is not counted).
+    /// Generated tokens, the stop id that ended the generation included (as vLLM and OpenAI
+    /// count it: a reply that ends at once used one token).
     pub completion_tokens: usize,
     /// Prompt tokens whose state came from the prefix cache.
     pub cached_tokens: usize,
@@ -146,10 +151,16 @@ impl Failure {
     /// unavailable.
     pub fn of(context: &str, e: &crate::model::ModelError) -> Failure {
         let retry_after_s = match e {
-            crate::model::ModelError::Experts(crate::experts::ExpertError::Unavailable { retry_after_s, .. }) => Some(*retry_after_s),
+            crate::model::ModelError::Experts(crate::experts::ExpertError::Unavailable {
+                retry_after_s,
+                ..
+            }) => Some(*retry_after_s),
             _ => None,
         };
-        Failure { message: format!("{context}: {e}"), retry_after_s }
+        Failure {
+            message: format!("{context}: {e}"),
+            retry_after_s,
+        }
     }
 }
 
@@ -194,10 +205,19 @@ impl EngineHandle {
         // request, so its decrement never runs ahead of this increment.
         let n = req.prompt.len() as u64;
         let limit = self.config.max_queued_tokens as u64;
-        let reserved = self.metrics.queued_tokens.fetch_update(Relaxed, Relaxed, |q| (q == 0 || q.saturating_add(n) <= limit).then(|| q + n));
+        let reserved = self
+            .metrics
+            .queued_tokens
+            .fetch_update(Relaxed, Relaxed, |q| {
+                (q == 0 || q.saturating_add(n) <= limit).then(|| q + n)
+            });
         if let Err(queued_tokens) = reserved {
             self.metrics.queue_rejected.fetch_add(1, Relaxed);
-            return Err(SubmitError::QueuedTokensFull { queued_tokens, prompt_tokens: n, max_queued_tokens: self.config.max_queued_tokens });
+            return Err(SubmitError::QueuedTokensFull {
+                queued_tokens,
+                prompt_tokens: n,
+                max_queued_tokens: self.config.max_queued_tokens,
+            });
         }
         self.metrics.queue_depth.fetch_add(1, Relaxed);
         match self.tx.try_send(req) {
@@ -208,7 +228,9 @@ impl EngineHandle {
                 match e {
                     TrySendError::Full(_) => {
                         self.metrics.queue_rejected.fetch_add(1, Relaxed);
-                        Err(SubmitError::QueueFull { max_queue: self.config.max_queue })
+                        Err(SubmitError::QueueFull {
+                            max_queue: self.config.max_queue,
+                        })
                     }
                     TrySendError::Disconnected(_) => Err(SubmitError::Stopped),
                 }
@@ -232,8 +254,18 @@ pub fn start(
 ) -> std::io::Result<(EngineHandle, std::thread::JoinHandle<()>)> {
     // `sync_channel(0)` would be a rendezvous channel: the queue always admits at least one.
     let (tx, rx) = std::sync::mpsc::sync_channel(config.max_queue.max(1));
-    let sched = scheduler::Scheduler::new(model, tokenizer, config.clone(), Arc::clone(&metrics), rx);
-    let thread = std::thread::Builder::new().name("hostd-scheduler".into()).spawn(move || sched.run())?;
+    let sched =
+        scheduler::Scheduler::new(model, tokenizer, config.clone(), Arc::clone(&metrics), rx);
+    let thread = std::thread::Builder::new()
+        .name("hostd-scheduler".into())
+        .spawn(move || sched.run())?;
     metrics.model_loaded.store(1, Relaxed);
-    Ok((EngineHandle { tx, metrics, config }, thread))
+    Ok((
+        EngineHandle {
+            tx,
+            metrics,
+            config,
+        },
+        thread,
+    ))
 }

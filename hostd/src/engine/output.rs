@@ -7,6 +7,11 @@
 //! with thinking off it starts as content. Leading newlines of the content (the template's
 //! `</think>\n\n`) are dropped. A stop string cannot span the switch from reasoning to content.
 //! Streaming and non-streaming replies are built from the same [`Delta`]s, so they agree.
+//!
+//! With `skip_special_tokens` (the default of both endpoints, as in vLLM) ids the tokenizer
+//! flags special (`<|vision_end|>`, `<|im_start|>`, …) add no text; the tokens this module or a
+//! client parses out of the text (`<think>`, `</think>`, `<tool_call>`, `</tool_call>`) are
+//! kept. Their log-probability entries are still reported.
 
 use crate::sampling::{StopMatcher, TokenLogprob};
 use crate::tokenizer::{IncrementalDecoder, Tokenizer};
@@ -61,12 +66,28 @@ pub struct OutputText {
     content_started: bool,
     /// Entries of tokens whose text is still held back.
     pending: Vec<LogprobEntry>,
+    /// Special ids that add no text (sorted); empty unless skipping is on.
+    skipped: Vec<u32>,
 }
+
+/// Special tokens that stay in the text when special tokens are skipped: the reasoning
+/// markers and the tool-call markers that parsers read.
+const KEPT_SPECIAL: &[&str] = &[
+    crate::tokenizer::THINK,
+    crate::tokenizer::THINK_END,
+    "<tool_call>",
+    "</tool_call>",
+];
 
 impl OutputText {
     /// `split`: recognise `<think>`/`</think>` (chat); without it every token is text.
     /// `reasoning`: output starts inside a `<think>` block (thinking on).
-    pub fn new(tokenizer: &Tokenizer, stops: &[String], split: bool, reasoning: bool) -> OutputText {
+    pub fn new(
+        tokenizer: &Tokenizer,
+        stops: &[String],
+        split: bool,
+        reasoning: bool,
+    ) -> OutputText {
         let id = |t: &str| if split { tokenizer.token_id(t) } else { None };
         OutputText {
             decoder: tokenizer.incremental_decoder(),
@@ -77,6 +98,7 @@ impl OutputText {
             // Raw text keeps its leading newlines: only chat replies drop the template's.
             content_started: !split,
             pending: Vec::new(),
+            skipped: Vec::new(),
         }
     }
 
@@ -86,13 +108,33 @@ impl OutputText {
         self.stop.matched()
     }
 
+    /// Drops the text of special tokens (all but [`KEPT_SPECIAL`]) from now on.
+    pub fn skip_special_tokens(mut self, tokenizer: &Tokenizer) -> OutputText {
+        let kept: Vec<u32> = KEPT_SPECIAL
+            .iter()
+            .filter_map(|t| tokenizer.token_id(t))
+            .collect();
+        self.skipped = tokenizer
+            .flagged_special_ids()
+            .iter()
+            .copied()
+            .filter(|id| !kept.contains(id))
+            .collect();
+        self
+    }
+
     /// Whether output is currently inside the reasoning block.
     pub fn in_reasoning(&self) -> bool {
         self.in_reasoning
     }
 
     /// Adds one generated id; returns the released text and whether a stop string ended it.
-    pub fn push(&mut self, tokenizer: &Tokenizer, id: u32, lp: Option<TokenLogprob>) -> (Delta, bool) {
+    pub fn push(
+        &mut self,
+        tokenizer: &Tokenizer,
+        id: u32,
+        lp: Option<TokenLogprob>,
+    ) -> (Delta, bool) {
         if let Some(lp) = lp {
             self.pending.push(entry(tokenizer, &lp));
         }
@@ -115,6 +157,12 @@ impl OutputText {
             // A reasoning block the model opened itself (thinking was not pre-opened).
             self.in_reasoning = true;
             delta.logprobs = std::mem::take(&mut self.pending);
+            return (delta, false);
+        }
+        if self.skipped.binary_search(&id).is_ok() {
+            if !self.stop.is_holding() && !self.decoder.has_pending() {
+                delta.logprobs = std::mem::take(&mut self.pending);
+            }
             return (delta, false);
         }
         let piece = match self.decoder.push(id) {
@@ -166,12 +214,26 @@ impl OutputText {
 }
 
 fn top(tokenizer: &Tokenizer, id: u32, logprob: f32) -> TopLogprob {
-    let bytes = tokenizer.token_bytes(id).map(<[u8]>::to_vec).unwrap_or_default();
-    TopLogprob { token: String::from_utf8_lossy(&bytes).into_owned(), logprob, bytes }
+    let bytes = tokenizer
+        .token_bytes(id)
+        .map(<[u8]>::to_vec)
+        .unwrap_or_default();
+    TopLogprob {
+        token: String::from_utf8_lossy(&bytes).into_owned(),
+        logprob,
+        bytes,
+    }
 }
 
 fn entry(tokenizer: &Tokenizer, lp: &TokenLogprob) -> LogprobEntry {
-    LogprobEntry { token: top(tokenizer, lp.id, lp.logprob), top: lp.top.iter().map(|&(id, l)| top(tokenizer, id, l)).collect() }
+    LogprobEntry {
+        token: top(tokenizer, lp.id, lp.logprob),
+        top: lp
+            .top
+            .iter()
+            .map(|&(id, l)| top(tokenizer, id, l))
+            .collect(),
+    }
 }
 
 #[cfg(test)]
@@ -179,7 +241,10 @@ mod tests {
     use super::*;
 
     fn tokenizer() -> Tokenizer {
-        Tokenizer::from_model_dir(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/models/tiny")).expect("fixture tokenizer")
+        Tokenizer::from_model_dir(
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/models/tiny"),
+        )
+        .expect("fixture tokenizer")
     }
 
     /// Feeds `text`'s tokens one by one; returns (reasoning, content, stopped).
@@ -203,24 +268,59 @@ mod tests {
     #[test]
     fn reasoning_then_content_with_leading_newlines_dropped() {
         let got = run("let me think\n</think>\n\nThe answer.", &[], true, true);
-        assert_eq!(got, ("let me think\n".to_string(), "The answer.".to_string(), false));
+        assert_eq!(
+            got,
+            (
+                "let me think\n".to_string(),
+                "The answer.".to_string(),
+                false
+            )
+        );
     }
 
     #[test]
     fn thinking_off_is_all_content_and_raw_text_keeps_everything() {
-        assert_eq!(run("\nHello there", &[], true, false), (String::new(), "Hello there".to_string(), false));
+        assert_eq!(
+            run("\nHello there", &[], true, false),
+            (String::new(), "Hello there".to_string(), false)
+        );
         let raw = run("\nx</think>y", &[], false, false);
         assert_eq!(raw, (String::new(), "\nx</think>y".to_string(), false));
     }
 
     #[test]
     fn model_opened_think_block_is_split_out() {
-        assert_eq!(run("<think>hmm</think>ok", &[], true, false), ("hmm".to_string(), "ok".to_string(), false));
+        assert_eq!(
+            run("<think>hmm</think>ok", &[], true, false),
+            ("hmm".to_string(), "ok".to_string(), false)
+        );
+    }
+
+    #[test]
+    fn special_tokens_are_skipped_unless_asked_for_and_markers_stay() {
+        let tok = tokenizer();
+        let text = "a<|vision_end|>b<tool_call>c</tool_call><|im_start|>";
+        let collect = |mut out: OutputText| {
+            let mut c = String::new();
+            for id in tok.encode(text).expect("encode") {
+                c.push_str(&out.push(&tok, id, None).0.content);
+            }
+            c + &out.finish().content
+        };
+        let kept = collect(OutputText::new(&tok, &[], true, false));
+        assert_eq!(kept, text);
+        let skipped = collect(OutputText::new(&tok, &[], true, false).skip_special_tokens(&tok));
+        assert_eq!(skipped, "ab<tool_call>c</tool_call>");
     }
 
     #[test]
     fn stop_string_ends_content_and_is_not_emitted() {
-        let got = run("plan</think>Answer: 42. STOP and more", &["STOP"], true, true);
+        let got = run(
+            "plan</think>Answer: 42. STOP and more",
+            &["STOP"],
+            true,
+            true,
+        );
         assert_eq!(got, ("plan".to_string(), "Answer: 42. ".to_string(), true));
     }
 }

@@ -15,6 +15,7 @@ use super::fairness::{self, Candidate};
 use super::metrics::Metrics;
 use super::output::{Delta, OutputText};
 use super::{EngineConfig, Event, FinishReason, GenRequest, Usage};
+use crate::constraint::{Commit, SequenceConstraint};
 use crate::model::batch::{BatchError, BatchItem};
 use crate::model::{Logits, Model, SequenceState};
 use crate::prefix_cache::PrefixCache;
@@ -47,7 +48,11 @@ struct Sequence {
     state: SequenceState,
     phase: Phase,
     generated: Vec<u32>,
+    /// The generation ended on a stop id (sampled, counted in usage, not in `generated`).
+    stop_id_sampled: bool,
     sampler: Sampler,
+    /// The grammar this sequence's output must follow (`response_format`, forced tool calls).
+    constraint: Option<Box<SequenceConstraint>>,
     out: OutputText,
     max_tokens: usize,
     stop_ids: Vec<u32>,
@@ -93,9 +98,12 @@ impl Scheduler {
         rx: Receiver<GenRequest>,
     ) -> Scheduler {
         let sample_vocab = tokenizer.vocab_size().min(model.config().vocab_size).max(1);
-        let undefined_ids: Vec<u32> =
-            (0..sample_vocab as u32).filter(|&id| tokenizer.token_bytes(id).is_none()).collect();
-        let seed_counter = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64);
+        let undefined_ids: Vec<u32> = (0..sample_vocab as u32)
+            .filter(|&id| tokenizer.token_bytes(id).is_none())
+            .collect();
+        let seed_counter = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64);
         Scheduler {
             cache: PrefixCache::new(config.state_cache_bytes),
             model,
@@ -141,7 +149,9 @@ impl Scheduler {
                 }
             };
             self.metrics.queue_depth.fetch_sub(1, Relaxed);
-            self.metrics.queued_tokens.fetch_sub(req.prompt.len() as u64, Relaxed);
+            self.metrics
+                .queued_tokens
+                .fetch_sub(req.prompt.len() as u64, Relaxed);
             if req.events.is_closed() {
                 self.metrics.cancelled.fetch_add(1, Relaxed);
                 tracing::info!(parent: &req.span, "client went away while queued");
@@ -153,14 +163,30 @@ impl Scheduler {
     }
 
     fn start_sequence(&mut self, req: GenRequest) {
-        let hit = if self.config.state_cache_bytes > 0 { self.cache.lookup(&req.prompt) } else { None };
+        let hit = if self.config.state_cache_bytes > 0 {
+            self.cache.lookup(&req.prompt)
+        } else {
+            None
+        };
         let (cached_tokens, state) = hit.unwrap_or_else(|| (0, self.model.new_state()));
-        self.metrics.prompt_tokens.fetch_add(req.prompt.len() as u64, Relaxed);
-        self.metrics.cached_prompt_tokens.fetch_add(cached_tokens as u64, Relaxed);
+        self.metrics
+            .prompt_tokens
+            .fetch_add(req.prompt.len() as u64, Relaxed);
+        self.metrics
+            .cached_prompt_tokens
+            .fetch_add(cached_tokens as u64, Relaxed);
         tracing::info!(parent: &req.span, prompt_tokens = req.prompt.len(), cached_tokens, "admitted");
         self.seed_counter = self.seed_counter.wrapping_add(0x9E37_79B9_7F4A_7C15);
         let sampler = Sampler::new(req.sampling, &req.prompt, self.seed_counter);
-        let out = OutputText::new(&self.tokenizer, &req.stop, req.split_reasoning, req.reasoning);
+        let mut out = OutputText::new(
+            &self.tokenizer,
+            &req.stop,
+            req.split_reasoning,
+            req.reasoning,
+        );
+        if req.skip_special_tokens {
+            out = out.skip_special_tokens(&self.tokenizer);
+        }
         self.next_serial += 1;
         self.seqs.push(Sequence {
             serial: self.next_serial,
@@ -169,14 +195,18 @@ impl Scheduler {
             span: req.span,
             // Without a cache there is nothing to snapshot, and prefill blocks stay those of
             // `hostd run` (multiples of `prefill_chunk`).
-            checkpoint: req.checkpoint.filter(|&c| self.config.state_cache_bytes > 0 && c > cached_tokens && c < req.prompt.len()),
+            checkpoint: req.checkpoint.filter(|&c| {
+                self.config.state_cache_bytes > 0 && c > cached_tokens && c < req.prompt.len()
+            }),
             prompt: req.prompt,
             cache_final_state: req.cache_final_state,
             cached_tokens,
             state,
             phase: Phase::Prefill { fed: cached_tokens },
             generated: Vec::new(),
+            stop_id_sampled: false,
             sampler,
+            constraint: req.constraint,
             out,
             max_tokens: req.max_tokens,
             stop_ids: req.stop_ids,
@@ -205,16 +235,24 @@ impl Scheduler {
             .seqs
             .iter()
             .filter_map(|s| match s.phase {
-                Phase::Prefill { fed } => {
-                    Some(Candidate { serial: s.serial, fed, prompt_len: s.prompt.len(), checkpoint: s.checkpoint, skipped: s.skipped })
-                }
+                Phase::Prefill { fed } => Some(Candidate {
+                    serial: s.serial,
+                    fed,
+                    prompt_len: s.prompt.len(),
+                    checkpoint: s.checkpoint,
+                    skipped: s.skipped,
+                }),
                 Phase::Decode { .. } => None,
             })
             .collect();
         if cands.is_empty() {
             return;
         }
-        let blocks = fairness::plan(&cands, self.config.prefill_chunk, self.config.prefill_budget.max(1));
+        let blocks = fairness::plan(
+            &cands,
+            self.config.prefill_chunk,
+            self.config.prefill_budget.max(1),
+        );
         for s in &mut self.seqs {
             if matches!(s.phase, Phase::Prefill { .. }) {
                 s.skipped = s.skipped.saturating_add(1);
@@ -222,7 +260,9 @@ impl Scheduler {
         }
         for b in blocks {
             // Earlier blocks may have ended (or failed) sequences, shifting indices.
-            let Some(i) = self.seqs.iter().position(|s| s.serial == b.serial) else { continue };
+            let Some(i) = self.seqs.iter().position(|s| s.serial == b.serial) else {
+                continue;
+            };
             self.seqs[i].skipped = 0;
             self.prefill_block(i, b.end);
         }
@@ -232,10 +272,14 @@ impl Scheduler {
     /// that completes the prompt.
     fn prefill_block(&mut self, i: usize, end: usize) {
         let seq = &mut self.seqs[i];
-        let Phase::Prefill { fed } = seq.phase else { return };
+        let Phase::Prefill { fed } = seq.phase else {
+            return;
+        };
         let end = end.clamp(fed + 1, seq.prompt.len());
         let _enter = seq.span.enter();
-        let result = self.model.forward(&mut seq.state, &seq.prompt[fed..end], Logits::Last, None);
+        let result = self
+            .model
+            .forward(&mut seq.state, &seq.prompt[fed..end], Logits::Last, None);
         self.metrics.prefill_chunks.fetch_add(1, Relaxed);
         let logits = match result {
             Ok(l) => l,
@@ -249,7 +293,8 @@ impl Scheduler {
         tracing::debug!(fed, end, "prefill block");
         if seq.checkpoint == Some(end) && self.config.state_cache_bytes > 0 {
             let bytes = seq.state.bytes();
-            self.cache.insert(seq.prompt[..end].to_vec(), seq.state.clone(), bytes);
+            self.cache
+                .insert(seq.prompt[..end].to_vec(), seq.state.clone(), bytes);
         }
         if end < seq.prompt.len() {
             seq.phase = Phase::Prefill { fed: end };
@@ -272,18 +317,25 @@ impl Scheduler {
         if feeds.is_empty() {
             return;
         }
-        let idx: Vec<usize> = (0..self.seqs.len()).filter(|&i| matches!(self.seqs[i].phase, Phase::Decode { .. })).collect();
+        let idx: Vec<usize> = (0..self.seqs.len())
+            .filter(|&i| matches!(self.seqs[i].phase, Phase::Decode { .. }))
+            .collect();
         let mut items: Vec<BatchItem<'_>> = self
             .seqs
             .iter_mut()
             .filter(|s| matches!(s.phase, Phase::Decode { .. }))
             .zip(&feeds)
-            .map(|(s, t)| BatchItem { state: &mut s.state, tokens: std::slice::from_ref(t) })
+            .map(|(s, t)| BatchItem {
+                state: &mut s.state,
+                tokens: std::slice::from_ref(t),
+            })
             .collect();
         let result = self.model.forward_batch(&mut items);
         drop(items);
         self.metrics.decode_steps.fetch_add(1, Relaxed);
-        self.metrics.decode_rows.fetch_add(feeds.len() as u64, Relaxed);
+        self.metrics
+            .decode_rows
+            .fetch_add(feeds.len() as u64, Relaxed);
         match result {
             Ok(all) => {
                 // Walk backwards so removals inside `take_token` do not shift pending indices.
@@ -293,20 +345,30 @@ impl Scheduler {
             }
             Err(BatchError::Item { index, source }) => {
                 let seq = self.seqs.remove(idx[index]);
-                self.exit(seq, Exit::Failed(super::Failure::of("decode step rejected this sequence", &source)));
+                self.exit(
+                    seq,
+                    Exit::Failed(super::Failure::of(
+                        "decode step rejected this sequence",
+                        &source,
+                    )),
+                );
             }
             Err(BatchError::Failed(e)) => {
                 tracing::error!(error = %e, sequences = idx.len(), "batched decode step failed");
                 for &i in idx.iter().rev() {
                     let seq = self.seqs.remove(i);
-                    self.exit(seq, Exit::Failed(super::Failure::of("decode step failed", &e)));
+                    self.exit(
+                        seq,
+                        Exit::Failed(super::Failure::of("decode step failed", &e)),
+                    );
                 }
             }
         }
     }
 
     /// Samples from `logits` for sequence `i`, reports the token, and ends the sequence when a
-    /// stop id, stop string, `max_tokens` or the context limit says so.
+    /// stop id, stop string, `max_tokens` or the context limit says so, or when its grammar is
+    /// complete. Only a constrained sequence pays for a mask (and its own logits buffer).
     fn take_token(&mut self, i: usize, logits: &[f32]) {
         let now = Instant::now();
         let seq = &mut self.seqs[i];
@@ -323,13 +385,38 @@ impl Scheduler {
             };
             &masked
         };
-        let (id, lp) = seq.sampler.sample(logits, self.sample_vocab);
+        let sampled = match seq.constraint.as_mut() {
+            None => Ok(seq.sampler.sample(logits, self.sample_vocab)),
+            Some(c) => c
+                .mask_logits(logits, self.sample_vocab)
+                .map(|l| seq.sampler.sample(l, self.sample_vocab)),
+        };
+        let commit = sampled.and_then(|(id, lp)| match seq.constraint.as_mut() {
+            None => Ok((id, lp, Commit::Continue)),
+            Some(c) => c.commit(id).map(|commit| (id, lp, commit)),
+        });
+        let (id, lp, commit) = match commit {
+            Ok(t) => t,
+            Err(e) => {
+                let seq = self.seqs.remove(i);
+                self.exit(
+                    seq,
+                    Exit::Failed(super::Failure {
+                        message: e.to_string(),
+                        retry_after_s: None,
+                    }),
+                );
+                return;
+            }
+        };
         match seq.last_token_at {
             None => self.metrics.ttft.observe(now - seq.received),
             Some(t) => self.metrics.per_token.observe(now - t),
         }
         seq.last_token_at = Some(now);
-        let exit = if seq.stop_ids.contains(&id) {
+        let exit = if commit == Commit::End || seq.stop_ids.contains(&id) {
+            seq.stop_id_sampled = true;
+            self.metrics.generation_tokens.fetch_add(1, Relaxed);
             Some(FinishReason::Stop)
         } else {
             seq.generated.push(id);
@@ -337,8 +424,16 @@ impl Scheduler {
             let (delta, stopped) = seq.out.push(&self.tokenizer, id, lp);
             send_delta(&seq.events, delta);
             if stopped {
-                Some(seq.out.matched_stop().map_or(FinishReason::Stop, FinishReason::StopString))
-            } else if seq.generated.len() >= seq.max_tokens || seq.state.len() + 1 > self.config.max_context {
+                Some(
+                    seq.out
+                        .matched_stop()
+                        .map_or(FinishReason::Stop, FinishReason::StopString),
+                )
+            } else if commit == Commit::Complete {
+                Some(FinishReason::Stop)
+            } else if seq.generated.len() >= seq.max_tokens
+                || seq.state.len() + 1 > self.config.max_context
+            {
                 Some(FinishReason::Length)
             } else {
                 seq.phase = Phase::Decode { next: id };
@@ -354,7 +449,12 @@ impl Scheduler {
     /// Reports the end of a sequence and frees (or caches) its state.
     fn exit(&mut self, mut seq: Sequence, how: Exit) {
         let _enter = seq.span.enter();
-        let usage = Usage { prompt_tokens: seq.prompt.len(), completion_tokens: seq.generated.len(), cached_tokens: seq.cached_tokens };
+        let completion_tokens = seq.generated.len() + usize::from(seq.stop_id_sampled);
+        let usage = Usage {
+            prompt_tokens: seq.prompt.len(),
+            completion_tokens,
+            cached_tokens: seq.cached_tokens,
+        };
         let state_ok = matches!(how, Exit::Finished(_) | Exit::Cancelled);
         match how {
             Exit::Finished(reason) => {
@@ -371,7 +471,10 @@ impl Scheduler {
             }
             Exit::Cancelled => {
                 self.metrics.cancelled.fetch_add(1, Relaxed);
-                tracing::info!(completion_tokens = usage.completion_tokens, "client went away; sequence cancelled");
+                tracing::info!(
+                    completion_tokens = usage.completion_tokens,
+                    "client went away; sequence cancelled"
+                );
             }
             Exit::Failed(msg) => {
                 self.metrics.failed.fetch_add(1, Relaxed);
@@ -380,11 +483,21 @@ impl Scheduler {
             }
         }
         drop(_enter);
-        let complete_prompt = matches!(seq.phase, Phase::Decode { .. }) || seq.state.len() >= seq.prompt.len();
-        if state_ok && seq.cache_final_state && complete_prompt && self.config.state_cache_bytes > 0 && !seq.state.is_empty() {
+        let complete_prompt =
+            matches!(seq.phase, Phase::Decode { .. }) || seq.state.len() >= seq.prompt.len();
+        if state_ok
+            && seq.cache_final_state
+            && complete_prompt
+            && self.config.state_cache_bytes > 0
+            && !seq.state.is_empty()
+        {
             let consumed = seq.state.len();
             let mut tokens = seq.prompt.clone();
-            tokens.extend_from_slice(&seq.generated[..consumed.saturating_sub(seq.prompt.len()).min(seq.generated.len())]);
+            tokens.extend_from_slice(
+                &seq.generated[..consumed
+                    .saturating_sub(seq.prompt.len())
+                    .min(seq.generated.len())],
+            );
             if tokens.len() == consumed {
                 let bytes = seq.state.bytes();
                 self.cache.insert(tokens, seq.state, bytes);
@@ -396,7 +509,10 @@ impl Scheduler {
     fn publish_gauges(&self) {
         let m = &self.metrics;
         m.active_sequences.store(self.seqs.len() as u64, Relaxed);
-        m.active_state_bytes.store(self.seqs.iter().map(|s| s.state.bytes() as u64).sum(), Relaxed);
+        m.active_state_bytes.store(
+            self.seqs.iter().map(|s| s.state.bytes() as u64).sum(),
+            Relaxed,
+        );
         let c = self.cache.stats();
         m.cache_bytes.store(c.bytes as u64, Relaxed);
         m.cache_entries.store(c.entries as u64, Relaxed);

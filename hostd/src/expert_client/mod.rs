@@ -118,7 +118,12 @@ pub struct ClientOptions {
 
 impl ClientOptions {
     /// Options with defaults for a model of these dimensions.
-    pub fn new(endpoint: Endpoint, n_layers: usize, n_experts: usize, hidden: usize) -> ClientOptions {
+    pub fn new(
+        endpoint: Endpoint,
+        n_layers: usize,
+        n_experts: usize,
+        hidden: usize,
+    ) -> ClientOptions {
         ClientOptions {
             endpoint,
             token: None,
@@ -177,7 +182,10 @@ static LAST_IO_BACKEND: Mutex<Option<String>> = Mutex::new(None);
 /// The reader the most recently connected daemon reported in its handshake, e.g.
 /// `io=io_uring o_direct=true` (for `hostd profile`, which has no handle on its client).
 pub fn last_io_backend() -> Option<String> {
-    LAST_IO_BACKEND.lock().unwrap_or_else(PoisonError::into_inner).clone()
+    LAST_IO_BACKEND
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .clone()
 }
 
 /// One connection, the session opened on it and the segment passed with it (fresh per
@@ -213,26 +221,41 @@ pub struct ExpertdClient {
 
 impl std::fmt::Debug for ExpertdClient {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ExpertdClient").field("endpoint", &self.endpoint).finish()
+        f.debug_struct("ExpertdClient")
+            .field("endpoint", &self.endpoint)
+            .finish()
     }
 }
 
 impl ExpertdClient {
     /// Connects to the daemon (retrying within `connect_timeout`) and checks the handshake.
     /// `daemon` is a private child to keep alive as long as the client.
-    pub fn connect(opts: ClientOptions, daemon: Option<PrivateDaemon>) -> Result<ExpertdClient, ExpertClientError> {
+    pub fn connect(
+        opts: ClientOptions,
+        daemon: Option<PrivateDaemon>,
+    ) -> Result<ExpertdClient, ExpertClientError> {
         let endpoint = opts.endpoint.to_string();
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
             .thread_name("hostd-expertd")
             .enable_all()
             .build()
-            .map_err(|e| ExpertClientError::Connect { endpoint: endpoint.clone(), reason: format!("starting the client runtime: {e}") })?;
+            .map_err(|e| ExpertClientError::Connect {
+                endpoint: endpoint.clone(),
+                reason: format!("starting the client runtime: {e}"),
+            })?;
         let segment_layout = match (&opts.endpoint, opts.shm) {
             (Endpoint::Unix(_), true) => {
                 let shm_err = |e| ExpertClientError::Shm(std::io::Error::other(e));
-                let layout = SlotLayout::new(opts.shm_slots, opts.shm_max_rows, opts.hidden).map_err(shm_err)?;
-                Some(if opts.ring { layout.with_ring(opts.shm_max_rows * opts.ring_top_k.max(1)).map_err(shm_err)? } else { layout })
+                let layout = SlotLayout::new(opts.shm_slots, opts.shm_max_rows, opts.hidden)
+                    .map_err(shm_err)?;
+                Some(if opts.ring {
+                    layout
+                        .with_ring(opts.shm_max_rows * opts.ring_top_k.max(1))
+                        .map_err(shm_err)?
+                } else {
+                    layout
+                })
             }
             _ => None,
         };
@@ -248,11 +271,16 @@ impl ExpertdClient {
             last_layer: AtomicUsize::new(usize::MAX),
             expert_bytes: OnceLock::new(),
             predicted: Mutex::new(vec![Vec::new(); n_layers_for_predictions]),
-            health: daemon.as_ref().map_or_else(|| Arc::new(health::ExpertHealth::new()), PrivateDaemon::health),
+            health: daemon.as_ref().map_or_else(
+                || Arc::new(health::ExpertHealth::new()),
+                PrivateDaemon::health,
+            ),
             daemon,
         };
         let s = client.session()?;
-        *LAST_IO_BACKEND.lock().unwrap_or_else(PoisonError::into_inner) = Some(s.info.io_backend.clone());
+        *LAST_IO_BACKEND
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = Some(s.info.io_backend.clone());
         tracing::info!(
             endpoint = %client.endpoint,
             session = s.info.session_id,
@@ -288,7 +316,11 @@ impl ExpertdClient {
 
     /// What the current session's handshake reported, if connected.
     pub fn daemon_info(&self) -> Option<DaemonInfo> {
-        self.session.lock().unwrap_or_else(PoisonError::into_inner).as_ref().map(|s| s.info.clone())
+        self.session
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .as_ref()
+            .map(|s| s.info.clone())
     }
 
     /// The private daemon's process id, when hostd started one.
@@ -311,11 +343,18 @@ impl ExpertdClient {
 
     /// The error of a call that ran past `deadline` (which was `call_timeout` after it began).
     fn late(&self, _deadline: Instant) -> ExpertClientError {
-        ExpertClientError::DeadlineExceeded { endpoint: self.endpoint.clone(), what: "the call", deadline_s: tenths(self.opts.call_timeout) }
+        ExpertClientError::DeadlineExceeded {
+            endpoint: self.endpoint.clone(),
+            what: "the call",
+            deadline_s: tenths(self.opts.call_timeout),
+        }
     }
 
     fn lost(&self, message: &str) -> ExpertClientError {
-        ExpertClientError::ConnectionLost { endpoint: self.endpoint.clone(), message: message.to_string() }
+        ExpertClientError::ConnectionLost {
+            endpoint: self.endpoint.clone(),
+            message: message.to_string(),
+        }
     }
 
     /// The live session, or a new one (connect + handshake, retried with backoff while the
@@ -327,7 +366,10 @@ impl ExpertdClient {
     }
 
     /// [`Self::session`], giving up at `call_deadline` (a call's deadline) if that comes first.
-    fn session_by(&self, call_deadline: Option<Instant>) -> Result<Arc<Session>, ExpertClientError> {
+    fn session_by(
+        &self,
+        call_deadline: Option<Instant>,
+    ) -> Result<Arc<Session>, ExpertClientError> {
         {
             let mut cur = self.session.lock().unwrap_or_else(PoisonError::into_inner);
             match &*cur {
@@ -343,18 +385,25 @@ impl ExpertdClient {
         // connection, to a daemon that may have been started together with hostd.
         let first = self.expert_bytes.get().is_none();
         let start = Instant::now();
-        let wait = if first { self.opts.connect_timeout } else { self.opts.reconnect_timeout };
+        let wait = if first {
+            self.opts.connect_timeout
+        } else {
+            self.opts.reconnect_timeout
+        };
         let deadline = call_deadline.map_or(start + wait, |d| d.min(start + wait));
         let wait = deadline.saturating_duration_since(start);
         let mut delay = Duration::from_millis(20);
         loop {
             // One attempt never outlasts the wait: a stopped daemon accepts the connection
             // into its backlog and then never answers the pre-handshake.
-            let attempt = deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(10));
+            let attempt = deadline
+                .saturating_duration_since(Instant::now())
+                .max(Duration::from_millis(10));
             match self.open_session(attempt.min(shm::HELLO_REPLY_TIMEOUT)) {
                 Ok(s) => {
                     let s = Arc::new(s);
-                    *self.session.lock().unwrap_or_else(PoisonError::into_inner) = Some(Arc::clone(&s));
+                    *self.session.lock().unwrap_or_else(PoisonError::into_inner) =
+                        Some(Arc::clone(&s));
                     return Ok(s);
                 }
                 Err(e) if e.worth_waiting_for() => {
@@ -379,7 +428,9 @@ impl ExpertdClient {
     fn open_session(&self, timeout: Duration) -> Result<Session, ExpertClientError> {
         let o = &self.opts;
         let segment = match &self.segment_layout {
-            Some(layout) => Some(Arc::new(ClientSegment::create(*layout).map_err(ExpertClientError::Shm)?)),
+            Some(layout) => Some(Arc::new(
+                ClientSegment::create(*layout).map_err(ExpertClientError::Shm)?,
+            )),
             None => None,
         };
         let (endpoint, token) = (o.endpoint.clone(), o.token.clone());
@@ -392,15 +443,31 @@ impl ExpertdClient {
             expected_container_fingerprint: o.expected_fingerprint.as_ref().map_or(0, |f| f.0),
         };
         let ep = self.endpoint.clone();
-        let late = ExpertClientError::DeadlineExceeded { endpoint: ep.clone(), what: "a new connection's handshake", deadline_s: tenths(timeout) };
+        let late = ExpertClientError::DeadlineExceeded {
+            endpoint: ep.clone(),
+            what: "a new connection's handshake",
+            deadline_s: tenths(timeout),
+        };
         let (link, resp) = self
             .block_on(async move {
                 let open = async {
-                    let mut link = transport::connect_within(&endpoint, link_segment, token.as_deref(), timeout + HELLO_MARGIN).await?;
-                    let resp = link.client.handshake(req).await.map_err(|s| ExpertClientError::from_status(&ep, &s))?;
+                    let mut link = transport::connect_within(
+                        &endpoint,
+                        link_segment,
+                        token.as_deref(),
+                        timeout + HELLO_MARGIN,
+                    )
+                    .await?;
+                    let resp = link
+                        .client
+                        .handshake(req)
+                        .await
+                        .map_err(|s| ExpertClientError::from_status(&ep, &s))?;
                     Ok::<_, ExpertClientError>((link, resp.into_inner()))
                 };
-                tokio::time::timeout(timeout, open).await.unwrap_or(Err(late))
+                tokio::time::timeout(timeout, open)
+                    .await
+                    .unwrap_or(Err(late))
             })
             .ok_or_else(|| self.lost("the client runtime stopped"))??;
         self.check_handshake(&resp)?;
@@ -418,14 +485,26 @@ impl ExpertdClient {
             Some(r) if shared_memory && resp.ring_entries == r.entries => r.entries,
             _ => 0,
         };
-        Ok(Session { link, info: DaemonInfo { ring_entries, ..info }, segment })
+        Ok(Session {
+            link,
+            info: DaemonInfo {
+                ring_entries,
+                ..info
+            },
+            segment,
+        })
     }
 
     fn check_handshake(&self, r: &pb::HandshakeResponse) -> Result<(), ExpertClientError> {
         let o = &self.opts;
         let endpoint = self.endpoint.clone();
-        if !(proto::version::OLDEST_DAEMON..=proto::version::CURRENT).contains(&r.protocol_version) {
-            return Err(ExpertClientError::VersionMismatch { endpoint, daemon: r.protocol_version, ours: proto::version::CURRENT });
+        if !(proto::version::OLDEST_DAEMON..=proto::version::CURRENT).contains(&r.protocol_version)
+        {
+            return Err(ExpertClientError::VersionMismatch {
+                endpoint,
+                daemon: r.protocol_version,
+                ours: proto::version::CURRENT,
+            });
         }
         if let Some((expected, hint)) = &o.expected_fingerprint
             && r.container_fingerprint != *expected
@@ -438,7 +517,11 @@ impl ExpertdClient {
             });
         }
         if let (Some(ours), Some(theirs)) = (&o.model_identity, &r.container_identity) {
-            let theirs = ModelIdentity::try_from(theirs).map_err(|e| ExpertClientError::Protocol { endpoint: endpoint.clone(), reason: e.to_string() })?;
+            let theirs =
+                ModelIdentity::try_from(theirs).map_err(|e| ExpertClientError::Protocol {
+                    endpoint: endpoint.clone(),
+                    reason: e.to_string(),
+                })?;
             let what = theirs.differing(ours);
             if !what.is_empty() {
                 return Err(ExpertClientError::WrongModel {
@@ -453,7 +536,11 @@ impl ExpertdClient {
             }
         }
         let dims = r.dims.unwrap_or_default();
-        let theirs = (dims.n_layers as usize, dims.n_experts as usize, dims.hidden_size as usize);
+        let theirs = (
+            dims.n_layers as usize,
+            dims.n_experts as usize,
+            dims.hidden_size as usize,
+        );
         let ours = (o.n_layers, o.n_experts, o.hidden);
         if theirs != ours {
             return Err(ExpertClientError::WrongModel {
@@ -464,7 +551,10 @@ impl ExpertdClient {
                 ),
             });
         }
-        if let Ok(layout) = shared::container::BlobLayout::new(dims.hidden_size as usize, dims.expert_inner_size as usize) {
+        if let Ok(layout) = shared::container::BlobLayout::new(
+            dims.hidden_size as usize,
+            dims.expert_inner_size as usize,
+        ) {
             let _ = self.expert_bytes.set(layout.stride);
         }
         Ok(())
@@ -480,14 +570,28 @@ impl ExpertdClient {
 
     fn next_step(&self, layer: usize) -> u64 {
         let prev = self.last_layer.swap(layer, Ordering::Relaxed);
-        if prev == usize::MAX || layer <= prev { self.step.fetch_add(1, Ordering::Relaxed) + 1 } else { self.step.load(Ordering::Relaxed) }
+        if prev == usize::MAX || layer <= prev {
+            self.step.fetch_add(1, Ordering::Relaxed) + 1
+        } else {
+            self.step.load(Ordering::Relaxed)
+        }
     }
 
     /// One `MoeLayer` call on session `s`, abandoned at `deadline`. When it fails in a way
     /// that leaves the daemon possibly still working on it, its slot is quarantined.
-    fn call_on(&self, s: &Session, call: &MoeCall<'_>, step: u64, out: &mut [f32], deadline: Instant) -> Result<CallCost, ExpertClientError> {
+    fn call_on(
+        &self,
+        s: &Session,
+        call: &MoeCall<'_>,
+        step: u64,
+        out: &mut [f32],
+        deadline: Instant,
+    ) -> Result<CallCost, ExpertClientError> {
         // PERF-CRITICAL: one round trip per MoE layer per step.
-        let segment = s.segment.as_deref().filter(|seg| s.info.shared_memory && seg.fits(call.n_rows));
+        let segment = s
+            .segment
+            .as_deref()
+            .filter(|seg| s.info.shared_memory && seg.fits(call.n_rows));
         let mut slot = segment.and_then(ClientSegment::try_slot);
         let result = self.call_on_slot(s, call, step, out, deadline, segment, slot.as_ref());
         if let (Err(e), Some(slot)) = (&result, slot.as_mut())
@@ -511,18 +615,46 @@ impl ExpertdClient {
     ) -> Result<CallCost, ExpertClientError> {
         let n_values = call.n_rows * self.opts.hidden;
         if let (Some(seg), Some(slot)) = (segment, slot)
-            && let Some(ring) = seg.ring().filter(|r| s.info.ring_entries > 0 && call.ids.len() <= r.layout().cells as usize)
+            && let Some(ring) = seg
+                .ring()
+                .filter(|r| s.info.ring_entries > 0 && call.ids.len() <= r.layout().cells as usize)
         {
-            let sub = Submission { op: ring::OP_MOE, seq: 0, layer: call.layer as u32, n_rows: call.n_rows as u32, top_k: call.top_k as u32, step, input_offset: 0, output_offset: 0 };
-            return self.ring_call(s, seg, slot, &ring, sub, call.x, call.ids, call.weights, out, deadline);
+            let sub = Submission {
+                op: ring::OP_MOE,
+                seq: 0,
+                layer: call.layer as u32,
+                n_rows: call.n_rows as u32,
+                top_k: call.top_k as u32,
+                step,
+                input_offset: 0,
+                output_offset: 0,
+            };
+            return self.ring_call(
+                s,
+                seg,
+                slot,
+                &ring,
+                sub,
+                call.x,
+                call.ids,
+                call.weights,
+                out,
+                deadline,
+            );
         }
         let (input, output_shm) = match (segment, slot) {
             (Some(seg), Some(slot)) => {
                 let id = s.link.segment_id;
                 let input = seg.write_input(slot, id, call.x);
-                (moe_layer_request::Input::InputShm(input.into()), Some(pb::ShmSlice::from(seg.output_slice(slot, id, n_values))))
+                (
+                    moe_layer_request::Input::InputShm(input.into()),
+                    Some(pb::ShmSlice::from(seg.output_slice(slot, id, n_values))),
+                )
             }
-            _ => (moe_layer_request::Input::InputInlineF32Le(f32s_to_le_bytes(call.x)), None),
+            _ => (
+                moe_layer_request::Input::InputInlineF32Le(f32s_to_le_bytes(call.x)),
+                None,
+            ),
         };
         let req = pb::MoeLayerRequest {
             session_id: s.info.session_id,
@@ -549,13 +681,21 @@ impl ExpertdClient {
             })
             .ok_or_else(|| self.lost("the client runtime stopped"))??
             .into_inner();
-        let protocol = |reason: &str| ExpertClientError::Protocol { endpoint: self.endpoint.clone(), reason: reason.to_string() };
+        let protocol = |reason: &str| ExpertClientError::Protocol {
+            endpoint: self.endpoint.clone(),
+            reason: reason.to_string(),
+        };
         match (resp.output, segment, slot) {
             (Some(moe_layer_response::Output::OutputInlineF32Le(bytes)), _, _) => {
-                le_bytes_into_f32s("output_inline_f32_le", &bytes, out).map_err(|e| protocol(&e.to_string()))?;
+                le_bytes_into_f32s("output_inline_f32_le", &bytes, out)
+                    .map_err(|e| protocol(&e.to_string()))?;
             }
-            (Some(moe_layer_response::Output::OutputShm(_)), Some(seg), Some(slot)) => seg.read_output(slot, out),
-            (Some(moe_layer_response::Output::OutputShm(_)), _, _) => return Err(protocol("shared-memory output for an inline call")),
+            (Some(moe_layer_response::Output::OutputShm(_)), Some(seg), Some(slot)) => {
+                seg.read_output(slot, out)
+            }
+            (Some(moe_layer_response::Output::OutputShm(_)), _, _) => {
+                return Err(protocol("shared-memory output for an inline call"));
+            }
             (None, _, _) => return Err(protocol("the response carries no output")),
         }
         tracing::trace!(
@@ -605,7 +745,9 @@ impl ExpertdClient {
         entry.submit(&sub, ids, weights);
         ring.ring_doorbell();
         let alive = || ring.daemon_gone().load(Ordering::SeqCst) == 0 && !s.link.watch.is_closed();
-        if !entry.wait_finished(RING_SPIN, RING_SLICE, || alive() && Instant::now() < deadline) {
+        if !entry.wait_finished(RING_SPIN, RING_SLICE, || {
+            alive() && Instant::now() < deadline
+        }) {
             // The daemon went away or ran past the deadline mid-call. This session (and its
             // segment, which the worker might still write into) is abandoned, the slot
             // quarantined by the caller; the next call reconnects.
@@ -619,13 +761,20 @@ impl ExpertdClient {
         if done_seq != sub.seq {
             return Err(ExpertClientError::Protocol {
                 endpoint: self.endpoint.clone(),
-                reason: format!("ring entry {} answered call {done_seq}, expected {}", slot.index(), sub.seq),
+                reason: format!(
+                    "ring entry {} answered call {done_seq}, expected {}",
+                    slot.index(),
+                    sub.seq
+                ),
             });
         }
         if let Some((code, message)) = failure {
             // The worker wrote this failure: it is the daemon's answer, not a transport fault.
             let mut status = tonic::Status::new(tonic::Code::from(code as i32), message);
-            status.metadata_mut().insert(error::ORIGIN_METADATA, tonic::metadata::MetadataValue::from_static("expertd"));
+            status.metadata_mut().insert(
+                error::ORIGIN_METADATA,
+                tonic::metadata::MetadataValue::from_static("expertd"),
+            );
             return Err(ExpertClientError::from_status(&self.endpoint, &status));
         }
         seg.read_output(slot, out);
@@ -646,17 +795,41 @@ impl ExpertdClient {
     pub fn echo(&self, x: &[f32], out: &mut [f32]) -> Result<(), ExpertClientError> {
         let s = self.session()?;
         let rows = x.len() / self.opts.hidden.max(1);
-        let protocol = |reason: &str| ExpertClientError::Protocol { endpoint: self.endpoint.clone(), reason: reason.to_string() };
+        let protocol = |reason: &str| ExpertClientError::Protocol {
+            endpoint: self.endpoint.clone(),
+            reason: reason.to_string(),
+        };
         if x.len() != out.len() || rows * self.opts.hidden != x.len() || rows == 0 {
-            return Err(protocol("echo needs equal input and output lengths, a positive multiple of hidden"));
+            return Err(protocol(
+                "echo needs equal input and output lengths, a positive multiple of hidden",
+            ));
         }
-        let seg = s.segment.as_deref().filter(|seg| s.info.ring_entries > 0 && seg.fits(rows)).ok_or_else(|| protocol("this session has no call ring"))?;
-        let ring = seg.ring().ok_or_else(|| protocol("this session has no call ring"))?;
-        let slot = seg.try_slot().ok_or_else(|| protocol("no free shared-memory slot"))?;
-        let sub = Submission { op: ring::OP_ECHO, seq: 0, layer: 0, n_rows: rows as u32, top_k: 1, step: 0, input_offset: 0, output_offset: 0 };
+        let seg = s
+            .segment
+            .as_deref()
+            .filter(|seg| s.info.ring_entries > 0 && seg.fits(rows))
+            .ok_or_else(|| protocol("this session has no call ring"))?;
+        let ring = seg
+            .ring()
+            .ok_or_else(|| protocol("this session has no call ring"))?;
+        let slot = seg
+            .try_slot()
+            .ok_or_else(|| protocol("no free shared-memory slot"))?;
+        let sub = Submission {
+            op: ring::OP_ECHO,
+            seq: 0,
+            layer: 0,
+            n_rows: rows as u32,
+            top_k: 1,
+            step: 0,
+            input_offset: 0,
+            output_offset: 0,
+        };
         let deadline = Instant::now() + self.opts.call_timeout;
         let mut slot = slot;
-        let r = self.ring_call(&s, seg, &slot, &ring, sub, x, &[], &[], out, deadline).map(|_| ());
+        let r = self
+            .ring_call(&s, seg, &slot, &ring, sub, x, &[], &[], out, deadline)
+            .map(|_| ());
         if let Err(e) = &r
             && !e.answered_by_daemon()
         {
@@ -669,14 +842,22 @@ impl ExpertdClient {
     /// Prefetch recall for `call`'s layer: how many of its distinct experts the last prediction
     /// for the layer named (profile counters `prefetch.*`).
     fn count_recall(&self, call: &MoeCall<'_>) {
-        let predicted = std::mem::take(&mut self.predicted.lock().unwrap_or_else(PoisonError::into_inner)[call.layer]);
+        let predicted = std::mem::take(
+            &mut self
+                .predicted
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)[call.layer],
+        );
         if predicted.is_empty() {
             return;
         }
         let mut actual = call.ids.to_vec();
         actual.sort_unstable();
         actual.dedup();
-        let found = actual.iter().filter(|e| predicted.binary_search(e).is_ok()).count();
+        let found = actual
+            .iter()
+            .filter(|e| predicted.binary_search(e).is_ok())
+            .count();
         profile::count("prefetch.actual_experts", actual.len() as u64);
         profile::count("prefetch.predicted_experts", predicted.len() as u64);
         profile::count("prefetch.predicted_and_used", found as u64);
@@ -707,7 +888,13 @@ impl ExpertdClient {
                         self.forget(&s);
                     }
                     self.note_failure(&e);
-                    let never_ran = matches!(&e, ExpertClientError::Status { code: tonic::Code::NotFound, .. });
+                    let never_ran = matches!(
+                        &e,
+                        ExpertClientError::Status {
+                            code: tonic::Code::NotFound,
+                            ..
+                        }
+                    );
                     if never_ran && !retried {
                         retried = true;
                         continue;
@@ -726,7 +913,9 @@ impl ExpertdClient {
             ExpertClientError::DeadlineExceeded { .. } => self.health.degraded(e.to_string()),
             // EAGAIN on connect: the listener's backlog is full, nobody accepts — a daemon that
             // is there but not running (stopped, hung).
-            ExpertClientError::NotUp { last, .. } if last.contains("(os error 11)") => self.health.degraded(e.to_string()),
+            ExpertClientError::NotUp { last, .. } if last.contains("(os error 11)") => {
+                self.health.degraded(e.to_string())
+            }
             e if e.is_unavailable() => self.health.unavailable(e.to_string()),
             _ => {}
         }
@@ -749,18 +938,43 @@ impl ExpertBackend for ExpertdClient {
 
     fn wants_prefetch(&self) -> bool {
         // Asked once per layer per token: look at the live session, clone nothing.
-        self.opts.prefetch && self.session.lock().unwrap_or_else(PoisonError::into_inner).as_ref().is_some_and(|s| s.info.ring_entries > 0)
+        self.opts.prefetch
+            && self
+                .session
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .as_ref()
+                .is_some_and(|s| s.info.ring_entries > 0)
     }
 
     fn prefetch(&self, layer: usize, experts: &[u32]) {
-        if let Some(p) = self.predicted.lock().unwrap_or_else(PoisonError::into_inner).get_mut(layer) {
+        if let Some(p) = self
+            .predicted
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get_mut(layer)
+        {
             p.clear();
             p.extend_from_slice(experts);
         }
         // Only on the live session: a hint never waits for a reconnection.
-        let Some(s) = self.session.lock().unwrap_or_else(PoisonError::into_inner).clone() else { return };
-        let Some(seg) = s.segment.as_deref() else { return };
-        let Some(ring) = seg.ring().filter(|r| s.info.ring_entries == r.layout().entries) else { return };
+        let Some(s) = self
+            .session
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+        else {
+            return;
+        };
+        let Some(seg) = s.segment.as_deref() else {
+            return;
+        };
+        let Some(ring) = seg
+            .ring()
+            .filter(|r| s.info.ring_entries == r.layout().entries)
+        else {
+            return;
+        };
         // The last entry carries hints; it is reused once the worker has taken the last one.
         let entry = ring.entry(ring.layout().entries - 1);
         let n = experts.len().min(ring.layout().cells as usize);
@@ -775,7 +989,16 @@ impl ExpertBackend for ExpertdClient {
             }
         }
         let step = self.step.load(Ordering::Relaxed);
-        let sub = Submission { op: ring::OP_PREFETCH, seq: 0, layer: layer as u32, n_rows: 1, top_k: n as u32, step, input_offset: 0, output_offset: 0 };
+        let sub = Submission {
+            op: ring::OP_PREFETCH,
+            seq: 0,
+            layer: layer as u32,
+            n_rows: 1,
+            top_k: n as u32,
+            step,
+            input_offset: 0,
+            output_offset: 0,
+        };
         let weights = vec![0.0f32; n];
         entry.submit(&sub, &experts[..n], &weights);
         ring.ring_doorbell();
@@ -783,9 +1006,15 @@ impl ExpertBackend for ExpertdClient {
     }
 
     fn speculative_counters(&self) -> Option<(u64, u64)> {
-        let s = self.session.lock().unwrap_or_else(PoisonError::into_inner).clone()?;
+        let s = self
+            .session
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()?;
         let mut client = s.link.client.clone();
-        let stats = self.block_on(async move { client.stats(pb::StatsRequest {}).await.ok() })??.into_inner();
+        let stats = self
+            .block_on(async move { client.stats(pb::StatsRequest {}).await.ok() })??
+            .into_inner();
         stats.prefetch.map(|p| (p.bytes_read, p.useful_bytes))
     }
 
@@ -795,17 +1024,34 @@ impl ExpertBackend for ExpertdClient {
 
     fn transport(&self) -> Option<String> {
         let info = self.daemon_info()?;
-        Some(if info.ring_entries > 0 { "ring" } else if info.shared_memory { "rpc+shm" } else { "rpc-inline" }.to_string())
+        Some(
+            if info.ring_entries > 0 {
+                "ring"
+            } else if info.shared_memory {
+                "rpc+shm"
+            } else {
+                "rpc-inline"
+            }
+            .to_string(),
+        )
     }
 
     #[tracing::instrument(level = "debug", skip_all, fields(layer_idx = call.layer, n_tokens = call.n_rows))]
     fn moe_layer(&self, call: &MoeCall<'_>, out: &mut [f32]) -> Result<(), ExpertError> {
-        validate_call(call, self.opts.n_layers, self.opts.n_experts, self.opts.hidden, out.len())?;
+        validate_call(
+            call,
+            self.opts.n_layers,
+            self.opts.n_experts,
+            self.opts.hidden,
+            out.len(),
+        )?;
         if self.opts.prefetch && profile::enabled() {
             self.count_recall(call);
         }
         let t = Instant::now();
-        let cost = self.call(call, out).map_err(|e| e.into_expert_error(call.layer))?;
+        let cost = self
+            .call(call, out)
+            .map_err(|e| e.into_expert_error(call.layer))?;
         if profile::enabled() {
             // The call's client wall time, split into the daemon's reported queue, IO wait and
             // compute; the rest (encode, transport both ways, decode, a retry) is IPC.

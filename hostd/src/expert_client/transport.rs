@@ -41,7 +41,10 @@ pub enum Endpoint {
 impl Endpoint {
     /// Parses `unix:///PATH` (or `unix:PATH`) or `http://HOST:PORT`.
     pub fn parse(s: &str) -> Result<Endpoint, String> {
-        if let Some(path) = s.strip_prefix("unix://").or_else(|| s.strip_prefix("unix:")) {
+        if let Some(path) = s
+            .strip_prefix("unix://")
+            .or_else(|| s.strip_prefix("unix:"))
+        {
             if path.is_empty() {
                 return Err(format!("{s:?}: the unix socket path is empty"));
             }
@@ -52,7 +55,10 @@ impl Endpoint {
             if authority.is_empty() || authority.contains('/') || !authority.contains(':') {
                 return Err(format!("{s:?}: expected http://HOST:PORT"));
             }
-            return Ok(Endpoint::Tcp { uri: s.to_string(), authority: authority.to_string() });
+            return Ok(Endpoint::Tcp {
+                uri: s.to_string(),
+                authority: authority.to_string(),
+            });
         }
         Err(format!("{s:?}: expected unix:///PATH or http://HOST:PORT"))
     }
@@ -74,7 +80,8 @@ pub struct TokenInterceptor(Option<tonic::metadata::MetadataValue<tonic::metadat
 impl Interceptor for TokenInterceptor {
     fn call(&mut self, mut req: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
         if let Some(v) = &self.0 {
-            req.metadata_mut().insert(proto::AUTHORIZATION_HEADER, v.clone());
+            req.metadata_mut()
+                .insert(proto::AUTHORIZATION_HEADER, v.clone());
         }
         Ok(req)
     }
@@ -90,10 +97,15 @@ impl ConnWatch {
     /// Whether the daemon closed the connection (exited, restarted, drained).
     pub fn is_closed(&self) -> bool {
         let mut fds = [PollFd::new(&self.0, PollFlags::RDHUP)];
-        let zero = Timespec { tv_sec: 0, tv_nsec: 0 };
+        let zero = Timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
         match rustix::event::poll(&mut fds, Some(&zero)) {
             Ok(0) => false,
-            Ok(_) => fds[0].revents().intersects(PollFlags::RDHUP | PollFlags::HUP | PollFlags::ERR | PollFlags::NVAL),
+            Ok(_) => fds[0]
+                .revents()
+                .intersects(PollFlags::RDHUP | PollFlags::HUP | PollFlags::ERR | PollFlags::NVAL),
             Err(_) => true,
         }
     }
@@ -125,14 +137,20 @@ impl<IO> tower::Service<Uri> for SingleUse<IO> {
     type Error = std::io::Error;
     type Future = std::future::Ready<Result<TokioIo<IO>, std::io::Error>>;
 
-    fn poll_ready(&mut self, _cx: &mut std::task::Context<'_>) -> std::task::Poll<Result<(), std::io::Error>> {
+    fn poll_ready(
+        &mut self,
+        _cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), std::io::Error>> {
         std::task::Poll::Ready(Ok(()))
     }
 
     fn call(&mut self, _uri: Uri) -> Self::Future {
         let io = self.0.lock().unwrap_or_else(PoisonError::into_inner).take();
         std::future::ready(io.ok_or_else(|| {
-            std::io::Error::new(std::io::ErrorKind::NotConnected, "the expertd connection closed; hostd reconnects with a new session")
+            std::io::Error::new(
+                std::io::ErrorKind::NotConnected,
+                "the expertd connection closed; hostd reconnects with a new session",
+            )
         }))
     }
 }
@@ -142,7 +160,11 @@ fn single_use_channel<IO>(io: IO) -> SingleUse<IO> {
 }
 
 /// Opens one connection to `endpoint` (passing `segment` on a unix socket) and wraps it.
-pub async fn connect(endpoint: &Endpoint, segment: Option<Arc<ClientSegment>>, token: Option<&str>) -> Result<Link, ExpertClientError> {
+pub async fn connect(
+    endpoint: &Endpoint,
+    segment: Option<Arc<ClientSegment>>,
+    token: Option<&str>,
+) -> Result<Link, ExpertClientError> {
     connect_within(endpoint, segment, token, HELLO_REPLY_TIMEOUT).await
 }
 
@@ -155,9 +177,16 @@ pub async fn connect_within(
     hello_timeout: std::time::Duration,
 ) -> Result<Link, ExpertClientError> {
     let ep = endpoint.to_string();
-    let connect_err = |reason: String| ExpertClientError::Connect { endpoint: ep.clone(), reason };
+    let connect_err = |reason: String| ExpertClientError::Connect {
+        endpoint: ep.clone(),
+        reason,
+    };
     let token = match token {
-        Some(t) => Some(format!("Bearer {t}").parse().map_err(|_| connect_err("the token is not valid header text".into()))?),
+        Some(t) => Some(
+            format!("Bearer {t}")
+                .parse()
+                .map_err(|_| connect_err("the token is not valid header text".into()))?,
+        ),
         None => None,
     };
     let (channel, watch, segment_id) = match endpoint {
@@ -175,8 +204,14 @@ pub async fn connect_within(
             if reply.status != shared::shm_layout::REPLY_OK {
                 tracing::warn!(endpoint = %ep, "expertd refused the shared-memory segment (see its log); activations travel inline");
             }
-            let watch = ConnWatch(stream.as_fd().try_clone_to_owned().map_err(|e| connect_err(e.to_string()))?);
-            let stream = tokio::net::UnixStream::from_std(stream).map_err(|e| connect_err(e.to_string()))?;
+            let watch = ConnWatch(
+                stream
+                    .as_fd()
+                    .try_clone_to_owned()
+                    .map_err(|e| connect_err(e.to_string()))?,
+            );
+            let stream =
+                tokio::net::UnixStream::from_std(stream).map_err(|e| connect_err(e.to_string()))?;
             let channel = keepalive(TonicEndpoint::from_static("http://expertd.local"))
                 .connect_with_connector(single_use_channel(stream))
                 .await
@@ -184,24 +219,39 @@ pub async fn connect_within(
             (channel, watch, reply.segment_id)
         }
         Endpoint::Tcp { uri, authority } => {
-            let stream = tokio::net::TcpStream::connect(authority.as_str()).await.map_err(|e| connect_err(e.to_string()))?;
-            let _ = stream.set_nodelay(true);
-            let watch = ConnWatch(stream.as_fd().try_clone_to_owned().map_err(|e| connect_err(e.to_string()))?);
-            let channel = keepalive(TonicEndpoint::from_shared(uri.clone()).map_err(|e| connect_err(e.to_string()))?)
-                .connect_with_connector(single_use_channel(stream))
+            let stream = tokio::net::TcpStream::connect(authority.as_str())
                 .await
                 .map_err(|e| connect_err(e.to_string()))?;
+            let _ = stream.set_nodelay(true);
+            let watch = ConnWatch(
+                stream
+                    .as_fd()
+                    .try_clone_to_owned()
+                    .map_err(|e| connect_err(e.to_string()))?,
+            );
+            let channel = keepalive(
+                TonicEndpoint::from_shared(uri.clone()).map_err(|e| connect_err(e.to_string()))?,
+            )
+            .connect_with_connector(single_use_channel(stream))
+            .await
+            .map_err(|e| connect_err(e.to_string()))?;
             (channel, watch, 0)
         }
     };
     let client = ExpertServiceClient::with_interceptor(channel, TokenInterceptor(token))
         .max_decoding_message_size(MAX_MESSAGE_BYTES)
         .max_encoding_message_size(MAX_MESSAGE_BYTES);
-    Ok(Link { client, watch, segment_id })
+    Ok(Link {
+        client,
+        watch,
+        segment_id,
+    })
 }
 
 fn keepalive(e: TonicEndpoint) -> TonicEndpoint {
-    e.http2_keep_alive_interval(KEEPALIVE_INTERVAL).keep_alive_timeout(KEEPALIVE_TIMEOUT).keep_alive_while_idle(true)
+    e.http2_keep_alive_interval(KEEPALIVE_INTERVAL)
+        .keep_alive_timeout(KEEPALIVE_TIMEOUT)
+        .keep_alive_while_idle(true)
 }
 
 #[cfg(test)]
@@ -210,10 +260,16 @@ mod tests {
 
     #[test]
     fn endpoints_parse() {
-        assert_eq!(Endpoint::parse("unix:///run/x.sock"), Ok(Endpoint::Unix("/run/x.sock".into())));
+        assert_eq!(
+            Endpoint::parse("unix:///run/x.sock"),
+            Ok(Endpoint::Unix("/run/x.sock".into()))
+        );
         assert_eq!(
             Endpoint::parse("http://127.0.0.1:7070"),
-            Ok(Endpoint::Tcp { uri: "http://127.0.0.1:7070".into(), authority: "127.0.0.1:7070".into() })
+            Ok(Endpoint::Tcp {
+                uri: "http://127.0.0.1:7070".into(),
+                authority: "127.0.0.1:7070".into()
+            })
         );
         assert!(Endpoint::parse("https://x:1").is_err());
         assert!(Endpoint::parse("http://nohost").is_err());

@@ -107,13 +107,21 @@ pub trait ExpertBackend: Send + Sync {
 
 /// The cells of a call grouped by expert (see [`shared::moe_combine::cells_by_expert`]).
 pub fn cells_by_expert(call: &MoeCall<'_>, n_experts: usize) -> Vec<(usize, Vec<usize>)> {
-    shared::moe_combine::cells_by_expert(call.ids, n_experts).into_iter().map(|(e, c)| (e as usize, c)).collect()
+    shared::moe_combine::cells_by_expert(call.ids, n_experts)
+        .into_iter()
+        .map(|(e, c)| (e as usize, c))
+        .collect()
 }
 
 /// Combines per-expert outputs (`(cells, cells.len() × d outputs)` per expert) into the call's
 /// result with the one implementation every backend shares ([`shared::moe_combine`]): each
 /// row's weighted outputs summed in slot order.
-pub fn combine_in_call_order(call: &MoeCall<'_>, d: usize, results: Vec<(Vec<usize>, Vec<f32>)>, out: &mut [f32]) {
+pub fn combine_in_call_order(
+    call: &MoeCall<'_>,
+    d: usize,
+    results: Vec<(Vec<usize>, Vec<f32>)>,
+    out: &mut [f32],
+) {
     let mut slots = vec![0.0f32; call.n_rows * call.top_k * d];
     for (cells, y) in results {
         shared::moe_combine::scatter(&mut slots, d, &cells, &y);
@@ -122,14 +130,33 @@ pub fn combine_in_call_order(call: &MoeCall<'_>, d: usize, results: Vec<(Vec<usi
 }
 
 /// Checks a call's shape and contents against the model's dimensions.
-pub fn validate_call(call: &MoeCall<'_>, n_layers: usize, n_experts: usize, hidden: usize, out_len: usize) -> Result<(), ExpertError> {
-    let bad = |reason: String| Err(ExpertError::InvalidCall { layer: call.layer, reason });
+pub fn validate_call(
+    call: &MoeCall<'_>,
+    n_layers: usize,
+    n_experts: usize,
+    hidden: usize,
+    out_len: usize,
+) -> Result<(), ExpertError> {
+    let bad = |reason: String| {
+        Err(ExpertError::InvalidCall {
+            layer: call.layer,
+            reason,
+        })
+    };
     if call.layer >= n_layers {
         return bad(format!("layer out of range (model has {n_layers})"));
     }
-    shared::moe_exec::validate_routing(call.n_rows, call.top_k, call.ids, call.weights, n_experts).map_err(|reason| ExpertError::InvalidCall { layer: call.layer, reason })?;
+    shared::moe_exec::validate_routing(call.n_rows, call.top_k, call.ids, call.weights, n_experts)
+        .map_err(|reason| ExpertError::InvalidCall {
+            layer: call.layer,
+            reason,
+        })?;
     if call.x.len() != call.n_rows * hidden || out_len != call.n_rows * hidden {
-        return bad(format!("activations ({}) and output ({out_len}) must hold rows × hidden = {} × {hidden}", call.x.len(), call.n_rows));
+        return bad(format!(
+            "activations ({}) and output ({out_len}) must hold rows × hidden = {} × {hidden}",
+            call.x.len(),
+            call.n_rows
+        ));
     }
     Ok(())
 }

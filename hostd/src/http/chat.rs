@@ -1,24 +1,37 @@
 //! `POST /v1/chat/completions`: read the body under its limits, validate, render the chat
 //! template, check the prompt's size, tokenise in the bounded pool, check the context, submit
 //! to the engine, then answer as one `chat.completion` or as a stream of
-//! `chat.completion.chunk`s. The steps shared with the Anthropic endpoint (template, tokens,
-//! budget, submission) are in `generate.rs`.
+//! `chat.completion.chunk`s.
 //!
-//! Thinking follows the request's `chat_template_kwargs.enable_thinking`, else the server's
-//! `--default-thinking` (on unless set off); the reply carries the reasoning in
-//! `reasoning_content` and the answer in `content`.
+//! With `tools` (and `tool_choice` not `none`) each choice's content is run through the
+//! tool-call parser (`crate::tool_calls`): calls come back as `message.tool_calls`
+//! (`finish_reason` `tool_calls`), or streamed as `delta.tool_calls` entries.
+//!
+//! Thinking follows the request's switches (`chat_template_kwargs.enable_thinking`,
+//! `enable_thinking`, `reasoning_effort`, `reasoning`; see `http::fields::thinking`), else the
+//! server's `--default-thinking` (on unless set off); the reply carries the reasoning in
+//! `reasoning_content` (unless `include_reasoning: false`) and the answer in `content`. With
+//! `n > 1` each choice is its own sequence in the scheduler's batch, with its own seed. Rendering
+//! and tokenising (with the prefix-cache checkpoint) are shared with the Anthropic endpoint
+//! (`generate.rs`); the submission loop is this handler's own (one sequence per choice, each
+//! with its own grammar state).
 
 use super::error::ApiError;
+use super::fields::{self, Thinking, ThinkingFields};
 use super::openai::{
-    ChatChoice, ChatChunkChoice, ChatCompletion, ChatCompletionChunk, ChatCompletionRequest, ChatDelta, ChatLogprobs,
-    ChatMessageOut, LogprobContent, Usage,
+    ChatChoice, ChatChunkChoice, ChatCompletion, ChatCompletionChunk, ChatCompletionRequest,
+    ChatDelta, ChatLogprobs, ChatMessageOut, FunctionCallOut, FunctionDelta, LogprobContent,
+    ToolCallDelta, ToolCallOut, Usage,
 };
-use super::generate::{self, ChatGeneration};
+use super::generate;
 use super::params;
+use super::response_format;
 use super::stream::{self, to_json};
+use super::tools::{self, ToolRequest};
 use super::{AppState, RequestId, fingerprint, unix_now};
 use crate::chat_template::ChatOptions;
-use crate::engine::{Event, LogprobEntry};
+use crate::engine::{Event, FinishReason, GenRequest, LogprobEntry, Usage as EngineUsage};
+use crate::tool_calls::{ToolCallParser, ToolEvent};
 use axum::Extension;
 use axum::body::Body;
 use axum::extract::State;
@@ -37,47 +50,147 @@ pub async fn chat_completions(
     let received = Instant::now();
     let ready = app.ready()?;
     let body = app.admission.read_body(&headers, body).await?;
-    let req: ChatCompletionRequest = serde_json::from_slice(&body)?;
+    let req: ChatCompletionRequest = fields::parse_body(&body)?;
     drop(body);
     params::check_model(req.model.as_deref(), &app.config.served_model_name)?;
     params::reject_unsupported_chat(&req)?;
-    params::check_n(req.n)?;
-    let messages = params::chat_messages(req.messages.as_deref().ok_or_else(|| ApiError::missing("messages"))?)?;
+    let n = params::check_n(req.n)?;
+    let constraint = response_format::constraint_spec(req.response_format.as_ref())?;
+    let messages = params::chat_messages(
+        req.messages
+            .as_deref()
+            .ok_or_else(|| ApiError::missing("messages"))?,
+    )?;
+    let tool_req = tools::tool_request(&req)?;
+    let (constraint, constraint_param) = match tools::forced_constraint(&tool_req)? {
+        Some(_) if constraint.is_some() => {
+            return Err(ApiError::unsupported(
+                "response_format cannot be combined with a forced tool_choice.",
+                "response_format",
+            ));
+        }
+        Some(forced) => (Some(forced), "tool_choice"),
+        None => (constraint, "response_format"),
+    };
     for (i, m) in messages.iter().enumerate() {
-        app.admission.check_prompt_bytes(&m.content, &format!("messages[{i}].content"))?;
+        app.admission
+            .check_prompt_bytes(&m.content, &format!("messages[{i}].content"))?;
         if let Some(r) = &m.reasoning_content {
-            app.admission.check_prompt_bytes(r, &format!("messages[{i}].reasoning_content"))?;
+            app.admission
+                .check_prompt_bytes(r, &format!("messages[{i}].reasoning_content"))?;
         }
     }
     let logprobs = req.logprobs.unwrap_or(false);
-    let sampling = params::sampling_params(&req.sampling(), logprobs, req.top_logprobs)?;
+    let mut sampling = params::sampling_params(&req.sampling(), logprobs, req.top_logprobs)?;
+    sampling.logit_bias = params::logit_bias(req.logit_bias.as_ref(), &ready.tokenizer)?;
     let stop = params::stop_strings(req.stop.as_ref())?;
     let requested = match req.max_completion_tokens {
         Some(_) => params::max_tokens(req.max_completion_tokens, "max_completion_tokens")?,
         None => params::max_tokens(req.max_tokens, "max_tokens")?,
     };
     let kwargs = req.chat_template_kwargs.clone().unwrap_or_default();
-    let thinking = kwargs.enable_thinking.unwrap_or(app.config.enable_thinking);
-    let opts = ChatOptions { add_generation_prompt: true, enable_thinking: thinking, preserve_thinking: kwargs.preserve_thinking.unwrap_or(false) };
-    let prompt = generate::tokenize_chat(&app, ready, messages, opts, true).await?;
-    let generation = ChatGeneration {
-        request_id: request_id.clone(),
-        received,
-        prompt,
-        sampling,
-        max_tokens: requested,
-        stop,
-        ignore_eos: req.ignore_eos == Some(true),
-        thinking,
+    let switches = ThinkingFields {
+        template_kwarg: kwargs.enable_thinking,
+        enable_thinking: req.enable_thinking,
+        reasoning_effort: req.reasoning_effort.as_deref(),
+        include_reasoning: req.include_reasoning,
+        reasoning: req.reasoning.as_ref(),
     };
-    let (rx, _) = generate::submit_chat(&app, ready, generation)?;
-    let reply = Reply { id: format!("chatcmpl-{request_id}"), created: unix_now(), model: app.config.served_model_name.clone(), logprobs };
+    let thinking = fields::thinking(&switches, app.config.enable_thinking)?;
+    let opts = ChatOptions {
+        add_generation_prompt: true,
+        enable_thinking: thinking.enabled,
+        preserve_thinking: kwargs.preserve_thinking.unwrap_or(false),
+    };
+    let prompt = generate::tokenize_chat(
+        &app,
+        ready,
+        messages,
+        tool_req.definitions.clone(),
+        opts,
+        true,
+    )
+    .await?;
+    let (prompt, checkpoint) = (prompt.ids, prompt.checkpoint);
+    let max_context = ready.engine.config().max_context;
+    let max_tokens = params::budget(
+        prompt.len(),
+        requested,
+        app.config.default_max_tokens,
+        max_context,
+        "messages",
+    )?;
+    // Each choice follows the grammar from its own state.
+    let mut compiled = Vec::with_capacity(n);
+    for _ in 0..n {
+        compiled.push(match &constraint {
+            None => None,
+            Some(spec) => {
+                let start = crate::constraint::StartOptions::new(thinking.enabled, max_tokens);
+                Some(
+                    response_format::compile(
+                        &app,
+                        &ready.grammars,
+                        spec.clone(),
+                        start,
+                        constraint_param,
+                    )
+                    .await?,
+                )
+            }
+        });
+    }
+    let mut constraints = compiled.into_iter();
+
+    // One sequence per choice; if a later one is refused (queue full), dropping the earlier
+    // ones' receivers cancels them.
+    let mut rxs = Vec::with_capacity(n);
+    for i in 0..n {
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        let mut sampling = sampling.clone();
+        sampling.seed = params::choice_seed(sampling.seed, i);
+        ready.engine.submit(GenRequest {
+            request_id: if i == 0 {
+                request_id.clone()
+            } else {
+                format!("{request_id}-{i}")
+            },
+            span: tracing::Span::current(),
+            prompt: prompt.clone(),
+            checkpoint,
+            cache_final_state: false,
+            sampling,
+            max_tokens,
+            stop: stop.clone(),
+            stop_ids: if req.ignore_eos == Some(true) {
+                Vec::new()
+            } else {
+                ready.stop_ids.clone()
+            },
+            split_reasoning: true,
+            reasoning: thinking.enabled,
+            skip_special_tokens: req.skip_special_tokens.unwrap_or(true),
+            constraint: constraints.next().flatten(),
+            received,
+            events: tx,
+        })?;
+        rxs.push(rx);
+    }
+    let reply = Reply {
+        id: format!("chatcmpl-{request_id}"),
+        created: unix_now(),
+        model: app.config.served_model_name.clone(),
+        logprobs,
+        thinking,
+        tools: tool_req,
+    };
+    let choices = stream::Choices::new(rxs);
     if req.stream == Some(true) {
         let include_usage = req.stream_options.as_ref().is_some_and(|o| o.include_usage);
-        Ok(reply.stream(rx, include_usage))
+        Ok(reply.stream(choices, n, include_usage))
     } else {
-        let c = stream::collect(rx).await?;
-        Ok(axum::Json(reply.whole(c, thinking)).into_response())
+        let all = stream::collect_choices(choices).await?;
+        Ok(axum::Json(reply.whole(all)).into_response())
     }
 }
 
@@ -87,28 +200,115 @@ struct Reply {
     created: u64,
     model: String,
     logprobs: bool,
+    thinking: Thinking,
+    tools: ToolRequest,
+}
+/// `finish_reason`: `tool_calls` when the reply made calls and ended by itself.
+fn finish_reason(reason: FinishReason, calls: usize) -> &'static str {
+    if calls > 0 && reason == FinishReason::Stop {
+        "tool_calls"
+    } else {
+        reason.as_str()
+    }
+}
+
+/// Parser events as a chunk's content and `tool_calls` entries (each call's id made on its start).
+fn tool_deltas(events: Vec<ToolEvent>, ids: &mut Vec<String>) -> (String, Vec<ToolCallDelta>) {
+    let mut content = String::new();
+    let mut calls: Vec<ToolCallDelta> = Vec::new();
+    for e in events {
+        match e {
+            ToolEvent::Content(t) => content.push_str(&t),
+            ToolEvent::CallStart { index, name } => {
+                ids.push(tools::call_id());
+                calls.push(ToolCallDelta {
+                    index,
+                    id: Some(ids[index].clone()),
+                    kind: Some("function"),
+                    function: FunctionDelta {
+                        name: Some(name),
+                        arguments: Some(String::new()),
+                    },
+                });
+            }
+            ToolEvent::Arguments { index, fragment } => match calls.last_mut() {
+                Some(last) if last.index == index => last
+                    .function
+                    .arguments
+                    .get_or_insert_default()
+                    .push_str(&fragment),
+                _ => calls.push(ToolCallDelta {
+                    index,
+                    id: None,
+                    kind: None,
+                    function: FunctionDelta {
+                        name: None,
+                        arguments: Some(fragment),
+                    },
+                }),
+            },
+        }
+    }
+    (content, calls)
 }
 
 fn chat_logprobs(entries: &[LogprobEntry]) -> ChatLogprobs {
-    ChatLogprobs { content: entries.iter().map(LogprobContent::from).collect(), refusal: None }
+    ChatLogprobs {
+        content: entries.iter().map(LogprobContent::from).collect(),
+        refusal: None,
+    }
 }
 
 impl Reply {
-    fn whole(&self, c: stream::Collected, thinking: bool) -> ChatCompletion {
-        let reasoning = (thinking || !c.delta.reasoning.is_empty()).then(|| c.delta.reasoning.clone());
+    fn whole(&self, all: Vec<stream::Collected>) -> ChatCompletion {
+        let usage = stream::total_usage(&all.iter().map(|c| c.usage).collect::<Vec<_>>());
+        let choices = all
+            .into_iter()
+            .enumerate()
+            .map(|(index, c)| {
+                let shown =
+                    self.thinking.shown && (self.thinking.enabled || !c.delta.reasoning.is_empty());
+                let reasoning = shown.then(|| c.delta.reasoning.clone());
+                let (content, calls) = match self.tools.parser() {
+                    Some(mut parser) => {
+                        let mut events = parser.feed(&c.delta.content);
+                        events.extend(parser.finish());
+                        crate::tool_calls::fold(events)
+                    }
+                    None => (c.delta.content, Vec::new()),
+                };
+                let finish_reason = finish_reason(c.reason, calls.len());
+                let tool_calls: Vec<ToolCallOut> = calls
+                    .into_iter()
+                    .map(|(name, arguments)| ToolCallOut {
+                        id: tools::call_id(),
+                        kind: "function",
+                        function: FunctionCallOut { name, arguments },
+                    })
+                    .collect();
+                let content = (tool_calls.is_empty() || !content.is_empty()).then_some(content);
+                ChatChoice {
+                    index,
+                    message: ChatMessageOut {
+                        role: "assistant",
+                        content,
+                        reasoning_content: reasoning,
+                        refusal: None,
+                        tool_calls: (!tool_calls.is_empty()).then_some(tool_calls),
+                    },
+                    logprobs: self.logprobs.then(|| chat_logprobs(&c.delta.logprobs)),
+                    finish_reason,
+                }
+            })
+            .collect();
         ChatCompletion {
             id: self.id.clone(),
             object: "chat.completion",
             created: self.created,
             model: self.model.clone(),
             system_fingerprint: fingerprint(),
-            choices: vec![ChatChoice {
-                index: 0,
-                message: ChatMessageOut { role: "assistant", content: Some(c.delta.content), reasoning_content: reasoning, refusal: None },
-                logprobs: self.logprobs.then(|| chat_logprobs(&c.delta.logprobs)),
-                finish_reason: c.reason.as_str(),
-            }],
-            usage: Usage::from(c.usage),
+            choices,
+            usage: Usage::from(usage),
         }
     }
 
@@ -124,40 +324,159 @@ impl Reply {
         })
     }
 
-    fn stream(self, rx: tokio::sync::mpsc::UnboundedReceiver<Event>, include_usage: bool) -> Response {
-        let first = self.chunk(
-            vec![ChatChunkChoice {
-                index: 0,
-                delta: ChatDelta { role: Some("assistant"), content: Some(String::new()), reasoning_content: None },
-                logprobs: None,
-                finish_reason: None,
-            }],
-            None,
-        );
-        stream::sse(rx, vec![first], move |ev| match ev {
+    /// Chunks of `n` choices, each tagged with its `index` and run through its own tool-call
+    /// parser; the usage chunk (when asked for) comes after the last choice's finish chunk and
+    /// sums them.
+    fn stream(self, choices: stream::Choices, n: usize, include_usage: bool) -> Response {
+        let first = (0..n)
+            .map(|index| {
+                self.chunk(
+                    vec![ChatChunkChoice {
+                        index,
+                        delta: ChatDelta {
+                            role: Some("assistant"),
+                            content: Some(String::new()),
+                            ..ChatDelta::default()
+                        },
+                        logprobs: None,
+                        finish_reason: None,
+                    }],
+                    None,
+                )
+            })
+            .collect();
+        let mut usages: Vec<Option<EngineUsage>> = vec![None; n];
+        let mut parsers: Vec<Option<ToolCallParser>> =
+            (0..n).map(|_| self.tools.parser()).collect();
+        let mut ids: Vec<Vec<String>> = vec![Vec::new(); n];
+        stream::sse_choices(choices, first, move |index, ev| match ev {
             Event::Delta(d) => {
+                let (content, calls) = match parsers[index].as_mut() {
+                    Some(p) => tool_deltas(p.feed(&d.content), &mut ids[index]),
+                    None => (d.content, Vec::new()),
+                };
+                let reasoning = if self.thinking.shown {
+                    d.reasoning
+                } else {
+                    String::new()
+                };
                 let delta = ChatDelta {
                     role: None,
-                    content: (!d.content.is_empty()).then_some(d.content),
-                    reasoning_content: (!d.reasoning.is_empty()).then_some(d.reasoning),
+                    content: (!content.is_empty()).then_some(content),
+                    reasoning_content: (!reasoning.is_empty()).then_some(reasoning),
+                    tool_calls: (!calls.is_empty()).then_some(calls),
                 };
-                let logprobs = (self.logprobs && !d.logprobs.is_empty()).then(|| chat_logprobs(&d.logprobs));
-                if delta.content.is_none() && delta.reasoning_content.is_none() && logprobs.is_none() {
+                let logprobs =
+                    (self.logprobs && !d.logprobs.is_empty()).then(|| chat_logprobs(&d.logprobs));
+                if delta.content.is_none()
+                    && delta.reasoning_content.is_none()
+                    && delta.tool_calls.is_none()
+                    && logprobs.is_none()
+                {
                     return Vec::new();
                 }
-                vec![self.chunk(vec![ChatChunkChoice { index: 0, delta, logprobs, finish_reason: None }], None)]
+                vec![self.chunk(
+                    vec![ChatChunkChoice {
+                        index,
+                        delta,
+                        logprobs,
+                        finish_reason: None,
+                    }],
+                    None,
+                )]
             }
             Event::Done { reason, usage } => {
-                let mut out = vec![self.chunk(
-                    vec![ChatChunkChoice { index: 0, delta: ChatDelta::default(), logprobs: None, finish_reason: Some(reason.as_str()) }],
+                let mut out = Vec::new();
+                let mut calls = 0;
+                if let Some(p) = parsers[index].as_mut() {
+                    let (content, deltas) = tool_deltas(p.finish(), &mut ids[index]);
+                    calls = p.reported_calls();
+                    if !content.is_empty() || !deltas.is_empty() {
+                        let delta = ChatDelta {
+                            content: (!content.is_empty()).then_some(content),
+                            tool_calls: (!deltas.is_empty()).then_some(deltas),
+                            ..ChatDelta::default()
+                        };
+                        out.push(self.chunk(
+                            vec![ChatChunkChoice {
+                                index,
+                                delta,
+                                logprobs: None,
+                                finish_reason: None,
+                            }],
+                            None,
+                        ));
+                    }
+                }
+                out.push(self.chunk(
+                    vec![ChatChunkChoice {
+                        index,
+                        delta: ChatDelta::default(),
+                        logprobs: None,
+                        finish_reason: Some(finish_reason(reason, calls)),
+                    }],
                     None,
-                )];
-                if include_usage {
-                    out.push(self.chunk(Vec::new(), Some(usage.into())));
+                ));
+                usages[index] = Some(usage);
+                if include_usage && usages.iter().all(Option::is_some) {
+                    let all: Vec<EngineUsage> = usages.iter().flatten().copied().collect();
+                    out.push(self.chunk(Vec::new(), Some(stream::total_usage(&all).into())));
                 }
                 out
             }
             Event::Failed(_) => Vec::new(),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Streamed deltas: the first entry of a call carries id, type and name; later entries of the
+    /// same call only argument text, so the openai SDK's concatenation rebuilds each field.
+    #[test]
+    fn tool_deltas_follow_openais_shape() {
+        let events = vec![
+            ToolEvent::Content("Hi".into()),
+            ToolEvent::CallStart {
+                index: 0,
+                name: "f".into(),
+            },
+            ToolEvent::Arguments {
+                index: 0,
+                fragment: "{".into(),
+            },
+            ToolEvent::Arguments {
+                index: 0,
+                fragment: "\"a\":1".into(),
+            },
+        ];
+        let mut ids = Vec::new();
+        let (content, deltas) = tool_deltas(events, &mut ids);
+        assert_eq!(content, "Hi");
+        assert_eq!(deltas.len(), 1);
+        let v = serde_json::to_value(&deltas[0]).unwrap();
+        assert_eq!(v["id"], serde_json::json!(ids[0]));
+        assert_eq!(v["type"], "function");
+        assert_eq!(
+            v["function"],
+            serde_json::json!({"name": "f", "arguments": "{\"a\":1"})
+        );
+        let (_, more) = tool_deltas(
+            vec![ToolEvent::Arguments {
+                index: 0,
+                fragment: "}".into(),
+            }],
+            &mut ids,
+        );
+        let v = serde_json::to_value(&more[0]).unwrap();
+        assert_eq!(
+            v,
+            serde_json::json!({"index": 0, "function": {"arguments": "}"}})
+        );
+        assert_eq!(finish_reason(FinishReason::Stop, 1), "tool_calls");
+        assert_eq!(finish_reason(FinishReason::Length, 1), "length");
+        assert_eq!(finish_reason(FinishReason::Stop, 0), "stop");
     }
 }

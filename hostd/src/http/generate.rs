@@ -1,7 +1,9 @@
 //! The steps every chat-style endpoint (OpenAI chat completions, Anthropic messages) shares
 //! between a validated conversation and the engine: render the chat template, check the
 //! prompt's size, tokenise in the bounded pool (with the prefix-cache checkpoint), fit the
-//! completion budget to the context, and submit to the scheduler.
+//! completion budget to the context, and submit to the scheduler. The OpenAI handler shares the
+//! first steps ([`tokenize_chat`]) and submits its `n` choices itself (one grammar state and one
+//! seed per choice); the Anthropic handler submits one sequence with [`submit_chat`].
 //!
 //! The prompt's checkpoint for the prefix cache is the end of `<|im_start|>assistant\n`: a
 //! follow-up turn's prompt repeats everything up to there (the template drops earlier turns'
@@ -14,6 +16,7 @@ use crate::chat_template::{self, ChatMessage, ChatOptions};
 use crate::engine::{Event, GenRequest};
 use crate::sampling::SamplingParams;
 use crate::tokenizer::Tokenizer;
+use serde_json::Value;
 use std::sync::Arc;
 use std::time::Instant;
 use tokio::sync::mpsc::UnboundedReceiver;
@@ -27,24 +30,25 @@ pub struct ChatPrompt {
     pub checkpoint: Option<usize>,
 }
 
-/// Renders `messages`, checks the prompt against the byte cap and the context (a 400 naming
+/// Renders `messages` (with the tool definitions `tools`, as the client sent them), checks the prompt against the byte cap and the context (a 400 naming
 /// `messages`), and tokenises it in the bounded pool. `with_checkpoint`: also find the
 /// prefix-cache checkpoint (generation needs it; counting tokens does not).
 pub async fn tokenize_chat(
     app: &AppState,
     ready: &Ready,
     messages: Vec<ChatMessage>,
+    tools: Vec<Value>,
     opts: ChatOptions,
     with_checkpoint: bool,
 ) -> Result<ChatPrompt, ApiError> {
-    let text = chat_template::render(&messages, &opts)?;
+    let text = chat_template::render_with_tools(&messages, &tools, &opts)?;
     app.admission.check_prompt_bytes(&text, "messages")?;
     admission::check_fits(text.len(), ready.max_token_bytes, ready.engine.config().max_context, "messages")?;
     let tokenizer = Arc::clone(&ready.tokenizer);
     app.admission
         .tokenize(text.len(), move || {
             let ids = tokenizer.encode(&text)?;
-            let checkpoint = if with_checkpoint { checkpoint(&tokenizer, &messages, &opts, &ids) } else { None };
+            let checkpoint = if with_checkpoint { checkpoint(&tokenizer, &messages, &tools, &opts, &ids) } else { None };
             Ok::<_, crate::tokenizer::TokenizerError>(ChatPrompt { ids, checkpoint })
         })
         .await?
@@ -53,9 +57,9 @@ pub async fn tokenize_chat(
 
 /// Token count of the prompt up to and including `<|im_start|>assistant\n`, when the prompt's
 /// tokens really start with that prefix's tokens (tokenisation is checked, not assumed).
-fn checkpoint(tokenizer: &Tokenizer, messages: &[ChatMessage], opts: &ChatOptions, prompt: &[u32]) -> Option<usize> {
+fn checkpoint(tokenizer: &Tokenizer, messages: &[ChatMessage], tools: &[Value], opts: &ChatOptions, prompt: &[u32]) -> Option<usize> {
     let no_gen = ChatOptions { add_generation_prompt: false, ..*opts };
-    let mut text = chat_template::render(messages, &no_gen).ok()?;
+    let mut text = chat_template::render_with_tools(messages, tools, &no_gen).ok()?;
     text.push_str("<|im_start|>assistant\n");
     let prefix = tokenizer.encode(&text).ok()?;
     (prefix.len() < prompt.len() && prompt.starts_with(&prefix)).then_some(prefix.len())
@@ -100,6 +104,8 @@ pub fn submit_chat(app: &AppState, ready: &Ready, g: ChatGeneration) -> Result<(
         stop_ids: if g.ignore_eos { Vec::new() } else { ready.stop_ids.clone() },
         split_reasoning: true,
         reasoning: g.thinking,
+        skip_special_tokens: true,
+        constraint: None,
         received: g.received,
         events: tx,
     };

@@ -8,7 +8,8 @@
 //! bounded pool of `admission.rs`.
 //!
 //! Files: `listener.rs` (accept loop and peer limits), `admission.rs` (body, prompt and
-//! tokeniser limits), `openai.rs` (wire types), `params.rs` (validation), `error.rs` (the one
+//! tokeniser limits), `openai.rs` (wire types), `params.rs` (validation), `fields.rs` (the
+//! policy for fields without a typed slot, thinking switches), `error.rs` (the one
 //! error → JSON mapping), `chat.rs` and `completions.rs` (the two OpenAI generation endpoints),
 //! `generate.rs` (template → tokens → engine, shared by the chat-style endpoints), `stream.rs`
 //! (SSE and collecting engine events), `anthropic/` (the Anthropic Messages API).
@@ -22,17 +23,20 @@ pub mod anthropic;
 mod chat;
 mod completions;
 pub mod error;
+pub mod fields;
 mod generate;
 pub mod listener;
 pub mod openai;
 pub mod params;
+pub mod response_format;
 mod stream;
+pub mod tools;
 
 use crate::engine::EngineHandle;
 use crate::engine::metrics::Metrics;
 use crate::tokenizer::Tokenizer;
-use axum::Router;
 use admission::{Admission, AdmissionConfig};
+use axum::Router;
 use axum::extract::{Request, State};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::middleware::{self, Next};
@@ -61,6 +65,8 @@ pub struct ServerConfig {
     pub default_max_tokens: usize,
     /// Thinking default for chat requests (`--default-thinking`).
     pub enable_thinking: bool,
+    /// Origins allowed cross-origin (`--cors-allow-origin`; `*` for any); empty: no CORS.
+    pub cors_allow_origins: Vec<String>,
 }
 
 /// What exists once the model is loaded.
@@ -77,6 +83,8 @@ pub struct Ready {
     pub max_token_bytes: usize,
     /// The model's expert backend, for its readiness in `/health`.
     pub experts: Option<Arc<dyn crate::experts::ExpertBackend>>,
+    /// Constrained decoding over this tokenizer (built on the first constrained request).
+    pub grammars: Arc<crate::constraint::Grammars>,
 }
 
 /// State shared by every handler.
@@ -99,7 +107,9 @@ pub struct AppState {
 impl AppState {
     /// State of a server whose model is not loaded yet.
     pub fn new(config: ServerConfig, metrics: Arc<Metrics>) -> Arc<AppState> {
-        let id_salt = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_micros() as u64);
+        let id_salt = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_micros() as u64);
         let admission = Admission::new(config.admission.clone());
         Arc::new(AppState {
             config,
@@ -157,7 +167,9 @@ pub(crate) fn current_request_id() -> Option<String> {
 
 /// Seconds since the Unix epoch.
 pub(crate) fn unix_now() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs())
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
 }
 
 /// `system_fingerprint` of every response.
@@ -165,9 +177,11 @@ pub(crate) fn fingerprint() -> String {
     format!("sluice-hostd-{}", env!("CARGO_PKG_VERSION"))
 }
 
-/// All routes with their middleware.
+/// All routes with their middleware. CORS, when configured, is the outermost layer, so a
+/// preflight is answered before the API-key check (browsers send preflights without it).
 pub fn router(state: Arc<AppState>) -> Router {
-    Router::new()
+    let cors = cors_layer(&state.config.cors_allow_origins);
+    let router = Router::new()
         .route("/v1/chat/completions", post(chat::chat_completions))
         .route("/v1/completions", post(completions::completions))
         .route("/v1/messages", post(anthropic::messages))
@@ -179,7 +193,40 @@ pub fn router(state: Arc<AppState>) -> Router {
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(middleware::from_fn_with_state(Arc::clone(&state), track))
-        .with_state(state)
+        .with_state(state);
+    match cors {
+        Some(layer) => router.layer(layer),
+        None => router,
+    }
+}
+
+/// The CORS layer for `--cors-allow-origin` values: any request header, the methods the API
+/// uses, and the response headers a browser client reads (request id, retry hint).
+fn cors_layer(origins: &[String]) -> Option<tower_http::cors::CorsLayer> {
+    use tower_http::cors::{AllowOrigin, Any, CorsLayer};
+    if origins.is_empty() {
+        return None;
+    }
+    let allow = if origins.iter().any(|o| o == "*") {
+        AllowOrigin::from(Any)
+    } else {
+        AllowOrigin::list(origins.iter().filter_map(|o| HeaderValue::from_str(o).ok()))
+    };
+    let layer = CorsLayer::new()
+        .allow_origin(allow)
+        .allow_methods([
+            axum::http::Method::GET,
+            axum::http::Method::POST,
+            axum::http::Method::OPTIONS,
+        ])
+        .allow_headers(Any)
+        .expose_headers([
+            header::HeaderName::from_static("x-request-id"),
+            header::HeaderName::from_static("request-id"),
+            header::RETRY_AFTER,
+        ])
+        .max_age(std::time::Duration::from_secs(600));
+    Some(layer)
 }
 
 /// Serves until `shutdown` resolves, then lets in-flight requests finish.
@@ -206,9 +253,15 @@ async fn track(State(app): State<Arc<AppState>>, mut req: Request, next: Next) -
         .headers()
         .get("x-request-id")
         .and_then(|v| v.to_str().ok())
-        .filter(|s| !s.is_empty() && s.len() <= 64 && s.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b)))
+        .filter(|s| {
+            !s.is_empty()
+                && s.len() <= 64
+                && s.bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
+        })
         .map_or_else(|| app.new_request_id(), str::to_string);
-    let span = tracing::info_span!("request", request_id = %id, method = %req.method(), path = %path);
+    let span =
+        tracing::info_span!("request", request_id = %id, method = %req.method(), path = %path);
     req.extensions_mut().insert(RequestId(id.clone()));
     let authorized = match &app.config.api_key {
         Some(key) if path.starts_with("/v1/") => key_matches(&req, key),
@@ -217,16 +270,34 @@ async fn track(State(app): State<Arc<AppState>>, mut req: Request, next: Next) -
     // A connection beyond --max-connections may only ask for /health.
     let overflow = req.extensions().get::<listener::Overflow>().is_some() && path != "/health";
     let mut resp = if overflow {
-        let message = format!("The server has {} connections open (--max-connections).", app.config.peer.max_connections);
-        error_response(&path, ApiError::Busy { message, retry_after_s: 1 })
+        let message = format!(
+            "The server has {} connections open (--max-connections).",
+            app.config.peer.max_connections
+        );
+        error_response(
+            &path,
+            ApiError::Busy {
+                message,
+                retry_after_s: 1,
+            },
+        )
     } else if authorized {
-        REQUEST_ID.scope(id.clone(), next.run(req).instrument(span.clone())).await
+        REQUEST_ID
+            .scope(id.clone(), next.run(req).instrument(span.clone()))
+            .await
     } else {
         REQUEST_ID.scope(id.clone(), async { error_response(&path, ApiError::Unauthorized) }).await
     };
     let status = resp.status().as_u16();
-    app.metrics.record_request(endpoint, status, start.elapsed());
-    span.in_scope(|| tracing::info!(status, took_ms = start.elapsed().as_millis() as u64, "response"));
+    app.metrics
+        .record_request(endpoint, status, start.elapsed());
+    span.in_scope(|| {
+        tracing::info!(
+            status,
+            took_ms = start.elapsed().as_millis() as u64,
+            "response"
+        )
+    });
     if let Ok(v) = HeaderValue::from_str(&id) {
         if anthropic::owns(&path) {
             // Anthropic's clients read the id from `request-id`.
@@ -251,12 +322,24 @@ fn key_matches(req: &Request, key: &str) -> bool {
 
 async fn not_found(req: Request) -> Response {
     let path = req.uri().path().to_string();
-    error_response(&path.clone(), ApiError::RouteNotFound { method: req.method().to_string(), path })
+    error_response(
+        &path.clone(),
+        ApiError::RouteNotFound {
+            method: req.method().to_string(),
+            path,
+        },
+    )
 }
 
 async fn method_not_allowed(req: Request) -> Response {
     let path = req.uri().path().to_string();
-    error_response(&path.clone(), ApiError::MethodNotAllowed { method: req.method().to_string(), path })
+    error_response(
+        &path.clone(),
+        ApiError::MethodNotAllowed {
+            method: req.method().to_string(),
+            path,
+        },
+    )
 }
 
 /// `GET /health`: 200 `ready` with queue counters once the model is loaded, else 503. With
@@ -269,9 +352,14 @@ async fn health(State(app): State<Arc<AppState>>) -> Response {
     match (app.ready.get(), app.failed.get()) {
         (Some(r), _) => {
             let c = r.engine.config();
-            let experts = r.experts.as_ref().and_then(|e| e.health().map(|h| (e.name(), h)));
+            let experts = r
+                .experts
+                .as_ref()
+                .and_then(|e| e.health().map(|h| (e.name(), h)));
             let (code, status) = match experts.as_ref().map(|(_, h)| h.readiness) {
-                None | Some(crate::expert_client::health::Readiness::Ready) => (StatusCode::OK, "ready"),
+                None | Some(crate::expert_client::health::Readiness::Ready) => {
+                    (StatusCode::OK, "ready")
+                }
                 Some(other) => (StatusCode::SERVICE_UNAVAILABLE, other.as_str()),
             };
             let mut body = json!({
@@ -296,8 +384,16 @@ async fn health(State(app): State<Arc<AppState>>) -> Response {
             }
             (code, axum::Json(body)).into_response()
         }
-        (None, Some(msg)) => (StatusCode::SERVICE_UNAVAILABLE, axum::Json(json!({ "status": "error", "message": msg }))).into_response(),
-        (None, None) => (StatusCode::SERVICE_UNAVAILABLE, axum::Json(json!({ "status": "loading" }))).into_response(),
+        (None, Some(msg)) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            axum::Json(json!({ "status": "error", "message": msg })),
+        )
+            .into_response(),
+        (None, None) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            axum::Json(json!({ "status": "loading" })),
+        )
+            .into_response(),
     }
 }
 
@@ -314,11 +410,18 @@ fn card(app: &AppState, r: &Ready) -> openai::ModelCard {
 /// `GET /v1/models`.
 async fn models(State(app): State<Arc<AppState>>) -> Result<Response, ApiError> {
     let r = app.ready()?;
-    Ok(axum::Json(openai::ModelList { object: "list", data: vec![card(&app, r)] }).into_response())
+    Ok(axum::Json(openai::ModelList {
+        object: "list",
+        data: vec![card(&app, r)],
+    })
+    .into_response())
 }
 
 /// `GET /v1/models/{id}`.
-async fn model_card(State(app): State<Arc<AppState>>, axum::extract::Path(id): axum::extract::Path<String>) -> Result<Response, ApiError> {
+async fn model_card(
+    State(app): State<Arc<AppState>>,
+    axum::extract::Path(id): axum::extract::Path<String>,
+) -> Result<Response, ApiError> {
     let r = app.ready()?;
     if id != app.config.served_model_name {
         return Err(ApiError::ModelNotFound(id));
@@ -329,5 +432,12 @@ async fn model_card(State(app): State<Arc<AppState>>, axum::extract::Path(id): a
 /// `GET /metrics`: Prometheus text.
 async fn metrics(State(app): State<Arc<AppState>>) -> Response {
     let body = app.metrics.render();
-    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], body).into_response()
+    (
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        body,
+    )
+        .into_response()
 }

@@ -1,11 +1,13 @@
 //! OpenAI wire types: the request bodies this server accepts and the response, chunk, usage
 //! and logprobs shapes it returns, field for field as OpenAI's API reference names them.
 //!
-//! Requests deny unknown fields, so a misspelt or unsupported option is a 400 naming it rather
-//! than silently ignored. Options OpenAI defines but this server does not implement (tools,
-//! response formats, logit bias, …) are declared as raw values and refused with a sentence by
-//! `http::params`. vLLM's extensions that clients commonly send (`top_k`, `min_p`,
-//! `repetition_penalty`, `ignore_eos`, `chat_template_kwargs`) are accepted.
+//! Each request keeps the fields it has no typed slot for in `extra`, which `http::fields`
+//! checks against the field policy (ignored, refused unless neutral, or unknown and accepted).
+//! The tool fields are raw values checked by `http::tools`. Options OpenAI defines but this
+//! server does not implement are declared as raw values and refused with a sentence by `http::params`. vLLM's extensions that
+//! clients commonly send (`top_k`, `min_p`, `repetition_penalty`, `ignore_eos`,
+//! `chat_template_kwargs`, `skip_special_tokens`) are implemented. Nested option objects
+//! (`stream_options`, `chat_template_kwargs`) still deny unknown keys, named with their path.
 //!
 //! Not here: validation and conversion to engine types (`http::params`).
 
@@ -30,6 +32,9 @@ pub struct StreamOptions {
     /// Send a final chunk with `usage` and no choices.
     #[serde(default)]
     pub include_usage: bool,
+    /// OpenAI pads chunks with random text against length side channels; accepted and
+    /// ignored (no padding is sent; the content is the same).
+    pub include_obfuscation: Option<bool>,
 }
 
 /// `chat_template_kwargs` (vLLM's extension): switches of the chat template.
@@ -65,7 +70,6 @@ pub struct SamplingFields {
 
 /// `POST /v1/chat/completions` body.
 #[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct ChatCompletionRequest {
     /// The served model's name.
     pub model: Option<String>,
@@ -97,7 +101,7 @@ pub struct ChatCompletionRequest {
     pub seed: Option<i64>,
     /// Stop strings.
     pub stop: Option<Stop>,
-    /// Choices per request (only 1).
+    /// Choices per request, 1–8.
     pub n: Option<i64>,
     /// Return log-probabilities of the output tokens.
     pub logprobs: Option<bool>,
@@ -107,38 +111,35 @@ pub struct ChatCompletionRequest {
     pub chat_template_kwargs: Option<ChatTemplateKwargs>,
     /// Keep generating past the end-of-turn token (vLLM).
     pub ignore_eos: Option<bool>,
-    /// End-user id (accepted, unused).
-    pub user: Option<String>,
-    /// Request metadata (accepted, unused).
-    pub metadata: Option<Value>,
-    /// Whether OpenAI would store the completion (accepted, unused).
-    pub store: Option<bool>,
-    /// Service tier (accepted, unused).
-    pub service_tier: Option<String>,
-    /// Unsupported: tool definitions.
+    /// Keep special tokens such as `<|vision_end|>` in the text (vLLM; default false).
+    pub skip_special_tokens: Option<bool>,
+    /// Thinking on or off (Qwen's DashScope API, SGLang).
+    pub enable_thinking: Option<bool>,
+    /// Whether the reply carries the reasoning (vLLM, OpenRouter; default true).
+    pub include_reasoning: Option<bool>,
+    /// OpenRouter's reasoning options (`effort`, `enabled`, `exclude`).
+    pub reasoning: Option<Value>,
+    /// OpenAI's reasoning levels, mapped onto thinking on/off (`http::fields::thinking`).
+    pub reasoning_effort: Option<String>,
+    /// Token id → bias added to its logit before sampling, −100–100.
+    pub logit_bias: Option<Value>,
+    /// Tool definitions (function tools), checked by `http::tools`.
     pub tools: Option<Value>,
-    /// Unsupported unless `none`/`auto` without tools.
+    /// `none`, `auto`, `required` or a named function (the last two refused for now).
     pub tool_choice: Option<Value>,
-    /// Unsupported unless false/absent.
+    /// Whether a reply may hold several calls (false keeps only the first).
     pub parallel_tool_calls: Option<Value>,
     /// Unsupported: legacy function definitions.
     pub functions: Option<Value>,
     /// Unsupported: legacy function call control.
     pub function_call: Option<Value>,
-    /// Unsupported unless `{"type": "text"}`.
+    /// `text`, `json_object` or `json_schema` (constrained decoding; `http::response_format`).
     pub response_format: Option<Value>,
-    /// Unsupported unless empty.
-    pub logit_bias: Option<Value>,
-    /// Unsupported: audio output.
-    pub audio: Option<Value>,
     /// Unsupported unless `["text"]`.
     pub modalities: Option<Value>,
-    /// Unsupported: predicted outputs.
-    pub prediction: Option<Value>,
-    /// Unsupported: reasoning effort levels (use `chat_template_kwargs.enable_thinking`).
-    pub reasoning_effort: Option<Value>,
-    /// Unsupported: web search.
-    pub web_search_options: Option<Value>,
+    /// Every other field, for the field policy (`http::fields`).
+    #[serde(flatten)]
+    pub extra: serde_json::Map<String, Value>,
 }
 
 impl ChatCompletionRequest {
@@ -159,7 +160,6 @@ impl ChatCompletionRequest {
 
 /// `POST /v1/completions` body.
 #[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct CompletionRequest {
     /// The served model's name.
     pub model: Option<String>,
@@ -189,22 +189,27 @@ pub struct CompletionRequest {
     pub seed: Option<i64>,
     /// Stop strings.
     pub stop: Option<Stop>,
-    /// Choices (only 1).
+    /// Choices, 1–8.
     pub n: Option<i64>,
     /// Top log-probabilities per token, 0–5 (legacy shape).
     pub logprobs: Option<i64>,
     /// Keep generating past end-of-text (vLLM).
     pub ignore_eos: Option<bool>,
-    /// End-user id (accepted, unused).
-    pub user: Option<String>,
+    /// Keep special tokens in the text (vLLM; default false).
+    pub skip_special_tokens: Option<bool>,
+    /// `text`, `json_object` or `json_schema` (constrained decoding, as on chat).
+    pub response_format: Option<Value>,
     /// Unsupported unless false.
     pub echo: Option<bool>,
-    /// Unsupported unless 1.
+    /// Unsupported unless absent or equal to `n`.
     pub best_of: Option<i64>,
-    /// Unsupported: insertion suffix.
-    pub suffix: Option<Value>,
-    /// Unsupported unless empty.
+    /// Text after the insertion point: fill-in-the-middle.
+    pub suffix: Option<String>,
+    /// Token id → bias added to its logit before sampling, −100–100.
     pub logit_bias: Option<Value>,
+    /// Every other field, for the field policy (`http::fields`).
+    #[serde(flatten)]
+    pub extra: serde_json::Map<String, Value>,
 }
 
 impl CompletionRequest {
@@ -249,7 +254,9 @@ impl From<EngineUsage> for Usage {
             prompt_tokens: u.prompt_tokens,
             completion_tokens: u.completion_tokens,
             total_tokens: u.prompt_tokens + u.completion_tokens,
-            prompt_tokens_details: PromptTokensDetails { cached_tokens: u.cached_tokens },
+            prompt_tokens_details: PromptTokensDetails {
+                cached_tokens: u.cached_tokens,
+            },
         }
     }
 }
@@ -267,7 +274,11 @@ pub struct TopLogprobJson {
 
 impl From<&TopLogprob> for TopLogprobJson {
     fn from(t: &TopLogprob) -> Self {
-        TopLogprobJson { token: t.token.clone(), logprob: t.logprob, bytes: t.bytes.clone() }
+        TopLogprobJson {
+            token: t.token.clone(),
+            logprob: t.logprob,
+            bytes: t.bytes.clone(),
+        }
     }
 }
 
@@ -316,18 +327,69 @@ pub struct ChatMessageOut {
     pub reasoning_content: Option<String>,
     /// Always null.
     pub refusal: Option<String>,
+    /// The calls the model made; absent when none.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<ToolCallOut>>,
+}
+
+/// One call of `message.tool_calls`.
+#[derive(Debug, Clone, Serialize)]
+pub struct ToolCallOut {
+    /// `call_…`.
+    pub id: String,
+    /// Always `function`.
+    #[serde(rename = "type")]
+    pub kind: &'static str,
+    /// The function and its arguments.
+    pub function: FunctionCallOut,
+}
+
+/// `tool_calls[].function`.
+#[derive(Debug, Clone, Serialize)]
+pub struct FunctionCallOut {
+    /// The function's name.
+    pub name: String,
+    /// The arguments as a JSON object's text.
+    pub arguments: String,
+}
+
+/// One entry of `delta.tool_calls`: the first for a call carries `id`, `type` and `name`; later
+/// ones only argument text to append (the openai SDK concatenates string fields).
+#[derive(Debug, Clone, Serialize)]
+pub struct ToolCallDelta {
+    /// The call's position in the reply.
+    pub index: usize,
+    /// On the call's first delta.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    /// `function`, on the call's first delta.
+    #[serde(rename = "type", skip_serializing_if = "Option::is_none")]
+    pub kind: Option<&'static str>,
+    /// Name and/or argument text.
+    pub function: FunctionDelta,
+}
+
+/// `delta.tool_calls[].function`.
+#[derive(Debug, Clone, Serialize)]
+pub struct FunctionDelta {
+    /// On the call's first delta.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// Text to append to the arguments.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub arguments: Option<String>,
 }
 
 /// One choice of a chat completion.
 #[derive(Debug, Clone, Serialize)]
 pub struct ChatChoice {
-    /// Always 0.
+    /// The choice's position, 0 … n−1.
     pub index: usize,
     /// The reply.
     pub message: ChatMessageOut,
     /// Log-probabilities when asked for.
     pub logprobs: Option<ChatLogprobs>,
-    /// `stop` or `length`.
+    /// `stop`, `length` or `tool_calls`.
     pub finish_reason: &'static str,
 }
 
@@ -344,7 +406,7 @@ pub struct ChatCompletion {
     pub model: String,
     /// Build identity.
     pub system_fingerprint: String,
-    /// Exactly one choice.
+    /// `n` choices.
     pub choices: Vec<ChatChoice>,
     /// Token counts.
     pub usage: Usage,
@@ -362,12 +424,15 @@ pub struct ChatDelta {
     /// New reasoning text.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub reasoning_content: Option<String>,
+    /// New tool calls and argument text.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<ToolCallDelta>>,
 }
 
 /// One choice of a chunk.
 #[derive(Debug, Clone, Serialize)]
 pub struct ChatChunkChoice {
-    /// Always 0.
+    /// The choice this chunk belongs to.
     pub index: usize,
     /// New output.
     pub delta: ChatDelta,
@@ -415,7 +480,7 @@ pub struct CompletionLogprobs {
 pub struct CompletionChoice {
     /// Generated text (a piece of it in a chunk).
     pub text: String,
-    /// Always 0.
+    /// The choice's position, 0 … n−1.
     pub index: usize,
     /// Legacy logprobs when asked for.
     pub logprobs: Option<CompletionLogprobs>,

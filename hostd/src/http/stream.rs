@@ -3,8 +3,10 @@
 //! keep-alive comments while the prompt prefills; other APIs (Anthropic's named events) pass
 //! their own [`Framing`] to [`sse_framed`].
 //!
-//! The SSE body owns the request's event receiver: when the client disconnects, hyper drops
-//! the body, the receiver closes, and the scheduler cancels the sequence on its next step.
+//! The SSE body owns the request's event receivers (one per choice when `n > 1`): when the
+//! client disconnects, hyper drops the body, the receivers close, and the scheduler cancels the
+//! sequences on its next step. A choice that fails ends the whole reply (the other choices'
+//! receivers are dropped, so they are cancelled too).
 
 use super::error::ApiError;
 use crate::engine::{Delta, Event, FinishReason, Usage};
@@ -13,7 +15,72 @@ use axum::response::sse::Sse;
 use axum::response::{IntoResponse, Response};
 use std::collections::VecDeque;
 use std::convert::Infallible;
+use std::task::Poll;
 use tokio::sync::mpsc::UnboundedReceiver;
+
+/// The event receivers of a request's choices, read as one stream of `(choice, event)`.
+pub struct Choices {
+    /// `None` once the choice delivered its terminal event.
+    rxs: Vec<Option<UnboundedReceiver<Event>>>,
+    /// Where the next poll starts, so a busy choice cannot starve the others.
+    next: usize,
+}
+
+impl Choices {
+    /// The receivers of choices 0, 1, ….
+    pub fn new(rxs: Vec<UnboundedReceiver<Event>>) -> Choices {
+        Choices {
+            rxs: rxs.into_iter().map(Some).collect(),
+            next: 0,
+        }
+    }
+
+    /// The next event of any choice; `(i, None)` when choice `i`'s channel closed without a
+    /// terminal event; `None` when every choice has ended.
+    pub async fn recv(&mut self) -> Option<(usize, Option<Event>)> {
+        std::future::poll_fn(|cx| {
+            let n = self.rxs.len();
+            let mut open = false;
+            for k in 0..n {
+                let i = (self.next + k) % n;
+                let Some(rx) = self.rxs[i].as_mut() else {
+                    continue;
+                };
+                open = true;
+                if let Poll::Ready(ev) = rx.poll_recv(cx) {
+                    self.next = (i + 1) % n;
+                    if ev
+                        .as_ref()
+                        .is_none_or(|e| matches!(e, Event::Done { .. } | Event::Failed(_)))
+                    {
+                        self.rxs[i] = None;
+                    }
+                    return Poll::Ready(Some((i, ev)));
+                }
+            }
+            if open {
+                Poll::Pending
+            } else {
+                Poll::Ready(None)
+            }
+        })
+        .await
+    }
+}
+
+/// Token counts of a reply with several choices: the prompt (and its cached part) once, as
+/// choice 0 saw it, and the completion tokens of all choices together.
+pub fn total_usage(usages: &[Usage]) -> Usage {
+    let first = usages.first().copied().unwrap_or(Usage {
+        prompt_tokens: 0,
+        completion_tokens: 0,
+        cached_tokens: 0,
+    });
+    Usage {
+        completion_tokens: usages.iter().map(|u| u.completion_tokens).sum(),
+        ..first
+    }
+}
 
 /// A whole generation, folded from its events.
 #[derive(Debug)]
@@ -26,28 +93,53 @@ pub struct Collected {
     pub usage: Usage,
 }
 
-/// Waits for the generation to end and folds its deltas.
-pub async fn collect(mut rx: UnboundedReceiver<Event>) -> Result<Collected, ApiError> {
-    let mut delta = Delta::default();
-    loop {
-        match rx.recv().await {
+/// Waits for the generation to end and folds its deltas (the single-choice form, for endpoints
+/// without `n`: the Anthropic messages endpoint).
+pub async fn collect(rx: UnboundedReceiver<Event>) -> Result<Collected, ApiError> {
+    let mut all = collect_choices(Choices::new(vec![rx])).await?;
+    all.pop().ok_or_else(stopped)
+}
+
+fn stopped() -> ApiError {
+    ApiError::Internal("the generation engine stopped before the reply was complete".to_string())
+}
+
+/// Waits for every choice to end and folds each one's deltas; the first failure fails all.
+pub async fn collect_choices(mut choices: Choices) -> Result<Vec<Collected>, ApiError> {
+    let n = choices.rxs.len();
+    let mut deltas: Vec<Delta> = (0..n).map(|_| Delta::default()).collect();
+    let mut done: Vec<Option<(FinishReason, Usage)>> = vec![None; n];
+    while let Some((i, ev)) = choices.recv().await {
+        match ev {
             Some(Event::Delta(d)) => {
-                delta.reasoning.push_str(&d.reasoning);
-                delta.content.push_str(&d.content);
-                delta.logprobs.extend(d.logprobs);
+                deltas[i].reasoning.push_str(&d.reasoning);
+                deltas[i].content.push_str(&d.content);
+                deltas[i].logprobs.extend(d.logprobs);
             }
-            Some(Event::Done { reason, usage }) => return Ok(Collected { delta, reason, usage }),
+            Some(Event::Done { reason, usage }) => done[i] = Some((reason, usage)),
             Some(Event::Failed(f)) => return Err(ApiError::from(f)),
-            None => return Err(ApiError::Internal("the generation engine stopped before the reply was complete".to_string())),
+            None => return Err(stopped()),
         }
     }
+    deltas
+        .into_iter()
+        .zip(done)
+        .map(|(delta, d)| {
+            d.map(|(reason, usage)| Collected {
+                delta,
+                reason,
+                usage,
+            })
+            .ok_or_else(stopped)
+        })
+        .collect()
 }
 
 /// Turns a failure (and the request id) into the frames the client gets.
 pub type FailureFrames = Box<dyn Fn(&ApiError, Option<&str>) -> Vec<SseEvent> + Send>;
 
 /// How a stream frames what is not an engine delta: the payloads sent for a failure, those
-/// sent after the terminal event, and the keep-alive sent while nothing else is.
+/// sent after every choice has ended, and the keep-alive sent while nothing else is.
 pub struct Framing {
     /// The frames a failure becomes (the error already logged).
     pub failure: FailureFrames,
@@ -63,7 +155,10 @@ impl Framing {
     pub fn openai() -> Framing {
         Framing {
             failure: Box::new(|e, request_id| {
-                vec![SseEvent::default().data(e.body_for(request_id).to_string()), SseEvent::default().data("[DONE]")]
+                vec![
+                    SseEvent::default().data(e.body_for(request_id).to_string()),
+                    SseEvent::default().data("[DONE]"),
+                ]
             }),
             done: vec![SseEvent::default().data("[DONE]")],
             keep_alive: KeepAlive::default(),
@@ -72,7 +167,7 @@ impl Framing {
 }
 
 struct StreamState<F> {
-    rx: UnboundedReceiver<Event>,
+    rx: Choices,
     queue: VecDeque<SseEvent>,
     done: bool,
     format: F,
@@ -82,38 +177,74 @@ struct StreamState<F> {
 }
 
 impl<F> StreamState<F> {
+    /// Queues the failure's frames and ends the stream; the other choices' receivers close
+    /// with it, so they are cancelled.
     fn fail(&mut self, e: ApiError) {
         self.span.in_scope(|| e.log_internal());
         let frames = (self.framing.failure)(&e, self.request_id.as_deref());
         self.queue.extend(frames);
         self.done = true;
+        self.rx = Choices::new(Vec::new());
     }
 }
 
 /// An OpenAI SSE response: `first` payloads, then `format(event)` for each engine event (a list
 /// of JSON payloads), then `[DONE]` after the terminal event. A failure mid-stream is sent as an
-/// OpenAI error object, which the official clients raise as an exception.
+/// OpenAI error object, which the official clients raise as an exception. The single-choice
+/// form, for endpoints without `n`.
+#[allow(
+    dead_code,
+    reason = "the single-choice form for endpoints without `n`; the chat and completion handlers use `sse_choices`"
+)]
 pub fn sse<F>(rx: UnboundedReceiver<Event>, first: Vec<String>, mut format: F) -> Response
 where
     F: FnMut(Event) -> Vec<String> + Send + 'static,
 {
-    let data = |payloads: Vec<String>| payloads.into_iter().map(|p| SseEvent::default().data(p)).collect::<Vec<_>>();
-    let first = data(first);
-    sse_framed(rx, first, move |ev| data(format(ev)), Framing::openai())
+    sse_choices(Choices::new(vec![rx]), first, move |_, ev| format(ev))
 }
 
-/// An SSE response of any framing: `first` frames, then `format(event)` for each engine event
-/// but a failure, which becomes `framing.failure`'s frames; `framing.done` follows a normal end.
-/// The body owns the event receiver, so a client that goes away cancels the generation.
-pub fn sse_framed<F>(rx: UnboundedReceiver<Event>, first: Vec<SseEvent>, format: F, framing: Framing) -> Response
+/// [`sse`] for several choices: `format(choice, event)`; `[DONE]` once every choice has ended
+/// (after the last one's `Done`), or right after the first failure.
+pub fn sse_choices<F>(rx: Choices, first: Vec<String>, mut format: F) -> Response
 where
-    F: FnMut(Event) -> Vec<SseEvent> + Send + 'static,
+    F: FnMut(usize, Event) -> Vec<String> + Send + 'static,
+{
+    let data = |payloads: Vec<String>| {
+        payloads
+            .into_iter()
+            .map(|p| SseEvent::default().data(p))
+            .collect::<Vec<_>>()
+    };
+    let first = data(first);
+    sse_framed(
+        rx,
+        first,
+        move |i, ev| data(format(i, ev)),
+        Framing::openai(),
+    )
+}
+
+/// An SSE response of any framing: `first` frames, then `format(choice, event)` for each engine
+/// event but a failure, which becomes `framing.failure`'s frames (and ends the reply);
+/// `framing.done` follows once every choice has ended. The body owns the event receivers, so a
+/// client that goes away cancels the generation.
+pub fn sse_framed<F>(rx: Choices, first: Vec<SseEvent>, format: F, framing: Framing) -> Response
+where
+    F: FnMut(usize, Event) -> Vec<SseEvent> + Send + 'static,
 {
     // The body is polled outside the handler's task-local and span: keep both for failures.
     let request_id = super::current_request_id();
     let span = tracing::Span::current();
     let keep_alive = framing.keep_alive.clone();
-    let st = StreamState { rx, queue: first.into(), done: false, format, framing, request_id, span };
+    let st = StreamState {
+        rx,
+        queue: first.into(),
+        done: false,
+        format,
+        framing,
+        request_id,
+        span,
+    };
     let stream = futures_util::stream::unfold(st, |mut st| async move {
         loop {
             if let Some(frame) = st.queue.pop_front() {
@@ -123,18 +254,17 @@ where
                 return None;
             }
             match st.rx.recv().await {
-                Some(Event::Failed(f)) => st.fail(ApiError::from(f)),
-                Some(ev) => {
-                    let terminal = matches!(ev, Event::Done { .. });
-                    let frames = (st.format)(ev);
+                Some((_, Some(Event::Failed(f)))) => st.fail(ApiError::from(f)),
+                Some((i, Some(ev))) => {
+                    let frames = (st.format)(i, ev);
                     st.queue.extend(frames);
-                    if terminal {
-                        let done = st.framing.done.clone();
-                        st.queue.extend(done);
-                        st.done = true;
-                    }
                 }
-                None => st.fail(ApiError::Internal("the generation engine stopped before the reply was complete".to_string())),
+                Some((_, None)) => st.fail(stopped()),
+                None => {
+                    let done = st.framing.done.clone();
+                    st.queue.extend(done);
+                    st.done = true;
+                }
             }
         }
     });
@@ -143,7 +273,11 @@ where
 
 /// Serialises a response object; these types always serialise.
 pub fn to_json<T: serde::Serialize>(v: &T) -> String {
-    serde_json::to_string(v).unwrap_or_else(|e| ApiError::Internal(format!("serialising a chunk: {e}")).body().to_string())
+    serde_json::to_string(v).unwrap_or_else(|e| {
+        ApiError::Internal(format!("serialising a chunk: {e}"))
+            .body()
+            .to_string()
+    })
 }
 
 #[cfg(test)]
@@ -156,22 +290,52 @@ mod tests {
     async fn failures_reach_the_client_without_their_detail() {
         let detail = "expertd call failed: /run/user/0/sluice/expertd.sock at offset 123456789";
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-        let _ = tx.send(Event::Failed(crate::engine::Failure { message: detail.to_string(), retry_after_s: None }));
-        let resp = crate::http::REQUEST_ID.scope("req-42".to_string(), async { sse(rx, Vec::new(), |_| Vec::new()) }).await;
-        let body = axum::body::to_bytes(resp.into_body(), 1 << 20).await.expect("body");
+        let _ = tx.send(Event::Failed(crate::engine::Failure {
+            message: detail.to_string(),
+            retry_after_s: None,
+        }));
+        let resp = crate::http::REQUEST_ID
+            .scope("req-42".to_string(), async {
+                sse(rx, Vec::new(), |_| Vec::new())
+            })
+            .await;
+        let body = axum::body::to_bytes(resp.into_body(), 1 << 20)
+            .await
+            .expect("body");
         let text = String::from_utf8_lossy(&body);
-        assert!(text.contains("req-42") && text.contains("internal_error") && text.contains("[DONE]"), "{text}");
-        assert!(!text.contains("expertd.sock") && !text.contains("123456789"), "{text}");
+        assert!(
+            text.contains("req-42") && text.contains("internal_error") && text.contains("[DONE]"),
+            "{text}"
+        );
+        assert!(
+            !text.contains("expertd.sock") && !text.contains("123456789"),
+            "{text}"
+        );
 
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-        let _ = tx.send(Event::Failed(crate::engine::Failure { message: detail.to_string(), retry_after_s: None }));
+        let _ = tx.send(Event::Failed(crate::engine::Failure {
+            message: detail.to_string(),
+            retry_after_s: None,
+        }));
         let resp = crate::http::REQUEST_ID
-            .scope("req-43".to_string(), async { collect(rx).await.map(|_| ()).map_err(IntoResponse::into_response) })
+            .scope("req-43".to_string(), async {
+                collect(rx)
+                    .await
+                    .map(|_| ())
+                    .map_err(IntoResponse::into_response)
+            })
             .await
             .expect_err("the generation failed");
         assert_eq!(resp.status().as_u16(), 500);
-        let body = axum::body::to_bytes(resp.into_body(), 1 << 20).await.expect("body");
+        let body = axum::body::to_bytes(resp.into_body(), 1 << 20)
+            .await
+            .expect("body");
         let text = String::from_utf8_lossy(&body);
-        assert!(text.contains("req-43") && !text.contains("expertd.sock") && !text.contains("123456789"), "{text}");
+        assert!(
+            text.contains("req-43")
+                && !text.contains("expertd.sock")
+                && !text.contains("123456789"),
+            "{text}"
+        );
     }
 }

@@ -84,15 +84,33 @@ pub struct Attention {
 
 impl Attention {
     /// Loads layer `layer`'s attention weights (`prefix` is the text-model name prefix).
-    pub fn load(w: &MappedCheckpoint, cfg: &TextConfig, prefix: &str, layer: usize, dense: DenseFormat) -> Result<Attention, WeightsError> {
+    pub fn load(
+        w: &MappedCheckpoint,
+        cfg: &TextConfig,
+        prefix: &str,
+        layer: usize,
+        dense: DenseFormat,
+    ) -> Result<Attention, WeightsError> {
         let a = format!("{prefix}layers.{layer}.self_attn.");
         let at = cfg.attention;
         let d = cfg.hidden_size;
         Ok(Attention {
-            q_proj: Linear::new(w.matrix(&format!("{a}q_proj.weight"), at.q_proj_rows(), d)?, dense),
-            k_proj: Linear::new(w.matrix(&format!("{a}k_proj.weight"), at.kv_proj_rows(), d)?, dense),
-            v_proj: Linear::new(w.matrix(&format!("{a}v_proj.weight"), at.kv_proj_rows(), d)?, dense),
-            o_proj: Linear::new(w.matrix(&format!("{a}o_proj.weight"), d, at.o_proj_cols())?, dense),
+            q_proj: Linear::new(
+                w.matrix(&format!("{a}q_proj.weight"), at.q_proj_rows(), d)?,
+                dense,
+            ),
+            k_proj: Linear::new(
+                w.matrix(&format!("{a}k_proj.weight"), at.kv_proj_rows(), d)?,
+                dense,
+            ),
+            v_proj: Linear::new(
+                w.matrix(&format!("{a}v_proj.weight"), at.kv_proj_rows(), d)?,
+                dense,
+            ),
+            o_proj: Linear::new(
+                w.matrix(&format!("{a}o_proj.weight"), d, at.o_proj_cols())?,
+                dense,
+            ),
             q_scale: ops::zero_centred_scale(&w.vector_f32(&format!("{a}q_norm.weight"))?),
             k_scale: ops::zero_centred_scale(&w.vector_f32(&format!("{a}k_norm.weight"))?),
             layout: at,
@@ -107,10 +125,14 @@ impl Attention {
         let at = self.layout;
         let (nq, nkv, dh) = (at.n_q_heads, at.n_kv_heads, at.head_dim);
         let start = cache.len;
-        let scope = profile::scope("attention.qkv_proj", self.q_proj.bytes() + self.k_proj.bytes() + self.v_proj.bytes());
-        let [p, mut k, v]: [Vec<f32>; 3] = linear::project_many(isa, &[&self.q_proj, &self.k_proj, &self.v_proj], x, n)
-            .try_into()
-            .expect("three projections");
+        let scope = profile::scope(
+            "attention.qkv_proj",
+            self.q_proj.bytes() + self.k_proj.bytes() + self.v_proj.bytes(),
+        );
+        let [p, mut k, v]: [Vec<f32>; 3] =
+            linear::project_many(isa, &[&self.q_proj, &self.k_proj, &self.v_proj], x, n)
+                .try_into()
+                .expect("three projections");
         drop(scope);
         let scope = profile::scope("attention.core", 0);
 

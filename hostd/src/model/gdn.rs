@@ -68,22 +68,43 @@ struct HeadInputs<'a> {
 
 impl DeltaNet {
     /// Loads layer `layer`'s DeltaNet weights.
-    pub fn load(w: &MappedCheckpoint, cfg: &TextConfig, prefix: &str, layer: usize, dense: DenseFormat) -> Result<DeltaNet, WeightsError> {
+    pub fn load(
+        w: &MappedCheckpoint,
+        cfg: &TextConfig,
+        prefix: &str,
+        layer: usize,
+        dense: DenseFormat,
+    ) -> Result<DeltaNet, WeightsError> {
         let a = format!("{prefix}layers.{layer}.linear_attn.");
         let dn = cfg.delta_net;
         let d = cfg.hidden_size;
         let a_log = w.vector_f32(&format!("{a}A_log"))?;
         Ok(DeltaNet {
-            in_proj_qkv: Linear::new(w.matrix(&format!("{a}in_proj_qkv.weight"), dn.conv_dim(), d)?, dense),
-            in_proj_z: Linear::new(w.matrix(&format!("{a}in_proj_z.weight"), dn.value_dim(), d)?, dense),
+            in_proj_qkv: Linear::new(
+                w.matrix(&format!("{a}in_proj_qkv.weight"), dn.conv_dim(), d)?,
+                dense,
+            ),
+            in_proj_z: Linear::new(
+                w.matrix(&format!("{a}in_proj_z.weight"), dn.value_dim(), d)?,
+                dense,
+            ),
             // The per-head β and decay gates stay BF16 (see `linear`).
-            in_proj_b: Linear::new(w.matrix(&format!("{a}in_proj_b.weight"), dn.n_v_heads, d)?, DenseFormat::Bf16),
-            in_proj_a: Linear::new(w.matrix(&format!("{a}in_proj_a.weight"), dn.n_v_heads, d)?, DenseFormat::Bf16),
+            in_proj_b: Linear::new(
+                w.matrix(&format!("{a}in_proj_b.weight"), dn.n_v_heads, d)?,
+                DenseFormat::Bf16,
+            ),
+            in_proj_a: Linear::new(
+                w.matrix(&format!("{a}in_proj_a.weight"), dn.n_v_heads, d)?,
+                DenseFormat::Bf16,
+            ),
             conv: w.vector_f32(&format!("{a}conv1d.weight"))?,
             dt_bias: w.vector_f32(&format!("{a}dt_bias"))?,
             neg_a: a_log.iter().map(|v| -v.exp()).collect(),
             norm: w.vector_f32(&format!("{a}norm.weight"))?,
-            out_proj: Linear::new(w.matrix(&format!("{a}out_proj.weight"), d, dn.value_dim())?, dense),
+            out_proj: Linear::new(
+                w.matrix(&format!("{a}out_proj.weight"), d, dn.value_dim())?,
+                dense,
+            ),
             dn,
             eps: cfg.rms_norm_eps as f32,
         })
@@ -94,14 +115,31 @@ impl DeltaNet {
     /// chunked form.
     pub fn forward(&self, isa: Isa, x: &[f32], n: usize, state: &mut DeltaNetState) -> Vec<f32> {
         let dn = self.dn;
-        let (nk, nv, dk, dv) = (dn.n_k_heads, dn.n_v_heads, dn.key_head_dim, dn.value_head_dim);
+        let (nk, nv, dk, dv) = (
+            dn.n_k_heads,
+            dn.n_v_heads,
+            dn.key_head_dim,
+            dn.value_head_dim,
+        );
         let (cdim, kw) = (dn.conv_dim(), dn.conv_kernel);
-        let in_bytes = self.in_proj_qkv.bytes() + self.in_proj_z.bytes() + self.in_proj_b.bytes() + self.in_proj_a.bytes();
+        let in_bytes = self.in_proj_qkv.bytes()
+            + self.in_proj_z.bytes()
+            + self.in_proj_b.bytes()
+            + self.in_proj_a.bytes();
         let scope = profile::scope("deltanet.in_proj", in_bytes);
-        let [xqkv, z, b, a]: [Vec<f32>; 4] =
-            linear::project_many(isa, &[&self.in_proj_qkv, &self.in_proj_z, &self.in_proj_b, &self.in_proj_a], x, n)
-                .try_into()
-                .expect("four projections");
+        let [xqkv, z, b, a]: [Vec<f32>; 4] = linear::project_many(
+            isa,
+            &[
+                &self.in_proj_qkv,
+                &self.in_proj_z,
+                &self.in_proj_b,
+                &self.in_proj_a,
+            ],
+            x,
+            n,
+        )
+        .try_into()
+        .expect("four projections");
         drop(scope);
         let scope = profile::scope("deltanet.conv_norm_gates", 0);
 
@@ -114,11 +152,17 @@ impl DeltaNet {
         y.par_chunks_mut(cdim).enumerate().for_each(|(t, row)| {
             for (c, out) in row.iter_mut().enumerate() {
                 let taps = &self.conv[c * kw..(c + 1) * kw];
-                let acc: f32 = taps.iter().enumerate().map(|(m, w)| w * ext[(t + m) * cdim + c]).sum();
+                let acc: f32 = taps
+                    .iter()
+                    .enumerate()
+                    .map(|(m, w)| w * ext[(t + m) * cdim + c])
+                    .sum();
                 *out = ops::silu(acc);
             }
         });
-        state.conv.copy_from_slice(&ext[n * cdim..(n + hist) * cdim]);
+        state
+            .conv
+            .copy_from_slice(&ext[n * cdim..(n + hist) * cdim]);
 
         // Split and normalise q, k per head; v as is.
         let (ck, cv) = (nk * dk, nv * dv);
@@ -147,7 +191,14 @@ impl DeltaNet {
         }
 
         drop(scope);
-        let scope = profile::scope(if n == 1 { "deltanet.recurrence" } else { "deltanet.chunked" }, 0);
+        let scope = profile::scope(
+            if n == 1 {
+                "deltanet.recurrence"
+            } else {
+                "deltanet.chunked"
+            },
+            0,
+        );
         // Per v head: gather its inputs, run the recurrence, write outputs [t][h][dv].
         let head_out: Vec<Vec<f32>> = state
             .recurrent
@@ -156,11 +207,32 @@ impl DeltaNet {
             .map(|(h, s)| {
                 let kh = h / dn.v_per_k;
                 let gather = |src: &[f32], width: usize, stride: usize, head: usize| -> Vec<f32> {
-                    (0..n).flat_map(|t| src[t * stride + head * width..t * stride + (head + 1) * width].iter().copied()).collect()
+                    (0..n)
+                        .flat_map(|t| {
+                            src[t * stride + head * width..t * stride + (head + 1) * width]
+                                .iter()
+                                .copied()
+                        })
+                        .collect()
                 };
-                let (qh, khv, vh) = (gather(&q, dk, ck, kh), gather(&k, dk, ck, kh), gather(&v, dv, cv, h));
-                let inputs = HeadInputs { q: &qh, k: &khv, v: &vh, beta: &beta[h * n..(h + 1) * n], g: &g[h * n..(h + 1) * n], n };
-                if n == 1 { recurrent(s, &inputs, dk, dv) } else { chunked(s, &inputs, dk, dv) }
+                let (qh, khv, vh) = (
+                    gather(&q, dk, ck, kh),
+                    gather(&k, dk, ck, kh),
+                    gather(&v, dv, cv, h),
+                );
+                let inputs = HeadInputs {
+                    q: &qh,
+                    k: &khv,
+                    v: &vh,
+                    beta: &beta[h * n..(h + 1) * n],
+                    g: &g[h * n..(h + 1) * n],
+                    n,
+                };
+                if n == 1 {
+                    recurrent(s, &inputs, dk, dv)
+                } else {
+                    chunked(s, &inputs, dk, dv)
+                }
             })
             .collect();
 
@@ -191,7 +263,11 @@ fn recurrent(s: &mut [f32], x: &HeadInputs<'_>, dk: usize, dv: usize) -> Vec<f32
     let mut out = vec![0.0f32; x.n * dv];
     let mut u = vec![0.0f32; dv];
     for t in 0..x.n {
-        let (q, k, v) = (&x.q[t * dk..(t + 1) * dk], &x.k[t * dk..(t + 1) * dk], &x.v[t * dv..(t + 1) * dv]);
+        let (q, k, v) = (
+            &x.q[t * dk..(t + 1) * dk],
+            &x.k[t * dk..(t + 1) * dk],
+            &x.v[t * dv..(t + 1) * dv],
+        );
         let decay = x.g[t].exp();
         s.iter_mut().for_each(|e| *e *= decay);
         // u = β (v − Sᵀk)
@@ -240,7 +316,9 @@ fn chunked(s: &mut [f32], x: &HeadInputs<'_>, dk: usize, dv: usize) -> Vec<f32> 
         let mut lmat = vec![0.0f32; l * l];
         for i in 0..l {
             for j in 0..i {
-                lmat[i * l + j] = beta[i] * ops::dot(&k[i * dk..(i + 1) * dk], &k[j * dk..(j + 1) * dk]) * (gamma[i] - gamma[j]).exp();
+                lmat[i * l + j] = beta[i]
+                    * ops::dot(&k[i * dk..(i + 1) * dk], &k[j * dk..(j + 1) * dk])
+                    * (gamma[i] - gamma[j]).exp();
             }
         }
         // Forward substitution with (I + L): U = (I+L)⁻¹(β v), W = (I+L)⁻¹(β e^γ k).
@@ -273,7 +351,10 @@ fn chunked(s: &mut [f32], x: &HeadInputs<'_>, dk: usize, dv: usize) -> Vec<f32> 
         for i in 0..l {
             for r in 0..dk {
                 let wir = w[i * dk + r];
-                for (vc, sc) in vp[i * dv..(i + 1) * dv].iter_mut().zip(&s[r * dv..(r + 1) * dv]) {
+                for (vc, sc) in vp[i * dv..(i + 1) * dv]
+                    .iter_mut()
+                    .zip(&s[r * dv..(r + 1) * dv])
+                {
                     *vc -= wir * sc;
                 }
             }
@@ -289,7 +370,8 @@ fn chunked(s: &mut [f32], x: &HeadInputs<'_>, dk: usize, dv: usize) -> Vec<f32> 
                 }
             }
             for j in 0..=i {
-                let a = ops::dot(&q[i * dk..(i + 1) * dk], &k[j * dk..(j + 1) * dk]) * (gamma[i] - gamma[j]).exp();
+                let a = ops::dot(&q[i * dk..(i + 1) * dk], &k[j * dk..(j + 1) * dk])
+                    * (gamma[i] - gamma[j]).exp();
                 for (oc, vc) in o.iter_mut().zip(&vp[j * dv..(j + 1) * dv]) {
                     *oc += a * vc;
                 }
@@ -303,7 +385,10 @@ fn chunked(s: &mut [f32], x: &HeadInputs<'_>, dk: usize, dv: usize) -> Vec<f32> 
             let f = (last - gamma[j]).exp();
             for r in 0..dk {
                 let kr = k[j * dk + r] * f;
-                for (sc, vc) in s[r * dv..(r + 1) * dv].iter_mut().zip(&vp[j * dv..(j + 1) * dv]) {
+                for (sc, vc) in s[r * dv..(r + 1) * dv]
+                    .iter_mut()
+                    .zip(&vp[j * dv..(j + 1) * dv])
+                {
                     *sc += kr * vc;
                 }
             }
@@ -346,15 +431,35 @@ mod tests {
         let (dk, dv) = (16, 24);
         for n in [1, 2, 63, 64, 65, 130] {
             let (q, k, v, beta, g) = inputs(n, dk, dv, n as u32);
-            let x = HeadInputs { q: &q, k: &k, v: &v, beta: &beta, g: &g, n };
+            let x = HeadInputs {
+                q: &q,
+                k: &k,
+                v: &v,
+                beta: &beta,
+                g: &g,
+                n,
+            };
             // Non-zero incoming state, as when a prompt is fed in pieces.
-            let s0: Vec<f32> = (0..dk * dv).map(|i| ((i % 7) as f32 - 3.0) * 0.05).collect();
+            let s0: Vec<f32> = (0..dk * dv)
+                .map(|i| ((i % 7) as f32 - 3.0) * 0.05)
+                .collect();
             let (mut s_rec, mut s_chk) = (s0.clone(), s0);
             let o_rec = recurrent(&mut s_rec, &x, dk, dv);
             let o_chk = chunked(&mut s_chk, &x, dk, dv);
-            let max_o = o_rec.iter().zip(&o_chk).map(|(a, b)| (a - b).abs()).fold(0.0, f32::max);
-            let max_s = s_rec.iter().zip(&s_chk).map(|(a, b)| (a - b).abs()).fold(0.0, f32::max);
-            assert!(max_o < 1e-5 && max_s < 1e-5, "n={n}: max |Δo| {max_o}, max |ΔS| {max_s}");
+            let max_o = o_rec
+                .iter()
+                .zip(&o_chk)
+                .map(|(a, b)| (a - b).abs())
+                .fold(0.0, f32::max);
+            let max_s = s_rec
+                .iter()
+                .zip(&s_chk)
+                .map(|(a, b)| (a - b).abs())
+                .fold(0.0, f32::max);
+            assert!(
+                max_o < 1e-5 && max_s < 1e-5,
+                "n={n}: max |Δo| {max_o}, max |ΔS| {max_s}"
+            );
         }
     }
 }

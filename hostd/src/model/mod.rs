@@ -44,7 +44,9 @@ pub enum ModelError {
         vocab: usize,
     },
     /// The sequence would exceed the configured context.
-    #[error("sequence of {needed} tokens exceeds the model's context of {max} tokens (max_position_embeddings)")]
+    #[error(
+        "sequence of {needed} tokens exceeds the model's context of {max} tokens (max_position_embeddings)"
+    )]
     ContextExceeded {
         /// Tokens the sequence would hold.
         needed: usize,
@@ -55,7 +57,9 @@ pub enum ModelError {
     #[error("empty input: at least one token is required")]
     Empty,
     /// An earlier forward call on this sequence failed midway; its state is unusable.
-    #[error("sequence state is unusable after an earlier failed forward call; start a new sequence")]
+    #[error(
+        "sequence state is unusable after an earlier failed forward call; start a new sequence"
+    )]
     Poisoned,
 }
 
@@ -138,7 +142,12 @@ pub struct Model {
 impl Model {
     /// Loads the dense weights from a mapped checkpoint (the large projections converted to
     /// `dense`); routed experts go through `experts`.
-    pub fn load(w: &MappedCheckpoint, experts: Arc<dyn ExpertBackend>, isa: Isa, dense: DenseFormat) -> Result<Model, ModelError> {
+    pub fn load(
+        w: &MappedCheckpoint,
+        experts: Arc<dyn ExpertBackend>,
+        isa: Isa,
+        dense: DenseFormat,
+    ) -> Result<Model, ModelError> {
         let cfg = w.ckpt.config.text.clone();
         let prefix = w.ckpt.prefix;
         let d = cfg.hidden_size;
@@ -146,12 +155,20 @@ impl Model {
         for (i, ty) in cfg.layer_types.iter().enumerate() {
             let l = format!("{prefix}layers.{i}.");
             let mixer = match ty {
-                LayerType::FullAttention => Mixer::Attention(Attention::load(w, &cfg, prefix, i, dense)?),
-                LayerType::LinearAttention => Mixer::DeltaNet(DeltaNet::load(w, &cfg, prefix, i, dense)?),
+                LayerType::FullAttention => {
+                    Mixer::Attention(Attention::load(w, &cfg, prefix, i, dense)?)
+                }
+                LayerType::LinearAttention => {
+                    Mixer::DeltaNet(DeltaNet::load(w, &cfg, prefix, i, dense)?)
+                }
             };
             layers.push(Layer {
-                input_scale: ops::zero_centred_scale(&w.vector_f32(&format!("{l}input_layernorm.weight"))?),
-                post_scale: ops::zero_centred_scale(&w.vector_f32(&format!("{l}post_attention_layernorm.weight"))?),
+                input_scale: ops::zero_centred_scale(
+                    &w.vector_f32(&format!("{l}input_layernorm.weight"))?,
+                ),
+                post_scale: ops::zero_centred_scale(
+                    &w.vector_f32(&format!("{l}post_attention_layernorm.weight"))?,
+                ),
                 mixer,
                 moe: Moe::load(w, &cfg, prefix, i, dense)?,
             });
@@ -161,7 +178,10 @@ impl Model {
         Ok(Model {
             embed,
             final_scale: ops::zero_centred_scale(&w.vector_f32(&format!("{prefix}norm.weight"))?),
-            lm_head: Linear::new(w.matrix(shared::tensor_spec::LM_HEAD, cfg.vocab_size, d)?, dense),
+            lm_head: Linear::new(
+                w.matrix(shared::tensor_spec::LM_HEAD, cfg.vocab_size, d)?,
+                dense,
+            ),
             dense,
             layers,
             cfg,
@@ -201,7 +221,9 @@ impl Model {
     /// union covers most experts anyway) and only when the backend takes hints.
     pub(crate) fn prefetch_next(&self, i: usize, h: &[f32], n: usize) {
         const MAX_ROWS: usize = 8;
-        let Some(next) = self.layers.get(i + 1) else { return };
+        let Some(next) = self.layers.get(i + 1) else {
+            return;
+        };
         if n > MAX_ROWS || !self.experts.wants_prefetch() {
             return;
         }
@@ -238,10 +260,16 @@ impl Model {
             .iter()
             .map(|t| match t {
                 LayerType::FullAttention => LayerState::Kv(KvCache::default()),
-                LayerType::LinearAttention => LayerState::DeltaNet(DeltaNetState::new(&self.cfg.delta_net)),
+                LayerType::LinearAttention => {
+                    LayerState::DeltaNet(DeltaNetState::new(&self.cfg.delta_net))
+                }
             })
             .collect();
-        SequenceState { layers, pos: 0, poisoned: false }
+        SequenceState {
+            layers,
+            pos: 0,
+            poisoned: false,
+        }
     }
 
     /// Runs `tokens` (one block) through the model, advancing `state`. Returns the requested
@@ -261,12 +289,19 @@ impl Model {
             return Err(ModelError::Empty);
         }
         let (d, vocab) = (self.cfg.hidden_size, self.cfg.vocab_size);
-        if let Some((index, &id)) = tokens.iter().enumerate().find(|(_, id)| **id as usize >= vocab) {
+        if let Some((index, &id)) = tokens
+            .iter()
+            .enumerate()
+            .find(|(_, id)| **id as usize >= vocab)
+        {
             return Err(ModelError::TokenOutOfRange { id, index, vocab });
         }
         let needed = state.pos + n;
         if needed > self.cfg.max_position_embeddings {
-            return Err(ModelError::ContextExceeded { needed, max: self.cfg.max_position_embeddings });
+            return Err(ModelError::ContextExceeded {
+                needed,
+                max: self.cfg.max_position_embeddings,
+            });
         }
         let eps = self.cfg.rms_norm_eps as f32;
         let scope = profile::scope("embed", n * d * 2);
@@ -289,9 +324,13 @@ impl Model {
             let mut a = h.clone();
             ops::rms_norm_rows(&mut a, &layer.input_scale, eps);
             let mixed = match (&layer.mixer, ls) {
-                (Mixer::Attention(att), LayerState::Kv(cache)) => att.forward(self.isa, &a, n, cache),
+                (Mixer::Attention(att), LayerState::Kv(cache)) => {
+                    att.forward(self.isa, &a, n, cache)
+                }
                 (Mixer::DeltaNet(dn), LayerState::DeltaNet(s)) => dn.forward(self.isa, &a, n, s),
-                _ => unreachable!("layer {i}: state kind always matches the mixer (built by new_state)"),
+                _ => unreachable!(
+                    "layer {i}: state kind always matches the mixer (built by new_state)"
+                ),
             };
             for (hv, mv) in h.iter_mut().zip(&mixed) {
                 *hv += mv;

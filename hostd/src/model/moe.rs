@@ -34,16 +34,37 @@ pub struct Moe {
 
 impl Moe {
     /// Loads layer `layer`'s router and shared expert.
-    pub fn load(w: &MappedCheckpoint, cfg: &TextConfig, prefix: &str, layer: usize, dense: DenseFormat) -> Result<Moe, WeightsError> {
+    pub fn load(
+        w: &MappedCheckpoint,
+        cfg: &TextConfig,
+        prefix: &str,
+        layer: usize,
+        dense: DenseFormat,
+    ) -> Result<Moe, WeightsError> {
         let m = format!("{prefix}layers.{layer}.mlp.");
         let (d, fs) = (cfg.hidden_size, cfg.shared_expert_intermediate_size);
         Ok(Moe {
             // Router and shared-expert gate stay BF16 in every mode (see `linear`).
-            router: Linear::new(w.matrix(&format!("{m}gate.weight"), cfg.num_experts, d)?, DenseFormat::Bf16),
-            shared_gate: Linear::new(w.matrix(&format!("{m}shared_expert.gate_proj.weight"), fs, d)?, dense),
-            shared_up: Linear::new(w.matrix(&format!("{m}shared_expert.up_proj.weight"), fs, d)?, dense),
-            shared_down: Linear::new(w.matrix(&format!("{m}shared_expert.down_proj.weight"), d, fs)?, dense),
-            shared_expert_gate: Linear::new(w.matrix(&format!("{m}shared_expert_gate.weight"), 1, d)?, DenseFormat::Bf16),
+            router: Linear::new(
+                w.matrix(&format!("{m}gate.weight"), cfg.num_experts, d)?,
+                DenseFormat::Bf16,
+            ),
+            shared_gate: Linear::new(
+                w.matrix(&format!("{m}shared_expert.gate_proj.weight"), fs, d)?,
+                dense,
+            ),
+            shared_up: Linear::new(
+                w.matrix(&format!("{m}shared_expert.up_proj.weight"), fs, d)?,
+                dense,
+            ),
+            shared_down: Linear::new(
+                w.matrix(&format!("{m}shared_expert.down_proj.weight"), d, fs)?,
+                dense,
+            ),
+            shared_expert_gate: Linear::new(
+                w.matrix(&format!("{m}shared_expert_gate.weight"), 1, d)?,
+                DenseFormat::Bf16,
+            ),
             top_k: cfg.experts_per_token,
             layer,
         })
@@ -68,40 +89,70 @@ impl Moe {
             ids.extend_from_slice(chosen);
             weights.extend(chosen.iter().map(|&i| p[i as usize] / sum));
         }
-        Routes { top_k: self.top_k, ids, weights }
+        Routes {
+            top_k: self.top_k,
+            ids,
+            weights,
+        }
     }
 
     /// Full MoE output for `n` rows of `x` (already post-attention-normed): routed experts via
     /// `experts` plus the gated shared expert. Returns the output and the routes.
-    pub fn forward(&self, isa: Isa, experts: &dyn ExpertBackend, x: &[f32], n: usize) -> Result<(Vec<f32>, Routes), ExpertError> {
+    pub fn forward(
+        &self,
+        isa: Isa,
+        experts: &dyn ExpertBackend,
+        x: &[f32],
+        n: usize,
+    ) -> Result<(Vec<f32>, Routes), ExpertError> {
         let d = self.router.cols;
         let scope = profile::scope("moe.router", self.router.bytes());
         let routes = self.route(isa, x, n);
         drop(scope);
         let mut out = vec![0.0f32; n * d];
-        let call = MoeCall { layer: self.layer, n_rows: n, top_k: self.top_k, x, ids: &routes.ids, weights: &routes.weights };
+        let call = MoeCall {
+            layer: self.layer,
+            n_rows: n,
+            top_k: self.top_k,
+            x,
+            ids: &routes.ids,
+            weights: &routes.weights,
+        };
         let mut distinct = routes.ids.clone();
         distinct.sort_unstable();
         distinct.dedup();
-        let scope = profile::scope("moe.routed_experts", distinct.len() * experts.expert_bytes().unwrap_or(0));
+        let scope = profile::scope(
+            "moe.routed_experts",
+            distinct.len() * experts.expert_bytes().unwrap_or(0),
+        );
         experts.moe_layer(&call, &mut out)?;
         drop(scope);
         let _scope = profile::scope(
             "moe.shared_expert",
-            self.shared_gate.bytes() + self.shared_up.bytes() + self.shared_down.bytes() + self.shared_expert_gate.bytes(),
+            self.shared_gate.bytes()
+                + self.shared_up.bytes()
+                + self.shared_down.bytes()
+                + self.shared_expert_gate.bytes(),
         );
 
-        let [mut g, u, gate]: [Vec<f32>; 3] =
-            linear::project_many(isa, &[&self.shared_gate, &self.shared_up, &self.shared_expert_gate], x, n)
-                .try_into()
-                .expect("three projections");
+        let [mut g, u, gate]: [Vec<f32>; 3] = linear::project_many(
+            isa,
+            &[&self.shared_gate, &self.shared_up, &self.shared_expert_gate],
+            x,
+            n,
+        )
+        .try_into()
+        .expect("three projections");
         for (gv, uv) in g.iter_mut().zip(&u) {
             *gv = ops::silu(*gv) * uv;
         }
         let shared = project_new(isa, &self.shared_down, &g, n);
         for t in 0..n {
             let s = ops::sigmoid(gate[t]);
-            for (o, v) in out[t * d..(t + 1) * d].iter_mut().zip(&shared[t * d..(t + 1) * d]) {
+            for (o, v) in out[t * d..(t + 1) * d]
+                .iter_mut()
+                .zip(&shared[t * d..(t + 1) * d])
+            {
                 *o += s * v;
             }
         }

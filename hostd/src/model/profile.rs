@@ -66,13 +66,21 @@ pub fn count(name: &'static str, n: u64) {
     if !enabled() {
         return;
     }
-    *COUNTS.lock().unwrap_or_else(|p| p.into_inner()).entry(name).or_default() += n;
+    *COUNTS
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .entry(name)
+        .or_default() += n;
 }
 
 /// Records the time until the guard drops under `op`, plus `bytes` of weights streamed.
 #[must_use = "the scope ends when the guard is dropped"]
 pub fn scope(op: &'static str, bytes: usize) -> Option<Guard> {
-    ENABLED.load(Ordering::Relaxed).then(|| Guard { op, bytes: bytes as u64, start: Instant::now() })
+    ENABLED.load(Ordering::Relaxed).then(|| Guard {
+        op,
+        bytes: bytes as u64,
+        start: Instant::now(),
+    })
 }
 
 /// Live scope; records on drop.

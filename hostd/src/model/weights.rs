@@ -47,7 +47,11 @@ pub enum WeightsError {
 /// Storage of a bf16 matrix: a range of a shared mapping, or an owned aligned copy.
 #[derive(Clone)]
 enum Storage {
-    Mapped { map: Arc<Mmap>, offset: usize, len: usize },
+    Mapped {
+        map: Arc<Mmap>,
+        offset: usize,
+        len: usize,
+    },
     Owned(Arc<Vec<bf16>>),
 }
 
@@ -99,7 +103,9 @@ impl Matrix {
             // MADV_DONTNEED only unmaps pages whose contents are the file's bytes; any later
             // read (of this matrix, or of a neighbour sharing an edge page) faults the same
             // bytes back in from the file. Values seen through existing borrows never change.
-            let _ = unsafe { map.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, *offset, *len) };
+            let _ = unsafe {
+                map.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, *offset, *len)
+            };
         }
     }
 
@@ -116,7 +122,11 @@ impl Matrix {
     /// A matrix over an owned buffer (synthetic weights in tests and tools).
     pub fn from_vec(data: Vec<bf16>, rows: usize, cols: usize) -> Matrix {
         assert_eq!(data.len(), rows * cols, "matrix data length");
-        Matrix { storage: Storage::Owned(Arc::new(data)), rows, cols }
+        Matrix {
+            storage: Storage::Owned(Arc::new(data)),
+            rows,
+            cols,
+        }
     }
 }
 
@@ -133,7 +143,10 @@ impl MappedCheckpoint {
         let ckpt = Checkpoint::open(dir)?;
         let mut maps = Vec::with_capacity(ckpt.shards.len());
         for shard in &ckpt.shards {
-            let map_err = |e: std::io::Error| WeightsError::Map { path: shard.path.display().to_string(), message: e.to_string() };
+            let map_err = |e: std::io::Error| WeightsError::Map {
+                path: shard.path.display().to_string(),
+                message: e.to_string(),
+            };
             let file = std::fs::File::open(&shard.path).map_err(map_err)?;
             // SAFETY: the mapping is read-only and private to this process. Like every mmap-based
             // loader we rely on nobody truncating or rewriting a checkpoint while it is served;
@@ -146,7 +159,9 @@ impl MappedCheckpoint {
     }
 
     fn entry(&self, name: &str) -> Result<&TensorEntry, WeightsError> {
-        self.ckpt.tensor(name).ok_or_else(|| WeightsError::Missing(name.to_string()))
+        self.ckpt
+            .tensor(name)
+            .ok_or_else(|| WeightsError::Missing(name.to_string()))
     }
 
     /// The raw bytes of a tensor.
@@ -156,21 +171,49 @@ impl MappedCheckpoint {
     }
 
     /// Bytes `[offset, offset + len)` of shard `shard`.
-    pub fn range(&self, name: &str, shard: usize, offset: u64, len: u64) -> Result<&[u8], WeightsError> {
+    pub fn range(
+        &self,
+        name: &str,
+        shard: usize,
+        offset: u64,
+        len: u64,
+    ) -> Result<&[u8], WeightsError> {
         let map = &self.maps[shard];
-        let start = usize::try_from(offset).map_err(|_| WeightsError::OutOfMap(name.to_string()))?;
-        let end = start.checked_add(len as usize).ok_or_else(|| WeightsError::OutOfMap(name.to_string()))?;
-        map.get(start..end).ok_or_else(|| WeightsError::OutOfMap(name.to_string()))
+        let start =
+            usize::try_from(offset).map_err(|_| WeightsError::OutOfMap(name.to_string()))?;
+        let end = start
+            .checked_add(len as usize)
+            .ok_or_else(|| WeightsError::OutOfMap(name.to_string()))?;
+        map.get(start..end)
+            .ok_or_else(|| WeightsError::OutOfMap(name.to_string()))
     }
 
     /// A bf16 `[rows, cols]` view of a shard byte range (used for expert slices).
-    pub fn matrix_at(&self, name: &str, shard: usize, offset: u64, rows: usize, cols: usize) -> Result<Matrix, WeightsError> {
+    pub fn matrix_at(
+        &self,
+        name: &str,
+        shard: usize,
+        offset: u64,
+        rows: usize,
+        cols: usize,
+    ) -> Result<Matrix, WeightsError> {
         let len = rows * cols * 2;
         let bytes = self.range(name, shard, offset, len as u64)?;
         if bytes.as_ptr().align_offset(std::mem::align_of::<bf16>()) == 0 {
-            Ok(Matrix { storage: Storage::Mapped { map: self.maps[shard].clone(), offset: offset as usize, len }, rows, cols })
+            Ok(Matrix {
+                storage: Storage::Mapped {
+                    map: self.maps[shard].clone(),
+                    offset: offset as usize,
+                    len,
+                },
+                rows,
+                cols,
+            })
         } else {
-            let owned: Vec<bf16> = bytes.chunks_exact(2).map(|c| bf16::from_le_bytes([c[0], c[1]])).collect();
+            let owned: Vec<bf16> = bytes
+                .chunks_exact(2)
+                .map(|c| bf16::from_le_bytes([c[0], c[1]]))
+                .collect();
             Ok(Matrix::from_vec(owned, rows, cols))
         }
     }
@@ -179,7 +222,11 @@ impl MappedCheckpoint {
     pub fn matrix(&self, name: &str, rows: usize, cols: usize) -> Result<Matrix, WeightsError> {
         let e = self.entry(name)?;
         if e.loc.dtype != Dtype::BF16 {
-            return Err(WeightsError::Dtype { name: name.to_string(), found: e.loc.dtype, wanted: "a BF16 matrix" });
+            return Err(WeightsError::Dtype {
+                name: name.to_string(),
+                found: e.loc.dtype,
+                wanted: "a BF16 matrix",
+            });
         }
         if e.loc.len != (rows * cols * 2) as u64 {
             return Err(WeightsError::OutOfMap(name.to_string()));
@@ -192,9 +239,19 @@ impl MappedCheckpoint {
         let e = self.entry(name)?;
         let bytes = self.bytes(name)?;
         match e.loc.dtype {
-            Dtype::BF16 => Ok(bytes.chunks_exact(2).map(|c| bf16::from_le_bytes([c[0], c[1]]).to_f32()).collect()),
-            Dtype::F32 => Ok(bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()),
-            found => Err(WeightsError::Dtype { name: name.to_string(), found, wanted: "BF16 or F32" }),
+            Dtype::BF16 => Ok(bytes
+                .chunks_exact(2)
+                .map(|c| bf16::from_le_bytes([c[0], c[1]]).to_f32())
+                .collect()),
+            Dtype::F32 => Ok(bytes
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                .collect()),
+            found => Err(WeightsError::Dtype {
+                name: name.to_string(),
+                found,
+                wanted: "BF16 or F32",
+            }),
         }
     }
 }

@@ -45,7 +45,15 @@ const CHUNK_ACTIVATION_BYTES: usize = 512 << 10;
 /// and `x.len() == n · cols` (checked). For every `t < n` and `r < rows`, `y.add(t · ldy + r)`
 /// must be valid for writes and not accessed by anyone else during the call.
 #[target_feature(enable = "avx2,fma")]
-pub(super) unsafe fn gemm(w: &[bf16], rows: usize, cols: usize, x: &[f32], n: usize, y: *mut f32, ldy: usize) {
+pub(super) unsafe fn gemm(
+    w: &[bf16],
+    rows: usize,
+    cols: usize,
+    x: &[f32],
+    n: usize,
+    y: *mut f32,
+    ldy: usize,
+) {
     assert_eq!(w.len(), rows * cols);
     assert_eq!(x.len(), n * cols);
     // bf16 is `repr(transparent)` over u16.
@@ -56,8 +64,10 @@ pub(super) unsafe fn gemm(w: &[bf16], rows: usize, cols: usize, x: &[f32], n: us
         unsafe { row_range::<GEMV_ROWS, 1, true>(w, 0, rows, cols, x, y, ldy) };
         return;
     }
-    let panel_rows = (PANEL_WEIGHT_BYTES / (2 * cols.max(1))).max(GEMM_ROWS) / GEMM_ROWS * GEMM_ROWS;
-    let chunk_tokens = (CHUNK_ACTIVATION_BYTES / (4 * cols.max(1))).max(GEMM_TOKENS) / GEMM_TOKENS * GEMM_TOKENS;
+    let panel_rows =
+        (PANEL_WEIGHT_BYTES / (2 * cols.max(1))).max(GEMM_ROWS) / GEMM_ROWS * GEMM_ROWS;
+    let chunk_tokens =
+        (CHUNK_ACTIVATION_BYTES / (4 * cols.max(1))).max(GEMM_TOKENS) / GEMM_TOKENS * GEMM_TOKENS;
     for t_chunk in (0..n).step_by(chunk_tokens) {
         let t_chunk_end = n.min(t_chunk + chunk_tokens);
         for r_panel in (0..rows).step_by(panel_rows) {
@@ -109,12 +119,16 @@ unsafe fn row_range<const R: usize, const T: usize, const PREFETCH: bool>(
     let mut r = r_begin;
     while r + R <= r_end {
         // SAFETY: rows r..r + R are below r_end; the rest is this function's contract.
-        unsafe { tile::<R, T, PREFETCH>(w.wrapping_add(r * cols), cols, x, y.wrapping_add(r), ldy) };
+        unsafe {
+            tile::<R, T, PREFETCH>(w.wrapping_add(r * cols), cols, x, y.wrapping_add(r), ldy)
+        };
         r += R;
     }
     while r < r_end {
         // SAFETY: as above, for the single row r.
-        unsafe { tile::<1, T, PREFETCH>(w.wrapping_add(r * cols), cols, x, y.wrapping_add(r), ldy) };
+        unsafe {
+            tile::<1, T, PREFETCH>(w.wrapping_add(r * cols), cols, x, y.wrapping_add(r), ldy)
+        };
         r += 1;
     }
 }

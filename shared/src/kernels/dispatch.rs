@@ -42,7 +42,9 @@ impl Isa {
     /// Parses a name as [`Isa::name`] writes it, ignoring case and surrounding whitespace.
     pub fn from_name(name: &str) -> Option<Isa> {
         let name = name.trim();
-        Isa::ALL.into_iter().find(|isa| isa.name().eq_ignore_ascii_case(name))
+        Isa::ALL
+            .into_iter()
+            .find(|isa| isa.name().eq_ignore_ascii_case(name))
     }
 
     /// Whether this CPU can run the kernels for `self`. Cheap: std caches the CPUID results,
@@ -51,7 +53,10 @@ impl Isa {
         match self {
             Isa::Scalar => true,
             #[cfg(target_arch = "x86_64")]
-            Isa::Avx2 => std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma"),
+            Isa::Avx2 => {
+                std::arch::is_x86_feature_detected!("avx2")
+                    && std::arch::is_x86_feature_detected!("fma")
+            }
             #[cfg(target_arch = "x86_64")]
             Isa::Avx512 => {
                 std::arch::is_x86_feature_detected!("avx512f")
@@ -128,7 +133,10 @@ impl IsaSelection {
             Some(v) => match Isa::from_name(v) {
                 Some(isa) if isa <= detected => (isa, None),
                 Some(isa) => (detected, Some(IsaOverrideProblem::Unsupported(isa))),
-                None => (detected, Some(IsaOverrideProblem::Unrecognized(v.to_owned()))),
+                None => (
+                    detected,
+                    Some(IsaOverrideProblem::Unrecognized(v.to_owned())),
+                ),
             },
         };
         IsaSelection {

@@ -84,7 +84,9 @@ impl Data {
             Data::Positive => rng.uniform(0.5, 1.0),
             Data::Large => rng.sign() * rng.uniform(1e29, 1e30),
             Data::Small => rng.sign() * rng.uniform(1e-31, 1e-30),
-            Data::Wide => rng.sign() * rng.uniform(1.0, 2.0) * 2f64.powi(rng.uniform(-40.0, 40.0) as i32),
+            Data::Wide => {
+                rng.sign() * rng.uniform(1.0, 2.0) * 2f64.powi(rng.uniform(-40.0, 40.0) as i32)
+            }
             Data::Zeros => [0.0, -0.0, 1.0, -1.0][(rng.next_u64() % 4) as usize],
         })
     }
@@ -95,7 +97,9 @@ impl Data {
             Data::Positive => rng.uniform(0.5, 1.0),
             Data::Large => rng.sign() * rng.uniform(1e2, 1e3),
             Data::Small => rng.sign() * rng.uniform(1e-10, 1e-9),
-            Data::Wide => rng.sign() * rng.uniform(1.0, 2.0) * 2f64.powi(rng.uniform(-40.0, 40.0) as i32),
+            Data::Wide => {
+                rng.sign() * rng.uniform(1.0, 2.0) * 2f64.powi(rng.uniform(-40.0, 40.0) as i32)
+            }
             Data::Zeros => [0.0, -0.0, 0.25, -0.25][(rng.next_u64() % 4) as usize],
         }) as f32
     }
@@ -210,7 +214,14 @@ fn check(isa: Isa, case: Case) {
 
     for t in 0..n {
         let mut y_row = vec![f32::NAN; rows];
-        gemv_bf16(isa, inputs.w(), rows, cols, &inputs.x()[t * cols..][..cols], &mut y_row);
+        gemv_bf16(
+            isa,
+            inputs.w(),
+            rows,
+            cols,
+            &inputs.x()[t * cols..][..cols],
+            &mut y_row,
+        );
         assert_bitwise(
             &format!("{isa} gemv on token {t} vs gemm row"),
             &case,
@@ -221,8 +232,22 @@ fn check(isa: Isa, case: Case) {
 
     for tile_rows in [1, 3, 8, 13] {
         let mut y_par = vec![f32::NAN; n * rows];
-        par_gemm_tiled(isa, inputs.w(), rows, cols, inputs.x(), n, &mut y_par, tile_rows);
-        assert_bitwise(&format!("{isa} parallel, {tile_rows}-row tiles"), &case, &y_par, &y);
+        par_gemm_tiled(
+            isa,
+            inputs.w(),
+            rows,
+            cols,
+            inputs.x(),
+            n,
+            &mut y_par,
+            tile_rows,
+        );
+        assert_bitwise(
+            &format!("{isa} parallel, {tile_rows}-row tiles"),
+            &case,
+            &y_par,
+            &y,
+        );
     }
     let mut y_par = vec![f32::NAN; n * rows];
     par_gemm_bf16(isa, inputs.w(), rows, cols, inputs.x(), n, &mut y_par);
@@ -381,12 +406,17 @@ fn par_wrappers_match_single_threaded() {
             };
             let inputs = Inputs::new(case);
             let y = gemm(isa, &inputs);
-            assert!(par_tile_rows(rows, cols) < rows, "the shape must split: {case:?}");
+            assert!(
+                par_tile_rows(rows, cols) < rows,
+                "the shape must split: {case:?}"
+            );
             let mut y_par = vec![f32::NAN; n * rows];
             pool.install(|| par_gemm_bf16(isa, inputs.w(), rows, cols, inputs.x(), n, &mut y_par));
             assert_bitwise(&format!("{isa} par_gemm_bf16"), &case, &y_par, &y);
             let mut y_par = vec![f32::NAN; rows];
-            pool.install(|| par_gemv_bf16(isa, inputs.w(), rows, cols, &inputs.x()[..cols], &mut y_par));
+            pool.install(|| {
+                par_gemv_bf16(isa, inputs.w(), rows, cols, &inputs.x()[..cols], &mut y_par)
+            });
             assert_bitwise(&format!("{isa} par_gemv_bf16"), &case, &y_par, &y[..rows]);
         }
     }
@@ -453,19 +483,20 @@ fn isa_detection_is_consistent() {
 
 #[test]
 fn isa_override_resolution() {
-    let check = |value: Option<&str>, detected: Isa, active: Isa, problem: Option<IsaOverrideProblem>| {
-        let sel = IsaSelection::resolve(value, detected);
-        assert_eq!(
-            sel,
-            IsaSelection {
-                active,
-                detected,
-                override_problem: problem
-            },
-            "{value:?} on {detected}"
-        );
-        assert_eq!(sel.warning().is_some(), sel.override_problem.is_some());
-    };
+    let check =
+        |value: Option<&str>, detected: Isa, active: Isa, problem: Option<IsaOverrideProblem>| {
+            let sel = IsaSelection::resolve(value, detected);
+            assert_eq!(
+                sel,
+                IsaSelection {
+                    active,
+                    detected,
+                    override_problem: problem
+                },
+                "{value:?} on {detected}"
+            );
+            assert_eq!(sel.warning().is_some(), sel.override_problem.is_some());
+        };
     check(None, Isa::Avx512, Isa::Avx512, None);
     check(Some(""), Isa::Avx2, Isa::Avx2, None);
     check(Some("  "), Isa::Avx2, Isa::Avx2, None);
@@ -504,6 +535,9 @@ fn isa_override_resolution() {
 fn bandwidth_probe_smoke() {
     for threads in [0, 1, 2] {
         let gbps = bandwidth::measure_read_bandwidth_gbps(1 << 20, threads);
-        assert!(gbps.is_finite() && gbps > 0.1, "{threads} threads: {gbps} GB/s");
+        assert!(
+            gbps.is_finite() && gbps > 0.1,
+            "{threads} threads: {gbps} GB/s"
+        );
     }
 }

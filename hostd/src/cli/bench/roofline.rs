@@ -18,12 +18,17 @@ pub fn read_bandwidth(path: &Path, max_bytes: u64, readers: usize) -> Value {
     let readers = readers.max(1);
     let len = match std::fs::metadata(path) {
         Ok(m) => m.len(),
-        Err(e) => return json!({"file": path.display().to_string(), "gbps": null, "error": e.to_string()}),
+        Err(e) => {
+            return json!({"file": path.display().to_string(), "gbps": null, "error": e.to_string()});
+        }
     };
     // Whole 4 KiB blocks (O_DIRECT's unit), split evenly between the readers.
     let per_reader = (len.min(max_bytes) / readers as u64 / ALIGN as u64) * ALIGN as u64;
     let total = per_reader * readers as u64;
-    let direct = std::fs::OpenOptions::new().read(true).custom_flags(rustix::fs::OFlags::DIRECT.bits() as i32).open(path);
+    let direct = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(rustix::fs::OFlags::DIRECT.bits() as i32)
+        .open(path);
     let (file, mode) = match direct {
         Ok(f) => (f, "O_DIRECT".to_string()),
         Err(e) => match File::open(path) {
@@ -31,9 +36,16 @@ pub fn read_bandwidth(path: &Path, max_bytes: u64, readers: usize) -> Value {
             // (pages that are mapped or dirty may stay cached, so this can overstate the disk).
             Ok(f) => {
                 let _ = rustix::fs::fadvise(&f, 0, None, rustix::fs::Advice::DontNeed);
-                (f, format!("buffered after POSIX_FADV_DONTNEED (O_DIRECT refused: {e}); may include page-cache hits"))
+                (
+                    f,
+                    format!(
+                        "buffered after POSIX_FADV_DONTNEED (O_DIRECT refused: {e}); may include page-cache hits"
+                    ),
+                )
             }
-            Err(e) => return json!({"file": path.display().to_string(), "gbps": null, "error": e.to_string()}),
+            Err(e) => {
+                return json!({"file": path.display().to_string(), "gbps": null, "error": e.to_string()});
+            }
         },
     };
     if total == 0 {
@@ -54,7 +66,10 @@ pub fn read_bandwidth(path: &Path, max_bytes: u64, readers: usize) -> Value {
                         let want = CHUNK.min((start + per_reader - off) as usize);
                         let n = file.read_at(&mut buf[..want], off)?;
                         if n == 0 {
-                            return Err(std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "short read"));
+                            return Err(std::io::Error::new(
+                                std::io::ErrorKind::UnexpectedEof,
+                                "short read",
+                            ));
                         }
                         off += n as u64;
                     }
@@ -62,7 +77,10 @@ pub fn read_bandwidth(path: &Path, max_bytes: u64, readers: usize) -> Value {
                 })
             })
             .collect();
-        handles.into_iter().try_for_each(|h| h.join().unwrap_or_else(|_| Err(std::io::Error::other("reader panicked"))))
+        handles.into_iter().try_for_each(|h| {
+            h.join()
+                .unwrap_or_else(|_| Err(std::io::Error::other("reader panicked")))
+        })
     });
     let secs = t.elapsed().as_secs_f64();
     match result {
@@ -75,7 +93,9 @@ pub fn read_bandwidth(path: &Path, max_bytes: u64, readers: usize) -> Value {
             "readers": readers,
             "how": format!("{readers} threads, each reading its own contiguous 1/{readers} of the first {total} bytes front to back in preads of up to {} MiB (one outstanding read per thread)", CHUNK >> 20),
         }),
-        Err(e) => json!({"file": path.display().to_string(), "gbps": null, "mode": mode, "error": e.to_string()}),
+        Err(e) => {
+            json!({"file": path.display().to_string(), "gbps": null, "mode": mode, "error": e.to_string()})
+        }
     }
 }
 
@@ -88,5 +108,6 @@ pub fn dram(bytes: usize, threads: usize, when: &str) -> Value {
 /// `sync`, then drops the page cache, dentries and inodes; `Err` says why it could not.
 pub fn drop_caches() -> Result<(), String> {
     rustix::fs::sync();
-    std::fs::write("/proc/sys/vm/drop_caches", "3\n").map_err(|e| format!("writing 3 to /proc/sys/vm/drop_caches: {e}"))
+    std::fs::write("/proc/sys/vm/drop_caches", "3\n")
+        .map_err(|e| format!("writing 3 to /proc/sys/vm/drop_caches: {e}"))
 }

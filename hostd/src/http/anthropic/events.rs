@@ -87,7 +87,7 @@ impl Reply {
             frame("ping", json!({ "type": "ping" })),
         ];
         let mut blocks = Blocks::default();
-        let format = move |ev: Event| match ev {
+        let format = move |_choice: usize, ev: Event| match ev {
             Event::Delta(d) => {
                 let mut out = Vec::new();
                 if !d.reasoning.is_empty() {
@@ -121,7 +121,7 @@ impl Reply {
             // Failures are framed by `framing()`.
             Event::Failed(_) => Vec::new(),
         };
-        stream::sse_framed(rx, first, format, framing())
+        stream::sse_framed(stream::Choices::new(vec![rx]), first, format, framing())
     }
 }
 

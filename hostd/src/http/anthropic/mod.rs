@@ -103,7 +103,7 @@ pub async fn messages(
     let fields = SamplingFields { temperature: req.temperature, top_p: req.top_p, top_k: req.top_k, ..SamplingFields::default() };
     let sampling = params::sampling_params(&fields, false, None)?;
     let stop = params::stop_list(req.stop_sequences.clone().unwrap_or_default(), "stop_sequences")?;
-    let prompt = generate::tokenize_chat(&app, ready, messages, options(thinking), true).await?;
+    let prompt = generate::tokenize_chat(&app, ready, messages, Vec::new(), options(thinking), true).await?;
     let generation = ChatGeneration {
         request_id: request_id.clone(),
         received,
@@ -143,6 +143,6 @@ pub async fn count_tokens(State(app): State<Arc<AppState>>, headers: HeaderMap, 
             context_management: req.context_management.as_ref(),
         },
     )?;
-    let prompt = generate::tokenize_chat(&app, ready, messages, options(thinking), false).await?;
+    let prompt = generate::tokenize_chat(&app, ready, messages, Vec::new(), options(thinking), false).await?;
     Ok(axum::Json(TokenCount { input_tokens: prompt.ids.len() }).into_response())
 }

@@ -42,9 +42,15 @@ const PREFETCH_BYTES: usize = 4096;
 /// Panics unless the CPU has AVX2, `m`'s slices match its shape and `x_q` holds at least
 /// `n · padded_cols` bytes.
 pub(super) fn gemm(m: MatrixRef<'_>, x_q: &[u8], n: usize, sink: &mut Sink<'_>) {
-    assert!(Int8Isa::Avx2.is_available(), "int8: AVX2 is not available on this CPU");
+    assert!(
+        Int8Isa::Avx2.is_available(),
+        "int8: AVX2 is not available on this CPU"
+    );
     m.assert_shape();
-    assert!(x_q.len() >= n * m.padded_cols(), "int8: activations shorter than n rows");
+    assert!(
+        x_q.len() >= n * m.padded_cols(),
+        "int8: activations shorter than n rows"
+    );
     // SAFETY: the feature was just detected; the shapes were just checked.
     unsafe { gemm_impl(m, x_q, n, sink) }
 }
@@ -62,7 +68,9 @@ unsafe fn gemm_impl(m: MatrixRef<'_>, x_q: &[u8], n: usize, sink: &mut Sink<'_>)
     for rb in 0..m.padded_rows() / ROW_BLOCK {
         let r0 = rb * ROW_BLOCK;
         let w = m.packed[r0 * pc..].as_ptr();
-        let sums: &[i32; ROW_BLOCK] = m.row_sums[r0..r0 + ROW_BLOCK].try_into().expect("16 row sums");
+        let sums: &[i32; ROW_BLOCK] = m.row_sums[r0..r0 + ROW_BLOCK]
+            .try_into()
+            .expect("16 row sums");
         let mut t = 0;
         while t < n {
             let x = x_q[t * pc..].as_ptr();
@@ -127,7 +135,9 @@ unsafe fn block<const T: usize>(
         let mut out = [0i32; ROW_BLOCK];
         for (r, o) in out.iter_mut().enumerate() {
             // Wrapping, like the AVX-512 lanes; exact for well-formed matrices (`MAX_COLS`).
-            *o = halves[2 * r].wrapping_add(halves[2 * r + 1]).wrapping_sub(sums[r].wrapping_mul(128));
+            *o = halves[2 * r]
+                .wrapping_add(halves[2 * r + 1])
+                .wrapping_sub(sums[r].wrapping_mul(128));
         }
         sink.put(m, t0 + t, r0, &out);
     }

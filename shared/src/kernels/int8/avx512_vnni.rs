@@ -42,9 +42,15 @@ const PREFETCH_BYTES: usize = 4096;
 /// Panics unless the CPU has AVX-512 F, BW and VNNI, `m`'s slices match its shape and `x_q`
 /// holds at least `n · padded_cols` bytes.
 pub(super) fn gemm(m: MatrixRef<'_>, x_q: &[u8], n: usize, sink: &mut Sink<'_>) {
-    assert!(Int8Isa::Avx512Vnni.is_available(), "int8: AVX-512 VNNI is not available on this CPU");
+    assert!(
+        Int8Isa::Avx512Vnni.is_available(),
+        "int8: AVX-512 VNNI is not available on this CPU"
+    );
     m.assert_shape();
-    assert!(x_q.len() >= n * m.padded_cols(), "int8: activations shorter than n rows");
+    assert!(
+        x_q.len() >= n * m.padded_cols(),
+        "int8: activations shorter than n rows"
+    );
     // SAFETY: the features were just detected; the shapes were just checked.
     unsafe { gemm_impl(m, x_q, n, sink) }
 }
@@ -129,7 +135,9 @@ unsafe fn block<const T: usize, const U: usize>(
         }
         let mut out = [0i32; ROW_BLOCK];
         // SAFETY: out holds 16 i32, one zmm.
-        unsafe { _mm512_storeu_si512(out.as_mut_ptr().cast(), _mm512_sub_epi32(total, correction)) };
+        unsafe {
+            _mm512_storeu_si512(out.as_mut_ptr().cast(), _mm512_sub_epi32(total, correction))
+        };
         sink.put(m, t0 + t, r0, &out);
     }
     T
@@ -143,7 +151,13 @@ unsafe fn block<const T: usize, const U: usize>(
 /// `(T − 1) · pc + (g + 1) · 4` bytes.
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
 #[inline]
-unsafe fn step<const T: usize>(w: *const i8, x: *const u8, pc: usize, g: usize, acc: &mut [__m512i; T]) {
+unsafe fn step<const T: usize>(
+    w: *const i8,
+    x: *const u8,
+    pc: usize,
+    g: usize,
+    acc: &mut [__m512i; T],
+) {
     _mm_prefetch::<_MM_HINT_T1>(w.wrapping_add(g * CHUNK + PREFETCH_BYTES));
     // SAFETY: the chunk at g · 64 is in bounds (this function's contract).
     let wv = unsafe { _mm512_loadu_si512(w.add(g * CHUNK).cast()) };

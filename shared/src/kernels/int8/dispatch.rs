@@ -56,7 +56,9 @@ impl Int8Isa {
         if name.eq_ignore_ascii_case("avx512") {
             return Some(Int8Isa::Avx512Vnni);
         }
-        Int8Isa::ALL.into_iter().find(|isa| isa.name().eq_ignore_ascii_case(name))
+        Int8Isa::ALL
+            .into_iter()
+            .find(|isa| isa.name().eq_ignore_ascii_case(name))
     }
 
     /// Whether this CPU can run the kernels for `self` (std caches CPUID, so this is cheap).
@@ -78,7 +80,11 @@ impl Int8Isa {
 
     /// The most capable instruction set this CPU supports, ignoring `SLUICE_KERNEL_ISA`.
     pub fn detect() -> Int8Isa {
-        Int8Isa::ALL.into_iter().rev().find(|isa| isa.is_available()).unwrap_or(Int8Isa::Scalar)
+        Int8Isa::ALL
+            .into_iter()
+            .rev()
+            .find(|isa| isa.is_available())
+            .unwrap_or(Int8Isa::Scalar)
     }
 
     /// The instruction set the process uses: [`Int8Isa::detect`], unless `SLUICE_KERNEL_ISA`
@@ -136,10 +142,17 @@ impl Int8IsaSelection {
             Some(v) => match Int8Isa::from_name(v) {
                 Some(isa) if isa <= detected => (isa, None),
                 Some(isa) => (detected, Some(Int8IsaOverrideProblem::Unsupported(isa))),
-                None => (detected, Some(Int8IsaOverrideProblem::Unrecognized(v.to_owned()))),
+                None => (
+                    detected,
+                    Some(Int8IsaOverrideProblem::Unrecognized(v.to_owned())),
+                ),
             },
         };
-        Int8IsaSelection { active, detected, override_problem }
+        Int8IsaSelection {
+            active,
+            detected,
+            override_problem,
+        }
     }
 
     /// A sentence for the caller to log at WARN when the override was not honoured.
