@@ -43,12 +43,21 @@ pub async fn tokenize_chat(
 ) -> Result<ChatPrompt, ApiError> {
     let text = chat_template::render_with_tools(&messages, &tools, &opts)?;
     app.admission.check_prompt_bytes(&text, "messages")?;
-    admission::check_fits(text.len(), ready.max_token_bytes, ready.engine.config().max_context, "messages")?;
+    admission::check_fits(
+        text.len(),
+        ready.max_token_bytes,
+        ready.engine.config().max_context,
+        "messages",
+    )?;
     let tokenizer = Arc::clone(&ready.tokenizer);
     app.admission
         .tokenize(text.len(), move || {
             let ids = tokenizer.encode(&text)?;
-            let checkpoint = if with_checkpoint { checkpoint(&tokenizer, &messages, &tools, &opts, &ids) } else { None };
+            let checkpoint = if with_checkpoint {
+                checkpoint(&tokenizer, &messages, &tools, &opts, &ids)
+            } else {
+                None
+            };
             Ok::<_, crate::tokenizer::TokenizerError>(ChatPrompt { ids, checkpoint })
         })
         .await?
@@ -57,8 +66,17 @@ pub async fn tokenize_chat(
 
 /// Token count of the prompt up to and including `<|im_start|>assistant\n`, when the prompt's
 /// tokens really start with that prefix's tokens (tokenisation is checked, not assumed).
-fn checkpoint(tokenizer: &Tokenizer, messages: &[ChatMessage], tools: &[Value], opts: &ChatOptions, prompt: &[u32]) -> Option<usize> {
-    let no_gen = ChatOptions { add_generation_prompt: false, ..*opts };
+fn checkpoint(
+    tokenizer: &Tokenizer,
+    messages: &[ChatMessage],
+    tools: &[Value],
+    opts: &ChatOptions,
+    prompt: &[u32],
+) -> Option<usize> {
+    let no_gen = ChatOptions {
+        add_generation_prompt: false,
+        ..*opts
+    };
     let mut text = chat_template::render_with_tools(messages, tools, &no_gen).ok()?;
     text.push_str("<|im_start|>assistant\n");
     let prefix = tokenizer.encode(&text).ok()?;
@@ -87,10 +105,20 @@ pub struct ChatGeneration {
 
 /// Fits the budget to the context and submits; returns the event receiver (dropping it cancels
 /// the generation) and the prompt's token count.
-pub fn submit_chat(app: &AppState, ready: &Ready, g: ChatGeneration) -> Result<(UnboundedReceiver<Event>, usize), ApiError> {
+pub fn submit_chat(
+    app: &AppState,
+    ready: &Ready,
+    g: ChatGeneration,
+) -> Result<(UnboundedReceiver<Event>, usize), ApiError> {
     let max_context = ready.engine.config().max_context;
     let prompt_tokens = g.prompt.ids.len();
-    let max_tokens = params::budget(prompt_tokens, g.max_tokens, app.config.default_max_tokens, max_context, "messages")?;
+    let max_tokens = params::budget(
+        prompt_tokens,
+        g.max_tokens,
+        app.config.default_max_tokens,
+        max_context,
+        "messages",
+    )?;
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
     let request = GenRequest {
         request_id: g.request_id,
@@ -101,7 +129,11 @@ pub fn submit_chat(app: &AppState, ready: &Ready, g: ChatGeneration) -> Result<(
         sampling: g.sampling,
         max_tokens,
         stop: g.stop,
-        stop_ids: if g.ignore_eos { Vec::new() } else { ready.stop_ids.clone() },
+        stop_ids: if g.ignore_eos {
+            Vec::new()
+        } else {
+            ready.stop_ids.clone()
+        },
         split_reasoning: true,
         reasoning: g.thinking,
         skip_special_tokens: true,

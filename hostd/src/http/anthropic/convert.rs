@@ -34,12 +34,16 @@ pub struct Thinking {
 pub type CheckBytes<'a> = &'a dyn Fn(&str, &str) -> Result<(), ApiError>;
 
 fn object<'a>(v: &'a Value, at: &str) -> Result<&'a Map<String, Value>, ApiError> {
-    v.as_object().ok_or_else(|| ApiError::invalid(format!("{at} must be an object."), at))
+    v.as_object()
+        .ok_or_else(|| ApiError::invalid(format!("{at} must be an object."), at))
 }
 
 fn only_keys(obj: &Map<String, Value>, allowed: &[&str], at: &str) -> Result<(), ApiError> {
     match obj.keys().find(|k| !allowed.contains(&k.as_str())) {
-        Some(k) => Err(ApiError::unsupported(format!("Unrecognized field: {at}.{k}"), format!("{at}.{k}"))),
+        Some(k) => Err(ApiError::unsupported(
+            format!("Unrecognized field: {at}.{k}"),
+            format!("{at}.{k}"),
+        )),
         None => Ok(()),
     }
 }
@@ -48,7 +52,10 @@ fn string<'a>(obj: &'a Map<String, Value>, key: &str, at: &str) -> Result<&'a st
     match obj.get(key) {
         Some(Value::String(s)) => Ok(s),
         None | Some(Value::Null) => Err(ApiError::missing(&format!("{at}.{key}"))),
-        Some(_) => Err(ApiError::invalid(format!("{at}.{key} must be a string."), format!("{at}.{key}"))),
+        Some(_) => Err(ApiError::invalid(
+            format!("{at}.{key} must be a string."),
+            format!("{at}.{key}"),
+        )),
     }
 }
 
@@ -59,7 +66,10 @@ fn present(v: Option<&Value>) -> bool {
 /// The `thinking` field; `default` is the server's thinking switch.
 pub fn thinking(v: Option<&Value>, default: bool) -> Result<Thinking, ApiError> {
     let Some(v) = v.filter(|v| !v.is_null()) else {
-        return Ok(Thinking { enabled: default, display: true });
+        return Ok(Thinking {
+            enabled: default,
+            display: true,
+        });
     };
     let obj = object(v, "thinking")?;
     only_keys(obj, &["type", "budget_tokens", "display"], "thinking")?;
@@ -68,16 +78,24 @@ pub fn thinking(v: Option<&Value>, default: bool) -> Result<Thinking, ApiError> 
         Some(Value::String(s)) if s == "summarized" => true,
         Some(Value::String(s)) if s == "omitted" => false,
         Some(other) => {
-            return Err(ApiError::invalid(format!("thinking.display must be \"summarized\" or \"omitted\" (got {other})."), "thinking.display"));
+            return Err(ApiError::invalid(
+                format!("thinking.display must be \"summarized\" or \"omitted\" (got {other})."),
+                "thinking.display",
+            ));
         }
     };
     let enabled = match string(obj, "type", "thinking")? {
         "enabled" => {
             match obj.get("budget_tokens") {
                 Some(b) if b.as_u64().is_some_and(|n| n >= 1) => {}
-                None | Some(Value::Null) => return Err(ApiError::missing("thinking.budget_tokens")),
+                None | Some(Value::Null) => {
+                    return Err(ApiError::missing("thinking.budget_tokens"));
+                }
                 Some(b) => {
-                    return Err(ApiError::invalid(format!("thinking.budget_tokens must be a positive integer (got {b})."), "thinking.budget_tokens"));
+                    return Err(ApiError::invalid(
+                        format!("thinking.budget_tokens must be a positive integer (got {b})."),
+                        "thinking.budget_tokens",
+                    ));
                 }
             }
             true
@@ -99,7 +117,10 @@ pub fn thinking(v: Option<&Value>, default: bool) -> Result<Thinking, ApiError> 
 /// without tools and are accepted.
 pub fn reject_tools(tools: Option<&Value>, tool_choice: Option<&Value>) -> Result<(), ApiError> {
     if tools.is_some_and(|t| !t.is_null() && t.as_array().is_none_or(|a| !a.is_empty())) {
-        return Err(ApiError::unsupported("Tool use is not supported by this server: `tools` must be absent or empty.", "tools"));
+        return Err(ApiError::unsupported(
+            "Tool use is not supported by this server: `tools` must be absent or empty.",
+            "tools",
+        ));
     }
     if let Some(tc) = tool_choice.filter(|v| !v.is_null()) {
         let kind = tc.get("type").and_then(Value::as_str);
@@ -122,7 +143,10 @@ pub fn output_config(v: Option<&Value>) -> Result<(), ApiError> {
     let obj = object(v, "output_config")?;
     only_keys(obj, &["effort", "format"], "output_config")?;
     if present(obj.get("format")) {
-        return Err(ApiError::unsupported("Structured output (output_config.format) is not supported by this server.", "output_config.format"));
+        return Err(ApiError::unsupported(
+            "Structured output (output_config.format) is not supported by this server.",
+            "output_config.format",
+        ));
     }
     Ok(())
 }
@@ -130,7 +154,10 @@ pub fn output_config(v: Option<&Value>) -> Result<(), ApiError> {
 /// Refuses server-side features: each `(value, field, what)` that is set is a 400 naming `field`.
 pub fn refuse_set(fields: &[(Option<&Value>, &str, &str)]) -> Result<(), ApiError> {
     match fields.iter().find(|(v, _, _)| present(*v)) {
-        Some((_, field, what)) => Err(ApiError::unsupported(format!("{what} are not supported by this server."), *field)),
+        Some((_, field, what)) => Err(ApiError::unsupported(
+            format!("{what} are not supported by this server."),
+            *field,
+        )),
         None => Ok(()),
     }
 }
@@ -148,7 +175,10 @@ pub fn system(v: Option<&Value>, check: CheckBytes) -> Result<Option<String>, Ap
                 match string(obj, "type", &at)? {
                     "text" => {}
                     other => {
-                        return Err(ApiError::unsupported(format!("Unsupported system block type '{other}': only text blocks."), format!("{at}.type")));
+                        return Err(ApiError::unsupported(
+                            format!("Unsupported system block type '{other}': only text blocks."),
+                            format!("{at}.type"),
+                        ));
                     }
                 }
                 only_keys(obj, &["type", "text", "cache_control", "citations"], &at)?;
@@ -159,7 +189,12 @@ pub fn system(v: Option<&Value>, check: CheckBytes) -> Result<Option<String>, Ap
             }
             texts.join("\n")
         }
-        Some(_) => return Err(ApiError::invalid("system must be a string or a list of text blocks.", "system")),
+        Some(_) => {
+            return Err(ApiError::invalid(
+                "system must be a string or a list of text blocks.",
+                "system",
+            ));
+        }
     };
     check(&text, "system")?;
     Ok(Some(text))
@@ -173,9 +208,16 @@ struct Turn {
 }
 
 /// `messages` to template messages (with the system turn first, when given).
-pub fn messages(system: Option<String>, messages: &[Value], check: CheckBytes) -> Result<Vec<ChatMessage>, ApiError> {
+pub fn messages(
+    system: Option<String>,
+    messages: &[Value],
+    check: CheckBytes,
+) -> Result<Vec<ChatMessage>, ApiError> {
     if messages.is_empty() {
-        return Err(ApiError::invalid("messages must contain at least one message.", "messages"));
+        return Err(ApiError::invalid(
+            "messages must contain at least one message.",
+            "messages",
+        ));
     }
     let mut turns: Vec<Turn> = Vec::with_capacity(messages.len());
     for (i, m) in messages.iter().enumerate() {
@@ -217,11 +259,23 @@ fn message(i: usize, m: &Value, check: CheckBytes) -> Result<Turn, ApiError> {
         "user" => Role::User,
         "assistant" => Role::Assistant,
         "system" => {
-            return Err(ApiError::invalid("Invalid role 'system' in messages: use the top-level `system` field.", format!("{at}.role")));
+            return Err(ApiError::invalid(
+                "Invalid role 'system' in messages: use the top-level `system` field.",
+                format!("{at}.role"),
+            ));
         }
-        other => return Err(ApiError::invalid(format!("Invalid role '{other}': expected user or assistant."), format!("{at}.role"))),
+        other => {
+            return Err(ApiError::invalid(
+                format!("Invalid role '{other}': expected user or assistant."),
+                format!("{at}.role"),
+            ));
+        }
     };
-    let mut turn = Turn { role, texts: Vec::new(), reasoning: Vec::new() };
+    let mut turn = Turn {
+        role,
+        texts: Vec::new(),
+        reasoning: Vec::new(),
+    };
     match obj.get("content") {
         None | Some(Value::Null) => return Err(ApiError::missing(&format!("{at}.content"))),
         Some(Value::String(s)) => {
@@ -233,7 +287,12 @@ fn message(i: usize, m: &Value, check: CheckBytes) -> Result<Turn, ApiError> {
                 block(&mut turn, &format!("{at}.content[{j}]"), b, check)?;
             }
         }
-        Some(_) => return Err(ApiError::invalid("content must be a string or a list of content blocks.", format!("{at}.content"))),
+        Some(_) => {
+            return Err(ApiError::invalid(
+                "content must be a string or a list of content blocks.",
+                format!("{at}.content"),
+            ));
+        }
     }
     Ok(turn)
 }
@@ -245,7 +304,10 @@ fn block(turn: &mut Turn, at: &str, b: &Value, check: CheckBytes) -> Result<(), 
         if turn.role == Role::Assistant {
             Ok(())
         } else {
-            Err(ApiError::invalid(format!("{what} blocks may only appear in assistant messages."), format!("{at}.type")))
+            Err(ApiError::invalid(
+                format!("{what} blocks may only appear in assistant messages."),
+                format!("{at}.type"),
+            ))
         }
     };
     match kind {
@@ -273,7 +335,9 @@ fn block(turn: &mut Turn, at: &str, b: &Value, check: CheckBytes) -> Result<(), 
         }
         other => {
             return Err(ApiError::unsupported(
-                format!("Unsupported content block type '{other}': only text and thinking blocks are supported."),
+                format!(
+                    "Unsupported content block type '{other}': only text and thinking blocks are supported."
+                ),
                 format!("{at}.type"),
             ));
         }
@@ -291,7 +355,10 @@ mod tests {
     }
 
     fn param_of(e: ApiError) -> String {
-        e.body()["error"]["param"].as_str().unwrap_or_default().to_string()
+        e.body()["error"]["param"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string()
     }
 
     fn convert(system_v: Value, msgs: Value) -> Result<Vec<ChatMessage>, String> {
@@ -324,44 +391,113 @@ mod tests {
                 ChatMessage::user("again"),
             ]
         );
-        assert_eq!(convert(Value::Null, json!([{"role": "user", "content": "x"}])), Ok(vec![ChatMessage::user("x")]));
+        assert_eq!(
+            convert(Value::Null, json!([{"role": "user", "content": "x"}])),
+            Ok(vec![ChatMessage::user("x")])
+        );
     }
 
     #[test]
     fn errors_name_the_path() {
         let bad = |msgs: Value| convert(Value::Null, msgs).expect_err("should fail");
         assert_eq!(bad(json!([])), "messages");
-        assert_eq!(bad(json!([{"role": "system", "content": "x"}])), "messages[0].role");
+        assert_eq!(
+            bad(json!([{"role": "system", "content": "x"}])),
+            "messages[0].role"
+        );
         assert_eq!(bad(json!([{"role": "user"}])), "messages[0].content");
-        assert_eq!(bad(json!([{"role": "user", "content": "x", "name": "y"}])), "messages[0].name");
-        assert_eq!(bad(json!([{"role": "user", "content": [{"type": "image", "source": {}}]}])), "messages[0].content[0].type");
+        assert_eq!(
+            bad(json!([{"role": "user", "content": "x", "name": "y"}])),
+            "messages[0].name"
+        );
+        assert_eq!(
+            bad(json!([{"role": "user", "content": [{"type": "image", "source": {}}]}])),
+            "messages[0].content[0].type"
+        );
         let tool = json!([{"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t", "content": "1"}]}]);
         assert_eq!(bad(tool), "messages[0].content[0].type");
-        assert_eq!(bad(json!([{"role": "user", "content": [{"type": "thinking", "thinking": "x"}]}])), "messages[0].content[0].type");
-        assert_eq!(bad(json!([{"role": "user", "content": [{"type": "text"}]}])), "messages[0].content[0].text");
-        assert_eq!(bad(json!([{"role": "user", "content": "q"}, {"role": "assistant", "content": "The answer is ("}])), "messages[1].role");
-        assert_eq!(convert(json!([{"type": "image"}]), json!([{"role": "user", "content": "x"}])), Err("system[0].type".to_string()));
+        assert_eq!(
+            bad(json!([{"role": "user", "content": [{"type": "thinking", "thinking": "x"}]}])),
+            "messages[0].content[0].type"
+        );
+        assert_eq!(
+            bad(json!([{"role": "user", "content": [{"type": "text"}]}])),
+            "messages[0].content[0].text"
+        );
+        assert_eq!(
+            bad(
+                json!([{"role": "user", "content": "q"}, {"role": "assistant", "content": "The answer is ("}])
+            ),
+            "messages[1].role"
+        );
+        assert_eq!(
+            convert(
+                json!([{"type": "image"}]),
+                json!([{"role": "user", "content": "x"}])
+            ),
+            Err("system[0].type".to_string())
+        );
     }
 
     #[test]
     fn byte_cap_names_the_block() {
-        let cap = |text: &str, param: &str| if text.len() > 3 { Err(ApiError::invalid("too long", param)) } else { Ok(()) };
+        let cap = |text: &str, param: &str| {
+            if text.len() > 3 {
+                Err(ApiError::invalid("too long", param))
+            } else {
+                Ok(())
+            }
+        };
         let msgs = json!([{"role": "user", "content": [{"type": "text", "text": "ok"}, {"type": "text", "text": "long!"}]}]);
-        let e = messages(None, msgs.as_array().map_or(&[][..], Vec::as_slice), &cap).expect_err("over the cap");
+        let e = messages(None, msgs.as_array().map_or(&[][..], Vec::as_slice), &cap)
+            .expect_err("over the cap");
         assert_eq!(param_of(e), "messages[0].content[1].text");
     }
 
     #[test]
     fn thinking_switch() {
         let t = |v: Value| thinking(Some(&v), true).map_err(param_of);
-        assert_eq!(thinking(None, false), Ok(Thinking { enabled: false, display: true }));
-        assert_eq!(t(json!({"type": "enabled", "budget_tokens": 2048})), Ok(Thinking { enabled: true, display: true }));
-        assert_eq!(t(json!({"type": "adaptive", "display": "omitted"})), Ok(Thinking { enabled: true, display: false }));
-        assert_eq!(t(json!({"type": "disabled"})), Ok(Thinking { enabled: false, display: true }));
-        assert_eq!(t(json!({"type": "enabled"})), Err("thinking.budget_tokens".into()));
-        assert_eq!(t(json!({"type": "enabled", "budget_tokens": 0})), Err("thinking.budget_tokens".into()));
+        assert_eq!(
+            thinking(None, false),
+            Ok(Thinking {
+                enabled: false,
+                display: true
+            })
+        );
+        assert_eq!(
+            t(json!({"type": "enabled", "budget_tokens": 2048})),
+            Ok(Thinking {
+                enabled: true,
+                display: true
+            })
+        );
+        assert_eq!(
+            t(json!({"type": "adaptive", "display": "omitted"})),
+            Ok(Thinking {
+                enabled: true,
+                display: false
+            })
+        );
+        assert_eq!(
+            t(json!({"type": "disabled"})),
+            Ok(Thinking {
+                enabled: false,
+                display: true
+            })
+        );
+        assert_eq!(
+            t(json!({"type": "enabled"})),
+            Err("thinking.budget_tokens".into())
+        );
+        assert_eq!(
+            t(json!({"type": "enabled", "budget_tokens": 0})),
+            Err("thinking.budget_tokens".into())
+        );
         assert_eq!(t(json!({"type": "sometimes"})), Err("thinking.type".into()));
-        assert_eq!(t(json!({"type": "adaptive", "depth": 3})), Err("thinking.depth".into()));
+        assert_eq!(
+            t(json!({"type": "adaptive", "depth": 3})),
+            Err("thinking.depth".into())
+        );
     }
 
     #[test]
@@ -369,12 +505,24 @@ mod tests {
         assert!(reject_tools(Some(&json!([])), Some(&json!({"type": "auto"}))).is_ok());
         assert!(reject_tools(None, Some(&json!({"type": "none"}))).is_ok());
         let tools = json!([{"name": "f", "input_schema": {"type": "object"}}]);
-        assert_eq!(reject_tools(Some(&tools), None).map_err(param_of), Err("tools".into()));
-        assert_eq!(reject_tools(None, Some(&json!({"type": "any"}))).map_err(param_of), Err("tool_choice".into()));
+        assert_eq!(
+            reject_tools(Some(&tools), None).map_err(param_of),
+            Err("tools".into())
+        );
+        assert_eq!(
+            reject_tools(None, Some(&json!({"type": "any"}))).map_err(param_of),
+            Err("tool_choice".into())
+        );
         assert!(output_config(Some(&json!({"effort": "high"}))).is_ok());
-        assert_eq!(output_config(Some(&json!({"format": {"type": "json_schema"}}))).map_err(param_of), Err("output_config.format".into()));
+        assert_eq!(
+            output_config(Some(&json!({"format": {"type": "json_schema"}}))).map_err(param_of),
+            Err("output_config.format".into())
+        );
         let container = json!("c1");
-        let got = refuse_set(&[(None, "mcp_servers", "MCP servers"), (Some(&container), "container", "Containers")]);
+        let got = refuse_set(&[
+            (None, "mcp_servers", "MCP servers"),
+            (Some(&container), "container", "Containers"),
+        ]);
         assert_eq!(got.map_err(param_of), Err("container".into()));
     }
 }

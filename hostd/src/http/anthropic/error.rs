@@ -40,7 +40,9 @@ impl AnthropicError {
     /// The HTTP status.
     pub fn status(&self) -> StatusCode {
         match &self.0 {
-            ApiError::QueueFull { .. } | ApiError::QueuedTokensFull { .. } | ApiError::Busy { .. } => {
+            ApiError::QueueFull { .. }
+            | ApiError::QueuedTokensFull { .. }
+            | ApiError::Busy { .. } => {
                 StatusCode::from_u16(OVERLOADED).unwrap_or(StatusCode::SERVICE_UNAVAILABLE)
             }
             other => other.status(),
@@ -53,8 +55,12 @@ impl AnthropicError {
             ApiError::Unauthorized => "authentication_error",
             ApiError::ModelNotFound(_) | ApiError::RouteNotFound { .. } => "not_found_error",
             ApiError::BodyTooLarge { .. } => "request_too_large",
-            ApiError::QueueFull { .. } | ApiError::QueuedTokensFull { .. } | ApiError::Busy { .. } => "overloaded_error",
-            ApiError::Unavailable(_) | ApiError::ExpertsUnavailable { .. } | ApiError::Internal(_) => "api_error",
+            ApiError::QueueFull { .. }
+            | ApiError::QueuedTokensFull { .. }
+            | ApiError::Busy { .. } => "overloaded_error",
+            ApiError::Unavailable(_)
+            | ApiError::ExpertsUnavailable { .. }
+            | ApiError::Internal(_) => "api_error",
             ApiError::InvalidRequest { .. }
             | ApiError::ContextLength { .. }
             | ApiError::MethodNotAllowed { .. }
@@ -76,7 +82,8 @@ impl IntoResponse for AnthropicError {
         let request_id = crate::http::current_request_id();
         let mut resp = (self.status(), Json(self.body_for(request_id.as_deref()))).into_response();
         if let Some(retry_after_s) = self.0.retry_after_s() {
-            resp.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(retry_after_s));
+            resp.headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(retry_after_s));
         }
         resp
     }
@@ -92,31 +99,81 @@ mod tests {
         let body = a.body_for(Some("r1"));
         assert_eq!(body["type"], "error");
         assert_eq!(body["error"]["type"], ty);
-        assert!(body["error"]["message"].as_str().is_some_and(|m| !m.is_empty()), "{body}");
+        assert!(
+            body["error"]["message"]
+                .as_str()
+                .is_some_and(|m| !m.is_empty()),
+            "{body}"
+        );
         assert_eq!(body["request_id"], "r1");
     }
 
     #[test]
     fn statuses_and_types_follow_anthropic() {
-        check(ApiError::missing("max_tokens"), 400, "invalid_request_error");
+        check(
+            ApiError::missing("max_tokens"),
+            400,
+            "invalid_request_error",
+        );
         check(ApiError::Unauthorized, 401, "authentication_error");
         check(ApiError::ModelNotFound("x".into()), 404, "not_found_error");
-        check(ApiError::BodyTooLarge { limit_bytes: 1 }, 413, "request_too_large");
-        check(ApiError::QueueFull { max_queue: 1, retry_after_s: 1 }, 529, "overloaded_error");
-        check(ApiError::Busy { message: "pool".into(), retry_after_s: 1 }, 529, "overloaded_error");
+        check(
+            ApiError::BodyTooLarge { limit_bytes: 1 },
+            413,
+            "request_too_large",
+        );
+        check(
+            ApiError::QueueFull {
+                max_queue: 1,
+                retry_after_s: 1,
+            },
+            529,
+            "overloaded_error",
+        );
+        check(
+            ApiError::Busy {
+                message: "pool".into(),
+                retry_after_s: 1,
+            },
+            529,
+            "overloaded_error",
+        );
         check(ApiError::Unavailable("loading".into()), 503, "api_error");
-        check(ApiError::Internal("socket /x at 123".into()), 500, "api_error");
-        let e = ApiError::ContextLength { max_context: 10, requested: 12, prompt_tokens: 11, completion_tokens: 1, param: "messages" };
+        check(
+            ApiError::Internal("socket /x at 123".into()),
+            500,
+            "api_error",
+        );
+        let e = ApiError::ContextLength {
+            max_context: 10,
+            requested: 12,
+            prompt_tokens: 11,
+            completion_tokens: 1,
+            param: "messages",
+        };
         check(e, 400, "invalid_request_error");
     }
 
     #[test]
     fn retryable_errors_keep_retry_after_and_500s_hide_their_detail() {
-        let resp = AnthropicError(ApiError::QueueFull { max_queue: 1, retry_after_s: 2 }).into_response();
+        let resp = AnthropicError(ApiError::QueueFull {
+            max_queue: 1,
+            retry_after_s: 2,
+        })
+        .into_response();
         assert_eq!(resp.status().as_u16(), 529);
-        assert_eq!(resp.headers().get(header::RETRY_AFTER).and_then(|v| v.to_str().ok()), Some("2"));
-        let body = AnthropicError(ApiError::Internal("expertd.sock offset 99".into())).body_for(Some("r9"));
+        assert_eq!(
+            resp.headers()
+                .get(header::RETRY_AFTER)
+                .and_then(|v| v.to_str().ok()),
+            Some("2")
+        );
+        let body = AnthropicError(ApiError::Internal("expertd.sock offset 99".into()))
+            .body_for(Some("r9"));
         let message = body["error"]["message"].as_str().unwrap_or_default();
-        assert!(message.contains("r9") && !message.contains("expertd.sock"), "{body}");
+        assert!(
+            message.contains("r9") && !message.contains("expertd.sock"),
+            "{body}"
+        );
     }
 }

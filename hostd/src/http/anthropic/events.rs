@@ -50,7 +50,12 @@ impl Reply {
         }
     }
 
-    fn message(&self, content: Vec<ContentBlock>, stop: Option<(&'static str, Option<String>)>, usage: Usage) -> Message {
+    fn message(
+        &self,
+        content: Vec<ContentBlock>,
+        stop: Option<(&'static str, Option<String>)>,
+        usage: Usage,
+    ) -> Message {
         let (stop_reason, stop_sequence) = stop.map_or((None, None), |(r, s)| (Some(r), s));
         Message {
             id: self.id.clone(),
@@ -68,59 +73,83 @@ impl Reply {
     pub fn whole(&self, c: Collected) -> Message {
         let mut content = Vec::with_capacity(2);
         if !c.delta.reasoning.is_empty() {
-            let thinking = if self.display_thinking { c.delta.reasoning } else { String::new() };
-            content.push(ContentBlock::Thinking { thinking, signature: String::new() });
+            let thinking = if self.display_thinking {
+                c.delta.reasoning
+            } else {
+                String::new()
+            };
+            content.push(ContentBlock::Thinking {
+                thinking,
+                signature: String::new(),
+            });
         }
         if !c.delta.content.is_empty() {
-            content.push(ContentBlock::Text { text: c.delta.content });
+            content.push(ContentBlock::Text {
+                text: c.delta.content,
+            });
         }
-        self.message(content, Some(self.stop_reason(c.reason)), Usage::from_engine(c.usage))
+        self.message(
+            content,
+            Some(self.stop_reason(c.reason)),
+            Usage::from_engine(c.usage),
+        )
     }
 
     /// The reply as Anthropic's event stream; `prompt_tokens` is the input count that
     /// `message_start` reports.
     pub fn stream(self, rx: UnboundedReceiver<Event>, prompt_tokens: usize) -> Response {
-        let start_usage = Usage { input_tokens: prompt_tokens, output_tokens: 0, cache_creation_input_tokens: None, cache_read_input_tokens: None };
+        let start_usage = Usage {
+            input_tokens: prompt_tokens,
+            output_tokens: 0,
+            cache_creation_input_tokens: None,
+            cache_read_input_tokens: None,
+        };
         let start = self.message(Vec::new(), None, start_usage);
         let first = vec![
-            frame("message_start", json!({ "type": "message_start", "message": start })),
+            frame(
+                "message_start",
+                json!({ "type": "message_start", "message": start }),
+            ),
             frame("ping", json!({ "type": "ping" })),
         ];
         let mut blocks = Blocks::default();
-        let format = move |_choice: usize, ev: Event| match ev {
-            Event::Delta(d) => {
-                let mut out = Vec::new();
-                if !d.reasoning.is_empty() {
-                    blocks.open(Kind::Thinking, &mut out);
-                    if self.display_thinking {
-                        out.push(blocks.delta(json!({ "type": "thinking_delta", "thinking": d.reasoning })));
+        let format =
+            move |_choice: usize, ev: Event| match ev {
+                Event::Delta(d) => {
+                    let mut out = Vec::new();
+                    if !d.reasoning.is_empty() {
+                        blocks.open(Kind::Thinking, &mut out);
+                        if self.display_thinking {
+                            out.push(blocks.delta(
+                                json!({ "type": "thinking_delta", "thinking": d.reasoning }),
+                            ));
+                        }
                     }
+                    if !d.content.is_empty() {
+                        blocks.open(Kind::Text, &mut out);
+                        out.push(blocks.delta(json!({ "type": "text_delta", "text": d.content })));
+                    }
+                    out
                 }
-                if !d.content.is_empty() {
-                    blocks.open(Kind::Text, &mut out);
-                    out.push(blocks.delta(json!({ "type": "text_delta", "text": d.content })));
+                Event::Done { reason, usage } => {
+                    let mut out = Vec::new();
+                    blocks.close(&mut out);
+                    let (stop_reason, stop_sequence) = self.stop_reason(reason);
+                    let usage = Usage::from_engine(usage);
+                    out.push(frame(
+                        "message_delta",
+                        json!({
+                            "type": "message_delta",
+                            "delta": { "stop_reason": stop_reason, "stop_sequence": stop_sequence },
+                            "usage": usage,
+                        }),
+                    ));
+                    out.push(frame("message_stop", json!({ "type": "message_stop" })));
+                    out
                 }
-                out
-            }
-            Event::Done { reason, usage } => {
-                let mut out = Vec::new();
-                blocks.close(&mut out);
-                let (stop_reason, stop_sequence) = self.stop_reason(reason);
-                let usage = Usage::from_engine(usage);
-                out.push(frame(
-                    "message_delta",
-                    json!({
-                        "type": "message_delta",
-                        "delta": { "stop_reason": stop_reason, "stop_sequence": stop_sequence },
-                        "usage": usage,
-                    }),
-                ));
-                out.push(frame("message_stop", json!({ "type": "message_stop" })));
-                out
-            }
-            // Failures are framed by `framing()`.
-            Event::Failed(_) => Vec::new(),
-        };
+                // Failures are framed by `framing()`.
+                Event::Failed(_) => Vec::new(),
+            };
         stream::sse_framed(stream::Choices::new(vec![rx]), first, format, framing())
     }
 }
@@ -129,9 +158,18 @@ impl Reply {
 /// the end (the formatter sent `message_stop`), `ping` events as keep-alives.
 fn framing() -> Framing {
     Framing {
-        failure: Box::new(|e, request_id| vec![frame("error", AnthropicError(e.clone()).body_for(request_id))]),
+        failure: Box::new(|e, request_id| {
+            vec![frame(
+                "error",
+                AnthropicError(e.clone()).body_for(request_id),
+            )]
+        }),
         done: Vec::new(),
-        keep_alive: KeepAlive::new().event(SseEvent::default().event("ping").data(json!({ "type": "ping" }).to_string())),
+        keep_alive: KeepAlive::new().event(
+            SseEvent::default()
+                .event("ping")
+                .data(json!({ "type": "ping" }).to_string()),
+        ),
     }
 }
 
@@ -156,18 +194,27 @@ impl Blocks {
             Kind::Thinking => json!({ "type": "thinking", "thinking": "", "signature": "" }),
             Kind::Text => json!({ "type": "text", "text": "" }),
         };
-        out.push(frame("content_block_start", json!({ "type": "content_block_start", "index": index, "content_block": block })));
+        out.push(frame(
+            "content_block_start",
+            json!({ "type": "content_block_start", "index": index, "content_block": block }),
+        ));
     }
 
     /// A delta of the open block (one is always open when this is called).
     fn delta(&self, delta: Value) -> SseEvent {
         let index = self.open.map_or(0, |(i, _)| i);
-        frame("content_block_delta", json!({ "type": "content_block_delta", "index": index, "delta": delta }))
+        frame(
+            "content_block_delta",
+            json!({ "type": "content_block_delta", "index": index, "delta": delta }),
+        )
     }
 
     fn close(&mut self, out: &mut Vec<SseEvent>) {
         if let Some((index, _)) = self.open.take() {
-            out.push(frame("content_block_stop", json!({ "type": "content_block_stop", "index": index })));
+            out.push(frame(
+                "content_block_stop",
+                json!({ "type": "content_block_stop", "index": index }),
+            ));
         }
     }
 }
@@ -178,11 +225,20 @@ mod tests {
     use crate::engine::{Delta, Usage as EngineUsage};
 
     fn reply(display_thinking: bool) -> Reply {
-        Reply { id: "msg_1".into(), model: "m".into(), stop: vec!["END".into()], display_thinking }
+        Reply {
+            id: "msg_1".into(),
+            model: "m".into(),
+            stop: vec!["END".into()],
+            display_thinking,
+        }
     }
 
     fn delta(reasoning: &str, content: &str) -> Event {
-        Event::Delta(Delta { reasoning: reasoning.into(), content: content.into(), logprobs: Vec::new() })
+        Event::Delta(Delta {
+            reasoning: reasoning.into(),
+            content: content.into(),
+            logprobs: Vec::new(),
+        })
     }
 
     /// The (event name, data) pairs of a streamed reply.
@@ -192,12 +248,21 @@ mod tests {
             let _ = tx.send(e);
         }
         drop(tx);
-        let body = axum::body::to_bytes(r.stream(rx, 7).into_body(), 1 << 20).await.expect("body");
+        let body = axum::body::to_bytes(r.stream(rx, 7).into_body(), 1 << 20)
+            .await
+            .expect("body");
         let text = String::from_utf8_lossy(&body).into_owned();
         let mut out = Vec::new();
         for chunk in text.split("\n\n").filter(|c| !c.trim().is_empty()) {
-            let name = chunk.lines().find_map(|l| l.strip_prefix("event: ")).unwrap_or_default().to_string();
-            let data = chunk.lines().find_map(|l| l.strip_prefix("data: ")).unwrap_or_default();
+            let name = chunk
+                .lines()
+                .find_map(|l| l.strip_prefix("event: "))
+                .unwrap_or_default()
+                .to_string();
+            let data = chunk
+                .lines()
+                .find_map(|l| l.strip_prefix("data: "))
+                .unwrap_or_default();
             out.push((name, serde_json::from_str(data).expect("json data")));
         }
         out
@@ -205,8 +270,20 @@ mod tests {
 
     #[tokio::test]
     async fn stream_events_come_in_anthropics_order() {
-        let usage = EngineUsage { prompt_tokens: 7, completion_tokens: 5, cached_tokens: 3 };
-        let evs = vec![delta("let me", ""), delta(" think", "Hi"), delta("", " there"), Event::Done { reason: FinishReason::StopString(0), usage }];
+        let usage = EngineUsage {
+            prompt_tokens: 7,
+            completion_tokens: 5,
+            cached_tokens: 3,
+        };
+        let evs = vec![
+            delta("let me", ""),
+            delta(" think", "Hi"),
+            delta("", " there"),
+            Event::Done {
+                reason: FinishReason::StopString(0),
+                usage,
+            },
+        ];
         let got = events(reply(true), evs).await;
         let names: Vec<&str> = got.iter().map(|(n, _)| n.as_str()).collect();
         assert_eq!(
@@ -232,12 +309,33 @@ mod tests {
         assert_eq!(got[0].1["message"]["usage"]["input_tokens"], 7);
         assert!(got[0].1["message"]["stop_reason"].is_null());
         assert_eq!(got[2].1["content_block"]["type"], "thinking");
-        assert_eq!((got[4].1["index"].clone(), got[4].1["delta"]["thinking"].clone()), (json!(0), json!(" think")));
+        assert_eq!(
+            (
+                got[4].1["index"].clone(),
+                got[4].1["delta"]["thinking"].clone()
+            ),
+            (json!(0), json!(" think"))
+        );
         assert_eq!(got[6].1["content_block"]["type"], "text");
-        assert_eq!((got[8].1["index"].clone(), got[8].1["delta"]["text"].clone()), (json!(1), json!(" there")));
+        assert_eq!(
+            (got[8].1["index"].clone(), got[8].1["delta"]["text"].clone()),
+            (json!(1), json!(" there"))
+        );
         let md = &got[10].1;
-        assert_eq!((md["delta"]["stop_reason"].clone(), md["delta"]["stop_sequence"].clone()), (json!("stop_sequence"), json!("END")));
-        assert_eq!((md["usage"]["input_tokens"].clone(), md["usage"]["cache_read_input_tokens"].clone()), (json!(4), json!(3)));
+        assert_eq!(
+            (
+                md["delta"]["stop_reason"].clone(),
+                md["delta"]["stop_sequence"].clone()
+            ),
+            (json!("stop_sequence"), json!("END"))
+        );
+        assert_eq!(
+            (
+                md["usage"]["input_tokens"].clone(),
+                md["usage"]["cache_read_input_tokens"].clone()
+            ),
+            (json!(4), json!(3))
+        );
         assert_eq!(md["usage"]["output_tokens"], 5);
     }
 
@@ -245,18 +343,46 @@ mod tests {
     async fn omitted_thinking_opens_the_block_without_text_and_failures_are_error_events() {
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
         let _ = tx.send(delta("secret", ""));
-        let _ = tx.send(Event::Failed(crate::engine::Failure { message: "boom at /x.sock".into(), retry_after_s: None }));
-        let body = axum::body::to_bytes(reply(false).stream(rx, 1).into_body(), 1 << 20).await.expect("body");
+        let _ = tx.send(Event::Failed(crate::engine::Failure {
+            message: "boom at /x.sock".into(),
+            retry_after_s: None,
+        }));
+        let body = axum::body::to_bytes(reply(false).stream(rx, 1).into_body(), 1 << 20)
+            .await
+            .expect("body");
         let text = String::from_utf8_lossy(&body);
-        assert!(!text.contains("secret") && !text.contains("x.sock"), "{text}");
-        assert!(text.contains("event: content_block_start") && !text.contains("thinking_delta"), "{text}");
-        assert!(text.contains("event: error") && text.contains("api_error") && !text.contains("message_stop"), "{text}");
+        assert!(
+            !text.contains("secret") && !text.contains("x.sock"),
+            "{text}"
+        );
+        assert!(
+            text.contains("event: content_block_start") && !text.contains("thinking_delta"),
+            "{text}"
+        );
+        assert!(
+            text.contains("event: error")
+                && text.contains("api_error")
+                && !text.contains("message_stop"),
+            "{text}"
+        );
     }
 
     #[test]
     fn whole_message_shape() {
-        let usage = EngineUsage { prompt_tokens: 9, completion_tokens: 4, cached_tokens: 0 };
-        let c = Collected { delta: Delta { reasoning: "r".into(), content: "a".into(), logprobs: Vec::new() }, reason: FinishReason::Length, usage };
+        let usage = EngineUsage {
+            prompt_tokens: 9,
+            completion_tokens: 4,
+            cached_tokens: 0,
+        };
+        let c = Collected {
+            delta: Delta {
+                reasoning: "r".into(),
+                content: "a".into(),
+                logprobs: Vec::new(),
+            },
+            reason: FinishReason::Length,
+            usage,
+        };
         let m = serde_json::to_value(reply(true).whole(c)).expect("json");
         assert_eq!(
             m,
@@ -267,8 +393,15 @@ mod tests {
                 "usage": {"input_tokens": 9, "output_tokens": 4, "cache_creation_input_tokens": null, "cache_read_input_tokens": 0}
             })
         );
-        let c = Collected { delta: Delta::default(), reason: FinishReason::Stop, usage };
+        let c = Collected {
+            delta: Delta::default(),
+            reason: FinishReason::Stop,
+            usage,
+        };
         let m = serde_json::to_value(reply(true).whole(c)).expect("json");
-        assert_eq!((m["content"].clone(), m["stop_reason"].clone()), (json!([]), json!("end_turn")));
+        assert_eq!(
+            (m["content"].clone(), m["stop_reason"].clone()),
+            (json!([]), json!("end_turn"))
+        );
     }
 }

@@ -56,20 +56,36 @@ fn conversation(app: &AppState, c: Conversation) -> Result<(Vec<ChatMessage>, Th
     convert::output_config(c.output_config)?;
     convert::refuse_set(&[
         (c.mcp_servers, "mcp_servers", "MCP servers"),
-        (c.context_management, "context_management", "Server-side context edits"),
+        (
+            c.context_management,
+            "context_management",
+            "Server-side context edits",
+        ),
     ])?;
     let thinking = convert::thinking(c.thinking, app.config.enable_thinking)?;
     let check = |text: &str, param: &str| app.admission.check_prompt_bytes(text, param);
     let system = convert::system(c.system, &check)?;
-    let messages = convert::messages(system, c.messages.ok_or_else(|| ApiError::missing("messages"))?, &check)?;
+    let messages = convert::messages(
+        system,
+        c.messages.ok_or_else(|| ApiError::missing("messages"))?,
+        &check,
+    )?;
     Ok((messages, thinking))
 }
 
 fn options(thinking: Thinking) -> ChatOptions {
-    ChatOptions { add_generation_prompt: true, enable_thinking: thinking.enabled, preserve_thinking: false }
+    ChatOptions {
+        add_generation_prompt: true,
+        enable_thinking: thinking.enabled,
+        preserve_thinking: false,
+    }
 }
 
-async fn read<T: serde::de::DeserializeOwned>(app: &AppState, headers: &HeaderMap, body: Body) -> Result<T, ApiError> {
+async fn read<T: serde::de::DeserializeOwned>(
+    app: &AppState,
+    headers: &HeaderMap,
+    body: Body,
+) -> Result<T, ApiError> {
     let body = app.admission.read_body(headers, body).await?;
     Ok(serde_json::from_slice(&body)?)
 }
@@ -85,7 +101,13 @@ pub async fn messages(
     let ready: &Ready = app.ready()?;
     let req: MessagesRequest = read(&app, &headers, body).await?;
     params::check_model(req.model.as_deref(), &app.config.served_model_name)?;
-    let max_tokens = params::max_tokens(Some(req.max_tokens.ok_or_else(|| ApiError::missing("max_tokens"))?), "max_tokens")?;
+    let max_tokens = params::max_tokens(
+        Some(
+            req.max_tokens
+                .ok_or_else(|| ApiError::missing("max_tokens"))?,
+        ),
+        "max_tokens",
+    )?;
     convert::refuse_set(&[(req.container.as_ref(), "container", "Containers")])?;
     let (messages, thinking) = conversation(
         &app,
@@ -100,10 +122,19 @@ pub async fn messages(
             context_management: req.context_management.as_ref(),
         },
     )?;
-    let fields = SamplingFields { temperature: req.temperature, top_p: req.top_p, top_k: req.top_k, ..SamplingFields::default() };
+    let fields = SamplingFields {
+        temperature: req.temperature,
+        top_p: req.top_p,
+        top_k: req.top_k,
+        ..SamplingFields::default()
+    };
     let sampling = params::sampling_params(&fields, false, None)?;
-    let stop = params::stop_list(req.stop_sequences.clone().unwrap_or_default(), "stop_sequences")?;
-    let prompt = generate::tokenize_chat(&app, ready, messages, Vec::new(), options(thinking), true).await?;
+    let stop = params::stop_list(
+        req.stop_sequences.clone().unwrap_or_default(),
+        "stop_sequences",
+    )?;
+    let prompt =
+        generate::tokenize_chat(&app, ready, messages, Vec::new(), options(thinking), true).await?;
     let generation = ChatGeneration {
         request_id: request_id.clone(),
         received,
@@ -115,7 +146,12 @@ pub async fn messages(
         thinking: thinking.enabled,
     };
     let (rx, prompt_tokens) = generate::submit_chat(&app, ready, generation)?;
-    let reply = Reply { id: format!("msg_{request_id}"), model: app.config.served_model_name.clone(), stop, display_thinking: thinking.display };
+    let reply = Reply {
+        id: format!("msg_{request_id}"),
+        model: app.config.served_model_name.clone(),
+        stop,
+        display_thinking: thinking.display,
+    };
     if req.stream == Some(true) {
         Ok(reply.stream(rx, prompt_tokens))
     } else {
@@ -126,7 +162,11 @@ pub async fn messages(
 
 /// `POST /v1/messages/count_tokens`: the prompt's tokens as `/v1/messages` would render them
 /// (system, messages, thinking switch, generation prompt), without generating.
-pub async fn count_tokens(State(app): State<Arc<AppState>>, headers: HeaderMap, body: Body) -> Result<Response, AnthropicError> {
+pub async fn count_tokens(
+    State(app): State<Arc<AppState>>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, AnthropicError> {
     let ready: &Ready = app.ready()?;
     let req: CountTokensRequest = read(&app, &headers, body).await?;
     params::check_model(req.model.as_deref(), &app.config.served_model_name)?;
@@ -143,6 +183,11 @@ pub async fn count_tokens(State(app): State<Arc<AppState>>, headers: HeaderMap, 
             context_management: req.context_management.as_ref(),
         },
     )?;
-    let prompt = generate::tokenize_chat(&app, ready, messages, Vec::new(), options(thinking), false).await?;
-    Ok(axum::Json(TokenCount { input_tokens: prompt.ids.len() }).into_response())
+    let prompt =
+        generate::tokenize_chat(&app, ready, messages, Vec::new(), options(thinking), false)
+            .await?;
+    Ok(axum::Json(TokenCount {
+        input_tokens: prompt.ids.len(),
+    })
+    .into_response())
 }
