@@ -18,6 +18,7 @@ mod locator;
 mod parity;
 mod serve;
 mod serve_anthropic;
+mod serve_anthropic_tools;
 mod serve_fairness;
 mod serve_fields;
 mod serve_limits;

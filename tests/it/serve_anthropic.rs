@@ -1,7 +1,8 @@
 //! `hostd serve`'s Anthropic Messages API end to end (`/v1/messages`, `/v1/messages/count_tokens`)
 //! on the tiny fixture: reply and usage shapes, the streamed event order and its equality with the
 //! whole reply, stop sequences, Anthropic-shaped errors, `x-api-key` auth, 529 when the queue is
-//! full, the endpoint's metrics label, and client-disconnect cancellation of a stream.
+//! full, the endpoint's metrics label, and client-disconnect cancellation of a stream. Tool use is
+//! in `serve_anthropic_tools.rs`.
 
 use crate::serve::{Server, check_error, wait_for};
 use serde_json::{Value, json};
@@ -9,12 +10,16 @@ use std::io::{BufRead, BufReader, Read};
 use std::net::TcpStream;
 use std::time::Duration;
 
-fn user(text: &str) -> Value {
+pub(crate) fn user(text: &str) -> Value {
     json!([{ "role": "user", "content": text }])
 }
 
 /// Asserts Anthropic's error shape and status; returns `error.type`.
-fn check_anthropic_error(r: &crate::serve::Response, status: u16, error_type: &str) -> String {
+pub(crate) fn check_anthropic_error(
+    r: &crate::serve::Response,
+    status: u16,
+    error_type: &str,
+) -> String {
     assert_eq!(r.status, status, "{}", r.text());
     let body = r.json();
     assert_eq!(body["type"], "error", "{body}");
@@ -28,7 +33,7 @@ fn check_anthropic_error(r: &crate::serve::Response, status: u16, error_type: &s
     message
 }
 
-fn post(s: &Server, path: &str, body: &Value) -> crate::serve::Response {
+pub(crate) fn post(s: &Server, path: &str, body: &Value) -> crate::serve::Response {
     s.request(
         "POST",
         path,
@@ -37,7 +42,7 @@ fn post(s: &Server, path: &str, body: &Value) -> crate::serve::Response {
     )
 }
 
-fn create(s: &Server, body: Value) -> Value {
+pub(crate) fn create(s: &Server, body: Value) -> Value {
     let r = post(s, "/v1/messages", &body);
     assert_eq!(r.status, 200, "{}", r.text());
     assert!(
@@ -48,7 +53,7 @@ fn create(s: &Server, body: Value) -> Value {
 }
 
 /// The (event name, data) pairs of an SSE body.
-fn events(text: &str) -> Vec<(String, Value)> {
+pub(crate) fn events(text: &str) -> Vec<(String, Value)> {
     text.split("\n\n")
         .filter(|chunk| chunk.lines().any(|l| l.starts_with("data: ")))
         .map(|chunk| {
@@ -72,8 +77,10 @@ fn events(text: &str) -> Vec<(String, Value)> {
 
 /// Folds a stream's events into the message they describe, checking their order on the way:
 /// `message_start`, `ping`, blocks that each open, take deltas of their own type and close
-/// before the next opens, then `message_delta` and `message_stop`.
-fn fold(evs: &[(String, Value)]) -> Value {
+/// before the next opens, then `message_delta` and `message_stop`. A `tool_use` block's
+/// `partial_json` fragments are concatenated and parsed as its `input` when it closes (as the
+/// anthropic SDK's accumulator does).
+pub(crate) fn fold(evs: &[(String, Value)]) -> Value {
     let names: Vec<&str> = evs.iter().map(|(n, _)| n.as_str()).collect();
     assert_eq!(names[..2], ["message_start", "ping"], "{names:?}");
     assert_eq!(
@@ -94,6 +101,7 @@ fn fold(evs: &[(String, Value)]) -> Value {
         "{message}"
     );
     let mut open: Option<usize> = None;
+    let mut partial_json = String::new();
     for (name, data) in &evs[2..evs.len() - 2] {
         let index = data["index"].as_u64().expect("index") as usize;
         match name.as_str() {
@@ -127,11 +135,31 @@ fn fold(evs: &[(String, Value)]) -> Value {
                             data["delta"]["text"].as_str().unwrap_or("")
                         ));
                     }
+                    (Some("tool_use"), Some("input_json_delta")) => {
+                        partial_json.push_str(
+                            data["delta"]["partial_json"]
+                                .as_str()
+                                .expect("partial_json"),
+                        );
+                    }
                     other => panic!("delta {other:?} in the wrong block"),
                 }
             }
             "content_block_stop" => {
                 assert_eq!(open.take(), Some(index));
+                let block = &mut message["content"][index];
+                if block["type"] == "tool_use" {
+                    assert_eq!(
+                        block["input"],
+                        json!({}),
+                        "a tool_use block starts with an empty input"
+                    );
+                    let input: Value = serde_json::from_str(&std::mem::take(&mut partial_json))
+                        .unwrap_or_else(|e| {
+                            panic!("the partial_json fragments are not one JSON value ({e})")
+                        });
+                    block["input"] = input;
+                }
             }
             other => panic!("unexpected event {other}"),
         }
@@ -328,11 +356,21 @@ fn errors_on_anthropic_routes_are_anthropic_shaped() {
         .contains("frequency_penalty")
     );
     msg(with("model", json!("claude-nope")), 404, "not_found_error");
-    let tools = json!([{ "name": "get_weather", "input_schema": { "type": "object" } }]);
-    assert!(msg(with("tools", tools), 400, "invalid_request_error").contains("Tool use"));
+    let tools = json!([{ "type": "web_search_20250305", "name": "web_search" }]);
+    assert!(
+        msg(with("tools", tools), 400, "invalid_request_error").contains("web_search_20250305")
+    );
     let tool_result = json!([{ "role": "user", "content": [{ "type": "tool_result", "tool_use_id": "t1", "content": "20 C" }] }]);
     assert!(
-        msg(with("messages", tool_result), 400, "invalid_request_error").contains("tool_result")
+        msg(with("messages", tool_result), 400, "invalid_request_error").contains("tool_use_id")
+    );
+    assert!(
+        msg(
+            with("tool_choice", json!({ "type": "any" })),
+            400,
+            "invalid_request_error"
+        )
+        .contains("requires tools")
     );
     let prefill = json!([{ "role": "user", "content": "q" }, { "role": "assistant", "content": "The answer is (" }]);
     assert!(msg(with("messages", prefill), 400, "invalid_request_error").contains("prefill"));

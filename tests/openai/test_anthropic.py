@@ -105,6 +105,7 @@ def test_errors_are_anthropic_errors(anthropic_client, model):
         anthropic_client.messages.create(
             model=model, max_tokens=4, messages=USER,
             tools=[{"name": "get_weather", "input_schema": {"type": "object", "properties": {}}}],
+            tool_choice={"type": "tool", "name": "get_time"},
         )
     assert e.value.body["error"]["type"] == "invalid_request_error"
-    assert "tool" in e.value.body["error"]["message"].lower()
+    assert "get_time" in e.value.body["error"]["message"]

@@ -11,8 +11,9 @@
 
 use super::admission;
 use super::error::ApiError;
-use super::{AppState, Ready, params};
+use super::{AppState, Ready, params, response_format};
 use crate::chat_template::{self, ChatMessage, ChatOptions};
+use crate::constraint::{ConstraintSpec, StartOptions};
 use crate::engine::{Event, GenRequest};
 use crate::sampling::SamplingParams;
 use crate::tokenizer::Tokenizer;
@@ -101,11 +102,16 @@ pub struct ChatGeneration {
     pub ignore_eos: bool,
     /// The generation prompt opened a `<think>` block.
     pub thinking: bool,
+    /// A grammar the answer must follow (forced tool calls), compiled once the budget is known;
+    /// its errors name `constraint_param`.
+    pub constraint: Option<ConstraintSpec>,
+    /// The field a constraint error names.
+    pub constraint_param: &'static str,
 }
 
-/// Fits the budget to the context and submits; returns the event receiver (dropping it cancels
-/// the generation) and the prompt's token count.
-pub fn submit_chat(
+/// Fits the budget to the context, compiles the constraint (in the bounded pool) and submits;
+/// returns the event receiver (dropping it cancels the generation) and the prompt's token count.
+pub async fn submit_chat(
     app: &AppState,
     ready: &Ready,
     g: ChatGeneration,
@@ -119,6 +125,16 @@ pub fn submit_chat(
         max_context,
         "messages",
     )?;
+    let constraint = match g.constraint {
+        None => None,
+        Some(spec) => {
+            let start = StartOptions::new(g.thinking, max_tokens);
+            Some(
+                response_format::compile(app, &ready.grammars, spec, start, g.constraint_param)
+                    .await?,
+            )
+        }
+    };
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
     let request = GenRequest {
         request_id: g.request_id,
@@ -137,7 +153,7 @@ pub fn submit_chat(
         split_reasoning: true,
         reasoning: g.thinking,
         skip_special_tokens: true,
-        constraint: None,
+        constraint,
         received: g.received,
         events: tx,
     };

@@ -205,7 +205,7 @@ fn tool_spec(i: usize, tool: &Value) -> Result<ToolSpec, ApiError> {
 }
 
 /// Names go into the prompt as `<function=NAME>`: 1–128 of `A-Z a-z 0-9 _ - . :`.
-fn check_name(name: &str, param: &str) -> Result<(), ApiError> {
+pub fn check_name(name: &str, param: &str) -> Result<(), ApiError> {
     let ok = !name.is_empty()
         && name.len() <= MAX_NAME_LEN
         && name
@@ -359,8 +359,13 @@ pub fn history_tool_calls(i: usize, v: &Value) -> Result<Vec<ToolCall>, ApiError
 
 /// A fresh tool-call id: `call_` and 24 random alphanumerics.
 pub fn call_id() -> String {
+    random_id("call_")
+}
+
+/// `prefix` and 24 random alphanumerics (tool-call ids of both APIs).
+pub fn random_id(prefix: &str) -> String {
     const ALPHABET: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
-    let mut out = String::from("call_");
+    let mut out = String::from(prefix);
     let mut bits = 0u64;
     for i in 0..24 {
         if i % 8 == 0 {

@@ -1,7 +1,7 @@
 //! Anthropic request fields to the server's chat inputs: `system` and `messages` to template
 //! messages, `thinking` to the thinking switch, and the refusal of what this server does not
-//! do (tools, structured output, server-side features). Every error names its field's path
-//! (`messages[2].content[0].type`).
+//! do (structured output, server-side features). Every error names its field's path
+//! (`messages[2].content[0].type`). Tool definitions and `tool_choice` are in `tools.rs`.
 //!
 //! Mapping:
 //! - `system` (a string or text blocks, joined by newlines) becomes the system turn.
@@ -10,6 +10,12 @@
 //! - `thinking` blocks of an assistant turn become its `reasoning_content` (the template keeps
 //!   the reasoning of turns after the last user message only); their `signature` is ignored, as
 //!   are `redacted_thinking` blocks (nothing here can read them).
+//! - An assistant turn's `tool_use` blocks become its tool calls (name and `input` object; the
+//!   `id` must be unique), rendered after its text as the template renders OpenAI `tool_calls`.
+//! - A user turn's `tool_result` blocks become tool messages (the template's
+//!   `<tool_response>`), in block order with the turn's text; the content is a string or text
+//!   blocks joined by newlines; `is_error: true` prefixes it with `Error: `. `tool_use_id` must
+//!   name a `tool_use` block of an earlier assistant turn.
 //! - A final assistant message (prefill) is refused: the Qwen template closes every assistant
 //!   turn, so the reply could not continue it.
 //! - `thinking.type` `enabled` and `adaptive` turn thinking on, `disabled` off; absent, the
@@ -17,8 +23,9 @@
 //!   a separate limit: reasoning and answer share `max_tokens`. `display: "omitted"` returns
 //!   thinking blocks with empty text.
 
-use crate::chat_template::{ChatMessage, Role};
+use crate::chat_template::{ChatMessage, Role, ToolCall};
 use crate::http::error::ApiError;
+use crate::http::tools::check_name;
 use serde_json::{Map, Value};
 
 /// The thinking switch of a request.
@@ -33,12 +40,16 @@ pub struct Thinking {
 /// Checks one piece of prompt text against the byte cap (`param` names it).
 pub type CheckBytes<'a> = &'a dyn Fn(&str, &str) -> Result<(), ApiError>;
 
-fn object<'a>(v: &'a Value, at: &str) -> Result<&'a Map<String, Value>, ApiError> {
+pub(super) fn object<'a>(v: &'a Value, at: &str) -> Result<&'a Map<String, Value>, ApiError> {
     v.as_object()
         .ok_or_else(|| ApiError::invalid(format!("{at} must be an object."), at))
 }
 
-fn only_keys(obj: &Map<String, Value>, allowed: &[&str], at: &str) -> Result<(), ApiError> {
+pub(super) fn only_keys(
+    obj: &Map<String, Value>,
+    allowed: &[&str],
+    at: &str,
+) -> Result<(), ApiError> {
     match obj.keys().find(|k| !allowed.contains(&k.as_str())) {
         Some(k) => Err(ApiError::unsupported(
             format!("Unrecognized field: {at}.{k}"),
@@ -48,7 +59,11 @@ fn only_keys(obj: &Map<String, Value>, allowed: &[&str], at: &str) -> Result<(),
     }
 }
 
-fn string<'a>(obj: &'a Map<String, Value>, key: &str, at: &str) -> Result<&'a str, ApiError> {
+pub(super) fn string<'a>(
+    obj: &'a Map<String, Value>,
+    key: &str,
+    at: &str,
+) -> Result<&'a str, ApiError> {
     match obj.get(key) {
         Some(Value::String(s)) => Ok(s),
         None | Some(Value::Null) => Err(ApiError::missing(&format!("{at}.{key}"))),
@@ -110,28 +125,6 @@ pub fn thinking(v: Option<&Value>, default: bool) -> Result<Thinking, ApiError> 
         }
     };
     Ok(Thinking { enabled, display })
-}
-
-/// Refuses tool definitions and a tool choice that would need them (tool use is not
-/// implemented by this server yet). `tools: []`, and `tool_choice` `auto`/`none`, change nothing
-/// without tools and are accepted.
-pub fn reject_tools(tools: Option<&Value>, tool_choice: Option<&Value>) -> Result<(), ApiError> {
-    if tools.is_some_and(|t| !t.is_null() && t.as_array().is_none_or(|a| !a.is_empty())) {
-        return Err(ApiError::unsupported(
-            "Tool use is not supported by this server: `tools` must be absent or empty.",
-            "tools",
-        ));
-    }
-    if let Some(tc) = tool_choice.filter(|v| !v.is_null()) {
-        let kind = tc.get("type").and_then(Value::as_str);
-        if !matches!(kind, Some("auto" | "none")) {
-            return Err(ApiError::unsupported(
-                "Tool use is not supported by this server: only tool_choice {\"type\": \"auto\"} or {\"type\": \"none\"} is accepted.",
-                "tool_choice",
-            ));
-        }
-    }
-    Ok(())
 }
 
 /// `output_config`: `effort` is accepted and ignored (thinking is a switch here, not a
@@ -200,11 +193,24 @@ pub fn system(v: Option<&Value>, check: CheckBytes) -> Result<Option<String>, Ap
     Ok(Some(text))
 }
 
-/// One message's text and reasoning.
+/// One turn of the conversation: a message's text, reasoning and tool calls, or one tool
+/// result (role [`Role::Tool`], never merged with its neighbours).
 struct Turn {
     role: Role,
     texts: Vec<String>,
     reasoning: Vec<String>,
+    calls: Vec<ToolCall>,
+}
+
+impl Turn {
+    fn new(role: Role) -> Turn {
+        Turn {
+            role,
+            texts: Vec::new(),
+            reasoning: Vec::new(),
+            calls: Vec::new(),
+        }
+    }
 }
 
 /// `messages` to template messages (with the system turn first, when given).
@@ -220,14 +226,17 @@ pub fn messages(
         ));
     }
     let mut turns: Vec<Turn> = Vec::with_capacity(messages.len());
+    let mut tool_use_ids: Vec<String> = Vec::new();
     for (i, m) in messages.iter().enumerate() {
-        let turn = message(i, m, check)?;
-        match turns.last_mut() {
-            Some(last) if last.role == turn.role => {
-                last.texts.extend(turn.texts);
-                last.reasoning.extend(turn.reasoning);
+        for turn in message(i, m, check, &mut tool_use_ids)? {
+            match turns.last_mut() {
+                Some(last) if last.role == turn.role && turn.role != Role::Tool => {
+                    last.texts.extend(turn.texts);
+                    last.reasoning.extend(turn.reasoning);
+                    last.calls.extend(turn.calls);
+                }
+                _ => turns.push(turn),
             }
-            _ => turns.push(turn),
         }
     }
     if turns.last().is_some_and(|t| t.role == Role::Assistant) {
@@ -242,7 +251,7 @@ pub fn messages(
         out.push(ChatMessage::system(s));
     }
     for t in turns {
-        let mut m = ChatMessage::new(t.role, t.texts.join("\n"));
+        let mut m = ChatMessage::new(t.role, t.texts.join("\n")).with_tool_calls(t.calls);
         if t.role == Role::Assistant && !t.reasoning.is_empty() {
             m.reasoning_content = Some(t.reasoning.join("\n"));
         }
@@ -251,7 +260,14 @@ pub fn messages(
     Ok(out)
 }
 
-fn message(i: usize, m: &Value, check: CheckBytes) -> Result<Turn, ApiError> {
+/// One message as turns: an assistant message is one turn; a user message is its text and its
+/// tool results, in block order.
+fn message(
+    i: usize,
+    m: &Value,
+    check: CheckBytes,
+    tool_use_ids: &mut Vec<String>,
+) -> Result<Vec<Turn>, ApiError> {
     let at = format!("messages[{i}]");
     let obj = object(m, &at)?;
     only_keys(obj, &["role", "content"], &at)?;
@@ -271,20 +287,23 @@ fn message(i: usize, m: &Value, check: CheckBytes) -> Result<Turn, ApiError> {
             ));
         }
     };
-    let mut turn = Turn {
-        role,
-        texts: Vec::new(),
-        reasoning: Vec::new(),
-    };
+    let mut turns = Vec::new();
     match obj.get("content") {
         None | Some(Value::Null) => return Err(ApiError::missing(&format!("{at}.content"))),
         Some(Value::String(s)) => {
             check(s, &format!("{at}.content"))?;
-            turn.texts.push(s.clone());
+            text_turn(role, &mut turns).texts.push(s.clone());
         }
         Some(Value::Array(blocks)) => {
             for (j, b) in blocks.iter().enumerate() {
-                block(&mut turn, &format!("{at}.content[{j}]"), b, check)?;
+                block(
+                    role,
+                    &mut turns,
+                    &format!("{at}.content[{j}]"),
+                    b,
+                    check,
+                    tool_use_ids,
+                )?;
             }
         }
         Some(_) => {
@@ -294,18 +313,41 @@ fn message(i: usize, m: &Value, check: CheckBytes) -> Result<Turn, ApiError> {
             ));
         }
     }
-    Ok(turn)
+    if turns.is_empty() {
+        // No blocks (or only redacted thinking): an empty turn, as the message was.
+        turns.push(Turn::new(role));
+    }
+    Ok(turns)
 }
 
-fn block(turn: &mut Turn, at: &str, b: &Value, check: CheckBytes) -> Result<(), ApiError> {
+/// The turn that takes `role`'s text: the last one when it is of that role, else a new one.
+fn text_turn(role: Role, turns: &mut Vec<Turn>) -> &mut Turn {
+    if turns.last().is_none_or(|t| t.role != role) {
+        turns.push(Turn::new(role));
+    }
+    let last = turns.len() - 1;
+    &mut turns[last]
+}
+
+fn block(
+    role: Role,
+    turns: &mut Vec<Turn>,
+    at: &str,
+    b: &Value,
+    check: CheckBytes,
+    tool_use_ids: &mut Vec<String>,
+) -> Result<(), ApiError> {
     let obj = object(b, at)?;
     let kind = string(obj, "type", at)?;
-    let assistant_only = |what: &str| {
-        if turn.role == Role::Assistant {
+    let only_in = |want: Role, what: &str| {
+        if role == want {
             Ok(())
         } else {
             Err(ApiError::invalid(
-                format!("{what} blocks may only appear in assistant messages."),
+                format!(
+                    "{what} blocks may only appear in {} messages.",
+                    want.as_str()
+                ),
                 format!("{at}.type"),
             ))
         }
@@ -315,34 +357,157 @@ fn block(turn: &mut Turn, at: &str, b: &Value, check: CheckBytes) -> Result<(), 
             only_keys(obj, &["type", "text", "cache_control", "citations"], at)?;
             let text = string(obj, "text", at)?;
             check(text, &format!("{at}.text"))?;
-            turn.texts.push(text.to_string());
+            text_turn(role, turns).texts.push(text.to_string());
         }
         "thinking" => {
-            assistant_only("thinking")?;
+            only_in(Role::Assistant, "thinking")?;
             only_keys(obj, &["type", "thinking", "signature", "cache_control"], at)?;
             let text = string(obj, "thinking", at)?;
             check(text, &format!("{at}.thinking"))?;
-            turn.reasoning.push(text.to_string());
+            text_turn(role, turns).reasoning.push(text.to_string());
         }
         "redacted_thinking" => {
-            assistant_only("redacted_thinking")?;
+            only_in(Role::Assistant, "redacted_thinking")?;
         }
-        "tool_use" | "tool_result" | "server_tool_use" => {
+        "tool_use" => {
+            only_in(Role::Assistant, "tool_use")?;
+            only_keys(
+                obj,
+                &["type", "id", "name", "input", "cache_control", "caller"],
+                at,
+            )?;
+            let id = string(obj, "id", at)?;
+            if id.is_empty() || tool_use_ids.iter().any(|seen| seen == id) {
+                return Err(ApiError::invalid(
+                    format!(
+                        "{at}.id must be a non-empty id unique in the conversation (got {id:?})."
+                    ),
+                    format!("{at}.id"),
+                ));
+            }
+            let name = string(obj, "name", at)?;
+            check_name(name, &format!("{at}.name"))?;
+            let input = match obj.get("input") {
+                Some(Value::Object(m)) => m.clone(),
+                None | Some(Value::Null) => return Err(ApiError::missing(&format!("{at}.input"))),
+                Some(_) => {
+                    return Err(ApiError::invalid(
+                        format!("{at}.input must be an object."),
+                        format!("{at}.input"),
+                    ));
+                }
+            };
+            check(
+                &Value::Object(input.clone()).to_string(),
+                &format!("{at}.input"),
+            )?;
+            tool_use_ids.push(id.to_string());
+            text_turn(role, turns)
+                .calls
+                .push(ToolCall::new(name, input));
+        }
+        "tool_result" => {
+            only_in(Role::User, "tool_result")?;
+            only_keys(
+                obj,
+                &[
+                    "type",
+                    "tool_use_id",
+                    "content",
+                    "is_error",
+                    "cache_control",
+                ],
+                at,
+            )?;
+            let id = string(obj, "tool_use_id", at)?;
+            if !tool_use_ids.iter().any(|seen| seen == id) {
+                return Err(ApiError::invalid(
+                    format!(
+                        "{at}.tool_use_id '{id}' does not name a tool_use block of an earlier assistant message."
+                    ),
+                    format!("{at}.tool_use_id"),
+                ));
+            }
+            let is_error = match obj.get("is_error") {
+                None | Some(Value::Null) => false,
+                Some(Value::Bool(b)) => *b,
+                Some(_) => {
+                    return Err(ApiError::invalid(
+                        format!("{at}.is_error must be a boolean."),
+                        format!("{at}.is_error"),
+                    ));
+                }
+            };
+            let content = tool_result_content(obj.get("content"), at, check)?;
+            let content = match (is_error, content.is_empty()) {
+                (false, _) => content,
+                (true, true) => "Error".to_string(),
+                (true, false) => format!("Error: {content}"),
+            };
+            let mut turn = Turn::new(Role::Tool);
+            turn.texts.push(content);
+            turns.push(turn);
+        }
+        "server_tool_use"
+        | "web_search_tool_result"
+        | "web_fetch_tool_result"
+        | "code_execution_tool_result"
+        | "mcp_tool_use"
+        | "mcp_tool_result" => {
             return Err(ApiError::unsupported(
-                format!("Tool use is not supported by this server: '{kind}' blocks are refused."),
+                format!(
+                    "Server-side tools are not supported by this server: '{kind}' blocks are refused."
+                ),
                 format!("{at}.type"),
             ));
         }
         other => {
             return Err(ApiError::unsupported(
                 format!(
-                    "Unsupported content block type '{other}': only text and thinking blocks are supported."
+                    "Unsupported content block type '{other}': only text, thinking, tool_use and tool_result blocks are supported."
                 ),
                 format!("{at}.type"),
             ));
         }
     }
     Ok(())
+}
+
+/// A `tool_result`'s `content`: absent, a string, or text blocks (joined by newlines).
+fn tool_result_content(v: Option<&Value>, at: &str, check: CheckBytes) -> Result<String, ApiError> {
+    let text = match v {
+        None | Some(Value::Null) => String::new(),
+        Some(Value::String(s)) => s.clone(),
+        Some(Value::Array(blocks)) => {
+            let mut texts = Vec::with_capacity(blocks.len());
+            for (k, b) in blocks.iter().enumerate() {
+                let bat = format!("{at}.content[{k}]");
+                let obj = object(b, &bat)?;
+                match string(obj, "type", &bat)? {
+                    "text" => {}
+                    other => {
+                        return Err(ApiError::unsupported(
+                            format!(
+                                "Unsupported tool_result content block type '{other}': only text blocks."
+                            ),
+                            format!("{bat}.type"),
+                        ));
+                    }
+                }
+                only_keys(obj, &["type", "text", "cache_control", "citations"], &bat)?;
+                texts.push(string(obj, "text", &bat)?);
+            }
+            texts.join("\n")
+        }
+        Some(_) => {
+            return Err(ApiError::invalid(
+                format!("{at}.content must be a string or a list of text blocks."),
+                format!("{at}.content"),
+            ));
+        }
+    };
+    check(&text, &format!("{at}.content"))?;
+    Ok(text)
 }
 
 #[cfg(test)]
@@ -415,7 +580,39 @@ mod tests {
             "messages[0].content[0].type"
         );
         let tool = json!([{"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t", "content": "1"}]}]);
-        assert_eq!(bad(tool), "messages[0].content[0].type");
+        assert_eq!(bad(tool), "messages[0].content[0].tool_use_id");
+        let call = |id: &str, input: Value| json!({"role": "assistant", "content": [{"type": "tool_use", "id": id, "name": "f", "input": input}]});
+        let result = |content: Value| json!({"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": content}]});
+        assert_eq!(
+            bad(
+                json!([{"role": "user", "content": "q"}, call("t1", json!([1])), result(json!("x"))])
+            ),
+            "messages[1].content[0].input"
+        );
+        assert_eq!(
+            bad(json!([{"role": "user", "content": "q"}, call("", json!({})), result(json!("x"))])),
+            "messages[1].content[0].id"
+        );
+        assert_eq!(
+            bad(
+                json!([{"role": "user", "content": "q"}, call("t1", json!({})), result(json!([{"type": "image"}]))])
+            ),
+            "messages[2].content[0].content[0].type"
+        );
+        assert_eq!(
+            bad(json!([{"role": "user", "content": "q"}, call("t1", json!({})), result(json!(5))])),
+            "messages[2].content[0].content"
+        );
+        assert_eq!(
+            bad(
+                json!([{"role": "user", "content": [{"type": "tool_use", "id": "t1", "name": "f", "input": {}}]}])
+            ),
+            "messages[0].content[0].type"
+        );
+        assert_eq!(
+            bad(json!([{"role": "user", "content": [{"type": "server_tool_use"}]}])),
+            "messages[0].content[0].type"
+        );
         assert_eq!(
             bad(json!([{"role": "user", "content": [{"type": "thinking", "thinking": "x"}]}])),
             "messages[0].content[0].type"
@@ -501,18 +698,48 @@ mod tests {
     }
 
     #[test]
-    fn tools_and_server_features_are_refused_by_name() {
-        assert!(reject_tools(Some(&json!([])), Some(&json!({"type": "auto"}))).is_ok());
-        assert!(reject_tools(None, Some(&json!({"type": "none"}))).is_ok());
-        let tools = json!([{"name": "f", "input_schema": {"type": "object"}}]);
+    fn tool_use_and_results_become_calls_and_tool_messages() {
+        let input = json!({"city": "Paris", "days": 2});
+        let got = convert(
+            Value::Null,
+            json!([
+                {"role": "user", "content": "weather?"},
+                {"role": "assistant", "content": [
+                    {"type": "thinking", "thinking": "look it up", "signature": ""},
+                    {"type": "text", "text": "Checking."},
+                    {"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": input},
+                    {"type": "tool_use", "id": "toolu_2", "name": "get_time", "input": {}}
+                ]},
+                {"role": "user", "content": [
+                    {"type": "tool_result", "tool_use_id": "toolu_1", "content": [{"type": "text", "text": "sunny"}, {"type": "text", "text": "20C"}]},
+                    {"type": "tool_result", "tool_use_id": "toolu_2", "content": "no clock", "is_error": true},
+                    {"type": "text", "text": "thanks"}
+                ]}
+            ]),
+        )
+        .expect("valid");
+        let calls = vec![
+            ToolCall::new(
+                "get_weather",
+                input.as_object().cloned().unwrap_or_default(),
+            ),
+            ToolCall::new("get_time", Map::new()),
+        ];
         assert_eq!(
-            reject_tools(Some(&tools), None).map_err(param_of),
-            Err("tools".into())
+            got,
+            vec![
+                ChatMessage::user("weather?"),
+                ChatMessage::assistant_with_reasoning("Checking.", "look it up")
+                    .with_tool_calls(calls),
+                ChatMessage::tool("sunny\n20C"),
+                ChatMessage::tool("Error: no clock"),
+                ChatMessage::user("thanks"),
+            ]
         );
-        assert_eq!(
-            reject_tools(None, Some(&json!({"type": "any"}))).map_err(param_of),
-            Err("tool_choice".into())
-        );
+    }
+
+    #[test]
+    fn server_features_are_refused_by_name() {
         assert!(output_config(Some(&json!({"effort": "high"}))).is_ok());
         assert_eq!(
             output_config(Some(&json!({"format": {"type": "json_schema"}}))).map_err(param_of),

@@ -4,15 +4,19 @@
 //!
 //! The handlers go through the same admission (body limits, prompt caps, tokeniser pool),
 //! chat template, queue limits and metrics as the OpenAI routes (`generate.rs`); only the wire
-//! shapes differ. Errors on these routes are Anthropic-shaped (`error.rs`). Tool use is not
-//! implemented: `tools`, `tool_use` and `tool_result` are refused with a 400 naming the field.
+//! shapes differ. Errors on these routes are Anthropic-shaped (`error.rs`). Tool use shares the
+//! OpenAI route's machinery: the definitions render through the chat template's tools section,
+//! replies are parsed into `tool_use` blocks by the tool-call parser, and `tool_choice` `any` or
+//! `tool` is forced by constrained decoding (the tool-call grammar).
 //!
-//! Files: `wire.rs` (request and reply types), `convert.rs` (fields to chat inputs),
-//! `events.rs` (replies and the event stream), `error.rs` (the error shape).
+//! Files: `wire.rs` (request and reply types), `convert.rs` (messages and other fields to chat
+//! inputs), `tools.rs` (tools and `tool_choice`), `events.rs` (replies and the event stream),
+//! `error.rs` (the error shape).
 
 pub mod convert;
 pub mod error;
 pub mod events;
+pub mod tools;
 pub mod wire;
 
 use super::generate::{self, ChatGeneration};
@@ -20,6 +24,7 @@ use super::openai::SamplingFields;
 use super::{AppState, Ready, RequestId, params};
 use crate::chat_template::{ChatMessage, ChatOptions};
 use crate::http::error::ApiError;
+use crate::http::tools::ToolRequest;
 use axum::Extension;
 use axum::body::Body;
 use axum::extract::State;
@@ -50,9 +55,17 @@ struct Conversation<'a> {
     context_management: Option<&'a Value>,
 }
 
-/// Checks the conversation and converts it to template messages and the thinking switch.
-fn conversation(app: &AppState, c: Conversation) -> Result<(Vec<ChatMessage>, Thinking), ApiError> {
-    convert::reject_tools(c.tools, c.tool_choice)?;
+/// A checked conversation: template messages, the thinking switch and the tools.
+struct Checked {
+    messages: Vec<ChatMessage>,
+    thinking: Thinking,
+    tools: ToolRequest,
+}
+
+/// Checks the conversation and converts it to template messages, the thinking switch and the
+/// tool request.
+fn conversation(app: &AppState, c: Conversation) -> Result<Checked, ApiError> {
+    let tools = tools::tool_request(c.tools, c.tool_choice)?;
     convert::output_config(c.output_config)?;
     convert::refuse_set(&[
         (c.mcp_servers, "mcp_servers", "MCP servers"),
@@ -70,7 +83,11 @@ fn conversation(app: &AppState, c: Conversation) -> Result<(Vec<ChatMessage>, Th
         c.messages.ok_or_else(|| ApiError::missing("messages"))?,
         &check,
     )?;
-    Ok((messages, thinking))
+    Ok(Checked {
+        messages,
+        thinking,
+        tools,
+    })
 }
 
 fn options(thinking: Thinking) -> ChatOptions {
@@ -109,7 +126,11 @@ pub async fn messages(
         "max_tokens",
     )?;
     convert::refuse_set(&[(req.container.as_ref(), "container", "Containers")])?;
-    let (messages, thinking) = conversation(
+    let Checked {
+        messages,
+        thinking,
+        tools,
+    } = conversation(
         &app,
         Conversation {
             system: req.system.as_ref(),
@@ -122,6 +143,7 @@ pub async fn messages(
             context_management: req.context_management.as_ref(),
         },
     )?;
+    let constraint = crate::http::tools::forced_constraint(&tools)?;
     let fields = SamplingFields {
         temperature: req.temperature,
         top_p: req.top_p,
@@ -133,8 +155,15 @@ pub async fn messages(
         req.stop_sequences.clone().unwrap_or_default(),
         "stop_sequences",
     )?;
-    let prompt =
-        generate::tokenize_chat(&app, ready, messages, Vec::new(), options(thinking), true).await?;
+    let prompt = generate::tokenize_chat(
+        &app,
+        ready,
+        messages,
+        tools.definitions.clone(),
+        options(thinking),
+        true,
+    )
+    .await?;
     let generation = ChatGeneration {
         request_id: request_id.clone(),
         received,
@@ -144,24 +173,27 @@ pub async fn messages(
         stop: stop.clone(),
         ignore_eos: req.ignore_eos == Some(true),
         thinking: thinking.enabled,
+        constraint,
+        constraint_param: "tool_choice",
     };
-    let (rx, prompt_tokens) = generate::submit_chat(&app, ready, generation)?;
+    let (rx, prompt_tokens) = generate::submit_chat(&app, ready, generation).await?;
     let reply = Reply {
         id: format!("msg_{request_id}"),
         model: app.config.served_model_name.clone(),
         stop,
         display_thinking: thinking.display,
+        tools,
     };
     if req.stream == Some(true) {
         Ok(reply.stream(rx, prompt_tokens))
     } else {
         let c = super::stream::collect(rx).await?;
-        Ok(axum::Json(reply.whole(c)).into_response())
+        Ok(axum::Json(reply.whole(c)?).into_response())
     }
 }
 
 /// `POST /v1/messages/count_tokens`: the prompt's tokens as `/v1/messages` would render them
-/// (system, messages, thinking switch, generation prompt), without generating.
+/// (system, tools, messages, thinking switch, generation prompt), without generating.
 pub async fn count_tokens(
     State(app): State<Arc<AppState>>,
     headers: HeaderMap,
@@ -170,7 +202,11 @@ pub async fn count_tokens(
     let ready: &Ready = app.ready()?;
     let req: CountTokensRequest = read(&app, &headers, body).await?;
     params::check_model(req.model.as_deref(), &app.config.served_model_name)?;
-    let (messages, thinking) = conversation(
+    let Checked {
+        messages,
+        thinking,
+        tools,
+    } = conversation(
         &app,
         Conversation {
             system: req.system.as_ref(),
@@ -183,9 +219,15 @@ pub async fn count_tokens(
             context_management: req.context_management.as_ref(),
         },
     )?;
-    let prompt =
-        generate::tokenize_chat(&app, ready, messages, Vec::new(), options(thinking), false)
-            .await?;
+    let prompt = generate::tokenize_chat(
+        &app,
+        ready,
+        messages,
+        tools.definitions,
+        options(thinking),
+        false,
+    )
+    .await?;
     Ok(axum::Json(TokenCount {
         input_tokens: prompt.ids.len(),
     })

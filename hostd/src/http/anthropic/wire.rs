@@ -37,9 +37,9 @@ pub struct MessagesRequest {
     pub stream: Option<bool>,
     /// Thinking switch: `{"type": "enabled" | "adaptive" | "disabled", …}`.
     pub thinking: Option<Value>,
-    /// Tool definitions (refused: no tool use yet).
+    /// Custom tool definitions (name, description, input_schema).
     pub tools: Option<Value>,
-    /// Tool choice (only `auto` and `none`, which without tools change nothing).
+    /// `auto`, `any`, `tool` (with `name`) or `none`; `disable_parallel_tool_use`.
     pub tool_choice: Option<Value>,
     /// `effort` (accepted, ignored) and `format` (refused).
     pub output_config: Option<Value>,
@@ -77,9 +77,9 @@ pub struct CountTokensRequest {
     pub system: Option<Value>,
     /// Thinking switch (it changes the generation prompt, so the count).
     pub thinking: Option<Value>,
-    /// Tool definitions (refused: no tool use yet).
+    /// Custom tool definitions (rendered into the prompt, so counted).
     pub tools: Option<Value>,
-    /// Tool choice.
+    /// Tool choice (checked; it does not change the prompt).
     pub tool_choice: Option<Value>,
     /// `effort` (ignored) and `format` (refused).
     pub output_config: Option<Value>,
@@ -109,6 +109,15 @@ pub enum ContentBlock {
     Text {
         /// The text.
         text: String,
+    },
+    /// A call of one of the request's tools.
+    ToolUse {
+        /// `toolu_…`, what the `tool_result` of the next turn names.
+        id: String,
+        /// The tool's name.
+        name: String,
+        /// The arguments: a JSON object typed by the tool's `input_schema`.
+        input: Value,
     },
 }
 
@@ -151,9 +160,10 @@ pub struct Message {
     pub role: &'static str,
     /// Served model name.
     pub model: String,
-    /// Thinking block (when the model reasoned), then text block (when it answered).
+    /// Thinking block (when the model reasoned), text block (when it answered), then one
+    /// `tool_use` block per call.
     pub content: Vec<ContentBlock>,
-    /// `end_turn`, `max_tokens` or `stop_sequence`; null only in `message_start`.
+    /// `end_turn`, `max_tokens`, `stop_sequence` or `tool_use`; null only in `message_start`.
     pub stop_reason: Option<&'static str>,
     /// The stop sequence matched, with `stop_reason: "stop_sequence"`.
     pub stop_sequence: Option<String>,
