@@ -77,7 +77,12 @@ impl Default for SamplingParams {
 impl SamplingParams {
     /// Checks every field's range; the error names the first bad field.
     pub fn validate(&self) -> Result<(), SamplingError> {
-        let bad = |param, reason: &str| Err(SamplingError { param, reason: reason.to_string() });
+        let bad = |param, reason: &str| {
+            Err(SamplingError {
+                param,
+                reason: reason.to_string(),
+            })
+        };
         let finite = [
             ("temperature", self.temperature),
             ("top_p", self.top_p),
@@ -113,7 +118,11 @@ impl SamplingParams {
         if self.top_logprobs > 0 && !self.logprobs {
             return bad("top_logprobs", "requires logprobs to be true");
         }
-        if self.logit_bias.iter().any(|(_, b)| !(b.is_finite() && (-100.0..=100.0).contains(b))) {
+        if self
+            .logit_bias
+            .iter()
+            .any(|(_, b)| !(b.is_finite() && (-100.0..=100.0).contains(b)))
+        {
             return bad("logit_bias", "biases must be between -100 and 100");
         }
         Ok(())
@@ -174,8 +183,17 @@ impl Sampler {
     /// A sampler for one request. `fallback_seed` is used when the request gave no seed.
     pub fn new(params: SamplingParams, prompt: &[u32], fallback_seed: u64) -> Sampler {
         let rng = Rng::new(params.seed.unwrap_or(fallback_seed));
-        let seen = if params.repetition_penalty != 1.0 { prompt.iter().copied().collect() } else { Default::default() };
-        Sampler { params, rng, output_counts: HashMap::new(), seen }
+        let seen = if params.repetition_penalty != 1.0 {
+            prompt.iter().copied().collect()
+        } else {
+            Default::default()
+        };
+        Sampler {
+            params,
+            rng,
+            output_counts: HashMap::new(),
+            seen,
+        }
     }
 
     /// The parameters.
@@ -202,7 +220,10 @@ impl Sampler {
             adjusted = row.to_vec();
             self.draw(&mut adjusted)
         };
-        let lp = self.params.logprobs.then(|| logprobs_of(raw, id, self.params.top_logprobs));
+        let lp = self
+            .params
+            .logprobs
+            .then(|| logprobs_of(raw, id, self.params.top_logprobs));
         *self.output_counts.entry(id).or_insert(0) += 1;
         if self.params.repetition_penalty != 1.0 {
             self.seen.insert(id);
@@ -222,7 +243,11 @@ impl Sampler {
         if p.repetition_penalty != 1.0 {
             for &id in &self.seen {
                 if let Some(v) = row.get_mut(id as usize) {
-                    *v = if *v > 0.0 { *v / p.repetition_penalty } else { *v * p.repetition_penalty };
+                    *v = if *v > 0.0 {
+                        *v / p.repetition_penalty
+                    } else {
+                        *v * p.repetition_penalty
+                    };
                 }
             }
         }
@@ -320,15 +345,22 @@ pub fn logprobs_of(row: &[f32], id: u32, top: usize) -> TokenLogprob {
         ids.sort_unstable_by(order);
         best = ids;
     }
-    TokenLogprob { id, logprob: lp(id), top: best.into_iter().map(|i| (i, lp(i))).collect() }
+    TokenLogprob {
+        id,
+        logprob: lp(id),
+        top: best.into_iter().map(|i| (i, lp(i))).collect(),
+    }
 }
 
 /// Finds stop strings in streamed text without emitting any part of them: text that could
 /// still become a stop string is held back until it cannot.
 #[derive(Debug, Clone, Default)]
 pub struct StopMatcher {
-    stops: Vec<String>,
+    /// The non-empty stop strings, each with its index in the list given to [`StopMatcher::new`].
+    stops: Vec<(usize, String)>,
     held: String,
+    /// Index of the stop string that ended the text (Anthropic's `stop_sequence` names it).
+    matched: Option<usize>,
 }
 
 /// What [`StopMatcher::push`] releases.
@@ -343,20 +375,42 @@ pub struct StopOutput {
 impl StopMatcher {
     /// A matcher for `stops` (empty strings are ignored).
     pub fn new(stops: &[String]) -> StopMatcher {
-        StopMatcher { stops: stops.iter().filter(|s| !s.is_empty()).cloned().collect(), held: String::new() }
+        let stops = stops
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| !s.is_empty())
+            .map(|(i, s)| (i, s.clone()))
+            .collect();
+        StopMatcher {
+            stops,
+            held: String::new(),
+            matched: None,
+        }
     }
 
     /// Adds text; returns what may be emitted. After `stopped`, the matcher holds nothing.
     pub fn push(&mut self, text: &str) -> StopOutput {
         if self.stops.is_empty() {
-            return StopOutput { text: text.to_string(), stopped: false };
+            return StopOutput {
+                text: text.to_string(),
+                stopped: false,
+            };
         }
         self.held.push_str(text);
-        // The earliest match wins; among matches at the same position, any ends the text there.
-        if let Some(at) = self.stops.iter().filter_map(|s| self.held.find(s.as_str())).min() {
+        // The earliest match wins; among matches at the same position, the first in the list.
+        if let Some((at, index)) = self
+            .stops
+            .iter()
+            .filter_map(|(i, s)| self.held.find(s.as_str()).map(|at| (at, *i)))
+            .min()
+        {
             let out = self.held[..at].to_string();
             self.held.clear();
-            return StopOutput { text: out, stopped: true };
+            self.matched = Some(index);
+            return StopOutput {
+                text: out,
+                stopped: true,
+            };
         }
         // Hold the longest suffix that is a proper prefix of some stop string.
         let keep_from = self
@@ -365,12 +419,17 @@ impl StopMatcher {
             .map(|(i, _)| i)
             .find(|&i| {
                 let tail = &self.held[i..];
-                self.stops.iter().any(|s| s.len() > tail.len() && s.starts_with(tail))
+                self.stops
+                    .iter()
+                    .any(|(_, s)| s.len() > tail.len() && s.starts_with(tail))
             })
             .unwrap_or(self.held.len());
         let out = self.held[..keep_from].to_string();
         self.held.drain(..keep_from);
-        StopOutput { text: out, stopped: false }
+        StopOutput {
+            text: out,
+            stopped: false,
+        }
     }
 
     /// Releases whatever is held (generation ended without a stop string).
@@ -381,6 +440,12 @@ impl StopMatcher {
     /// True while text is held back.
     pub fn is_holding(&self) -> bool {
         !self.held.is_empty()
+    }
+
+    /// The index (in the list given to [`StopMatcher::new`]) of the stop string that ended the
+    /// text, once one did.
+    pub fn matched(&self) -> Option<usize> {
+        self.matched
     }
 }
 

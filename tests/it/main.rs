@@ -17,6 +17,8 @@ mod int8_quality;
 mod locator;
 mod parity;
 mod serve;
+mod serve_anthropic;
+mod serve_anthropic_tools;
 mod serve_fairness;
 mod serve_fields;
 mod serve_limits;

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Runs the OpenAI-client suite (tests/openai/test_openai.py) against a real `hostd serve` on a
+# Runs the client suite (tests/openai/test_*.py: the official OpenAI and Anthropic clients) against a real `hostd serve` on a
 # free loopback port with the tiny fixture model: starts the server, waits for /health, runs
 # pytest, stops the server. Builds the release binaries (scripts/build) unless HOSTD_BIN names a
 # hostd, and runs Python from the project-local environment (scripts/pyenv, target/venv) with

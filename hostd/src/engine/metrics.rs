@@ -11,8 +11,10 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::Duration;
 
 /// Latency bucket bounds in seconds, shared by the latency histograms.
-const LATENCY_BUCKETS_S: &[f64] =
-    &[0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0];
+const LATENCY_BUCKETS_S: &[f64] = &[
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+    120.0, 300.0,
+];
 
 /// A fixed-bucket histogram of durations (sum kept in nanoseconds).
 #[derive(Debug)]
@@ -25,15 +27,24 @@ pub struct Histogram {
 
 impl Histogram {
     fn new(bounds: &'static [f64]) -> Histogram {
-        Histogram { bounds, counts: (0..=bounds.len()).map(|_| AtomicU64::new(0)).collect(), sum_ns: AtomicU64::new(0) }
+        Histogram {
+            bounds,
+            counts: (0..=bounds.len()).map(|_| AtomicU64::new(0)).collect(),
+            sum_ns: AtomicU64::new(0),
+        }
     }
 
     /// Records one duration.
     pub fn observe(&self, d: Duration) {
         let s = d.as_secs_f64();
-        let i = self.bounds.iter().position(|b| s <= *b).unwrap_or(self.bounds.len());
+        let i = self
+            .bounds
+            .iter()
+            .position(|b| s <= *b)
+            .unwrap_or(self.bounds.len());
         self.counts[i].fetch_add(1, Relaxed);
-        self.sum_ns.fetch_add(u64::try_from(d.as_nanos()).unwrap_or(u64::MAX), Relaxed);
+        self.sum_ns
+            .fetch_add(u64::try_from(d.as_nanos()).unwrap_or(u64::MAX), Relaxed);
     }
 
     /// Observations so far.
@@ -50,14 +61,31 @@ impl Histogram {
         }
         acc += self.counts[self.bounds.len()].load(Relaxed);
         let _ = writeln!(out, "{name}_bucket{{{labels}{sep}le=\"+Inf\"}} {acc}");
-        let braces = if labels.is_empty() { String::new() } else { format!("{{{labels}}}") };
-        let _ = writeln!(out, "{name}_sum{braces} {}", self.sum_ns.load(Relaxed) as f64 / 1e9);
+        let braces = if labels.is_empty() {
+            String::new()
+        } else {
+            format!("{{{labels}}}")
+        };
+        let _ = writeln!(
+            out,
+            "{name}_sum{braces} {}",
+            self.sum_ns.load(Relaxed) as f64 / 1e9
+        );
         let _ = writeln!(out, "{name}_count{braces} {acc}");
     }
 }
 
 /// HTTP endpoints with their own request-duration histogram; anything else is `other`.
-pub const ENDPOINTS: &[&str] = &["/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics", "other"];
+pub const ENDPOINTS: &[&str] = &[
+    "/v1/chat/completions",
+    "/v1/completions",
+    "/v1/messages",
+    "/v1/messages/count_tokens",
+    "/v1/models",
+    "/health",
+    "/metrics",
+    "other",
+];
 
 /// Everything `/metrics` reports.
 #[derive(Debug)]
@@ -155,7 +183,13 @@ impl Metrics {
 
     /// Maps a matched route to its [`ENDPOINTS`] label.
     pub fn endpoint_label(path: &str) -> &'static str {
-        ENDPOINTS.iter().find(|e| **e == path).copied().unwrap_or(if path.starts_with("/v1/models") { "/v1/models" } else { "other" })
+        ENDPOINTS.iter().find(|e| **e == path).copied().unwrap_or(
+            if path.starts_with("/v1/models") {
+                "/v1/models"
+            } else {
+                "other"
+            },
+        )
     }
 
     /// Records one HTTP request's status and duration.
@@ -163,7 +197,10 @@ impl Metrics {
         if let Ok(mut m) = self.requests.lock() {
             *m.entry((endpoint, status)).or_insert(0) += 1;
         }
-        let i = ENDPOINTS.iter().position(|e| *e == endpoint).unwrap_or(ENDPOINTS.len() - 1);
+        let i = ENDPOINTS
+            .iter()
+            .position(|e| *e == endpoint)
+            .unwrap_or(ENDPOINTS.len() - 1);
         self.request_duration[i].observe(took);
     }
 
@@ -173,46 +210,175 @@ impl Metrics {
         let head = |out: &mut String, name: &str, kind: &str, help: &str| {
             let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
         };
-        head(&mut out, "hostd_requests_total", "counter", "HTTP requests by endpoint and status code.");
+        head(
+            &mut out,
+            "hostd_requests_total",
+            "counter",
+            "HTTP requests by endpoint and status code.",
+        );
         if let Ok(m) = self.requests.lock() {
             for ((endpoint, status), n) in m.iter() {
-                let _ = writeln!(out, "hostd_requests_total{{endpoint=\"{endpoint}\",status=\"{status}\"}} {n}");
+                let _ = writeln!(
+                    out,
+                    "hostd_requests_total{{endpoint=\"{endpoint}\",status=\"{status}\"}} {n}"
+                );
             }
         }
-        head(&mut out, "hostd_request_duration_seconds", "histogram", "Time to the response head (whole body when not streaming).");
+        head(
+            &mut out,
+            "hostd_request_duration_seconds",
+            "histogram",
+            "Time to the response head (whole body when not streaming).",
+        );
         for (e, h) in ENDPOINTS.iter().zip(&self.request_duration) {
-            h.render(&mut out, "hostd_request_duration_seconds", &format!("endpoint=\"{e}\""));
+            h.render(
+                &mut out,
+                "hostd_request_duration_seconds",
+                &format!("endpoint=\"{e}\""),
+            );
         }
         let hists = [
-            ("hostd_time_to_first_token_seconds", "Arrival (queue wait included) to the first generated token.", &self.ttft),
-            ("hostd_time_per_output_token_seconds", "Time between consecutive generated tokens of one sequence.", &self.per_token),
-            ("hostd_e2e_request_seconds", "Arrival to the end of a generation.", &self.e2e),
+            (
+                "hostd_time_to_first_token_seconds",
+                "Arrival (queue wait included) to the first generated token.",
+                &self.ttft,
+            ),
+            (
+                "hostd_time_per_output_token_seconds",
+                "Time between consecutive generated tokens of one sequence.",
+                &self.per_token,
+            ),
+            (
+                "hostd_e2e_request_seconds",
+                "Arrival to the end of a generation.",
+                &self.e2e,
+            ),
         ];
         for (name, help, h) in hists {
             head(&mut out, name, "histogram", help);
             h.render(&mut out, name, "");
         }
         let scalars: [(&str, &str, &str, &AtomicU64); 20] = [
-            ("hostd_prompt_tokens_total", "counter", "Prompt tokens of admitted requests.", &self.prompt_tokens),
-            ("hostd_cached_prompt_tokens_total", "counter", "Prompt tokens served from the prefix cache.", &self.cached_prompt_tokens),
-            ("hostd_generation_tokens_total", "counter", "Tokens generated.", &self.generation_tokens),
-            ("hostd_queue_depth", "gauge", "Requests waiting for the scheduler.", &self.queue_depth),
-            ("hostd_queued_prompt_tokens", "gauge", "Prompt tokens of the requests waiting for the scheduler.", &self.queued_tokens),
-            ("hostd_queue_rejected_total", "counter", "Requests refused with 429 because the queue was full (requests or tokens).", &self.queue_rejected),
-            ("hostd_active_sequences", "gauge", "Sequences being prefilled or decoded.", &self.active_sequences),
-            ("hostd_active_state_bytes", "gauge", "KV and DeltaNet state bytes held by active sequences.", &self.active_state_bytes),
-            ("hostd_sequences_cancelled_total", "counter", "Sequences stopped because the client disconnected.", &self.cancelled),
-            ("hostd_sequences_finished_total", "counter", "Generations that ended by stop or length.", &self.finished),
-            ("hostd_sequences_failed_total", "counter", "Generations that failed in the model.", &self.failed),
-            ("hostd_decode_steps_total", "counter", "Batched decode forward passes.", &self.decode_steps),
-            ("hostd_decode_rows_total", "counter", "Sequences summed over decode passes.", &self.decode_rows),
-            ("hostd_prefill_chunks_total", "counter", "Prefill forward calls.", &self.prefill_chunks),
-            ("hostd_state_cache_bytes", "gauge", "Bytes of conversation states held by the prefix cache.", &self.cache_bytes),
-            ("hostd_state_cache_entries", "gauge", "Conversation states held by the prefix cache.", &self.cache_entries),
-            ("hostd_state_cache_hits_total", "counter", "Prefix-cache lookups that reused a state.", &self.cache_hits),
-            ("hostd_state_cache_misses_total", "counter", "Prefix-cache lookups that found no usable state.", &self.cache_misses),
-            ("hostd_state_cache_evictions_total", "counter", "Prefix-cache entries evicted to stay in budget.", &self.cache_evictions),
-            ("hostd_model_loaded", "gauge", "1 once the model is loaded and serving.", &self.model_loaded),
+            (
+                "hostd_prompt_tokens_total",
+                "counter",
+                "Prompt tokens of admitted requests.",
+                &self.prompt_tokens,
+            ),
+            (
+                "hostd_cached_prompt_tokens_total",
+                "counter",
+                "Prompt tokens served from the prefix cache.",
+                &self.cached_prompt_tokens,
+            ),
+            (
+                "hostd_generation_tokens_total",
+                "counter",
+                "Tokens generated.",
+                &self.generation_tokens,
+            ),
+            (
+                "hostd_queue_depth",
+                "gauge",
+                "Requests waiting for the scheduler.",
+                &self.queue_depth,
+            ),
+            (
+                "hostd_queued_prompt_tokens",
+                "gauge",
+                "Prompt tokens of the requests waiting for the scheduler.",
+                &self.queued_tokens,
+            ),
+            (
+                "hostd_queue_rejected_total",
+                "counter",
+                "Requests refused with 429 because the queue was full (requests or tokens).",
+                &self.queue_rejected,
+            ),
+            (
+                "hostd_active_sequences",
+                "gauge",
+                "Sequences being prefilled or decoded.",
+                &self.active_sequences,
+            ),
+            (
+                "hostd_active_state_bytes",
+                "gauge",
+                "KV and DeltaNet state bytes held by active sequences.",
+                &self.active_state_bytes,
+            ),
+            (
+                "hostd_sequences_cancelled_total",
+                "counter",
+                "Sequences stopped because the client disconnected.",
+                &self.cancelled,
+            ),
+            (
+                "hostd_sequences_finished_total",
+                "counter",
+                "Generations that ended by stop or length.",
+                &self.finished,
+            ),
+            (
+                "hostd_sequences_failed_total",
+                "counter",
+                "Generations that failed in the model.",
+                &self.failed,
+            ),
+            (
+                "hostd_decode_steps_total",
+                "counter",
+                "Batched decode forward passes.",
+                &self.decode_steps,
+            ),
+            (
+                "hostd_decode_rows_total",
+                "counter",
+                "Sequences summed over decode passes.",
+                &self.decode_rows,
+            ),
+            (
+                "hostd_prefill_chunks_total",
+                "counter",
+                "Prefill forward calls.",
+                &self.prefill_chunks,
+            ),
+            (
+                "hostd_state_cache_bytes",
+                "gauge",
+                "Bytes of conversation states held by the prefix cache.",
+                &self.cache_bytes,
+            ),
+            (
+                "hostd_state_cache_entries",
+                "gauge",
+                "Conversation states held by the prefix cache.",
+                &self.cache_entries,
+            ),
+            (
+                "hostd_state_cache_hits_total",
+                "counter",
+                "Prefix-cache lookups that reused a state.",
+                &self.cache_hits,
+            ),
+            (
+                "hostd_state_cache_misses_total",
+                "counter",
+                "Prefix-cache lookups that found no usable state.",
+                &self.cache_misses,
+            ),
+            (
+                "hostd_state_cache_evictions_total",
+                "counter",
+                "Prefix-cache entries evicted to stay in budget.",
+                &self.cache_evictions,
+            ),
+            (
+                "hostd_model_loaded",
+                "gauge",
+                "1 once the model is loaded and serving.",
+                &self.model_loaded,
+            ),
         ];
         for (name, kind, help, v) in scalars {
             head(&mut out, name, kind, help);
@@ -232,10 +398,22 @@ mod tests {
         m.ttft.observe(Duration::from_millis(3));
         m.ttft.observe(Duration::from_secs(1000));
         let text = m.render();
-        assert!(text.contains("hostd_time_to_first_token_seconds_bucket{le=\"0.005\"} 1"), "{text}");
-        assert!(text.contains("hostd_time_to_first_token_seconds_bucket{le=\"300\"} 1"), "{text}");
-        assert!(text.contains("hostd_time_to_first_token_seconds_bucket{le=\"+Inf\"} 2"), "{text}");
-        assert!(text.contains("hostd_time_to_first_token_seconds_count 2"), "{text}");
+        assert!(
+            text.contains("hostd_time_to_first_token_seconds_bucket{le=\"0.005\"} 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains("hostd_time_to_first_token_seconds_bucket{le=\"300\"} 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains("hostd_time_to_first_token_seconds_bucket{le=\"+Inf\"} 2"),
+            "{text}"
+        );
+        assert!(
+            text.contains("hostd_time_to_first_token_seconds_count 2"),
+            "{text}"
+        );
     }
 
     #[test]
@@ -243,11 +421,28 @@ mod tests {
         let m = Metrics::new();
         m.record_request("/v1/models", 200, Duration::from_millis(1));
         m.record_request("/v1/models", 200, Duration::from_millis(1));
-        m.record_request(Metrics::endpoint_label("/nope"), 404, Duration::from_millis(1));
+        m.record_request(
+            Metrics::endpoint_label("/nope"),
+            404,
+            Duration::from_millis(1),
+        );
         let text = m.render();
-        assert!(text.contains("hostd_requests_total{endpoint=\"/v1/models\",status=\"200\"} 2"), "{text}");
-        assert!(text.contains("hostd_requests_total{endpoint=\"other\",status=\"404\"} 1"), "{text}");
-        assert!(text.contains("hostd_request_duration_seconds_count{endpoint=\"/v1/models\"} 2"), "{text}");
-        assert!(text.lines().filter(|l| !l.starts_with('#')).all(|l| l.starts_with("hostd_")));
+        assert!(
+            text.contains("hostd_requests_total{endpoint=\"/v1/models\",status=\"200\"} 2"),
+            "{text}"
+        );
+        assert!(
+            text.contains("hostd_requests_total{endpoint=\"other\",status=\"404\"} 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains("hostd_request_duration_seconds_count{endpoint=\"/v1/models\"} 2"),
+            "{text}"
+        );
+        assert!(
+            text.lines()
+                .filter(|l| !l.starts_with('#'))
+                .all(|l| l.starts_with("hostd_"))
+        );
     }
 }

@@ -89,8 +89,10 @@ pub struct GenRequest {
 /// Why a generation ended normally.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FinishReason {
-    /// A stop id or stop string.
+    /// A stop id (end of turn).
     Stop,
+    /// The stop string at this index of [`GenRequest::stop`].
+    StopString(usize),
     /// `max_tokens` or the context limit.
     Length,
 }
@@ -99,7 +101,7 @@ impl FinishReason {
     /// OpenAI's `finish_reason` string.
     pub fn as_str(self) -> &'static str {
         match self {
-            FinishReason::Stop => "stop",
+            FinishReason::Stop | FinishReason::StopString(_) => "stop",
             FinishReason::Length => "length",
         }
     }

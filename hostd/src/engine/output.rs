@@ -92,6 +92,12 @@ impl OutputText {
         }
     }
 
+    /// The index (in the stop list given to [`OutputText::new`]) of the stop string that ended
+    /// the output, once one did.
+    pub fn matched_stop(&self) -> Option<usize> {
+        self.stop.matched()
+    }
+
     /// Drops the text of special tokens (all but [`KEPT_SPECIAL`]) from now on.
     pub fn skip_special_tokens(mut self, tokenizer: &Tokenizer) -> OutputText {
         let kept: Vec<u32> = KEPT_SPECIAL.iter().filter_map(|t| tokenizer.token_id(t)).collect();

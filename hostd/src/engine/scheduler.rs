@@ -364,7 +364,13 @@ impl Scheduler {
             self.metrics.generation_tokens.fetch_add(1, Relaxed);
             let (delta, stopped) = seq.out.push(&self.tokenizer, id, lp);
             send_delta(&seq.events, delta);
-            if stopped || commit == Commit::Complete {
+            if stopped {
+                Some(
+                    seq.out
+                        .matched_stop()
+                        .map_or(FinishReason::Stop, FinishReason::StopString),
+                )
+            } else if commit == Commit::Complete {
                 Some(FinishReason::Stop)
             } else if seq.generated.len() >= seq.max_tokens || seq.state.len() + 1 > self.config.max_context {
                 Some(FinishReason::Length)

@@ -11,26 +11,27 @@
 //! `enable_thinking`, `reasoning_effort`, `reasoning`; see `http::fields::thinking`), else the
 //! server's `--default-thinking` (on unless set off); the reply carries the reasoning in
 //! `reasoning_content` (unless `include_reasoning: false`) and the answer in `content`. With
-//! `n > 1` each choice is its own sequence in the scheduler's batch, with its own seed. The prompt's checkpoint for the prefix cache is the end of
-//! `<|im_start|>assistant\n`: a follow-up turn's prompt repeats everything up to there (the
-//! template drops earlier turns' reasoning, so it diverges right after).
+//! `n > 1` each choice is its own sequence in the scheduler's batch, with its own seed. Rendering
+//! and tokenising (with the prefix-cache checkpoint) are shared with the Anthropic endpoint
+//! (`generate.rs`); the submission loop is this handler's own (one sequence per choice, each
+//! with its own grammar state).
 
-use super::admission;
 use super::error::ApiError;
 use super::fields::{self, Thinking, ThinkingFields};
 use super::openai::{
-    ChatChoice, ChatChunkChoice, ChatCompletion, ChatCompletionChunk, ChatCompletionRequest, ChatDelta, ChatLogprobs,
-    ChatMessageOut, FunctionCallOut, FunctionDelta, LogprobContent, ToolCallDelta, ToolCallOut, Usage,
+    ChatChoice, ChatChunkChoice, ChatCompletion, ChatCompletionChunk, ChatCompletionRequest,
+    ChatDelta, ChatLogprobs, ChatMessageOut, FunctionCallOut, FunctionDelta, LogprobContent,
+    ToolCallDelta, ToolCallOut, Usage,
 };
+use super::generate;
 use super::params;
-use super::tools::{self, ToolRequest};
 use super::response_format;
 use super::stream::{self, to_json};
+use super::tools::{self, ToolRequest};
 use super::{AppState, RequestId, fingerprint, unix_now};
-use crate::chat_template::{self, ChatMessage, ChatOptions};
+use crate::chat_template::ChatOptions;
 use crate::engine::{Event, FinishReason, GenRequest, LogprobEntry, Usage as EngineUsage};
 use crate::tool_calls::{ToolCallParser, ToolEvent};
-use crate::tokenizer::Tokenizer;
 use axum::Extension;
 use axum::body::Body;
 use axum::extract::State;
@@ -55,19 +56,28 @@ pub async fn chat_completions(
     params::reject_unsupported_chat(&req)?;
     let n = params::check_n(req.n)?;
     let constraint = response_format::constraint_spec(req.response_format.as_ref())?;
-    let messages = params::chat_messages(req.messages.as_deref().ok_or_else(|| ApiError::missing("messages"))?)?;
+    let messages = params::chat_messages(
+        req.messages
+            .as_deref()
+            .ok_or_else(|| ApiError::missing("messages"))?,
+    )?;
     let tool_req = tools::tool_request(&req)?;
     let (constraint, constraint_param) = match tools::forced_constraint(&tool_req)? {
         Some(_) if constraint.is_some() => {
-            return Err(ApiError::unsupported("response_format cannot be combined with a forced tool_choice.", "response_format"));
+            return Err(ApiError::unsupported(
+                "response_format cannot be combined with a forced tool_choice.",
+                "response_format",
+            ));
         }
         Some(forced) => (Some(forced), "tool_choice"),
         None => (constraint, "response_format"),
     };
     for (i, m) in messages.iter().enumerate() {
-        app.admission.check_prompt_bytes(&m.content, &format!("messages[{i}].content"))?;
+        app.admission
+            .check_prompt_bytes(&m.content, &format!("messages[{i}].content"))?;
         if let Some(r) = &m.reasoning_content {
-            app.admission.check_prompt_bytes(r, &format!("messages[{i}].reasoning_content"))?;
+            app.admission
+                .check_prompt_bytes(r, &format!("messages[{i}].reasoning_content"))?;
         }
     }
     let logprobs = req.logprobs.unwrap_or(false);
@@ -92,22 +102,24 @@ pub async fn chat_completions(
         enable_thinking: thinking.enabled,
         preserve_thinking: kwargs.preserve_thinking.unwrap_or(false),
     };
-    let text = chat_template::render_with_tools(&messages, &tool_req.definitions, &opts)?;
-    app.admission.check_prompt_bytes(&text, "messages")?;
+    let prompt = generate::tokenize_chat(
+        &app,
+        ready,
+        messages,
+        tool_req.definitions.clone(),
+        opts,
+        true,
+    )
+    .await?;
+    let (prompt, checkpoint) = (prompt.ids, prompt.checkpoint);
     let max_context = ready.engine.config().max_context;
-    admission::check_fits(text.len(), ready.max_token_bytes, max_context, "messages")?;
-    let tokenizer = Arc::clone(&ready.tokenizer);
-    let definitions = tool_req.definitions.clone();
-    let (prompt, checkpoint) = app
-        .admission
-        .tokenize(text.len(), move || {
-            let prompt = tokenizer.encode(&text)?;
-            let checkpoint = checkpoint(&tokenizer, &messages, &definitions, &opts, &prompt);
-            Ok::<_, crate::tokenizer::TokenizerError>((prompt, checkpoint))
-        })
-        .await?
-        .map_err(|e| ApiError::Internal(e.to_string()))?;
-    let max_tokens = params::budget(prompt.len(), requested, app.config.default_max_tokens, max_context, "messages")?;
+    let max_tokens = params::budget(
+        prompt.len(),
+        requested,
+        app.config.default_max_tokens,
+        max_context,
+        "messages",
+    )?;
     // Each choice follows the grammar from its own state.
     let mut compiled = Vec::with_capacity(n);
     for _ in 0..n {
@@ -115,7 +127,16 @@ pub async fn chat_completions(
             None => None,
             Some(spec) => {
                 let start = crate::constraint::StartOptions::new(thinking.enabled, max_tokens);
-                Some(response_format::compile(&app, &ready.grammars, spec.clone(), start, constraint_param).await?)
+                Some(
+                    response_format::compile(
+                        &app,
+                        &ready.grammars,
+                        spec.clone(),
+                        start,
+                        constraint_param,
+                    )
+                    .await?,
+                )
             }
         });
     }
@@ -129,7 +150,11 @@ pub async fn chat_completions(
         let mut sampling = sampling.clone();
         sampling.seed = params::choice_seed(sampling.seed, i);
         ready.engine.submit(GenRequest {
-            request_id: if i == 0 { request_id.clone() } else { format!("{request_id}-{i}") },
+            request_id: if i == 0 {
+                request_id.clone()
+            } else {
+                format!("{request_id}-{i}")
+            },
             span: tracing::Span::current(),
             prompt: prompt.clone(),
             checkpoint,
@@ -137,7 +162,11 @@ pub async fn chat_completions(
             sampling,
             max_tokens,
             stop: stop.clone(),
-            stop_ids: if req.ignore_eos == Some(true) { Vec::new() } else { ready.stop_ids.clone() },
+            stop_ids: if req.ignore_eos == Some(true) {
+                Vec::new()
+            } else {
+                ready.stop_ids.clone()
+            },
             split_reasoning: true,
             reasoning: thinking.enabled,
             skip_special_tokens: req.skip_special_tokens.unwrap_or(true),
@@ -165,22 +194,6 @@ pub async fn chat_completions(
     }
 }
 
-/// Token count of the prompt up to and including `<|im_start|>assistant\n`, when the prompt's
-/// tokens really start with that prefix's tokens (tokenisation is checked, not assumed).
-fn checkpoint(
-    tokenizer: &Tokenizer,
-    messages: &[ChatMessage],
-    tools: &[serde_json::Value],
-    opts: &ChatOptions,
-    prompt: &[u32],
-) -> Option<usize> {
-    let no_gen = ChatOptions { add_generation_prompt: false, ..*opts };
-    let mut text = chat_template::render_with_tools(messages, tools, &no_gen).ok()?;
-    text.push_str("<|im_start|>assistant\n");
-    let prefix = tokenizer.encode(&text).ok()?;
-    (prefix.len() < prompt.len() && prompt.starts_with(&prefix)).then_some(prefix.len())
-}
-
 /// What every chunk and the whole reply share.
 struct Reply {
     id: String,
@@ -192,7 +205,11 @@ struct Reply {
 }
 /// `finish_reason`: `tool_calls` when the reply made calls and ended by itself.
 fn finish_reason(reason: FinishReason, calls: usize) -> &'static str {
-    if calls > 0 && reason == FinishReason::Stop { "tool_calls" } else { reason.as_str() }
+    if calls > 0 && reason == FinishReason::Stop {
+        "tool_calls"
+    } else {
+        reason.as_str()
+    }
 }
 
 /// Parser events as a chunk's content and `tool_calls` entries (each call's id made on its start).
@@ -208,12 +225,27 @@ fn tool_deltas(events: Vec<ToolEvent>, ids: &mut Vec<String>) -> (String, Vec<To
                     index,
                     id: Some(ids[index].clone()),
                     kind: Some("function"),
-                    function: FunctionDelta { name: Some(name), arguments: Some(String::new()) },
+                    function: FunctionDelta {
+                        name: Some(name),
+                        arguments: Some(String::new()),
+                    },
                 });
             }
             ToolEvent::Arguments { index, fragment } => match calls.last_mut() {
-                Some(last) if last.index == index => last.function.arguments.get_or_insert_default().push_str(&fragment),
-                _ => calls.push(ToolCallDelta { index, id: None, kind: None, function: FunctionDelta { name: None, arguments: Some(fragment) } }),
+                Some(last) if last.index == index => last
+                    .function
+                    .arguments
+                    .get_or_insert_default()
+                    .push_str(&fragment),
+                _ => calls.push(ToolCallDelta {
+                    index,
+                    id: None,
+                    kind: None,
+                    function: FunctionDelta {
+                        name: None,
+                        arguments: Some(fragment),
+                    },
+                }),
             },
         }
     }
@@ -221,7 +253,10 @@ fn tool_deltas(events: Vec<ToolEvent>, ids: &mut Vec<String>) -> (String, Vec<To
 }
 
 fn chat_logprobs(entries: &[LogprobEntry]) -> ChatLogprobs {
-    ChatLogprobs { content: entries.iter().map(LogprobContent::from).collect(), refusal: None }
+    ChatLogprobs {
+        content: entries.iter().map(LogprobContent::from).collect(),
+        refusal: None,
+    }
 }
 
 impl Reply {
@@ -231,7 +266,8 @@ impl Reply {
             .into_iter()
             .enumerate()
             .map(|(index, c)| {
-                let shown = self.thinking.shown && (self.thinking.enabled || !c.delta.reasoning.is_empty());
+                let shown =
+                    self.thinking.shown && (self.thinking.enabled || !c.delta.reasoning.is_empty());
                 let reasoning = shown.then(|| c.delta.reasoning.clone());
                 let (content, calls) = match self.tools.parser() {
                     Some(mut parser) => {
@@ -244,7 +280,11 @@ impl Reply {
                 let finish_reason = finish_reason(c.reason, calls.len());
                 let tool_calls: Vec<ToolCallOut> = calls
                     .into_iter()
-                    .map(|(name, arguments)| ToolCallOut { id: tools::call_id(), kind: "function", function: FunctionCallOut { name, arguments } })
+                    .map(|(name, arguments)| ToolCallOut {
+                        id: tools::call_id(),
+                        kind: "function",
+                        function: FunctionCallOut { name, arguments },
+                    })
                     .collect();
                 let content = (tool_calls.is_empty() || !content.is_empty()).then_some(content);
                 ChatChoice {
@@ -293,7 +333,11 @@ impl Reply {
                 self.chunk(
                     vec![ChatChunkChoice {
                         index,
-                        delta: ChatDelta { role: Some("assistant"), content: Some(String::new()), ..ChatDelta::default() },
+                        delta: ChatDelta {
+                            role: Some("assistant"),
+                            content: Some(String::new()),
+                            ..ChatDelta::default()
+                        },
                         logprobs: None,
                         finish_reason: None,
                     }],
@@ -302,7 +346,8 @@ impl Reply {
             })
             .collect();
         let mut usages: Vec<Option<EngineUsage>> = vec![None; n];
-        let mut parsers: Vec<Option<ToolCallParser>> = (0..n).map(|_| self.tools.parser()).collect();
+        let mut parsers: Vec<Option<ToolCallParser>> =
+            (0..n).map(|_| self.tools.parser()).collect();
         let mut ids: Vec<Vec<String>> = vec![Vec::new(); n];
         stream::sse_choices(choices, first, move |index, ev| match ev {
             Event::Delta(d) => {
@@ -310,18 +355,35 @@ impl Reply {
                     Some(p) => tool_deltas(p.feed(&d.content), &mut ids[index]),
                     None => (d.content, Vec::new()),
                 };
-                let reasoning = if self.thinking.shown { d.reasoning } else { String::new() };
+                let reasoning = if self.thinking.shown {
+                    d.reasoning
+                } else {
+                    String::new()
+                };
                 let delta = ChatDelta {
                     role: None,
                     content: (!content.is_empty()).then_some(content),
                     reasoning_content: (!reasoning.is_empty()).then_some(reasoning),
                     tool_calls: (!calls.is_empty()).then_some(calls),
                 };
-                let logprobs = (self.logprobs && !d.logprobs.is_empty()).then(|| chat_logprobs(&d.logprobs));
-                if delta.content.is_none() && delta.reasoning_content.is_none() && delta.tool_calls.is_none() && logprobs.is_none() {
+                let logprobs =
+                    (self.logprobs && !d.logprobs.is_empty()).then(|| chat_logprobs(&d.logprobs));
+                if delta.content.is_none()
+                    && delta.reasoning_content.is_none()
+                    && delta.tool_calls.is_none()
+                    && logprobs.is_none()
+                {
                     return Vec::new();
                 }
-                vec![self.chunk(vec![ChatChunkChoice { index, delta, logprobs, finish_reason: None }], None)]
+                vec![self.chunk(
+                    vec![ChatChunkChoice {
+                        index,
+                        delta,
+                        logprobs,
+                        finish_reason: None,
+                    }],
+                    None,
+                )]
             }
             Event::Done { reason, usage } => {
                 let mut out = Vec::new();
@@ -335,11 +397,24 @@ impl Reply {
                             tool_calls: (!deltas.is_empty()).then_some(deltas),
                             ..ChatDelta::default()
                         };
-                        out.push(self.chunk(vec![ChatChunkChoice { index, delta, logprobs: None, finish_reason: None }], None));
+                        out.push(self.chunk(
+                            vec![ChatChunkChoice {
+                                index,
+                                delta,
+                                logprobs: None,
+                                finish_reason: None,
+                            }],
+                            None,
+                        ));
                     }
                 }
                 out.push(self.chunk(
-                    vec![ChatChunkChoice { index, delta: ChatDelta::default(), logprobs: None, finish_reason: Some(finish_reason(reason, calls)) }],
+                    vec![ChatChunkChoice {
+                        index,
+                        delta: ChatDelta::default(),
+                        logprobs: None,
+                        finish_reason: Some(finish_reason(reason, calls)),
+                    }],
                     None,
                 ));
                 usages[index] = Some(usage);
@@ -364,9 +439,18 @@ mod tests {
     fn tool_deltas_follow_openais_shape() {
         let events = vec![
             ToolEvent::Content("Hi".into()),
-            ToolEvent::CallStart { index: 0, name: "f".into() },
-            ToolEvent::Arguments { index: 0, fragment: "{".into() },
-            ToolEvent::Arguments { index: 0, fragment: "\"a\":1".into() },
+            ToolEvent::CallStart {
+                index: 0,
+                name: "f".into(),
+            },
+            ToolEvent::Arguments {
+                index: 0,
+                fragment: "{".into(),
+            },
+            ToolEvent::Arguments {
+                index: 0,
+                fragment: "\"a\":1".into(),
+            },
         ];
         let mut ids = Vec::new();
         let (content, deltas) = tool_deltas(events, &mut ids);
@@ -375,10 +459,22 @@ mod tests {
         let v = serde_json::to_value(&deltas[0]).unwrap();
         assert_eq!(v["id"], serde_json::json!(ids[0]));
         assert_eq!(v["type"], "function");
-        assert_eq!(v["function"], serde_json::json!({"name": "f", "arguments": "{\"a\":1"}));
-        let (_, more) = tool_deltas(vec![ToolEvent::Arguments { index: 0, fragment: "}".into() }], &mut ids);
+        assert_eq!(
+            v["function"],
+            serde_json::json!({"name": "f", "arguments": "{\"a\":1"})
+        );
+        let (_, more) = tool_deltas(
+            vec![ToolEvent::Arguments {
+                index: 0,
+                fragment: "}".into(),
+            }],
+            &mut ids,
+        );
         let v = serde_json::to_value(&more[0]).unwrap();
-        assert_eq!(v, serde_json::json!({"index": 0, "function": {"arguments": "}"}}));
+        assert_eq!(
+            v,
+            serde_json::json!({"index": 0, "function": {"arguments": "}"}})
+        );
         assert_eq!(finish_reason(FinishReason::Stop, 1), "tool_calls");
         assert_eq!(finish_reason(FinishReason::Length, 1), "length");
         assert_eq!(finish_reason(FinishReason::Stop, 0), "stop");

@@ -63,7 +63,7 @@ pub enum ApiError {
         path: String,
     },
     /// Missing or wrong API key (401).
-    #[error("Incorrect or missing API key. Send it as `Authorization: Bearer <key>`.")]
+    #[error("Incorrect or missing API key. Send it as `Authorization: Bearer <key>` or `x-api-key: <key>`.")]
     Unauthorized,
     /// The body exceeds the server's limit (413).
     #[error("Request body too large: the limit is {limit_bytes} bytes.")]
@@ -72,7 +72,9 @@ pub enum ApiError {
         limit_bytes: usize,
     },
     /// The queue is full (429, with `Retry-After`).
-    #[error("The server is at capacity ({max_queue} requests queued). Retry after {retry_after_s} s.")]
+    #[error(
+        "The server is at capacity ({max_queue} requests queued). Retry after {retry_after_s} s."
+    )]
     QueueFull {
         /// The queue limit.
         max_queue: usize,
@@ -129,12 +131,20 @@ pub enum ApiError {
 impl ApiError {
     /// A 400 naming the field at fault.
     pub fn invalid(message: impl Into<String>, param: impl Into<String>) -> ApiError {
-        ApiError::InvalidRequest { message: message.into(), param: Some(param.into()), code: "invalid_value" }
+        ApiError::InvalidRequest {
+            message: message.into(),
+            param: Some(param.into()),
+            code: "invalid_value",
+        }
     }
 
     /// A 400 for a recognised OpenAI feature this server does not implement.
     pub fn unsupported(what: impl Into<String>, param: impl Into<String>) -> ApiError {
-        ApiError::InvalidRequest { message: what.into(), param: Some(param.into()), code: "unsupported_parameter" }
+        ApiError::InvalidRequest {
+            message: what.into(),
+            param: Some(param.into()),
+            code: "unsupported_parameter",
+        }
     }
 
     /// A 400 for a required field that is absent.
@@ -149,13 +159,19 @@ impl ApiError {
     /// The HTTP status.
     pub fn status(&self) -> StatusCode {
         match self {
-            ApiError::InvalidRequest { .. } | ApiError::ContextLength { .. } => StatusCode::BAD_REQUEST,
+            ApiError::InvalidRequest { .. } | ApiError::ContextLength { .. } => {
+                StatusCode::BAD_REQUEST
+            }
             ApiError::ModelNotFound(_) | ApiError::RouteNotFound { .. } => StatusCode::NOT_FOUND,
             ApiError::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
             ApiError::Unauthorized => StatusCode::UNAUTHORIZED,
             ApiError::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
-            ApiError::QueueFull { .. } | ApiError::QueuedTokensFull { .. } => StatusCode::TOO_MANY_REQUESTS,
-            ApiError::Unavailable(_) | ApiError::Busy { .. } | ApiError::ExpertsUnavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::QueueFull { .. } | ApiError::QueuedTokensFull { .. } => {
+                StatusCode::TOO_MANY_REQUESTS
+            }
+            ApiError::Unavailable(_)
+            | ApiError::Busy { .. }
+            | ApiError::ExpertsUnavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::BodyTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
@@ -166,7 +182,10 @@ impl ApiError {
         match self {
             ApiError::Unauthorized => "authentication_error",
             ApiError::QueueFull { .. } | ApiError::QueuedTokensFull { .. } => "rate_limit_error",
-            ApiError::Unavailable(_) | ApiError::Busy { .. } | ApiError::Internal(_) | ApiError::ExpertsUnavailable { .. } => "server_error",
+            ApiError::Unavailable(_)
+            | ApiError::Busy { .. }
+            | ApiError::Internal(_)
+            | ApiError::ExpertsUnavailable { .. } => "server_error",
             _ => "invalid_request_error",
         }
     }
@@ -209,14 +228,32 @@ impl ApiError {
     /// names the request id: its detail (socket paths, file offsets) is for the server log,
     /// which records it under the same id ([`ApiError::log_internal`]).
     pub fn body_for(&self, request_id: Option<&str>) -> serde_json::Value {
-        let message = match self {
+        let message = self.client_message(request_id);
+        json!({ "error": { "message": message, "type": self.error_type(), "param": self.param(), "code": self.code() } })
+    }
+
+    /// The message the client sees: a 500's says only that the server failed and names the
+    /// request id; every other error's is its sentence.
+    pub fn client_message(&self, request_id: Option<&str>) -> String {
+        match self {
             ApiError::Internal(_) => format!(
                 "The server had an error while processing your request (request id {}); its log has the details.",
                 request_id.unwrap_or("unknown")
             ),
             _ => self.to_string(),
-        };
-        json!({ "error": { "message": message, "type": self.error_type(), "param": self.param(), "code": self.code() } })
+        }
+    }
+
+    /// The `Retry-After` seconds of the errors a retry may cure (full queue, busy pool,
+    /// unavailable expert backend).
+    pub fn retry_after_s(&self) -> Option<u64> {
+        match self {
+            ApiError::QueueFull { retry_after_s, .. }
+            | ApiError::QueuedTokensFull { retry_after_s, .. }
+            | ApiError::Busy { retry_after_s, .. }
+            | ApiError::ExpertsUnavailable { retry_after_s, .. } => Some(*retry_after_s),
+            _ => None,
+        }
     }
 
     /// Writes a 500's detail to the log (in the current span, which carries the request id).
@@ -231,15 +268,13 @@ impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         self.log_internal();
         let mut resp = (self.status(), Json(self.body())).into_response();
-        if let ApiError::QueueFull { retry_after_s, .. }
-        | ApiError::QueuedTokensFull { retry_after_s, .. }
-        | ApiError::Busy { retry_after_s, .. }
-        | ApiError::ExpertsUnavailable { retry_after_s, .. } = self
-        {
-            resp.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(retry_after_s));
+        if let Some(retry_after_s) = self.retry_after_s() {
+            resp.headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(retry_after_s));
         }
         if matches!(self, ApiError::Unauthorized) {
-            resp.headers_mut().insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+            resp.headers_mut()
+                .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
         }
         resp
     }
@@ -264,10 +299,20 @@ impl From<ChatTemplateError> for ApiError {
 impl From<SubmitError> for ApiError {
     fn from(e: SubmitError) -> Self {
         match e {
-            SubmitError::QueueFull { max_queue } => ApiError::QueueFull { max_queue, retry_after_s: 1 },
-            SubmitError::QueuedTokensFull { queued_tokens, prompt_tokens, max_queued_tokens } => {
-                ApiError::QueuedTokensFull { queued_tokens, prompt_tokens, max_queued_tokens, retry_after_s: 1 }
-            }
+            SubmitError::QueueFull { max_queue } => ApiError::QueueFull {
+                max_queue,
+                retry_after_s: 1,
+            },
+            SubmitError::QueuedTokensFull {
+                queued_tokens,
+                prompt_tokens,
+                max_queued_tokens,
+            } => ApiError::QueuedTokensFull {
+                queued_tokens,
+                prompt_tokens,
+                max_queued_tokens,
+                retry_after_s: 1,
+            },
             SubmitError::Stopped => ApiError::Unavailable(e.to_string()),
         }
     }
@@ -276,7 +321,10 @@ impl From<SubmitError> for ApiError {
 impl From<Failure> for ApiError {
     fn from(f: Failure) -> Self {
         match f.retry_after_s {
-            Some(retry_after_s) => ApiError::ExpertsUnavailable { message: f.message, retry_after_s },
+            Some(retry_after_s) => ApiError::ExpertsUnavailable {
+                message: f.message,
+                retry_after_s,
+            },
             None => ApiError::Internal(f.message),
         }
     }
@@ -289,7 +337,11 @@ impl ApiError {
         if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
             ApiError::BodyTooLarge { limit_bytes }
         } else {
-            ApiError::InvalidRequest { message: format!("Could not read the request body: {e}"), param: None, code: "invalid_body" }
+            ApiError::InvalidRequest {
+                message: format!("Could not read the request body: {e}"),
+                param: None,
+                code: "invalid_body",
+            }
         }
     }
 }
@@ -298,13 +350,28 @@ impl From<serde_json::Error> for ApiError {
     fn from(e: serde_json::Error) -> Self {
         let msg = e.to_string();
         // serde names an unknown field as "unknown field `x`, expected …".
-        let param = msg.strip_prefix("unknown field `").and_then(|r| r.split('`').next()).map(str::to_string);
+        let param = msg
+            .strip_prefix("unknown field `")
+            .and_then(|r| r.split('`').next())
+            .map(str::to_string);
         let (message, code) = match (&param, e.classify()) {
-            (Some(p), _) => (format!("Unrecognized request argument supplied: {p}"), "unsupported_parameter"),
-            (None, serde_json::error::Category::Data) => (format!("Invalid request: {msg}"), "invalid_value"),
-            _ => (format!("We could not parse the JSON body of your request: {msg}"), "invalid_json"),
+            (Some(p), _) => (
+                format!("Unrecognized request argument supplied: {p}"),
+                "unsupported_parameter",
+            ),
+            (None, serde_json::error::Category::Data) => {
+                (format!("Invalid request: {msg}"), "invalid_value")
+            }
+            _ => (
+                format!("We could not parse the JSON body of your request: {msg}"),
+                "invalid_json",
+            ),
         };
-        ApiError::InvalidRequest { message, param, code }
+        ApiError::InvalidRequest {
+            message,
+            param,
+            code,
+        }
     }
 }
 
@@ -313,7 +380,11 @@ mod tests {
     use super::*;
 
     fn check(e: ApiError, status: u16, ty: &str, code: &str) {
-        assert_eq!((e.status().as_u16(), e.error_type(), e.code()), (status, ty, code), "{e:?}");
+        assert_eq!(
+            (e.status().as_u16(), e.error_type(), e.code()),
+            (status, ty, code),
+            "{e:?}"
+        );
         let body = e.body();
         for key in ["message", "type", "param", "code"] {
             assert!(body["error"].get(key).is_some(), "{body}");
@@ -322,28 +393,103 @@ mod tests {
 
     #[test]
     fn statuses_and_codes() {
-        check(ApiError::missing("messages"), 400, "invalid_request_error", "missing_required_parameter");
-        check(ApiError::ModelNotFound("x".into()), 404, "invalid_request_error", "model_not_found");
-        check(ApiError::QueueFull { max_queue: 1, retry_after_s: 1 }, 429, "rate_limit_error", "queue_full");
-        let e = ApiError::QueuedTokensFull { queued_tokens: 9, prompt_tokens: 2, max_queued_tokens: 10, retry_after_s: 1 };
+        check(
+            ApiError::missing("messages"),
+            400,
+            "invalid_request_error",
+            "missing_required_parameter",
+        );
+        check(
+            ApiError::ModelNotFound("x".into()),
+            404,
+            "invalid_request_error",
+            "model_not_found",
+        );
+        check(
+            ApiError::QueueFull {
+                max_queue: 1,
+                retry_after_s: 1,
+            },
+            429,
+            "rate_limit_error",
+            "queue_full",
+        );
+        let e = ApiError::QueuedTokensFull {
+            queued_tokens: 9,
+            prompt_tokens: 2,
+            max_queued_tokens: 10,
+            retry_after_s: 1,
+        };
         check(e, 429, "rate_limit_error", "queue_full");
-        check(ApiError::BodyTooLarge { limit_bytes: 1 }, 413, "invalid_request_error", "request_too_large");
-        check(ApiError::Unauthorized, 401, "authentication_error", "invalid_api_key");
-        let down = ApiError::from(Failure { message: "decode step failed: expertd gone".into(), retry_after_s: Some(2) });
+        check(
+            ApiError::BodyTooLarge { limit_bytes: 1 },
+            413,
+            "invalid_request_error",
+            "request_too_large",
+        );
+        check(
+            ApiError::Unauthorized,
+            401,
+            "authentication_error",
+            "invalid_api_key",
+        );
+        let down = ApiError::from(Failure {
+            message: "decode step failed: expertd gone".into(),
+            retry_after_s: Some(2),
+        });
         check(down.clone(), 503, "server_error", "experts_unavailable");
-        assert_eq!(down.into_response().headers().get(header::RETRY_AFTER).and_then(|v| v.to_str().ok()), Some("2"));
-        check(ApiError::from(Failure { message: "bug".into(), retry_after_s: None }), 500, "server_error", "internal_error");
-        let e = ApiError::ContextLength { max_context: 10, requested: 12, prompt_tokens: 11, completion_tokens: 1, param: "messages" };
+        assert_eq!(
+            down.into_response()
+                .headers()
+                .get(header::RETRY_AFTER)
+                .and_then(|v| v.to_str().ok()),
+            Some("2")
+        );
+        check(
+            ApiError::from(Failure {
+                message: "bug".into(),
+                retry_after_s: None,
+            }),
+            500,
+            "server_error",
+            "internal_error",
+        );
+        let e = ApiError::ContextLength {
+            max_context: 10,
+            requested: 12,
+            prompt_tokens: 11,
+            completion_tokens: 1,
+            param: "messages",
+        };
         check(e, 400, "invalid_request_error", "context_length_exceeded");
-        check(ApiError::Busy { message: "x".into(), retry_after_s: 1 }, 503, "server_error", "server_busy");
-        check(ApiError::BodyTimeout { limit_s: 1 }, 408, "invalid_request_error", "request_timeout");
+        check(
+            ApiError::Busy {
+                message: "x".into(),
+                retry_after_s: 1,
+            },
+            503,
+            "server_error",
+            "server_busy",
+        );
+        check(
+            ApiError::BodyTimeout { limit_s: 1 },
+            408,
+            "invalid_request_error",
+            "request_timeout",
+        );
     }
 
     #[test]
     fn internal_errors_hide_their_detail() {
         let e = ApiError::Internal("reading /run/sluice/expertd.sock at offset 123456".into());
-        let msg = e.body_for(Some("abc123"))["error"]["message"].as_str().unwrap_or_default().to_string();
-        assert!(msg.contains("abc123") && !msg.contains("expertd.sock") && !msg.contains("123456"), "{msg}");
+        let msg = e.body_for(Some("abc123"))["error"]["message"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        assert!(
+            msg.contains("abc123") && !msg.contains("expertd.sock") && !msg.contains("123456"),
+            "{msg}"
+        );
     }
 
     #[test]
@@ -359,7 +505,9 @@ mod tests {
         assert_eq!(e.body()["error"]["param"], "b");
         let e: ApiError = serde_json::from_str::<R>("{").unwrap_err().into();
         assert_eq!(e.code(), "invalid_json");
-        let e: ApiError = serde_json::from_str::<R>(r#"{"a": "x"}"#).unwrap_err().into();
+        let e: ApiError = serde_json::from_str::<R>(r#"{"a": "x"}"#)
+            .unwrap_err()
+            .into();
         assert_eq!(e.code(), "invalid_value");
     }
 }

@@ -10,14 +10,21 @@
 //! Files: `listener.rs` (accept loop and peer limits), `admission.rs` (body, prompt and
 //! tokeniser limits), `openai.rs` (wire types), `params.rs` (validation), `fields.rs` (the
 //! policy for fields without a typed slot, thinking switches), `error.rs` (the one
-//! error → JSON mapping), `chat.rs` and `completions.rs` (the two generation endpoints),
-//! `stream.rs` (SSE and collecting engine events).
+//! error → JSON mapping), `chat.rs` and `completions.rs` (the two OpenAI generation endpoints),
+//! `generate.rs` (template → tokens → engine, shared by the chat-style endpoints), `stream.rs`
+//! (SSE and collecting engine events), `anthropic/` (the Anthropic Messages API).
+//!
+//! The API key is accepted as `Authorization: Bearer <key>` or as `x-api-key: <key>`
+//! (Anthropic's header) on every `/v1/` route. Errors of the `/v1/messages` routes, the
+//! middleware's included, take Anthropic's shape.
 
 pub mod admission;
+pub mod anthropic;
 mod chat;
 mod completions;
 pub mod error;
 pub mod fields;
+mod generate;
 pub mod listener;
 pub mod openai;
 pub mod params;
@@ -28,8 +35,8 @@ pub mod tools;
 use crate::engine::EngineHandle;
 use crate::engine::metrics::Metrics;
 use crate::tokenizer::Tokenizer;
-use axum::Router;
 use admission::{Admission, AdmissionConfig};
+use axum::Router;
 use axum::extract::{Request, State};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::middleware::{self, Next};
@@ -48,7 +55,7 @@ use tracing::Instrument;
 pub struct ServerConfig {
     /// The name clients pass as `model`.
     pub served_model_name: String,
-    /// When set, `/v1/*` requires `Authorization: Bearer <key>`.
+    /// When set, `/v1/*` requires `Authorization: Bearer <key>` or `x-api-key: <key>`.
     pub api_key: Option<String>,
     /// Body, prompt and tokeniser limits.
     pub admission: AdmissionConfig,
@@ -100,7 +107,9 @@ pub struct AppState {
 impl AppState {
     /// State of a server whose model is not loaded yet.
     pub fn new(config: ServerConfig, metrics: Arc<Metrics>) -> Arc<AppState> {
-        let id_salt = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_micros() as u64);
+        let id_salt = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_micros() as u64);
         let admission = Admission::new(config.admission.clone());
         Arc::new(AppState {
             config,
@@ -158,7 +167,9 @@ pub(crate) fn current_request_id() -> Option<String> {
 
 /// Seconds since the Unix epoch.
 pub(crate) fn unix_now() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs())
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
 }
 
 /// `system_fingerprint` of every response.
@@ -173,6 +184,8 @@ pub fn router(state: Arc<AppState>) -> Router {
     let router = Router::new()
         .route("/v1/chat/completions", post(chat::chat_completions))
         .route("/v1/completions", post(completions::completions))
+        .route("/v1/messages", post(anthropic::messages))
+        .route("/v1/messages/count_tokens", post(anthropic::count_tokens))
         .route("/v1/models", get(models))
         .route("/v1/models/{*id}", get(model_card))
         .route("/health", get(health))
@@ -201,9 +214,17 @@ fn cors_layer(origins: &[String]) -> Option<tower_http::cors::CorsLayer> {
     };
     let layer = CorsLayer::new()
         .allow_origin(allow)
-        .allow_methods([axum::http::Method::GET, axum::http::Method::POST, axum::http::Method::OPTIONS])
+        .allow_methods([
+            axum::http::Method::GET,
+            axum::http::Method::POST,
+            axum::http::Method::OPTIONS,
+        ])
         .allow_headers(Any)
-        .expose_headers([header::HeaderName::from_static("x-request-id"), header::RETRY_AFTER])
+        .expose_headers([
+            header::HeaderName::from_static("x-request-id"),
+            header::HeaderName::from_static("request-id"),
+            header::RETRY_AFTER,
+        ])
         .max_age(std::time::Duration::from_secs(600));
     Some(layer)
 }
@@ -218,6 +239,11 @@ pub async fn serve(
     listener::serve(listener, state, app, shutdown).await
 }
 
+/// An error of the middleware or a fallback, in Anthropic's shape on Anthropic's routes.
+fn error_response(path: &str, e: ApiError) -> Response {
+    if anthropic::owns(path) { anthropic::error::AnthropicError(e).into_response() } else { e.into_response() }
+}
+
 /// Request id, INFO span, API-key check and request metrics around every handler.
 async fn track(State(app): State<Arc<AppState>>, mut req: Request, next: Next) -> Response {
     let start = Instant::now();
@@ -227,49 +253,93 @@ async fn track(State(app): State<Arc<AppState>>, mut req: Request, next: Next) -
         .headers()
         .get("x-request-id")
         .and_then(|v| v.to_str().ok())
-        .filter(|s| !s.is_empty() && s.len() <= 64 && s.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b)))
+        .filter(|s| {
+            !s.is_empty()
+                && s.len() <= 64
+                && s.bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
+        })
         .map_or_else(|| app.new_request_id(), str::to_string);
-    let span = tracing::info_span!("request", request_id = %id, method = %req.method(), path = %path);
+    let span =
+        tracing::info_span!("request", request_id = %id, method = %req.method(), path = %path);
     req.extensions_mut().insert(RequestId(id.clone()));
     let authorized = match &app.config.api_key {
-        Some(key) if path.starts_with("/v1/") => bearer_matches(&req, key),
+        Some(key) if path.starts_with("/v1/") => key_matches(&req, key),
         _ => true,
     };
     // A connection beyond --max-connections may only ask for /health.
     let overflow = req.extensions().get::<listener::Overflow>().is_some() && path != "/health";
     let mut resp = if overflow {
-        let message = format!("The server has {} connections open (--max-connections).", app.config.peer.max_connections);
-        ApiError::Busy { message, retry_after_s: 1 }.into_response()
+        let message = format!(
+            "The server has {} connections open (--max-connections).",
+            app.config.peer.max_connections
+        );
+        error_response(
+            &path,
+            ApiError::Busy {
+                message,
+                retry_after_s: 1,
+            },
+        )
     } else if authorized {
-        REQUEST_ID.scope(id.clone(), next.run(req).instrument(span.clone())).await
+        REQUEST_ID
+            .scope(id.clone(), next.run(req).instrument(span.clone()))
+            .await
     } else {
-        ApiError::Unauthorized.into_response()
+        REQUEST_ID.scope(id.clone(), async { error_response(&path, ApiError::Unauthorized) }).await
     };
     let status = resp.status().as_u16();
-    app.metrics.record_request(endpoint, status, start.elapsed());
-    span.in_scope(|| tracing::info!(status, took_ms = start.elapsed().as_millis() as u64, "response"));
+    app.metrics
+        .record_request(endpoint, status, start.elapsed());
+    span.in_scope(|| {
+        tracing::info!(
+            status,
+            took_ms = start.elapsed().as_millis() as u64,
+            "response"
+        )
+    });
     if let Ok(v) = HeaderValue::from_str(&id) {
+        if anthropic::owns(&path) {
+            // Anthropic's clients read the id from `request-id`.
+            resp.headers_mut().insert("request-id", v.clone());
+        }
         resp.headers_mut().insert("x-request-id", v);
     }
     resp
 }
 
-/// Compares the bearer token in constant time (no early exit on the first differing byte).
-fn bearer_matches(req: &Request, key: &str) -> bool {
-    let Some(token) = req.headers().get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer "))
-    else {
-        return false;
+/// Whether the request carries the key, as a bearer token or in `x-api-key`, compared in
+/// constant time (no early exit on the first differing byte).
+fn key_matches(req: &Request, key: &str) -> bool {
+    let same = |token: &str| {
+        let (a, b) = (token.trim().as_bytes(), key.as_bytes());
+        a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
     };
-    let (a, b) = (token.trim().as_bytes(), key.as_bytes());
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+    let header = |name| req.headers().get(name).and_then(|v: &HeaderValue| v.to_str().ok());
+    let bearer = header(header::AUTHORIZATION).and_then(|v| v.strip_prefix("Bearer "));
+    bearer.is_some_and(same) || header(header::HeaderName::from_static("x-api-key")).is_some_and(same)
 }
 
-async fn not_found(req: Request) -> ApiError {
-    ApiError::RouteNotFound { method: req.method().to_string(), path: req.uri().path().to_string() }
+async fn not_found(req: Request) -> Response {
+    let path = req.uri().path().to_string();
+    error_response(
+        &path.clone(),
+        ApiError::RouteNotFound {
+            method: req.method().to_string(),
+            path,
+        },
+    )
 }
 
-async fn method_not_allowed(req: Request) -> ApiError {
-    ApiError::MethodNotAllowed { method: req.method().to_string(), path: req.uri().path().to_string() }
+async fn method_not_allowed(req: Request) -> Response {
+    let path = req.uri().path().to_string();
+    error_response(
+        &path.clone(),
+        ApiError::MethodNotAllowed {
+            method: req.method().to_string(),
+            path,
+        },
+    )
 }
 
 /// `GET /health`: 200 `ready` with queue counters once the model is loaded, else 503. With
@@ -282,9 +352,14 @@ async fn health(State(app): State<Arc<AppState>>) -> Response {
     match (app.ready.get(), app.failed.get()) {
         (Some(r), _) => {
             let c = r.engine.config();
-            let experts = r.experts.as_ref().and_then(|e| e.health().map(|h| (e.name(), h)));
+            let experts = r
+                .experts
+                .as_ref()
+                .and_then(|e| e.health().map(|h| (e.name(), h)));
             let (code, status) = match experts.as_ref().map(|(_, h)| h.readiness) {
-                None | Some(crate::expert_client::health::Readiness::Ready) => (StatusCode::OK, "ready"),
+                None | Some(crate::expert_client::health::Readiness::Ready) => {
+                    (StatusCode::OK, "ready")
+                }
                 Some(other) => (StatusCode::SERVICE_UNAVAILABLE, other.as_str()),
             };
             let mut body = json!({
@@ -309,8 +384,16 @@ async fn health(State(app): State<Arc<AppState>>) -> Response {
             }
             (code, axum::Json(body)).into_response()
         }
-        (None, Some(msg)) => (StatusCode::SERVICE_UNAVAILABLE, axum::Json(json!({ "status": "error", "message": msg }))).into_response(),
-        (None, None) => (StatusCode::SERVICE_UNAVAILABLE, axum::Json(json!({ "status": "loading" }))).into_response(),
+        (None, Some(msg)) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            axum::Json(json!({ "status": "error", "message": msg })),
+        )
+            .into_response(),
+        (None, None) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            axum::Json(json!({ "status": "loading" })),
+        )
+            .into_response(),
     }
 }
 
@@ -327,11 +410,18 @@ fn card(app: &AppState, r: &Ready) -> openai::ModelCard {
 /// `GET /v1/models`.
 async fn models(State(app): State<Arc<AppState>>) -> Result<Response, ApiError> {
     let r = app.ready()?;
-    Ok(axum::Json(openai::ModelList { object: "list", data: vec![card(&app, r)] }).into_response())
+    Ok(axum::Json(openai::ModelList {
+        object: "list",
+        data: vec![card(&app, r)],
+    })
+    .into_response())
 }
 
 /// `GET /v1/models/{id}`.
-async fn model_card(State(app): State<Arc<AppState>>, axum::extract::Path(id): axum::extract::Path<String>) -> Result<Response, ApiError> {
+async fn model_card(
+    State(app): State<Arc<AppState>>,
+    axum::extract::Path(id): axum::extract::Path<String>,
+) -> Result<Response, ApiError> {
     let r = app.ready()?;
     if id != app.config.served_model_name {
         return Err(ApiError::ModelNotFound(id));
@@ -342,5 +432,12 @@ async fn model_card(State(app): State<Arc<AppState>>, axum::extract::Path(id): a
 /// `GET /metrics`: Prometheus text.
 async fn metrics(State(app): State<Arc<AppState>>) -> Response {
     let body = app.metrics.render();
-    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], body).into_response()
+    (
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        body,
+    )
+        .into_response()
 }

@@ -31,7 +31,10 @@ pub fn check_n(n: Option<i64>) -> Result<usize, ApiError> {
     match n {
         None => Ok(1),
         Some(n) if (1..=MAX_N as i64).contains(&n) => Ok(n as usize),
-        Some(n) => Err(ApiError::invalid(format!("n must be between 1 and {MAX_N} (got {n})."), "n")),
+        Some(n) => Err(ApiError::invalid(
+            format!("n must be between 1 and {MAX_N} (got {n})."),
+            "n",
+        )),
     }
 }
 
@@ -42,7 +45,10 @@ pub fn choice_seed(seed: Option<u64>, index: usize) -> Option<u64> {
     if index == 0 {
         return Some(seed);
     }
-    Some(crate::sampling::Rng::new(seed ^ (index as u64).wrapping_mul(0xD1B5_4A32_D192_ED03)).next_u64())
+    Some(
+        crate::sampling::Rng::new(seed ^ (index as u64).wrapping_mul(0xD1B5_4A32_D192_ED03))
+            .next_u64(),
+    )
 }
 
 /// Largest `|bias|` of a `logit_bias` entry (OpenAI's range).
@@ -54,7 +60,12 @@ pub fn logit_bias(v: Option<&Value>, tokenizer: &Tokenizer) -> Result<Vec<(u32, 
     let map = match v {
         None | Some(Value::Null) => return Ok(Vec::new()),
         Some(Value::Object(m)) => m,
-        Some(_) => return Err(ApiError::invalid("logit_bias must be an object of token id → bias.", "logit_bias")),
+        Some(_) => {
+            return Err(ApiError::invalid(
+                "logit_bias must be an object of token id → bias.",
+                "logit_bias",
+            ));
+        }
     };
     let mut out = Vec::with_capacity(map.len());
     for (key, bias) in map {
@@ -62,12 +73,24 @@ pub fn logit_bias(v: Option<&Value>, tokenizer: &Tokenizer) -> Result<Vec<(u32, 
         let id = key
             .parse::<u32>()
             .ok()
-            .filter(|&id| (id as usize) < tokenizer.vocab_size() && tokenizer.token_bytes(id).is_some())
-            .ok_or_else(|| ApiError::invalid(format!("logit_bias key '{key}' is not a token id of this model's vocabulary."), at.clone()))?;
+            .filter(|&id| {
+                (id as usize) < tokenizer.vocab_size() && tokenizer.token_bytes(id).is_some()
+            })
+            .ok_or_else(|| {
+                ApiError::invalid(
+                    format!("logit_bias key '{key}' is not a token id of this model's vocabulary."),
+                    at.clone(),
+                )
+            })?;
         let b = bias
             .as_f64()
             .filter(|b| (-MAX_LOGIT_BIAS..=MAX_LOGIT_BIAS).contains(b))
-            .ok_or_else(|| ApiError::invalid(format!("logit_bias values must be numbers between -100 and 100 (got {bias})."), at))?;
+            .ok_or_else(|| {
+                ApiError::invalid(
+                    format!("logit_bias values must be numbers between -100 and 100 (got {bias})."),
+                    at,
+                )
+            })?;
         out.push((id, b as f32));
     }
     out.sort_unstable_by_key(|e| e.0);
@@ -75,16 +98,30 @@ pub fn logit_bias(v: Option<&Value>, tokenizer: &Tokenizer) -> Result<Vec<(u32, 
 }
 
 /// Converts the shared sampling fields, with OpenAI's defaults, and checks their ranges.
-pub fn sampling_params(f: &SamplingFields, logprobs: bool, top_logprobs: Option<i64>) -> Result<SamplingParams, ApiError> {
+pub fn sampling_params(
+    f: &SamplingFields,
+    logprobs: bool,
+    top_logprobs: Option<i64>,
+) -> Result<SamplingParams, ApiError> {
     let top_k = match f.top_k {
         None | Some(-1) => 0,
         Some(k) if k >= 0 => usize::try_from(k).unwrap_or(usize::MAX),
-        Some(k) => return Err(ApiError::invalid(format!("top_k must be -1 (off) or ≥ 0 (got {k})."), "top_k")),
+        Some(k) => {
+            return Err(ApiError::invalid(
+                format!("top_k must be -1 (off) or ≥ 0 (got {k})."),
+                "top_k",
+            ));
+        }
     };
     let top_logprobs = match top_logprobs {
         None => 0,
         Some(n) if (0..=MAX_TOP_LOGPROBS as i64).contains(&n) => n as usize,
-        Some(n) => return Err(ApiError::invalid(format!("top_logprobs must be between 0 and 20 (got {n})."), "top_logprobs")),
+        Some(n) => {
+            return Err(ApiError::invalid(
+                format!("top_logprobs must be between 0 and 20 (got {n})."),
+                "top_logprobs",
+            ));
+        }
     };
     let d = SamplingParams::default();
     let p = SamplingParams {
@@ -93,8 +130,12 @@ pub fn sampling_params(f: &SamplingFields, logprobs: bool, top_logprobs: Option<
         top_k,
         min_p: f.min_p.map_or(d.min_p, |v| v as f32),
         presence_penalty: f.presence_penalty.map_or(d.presence_penalty, |v| v as f32),
-        frequency_penalty: f.frequency_penalty.map_or(d.frequency_penalty, |v| v as f32),
-        repetition_penalty: f.repetition_penalty.map_or(d.repetition_penalty, |v| v as f32),
+        frequency_penalty: f
+            .frequency_penalty
+            .map_or(d.frequency_penalty, |v| v as f32),
+        repetition_penalty: f
+            .repetition_penalty
+            .map_or(d.repetition_penalty, |v| v as f32),
         // Negative seeds are accepted (OpenAI's field is a signed integer); the bits seed the RNG.
         seed: f.seed.map(|s| s as u64),
         logprobs,
@@ -107,19 +148,32 @@ pub fn sampling_params(f: &SamplingFields, logprobs: bool, top_logprobs: Option<
 
 /// At most four non-empty stop strings.
 pub fn stop_strings(stop: Option<&Stop>) -> Result<Vec<String>, ApiError> {
-    let list = match stop {
-        None => return Ok(Vec::new()),
-        Some(Stop::One(s)) => vec![s.clone()],
-        Some(Stop::Many(v)) => v.clone(),
-    };
+    match stop {
+        None => Ok(Vec::new()),
+        Some(Stop::One(s)) => stop_list(vec![s.clone()], "stop"),
+        Some(Stop::Many(v)) => stop_list(v.clone(), "stop"),
+    }
+}
+
+/// Checks a list of stop strings (at most four, none empty or overlong); errors name `param`.
+pub fn stop_list(list: Vec<String>, param: &str) -> Result<Vec<String>, ApiError> {
     if list.len() > MAX_STOP_STRINGS {
-        return Err(ApiError::invalid(format!("At most {MAX_STOP_STRINGS} stop sequences are allowed (got {}).", list.len()), "stop"));
+        return Err(ApiError::invalid(
+            format!(
+                "At most {MAX_STOP_STRINGS} stop sequences are allowed (got {}).",
+                list.len()
+            ),
+            param,
+        ));
     }
     if list.iter().any(String::is_empty) {
-        return Err(ApiError::invalid("Stop sequences must not be empty.", "stop"));
+        return Err(ApiError::invalid("Stop sequences must not be empty.", param));
     }
     if list.iter().any(|s| s.len() > MAX_STOP_BYTES) {
-        return Err(ApiError::invalid(format!("Stop sequences are limited to {MAX_STOP_BYTES} bytes."), "stop"));
+        return Err(ApiError::invalid(
+            format!("Stop sequences are limited to {MAX_STOP_BYTES} bytes."),
+            param,
+        ));
     }
     Ok(list)
 }
@@ -129,7 +183,10 @@ pub fn max_tokens(v: Option<i64>, param: &str) -> Result<Option<usize>, ApiError
     match v {
         None => Ok(None),
         Some(n) if n >= 1 => Ok(Some(usize::try_from(n).unwrap_or(usize::MAX))),
-        Some(n) => Err(ApiError::invalid(format!("{param} must be at least 1 (got {n})."), param)),
+        Some(n) => Err(ApiError::invalid(
+            format!("{param} must be at least 1 (got {n})."),
+            param,
+        )),
     }
 }
 
@@ -171,18 +228,34 @@ pub fn reject_unsupported_chat(r: &ChatCompletionRequest) -> Result<(), ApiError
     if let Some(m) = &r.modalities
         && !(m.is_null() || *m == serde_json::json!(["text"]))
     {
-        return Err(ApiError::unsupported("Only the text modality is supported.", "modalities"));
+        return Err(ApiError::unsupported(
+            "Only the text modality is supported.",
+            "modalities",
+        ));
     }
     let plain = [
-        (&r.functions, "functions", "Function calling is not supported."),
-        (&r.function_call, "function_call", "Function calling is not supported."),
+        (
+            &r.functions,
+            "functions",
+            "Function calling is not supported.",
+        ),
+        (
+            &r.function_call,
+            "function_call",
+            "Function calling is not supported.",
+        ),
     ];
     for (v, param, msg) in plain {
         if present(v) {
             return Err(ApiError::unsupported(msg, param));
         }
     }
-    fields::check_extra(&r.extra, &[fields::REFUSED, fields::REFUSED_CHAT], &[fields::IGNORED], "")
+    fields::check_extra(
+        &r.extra,
+        &[fields::REFUSED, fields::REFUSED_CHAT],
+        &[fields::IGNORED],
+        "",
+    )
 }
 
 /// Refuses the legacy completion options this server does not implement.
@@ -191,7 +264,10 @@ pub fn reject_unsupported_completion(r: &CompletionRequest) -> Result<(), ApiErr
         return Err(ApiError::unsupported("echo is not supported.", "echo"));
     }
     if r.best_of.is_some_and(|b| b != r.n.unwrap_or(1)) {
-        return Err(ApiError::unsupported("best_of other than n is not supported (no candidates are ranked).", "best_of"));
+        return Err(ApiError::unsupported(
+            "best_of other than n is not supported (no candidates are ranked).",
+            "best_of",
+        ));
     }
     fields::check_extra(&r.extra, &[fields::REFUSED], &[fields::IGNORED], "")
 }
@@ -199,26 +275,51 @@ pub fn reject_unsupported_completion(r: &CompletionRequest) -> Result<(), ApiErr
 /// Message keys read here; the rest go through the field policy (`fields::IGNORED_MESSAGE`,
 /// `fields::REFUSED_MESSAGE`, unknown keys accepted). `tool_calls` belongs on assistant
 /// messages and `tool_call_id` on tool messages.
-const MESSAGE_KEYS: &[&str] = &["role", "content", "reasoning_content", "reasoning", "refusal", "tool_calls", "tool_call_id"];
+const MESSAGE_KEYS: &[&str] = &[
+    "role",
+    "content",
+    "reasoning_content",
+    "reasoning",
+    "refusal",
+    "tool_calls",
+    "tool_call_id",
+];
 
 /// Converts `messages` (OpenAI shape) to template messages.
 pub fn chat_messages(messages: &[Value]) -> Result<Vec<ChatMessage>, ApiError> {
     if messages.is_empty() {
-        return Err(ApiError::invalid("messages must contain at least one message.", "messages"));
+        return Err(ApiError::invalid(
+            "messages must contain at least one message.",
+            "messages",
+        ));
     }
-    messages.iter().enumerate().map(|(i, m)| chat_message(i, m)).collect()
+    messages
+        .iter()
+        .enumerate()
+        .map(|(i, m)| chat_message(i, m))
+        .collect()
 }
 
 fn chat_message(i: usize, m: &Value) -> Result<ChatMessage, ApiError> {
     let at = |field: &str| format!("messages[{i}].{field}");
-    let obj = m.as_object().ok_or_else(|| ApiError::invalid(format!("messages[{i}] must be an object."), format!("messages[{i}]")))?;
+    let obj = m.as_object().ok_or_else(|| {
+        ApiError::invalid(
+            format!("messages[{i}] must be an object."),
+            format!("messages[{i}]"),
+        )
+    })?;
     let mut extra = serde_json::Map::new();
     for (key, value) in obj {
         if !MESSAGE_KEYS.contains(&key.as_str()) {
             extra.insert(key.clone(), value.clone());
         }
     }
-    fields::check_extra(&extra, &[fields::REFUSED_MESSAGE], &[fields::IGNORED_MESSAGE], &format!("messages[{i}]."))?;
+    fields::check_extra(
+        &extra,
+        &[fields::REFUSED_MESSAGE],
+        &[fields::IGNORED_MESSAGE],
+        &format!("messages[{i}]."),
+    )?;
     let role = match obj.get("role") {
         None => return Err(ApiError::missing(&at("role"))),
         Some(Value::String(r)) => r.as_str(),
@@ -230,11 +331,16 @@ fn chat_message(i: usize, m: &Value) -> Result<ChatMessage, ApiError> {
         "assistant" => Role::Assistant,
         "tool" => Role::Tool,
         "function" => {
-            return Err(ApiError::unsupported("The legacy 'function' role is not supported; use 'tool'.", at("role")));
+            return Err(ApiError::unsupported(
+                "The legacy 'function' role is not supported; use 'tool'.",
+                at("role"),
+            ));
         }
         other => {
             return Err(ApiError::invalid(
-                format!("Invalid role '{other}': expected one of system, developer, user, assistant, tool."),
+                format!(
+                    "Invalid role '{other}': expected one of system, developer, user, assistant, tool."
+                ),
                 at("role"),
             ));
         }
@@ -243,14 +349,24 @@ fn chat_message(i: usize, m: &Value) -> Result<ChatMessage, ApiError> {
     let refusal = match obj.get("refusal") {
         None | Some(Value::Null) => None,
         Some(Value::String(s)) if role == Role::Assistant => Some(s.clone()),
-        Some(_) => return Err(ApiError::invalid("refusal must be a string on an assistant message.", at("refusal"))),
+        Some(_) => {
+            return Err(ApiError::invalid(
+                "refusal must be a string on an assistant message.",
+                at("refusal"),
+            ));
+        }
     };
     let content = match obj.get("content") {
         None | Some(Value::Null) if role == Role::Assistant => refusal.unwrap_or_default(),
         None | Some(Value::Null) => return Err(ApiError::missing(&at("content"))),
         Some(Value::String(s)) => s.clone(),
         Some(Value::Array(parts)) => content_parts(i, parts)?,
-        Some(_) => return Err(ApiError::invalid("content must be a string or an array of content parts.", at("content"))),
+        Some(_) => {
+            return Err(ApiError::invalid(
+                "content must be a string or an array of content parts.",
+                at("content"),
+            ));
+        }
     };
     // `reasoning` (OpenRouter, newer vLLM) is another name of `reasoning_content`.
     let mut reasoning = None;
@@ -258,11 +374,19 @@ fn chat_message(i: usize, m: &Value) -> Result<ChatMessage, ApiError> {
         let text = match obj.get(key) {
             None | Some(Value::Null) => continue,
             Some(Value::String(s)) if role == Role::Assistant => s,
-            Some(_) => return Err(ApiError::invalid(format!("{key} must be a string on an assistant message."), at(key))),
+            Some(_) => {
+                return Err(ApiError::invalid(
+                    format!("{key} must be a string on an assistant message."),
+                    at(key),
+                ));
+            }
         };
         match &reasoning {
             Some(prev) if prev != text => {
-                return Err(ApiError::invalid("reasoning and reasoning_content differ; send one of them.", at(key)));
+                return Err(ApiError::invalid(
+                    "reasoning and reasoning_content differ; send one of them.",
+                    at(key),
+                ));
             }
             _ => reasoning = Some(text.clone()),
         }
@@ -270,15 +394,35 @@ fn chat_message(i: usize, m: &Value) -> Result<ChatMessage, ApiError> {
     let tool_calls = match obj.get("tool_calls") {
         None | Some(Value::Null) => Vec::new(),
         Some(v) if role == Role::Assistant => super::tools::history_tool_calls(i, v)?,
-        Some(_) => return Err(ApiError::invalid("tool_calls is only allowed on assistant messages.", at("tool_calls"))),
+        Some(_) => {
+            return Err(ApiError::invalid(
+                "tool_calls is only allowed on assistant messages.",
+                at("tool_calls"),
+            ));
+        }
     };
     match obj.get("tool_call_id") {
         None | Some(Value::Null) => {}
         Some(Value::String(_)) if role == Role::Tool => {}
-        Some(Value::String(_)) => return Err(ApiError::invalid("tool_call_id is only allowed on tool messages.", at("tool_call_id"))),
-        Some(_) => return Err(ApiError::invalid("tool_call_id must be a string.", at("tool_call_id"))),
+        Some(Value::String(_)) => {
+            return Err(ApiError::invalid(
+                "tool_call_id is only allowed on tool messages.",
+                at("tool_call_id"),
+            ));
+        }
+        Some(_) => {
+            return Err(ApiError::invalid(
+                "tool_call_id must be a string.",
+                at("tool_call_id"),
+            ));
+        }
     }
-    Ok(ChatMessage { role, content, reasoning_content: reasoning, tool_calls })
+    Ok(ChatMessage {
+        role,
+        content,
+        reasoning_content: reasoning,
+        tool_calls,
+    })
 }
 
 /// Text parts are joined with newlines; any other part type is refused.
@@ -290,15 +434,27 @@ fn content_parts(i: usize, parts: &[Value]) -> Result<String, ApiError> {
         match kind {
             Some("text") => match part.get("text").and_then(Value::as_str) {
                 Some(t) => texts.push(t),
-                None => return Err(ApiError::invalid("A text content part needs a string `text`.", format!("{at}.text"))),
+                None => {
+                    return Err(ApiError::invalid(
+                        "A text content part needs a string `text`.",
+                        format!("{at}.text"),
+                    ));
+                }
             },
             Some(other) => {
                 return Err(ApiError::unsupported(
-                    format!("Unsupported content part type '{other}': only text parts are supported."),
+                    format!(
+                        "Unsupported content part type '{other}': only text parts are supported."
+                    ),
                     format!("{at}.type"),
                 ));
             }
-            None => return Err(ApiError::invalid("A content part needs a string `type`.", format!("{at}.type"))),
+            None => {
+                return Err(ApiError::invalid(
+                    "A content part needs a string `type`.",
+                    format!("{at}.type"),
+                ));
+            }
         }
     }
     Ok(texts.join("\n"))
@@ -317,10 +473,16 @@ pub enum PromptInput {
 /// The completions `prompt`: a string, a one-element list of strings, a list of token ids, or a
 /// one-element list of id lists. Several prompts in one request are refused (only one choice).
 /// An empty prompt is refused here; text that tokenises to nothing is the caller's check.
-pub fn completion_prompt(prompt: Option<&Value>, tokenizer: &Tokenizer) -> Result<PromptInput, ApiError> {
+pub fn completion_prompt(
+    prompt: Option<&Value>,
+    tokenizer: &Tokenizer,
+) -> Result<PromptInput, ApiError> {
     let text = |s: &str| {
         if s.is_empty() {
-            Err(ApiError::invalid("The prompt is empty: nothing to generate from.", "prompt"))
+            Err(ApiError::invalid(
+                "The prompt is empty: nothing to generate from.",
+                "prompt",
+            ))
         } else {
             Ok(PromptInput::Text(s.to_string()))
         }
@@ -331,8 +493,13 @@ pub fn completion_prompt(prompt: Option<&Value>, tokenizer: &Tokenizer) -> Resul
             .map(|v| {
                 v.as_u64()
                     .and_then(|id| u32::try_from(id).ok())
-                    .filter(|&id| (id as usize) < tokenizer.vocab_size() && tokenizer.token_bytes(id).is_some())
-                    .ok_or_else(|| ApiError::invalid(format!("Invalid token id {v} in prompt."), "prompt"))
+                    .filter(|&id| {
+                        (id as usize) < tokenizer.vocab_size()
+                            && tokenizer.token_bytes(id).is_some()
+                    })
+                    .ok_or_else(|| {
+                        ApiError::invalid(format!("Invalid token id {v} in prompt."), "prompt")
+                    })
             })
             .collect()
     };
@@ -344,12 +511,25 @@ pub fn completion_prompt(prompt: Option<&Value>, tokenizer: &Tokenizer) -> Resul
             [Value::String(s)] => return text(s),
             [Value::Array(inner)] => ids(inner)?,
             [first, ..] if first.is_number() => ids(items)?,
-            _ => return Err(ApiError::unsupported("Only one prompt per request is supported.", "prompt")),
+            _ => {
+                return Err(ApiError::unsupported(
+                    "Only one prompt per request is supported.",
+                    "prompt",
+                ));
+            }
         },
-        Some(_) => return Err(ApiError::invalid("prompt must be a string, a list of token ids, or a list with one of either.", "prompt")),
+        Some(_) => {
+            return Err(ApiError::invalid(
+                "prompt must be a string, a list of token ids, or a list with one of either.",
+                "prompt",
+            ));
+        }
     };
     if tokens.is_empty() {
-        return Err(ApiError::invalid("The prompt is empty: nothing to generate from.", "prompt"));
+        return Err(ApiError::invalid(
+            "The prompt is empty: nothing to generate from.",
+            "prompt",
+        ));
     }
     Ok(PromptInput::Ids(tokens))
 }
@@ -360,7 +540,10 @@ mod tests {
     use serde_json::json;
 
     fn param_of(e: ApiError) -> (u16, Option<String>) {
-        (e.status().as_u16(), e.body()["error"]["param"].as_str().map(str::to_string))
+        (
+            e.status().as_u16(),
+            e.body()["error"]["param"].as_str().map(str::to_string),
+        )
     }
 
     fn check_messages_err(messages: Value, status: u16, param: &str) {
@@ -372,12 +555,37 @@ mod tests {
     #[test]
     fn message_errors_name_the_field() {
         check_messages_err(json!([]), 400, "messages");
-        check_messages_err(json!([{"role": "function", "content": "x"}]), 400, "messages[0].role");
+        check_messages_err(
+            json!([{"role": "function", "content": "x"}]),
+            400,
+            "messages[0].role",
+        );
         check_messages_err(json!([{"role": "tool"}]), 400, "messages[0].content");
-        check_messages_err(json!([{"role": "tool", "content": "x", "tool_call_id": 5}]), 400, "messages[0].tool_call_id");
-        check_messages_err(json!([{"role": "user", "content": "x", "tool_call_id": "c"}]), 400, "messages[0].tool_call_id");
-        check_messages_err(json!([{"role": "assistant", "content": "x", "tool_calls": {}}]), 400, "messages[0].tool_calls");
-        check_messages_err(json!([{"role": "wizard", "content": "x"}]), 400, "messages[0].role");
+        check_messages_err(
+            json!([{"role": "tool", "content": "x", "tool_call_id": 5}]),
+            400,
+            "messages[0].tool_call_id",
+        );
+        check_messages_err(
+            json!([{"role": "user", "content": "x", "tool_call_id": "c"}]),
+            400,
+            "messages[0].tool_call_id",
+        );
+        check_messages_err(
+            json!([{"role": "assistant", "content": "x", "tool_calls": {}}]),
+            400,
+            "messages[0].tool_calls",
+        );
+        check_messages_err(
+            json!([{"role": "assistant", "content": "x", "audio": {"id": "a1"}}]),
+            400,
+            "messages[0].audio",
+        );
+        check_messages_err(
+            json!([{"role": "wizard", "content": "x"}]),
+            400,
+            "messages[0].role",
+        );
         check_messages_err(json!([{"content": "x"}]), 400, "messages[0].role");
         check_messages_err(json!([{"role": "user"}]), 400, "messages[0].content");
         check_messages_err(
@@ -385,12 +593,36 @@ mod tests {
             400,
             "messages[0].content[1].type",
         );
-        check_messages_err(json!([{"role": "user", "content": "x", "tool_calls": []}]), 400, "messages[0].tool_calls");
-        check_messages_err(json!([{"role": "assistant", "content": "x", "audio": {"id": "a1"}}]), 400, "messages[0].audio");
-        check_messages_err(json!([{"role": "assistant", "content": "x", "function_call": {"name": "f"}}]), 400, "messages[0].function_call");
-        check_messages_err(json!([{"role": "assistant", "content": "x", "prefix": true}]), 400, "messages[0].prefix");
-        check_messages_err(json!([{"role": "assistant", "content": "x", "reasoning": "a", "reasoning_content": "b"}]), 400, "messages[0].reasoning");
-        check_messages_err(json!([{"role": "user", "content": "x", "reasoning": "a"}]), 400, "messages[0].reasoning");
+        check_messages_err(
+            json!([{"role": "user", "content": "x", "tool_calls": []}]),
+            400,
+            "messages[0].tool_calls",
+        );
+        check_messages_err(
+            json!([{"role": "assistant", "content": "x", "audio": {"id": "a1"}}]),
+            400,
+            "messages[0].audio",
+        );
+        check_messages_err(
+            json!([{"role": "assistant", "content": "x", "function_call": {"name": "f"}}]),
+            400,
+            "messages[0].function_call",
+        );
+        check_messages_err(
+            json!([{"role": "assistant", "content": "x", "prefix": true}]),
+            400,
+            "messages[0].prefix",
+        );
+        check_messages_err(
+            json!([{"role": "assistant", "content": "x", "reasoning": "a", "reasoning_content": "b"}]),
+            400,
+            "messages[0].reasoning",
+        );
+        check_messages_err(
+            json!([{"role": "user", "content": "x", "reasoning": "a"}]),
+            400,
+            "messages[0].reasoning",
+        );
     }
 
     /// What `message.model_dump()` of an openai SDK reply carries is accepted as history;
@@ -402,9 +634,16 @@ mod tests {
             "function_call": null, "tool_calls": null, "reasoning": "thought", "colour": 1, "name": "bot"});
         let m = chat_messages(&[json!({"role": "user", "content": "q"}), dump]).expect("accepted");
         assert_eq!(m[1], ChatMessage::assistant_with_reasoning("hi", "thought"));
-        let m = chat_messages(&[json!({"role": "assistant", "content": null, "refusal": "I can't help with that."})]).expect("accepted");
+        let m = chat_messages(&[
+            json!({"role": "assistant", "content": null, "refusal": "I can't help with that."}),
+        ])
+        .expect("accepted");
         assert_eq!(m[0].content, "I can't help with that.");
-        check_messages_err(json!([{"role": "user", "content": "x", "tool_calls": [{}]}]), 400, "messages[0].tool_calls");
+        check_messages_err(
+            json!([{"role": "user", "content": "x", "tool_calls": [{}]}]),
+            400,
+            "messages[0].tool_calls",
+        );
     }
 
     #[test]
@@ -433,7 +672,13 @@ mod tests {
         .expect("valid");
         let mut args = serde_json::Map::new();
         args.insert("city".into(), json!("Oslo"));
-        assert_eq!(m[1], ChatMessage::assistant("").with_tool_calls(vec![crate::chat_template::ToolCall::new("get_weather", args)]));
+        assert_eq!(
+            m[1],
+            ChatMessage::assistant("").with_tool_calls(vec![crate::chat_template::ToolCall::new(
+                "get_weather",
+                args
+            )])
+        );
         assert_eq!(m[2], ChatMessage::tool("-3"));
         assert_eq!(m[3], ChatMessage::assistant("cold"));
     }
@@ -442,18 +687,39 @@ mod tests {
     fn budgets() {
         assert_eq!(budget(10, None, 100, 50, "messages").ok(), Some(40));
         assert_eq!(budget(10, Some(5), 100, 50, "messages").ok(), Some(5));
-        assert_eq!(budget(10, Some(41), 100, 50, "messages").map_err(|e| e.code()), Err("context_length_exceeded"));
-        assert_eq!(budget(50, None, 100, 50, "messages").map_err(|e| e.code()), Err("context_length_exceeded"));
+        assert_eq!(
+            budget(10, Some(41), 100, 50, "messages").map_err(|e| e.code()),
+            Err("context_length_exceeded")
+        );
+        assert_eq!(
+            budget(50, None, 100, 50, "messages").map_err(|e| e.code()),
+            Err("context_length_exceeded")
+        );
     }
 
     #[test]
     fn stops_and_n() {
-        assert_eq!(stop_strings(Some(&Stop::One("x".into()))).ok(), Some(vec!["x".to_string()]));
+        assert_eq!(
+            stop_strings(Some(&Stop::One("x".into()))).ok(),
+            Some(vec!["x".to_string()])
+        );
         let five = Stop::Many((0..5).map(|i| i.to_string()).collect());
-        assert_eq!(stop_strings(Some(&five)).map_err(param_of), Err((400, Some("stop".into()))));
-        assert_eq!(check_n(Some(9)).map_err(param_of), Err((400, Some("n".into()))));
-        assert_eq!(check_n(Some(0)).map_err(param_of), Err((400, Some("n".into()))));
-        assert_eq!((check_n(None).ok(), check_n(Some(8)).ok()), (Some(1), Some(8)));
+        assert_eq!(
+            stop_strings(Some(&five)).map_err(param_of),
+            Err((400, Some("stop".into())))
+        );
+        assert_eq!(
+            check_n(Some(9)).map_err(param_of),
+            Err((400, Some("n".into())))
+        );
+        assert_eq!(
+            check_n(Some(0)).map_err(param_of),
+            Err((400, Some("n".into())))
+        );
+        assert_eq!(
+            (check_n(None).ok(), check_n(Some(8)).ok()),
+            (Some(1), Some(8))
+        );
         assert_eq!(choice_seed(Some(7), 0), Some(7));
         assert_ne!(choice_seed(Some(7), 1), choice_seed(Some(7), 2));
         assert_eq!(choice_seed(Some(7), 1), choice_seed(Some(7), 1));
@@ -463,16 +729,37 @@ mod tests {
     #[test]
     fn model_checks() {
         assert!(check_model(Some("m"), "m").is_ok());
-        assert_eq!(check_model(Some("x"), "m").map_err(|e| e.status().as_u16()), Err(404));
-        assert_eq!(check_model(None, "m").map_err(|e| e.status().as_u16()), Err(400));
+        assert_eq!(
+            check_model(Some("x"), "m").map_err(|e| e.status().as_u16()),
+            Err(404)
+        );
+        assert_eq!(
+            check_model(None, "m").map_err(|e| e.status().as_u16()),
+            Err(400)
+        );
     }
 
     #[test]
     fn sampling_ranges_are_400_with_param() {
-        let f = SamplingFields { temperature: Some(3.0), ..Default::default() };
-        assert_eq!(sampling_params(&f, false, None).map_err(param_of), Err((400, Some("temperature".into()))));
-        let f = SamplingFields { top_k: Some(-2), ..Default::default() };
-        assert_eq!(sampling_params(&f, false, None).map_err(param_of), Err((400, Some("top_k".into()))));
-        assert_eq!(sampling_params(&SamplingFields::default(), false, Some(2)).map_err(param_of), Err((400, Some("top_logprobs".into()))));
+        let f = SamplingFields {
+            temperature: Some(3.0),
+            ..Default::default()
+        };
+        assert_eq!(
+            sampling_params(&f, false, None).map_err(param_of),
+            Err((400, Some("temperature".into())))
+        );
+        let f = SamplingFields {
+            top_k: Some(-2),
+            ..Default::default()
+        };
+        assert_eq!(
+            sampling_params(&f, false, None).map_err(param_of),
+            Err((400, Some("top_k".into())))
+        );
+        assert_eq!(
+            sampling_params(&SamplingFields::default(), false, Some(2)).map_err(param_of),
+            Err((400, Some("top_logprobs".into())))
+        );
     }
 }

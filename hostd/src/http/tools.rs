@@ -1,19 +1,18 @@
 //! The tool-calling fields of a chat request: `tools` (function tools only, validated),
 //! `tool_choice`, `parallel_tool_calls`, and the `tool_calls` of assistant history messages.
 //!
-//! [`tool_request`] is the seam for forced calls: it returns the validated tools — the list of
-//! (name, parameters schema) — and the parsed [`ToolChoice`]. `required` and a named function
-//! need constrained decoding, which is not wired yet, so [`refuse_forced`] answers them with a
-//! 400 `unsupported` naming `tool_choice`.
+//! [`tool_request`] returns the validated tools — the list of (name, parameters schema) — and
+//! the parsed [`ToolChoice`]; `required` and a named function are forced by constrained
+//! decoding ([`forced_constraint`]).
 //!
 //! Decisions (docs/tool-calling.md): with `tool_choice: "none"` the tools are still rendered
 //! into the prompt (as vLLM does by default) but the reply is not parsed for calls;
 //! `parallel_tool_calls: false` keeps only the first call of a reply.
 
 use super::error::ApiError;
-use crate::constraint::{self, ConstraintSpec};
 use super::openai::ChatCompletionRequest;
 use crate::chat_template::ToolCall;
+use crate::constraint::{self, ConstraintSpec};
 use crate::tool_calls::{ToolCallParser, ToolSpec};
 use serde_json::{Map, Value};
 use std::hash::{BuildHasher, Hasher};
@@ -60,23 +59,45 @@ pub fn tool_request(req: &ChatCompletionRequest) -> Result<ToolRequest, ApiError
     let (definitions, specs) = match &req.tools {
         None | Some(Value::Null) => (Vec::new(), Vec::new()),
         Some(Value::Array(list)) => {
-            let specs = list.iter().enumerate().map(|(i, t)| tool_spec(i, t)).collect::<Result<Vec<_>, _>>()?;
+            let specs = list
+                .iter()
+                .enumerate()
+                .map(|(i, t)| tool_spec(i, t))
+                .collect::<Result<Vec<_>, _>>()?;
             for (i, s) in specs.iter().enumerate() {
                 if specs[..i].iter().any(|o| o.name == s.name) {
-                    return Err(ApiError::invalid(format!("Duplicate tool name '{}'.", s.name), format!("tools[{i}].function.name")));
+                    return Err(ApiError::invalid(
+                        format!("Duplicate tool name '{}'.", s.name),
+                        format!("tools[{i}].function.name"),
+                    ));
                 }
             }
             (list.clone(), specs)
         }
-        Some(_) => return Err(ApiError::invalid("tools must be an array of tool definitions.", "tools")),
+        Some(_) => {
+            return Err(ApiError::invalid(
+                "tools must be an array of tool definitions.",
+                "tools",
+            ));
+        }
     };
     let choice = tool_choice(req.tool_choice.as_ref(), &specs)?;
     let parallel = match &req.parallel_tool_calls {
         None | Some(Value::Null) => true,
         Some(Value::Bool(b)) => *b,
-        Some(_) => return Err(ApiError::invalid("parallel_tool_calls must be a boolean.", "parallel_tool_calls")),
+        Some(_) => {
+            return Err(ApiError::invalid(
+                "parallel_tool_calls must be a boolean.",
+                "parallel_tool_calls",
+            ));
+        }
     };
-    Ok(ToolRequest { definitions, specs, choice, parallel })
+    Ok(ToolRequest {
+        definitions,
+        specs,
+        choice,
+        parallel,
+    })
 }
 
 /// The grammar that forces calls for `tool_choice` `required` or a named function (`None` for
@@ -88,29 +109,58 @@ pub fn forced_constraint(req: &ToolRequest) -> Result<Option<ConstraintSpec>, Ap
         ToolChoice::Required => constraint::ToolChoice::Required,
         ToolChoice::Function(name) => constraint::ToolChoice::Named(name),
     };
-    let specs: Vec<constraint::ToolSpec<'_>> =
-        req.specs.iter().map(|s| constraint::ToolSpec { name: &s.name, parameters: s.parameters.as_ref() }).collect();
-    constraint::tool_call_constraint(&specs, choice, req.parallel).map(Some).map_err(|e| super::response_format::api_error(e, "tools"))
+    let specs: Vec<constraint::ToolSpec<'_>> = req
+        .specs
+        .iter()
+        .map(|s| constraint::ToolSpec {
+            name: &s.name,
+            parameters: s.parameters.as_ref(),
+        })
+        .collect();
+    constraint::tool_call_constraint(&specs, choice, req.parallel)
+        .map(Some)
+        .map_err(|e| super::response_format::api_error(e, "tools"))
 }
 
 fn tool_spec(i: usize, tool: &Value) -> Result<ToolSpec, ApiError> {
     let at = |f: &str| format!("tools[{i}]{f}");
-    let obj = tool.as_object().ok_or_else(|| ApiError::invalid("A tool must be an object.", at("")))?;
+    let obj = tool
+        .as_object()
+        .ok_or_else(|| ApiError::invalid("A tool must be an object.", at("")))?;
     match obj.get("type") {
         Some(Value::String(t)) if t == "function" => {}
         Some(Value::String(t)) => {
-            return Err(ApiError::unsupported(format!("Tool type '{t}' is not supported: only \"function\" tools."), at(".type")));
+            return Err(ApiError::unsupported(
+                format!("Tool type '{t}' is not supported: only \"function\" tools."),
+                at(".type"),
+            ));
         }
         None => return Err(ApiError::missing(&at(".type"))),
-        Some(_) => return Err(ApiError::invalid("A tool's type must be a string.", at(".type"))),
+        Some(_) => {
+            return Err(ApiError::invalid(
+                "A tool's type must be a string.",
+                at(".type"),
+            ));
+        }
     }
-    if let Some(key) = obj.keys().find(|k| !matches!(k.as_str(), "type" | "function")) {
-        return Err(ApiError::invalid(format!("Unrecognized tool field: {key}"), at(&format!(".{key}"))));
+    if let Some(key) = obj
+        .keys()
+        .find(|k| !matches!(k.as_str(), "type" | "function"))
+    {
+        return Err(ApiError::invalid(
+            format!("Unrecognized tool field: {key}"),
+            at(&format!(".{key}")),
+        ));
     }
     let f = match obj.get("function") {
         Some(Value::Object(f)) => f,
         None => return Err(ApiError::missing(&at(".function"))),
-        Some(_) => return Err(ApiError::invalid("function must be an object.", at(".function"))),
+        Some(_) => {
+            return Err(ApiError::invalid(
+                "function must be an object.",
+                at(".function"),
+            ));
+        }
     };
     for (key, v) in f {
         let ok = match key.as_str() {
@@ -118,7 +168,12 @@ fn tool_spec(i: usize, tool: &Value) -> Result<ToolSpec, ApiError> {
             "description" => v.is_string() || v.is_null(),
             "parameters" => v.is_object() || v.is_null(),
             "strict" => v.is_boolean() || v.is_null(),
-            _ => return Err(ApiError::invalid(format!("Unrecognized function field: {key}"), at(&format!(".function.{key}")))),
+            _ => {
+                return Err(ApiError::invalid(
+                    format!("Unrecognized function field: {key}"),
+                    at(&format!(".function.{key}")),
+                ));
+            }
         };
         if !ok {
             let want = match key.as_str() {
@@ -126,28 +181,43 @@ fn tool_spec(i: usize, tool: &Value) -> Result<ToolSpec, ApiError> {
                 "strict" => "a boolean",
                 _ => "a string",
             };
-            return Err(ApiError::invalid(format!("function.{key} must be {want}."), at(&format!(".function.{key}"))));
+            return Err(ApiError::invalid(
+                format!("function.{key} must be {want}."),
+                at(&format!(".function.{key}")),
+            ));
         }
     }
     let name = match f.get("name") {
         Some(Value::String(n)) => n.clone(),
         None => return Err(ApiError::missing(&at(".function.name"))),
-        Some(_) => return Err(ApiError::invalid("function.name must be a string.", at(".function.name"))),
+        Some(_) => {
+            return Err(ApiError::invalid(
+                "function.name must be a string.",
+                at(".function.name"),
+            ));
+        }
     };
     check_name(&name, &at(".function.name"))?;
-    Ok(ToolSpec { name, parameters: f.get("parameters").filter(|p| p.is_object()).cloned() })
+    Ok(ToolSpec {
+        name,
+        parameters: f.get("parameters").filter(|p| p.is_object()).cloned(),
+    })
 }
 
 /// Names go into the prompt as `<function=NAME>`: 1–128 of `A-Z a-z 0-9 _ - . :`.
-fn check_name(name: &str, param: &str) -> Result<(), ApiError> {
+pub fn check_name(name: &str, param: &str) -> Result<(), ApiError> {
     let ok = !name.is_empty()
         && name.len() <= MAX_NAME_LEN
-        && name.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.' | ':'));
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.' | ':'));
     if ok {
         Ok(())
     } else {
         Err(ApiError::invalid(
-            format!("Invalid function name {name:?}: use 1 to {MAX_NAME_LEN} of the characters a-z, A-Z, 0-9, _, -, . and :."),
+            format!(
+                "Invalid function name {name:?}: use 1 to {MAX_NAME_LEN} of the characters a-z, A-Z, 0-9, _, -, . and :."
+            ),
             param,
         ))
     }
@@ -155,36 +225,61 @@ fn check_name(name: &str, param: &str) -> Result<(), ApiError> {
 
 fn tool_choice(v: Option<&Value>, specs: &[ToolSpec]) -> Result<ToolChoice, ApiError> {
     let choice = match v {
-        None | Some(Value::Null) => return Ok(if specs.is_empty() { ToolChoice::None } else { ToolChoice::Auto }),
+        None | Some(Value::Null) => {
+            return Ok(if specs.is_empty() {
+                ToolChoice::None
+            } else {
+                ToolChoice::Auto
+            });
+        }
         Some(Value::String(s)) => match s.as_str() {
             "none" => ToolChoice::None,
             "auto" => ToolChoice::Auto,
             "required" => ToolChoice::Required,
             other => {
                 return Err(ApiError::invalid(
-                    format!("Invalid tool_choice '{other}': expected \"none\", \"auto\", \"required\" or a function."),
+                    format!(
+                        "Invalid tool_choice '{other}': expected \"none\", \"auto\", \"required\" or a function."
+                    ),
                     "tool_choice",
                 ));
             }
         },
         Some(Value::Object(o)) => match o.get("type").and_then(Value::as_str) {
             Some("function") => {
-                let name = o.get("function").and_then(|f| f.get("name")).and_then(Value::as_str);
+                let name = o
+                    .get("function")
+                    .and_then(|f| f.get("name"))
+                    .and_then(Value::as_str);
                 let name = name.ok_or_else(|| ApiError::missing("tool_choice.function.name"))?;
                 if !specs.iter().any(|s| s.name == name) {
-                    return Err(ApiError::invalid(format!("tool_choice names function '{name}', which is not in tools."), "tool_choice"));
+                    return Err(ApiError::invalid(
+                        format!("tool_choice names function '{name}', which is not in tools."),
+                        "tool_choice",
+                    ));
                 }
                 ToolChoice::Function(name.to_string())
             }
             Some(other) => {
-                return Err(ApiError::unsupported(format!("tool_choice type '{other}' is not supported."), "tool_choice.type"));
+                return Err(ApiError::unsupported(
+                    format!("tool_choice type '{other}' is not supported."),
+                    "tool_choice.type",
+                ));
             }
             None => return Err(ApiError::missing("tool_choice.type")),
         },
-        Some(_) => return Err(ApiError::invalid("tool_choice must be a string or an object.", "tool_choice")),
+        Some(_) => {
+            return Err(ApiError::invalid(
+                "tool_choice must be a string or an object.",
+                "tool_choice",
+            ));
+        }
     };
     if specs.is_empty() && matches!(choice, ToolChoice::Required | ToolChoice::Function(_)) {
-        return Err(ApiError::invalid("tool_choice requires tools.", "tool_choice"));
+        return Err(ApiError::invalid(
+            "tool_choice requires tools.",
+            "tool_choice",
+        ));
     }
     Ok(choice)
 }
@@ -195,22 +290,44 @@ pub fn history_tool_calls(i: usize, v: &Value) -> Result<Vec<ToolCall>, ApiError
     let list = match v {
         Value::Null => return Ok(Vec::new()),
         Value::Array(list) => list,
-        _ => return Err(ApiError::invalid("tool_calls must be an array.", format!("messages[{i}].tool_calls"))),
+        _ => {
+            return Err(ApiError::invalid(
+                "tool_calls must be an array.",
+                format!("messages[{i}].tool_calls"),
+            ));
+        }
     };
     let mut out = Vec::with_capacity(list.len());
     for (j, call) in list.iter().enumerate() {
         let at = |f: &str| format!("messages[{i}].tool_calls[{j}]{f}");
-        let obj = call.as_object().ok_or_else(|| ApiError::invalid("A tool call must be an object.", at("")))?;
+        let obj = call
+            .as_object()
+            .ok_or_else(|| ApiError::invalid("A tool call must be an object.", at("")))?;
         if let Some(t) = obj.get("type").filter(|t| !t.is_null())
             && t.as_str() != Some("function")
         {
-            return Err(ApiError::unsupported("Only tool calls of type \"function\" are supported.", at(".type")));
+            return Err(ApiError::unsupported(
+                "Only tool calls of type \"function\" are supported.",
+                at(".type"),
+            ));
         }
-        if obj.get("id").is_some_and(|id| !id.is_string() && !id.is_null()) {
-            return Err(ApiError::invalid("A tool call's id must be a string.", at(".id")));
+        if obj
+            .get("id")
+            .is_some_and(|id| !id.is_string() && !id.is_null())
+        {
+            return Err(ApiError::invalid(
+                "A tool call's id must be a string.",
+                at(".id"),
+            ));
         }
-        let f = obj.get("function").and_then(Value::as_object).ok_or_else(|| ApiError::missing(&at(".function")))?;
-        let name = f.get("name").and_then(Value::as_str).ok_or_else(|| ApiError::missing(&at(".function.name")))?;
+        let f = obj
+            .get("function")
+            .and_then(Value::as_object)
+            .ok_or_else(|| ApiError::missing(&at(".function")))?;
+        let name = f
+            .get("name")
+            .and_then(Value::as_str)
+            .ok_or_else(|| ApiError::missing(&at(".function.name")))?;
         check_name(name, &at(".function.name"))?;
         let arguments = match f.get("arguments") {
             None | Some(Value::Null) => Map::new(),
@@ -219,14 +336,18 @@ pub fn history_tool_calls(i: usize, v: &Value) -> Result<Vec<ToolCall>, ApiError
                 Ok(Value::Object(m)) => m,
                 _ => {
                     return Err(ApiError::invalid(
-                        format!("messages[{i}].tool_calls[{j}].function.arguments must be a JSON object (or a string holding one)."),
+                        format!(
+                            "messages[{i}].tool_calls[{j}].function.arguments must be a JSON object (or a string holding one)."
+                        ),
                         at(".function.arguments"),
                     ));
                 }
             },
             Some(_) => {
                 return Err(ApiError::invalid(
-                    format!("messages[{i}].tool_calls[{j}].function.arguments must be a JSON object (or a string holding one)."),
+                    format!(
+                        "messages[{i}].tool_calls[{j}].function.arguments must be a JSON object (or a string holding one)."
+                    ),
                     at(".function.arguments"),
                 ));
             }
@@ -238,8 +359,13 @@ pub fn history_tool_calls(i: usize, v: &Value) -> Result<Vec<ToolCall>, ApiError
 
 /// A fresh tool-call id: `call_` and 24 random alphanumerics.
 pub fn call_id() -> String {
+    random_id("call_")
+}
+
+/// `prefix` and 24 random alphanumerics (tool-call ids of both APIs).
+pub fn random_id(prefix: &str) -> String {
     const ALPHABET: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
-    let mut out = String::from("call_");
+    let mut out = String::from(prefix);
     let mut bits = 0u64;
     for i in 0..24 {
         if i % 8 == 0 {
@@ -260,7 +386,9 @@ mod tests {
 
     fn req(extra: Value) -> ChatCompletionRequest {
         let mut body = json!({"model": "m", "messages": [{"role": "user", "content": "hi"}]});
-        body.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+        body.as_object_mut()
+            .unwrap()
+            .extend(extra.as_object().unwrap().clone());
         serde_json::from_value(body).expect("request parses")
     }
 
@@ -269,7 +397,13 @@ mod tests {
     }
 
     fn param_of(e: ApiError) -> (u16, String) {
-        (e.status().as_u16(), e.body()["error"]["param"].as_str().unwrap_or_default().to_string())
+        (
+            e.status().as_u16(),
+            e.body()["error"]["param"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string(),
+        )
     }
 
     #[test]
@@ -280,17 +414,25 @@ mod tests {
         assert!(t.parallel && t.parser().is_some());
         let t = tool_request(&req(json!({"tools": [weather()], "tool_choice": "none"}))).unwrap();
         assert!(t.parser().is_none() && t.definitions.len() == 1);
-        let t = tool_request(&req(json!({"tools": [weather()], "tool_choice": "required", "parallel_tool_calls": false}))).unwrap();
+        let t = tool_request(&req(
+            json!({"tools": [weather()], "tool_choice": "required", "parallel_tool_calls": false}),
+        ))
+        .unwrap();
         assert_eq!(t.choice, ToolChoice::Required);
         assert!(!t.parallel);
         let t = tool_request(&req(json!({"tools": [weather()], "tool_choice": {"type": "function", "function": {"name": "get_weather"}}})))
             .unwrap();
         assert_eq!(t.choice, ToolChoice::Function("get_weather".into()));
-        // A named or required choice compiles to a grammar; auto and none do not.
-        assert!(matches!(forced_constraint(&t), Ok(Some(ConstraintSpec::Lark(_)))));
+        assert!(matches!(
+            forced_constraint(&t),
+            Ok(Some(ConstraintSpec::Lark(_)))
+        ));
         let auto = tool_request(&req(json!({"tools": [weather()]}))).unwrap();
         assert!(matches!(forced_constraint(&auto), Ok(None)));
-        assert_eq!(tool_request(&req(json!({}))).unwrap().choice, ToolChoice::None);
+        assert_eq!(
+            tool_request(&req(json!({}))).unwrap().choice,
+            ToolChoice::None
+        );
     }
 
     #[test]
@@ -298,16 +440,43 @@ mod tests {
         let cases = [
             (json!({"tools": {"a": 1}}), "tools"),
             (json!({"tools": [{"type": "web_search"}]}), "tools[0].type"),
-            (json!({"tools": [{"function": {"name": "x"}}]}), "tools[0].type"),
-            (json!({"tools": [{"type": "function"}]}), "tools[0].function"),
-            (json!({"tools": [{"type": "function", "function": {"name": "a b"}}]}), "tools[0].function.name"),
-            (json!({"tools": [{"type": "function", "function": {"name": "x", "parameters": []}}]}), "tools[0].function.parameters"),
-            (json!({"tools": [{"type": "function", "function": {"name": "x", "colour": 1}}]}), "tools[0].function.colour"),
-            (json!({"tools": [weather(), weather()]}), "tools[1].function.name"),
-            (json!({"tools": [weather()], "tool_choice": "sometimes"}), "tool_choice"),
-            (json!({"tools": [weather()], "tool_choice": {"type": "function", "function": {"name": "nope"}}}), "tool_choice"),
+            (
+                json!({"tools": [{"function": {"name": "x"}}]}),
+                "tools[0].type",
+            ),
+            (
+                json!({"tools": [{"type": "function"}]}),
+                "tools[0].function",
+            ),
+            (
+                json!({"tools": [{"type": "function", "function": {"name": "a b"}}]}),
+                "tools[0].function.name",
+            ),
+            (
+                json!({"tools": [{"type": "function", "function": {"name": "x", "parameters": []}}]}),
+                "tools[0].function.parameters",
+            ),
+            (
+                json!({"tools": [{"type": "function", "function": {"name": "x", "colour": 1}}]}),
+                "tools[0].function.colour",
+            ),
+            (
+                json!({"tools": [weather(), weather()]}),
+                "tools[1].function.name",
+            ),
+            (
+                json!({"tools": [weather()], "tool_choice": "sometimes"}),
+                "tool_choice",
+            ),
+            (
+                json!({"tools": [weather()], "tool_choice": {"type": "function", "function": {"name": "nope"}}}),
+                "tool_choice",
+            ),
             (json!({"tool_choice": "required"}), "tool_choice"),
-            (json!({"tools": [weather()], "parallel_tool_calls": "yes"}), "parallel_tool_calls"),
+            (
+                json!({"tools": [weather()], "parallel_tool_calls": "yes"}),
+                "parallel_tool_calls",
+            ),
         ];
         for (extra, param) in cases {
             let e = tool_request(&req(extra.clone())).expect_err(&extra.to_string());
@@ -326,14 +495,34 @@ mod tests {
         )
         .unwrap();
         assert_eq!(calls[0].name, "f");
-        assert_eq!(Value::Object(calls[0].arguments.clone().unwrap()).to_string(), r#"{"b":1,"a":"x"}"#, "order kept");
+        assert_eq!(
+            Value::Object(calls[0].arguments.clone().unwrap()).to_string(),
+            r#"{"b":1,"a":"x"}"#,
+            "order kept"
+        );
         assert_eq!(calls[1].arguments.as_ref().unwrap()["z"], json!([true]));
         assert!(history_tool_calls(0, &json!([])).unwrap().is_empty());
-        let e = history_tool_calls(3, &json!([{"function": {"name": "f", "arguments": "[1]"}}])).unwrap_err();
-        assert_eq!(param_of(e.clone()), (400, "messages[3].tool_calls[0].function.arguments".into()));
-        assert!(e.body()["error"]["message"].as_str().unwrap().contains("messages[3]"));
-        let e = history_tool_calls(0, &json!([{"function": {"name": "f", "arguments": "{oops"}}])).unwrap_err();
-        assert_eq!(param_of(e), (400, "messages[0].tool_calls[0].function.arguments".into()));
+        let e = history_tool_calls(3, &json!([{"function": {"name": "f", "arguments": "[1]"}}]))
+            .unwrap_err();
+        assert_eq!(
+            param_of(e.clone()),
+            (400, "messages[3].tool_calls[0].function.arguments".into())
+        );
+        assert!(
+            e.body()["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("messages[3]")
+        );
+        let e = history_tool_calls(
+            0,
+            &json!([{"function": {"name": "f", "arguments": "{oops"}}]),
+        )
+        .unwrap_err();
+        assert_eq!(
+            param_of(e),
+            (400, "messages[0].tool_calls[0].function.arguments".into())
+        );
     }
 
     #[test]

@@ -167,6 +167,21 @@ fn no_stops_passes_through() {
     check_stop(&[], &["a", "b"], &["a", "b"], false, "");
 }
 
+/// The matcher names the stop string that ended the text by its index in the list given (empty
+/// strings counted), the earliest match first, the first listed among matches at one position.
+#[test]
+fn matched_stop_is_named_by_index() {
+    let stops: Vec<String> = ["", "xyz", "b", "bc"].iter().map(|s| s.to_string()).collect();
+    let mut m = StopMatcher::new(&stops);
+    assert!(!m.push("a").stopped);
+    assert_eq!(m.matched(), None);
+    assert!(m.push("bcd").stopped);
+    assert_eq!(m.matched(), Some(2));
+    let mut m = StopMatcher::new(&stops);
+    assert!(m.push("qqxyzb").stopped);
+    assert_eq!(m.matched(), Some(1));
+}
+
 #[test]
 fn logit_bias_moves_greedy_and_random_picks_and_leaves_logprobs_raw() {
     let logits = [0.1, 0.9, 0.3];

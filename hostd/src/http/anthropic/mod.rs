@@ -1,0 +1,235 @@
+//! The Anthropic Messages API: `POST /v1/messages` (whole or streamed) and
+//! `POST /v1/messages/count_tokens`, so the official anthropic SDK and Anthropic-speaking agents
+//! can use `hostd serve` as their base URL.
+//!
+//! The handlers go through the same admission (body limits, prompt caps, tokeniser pool),
+//! chat template, queue limits and metrics as the OpenAI routes (`generate.rs`); only the wire
+//! shapes differ. Errors on these routes are Anthropic-shaped (`error.rs`). Tool use shares the
+//! OpenAI route's machinery: the definitions render through the chat template's tools section,
+//! replies are parsed into `tool_use` blocks by the tool-call parser, and `tool_choice` `any` or
+//! `tool` is forced by constrained decoding (the tool-call grammar).
+//!
+//! Files: `wire.rs` (request and reply types), `convert.rs` (messages and other fields to chat
+//! inputs), `tools.rs` (tools and `tool_choice`), `events.rs` (replies and the event stream),
+//! `error.rs` (the error shape).
+
+pub mod convert;
+pub mod error;
+pub mod events;
+pub mod tools;
+pub mod wire;
+
+use super::generate::{self, ChatGeneration};
+use super::openai::SamplingFields;
+use super::{AppState, Ready, RequestId, params};
+use crate::chat_template::{ChatMessage, ChatOptions};
+use crate::http::error::ApiError;
+use crate::http::tools::ToolRequest;
+use axum::Extension;
+use axum::body::Body;
+use axum::extract::State;
+use axum::http::HeaderMap;
+use axum::response::{IntoResponse, Response};
+use convert::Thinking;
+use error::AnthropicError;
+use events::Reply;
+use serde_json::Value;
+use std::sync::Arc;
+use std::time::Instant;
+use wire::{CountTokensRequest, MessagesRequest, TokenCount};
+
+/// Whether `path` belongs to the Anthropic routes (their errors take Anthropic's shape).
+pub fn owns(path: &str) -> bool {
+    path == "/v1/messages" || path.starts_with("/v1/messages/")
+}
+
+/// The conversation fields both endpoints share.
+struct Conversation<'a> {
+    system: Option<&'a Value>,
+    messages: Option<&'a [Value]>,
+    thinking: Option<&'a Value>,
+    tools: Option<&'a Value>,
+    tool_choice: Option<&'a Value>,
+    output_config: Option<&'a Value>,
+    mcp_servers: Option<&'a Value>,
+    context_management: Option<&'a Value>,
+}
+
+/// A checked conversation: template messages, the thinking switch and the tools.
+struct Checked {
+    messages: Vec<ChatMessage>,
+    thinking: Thinking,
+    tools: ToolRequest,
+}
+
+/// Checks the conversation and converts it to template messages, the thinking switch and the
+/// tool request.
+fn conversation(app: &AppState, c: Conversation) -> Result<Checked, ApiError> {
+    let tools = tools::tool_request(c.tools, c.tool_choice)?;
+    convert::output_config(c.output_config)?;
+    convert::refuse_set(&[
+        (c.mcp_servers, "mcp_servers", "MCP servers"),
+        (
+            c.context_management,
+            "context_management",
+            "Server-side context edits",
+        ),
+    ])?;
+    let thinking = convert::thinking(c.thinking, app.config.enable_thinking)?;
+    let check = |text: &str, param: &str| app.admission.check_prompt_bytes(text, param);
+    let system = convert::system(c.system, &check)?;
+    let messages = convert::messages(
+        system,
+        c.messages.ok_or_else(|| ApiError::missing("messages"))?,
+        &check,
+    )?;
+    Ok(Checked {
+        messages,
+        thinking,
+        tools,
+    })
+}
+
+fn options(thinking: Thinking) -> ChatOptions {
+    ChatOptions {
+        add_generation_prompt: true,
+        enable_thinking: thinking.enabled,
+        preserve_thinking: false,
+    }
+}
+
+async fn read<T: serde::de::DeserializeOwned>(
+    app: &AppState,
+    headers: &HeaderMap,
+    body: Body,
+) -> Result<T, ApiError> {
+    let body = app.admission.read_body(headers, body).await?;
+    Ok(serde_json::from_slice(&body)?)
+}
+
+/// `POST /v1/messages`.
+pub async fn messages(
+    State(app): State<Arc<AppState>>,
+    Extension(RequestId(request_id)): Extension<RequestId>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, AnthropicError> {
+    let received = Instant::now();
+    let ready: &Ready = app.ready()?;
+    let req: MessagesRequest = read(&app, &headers, body).await?;
+    params::check_model(req.model.as_deref(), &app.config.served_model_name)?;
+    let max_tokens = params::max_tokens(
+        Some(
+            req.max_tokens
+                .ok_or_else(|| ApiError::missing("max_tokens"))?,
+        ),
+        "max_tokens",
+    )?;
+    convert::refuse_set(&[(req.container.as_ref(), "container", "Containers")])?;
+    let Checked {
+        messages,
+        thinking,
+        tools,
+    } = conversation(
+        &app,
+        Conversation {
+            system: req.system.as_ref(),
+            messages: req.messages.as_deref(),
+            thinking: req.thinking.as_ref(),
+            tools: req.tools.as_ref(),
+            tool_choice: req.tool_choice.as_ref(),
+            output_config: req.output_config.as_ref(),
+            mcp_servers: req.mcp_servers.as_ref(),
+            context_management: req.context_management.as_ref(),
+        },
+    )?;
+    let constraint = crate::http::tools::forced_constraint(&tools)?;
+    let fields = SamplingFields {
+        temperature: req.temperature,
+        top_p: req.top_p,
+        top_k: req.top_k,
+        ..SamplingFields::default()
+    };
+    let sampling = params::sampling_params(&fields, false, None)?;
+    let stop = params::stop_list(
+        req.stop_sequences.clone().unwrap_or_default(),
+        "stop_sequences",
+    )?;
+    let prompt = generate::tokenize_chat(
+        &app,
+        ready,
+        messages,
+        tools.definitions.clone(),
+        options(thinking),
+        true,
+    )
+    .await?;
+    let generation = ChatGeneration {
+        request_id: request_id.clone(),
+        received,
+        prompt,
+        sampling,
+        max_tokens,
+        stop: stop.clone(),
+        ignore_eos: req.ignore_eos == Some(true),
+        thinking: thinking.enabled,
+        constraint,
+        constraint_param: "tool_choice",
+    };
+    let (rx, prompt_tokens) = generate::submit_chat(&app, ready, generation).await?;
+    let reply = Reply {
+        id: format!("msg_{request_id}"),
+        model: app.config.served_model_name.clone(),
+        stop,
+        display_thinking: thinking.display,
+        tools,
+    };
+    if req.stream == Some(true) {
+        Ok(reply.stream(rx, prompt_tokens))
+    } else {
+        let c = super::stream::collect(rx).await?;
+        Ok(axum::Json(reply.whole(c)?).into_response())
+    }
+}
+
+/// `POST /v1/messages/count_tokens`: the prompt's tokens as `/v1/messages` would render them
+/// (system, tools, messages, thinking switch, generation prompt), without generating.
+pub async fn count_tokens(
+    State(app): State<Arc<AppState>>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, AnthropicError> {
+    let ready: &Ready = app.ready()?;
+    let req: CountTokensRequest = read(&app, &headers, body).await?;
+    params::check_model(req.model.as_deref(), &app.config.served_model_name)?;
+    let Checked {
+        messages,
+        thinking,
+        tools,
+    } = conversation(
+        &app,
+        Conversation {
+            system: req.system.as_ref(),
+            messages: req.messages.as_deref(),
+            thinking: req.thinking.as_ref(),
+            tools: req.tools.as_ref(),
+            tool_choice: req.tool_choice.as_ref(),
+            output_config: req.output_config.as_ref(),
+            mcp_servers: req.mcp_servers.as_ref(),
+            context_management: req.context_management.as_ref(),
+        },
+    )?;
+    let prompt = generate::tokenize_chat(
+        &app,
+        ready,
+        messages,
+        tools.definitions,
+        options(thinking),
+        false,
+    )
+    .await?;
+    Ok(axum::Json(TokenCount {
+        input_tokens: prompt.ids.len(),
+    })
+    .into_response())
+}
