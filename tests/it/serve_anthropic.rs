@@ -559,3 +559,28 @@ fn disconnect_cancels_and_a_full_queue_is_overloaded() {
         "tokens are still being generated"
     );
 }
+
+/// Two things Claude Code sends on every request (found by running it against this server):
+/// `context_management` is accepted and ignored (no server-side context editing: the whole
+/// conversation is used), and a `system` message inside `messages` joins the system prompt, so
+/// the prompt equals one with that text appended to `system`.
+#[test]
+fn claude_code_request_fields_are_accepted() {
+    let s = Server::start("tiny", &[]);
+    let count = |body: Value| {
+        let r = post(&s, "/v1/messages/count_tokens", &body);
+        assert_eq!(r.status, 200, "{}", r.text());
+        r.json()["input_tokens"].as_u64().expect("input_tokens")
+    };
+    let inline = json!({ "model": s.name, "system": "Be brief.", "messages": [
+        { "role": "user", "content": "hi" },
+        { "role": "system", "content": [{ "type": "text", "text": "Tools: none." }] }
+    ]});
+    let joined = json!({ "model": s.name, "system": "Be brief.\n\nTools: none.", "messages": user("hi") });
+    assert_eq!(count(inline.clone()), count(joined));
+    let mut body = inline;
+    body["max_tokens"] = json!(4);
+    body["context_management"] = json!({ "edits": [{ "type": "clear_thinking_20251015", "keep": "all" }] });
+    let reply = create(&s, body);
+    assert_eq!(reply["type"], "message", "{reply}");
+}

@@ -227,7 +227,18 @@ pub fn messages(
     }
     let mut turns: Vec<Turn> = Vec::with_capacity(messages.len());
     let mut tool_use_ids: Vec<String> = Vec::new();
+    // A `system` message inside `messages` (Claude Code sends reminders that way) joins the
+    // system prompt, in order: the chat template takes one system turn, at the start.
+    let mut system = system;
     for (i, m) in messages.iter().enumerate() {
+        if m.get("role").and_then(Value::as_str) == Some("system") {
+            let text = inline_system(i, m, check)?;
+            system = Some(match system {
+                Some(s) if !s.is_empty() => format!("{s}\n\n{text}"),
+                _ => text,
+            });
+            continue;
+        }
         for turn in message(i, m, check, &mut tool_use_ids)? {
             match turns.last_mut() {
                 Some(last) if last.role == turn.role && turn.role != Role::Tool => {
@@ -258,6 +269,36 @@ pub fn messages(
         out.push(m);
     }
     Ok(out)
+}
+
+/// The text of a `system` message inside `messages`: a string or text blocks.
+fn inline_system(i: usize, m: &Value, check: CheckBytes) -> Result<String, ApiError> {
+    let at = format!("messages[{i}]");
+    let obj = object(m, &at)?;
+    only_keys(obj, &["role", "content"], &at)?;
+    match obj.get("content") {
+        Some(Value::String(s)) => {
+            check(s, &format!("{at}.content"))?;
+            Ok(s.clone())
+        }
+        Some(Value::Array(blocks)) => {
+            let mut texts = Vec::with_capacity(blocks.len());
+            for (j, b) in blocks.iter().enumerate() {
+                let bat = format!("{at}.content[{j}]");
+                let bo = object(b, &bat)?;
+                if string(bo, "type", &bat)? != "text" {
+                    return Err(ApiError::unsupported("A system message may hold only text blocks.", format!("{bat}.type")));
+                }
+                only_keys(bo, &["type", "text", "cache_control", "citations"], &bat)?;
+                let t = string(bo, "text", &bat)?;
+                check(t, &format!("{bat}.text"))?;
+                texts.push(t.to_string());
+            }
+            Ok(texts.join("\n"))
+        }
+        None | Some(Value::Null) => Err(ApiError::missing(&format!("{at}.content"))),
+        Some(_) => Err(ApiError::invalid("content must be a string or an array of text blocks.", format!("{at}.content"))),
+    }
 }
 
 /// One message as turns: an assistant message is one turn; a user message is its text and its
@@ -566,9 +607,10 @@ mod tests {
     fn errors_name_the_path() {
         let bad = |msgs: Value| convert(Value::Null, msgs).expect_err("should fail");
         assert_eq!(bad(json!([])), "messages");
+        // A system message inside `messages` joins the system prompt; only text blocks.
         assert_eq!(
-            bad(json!([{"role": "system", "content": "x"}])),
-            "messages[0].role"
+            bad(json!([{"role": "system", "content": [{"type": "image"}]}])),
+            "messages[0].content[0].type"
         );
         assert_eq!(bad(json!([{"role": "user"}])), "messages[0].content");
         assert_eq!(

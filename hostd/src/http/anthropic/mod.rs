@@ -67,14 +67,13 @@ struct Checked {
 fn conversation(app: &AppState, c: Conversation) -> Result<Checked, ApiError> {
     let tools = tools::tool_request(c.tools, c.tool_choice)?;
     convert::output_config(c.output_config)?;
-    convert::refuse_set(&[
-        (c.mcp_servers, "mcp_servers", "MCP servers"),
-        (
-            c.context_management,
-            "context_management",
-            "Server-side context edits",
-        ),
-    ])?;
+    convert::refuse_set(&[(c.mcp_servers, "mcp_servers", "MCP servers")])?;
+    // Server-side context editing (clearing old tool results or thinking when the context grows)
+    // is an optimisation of the prompt, not a change of what is asked: it is ignored, and the
+    // whole conversation is used. Claude Code sends it on every request.
+    if c.context_management.is_some_and(|v| !v.is_null()) {
+        tracing::debug!("context_management ignored: the whole conversation is used");
+    }
     let thinking = convert::thinking(c.thinking, app.config.enable_thinking)?;
     let check = |text: &str, param: &str| app.admission.check_prompt_bytes(text, param);
     let system = convert::system(c.system, &check)?;

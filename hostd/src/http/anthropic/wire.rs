@@ -8,7 +8,7 @@
 //! One extension beyond Anthropic's fields, as on the OpenAI routes (vLLM's): `ignore_eos`.
 //! Accepted and ignored: `metadata`, `cache_control` (the prefix cache works without
 //! markers), `service_tier`, `inference_geo`, `speed`, `diagnostics`. Refused when set:
-//! `container`, `mcp_servers`, `context_management` (server-side tools and context editing).
+//! `container`, `mcp_servers` (server-side tools); `context_management` is read and ignored.
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
