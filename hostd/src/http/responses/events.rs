@@ -340,7 +340,7 @@ impl Reply {
     /// The response as a stream of events (stored at its end when asked).
     pub fn stream(mut self, rx: UnboundedReceiver<Event>) -> Response {
         let seq = Arc::new(AtomicU64::new(0));
-        let mut w = self.writer(Arc::clone(&seq));
+        let w = self.writer(Arc::clone(&seq));
         let mut first = Vec::new();
         for kind in ["response.created", "response.in_progress"] {
             w.emit(&mut first, json!({ "type": kind, "response": self.base }));
