@@ -22,6 +22,7 @@ mod serve_anthropic_tools;
 mod serve_fairness;
 mod serve_fields;
 mod serve_limits;
+mod serve_responses;
 mod serve_structured;
 mod synth;
 mod tokenizer;

@@ -81,6 +81,8 @@ pub const ENDPOINTS: &[&str] = &[
     "/v1/completions",
     "/v1/messages",
     "/v1/messages/count_tokens",
+    "/v1/responses",
+    "/v1/responses/{id}",
     "/v1/models",
     "/health",
     "/metrics",
@@ -186,6 +188,8 @@ impl Metrics {
         ENDPOINTS.iter().find(|e| **e == path).copied().unwrap_or(
             if path.starts_with("/v1/models") {
                 "/v1/models"
+            } else if path.starts_with("/v1/responses/") {
+                "/v1/responses/{id}"
             } else {
                 "other"
             },

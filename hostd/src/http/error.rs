@@ -46,6 +46,14 @@ pub enum ApiError {
     /// `model` names a model this server does not serve (404).
     #[error("The model `{0}` does not exist or you do not have access to it.")]
     ModelNotFound(String),
+    /// A stored object (a response of the Responses API) does not exist, or no longer (404).
+    #[error("{message}")]
+    NotFound {
+        /// What was not found, naming its id.
+        message: String,
+        /// A stable machine-readable code.
+        code: &'static str,
+    },
     /// No route for this path (404).
     #[error("Unknown request URL: {method} {path}.")]
     RouteNotFound {
@@ -162,7 +170,9 @@ impl ApiError {
             ApiError::InvalidRequest { .. } | ApiError::ContextLength { .. } => {
                 StatusCode::BAD_REQUEST
             }
-            ApiError::ModelNotFound(_) | ApiError::RouteNotFound { .. } => StatusCode::NOT_FOUND,
+            ApiError::ModelNotFound(_)
+            | ApiError::RouteNotFound { .. }
+            | ApiError::NotFound { .. } => StatusCode::NOT_FOUND,
             ApiError::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
             ApiError::Unauthorized => StatusCode::UNAUTHORIZED,
             ApiError::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
@@ -196,6 +206,7 @@ impl ApiError {
             ApiError::InvalidRequest { code, .. } => code,
             ApiError::ContextLength { .. } => "context_length_exceeded",
             ApiError::ModelNotFound(_) => "model_not_found",
+            ApiError::NotFound { code, .. } => code,
             ApiError::RouteNotFound { .. } => "unknown_url",
             ApiError::MethodNotAllowed { .. } => "method_not_allowed",
             ApiError::Unauthorized => "invalid_api_key",

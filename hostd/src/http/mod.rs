@@ -12,7 +12,8 @@
 //! policy for fields without a typed slot, thinking switches), `error.rs` (the one
 //! error → JSON mapping), `chat.rs` and `completions.rs` (the two OpenAI generation endpoints),
 //! `generate.rs` (template → tokens → engine, shared by the chat-style endpoints), `stream.rs`
-//! (SSE and collecting engine events), `anthropic/` (the Anthropic Messages API).
+//! (SSE and collecting engine events), `anthropic/` (the Anthropic Messages API),
+//! `responses/` (the OpenAI Responses API and its in-memory store of responses).
 //!
 //! The API key is accepted as `Authorization: Bearer <key>` or as `x-api-key: <key>`
 //! (Anthropic's header) on every `/v1/` route. Errors of the `/v1/messages` routes, the
@@ -29,6 +30,7 @@ pub mod listener;
 pub mod openai;
 pub mod params;
 pub mod response_format;
+pub mod responses;
 mod stream;
 pub mod tools;
 
@@ -102,6 +104,8 @@ pub struct AppState {
     admission: Admission,
     /// Open HTTP connections (the listener counts them).
     connections: AtomicUsize,
+    /// Stored responses of the Responses API (`previous_response_id`, `GET /v1/responses/{id}`).
+    responses: responses::store::Store,
 }
 
 impl AppState {
@@ -120,6 +124,7 @@ impl AppState {
             id_salt,
             admission,
             connections: AtomicUsize::new(0),
+            responses: responses::store::Store::default(),
         })
     }
 
@@ -184,6 +189,11 @@ pub fn router(state: Arc<AppState>) -> Router {
     let router = Router::new()
         .route("/v1/chat/completions", post(chat::chat_completions))
         .route("/v1/completions", post(completions::completions))
+        .route("/v1/responses", post(responses::create))
+        .route(
+            "/v1/responses/{id}",
+            get(responses::retrieve).delete(responses::delete),
+        )
         .route("/v1/messages", post(anthropic::messages))
         .route("/v1/messages/count_tokens", post(anthropic::count_tokens))
         .route("/v1/models", get(models))
@@ -217,6 +227,7 @@ fn cors_layer(origins: &[String]) -> Option<tower_http::cors::CorsLayer> {
         .allow_methods([
             axum::http::Method::GET,
             axum::http::Method::POST,
+            axum::http::Method::DELETE,
             axum::http::Method::OPTIONS,
         ])
         .allow_headers(Any)

@@ -53,7 +53,9 @@ impl AnthropicError {
     pub fn error_type(&self) -> &'static str {
         match &self.0 {
             ApiError::Unauthorized => "authentication_error",
-            ApiError::ModelNotFound(_) | ApiError::RouteNotFound { .. } => "not_found_error",
+            ApiError::ModelNotFound(_)
+            | ApiError::RouteNotFound { .. }
+            | ApiError::NotFound { .. } => "not_found_error",
             ApiError::BodyTooLarge { .. } => "request_too_large",
             ApiError::QueueFull { .. }
             | ApiError::QueuedTokensFull { .. }
