@@ -15,8 +15,14 @@
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 REPO=$(cd "$HERE/.." && pwd)
-MODEL=${MODEL:-/tmp/realdim4}
-CONTAINER=${CONTAINER:-/tmp/rd4c}
+# Full depth by default (issue 17): the real per-layer shapes at 40 layers, 32 of the 256 experts per
+# layer (top-8 kept, so a token touches the real model's expert bytes); LAYERS=4 EXPERTS= for the old
+# 4-layer headline.
+LAYERS=${LAYERS:-40}
+EXPERTS=${EXPERTS-32}
+SEED=${SEED:-1}
+MODEL=${MODEL:-/tmp/rd$LAYERS}
+CONTAINER=${CONTAINER:-/tmp/rd${LAYERS}c}
 THREADS=${THREADS:-2}
 RUNS=${RUNS:-3}
 NEW=${NEW_TOKENS:-128}
@@ -27,17 +33,25 @@ mkdir -p "$OUT" "$BIN"
 # Run from a copy so a rebuild during the bench cannot swap the binaries under it.
 TARGET=${CARGO_TARGET_DIR:-$REPO/target}
 cp "$TARGET/release/hostd" "$TARGET/release/expertd" "$BIN/"
-[ -d "$MODEL" ] || "$BIN/hostd" synth --preset realdim --layers 4 --seed 0 --out "$MODEL"
+[ -d "$MODEL" ] || "$BIN/hostd" synth --preset realdim --layers "$LAYERS" ${EXPERTS:+--experts "$EXPERTS"} --seed "$SEED" --out "$MODEL"
 [ -f "$CONTAINER/experts.sluice" ] || "$BIN/expertd" prepare "$MODEL" --out "$CONTAINER"
 CBYTES=$(stat -c %s "$CONTAINER/experts.sluice")
 TENTH=$((CBYTES / 10))
 cd "$REPO"
 source "$HERE/peers/cgroup.sh"
+# llama.cpp at its best: the knobs of the fastest decode configuration bench/peers/sweep.sh found
+# on this machine (PEERS_ARGS overrides; empty = llama-bench defaults).
+SWEEP=$REPO/docs/results/peers/sweep-$(basename "$MODEL")
+if [ -z "${PEERS_ARGS+x}" ] && [ -f "$SWEEP/summary.json" ]; then
+  PEERS_ARGS=$(python3 "$HERE/peers/sweep_summary.py" "$SWEEP" --flags decode)
+fi
+export PEERS_ARGS=${PEERS_ARGS:-}
 {
   echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
   echo "commit: $(git rev-parse HEAD) $( [ -z "$(git status --porcelain --untracked-files=no)" ] && echo clean || echo DIRTY)"
   sha256sum "$BIN/hostd" "$BIN/expertd"
   echo "loadavg at start: $(cat /proc/loadavg)"
+  echo "llama-bench extra knobs: ${PEERS_ARGS:-(defaults)}"
 } > "$OUT/meta.txt"
 # Warm the page cache for the resident runs.
 cat "$MODEL"/*.safetensors "$CONTAINER/experts.sluice" > /dev/null
@@ -50,7 +64,7 @@ echo "== 1. resident (warm)"
   --json "$OUT/resident.json"
 
 echo "== 2. llama.cpp pp512 / tg128"
-REPS=$RUNS bash "$HERE/peers/run.sh"
+MODEL=$MODEL REPS=$RUNS bash "$HERE/peers/run.sh"
 
 echo "== 3. streaming, cache = 10% of the expert bytes, cold"
 "$BIN/hostd" bench --model "$MODEL" --threads "$THREADS" --runs "$RUNS" --prompt-tokens 512 --new-tokens "$COLD_NEW" --cold \
@@ -64,7 +78,7 @@ CGROUP_REPORT="$OUT/streaming-bounded.cgroup.txt" run_limited "$BIN/hostd" bench
   --config "stream10: --dense int8 --experts expertd --container $CONTAINER --expertd-cache-bytes $TENTH" \
   --json "$OUT/streaming-bounded.json" || echo "bounded sluice run failed"
 echo "== 4b. llama.cpp decode under the same ${LIMIT}-byte cgroup limit"
-PEERS_EVICT=1 PEERS_MEM_LIMIT=$LIMIT PEERS_P=0 PEERS_N="$COLD_NEW" REPS=$RUNS BENCH_TIMEOUT=1500 bash "$HERE/peers/run.sh" || echo "bounded llama-bench failed or timed out"
+MODEL=$MODEL PEERS_EVICT=1 PEERS_MEM_LIMIT=$LIMIT PEERS_P=0 PEERS_N="$COLD_NEW" REPS=$RUNS BENCH_TIMEOUT=1500 bash "$HERE/peers/run.sh" || echo "bounded llama-bench failed or timed out"
 # Put the GGUF and checkpoint back in the page cache for whoever runs next.
 cat "$MODEL"/*.safetensors > /dev/null
 

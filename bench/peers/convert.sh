@@ -11,18 +11,22 @@ OUT=${GGUF:-$W/$(basename "$MODEL")-q8_0.gguf}
 
 if [ ! -f "$MODEL/config.json" ]; then
   if [ -x "$REPO/target/release/hostd" ]; then
-    "$REPO/target/release/hostd" synth --preset realdim --layers 4 --out "$MODEL"
+    "$REPO/target/release/hostd" synth --preset realdim --layers "${LAYERS:-4}" ${EXPERTS:+--experts "$EXPERTS"} --seed "${SEED:-0}" --out "$MODEL"
   else
     echo "BLOCKED: $MODEL missing and $REPO/target/release/hostd not built" >&2; exit 2
   fi
 fi
 
-# Python deps: vendored gguf-py in a venv that sees the system numpy/torch/
-# safetensors/transformers (convert_hf_to_gguf.py imports torch unconditionally).
-if [ ! -x "$W/venv/bin/python" ]; then
-  python3 -m venv --system-site-packages "$W/venv"
+# Python deps in the converter's own venv (no system packages: a fresh machine has no torch).
+# convert_hf_to_gguf.py imports torch unconditionally. PyPI's Linux torch wheel needs its nvidia-*
+# runtime packages even on CPU (import fails without libcublasLt), so pip installs them (~3 GB);
+# the CPU-only wheel index is not a package registry this project can reach. Versions pinned in
+# bench/peers/requirements-convert.txt.
+if [ ! -x "$W/venv/bin/python" ] || ! "$W/venv/bin/python" -c 'import torch, gguf' 2>/dev/null; then
+  rm -rf "$W/venv"
+  python3 -m venv "$W/venv"
+  "$W/venv/bin/pip" install -q -r "$HERE/requirements-convert.txt"
   "$W/venv/bin/pip" install -q --no-deps "$LC/gguf-py"
-  "$W/venv/bin/pip" install -q numpy safetensors tqdm pyyaml sentencepiece
 fi
 
 # The synthetic checkpoint declares mtp_num_hidden_layers: 1 (like the real

@@ -19,7 +19,10 @@ mkdir -p "$RES"
 BENCH=$W/llama.cpp/build/bin/llama-bench
 P=${PEERS_P:-512}
 N=${PEERS_N:-128}
-CMD=(timeout "${BENCH_TIMEOUT:-900}" "$BENCH" -m "$GGUF" -p "$P" -n "$N" -t "$THREADS" -r "$REPS" -o json)
+# PEERS_ARGS: extra llama-bench knobs, e.g. the best configuration bench/peers/sweep.sh found
+# ("-fa 1 -mmp 0"); recorded in the meta file with the command.
+read -r -a EXTRA <<< "${PEERS_ARGS:-}"
+CMD=(timeout "${BENCH_TIMEOUT:-900}" "$BENCH" -m "$GGUF" -p "$P" -n "$N" -t "$THREADS" -r "$REPS" -o json "${EXTRA[@]}")
 TAG=llama-bench-$(basename "$GGUF" .gguf)-t$THREADS${LIMIT:+-mem$LIMIT}
 [ "$P/$N" = 512/128 ] || TAG=$TAG-p$P-n$N
 STAMP=$(date -u +%Y-%m-%dT%H:%M:%SZ)
