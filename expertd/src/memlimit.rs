@@ -108,7 +108,8 @@ impl std::fmt::Display for Overhead {
 pub enum BudgetError {
     /// `--cache-bytes` plus the overhead exceeds the limit.
     #[error(
-        "--cache-bytes {requested} B plus the daemon's overhead {overhead} = {need} B does not fit the memory limit {limit} B ({file}); give --cache-bytes at most {fits} B, leave it out to derive one, or raise MemoryMax= / the cgroup's limit"
+        "--cache-bytes {requested} B plus the daemon's overhead {overhead} = {need} B does not fit the memory limit {limit} B ({file}); {}",
+        if *fits > 0 { format!("give --cache-bytes at most {fits} B, leave it out to derive one, or raise MemoryMax= / the cgroup's limit") } else { "the overhead alone exceeds it: raise MemoryMax= / the cgroup's limit, or lower --compute-lanes / --max-rows-per-call / --transient-slots".to_string() }
     )]
     DoesNotFit {
         /// `--cache-bytes`.
@@ -121,7 +122,8 @@ pub enum BudgetError {
         limit: u64,
         /// Where it came from.
         file: String,
-        /// The largest `--cache-bytes` that fits (0 when none does).
+        /// The largest `--cache-bytes` that fits (0 when none does: the overhead alone exceeds
+        /// the limit).
         fits: u64,
     },
     /// No limit and no `--cache-bytes`.
@@ -176,7 +178,7 @@ pub fn plan(requested: Option<u64>, limit: Option<&CgroupLimit>, overhead: Overh
             if need <= l.bytes {
                 Ok(Budget::Fits(r))
             } else {
-                let fits = l.bytes.saturating_sub(overhead.total());
+                let fits = Some(l.bytes.saturating_sub(overhead.total())).filter(|&f| f >= blob).unwrap_or(0);
                 Err(BudgetError::DoesNotFit { requested: r, overhead, need, limit: l.bytes, file: l.file.display().to_string(), fits })
             }
         }
