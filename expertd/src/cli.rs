@@ -305,9 +305,14 @@ pub struct ServeArgs {
     /// File holding the bearer token TCP clients must present (surrounding whitespace ignored).
     #[arg(long, env = "EXPERTD_AUTH_TOKEN_FILE")]
     pub auth_token_file: Option<PathBuf>,
-    /// Byte budget of the expert cache (resident experts).
+    /// Byte budget of the expert cache (resident experts). Checked at start against this
+    /// process's cgroup memory limit (MemoryMax=) plus the daemon's overhead; when left out, a
+    /// budget that fits the limit is derived.
     #[arg(long, env = "EXPERTD_CACHE_BYTES")]
-    pub cache_bytes: u64,
+    pub cache_bytes: Option<u64>,
+    /// Serve Prometheus metrics (`GET /metrics`) on HOST:PORT or on a unix socket path.
+    #[arg(long, env = "EXPERTD_METRICS_LISTEN")]
+    pub metrics_listen: Option<crate::metrics::MetricsListen>,
     /// Eviction policy.
     #[arg(long, value_enum, env = "EXPERTD_POLICY", default_value_t = crate::cache::PolicyKind::Lru)]
     pub policy: crate::cache::PolicyKind,
@@ -401,6 +406,7 @@ async fn shutdown_signal(watch_stdin: bool) {
         _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT"),
         _ = stdin_eof => tracing::info!("standard input closed (parent gone)"),
     }
+    crate::systemd::stopping();
 }
 
 /// Runs `expertd serve` until SIGTERM/SIGINT, then drains.
@@ -414,6 +420,11 @@ pub fn serve(args: &ServeArgs) -> anyhow::Result<()> {
     anyhow::ensure!(args.listen.is_none() || token.is_some(), "--listen (TCP) needs --auth-token-file: TCP clients must present a bearer token");
     anyhow::ensure!(args.socket.is_some() || args.listen.is_some(), "give --socket PATH or --listen HOST:PORT");
     let mode = u32::from_str_radix(&args.socket_mode, 8).with_context(|| format!("--socket-mode {:?} is not octal", args.socket_mode))?;
+    // Socket activation: systemd's listener replaces binding our own (same path, same mode rule).
+    let inherited = crate::systemd::inherited_listener(args.socket.as_deref(), mode)?;
+    anyhow::ensure!(inherited.is_none() || args.socket.is_some(), "socket activation passes a unix socket: give --socket with its path (EXPERTD_SOCKET), not --listen");
+    crate::systemd::status("checking the memory budget");
+    let cache_bytes = memory_budget(args)?;
     let config = ServeConfig {
         policy: crate::cache::Policy::from_kind(args.policy, args.halving_period),
         transient_slots: args.transient_slots,
@@ -431,27 +442,81 @@ pub fn serve(args: &ServeArgs) -> anyhow::Result<()> {
         prefetch_cap_bytes: args.prefetch_cap_bytes,
         no_prefetch: args.no_prefetch,
         overlap: !args.no_overlap,
-        ..ServeConfig::new(args.container.clone(), args.cache_bytes)
+        ..ServeConfig::new(args.container.clone(), cache_bytes)
     };
     config.validate()?;
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).thread_name("expertd-rt").enable_all().build()?;
     rt.block_on(async {
         // Everything that can fail or take time happens before the socket exists: a client that
         // sees the socket file (or can connect to the port) is served at once.
+        crate::systemd::status("opening the container and building the cache");
         let prepared = crate::server::Prepared::new(config)?;
-        let (listener, socket) = match (&args.socket, &args.listen) {
-            (Some(path), _) => (Listener::Unix(crate::server::bind_unix(path, mode)?), Some(path.clone())),
-            (None, Some(addr)) => {
+        let (listener, socket) = match (inherited, &args.socket, &args.listen) {
+            (Some(i), _, _) => {
+                tracing::info!(socket = %i.path.display(), "listening on the socket systemd passed (socket activation)");
+                // systemd owns the file: it is not removed on exit.
+                (Listener::Unix(tokio::net::UnixListener::from_std(i.listener).context("registering the inherited socket with tokio")?), None)
+            }
+            (None, Some(path), _) => (Listener::Unix(crate::server::bind_unix(path, mode)?), Some(path.clone())),
+            (None, None, Some(addr)) => {
                 let l = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("binding {addr}"))?;
                 tracing::info!(addr = %l.local_addr()?, "listening on TCP");
                 (Listener::Tcp(l), None)
             }
-            (None, None) => anyhow::bail!("give --socket PATH or --listen HOST:PORT"),
+            (None, None, None) => anyhow::bail!("give --socket PATH or --listen HOST:PORT"),
         };
+        let metrics = match &args.metrics_listen {
+            Some(at) => Some(crate::metrics::serve(at, std::sync::Arc::clone(prepared.state())).await.with_context(|| format!("metrics endpoint {at:?}"))?),
+            None => None,
+        };
+        let budget = prepared.engine().cache().stats().budget_bytes;
+        crate::systemd::ready(&format!("serving {} (cache budget {budget} B)", args.container.display()));
         let result = prepared.serve(listener, shutdown_signal(args.exit_on_stdin_eof)).await;
+        if let Some(task) = metrics {
+            task.abort();
+        }
+        if let Some(crate::metrics::MetricsListen::Unix(path)) = &args.metrics_listen {
+            let _ = std::fs::remove_file(path);
+        }
         if let Some(path) = socket {
             let _ = std::fs::remove_file(path);
         }
         result.map_err(anyhow::Error::from)
+    })
+}
+
+/// The cache budget `serve` runs with: `--cache-bytes` checked against this process's cgroup
+/// memory limit plus the daemon's overhead, or (without `--cache-bytes`) derived from the
+/// limit; a clear error naming the numbers when no budget fits. See `crate::memlimit`.
+fn memory_budget(args: &ServeArgs) -> anyhow::Result<u64> {
+    use crate::memlimit::{Budget, Overhead, own_limit, plan};
+    let container = shared::container::ContainerFile::open(&args.container)
+        .map_err(|source| crate::server::ServeError::Container { dir: args.container.display().to_string(), source })?;
+    let layout = container.header().layout;
+    let (dims, blob) = (layout.dims, layout.blob.stride as u64);
+    let lanes = args.compute_lanes.max(1) as u64;
+    let transient = args.transient_slots.map_or((dims.n_experts.min(32) as u64) * lanes, u64::from);
+    let overhead = Overhead::estimate(blob, transient, lanes, u64::from(args.max_rows_per_call), dims.hidden as u64, dims.inner as u64);
+    let requested = args.cache_bytes.map(|b| crate::server::clamp_budget(b, dims.n_blobs() as u64, blob));
+    let limit = own_limit();
+    let budget = plan(requested, limit.as_ref(), overhead, blob)?;
+    match (&budget, &limit) {
+        (Budget::Derived(b), Some(l)) => tracing::info!(
+            cache_bytes = b,
+            limit_bytes = l.bytes,
+            limit_file = %l.file.display(),
+            overhead_bytes = overhead.total(),
+            "no --cache-bytes: budget derived from the memory limit (limit - limit/16 - overhead {overhead})"
+        ),
+        (Budget::Fits(b), Some(l)) => {
+            tracing::info!(cache_bytes = b, limit_bytes = l.bytes, limit_file = %l.file.display(), overhead_bytes = overhead.total(), "cache budget fits the memory limit")
+        }
+        _ => {}
+    }
+    // A derived budget is already within the container's size; --cache-bytes is passed as given
+    // (the server clamps and logs it).
+    Ok(match budget {
+        Budget::Derived(b) => crate::server::clamp_budget(b, dims.n_blobs() as u64, blob),
+        Budget::Fits(_) | Budget::Unchecked(_) => args.cache_bytes.unwrap_or(0),
     })
 }

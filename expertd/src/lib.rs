@@ -13,6 +13,8 @@ mod convert;
 pub mod engine;
 pub mod io;
 pub mod logsafe;
+pub mod memlimit;
+pub mod metrics;
 pub mod prefetch;
 pub mod prepare;
 pub mod replay;
@@ -21,6 +23,8 @@ pub mod server;
 pub mod session;
 pub mod shm;
 pub mod stats;
+pub mod stats_client;
+pub mod systemd;
 pub mod trace;
 pub mod verify;
 

@@ -20,6 +20,8 @@ enum Command {
     Replay(expertd::cli::ReplayArgs),
     /// Serve the container's experts over gRPC (unix socket with shared memory, or TCP).
     Serve(expertd::cli::ServeArgs),
+    /// Print a running daemon's counters (per session, per peer, totals) as Prometheus text.
+    Stats(expertd::stats_client::StatsArgs),
 }
 
 fn main() -> std::process::ExitCode {
@@ -33,6 +35,7 @@ fn main() -> std::process::ExitCode {
         Command::Verify(args) => expertd::cli::verify(&args),
         Command::Replay(args) => expertd::cli::replay(&args),
         Command::Serve(args) => expertd::cli::serve(&args).map(|()| true),
+        Command::Stats(args) => expertd::stats_client::stats(&args).map(|()| true),
     };
     match result {
         Ok(true) => std::process::ExitCode::SUCCESS,

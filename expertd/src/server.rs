@@ -333,6 +333,11 @@ impl Prepared {
         &self.engine
     }
 
+    /// The service state (sessions and counters; the metrics endpoint reads it).
+    pub fn state(&self) -> &Arc<ServiceState> {
+        &self.state
+    }
+
     /// Logs the one ready line (`expertd serving`, with what is served), then serves on
     /// `listener` until `shutdown` resolves, then drains: new handshakes and calls get
     /// UNAVAILABLE, HTTP/2 GOAWAY tells clients to stop, and in-flight calls finish before this

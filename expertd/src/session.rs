@@ -33,6 +33,17 @@ pub enum PeerKey {
     Unknown,
 }
 
+impl PeerKey {
+    /// The key as metrics and `Stats` label it: `uid:U`, `tcp:ADDRESS` or `tcp:unknown`.
+    pub fn label(&self) -> String {
+        match self {
+            PeerKey::Uid(uid) => format!("uid:{uid}"),
+            PeerKey::Addr(addr) => format!("tcp:{addr}"),
+            PeerKey::Unknown => "tcp:unknown".into(),
+        }
+    }
+}
+
 impl std::fmt::Display for PeerKey {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
@@ -121,6 +132,26 @@ pub struct CallCounters {
     pub prefetched_hits: u32,
 }
 
+/// One peer's counters over every session it has opened, closed ones included (what the
+/// Prometheus endpoint reports per uid, and what the daemon totals sum). Each session adds to
+/// its peer's totals as it records calls, so a call that finishes after its session closed
+/// still counts.
+#[derive(Debug, Default)]
+pub struct PeerTotals {
+    /// Sessions opened.
+    pub sessions: AtomicU64,
+    /// Calls completed successfully.
+    pub calls: AtomicU64,
+    /// Calls that failed.
+    pub failed_calls: AtomicU64,
+    /// Experts found in the cache.
+    pub hits: AtomicU64,
+    /// Experts read from the container.
+    pub misses: AtomicU64,
+    /// Bytes read from the container.
+    pub bytes_read: AtomicU64,
+}
+
 /// One open session.
 #[derive(Debug)]
 pub struct Session {
@@ -138,6 +169,8 @@ pub struct Session {
     pub transport: TransportKind,
     /// Counters.
     pub counters: SessionCounters,
+    /// Its peer's totals, which [`Session::record`] adds to as well.
+    pub peer_totals: Arc<PeerTotals>,
     /// Set when the session is closed (its ring worker, if any, stops).
     closed: std::sync::atomic::AtomicBool,
 }
@@ -155,8 +188,13 @@ impl Session {
     /// Records a finished call.
     pub fn record(&self, result: Result<&CallCounters, ()>) {
         let c = &self.counters;
+        let p = &self.peer_totals;
         match result {
             Ok(call) => {
+                p.calls.fetch_add(1, Ordering::Relaxed);
+                p.hits.fetch_add(u64::from(call.hits), Ordering::Relaxed);
+                p.misses.fetch_add(u64::from(call.misses), Ordering::Relaxed);
+                p.bytes_read.fetch_add(call.bytes_read, Ordering::Relaxed);
                 c.calls.fetch_add(1, Ordering::Relaxed);
                 c.hits.fetch_add(u64::from(call.hits), Ordering::Relaxed);
                 c.misses.fetch_add(u64::from(call.misses), Ordering::Relaxed);
@@ -166,6 +204,7 @@ impl Session {
                 c.compute_ns.fetch_add(call.compute_ns, Ordering::Relaxed);
             }
             Err(()) => {
+                p.failed_calls.fetch_add(1, Ordering::Relaxed);
                 c.failed_calls.fetch_add(1, Ordering::Relaxed);
             }
         }
@@ -208,6 +247,9 @@ pub struct Sessions {
     /// The next id; starts at a per-process value so a restarted daemon does not reuse the ids
     /// its predecessor handed out (they would fail the connection check anyway).
     next_id: AtomicU64,
+    /// Every peer that ever opened a session, with its totals (bounded by the peers that
+    /// passed the access checks: unix uids, or TCP addresses holding the token).
+    peers: Mutex<HashMap<PeerKey, Arc<PeerTotals>>>,
 }
 
 impl Default for Sessions {
@@ -220,7 +262,7 @@ impl Sessions {
     /// An empty registry.
     pub fn new() -> Sessions {
         let seed = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.as_secs() & 0xff_ffff);
-        Sessions { by_id: Mutex::new(HashMap::new()), next_id: AtomicU64::new((seed << 24) | 1) }
+        Sessions { by_id: Mutex::new(HashMap::new()), next_id: AtomicU64::new((seed << 24) | 1), peers: Mutex::new(HashMap::new()) }
     }
 
     fn map(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Arc<Session>>> {
@@ -253,7 +295,9 @@ impl Sessions {
             return Err(CapReached::Peer { peer: peer_key, limit: caps.per_peer });
         }
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let s = Arc::new(Session { id, conn_id, client_name, peer, peer_key, transport, counters: SessionCounters::default(), closed: Default::default() });
+        let peer_totals = Arc::clone(self.peers.lock().unwrap_or_else(PoisonError::into_inner).entry(peer_key).or_default());
+        peer_totals.sessions.fetch_add(1, Ordering::Relaxed);
+        let s = Arc::new(Session { id, conn_id, client_name, peer, peer_key, transport, counters: SessionCounters::default(), peer_totals, closed: Default::default() });
         map.insert(id, Arc::clone(&s));
         Ok(s)
     }
@@ -283,6 +327,11 @@ impl Sessions {
             s.mark_closed();
         }
         closed
+    }
+
+    /// Every peer that opened a session since start, with its totals.
+    pub fn peers(&self) -> Vec<(PeerKey, Arc<PeerTotals>)> {
+        self.peers.lock().unwrap_or_else(PoisonError::into_inner).iter().map(|(k, t)| (*k, Arc::clone(t))).collect()
     }
 
     /// Every open session, by id.

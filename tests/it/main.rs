@@ -6,6 +6,7 @@ mod cache_replay;
 mod container;
 mod expert_io;
 mod expertd;
+mod expertd_deploy;
 mod expertd_limits;
 mod expertd_faults;
 mod expertd_ring;

@@ -367,7 +367,15 @@ impl ExpertdService {
     }
 
     fn stats_inner(&self) -> pb::StatsResponse {
-        let st = &self.state;
+        self.state.stats()
+    }
+}
+
+impl ServiceState {
+    /// The `Stats` RPC's answer: the cache, every open session, every peer's totals (closed
+    /// sessions included), the prefetcher. The Prometheus endpoint renders the same snapshot.
+    pub fn stats(&self) -> pb::StatsResponse {
+        let st = self;
         let cache = st.engine.cache();
         let c = cache.stats();
         let sessions = st
@@ -397,9 +405,33 @@ impl ExpertdService {
                     compute_ns: ld(&k.compute_ns),
                     leases_held,
                     ring_calls: ld(&k.ring_calls),
+                    peer_key: s.peer_key.label(),
+                }
+            })
+            .collect::<Vec<pb::SessionStats>>();
+        let mut peers: Vec<pb::PeerStats> = st
+            .sessions
+            .peers()
+            .into_iter()
+            .map(|(key, t)| {
+                let label = key.label();
+                let open = sessions.iter().filter(|s| s.peer_key == label);
+                let (sessions_open, leases_held) = open.fold((0u32, 0u64), |(n, l), s| (n + 1, l + s.leases_held));
+                let ld = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
+                pb::PeerStats {
+                    peer_key: label,
+                    sessions_opened: ld(&t.sessions),
+                    sessions_open,
+                    calls: ld(&t.calls),
+                    failed_calls: ld(&t.failed_calls),
+                    hits: ld(&t.hits),
+                    misses: ld(&t.misses),
+                    bytes_read: ld(&t.bytes_read),
+                    leases_held,
                 }
             })
             .collect();
+        peers.sort_by(|a, b| a.peer_key.cmp(&b.peer_key));
         pb::StatsResponse {
             cache: Some(pb::CacheStats {
                 budget_bytes: c.budget_bytes,
@@ -412,6 +444,7 @@ impl ExpertdService {
                 bytes_read: c.bytes_read,
                 sessions_open: c.sessions_open,
                 transient_uses: c.transient_uses,
+                slot_bytes: c.slot_bytes,
             }),
             sessions,
             open_connections: st.open_connections.load(Ordering::Relaxed),
@@ -431,6 +464,7 @@ impl ExpertdService {
                     skipped: get(&c.skipped),
                 }
             }),
+            peers,
         }
     }
 }
