@@ -163,12 +163,13 @@ pub enum ShardError {
     #[error("{0}")]
     Plan(String),
     /// One daemon could not be connected (its handshake refused, unreachable).
-    #[error("shard serving layers {layers}: {source}")]
+    #[error("shard serving layers {layers}: {error}")]
     Connect {
         /// The shard's layers.
         layers: String,
-        /// The client's error (naming the endpoint).
-        source: ExpertClientError,
+        /// The client's error (naming the endpoint; shown in this one's text, so not chained
+        /// as its source too).
+        error: ExpertClientError,
     },
 }
 
@@ -182,7 +183,7 @@ impl ShardedExperts {
             let owned: Vec<usize> = (0..owner.len()).filter(|&l| owner[l] == i).collect();
             let layers = runs(&owned);
             let opts = ClientOptions { endpoint: spec.endpoint, client_name: format!("{} (layers {layers})", base.client_name), ..base.clone() };
-            let client = ExpertdClient::connect(opts, None).map_err(|source| ShardError::Connect { layers: layers.clone(), source })?;
+            let client = ExpertdClient::connect(opts, None).map_err(|error| ShardError::Connect { layers: layers.clone(), error })?;
             shards.push(Shard { client, layers });
         }
         let reported: Vec<(String, u64)> =
