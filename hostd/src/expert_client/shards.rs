@@ -33,30 +33,48 @@ impl ShardSpec {
     /// only when it reads as one: a unix path containing `=` still parses as a plain URI.
     pub fn parse(s: &str) -> Result<ShardSpec, String> {
         let (uri, layers) = match s.rsplit_once('=') {
-            Some((uri, range)) if !range.is_empty() && range.bytes().all(|b| b.is_ascii_digit() || b == b'-') => {
-                let bad = || format!("{s:?}: the layer range {range:?} is not FIRST-LAST (e.g. 0-19) or a single layer");
+            Some((uri, range))
+                if !range.is_empty() && range.bytes().all(|b| b.is_ascii_digit() || b == b'-') =>
+            {
+                let bad = || {
+                    format!(
+                        "{s:?}: the layer range {range:?} is not FIRST-LAST (e.g. 0-19) or a single layer"
+                    )
+                };
                 let (first, last) = match range.split_once('-') {
-                    Some((a, b)) => (a.parse::<usize>().map_err(|_| bad())?, b.parse::<usize>().map_err(|_| bad())?),
+                    Some((a, b)) => (
+                        a.parse::<usize>().map_err(|_| bad())?,
+                        b.parse::<usize>().map_err(|_| bad())?,
+                    ),
                     None => {
                         let l = range.parse::<usize>().map_err(|_| bad())?;
                         (l, l)
                     }
                 };
                 if first > last {
-                    return Err(format!("{s:?}: the layer range {first}-{last} is empty (first > last)"));
+                    return Err(format!(
+                        "{s:?}: the layer range {first}-{last} is empty (first > last)"
+                    ));
                 }
                 (uri, Some(first..=last))
             }
             _ => (s, None),
         };
-        Ok(ShardSpec { endpoint: Endpoint::parse(uri)?, layers })
+        Ok(ShardSpec {
+            endpoint: Endpoint::parse(uri)?,
+            layers,
+        })
     }
 }
 
 /// `layer 3`, `layers 3-7`, `layers 0-1, 5`: for messages.
 fn layers_text(layers: &[usize]) -> String {
     let runs = runs(layers);
-    if layers.len() == 1 { format!("layer {runs}") } else { format!("layers {runs}") }
+    if layers.len() == 1 {
+        format!("layer {runs}")
+    } else {
+        format!("layers {runs}")
+    }
 }
 
 /// Layers as text: `3`, `3-7`, or a list of such runs.
@@ -68,7 +86,11 @@ fn runs(layers: &[usize]) -> String {
         while j + 1 < layers.len() && layers[j + 1] == layers[j] + 1 {
             j += 1;
         }
-        out.push(if i == j { layers[i].to_string() } else { format!("{}-{}", layers[i], layers[j]) });
+        out.push(if i == j {
+            layers[i].to_string()
+        } else {
+            format!("{}-{}", layers[i], layers[j])
+        });
         i = j + 1;
     }
     out.join(", ")
@@ -89,11 +111,20 @@ pub fn plan_layers(n_layers: usize, shards: &[ShardSpec]) -> Result<Vec<usize>, 
     let mut problems = Vec::new();
     for (i, s) in shards.iter().enumerate() {
         let Some(range) = &s.layers else {
-            problems.push(format!("--expertd {} has no layer range; with several daemons each needs =FIRST-LAST", s.endpoint));
+            problems.push(format!(
+                "--expertd {} has no layer range; with several daemons each needs =FIRST-LAST",
+                s.endpoint
+            ));
             continue;
         };
         if *range.end() >= n_layers {
-            problems.push(format!("--expertd {} claims layers {}-{}, but the model has {n_layers} MoE layers (0-{})", s.endpoint, range.start(), range.end(), n_layers.saturating_sub(1)));
+            problems.push(format!(
+                "--expertd {} claims layers {}-{}, but the model has {n_layers} MoE layers (0-{})",
+                s.endpoint,
+                range.start(),
+                range.end(),
+                n_layers.saturating_sub(1)
+            ));
         }
         for l in range.clone().filter(|&l| l < n_layers) {
             claims[l].push(i);
@@ -116,10 +147,18 @@ pub fn plan_layers(n_layers: usize, shards: &[ShardSpec]) -> Result<Vec<usize>, 
         }
     }
     for ((x, y), ls) in pairs {
-        problems.push(format!("both --expertd {} and --expertd {} claim {}", shards[x].endpoint, shards[y].endpoint, layers_text(&ls)));
+        problems.push(format!(
+            "both --expertd {} and --expertd {} claim {}",
+            shards[x].endpoint,
+            shards[y].endpoint,
+            layers_text(&ls)
+        ));
     }
     if !problems.is_empty() {
-        return Err(format!("the --expertd layer ranges must cover each of the model's {n_layers} MoE layers exactly once: {}", problems.join("; ")));
+        return Err(format!(
+            "the --expertd layer ranges must cover each of the model's {n_layers} MoE layers exactly once: {}",
+            problems.join("; ")
+        ));
     }
     Ok(claims.into_iter().map(|o| o[0]).collect())
 }
@@ -127,7 +166,9 @@ pub fn plan_layers(n_layers: usize, shards: &[ShardSpec]) -> Result<Vec<usize>, 
 /// Checks that every daemon reported the same container fingerprint, naming the first that
 /// differs from the first daemon's.
 pub fn same_container(reported: &[(String, u64)]) -> Result<(), String> {
-    let Some((first_ep, first)) = reported.first() else { return Ok(()) };
+    let Some((first_ep, first)) = reported.first() else {
+        return Ok(());
+    };
     match reported.iter().find(|(_, f)| f != first) {
         Some((ep, f)) => Err(format!(
             "the sharded daemons serve different containers: {first_ep} serves fingerprint {first:#018x}, {ep} serves {f:#018x}; every shard must serve the same container (expertd verify prints its fingerprint)"
@@ -151,8 +192,14 @@ pub struct ShardedExperts {
 
 impl std::fmt::Debug for ShardedExperts {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let list: Vec<String> = self.shards.iter().map(|s| format!("{}={}", s.client.endpoint(), s.layers)).collect();
-        f.debug_struct("ShardedExperts").field("shards", &list).finish()
+        let list: Vec<String> = self
+            .shards
+            .iter()
+            .map(|s| format!("{}={}", s.client.endpoint(), s.layers))
+            .collect();
+        f.debug_struct("ShardedExperts")
+            .field("shards", &list)
+            .finish()
     }
 }
 
@@ -176,18 +223,36 @@ pub enum ShardError {
 impl ShardedExperts {
     /// Checks the plan, connects every shard with `base`'s options (its endpoint replaced by
     /// the shard's), and checks that they serve one container.
-    pub fn connect(base: &ClientOptions, specs: Vec<ShardSpec>) -> Result<ShardedExperts, ShardError> {
+    pub fn connect(
+        base: &ClientOptions,
+        specs: Vec<ShardSpec>,
+    ) -> Result<ShardedExperts, ShardError> {
         let owner = plan_layers(base.n_layers, &specs).map_err(ShardError::Plan)?;
         let mut shards = Vec::with_capacity(specs.len());
         for (i, spec) in specs.into_iter().enumerate() {
             let owned: Vec<usize> = (0..owner.len()).filter(|&l| owner[l] == i).collect();
             let layers = runs(&owned);
-            let opts = ClientOptions { endpoint: spec.endpoint, client_name: format!("{} (layers {layers})", base.client_name), ..base.clone() };
-            let client = ExpertdClient::connect(opts, None).map_err(|error| ShardError::Connect { layers: layers.clone(), error })?;
+            let opts = ClientOptions {
+                endpoint: spec.endpoint,
+                client_name: format!("{} (layers {layers})", base.client_name),
+                ..base.clone()
+            };
+            let client =
+                ExpertdClient::connect(opts, None).map_err(|error| ShardError::Connect {
+                    layers: layers.clone(),
+                    error,
+                })?;
             shards.push(Shard { client, layers });
         }
-        let reported: Vec<(String, u64)> =
-            shards.iter().map(|s| (s.client.endpoint().to_string(), s.client.daemon_info().map_or(0, |i| i.fingerprint))).collect();
+        let reported: Vec<(String, u64)> = shards
+            .iter()
+            .map(|s| {
+                (
+                    s.client.endpoint().to_string(),
+                    s.client.daemon_info().map_or(0, |i| i.fingerprint),
+                )
+            })
+            .collect();
         same_container(&reported).map_err(ShardError::Plan)?;
         for s in &shards {
             tracing::info!(endpoint = %s.client.endpoint(), layers = %s.layers, "expertd shard");
@@ -197,7 +262,10 @@ impl ShardedExperts {
 
     /// Each shard's endpoint and layers (`0-19`), in the order given.
     pub fn shards(&self) -> Vec<(String, String)> {
-        self.shards.iter().map(|s| (s.client.endpoint().to_string(), s.layers.clone())).collect()
+        self.shards
+            .iter()
+            .map(|s| (s.client.endpoint().to_string(), s.layers.clone()))
+            .collect()
     }
 
     fn owner_of(&self, layer: usize) -> Option<&Shard> {
@@ -212,7 +280,10 @@ impl ExpertBackend for ShardedExperts {
 
     fn moe_layer(&self, call: &MoeCall<'_>, out: &mut [f32]) -> Result<(), ExpertError> {
         let Some(shard) = self.owner_of(call.layer) else {
-            return Err(ExpertError::InvalidCall { layer: call.layer, reason: format!("layer out of range (model has {})", self.owner.len()) });
+            return Err(ExpertError::InvalidCall {
+                layer: call.layer,
+                reason: format!("layer out of range (model has {})", self.owner.len()),
+            });
         };
         // The shard's client names its endpoint in every error, and the error names the layer.
         shard.client.moe_layer(call, out)
@@ -223,7 +294,19 @@ impl ExpertBackend for ShardedExperts {
     }
 
     fn transport(&self) -> Option<String> {
-        let each: Vec<String> = self.shards.iter().map(|s| format!("{} (layers {})", s.client.transport().unwrap_or_else(|| "disconnected".into()), s.layers)).collect();
+        let each: Vec<String> = self
+            .shards
+            .iter()
+            .map(|s| {
+                format!(
+                    "{} (layers {})",
+                    s.client
+                        .transport()
+                        .unwrap_or_else(|| "disconnected".into()),
+                    s.layers
+                )
+            })
+            .collect();
         Some(each.join(", "))
     }
 
@@ -238,12 +321,20 @@ impl ExpertBackend for ShardedExperts {
     }
 
     fn speculative_counters(&self) -> Option<(u64, u64)> {
-        let each: Vec<(u64, u64)> = self.shards.iter().filter_map(|s| s.client.speculative_counters()).collect();
+        let each: Vec<(u64, u64)> = self
+            .shards
+            .iter()
+            .filter_map(|s| s.client.speculative_counters())
+            .collect();
         (!each.is_empty()).then(|| each.iter().fold((0, 0), |(a, b), (x, y)| (a + x, b + y)))
     }
 
     fn health(&self) -> Option<HealthReport> {
-        let reports: Vec<HealthReport> = self.shards.iter().filter_map(|s| s.client.health()).collect();
+        let reports: Vec<HealthReport> = self
+            .shards
+            .iter()
+            .filter_map(|s| s.client.health())
+            .collect();
         let worst = |r: &HealthReport| match r.readiness {
             Readiness::Ready => 0,
             Readiness::Degraded => 1,
@@ -251,7 +342,11 @@ impl ExpertBackend for ShardedExperts {
         };
         let top = reports.iter().max_by_key(|r| worst(r))?;
         // Every shard that is not ready, by its own reason (each names its endpoint).
-        let reasons: Vec<String> = reports.iter().filter(|r| r.readiness != Readiness::Ready).filter_map(|r| r.reason.clone()).collect();
+        let reasons: Vec<String> = reports
+            .iter()
+            .filter(|r| r.readiness != Readiness::Ready)
+            .filter_map(|r| r.reason.clone())
+            .collect();
         Some(HealthReport {
             readiness: top.readiness,
             reason: (!reasons.is_empty()).then(|| reasons.join("; ")),
@@ -272,38 +367,64 @@ mod tests {
     #[test]
     fn shard_arguments_parse() {
         assert_eq!(spec("unix:///run/a.sock=0-19").layers, Some(0..=19));
-        assert_eq!(spec("https://node2:7443=20-39").endpoint.to_string(), "https://node2:7443");
+        assert_eq!(
+            spec("https://node2:7443=20-39").endpoint.to_string(),
+            "https://node2:7443"
+        );
         assert_eq!(spec("https://node2:7443=7").layers, Some(7..=7));
-        assert_eq!(spec("unix:///run/a=b.sock").layers, None, "a path with = is a path");
+        assert_eq!(
+            spec("unix:///run/a=b.sock").layers,
+            None,
+            "a path with = is a path"
+        );
         assert_eq!(spec("unix:///run/a.sock").layers, None);
-        assert!(ShardSpec::parse("unix:///a=5-2").expect_err("empty").contains("first > last"));
+        assert!(
+            ShardSpec::parse("unix:///a=5-2")
+                .expect_err("empty")
+                .contains("first > last")
+        );
         assert!(ShardSpec::parse("unix:///a=1-2-3").is_err());
     }
 
     #[test]
     fn one_endpoint_without_a_range_serves_every_layer() {
         assert_eq!(plan_layers(4, &[spec("unix:///a")]), Ok(vec![0, 0, 0, 0]));
-        assert_eq!(plan_layers(4, &[spec("unix:///a=0-1"), spec("https://b:1=2-3")]), Ok(vec![0, 0, 1, 1]));
+        assert_eq!(
+            plan_layers(4, &[spec("unix:///a=0-1"), spec("https://b:1=2-3")]),
+            Ok(vec![0, 0, 1, 1])
+        );
     }
 
     #[test]
     fn gaps_overlaps_and_ranges_past_the_model_are_named() {
-        let e = plan_layers(40, &[spec("unix:///a=0-19"), spec("https://b:1=22-37")]).expect_err("gaps");
+        let e = plan_layers(40, &[spec("unix:///a=0-19"), spec("https://b:1=22-37")])
+            .expect_err("gaps");
         assert!(e.contains("no --expertd serves layers 20-21, 38-39"), "{e}");
-        let e = plan_layers(40, &[spec("unix:///a=0-21"), spec("https://b:1=20-39")]).expect_err("overlap");
-        assert!(e.contains("both --expertd unix:///a and --expertd https://b:1 claim layers 20-21"), "{e}");
-        let e = plan_layers(4, &[spec("unix:///a=0-2"), spec("https://b:1=2-3")]).expect_err("overlap");
+        let e = plan_layers(40, &[spec("unix:///a=0-21"), spec("https://b:1=20-39")])
+            .expect_err("overlap");
+        assert!(
+            e.contains("both --expertd unix:///a and --expertd https://b:1 claim layers 20-21"),
+            "{e}"
+        );
+        let e =
+            plan_layers(4, &[spec("unix:///a=0-2"), spec("https://b:1=2-3")]).expect_err("overlap");
         assert!(e.contains("claim layer 2"), "{e}");
-        let e = plan_layers(40, &[spec("unix:///a=0-19"), spec("https://b:1=20-45")]).expect_err("past the end");
-        assert!(e.contains("claims layers 20-45, but the model has 40 MoE layers (0-39)"), "{e}");
-        let e = plan_layers(4, &[spec("unix:///a"), spec("https://b:1=2-3")]).expect_err("no range");
+        let e = plan_layers(40, &[spec("unix:///a=0-19"), spec("https://b:1=20-45")])
+            .expect_err("past the end");
+        assert!(
+            e.contains("claims layers 20-45, but the model has 40 MoE layers (0-39)"),
+            "{e}"
+        );
+        let e =
+            plan_layers(4, &[spec("unix:///a"), spec("https://b:1=2-3")]).expect_err("no range");
         assert!(e.contains("--expertd unix:///a has no layer range"), "{e}");
     }
 
     #[test]
     fn daemons_serving_different_containers_are_refused_by_name() {
         assert!(same_container(&[("unix:///a".into(), 7), ("https://b:1".into(), 7)]).is_ok());
-        let e = same_container(&[("unix:///a".into(), 7), ("https://b:1".into(), 9)]).expect_err("differ");
+        let e = same_container(&[("unix:///a".into(), 7), ("https://b:1".into(), 9)])
+            .expect_err("differ");
         assert!(e.contains("unix:///a serves fingerprint 0x0000000000000007, https://b:1 serves 0x0000000000000009"), "{e}");
     }
 }
