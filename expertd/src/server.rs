@@ -154,7 +154,7 @@ impl ServeConfig {
             }
             // The same parse serving does, so a bad certificate or key stops the daemon before
             // it listens.
-            tonic::transport::Server::builder().tls_config(tls.server_config()).map_err(|e| ServeError::Tls(format!("{}: {e}", tls.source)))?;
+            tonic::transport::Server::builder().tls_config(tls.server_config()).map_err(|e| tls.error(&e))?;
         }
         Ok(())
     }
@@ -196,6 +196,17 @@ impl TlsIdentity {
     pub fn read(cert: &Path, key: &Path) -> Result<TlsIdentity, ServeError> {
         let read = |p: &Path| std::fs::read(p).map_err(|source| ServeError::Io { what: format!("reading {}", p.display()), source });
         Ok(TlsIdentity { cert_pem: read(cert)?, key_pem: read(key)?, source: format!("--tls-cert {}, --tls-key {}", cert.display(), key.display()) })
+    }
+
+    /// `e` (tonic's own text is only "transport error") with its sources, naming the files.
+    fn error(&self, e: &dyn std::error::Error) -> ServeError {
+        let mut text = format!("{}: {e}", self.source);
+        let mut source = e.source();
+        while let Some(s) = source {
+            text.push_str(&format!(": {s}"));
+            source = s.source();
+        }
+        ServeError::Tls(text)
     }
 
     fn server_config(&self) -> tonic::transport::ServerTlsConfig {
@@ -469,7 +480,7 @@ impl Prepared {
         };
         let mut builder = tonic::transport::Server::builder();
         if let (true, Some(tls)) = (tcp, &config.tls) {
-            builder = builder.tls_config(tls.server_config()).map_err(|e| ServeError::Tls(format!("{}: {e}", tls.source)))?;
+            builder = builder.tls_config(tls.server_config()).map_err(|e| tls.error(&e))?;
         }
         let served = builder
             .http2_keepalive_interval(Some(KEEPALIVE_INTERVAL))

@@ -376,6 +376,28 @@ fn a_tls_daemon_refuses_plain_tcp_wrong_tokens_and_clients_without_its_ca() {
         "a certificate error is not waited on ({:?})",
         t.elapsed()
     );
+    // A certificate or key that does not parse stops the daemon before it listens, naming both.
+    let bad = work.path().join("bad.pem");
+    std::fs::write(&bad, "not a certificate\n").expect("bad pem");
+    let out = Command::new(workspace_bin("expertd"))
+        .args(["serve", "--cache-bytes", "0", "--listen", "127.0.0.1:0"])
+        .arg("--container")
+        .arg(&container)
+        .arg("--auth-token-file")
+        .arg(&token)
+        .arg("--tls-cert")
+        .arg(&bad)
+        .arg("--tls-key")
+        .arg(&bad)
+        .output()
+        .expect("spawn expertd");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success()
+            && stderr.contains("TLS")
+            && stderr.contains(&bad.display().to_string()),
+        "{stderr}"
+    );
     // The right CA and token connect.
     ExpertdClient::connect(
         ClientOptions {
