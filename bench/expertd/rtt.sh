@@ -17,7 +17,7 @@ for payload in tiny rd4; do
   CB=$(stat -c %s "$C/experts.sluice")
   for transport in shm uds-inline tcp; do
     if [[ $transport == tcp ]]; then
-      start_daemon "rtt-$payload-$transport" --container "$C" --cache-bytes "$CB" --listen 127.0.0.1:47071 --auth-token-file "$WORK/token"
+      start_daemon "rtt-$payload-$transport" --container "$C" --cache-bytes "$CB" --listen 127.0.0.1:47071 --auth-token-file "$WORK/token" --insecure
       URI=http://127.0.0.1:47071; EXTRA=(--token-file "$WORK/token")
     else
       rm -f "$WORK/rtt.sock"

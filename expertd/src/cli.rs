@@ -299,12 +299,24 @@ pub struct ServeArgs {
     /// Permissions of the socket file, in octal.
     #[arg(long, env = "EXPERTD_SOCKET_MODE", default_value = "660")]
     pub socket_mode: String,
-    /// Serve on TCP HOST:PORT instead (inline activations; needs --auth-token-file).
+    /// Serve on TCP HOST:PORT instead (inline activations; needs --auth-token-file, and
+    /// --tls-cert/--tls-key or --insecure).
     #[arg(long, env = "EXPERTD_LISTEN")]
     pub listen: Option<String>,
     /// File holding the bearer token TCP clients must present (surrounding whitespace ignored).
     #[arg(long, env = "EXPERTD_AUTH_TOKEN_FILE")]
     pub auth_token_file: Option<PathBuf>,
+    /// PEM certificate chain (leaf first) of the TCP listener: clients connect with
+    /// `https://HOST:PORT` and check it against their CA file.
+    #[arg(long, env = "EXPERTD_TLS_CERT", requires = "tls_key", requires = "listen")]
+    pub tls_cert: Option<PathBuf>,
+    /// PEM private key of --tls-cert.
+    #[arg(long, env = "EXPERTD_TLS_KEY", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+    /// Serve plain TCP without TLS (token and activations in clear text): only on a network
+    /// you trust; clients must say `--expertd-insecure` too.
+    #[arg(long, env = "EXPERTD_INSECURE", conflicts_with = "tls_cert", requires = "listen")]
+    pub insecure: bool,
     /// Byte budget of the expert cache (resident experts). Checked at start against this
     /// process's cgroup memory limit (MemoryMax=) plus the daemon's overhead; when left out, a
     /// budget that fits the limit is derived.
@@ -418,6 +430,9 @@ pub fn serve(args: &ServeArgs) -> anyhow::Result<()> {
         None => None,
     };
     anyhow::ensure!(args.listen.is_none() || token.is_some(), "--listen (TCP) needs --auth-token-file: TCP clients must present a bearer token");
+    if args.listen.is_some() && args.tls_cert.is_none() && !args.insecure {
+        return Err(crate::server::ServeError::TcpWithoutTls.into());
+    }
     anyhow::ensure!(args.socket.is_some() || args.listen.is_some(), "give --socket PATH or --listen HOST:PORT");
     let mode = u32::from_str_radix(&args.socket_mode, 8).with_context(|| format!("--socket-mode {:?} is not octal", args.socket_mode))?;
     // Socket activation: systemd's listener replaces binding our own (same path, same mode rule).
@@ -433,6 +448,11 @@ pub fn serve(args: &ServeArgs) -> anyhow::Result<()> {
         allow_uids: args.allow_uid.clone(),
         allow_gids: args.allow_gid.clone(),
         auth_token: token,
+        tls: match (&args.tls_cert, &args.tls_key) {
+            (Some(cert), Some(key)) => Some(crate::server::TlsIdentity::read(cert, key)?),
+            _ => None,
+        },
+        insecure_tcp: args.insecure,
         max_queued_calls_per_session: args.max_queued_calls,
         max_sessions_per_connection: args.max_sessions_per_connection,
         max_sessions_per_uid: args.max_sessions_per_uid,
@@ -460,7 +480,7 @@ pub fn serve(args: &ServeArgs) -> anyhow::Result<()> {
             (None, Some(path), _) => (Listener::Unix(crate::server::bind_unix(path, mode)?), Some(path.clone())),
             (None, None, Some(addr)) => {
                 let l = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("binding {addr}"))?;
-                tracing::info!(addr = %l.local_addr()?, "listening on TCP");
+                tracing::info!(addr = %l.local_addr()?, tls = args.tls_cert.is_some(), "listening on TCP");
                 (Listener::Tcp(l), None)
             }
             (None, None, None) => anyhow::bail!("give --socket PATH or --listen HOST:PORT"),

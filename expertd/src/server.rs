@@ -7,7 +7,9 @@
 //! (mini-redis style: tests run the real server on a temporary socket).
 //!
 //! Owns connection acceptance: unix peers' credentials and allow lists, the shared-memory
-//! pre-handshake (`crate::shm`), TCP only with a bearer token (gRPC health included), and each connection's lifetime —
+//! pre-handshake (`crate::shm`), TCP only with a bearer token (gRPC health included) and, unless
+//! `insecure_tcp` says otherwise, TLS (rustls through tonic, the certificate and key the caller
+//! gave), and each connection's lifetime —
 //! when a connection's IO is dropped (client exited, was killed, hung up) its sessions close and
 //! their leases are released. The RPCs themselves are `crate::rpc`.
 
@@ -49,6 +51,8 @@ pub const MAX_MESSAGE_BYTES: usize = 512 << 20;
 pub const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(10);
 /// … and its connection (and sessions) dropped when a ping goes unanswered this long.
 pub const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(20);
+/// A TCP client that has not finished its TLS handshake within this is dropped.
+pub const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Everything [`run`] needs, validated by [`ServeConfig::validate`].
 #[derive(Debug, Clone)]
@@ -71,6 +75,10 @@ pub struct ServeConfig {
     pub allow_gids: Vec<u32>,
     /// The bearer token TCP clients must present (required for TCP).
     pub auth_token: Option<String>,
+    /// The TCP listener's certificate chain and key (PEM); TCP without it needs `insecure_tcp`.
+    pub tls: Option<TlsIdentity>,
+    /// Serve plain (unencrypted) TCP: only when asked for explicitly (`--insecure`).
+    pub insecure_tcp: bool,
     /// Bound on one session's calls queued or running.
     pub max_queued_calls_per_session: u32,
     /// Cap on sessions one connection holds open.
@@ -105,6 +113,8 @@ impl ServeConfig {
             allow_uids: Vec::new(),
             allow_gids: Vec::new(),
             auth_token: None,
+            tls: None,
+            insecure_tcp: false,
             max_queued_calls_per_session: DEFAULT_MAX_QUEUED_CALLS,
             max_sessions_per_connection: DEFAULT_MAX_SESSIONS_PER_CONNECTION,
             max_sessions_per_uid: DEFAULT_MAX_SESSIONS_PER_UID,
@@ -138,7 +148,71 @@ impl ServeConfig {
         if self.auth_token.as_ref().is_some_and(|t| t.is_empty()) {
             return bad("the auth token file is empty".into());
         }
+        if let Some(tls) = &self.tls {
+            if self.insecure_tcp {
+                return bad("--insecure (plain TCP) conflicts with --tls-cert/--tls-key".into());
+            }
+            // The same parse serving does, so a bad certificate or key stops the daemon before
+            // it listens.
+            tonic::transport::Server::builder().tls_config(tls.server_config()).map_err(|e| tls.error(&e))?;
+        }
         Ok(())
+    }
+
+    /// Refuses a listener this configuration cannot serve safely: TCP needs the bearer token,
+    /// and TLS unless plain TCP was asked for; TLS settings on a unix socket are a mistake.
+    pub fn check_listener(&self, listener: &Listener) -> Result<(), ServeError> {
+        match listener {
+            Listener::Tcp(_) if self.auth_token.is_none() => Err(ServeError::TcpWithoutToken),
+            Listener::Tcp(_) if self.tls.is_none() && !self.insecure_tcp => Err(ServeError::TcpWithoutTls),
+            Listener::Unix(_) if self.tls.is_some() => {
+                Err(ServeError::Config("--tls-cert/--tls-key apply to --listen (TCP); a unix socket is protected by its mode and peer credentials".into()))
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
+/// The TCP listener's certificate chain and private key, PEM.
+#[derive(Clone)]
+pub struct TlsIdentity {
+    /// The certificate chain, leaf first.
+    pub cert_pem: Vec<u8>,
+    /// The private key.
+    pub key_pem: Vec<u8>,
+    /// Where they came from, for messages (`--tls-cert FILE, --tls-key FILE`).
+    pub source: String,
+}
+
+impl std::fmt::Debug for TlsIdentity {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never the key.
+        f.debug_struct("TlsIdentity").field("source", &self.source).finish_non_exhaustive()
+    }
+}
+
+impl TlsIdentity {
+    /// Reads both PEM files.
+    pub fn read(cert: &Path, key: &Path) -> Result<TlsIdentity, ServeError> {
+        let read = |p: &Path| std::fs::read(p).map_err(|source| ServeError::Io { what: format!("reading {}", p.display()), source });
+        Ok(TlsIdentity { cert_pem: read(cert)?, key_pem: read(key)?, source: format!("--tls-cert {}, --tls-key {}", cert.display(), key.display()) })
+    }
+
+    /// `e` (tonic's own text is only "transport error") with its sources, naming the files.
+    fn error(&self, e: &dyn std::error::Error) -> ServeError {
+        let mut text = format!("{}: {e}", self.source);
+        let mut source = e.source();
+        while let Some(s) = source {
+            text.push_str(&format!(": {s}"));
+            source = s.source();
+        }
+        ServeError::Tls(text)
+    }
+
+    fn server_config(&self) -> tonic::transport::ServerTlsConfig {
+        tonic::transport::ServerTlsConfig::new()
+            .identity(tonic::transport::Identity::from_pem(&self.cert_pem, &self.key_pem))
+            .timeout(TLS_HANDSHAKE_TIMEOUT)
     }
 }
 
@@ -151,6 +225,12 @@ pub enum ServeError {
     /// TCP was asked for without a token.
     #[error("--listen (TCP) needs --auth-token-file: TCP clients must present a bearer token")]
     TcpWithoutToken,
+    /// TCP was asked for without TLS and without `--insecure`.
+    #[error("--listen (TCP) needs --tls-cert and --tls-key (or --insecure for plain TCP on a network you trust): the bearer token and activations would cross the network in clear text")]
+    TcpWithoutTls,
+    /// The TLS certificate or key is unusable.
+    #[error("TLS: {0}")]
+    Tls(String),
     /// The container is missing, unreadable or corrupt.
     #[error("container {dir}: {source}")]
     Container {
@@ -345,9 +425,7 @@ impl Prepared {
     pub async fn serve(self, listener: Listener, shutdown: impl Future<Output = ()> + Send + 'static) -> Result<(), ServeError> {
         let Prepared { config, engine, state, banner: b } = self;
         let tcp = matches!(listener, Listener::Tcp(_));
-        if tcp && config.auth_token.is_none() {
-            return Err(ServeError::TcpWithoutToken);
-        }
+        config.check_listener(&listener)?;
         let dims = b.header.layout.dims;
         let container_bytes = dims.n_blobs() as u64 * b.header.layout.blob.stride as u64;
         tracing::info!(
@@ -372,7 +450,11 @@ impl Prepared {
             io = %b.io_kind,
             o_direct = b.o_direct,
             lanes = b.lanes,
-            transport = if tcp { "tcp" } else { "unix" },
+            transport = match (tcp, config.tls.is_some()) {
+                (false, _) => "unix",
+                (true, true) => "tcp+tls",
+                (true, false) => "tcp (plain, --insecure)",
+            },
             "compute and IO"
         );
         tracing::debug!(identity = %b.header.identity, reader = %b.io, "container and reader details");
@@ -382,7 +464,7 @@ impl Prepared {
         // socket it stays open to any peer the socket admits, as before.
         let health_auth = state.auth.clone();
         let health_service = tonic::service::interceptor::InterceptedService::new(health_service, move |req: tonic::Request<()>| {
-            health_auth.check_health(req.extensions().get::<ConnInfo>(), req.metadata())?;
+            health_auth.check_health(ConnInfo::of(req.extensions()), req.metadata())?;
             Ok(req)
         });
         let service = ExpertServiceServer::new(ExpertdService::new(Arc::clone(&state)))
@@ -401,7 +483,11 @@ impl Prepared {
             health.set_not_serving::<ExpertServiceServer<ExpertdService>>().await;
             tracing::info!("shutdown requested: refusing new calls, finishing in-flight ones");
         };
-        let served = tonic::transport::Server::builder()
+        let mut builder = tonic::transport::Server::builder();
+        if let (true, Some(tls)) = (tcp, &config.tls) {
+            builder = builder.tls_config(tls.server_config()).map_err(|e| tls.error(&e))?;
+        }
+        let served = builder
             .http2_keepalive_interval(Some(KEEPALIVE_INTERVAL))
             .http2_keepalive_timeout(Some(KEEPALIVE_TIMEOUT))
             .add_service(health_service)
@@ -433,9 +519,7 @@ pub fn clamp_budget(requested: u64, n_blobs: u64, stride: u64) -> u64 {
 /// client may then connect before the daemon can serve and wait in the backlog meanwhile;
 /// `expertd serve` prepares first and binds afterwards).
 pub async fn run(config: ServeConfig, listener: Listener, shutdown: impl Future<Output = ()> + Send + 'static) -> Result<(), ServeError> {
-    if matches!(listener, Listener::Tcp(_)) && config.auth_token.is_none() {
-        return Err(ServeError::TcpWithoutToken);
-    }
+    config.check_listener(&listener)?;
     Prepared::new(config)?.serve(listener, shutdown).await
 }
 

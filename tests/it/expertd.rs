@@ -27,6 +27,8 @@ pub(crate) struct Daemon {
     child: Child,
     pub(crate) socket: Option<PathBuf>,
     port: Option<u16>,
+    /// Serving TLS on the port (`--tls-cert` among the extra flags).
+    tls: bool,
     log: PathBuf,
     _dir: tempfile::TempDir,
 }
@@ -40,7 +42,8 @@ impl Daemon {
         Daemon::start_at(container, cache_bytes, tcp_token, extra, None)
     }
 
-    /// `socket_at`: serve on this unix socket path instead of a fresh one.
+    /// `socket_at`: serve on this unix socket path instead of a fresh one. On TCP the daemon
+    /// serves TLS when `extra` has `--tls-cert`/`--tls-key`, plain TCP (`--insecure`) otherwise.
     fn start_at(container: &Path, cache_bytes: u64, tcp_token: Option<&Path>, extra: &[&str], socket_at: Option<&Path>) -> Daemon {
         let dir = tempfile::tempdir().expect("tempdir");
         let log = dir.path().join("expertd.log");
@@ -55,12 +58,16 @@ impl Daemon {
             Some(token) => {
                 let p = free_port();
                 cmd.arg("--listen").arg(format!("127.0.0.1:{p}")).arg("--auth-token-file").arg(token);
+                if !extra.contains(&"--tls-cert") {
+                    cmd.arg("--insecure");
+                }
                 (None, Some(p))
             }
         };
         cmd.stdin(Stdio::null()).stdout(Stdio::null()).stderr(std::fs::File::create(&log).expect("log file"));
         let child = cmd.spawn().expect("spawn expertd");
-        let mut d = Daemon { child, socket, port, log, _dir: dir };
+        let tls = extra.contains(&"--tls-cert");
+        let mut d = Daemon { child, socket, port, tls, log, _dir: dir };
         d.wait_ready();
         d
     }
@@ -95,7 +102,7 @@ impl Daemon {
     pub(crate) fn uri(&self) -> String {
         match (&self.socket, self.port) {
             (Some(s), _) => format!("unix://{}", s.display()),
-            (None, Some(p)) => format!("http://127.0.0.1:{p}"),
+            (None, Some(p)) => format!("{}://127.0.0.1:{p}", if self.tls { "https" } else { "http" }),
             (None, None) => unreachable!(),
         }
     }
@@ -106,7 +113,7 @@ impl Daemon {
     }
 
     /// SIGTERM, then the exit status (the daemon drains and exits on its own).
-    fn stop(mut self) -> std::process::ExitStatus {
+    pub(crate) fn stop(mut self) -> std::process::ExitStatus {
         self.signal("TERM");
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
@@ -270,7 +277,7 @@ fn hostd_with_expertd_equals_in_process_int8_bit_for_bit_on_every_fixture() {
         std::fs::write(&token, "s3cret\n").expect("token");
         let tcp = Daemon::start(&container, container_bytes(&container), Some(&token), &["--io", "pread"]);
         let t = token.to_str().expect("utf-8");
-        let over_tcp = eval(&preset, &prompts, work.path(), "tcp-full-budget", &["--expertd", &tcp.uri(), "--expertd-token-file", t]);
+        let over_tcp = eval(&preset, &prompts, work.path(), "tcp-full-budget", &["--expertd", &tcp.uri(), "--expertd-token-file", t, "--expertd-insecure"]);
         assert_eq!(over_tcp, baseline, "{preset}: TCP, full budget, pread");
         assert_eq!(tcp.stop().code(), Some(0), "SIGTERM drains and exits 0");
         assert_eq!(tiny_budget.stop().code(), Some(0));
@@ -508,6 +515,14 @@ fn malformed_calls_get_specific_statuses_and_the_daemon_keeps_serving() {
         .output()
         .expect("spawn expertd");
     assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("--auth-token-file"), "TCP without a token must be refused");
+    let out = Command::new(workspace_bin("expertd"))
+        .args(["serve", "--container", container.to_str().expect("utf-8"), "--cache-bytes", "0", "--listen", "127.0.0.1:0"])
+        .arg("--auth-token-file")
+        .arg(&token)
+        .output()
+        .expect("spawn expertd");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && stderr.contains("--tls-cert") && stderr.contains("--insecure"), "TCP without TLS or --insecure must be refused: {stderr}");
 }
 
 #[test]

@@ -11,6 +11,7 @@ mod expertd_limits;
 mod expertd_faults;
 mod expertd_ring;
 mod expertd_rss;
+mod expertd_shards;
 mod expertd_startup;
 mod first_hour;
 mod inspect;

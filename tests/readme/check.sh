@@ -5,7 +5,8 @@
 #    and run unchanged (bash -e) in its own session, so everything it starts can be stopped as a
 #    group; then the block's own expertd must have logged that it serves, its `hostd run` must
 #    have generated, and its `hostd serve` must say ready and answer /health with 200. The port
-#    must be free before the block runs, so another server cannot answer in its place.
+#    must be free before the block runs, so another server cannot answer in its place;
+#  - the "Scale out" block likewise: its TLS daemon must serve and its `hostd run` generate.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 fail() { echo "tests/readme/check.sh: $*" >&2; exit 1; }
@@ -51,4 +52,20 @@ done
 [ "$ready" = 1 ] || { cat "$log/out" "$log/err" >&2; fail "the block's hostd serve on port $port never became ready"; }
 grep -q "expertd serving" "$log/err" || { cat "$log/err" >&2; fail "the block's expertd did not log that it serves"; }
 grep -q " new (" "$log/err" || { cat "$log/err" >&2; fail "the block's hostd run reported no generation"; }
+
+# The "Scale out" block, after stopping the first block's programs: a unix daemon and a TCP+TLS
+# daemon (certificates made by the block with openssl) each serving half the layers, and one
+# `hostd run` through both. Its daemons run in its own session, stopped the same way.
+kill -TERM -- "-$pgid" 2>/dev/null || true
+for _ in $(seq 50); do kill -0 -- "-$pgid" 2>/dev/null || break; sleep 0.1; done
+scale="$(awk '/^## Scale out/{s=1} s&&/^```sh$/{c=1;next} c&&/^```$/{exit} c{print}' README.md)"
+[ -n "$scale" ] || fail "no sh block under 'Scale out'"
+echo "tests/readme/check.sh: running the README's scale-out block" >&2
+setsid bash -c 'echo $$ > "$1"; set -e; eval "$2"' _ "$log/pgid2" "$scale" >"$log/out2" 2>"$log/err2" &
+runner=$!
+for _ in $(seq 100); do [ -s "$log/pgid2" ] && break; sleep 0.05; done
+pgid="$(cat "$log/pgid2")"
+wait "$runner" || { cat "$log/err2" >&2; fail "the README scale-out block failed"; }
+grep -q 'transport="tcp+tls"' "$log/err2" || { cat "$log/err2" >&2; fail "the scale-out block's TLS daemon did not serve"; }
+grep -q " new (" "$log/err2" || { cat "$log/err2" >&2; fail "the scale-out block's hostd run reported no generation"; }
 echo "tests/readme/check.sh: README commands ran as written" >&2

@@ -83,6 +83,16 @@ pub struct ConnInfo {
     pub segment: Option<Arc<Segment>>,
 }
 
+impl ConnInfo {
+    /// The connection facts attached to a request: directly on a plain connection, inside
+    /// tonic's TLS wrapper on a TLS one.
+    pub fn of(extensions: &tonic::Extensions) -> Option<&ConnInfo> {
+        extensions
+            .get::<ConnInfo>()
+            .or_else(|| extensions.get::<tonic::transport::server::TlsConnectInfo<ConnInfo>>().map(tonic::transport::server::TlsConnectInfo::get_ref))
+    }
+}
+
 /// Limits and identity facts the service reports and enforces.
 #[derive(Debug, Clone)]
 pub struct ServiceConfig {
@@ -173,7 +183,7 @@ impl ExpertdService {
 }
 
 fn conn_of<T>(req: &Request<T>) -> Result<ConnInfo, RpcError> {
-    req.extensions().get::<ConnInfo>().cloned().ok_or_else(|| RpcError::Internal("request without connection info".into()))
+    ConnInfo::of(req.extensions()).cloned().ok_or_else(|| RpcError::Internal("request without connection info".into()))
 }
 
 /// Where a call's activations come from.

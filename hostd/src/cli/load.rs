@@ -1,8 +1,9 @@
 //! Flags and code shared by the subcommands that load a model (`run`, `eval`, `profile`,
 //! `serve`): model directory, expert backend (in-process, or expertd: a running daemon with
-//! `--expertd URI`, or a private child with `--experts expertd`), thread count.
+//! `--expertd URI`, several daemons each serving a range of layers with repeated
+//! `--expertd URI=FIRST-LAST`, or a private child with `--experts expertd`), thread count.
 
-use crate::expert_client::{ClientOptions, Endpoint, ExpertdClient, PrivateDaemon, PrivateOptions};
+use crate::expert_client::{CaCertificate, ClientOptions, Endpoint, ExpertdClient, PrivateDaemon, PrivateOptions, ShardSpec, ShardedExperts};
 use crate::experts::{ExpertBackend, bf16::Bf16Experts, int8::Int8Experts};
 use shared::container::ModelIdentity;
 use shared::kernels::int8::Int8Isa;
@@ -51,13 +52,23 @@ impl From<DenseKind> for DenseFormat {
 /// Flags of the expertd backend.
 #[derive(clap::Args, Debug, Clone, Default)]
 pub struct ExpertdArgs {
-    /// A running expertd: `unix:///PATH` (shared-memory activations) or `http://HOST:PORT`
-    /// (needs --expertd-token-file). Selects `--experts expertd`.
-    #[arg(long = "expertd", env = "SLUICE_EXPERTD")]
-    pub expertd_uri: Option<String>,
-    /// File holding the bearer token of a TCP expertd.
+    /// A running expertd: `unix:///PATH` (shared-memory activations), `https://HOST:PORT`
+    /// (TLS; needs --expertd-ca-file and --expertd-token-file) or `http://HOST:PORT` (plain TCP;
+    /// also needs --expertd-insecure). Selects `--experts expertd`. Repeat it with layer ranges
+    /// to shard the experts over several daemons, e.g. `--expertd unix:///run/sluice/a.sock=0-19
+    /// --expertd https://node2:7443=20-39`: the ranges must cover every MoE layer exactly once.
+    #[arg(long = "expertd", env = "SLUICE_EXPERTD", value_delimiter = ',')]
+    pub expertd_uri: Vec<String>,
+    /// File holding the bearer token of a TCP expertd (every TCP shard presents it).
     #[arg(long = "expertd-token-file", env = "SLUICE_EXPERTD_TOKEN_FILE")]
     pub expertd_token_file: Option<PathBuf>,
+    /// PEM file of the CA certificate(s) that signed the `https://` daemons' certificates.
+    #[arg(long = "expertd-ca-file", env = "SLUICE_EXPERTD_CA_FILE")]
+    pub expertd_ca_file: Option<PathBuf>,
+    /// Allow `http://` (plain TCP, unencrypted) expertd endpoints: the token and activations
+    /// cross the network in clear text. Only on a network you trust.
+    #[arg(long = "expertd-insecure", env = "SLUICE_EXPERTD_INSECURE")]
+    pub expertd_insecure: bool,
     /// Container fingerprint the daemon must serve (hex, as `expertd verify` prints it;
     /// default: the header of `--container DIR` when given).
     #[arg(long = "expertd-fingerprint", env = "SLUICE_EXPERTD_FINGERPRINT")]
@@ -158,13 +169,40 @@ fn container_fingerprint(dir: &std::path::Path) -> anyhow::Result<u64> {
     Ok(header.fingerprint())
 }
 
-/// Connects the expertd backend (starting a private daemon when no `--expertd` is given).
-fn expertd_backend(args: &LoadArgs, mapped: &MappedCheckpoint) -> anyhow::Result<ExpertdClient> {
+/// The `--expertd` arguments, parsed, each TCP endpoint checked against the TLS flags.
+fn shard_specs(e: &ExpertdArgs) -> anyhow::Result<Vec<ShardSpec>> {
+    let ca = match &e.expertd_ca_file {
+        Some(p) => Some(CaCertificate::read(p).with_context(|| format!("--expertd-ca-file {}", p.display()))?),
+        None => None,
+    };
+    let mut specs = Vec::with_capacity(e.expertd_uri.len());
+    for arg in &e.expertd_uri {
+        let mut spec = ShardSpec::parse(arg).map_err(|m| anyhow::anyhow!("--expertd {m}"))?;
+        match &spec.endpoint {
+            Endpoint::Tcp { tls: true, .. } if ca.is_none() => {
+                anyhow::bail!("--expertd {arg} is TLS (https://) and needs --expertd-ca-file: the CA that signed the daemon's certificate")
+            }
+            Endpoint::Tcp { tls: false, .. } if !e.expertd_insecure => anyhow::bail!(
+                "--expertd {arg} is plain TCP (http://): the token and activations would cross the network unencrypted; use https:// (expertd serve --tls-cert/--tls-key) or pass --expertd-insecure on a network you trust"
+            ),
+            _ => {}
+        }
+        spec.endpoint = spec.endpoint.with_ca(ca.clone());
+        specs.push(spec);
+    }
+    Ok(specs)
+}
+
+/// Connects the expertd backend: one daemon, several daemons each serving its layers, or a
+/// private daemon when no `--expertd` is given.
+fn expertd_backend(args: &LoadArgs, mapped: &MappedCheckpoint) -> anyhow::Result<Arc<dyn ExpertBackend>> {
     let e = &args.expertd;
     let cfg = &mapped.ckpt.config.text;
     let identity = ModelIdentity::of_checkpoint(&mapped.ckpt)?;
-    let (endpoint, daemon) = match &e.expertd_uri {
-        Some(uri) => (Endpoint::parse(uri).map_err(|m| anyhow::anyhow!("--expertd {m}"))?, None),
+    let specs = shard_specs(e)?;
+    let sharded = specs.len() > 1 || specs.first().is_some_and(|s| s.layers.is_some());
+    let (endpoint, daemon) = match specs.first() {
+        Some(spec) => (spec.endpoint.clone(), None),
         None => {
             let dir = args.container.as_ref().context(
                 "--experts expertd without --expertd URI starts a private expertd and needs --container DIR (prepared if missing)",
@@ -193,8 +231,10 @@ fn expertd_backend(args: &LoadArgs, mapped: &MappedCheckpoint) -> anyhow::Result
         Some(p) => Some(std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?.trim().to_string()),
         None => None,
     };
-    if matches!(endpoint, Endpoint::Tcp { .. }) && token.is_none() {
-        anyhow::bail!("--expertd {endpoint} is TCP and needs --expertd-token-file");
+    if let Some(tcp) = specs.iter().find(|s| matches!(s.endpoint, Endpoint::Tcp { .. }))
+        && token.is_none()
+    {
+        anyhow::bail!("--expertd {} is TCP and needs --expertd-token-file", tcp.endpoint);
     }
     let mut opts = ClientOptions::new(endpoint, cfg.num_layers, cfg.num_experts, cfg.hidden_size);
     opts.token = token;
@@ -217,7 +257,10 @@ fn expertd_backend(args: &LoadArgs, mapped: &MappedCheckpoint) -> anyhow::Result
     if let Some(every) = e.expertd_health_interval {
         opts.health_interval = (every > 0.0).then(|| Duration::from_secs_f64(every));
     }
-    Ok(ExpertdClient::connect(opts, daemon)?)
+    if sharded {
+        return Ok(Arc::new(ShardedExperts::connect(&opts, specs)?));
+    }
+    Ok(Arc::new(ExpertdClient::connect(opts, daemon)?))
 }
 
 /// Sets up the thread pool, validates and maps the checkpoint, and builds the model.
@@ -235,10 +278,10 @@ pub fn load_model(args: &LoadArgs) -> anyhow::Result<Model> {
     tracing::info!(isa = isa.name(), threads = rayon::current_num_threads(), "kernels");
     let mapped = MappedCheckpoint::open(&args.model)
         .with_context(|| format!("model directory {} failed validation", args.model.display()))?;
-    let kind = match (args.experts, &args.expertd.expertd_uri) {
-        (ExpertsKind::Int8, Some(_)) => anyhow::bail!("--expertd URI selects the expertd backend; it conflicts with --experts int8"),
-        (_, Some(_)) => ExpertsKind::Expertd,
-        (k, None) => k,
+    let kind = match (args.experts, args.expertd.expertd_uri.is_empty()) {
+        (ExpertsKind::Int8, false) => anyhow::bail!("--expertd URI selects the expertd backend; it conflicts with --experts int8"),
+        (_, false) => ExpertsKind::Expertd,
+        (k, true) => k,
     };
     let experts: Arc<dyn ExpertBackend> = match kind {
         ExpertsKind::Bf16 => Arc::new(Bf16Experts::new(&mapped, isa)?),
@@ -251,7 +294,7 @@ pub fn load_model(args: &LoadArgs) -> anyhow::Result<Model> {
             tracing::info!(isa = selection.active.name(), container = %dir.display(), "int8 experts");
             Arc::new(Int8Experts::open(dir, &mapped.ckpt, selection.active)?)
         }
-        ExpertsKind::Expertd => Arc::new(expertd_backend(args, &mapped)?),
+        ExpertsKind::Expertd => expertd_backend(args, &mapped)?,
     };
     let dense: DenseFormat = args.dense.into();
     let t = std::time::Instant::now();

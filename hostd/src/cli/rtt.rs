@@ -25,9 +25,16 @@ pub enum Op {
 /// Flags of `hostd rtt`.
 #[derive(clap::Args, Debug)]
 pub struct RttArgs {
-    /// The daemon: `unix:///PATH` or `http://HOST:PORT`.
+    /// The daemon: `unix:///PATH`, `https://HOST:PORT` (needs --ca-file) or `http://HOST:PORT`
+    /// (plain TCP; needs --insecure).
     #[arg(long)]
     pub expertd: String,
+    /// PEM file of the CA that signed a `https://` daemon's certificate.
+    #[arg(long)]
+    pub ca_file: Option<PathBuf>,
+    /// Allow a plain-TCP (`http://`) daemon.
+    #[arg(long)]
+    pub insecure: bool,
     /// The container the daemon serves (for its dimensions).
     #[arg(long)]
     pub container: PathBuf,
@@ -66,6 +73,14 @@ pub fn run(args: &RttArgs) -> anyhow::Result<()> {
     let container = shared::container::ContainerFile::open(&args.container).with_context(|| format!("container {}", args.container.display()))?;
     let dims = container.header().layout.dims;
     let endpoint = Endpoint::parse(&args.expertd).map_err(|m| anyhow::anyhow!("--expertd {m}"))?;
+    if let Endpoint::Tcp { tls: false, .. } = endpoint {
+        anyhow::ensure!(args.insecure, "--expertd {endpoint} is plain TCP (http://); pass --insecure to measure it, or use https:// with --ca-file");
+    }
+    let ca = match &args.ca_file {
+        Some(p) => Some(crate::expert_client::CaCertificate::read(p).with_context(|| format!("--ca-file {}", p.display()))?),
+        None => None,
+    };
+    let endpoint = endpoint.with_ca(ca);
     let mut opts = ClientOptions::new(endpoint, dims.n_layers, dims.n_experts, dims.hidden);
     opts.client_name = "hostd rtt".into();
     opts.ring = !args.no_ring;

@@ -103,6 +103,16 @@ pub enum ExpertClientError {
         /// The deadline, in seconds (to 0.1 s).
         deadline_s: f64,
     },
+    /// The TLS handshake with a `https://` daemon failed (its certificate is not signed by
+    /// `--expertd-ca-file`, names another host, or the daemon does not speak TLS). Waiting
+    /// does not fix it, so the connection is not retried.
+    #[error("TLS with expertd at {endpoint} failed: {reason}")]
+    Tls {
+        /// The daemon's address.
+        endpoint: String,
+        /// rustls's reason.
+        reason: String,
+    },
     /// Setting up shared memory failed.
     #[error("shared memory for expertd: {0}")]
     Shm(std::io::Error),

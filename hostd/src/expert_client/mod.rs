@@ -1,6 +1,6 @@
-//! hostd's one client of expertd, as an [`ExpertBackend`]: [`ExpertdClient`] connects to a
-//! daemon (`unix:///PATH` with activations in a shared memfd, or `http://HOST:PORT` with
-//! inline activations and a bearer token), checks the handshake (protocol version, container
+//! hostd's client of expertd, as an [`ExpertBackend`]: [`ExpertdClient`] connects to a
+//! daemon (`unix:///PATH` with activations in a shared memfd, or `https://HOST:PORT` — or
+//! plain `http://` — with inline activations and a bearer token), checks the handshake (protocol version, container
 //! identity, fingerprint, dimensions — refusing with both values named), and sends one
 //! `MoeLayer` call per MoE layer.
 //!
@@ -21,17 +21,20 @@
 //!
 //! The gRPC stack runs on a small private tokio runtime; callers are plain threads (the model's
 //! forward pass), so `moe_layer` blocks on a channel, never on a runtime it might be inside.
-//! Status codes become [`ExpertClientError`] in `error` only.
+//! Status codes become [`ExpertClientError`] in `error` only. Experts sharded over several
+//! daemons by layer are [`shards::ShardedExperts`], one `ExpertdClient` per daemon.
 
 pub mod error;
 pub mod health;
 pub mod private;
+pub mod shards;
 pub mod shm;
 pub mod transport;
 
 pub use error::ExpertClientError;
 pub use private::{PrivateDaemon, PrivateOptions};
-pub use transport::Endpoint;
+pub use shards::{ShardSpec, ShardedExperts};
+pub use transport::{CaCertificate, Endpoint};
 
 use crate::experts::{ExpertBackend, ExpertError, MoeCall, validate_call};
 use crate::model::profile;

@@ -1,6 +1,8 @@
-//! Connecting to expertd: parses `unix:///PATH` and `http://HOST:PORT` endpoints, opens the
-//! socket itself (on a unix socket: the shared-memory pre-handshake first), and hands that one
-//! stream to tonic through a single-use connector, so a gRPC channel is exactly one connection:
+//! Connecting to expertd: parses `unix:///PATH`, `https://HOST:PORT` (TLS, rustls through
+//! tonic, the daemon's certificate checked against a CA file) and `http://HOST:PORT` (plain TCP)
+//! endpoints, opens the socket itself (on a unix socket: the shared-memory pre-handshake
+//! first), and hands that one stream to tonic through a single-use connector (tonic runs the
+//! TLS handshake over it for `https://`), so a gRPC channel is exactly one connection:
 //! when it breaks, the client notices ([`ConnWatch`]) and makes a new connection and session
 //! instead of tonic silently reconnecting under a session the daemon has already closed.
 
@@ -29,17 +31,47 @@ pub const KEEPALIVE_TIMEOUT: std::time::Duration = std::time::Duration::from_sec
 pub enum Endpoint {
     /// A unix socket path (`unix:///run/sluice/expertd.sock`).
     Unix(PathBuf),
-    /// A TCP address (`http://127.0.0.1:7070`).
+    /// A TCP address: `https://node2:7443` (TLS) or `http://127.0.0.1:7070` (plain).
     Tcp {
         /// The URI as given.
         uri: String,
         /// `HOST:PORT`.
         authority: String,
+        /// `https://`: TLS, the daemon's certificate checked against `ca`.
+        tls: bool,
+        /// The CA certificate(s) a `https://` daemon's certificate must chain to.
+        ca: Option<CaCertificate>,
     },
 }
 
+/// PEM CA certificate(s) trusted for `https://` daemons, and the file they came from.
+#[derive(Clone, PartialEq, Eq)]
+pub struct CaCertificate {
+    /// The file (for messages).
+    pub path: PathBuf,
+    /// Its PEM text.
+    pub pem: Arc<Vec<u8>>,
+}
+
+impl std::fmt::Debug for CaCertificate {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "CaCertificate({})", self.path.display())
+    }
+}
+
+impl CaCertificate {
+    /// Reads a PEM file of one or more CA certificates.
+    pub fn read(path: &std::path::Path) -> std::io::Result<CaCertificate> {
+        let pem = std::fs::read(path)?;
+        if !pem.windows(27).any(|w| w == b"-----BEGIN CERTIFICATE-----") {
+            return Err(std::io::Error::new(std::io::ErrorKind::InvalidData, "no PEM certificate (-----BEGIN CERTIFICATE-----) in it"));
+        }
+        Ok(CaCertificate { path: path.to_path_buf(), pem: Arc::new(pem) })
+    }
+}
+
 impl Endpoint {
-    /// Parses `unix:///PATH` (or `unix:PATH`) or `http://HOST:PORT`.
+    /// Parses `unix:///PATH` (or `unix:PATH`), `https://HOST:PORT` or `http://HOST:PORT`.
     pub fn parse(s: &str) -> Result<Endpoint, String> {
         if let Some(path) = s.strip_prefix("unix://").or_else(|| s.strip_prefix("unix:")) {
             if path.is_empty() {
@@ -47,14 +79,24 @@ impl Endpoint {
             }
             return Ok(Endpoint::Unix(PathBuf::from(path)));
         }
-        if let Some(rest) = s.strip_prefix("http://") {
-            let authority = rest.trim_end_matches('/');
-            if authority.is_empty() || authority.contains('/') || !authority.contains(':') {
-                return Err(format!("{s:?}: expected http://HOST:PORT"));
+        for (scheme, tls) in [("https://", true), ("http://", false)] {
+            if let Some(rest) = s.strip_prefix(scheme) {
+                let authority = rest.trim_end_matches('/');
+                if authority.is_empty() || authority.contains('/') || !authority.contains(':') {
+                    return Err(format!("{s:?}: expected {scheme}HOST:PORT"));
+                }
+                return Ok(Endpoint::Tcp { uri: s.to_string(), authority: authority.to_string(), tls, ca: None });
             }
-            return Ok(Endpoint::Tcp { uri: s.to_string(), authority: authority.to_string() });
         }
-        Err(format!("{s:?}: expected unix:///PATH or http://HOST:PORT"))
+        Err(format!("{s:?}: expected unix:///PATH, https://HOST:PORT or http://HOST:PORT"))
+    }
+
+    /// This endpoint trusting `ca` (for `https://`; other endpoints are returned unchanged).
+    pub fn with_ca(self, ca: Option<CaCertificate>) -> Endpoint {
+        match self {
+            Endpoint::Tcp { uri, authority, tls: true, .. } => Endpoint::Tcp { uri, authority, tls: true, ca },
+            other => other,
+        }
     }
 }
 
@@ -183,14 +225,26 @@ pub async fn connect_within(
                 .map_err(|e| connect_err(e.to_string()))?;
             (channel, watch, reply.segment_id)
         }
-        Endpoint::Tcp { uri, authority } => {
+        Endpoint::Tcp { uri, authority, tls, ca } => {
+            let mut tonic_endpoint = keepalive(TonicEndpoint::from_shared(uri.clone()).map_err(|e| connect_err(e.to_string()))?);
+            if *tls {
+                let Some(ca) = ca else {
+                    return Err(connect_err("a https:// endpoint needs the CA that signed the daemon's certificate (--expertd-ca-file)".into()));
+                };
+                let config = tonic::transport::ClientTlsConfig::new().ca_certificate(tonic::transport::Certificate::from_pem(ca.pem.as_slice()));
+                tonic_endpoint = tonic_endpoint.tls_config(config).map_err(|e| connect_err(format!("CA file {}: {}", ca.path.display(), error_chain(&e))))?;
+            }
             let stream = tokio::net::TcpStream::connect(authority.as_str()).await.map_err(|e| connect_err(e.to_string()))?;
             let _ = stream.set_nodelay(true);
             let watch = ConnWatch(stream.as_fd().try_clone_to_owned().map_err(|e| connect_err(e.to_string()))?);
-            let channel = keepalive(TonicEndpoint::from_shared(uri.clone()).map_err(|e| connect_err(e.to_string()))?)
-                .connect_with_connector(single_use_channel(stream))
-                .await
-                .map_err(|e| connect_err(e.to_string()))?;
+            let channel = tonic_endpoint.connect_with_connector(single_use_channel(stream)).await.map_err(|e| {
+                if *tls {
+                    let trust = ca.as_ref().map_or_else(String::new, |ca| format!(" (trusting {})", ca.path.display()));
+                    ExpertClientError::Tls { endpoint: ep.clone(), reason: format!("{}{trust}", error_chain(&e)) }
+                } else {
+                    connect_err(error_chain(&e))
+                }
+            })?;
             (channel, watch, 0)
         }
     };
@@ -198,6 +252,18 @@ pub async fn connect_within(
         .max_decoding_message_size(MAX_MESSAGE_BYTES)
         .max_encoding_message_size(MAX_MESSAGE_BYTES);
     Ok(Link { client, watch, segment_id })
+}
+
+/// An error and its sources, `outer: inner: …` (tonic's own text is only "transport error").
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        text.push_str(": ");
+        text.push_str(&s.to_string());
+        source = s.source();
+    }
+    text
 }
 
 fn keepalive(e: TonicEndpoint) -> TonicEndpoint {
@@ -213,9 +279,14 @@ mod tests {
         assert_eq!(Endpoint::parse("unix:///run/x.sock"), Ok(Endpoint::Unix("/run/x.sock".into())));
         assert_eq!(
             Endpoint::parse("http://127.0.0.1:7070"),
-            Ok(Endpoint::Tcp { uri: "http://127.0.0.1:7070".into(), authority: "127.0.0.1:7070".into() })
+            Ok(Endpoint::Tcp { uri: "http://127.0.0.1:7070".into(), authority: "127.0.0.1:7070".into(), tls: false, ca: None })
         );
-        assert!(Endpoint::parse("https://x:1").is_err());
+        assert_eq!(
+            Endpoint::parse("https://node2:7443"),
+            Ok(Endpoint::Tcp { uri: "https://node2:7443".into(), authority: "node2:7443".into(), tls: true, ca: None })
+        );
+        assert!(Endpoint::parse("https://nohost").is_err());
+        assert!(Endpoint::parse("ftp://x:1").is_err());
         assert!(Endpoint::parse("http://nohost").is_err());
         assert!(Endpoint::parse("unix://").is_err());
     }
