@@ -22,7 +22,7 @@ fi
 # runtime packages even on CPU (import fails without libcublasLt), so pip installs them (~3 GB);
 # the CPU-only wheel index is not a package registry this project can reach. Versions pinned in
 # bench/peers/requirements-convert.txt.
-if [ ! -x "$W/venv/bin/python" ] || ! "$W/venv/bin/python" -c 'import torch, gguf' 2>/dev/null; then
+if [ ! -x "$W/venv/bin/python" ] || ! "$W/venv/bin/python" -c 'import torch, transformers, gguf' 2>/dev/null; then
   rm -rf "$W/venv"
   python3 -m venv "$W/venv"
   "$W/venv/bin/pip" install -q -r "$HERE/requirements-convert.txt"
