@@ -203,3 +203,34 @@ fn generation_stops_on_stop_ids_and_token_limit() {
     let (out, stats) = generate_greedy(&model, &ids, &opts(vec![], 16), |_| false).expect("generate");
     assert_eq!((out.len(), stats.stop), (1, StopReason::Cancelled));
 }
+
+/// The long-prompt case (`tests/fixtures/reference/tiny_long.json`, made by
+/// `tests/oracle/make_long_reference.py`): a 2200-token prompt through the tiny fixture, prefilled
+/// in blocks of the engine's default size and in one block, against transformers fp32 at positions
+/// on both sides of the tiled attention's segment boundaries and at the last position.
+#[test]
+fn f32_parity_on_a_2200_token_prompt() {
+    let path = reference_dir().join("tiny_long.json");
+    let reference: Value = serde_json::from_str(&std::fs::read_to_string(&path).expect("tiny_long.json")).expect("json");
+    let ids: Vec<u32> = serde_json::from_value(reference["input_ids"].clone()).expect("ids");
+    assert!(ids.len() >= 2048, "the long prompt has only {} tokens", ids.len());
+    let model = load("tiny");
+    let vocab = model.config().vocab_size;
+    for chunk in [hostd::engine::DEFAULT_PREFILL_CHUNK, usize::MAX] {
+        let got = eval_prompt(&model, &ids, 1, chunk).expect("eval");
+        let mut worst = 0.0f32;
+        for row in reference["positions"].as_array().expect("positions") {
+            let pos = row["position"].as_u64().expect("position") as usize;
+            let want: Vec<f32> = serde_json::from_value(row["logits"].clone()).expect("logits");
+            let have = &got.prompt_logits[pos * vocab..(pos + 1) * vocab];
+            let d = max_abs_diff(have, &want);
+            worst = worst.max(d);
+            assert!(d <= LOGIT_TOL, "chunk {chunk}: logits at position {pos} differ from transformers by {d}");
+            let top: u32 = serde_json::from_value(row["top_ids"][0].clone()).expect("top id");
+            let mine = have.iter().enumerate().fold(0, |b, (i, v)| if *v > have[b] { i } else { b }) as u32;
+            assert_eq!(mine, top, "chunk {chunk}: argmax at position {pos}");
+        }
+        let how = if chunk == usize::MAX { "one block".to_string() } else { format!("blocks of {chunk}") };
+        println!("2200-token prompt, {how}: max |Δlogit| vs transformers fp32 {worst:.3e} (tolerance {LOGIT_TOL})");
+    }
+}

@@ -43,9 +43,12 @@ pub struct BenchArgs {
     /// Compute threads of every run (unless its config sets --threads); also the DRAM probe's.
     #[arg(long)]
     pub threads: Option<usize>,
-    /// Prompt length (synthetic ids, one prefill block).
+    /// Prompt length (synthetic ids).
     #[arg(long, default_value_t = 512)]
     pub prompt_tokens: usize,
+    /// Prompt rows per prefill forward call in every run.
+    #[arg(long, default_value_t = crate::engine::DEFAULT_PREFILL_CHUNK)]
+    pub prefill_chunk: usize,
     /// Decode steps measured per run.
     #[arg(long, default_value_t = 32)]
     pub new_tokens: usize,
@@ -79,7 +82,7 @@ struct Config {
 }
 
 /// Flags the bench itself sets on every child.
-const MANAGED: &[&str] = &["--model", "--out", "--prompt-tokens", "--decode-steps", "--bandwidth-bytes", "--no-warmup"];
+const MANAGED: &[&str] = &["--model", "--out", "--prompt-tokens", "--prefill-chunk", "--decode-steps", "--bandwidth-bytes", "--no-warmup"];
 
 fn parse_config(spec: &str) -> anyhow::Result<Config> {
     let (name, flags) = spec.split_once(':').with_context(|| format!("--config {spec:?}: expected `NAME: FLAGS`"))?;
@@ -124,6 +127,7 @@ fn configs(args: &BenchArgs) -> anyhow::Result<Vec<Config>> {
 /// Runs `hostd bench`.
 pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
     anyhow::ensure!(args.runs >= 1 && args.new_tokens >= 1 && args.prompt_tokens >= 2, "need --runs ≥ 1, --new-tokens ≥ 1, --prompt-tokens ≥ 2");
+    anyhow::ensure!(args.prefill_chunk >= 1, "--prefill-chunk must be at least 1");
     let configs = configs(args)?;
     let exe = std::env::current_exe().context("locating this executable")?;
     let tmp = tempfile::Builder::new().prefix("sluice-bench-").tempdir()?;
@@ -209,6 +213,7 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
         "machine_ram_bytes": mem_total_bytes(),
         "model_dir": args.model.display().to_string(),
         "prompt_tokens": args.prompt_tokens,
+        "prefill_chunk": args.prefill_chunk,
         "new_tokens": args.new_tokens,
         "runs_per_config": args.runs,
         "cold": args.cold,
@@ -233,7 +238,7 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
 fn notes() -> Vec<&'static str> {
     vec![
         "every run is a fresh `hostd profile` process (model load, optional warm-up, prefill, decode); runs are interleaved across configs; the first config runs once more at the end (drift_check)",
-        "ttft_s: in the child, wall time of the prefill forward pass over the whole prompt (one block, synthetic ids) plus the argmax that picks the first token; excludes process start and model load",
+        "ttft_s: in the child, wall time of the prefill forward pass over the whole prompt (blocks of prefill_chunk rows, synthetic ids) plus the argmax that picks the first token; excludes process start and model load",
         "prefill_tokens_per_s: prompt tokens / prefill forward-pass wall time (argmax excluded)",
         "decode_tokens_per_s: new tokens / decode wall time, one step = one single-token forward pass + argmax",
         "decode_phases_ms_per_token: decode wall time per token split by op scopes; see decode_phase_notes; `other` = wall - sum of the others",
@@ -272,6 +277,7 @@ fn one_run(args: &BenchArgs, exe: &Path, c: &Config, label: &str, out: &Path) ->
         .arg("--model")
         .arg(&args.model)
         .args(["--prompt-tokens", &args.prompt_tokens.to_string(), "--decode-steps", &args.new_tokens.to_string()])
+        .args(["--prefill-chunk", &args.prefill_chunk.to_string()])
         .args(["--bandwidth-bytes", "0", "--out"])
         .arg(out);
     if let Some(t) = args.threads.filter(|_| !c.flags.iter().any(|f| f == "--threads" || f.starts_with("--threads="))) {

@@ -33,9 +33,13 @@ const DENSE_PROJECTIONS: &[&str] = &[
 pub struct ProfileArgs {
     #[command(flatten)]
     pub load: LoadArgs,
-    /// Prompt length for the prefill measurement (synthetic ids, one block).
+    /// Prompt length for the prefill measurement (synthetic ids).
     #[arg(long, default_value_t = 512)]
     pub prompt_tokens: usize,
+    /// Prompt rows per prefill forward call (the prompt is fed in blocks of this size, state
+    /// carried across them, as `hostd run` and `serve` do).
+    #[arg(long, default_value_t = crate::engine::DEFAULT_PREFILL_CHUNK)]
+    pub prefill_chunk: usize,
     /// Decode steps measured after the prefill.
     #[arg(long, default_value_t = 32)]
     pub decode_steps: usize,
@@ -65,9 +69,19 @@ pub const PHASE_NOTES: &[(&str, &str)] = &[
     ("other", "decode wall time minus all of the above: embedding lookup, layer RMS norms, residual adds, activation copies, anything not in an op scope"),
 ];
 
+/// Feeds `prompt` in blocks of `chunk` rows and returns the last position's logits.
+fn prefill(model: &Model, state: &mut SequenceState, prompt: &[u32], chunk: usize) -> anyhow::Result<Vec<f32>> {
+    let mut logits = Vec::new();
+    for block in prompt.chunks(chunk.max(1)) {
+        logits = model.forward(state, block, Logits::Last, None)?;
+    }
+    Ok(logits)
+}
+
 /// Runs `hostd profile`.
 pub fn run(args: &ProfileArgs) -> anyhow::Result<()> {
     anyhow::ensure!(args.prompt_tokens >= 2 && args.decode_steps >= 1, "need --prompt-tokens ≥ 2 and --decode-steps ≥ 1");
+    anyhow::ensure!(args.prefill_chunk >= 1, "--prefill-chunk must be at least 1");
     let t_load = Instant::now();
     let model = load_model(&args.load)?;
     let load_s = t_load.elapsed().as_secs_f64();
@@ -88,7 +102,7 @@ pub fn run(args: &ProfileArgs) -> anyhow::Result<()> {
         // steps), so every dense page and every expert the measurement touches has been read
         // once (page cache, expertd's cache, first-use checksums): a resident, warm measurement.
         let mut warm = model.new_state();
-        let mut id = sample(&model.forward(&mut warm, &prompt, Logits::Last, None)?);
+        let mut id = sample(&prefill(&model, &mut warm, &prompt, args.prefill_chunk)?);
         for _ in 0..args.decode_steps {
             id = step(&model, &mut warm, id)?;
         }
@@ -100,7 +114,7 @@ pub fn run(args: &ProfileArgs) -> anyhow::Result<()> {
     profile::take_counts();
     let mut state = model.new_state();
     let t = Instant::now();
-    let logits = model.forward(&mut state, &prompt, Logits::Last, None)?;
+    let logits = prefill(&model, &mut state, &prompt, args.prefill_chunk)?;
     let prefill_s = t.elapsed().as_secs_f64();
     let mut id = sample(&logits);
     let ttft_s = t.elapsed().as_secs_f64();
@@ -157,7 +171,7 @@ pub fn run(args: &ProfileArgs) -> anyhow::Result<()> {
             "moe.router and moe.shared_expert include their small element-wise work (softmax, top-k; SiLU, gate) besides the GEMVs",
             "moe.routed_experts bytes: distinct experts per call x the backend's bytes per expert",
             "experts.* ops are recorded inside moe.routed_experts (see decode_phase_notes); *_thread_sum are summed over worker threads, not wall time",
-            "ttft_s: wall time of the prefill forward pass over the whole prompt (one block) plus the argmax choosing the first generated token",
+            "ttft_s: wall time of the prefill forward passes over the whole prompt (blocks of prefill_chunk rows) plus the argmax choosing the first generated token",
             "prefill_tokens_per_s: prompt tokens / prefill forward-pass wall time (argmax excluded)",
             "decode_tokens_per_s: decode steps / decode wall time; one step = one single-token forward pass + argmax over its logits",
             "weight_bytes_per_decode_token: weight bytes of the dense projections (incl. lm_head) and the routed experts read per decode step, as the op scopes count them",
@@ -169,6 +183,7 @@ pub fn run(args: &ProfileArgs) -> anyhow::Result<()> {
         "ttft_s": ttft_s,
         "load_s": load_s,
         "prefill_tokens_per_s": args.prompt_tokens as f64 / prefill_s,
+        "prefill_chunk": args.prefill_chunk,
         "decode_tokens_per_s": m / decode_s,
         "decode_phases_ms_per_token": decode_phases(&decode_ops, args.decode_steps, decode_s),
         "expert_calls": expert_calls(&decode_ops, args.decode_steps),

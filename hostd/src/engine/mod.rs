@@ -27,6 +27,11 @@ use tokio::sync::mpsc::UnboundedSender;
 
 pub use output::{Delta, LogprobEntry, TopLogprob};
 
+/// Prompt rows per prefill forward call unless a command says otherwise (`--prefill-chunk` of
+/// `hostd serve`, `run`, `eval`, `profile` and `bench`): big enough for GEMM efficiency, small
+/// enough that a long prompt's per-block temporaries stay O(block), not O(prompt).
+pub const DEFAULT_PREFILL_CHUNK: usize = 512;
+
 /// Scheduler limits.
 #[derive(Debug, Clone)]
 pub struct EngineConfig {

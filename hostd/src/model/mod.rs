@@ -7,6 +7,7 @@
 
 pub mod attention;
 pub mod batch;
+pub mod causal;
 pub mod gdn;
 pub mod linear;
 pub mod moe;

@@ -3,8 +3,8 @@
 //! Owns the safe API (shape checks, ISA checks, the rayon wrappers) over one kernel per
 //! instruction set: `scalar` (the reference), `avx2` and `avx512` (x86_64 only). Choosing the
 //! instruction set lives in `dispatch`; the DRAM roofline probe in [`bandwidth`]; the int8
-//! expert kernels in [`int8`]. No IO, no logging: callers log [`Isa::selection`] once at
-//! startup.
+//! expert kernels in [`int8`]; the f32 × f32 attention kernels in [`vecf32`]. No IO, no
+//! logging: callers log [`Isa::selection`] once at startup.
 //!
 //! Weights are row-major `[rows, cols]`, the `[out, in]` layout PyTorch stores linear weights
 //! in; activations are row-major `[n, cols]`; outputs are row-major `[n, rows]`.
@@ -28,8 +28,10 @@ pub mod int8;
 mod scalar;
 #[cfg(test)]
 mod tests;
+pub mod vecf32;
 
 pub use dispatch::{ISA_ENV_VAR, Isa, IsaOverrideProblem, IsaSelection};
+pub use vecf32::{dot_rows_f32, scale_axpy_rows_f32};
 
 use half::bf16;
 use rayon::prelude::*;

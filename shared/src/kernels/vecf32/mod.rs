@@ -1,0 +1,77 @@
+//! f32 × f32 vector kernels for attention over the KV cache: the dot products of one query
+//! against a run of key rows ([`dot_rows_f32`]) and the probability-weighted sum of a run of
+//! value rows into an accumulator ([`scale_axpy_rows_f32`]).
+//!
+//! Owns the safe API (shape and ISA checks) over one kernel per instruction set: `scalar` (the
+//! portable reference, written so LLVM vectorises it, NEON included) and `avx2` (x86_64).
+//! [`Isa::Avx512`] runs the AVX2 kernels (an AVX-512 CPU has AVX2 and FMA); these loops read
+//! from L1/L2 and are not width-bound enough to justify a third, untestable-here copy.
+//!
+//! Rows are strided: row `i` starts at `rows[i · stride]`, so the keys or values of one KV head
+//! are read straight out of a `[position][kv head][head_dim]` cache.
+//!
+//! # Determinism
+//!
+//! For a given [`Isa`], every output element is computed by one fixed sequence of operations
+//! that depends only on the vector length, never on how many rows one call covers or where
+//! the call starts: `dot_rows_f32(x, rows)[i]` equals `dot_rows_f32(x, row i alone)[0]`, and
+//! an element of the accumulator gets `acc·scale` then one multiply-add per row in row order.
+//! The attention kernel builds its own bitwise contract on this.
+
+#[cfg(target_arch = "x86_64")]
+mod avx2;
+mod scalar;
+#[cfg(test)]
+mod tests;
+
+use super::Isa;
+
+/// `out[i] = Σ_j x[j] · rows[i·stride + j]` for `i < out.len()`, `j < x.len()`.
+///
+/// # Panics
+///
+/// Panics if `stride < x.len()` with more than one row, if `rows` is too short for
+/// `out.len()` rows, or if `isa` is not available on this CPU.
+pub fn dot_rows_f32(isa: Isa, x: &[f32], rows: &[f32], stride: usize, out: &mut [f32]) {
+    check_rows(isa, x.len(), rows, stride, out.len());
+    match isa {
+        Isa::Scalar => scalar::dot_rows(x, rows, stride, out),
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: the ISA (AVX2 + FMA, implied by AVX-512 too) is available and the shapes were
+        // checked: every row i < out.len() has x.len() readable elements at i · stride.
+        Isa::Avx2 | Isa::Avx512 => unsafe { avx2::dot_rows(x, rows, stride, out) },
+        #[cfg(not(target_arch = "x86_64"))]
+        Isa::Avx2 | Isa::Avx512 => unreachable!("kernels: {isa} is never available off x86_64"),
+    }
+}
+
+/// `acc[j] = acc[j] · acc_scale`, then `acc[j] += w[i] · rows[i·stride + j]` for `i` in
+/// increasing order, for every `j < acc.len()`.
+///
+/// # Panics
+///
+/// Panics if `stride < acc.len()` with more than one row, if `rows` is too short for
+/// `w.len()` rows, or if `isa` is not available on this CPU.
+pub fn scale_axpy_rows_f32(isa: Isa, acc: &mut [f32], acc_scale: f32, w: &[f32], rows: &[f32], stride: usize) {
+    check_rows(isa, acc.len(), rows, stride, w.len());
+    match isa {
+        Isa::Scalar => scalar::scale_axpy_rows(acc, acc_scale, w, rows, stride),
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: as in `dot_rows_f32`: ISA available, every row i < w.len() has acc.len()
+        // readable elements at i · stride.
+        Isa::Avx2 | Isa::Avx512 => unsafe { avx2::scale_axpy_rows(acc, acc_scale, w, rows, stride) },
+        #[cfg(not(target_arch = "x86_64"))]
+        Isa::Avx2 | Isa::Avx512 => unreachable!("kernels: {isa} is never available off x86_64"),
+    }
+}
+
+/// Panics unless `isa` runs here and `n` rows of `len` elements, `stride` apart, fit `rows`.
+fn check_rows(isa: Isa, len: usize, rows: &[f32], stride: usize, n: usize) {
+    assert!(isa.is_available(), "kernels: ISA {isa} is not available on this CPU");
+    if n == 0 {
+        return;
+    }
+    assert!(n == 1 || stride >= len, "kernels: row stride {stride} is shorter than the row length {len}");
+    let needed = (n - 1).checked_mul(stride).and_then(|v| v.checked_add(len)).expect("kernels: rows overflow usize");
+    assert!(rows.len() >= needed, "kernels: {n} rows of {len} with stride {stride} need {needed} elements, got {}", rows.len());
+}

@@ -1,0 +1,93 @@
+//! Tests for the f32 vector kernels: every available ISA against an f64 reference on odd
+//! lengths and strides, and the bitwise invariants the attention kernel relies on (a row's dot
+//! product does not depend on the call it is in; a weighted sum split over two calls equals one
+//! call).
+
+use super::*;
+
+/// Lengths around the vector widths, plus the real head size.
+const LENS: [usize; 11] = [1, 7, 8, 9, 31, 32, 33, 63, 100, 256, 259];
+
+/// Deterministic test values in [-1, 1).
+fn values(n: usize, seed: u64) -> Vec<f32> {
+    (0..n as u64)
+        .map(|i| {
+            let z = (i ^ seed.wrapping_mul(0x9E37_79B9_7F4A_7C15)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+            ((z >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+        })
+        .collect()
+}
+
+fn available() -> Vec<Isa> {
+    Isa::ALL.into_iter().filter(|i| i.is_available()).collect()
+}
+
+#[test]
+fn dot_rows_match_f64_reference_on_odd_lengths_and_strides() {
+    for isa in available() {
+        for len in LENS {
+            let stride = len + 3;
+            let n = 5;
+            let x = values(len, 1);
+            let rows = values((n - 1) * stride + len, 2);
+            let mut out = vec![0.0f32; n];
+            dot_rows_f32(isa, &x, &rows, stride, &mut out);
+            for (i, got) in out.iter().enumerate() {
+                let r = &rows[i * stride..][..len];
+                let exact: f64 = x.iter().zip(r).map(|(a, b)| f64::from(*a) * f64::from(*b)).sum();
+                let mag: f64 = x.iter().zip(r).map(|(a, b)| (f64::from(*a) * f64::from(*b)).abs()).sum();
+                assert!((f64::from(*got) - exact).abs() <= 1e-6 * mag + 1e-30, "{isa} len {len} row {i}: {got} vs {exact}");
+            }
+        }
+    }
+}
+
+#[test]
+fn a_rows_dot_product_is_the_same_bits_in_any_call() {
+    for isa in available() {
+        for len in LENS {
+            let n = 7;
+            let x = values(len, 3);
+            let rows = values(n * len, 4);
+            let mut all = vec![0.0f32; n];
+            dot_rows_f32(isa, &x, &rows, len, &mut all);
+            for i in 0..n {
+                let mut one = [0.0f32];
+                dot_rows_f32(isa, &x, &rows[i * len..], len, &mut one);
+                assert_eq!(one[0].to_bits(), all[i].to_bits(), "{isa} len {len} row {i}");
+            }
+        }
+    }
+}
+
+#[test]
+fn weighted_sum_matches_reference_and_splits_bitwise() {
+    for isa in available() {
+        for len in LENS {
+            let (n, stride) = (9, len + 1);
+            let w = values(n, 5);
+            let rows = values((n - 1) * stride + len, 6);
+            let start = values(len, 7);
+            let mut acc = start.clone();
+            scale_axpy_rows_f32(isa, &mut acc, 0.75, &w, &rows, stride);
+            for j in 0..len {
+                let exact = f64::from(start[j]) * 0.75
+                    + (0..n).map(|i| f64::from(w[i]) * f64::from(rows[i * stride + j])).sum::<f64>();
+                let mag = f64::from(start[j]).abs() + (0..n).map(|i| (f64::from(w[i]) * f64::from(rows[i * stride + j])).abs()).sum::<f64>();
+                assert!((f64::from(acc[j]) - exact).abs() <= 1e-6 * mag + 1e-30, "{isa} len {len} elem {j}");
+            }
+            let mut split = start.clone();
+            scale_axpy_rows_f32(isa, &mut split, 0.75, &w[..4], &rows, stride);
+            scale_axpy_rows_f32(isa, &mut split, 1.0, &w[4..], &rows[4 * stride..], stride);
+            let same = split.iter().zip(&acc).all(|(a, b)| a.to_bits() == b.to_bits());
+            assert!(same, "{isa} len {len}: a weighted sum split over two calls differs from one call");
+        }
+    }
+}
+
+#[test]
+#[should_panic(expected = "need")]
+fn short_rows_are_refused() {
+    let mut out = [0.0f32; 3];
+    dot_rows_f32(Isa::Scalar, &[1.0; 4], &[0.0; 10], 4, &mut out);
+}
