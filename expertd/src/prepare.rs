@@ -362,12 +362,6 @@ fn write_json_atomic(path: &Path, value: &serde_json::Value) -> Result<(), Prepa
     std::fs::rename(&tmp, path).map_err(|e| PrepareError::io(path, e))
 }
 
-/// Peak resident set size of this process so far (`VmHWM` from /proc), when available.
-fn peak_rss_bytes() -> Option<u64> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let kib: u64 = status.lines().find(|l| l.starts_with("VmHWM:"))?.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kib * 1024)
-}
 
 /// The contents of `prepare-report.json`.
 pub fn report_json(opts: &PrepareOptions, s: &PrepareSummary) -> serde_json::Value {
@@ -386,7 +380,7 @@ pub fn report_json(opts: &PrepareOptions, s: &PrepareSummary) -> serde_json::Val
         "layers_converted": s.layers_converted,
         "layers_kept": s.layers_kept,
         "elapsed_s": s.elapsed.as_secs_f64(),
-        "peak_rss_bytes": peak_rss_bytes(),
+        "peak_rss_bytes": shared::procfs::vm_hwm_bytes(None),
         "dequant_error": s.stats.to_json(),
         "layers": s.layer_stats.iter().enumerate().map(|(i, st)| serde_json::json!({ "layer": i, "dequant_error": st.to_json() })).collect::<Vec<_>>(),
     })

@@ -45,8 +45,7 @@ pub const DEFAULT_MAX_SESSIONS_PER_UID: u32 = 256;
 pub const DEFAULT_MAX_ROWS: u32 = 8192;
 /// Default compute lanes (calls computing at once; each uses the whole thread pool).
 pub const DEFAULT_COMPUTE_LANES: usize = 2;
-/// Largest gRPC message either side sends (inline activations of a big prefill block).
-pub const MAX_MESSAGE_BYTES: usize = 512 << 20;
+pub use proto::MAX_MESSAGE_BYTES;
 /// HTTP/2 keepalive: a silent TCP peer is pinged this often …
 pub const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(10);
 /// … and its connection (and sessions) dropped when a ping goes unanswered this long.

@@ -2,6 +2,7 @@
 //! ids and a token limit, reporting each token as it is produced and timing every phase.
 
 use crate::model::{Logits, Model, ModelError};
+use crate::sampling::argmax_allowed;
 use std::time::{Duration, Instant};
 
 /// What ends a generation.
@@ -124,39 +125,4 @@ pub fn generate_greedy(
     }
     stats.new_tokens = out.len();
     Ok((out, stats))
-}
-
-/// Index of the largest eligible value (lowest index on ties); every index is eligible when
-/// `allowed` is `None`, and indices past the end of `allowed` are not.
-pub fn argmax_allowed(x: &[f32], allowed: Option<&[bool]>) -> u32 {
-    let eligible = |i: usize| allowed.is_none_or(|a| a.get(i).copied().unwrap_or(false));
-    let mut best: Option<usize> = None;
-    for (i, v) in x.iter().enumerate() {
-        if eligible(i) && best.is_none_or(|b| *v > x[b]) {
-            best = Some(i);
-        }
-    }
-    best.unwrap_or(0) as u32
-}
-
-/// Peak resident set size of this process in bytes (`VmHWM`), when /proc is available.
-pub fn peak_rss_bytes() -> Option<u64> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
-    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kib * 1024)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::argmax_allowed;
-
-    #[test]
-    fn argmax_respects_the_mask_and_prefers_the_lowest_id_on_ties() {
-        let x = [1.0, 5.0, 5.0, 9.0];
-        assert_eq!(argmax_allowed(&x, None), 3);
-        assert_eq!(argmax_allowed(&x, Some(&[true, true, true, false])), 1);
-        assert_eq!(argmax_allowed(&x, Some(&[true, false, true])), 2);
-        assert_eq!(argmax_allowed(&x, Some(&[true])), 0);
-    }
 }

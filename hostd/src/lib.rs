@@ -6,6 +6,7 @@ pub mod chat_template;
 pub mod constraint;
 pub mod cli;
 pub mod engine;
+pub mod eval;
 pub mod expert_client;
 pub mod experts;
 pub mod generate;

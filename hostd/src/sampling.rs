@@ -134,28 +134,8 @@ impl SamplingParams {
     }
 }
 
-/// SplitMix64: a small, fast, seedable generator; one per request.
-#[derive(Debug, Clone)]
-pub struct Rng(u64);
-
-impl Rng {
-    /// A generator whose stream depends only on `seed`.
-    pub fn new(seed: u64) -> Rng {
-        Rng(seed)
-    }
-    /// Next 64 random bits.
-    pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-    /// Uniform in `[0, 1)` with 53 bits of precision.
-    pub fn next_f64(&mut self) -> f64 {
-        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
-    }
-}
+/// The sampler's generator (SplitMix64): small, fast, seedable; one per request.
+pub use shared::splitmix::SplitMix64 as Rng;
 
 /// One token's log-probability and its best alternatives (raw model distribution).
 #[derive(Debug, Clone, PartialEq)]
@@ -316,15 +296,25 @@ impl Sampler {
     }
 }
 
-/// Index of the largest value; the lowest index wins ties; NaN never wins over a number.
+/// Index of the largest value: the one greedy choice of hostd (`run`, `eval`, `profile`,
+/// `serve`, batched decode). The lowest index wins ties; NaN never wins over a number (a row of
+/// NaN gives index 0).
 pub fn argmax(x: &[f32]) -> u32 {
-    let mut best = 0;
-    for (i, v) in x.iter().enumerate() {
-        if *v > x[best] || x[best].is_nan() && !v.is_nan() {
-            best = i;
+    argmax_allowed(x, None)
+}
+
+/// [`argmax`] over the eligible indices only: every index when `allowed` is `None`, else those
+/// whose entry is `true` (indices past the end of `allowed` are not eligible). Same tie and NaN
+/// rule; 0 when nothing is eligible.
+pub fn argmax_allowed(x: &[f32], allowed: Option<&[bool]>) -> u32 {
+    let eligible = |i: usize| allowed.is_none_or(|a| a.get(i).copied().unwrap_or(false));
+    let mut best: Option<usize> = None;
+    for (i, &v) in x.iter().enumerate() {
+        if eligible(i) && best.is_none_or(|b| v > x[b] || x[b].is_nan() && !v.is_nan()) {
+            best = Some(i);
         }
     }
-    best as u32
+    best.unwrap_or(0) as u32
 }
 
 /// Log-softmax value of `id` and the `top` most likely ids over `row`.

@@ -31,5 +31,10 @@ pub mod version {
     pub const OLDEST_DAEMON: u32 = SHM_SEGMENTS;
 }
 
+/// Largest gRPC message either side sends or accepts (inline activations of a big prefill
+/// block over TCP): the daemon announces it in the handshake and both sides configure tonic's
+/// codec limits with it.
+pub const MAX_MESSAGE_BYTES: usize = 512 << 20;
+
 /// The gRPC metadata key that carries a TCP client's bearer token.
 pub const AUTHORIZATION_HEADER: &str = "authorization";

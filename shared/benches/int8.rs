@@ -48,14 +48,7 @@ const SMALL_PROBE_BYTES: usize = 192 << 20;
 /// Thread counts measured.
 const THREADS: [usize; 2] = [1, 2];
 
-/// SplitMix64, enough for benchmark inputs.
-fn splitmix(state: &mut u64) -> u64 {
-    *state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    let mut z = *state;
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
-}
+use shared::splitmix::next as splitmix;
 
 /// `len` values uniform in [-scale, scale).
 fn uniform(len: usize, scale: f32, seed: u64) -> Vec<f32> {

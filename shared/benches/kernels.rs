@@ -38,14 +38,7 @@ const GEMM_SHAPE: (&str, usize, usize, usize) = ("in_proj_qkv", 8192, 2048, 64);
 /// Thread counts measured: the single-threaded kernel, and the `par_` wrapper on a pool of 2.
 const THREADS: [usize; 2] = [1, 2];
 
-/// SplitMix64, enough for benchmark inputs.
-fn splitmix(state: &mut u64) -> u64 {
-    *state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    let mut z = *state;
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
-}
+use shared::splitmix::next as splitmix;
 
 /// Uniform in [-1, 1), never subnormal.
 fn unit(state: &mut u64) -> f32 {

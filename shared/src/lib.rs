@@ -1,9 +1,10 @@
 //! IO-free building blocks both sluice daemons use: the model configuration, the checkpoint's
 //! tensor inventory and its validation, the expert locator and the size arithmetic.
 //!
-//! `checkpoint` is the one module that touches the filesystem: it reads `config.json`, the
-//! safetensors index and each shard's header (never a payload) and hands the bytes to the pure
-//! parsers here.
+//! `checkpoint` and the container's `reader` and `identity` are the modules that touch the
+//! filesystem: they read `config.json`, the safetensors index, each shard's header (never a
+//! payload) and the container, and hand the bytes to the pure parsers here; `procfs` reads this
+//! or another process's figures from /proc.
 
 pub mod checkpoint;
 pub mod config;
@@ -12,9 +13,11 @@ pub mod error_text;
 pub mod kernels;
 pub mod moe_combine;
 pub mod moe_exec;
+pub mod procfs;
 pub mod ring;
 pub mod safetensors_header;
 pub mod safetensors_locator;
 pub mod shm_layout;
 pub mod sizes;
+pub mod splitmix;
 pub mod tensor_spec;

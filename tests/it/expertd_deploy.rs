@@ -234,9 +234,7 @@ impl Drop for Cgroup {
 }
 
 fn vm_rss(pid: u32) -> Option<u64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let kib: u64 = status.lines().find(|l| l.starts_with("VmRSS:"))?.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kib * 1024)
+    shared::procfs::vm_rss_bytes(Some(pid))
 }
 
 #[test]

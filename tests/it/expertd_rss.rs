@@ -26,10 +26,7 @@ const DEADLINE: Duration = Duration::from_secs(120);
 
 /// VmRSS of `pid` in bytes, `None` once the process is gone.
 fn vm_rss(pid: u32) -> Option<u64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
-    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kib * 1024)
+    shared::procfs::vm_rss_bytes(Some(pid))
 }
 
 /// The log without ANSI colour sequences (`ESC [ … m`).

@@ -122,9 +122,7 @@ fn stats(socket: &Path) -> pb::StatsResponse {
 
 /// VmRSS of `pid` in bytes.
 fn vm_rss(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("proc status");
-    let line = status.lines().find(|l| l.starts_with("VmRSS:")).expect("VmRSS line");
-    line.split_whitespace().nth(1).and_then(|k| k.parse::<u64>().ok()).expect("VmRSS value") * 1024
+    shared::procfs::vm_rss_bytes(Some(pid)).expect("VmRSS of /proc/PID/status")
 }
 
 #[test]

@@ -3,7 +3,8 @@
 //! step (teacher-forced on the reference continuation), max and mean |Δlogit|, and how long
 //! the INT8 model's own greedy continuation agrees with the reference.
 
-use hostd::cli::eval::{argmax, eval_prompt};
+use hostd::eval::eval_prompt;
+use hostd::sampling::argmax;
 use hostd::cli::load::{DenseKind, ExpertsKind, LoadArgs, load_model};
 use hostd::model::Logits;
 use serde_json::{Value, json};

@@ -27,4 +27,5 @@ mod serve_limits;
 mod serve_responses;
 mod serve_structured;
 mod synth;
+mod tidy;
 mod tokenizer;

@@ -2,7 +2,7 @@
 //! logits at every prompt position and greedy step within 1e-3, greedy ids identical, router
 //! choices identical — with the prompt prefilled in one block and fed in pieces.
 
-use hostd::cli::eval::{PromptEval, eval_prompt};
+use hostd::eval::{PromptEval, eval_prompt};
 use hostd::cli::load::{ExpertsKind, LoadArgs, load_model};
 use hostd::model::Model;
 use hostd::model::moe::Routes;

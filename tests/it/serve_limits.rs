@@ -80,10 +80,7 @@ impl Server {
     }
 
     fn rss_bytes(&self) -> u64 {
-        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).expect("/proc status");
-        let kb: u64 =
-            status.lines().find_map(|l| l.strip_prefix("VmRSS:")).and_then(|v| v.split_whitespace().next()?.parse().ok()).expect("VmRSS");
-        kb * 1024
+        shared::procfs::vm_rss_bytes(Some(self.child.id())).expect("VmRSS")
     }
 }
 

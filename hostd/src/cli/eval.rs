@@ -3,8 +3,8 @@
 //! writes logits, greedy ids and router choices in the oracle's reference schema.
 
 use super::load::{LoadArgs, load_model};
+use crate::eval::eval_prompt;
 use crate::model::moe::Routes;
-use crate::model::{Logits, Model};
 use anyhow::{Context, bail};
 use serde_json::{Value, json};
 use std::io::Write;
@@ -96,74 +96,6 @@ pub fn run(args: &EvalArgs) -> anyhow::Result<()> {
 
 fn write_json(path: &Path, v: &Value) -> anyhow::Result<()> {
     std::fs::write(path, serde_json::to_string(v)?).with_context(|| format!("writing {}", path.display()))
-}
-
-/// Logits, greedy ids and routes of one prompt.
-pub struct PromptEval {
-    /// `T × V`.
-    pub prompt_logits: Vec<f32>,
-    /// Greedy continuation.
-    pub greedy_ids: Vec<u32>,
-    /// `N × V`; row i is the vector whose argmax gave `greedy_ids[i]`.
-    pub greedy_logits: Vec<f32>,
-    /// Per layer, the routes of every prompt position.
-    pub prompt_routes: Vec<Routes>,
-    /// Per layer, the routes of every token fed during decode (`N − 1` rows).
-    pub greedy_routes: Vec<Routes>,
-}
-
-/// Prefill in blocks of `chunk` rows, then `n_new` greedy steps.
-pub fn eval_prompt(model: &Model, ids: &[u32], n_new: usize, chunk: usize) -> anyhow::Result<PromptEval> {
-    let n_layers = model.config().num_layers;
-    let vocab = model.config().vocab_size;
-    let mut state = model.new_state();
-    let mut prompt_logits = Vec::with_capacity(ids.len() * vocab);
-    let mut prompt_routes: Vec<Routes> = Vec::new();
-    if ids.is_empty() {
-        bail!("empty prompt: at least one token is required");
-    }
-    for block in ids.chunks(chunk) {
-        let mut r = Vec::with_capacity(n_layers);
-        prompt_logits.extend(model.forward(&mut state, block, Logits::All, Some(&mut r))?);
-        merge_routes(&mut prompt_routes, r);
-    }
-    let mut greedy_ids = Vec::with_capacity(n_new);
-    let mut greedy_logits = Vec::with_capacity(n_new * vocab);
-    let mut greedy_routes: Vec<Routes> = Vec::new();
-    let mut last = prompt_logits[prompt_logits.len() - vocab..].to_vec();
-    for step in 0..n_new {
-        if step > 0 {
-            let mut r = Vec::with_capacity(n_layers);
-            last = model.forward(&mut state, &[greedy_ids[step - 1]], Logits::Last, Some(&mut r))?;
-            merge_routes(&mut greedy_routes, r);
-        }
-        greedy_ids.push(argmax(&last));
-        greedy_logits.extend_from_slice(&last);
-    }
-    Ok(PromptEval { prompt_logits, greedy_ids, greedy_logits, prompt_routes, greedy_routes })
-}
-
-/// Index of the largest value; the lowest index wins ties.
-pub fn argmax(x: &[f32]) -> u32 {
-    let mut best = 0;
-    for (i, v) in x.iter().enumerate() {
-        if *v > x[best] {
-            best = i;
-        }
-    }
-    best as u32
-}
-
-/// Appends one call's per-layer routes to the running per-layer lists.
-fn merge_routes(acc: &mut Vec<Routes>, call: Vec<Routes>) {
-    if acc.is_empty() {
-        *acc = call;
-        return;
-    }
-    for (a, c) in acc.iter_mut().zip(call) {
-        a.ids.extend(c.ids);
-        a.weights.extend(c.weights);
-    }
 }
 
 fn routes_json(routes: &[Routes]) -> Value {

@@ -1,27 +1,8 @@
-//! Process figures from /proc for the benchmarks: peak resident set (`VmHWM`) and physical
-//! storage reads (`read_bytes` of /proc/PID/io: bytes this process caused to be fetched from
-//! the block layer, page-cache hits not included).
+//! The benchmarks' storage-read snapshots of hostd and its private expertd, over the /proc
+//! readers of `shared::procfs` (re-exported here for `profile`).
 
 use serde_json::{Value, json};
-
-/// `pid`'s /proc directory name (`self` for this process).
-fn dir(pid: Option<u32>) -> String {
-    pid.map_or_else(|| "/proc/self".to_string(), |p| format!("/proc/{p}"))
-}
-
-/// Peak resident set size in bytes (`VmHWM`), if readable.
-pub fn vm_hwm_bytes(pid: Option<u32>) -> Option<u64> {
-    let status = std::fs::read_to_string(format!("{}/status", dir(pid))).ok()?;
-    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
-    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kib * 1024)
-}
-
-/// Bytes the process has read from storage so far (`read_bytes` of /proc/PID/io), if readable.
-pub fn read_bytes(pid: Option<u32>) -> Option<u64> {
-    let io = std::fs::read_to_string(format!("{}/io", dir(pid))).ok()?;
-    io.lines().find_map(|l| l.strip_prefix("read_bytes:")).and_then(|v| v.trim().parse().ok())
-}
+pub use shared::procfs::{read_bytes, vm_hwm_bytes};
 
 /// A snapshot of `read_bytes` for hostd (this process) and, when there is one, its expertd.
 #[derive(Debug, Clone, Copy, Default)]

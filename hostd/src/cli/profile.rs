@@ -213,7 +213,7 @@ pub fn run(args: &ProfileArgs) -> anyhow::Result<()> {
 /// Greedy sampling under the `sampling` scope.
 fn sample(logits: &[f32]) -> u32 {
     let _scope = profile::scope("sampling", 0);
-    crate::cli::eval::argmax(logits)
+    crate::sampling::argmax(logits)
 }
 
 /// One decode step: feed `id`, return the next greedy id.

@@ -3,7 +3,7 @@
 
 use super::load::{LoadArgs, load_model};
 use crate::chat_template::{self, ChatMessage, ChatOptions};
-use crate::generate::{GenerateOptions, StopReason, generate_greedy, peak_rss_bytes};
+use crate::generate::{GenerateOptions, StopReason, generate_greedy};
 use anyhow::Context;
 use serde_json::json;
 use std::io::Write;
@@ -105,7 +105,7 @@ pub fn run(args: &RunArgs) -> anyhow::Result<()> {
         StopReason::Length => "max tokens".to_string(),
         StopReason::Cancelled => "cancelled".to_string(),
     };
-    let rss = peak_rss_bytes();
+    let rss = shared::procfs::vm_hwm_bytes(None);
     if args.json {
         let doc = json!({
             "text": text_out,

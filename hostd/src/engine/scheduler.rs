@@ -163,7 +163,7 @@ impl Scheduler {
         self.metrics.prompt_tokens.fetch_add(req.prompt.len() as u64, Relaxed);
         self.metrics.cached_prompt_tokens.fetch_add(cached_tokens as u64, Relaxed);
         tracing::info!(parent: &req.span, prompt_tokens = req.prompt.len(), cached_tokens, "admitted");
-        self.seed_counter = self.seed_counter.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        self.seed_counter = self.seed_counter.wrapping_add(shared::splitmix::GOLDEN_GAMMA);
         let sampler = Sampler::new(req.sampling, &req.prompt, self.seed_counter);
         let mut out = OutputText::new(&self.tokenizer, &req.stop, req.split_reasoning, req.reasoning);
         if req.skip_special_tokens {

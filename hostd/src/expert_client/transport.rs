@@ -18,8 +18,7 @@ use tonic::service::Interceptor;
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Channel, Endpoint as TonicEndpoint, Uri};
 
-/// Largest gRPC message either side sends.
-pub const MAX_MESSAGE_BYTES: usize = 512 << 20;
+pub use proto::MAX_MESSAGE_BYTES;
 /// HTTP/2 keepalive: a PING this often, even when idle…
 pub const KEEPALIVE_INTERVAL: std::time::Duration = std::time::Duration::from_secs(10);
 /// …and the connection is closed (calls fail as `ConnectionLost`, the next one reconnects)

@@ -322,10 +322,7 @@ async fn track(State(app): State<Arc<AppState>>, mut req: Request, next: Next) -
 /// Whether the request carries the key, as a bearer token or in `x-api-key`, compared in
 /// constant time (no early exit on the first differing byte).
 fn key_matches(req: &Request, key: &str) -> bool {
-    let same = |token: &str| {
-        let (a, b) = (token.trim().as_bytes(), key.as_bytes());
-        a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
-    };
+    let same = |token: &str| bool::from(subtle::ConstantTimeEq::ct_eq(token.trim().as_bytes(), key.as_bytes()));
     let header = |name| req.headers().get(name).and_then(|v: &HeaderValue| v.to_str().ok());
     let bearer = header(header::AUTHORIZATION).and_then(|v| v.strip_prefix("Bearer "));
     bearer.is_some_and(same) || header(header::HeaderName::from_static("x-api-key")).is_some_and(same)

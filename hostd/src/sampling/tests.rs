@@ -19,6 +19,23 @@ fn greedy_takes_argmax_and_lowest_id_on_ties() {
 }
 
 #[test]
+fn argmax_has_one_nan_rule() {
+    assert_eq!(argmax(&[1.0, f32::NAN, 0.5]), 0);
+    assert_eq!(argmax(&[f32::NAN, f32::NAN]), 0);
+    assert_eq!(argmax(&[]), 0);
+    assert_eq!(argmax_allowed(&[f32::NAN, 1.0, 3.0], Some(&[true, true, false])), 1);
+}
+
+#[test]
+fn argmax_respects_the_mask_and_prefers_the_lowest_id_on_ties() {
+    let x = [1.0, 5.0, 5.0, 9.0];
+    assert_eq!(argmax_allowed(&x, None), 3);
+    assert_eq!(argmax_allowed(&x, Some(&[true, true, true, false])), 1);
+    assert_eq!(argmax_allowed(&x, Some(&[true, false, true])), 2);
+    assert_eq!(argmax_allowed(&x, Some(&[true])), 0);
+}
+
+#[test]
 fn padding_rows_are_never_chosen() {
     // Ids ≥ vocab are embedding padding: even a huge logit there must not win.
     assert_eq!(sample_n(greedy(), &[0.1, 0.2, 99.0], 2, 1), [1]);

@@ -8,18 +8,12 @@ use half::bf16;
 use rayon::prelude::*;
 use safetensors::Dtype;
 
-/// SplitMix64's increment (the golden ratio in 64-bit fixed point).
-const GOLDEN: u64 = 0x9E37_79B9_7F4A_7C15;
 /// Elements one parallel task fills (a task's output is at most 256 KiB).
 const TASK_ELEMS: usize = 1 << 16;
 const SQRT_3: f32 = 1.732_050_8;
 
-/// SplitMix64's output function: a bijective 64-bit mixer.
-pub fn mix64(mut z: u64) -> u64 {
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
-}
+pub use shared::splitmix::mix64;
+use shared::splitmix::GOLDEN_GAMMA as GOLDEN;
 
 /// The stream key of one tensor: FNV-1a of its name, mixed with the seed.
 pub fn tensor_key(seed: u64, name: &str) -> u64 {

@@ -55,6 +55,23 @@ struct Conversation<'a> {
     context_management: Option<&'a Value>,
 }
 
+/// The [`Conversation`] of a `MessagesRequest` or a `CountTokensRequest` (the two request types
+/// name these fields alike), so both endpoints check exactly the same fields.
+macro_rules! conversation_of {
+    ($req:expr) => {
+        Conversation {
+            system: $req.system.as_ref(),
+            messages: $req.messages.as_deref(),
+            thinking: $req.thinking.as_ref(),
+            tools: $req.tools.as_ref(),
+            tool_choice: $req.tool_choice.as_ref(),
+            output_config: $req.output_config.as_ref(),
+            mcp_servers: $req.mcp_servers.as_ref(),
+            context_management: $req.context_management.as_ref(),
+        }
+    };
+}
+
 /// A checked conversation: template messages, the thinking switch and the tools.
 struct Checked {
     messages: Vec<ChatMessage>,
@@ -129,19 +146,7 @@ pub async fn messages(
         messages,
         thinking,
         tools,
-    } = conversation(
-        &app,
-        Conversation {
-            system: req.system.as_ref(),
-            messages: req.messages.as_deref(),
-            thinking: req.thinking.as_ref(),
-            tools: req.tools.as_ref(),
-            tool_choice: req.tool_choice.as_ref(),
-            output_config: req.output_config.as_ref(),
-            mcp_servers: req.mcp_servers.as_ref(),
-            context_management: req.context_management.as_ref(),
-        },
-    )?;
+    } = conversation(&app, conversation_of!(req))?;
     let constraint = crate::http::tools::forced_constraint(&tools)?;
     let fields = SamplingFields {
         temperature: req.temperature,
@@ -205,19 +210,7 @@ pub async fn count_tokens(
         messages,
         thinking,
         tools,
-    } = conversation(
-        &app,
-        Conversation {
-            system: req.system.as_ref(),
-            messages: req.messages.as_deref(),
-            thinking: req.thinking.as_ref(),
-            tools: req.tools.as_ref(),
-            tool_choice: req.tool_choice.as_ref(),
-            output_config: req.output_config.as_ref(),
-            mcp_servers: req.mcp_servers.as_ref(),
-            context_management: req.context_management.as_ref(),
-        },
-    )?;
+    } = conversation(&app, conversation_of!(req))?;
     let prompt = generate::tokenize_chat(
         &app,
         ready,
