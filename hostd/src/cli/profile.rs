@@ -86,8 +86,10 @@ pub fn run(args: &ProfileArgs) -> anyhow::Result<()> {
     let mut model = load_model(&args.load)?;
     let load_s = t_load.elapsed().as_secs_f64();
     let threads = rayon::current_num_threads();
-    let daemon = crate::expert_client::private::live_pids().first().copied();
-    let io_backend = (model.experts_name() == "expertd").then(crate::expert_client::last_io_backend).flatten();
+    let experts = model.experts_backend();
+    let daemon = experts.private_daemon_pid();
+    let io_backend = experts.io_backend();
+    drop(experts);
     let bandwidth =
         (args.bandwidth_bytes > 0).then(|| shared::kernels::bandwidth::measure_read_bandwidth_gbps(args.bandwidth_bytes, threads));
 

@@ -174,15 +174,6 @@ struct CallCost {
     prefetched_hits: u32,
 }
 
-/// The reader of the daemon this process connected to last (`io=… o_direct=…`), for reports.
-static LAST_IO_BACKEND: Mutex<Option<String>> = Mutex::new(None);
-
-/// The reader the most recently connected daemon reported in its handshake, e.g.
-/// `io=io_uring o_direct=true` (for `hostd profile`, which has no handle on its client).
-pub fn last_io_backend() -> Option<String> {
-    LAST_IO_BACKEND.lock().unwrap_or_else(PoisonError::into_inner).clone()
-}
-
 /// One connection, the session opened on it and the segment passed with it (fresh per
 /// session, so a daemon-side call of a lost session can never write into a later call's slot).
 struct Session {
@@ -255,7 +246,6 @@ impl ExpertdClient {
             daemon,
         };
         let s = client.session()?;
-        *LAST_IO_BACKEND.lock().unwrap_or_else(PoisonError::into_inner) = Some(s.info.io_backend.clone());
         tracing::info!(
             endpoint = %client.endpoint,
             session = s.info.session_id,
@@ -292,11 +282,6 @@ impl ExpertdClient {
     /// What the current session's handshake reported, if connected.
     pub fn daemon_info(&self) -> Option<DaemonInfo> {
         self.session.lock().unwrap_or_else(PoisonError::into_inner).as_ref().map(|s| s.info.clone())
-    }
-
-    /// The private daemon's process id, when hostd started one.
-    pub fn private_daemon_pid(&self) -> Option<u32> {
-        self.daemon.as_ref().and_then(PrivateDaemon::pid)
     }
 
     /// Runs `f` on the client runtime and waits for it from this (non-runtime) thread.
@@ -803,6 +788,14 @@ impl ExpertBackend for ExpertdClient {
     fn transport(&self) -> Option<String> {
         let info = self.daemon_info()?;
         Some(if info.ring_entries > 0 { "ring" } else if info.shared_memory { "rpc+shm" } else { "rpc-inline" }.to_string())
+    }
+
+    fn io_backend(&self) -> Option<String> {
+        self.daemon_info().map(|i| i.io_backend)
+    }
+
+    fn private_daemon_pid(&self) -> Option<u32> {
+        self.daemon.as_ref().and_then(PrivateDaemon::pid)
     }
 
     #[tracing::instrument(level = "debug", skip_all, fields(layer_idx = call.layer, n_tokens = call.n_rows))]

@@ -294,6 +294,12 @@ impl ExpertBackend for ShardedExperts {
         self.shards.iter().find_map(|s| s.client.expert_bytes())
     }
 
+    fn io_backend(&self) -> Option<String> {
+        // The first connected shard's; sharded daemons are never private, so no report pairs it
+        // with a daemon's process.
+        self.shards.iter().find_map(|s| s.client.io_backend())
+    }
+
     fn transport(&self) -> Option<String> {
         let each: Vec<String> = self
             .shards

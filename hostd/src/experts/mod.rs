@@ -107,6 +107,15 @@ pub trait ExpertBackend: Send + Sync {
     fn speculative_counters(&self) -> Option<(u64, u64)> {
         None
     }
+    /// The reader of a remote backend's daemon as its handshake reported it, e.g.
+    /// `io=io_uring o_direct=true` (`None`: in process, or not connected).
+    fn io_backend(&self) -> Option<String> {
+        None
+    }
+    /// Process id of the private expertd this backend started and owns, while it runs.
+    fn private_daemon_pid(&self) -> Option<u32> {
+        None
+    }
     /// Readiness of a remote backend (`None`: in process, always ready).
     fn health(&self) -> Option<crate::expert_client::health::HealthReport> {
         None
