@@ -6,7 +6,7 @@
 //! time (about 40 MiB at the real dimensions), never a whole fused tensor.
 
 use crate::prepare::PrepareError;
-use crate::stats::{ErrorStats, KindStats};
+use crate::quant_error::{ErrorStats, KindStats};
 use half::bf16;
 use safetensors::Dtype;
 use shared::checkpoint::Checkpoint;

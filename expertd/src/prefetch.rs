@@ -14,7 +14,7 @@
 //! that a demand call later hit (`useful`); the difference is wasted.
 
 use crate::cache::{ExpertKey, SessionId};
-use crate::engine::Engine;
+use crate::moe_call::Engine;
 use crate::io::ReadRequest;
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};

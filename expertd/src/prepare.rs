@@ -7,7 +7,7 @@
 //! resume decisions; the per-expert work is `convert`, the format is `shared::container`.
 
 use crate::convert::{ShardFiles, convert_expert};
-use crate::stats::{ErrorStats, merge_layers};
+use crate::quant_error::{ErrorStats, merge_layers};
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 use shared::checkpoint::{Checkpoint, CheckpointError};

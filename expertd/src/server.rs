@@ -14,7 +14,7 @@
 //! their leases are released. The RPCs themselves are `crate::rpc`.
 
 use crate::cache::{CacheConfig, ExpertCache, Policy};
-use crate::engine::Engine;
+use crate::moe_call::Engine;
 use crate::io::{IoKind, open_source};
 use crate::rpc::auth::Auth;
 use crate::rpc::{ConnInfo, ExpertdService, Peer, ServiceConfig, ServiceState};

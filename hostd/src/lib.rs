@@ -13,6 +13,7 @@ pub mod generate;
 pub mod http;
 pub mod model;
 pub mod prefix_cache;
+pub mod profile;
 pub mod sampling;
 pub mod synth;
 pub mod tokenizer;

@@ -2,7 +2,7 @@
 //! one mapping from domain errors to `tonic::Status` (`status`), and peer and token checks
 //! (`auth`), and the shared-memory call ring's worker (`ring`), which carries MoE calls on a
 //! unix socket without RPC. Connection handling and the listener loop are `crate::server`; the work of a call
-//! is `crate::engine`.
+//! is `crate::moe_call`.
 
 pub mod auth;
 pub mod ring;

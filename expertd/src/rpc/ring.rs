@@ -12,7 +12,7 @@
 
 use super::service::ServiceState;
 use super::status::RpcError;
-use crate::engine::CallSpec;
+use crate::moe_call::CallSpec;
 use crate::session::{CallCounters, Session};
 use crate::shm::Segment;
 use shared::ring::{self, Completion, Entry, RingView, Submission};

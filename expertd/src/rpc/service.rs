@@ -8,7 +8,7 @@
 
 use super::auth::Auth;
 use super::status::RpcError;
-use crate::engine::{CallSpec, Engine};
+use crate::moe_call::{CallSpec, Engine};
 use crate::logsafe;
 use crate::session::{CallCounters, FairQueue, PeerKey, Session, SessionCaps, Sessions, TransportKind};
 use crate::shm::Segment;

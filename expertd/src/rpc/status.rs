@@ -14,7 +14,7 @@
 //! | anything that is the daemon's own bug | `INTERNAL` |
 
 use crate::cache::CacheError;
-use crate::engine::CallError;
+use crate::moe_call::CallError;
 use crate::io::IoError;
 use crate::session::CapReached;
 use crate::shm::ShmError;

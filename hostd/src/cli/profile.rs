@@ -9,8 +9,8 @@
 
 use super::load::{LoadArgs, load_model};
 use super::procfs::{self, Reads};
-use crate::model::profile::{self, OpStat};
 use crate::model::{Logits, Model, SequenceState};
+use crate::profile::{self, OpStat, Profiler};
 use anyhow::Context;
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
@@ -83,11 +83,13 @@ pub fn run(args: &ProfileArgs) -> anyhow::Result<()> {
     anyhow::ensure!(args.prompt_tokens >= 2 && args.decode_steps >= 1, "need --prompt-tokens ≥ 2 and --decode-steps ≥ 1");
     anyhow::ensure!(args.prefill_chunk >= 1, "--prefill-chunk must be at least 1");
     let t_load = Instant::now();
-    let model = load_model(&args.load)?;
+    let mut model = load_model(&args.load)?;
     let load_s = t_load.elapsed().as_secs_f64();
     let threads = rayon::current_num_threads();
-    let daemon = crate::expert_client::private::live_pids().first().copied();
-    let io_backend = (model.experts_name() == "expertd").then(crate::expert_client::last_io_backend).flatten();
+    let experts = model.experts_backend();
+    let daemon = experts.private_daemon_pid();
+    let io_backend = experts.io_backend();
+    drop(experts);
     let bandwidth =
         (args.bandwidth_bytes > 0).then(|| shared::kernels::bandwidth::measure_read_bandwidth_gbps(args.bandwidth_bytes, threads));
 
@@ -102,24 +104,23 @@ pub fn run(args: &ProfileArgs) -> anyhow::Result<()> {
         // steps), so every dense page and every expert the measurement touches has been read
         // once (page cache, expertd's cache, first-use checksums): a resident, warm measurement.
         let mut warm = model.new_state();
-        let mut id = sample(&prefill(&model, &mut warm, &prompt, args.prefill_chunk)?);
+        let mut id = sample(&model, &prefill(&model, &mut warm, &prompt, args.prefill_chunk)?);
         for _ in 0..args.decode_steps {
             id = step(&model, &mut warm, id)?;
         }
     }
 
     let reads_start = Reads::now(daemon);
-    profile::set_enabled(true);
-    profile::take();
-    profile::take_counts();
+    model.set_profiler(Some(Profiler::new()));
+    let prof = model.profiler().expect("just set");
     let mut state = model.new_state();
     let t = Instant::now();
     let logits = prefill(&model, &mut state, &prompt, args.prefill_chunk)?;
     let prefill_s = t.elapsed().as_secs_f64();
-    let mut id = sample(&logits);
+    let mut id = sample(&model, &logits);
     let ttft_s = t.elapsed().as_secs_f64();
-    let prefill_ops = profile::take();
-    let prefill_counts = profile::take_counts();
+    let prefill_ops = prof.take();
+    let prefill_counts = prof.take_counts();
     let reads_mid = Reads::now(daemon);
     let spec_start = model.speculative_counters();
 
@@ -128,9 +129,9 @@ pub fn run(args: &ProfileArgs) -> anyhow::Result<()> {
         id = step(&model, &mut state, id)?;
     }
     let decode_s = t.elapsed().as_secs_f64();
-    let decode_ops = profile::take();
-    let decode_counts = profile::take_counts();
-    profile::set_enabled(false);
+    let decode_ops = prof.take();
+    let decode_counts = prof.take_counts();
+    model.set_profiler(None);
     let reads_end = Reads::now(daemon);
     let spec_end = model.speculative_counters();
     let m = args.decode_steps as f64;
@@ -210,16 +211,16 @@ pub fn run(args: &ProfileArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Greedy sampling under the `sampling` scope.
-fn sample(logits: &[f32]) -> u32 {
-    let _scope = profile::scope("sampling", 0);
+/// Greedy sampling under the `sampling` scope of the model's profiler.
+fn sample(model: &Model, logits: &[f32]) -> u32 {
+    let _scope = profile::scope(model.profiler(), "sampling", 0);
     crate::sampling::argmax(logits)
 }
 
 /// One decode step: feed `id`, return the next greedy id.
 fn step(model: &Model, state: &mut SequenceState, id: u32) -> anyhow::Result<u32> {
     let logits = model.forward(state, &[id], Logits::Last, None)?;
-    Ok(sample(&logits))
+    Ok(sample(model, &logits))
 }
 
 /// The decode phase's prefetch figures (`None` when the client sent no hints): the

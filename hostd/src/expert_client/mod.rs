@@ -37,7 +37,7 @@ pub use shards::{ShardSpec, ShardedExperts};
 pub use transport::{CaCertificate, Endpoint};
 
 use crate::experts::{ExpertBackend, ExpertError, MoeCall, validate_call};
-use crate::model::profile;
+use crate::profile::Profiler;
 use proto::convert::{f32s_to_le_bytes, le_bytes_into_f32s};
 use proto::v1::{self as pb, moe_layer_request, moe_layer_response};
 use shared::container::ModelIdentity;
@@ -174,15 +174,6 @@ struct CallCost {
     prefetched_hits: u32,
 }
 
-/// The reader of the daemon this process connected to last (`io=… o_direct=…`), for reports.
-static LAST_IO_BACKEND: Mutex<Option<String>> = Mutex::new(None);
-
-/// The reader the most recently connected daemon reported in its handshake, e.g.
-/// `io=io_uring o_direct=true` (for `hostd profile`, which has no handle on its client).
-pub fn last_io_backend() -> Option<String> {
-    LAST_IO_BACKEND.lock().unwrap_or_else(PoisonError::into_inner).clone()
-}
-
 /// One connection, the session opened on it and the segment passed with it (fresh per
 /// session, so a daemon-side call of a lost session can never write into a later call's slot).
 struct Session {
@@ -255,7 +246,6 @@ impl ExpertdClient {
             daemon,
         };
         let s = client.session()?;
-        *LAST_IO_BACKEND.lock().unwrap_or_else(PoisonError::into_inner) = Some(s.info.io_backend.clone());
         tracing::info!(
             endpoint = %client.endpoint,
             session = s.info.session_id,
@@ -292,11 +282,6 @@ impl ExpertdClient {
     /// What the current session's handshake reported, if connected.
     pub fn daemon_info(&self) -> Option<DaemonInfo> {
         self.session.lock().unwrap_or_else(PoisonError::into_inner).as_ref().map(|s| s.info.clone())
-    }
-
-    /// The private daemon's process id, when hostd started one.
-    pub fn private_daemon_pid(&self) -> Option<u32> {
-        self.daemon.as_ref().and_then(PrivateDaemon::pid)
     }
 
     /// Runs `f` on the client runtime and waits for it from this (non-runtime) thread.
@@ -671,7 +656,7 @@ impl ExpertdClient {
 
     /// Prefetch recall for `call`'s layer: how many of its distinct experts the last prediction
     /// for the layer named (profile counters `prefetch.*`).
-    fn count_recall(&self, call: &MoeCall<'_>) {
+    fn count_recall(&self, call: &MoeCall<'_>, profiler: &Profiler) {
         let predicted = std::mem::take(&mut self.predicted.lock().unwrap_or_else(PoisonError::into_inner)[call.layer]);
         if predicted.is_empty() {
             return;
@@ -680,9 +665,9 @@ impl ExpertdClient {
         actual.sort_unstable();
         actual.dedup();
         let found = actual.iter().filter(|e| predicted.binary_search(e).is_ok()).count();
-        profile::count("prefetch.actual_experts", actual.len() as u64);
-        profile::count("prefetch.predicted_experts", predicted.len() as u64);
-        profile::count("prefetch.predicted_and_used", found as u64);
+        profiler.count("prefetch.actual_experts", actual.len() as u64);
+        profiler.count("prefetch.predicted_experts", predicted.len() as u64);
+        profiler.count("prefetch.predicted_and_used", found as u64);
     }
 
     /// One layer call with the reconnect policy of the module doc.
@@ -755,7 +740,7 @@ impl ExpertBackend for ExpertdClient {
         self.opts.prefetch && self.session.lock().unwrap_or_else(PoisonError::into_inner).as_ref().is_some_and(|s| s.info.ring_entries > 0)
     }
 
-    fn prefetch(&self, layer: usize, experts: &[u32]) {
+    fn prefetch(&self, layer: usize, experts: &[u32], profiler: Option<&Profiler>) {
         if let Some(p) = self.predicted.lock().unwrap_or_else(PoisonError::into_inner).get_mut(layer) {
             p.clear();
             p.extend_from_slice(experts);
@@ -773,7 +758,9 @@ impl ExpertBackend for ExpertdClient {
         match entry.state().load(Ordering::Acquire) {
             ring::STATE_FREE | ring::STATE_DONE | ring::STATE_FAILED => {}
             _ => {
-                profile::count("prefetch.hints_skipped", 1);
+                if let Some(p) = profiler {
+                    p.count("prefetch.hints_skipped", 1);
+                }
                 return;
             }
         }
@@ -782,7 +769,9 @@ impl ExpertBackend for ExpertdClient {
         let weights = vec![0.0f32; n];
         entry.submit(&sub, &experts[..n], &weights);
         ring.ring_doorbell();
-        profile::count("prefetch.hints", 1);
+        if let Some(p) = profiler {
+            p.count("prefetch.hints", 1);
+        }
     }
 
     fn speculative_counters(&self) -> Option<(u64, u64)> {
@@ -801,27 +790,35 @@ impl ExpertBackend for ExpertdClient {
         Some(if info.ring_entries > 0 { "ring" } else if info.shared_memory { "rpc+shm" } else { "rpc-inline" }.to_string())
     }
 
+    fn io_backend(&self) -> Option<String> {
+        self.daemon_info().map(|i| i.io_backend)
+    }
+
+    fn private_daemon_pid(&self) -> Option<u32> {
+        self.daemon.as_ref().and_then(PrivateDaemon::pid)
+    }
+
     #[tracing::instrument(level = "debug", skip_all, fields(layer_idx = call.layer, n_tokens = call.n_rows))]
-    fn moe_layer(&self, call: &MoeCall<'_>, out: &mut [f32]) -> Result<(), ExpertError> {
+    fn moe_layer_profiled(&self, call: &MoeCall<'_>, out: &mut [f32], profiler: Option<&Profiler>) -> Result<(), ExpertError> {
         validate_call(call, self.opts.n_layers, self.opts.n_experts, self.opts.hidden, out.len())?;
-        if self.opts.prefetch && profile::enabled() {
-            self.count_recall(call);
+        if let Some(p) = profiler.filter(|_| self.opts.prefetch) {
+            self.count_recall(call, p);
         }
         let t = Instant::now();
         let cost = self.call(call, out).map_err(|e| e.into_expert_error(call.layer))?;
-        if profile::enabled() {
+        if let Some(p) = profiler {
             // The call's client wall time, split into the daemon's reported queue, IO wait and
             // compute; the rest (encode, transport both ways, decode, a retry) is IPC.
             let wall = t.elapsed().as_nanos() as u64;
             let server = cost.queue_ns + cost.io_wait_ns + cost.compute_ns;
-            profile::add("experts.queue", cost.queue_ns, 0);
-            profile::add("experts.io_wait", cost.io_wait_ns, 0);
-            profile::add("experts.compute", cost.compute_ns, 0);
-            profile::add("experts.ipc", wall.saturating_sub(server), 0);
-            profile::count("experts.hits", u64::from(cost.hits));
-            profile::count("experts.misses", u64::from(cost.misses));
-            profile::count("experts.bytes_read", cost.bytes_read);
-            profile::count("experts.prefetched_hits", u64::from(cost.prefetched_hits));
+            p.add("experts.queue", cost.queue_ns, 0);
+            p.add("experts.io_wait", cost.io_wait_ns, 0);
+            p.add("experts.compute", cost.compute_ns, 0);
+            p.add("experts.ipc", wall.saturating_sub(server), 0);
+            p.count("experts.hits", u64::from(cost.hits));
+            p.count("experts.misses", u64::from(cost.misses));
+            p.count("experts.bytes_read", cost.bytes_read);
+            p.count("experts.prefetched_hits", u64::from(cost.prefetched_hits));
         }
         Ok(())
     }

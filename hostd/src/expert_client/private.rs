@@ -49,18 +49,19 @@ const DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
 /// Prefix of the temporary directories (followed by the owner's pid and a dash).
 const DIR_PREFIX: &str = "sluice-expertd-";
 
-/// Every private daemon of this process (for [`live_pids`] and [`stop_all`]).
+/// Every private daemon of this process, for [`stop_all`] only. A global because the owner
+/// cannot always be dropped before the process exits: `hostd serve` moves the model (and with
+/// it the client that owns its [`PrivateDaemon`]) onto the scheduler thread, which is detached
+/// and still running (or the loader thread still loading) when `main` returns, and statics
+/// are never dropped. Dropping the owner is the normal path; this is the exit path's. Weak
+/// references: the registry keeps no daemon alive. Everything else asks the owning client
+/// (`ExpertBackend::private_daemon_pid`).
 static DAEMONS: Mutex<Vec<Weak<Supervised>>> = Mutex::new(Vec::new());
 
 fn daemons() -> Vec<Arc<Supervised>> {
     let mut all = DAEMONS.lock().unwrap_or_else(PoisonError::into_inner);
     all.retain(|w| w.strong_count() > 0);
     all.iter().filter_map(Weak::upgrade).collect()
-}
-
-/// The process ids of this process's private expertd children that are running now.
-pub fn live_pids() -> Vec<u32> {
-    daemons().iter().filter_map(|d| d.pid()).collect()
 }
 
 /// Stops every private daemon of this process and removes its directory (hostd's `main` calls

@@ -17,6 +17,7 @@ use super::health::{HealthReport, Readiness};
 use super::transport::Endpoint;
 use super::{ClientOptions, ExpertClientError, ExpertdClient};
 use crate::experts::{ExpertBackend, ExpertError, MoeCall};
+use crate::profile::Profiler;
 use std::ops::RangeInclusive;
 
 /// One `--expertd` argument: the daemon and the layers it serves (`None`: all of them).
@@ -278,7 +279,7 @@ impl ExpertBackend for ShardedExperts {
         "expertd"
     }
 
-    fn moe_layer(&self, call: &MoeCall<'_>, out: &mut [f32]) -> Result<(), ExpertError> {
+    fn moe_layer_profiled(&self, call: &MoeCall<'_>, out: &mut [f32], profiler: Option<&Profiler>) -> Result<(), ExpertError> {
         let Some(shard) = self.owner_of(call.layer) else {
             return Err(ExpertError::InvalidCall {
                 layer: call.layer,
@@ -286,11 +287,17 @@ impl ExpertBackend for ShardedExperts {
             });
         };
         // The shard's client names its endpoint in every error, and the error names the layer.
-        shard.client.moe_layer(call, out)
+        shard.client.moe_layer_profiled(call, out, profiler)
     }
 
     fn expert_bytes(&self) -> Option<usize> {
         self.shards.iter().find_map(|s| s.client.expert_bytes())
+    }
+
+    fn io_backend(&self) -> Option<String> {
+        // The first connected shard's; sharded daemons are never private, so no report pairs it
+        // with a daemon's process.
+        self.shards.iter().find_map(|s| s.client.io_backend())
     }
 
     fn transport(&self) -> Option<String> {
@@ -314,9 +321,9 @@ impl ExpertBackend for ShardedExperts {
         self.shards.iter().any(|s| s.client.wants_prefetch())
     }
 
-    fn prefetch(&self, layer: usize, experts: &[u32]) {
+    fn prefetch(&self, layer: usize, experts: &[u32], profiler: Option<&Profiler>) {
         if let Some(shard) = self.owner_of(layer) {
-            shard.client.prefetch(layer, experts);
+            shard.client.prefetch(layer, experts, profiler);
         }
     }
 

@@ -10,6 +10,7 @@ use crate::model::weights::{MappedCheckpoint, Matrix, WeightsError};
 use rayon::prelude::*;
 use shared::kernels::{self, Isa};
 use shared::safetensors_locator::ExpertLocator;
+use crate::profile::Profiler;
 
 /// Gate, up and down matrices of one expert.
 struct ExpertMatrices {
@@ -56,7 +57,7 @@ impl ExpertBackend for Bf16Experts {
         self.experts.first().and_then(|l| l.first()).map(|m| m.gate.bytes() + m.up.bytes() + m.down.bytes())
     }
 
-    fn moe_layer(&self, call: &MoeCall<'_>, out: &mut [f32]) -> Result<(), ExpertError> {
+    fn moe_layer_profiled(&self, call: &MoeCall<'_>, out: &mut [f32], _profiler: Option<&Profiler>) -> Result<(), ExpertError> {
         validate_call(call, self.experts.len(), self.n_experts, self.hidden, out.len())?;
         let (d, k) = (self.hidden, call.top_k);
         // Group (row, slot) cells by expert.

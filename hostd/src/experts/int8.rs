@@ -13,7 +13,7 @@ use memmap2::Mmap;
 use shared::container::{BlobAt, ContainerError, ContainerFile, ExpertBlob, ModelIdentity, check_blob};
 use shared::kernels::int8::Int8Isa;
 use shared::moe_exec::{ExpertMatrices, MoeExec};
-use crate::model::profile;
+use crate::profile::Profiler;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Instant;
@@ -124,14 +124,14 @@ impl ExpertBackend for Int8Experts {
         Some(self.container.header().layout.blob.stride)
     }
 
-    fn moe_layer(&self, call: &MoeCall<'_>, out: &mut [f32]) -> Result<(), ExpertError> {
+    fn moe_layer_profiled(&self, call: &MoeCall<'_>, out: &mut [f32], profiler: Option<&Profiler>) -> Result<(), ExpertError> {
         validate_call(call, self.n_layers, self.n_experts, self.hidden, out.len())?;
         let d = self.hidden;
         let mut exec = MoeExec::new(call.x, call.ids, call.weights, call.n_rows, call.top_k, d, self.n_experts);
         // Profiling: thread time the workers spend getting blobs (the first-use checksum of a
         // mapped blob; later uses are a lookup). Page faults on the mapping happen while the
         // kernels touch the weights, so they count as compute here (the rest of the wall).
-        let timing = profile::enabled();
+        let timing = profiler.is_some();
         let read_ns = AtomicU64::new(0);
         let t_wall = timing.then(Instant::now);
         let all: Vec<usize> = (0..exec.groups().len()).collect();
@@ -143,11 +143,11 @@ impl ExpertBackend for Int8Experts {
             }
             Ok(ExpertMatrices { gate_up: blob.gate_up, down: blob.down })
         })?;
-        if let Some(t) = t_wall {
+        if let (Some(t), Some(p)) = (t_wall, profiler) {
             let wall = t.elapsed().as_nanos() as u64;
             let r = read_ns.into_inner().min(wall);
-            profile::add("experts.io_wait", r, 0);
-            profile::add("experts.compute", wall - r, 0);
+            p.add("experts.io_wait", r, 0);
+            p.add("experts.compute", wall - r, 0);
         }
         exec.finish(out);
         Ok(())

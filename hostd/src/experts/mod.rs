@@ -9,6 +9,8 @@
 pub mod bf16;
 pub mod int8;
 
+use crate::profile::Profiler;
+
 /// One MoE layer's routed-expert work for a batch of rows.
 #[derive(Debug, Clone, Copy)]
 pub struct MoeCall<'a> {
@@ -77,8 +79,14 @@ pub enum ExpertError {
 pub trait ExpertBackend: Send + Sync {
     /// Short name for logs and reports (`bf16`, `int8`, `expertd`).
     fn name(&self) -> &'static str;
-    /// Writes `out[r] = Σ_k weights[r,k] · expert_{ids[r,k]}(x[r])` for every row.
-    fn moe_layer(&self, call: &MoeCall<'_>, out: &mut [f32]) -> Result<(), ExpertError>;
+    /// Writes `out[r] = Σ_k weights[r,k] · expert_{ids[r,k]}(x[r])` for every row. When
+    /// `profiler` is given, records the call's own figures into it (`experts.*` ops and
+    /// counters: daemon queue, IO wait and compute, cache hits); it never changes a result.
+    fn moe_layer_profiled(&self, call: &MoeCall<'_>, out: &mut [f32], profiler: Option<&Profiler>) -> Result<(), ExpertError>;
+    /// [`moe_layer_profiled`](Self::moe_layer_profiled) without a profiler.
+    fn moe_layer(&self, call: &MoeCall<'_>, out: &mut [f32]) -> Result<(), ExpertError> {
+        self.moe_layer_profiled(call, out, None)
+    }
     /// Weight bytes this backend streams per expert it computes (for profiling), if known.
     fn expert_bytes(&self) -> Option<usize> {
         None
@@ -93,10 +101,19 @@ pub trait ExpertBackend: Send + Sync {
         false
     }
     /// A hint: `layer` will probably call `experts` next. Never changes a result; a backend
-    /// may ignore it.
-    fn prefetch(&self, _layer: usize, _experts: &[u32]) {}
+    /// may ignore it. `profiler`, when given, counts the hints sent and skipped.
+    fn prefetch(&self, _layer: usize, _experts: &[u32], _profiler: Option<&Profiler>) {}
     /// Cumulative speculative reads: (bytes read, bytes of those a demand call then hit).
     fn speculative_counters(&self) -> Option<(u64, u64)> {
+        None
+    }
+    /// The reader of a remote backend's daemon as its handshake reported it, e.g.
+    /// `io=io_uring o_direct=true` (`None`: in process, or not connected).
+    fn io_backend(&self) -> Option<String> {
+        None
+    }
+    /// Process id of the private expertd this backend started and owns, while it runs.
+    fn private_daemon_pid(&self) -> Option<u32> {
         None
     }
     /// Readiness of a remote backend (`None`: in process, always ready).

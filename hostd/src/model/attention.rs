@@ -8,8 +8,8 @@
 use super::causal;
 use super::linear::{self, DenseFormat, Linear, project_new};
 use super::ops;
-use super::profile;
 use super::weights::{MappedCheckpoint, WeightsError};
+use crate::profile::{self, Profiler};
 use shared::config::{AttentionLayout, TextConfig};
 use shared::kernels::Isa;
 
@@ -102,17 +102,18 @@ impl Attention {
     }
 
     /// Runs `n` new tokens (rows of `x`, already normed) at positions `cache.len()..`, appends
-    /// their keys and values to `cache`, and returns the `n × d` mixer output.
-    pub fn forward(&self, isa: Isa, x: &[f32], n: usize, cache: &mut KvCache) -> Vec<f32> {
+    /// their keys and values to `cache`, and returns the `n × d` mixer output. Op times go to
+    /// `prof` when given.
+    pub fn forward(&self, isa: Isa, x: &[f32], n: usize, cache: &mut KvCache, prof: Option<&Profiler>) -> Vec<f32> {
         let at = self.layout;
         let (nq, nkv, dh) = (at.n_q_heads, at.n_kv_heads, at.head_dim);
         let start = cache.len;
-        let scope = profile::scope("attention.qkv_proj", self.q_proj.bytes() + self.k_proj.bytes() + self.v_proj.bytes());
+        let scope = profile::scope(prof, "attention.qkv_proj", self.q_proj.bytes() + self.k_proj.bytes() + self.v_proj.bytes());
         let [p, mut k, v]: [Vec<f32>; 3] = linear::project_many(isa, &[&self.q_proj, &self.k_proj, &self.v_proj], x, n)
             .try_into()
             .expect("three projections");
         drop(scope);
-        let scope = profile::scope("attention.core", 0);
+        let scope = profile::scope(prof, "attention.core", 0);
 
         // Split q and gate (interleaved per head: [q_h | gate_h] blocks of head_dim), norm, rotate.
         let mut q = vec![0.0f32; n * nq * dh];
@@ -147,7 +148,7 @@ impl Attention {
             *ov *= ops::sigmoid(*gv);
         }
         drop(scope);
-        let _scope = profile::scope("attention.o_proj", self.o_proj.bytes());
+        let _scope = profile::scope(prof, "attention.o_proj", self.o_proj.bytes());
         project_new(isa, &self.o_proj, &o, n)
     }
 }

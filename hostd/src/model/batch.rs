@@ -11,7 +11,8 @@
 //!
 //! Not here: choosing which sequences run together (`engine::scheduler`).
 
-use super::{LayerState, Mixer, Model, ModelError, SequenceState, linear, ops, profile};
+use super::{LayerState, Mixer, Model, ModelError, SequenceState, linear, ops};
+use crate::profile;
 
 /// One sequence's share of a batched forward call.
 pub struct BatchItem<'a> {
@@ -76,7 +77,8 @@ impl Model {
         }
         let total = starts[items.len()];
 
-        let scope = profile::scope("embed", total * d * 2);
+        let prof = self.profiler();
+        let scope = profile::scope(prof, "embed", total * d * 2);
         let mut h = Vec::with_capacity(total * d);
         for item in items.iter() {
             for &id in item.tokens {
@@ -96,8 +98,8 @@ impl Model {
                 let (r0, r1) = (starts[k], starts[k + 1]);
                 let x = &a[r0 * d..r1 * d];
                 let out = match (&layer.mixer, &mut item.state.layers[i]) {
-                    (Mixer::Attention(att), LayerState::Kv(cache)) => att.forward(self.isa, x, r1 - r0, cache),
-                    (Mixer::DeltaNet(dn), LayerState::DeltaNet(s)) => dn.forward(self.isa, x, r1 - r0, s),
+                    (Mixer::Attention(att), LayerState::Kv(cache)) => att.forward(self.isa, x, r1 - r0, cache, prof),
+                    (Mixer::DeltaNet(dn), LayerState::DeltaNet(s)) => dn.forward(self.isa, x, r1 - r0, s, prof),
                     _ => unreachable!("layer {i}: state kind always matches the mixer (built by new_state)"),
                 };
                 mixed[r0 * d..r1 * d].copy_from_slice(&out);
@@ -108,7 +110,7 @@ impl Model {
             let mut b = h.clone();
             ops::rms_norm_rows(&mut b, &layer.post_scale, eps);
             let (moe_out, _routes) =
-                layer.moe.forward(self.isa, self.experts.as_ref(), &b, total).map_err(|e| BatchError::Failed(e.into()))?;
+                layer.moe.forward(self.isa, self.experts.as_ref(), &b, total, prof).map_err(|e| BatchError::Failed(e.into()))?;
             for (hv, mv) in h.iter_mut().zip(&moe_out) {
                 *hv += mv;
             }
@@ -125,7 +127,7 @@ impl Model {
             let r = starts[k + 1] - 1;
             last.extend_from_slice(&h[r * d..(r + 1) * d]);
         }
-        let _scope = profile::scope("lm_head", self.lm_head.bytes());
+        let _scope = profile::scope(prof, "lm_head", self.lm_head.bytes());
         ops::rms_norm_rows(&mut last, &self.final_scale, eps);
         let logits = linear::project_new(self.isa, &self.lm_head, &last, m);
         let vocab = self.cfg.vocab_size;

@@ -7,8 +7,8 @@
 
 use super::linear::{self, DenseFormat, Linear, project_new};
 use super::ops;
-use super::profile;
 use super::weights::{MappedCheckpoint, WeightsError};
+use crate::profile::{self, Profiler};
 use rayon::prelude::*;
 use shared::config::{DeltaNetLayout, TextConfig};
 use shared::kernels::Isa;
@@ -91,19 +91,19 @@ impl DeltaNet {
 
     /// Runs `n` new tokens (rows of `x`, already normed) through the layer, advancing `state`,
     /// and returns the `n × d` mixer output. One token uses the recurrence; more use the
-    /// chunked form.
-    pub fn forward(&self, isa: Isa, x: &[f32], n: usize, state: &mut DeltaNetState) -> Vec<f32> {
+    /// chunked form. Op times go to `prof` when given.
+    pub fn forward(&self, isa: Isa, x: &[f32], n: usize, state: &mut DeltaNetState, prof: Option<&Profiler>) -> Vec<f32> {
         let dn = self.dn;
         let (nk, nv, dk, dv) = (dn.n_k_heads, dn.n_v_heads, dn.key_head_dim, dn.value_head_dim);
         let (cdim, kw) = (dn.conv_dim(), dn.conv_kernel);
         let in_bytes = self.in_proj_qkv.bytes() + self.in_proj_z.bytes() + self.in_proj_b.bytes() + self.in_proj_a.bytes();
-        let scope = profile::scope("deltanet.in_proj", in_bytes);
+        let scope = profile::scope(prof, "deltanet.in_proj", in_bytes);
         let [xqkv, z, b, a]: [Vec<f32>; 4] =
             linear::project_many(isa, &[&self.in_proj_qkv, &self.in_proj_z, &self.in_proj_b, &self.in_proj_a], x, n)
                 .try_into()
                 .expect("four projections");
         drop(scope);
-        let scope = profile::scope("deltanet.conv_norm_gates", 0);
+        let scope = profile::scope(prof, "deltanet.conv_norm_gates", 0);
 
         // Causal depthwise conv over [history ; new rows], then SiLU.
         let hist = kw - 1;
@@ -147,7 +147,7 @@ impl DeltaNet {
         }
 
         drop(scope);
-        let scope = profile::scope(if n == 1 { "deltanet.recurrence" } else { "deltanet.chunked" }, 0);
+        let scope = profile::scope(prof, if n == 1 { "deltanet.recurrence" } else { "deltanet.chunked" }, 0);
         // Per v head: gather its inputs, run the recurrence, write outputs [t][h][dv].
         let head_out: Vec<Vec<f32>> = state
             .recurrent
@@ -165,7 +165,7 @@ impl DeltaNet {
             .collect();
 
         drop(scope);
-        let scope = profile::scope("deltanet.gated_norm", 0);
+        let scope = profile::scope(prof, "deltanet.gated_norm", 0);
         // Gated RMSNorm per head, flattened head-major, then the out-projection.
         let mut o = vec![0.0f32; n * cv];
         for t in 0..n {
@@ -181,7 +181,7 @@ impl DeltaNet {
             }
         }
         drop(scope);
-        let _scope = profile::scope("deltanet.out_proj", self.out_proj.bytes());
+        let _scope = profile::scope(prof, "deltanet.out_proj", self.out_proj.bytes());
         project_new(isa, &self.out_proj, &o, n)
     }
 }

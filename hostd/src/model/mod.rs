@@ -12,10 +12,10 @@ pub mod gdn;
 pub mod linear;
 pub mod moe;
 pub mod ops;
-pub mod profile;
 pub mod weights;
 
 use crate::experts::{ExpertBackend, ExpertError};
+use crate::profile::{self, Profiler};
 use attention::{Attention, KvCache};
 use gdn::{DeltaNet, DeltaNetState};
 use linear::{DenseFormat, Linear};
@@ -134,6 +134,9 @@ pub struct Model {
     lm_head: Linear,
     dense: DenseFormat,
     experts: Arc<dyn ExpertBackend>,
+    /// Op timing for `hostd profile`; `None` (the default) costs the forward pass one branch
+    /// per op.
+    profiler: Option<Profiler>,
 }
 
 impl Model {
@@ -168,7 +171,19 @@ impl Model {
             cfg,
             isa,
             experts,
+            profiler: None,
         })
+    }
+
+    /// Starts recording this model's forward passes into `profiler` (`Some`), or stops
+    /// (`None`); returns the profiler it held.
+    pub fn set_profiler(&mut self, profiler: Option<Profiler>) -> Option<Profiler> {
+        std::mem::replace(&mut self.profiler, profiler)
+    }
+
+    /// The profiler recording this model's forward passes, if any.
+    pub fn profiler(&self) -> Option<&Profiler> {
+        self.profiler.as_ref()
     }
 
     /// The text configuration.
@@ -206,13 +221,14 @@ impl Model {
         if n > MAX_ROWS || !self.experts.wants_prefetch() {
             return;
         }
-        let _scope = profile::scope("moe.prefetch_router", 0);
+        let prof = self.profiler();
+        let _scope = profile::scope(prof, "moe.prefetch_router", 0);
         let mut b = h.to_vec();
         ops::rms_norm_rows(&mut b, &next.post_scale, self.cfg.rms_norm_eps as f32);
         let mut ids = next.moe.route(self.isa, &b, n).ids;
         ids.sort_unstable();
         ids.dedup();
-        self.experts.prefetch(i + 1, &ids);
+        self.experts.prefetch(i + 1, &ids, prof);
     }
 
     /// The expert backend's speculative-read counters: (bytes read, bytes a demand call then
@@ -270,7 +286,8 @@ impl Model {
             return Err(ModelError::ContextExceeded { needed, max: self.cfg.max_position_embeddings });
         }
         let eps = self.cfg.rms_norm_eps as f32;
-        let scope = profile::scope("embed", n * d * 2);
+        let prof = self.profiler();
+        let scope = profile::scope(prof, "embed", n * d * 2);
         let mut h = Vec::with_capacity(n * d);
         for &id in tokens {
             h.extend(self.embed.row(id as usize).iter().map(|v| v.to_f32()));
@@ -281,6 +298,7 @@ impl Model {
         state.poisoned = true;
         for (i, (layer, ls)) in self.layers.iter().zip(state.layers.iter_mut()).enumerate() {
             let _layer_scope = profile::scope(
+                prof,
                 match layer.mixer {
                     Mixer::Attention(_) => "layer.attention",
                     Mixer::DeltaNet(_) => "layer.deltanet",
@@ -290,8 +308,8 @@ impl Model {
             let mut a = h.clone();
             ops::rms_norm_rows(&mut a, &layer.input_scale, eps);
             let mixed = match (&layer.mixer, ls) {
-                (Mixer::Attention(att), LayerState::Kv(cache)) => att.forward(self.isa, &a, n, cache),
-                (Mixer::DeltaNet(dn), LayerState::DeltaNet(s)) => dn.forward(self.isa, &a, n, s),
+                (Mixer::Attention(att), LayerState::Kv(cache)) => att.forward(self.isa, &a, n, cache, prof),
+                (Mixer::DeltaNet(dn), LayerState::DeltaNet(s)) => dn.forward(self.isa, &a, n, s, prof),
                 _ => unreachable!("layer {i}: state kind always matches the mixer (built by new_state)"),
             };
             for (hv, mv) in h.iter_mut().zip(&mixed) {
@@ -299,7 +317,7 @@ impl Model {
             }
             let mut b = h.clone();
             ops::rms_norm_rows(&mut b, &layer.post_scale, eps);
-            let (moe_out, r) = layer.moe.forward(self.isa, self.experts.as_ref(), &b, n)?;
+            let (moe_out, r) = layer.moe.forward(self.isa, self.experts.as_ref(), &b, n, prof)?;
             for (hv, mv) in h.iter_mut().zip(&moe_out) {
                 *hv += mv;
             }
@@ -315,7 +333,7 @@ impl Model {
             Logits::All => &mut h,
             Logits::Last => &mut h[(n - 1) * d..],
         };
-        let _scope = profile::scope("lm_head", self.lm_head.bytes());
+        let _scope = profile::scope(prof, "lm_head", self.lm_head.bytes());
         ops::rms_norm_rows(rows, &self.final_scale, eps);
         let m = rows.len() / d;
         Ok(linear::project_new(self.isa, &self.lm_head, rows, m))

@@ -4,9 +4,9 @@
 
 use super::linear::{self, DenseFormat, Linear, project_new};
 use super::ops;
-use super::profile;
 use super::weights::{MappedCheckpoint, WeightsError};
 use crate::experts::{ExpertBackend, ExpertError, MoeCall};
+use crate::profile::{self, Profiler};
 use shared::config::TextConfig;
 use shared::kernels::Isa;
 
@@ -72,21 +72,33 @@ impl Moe {
     }
 
     /// Full MoE output for `n` rows of `x` (already post-attention-normed): routed experts via
-    /// `experts` plus the gated shared expert. Returns the output and the routes.
-    pub fn forward(&self, isa: Isa, experts: &dyn ExpertBackend, x: &[f32], n: usize) -> Result<(Vec<f32>, Routes), ExpertError> {
+    /// `experts` plus the gated shared expert. Returns the output and the routes. Op times, and
+    /// the expert backend's figures, go to `prof` when given.
+    pub fn forward(
+        &self,
+        isa: Isa,
+        experts: &dyn ExpertBackend,
+        x: &[f32],
+        n: usize,
+        prof: Option<&Profiler>,
+    ) -> Result<(Vec<f32>, Routes), ExpertError> {
         let d = self.router.cols;
-        let scope = profile::scope("moe.router", self.router.bytes());
+        let scope = profile::scope(prof, "moe.router", self.router.bytes());
         let routes = self.route(isa, x, n);
         drop(scope);
         let mut out = vec![0.0f32; n * d];
         let call = MoeCall { layer: self.layer, n_rows: n, top_k: self.top_k, x, ids: &routes.ids, weights: &routes.weights };
-        let mut distinct = routes.ids.clone();
-        distinct.sort_unstable();
-        distinct.dedup();
-        let scope = profile::scope("moe.routed_experts", distinct.len() * experts.expert_bytes().unwrap_or(0));
-        experts.moe_layer(&call, &mut out)?;
+        // The distinct experts are counted only for the profile (their weight bytes).
+        let scope = prof.map(|p| {
+            let mut distinct = routes.ids.clone();
+            distinct.sort_unstable();
+            distinct.dedup();
+            p.scope("moe.routed_experts", distinct.len() * experts.expert_bytes().unwrap_or(0))
+        });
+        experts.moe_layer_profiled(&call, &mut out, prof)?;
         drop(scope);
         let _scope = profile::scope(
+            prof,
             "moe.shared_expert",
             self.shared_gate.bytes() + self.shared_up.bytes() + self.shared_down.bytes() + self.shared_expert_gate.bytes(),
         );
