@@ -13,12 +13,13 @@
 use super::admission;
 use super::error::ApiError;
 use super::fields;
+use super::generate::{self, Submission};
 use super::openai::{Completion, CompletionChoice, CompletionLogprobs, CompletionRequest, Usage};
 use super::params::{self, PromptInput};
 use super::response_format;
 use super::stream::{self, to_json};
 use super::{AppState, RequestId, fingerprint, unix_now};
-use crate::engine::{Event, GenRequest, LogprobEntry, Usage as EngineUsage};
+use crate::engine::{Event, LogprobEntry, Usage as EngineUsage};
 use crate::tokenizer::Tokenizer;
 use axum::Extension;
 use axum::body::Body;
@@ -88,43 +89,23 @@ pub async fn completions(
         }
     };
     let max_tokens = params::budget(prompt.len(), requested, DEFAULT_MAX_TOKENS, max_context, "prompt")?;
-    // Each choice follows the grammar from its own state.
-    let mut compiled = Vec::with_capacity(n);
-    for _ in 0..n {
-        compiled.push(match &constraint {
-            None => None,
-            Some(spec) => {
-                let start = crate::constraint::StartOptions::new(false, max_tokens);
-                Some(response_format::compile(&app, &ready.grammars, spec.clone(), start, "response_format").await?)
-            }
-        });
-    }
-    let mut constraints = compiled.into_iter();
-
-    let mut rxs = Vec::with_capacity(n);
-    for i in 0..n {
-        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-        let mut sampling = sampling.clone();
-        sampling.seed = params::choice_seed(sampling.seed, i);
-        ready.engine.submit(GenRequest {
-            request_id: if i == 0 { request_id.clone() } else { format!("{request_id}-{i}") },
-            span: tracing::Span::current(),
-            prompt: prompt.clone(),
-            checkpoint: None,
-            cache_final_state: true,
-            sampling,
-            max_tokens,
-            stop: stop.clone(),
-            stop_ids: if req.ignore_eos == Some(true) { Vec::new() } else { ready.stop_ids.clone() },
-            split_reasoning: false,
-            reasoning: false,
-            skip_special_tokens: req.skip_special_tokens.unwrap_or(true),
-            constraint: constraints.next().flatten(),
-            received,
-            events: tx,
-        })?;
-        rxs.push(rx);
-    }
+    let submission = Submission {
+        request_id: request_id.clone(),
+        received,
+        prompt,
+        checkpoint: None,
+        cache_final_state: true,
+        sampling,
+        max_tokens,
+        stop,
+        ignore_eos: req.ignore_eos == Some(true),
+        split_reasoning: false,
+        thinking: false,
+        skip_special_tokens: req.skip_special_tokens.unwrap_or(true),
+        constraint,
+        constraint_param: "response_format",
+    };
+    let rxs = generate::submit_choices(&app, ready, submission, n).await?;
     let reply = Reply { id: format!("cmpl-{request_id}"), created: unix_now(), model: app.config.served_model_name.clone(), logprobs: top.is_some() };
     let choices = stream::Choices::new(rxs);
     if req.stream == Some(true) {

@@ -122,6 +122,24 @@ pub fn forced_constraint(req: &ToolRequest) -> Result<Option<ConstraintSpec>, Ap
         .map_err(|e| super::response_format::api_error(e, "tools"))
 }
 
+/// The grammar a reply follows and the field its errors name: a forced tool call's
+/// ([`forced_constraint`], `tool_choice`), else the request's own output format `format`
+/// (`format_param`: `response_format`, `text.format`); both at once is refused.
+pub fn output_constraint(
+    req: &ToolRequest,
+    format: Option<ConstraintSpec>,
+    format_param: &'static str,
+) -> Result<(Option<ConstraintSpec>, &'static str), ApiError> {
+    match forced_constraint(req)? {
+        Some(_) if format.is_some() => Err(ApiError::unsupported(
+            format!("{format_param} cannot be combined with a forced tool_choice."),
+            format_param,
+        )),
+        Some(forced) => Ok((Some(forced), "tool_choice")),
+        None => Ok((format, format_param)),
+    }
+}
+
 fn tool_spec(i: usize, tool: &Value) -> Result<ToolSpec, ApiError> {
     let at = |f: &str| format!("tools[{i}]{f}");
     let obj = tool

@@ -106,16 +106,8 @@ pub async fn create(
         req.parallel_tool_calls,
     )?;
     let format = input::text_format(req.text.as_ref())?;
-    let (constraint, constraint_param) = match crate::http::tools::forced_constraint(&tools)? {
-        Some(_) if format.is_some() => {
-            return Err(ApiError::unsupported(
-                "text.format cannot be combined with a forced tool_choice.",
-                "text.format",
-            ));
-        }
-        Some(forced) => (Some(forced), "tool_choice"),
-        None => (format, "text.format"),
-    };
+    let (constraint, constraint_param) =
+        crate::http::tools::output_constraint(&tools, format, "text.format")?;
     // `generate_summary` is the deprecated name of `summary`, which changes nothing here.
     let reasoning = req.reasoning.clone().map(|mut r| {
         if let Some(o) = r.as_object_mut() {
@@ -188,12 +180,15 @@ pub async fn create(
         stop: Vec::new(),
         ignore_eos: req.ignore_eos == Some(true),
         thinking: thinking.enabled,
+        skip_special_tokens: true,
         constraint,
         constraint_param,
+        choices: 1,
     };
-    let (rx, _prompt_tokens) = generate::submit_chat(&app, ready, generation)
+    let (mut rxs, _prompt_tokens) = generate::submit_chat(&app, ready, generation)
         .await
         .map_err(rename_messages)?;
+    let rx = rxs.remove(0);
 
     let store = req.store.unwrap_or(true);
     let base = ResponseObject {
