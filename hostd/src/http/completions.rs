@@ -142,15 +142,7 @@ pub async fn completions(
                 CompletionChoice { text: c.delta.content, index, logprobs: lp, finish_reason: Some(c.reason.as_str()) }
             })
             .collect();
-        let whole = Completion {
-            id: reply.id.clone(),
-            object: "text_completion",
-            created: reply.created,
-            model: reply.model.clone(),
-            system_fingerprint: fingerprint(),
-            choices,
-            usage: Some(Usage::from(usage)),
-        };
+        let whole = reply.envelope(choices, Some(Usage::from(usage)));
         Ok(axum::Json(whole).into_response())
     }
 }
@@ -172,28 +164,24 @@ struct Reply {
 }
 
 impl Reply {
-    fn chunk(&self, index: usize, text: String, logprobs: Option<CompletionLogprobs>, finish: Option<&'static str>, usage: Option<Usage>) -> String {
-        to_json(&Completion {
+    fn envelope(&self, choices: Vec<CompletionChoice>, usage: Option<Usage>) -> Completion {
+        Completion {
             id: self.id.clone(),
             object: "text_completion",
             created: self.created,
             model: self.model.clone(),
             system_fingerprint: fingerprint(),
-            choices: vec![CompletionChoice { text, index, logprobs, finish_reason: finish }],
+            choices,
             usage,
-        })
+        }
+    }
+
+    fn chunk(&self, index: usize, text: String, logprobs: Option<CompletionLogprobs>, finish: Option<&'static str>, usage: Option<Usage>) -> String {
+        to_json(&self.envelope(vec![CompletionChoice { text, index, logprobs, finish_reason: finish }], usage))
     }
 
     fn usage_chunk(&self, usage: Usage) -> String {
-        to_json(&Completion {
-            id: self.id.clone(),
-            object: "text_completion",
-            created: self.created,
-            model: self.model.clone(),
-            system_fingerprint: fingerprint(),
-            choices: Vec::new(),
-            usage: Some(usage),
-        })
+        to_json(&self.envelope(Vec::new(), Some(usage)))
     }
 }
 
