@@ -68,6 +68,24 @@ pub struct SamplingFields {
     pub seed: Option<i64>,
 }
 
+/// The [`SamplingFields`] of a request body that declares them flat under OpenAI's names (chat,
+/// completions, Responses), so each endpoint reads the same eight fields.
+macro_rules! sampling_fields {
+    ($req:expr) => {
+        $crate::http::openai::SamplingFields {
+            temperature: $req.temperature,
+            top_p: $req.top_p,
+            top_k: $req.top_k,
+            min_p: $req.min_p,
+            presence_penalty: $req.presence_penalty,
+            frequency_penalty: $req.frequency_penalty,
+            repetition_penalty: $req.repetition_penalty,
+            seed: $req.seed,
+        }
+    };
+}
+pub(crate) use sampling_fields;
+
 /// `POST /v1/chat/completions` body.
 #[derive(Debug, Clone, Deserialize)]
 pub struct ChatCompletionRequest {
@@ -145,16 +163,7 @@ pub struct ChatCompletionRequest {
 impl ChatCompletionRequest {
     /// The sampling fields.
     pub fn sampling(&self) -> SamplingFields {
-        SamplingFields {
-            temperature: self.temperature,
-            top_p: self.top_p,
-            top_k: self.top_k,
-            min_p: self.min_p,
-            presence_penalty: self.presence_penalty,
-            frequency_penalty: self.frequency_penalty,
-            repetition_penalty: self.repetition_penalty,
-            seed: self.seed,
-        }
+        sampling_fields!(self)
     }
 }
 
@@ -215,16 +224,7 @@ pub struct CompletionRequest {
 impl CompletionRequest {
     /// The sampling fields.
     pub fn sampling(&self) -> SamplingFields {
-        SamplingFields {
-            temperature: self.temperature,
-            top_p: self.top_p,
-            top_k: self.top_k,
-            min_p: self.min_p,
-            presence_penalty: self.presence_penalty,
-            frequency_penalty: self.frequency_penalty,
-            repetition_penalty: self.repetition_penalty,
-            seed: self.seed,
-        }
+        sampling_fields!(self)
     }
 }
 

@@ -140,6 +140,16 @@ pub fn output_constraint(
     }
 }
 
+/// The tool list of the Anthropic and Responses bodies (absent or null: none), or a 400
+/// naming `tools`.
+pub fn tool_list(tools: Option<&Value>) -> Result<&[Value], ApiError> {
+    match tools {
+        None | Some(Value::Null) => Ok(&[]),
+        Some(Value::Array(list)) => Ok(list.as_slice()),
+        Some(_) => Err(ApiError::invalid("tools must be a list of tools.", "tools")),
+    }
+}
+
 fn tool_spec(i: usize, tool: &Value) -> Result<ToolSpec, ApiError> {
     let at = |f: &str| format!("tools[{i}]{f}");
     let obj = tool

@@ -334,11 +334,7 @@ pub fn tool_request(
     choice: Option<&Value>,
     parallel: Option<bool>,
 ) -> Result<ToolRequest, ApiError> {
-    let list = match tools {
-        None | Some(Value::Null) => &[][..],
-        Some(Value::Array(list)) => list.as_slice(),
-        Some(_) => return Err(ApiError::invalid("tools must be a list of tools.", "tools")),
-    };
+    let list = crate::http::tools::tool_list(tools)?;
     let mut definitions = Vec::with_capacity(list.len());
     let mut specs: Vec<ToolSpec> = Vec::with_capacity(list.len());
     for (i, t) in list.iter().enumerate() {
@@ -480,18 +476,8 @@ pub fn text_format(v: Option<&Value>) -> Result<Option<ConstraintSpec>, ApiError
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::http::test_support::{no_cap, param_of};
     use crate::http::tools::ToolChoice;
-
-    fn no_cap(_: &str, _: &str) -> Result<(), ApiError> {
-        Ok(())
-    }
-
-    fn param_of(e: ApiError) -> String {
-        e.body()["error"]["param"]
-            .as_str()
-            .unwrap_or_default()
-            .to_string()
-    }
 
     fn convert(input: Value) -> Result<Conversation, String> {
         let mut c = Conversation::default();

@@ -23,7 +23,6 @@ pub mod wire;
 use super::error::ApiError;
 use super::fields::{self, ThinkingFields};
 use super::generate::{self, ChatGeneration};
-use super::openai::SamplingFields;
 use super::{AppState, Ready, RequestId, params, unix_now};
 use crate::chat_template::ChatOptions;
 use axum::Extension;
@@ -122,16 +121,7 @@ pub async fn create(
         },
         app.config.enable_thinking,
     )?;
-    let sampling_fields = SamplingFields {
-        temperature: req.temperature,
-        top_p: req.top_p,
-        top_k: req.top_k,
-        min_p: req.min_p,
-        presence_penalty: req.presence_penalty,
-        frequency_penalty: req.frequency_penalty,
-        repetition_penalty: req.repetition_penalty,
-        seed: req.seed,
-    };
+    let sampling_fields = crate::http::openai::sampling_fields!(req);
     let sampling = params::sampling_params(&sampling_fields, false, None)?;
 
     let mut conversation = match req.previous_response_id.as_deref() {
