@@ -49,9 +49,7 @@ pub async fn chat_completions(
 ) -> Result<Response, ApiError> {
     let received = Instant::now();
     let ready = app.ready()?;
-    let body = app.admission.read_body(&headers, body).await?;
-    let req: ChatCompletionRequest = fields::parse_body(&body)?;
-    drop(body);
+    let req: ChatCompletionRequest = app.admission.read_json(&headers, body).await?;
     params::check_model(req.model.as_deref(), &app.config.served_model_name)?;
     params::reject_unsupported_chat(&req)?;
     let n = params::check_n(req.n)?;

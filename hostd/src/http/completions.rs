@@ -12,7 +12,6 @@
 
 use super::admission;
 use super::error::ApiError;
-use super::fields;
 use super::generate::{self, Submission};
 use super::openai::{Completion, CompletionChoice, CompletionLogprobs, CompletionRequest, Usage};
 use super::params::{self, PromptInput};
@@ -43,9 +42,7 @@ pub async fn completions(
 ) -> Result<Response, ApiError> {
     let received = Instant::now();
     let ready = app.ready()?;
-    let body = app.admission.read_body(&headers, body).await?;
-    let req: CompletionRequest = fields::parse_body(&body)?;
-    drop(body);
+    let req: CompletionRequest = app.admission.read_json(&headers, body).await?;
     params::check_model(req.model.as_deref(), &app.config.served_model_name)?;
     params::reject_unsupported_completion(&req)?;
     let n = params::check_n(req.n)?;

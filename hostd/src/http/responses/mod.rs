@@ -88,9 +88,7 @@ pub async fn create(
 ) -> Result<Response, ApiError> {
     let received = Instant::now();
     let ready: &Ready = app.ready()?;
-    let body = app.admission.read_body(&headers, body).await?;
-    let req: CreateRequest = fields::parse_body(&body)?;
-    drop(body);
+    let req: CreateRequest = app.admission.read_json(&headers, body).await?;
     params::check_model(req.model.as_deref(), &app.config.served_model_name)?;
     fields::check_extra(
         &req.extra,
