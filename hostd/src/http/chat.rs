@@ -13,8 +13,8 @@
 //! `reasoning_content` (unless `include_reasoning: false`) and the answer in `content`. With
 //! `n > 1` each choice is its own sequence in the scheduler's batch, with its own seed. Rendering
 //! and tokenising (with the prefix-cache checkpoint) are shared with the Anthropic endpoint
-//! (`generate.rs`); the submission loop is this handler's own (one sequence per choice, each
-//! with its own grammar state).
+//! (`generate.rs`), and so is the submission (one sequence per choice, each with its own
+//! grammar state).
 
 use super::error::ApiError;
 use super::fields::{self, Thinking, ThinkingFields};
@@ -23,14 +23,14 @@ use super::openai::{
     ChatDelta, ChatLogprobs, ChatMessageOut, FunctionCallOut, FunctionDelta, LogprobContent,
     ToolCallDelta, ToolCallOut, Usage,
 };
-use super::generate;
+use super::generate::{self, ChatGeneration};
 use super::params;
 use super::response_format;
 use super::stream::{self, to_json};
 use super::tools::{self, ToolRequest};
 use super::{AppState, RequestId, fingerprint, unix_now};
 use crate::chat_template::ChatOptions;
-use crate::engine::{Event, FinishReason, GenRequest, LogprobEntry, Usage as EngineUsage};
+use crate::engine::{Event, FinishReason, LogprobEntry, Usage as EngineUsage};
 use crate::tool_calls::{ToolCallParser, ToolEvent};
 use axum::Extension;
 use axum::body::Body;
@@ -49,9 +49,7 @@ pub async fn chat_completions(
 ) -> Result<Response, ApiError> {
     let received = Instant::now();
     let ready = app.ready()?;
-    let body = app.admission.read_body(&headers, body).await?;
-    let req: ChatCompletionRequest = fields::parse_body(&body)?;
-    drop(body);
+    let req: ChatCompletionRequest = app.admission.read_json(&headers, body).await?;
     params::check_model(req.model.as_deref(), &app.config.served_model_name)?;
     params::reject_unsupported_chat(&req)?;
     let n = params::check_n(req.n)?;
@@ -62,16 +60,8 @@ pub async fn chat_completions(
             .ok_or_else(|| ApiError::missing("messages"))?,
     )?;
     let tool_req = tools::tool_request(&req)?;
-    let (constraint, constraint_param) = match tools::forced_constraint(&tool_req)? {
-        Some(_) if constraint.is_some() => {
-            return Err(ApiError::unsupported(
-                "response_format cannot be combined with a forced tool_choice.",
-                "response_format",
-            ));
-        }
-        Some(forced) => (Some(forced), "tool_choice"),
-        None => (constraint, "response_format"),
-    };
+    let (constraint, constraint_param) =
+        tools::output_constraint(&tool_req, constraint, "response_format")?;
     for (i, m) in messages.iter().enumerate() {
         app.admission
             .check_prompt_bytes(&m.content, &format!("messages[{i}].content"))?;
@@ -111,71 +101,22 @@ pub async fn chat_completions(
         true,
     )
     .await?;
-    let (prompt, checkpoint) = (prompt.ids, prompt.checkpoint);
-    let max_context = ready.engine.config().max_context;
-    let max_tokens = params::budget(
-        prompt.len(),
-        requested,
-        app.config.default_max_tokens,
-        max_context,
-        "messages",
-    )?;
-    // Each choice follows the grammar from its own state.
-    let mut compiled = Vec::with_capacity(n);
-    for _ in 0..n {
-        compiled.push(match &constraint {
-            None => None,
-            Some(spec) => {
-                let start = crate::constraint::StartOptions::new(thinking.enabled, max_tokens);
-                Some(
-                    response_format::compile(
-                        &app,
-                        &ready.grammars,
-                        spec.clone(),
-                        start,
-                        constraint_param,
-                    )
-                    .await?,
-                )
-            }
-        });
-    }
-    let mut constraints = compiled.into_iter();
-
-    // One sequence per choice; if a later one is refused (queue full), dropping the earlier
-    // ones' receivers cancels them.
-    let mut rxs = Vec::with_capacity(n);
-    for i in 0..n {
-        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-        let mut sampling = sampling.clone();
-        sampling.seed = params::choice_seed(sampling.seed, i);
-        ready.engine.submit(GenRequest {
-            request_id: if i == 0 {
-                request_id.clone()
-            } else {
-                format!("{request_id}-{i}")
-            },
-            span: tracing::Span::current(),
-            prompt: prompt.clone(),
-            checkpoint,
-            cache_final_state: false,
-            sampling,
-            max_tokens,
-            stop: stop.clone(),
-            stop_ids: if req.ignore_eos == Some(true) {
-                Vec::new()
-            } else {
-                ready.stop_ids.clone()
-            },
-            split_reasoning: true,
-            reasoning: thinking.enabled,
-            skip_special_tokens: req.skip_special_tokens.unwrap_or(true),
-            constraint: constraints.next().flatten(),
-            received,
-            events: tx,
-        })?;
-        rxs.push(rx);
-    }
+    // One sequence per choice, each with its own seed and grammar state.
+    let generation = ChatGeneration {
+        request_id: request_id.clone(),
+        received,
+        prompt,
+        sampling,
+        max_tokens: requested,
+        stop,
+        ignore_eos: req.ignore_eos == Some(true),
+        thinking: thinking.enabled,
+        skip_special_tokens: req.skip_special_tokens.unwrap_or(true),
+        constraint,
+        constraint_param,
+        choices: n,
+    };
+    let (rxs, _prompt_tokens) = generate::submit_chat(&app, ready, generation).await?;
     let reply = Reply {
         id: format!("chatcmpl-{request_id}"),
         created: unix_now(),

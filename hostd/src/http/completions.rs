@@ -12,13 +12,13 @@
 
 use super::admission;
 use super::error::ApiError;
-use super::fields;
+use super::generate::{self, Submission};
 use super::openai::{Completion, CompletionChoice, CompletionLogprobs, CompletionRequest, Usage};
 use super::params::{self, PromptInput};
 use super::response_format;
 use super::stream::{self, to_json};
 use super::{AppState, RequestId, fingerprint, unix_now};
-use crate::engine::{Event, GenRequest, LogprobEntry, Usage as EngineUsage};
+use crate::engine::{Event, LogprobEntry, Usage as EngineUsage};
 use crate::tokenizer::Tokenizer;
 use axum::Extension;
 use axum::body::Body;
@@ -42,9 +42,7 @@ pub async fn completions(
 ) -> Result<Response, ApiError> {
     let received = Instant::now();
     let ready = app.ready()?;
-    let body = app.admission.read_body(&headers, body).await?;
-    let req: CompletionRequest = fields::parse_body(&body)?;
-    drop(body);
+    let req: CompletionRequest = app.admission.read_json(&headers, body).await?;
     params::check_model(req.model.as_deref(), &app.config.served_model_name)?;
     params::reject_unsupported_completion(&req)?;
     let n = params::check_n(req.n)?;
@@ -88,43 +86,23 @@ pub async fn completions(
         }
     };
     let max_tokens = params::budget(prompt.len(), requested, DEFAULT_MAX_TOKENS, max_context, "prompt")?;
-    // Each choice follows the grammar from its own state.
-    let mut compiled = Vec::with_capacity(n);
-    for _ in 0..n {
-        compiled.push(match &constraint {
-            None => None,
-            Some(spec) => {
-                let start = crate::constraint::StartOptions::new(false, max_tokens);
-                Some(response_format::compile(&app, &ready.grammars, spec.clone(), start, "response_format").await?)
-            }
-        });
-    }
-    let mut constraints = compiled.into_iter();
-
-    let mut rxs = Vec::with_capacity(n);
-    for i in 0..n {
-        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-        let mut sampling = sampling.clone();
-        sampling.seed = params::choice_seed(sampling.seed, i);
-        ready.engine.submit(GenRequest {
-            request_id: if i == 0 { request_id.clone() } else { format!("{request_id}-{i}") },
-            span: tracing::Span::current(),
-            prompt: prompt.clone(),
-            checkpoint: None,
-            cache_final_state: true,
-            sampling,
-            max_tokens,
-            stop: stop.clone(),
-            stop_ids: if req.ignore_eos == Some(true) { Vec::new() } else { ready.stop_ids.clone() },
-            split_reasoning: false,
-            reasoning: false,
-            skip_special_tokens: req.skip_special_tokens.unwrap_or(true),
-            constraint: constraints.next().flatten(),
-            received,
-            events: tx,
-        })?;
-        rxs.push(rx);
-    }
+    let submission = Submission {
+        request_id: request_id.clone(),
+        received,
+        prompt,
+        checkpoint: None,
+        cache_final_state: true,
+        sampling,
+        max_tokens,
+        stop,
+        ignore_eos: req.ignore_eos == Some(true),
+        split_reasoning: false,
+        thinking: false,
+        skip_special_tokens: req.skip_special_tokens.unwrap_or(true),
+        constraint,
+        constraint_param: "response_format",
+    };
+    let rxs = generate::submit_choices(&app, ready, submission, n).await?;
     let reply = Reply { id: format!("cmpl-{request_id}"), created: unix_now(), model: app.config.served_model_name.clone(), logprobs: top.is_some() };
     let choices = stream::Choices::new(rxs);
     if req.stream == Some(true) {
@@ -161,15 +139,7 @@ pub async fn completions(
                 CompletionChoice { text: c.delta.content, index, logprobs: lp, finish_reason: Some(c.reason.as_str()) }
             })
             .collect();
-        let whole = Completion {
-            id: reply.id.clone(),
-            object: "text_completion",
-            created: reply.created,
-            model: reply.model.clone(),
-            system_fingerprint: fingerprint(),
-            choices,
-            usage: Some(Usage::from(usage)),
-        };
+        let whole = reply.envelope(choices, Some(Usage::from(usage)));
         Ok(axum::Json(whole).into_response())
     }
 }
@@ -191,28 +161,24 @@ struct Reply {
 }
 
 impl Reply {
-    fn chunk(&self, index: usize, text: String, logprobs: Option<CompletionLogprobs>, finish: Option<&'static str>, usage: Option<Usage>) -> String {
-        to_json(&Completion {
+    fn envelope(&self, choices: Vec<CompletionChoice>, usage: Option<Usage>) -> Completion {
+        Completion {
             id: self.id.clone(),
             object: "text_completion",
             created: self.created,
             model: self.model.clone(),
             system_fingerprint: fingerprint(),
-            choices: vec![CompletionChoice { text, index, logprobs, finish_reason: finish }],
+            choices,
             usage,
-        })
+        }
+    }
+
+    fn chunk(&self, index: usize, text: String, logprobs: Option<CompletionLogprobs>, finish: Option<&'static str>, usage: Option<Usage>) -> String {
+        to_json(&self.envelope(vec![CompletionChoice { text, index, logprobs, finish_reason: finish }], usage))
     }
 
     fn usage_chunk(&self, usage: Usage) -> String {
-        to_json(&Completion {
-            id: self.id.clone(),
-            object: "text_completion",
-            created: self.created,
-            model: self.model.clone(),
-            system_fingerprint: fingerprint(),
-            choices: Vec::new(),
-            usage: Some(usage),
-        })
+        to_json(&self.envelope(Vec::new(), Some(usage)))
     }
 }
 

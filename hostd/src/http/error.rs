@@ -187,6 +187,15 @@ impl ApiError {
         }
     }
 
+    /// The server is at capacity (full queue or queued-token budget, busy tokeniser pool or
+    /// connection cap): retryable, and the one case other APIs map apart (Anthropic's 529).
+    pub fn at_capacity(&self) -> bool {
+        matches!(
+            self,
+            ApiError::QueueFull { .. } | ApiError::QueuedTokensFull { .. } | ApiError::Busy { .. }
+        )
+    }
+
     /// OpenAI's `type` string.
     pub fn error_type(&self) -> &'static str {
         match self {

@@ -1,9 +1,9 @@
 //! The steps every chat-style endpoint (OpenAI chat completions, Anthropic messages) shares
 //! between a validated conversation and the engine: render the chat template, check the
 //! prompt's size, tokenise in the bounded pool (with the prefix-cache checkpoint), fit the
-//! completion budget to the context, and submit to the scheduler. The OpenAI handler shares the
-//! first steps ([`tokenize_chat`]) and submits its `n` choices itself (one grammar state and one
-//! seed per choice); the Anthropic handler submits one sequence with [`submit_chat`].
+//! completion budget to the context, and submit to the scheduler ([`submit_chat`]: the OpenAI
+//! handler's `n` choices, the Anthropic and Responses handlers' one). [`submit_choices`] is the
+//! last step, also used by legacy completions: one grammar state and one seed per choice.
 //!
 //! The prompt's checkpoint for the prefix cache is the end of `<|im_start|>assistant\n`: a
 //! follow-up turn's prompt repeats everything up to there (the template drops earlier turns'
@@ -102,61 +102,146 @@ pub struct ChatGeneration {
     pub ignore_eos: bool,
     /// The generation prompt opened a `<think>` block.
     pub thinking: bool,
+    /// Drop special tokens from the text.
+    pub skip_special_tokens: bool,
     /// A grammar the answer must follow (forced tool calls), compiled once the budget is known;
     /// its errors name `constraint_param`.
     pub constraint: Option<ConstraintSpec>,
     /// The field a constraint error names.
     pub constraint_param: &'static str,
+    /// How many sequences (choices) to run, each with its own seed and grammar state.
+    pub choices: usize,
 }
 
-/// Fits the budget to the context, compiles the constraint (in the bounded pool) and submits;
-/// returns the event receiver (dropping it cancels the generation) and the prompt's token count.
+/// Fits the budget to the context (a 400 naming `messages`) and submits the choices with
+/// [`submit_choices`]; returns one event receiver per choice (dropping one cancels its
+/// generation) and the prompt's token count.
 pub async fn submit_chat(
     app: &AppState,
     ready: &Ready,
     g: ChatGeneration,
-) -> Result<(UnboundedReceiver<Event>, usize), ApiError> {
-    let max_context = ready.engine.config().max_context;
+) -> Result<(Vec<UnboundedReceiver<Event>>, usize), ApiError> {
     let prompt_tokens = g.prompt.ids.len();
     let max_tokens = params::budget(
         prompt_tokens,
         g.max_tokens,
         app.config.default_max_tokens,
-        max_context,
+        ready.engine.config().max_context,
         "messages",
     )?;
-    let constraint = match g.constraint {
-        None => None,
-        Some(spec) => {
-            let start = StartOptions::new(g.thinking, max_tokens);
-            Some(
-                response_format::compile(app, &ready.grammars, spec, start, g.constraint_param)
-                    .await?,
-            )
-        }
-    };
-    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-    let request = GenRequest {
+    let submission = Submission {
         request_id: g.request_id,
-        span: tracing::Span::current(),
+        received: g.received,
         prompt: g.prompt.ids,
         checkpoint: g.prompt.checkpoint,
         cache_final_state: false,
         sampling: g.sampling,
         max_tokens,
         stop: g.stop,
-        stop_ids: if g.ignore_eos {
-            Vec::new()
-        } else {
-            ready.stop_ids.clone()
-        },
+        ignore_eos: g.ignore_eos,
         split_reasoning: true,
-        reasoning: g.thinking,
-        skip_special_tokens: true,
-        constraint,
-        received: g.received,
-        events: tx,
+        thinking: g.thinking,
+        skip_special_tokens: g.skip_special_tokens,
+        constraint: g.constraint,
+        constraint_param: g.constraint_param,
     };
-    ready.engine.submit(request)?;
-    Ok((rx, prompt_tokens))
+    let rxs = submit_choices(app, ready, submission, g.choices).await?;
+    Ok((rxs, prompt_tokens))
+}
+
+/// One generation request as the engine takes it, its budget already fitted to the context;
+/// [`submit_choices`] submits it once per choice.
+pub struct Submission {
+    /// The request's id; choice `i > 0` runs as `{request_id}-{i}`.
+    pub request_id: String,
+    /// When the HTTP request arrived.
+    pub received: Instant,
+    /// The prompt's ids.
+    pub prompt: Vec<u32>,
+    /// Where the prefix cache should keep a state.
+    pub checkpoint: Option<usize>,
+    /// Keep the final state (prompt + output) in the prefix cache.
+    pub cache_final_state: bool,
+    /// Validated sampling settings; choice `i` gets [`params::choice_seed`] of the seed.
+    pub sampling: SamplingParams,
+    /// The fitted completion budget.
+    pub max_tokens: usize,
+    /// Validated stop strings.
+    pub stop: Vec<String>,
+    /// Keep generating past the end-of-turn token.
+    pub ignore_eos: bool,
+    /// Split the output into reasoning and answer.
+    pub split_reasoning: bool,
+    /// The generation prompt opened a `<think>` block.
+    pub thinking: bool,
+    /// Drop special tokens from the text.
+    pub skip_special_tokens: bool,
+    /// A grammar the output must follow; its errors name `constraint_param`.
+    pub constraint: Option<ConstraintSpec>,
+    /// The field a constraint error names.
+    pub constraint_param: &'static str,
+}
+
+/// Compiles the grammar once per choice (in the bounded pool; each choice follows it from its
+/// own state), then submits one sequence per choice with its own seed. Returns the event
+/// receivers in choice order; if a later choice is refused (queue full), dropping the earlier
+/// receivers cancels those.
+pub async fn submit_choices(
+    app: &AppState,
+    ready: &Ready,
+    s: Submission,
+    n: usize,
+) -> Result<Vec<UnboundedReceiver<Event>>, ApiError> {
+    let mut constraints = Vec::with_capacity(n);
+    for _ in 0..n {
+        constraints.push(match &s.constraint {
+            None => None,
+            Some(spec) => {
+                let start = StartOptions::new(s.thinking, s.max_tokens);
+                Some(
+                    response_format::compile(
+                        app,
+                        &ready.grammars,
+                        spec.clone(),
+                        start,
+                        s.constraint_param,
+                    )
+                    .await?,
+                )
+            }
+        });
+    }
+    let mut rxs = Vec::with_capacity(n);
+    for (i, constraint) in constraints.into_iter().enumerate() {
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        let mut sampling = s.sampling.clone();
+        sampling.seed = params::choice_seed(sampling.seed, i);
+        ready.engine.submit(GenRequest {
+            request_id: if i == 0 {
+                s.request_id.clone()
+            } else {
+                format!("{}-{i}", s.request_id)
+            },
+            span: tracing::Span::current(),
+            prompt: s.prompt.clone(),
+            checkpoint: s.checkpoint,
+            cache_final_state: s.cache_final_state,
+            sampling,
+            max_tokens: s.max_tokens,
+            stop: s.stop.clone(),
+            stop_ids: if s.ignore_eos {
+                Vec::new()
+            } else {
+                ready.stop_ids.clone()
+            },
+            split_reasoning: s.split_reasoning,
+            reasoning: s.thinking,
+            skip_special_tokens: s.skip_special_tokens,
+            constraint,
+            received: s.received,
+            events: tx,
+        })?;
+        rxs.push(rx);
+    }
+    Ok(rxs)
 }

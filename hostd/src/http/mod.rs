@@ -32,6 +32,8 @@ pub mod params;
 pub mod response_format;
 pub mod responses;
 mod stream;
+#[cfg(test)]
+mod test_support;
 pub mod tools;
 
 use crate::engine::EngineHandle;

@@ -68,6 +68,24 @@ pub struct SamplingFields {
     pub seed: Option<i64>,
 }
 
+/// The [`SamplingFields`] of a request body that declares them flat under OpenAI's names (chat,
+/// completions, Responses), so each endpoint reads the same eight fields.
+macro_rules! sampling_fields {
+    ($req:expr) => {
+        $crate::http::openai::SamplingFields {
+            temperature: $req.temperature,
+            top_p: $req.top_p,
+            top_k: $req.top_k,
+            min_p: $req.min_p,
+            presence_penalty: $req.presence_penalty,
+            frequency_penalty: $req.frequency_penalty,
+            repetition_penalty: $req.repetition_penalty,
+            seed: $req.seed,
+        }
+    };
+}
+pub(crate) use sampling_fields;
+
 /// `POST /v1/chat/completions` body.
 #[derive(Debug, Clone, Deserialize)]
 pub struct ChatCompletionRequest {
@@ -145,16 +163,7 @@ pub struct ChatCompletionRequest {
 impl ChatCompletionRequest {
     /// The sampling fields.
     pub fn sampling(&self) -> SamplingFields {
-        SamplingFields {
-            temperature: self.temperature,
-            top_p: self.top_p,
-            top_k: self.top_k,
-            min_p: self.min_p,
-            presence_penalty: self.presence_penalty,
-            frequency_penalty: self.frequency_penalty,
-            repetition_penalty: self.repetition_penalty,
-            seed: self.seed,
-        }
+        sampling_fields!(self)
     }
 }
 
@@ -215,16 +224,7 @@ pub struct CompletionRequest {
 impl CompletionRequest {
     /// The sampling fields.
     pub fn sampling(&self) -> SamplingFields {
-        SamplingFields {
-            temperature: self.temperature,
-            top_p: self.top_p,
-            top_k: self.top_k,
-            min_p: self.min_p,
-            presence_penalty: self.presence_penalty,
-            frequency_penalty: self.frequency_penalty,
-            repetition_penalty: self.repetition_penalty,
-            seed: self.seed,
-        }
+        sampling_fields!(self)
     }
 }
 
@@ -437,11 +437,17 @@ pub struct ChatChunkChoice {
 }
 
 /// A `chat.completion.chunk`.
+pub type ChatCompletionChunk = Envelope<ChatChunkChoice>;
+
+/// A `text_completion` (whole or chunk).
+pub type Completion = Envelope<CompletionChoice>;
+
+/// What a chat chunk and a text completion share around their choices.
 #[derive(Debug, Clone, Serialize)]
-pub struct ChatCompletionChunk {
-    /// Same for every chunk of a stream.
+pub struct Envelope<C> {
+    /// Same for every chunk of a stream (`chatcmpl-…`, `cmpl-…`).
     pub id: String,
-    /// `chat.completion.chunk`.
+    /// `chat.completion.chunk` or `text_completion`.
     pub object: &'static str,
     /// Unix seconds.
     pub created: u64,
@@ -449,9 +455,9 @@ pub struct ChatCompletionChunk {
     pub model: String,
     /// Build identity.
     pub system_fingerprint: String,
-    /// One choice, or none on the usage chunk.
-    pub choices: Vec<ChatChunkChoice>,
-    /// Only on the final chunk when `stream_options.include_usage`.
+    /// The choices (one in a chunk), or none on the usage chunk.
+    pub choices: Vec<C>,
+    /// Token counts (a whole text completion, or the final chunk with `include_usage`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub usage: Option<Usage>,
 }
@@ -480,26 +486,6 @@ pub struct CompletionChoice {
     pub logprobs: Option<CompletionLogprobs>,
     /// `stop`/`length` at the end; null in earlier chunks.
     pub finish_reason: Option<&'static str>,
-}
-
-/// A `text_completion` (whole or chunk).
-#[derive(Debug, Clone, Serialize)]
-pub struct Completion {
-    /// `cmpl-…`.
-    pub id: String,
-    /// `text_completion`.
-    pub object: &'static str,
-    /// Unix seconds.
-    pub created: u64,
-    /// Served model name.
-    pub model: String,
-    /// Build identity.
-    pub system_fingerprint: String,
-    /// One choice, or none on the usage chunk.
-    pub choices: Vec<CompletionChoice>,
-    /// Token counts (non-streaming, or the final chunk with `include_usage`).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub usage: Option<Usage>,
 }
 
 /// One entry of `GET /v1/models`.

@@ -599,11 +599,6 @@ mod tests {
             "messages[0].tool_calls",
         );
         check_messages_err(
-            json!([{"role": "assistant", "content": "x", "audio": {"id": "a1"}}]),
-            400,
-            "messages[0].audio",
-        );
-        check_messages_err(
             json!([{"role": "assistant", "content": "x", "function_call": {"name": "f"}}]),
             400,
             "messages[0].function_call",

@@ -81,7 +81,7 @@ pub fn tool_request(req: &ChatCompletionRequest) -> Result<ToolRequest, ApiError
             ));
         }
     };
-    let choice = tool_choice(req.tool_choice.as_ref(), &specs)?;
+    let choice = tool_choice(req.tool_choice.as_ref(), &specs, &CHAT_CHOICE)?;
     let parallel = match &req.parallel_tool_calls {
         None | Some(Value::Null) => true,
         Some(Value::Bool(b)) => *b,
@@ -120,6 +120,34 @@ pub fn forced_constraint(req: &ToolRequest) -> Result<Option<ConstraintSpec>, Ap
     constraint::tool_call_constraint(&specs, choice, req.parallel)
         .map(Some)
         .map_err(|e| super::response_format::api_error(e, "tools"))
+}
+
+/// The grammar a reply follows and the field its errors name: a forced tool call's
+/// ([`forced_constraint`], `tool_choice`), else the request's own output format `format`
+/// (`format_param`: `response_format`, `text.format`); both at once is refused.
+pub fn output_constraint(
+    req: &ToolRequest,
+    format: Option<ConstraintSpec>,
+    format_param: &'static str,
+) -> Result<(Option<ConstraintSpec>, &'static str), ApiError> {
+    match forced_constraint(req)? {
+        Some(_) if format.is_some() => Err(ApiError::unsupported(
+            format!("{format_param} cannot be combined with a forced tool_choice."),
+            format_param,
+        )),
+        Some(forced) => Ok((Some(forced), "tool_choice")),
+        None => Ok((format, format_param)),
+    }
+}
+
+/// The tool list of the Anthropic and Responses bodies (absent or null: none), or a 400
+/// naming `tools`.
+pub fn tool_list(tools: Option<&Value>) -> Result<&[Value], ApiError> {
+    match tools {
+        None | Some(Value::Null) => Ok(&[]),
+        Some(Value::Array(list)) => Ok(list.as_slice()),
+        Some(_) => Err(ApiError::invalid("tools must be a list of tools.", "tools")),
+    }
 }
 
 fn tool_spec(i: usize, tool: &Value) -> Result<ToolSpec, ApiError> {
@@ -223,7 +251,39 @@ pub fn check_name(name: &str, param: &str) -> Result<(), ApiError> {
     }
 }
 
-fn tool_choice(v: Option<&Value>, specs: &[ToolSpec]) -> Result<ToolChoice, ApiError> {
+/// Where an API's `tool_choice` differs in shape and wording (chat puts the name at
+/// `function.name`, Responses at `name`); the reading itself is [`tool_choice`]'s, shared.
+pub struct ChoiceShape {
+    /// The accepted strings, as the invalid-string error lists them.
+    pub expected: &'static str,
+    /// Reads the function name of `{type: "function", …}` (its errors name the field).
+    pub name: fn(&Map<String, Value>) -> Result<&str, ApiError>,
+    /// The field a name that is not in `tools` is reported on.
+    pub name_param: &'static str,
+    /// Appended to the unsupported-type error.
+    pub other_types: &'static str,
+}
+
+/// Chat Completions: `{type: "function", function: {name}}`.
+const CHAT_CHOICE: ChoiceShape = ChoiceShape {
+    expected: "\"none\", \"auto\", \"required\" or a function",
+    name: |o| {
+        o.get("function")
+            .and_then(|f| f.get("name"))
+            .and_then(Value::as_str)
+            .ok_or_else(|| ApiError::missing("tool_choice.function.name"))
+    },
+    name_param: "tool_choice",
+    other_types: "",
+};
+
+/// `tool_choice`: `none`, `auto`, `required` or a named function in `shape`'s form; absent is
+/// `auto` with tools and `none` without; `required` and a function need tools.
+pub fn tool_choice(
+    v: Option<&Value>,
+    specs: &[ToolSpec],
+    shape: &ChoiceShape,
+) -> Result<ToolChoice, ApiError> {
     let choice = match v {
         None | Some(Value::Null) => {
             return Ok(if specs.is_empty() {
@@ -238,31 +298,25 @@ fn tool_choice(v: Option<&Value>, specs: &[ToolSpec]) -> Result<ToolChoice, ApiE
             "required" => ToolChoice::Required,
             other => {
                 return Err(ApiError::invalid(
-                    format!(
-                        "Invalid tool_choice '{other}': expected \"none\", \"auto\", \"required\" or a function."
-                    ),
+                    format!("Invalid tool_choice '{other}': expected {}.", shape.expected),
                     "tool_choice",
                 ));
             }
         },
         Some(Value::Object(o)) => match o.get("type").and_then(Value::as_str) {
             Some("function") => {
-                let name = o
-                    .get("function")
-                    .and_then(|f| f.get("name"))
-                    .and_then(Value::as_str);
-                let name = name.ok_or_else(|| ApiError::missing("tool_choice.function.name"))?;
+                let name = (shape.name)(o)?;
                 if !specs.iter().any(|s| s.name == name) {
                     return Err(ApiError::invalid(
                         format!("tool_choice names function '{name}', which is not in tools."),
-                        "tool_choice",
+                        shape.name_param,
                     ));
                 }
                 ToolChoice::Function(name.to_string())
             }
             Some(other) => {
                 return Err(ApiError::unsupported(
-                    format!("tool_choice type '{other}' is not supported."),
+                    format!("tool_choice type '{other}' is not supported{}.", shape.other_types),
                     "tool_choice.type",
                 ));
             }

@@ -554,18 +554,8 @@ fn tool_result_content(v: Option<&Value>, at: &str, check: CheckBytes) -> Result
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::http::test_support::{no_cap, param_of};
     use serde_json::json;
-
-    fn no_cap(_: &str, _: &str) -> Result<(), ApiError> {
-        Ok(())
-    }
-
-    fn param_of(e: ApiError) -> String {
-        e.body()["error"]["param"]
-            .as_str()
-            .unwrap_or_default()
-            .to_string()
-    }
 
     fn convert(system_v: Value, msgs: Value) -> Result<Vec<ChatMessage>, String> {
         let sys = system(Some(&system_v), &no_cap).map_err(param_of)?;

@@ -37,36 +37,27 @@ impl From<serde_json::Error> for AnthropicError {
 }
 
 impl AnthropicError {
-    /// The HTTP status.
+    /// The HTTP status: the server's own ([`ApiError::status`]), but 529 at capacity.
     pub fn status(&self) -> StatusCode {
-        match &self.0 {
-            ApiError::QueueFull { .. }
-            | ApiError::QueuedTokensFull { .. }
-            | ApiError::Busy { .. } => {
-                StatusCode::from_u16(OVERLOADED).unwrap_or(StatusCode::SERVICE_UNAVAILABLE)
-            }
-            other => other.status(),
+        if self.0.at_capacity() {
+            StatusCode::from_u16(OVERLOADED).unwrap_or(StatusCode::SERVICE_UNAVAILABLE)
+        } else {
+            self.0.status()
         }
     }
 
-    /// Anthropic's `error.type`.
+    /// Anthropic's `error.type`, read off the status: `overloaded_error` at capacity, 401, 404
+    /// and 413 their own types, any 5xx `api_error`, any other 4xx `invalid_request_error`.
     pub fn error_type(&self) -> &'static str {
-        match &self.0 {
-            ApiError::Unauthorized => "authentication_error",
-            ApiError::ModelNotFound(_)
-            | ApiError::RouteNotFound { .. }
-            | ApiError::NotFound { .. } => "not_found_error",
-            ApiError::BodyTooLarge { .. } => "request_too_large",
-            ApiError::QueueFull { .. }
-            | ApiError::QueuedTokensFull { .. }
-            | ApiError::Busy { .. } => "overloaded_error",
-            ApiError::Unavailable(_)
-            | ApiError::ExpertsUnavailable { .. }
-            | ApiError::Internal(_) => "api_error",
-            ApiError::InvalidRequest { .. }
-            | ApiError::ContextLength { .. }
-            | ApiError::MethodNotAllowed { .. }
-            | ApiError::BodyTimeout { .. } => "invalid_request_error",
+        if self.0.at_capacity() {
+            return "overloaded_error";
+        }
+        match self.0.status() {
+            StatusCode::UNAUTHORIZED => "authentication_error",
+            StatusCode::NOT_FOUND => "not_found_error",
+            StatusCode::PAYLOAD_TOO_LARGE => "request_too_large",
+            s if s.is_server_error() => "api_error",
+            _ => "invalid_request_error",
         }
     }
 
@@ -141,6 +132,14 @@ mod tests {
             "overloaded_error",
         );
         check(ApiError::Unavailable("loading".into()), 503, "api_error");
+        check(ApiError::BodyTimeout { limit_s: 1 }, 408, "invalid_request_error");
+        let e = ApiError::QueuedTokensFull {
+            queued_tokens: 9,
+            prompt_tokens: 2,
+            max_queued_tokens: 10,
+            retry_after_s: 1,
+        };
+        check(e, 529, "overloaded_error");
         check(
             ApiError::Internal("socket /x at 123".into()),
             500,

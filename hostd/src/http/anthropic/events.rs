@@ -323,6 +323,7 @@ impl Blocks {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::http::test_support::{delta, sse_events};
     use crate::engine::{Delta, Usage as EngineUsage};
 
     fn reply(display_thinking: bool) -> Reply {
@@ -345,39 +346,9 @@ mod tests {
         }
     }
 
-    fn delta(reasoning: &str, content: &str) -> Event {
-        Event::Delta(Delta {
-            reasoning: reasoning.into(),
-            content: content.into(),
-            logprobs: Vec::new(),
-        })
-    }
-
     /// The (event name, data) pairs of a streamed reply.
     async fn events(r: Reply, evs: Vec<Event>) -> Vec<(String, Value)> {
-        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-        for e in evs {
-            let _ = tx.send(e);
-        }
-        drop(tx);
-        let body = axum::body::to_bytes(r.stream(rx, 7).into_body(), 1 << 20)
-            .await
-            .expect("body");
-        let text = String::from_utf8_lossy(&body).into_owned();
-        let mut out = Vec::new();
-        for chunk in text.split("\n\n").filter(|c| !c.trim().is_empty()) {
-            let name = chunk
-                .lines()
-                .find_map(|l| l.strip_prefix("event: "))
-                .unwrap_or_default()
-                .to_string();
-            let data = chunk
-                .lines()
-                .find_map(|l| l.strip_prefix("data: "))
-                .unwrap_or_default();
-            out.push((name, serde_json::from_str(data).expect("json data")));
-        }
-        out
+        sse_events(evs, |rx| r.stream(rx, 7)).await
     }
 
     #[tokio::test]

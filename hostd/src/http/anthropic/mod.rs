@@ -177,10 +177,13 @@ pub async fn messages(
         stop: stop.clone(),
         ignore_eos: req.ignore_eos == Some(true),
         thinking: thinking.enabled,
+        skip_special_tokens: true,
         constraint,
         constraint_param: "tool_choice",
+        choices: 1,
     };
-    let (rx, prompt_tokens) = generate::submit_chat(&app, ready, generation).await?;
+    let (mut rxs, prompt_tokens) = generate::submit_chat(&app, ready, generation).await?;
+    let rx = rxs.remove(0);
     let reply = Reply {
         id: format!("msg_{request_id}"),
         model: app.config.served_model_name.clone(),

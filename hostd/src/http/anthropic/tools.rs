@@ -24,11 +24,7 @@ pub fn tool_request(
     tools: Option<&Value>,
     tool_choice: Option<&Value>,
 ) -> Result<ToolRequest, ApiError> {
-    let list = match tools {
-        None | Some(Value::Null) => &[][..],
-        Some(Value::Array(list)) => list.as_slice(),
-        Some(_) => return Err(ApiError::invalid("tools must be a list of tools.", "tools")),
-    };
+    let list = crate::http::tools::tool_list(tools)?;
     let mut definitions = Vec::with_capacity(list.len());
     let mut specs: Vec<ToolSpec> = Vec::with_capacity(list.len());
     for (i, t) in list.iter().enumerate() {

@@ -420,6 +420,7 @@ fn framing(seq: Arc<AtomicU64>, base: ResponseObject) -> Framing {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::http::test_support::{delta, sse_events};
     use crate::engine::{Delta, Usage};
     use crate::http::responses::input;
 
@@ -466,40 +467,9 @@ mod tests {
         json!([{"type": "function", "name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}}}}])
     }
 
-    fn delta(reasoning: &str, content: &str) -> Event {
-        Event::Delta(Delta {
-            reasoning: reasoning.into(),
-            content: content.into(),
-            logprobs: Vec::new(),
-        })
-    }
-
     /// The (event name, data) pairs of a streamed reply.
     async fn events(r: Reply, evs: Vec<Event>) -> Vec<(String, Value)> {
-        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-        for e in evs {
-            let _ = tx.send(e);
-        }
-        drop(tx);
-        let body = axum::body::to_bytes(r.stream(rx).into_body(), 1 << 20)
-            .await
-            .expect("body");
-        let text = String::from_utf8_lossy(&body).into_owned();
-        text.split("\n\n")
-            .filter(|c| c.lines().any(|l| l.starts_with("data: ")))
-            .map(|c| {
-                let name = c
-                    .lines()
-                    .find_map(|l| l.strip_prefix("event: "))
-                    .unwrap_or_default()
-                    .to_string();
-                let data = c
-                    .lines()
-                    .find_map(|l| l.strip_prefix("data: "))
-                    .unwrap_or_default();
-                (name, serde_json::from_str(data).expect("json data"))
-            })
-            .collect()
+        sse_events(evs, |rx| r.stream(rx)).await
     }
 
     fn without_ids(items: &Value) -> Value {

@@ -25,7 +25,7 @@
 use crate::chat_template::{ChatMessage, Role, ToolCall};
 use crate::constraint::ConstraintSpec;
 use crate::http::error::ApiError;
-use crate::http::tools::{ToolChoice, ToolRequest, check_name};
+use crate::http::tools::{self, ChoiceShape, ToolRequest, check_name};
 use crate::tool_calls::ToolSpec;
 use serde_json::{Map, Value, json};
 
@@ -334,11 +334,7 @@ pub fn tool_request(
     choice: Option<&Value>,
     parallel: Option<bool>,
 ) -> Result<ToolRequest, ApiError> {
-    let list = match tools {
-        None | Some(Value::Null) => &[][..],
-        Some(Value::Array(list)) => list.as_slice(),
-        Some(_) => return Err(ApiError::invalid("tools must be a list of tools.", "tools")),
-    };
+    let list = crate::http::tools::tool_list(tools)?;
     let mut definitions = Vec::with_capacity(list.len());
     let mut specs: Vec<ToolSpec> = Vec::with_capacity(list.len());
     for (i, t) in list.iter().enumerate() {
@@ -392,7 +388,7 @@ pub fn tool_request(
             parameters,
         });
     }
-    let choice = tool_choice(choice, &specs)?;
+    let choice = tools::tool_choice(choice, &specs, &CHOICE)?;
     Ok(ToolRequest {
         definitions,
         specs,
@@ -401,62 +397,13 @@ pub fn tool_request(
     })
 }
 
-fn tool_choice(v: Option<&Value>, specs: &[ToolSpec]) -> Result<ToolChoice, ApiError> {
-    let choice = match v {
-        None | Some(Value::Null) => {
-            return Ok(if specs.is_empty() {
-                ToolChoice::None
-            } else {
-                ToolChoice::Auto
-            });
-        }
-        Some(Value::String(s)) => match s.as_str() {
-            "none" => ToolChoice::None,
-            "auto" => ToolChoice::Auto,
-            "required" => ToolChoice::Required,
-            other => {
-                return Err(ApiError::invalid(
-                    format!(
-                        "Invalid tool_choice '{other}': expected none, auto, required or a function."
-                    ),
-                    "tool_choice",
-                ));
-            }
-        },
-        Some(Value::Object(o)) => match o.get("type").and_then(Value::as_str) {
-            Some("function") => {
-                let name = string(o, "name", "tool_choice")?;
-                if !specs.iter().any(|s| s.name == name) {
-                    return Err(ApiError::invalid(
-                        format!("tool_choice names function '{name}', which is not in tools."),
-                        "tool_choice.name",
-                    ));
-                }
-                ToolChoice::Function(name.to_string())
-            }
-            Some(other) => {
-                return Err(ApiError::unsupported(
-                    format!("tool_choice type '{other}' is not supported: only function."),
-                    "tool_choice.type",
-                ));
-            }
-            None => return Err(ApiError::missing("tool_choice.type")),
-        },
-        Some(_) => {
-            return Err(ApiError::invalid(
-                "tool_choice must be a string or an object.",
-                "tool_choice",
-            ));
-        }
-    };
-    if specs.is_empty() && matches!(choice, ToolChoice::Required | ToolChoice::Function(_)) {
-        return Err(ApiError::invalid(
-            "tool_choice requires tools.",
-            "tool_choice",
-        ));
-    }
-    Ok(choice)
-}
+/// Responses: `{type: "function", name}`.
+const CHOICE: ChoiceShape = ChoiceShape {
+    expected: "none, auto, required or a function",
+    name: |o| string(o, "name", "tool_choice"),
+    name_param: "tool_choice.name",
+    other_types: ": only function",
+};
 
 /// `text`: `format` `text` (free), `json_object` or `json_schema` (`{name, schema, strict,
 /// description}` at the top level of `format`, as the Responses API has it); `verbosity` is a
@@ -529,17 +476,8 @@ pub fn text_format(v: Option<&Value>) -> Result<Option<ConstraintSpec>, ApiError
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn no_cap(_: &str, _: &str) -> Result<(), ApiError> {
-        Ok(())
-    }
-
-    fn param_of(e: ApiError) -> String {
-        e.body()["error"]["param"]
-            .as_str()
-            .unwrap_or_default()
-            .to_string()
-    }
+    use crate::http::test_support::{no_cap, param_of};
+    use crate::http::tools::ToolChoice;
 
     fn convert(input: Value) -> Result<Conversation, String> {
         let mut c = Conversation::default();

@@ -23,7 +23,6 @@ pub mod wire;
 use super::error::ApiError;
 use super::fields::{self, ThinkingFields};
 use super::generate::{self, ChatGeneration};
-use super::openai::SamplingFields;
 use super::{AppState, Ready, RequestId, params, unix_now};
 use crate::chat_template::ChatOptions;
 use axum::Extension;
@@ -89,9 +88,7 @@ pub async fn create(
 ) -> Result<Response, ApiError> {
     let received = Instant::now();
     let ready: &Ready = app.ready()?;
-    let body = app.admission.read_body(&headers, body).await?;
-    let req: CreateRequest = fields::parse_body(&body)?;
-    drop(body);
+    let req: CreateRequest = app.admission.read_json(&headers, body).await?;
     params::check_model(req.model.as_deref(), &app.config.served_model_name)?;
     fields::check_extra(
         &req.extra,
@@ -106,16 +103,8 @@ pub async fn create(
         req.parallel_tool_calls,
     )?;
     let format = input::text_format(req.text.as_ref())?;
-    let (constraint, constraint_param) = match crate::http::tools::forced_constraint(&tools)? {
-        Some(_) if format.is_some() => {
-            return Err(ApiError::unsupported(
-                "text.format cannot be combined with a forced tool_choice.",
-                "text.format",
-            ));
-        }
-        Some(forced) => (Some(forced), "tool_choice"),
-        None => (format, "text.format"),
-    };
+    let (constraint, constraint_param) =
+        crate::http::tools::output_constraint(&tools, format, "text.format")?;
     // `generate_summary` is the deprecated name of `summary`, which changes nothing here.
     let reasoning = req.reasoning.clone().map(|mut r| {
         if let Some(o) = r.as_object_mut() {
@@ -130,16 +119,7 @@ pub async fn create(
         },
         app.config.enable_thinking,
     )?;
-    let sampling_fields = SamplingFields {
-        temperature: req.temperature,
-        top_p: req.top_p,
-        top_k: req.top_k,
-        min_p: req.min_p,
-        presence_penalty: req.presence_penalty,
-        frequency_penalty: req.frequency_penalty,
-        repetition_penalty: req.repetition_penalty,
-        seed: req.seed,
-    };
+    let sampling_fields = crate::http::openai::sampling_fields!(req);
     let sampling = params::sampling_params(&sampling_fields, false, None)?;
 
     let mut conversation = match req.previous_response_id.as_deref() {
@@ -188,12 +168,15 @@ pub async fn create(
         stop: Vec::new(),
         ignore_eos: req.ignore_eos == Some(true),
         thinking: thinking.enabled,
+        skip_special_tokens: true,
         constraint,
         constraint_param,
+        choices: 1,
     };
-    let (rx, _prompt_tokens) = generate::submit_chat(&app, ready, generation)
+    let (mut rxs, _prompt_tokens) = generate::submit_chat(&app, ready, generation)
         .await
         .map_err(rename_messages)?;
+    let rx = rxs.remove(0);
 
     let store = req.store.unwrap_or(true);
     let base = ResponseObject {
