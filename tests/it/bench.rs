@@ -1,7 +1,7 @@
 //! `hostd bench` smoke test on the tiny fixture: two interleaved runs of one config, a drift
 //! check, and every phase field present (a benchmark's plumbing, not its numbers).
 
-use tests::{hostd, model_dir};
+use tests::{hostd, model_dir, workspace_bin};
 
 #[test]
 fn bench_runs_fresh_processes_and_reports_phases() {
@@ -28,6 +28,10 @@ fn bench_runs_fresh_processes_and_reports_phases() {
     let o = hostd(&args);
     assert!(o.status.success(), "hostd bench failed: {}", String::from_utf8_lossy(&o.stderr));
     let r: serde_json::Value = serde_json::from_slice(&std::fs::read(&out).expect("json written")).expect("valid JSON");
+    // The report names the code that ran by the binary's hash, not only by the checkout's HEAD.
+    let sum = std::process::Command::new("sha256sum").arg(workspace_bin("hostd")).output().expect("sha256sum");
+    let sum = String::from_utf8_lossy(&sum.stdout);
+    assert_eq!(r["binary"]["sha256"].as_str(), sum.split_whitespace().next(), "{}", r["binary"]);
     let c = &r["configs"][0];
     assert_eq!(c["name"], "default");
     let runs = c["runs"].as_array().expect("runs");

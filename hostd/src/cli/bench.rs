@@ -207,6 +207,7 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
         "date": date_utc(),
         "commit": git_commit(),
         "commit_of": std::env::current_dir().map_or_else(|_| "?".into(), |d| d.display().to_string()),
+        "binary": binary_identity(),
         "cpu": cpu_model(),
         "cores": cores,
         "threads": args.threads,
@@ -235,8 +236,23 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The path and sha256 of the hostd binary running this bench (the runs are children of the same
+/// executable): what identifies the code measured, whatever the checkout's HEAD says.
+fn binary_identity() -> serde_json::Value {
+    use sha2::{Digest, Sha256};
+    let exe = std::env::current_exe();
+    let sha = exe.as_ref().ok().and_then(|p| std::fs::read(p).ok()).map(|b| {
+        Sha256::digest(&b).iter().map(|x| format!("{x:02x}")).collect::<String>()
+    });
+    json!({
+        "path": exe.map_or_else(|_| "?".into(), |p| p.display().to_string()),
+        "sha256": sha,
+    })
+}
+
 fn notes() -> Vec<&'static str> {
     vec![
+        "commit: `git rev-parse HEAD` in commit_of (the working directory) when the report was written; the binary may have been built from another commit (a checkout that moved on, a copied binary): binary.sha256 identifies the code that ran",
         "every run is a fresh `hostd profile` process (model load, optional warm-up, prefill, decode); runs are interleaved across configs; the first config runs once more at the end (drift_check)",
         "ttft_s: in the child, wall time of the prefill forward pass over the whole prompt (blocks of prefill_chunk rows, synthetic ids) plus the argmax that picks the first token; excludes process start and model load",
         "prefill_tokens_per_s: prompt tokens / prefill forward-pass wall time (argmax excluded)",
