@@ -45,7 +45,7 @@ micro="$BIN/$(basename "$micro")"
 
 {
     echo "date: $(date -u +%FT%TZ)"
-    echo "commit: $(git -C "$REPO" rev-parse HEAD)$(git -C "$REPO" diff --quiet HEAD -- . ':!docs' || echo ' (+uncommitted changes)')"
+    echo "commit: $(git -C "$REPO" rev-parse HEAD)$([ -z "$(git -C "$REPO" status --porcelain -- . ':!docs')" ] || echo ' (+uncommitted or untracked changes)')"
     echo "cpu: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2-)"
     echo "cores: $(nproc), threads: $THREADS, prefill chunk: $CHUNK"
     echo "model: $MODEL (realdim, $LAYERS layers, ${EXPERTS:-256} experts), container: $CONTAINER"
