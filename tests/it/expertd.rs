@@ -37,6 +37,16 @@ fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port()
 }
 
+/// Whether every thread of process `pid` is in the stopped state (`T` in /proc/PID/task/*/stat).
+fn all_threads_stopped(pid: u32) -> bool {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else { return false };
+    tasks.flatten().all(|t| {
+        // The state is the first field after the parenthesised command name.
+        let stat = std::fs::read_to_string(t.path().join("stat")).unwrap_or_default();
+        stat.rsplit_once(')').and_then(|(_, rest)| rest.split_whitespace().next()).is_some_and(|state| state == "T")
+    })
+}
+
 impl Daemon {
     pub(crate) fn start(container: &Path, cache_bytes: u64, tcp_token: Option<&Path>, extra: &[&str]) -> Daemon {
         Daemon::start_at(container, cache_bytes, tcp_token, extra, None)
@@ -107,9 +117,19 @@ impl Daemon {
         }
     }
 
+    /// Sends `sig`. For `STOP`, also waits until every thread of the daemon is stopped:
+    /// kill(2) returns before a multi-threaded process has stopped (one thread is woken to
+    /// start the group stop; under load the others may run on for a while, serving calls).
     pub(crate) fn signal(&self, sig: &str) {
         let ok = Command::new("kill").arg(format!("-{sig}")).arg(self.child.id().to_string()).status().expect("kill").success();
         assert!(ok, "kill -{sig} failed");
+        if sig == "STOP" {
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while !all_threads_stopped(self.child.id()) {
+                assert!(Instant::now() < deadline, "expertd {} did not stop within 10 s of SIGSTOP", self.child.id());
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
     }
 
     /// SIGTERM, then the exit status (the daemon drains and exits on its own).
