@@ -140,10 +140,7 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
     let mut disk_probes: Vec<(PathBuf, Value)> = Vec::new();
     if args.odirect_bytes > 0 {
         for c in &configs {
-            let file = match &c.container {
-                Some(dir) => dir.join(shared::container::CONTAINER_FILE),
-                None => largest_shard(&args.model)?,
-            };
+            let file = probe_file(args, c)?;
             if !disk_probes.iter().any(|(f, _)| *f == file) {
                 eprintln!("bench: storage read bandwidth probe of {}", file.display());
                 let v = roofline::read_bandwidth(&file, args.odirect_bytes, args.odirect_readers);
@@ -172,11 +169,29 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
     eprintln!("bench: DRAM read bandwidth probe (end)");
     let dram_end = roofline::dram(args.bandwidth_bytes, threads, "end");
     let dram_gbps = dram_start["gbps"].as_f64().unwrap_or(0.0).max(dram_end["gbps"].as_f64().unwrap_or(0.0));
+    // The storage roofline: for cold runs, the median of the probes run right before each cold
+    // run of any config on the same file (the disk of a shared VM drifts within minutes, so
+    // one probe at the start says little about a run 20 minutes later); else the start probe.
+    let cold_probes: Vec<(PathBuf, Vec<f64>)> = disk_probes
+        .iter()
+        .map(|(file, _)| {
+            let mut v: Vec<f64> = runs
+                .iter()
+                .flatten()
+                .chain(std::iter::once(&drift))
+                .filter(|r| r["disk_probe"]["file"].as_str() == Some(&file.display().to_string()))
+                .filter_map(|r| r["disk_probe"]["gbps"].as_f64())
+                .collect();
+            v.sort_by(f64::total_cmp);
+            (file.clone(), v)
+        })
+        .collect();
     let disk_gbps = |c: &Config| -> Option<f64> {
-        let file = match &c.container {
-            Some(dir) => dir.join(shared::container::CONTAINER_FILE),
-            None => largest_shard(&args.model).ok()?,
-        };
+        let file = probe_file(args, c).ok()?;
+        let probes = cold_probes.iter().find(|(f, _)| *f == file).map_or(&[][..], |(_, p)| p.as_slice());
+        if !probes.is_empty() {
+            return Some(probes[probes.len() / 2]);
+        }
         disk_probes.iter().find(|(f, _)| *f == file).and_then(|(_, v)| v["gbps"].as_f64())
     };
     for (c, rs) in configs.iter().zip(runs.iter_mut()) {
@@ -223,6 +238,10 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
             "dram": [dram_start, dram_end],
             "dram_gbps_used": dram_gbps,
             "storage": disk_probes.iter().map(|(_, v)| v.clone()).collect::<Vec<_>>(),
+            "storage_before_cold_runs": cold_probes
+                .iter()
+                .map(|(f, p)| json!({"file": f.display().to_string(), "gbps": p, "median_gbps": p.get(p.len() / 2)}))
+                .collect::<Vec<_>>(),
         },
         "notes": notes(),
         "decode_phase_notes": PHASE_NOTES.iter().map(|(k, v)| (k.to_string(), json!(v))).collect::<serde_json::Map<_, _>>(),
@@ -264,7 +283,8 @@ fn notes() -> Vec<&'static str> {
         "hostd_vm_hwm_bytes / expertd_vm_hwm_bytes: peak RSS (VmHWM) of the child and of its private expertd, read at the end of the decode",
         "hit_rate: the expertd cache's hits / (hits + misses) over the decode, from its per-call responses (distinct experts per call); null without expertd",
         "dram_fraction: weight_bytes_per_decode_token x decode_tokens_per_s / the larger DRAM probe (bandwidth.dram_gbps_used)",
-        "disk_fraction: disk_bytes_per_decode_token x decode_tokens_per_s / the storage probe of the config's container (else the model's largest shard); null when the decode read nothing from storage",
+        "disk_busy_fraction: the share of the decode's wall time during which the block device holding the container (else the model) had at least one request in flight (io_ticks; device-wide, every process's I/O counts)",
+        "disk_fraction: disk_bytes_per_decode_token x decode_tokens_per_s / the storage roofline of the config's container (else the model's largest shard): with --cold, the median of the O_DIRECT probes run right before each cold run on that file (disk_probe in each run), else the probe at the start; null when the decode read nothing from storage",
         "cold_proven: true only when the page-cache drop before the run succeeded, physical reads were counted (hostd or expertd read_bytes > 0), and, with a private expertd, its physical reads during the decode steps cover every byte its cache read for misses",
         "summary: median/min/max over the config's runs (drift run excluded); nulls skipped",
     ]
@@ -281,6 +301,14 @@ fn largest_shard(model: &Path) -> anyhow::Result<PathBuf> {
         .with_context(|| format!("no safetensors file in {}", model.display()))
 }
 
+/// The file a config's storage probe reads: its container, else the model's largest shard.
+fn probe_file(args: &BenchArgs, c: &Config) -> anyhow::Result<PathBuf> {
+    match &c.container {
+        Some(dir) => Ok(dir.join(shared::container::CONTAINER_FILE)),
+        None => largest_shard(&args.model),
+    }
+}
+
 /// Spawns one child run and returns its record.
 fn one_run(args: &BenchArgs, exe: &Path, c: &Config, label: &str, out: &Path) -> anyhow::Result<Value> {
     if args.cold && c.flags.iter().any(|f| f == "--expertd" || f.starts_with("--expertd=")) {
@@ -288,6 +316,12 @@ fn one_run(args: &BenchArgs, exe: &Path, c: &Config, label: &str, out: &Path) ->
     }
     let loadavg_before = std::fs::read_to_string("/proc/loadavg").ok().map(|s| s.trim().to_string());
     let drop = args.cold.then(roofline::drop_caches);
+    // A cold run's own storage probe, after the drop and just before the child starts (O_DIRECT:
+    // it leaves the page cache as the drop left it).
+    let disk_probe = match args.cold && args.odirect_bytes > 0 {
+        true => roofline::read_bandwidth(&probe_file(args, c)?, args.odirect_bytes, args.odirect_readers),
+        false => Value::Null,
+    };
     let mut cmd = Command::new(exe);
     cmd.arg("profile")
         .arg("--model")
@@ -335,6 +369,7 @@ fn one_run(args: &BenchArgs, exe: &Path, c: &Config, label: &str, out: &Path) ->
         "loadavg_before": loadavg_before,
         "load_s": p["load_s"],
         "cold": cold,
+        "disk_probe": disk_probe,
         "experts": p["experts"],
         "threads": p["threads"],
         "ttft_s": p["ttft_s"],
@@ -349,6 +384,7 @@ fn one_run(args: &BenchArgs, exe: &Path, c: &Config, label: &str, out: &Path) ->
         "prefetch": p["prefetch"],
         "weight_bytes_per_decode_token": p["weight_bytes_per_decode_token"],
         "disk_bytes_per_decode_token": p["disk_reads"]["decode_bytes_per_token"],
+        "disk_busy_fraction": p["disk_reads"]["decode_device"]["busy_fraction"],
         "disk_reads": p["disk_reads"],
         "hostd_vm_hwm_bytes": p["process"]["hostd"]["vm_hwm_bytes"],
         "hostd_read_bytes_total": hostd_reads,
@@ -427,6 +463,7 @@ fn metrics() -> Vec<(String, String)> {
         "hit_rate",
         "dram_fraction",
         "disk_fraction",
+        "disk_busy_fraction",
         "child_wall_s",
         "expert_calls_per_token",
         "ipc_us_per_expert_call",

@@ -30,3 +30,63 @@ impl Reads {
         json!({"hostd": h, "expertd": e, "total": total})
     }
 }
+
+/// A snapshot of the block device holding a file (`/sys/dev/block/MAJ:MIN/stat`): the
+/// kernel's `io_ticks` (milliseconds during which the device had at least one request in
+/// flight: `iostat`'s %util) and sectors read. Device-wide: every process's I/O counts.
+#[derive(Debug, Clone)]
+pub struct DeviceBusy {
+    /// `MAJ:MIN` of the device (the partition, when the file is on one).
+    pub device: String,
+    /// Milliseconds with I/O in flight.
+    pub io_ticks_ms: u64,
+    /// 512-byte sectors read.
+    pub read_sectors: u64,
+}
+
+impl DeviceBusy {
+    /// The device holding `path`, now; `None` where /sys cannot tell (no such file, not Linux,
+    /// a filesystem without a block device such as tmpfs or overlay).
+    pub fn of(path: &std::path::Path) -> Option<DeviceBusy> {
+        use std::os::unix::fs::MetadataExt;
+        let dev = std::fs::metadata(path).ok()?.dev();
+        let device = format!("{}:{}", rustix::fs::major(dev), rustix::fs::minor(dev));
+        let stat = std::fs::read_to_string(format!("/sys/dev/block/{device}/stat")).ok()?;
+        DeviceBusy::parse(device, &stat)
+    }
+
+    /// Parses a block `stat` line: field 3 is sectors read, field 10 is `io_ticks`.
+    fn parse(device: String, stat: &str) -> Option<DeviceBusy> {
+        let f: Vec<u64> = stat.split_whitespace().map(str::parse).collect::<Result<_, _>>().ok()?;
+        Some(DeviceBusy { device, read_sectors: *f.get(2)?, io_ticks_ms: *f.get(9)? })
+    }
+
+    /// Busy milliseconds and bytes read between `self` and `later`, and the busy share of
+    /// `wall_s` seconds, as JSON.
+    pub fn delta_json(&self, later: &DeviceBusy, wall_s: f64) -> Value {
+        let busy = later.io_ticks_ms.saturating_sub(self.io_ticks_ms);
+        json!({
+            "device": self.device,
+            "busy_ms": busy,
+            "busy_fraction": busy as f64 / (wall_s * 1e3),
+            "read_bytes": later.read_sectors.saturating_sub(self.read_sectors) * 512,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::DeviceBusy;
+
+    #[test]
+    fn a_block_stat_line_gives_sectors_read_and_io_ticks() {
+        let line = "   51190     1180  6512834    22580   101877    83620  3598600   153080        0    93504   181788        0        0        0        0     1711      681\n";
+        let d = DeviceBusy::parse("253:0".into(), line).expect("parsed");
+        assert_eq!((d.read_sectors, d.io_ticks_ms), (6512834, 93504));
+        let later = DeviceBusy { io_ticks_ms: 93504 + 800, read_sectors: 6512834 + 2048, ..d.clone() };
+        let j = d.delta_json(&later, 1.0);
+        assert_eq!((j["busy_ms"].as_u64(), j["read_bytes"].as_u64()), (Some(800), Some(2048 * 512)));
+        assert!((j["busy_fraction"].as_f64().expect("fraction") - 0.8).abs() < 1e-12);
+        assert!(DeviceBusy::parse("1:2".into(), "1 2").is_none(), "too few fields");
+    }
+}

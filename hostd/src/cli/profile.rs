@@ -8,7 +8,7 @@
 //! expertd's) peak memory and physical reads.
 
 use super::load::{LoadArgs, load_model};
-use super::procfs::{self, Reads};
+use super::procfs::{self, DeviceBusy, Reads};
 use crate::model::{Logits, Model, SequenceState};
 use crate::profile::{self, OpStat, Profiler};
 use anyhow::Context;
@@ -122,6 +122,9 @@ pub fn run(args: &ProfileArgs) -> anyhow::Result<()> {
     let prefill_ops = prof.take();
     let prefill_counts = prof.take_counts();
     let reads_mid = Reads::now(daemon);
+    // The device the experts are read from (the container's; else the model's).
+    let busy_path = args.load.container.as_ref().map_or_else(|| args.load.model.clone(), |d| d.join(shared::container::CONTAINER_FILE));
+    let busy_mid = DeviceBusy::of(&busy_path);
     let spec_start = model.speculative_counters();
 
     let t = Instant::now();
@@ -133,6 +136,7 @@ pub fn run(args: &ProfileArgs) -> anyhow::Result<()> {
     let decode_counts = prof.take_counts();
     model.set_profiler(None);
     let reads_end = Reads::now(daemon);
+    let busy_end = DeviceBusy::of(&busy_path);
     let spec_end = model.speculative_counters();
     let m = args.decode_steps as f64;
 
@@ -176,7 +180,7 @@ pub fn run(args: &ProfileArgs) -> anyhow::Result<()> {
             "prefill_tokens_per_s: prompt tokens / prefill forward-pass wall time (argmax excluded)",
             "decode_tokens_per_s: decode steps / decode wall time; one step = one single-token forward pass + argmax over its logits",
             "weight_bytes_per_decode_token: weight bytes of the dense projections (incl. lm_head) and the routed experts read per decode step, as the op scopes count them",
-            "disk_reads: physical storage reads (/proc/PID/io read_bytes) of hostd and its private expertd, between the marks named",
+            "disk_reads: physical storage reads (/proc/PID/io read_bytes) of hostd and its private expertd, between the marks named; decode_device: the block device holding the container (else the model), over the decode steps: busy_ms = the kernel's io_ticks delta (time with at least one request in flight, iostat's %util), busy_fraction = busy_ms / decode wall time, read_bytes = its sectors read; device-wide, so other processes' I/O counts too",
             "expert_cache: the expertd daemon's hits, misses (distinct experts per call) and bytes read, summed from its per-call responses",
             "prefetch (expertd with --expertd-prefetch): recall = distinct experts of a call that the prediction for its layer named / distinct experts of the call; speculative_bytes_read and useful_bytes (bytes of speculatively read experts a demand call then hit) are the daemon's Stats.prefetch deltas over decode (reads of the last hints may land after the end mark); wasted = speculative - useful (read, not hit yet); moe.prefetch_router (the prediction's router projection) is in the decode phase `other`",
             "expert_calls: calls_per_token = MoE-layer expert calls per decode step (one per MoE layer; 40 at full depth); ipc_us_per_call = experts.ipc / calls (expertd only: client wall time of a call minus the daemon's queue, io_wait and compute)",
@@ -194,6 +198,7 @@ pub fn run(args: &ProfileArgs) -> anyhow::Result<()> {
             "prefill": reads_start.delta_json(&reads_mid),
             "decode": decode_reads,
             "decode_bytes_per_token": decode_reads["total"].as_f64().map(|b| b / m),
+            "decode_device": busy_mid.zip(busy_end).map(|(a, b)| a.delta_json(&b, decode_s)),
         },
         "process": {
             "hostd": {"vm_hwm_bytes": procfs::vm_hwm_bytes(None), "read_bytes_total": procfs::read_bytes(None)},

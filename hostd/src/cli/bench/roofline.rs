@@ -6,6 +6,7 @@ use serde_json::{Value, json};
 use std::fs::File;
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::Path;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
 
 /// Bytes one `O_DIRECT` read asks for.
@@ -20,9 +21,11 @@ pub fn read_bandwidth(path: &Path, max_bytes: u64, readers: usize) -> Value {
         Ok(m) => m.len(),
         Err(e) => return json!({"file": path.display().to_string(), "gbps": null, "error": e.to_string()}),
     };
-    // Whole 4 KiB blocks (O_DIRECT's unit), split evenly between the readers.
-    let per_reader = (len.min(max_bytes) / readers as u64 / ALIGN as u64) * ALIGN as u64;
-    let total = per_reader * readers as u64;
+    // Whole CHUNK-sized, CHUNK-aligned slots anywhere in the file, visited in a shuffled order
+    // (the decode reads scattered expert blobs, not one front-to-back stream), until
+    // `max_bytes`; the readers share one queue of slots, so `readers` reads are outstanding.
+    let slots = (len / CHUNK as u64) as usize;
+    let take = ((max_bytes / CHUNK as u64) as usize).min(slots);
     let direct = std::fs::OpenOptions::new().read(true).custom_flags(rustix::fs::OFlags::DIRECT.bits() as i32).open(path);
     let (file, mode) = match direct {
         Ok(f) => (f, "O_DIRECT".to_string()),
@@ -36,27 +39,30 @@ pub fn read_bandwidth(path: &Path, max_bytes: u64, readers: usize) -> Value {
             Err(e) => return json!({"file": path.display().to_string(), "gbps": null, "error": e.to_string()}),
         },
     };
-    if total == 0 {
-        return json!({"file": path.display().to_string(), "gbps": null, "error": "file shorter than one 4 KiB block per reader"});
+    if take == 0 {
+        return json!({"file": path.display().to_string(), "gbps": null, "error": format!("file shorter than one {} MiB read", CHUNK >> 20)});
     }
+    let order = shuffled_slots(slots, take, len);
+    let total = (take * CHUNK) as u64;
+    let next = AtomicUsize::new(0);
     let t = Instant::now();
     let result: std::io::Result<()> = std::thread::scope(|s| {
         let handles: Vec<_> = (0..readers)
-            .map(|r| {
-                let file = &file;
+            .map(|_| {
+                let (file, order, next) = (&file, &order, &next);
                 s.spawn(move || {
                     let mut raw = vec![0u8; CHUNK + ALIGN];
                     let skip = raw.as_ptr().align_offset(ALIGN);
                     let buf = &mut raw[skip..skip + CHUNK];
-                    let start = r as u64 * per_reader;
-                    let mut off = start;
-                    while off < start + per_reader {
-                        let want = CHUNK.min((start + per_reader - off) as usize);
-                        let n = file.read_at(&mut buf[..want], off)?;
-                        if n == 0 {
-                            return Err(std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "short read"));
+                    while let Some(&slot) = order.get(next.fetch_add(1, Ordering::Relaxed)) {
+                        let mut done = 0;
+                        while done < CHUNK {
+                            let n = file.read_at(&mut buf[done..], slot as u64 * CHUNK as u64 + done as u64)?;
+                            if n == 0 {
+                                return Err(std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "short read"));
+                            }
+                            done += n;
                         }
-                        off += n as u64;
                     }
                     Ok(())
                 })
@@ -73,10 +79,27 @@ pub fn read_bandwidth(path: &Path, max_bytes: u64, readers: usize) -> Value {
             "seconds": secs,
             "mode": mode,
             "readers": readers,
-            "how": format!("{readers} threads, each reading its own contiguous 1/{readers} of the first {total} bytes front to back in preads of up to {} MiB (one outstanding read per thread)", CHUNK >> 20),
+            "how": format!(
+                "{take} reads of {} MiB at distinct {} MiB-aligned offsets spread over the whole {len}-byte file in a shuffled order, {readers} threads pulling from one queue ({readers} reads outstanding)",
+                CHUNK >> 20,
+                CHUNK >> 20
+            ),
         }),
         Err(e) => json!({"file": path.display().to_string(), "gbps": null, "mode": mode, "error": e.to_string()}),
     }
+}
+
+/// `take` distinct slot indices of `slots`, in a shuffled order seeded by the file length
+/// (reproducible for a file, different across the file). Fisher–Yates over SplitMix64.
+fn shuffled_slots(slots: usize, take: usize, seed: u64) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..slots).collect();
+    let mut rng = shared::splitmix::SplitMix64::new(seed);
+    for i in (1..slots).rev() {
+        let j = (rng.next_u64() % (i as u64 + 1)) as usize;
+        order.swap(i, j);
+    }
+    order.truncate(take);
+    order
 }
 
 /// The DRAM read bandwidth probe, with when it ran.
@@ -89,4 +112,34 @@ pub fn dram(bytes: usize, threads: usize, when: &str) -> Value {
 pub fn drop_caches() -> Result<(), String> {
     rustix::fs::sync();
     std::fs::write("/proc/sys/vm/drop_caches", "3\n").map_err(|e| format!("writing 3 to /proc/sys/vm/drop_caches: {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_probe_visits_distinct_slots_spread_over_the_file() {
+        let order = shuffled_slots(1000, 300, 42);
+        let mut seen = order.clone();
+        seen.sort_unstable();
+        seen.dedup();
+        assert_eq!(seen.len(), 300, "distinct slots");
+        assert!(order.iter().all(|&s| s < 1000));
+        // Not the first 300 slots in order: the sample reaches the far end of the file.
+        assert!(order.iter().any(|&s| s >= 700) && order.windows(2).any(|w| w[0] > w[1]));
+        assert_eq!(shuffled_slots(5, 10, 1).len(), 5, "never more slots than the file has");
+    }
+
+    #[test]
+    fn the_probe_reads_what_it_says_and_refuses_a_file_too_short() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let f = dir.path().join("blob");
+        std::fs::write(&f, vec![7u8; 3 * CHUNK + 100]).expect("write");
+        let v = read_bandwidth(&f, 2 * CHUNK as u64, 2);
+        assert_eq!(v["bytes"].as_u64(), Some(2 * CHUNK as u64), "{v}");
+        assert!(v["gbps"].as_f64().is_some_and(|g| g > 0.0), "{v}");
+        std::fs::write(&f, vec![7u8; 100]).expect("write");
+        assert!(read_bandwidth(&f, 2 * CHUNK as u64, 2)["gbps"].is_null());
+    }
 }
