@@ -68,6 +68,8 @@ fn ring_rpc_and_in_process_give_byte_equal_logits_at_tiny_and_full_budgets() {
             assert_eq!(ring, baseline, "{preset} {tag}: ring vs in-process");
             let prefetch = eval(preset, &prompts, work.path(), "ring-prefetch", &["--expertd", &d.uri(), "--expertd-prefetch"]);
             assert_eq!(prefetch, baseline, "{preset} {tag}: ring with prefetch hints vs in-process");
+            let no_prefetch = eval(preset, &prompts, work.path(), "ring-no-prefetch", &["--expertd", &d.uri(), "--expertd-prefetch", "off"]);
+            assert_eq!(no_prefetch, baseline, "{preset} {tag}: ring without prefetch hints vs in-process");
             let rpc = eval(preset, &prompts, work.path(), "rpc", &["--expertd", &d.uri(), "--expertd-no-ring"]);
             assert_eq!(rpc, baseline, "{preset} {tag}: MoeLayer RPC vs in-process");
             // The daemon's log proves which path each client took.
@@ -90,18 +92,7 @@ fn prefetch_hints_read_ahead_and_change_no_result() {
     let d = Daemon::unix(&container, container_bytes(&container) / 4, &[]);
     let with = eval(preset, &prompts, work.path(), "prefetch", &["--expertd", &d.uri(), "--expertd-prefetch"]);
     assert_eq!(with, baseline, "prefetch on");
-    // Hints are read asynchronously: wait (bounded) until the prefetch thread has let go.
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    let stats = loop {
-        let stats = rt().block_on(async {
-            let mut c = raw_unix(d.socket.as_ref().expect("socket")).await;
-            c.stats(pb::StatsRequest {}).await.expect("stats").into_inner()
-        });
-        if stats.cache.as_ref().is_some_and(|c| c.leases_held == 0) || std::time::Instant::now() > deadline {
-            break stats;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    let stats = settled_stats(&d);
     let p = stats.prefetch.expect("the daemon runs a prefetcher");
     assert!(p.hints > 0, "the client sent hints: {p:?}");
     assert!(p.reads > 0 && p.bytes_read == p.reads * blob_stride(&container), "speculative reads, stride each: {p:?}");
@@ -109,9 +100,36 @@ fn prefetch_hints_read_ahead_and_change_no_result() {
     assert!(p.useful_bytes > 0, "some speculatively read expert was then used by a demand call: {p:?}");
     let cache = stats.cache.expect("cache");
     assert_eq!(cache.leases_held, 0, "speculative leases are released");
-    // The same daemon with prefetch off in the client.
-    let without = eval(preset, &prompts, work.path(), "no-prefetch", &["--expertd", &d.uri()]);
+    // The same daemon with prefetch off in the client: no hint arrives.
+    let without = eval(preset, &prompts, work.path(), "no-prefetch", &["--expertd", &d.uri(), "--expertd-prefetch", "off"]);
     assert_eq!(without, baseline, "prefetch off");
+    let hints = |d: &Daemon| settled_stats(d).prefetch.expect("prefetcher").hints;
+    assert_eq!(hints(&d), p.hints, "--expertd-prefetch off sent hints");
+    // The default (auto) hints a daemon that streams (this one: a quarter of the container)…
+    let auto = eval(preset, &prompts, work.path(), "auto-streaming", &["--expertd", &d.uri()]);
+    assert_eq!(auto, baseline, "prefetch auto, streaming");
+    assert!(hints(&d) > p.hints, "the default sent no hint to a streaming daemon");
+    // …and not one whose cache holds the whole container.
+    let full = Daemon::unix(&container, container_bytes(&container), &[]);
+    let auto = eval(preset, &prompts, work.path(), "auto-resident", &["--expertd", &full.uri()]);
+    assert_eq!(auto, baseline, "prefetch auto, resident");
+    assert_eq!(hints(&full), 0, "the default hinted a daemon that holds every expert");
+}
+
+/// The daemon's stats once its prefetch thread has let go of every lease (hints are read
+/// asynchronously), or after 10 s.
+fn settled_stats(d: &Daemon) -> pb::StatsResponse {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let stats = rt().block_on(async {
+            let mut c = raw_unix(d.socket.as_ref().expect("socket")).await;
+            c.stats(pb::StatsRequest {}).await.expect("stats").into_inner()
+        });
+        if stats.cache.as_ref().is_some_and(|c| c.leases_held == 0) || std::time::Instant::now() > deadline {
+            return stats;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
 
 #[test]

@@ -3,7 +3,7 @@
 //! `--expertd URI`, several daemons each serving a range of layers with repeated
 //! `--expertd URI=FIRST-LAST`, or a private child with `--experts expertd`), thread count.
 
-use crate::expert_client::{CaCertificate, ClientOptions, Endpoint, ExpertdClient, PrivateDaemon, PrivateOptions, ShardSpec, ShardedExperts};
+use crate::expert_client::{CaCertificate, ClientOptions, Endpoint, ExpertdClient, Prefetch, PrivateDaemon, PrivateOptions, ShardSpec, ShardedExperts};
 use crate::experts::{ExpertBackend, bf16::Bf16Experts, int8::Int8Experts};
 use shared::container::ModelIdentity;
 use shared::kernels::int8::Int8Isa;
@@ -86,9 +86,11 @@ pub struct ExpertdArgs {
     pub expertd_no_ring: bool,
     /// Predict each next layer's experts (its router on the current hidden state) and send
     /// them to expertd as prefetch hints, so their reads overlap this layer's compute (call
-    /// ring only; results are unchanged).
-    #[arg(long = "expertd-prefetch", env = "SLUICE_EXPERTD_PREFETCH")]
-    pub expertd_prefetch: bool,
+    /// ring only; results are unchanged). `auto` (the default): only when the daemon streams
+    /// (its cache budget is below the container's expert bytes); `on` (or the bare flag):
+    /// always; `off`: never.
+    #[arg(long = "expertd-prefetch", env = "SLUICE_EXPERTD_PREFETCH", value_name = "WHEN", num_args = 0..=1, default_value = "auto", default_missing_value = "on")]
+    pub expertd_prefetch: Prefetch,
     /// One more `expertd serve` flag for the private daemon (repeatable), e.g.
     /// `--expertd-daemon-arg=--no-overlap`.
     #[arg(long = "expertd-daemon-arg", allow_hyphen_values = true)]

@@ -106,8 +106,9 @@ pub struct ClientOptions {
     pub ring: bool,
     /// Experts per row the ring entries are sized for (calls with more cells use gRPC).
     pub ring_top_k: usize,
-    /// Send the model's next-layer predictions to the daemon as prefetch hints (ring only).
-    pub prefetch: bool,
+    /// When to send the model's next-layer predictions to the daemon as prefetch hints (ring
+    /// only).
+    pub prefetch: Prefetch,
     /// How long the first connection waits (with backoff) for a daemon that is not up yet:
     /// no socket file, refused, or a full backlog.
     pub connect_timeout: Duration,
@@ -136,7 +137,7 @@ impl ClientOptions {
             shm_max_rows: DEFAULT_SHM_MAX_ROWS,
             ring: true,
             ring_top_k: DEFAULT_RING_TOP_K,
-            prefetch: false,
+            prefetch: Prefetch::Off,
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
             reconnect_timeout: Duration::from_secs(10),
             call_timeout: DEFAULT_CALL_TIMEOUT,
@@ -160,6 +161,34 @@ pub struct DaemonInfo {
     pub shared_memory: bool,
     /// Entries of the call ring the daemon serves for this session (0: calls use `MoeLayer`).
     pub ring_entries: u32,
+    /// Whether the daemon's cache budget is below the container's expert bytes (it streams).
+    pub streams_experts: bool,
+}
+
+/// When the client sends prefetch hints.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Prefetch {
+    /// Never.
+    Off,
+    /// Whenever the session has a call ring.
+    On,
+    /// When the session has a call ring and the daemon streams: its cache budget (handshake
+    /// `limits.cache_budget_bytes`) is below the container's expert bytes. With every expert
+    /// resident a hint can only be a hit, so none is sent. The CLI's default.
+    #[default]
+    Auto,
+}
+
+impl std::str::FromStr for Prefetch {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Prefetch, String> {
+        match s {
+            "off" | "false" | "0" => Ok(Prefetch::Off),
+            "on" | "true" | "1" => Ok(Prefetch::On),
+            "auto" => Ok(Prefetch::Auto),
+            _ => Err(format!("{s:?}: expected auto, on or off")),
+        }
+    }
 }
 
 /// The daemon-reported cost of one `MoeLayer` call (the response's figures).
@@ -392,6 +421,7 @@ impl ExpertdClient {
             })
             .ok_or_else(|| self.lost("the client runtime stopped"))??;
         self.check_handshake(&resp)?;
+        let streams = streams_experts(&resp);
         let info = DaemonInfo {
             session_id: resp.session_id,
             fingerprint: resp.container_fingerprint,
@@ -399,6 +429,7 @@ impl ExpertdClient {
             io_backend: resp.io_backend,
             shared_memory: link.segment_id != 0 && resp.shm_segment_id == link.segment_id,
             ring_entries: 0,
+            streams_experts: streams,
         };
         let shared_memory = info.shared_memory;
         // The ring is used only if the daemon serves exactly the ring this segment announced.
@@ -737,10 +768,14 @@ impl ExpertBackend for ExpertdClient {
 
     fn wants_prefetch(&self) -> bool {
         // Asked once per layer per token: look at the live session, clone nothing.
-        self.opts.prefetch && self.session.lock().unwrap_or_else(PoisonError::into_inner).as_ref().is_some_and(|s| s.info.ring_entries > 0)
+        let on = |s: &Session| s.info.ring_entries > 0 && (self.opts.prefetch == Prefetch::On || s.info.streams_experts);
+        self.opts.prefetch != Prefetch::Off && self.session.lock().unwrap_or_else(PoisonError::into_inner).as_ref().is_some_and(|s| on(s))
     }
 
     fn prefetch(&self, layer: usize, experts: &[u32], profiler: Option<&Profiler>) {
+        if !self.wants_prefetch() {
+            return;
+        }
         if let Some(p) = self.predicted.lock().unwrap_or_else(PoisonError::into_inner).get_mut(layer) {
             p.clear();
             p.extend_from_slice(experts);
@@ -801,7 +836,7 @@ impl ExpertBackend for ExpertdClient {
     #[tracing::instrument(level = "debug", skip_all, fields(layer_idx = call.layer, n_tokens = call.n_rows))]
     fn moe_layer_profiled(&self, call: &MoeCall<'_>, out: &mut [f32], profiler: Option<&Profiler>) -> Result<(), ExpertError> {
         validate_call(call, self.opts.n_layers, self.opts.n_experts, self.opts.hidden, out.len())?;
-        if let Some(p) = profiler.filter(|_| self.opts.prefetch) {
+        if let Some(p) = profiler.filter(|_| self.wants_prefetch()) {
             self.count_recall(call, p);
         }
         let t = Instant::now();
@@ -822,4 +857,13 @@ impl ExpertBackend for ExpertdClient {
         }
         Ok(())
     }
+}
+
+/// Whether a handshake's daemon streams experts: its cache budget is below the container's
+/// expert bytes (layers × experts × blob stride). Unknown dimensions count as resident.
+fn streams_experts(r: &pb::HandshakeResponse) -> bool {
+    let (Some(dims), Some(limits)) = (r.dims.as_ref(), r.limits.as_ref()) else { return false };
+    let Ok(layout) = shared::container::BlobLayout::new(dims.hidden_size as usize, dims.expert_inner_size as usize) else { return false };
+    let experts = u64::from(dims.n_layers) * u64::from(dims.n_experts) * layout.stride as u64;
+    limits.cache_budget_bytes < experts
 }
