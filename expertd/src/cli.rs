@@ -369,7 +369,8 @@ pub struct ServeArgs {
     pub threads: usize,
     /// Speculative bytes read per client session and step (token) on prefetch hints; 0: eight
     /// blobs per layer (8 × layers × blob size: one top-8 token's worth), shared across the
-    /// layers. Hints come only from clients run with `--expertd-prefetch`.
+    /// layers. Clients send hints when this daemon streams (hostd `--expertd-prefetch auto`, the
+    /// default) or with `--expertd-prefetch on`.
     #[arg(long, env = "EXPERTD_PREFETCH_CAP_BYTES", default_value_t = 0)]
     pub prefetch_cap_bytes: u64,
     /// Ignore prefetch hints (no speculative reads).
