@@ -51,6 +51,18 @@ if "int8" in r and "expertd-ring" in r:
         if name in r:
             r[name]["decode_ratio_vs_in_process"] = r[name]["median"]["decode_tokens_per_s"] / base
             print(f"\n{name} / int8 in-process decode: {r[name]['decode_ratio_vs_in_process']:.3f}")
-st = table("streaming", ["decode_tokens_per_s", "disk_fraction", "disk_bytes_per_decode_token", "hit_rate", "phase_ms_per_token.expert_io_wait", "prefetch_recall", "prefetch_wasted_bytes_per_token", "hostd_vm_hwm_bytes", "expertd_vm_hwm_bytes"])
+st = table("streaming", ["decode_tokens_per_s", "disk_busy_fraction", "disk_fraction", "disk_bytes_per_decode_token", "hit_rate", "phase_ms_per_token.expert_io_wait", "prefetch_recall", "prefetch_wasted_bytes_per_token", "hostd_vm_hwm_bytes", "expertd_vm_hwm_bytes"])
 summary["bandwidth"] = st.get("bandwidth")
+# Paired rounds: the same round of each config ran back to back, so their ratio cancels most
+# of the VM's drift; report every round's ratio beside the ratio of the medians.
+runs = {c["name"]: {r["round"]: r for r in c["runs"]} for c in st["configs"]}
+pairs = [("stream-ring-prefetch", "stream-ring"), ("stream-ring", "stream-old"), ("stream-ring-prefetch", "stream-old")]
+print("\n| A / B, decode tok/s | per round | ratio of medians |\n|---|---|---:|")
+for a, b in pairs:
+    if a in runs and b in runs:
+        per = [runs[a][k]["decode_tokens_per_s"] / runs[b][k]["decode_tokens_per_s"] for k in sorted(runs[a]) if k in runs[b]]
+        ma = summary["streaming"][a]["median"]["decode_tokens_per_s"]
+        mb = summary["streaming"][b]["median"]["decode_tokens_per_s"]
+        summary["streaming"].setdefault("paired", []).append({"a": a, "b": b, "per_round": per, "ratio_of_medians": ma / mb})
+        print(f"| {a} / {b} | " + ", ".join(f"{x:.3f}" for x in per) + f" | {ma / mb:.3f} |")
 (out / "summary.json").write_text(json.dumps(summary, indent=1))
