@@ -8,7 +8,7 @@
 #      the design before the ring (RPC, no hits-while-reading overlap), fresh process per run,
 #      interleaved, drift check.
 #   3. hostd bench --cold, cache = 10% of the expert bytes: the old design vs the ring without
-#      prefetch hints vs the ring with them (the default for a streaming budget) (page cache
+#      prefetch hints vs the ring as it runs by default (prefetch hints on: the budget streams) (page cache
 #      dropped before every run, O_DIRECT, physical reads, a storage probe before each run).
 # Needs root (drop_caches). Writes $OUT/{meta.txt,rtt.jsonl,resident.json,streaming.json}.
 # PARTS (default "1 2 3") picks the parts to run.
@@ -76,7 +76,7 @@ echo "== 3. streaming, cache = 10% of the expert bytes, cold"
 "$BIN/hostd" bench --model "$MODEL" --threads "$THREADS" --runs "$RUNS" --prompt-tokens "$PROMPT" --new-tokens "$COLD_NEW" --cold \
   --config "stream-old: --dense int8 --experts expertd --container $CONTAINER --expertd-cache-bytes $TENTH --expertd-no-ring --expertd-daemon-arg=--no-overlap" \
   --config "stream-ring: --dense int8 --experts expertd --container $CONTAINER --expertd-cache-bytes $TENTH --expertd-prefetch off" \
-  --config "stream-ring-prefetch: --dense int8 --experts expertd --container $CONTAINER --expertd-cache-bytes $TENTH --expertd-prefetch on" \
+  --config "stream-ring-prefetch: --dense int8 --experts expertd --container $CONTAINER --expertd-cache-bytes $TENTH" \
   --json "$OUT/streaming.json"
 fi
 echo "loadavg at end: $(cat /proc/loadavg)" >> "$OUT/meta.txt"
