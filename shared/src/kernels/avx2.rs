@@ -1,7 +1,7 @@
 //! AVX2 + FMA bf16 × f32 kernels with f32 accumulation, 8 lanes.
 //!
 //! Owns the x86_64 AVX2 code and its fixed summation order; the safe API, the shape checks and
-//! the threading live in `mod.rs`. The structure mirrors `avx512.rs`.
+//! the threading live in `mod.rs`; the tiling driver, shared with `avx512.rs`, in `tiling.rs`.
 //!
 //! # Summation order (the bitwise contract)
 //!
@@ -22,6 +22,8 @@ use std::arch::x86_64::*;
 
 use half::bf16;
 
+use super::tiling::{self, Bf16Tile};
+
 /// f32 lanes per vector.
 const LANES: usize = 8;
 /// Rows per tile when there is one token (GEMV): eight accumulators plus the activation and a
@@ -31,171 +33,105 @@ const GEMV_ROWS: usize = 8;
 const GEMM_ROWS: usize = 2;
 /// See [`GEMM_ROWS`]. A chunk's last `< GEMM_TOKENS` tokens go 2 and then 1 at a time.
 const GEMM_TOKENS: usize = 4;
-/// Bytes of weights per GEMM row panel (kept in L2 while the token chunk streams past).
-const PANEL_WEIGHT_BYTES: usize = 128 << 10;
-/// Bytes of activations per GEMM token chunk (kept in L2 across row panels).
-const CHUNK_ACTIVATION_BYTES: usize = 512 << 10;
 
 /// Computes `y[t·ldy + r] = Σ_j w[r·cols + j] · x[t·cols + j]` for `r < rows`, `t < n`, in the
-/// order described in the module docs.
+/// order described in the module docs, by the shared driver [`tiling::gemm`] over this
+/// module's tile.
 ///
 /// # Safety
 ///
-/// The CPU must support AVX2 and FMA (`Isa::Avx2.is_available()`). `w.len() == rows · cols`
-/// and `x.len() == n · cols` (checked). For every `t < n` and `r < rows`, `y.add(t · ldy + r)`
-/// must be valid for writes and not accessed by anyone else during the call.
+/// The CPU must support AVX2 and FMA (`Isa::Avx2.is_available()`).
+/// `w.len() == rows · cols` and `x.len() == n · cols` (checked). For every `t < n` and
+/// `r < rows`, `y.add(t · ldy + r)` must be valid for writes and not accessed by anyone else
+/// during the call.
 #[target_feature(enable = "avx2,fma")]
 pub(super) unsafe fn gemm(w: &[bf16], rows: usize, cols: usize, x: &[f32], n: usize, y: *mut f32, ldy: usize) {
-    assert_eq!(w.len(), rows * cols);
-    assert_eq!(x.len(), n * cols);
-    // bf16 is `repr(transparent)` over u16.
-    let w = w.as_ptr().cast::<u16>();
-    let x = x.as_ptr();
-    if n == 1 {
-        // SAFETY: rows 0..rows of w and token 0 of x are in bounds; y's contract is the caller's.
-        unsafe { row_range::<GEMV_ROWS, 1, true>(w, 0, rows, cols, x, y, ldy) };
-        return;
-    }
-    let panel_rows = (PANEL_WEIGHT_BYTES / (2 * cols.max(1))).max(GEMM_ROWS) / GEMM_ROWS * GEMM_ROWS;
-    let chunk_tokens = (CHUNK_ACTIVATION_BYTES / (4 * cols.max(1))).max(GEMM_TOKENS) / GEMM_TOKENS * GEMM_TOKENS;
-    for t_chunk in (0..n).step_by(chunk_tokens) {
-        let t_chunk_end = n.min(t_chunk + chunk_tokens);
-        for r_panel in (0..rows).step_by(panel_rows) {
-            let r_panel_end = rows.min(r_panel + panel_rows);
-            let mut t0 = t_chunk;
-            while t0 < t_chunk_end {
-                let xt = x.wrapping_add(t0 * cols);
-                let yt = y.wrapping_add(t0 * ldy);
-                let left = t_chunk_end - t0;
-                let (r0, r1) = (r_panel, r_panel_end);
-                // SAFETY: each arm reads tokens t0..t0 + T with T <= left, in bounds of x, and rows
-                // r_panel..r_panel_end, in bounds of w; every (t, r) written is one the caller
-                // guarantees writable.
-                t0 += unsafe {
-                    if left >= GEMM_TOKENS {
-                        row_range::<GEMM_ROWS, GEMM_TOKENS, false>(w, r0, r1, cols, xt, yt, ldy);
-                        GEMM_TOKENS
-                    } else if left >= 2 {
-                        row_range::<GEMM_ROWS, 2, false>(w, r0, r1, cols, xt, yt, ldy);
-                        2
-                    } else {
-                        row_range::<GEMM_ROWS, 1, false>(w, r0, r1, cols, xt, yt, ldy);
-                        1
-                    }
-                };
-            }
-        }
-    }
+    // SAFETY: this function's features are Avx2's; the rest of the contract is the caller's.
+    unsafe { tiling::gemm::<Avx2, GEMV_ROWS, GEMM_ROWS, GEMM_TOKENS>(w, rows, cols, x, n, y, ldy) }
 }
 
-/// Rows `r_begin..r_end` against the `T` tokens at `x`, `R` rows at a time, then one row at a
-/// time for the remainder. `PREFETCH` as in [`tile`].
-///
-/// # Safety
-///
-/// AVX2 and FMA; `w` holds rows `..r_end` of `cols` u16 each; `x` holds `T` rows of `cols`
-/// f32; `y.add(t·ldy + r)` is writable for `t < T`, `r_begin <= r < r_end`.
-#[target_feature(enable = "avx2,fma")]
-#[inline]
-unsafe fn row_range<const R: usize, const T: usize, const PREFETCH: bool>(
-    w: *const u16,
-    r_begin: usize,
-    r_end: usize,
-    cols: usize,
-    x: *const f32,
-    y: *mut f32,
-    ldy: usize,
-) {
-    let mut r = r_begin;
-    while r + R <= r_end {
-        // SAFETY: rows r..r + R are below r_end; the rest is this function's contract.
-        unsafe { tile::<R, T, PREFETCH>(w.wrapping_add(r * cols), cols, x, y.wrapping_add(r), ldy) };
-        r += R;
-    }
-    while r < r_end {
-        // SAFETY: as above, for the single row r.
-        unsafe { tile::<1, T, PREFETCH>(w.wrapping_add(r * cols), cols, x, y.wrapping_add(r), ldy) };
-        r += 1;
-    }
-}
+/// The Avx2 microkernel ([`Bf16Tile::tile`]), for [`tiling::gemm`].
+struct Avx2;
 
-/// One tile: `R` consecutive weight rows at `w` (stride `cols`) against `T` consecutive
-/// activation rows at `x` (stride `cols`), writing `y[t·ldy + r]` for `t < T`, `r < R`.
-///
-/// With `PREFETCH` (GEMV, where the weights stream from DRAM once), each step also prefetches
-/// into L2 as many bytes of the next tile as it consumes of this one. The next tile's rows
-/// follow this tile's contiguously, so the prefetch runs one tile ahead in address order; the
-/// hardware streamer alone, facing `R` concurrent short streams (one 4 KiB row each for
-/// `cols = 2048`), measured about 5–8% slower with the AVX-512 kernel, whose memory access
-/// pattern this one shares. Prefetches never fault, so running past the matrix on the last tile
-/// is harmless. Prefetching changes no arithmetic.
-///
-/// # Safety
-///
-/// AVX2 and FMA; `w` is readable for `R · cols` u16, `x` for `T · cols` f32, and
-/// `y.add(t·ldy + r)` writable for `t < T`, `r < R`.
-#[target_feature(enable = "avx2,fma")]
-#[inline]
-unsafe fn tile<const R: usize, const T: usize, const PREFETCH: bool>(
-    w: *const u16,
-    cols: usize,
-    x: *const f32,
-    y: *mut f32,
-    ldy: usize,
-) {
-    let mut acc = [[_mm256_setzero_ps(); R]; T];
-    let full = cols - cols % LANES;
-    let mut k = 0;
-    // PERF-CRITICAL: decode streams every dense weight through this loop once per token.
-    while k < full {
-        if PREFETCH {
-            let next = w.wrapping_add(R * cols + R * k).cast::<i8>();
-            for line in (0..R * LANES * 2).step_by(64) {
-                _mm_prefetch::<_MM_HINT_T1>(next.wrapping_add(line));
+impl Bf16Tile for Avx2 {
+    /// One tile: `R` consecutive weight rows at `w` (stride `cols`) against `T` consecutive
+    /// activation rows at `x` (stride `cols`), writing `y[t·ldy + r]` for `t < T`, `r < R`.
+    ///
+    /// With `PREFETCH` (GEMV, where the weights stream from DRAM once), each step also prefetches
+    /// into L2 as many bytes of the next tile as it consumes of this one. The next tile's rows
+    /// follow this tile's contiguously, so the prefetch runs one tile ahead in address order; the
+    /// hardware streamer alone, facing `R` concurrent short streams (one 4 KiB row each for
+    /// `cols = 2048`), measured about 5–8% slower with the AVX-512 kernel, whose memory access
+    /// pattern this one shares. Prefetches never fault, so running past the matrix on the last tile
+    /// is harmless. Prefetching changes no arithmetic.
+    ///
+    /// # Safety
+    ///
+    /// AVX2 and FMA; `w` is readable for `R · cols` u16, `x` for `T · cols` f32, and
+    /// `y.add(t·ldy + r)` writable for `t < T`, `r < R`.
+    #[target_feature(enable = "avx2,fma")]
+    #[inline]
+    unsafe fn tile<const R: usize, const T: usize, const PREFETCH: bool>(
+        w: *const u16,
+        cols: usize,
+        x: *const f32,
+        y: *mut f32,
+        ldy: usize,
+    ) {
+        let mut acc = [[_mm256_setzero_ps(); R]; T];
+        let full = cols - cols % LANES;
+        let mut k = 0;
+        // PERF-CRITICAL: decode streams every dense weight through this loop once per token.
+        while k < full {
+            if PREFETCH {
+                let next = w.wrapping_add(R * cols + R * k).cast::<i8>();
+                for line in (0..R * LANES * 2).step_by(64) {
+                    _mm_prefetch::<_MM_HINT_T1>(next.wrapping_add(line));
+                }
+            }
+            let mut wv = [_mm256_setzero_ps(); R];
+            for (r, v) in wv.iter_mut().enumerate() {
+                // SAFETY: k + 8 <= cols, so the 8 u16 at row r, column k are in bounds.
+                *v = widen(unsafe { _mm_loadu_si128(w.add(r * cols + k).cast()) });
+            }
+            for (t, acc_t) in acc.iter_mut().enumerate() {
+                // SAFETY: k + 8 <= cols, so the 8 f32 at token t, column k are in bounds.
+                let xv = unsafe { _mm256_loadu_ps(x.add(t * cols + k)) };
+                for (a, &wr) in acc_t.iter_mut().zip(&wv) {
+                    *a = _mm256_fmadd_ps(wr, xv, *a);
+                }
+            }
+            k += LANES;
+        }
+        let tail = cols - k;
+        if tail > 0 {
+            // Lane l is selected (all ones) when l < tail; `maskload` reads only selected lanes.
+            let lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+            let select = _mm256_cmpgt_epi32(_mm256_set1_epi32(tail as i32), lane);
+            let mut wv = [_mm256_setzero_ps(); R];
+            for (r, v) in wv.iter_mut().enumerate() {
+                // AVX2 has no 16-bit masked load, so the tail goes through a zeroed stack buffer.
+                let mut buf = [0u16; LANES];
+                // SAFETY: the `tail` u16 at row r, column k are in bounds (k + tail == cols), and
+                // `buf` has room for them.
+                unsafe { std::ptr::copy_nonoverlapping(w.add(r * cols + k), buf.as_mut_ptr(), tail) };
+                // SAFETY: `buf` is 16 readable bytes.
+                *v = widen(unsafe { _mm_loadu_si128(buf.as_ptr().cast()) });
+            }
+            for (t, acc_t) in acc.iter_mut().enumerate() {
+                // SAFETY: only the `tail` selected f32 of token t are read, and they are in bounds.
+                let xv = unsafe { _mm256_maskload_ps(x.add(t * cols + k), select) };
+                for (a, &wr) in acc_t.iter_mut().zip(&wv) {
+                    let sum = _mm256_fmadd_ps(wr, xv, *a);
+                    *a = _mm256_blendv_ps(*a, sum, _mm256_castsi256_ps(select));
+                }
             }
         }
-        let mut wv = [_mm256_setzero_ps(); R];
-        for (r, v) in wv.iter_mut().enumerate() {
-            // SAFETY: k + 8 <= cols, so the 8 u16 at row r, column k are in bounds.
-            *v = widen(unsafe { _mm_loadu_si128(w.add(r * cols + k).cast()) });
-        }
-        for (t, acc_t) in acc.iter_mut().enumerate() {
-            // SAFETY: k + 8 <= cols, so the 8 f32 at token t, column k are in bounds.
-            let xv = unsafe { _mm256_loadu_ps(x.add(t * cols + k)) };
-            for (a, &wr) in acc_t.iter_mut().zip(&wv) {
-                *a = _mm256_fmadd_ps(wr, xv, *a);
+        for (t, acc_t) in acc.iter().enumerate() {
+            for (r, &a) in acc_t.iter().enumerate() {
+                // SAFETY: t < T and r < R, which the caller guarantees writable.
+                unsafe { y.add(t * ldy + r).write(hsum(a)) };
             }
-        }
-        k += LANES;
-    }
-    let tail = cols - k;
-    if tail > 0 {
-        // Lane l is selected (all ones) when l < tail; `maskload` reads only selected lanes.
-        let lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-        let select = _mm256_cmpgt_epi32(_mm256_set1_epi32(tail as i32), lane);
-        let mut wv = [_mm256_setzero_ps(); R];
-        for (r, v) in wv.iter_mut().enumerate() {
-            // AVX2 has no 16-bit masked load, so the tail goes through a zeroed stack buffer.
-            let mut buf = [0u16; LANES];
-            // SAFETY: the `tail` u16 at row r, column k are in bounds (k + tail == cols), and
-            // `buf` has room for them.
-            unsafe { std::ptr::copy_nonoverlapping(w.add(r * cols + k), buf.as_mut_ptr(), tail) };
-            // SAFETY: `buf` is 16 readable bytes.
-            *v = widen(unsafe { _mm_loadu_si128(buf.as_ptr().cast()) });
-        }
-        for (t, acc_t) in acc.iter_mut().enumerate() {
-            // SAFETY: only the `tail` selected f32 of token t are read, and they are in bounds.
-            let xv = unsafe { _mm256_maskload_ps(x.add(t * cols + k), select) };
-            for (a, &wr) in acc_t.iter_mut().zip(&wv) {
-                let sum = _mm256_fmadd_ps(wr, xv, *a);
-                *a = _mm256_blendv_ps(*a, sum, _mm256_castsi256_ps(select));
-            }
-        }
-    }
-    for (t, acc_t) in acc.iter().enumerate() {
-        for (r, &a) in acc_t.iter().enumerate() {
-            // SAFETY: t < T and r < R, which the caller guarantees writable.
-            unsafe { y.add(t * ldy + r).write(hsum(a)) };
         }
     }
 }

@@ -1,7 +1,7 @@
 //! AVX-512 (F + BW + VL) bf16 × f32 kernels with f32 accumulation, 16 lanes.
 //!
 //! Owns the x86_64 AVX-512 code and its fixed summation order; the safe API, the shape checks
-//! and the threading live in `mod.rs`.
+//! and the threading live in `mod.rs`; the tiling driver, shared with `avx2.rs`, in `tiling.rs`.
 //!
 //! # Summation order (the bitwise contract)
 //!
@@ -22,6 +22,8 @@ use std::arch::x86_64::*;
 
 use half::bf16;
 
+use super::tiling::{self, Bf16Tile};
+
 /// f32 lanes per vector.
 const LANES: usize = 16;
 /// Rows per tile when there is one token (GEMV): eight independent FMA chains share each
@@ -34,14 +36,10 @@ const GEMV_ROWS: usize = 8;
 const GEMM_ROWS: usize = 4;
 /// See [`GEMM_ROWS`]. A chunk's last `< GEMM_TOKENS` tokens go 2 and then 1 at a time.
 const GEMM_TOKENS: usize = 4;
-/// Bytes of weights per GEMM row panel: the panel stays in L2 while every token block of the
-/// activation chunk streams past it.
-const PANEL_WEIGHT_BYTES: usize = 128 << 10;
-/// Bytes of activations per GEMM token chunk, so the chunk stays in L2 across row panels.
-const CHUNK_ACTIVATION_BYTES: usize = 512 << 10;
 
 /// Computes `y[t·ldy + r] = Σ_j w[r·cols + j] · x[t·cols + j]` for `r < rows`, `t < n`, in the
-/// order described in the module docs.
+/// order described in the module docs, by the shared driver [`tiling::gemm`] over this
+/// module's tile.
 ///
 /// # Safety
 ///
@@ -51,148 +49,84 @@ const CHUNK_ACTIVATION_BYTES: usize = 512 << 10;
 /// during the call.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma")]
 pub(super) unsafe fn gemm(w: &[bf16], rows: usize, cols: usize, x: &[f32], n: usize, y: *mut f32, ldy: usize) {
-    assert_eq!(w.len(), rows * cols);
-    assert_eq!(x.len(), n * cols);
-    // bf16 is `repr(transparent)` over u16.
-    let w = w.as_ptr().cast::<u16>();
-    let x = x.as_ptr();
-    if n == 1 {
-        // SAFETY: rows 0..rows of w and token 0 of x are in bounds; y's contract is the caller's.
-        unsafe { row_range::<GEMV_ROWS, 1, true>(w, 0, rows, cols, x, y, ldy) };
-        return;
-    }
-    let panel_rows = (PANEL_WEIGHT_BYTES / (2 * cols.max(1))).max(GEMM_ROWS) / GEMM_ROWS * GEMM_ROWS;
-    let chunk_tokens = (CHUNK_ACTIVATION_BYTES / (4 * cols.max(1))).max(GEMM_TOKENS) / GEMM_TOKENS * GEMM_TOKENS;
-    for t_chunk in (0..n).step_by(chunk_tokens) {
-        let t_chunk_end = n.min(t_chunk + chunk_tokens);
-        for r_panel in (0..rows).step_by(panel_rows) {
-            let r_panel_end = rows.min(r_panel + panel_rows);
-            let mut t0 = t_chunk;
-            while t0 < t_chunk_end {
-                let xt = x.wrapping_add(t0 * cols);
-                let yt = y.wrapping_add(t0 * ldy);
-                let left = t_chunk_end - t0;
-                let (r0, r1) = (r_panel, r_panel_end);
-                // SAFETY: each arm reads tokens t0..t0 + T with T <= left, in bounds of x, and rows
-                // r_panel..r_panel_end, in bounds of w; every (t, r) written is one the caller
-                // guarantees writable.
-                t0 += unsafe {
-                    if left >= GEMM_TOKENS {
-                        row_range::<GEMM_ROWS, GEMM_TOKENS, false>(w, r0, r1, cols, xt, yt, ldy);
-                        GEMM_TOKENS
-                    } else if left >= 2 {
-                        row_range::<GEMM_ROWS, 2, false>(w, r0, r1, cols, xt, yt, ldy);
-                        2
-                    } else {
-                        row_range::<GEMM_ROWS, 1, false>(w, r0, r1, cols, xt, yt, ldy);
-                        1
-                    }
-                };
-            }
-        }
-    }
+    // SAFETY: this function's features are Avx512's; the rest of the contract is the caller's.
+    unsafe { tiling::gemm::<Avx512, GEMV_ROWS, GEMM_ROWS, GEMM_TOKENS>(w, rows, cols, x, n, y, ldy) }
 }
 
-/// Rows `r_begin..r_end` against the `T` tokens at `x`, `R` rows at a time, then one row at a
-/// time for the remainder. `PREFETCH` as in [`tile`].
-///
-/// # Safety
-///
-/// The AVX-512 features of [`gemm`]; `w` holds rows `..r_end` of `cols` u16 each; `x` holds `T`
-/// rows of `cols` f32; `y.add(t·ldy + r)` is writable for `t < T`, `r_begin <= r < r_end`.
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma")]
-#[inline]
-unsafe fn row_range<const R: usize, const T: usize, const PREFETCH: bool>(
-    w: *const u16,
-    r_begin: usize,
-    r_end: usize,
-    cols: usize,
-    x: *const f32,
-    y: *mut f32,
-    ldy: usize,
-) {
-    let mut r = r_begin;
-    while r + R <= r_end {
-        // SAFETY: rows r..r + R are below r_end; the rest is this function's contract.
-        unsafe { tile::<R, T, PREFETCH>(w.wrapping_add(r * cols), cols, x, y.wrapping_add(r), ldy) };
-        r += R;
-    }
-    while r < r_end {
-        // SAFETY: as above, for the single row r.
-        unsafe { tile::<1, T, PREFETCH>(w.wrapping_add(r * cols), cols, x, y.wrapping_add(r), ldy) };
-        r += 1;
-    }
-}
+/// The Avx512 microkernel ([`Bf16Tile::tile`]), for [`tiling::gemm`].
+struct Avx512;
 
-/// One tile: `R` consecutive weight rows at `w` (stride `cols`) against `T` consecutive
-/// activation rows at `x` (stride `cols`), writing `y[t·ldy + r]` for `t < T`, `r < R`.
-///
-/// With `PREFETCH` (GEMV, where the weights stream from DRAM once), each step also prefetches
-/// into L2 as many bytes of the next tile as it consumes of this one. The next tile's rows
-/// follow this tile's contiguously, so the prefetch runs one tile ahead in address order; the
-/// hardware streamer alone, facing `R` concurrent short streams (one 4 KiB row each for
-/// `cols = 2048`), measured about 5–8% slower on one core (fastest of many 32 MiB GEMVs,
-/// 12.1–12.8 vs 13.2–13.7 GB/s). Prefetches never fault, so running past the matrix on the last
-/// tile is harmless. Prefetching changes no arithmetic.
-///
-/// # Safety
-///
-/// The AVX-512 features of [`gemm`]; `w` is readable for `R · cols` u16, `x` for `T · cols`
-/// f32, and `y.add(t·ldy + r)` writable for `t < T`, `r < R`.
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma")]
-#[inline]
-unsafe fn tile<const R: usize, const T: usize, const PREFETCH: bool>(
-    w: *const u16,
-    cols: usize,
-    x: *const f32,
-    y: *mut f32,
-    ldy: usize,
-) {
-    let mut acc = [[_mm512_setzero_ps(); R]; T];
-    let full = cols - cols % LANES;
-    let mut k = 0;
-    // PERF-CRITICAL: decode streams every dense weight through this loop once per token.
-    while k < full {
-        if PREFETCH {
-            let next = w.wrapping_add(R * cols + R * k).cast::<i8>();
-            for line in (0..R * LANES * 2).step_by(64) {
-                _mm_prefetch::<_MM_HINT_T1>(next.wrapping_add(line));
+impl Bf16Tile for Avx512 {
+    /// One tile: `R` consecutive weight rows at `w` (stride `cols`) against `T` consecutive
+    /// activation rows at `x` (stride `cols`), writing `y[t·ldy + r]` for `t < T`, `r < R`.
+    ///
+    /// With `PREFETCH` (GEMV, where the weights stream from DRAM once), each step also prefetches
+    /// into L2 as many bytes of the next tile as it consumes of this one. The next tile's rows
+    /// follow this tile's contiguously, so the prefetch runs one tile ahead in address order; the
+    /// hardware streamer alone, facing `R` concurrent short streams (one 4 KiB row each for
+    /// `cols = 2048`), measured about 5–8% slower on one core (fastest of many 32 MiB GEMVs,
+    /// 12.1–12.8 vs 13.2–13.7 GB/s). Prefetches never fault, so running past the matrix on the last
+    /// tile is harmless. Prefetching changes no arithmetic.
+    ///
+    /// # Safety
+    ///
+    /// The AVX-512 features of [`gemm`]; `w` is readable for `R · cols` u16, `x` for `T · cols`
+    /// f32, and `y.add(t·ldy + r)` writable for `t < T`, `r < R`.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma")]
+    #[inline]
+    unsafe fn tile<const R: usize, const T: usize, const PREFETCH: bool>(
+        w: *const u16,
+        cols: usize,
+        x: *const f32,
+        y: *mut f32,
+        ldy: usize,
+    ) {
+        let mut acc = [[_mm512_setzero_ps(); R]; T];
+        let full = cols - cols % LANES;
+        let mut k = 0;
+        // PERF-CRITICAL: decode streams every dense weight through this loop once per token.
+        while k < full {
+            if PREFETCH {
+                let next = w.wrapping_add(R * cols + R * k).cast::<i8>();
+                for line in (0..R * LANES * 2).step_by(64) {
+                    _mm_prefetch::<_MM_HINT_T1>(next.wrapping_add(line));
+                }
+            }
+            let mut wv = [_mm512_setzero_ps(); R];
+            for (r, v) in wv.iter_mut().enumerate() {
+                // SAFETY: k + 16 <= cols, so the 16 u16 at row r, column k are in bounds.
+                *v = widen(unsafe { _mm256_loadu_si256(w.add(r * cols + k).cast()) });
+            }
+            for (t, acc_t) in acc.iter_mut().enumerate() {
+                // SAFETY: k + 16 <= cols, so the 16 f32 at token t, column k are in bounds.
+                let xv = unsafe { _mm512_loadu_ps(x.add(t * cols + k)) };
+                for (a, &wr) in acc_t.iter_mut().zip(&wv) {
+                    *a = _mm512_fmadd_ps(wr, xv, *a);
+                }
+            }
+            k += LANES;
+        }
+        if k < cols {
+            let mask: __mmask16 = (1u16 << (cols - k)) - 1;
+            let mut wv = [_mm512_setzero_ps(); R];
+            for (r, v) in wv.iter_mut().enumerate() {
+                // SAFETY: masked-off elements are not read (AVX-512 suppresses their faults); the
+                // cols - k selected u16 of row r are in bounds.
+                *v = widen(unsafe { _mm256_maskz_loadu_epi16(mask, w.add(r * cols + k).cast()) });
+            }
+            for (t, acc_t) in acc.iter_mut().enumerate() {
+                // SAFETY: as above, for the cols - k selected f32 of token t.
+                let xv = unsafe { _mm512_maskz_loadu_ps(mask, x.add(t * cols + k)) };
+                for (a, &wr) in acc_t.iter_mut().zip(&wv) {
+                    *a = _mm512_mask3_fmadd_ps(wr, xv, *a, mask);
+                }
             }
         }
-        let mut wv = [_mm512_setzero_ps(); R];
-        for (r, v) in wv.iter_mut().enumerate() {
-            // SAFETY: k + 16 <= cols, so the 16 u16 at row r, column k are in bounds.
-            *v = widen(unsafe { _mm256_loadu_si256(w.add(r * cols + k).cast()) });
-        }
-        for (t, acc_t) in acc.iter_mut().enumerate() {
-            // SAFETY: k + 16 <= cols, so the 16 f32 at token t, column k are in bounds.
-            let xv = unsafe { _mm512_loadu_ps(x.add(t * cols + k)) };
-            for (a, &wr) in acc_t.iter_mut().zip(&wv) {
-                *a = _mm512_fmadd_ps(wr, xv, *a);
+        for (t, acc_t) in acc.iter().enumerate() {
+            for (r, &a) in acc_t.iter().enumerate() {
+                // SAFETY: t < T and r < R, which the caller guarantees writable.
+                unsafe { y.add(t * ldy + r).write(hsum(a)) };
             }
-        }
-        k += LANES;
-    }
-    if k < cols {
-        let mask: __mmask16 = (1u16 << (cols - k)) - 1;
-        let mut wv = [_mm512_setzero_ps(); R];
-        for (r, v) in wv.iter_mut().enumerate() {
-            // SAFETY: masked-off elements are not read (AVX-512 suppresses their faults); the
-            // cols - k selected u16 of row r are in bounds.
-            *v = widen(unsafe { _mm256_maskz_loadu_epi16(mask, w.add(r * cols + k).cast()) });
-        }
-        for (t, acc_t) in acc.iter_mut().enumerate() {
-            // SAFETY: as above, for the cols - k selected f32 of token t.
-            let xv = unsafe { _mm512_maskz_loadu_ps(mask, x.add(t * cols + k)) };
-            for (a, &wr) in acc_t.iter_mut().zip(&wv) {
-                *a = _mm512_mask3_fmadd_ps(wr, xv, *a, mask);
-            }
-        }
-    }
-    for (t, acc_t) in acc.iter().enumerate() {
-        for (r, &a) in acc_t.iter().enumerate() {
-            // SAFETY: t < T and r < R, which the caller guarantees writable.
-            unsafe { y.add(t * ldy + r).write(hsum(a)) };
         }
     }
 }

@@ -1,10 +1,11 @@
 //! Dense-weight kernels: bf16 weights × f32 activations with f32 accumulation, `y = W·x`.
 //!
 //! Owns the safe API (shape checks, ISA checks, the rayon wrappers) over one kernel per
-//! instruction set: `scalar` (the reference), `avx2` and `avx512` (x86_64 only). Choosing the
-//! instruction set lives in `dispatch`; the DRAM roofline probe in [`bandwidth`]; the int8
-//! expert kernels in [`int8`]; the f32 × f32 attention kernels in [`vecf32`]. No IO, no
-//! logging: callers log [`Isa::selection`] once at startup.
+//! instruction set: `scalar` (the reference), `avx2` and `avx512` (x86_64 only; the tiling
+//! driver they share lives in `tiling`). Choosing the instruction set lives in `dispatch`; the
+//! DRAM roofline probe in [`bandwidth`]; the int8 expert kernels in [`int8`]; the f32 × f32
+//! attention kernels in [`vecf32`]. No IO, no logging: callers log [`Isa::selection`] once at
+//! startup.
 //!
 //! Weights are row-major `[rows, cols]`, the `[out, in]` layout PyTorch stores linear weights
 //! in; activations are row-major `[n, cols]`; outputs are row-major `[n, rows]`.
@@ -28,6 +29,8 @@ pub mod int8;
 mod scalar;
 #[cfg(test)]
 mod tests;
+#[cfg(target_arch = "x86_64")]
+mod tiling;
 pub mod vecf32;
 
 pub use dispatch::{ISA_ENV_VAR, Isa, IsaOverrideProblem, IsaSelection};
