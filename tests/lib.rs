@@ -206,11 +206,35 @@ pub fn signal(pid: u32, sig: &str) {
     assert!(ok, "kill -{sig} failed");
 }
 
+/// A child process killed (SIGKILL) and reaped when dropped, also when a test panics; derefs
+/// to the [`Child`].
+pub struct Killed(pub Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+impl std::ops::Deref for Killed {
+    type Target = Child;
+    fn deref(&self) -> &Child {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for Killed {
+    fn deref_mut(&mut self) -> &mut Child {
+        &mut self.0
+    }
+}
+
 /// A daemon run as a subprocess (`expertd serve`, …), its stderr in a log file; killed
 /// (SIGKILL) and reaped when dropped unless stopped first. Every test that spawns a daemon and
 /// waits for it goes through this.
 pub struct Spawned {
-    child: Child,
+    child: Killed,
     log: PathBuf,
     _log_dir: Option<tempfile::TempDir>,
 }
@@ -220,7 +244,7 @@ impl Spawned {
     pub fn spawn(cmd: &mut Command, log: &Path) -> Spawned {
         cmd.stdin(Stdio::null()).stdout(Stdio::null()).stderr(std::fs::File::create(log).expect("log file"));
         let child = cmd.spawn().unwrap_or_else(|e| panic!("spawn {:?}: {e}", cmd.get_program()));
-        Spawned { child, log: log.to_path_buf(), _log_dir: None }
+        Spawned { child: Killed(child), log: log.to_path_buf(), _log_dir: None }
     }
 
     /// [`Spawned::spawn`] with the log in a temporary directory of its own.
@@ -288,13 +312,6 @@ impl Spawned {
     pub fn stop(mut self) -> ExitStatus {
         self.signal("TERM");
         self.wait_exit(Duration::from_secs(10))
-    }
-}
-
-impl Drop for Spawned {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 

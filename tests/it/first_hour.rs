@@ -9,7 +9,7 @@ use std::path::Path;
 use std::process::{Command, Output, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
-use tests::{Spawned, copy_model, hostd, model_dir, work_with_container, workspace_bin};
+use tests::{Killed, Spawned, copy_model, hostd, model_dir, work_with_container, workspace_bin};
 
 /// Runs `expertd ARGS…`, which must exit within 30 s (a daemon that starts serving where it
 /// should have refused is killed and fails the test instead of hanging it).
@@ -100,16 +100,6 @@ fn daemon_log(container: &Path, budget: u64) -> String {
     std::fs::read_to_string(&log).expect("log")
 }
 
-/// A child process killed (and reaped) when dropped, also when a test panics.
-struct KillOnDrop(std::process::Child);
-
-impl Drop for KillOnDrop {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 #[test]
 fn a_redirected_daemon_log_is_plain_and_says_resident_or_streaming() {
     let (_work, container) = work_with_container("tiny");
@@ -143,7 +133,7 @@ fn a_private_daemon_says_its_budget() {
 
 #[test]
 fn serve_says_loading_then_ready() {
-    let mut child = KillOnDrop(
+    let mut child = Killed(
         Command::new(workspace_bin("hostd"))
             .args(["serve", "--model", model_dir("tiny").to_str().expect("utf-8"), "--port", "0", "--threads", "2"])
             .stdin(Stdio::null())
