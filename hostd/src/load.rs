@@ -182,8 +182,8 @@ pub enum LoadError {
     Checkpoint {
         /// The model directory.
         dir: PathBuf,
-        /// What validation reported.
-        source: WeightsError,
+        /// What validation reported (boxed: it is the largest cause).
+        source: Box<WeightsError>,
     },
     /// Opening or reading a file named by a flag (container header, token file).
     #[error("{what} {}", path.display())]
@@ -364,7 +364,7 @@ pub fn load_model(args: &LoadOptions, client_name: &str) -> Result<Model, LoadEr
     }
     let isa = selection.active;
     tracing::info!(isa = isa.name(), threads = rayon::current_num_threads(), "kernels");
-    let mapped = MappedCheckpoint::open(&args.model).map_err(|source| LoadError::Checkpoint { dir: args.model.clone(), source })?;
+    let mapped = MappedCheckpoint::open(&args.model).map_err(|source| LoadError::Checkpoint { dir: args.model.clone(), source: Box::new(source) })?;
     let kind = match (args.experts, args.expertd.expertd_uri.is_empty()) {
         (ExpertsKind::Int8, false) => return Err(flags("--expertd URI selects the expertd backend; it conflicts with --experts int8")),
         (_, false) => ExpertsKind::Expertd,
