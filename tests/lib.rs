@@ -1,10 +1,12 @@
 //! Helpers for sluice's end-to-end tests: fixture paths, the oracle's reference files, the
-//! `hostd` binary, and safetensors rewriting used to build broken or re-laid-out checkpoints.
+//! `hostd` binary, safetensors rewriting used to build broken or re-laid-out checkpoints, and
+//! the one harness for daemons run as subprocesses ([`Spawned`], [`wait_for`]).
 
 use safetensors::{Dtype, SafeTensors};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::{Child, Command, ExitStatus, Output, Stdio};
+use std::time::{Duration, Instant};
 
 /// The workspace root (parent of this crate).
 pub fn workspace_root() -> PathBuf {
@@ -179,6 +181,158 @@ pub fn prepare_container(model: &Path, out: &Path) {
         .output()
         .expect("spawn expertd");
     assert!(o.status.success(), "expertd prepare failed: {}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+}
+
+/// A fresh work directory with `preset`'s INT8 container prepared at `WORK/container`.
+pub fn work_with_container(preset: &str) -> (tempfile::TempDir, PathBuf) {
+    let work = tempfile::tempdir().expect("tempdir");
+    let container = work.path().join("container");
+    prepare_container(&model_dir(preset), &container);
+    (work, container)
+}
+
+/// Polls `ok` every 10 ms until it holds; panics naming `what` after `limit`.
+pub fn wait_for(what: &str, limit: Duration, mut ok: impl FnMut() -> bool) {
+    let deadline = Instant::now() + limit;
+    while !ok() {
+        assert!(Instant::now() < deadline, "timed out after {limit:?} waiting for {what}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// Sends `kill -SIG` to `pid` and asserts that it was delivered. For `STOP`, also waits until
+/// every thread of the process is stopped: kill(2) returns before a multi-threaded process has
+/// stopped (one thread is woken to start the group stop; under load the others may run on for
+/// a while, e.g. a daemon's ring worker serving one more call).
+pub fn signal(pid: u32, sig: &str) {
+    let ok = Command::new("kill").arg(format!("-{sig}")).arg(pid.to_string()).status().expect("kill").success();
+    assert!(ok, "kill -{sig} failed");
+    if sig == "STOP" {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !all_threads_stopped(pid) {
+            assert!(Instant::now() < deadline, "process {pid} did not stop within 10 s of SIGSTOP");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+}
+
+/// Whether every thread of process `pid` is in the stopped state (`T` in /proc/PID/task/*/stat).
+fn all_threads_stopped(pid: u32) -> bool {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else { return false };
+    tasks.flatten().all(|t| {
+        // The state is the first field after the parenthesised command name.
+        let stat = std::fs::read_to_string(t.path().join("stat")).unwrap_or_default();
+        stat.rsplit_once(')').and_then(|(_, rest)| rest.split_whitespace().next()).is_some_and(|state| state == "T")
+    })
+}
+
+/// A child process killed (SIGKILL) and reaped when dropped, also when a test panics; derefs
+/// to the [`Child`].
+pub struct Killed(pub Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+impl std::ops::Deref for Killed {
+    type Target = Child;
+    fn deref(&self) -> &Child {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for Killed {
+    fn deref_mut(&mut self) -> &mut Child {
+        &mut self.0
+    }
+}
+
+/// A daemon run as a subprocess (`expertd serve`, …), its stderr in a log file; killed
+/// (SIGKILL) and reaped when dropped unless stopped first. Every test that spawns a daemon and
+/// waits for it goes through this.
+pub struct Spawned {
+    child: Killed,
+    log: PathBuf,
+    _log_dir: Option<tempfile::TempDir>,
+}
+
+impl Spawned {
+    /// Spawns `cmd` with stdin and stdout null and stderr written to `log`.
+    pub fn spawn(cmd: &mut Command, log: &Path) -> Spawned {
+        cmd.stdin(Stdio::null()).stdout(Stdio::null()).stderr(std::fs::File::create(log).expect("log file"));
+        let child = cmd.spawn().unwrap_or_else(|e| panic!("spawn {:?}: {e}", cmd.get_program()));
+        Spawned { child: Killed(child), log: log.to_path_buf(), _log_dir: None }
+    }
+
+    /// [`Spawned::spawn`] with the log in a temporary directory of its own.
+    pub fn spawn_logged(cmd: &mut Command) -> Spawned {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut s = Spawned::spawn(cmd, &dir.path().join("daemon.log"));
+        s._log_dir = Some(dir);
+        s
+    }
+
+    /// The process id.
+    pub fn id(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// The log so far.
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Panics with the log if the process has exited.
+    pub fn assert_running(&mut self) {
+        if let Some(status) = self.child.try_wait().expect("try_wait") {
+            panic!("daemon exited ({status}): {}", self.log_text());
+        }
+    }
+
+    /// Waits (at most `limit`) until `ready`, given the log so far, holds; panics with the log
+    /// if the process exits first or the time runs out.
+    pub fn wait_ready(&mut self, limit: Duration, mut ready: impl FnMut(&str) -> bool) {
+        let deadline = Instant::now() + limit;
+        loop {
+            self.assert_running();
+            if ready(&self.log_text()) {
+                return;
+            }
+            assert!(Instant::now() < deadline, "daemon not ready within {limit:?}: {}", self.log_text());
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// Sends `kill -SIG`.
+    pub fn signal(&self, sig: &str) {
+        signal(self.child.id(), sig);
+    }
+
+    /// The exit status if the process has exited.
+    pub fn try_wait(&mut self) -> Option<ExitStatus> {
+        self.child.try_wait().expect("try_wait")
+    }
+
+    /// Waits (at most `limit`) for the process to exit and returns its status.
+    pub fn wait_exit(&mut self, limit: Duration) -> ExitStatus {
+        let deadline = Instant::now() + limit;
+        loop {
+            if let Some(s) = self.child.try_wait().expect("try_wait") {
+                return s;
+            }
+            assert!(Instant::now() < deadline, "process {} did not exit within {limit:?}: {}", self.child.id(), self.log_text());
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// SIGTERM, then the exit status (at most 10 s: the daemon drains and exits on its own).
+    pub fn stop(mut self) -> ExitStatus {
+        self.signal("TERM");
+        self.wait_exit(Duration::from_secs(10))
+    }
 }
 
 /// Re-saves a fused checkpoint with per-expert tensors (what transformers v5 writes), each

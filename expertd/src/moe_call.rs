@@ -51,9 +51,13 @@ pub enum CallError {
     },
 }
 
-/// What one call cost.
+/// What one call cost; also what a successful call adds to its session's counters
+/// (`crate::session::CallCounters`), once the RPC layer has set `queue_ns`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct CallCost {
+    /// Nanoseconds the call waited for a compute lane: set by the RPC layer, which queues it
+    /// ([`CallCost::counters`]); 0 as [`Engine::run`] returns it.
+    pub queue_ns: u64,
     /// Nanoseconds the call could not compute because of IO: leasing its experts (waiting for
     /// free slots included) plus the wait for reads (its own, or another call's read of a
     /// shared expert) left after the resident experts were computed — reads that completed
@@ -75,15 +79,7 @@ pub struct CallCost {
 impl CallCost {
     /// What the call adds to its session's counters, with the time it queued for a lane.
     pub fn counters(&self, queue_ns: u64) -> crate::session::CallCounters {
-        crate::session::CallCounters {
-            queue_ns,
-            io_wait_ns: self.io_wait_ns,
-            compute_ns: self.compute_ns,
-            hits: self.hits,
-            misses: self.misses,
-            bytes_read: self.bytes_read,
-            prefetched_hits: self.prefetched_hits,
-        }
+        CallCost { queue_ns, ..*self }
     }
 }
 

@@ -113,24 +113,9 @@ pub struct SessionCounters {
     pub ring_calls: AtomicU64,
 }
 
-/// What one successful call adds to its session's counters.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct CallCounters {
-    /// Nanoseconds waited for a compute lane.
-    pub queue_ns: u64,
-    /// Nanoseconds waited for reads.
-    pub io_wait_ns: u64,
-    /// Nanoseconds computed.
-    pub compute_ns: u64,
-    /// Distinct experts found in the cache.
-    pub hits: u32,
-    /// Distinct experts read.
-    pub misses: u32,
-    /// Bytes read.
-    pub bytes_read: u64,
-    /// Of the hits, experts a speculative read had brought in.
-    pub prefetched_hits: u32,
-}
+/// What one successful call adds to its session's counters: its cost with the time it
+/// queued for a compute lane.
+pub type CallCounters = crate::moe_call::CallCost;
 
 /// One peer's counters over every session it has opened, closed ones included (what the
 /// Prometheus endpoint reports per uid, and what the daemon totals sum). Each session adds to

@@ -11,6 +11,7 @@ pub mod expert_client;
 pub mod experts;
 pub mod generate;
 pub mod http;
+pub mod load;
 pub mod model;
 pub mod prefix_cache;
 pub mod profile;

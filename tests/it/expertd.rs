@@ -16,7 +16,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
-use tests::{model_dir, prepare_container, presets, reference, workspace_bin};
+use tests::{Spawned, model_dir, presets, reference, work_with_container, workspace_bin};
 use tonic::Code;
 use tonic::transport::Channel;
 
@@ -24,27 +24,16 @@ const NEW_TOKENS: &str = "8";
 
 /// A running `expertd serve`, killed (SIGKILL) when dropped unless stopped.
 pub(crate) struct Daemon {
-    child: Child,
+    process: Spawned,
     pub(crate) socket: Option<PathBuf>,
     port: Option<u16>,
     /// Serving TLS on the port (`--tls-cert` among the extra flags).
     tls: bool,
-    log: PathBuf,
     _dir: tempfile::TempDir,
 }
 
 fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port()
-}
-
-/// Whether every thread of process `pid` is in the stopped state (`T` in /proc/PID/task/*/stat).
-fn all_threads_stopped(pid: u32) -> bool {
-    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else { return false };
-    tasks.flatten().all(|t| {
-        // The state is the first field after the parenthesised command name.
-        let stat = std::fs::read_to_string(t.path().join("stat")).unwrap_or_default();
-        stat.rsplit_once(')').and_then(|(_, rest)| rest.split_whitespace().next()).is_some_and(|state| state == "T")
-    })
 }
 
 impl Daemon {
@@ -74,39 +63,21 @@ impl Daemon {
                 (None, Some(p))
             }
         };
-        cmd.stdin(Stdio::null()).stdout(Stdio::null()).stderr(std::fs::File::create(&log).expect("log file"));
-        let child = cmd.spawn().expect("spawn expertd");
-        let tls = extra.contains(&"--tls-cert");
-        let mut d = Daemon { child, socket, port, tls, log, _dir: dir };
-        d.wait_ready();
-        d
+        let mut process = Spawned::spawn(&mut cmd, &log);
+        process.wait_ready(Duration::from_secs(30), |_| match (&socket, port) {
+            (Some(s), _) => std::os::unix::net::UnixStream::connect(s).is_ok(),
+            (None, Some(p)) => std::net::TcpStream::connect(("127.0.0.1", p)).is_ok(),
+            (None, None) => unreachable!(),
+        });
+        Daemon { process, socket, port, tls: extra.contains(&"--tls-cert"), _dir: dir }
     }
 
     pub(crate) fn unix(container: &Path, cache_bytes: u64, extra: &[&str]) -> Daemon {
         Daemon::start(container, cache_bytes, None, extra)
     }
 
-    fn wait_ready(&mut self) {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            if let Some(status) = self.child.try_wait().expect("try_wait") {
-                panic!("expertd exited ({status}): {}", self.log_text());
-            }
-            let ready = match (&self.socket, self.port) {
-                (Some(s), _) => std::os::unix::net::UnixStream::connect(s).is_ok(),
-                (None, Some(p)) => std::net::TcpStream::connect(("127.0.0.1", p)).is_ok(),
-                (None, None) => unreachable!(),
-            };
-            if ready {
-                return;
-            }
-            assert!(Instant::now() < deadline, "expertd not ready: {}", self.log_text());
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-
     pub(crate) fn log_text(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
+        self.process.log_text()
     }
 
     pub(crate) fn uri(&self) -> String {
@@ -117,39 +88,14 @@ impl Daemon {
         }
     }
 
-    /// Sends `sig`. For `STOP`, also waits until every thread of the daemon is stopped:
-    /// kill(2) returns before a multi-threaded process has stopped (one thread is woken to
-    /// start the group stop; under load the others may run on for a while, serving calls).
+    /// Sends `sig` (for `STOP`, returns once every thread is stopped: [`tests::signal`]).
     pub(crate) fn signal(&self, sig: &str) {
-        let ok = Command::new("kill").arg(format!("-{sig}")).arg(self.child.id().to_string()).status().expect("kill").success();
-        assert!(ok, "kill -{sig} failed");
-        if sig == "STOP" {
-            let deadline = Instant::now() + Duration::from_secs(10);
-            while !all_threads_stopped(self.child.id()) {
-                assert!(Instant::now() < deadline, "expertd {} did not stop within 10 s of SIGSTOP", self.child.id());
-                std::thread::sleep(Duration::from_millis(1));
-            }
-        }
+        self.process.signal(sig);
     }
 
     /// SIGTERM, then the exit status (the daemon drains and exits on its own).
-    pub(crate) fn stop(mut self) -> std::process::ExitStatus {
-        self.signal("TERM");
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            if let Some(s) = self.child.try_wait().expect("try_wait") {
-                return s;
-            }
-            assert!(Instant::now() < deadline, "expertd did not drain within 10 s: {}", self.log_text());
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+    pub(crate) fn stop(self) -> std::process::ExitStatus {
+        self.process.stop()
     }
 }
 
@@ -269,9 +215,7 @@ pub(crate) fn check_status<T: std::fmt::Debug>(what: &str, r: Result<T, tonic::S
 #[test]
 fn hostd_with_expertd_equals_in_process_int8_bit_for_bit_on_every_fixture() {
     for preset in presets() {
-        let work = tempfile::tempdir().expect("tempdir");
-        let container = work.path().join("container");
-        prepare_container(&model_dir(&preset), &container);
+        let (work, container) = work_with_container(&preset);
         let prompts = prompts_file(&preset, work.path(), 1);
         let c = container.to_str().expect("utf-8");
         let baseline = eval(&preset, &prompts, work.path(), "int8", &["--experts", "int8", "--container", c]);
@@ -317,9 +261,7 @@ fn a_private_daemon_prepares_the_container_and_matches_int8() {
 
 #[test]
 fn pread_and_io_uring_give_identical_results() {
-    let work = tempfile::tempdir().expect("tempdir");
-    let container = work.path().join("container");
-    prepare_container(&model_dir("small"), &container);
+    let (work, container) = work_with_container("small");
     let prompts = prompts_file("small", work.path(), 1);
     let budget = 3 * blob_stride(&container);
     let uring = Daemon::unix(&container, budget, &["--io", "uring"]);
@@ -331,9 +273,7 @@ fn pread_and_io_uring_give_identical_results() {
 
 #[test]
 fn two_and_four_concurrent_clients_each_get_what_they_get_alone() {
-    let work = tempfile::tempdir().expect("tempdir");
-    let container = work.path().join("container");
-    prepare_container(&model_dir("small"), &container);
+    let (work, container) = work_with_container("small");
     let c = container.to_str().expect("utf-8");
     let prompts = prompts_file("small", work.path(), 1);
     let alone = eval("small", &prompts, work.path(), "alone", &["--experts", "int8", "--container", c]);
@@ -360,9 +300,7 @@ fn two_and_four_concurrent_clients_each_get_what_they_get_alone() {
 
 #[test]
 fn a_killed_hostd_leaves_no_session_and_no_lease_within_a_second() {
-    let work = tempfile::tempdir().expect("tempdir");
-    let container = work.path().join("container");
-    prepare_container(&model_dir("tiny"), &container);
+    let (work, container) = work_with_container("tiny");
     let daemon = Daemon::unix(&container, 2 * blob_stride(&container), &[]);
     let socket = daemon.socket.clone().expect("socket");
     // Enough prompts to keep hostd generating for far longer than the test waits.
@@ -413,9 +351,7 @@ pub(crate) fn tiny_call(client: &ExpertdClient) -> Result<Vec<f32>, hostd::exper
 
 #[test]
 fn a_daemon_restart_fails_the_call_in_flight_clearly_and_the_client_reconnects() {
-    let work = tempfile::tempdir().expect("tempdir");
-    let container = work.path().join("container");
-    prepare_container(&model_dir("tiny"), &container);
+    let (_work, container) = work_with_container("tiny");
     let budget = container_bytes(&container);
     let mut first = Daemon::unix(&container, budget, &[]);
     let socket = first.socket.clone().expect("socket");
@@ -451,9 +387,7 @@ fn a_daemon_restart_fails_the_call_in_flight_clearly_and_the_client_reconnects()
 
 #[test]
 fn malformed_calls_get_specific_statuses_and_the_daemon_keeps_serving() {
-    let work = tempfile::tempdir().expect("tempdir");
-    let container = work.path().join("container");
-    prepare_container(&model_dir("tiny"), &container);
+    let (work, container) = work_with_container("tiny");
     let daemon = Daemon::unix(&container, container_bytes(&container), &[]);
     let socket = daemon.socket.clone().expect("socket");
     let tiny_identity = ModelIdentity::of_checkpoint(&shared::checkpoint::Checkpoint::open(&model_dir("tiny")).expect("ckpt")).expect("identity");
@@ -547,9 +481,7 @@ fn malformed_calls_get_specific_statuses_and_the_daemon_keeps_serving() {
 
 #[test]
 fn a_corrupted_blob_is_data_loss_for_that_expert_only() {
-    let work = tempfile::tempdir().expect("tempdir");
-    let container = work.path().join("container");
-    prepare_container(&model_dir("tiny"), &container);
+    let (_work, container) = work_with_container("tiny");
     // Flip one byte of layer 0 expert 1's packed weights.
     let at = ContainerFile::open(&container).expect("container").index()[1].offset as usize + 100;
     let file = container.join(shared::container::CONTAINER_FILE);
@@ -576,9 +508,7 @@ fn a_corrupted_blob_is_data_loss_for_that_expert_only() {
 /// no spare transient buffers) runs in waves instead of failing, with identical results.
 #[test]
 fn a_call_larger_than_the_cache_runs_in_waves() {
-    let work = tempfile::tempdir().expect("tempdir");
-    let container = work.path().join("container");
-    prepare_container(&model_dir("small"), &container);
+    let (work, container) = work_with_container("small");
     let prompts = prompts_file("small", work.path(), 1);
     let c = container.to_str().expect("utf-8");
     let baseline = eval("small", &prompts, work.path(), "int8", &["--experts", "int8", "--container", c]);

@@ -12,56 +12,21 @@ use super::expertd::{activations, blob_stride, eval, handshake_request, prompts_
 use proto::v1::{self as pb, moe_layer_request::Input};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
-use tests::{model_dir, prepare_container, workspace_bin, workspace_root};
+use tests::{Spawned, model_dir, prepare_container, wait_for, work_with_container, workspace_bin, workspace_root};
 
 const MIB: u64 = 1 << 20;
-
-/// A child process killed (SIGKILL) when dropped.
-struct Killed(Child);
-
-impl Drop for Killed {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 fn tool(name: &str) -> PathBuf {
     let found = std::env::var_os("PATH").and_then(|p| std::env::split_paths(&p).map(|d| d.join(name)).find(|f| f.is_file()));
     found.unwrap_or_else(|| panic!("{name} not found on PATH: install the `systemd` package (.ci/run installs it)"))
 }
 
-fn wait_for(what: &str, limit: Duration, mut ok: impl FnMut() -> bool) {
-    let deadline = Instant::now() + limit;
-    while !ok() {
-        assert!(Instant::now() < deadline, "timed out after {limit:?} waiting for {what}");
-        std::thread::sleep(Duration::from_millis(10));
-    }
-}
-
-fn sigterm(child: &Child) {
-    assert!(Command::new("kill").arg("-TERM").arg(child.id().to_string()).status().expect("kill").success());
-}
-
-fn wait_exit(child: &mut Child, limit: Duration) -> std::process::ExitStatus {
-    let deadline = Instant::now() + limit;
-    loop {
-        if let Some(s) = child.try_wait().expect("try_wait") {
-            return s;
-        }
-        assert!(Instant::now() < deadline, "process {} did not exit within {limit:?}", child.id());
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
 #[test]
 fn socket_activated_expertd_serves_hostd_and_refuses_a_socket_more_open_than_its_mode() {
     let activate = tool("systemd-socket-activate");
-    let work = tempfile::tempdir().expect("tempdir");
-    let container = work.path().join("container");
-    prepare_container(&model_dir("tiny"), &container);
+    let (work, container) = work_with_container("tiny");
     let c = container.to_str().expect("utf-8");
     let prompts = prompts_file("tiny", work.path(), 1);
     let baseline = eval("tiny", &prompts, work.path(), "int8", &["--experts", "int8", "--container", c]);
@@ -71,38 +36,28 @@ fn socket_activated_expertd_serves_hostd_and_refuses_a_socket_more_open_than_its
     let socket = work.path().join("activated.sock");
     let log = work.path().join("activated.log");
     let spawn = |socket: &Path, log: &Path| {
-        Command::new(&activate)
-            .arg("-l")
-            .arg(socket)
-            .arg(workspace_bin("expertd"))
-            .args(["serve", "--container", c, "--cache-bytes"])
-            .arg((4 * blob_stride(&container)).to_string())
-            .arg("--socket")
-            .arg(socket)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(log).expect("log"))
-            .spawn()
-            .expect("spawn systemd-socket-activate")
+        let mut cmd = Command::new(&activate);
+        cmd.arg("-l").arg(socket).arg(workspace_bin("expertd")).args(["serve", "--container", c, "--cache-bytes"]);
+        cmd.arg((4 * blob_stride(&container)).to_string()).arg("--socket").arg(socket);
+        Spawned::spawn(&mut cmd, log)
     };
-    let mut daemon = Killed(spawn(&socket, &log));
+    let daemon = spawn(&socket, &log);
     wait_for("systemd-socket-activate's socket", Duration::from_secs(10), || socket.exists());
     let uri = format!("unix://{}", socket.display());
     let through = eval("tiny", &prompts, work.path(), "activated", &["--expertd", &uri, "--container", c]);
     let text = std::fs::read_to_string(&log).unwrap_or_default();
     assert!(text.contains("listening on the socket systemd passed (socket activation)"), "{text}");
     assert_eq!(through, baseline, "hostd through the socket-activated daemon");
-    sigterm(&daemon.0);
-    assert!(wait_exit(&mut daemon.0, Duration::from_secs(10)).success(), "{}", std::fs::read_to_string(&log).unwrap_or_default());
+    assert!(daemon.stop().success(), "{}", std::fs::read_to_string(&log).unwrap_or_default());
 
     // The same socket made writable by everyone (SocketMode=0666) against --socket-mode 660.
     let open = work.path().join("open.sock");
     let open_log = work.path().join("open.log");
-    let mut refused = Killed(spawn(&open, &open_log));
+    let mut refused = spawn(&open, &open_log);
     wait_for("the second socket", Duration::from_secs(10), || open.exists());
     std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o666)).expect("chmod");
     let _trigger = std::os::unix::net::UnixStream::connect(&open).expect("connect");
-    let status = wait_exit(&mut refused.0, Duration::from_secs(10));
+    let status = refused.wait_exit(Duration::from_secs(10));
     let text = std::fs::read_to_string(&open_log).unwrap_or_default();
     assert!(!status.success(), "expertd accepted a 0666 socket: {text}");
     assert!(text.contains("has mode 666, which lets more users connect than --socket-mode 660"), "{text}");
@@ -118,9 +73,7 @@ fn notifications(sock: &std::os::unix::net::UnixDatagram, into: &mut Vec<String>
 
 #[test]
 fn ready_is_notified_only_once_the_daemon_can_serve_and_stopping_on_sigterm() {
-    let work = tempfile::tempdir().expect("tempdir");
-    let container = work.path().join("container");
-    prepare_container(&model_dir("tiny"), &container);
+    let (work, container) = work_with_container("tiny");
     let notify_path = work.path().join("notify.sock");
     let notify = std::os::unix::net::UnixDatagram::bind(&notify_path).expect("bind NOTIFY_SOCKET");
     notify.set_read_timeout(Some(Duration::from_millis(50))).expect("timeout");
@@ -129,7 +82,7 @@ fn ready_is_notified_only_once_the_daemon_can_serve_and_stopping_on_sigterm() {
     assert!(Command::new("mkfifo").arg(&fifo).status().expect("mkfifo").success());
     let socket = work.path().join("expertd.sock");
     let log = work.path().join("expertd.log");
-    let mut daemon = Killed(
+    let daemon = Spawned::spawn(
         Command::new(workspace_bin("expertd"))
             .args(["serve", "--container", container.to_str().expect("utf-8"), "--socket"])
             .arg(&socket)
@@ -137,12 +90,8 @@ fn ready_is_notified_only_once_the_daemon_can_serve_and_stopping_on_sigterm() {
             .arg((4 * blob_stride(&container)).to_string())
             .arg("--route-trace")
             .arg(&fifo)
-            .env("NOTIFY_SOCKET", &notify_path)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log).expect("log"))
-            .spawn()
-            .expect("spawn expertd"),
+            .env("NOTIFY_SOCKET", &notify_path),
+        &log,
     );
     let mut got = Vec::new();
     let held = Instant::now();
@@ -181,8 +130,7 @@ fn ready_is_notified_only_once_the_daemon_can_serve_and_stopping_on_sigterm() {
         };
         c.moe_layer(call).await.expect("a call right after READY=1");
     });
-    sigterm(&daemon.0);
-    assert!(wait_exit(&mut daemon.0, Duration::from_secs(10)).success(), "{}", std::fs::read_to_string(&log).unwrap_or_default());
+    assert!(daemon.stop().success(), "{}", std::fs::read_to_string(&log).unwrap_or_default());
     notifications(&notify, &mut got);
     assert!(got.iter().any(|m| m.contains("STOPPING=1")), "no STOPPING=1 on SIGTERM: {got:?}");
     let _ = reader.join();
@@ -239,9 +187,7 @@ fn vm_rss(pid: u32) -> Option<u64> {
 
 #[test]
 fn in_a_memory_cgroup_expertd_refuses_a_budget_that_cannot_fit_and_a_derived_one_stays_under_the_limit() {
-    let work = tempfile::tempdir().expect("tempdir");
-    let container = work.path().join("container");
-    prepare_container(&model_dir("small"), &container);
+    let (work, container) = work_with_container("small");
     let container_bytes = std::fs::metadata(container.join("experts.sluice")).expect("container").len();
     let small = match Cgroup::make(&format!("sluice-test-small-{}", std::process::id()), 64 * MIB) {
         Ok(cg) => cg,
@@ -271,26 +217,16 @@ fn in_a_memory_cgroup_expertd_refuses_a_budget_that_cannot_fit_and_a_derived_one
     let fit = Cgroup::make(&format!("sluice-test-fit-{}", std::process::id()), limit).expect("second cgroup");
     let socket = work.path().join("fit.sock");
     let log = work.path().join("fit.log");
-    let mut daemon = Killed(
-        fit.command(&workspace_bin("expertd"))
-            .args(["serve", "--container", container.to_str().expect("utf-8"), "--socket"])
-            .arg(&socket)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log).expect("log"))
-            .spawn()
-            .expect("spawn expertd"),
-    );
-    wait_for("the daemon in the 256 MiB cgroup", Duration::from_secs(30), || {
-        assert!(daemon.0.try_wait().expect("try_wait").is_none(), "expertd exited: {}", std::fs::read_to_string(&log).unwrap_or_default());
-        std::fs::read_to_string(&log).unwrap_or_default().contains("expertd serving") && std::os::unix::net::UnixStream::connect(&socket).is_ok()
+    let mut daemon = Spawned::spawn(fit.command(&workspace_bin("expertd")).args(["serve", "--container", container.to_str().expect("utf-8"), "--socket"]).arg(&socket), &log);
+    daemon.wait_ready(Duration::from_secs(30), |log| {
+        log.contains("expertd serving") && std::os::unix::net::UnixStream::connect(&socket).is_ok()
     });
     let text = std::fs::read_to_string(&log).unwrap_or_default();
     assert!(text.contains("budget derived from the memory limit"), "{text}");
-    let pid = daemon.0.id();
+    let pid = daemon.id();
     let prompts = prompts_file("small", work.path(), 4);
     let uri = format!("unix://{}", socket.display());
-    let mut clients: Vec<Killed> = (0..4)
+    let mut clients: Vec<Spawned> = (0..4)
         .map(|i| {
             let mut cmd = Command::new(workspace_bin("hostd"));
             cmd.arg("eval").arg("--model").arg(model_dir("small")).arg("--prompts").arg(&prompts).args(["--new-tokens", "8", "--threads", "1", "--out"]);
@@ -298,7 +234,7 @@ fn in_a_memory_cgroup_expertd_refuses_a_budget_that_cannot_fit_and_a_derived_one
             if i % 2 == 1 {
                 cmd.arg("--expertd-no-shm");
             }
-            Killed(cmd.stdout(Stdio::null()).stderr(Stdio::null()).spawn().expect("spawn hostd"))
+            Spawned::spawn_logged(&mut cmd)
         })
         .collect();
     let (mut peak, mut samples) = (0u64, 0u32);
@@ -309,7 +245,7 @@ fn in_a_memory_cgroup_expertd_refuses_a_budget_that_cannot_fit_and_a_derived_one
         peak = peak.max(vm_rss(pid).expect("expertd died in its cgroup (OOM?)"));
         samples += 1;
         for (i, d) in done.iter_mut().enumerate() {
-            if !*d && let Some(status) = clients[i].0.try_wait().expect("try_wait") {
+            if !*d && let Some(status) = clients[i].try_wait() {
                 assert!(status.success(), "hostd eval {i} failed");
                 *d = true;
             }
@@ -325,9 +261,8 @@ fn in_a_memory_cgroup_expertd_refuses_a_budget_that_cannot_fit_and_a_derived_one
     );
     assert!(samples >= 5, "only {samples} samples");
     assert!(peak < limit, "peak RSS {peak} B not under the cgroup limit {limit} B");
-    assert!(daemon.0.try_wait().expect("try_wait").is_none(), "expertd died during the run");
-    sigterm(&daemon.0);
-    assert!(wait_exit(&mut daemon.0, Duration::from_secs(10)).success());
+    assert!(daemon.try_wait().is_none(), "expertd died during the run");
+    assert!(daemon.stop().success());
     drop(clients.drain(..));
 }
 
@@ -377,22 +312,17 @@ fn metrics_endpoint_and_expertd_stats_parse_and_per_session_counters_add_up_to_p
     let port = std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port();
     let socket = work.path().join("expertd.sock");
     let log = work.path().join("expertd.log");
-    let mut daemon = Killed(
+    let mut daemon = Spawned::spawn(
         Command::new(workspace_bin("expertd"))
             .args(["serve", "--container", container.to_str().expect("utf-8"), "--socket"])
             .arg(&socket)
             .args(["--socket-mode", "666", "--no-prefetch", "--metrics-listen"])
             .arg(format!("127.0.0.1:{port}"))
             .arg("--cache-bytes")
-            .arg((3 * blob_stride(&container)).to_string())
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log).expect("log"))
-            .spawn()
-            .expect("spawn expertd"),
+            .arg((3 * blob_stride(&container)).to_string()),
+        &log,
     );
-    wait_for("expertd", Duration::from_secs(30), || {
-        assert!(daemon.0.try_wait().expect("try_wait").is_none(), "expertd exited: {}", std::fs::read_to_string(&log).unwrap_or_default());
+    daemon.wait_ready(Duration::from_secs(30), |_| {
         std::os::unix::net::UnixStream::connect(&socket).is_ok() && std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
     });
 
@@ -457,6 +387,5 @@ fn metrics_endpoint_and_expertd_stats_parse_and_per_session_counters_add_up_to_p
     assert_eq!(from_cli["calls"], second["calls"], "expertd stats and the endpoint disagree");
     drop((conn_a, conn_b));
     drop(runtime);
-    sigterm(&daemon.0);
-    assert!(wait_exit(&mut daemon.0, Duration::from_secs(10)).success());
+    assert!(daemon.stop().success());
 }

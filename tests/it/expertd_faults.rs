@@ -15,13 +15,11 @@ use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tests::{model_dir, prepare_container};
+use tests::work_with_container;
 
 /// A prepared `tiny` container in a fresh directory.
 fn tiny_container() -> (tempfile::TempDir, PathBuf) {
-    let work = tempfile::tempdir().expect("tempdir");
-    let container = work.path().join("container");
-    prepare_container(&model_dir("tiny"), &container);
+    let (work, container) = work_with_container("tiny");
     (work, container)
 }
 

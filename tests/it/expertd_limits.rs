@@ -15,7 +15,7 @@ use shared::shm_layout::SlotLayout;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tests::{model_dir, prepare_container};
+use tests::work_with_container;
 use tonic::Code;
 use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::health_client::HealthClient;
@@ -23,9 +23,7 @@ use tonic_health::pb::{HealthCheckRequest, HealthCheckResponse};
 
 /// The `tiny` fixture's container in a temp dir (keep the dir alive).
 fn tiny_container() -> (tempfile::TempDir, PathBuf) {
-    let work = tempfile::tempdir().expect("tempdir");
-    let container = work.path().join("container");
-    prepare_container(&model_dir("tiny"), &container);
+    let (work, container) = work_with_container("tiny");
     (work, container)
 }
 

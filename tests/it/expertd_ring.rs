@@ -14,7 +14,7 @@ use shared::shm_layout::SlotLayout;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
-use tests::{model_dir, prepare_container};
+use tests::work_with_container;
 use tonic::Code;
 
 fn client(socket: &Path, ring: bool) -> ExpertdClient {
@@ -27,9 +27,7 @@ fn client(socket: &Path, ring: bool) -> ExpertdClient {
 
 /// A daemon on the `tiny` fixture's container, whole container cached; keep the temp dir alive.
 fn tiny_daemon() -> (tempfile::TempDir, Daemon, std::path::PathBuf) {
-    let work = tempfile::tempdir().expect("tempdir");
-    let container = work.path().join("container");
-    prepare_container(&model_dir("tiny"), &container);
+    let (work, container) = work_with_container("tiny");
     let d = Daemon::unix(&container, container_bytes(&container), &[]);
     let socket = d.socket.clone().expect("socket");
     (work, d, socket)
@@ -45,9 +43,7 @@ struct Baseline {
 }
 
 fn int8_baseline(preset: &str) -> Baseline {
-    let work = tempfile::tempdir().expect("tempdir");
-    let container = work.path().join("container");
-    prepare_container(&model_dir(preset), &container);
+    let (work, container) = work_with_container(preset);
     let prompts = prompts_file(preset, work.path(), 1);
     let c = container.to_str().expect("utf-8");
     let out = eval(preset, &prompts, work.path(), "int8", &["--experts", "int8", "--container", c]);

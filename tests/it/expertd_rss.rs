@@ -14,10 +14,10 @@
 //! allocator slack); a leak per call or per session would exceed it. Bounded: the clients are
 //! killed and the test fails after 120 s.
 
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use super::expertd::{container_bytes, prompts_file};
+use std::process::Command;
 use std::time::{Duration, Instant};
-use tests::{model_dir, prepare_container, reference, workspace_bin};
+use tests::{Spawned, model_dir, work_with_container, workspace_bin};
 
 const MIB: u64 = 1 << 20;
 const ALLOWANCE: u64 = 64 * MIB;
@@ -55,68 +55,32 @@ fn log_field(log: &str, key: &str) -> u64 {
     log[at + needle.len()..].chars().take_while(char::is_ascii_digit).collect::<String>().parse().unwrap_or_else(|e| panic!("{key}: {e}: {log}"))
 }
 
-/// The `small` oracle prompts (ids only), `repeat` times over.
-fn prompts_file(dir: &Path, repeat: usize) -> PathBuf {
-    let r = reference("small");
-    let mut items = Vec::new();
-    for i in 0..repeat {
-        for (j, p) in r["prompts"].as_array().expect("prompts").iter().enumerate() {
-            items.push(format!("{{\"name\":\"p{j}-{i}\",\"input_ids\":{}}}", p["input_ids"]));
-        }
-    }
-    let path = dir.join("prompts.json");
-    std::fs::write(&path, format!("{{\"prompts\":[{}]}}", items.join(","))).expect("write prompts");
-    path
-}
-
-struct Killed(Vec<Child>);
-
-impl Drop for Killed {
-    fn drop(&mut self) {
-        for c in &mut self.0 {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
-
 #[test]
 fn expertd_rss_with_four_concurrent_hosts_stays_within_budget_transients_and_idle_plus_64_mib() {
-    let work = tempfile::tempdir().expect("tempdir");
-    let container = work.path().join("container");
-    prepare_container(&model_dir("small"), &container);
-    let container_bytes = std::fs::metadata(container.join("experts.sluice")).expect("container").len();
+    let (work, container) = work_with_container("small");
+    let container_bytes = container_bytes(&container);
 
     // Start the daemon with a budget of a quarter of the container (so it evicts).
     let socket = work.path().join("expertd.sock");
     let log_path = work.path().join("expertd.log");
     let budget = container_bytes / 4;
-    let daemon = Command::new(workspace_bin("expertd"))
-        .arg("serve")
-        .arg("--container")
-        .arg(&container)
-        .arg("--cache-bytes")
-        .arg(budget.to_string())
-        .arg("--socket")
-        .arg(&socket)
-        .env("RUST_LOG", "info")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&log_path).expect("log"))
-        .spawn()
-        .expect("spawn expertd");
+    let mut daemon = Spawned::spawn(
+        Command::new(workspace_bin("expertd"))
+            .arg("serve")
+            .arg("--container")
+            .arg(&container)
+            .arg("--cache-bytes")
+            .arg(budget.to_string())
+            .arg("--socket")
+            .arg(&socket)
+            .env("RUST_LOG", "info"),
+        &log_path,
+    );
+    daemon.wait_ready(Duration::from_secs(30), |log| {
+        log.contains("expertd serving") && std::os::unix::net::UnixStream::connect(&socket).is_ok()
+    });
     let pid = daemon.id();
-    let mut guard = Killed(vec![daemon]);
-    let start = Instant::now();
-    let log = loop {
-        let log = std::fs::read_to_string(&log_path).unwrap_or_default();
-        if log.contains("expertd serving") && std::os::unix::net::UnixStream::connect(&socket).is_ok() {
-            break log;
-        }
-        assert!(guard.0[0].try_wait().expect("try_wait").is_none(), "expertd exited: {log}");
-        assert!(start.elapsed() < Duration::from_secs(30), "expertd not ready: {log}");
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    let log = daemon.log_text();
     let stride = log_field(&log, "blob_bytes");
     // The default pool (min(experts per layer, 32) per compute lane): a smaller one refuses
     // concurrent prefill calls with RESOURCE_EXHAUSTED at this budget.
@@ -133,8 +97,9 @@ fn expertd_rss_with_four_concurrent_hosts_stays_within_budget_transients_and_idl
     let bound = budget + transient + idle + ALLOWANCE;
 
     // Four hosts at once, long enough to be sampled many times.
-    let prompts = prompts_file(work.path(), 6);
+    let prompts = prompts_file("small", work.path(), 6);
     let uri = format!("unix://{}", socket.display());
+    let mut clients = Vec::with_capacity(CLIENTS);
     for i in 0..CLIENTS {
         let mut cmd = Command::new(workspace_bin("hostd"));
         cmd.arg("eval")
@@ -153,7 +118,7 @@ fn expertd_rss_with_four_concurrent_hosts_stays_within_budget_transients_and_idl
         if i % 2 == 1 {
             cmd.arg("--expertd-no-shm");
         }
-        guard.0.push(cmd.stdout(Stdio::null()).stderr(Stdio::piped()).spawn().expect("spawn hostd"));
+        clients.push(Spawned::spawn_logged(&mut cmd));
     }
     let t0 = Instant::now();
     let (mut peak, mut samples) = (idle, 0u32);
@@ -163,12 +128,8 @@ fn expertd_rss_with_four_concurrent_hosts_stays_within_budget_transients_and_idl
         peak = peak.max(vm_rss(pid).expect("expertd died while serving"));
         samples += 1;
         for (i, d) in done.iter_mut().enumerate() {
-            if !*d && let Some(status) = guard.0[1 + i].try_wait().expect("try_wait") {
-                let mut err = String::new();
-                if let Some(mut e) = guard.0[1 + i].stderr.take() {
-                    let _ = std::io::Read::read_to_string(&mut e, &mut err);
-                }
-                assert!(status.success(), "hostd eval {i} failed: {err}");
+            if !*d && let Some(status) = clients[i].try_wait() {
+                assert!(status.success(), "hostd eval {i} failed: {}", clients[i].log_text());
                 *d = true;
             }
         }

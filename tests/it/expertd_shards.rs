@@ -20,7 +20,7 @@ use proto::v1::expert_service_client::ExpertServiceClient;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
-use tests::{model_dir, prepare_container, workspace_bin};
+use tests::{model_dir, prepare_container, work_with_container, workspace_bin};
 use tonic::Code;
 
 const TOKEN: &str = "shard-s3cret";
@@ -86,9 +86,7 @@ fn traced_layers(trace: &Path) -> std::collections::BTreeSet<u64> {
 
 #[test]
 fn a_unix_shard_and_a_tls_shard_give_one_daemons_logits_each_serving_only_its_layers() {
-    let work = tempfile::tempdir().expect("tempdir");
-    let container = work.path().join("container");
-    prepare_container(&model_dir("tiny"), &container);
+    let (work, container) = work_with_container("tiny");
     let prompts = prompts_file("tiny", work.path(), 1);
     let (token, pki) = (token_file(work.path()), make_pki(work.path(), "a"));
     let (trace_a, trace_b) = (work.path().join("a.trace"), work.path().join("b.trace"));
@@ -212,9 +210,7 @@ fn layer_call(
 
 #[test]
 fn killing_one_shard_fails_only_its_layers_calls_naming_it() {
-    let work = tempfile::tempdir().expect("tempdir");
-    let container = work.path().join("container");
-    prepare_container(&model_dir("tiny"), &container);
+    let (work, container) = work_with_container("tiny");
     let (token, pki) = (token_file(work.path()), make_pki(work.path(), "k"));
     let a = Daemon::unix(&container, container_bytes(&container), &[]);
     let b = tls_daemon(&container, &token, &pki, &[]);
@@ -275,9 +271,7 @@ fn killing_one_shard_fails_only_its_layers_calls_naming_it() {
 
 #[test]
 fn a_tls_daemon_refuses_plain_tcp_wrong_tokens_and_clients_without_its_ca() {
-    let work = tempfile::tempdir().expect("tempdir");
-    let container = work.path().join("container");
-    prepare_container(&model_dir("tiny"), &container);
+    let (work, container) = work_with_container("tiny");
     let (token, pki, other) = (
         token_file(work.path()),
         make_pki(work.path(), "t"),

@@ -13,79 +13,19 @@ use proto::v1::{self as pb};
 use shared::container::ContainerFile;
 use std::io::Read;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
-use tests::{model_dir, prepare_container, workspace_bin};
+use tests::{Spawned, model_dir, prepare_container, work_with_container, workspace_bin};
 
 const MIB: u64 = 1 << 20;
 /// `tiny`'s hidden size and experts per layer.
 const HIDDEN_TINY: usize = 64;
 
-/// A running `expertd serve`, killed when dropped.
-struct Serve {
-    child: Child,
-    log: PathBuf,
-    _log_dir: tempfile::TempDir,
-}
-
-impl Serve {
-    fn spawn(container: &Path, socket: &Path, cache_bytes: u64, extra: &[&str]) -> Serve {
-        let log_dir = tempfile::tempdir().expect("tempdir");
-        let log = log_dir.path().join("expertd.log");
-        let child = Command::new(workspace_bin("expertd"))
-            .arg("serve")
-            .arg("--container")
-            .arg(container)
-            .arg("--socket")
-            .arg(socket)
-            .arg("--cache-bytes")
-            .arg(cache_bytes.to_string())
-            .args(extra)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log).expect("log file"))
-            .spawn()
-            .expect("spawn expertd");
-        Serve { child, log, _log_dir: log_dir }
-    }
-
-    fn log_text(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
-    fn assert_running(&mut self) {
-        if let Some(status) = self.child.try_wait().expect("try_wait") {
-            panic!("expertd exited ({status}): {}", self.log_text());
-        }
-    }
-
-    /// Waits (at most 30 s) until the ready line is logged and the socket accepts.
-    fn wait_ready(&mut self, socket: &Path) {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while !(self.log_text().contains("expertd serving") && std::os::unix::net::UnixStream::connect(socket).is_ok()) {
-            self.assert_running();
-            assert!(Instant::now() < deadline, "expertd not ready: {}", self.log_text());
-            std::thread::sleep(Duration::from_millis(10));
-        }
-    }
-
-    /// SIGTERM and wait (at most 10 s) for the drained exit.
-    fn stop(mut self) {
-        let ok = Command::new("kill").arg("-TERM").arg(self.child.id().to_string()).status().expect("kill").success();
-        assert!(ok, "kill -TERM failed");
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while self.child.try_wait().expect("try_wait").is_none() {
-            assert!(Instant::now() < deadline, "expertd did not drain within 10 s: {}", self.log_text());
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-}
-
-impl Drop for Serve {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+/// Spawns `expertd serve` on `socket` (killed when dropped).
+fn serve(container: &Path, socket: &Path, cache_bytes: u64, extra: &[&str]) -> Spawned {
+    let mut cmd = Command::new(workspace_bin("expertd"));
+    cmd.arg("serve").arg("--container").arg(container).arg("--socket").arg(socket).arg("--cache-bytes").arg(cache_bytes.to_string()).args(extra);
+    Spawned::spawn_logged(&mut cmd)
 }
 
 fn tiny_container(dir: &Path) -> PathBuf {
@@ -135,7 +75,7 @@ fn the_socket_appears_only_once_the_daemon_can_serve_and_an_early_client_waits()
     assert!(Command::new("mkfifo").arg(&fifo).status().expect("mkfifo").success());
     let socket = run.join("expertd.sock");
     // Opening the route trace (a FIFO with no reader yet) holds the daemon inside its start-up.
-    let mut daemon = Serve::spawn(&container, &socket, container_bytes(&container), &["--route-trace", fifo.to_str().expect("utf-8")]);
+    let mut daemon = serve(&container, &socket, container_bytes(&container), &["--route-trace", fifo.to_str().expect("utf-8")]);
     std::thread::scope(|s| {
         let early = s.spawn(|| connect_tiny(&socket, Duration::from_secs(60)));
         std::thread::sleep(Duration::from_millis(800));
@@ -185,7 +125,7 @@ fn a_first_connect_waits_for_a_daemon_started_a_second_later() {
         let client = s.spawn(|| connect_tiny(&socket, Duration::from_secs(60)));
         std::thread::sleep(Duration::from_secs(1));
         assert!(!client.is_finished(), "the client waits instead of failing");
-        let daemon = Serve::spawn(&container, &socket, container_bytes(&container), &[]);
+        let daemon = serve(&container, &socket, container_bytes(&container), &[]);
         let client = client.join().expect("join").unwrap_or_else(|e| panic!("connect: {e}\n{}", daemon.log_text()));
         tiny_call(&client);
         drop(client);
@@ -217,9 +157,7 @@ fn without_a_daemon_the_first_connect_gives_up_after_its_wait_and_says_so() {
 
 #[test]
 fn a_budget_above_the_container_is_clamped_and_a_big_arena_is_not_committed_at_start() {
-    let work = tempfile::tempdir().expect("tempdir");
-    let container = work.path().join("container");
-    prepare_container(&model_dir("small"), &container);
+    let (work, container) = work_with_container("small");
     let header = *ContainerFile::open(&container).expect("container").header();
     let stride = header.layout.blob.stride as u64;
     let n_blobs = header.layout.dims.n_blobs() as u64;
@@ -238,8 +176,8 @@ fn a_budget_above_the_container_is_clamped_and_a_big_arena_is_not_committed_at_s
     // The daemon: a transient pool of 1 GiB of address space on top, nothing of it committed.
     let transient = (1024 * MIB).div_ceil(stride);
     let socket = work.path().join("expertd.sock");
-    let mut daemon = Serve::spawn(&container, &socket, budget, &["--transient-slots", &transient.to_string()]);
-    daemon.wait_ready(&socket);
+    let mut daemon = serve(&container, &socket, budget, &["--transient-slots", &transient.to_string()]);
+    daemon.wait_ready(Duration::from_secs(30), |log| log.contains("expertd serving") && std::os::unix::net::UnixStream::connect(&socket).is_ok());
     let arena = (n_blobs + transient) * stride;
     let log = daemon.log_text();
     assert!(log.contains("budget clamped"), "the clamp is logged: {log}");
@@ -249,7 +187,7 @@ fn a_budget_above_the_container_is_clamped_and_a_big_arena_is_not_committed_at_s
     // all of it resident).
     for pause in [Duration::ZERO, Duration::from_secs(2)] {
         std::thread::sleep(pause);
-        let rss = vm_rss(daemon.child.id());
+        let rss = vm_rss(daemon.id());
         assert!(rss < 160 * MIB && rss < arena / 4, "VmRSS {} MiB with a {} MiB arena: {log}", rss / MIB, arena / MIB);
     }
     daemon.stop();

@@ -9,7 +9,7 @@ use std::path::Path;
 use std::process::{Command, Output, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
-use tests::{copy_model, hostd, model_dir, prepare_container, workspace_bin};
+use tests::{Killed, Spawned, copy_model, hostd, model_dir, work_with_container, workspace_bin};
 
 /// Runs `expertd ARGS…`, which must exit within 30 s (a daemon that starts serving where it
 /// should have refused is killed and fails the test instead of hanging it).
@@ -72,9 +72,7 @@ fn a_missing_model_directory_is_named_as_such() {
 
 #[test]
 fn a_cache_budget_that_holds_no_expert_is_refused() {
-    let work = tempfile::tempdir().expect("tempdir");
-    let container = work.path().join("container");
-    prepare_container(&model_dir("tiny"), &container);
+    let (work, container) = work_with_container("tiny");
     let socket = work.path().join("s.sock");
     for budget in ["0", "1000"] {
         let o = expertd(&["serve", "--container", container.to_str().expect("utf-8"), "--socket", socket.to_str().expect("utf-8"), "--cache-bytes", budget]);
@@ -90,40 +88,21 @@ fn daemon_log(container: &Path, budget: u64) -> String {
     let work = tempfile::tempdir().expect("tempdir");
     let log = work.path().join("expertd.log");
     let socket = work.path().join("s.sock");
-    let child = Command::new(workspace_bin("expertd"))
-        .args(["serve", "--container", container.to_str().expect("utf-8"), "--socket", socket.to_str().expect("utf-8")])
-        .args(["--cache-bytes", &budget.to_string()])
-        .env_remove("RUST_LOG")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&log).expect("log"))
-        .spawn()
-        .expect("spawn expertd");
-    let mut child = KillOnDrop(child);
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !std::fs::read_to_string(&log).unwrap_or_default().contains("compute and IO") {
-        assert!(Instant::now() < deadline && child.0.try_wait().expect("try_wait").is_none(), "{}", std::fs::read_to_string(&log).unwrap_or_default());
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    drop(child);
+    let mut daemon = Spawned::spawn(
+        Command::new(workspace_bin("expertd"))
+            .args(["serve", "--container", container.to_str().expect("utf-8"), "--socket", socket.to_str().expect("utf-8")])
+            .args(["--cache-bytes", &budget.to_string()])
+            .env_remove("RUST_LOG"),
+        &log,
+    );
+    daemon.wait_ready(Duration::from_secs(30), |log| log.contains("compute and IO"));
+    drop(daemon);
     std::fs::read_to_string(&log).expect("log")
-}
-
-/// A child process killed (and reaped) when dropped, also when a test panics.
-struct KillOnDrop(std::process::Child);
-
-impl Drop for KillOnDrop {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
 }
 
 #[test]
 fn a_redirected_daemon_log_is_plain_and_says_resident_or_streaming() {
-    let work = tempfile::tempdir().expect("tempdir");
-    let container = work.path().join("container");
-    prepare_container(&model_dir("tiny"), &container);
+    let (_work, container) = work_with_container("tiny");
     let whole = std::fs::metadata(container.join(shared::container::CONTAINER_FILE)).expect("container").len();
 
     let log = daemon_log(&container, whole);
@@ -154,7 +133,7 @@ fn a_private_daemon_says_its_budget() {
 
 #[test]
 fn serve_says_loading_then_ready() {
-    let mut child = KillOnDrop(
+    let mut child = Killed(
         Command::new(workspace_bin("hostd"))
             .args(["serve", "--model", model_dir("tiny").to_str().expect("utf-8"), "--port", "0", "--threads", "2"])
             .stdin(Stdio::null())

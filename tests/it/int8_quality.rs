@@ -5,7 +5,7 @@
 
 use hostd::eval::eval_prompt;
 use hostd::sampling::argmax;
-use hostd::cli::load::{DenseKind, ExpertsKind, LoadArgs, load_model};
+use hostd::load::{DenseKind, ExpertsKind, LoadOptions, load_model};
 use hostd::model::Logits;
 use serde_json::{Value, json};
 use tests::{model_dir, prepare_container, presets, read_logits, reference, reference_dir};
@@ -76,7 +76,7 @@ fn agreement(what: &str, experts: ExpertsKind, dense: DenseKind) -> (Tally, Tall
         if experts == ExpertsKind::Int8 {
             prepare_container(&model_dir(&preset), container.path());
         }
-        let args = LoadArgs {
+        let args = LoadOptions {
             model: model_dir(&preset),
             experts,
             container: (experts == ExpertsKind::Int8).then(|| container.path().to_path_buf()),
@@ -85,7 +85,7 @@ fn agreement(what: &str, experts: ExpertsKind, dense: DenseKind) -> (Tally, Tall
             dense,
             host_extra_bytes: 0,
         };
-        let model = load_model(&args).expect("model loads");
+        let model = load_model(&args, "test").expect("model loads");
         let vocab = model.config().vocab_size;
         let reference = reference(&preset);
         let mut tally = Tally::default();
@@ -189,7 +189,7 @@ fn all_int8_agrees_with_the_fp32_reference() {
 fn a_corrupt_blob_fails_the_forward_pass_naming_layer_and_expert() {
     let container = tempfile::tempdir().expect("tempdir");
     prepare_container(&model_dir("tiny"), container.path());
-    let args = LoadArgs { model: model_dir("tiny"), experts: ExpertsKind::Int8, container: Some(container.path().to_path_buf()), threads: None, expertd: Default::default(), dense: Default::default(), host_extra_bytes: 0 };
+    let args = LoadOptions { model: model_dir("tiny"), experts: ExpertsKind::Int8, container: Some(container.path().to_path_buf()), threads: None, expertd: Default::default(), dense: Default::default(), host_extra_bytes: 0 };
     // Flip one byte inside the first blob's packed weights (layer 0, expert 0).
     let file = container.path().join("experts.sluice");
     let reader = shared::container::ContainerFile::open(container.path()).expect("valid container");
@@ -198,7 +198,7 @@ fn a_corrupt_blob_fails_the_forward_pass_naming_layer_and_expert() {
     let mut bytes = std::fs::read(&file).expect("read container");
     bytes[at] ^= 0x40;
     std::fs::write(&file, bytes).expect("write container");
-    let model = load_model(&args).expect("header and index are intact, so the model loads");
+    let model = load_model(&args, "test").expect("header and index are intact, so the model loads");
     // Route every expert of layer 0 by feeding enough tokens that expert 0 is chosen somewhere.
     let ids: Vec<u32> = (0..64).collect();
     let mut state = model.new_state();
@@ -213,8 +213,8 @@ fn a_corrupt_blob_fails_the_forward_pass_naming_layer_and_expert() {
 fn a_container_from_another_model_is_refused() {
     let container = tempfile::tempdir().expect("tempdir");
     prepare_container(&model_dir("tiny"), container.path());
-    let args = LoadArgs { model: model_dir("small"), experts: ExpertsKind::Int8, container: Some(container.path().to_path_buf()), threads: None, expertd: Default::default(), dense: Default::default(), host_extra_bytes: 0 };
-    let err = load_model(&args).err().expect("mismatched container is refused");
+    let args = LoadOptions { model: model_dir("small"), experts: ExpertsKind::Int8, container: Some(container.path().to_path_buf()), threads: None, expertd: Default::default(), dense: Default::default(), host_extra_bytes: 0 };
+    let err = load_model(&args, "test").err().expect("mismatched container is refused");
     let msg = format!("{err:#}");
     assert!(msg.contains("different model") || msg.contains("dims"), "{msg}");
 }

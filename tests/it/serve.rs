@@ -12,22 +12,15 @@ use std::net::{SocketAddr, TcpStream};
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
-use tests::{model_dir, workspace_bin};
+use tests::{Killed, model_dir, workspace_bin};
 
 const IO_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// A running `hostd serve`, killed on drop.
 pub(crate) struct Server {
-    pub(crate) child: Child,
+    pub(crate) child: Killed,
     addr: SocketAddr,
     pub(crate) name: String,
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 /// Spawns `hostd serve --model DIR --port 0 --served-model-name NAME EXTRA…` (stdout piped,
@@ -60,7 +53,7 @@ impl Server {
         let name = format!("sluice-{preset}");
         let dir = model_dir(preset);
         let (child, addr) = spawn_serve(&dir, &name, extra);
-        let server = Server { child, addr, name };
+        let server = Server { child: Killed(child), addr, name };
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {
             if let Ok(r) = server.try_request("GET", "/health", &[], None)
@@ -158,7 +151,8 @@ fn parse_response(raw: &[u8]) -> Response {
     Response { status, headers, body }
 }
 
-fn dechunk(mut b: &[u8]) -> Vec<u8> {
+/// The body of a `Transfer-Encoding: chunked` response, de-chunked.
+pub(crate) fn dechunk(mut b: &[u8]) -> Vec<u8> {
     let mut out = Vec::new();
     while let Some(eol) = b.windows(2).position(|w| w == b"\r\n") {
         let size = usize::from_str_radix(String::from_utf8_lossy(&b[..eol]).trim(), 16).unwrap_or(0);

@@ -9,23 +9,16 @@
 use serde_json::{Value, json};
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::process::Child;
 use std::time::{Duration, Instant};
-use tests::model_dir;
+use crate::serve::dechunk;
+use tests::{Killed, model_dir, wait_for};
 
 const IO_TIMEOUT: Duration = Duration::from_secs(300);
 
 /// A running `hostd serve`, killed on drop.
 struct Server {
-    child: Child,
+    _child: Killed,
     addr: SocketAddr,
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 struct Response {
@@ -45,7 +38,7 @@ impl Server {
     fn start(preset: &str, extra: &[&str]) -> Server {
         let dir = model_dir(preset);
         let (child, addr) = crate::serve::spawn_serve(&dir, "m", extra);
-        let server = Server { child, addr };
+        let server = Server { _child: Killed(child), addr };
         let deadline = Instant::now() + Duration::from_secs(60);
         while !server.send("GET", "/health", None).and_then(read_response).is_ok_and(|r| r.status == 200) {
             assert!(Instant::now() < deadline, "server on {preset} not ready within 60 s");
@@ -96,28 +89,6 @@ fn read_rest(mut raw: Vec<u8>, mut s: TcpStream) -> std::io::Result<Response> {
         body = dechunk(&body);
     }
     Ok(Response { status, head, body })
-}
-
-fn dechunk(mut b: &[u8]) -> Vec<u8> {
-    let mut out = Vec::new();
-    while let Some(eol) = b.windows(2).position(|w| w == b"\r\n") {
-        let size = usize::from_str_radix(String::from_utf8_lossy(&b[..eol]).trim(), 16).unwrap_or(0);
-        if size == 0 {
-            break;
-        }
-        let start = eol + 2;
-        out.extend_from_slice(&b[start..(start + size).min(b.len())]);
-        b = &b[(start + size + 2).min(b.len())..];
-    }
-    out
-}
-
-fn wait_for(what: &str, limit: Duration, mut cond: impl FnMut() -> bool) {
-    let deadline = Instant::now() + limit;
-    while !cond() {
-        assert!(Instant::now() < deadline, "timed out after {limit:?} waiting for {what}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
 }
 
 /// `n` prompt ids the fixture's tokenizer knows, varied by `seed` (so no prefix is shared).

@@ -7,30 +7,22 @@
 use serde_json::{Value, json};
 use std::io::{Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpStream};
-use std::process::Child;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tests::model_dir;
+use tests::{Killed, model_dir};
 
 /// A running `hostd serve`, killed on drop.
 struct Server {
-    child: Child,
+    child: Killed,
     addr: SocketAddr,
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 impl Server {
     fn start(extra: &[&str]) -> Server {
         let dir = model_dir("tiny");
         let (child, addr) = crate::serve::spawn_serve(&dir, "tiny", extra);
-        let server = Server { child, addr };
+        let server = Server { child: Killed(child), addr };
         let deadline = Instant::now() + Duration::from_secs(60);
         while server.try_get("/health").map(|r| r.0) != Some(200) {
             assert!(Instant::now() < deadline, "not ready within 60 s");

@@ -152,29 +152,24 @@ pub trait ExpertSource: Send + Sync {
     fn read_blobs(&self, reqs: &mut [ReadRequest<'_>]) -> Vec<Result<(), IoError>>;
 }
 
-impl<S: ExpertSource + ?Sized> ExpertSource for Box<S> {
-    fn name(&self) -> &'static str {
-        (**self).name()
-    }
-    fn container(&self) -> &ContainerIndex {
-        (**self).container()
-    }
-    fn read_blobs(&self, reqs: &mut [ReadRequest<'_>]) -> Vec<Result<(), IoError>> {
-        (**self).read_blobs(reqs)
-    }
+/// `ExpertSource` through a smart pointer (`Box`, `Arc`): every method forwarded.
+macro_rules! forward_expert_source {
+    ($($ptr:ident)::+) => {
+        impl<S: ExpertSource + ?Sized> ExpertSource for $($ptr)::+<S> {
+            fn name(&self) -> &'static str {
+                (**self).name()
+            }
+            fn container(&self) -> &ContainerIndex {
+                (**self).container()
+            }
+            fn read_blobs(&self, reqs: &mut [ReadRequest<'_>]) -> Vec<Result<(), IoError>> {
+                (**self).read_blobs(reqs)
+            }
+        }
+    };
 }
-
-impl<S: ExpertSource + ?Sized> ExpertSource for std::sync::Arc<S> {
-    fn name(&self) -> &'static str {
-        (**self).name()
-    }
-    fn container(&self) -> &ContainerIndex {
-        (**self).container()
-    }
-    fn read_blobs(&self, reqs: &mut [ReadRequest<'_>]) -> Vec<Result<(), IoError>> {
-        (**self).read_blobs(reqs)
-    }
-}
+forward_expert_source!(Box);
+forward_expert_source!(std::sync::Arc);
 
 /// Which reader [`open_source`] should use (`--io`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]

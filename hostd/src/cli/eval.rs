@@ -2,7 +2,8 @@
 //! prefill (in row blocks), then N greedy steps (argmax, lowest id on ties, no EOS stop);
 //! writes logits, greedy ids and router choices in the oracle's reference schema.
 
-use super::load::{LoadArgs, load_model};
+use super::load::load_model;
+use crate::load::LoadOptions;
 use crate::eval::eval_prompt;
 use crate::model::moe::Routes;
 use anyhow::{Context, bail};
@@ -21,7 +22,7 @@ pub enum EvalDtype {
 #[derive(clap::Args, Debug)]
 pub struct EvalArgs {
     #[command(flatten)]
-    pub load: LoadArgs,
+    pub load: LoadOptions,
     /// JSON file `{"prompts": [{"name": …, "input_ids": [...]}, …]}` (other keys ignored).
     #[arg(long)]
     pub prompts: PathBuf,

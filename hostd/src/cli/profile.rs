@@ -7,8 +7,9 @@
 //! prefill and decode speed, decode time split into phases, and the process's (and its private
 //! expertd's) peak memory and physical reads.
 
-use super::load::{LoadArgs, load_model};
+use super::load::load_model;
 use super::procfs::{self, DeviceBusy, Reads};
+use crate::load::LoadOptions;
 use crate::model::{Logits, Model, SequenceState};
 use crate::profile::{self, OpStat, Profiler};
 use anyhow::Context;
@@ -32,7 +33,7 @@ const DENSE_PROJECTIONS: &[&str] = &[
 #[derive(clap::Args, Debug)]
 pub struct ProfileArgs {
     #[command(flatten)]
-    pub load: LoadArgs,
+    pub load: LoadOptions,
     /// Prompt length for the prefill measurement (synthetic ids).
     #[arg(long, default_value_t = 512)]
     pub prompt_tokens: usize,

@@ -1,7 +1,8 @@
 //! `hostd run`: one prompt through the chat template, greedy generation streamed to stdout,
 //! then TTFT, prefill and decode tokens/s and peak RSS.
 
-use super::load::{LoadArgs, load_model};
+use super::load::load_model;
+use crate::load::LoadOptions;
 use crate::chat_template::{self, ChatMessage, ChatOptions};
 use crate::generate::{GenerateOptions, StopReason, generate_greedy};
 use anyhow::Context;
@@ -12,7 +13,7 @@ use std::io::Write;
 #[derive(clap::Args, Debug)]
 pub struct RunArgs {
     #[command(flatten)]
-    pub load: LoadArgs,
+    pub load: LoadOptions,
     /// The user message.
     #[arg(long)]
     pub prompt: String,
@@ -38,7 +39,7 @@ pub struct RunArgs {
 
 /// Runs `hostd run`.
 pub fn run(args: &RunArgs) -> anyhow::Result<()> {
-    let tokenizer = super::load::load_tokenizer(&args.load.model)?;
+    let tokenizer = crate::load::load_tokenizer(&args.load.model)?;
     let text = if args.raw {
         args.prompt.clone()
     } else {

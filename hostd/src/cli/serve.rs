@@ -8,7 +8,8 @@
 //! follows at once and a `ready` line once the model can serve (or the process exits with the
 //! load error).
 
-use super::load::{LoadArgs, load_model};
+use super::load::load_model;
+use crate::load::LoadOptions;
 use crate::engine::{self, EngineConfig, metrics::Metrics};
 use crate::http::admission::{self, AdmissionConfig, MAX_BODY_BYTES_DEFAULT, MAX_PROMPT_BYTES_DEFAULT, TOKENIZE_THREADS_DEFAULT};
 use crate::http::listener::{MAX_CONNECTIONS_DEFAULT, PeerLimits};
@@ -39,7 +40,7 @@ pub enum Thinking {
 #[derive(clap::Args, Debug)]
 pub struct ServeArgs {
     #[command(flatten)]
-    pub load: LoadArgs,
+    pub load: LoadOptions,
     /// Address to bind. A non-loopback address requires --api-key-file.
     #[arg(long, env = "SLUICE_HOST", default_value = "127.0.0.1")]
     pub host: IpAddr,
@@ -296,9 +297,9 @@ async fn serve(args: &ServeArgs, config: ServerConfig) -> anyhow::Result<()> {
 }
 
 /// Loads tokenizer and model, starts the engine and marks the server ready.
-fn load(args: &LoadArgs, limits: (EngineConfig, Option<usize>), state: &AppState) -> anyhow::Result<()> {
+fn load(args: &LoadOptions, limits: (EngineConfig, Option<usize>), state: &AppState) -> anyhow::Result<()> {
     let (mut config, max_context) = limits;
-    let tokenizer = super::load::load_tokenizer(&args.model)?;
+    let tokenizer = crate::load::load_tokenizer(&args.model)?;
     let model = load_model(args)?;
     let model_max = model.config().max_position_embeddings;
     let max_context = max_context.unwrap_or(model_max);

@@ -26,6 +26,7 @@ mod completions;
 pub mod error;
 pub mod fields;
 mod generate;
+mod json;
 pub mod listener;
 pub mod openai;
 pub mod params;

@@ -1,5 +1,6 @@
 //! Helpers the HTTP layer's unit tests share: a prompt-size check that accepts everything, the
-//! `param` of an error, an engine delta, and the (event name, data) pairs of a streamed reply.
+//! `param` of an error, a context-length error, an engine delta, and the (event name, data)
+//! pairs of a streamed reply.
 
 use super::error::ApiError;
 use crate::engine::{Delta, Event};
@@ -10,6 +11,17 @@ use tokio::sync::mpsc::UnboundedReceiver;
 /// A prompt-size check with no cap.
 pub fn no_cap(_: &str, _: &str) -> Result<(), ApiError> {
     Ok(())
+}
+
+/// A prompt of 11 tokens plus 1 asked for, over a context of 10 (`messages`).
+pub fn context_length_error() -> ApiError {
+    ApiError::ContextLength {
+        max_context: 10,
+        requested: 12,
+        prompt_tokens: 11,
+        completion_tokens: 1,
+        param: "messages",
+    }
 }
 
 /// The `param` an error names (empty when none).

@@ -25,8 +25,9 @@
 
 use crate::chat_template::{ChatMessage, Role, ToolCall};
 use crate::http::error::ApiError;
+use crate::http::json::{object, only_keys, require_type, string};
 use crate::http::tools::check_name;
-use serde_json::{Map, Value};
+use serde_json::Value;
 
 /// The thinking switch of a request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -39,40 +40,6 @@ pub struct Thinking {
 
 /// Checks one piece of prompt text against the byte cap (`param` names it).
 pub type CheckBytes<'a> = &'a dyn Fn(&str, &str) -> Result<(), ApiError>;
-
-pub(super) fn object<'a>(v: &'a Value, at: &str) -> Result<&'a Map<String, Value>, ApiError> {
-    v.as_object()
-        .ok_or_else(|| ApiError::invalid(format!("{at} must be an object."), at))
-}
-
-pub(super) fn only_keys(
-    obj: &Map<String, Value>,
-    allowed: &[&str],
-    at: &str,
-) -> Result<(), ApiError> {
-    match obj.keys().find(|k| !allowed.contains(&k.as_str())) {
-        Some(k) => Err(ApiError::unsupported(
-            format!("Unrecognized field: {at}.{k}"),
-            format!("{at}.{k}"),
-        )),
-        None => Ok(()),
-    }
-}
-
-pub(super) fn string<'a>(
-    obj: &'a Map<String, Value>,
-    key: &str,
-    at: &str,
-) -> Result<&'a str, ApiError> {
-    match obj.get(key) {
-        Some(Value::String(s)) => Ok(s),
-        None | Some(Value::Null) => Err(ApiError::missing(&format!("{at}.{key}"))),
-        Some(_) => Err(ApiError::invalid(
-            format!("{at}.{key} must be a string."),
-            format!("{at}.{key}"),
-        )),
-    }
-}
 
 fn present(v: Option<&Value>) -> bool {
     v.is_some_and(|v| !v.is_null())
@@ -165,15 +132,7 @@ pub fn system(v: Option<&Value>, check: CheckBytes) -> Result<Option<String>, Ap
             for (j, b) in blocks.iter().enumerate() {
                 let at = format!("system[{j}]");
                 let obj = object(b, &at)?;
-                match string(obj, "type", &at)? {
-                    "text" => {}
-                    other => {
-                        return Err(ApiError::unsupported(
-                            format!("Unsupported system block type '{other}': only text blocks."),
-                            format!("{at}.type"),
-                        ));
-                    }
-                }
+                require_type(obj, &at, "text", |other| format!("Unsupported system block type '{other}': only text blocks."))?;
                 only_keys(obj, &["type", "text", "cache_control", "citations"], &at)?;
                 texts.push(string(obj, "text", &at)?);
             }
@@ -524,17 +483,7 @@ fn tool_result_content(v: Option<&Value>, at: &str, check: CheckBytes) -> Result
             for (k, b) in blocks.iter().enumerate() {
                 let bat = format!("{at}.content[{k}]");
                 let obj = object(b, &bat)?;
-                match string(obj, "type", &bat)? {
-                    "text" => {}
-                    other => {
-                        return Err(ApiError::unsupported(
-                            format!(
-                                "Unsupported tool_result content block type '{other}': only text blocks."
-                            ),
-                            format!("{bat}.type"),
-                        ));
-                    }
-                }
+                require_type(obj, &bat, "text", |other| format!("Unsupported tool_result content block type '{other}': only text blocks."))?;
                 only_keys(obj, &["type", "text", "cache_control", "citations"], &bat)?;
                 texts.push(string(obj, "text", &bat)?);
             }
@@ -755,7 +704,7 @@ mod tests {
                 "get_weather",
                 input.as_object().cloned().unwrap_or_default(),
             ),
-            ToolCall::new("get_time", Map::new()),
+            ToolCall::new("get_time", serde_json::Map::new()),
         ];
         assert_eq!(
             got,

@@ -145,13 +145,7 @@ mod tests {
             500,
             "api_error",
         );
-        let e = ApiError::ContextLength {
-            max_context: 10,
-            requested: 12,
-            prompt_tokens: 11,
-            completion_tokens: 1,
-            param: "messages",
-        };
+        let e = crate::http::test_support::context_length_error();
         check(e, 400, "invalid_request_error");
     }
 

@@ -13,7 +13,7 @@
 //! `"custom"`) are accepted: server tools (web search, bash, text editor, …) are refused naming
 //! `tools[i].type`.
 
-use super::convert::{object, only_keys, string};
+use crate::http::json::{object, only_keys, string};
 use crate::http::error::ApiError;
 use crate::http::tools::{ToolChoice, ToolRequest, check_name};
 use crate::tool_calls::ToolSpec;

@@ -25,6 +25,7 @@
 use crate::chat_template::{ChatMessage, Role, ToolCall};
 use crate::constraint::ConstraintSpec;
 use crate::http::error::ApiError;
+use crate::http::json::{object, require_type, string};
 use crate::http::tools::{self, ChoiceShape, ToolRequest, check_name};
 use crate::tool_calls::ToolSpec;
 use serde_json::{Map, Value, json};
@@ -39,22 +40,6 @@ pub struct Conversation {
     pub messages: Vec<ChatMessage>,
     /// `call_id` of every function call, in order.
     pub call_ids: Vec<String>,
-}
-
-fn object<'a>(v: &'a Value, at: &str) -> Result<&'a Map<String, Value>, ApiError> {
-    v.as_object()
-        .ok_or_else(|| ApiError::invalid(format!("{at} must be an object."), at))
-}
-
-fn string<'a>(obj: &'a Map<String, Value>, key: &str, at: &str) -> Result<&'a str, ApiError> {
-    match obj.get(key) {
-        Some(Value::String(s)) => Ok(s),
-        None | Some(Value::Null) => Err(ApiError::missing(&format!("{at}.{key}"))),
-        Some(_) => Err(ApiError::invalid(
-            format!("{at}.{key} must be a string."),
-            format!("{at}.{key}"),
-        )),
-    }
 }
 
 impl Conversation {
@@ -340,15 +325,7 @@ pub fn tool_request(
     for (i, t) in list.iter().enumerate() {
         let at = format!("tools[{i}]");
         let obj = object(t, &at)?;
-        match string(obj, "type", &at)? {
-            "function" => {}
-            other => {
-                return Err(ApiError::unsupported(
-                    format!("Tool type '{other}' is not supported: only function tools."),
-                    format!("{at}.type"),
-                ));
-            }
-        }
+        require_type(obj, &at, "function", |other| format!("Tool type '{other}' is not supported: only function tools."))?;
         let name = string(obj, "name", &at)?;
         check_name(name, &format!("{at}.name"))?;
         if specs.iter().any(|s| s.name == name) {
