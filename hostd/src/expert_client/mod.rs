@@ -364,6 +364,10 @@ impl ExpertdClient {
         let deadline = call_deadline.map_or(start + wait, |d| d.min(start + wait));
         let wait = deadline.saturating_duration_since(start);
         let mut delay = Duration::from_millis(20);
+        // The last failure that was not a timeout (no socket, refused, a full backlog): under
+        // load the last, shortest attempt can time out before it even connects, and it must
+        // not hide why the daemon was not up.
+        let mut last_not_up: Option<ExpertClientError> = None;
         loop {
             // One attempt never outlasts the wait: a stopped daemon accepts the connection
             // into its backlog and then never answers the pre-handshake.
@@ -376,14 +380,19 @@ impl ExpertdClient {
                 }
                 Err(e) if e.worth_waiting_for() => {
                     let now = Instant::now();
+                    let timed_out = matches!(e, ExpertClientError::DeadlineExceeded { .. });
                     if now >= deadline {
                         // A daemon that accepts but does not answer is reported as such.
-                        if matches!(e, ExpertClientError::DeadlineExceeded { .. }) {
-                            return Err(e);
-                        }
-                        return Err(e.not_up(&self.endpoint, wait));
+                        return Err(match (timed_out, last_not_up) {
+                            (true, Some(prev)) => prev.not_up(&self.endpoint, wait),
+                            (true, None) => e,
+                            (false, _) => e.not_up(&self.endpoint, wait),
+                        });
                     }
                     tracing::debug!(error = %e, ?delay, "expertd not reachable yet; retrying");
+                    if !timed_out {
+                        last_not_up = Some(e);
+                    }
                     std::thread::sleep(delay.min(deadline - now));
                     delay = (delay * 2).min(Duration::from_millis(500));
                 }
