@@ -217,6 +217,10 @@ fn read_batch(engine: &Engine, keys: &[ExpertKey], step: u64) -> Vec<Option<bool
         }
     }
     // Dropping the leases leaves filled slots resident (unpinned); unfilled ones are abandoned.
+    drop(acquired);
+    // And the prefetch session closes between batches: it holds nothing, and an open session
+    // in the stats would read as a client that never left (its counters go to the closed totals).
+    engine.cache().release_session(PREFETCH_SESSION);
     outcome
 }
 
