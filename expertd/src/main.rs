@@ -19,7 +19,7 @@ enum Command {
     /// Replay a route trace through the cache policy for one or more policies and budgets.
     Replay(expertd::cli::ReplayArgs),
     /// Serve the container's experts over gRPC (unix socket with shared memory, or TCP).
-    Serve(expertd::cli::ServeArgs),
+    Serve(Box<expertd::cli::ServeArgs>),
     /// Print a running daemon's counters (per session, per peer, totals) as Prometheus text.
     Stats(expertd::stats_client::StatsArgs),
 }

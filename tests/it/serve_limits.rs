@@ -51,7 +51,7 @@ impl Server {
         parse(&raw).unwrap_or_else(|| panic!("no response to {head:?}: {:?}", String::from_utf8_lossy(&raw)))
     }
 
-    fn try_get(&self, path: &str) -> Option<(u16, Value, Vec<(String, String)>)> {
+    fn try_get(&self, path: &str) -> Option<Response> {
         let mut s = TcpStream::connect_timeout(&self.addr, Duration::from_secs(5)).ok()?;
         s.set_read_timeout(Some(Duration::from_secs(30))).ok()?;
         s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes()).ok()?;
@@ -76,8 +76,11 @@ impl Server {
     }
 }
 
+/// Status, JSON body (or null) and headers of a response.
+type Response = (u16, Value, Vec<(String, String)>);
+
 /// Status, JSON body (or null) and headers of a `Connection: close` response.
-fn parse(raw: &[u8]) -> Option<(u16, Value, Vec<(String, String)>)> {
+fn parse(raw: &[u8]) -> Option<Response> {
     let split = raw.windows(4).position(|w| w == b"\r\n\r\n")?;
     let head = String::from_utf8_lossy(&raw[..split]).into_owned();
     let mut lines = head.lines();

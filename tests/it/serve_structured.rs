@@ -139,10 +139,10 @@ fn mask_cost_on_the_real_vocabulary() {
         rng ^= rng >> 7;
         rng ^= rng << 17;
         let mut pick = allowed[(rng % allowed.len() as u64) as usize];
-        if step % 3 == 0 || step > 100 {
-            if let Some(t) = closers.iter().find(|t| c.accepted_prefix(t) == t.len()) {
-                pick = t[0];
-            }
+        if (step % 3 == 0 || step > 100)
+            && let Some(t) = closers.iter().find(|t| c.accepted_prefix(t) == t.len())
+        {
+            pick = t[0];
         }
         match c.commit(pick).expect("commit") {
             Commit::Continue => ids.push(pick),

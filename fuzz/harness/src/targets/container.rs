@@ -45,7 +45,7 @@ fn check_header(h: &Header, bytes: &[u8]) {
     assert_eq!(l.index_offset, HEADER_BYTES as u64);
     assert_eq!(l.index_bytes, l.dims.n_blobs() as u64 * INDEX_ENTRY_BYTES as u64);
     assert!(l.blobs_offset >= l.index_offset + l.index_bytes && l.blobs_offset.is_multiple_of(ALIGNMENT));
-    assert!(l.blob.stride as u64 % ALIGNMENT == 0 && l.blob.content_bytes <= l.blob.stride);
+    assert!((l.blob.stride as u64).is_multiple_of(ALIGNMENT) && l.blob.content_bytes <= l.blob.stride);
     let last = l.blob_offset_at(l.dims.n_blobs() - 1);
     assert_eq!(last + l.blob.stride as u64, l.file_bytes, "blobs do not end the file");
 }
