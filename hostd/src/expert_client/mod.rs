@@ -748,6 +748,17 @@ impl ExpertdClient {
 }
 
 impl ExpertdClient {
+    /// Whether hints go to session `s`: it has a ring, and prefetch is on, or auto and the
+    /// daemon streams.
+    fn hints_on(&self, s: &Session) -> bool {
+        s.info.ring_entries > 0
+            && match self.opts.prefetch {
+                Prefetch::Off => false,
+                Prefetch::On => true,
+                Prefetch::Auto => s.info.streams_experts,
+            }
+    }
+
     /// Reports a failed call to the readiness record when it says something about the daemon.
     fn note_failure(&self, e: &ExpertClientError) {
         match e {
@@ -777,20 +788,16 @@ impl ExpertBackend for ExpertdClient {
 
     fn wants_prefetch(&self) -> bool {
         // Asked once per layer per token: look at the live session, clone nothing.
-        let on = |s: &Session| s.info.ring_entries > 0 && (self.opts.prefetch == Prefetch::On || s.info.streams_experts);
-        self.opts.prefetch != Prefetch::Off && self.session.lock().unwrap_or_else(PoisonError::into_inner).as_ref().is_some_and(|s| on(s))
+        self.session.lock().unwrap_or_else(PoisonError::into_inner).as_ref().is_some_and(|s| self.hints_on(s))
     }
 
     fn prefetch(&self, layer: usize, experts: &[u32], profiler: Option<&Profiler>) {
-        if !self.wants_prefetch() {
-            return;
-        }
+        // Only on the live session: a hint never waits for a reconnection.
+        let Some(s) = self.session.lock().unwrap_or_else(PoisonError::into_inner).clone().filter(|s| self.hints_on(s)) else { return };
         if let Some(p) = self.predicted.lock().unwrap_or_else(PoisonError::into_inner).get_mut(layer) {
             p.clear();
             p.extend_from_slice(experts);
         }
-        // Only on the live session: a hint never waits for a reconnection.
-        let Some(s) = self.session.lock().unwrap_or_else(PoisonError::into_inner).clone() else { return };
         let Some(seg) = s.segment.as_deref() else { return };
         let Some(ring) = seg.ring().filter(|r| s.info.ring_entries == r.layout().entries) else { return };
         // The last entry carries hints; it is reused once the worker has taken the last one.
