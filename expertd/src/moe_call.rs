@@ -15,7 +15,7 @@ use crate::io::{ExpertSource, IoError, ReadRequest};
 use shared::container::{BlobLayout, Header};
 use shared::kernels::int8::{Int8Isa, MatrixRef};
 use shared::moe_exec::{ExpertMatrices, MoeExec};
-use crate::prefetch::Prefetcher;
+use crate::prefetch::{Hint, Prefetcher};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Instant;
@@ -117,6 +117,9 @@ pub struct Engine {
     wave_experts: usize,
     /// Waves reading demand misses now (speculative reads wait while this is non-zero).
     demand_reads: AtomicU32,
+    /// Per session, the (step, layer) of its latest call to start (speculative reads for a
+    /// layer whose call has started are dropped).
+    demand_progress: std::sync::Mutex<std::collections::HashMap<u64, (u64, u32)>>,
     /// The speculative reader, when the daemon runs one.
     prefetcher: OnceLock<Arc<Prefetcher>>,
     /// Compute a wave's resident experts while its misses are read (off: read, then compute,
@@ -167,7 +170,7 @@ impl Engine {
             .map_err(std::io::Error::other)?;
         let st = cache.stats();
         let wave_experts = (((st.n_slots + st.transient_slots) / 2).max(1)) as usize;
-        Ok(Engine { cache, source, isa, header, pool, max_rows, wave_experts, demand_reads: AtomicU32::new(0), prefetcher: OnceLock::new(), overlap: true })
+        Ok(Engine { cache, source, isa, header, pool, max_rows, wave_experts, demand_reads: AtomicU32::new(0), demand_progress: Default::default(), prefetcher: OnceLock::new(), overlap: true })
     }
 
     /// Leases one wave's experts, waiting (bounded by [`WAVE_WAIT_LIMIT`]) while other calls
@@ -205,6 +208,23 @@ impl Engine {
     /// Waves reading demand misses at this moment.
     pub fn demand_reads_in_flight(&self) -> u32 {
         self.demand_reads.load(Ordering::Acquire)
+    }
+
+    /// Whether `session`'s call for `layer` at `step` (or a later one) has started.
+    pub fn demand_started(&self, session: u64, step: u64, layer: u32) -> bool {
+        self.demand_progress.lock().unwrap_or_else(std::sync::PoisonError::into_inner).get(&session).is_some_and(|&p| p >= (step, layer))
+    }
+
+    /// Records that `spec`'s call starts (only when a speculative reader may ask).
+    fn note_demand_start(&self, spec: &CallSpec<'_>) {
+        if self.prefetcher.get().is_none() {
+            return;
+        }
+        let mut progress = self.demand_progress.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if progress.len() > 4096 {
+            progress.clear();
+        }
+        progress.insert(spec.session, (spec.step, spec.layer));
     }
 
     /// The expert reader.
@@ -269,6 +289,29 @@ impl Engine {
     /// (`Invalid`, naming the row) before any lease is taken. Blocks (reads and compute); run it off the
     /// async runtime. Every lease is released when this returns, on success or failure.
     pub fn run(&self, spec: &CallSpec<'_>, x: &[f32], out: &mut [f32]) -> Result<CallCost, CallError> {
+        self.run_hinted(spec, x, out, None)
+    }
+
+    /// [`run`](Self::run) with a prefetch hint for a later call: queued for the speculative
+    /// reader (when the daemon runs one) as soon as this call's own reads are under way —
+    /// counted in `demand_reads` first, so the speculative reads queue behind them — or at the
+    /// end when the call reads nothing. Never changes the result.
+    pub fn run_hinted(&self, spec: &CallSpec<'_>, x: &[f32], out: &mut [f32], hint: Option<Hint>) -> Result<CallCost, CallError> {
+        let mut hint = hint.filter(|_| self.prefetcher.get().is_some());
+        self.note_demand_start(spec);
+        let r = self.run_inner(spec, x, out, &mut hint);
+        self.send_hint(&mut hint);
+        r
+    }
+
+    /// Queues `hint` (once) for the speculative reader.
+    fn send_hint(&self, hint: &mut Option<Hint>) {
+        if let (Some(h), Some(p)) = (hint.take(), self.prefetcher.get()) {
+            p.hint(h);
+        }
+    }
+
+    fn run_inner(&self, spec: &CallSpec<'_>, x: &[f32], out: &mut [f32], hint: &mut Option<Hint>) -> Result<CallCost, CallError> {
         // PERF-CRITICAL: the per-call path; no logging, no global locks beyond the cache's
         // short planner section, no allocation proportional to anything but the call.
         assert_eq!(x.len(), spec.n_rows * self.hidden());
@@ -293,8 +336,8 @@ impl Engine {
             let keys: Vec<ExpertKey> = wave.iter().map(|&g| ExpertKey::new(spec.layer, exec.groups()[g].0)).collect();
             // A hit on an expert whose read by another caller (another call, or a speculative
             // read) failed is read again by this call: once, on a fresh lease.
-            let w = match self.run_wave(spec, &mut exec, &wave, &keys) {
-                Err(CallError::Cache(CacheError::FillFailed { .. })) => self.run_wave(spec, &mut exec, &wave, &keys)?,
+            let w = match self.run_wave(spec, &mut exec, &wave, &keys, hint) {
+                Err(CallError::Cache(CacheError::FillFailed { .. })) => self.run_wave(spec, &mut exec, &wave, &keys, hint)?,
                 other => other?,
             };
             cost.io_wait_ns += w.io_wait_ns;
@@ -315,7 +358,14 @@ impl Engine {
     /// the compute pool, so a pool thread cannot block on another call's read. Adds to
     /// its cost: IO wait = leasing + the part of the reads not hidden behind the hits' compute +
     /// waiting for other callers' reads; compute = the rest of the wave's time.
-    fn run_wave(&self, spec: &CallSpec<'_>, exec: &mut MoeExec<'_>, wave: &[usize], keys: &[ExpertKey]) -> Result<CallCost, CallError> {
+    fn run_wave(
+        &self,
+        spec: &CallSpec<'_>,
+        exec: &mut MoeExec<'_>,
+        wave: &[usize],
+        keys: &[ExpertKey],
+        hint: &mut Option<Hint>,
+    ) -> Result<CallCost, CallError> {
         let mut cost = CallCost::default();
         let layout = self.header.layout.blob;
         let isa = self.isa;
@@ -341,7 +391,7 @@ impl Engine {
         if acquired.n_misses() > 0 && !self.overlap {
             // As before the call ring: read everything, then compute.
             let t = Instant::now();
-            self.read_misses(acquired.misses().collect())?;
+            self.read_misses(acquired.misses().collect(), hint)?;
             read_wait_ns += t.elapsed().as_nanos() as u64;
         } else if acquired.n_misses() > 0 {
             let mut mine: Vec<&mut crate::cache::Lease> = Vec::new();
@@ -367,7 +417,7 @@ impl Engine {
                     });
                 }
                 // This (calling) thread reads meanwhile.
-                let r = self.read_misses(mine);
+                let r = self.read_misses(mine, hint);
                 (r, Instant::now())
             });
             let (read_result, read_done) = read_result;
@@ -393,11 +443,13 @@ impl Engine {
     }
 
     /// Reads a wave's misses (all submitted together) and marks each filled; the first error
-    /// fails the wave. Counted in `demand_reads` while it runs.
-    fn read_misses(&self, mut mine: Vec<&mut crate::cache::Lease>) -> Result<(), CallError> {
+    /// fails the wave. Counted in `demand_reads` while it runs; a pending `hint` is queued
+    /// once that count is up, so its speculative reads wait for these.
+    fn read_misses(&self, mut mine: Vec<&mut crate::cache::Lease>, hint: &mut Option<Hint>) -> Result<(), CallError> {
         // Counted until this returns, even by unwinding (speculative reads wait while it is
         // non-zero).
         let _reading = DemandReading::new(&self.demand_reads);
+        self.send_hint(hint);
         let mut reqs: Vec<ReadRequest<'_>> = mine
             .iter_mut()
             .map(|lease| {

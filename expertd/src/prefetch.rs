@@ -8,7 +8,10 @@
 //! demand reads are in flight; speculation is capped per client step (token); a speculative
 //! read never takes a transient buffer and never a leased slot (the cache's own rules: leased
 //! slots are never victims), and evicts only the policy's victim; a hint that finds the queue
-//! full is dropped, never waited for. Hints change only what is resident, never a result.
+//! full is dropped, never waited for; what is left of a hint once the hinted layer's own call
+//! has started is dropped unread (`stale`): that call reads its misses itself. Predictions are
+//! read in the order the client sent them (most probable first). Hints change only what is
+//! resident, never a result.
 //!
 //! Counters say what speculation cost and bought: bytes read speculatively and bytes of those
 //! that a demand call later hit (`useful`); the difference is wasted.
@@ -66,6 +69,8 @@ pub struct PrefetchCounters {
     /// Predictions skipped because no slot could take them without a transient buffer, or
     /// demand reads kept the disk busy past the wait limit.
     pub skipped: AtomicU64,
+    /// Predictions dropped unread because the hinted layer's demand call had already started.
+    pub stale: AtomicU64,
 }
 
 /// The prefetch queue, its thread's state and its counters; owned by the engine.
@@ -163,6 +168,12 @@ fn run(rx: Receiver<Hint>, engine: Weak<Engine>, p: Weak<Prefetcher>) {
             let t = Instant::now();
             while engine.demand_reads_in_flight() > 0 && t.elapsed() < DEMAND_WAIT_LIMIT {
                 std::thread::sleep(Duration::from_micros(100));
+            }
+            // Too late: the hinted layer's call has begun and reads its own misses; what is
+            // left of the prediction is either being read by it or not wanted.
+            if engine.demand_started(hint.session, hint.step, hint.layer) {
+                c.stale.fetch_add(batch.len() as u64, Ordering::Relaxed);
+                continue;
             }
             if engine.demand_reads_in_flight() > 0 {
                 c.skipped.fetch_add(batch.len() as u64, Ordering::Relaxed);

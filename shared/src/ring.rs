@@ -19,6 +19,10 @@
 //! reading the result. Scalars are accessed as atomics (a misbehaving peer can race them, never
 //! cause undefined behaviour); arrays are copied.
 //!
+//! An `OP_MOE` entry may carry a prefetch hint for a later layer in the cells after the call's
+//! own (`hint_layer`, `hint_n` in the header; [`Entry::submit_with_hint`]); a worker that
+//! predates those fields ignores them, a client that predates them leaves them zero.
+//!
 //! This module owns the byte layout and the wait/wake primitives, not the mapping: the segment
 //! owners (`hostd/src/expert_client/shm.rs`, `expertd/src/shm.rs`) construct [`RingView`]s.
 
@@ -78,6 +82,8 @@ const F_BYTES_READ: u64 = 88;
 const F_HITS: u64 = 96;
 const F_MISSES: u64 = 100;
 const F_PREFETCHED_HITS: u64 = 104;
+const F_HINT_LAYER: u64 = 108;
+const F_HINT_N: u64 = 112;
 
 /// Where a ring sits in a segment and how big its entries are.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -262,6 +268,19 @@ pub struct Completion {
     pub prefetched_hits: u32,
 }
 
+/// Checks a prefetch hint carried by an `OP_MOE` entry (`Entry::hint`, the cells after the
+/// call's): a layer below `n_layers`, at most `n_experts` experts, each below `n_experts`.
+/// The message names what is wrong.
+pub fn check_carried_hint(layer: u32, experts: &[u32], n_layers: usize, n_experts: usize) -> Result<(), String> {
+    if layer as usize >= n_layers || experts.len() > n_experts {
+        return Err(format!("the call's prefetch hint: layer {layer} (of {n_layers}), {} experts (at most {n_experts})", experts.len()));
+    }
+    if let Some(e) = experts.iter().find(|&&e| e as usize >= n_experts) {
+        return Err(format!("the call's prefetch hint: expert {e} out of range (layer has {n_experts} experts)"));
+    }
+    Ok(())
+}
+
 /// One entry of a ring.
 #[derive(Clone, Copy)]
 pub struct Entry<'a> {
@@ -295,7 +314,18 @@ impl Entry<'_> {
     /// Client: writes a call into a free entry and submits it (then ring the doorbell).
     /// `ids` and `weights` must have the same length, at most the ring's `cells`.
     pub fn submit(&self, s: &Submission, ids: &[u32], weights: &[f32]) {
-        assert!(ids.len() == weights.len() && ids.len() <= self.ring.layout.cells as usize, "ring entry cells");
+        self.submit_with_hint(s, ids, weights, 0, &[]);
+    }
+
+    /// [`submit`](Self::submit) for an `OP_MOE` call that also carries a prefetch hint:
+    /// experts of `hint_layer` predicted for a later call, written in the cells after the
+    /// call's own (`ids.len() + hint.len()` must fit the ring's `cells`; their weights are 0).
+    /// The worker queues them for the speculative reader once the call's own reads are under
+    /// way, so the hint's reads follow the demand reads on the disk with no gap. A worker that
+    /// predates the hint fields reads only the call's cells and ignores the rest.
+    pub fn submit_with_hint(&self, s: &Submission, ids: &[u32], weights: &[f32], hint_layer: u32, hint: &[u32]) {
+        let cells = self.ring.layout.cells as usize;
+        assert!(ids.len() == weights.len() && ids.len() + hint.len() <= cells, "ring entry cells");
         let r = Ordering::Relaxed;
         self.u32(F_OP).store(s.op, r);
         self.u32(F_SEQ).store(s.seq, r);
@@ -305,10 +335,16 @@ impl Entry<'_> {
         self.u64(F_STEP).store(s.step, r);
         self.u64(F_INPUT).store(s.input_offset, r);
         self.u64(F_OUTPUT).store(s.output_offset, r);
-        // SAFETY: both arrays fit the entry's cell areas (asserted), which lie inside the ring.
+        self.u32(F_HINT_LAYER).store(hint_layer, r);
+        self.u32(F_HINT_N).store(hint.len() as u32, r);
+        // SAFETY: the call's and the hint's cells together fit the entry's cell areas
+        // (asserted), which lie inside the ring; the sources hold the lengths copied.
         unsafe {
-            std::ptr::copy_nonoverlapping(ids.as_ptr() as *const u8, self.cells_ptr(false), ids.len() * 4);
-            std::ptr::copy_nonoverlapping(weights.as_ptr() as *const u8, self.cells_ptr(true), weights.len() * 4);
+            let (id_cells, weight_cells) = (self.cells_ptr(false), self.cells_ptr(true));
+            std::ptr::copy_nonoverlapping(ids.as_ptr() as *const u8, id_cells, ids.len() * 4);
+            std::ptr::copy_nonoverlapping(hint.as_ptr() as *const u8, id_cells.add(ids.len() * 4), hint.len() * 4);
+            std::ptr::copy_nonoverlapping(weights.as_ptr() as *const u8, weight_cells, weights.len() * 4);
+            std::ptr::write_bytes(weight_cells.add(weights.len() * 4), 0, hint.len() * 4);
         }
         self.state().store(STATE_SUBMITTED, Ordering::SeqCst);
     }
@@ -327,6 +363,13 @@ impl Entry<'_> {
             input_offset: self.u64(F_INPUT).load(r),
             output_offset: self.u64(F_OUTPUT).load(r),
         })
+    }
+
+    /// Worker: the hint a claimed `OP_MOE` entry carries after its cells, as (layer, experts);
+    /// `(_, 0)` when none. Copied once; the caller validates both against the call and the
+    /// ring before use.
+    pub fn hint(&self) -> (u32, u32) {
+        (self.u32(F_HINT_LAYER).load(Ordering::Relaxed), self.u32(F_HINT_N).load(Ordering::Relaxed))
     }
 
     /// Worker: copies the first `n` ids and weights out (`n` ≤ the ring's `cells`, which the
@@ -552,6 +595,28 @@ mod tests {
         let (code, text) = failure.expect("failed");
         assert_eq!(code, 3);
         assert_eq!(text.len(), 256);
+    }
+
+    #[test]
+    fn a_hint_rides_after_the_calls_cells_and_a_plain_submit_clears_it() {
+        let layout = RingLayout { offset: 64, entries: 1, cells: 5 };
+        let mut buf = vec![0u64; ((64 + layout.bytes()) / 8) as usize];
+        let ring = ring_in(&mut buf, layout);
+        ring.reset();
+        let e = ring.entry(0);
+        let sub = Submission { op: OP_MOE, seq: 1, layer: 2, n_rows: 1, top_k: 2, step: 0, input_offset: 64, output_offset: 128 };
+        e.submit_with_hint(&sub, &[7, 4], &[0.75, 0.25], 3, &[1, 6, 0]);
+        assert!(e.claim().is_some());
+        assert_eq!(e.hint(), (3, 3));
+        let (mut ids, mut w) = (Vec::new(), Vec::new());
+        e.read_cells(5, &mut ids, &mut w);
+        assert_eq!(ids, [7, 4, 1, 6, 0]);
+        assert_eq!(w, [0.75, 0.25, 0.0, 0.0, 0.0]);
+        e.state().store(STATE_FREE, Ordering::SeqCst);
+        e.submit(&sub, &[7, 4], &[0.75, 0.25]);
+        assert_eq!(e.hint().1, 0, "a call without a hint must not inherit the last one's");
+        let full = std::panic::catch_unwind(|| e.submit_with_hint(&sub, &[7, 4], &[0.75, 0.25], 3, &[1, 6, 0, 5]));
+        assert!(full.is_err(), "the call's and the hint's cells must fit the entry");
     }
 
     #[test]

@@ -8,6 +8,7 @@
 use super::expertd::{Daemon, HIDDEN_TINY, activations, blob_stride, container_bytes, eval, prompts_file, raw_unix, rt, tiny_call};
 use hostd::expert_client::shm::ClientSegment;
 use hostd::expert_client::{ClientOptions, Endpoint, ExpertdClient, transport};
+use hostd::experts::{ExpertBackend, MoeCall};
 use proto::v1 as pb;
 use shared::ring::{self, OP_ECHO, OP_MOE, OP_PREFETCH, Submission};
 use shared::shm_layout::SlotLayout;
@@ -147,8 +148,23 @@ fn a_unix_client_uses_the_ring_by_default_and_both_paths_agree() {
     let (r, g) = (by_name("ring test ring=true"), by_name("ring test ring=false"));
     assert_eq!((r.calls, r.ring_calls), (1, 1), "{r:?}");
     assert_eq!((g.calls, g.ring_calls), (1, 0), "{g:?}");
-    // The echo op moves the rows and computes nothing.
+    // The caller's overlapped work (the shared expert) runs exactly once on every path:
+    // inside the ring call, after an RPC call, and when the call is refused; the answer is
+    // the plain call's.
     let x = activations(3, HIDDEN_TINY);
+    let call = MoeCall { layer: 1, n_rows: 3, top_k: 2, x: &x, ids: &[4, 5, 6, 7, 0, 4], weights: &[0.6, 0.4, 0.3, 0.7, 0.5, 0.5] };
+    for (name, c) in [("ring", &with_ring), ("rpc", &without)] {
+        let mut runs = 0;
+        let mut out = vec![0.0f32; x.len()];
+        c.moe_layer_overlapped(&call, &mut out, None, &mut || runs += 1).expect("overlapped call");
+        assert_eq!(runs, 1, "{name}: `during` must run once");
+        assert_eq!(bits(&out), bits(&a), "{name}: overlapped vs plain call");
+        let bad = MoeCall { layer: 9, ..call };
+        let mut runs = 0;
+        assert!(c.moe_layer_overlapped(&bad, &mut out, None, &mut || runs += 1).is_err());
+        assert_eq!(runs, 1, "{name}: `during` must run once on a refused call too");
+    }
+    // The echo op moves the rows and computes nothing.
     let mut out = vec![0.0; x.len()];
     with_ring.echo(&x, &mut out).expect("echo");
     assert_eq!(bits(&x), bits(&out));
@@ -176,8 +192,8 @@ fn malformed_ring_entries_fail_that_call_and_the_worker_keeps_serving() {
     let output = seg.output_slice(&slot, link.segment_id, x.len()).offset_bytes;
     let entry = ring.entry(slot.index() as u32);
     let valid = Submission { op: OP_MOE, seq: 1, layer: 0, n_rows: 2, top_k: 2, step: 0, input_offset: input, output_offset: output };
-    let send = |sub: &Submission, ids: &[u32], weights: &[f32]| {
-        entry.submit(sub, ids, weights);
+    let send_hinted = |sub: &Submission, ids: &[u32], weights: &[f32], hint: (u32, &[u32])| {
+        entry.submit_with_hint(sub, ids, weights, hint.0, hint.1);
         ring.ring_doorbell();
         let deadline = std::time::Instant::now() + Duration::from_secs(10);
         let answered = entry.wait_finished(Duration::from_micros(50), Duration::from_millis(20), || std::time::Instant::now() < deadline);
@@ -187,6 +203,7 @@ fn malformed_ring_entries_fail_that_call_and_the_worker_keeps_serving() {
         assert_eq!(seq, sub.seq, "the completion echoes the call's sequence number");
         (cost, failure)
     };
+    let send = |sub: &Submission, ids: &[u32], weights: &[f32]| send_hinted(sub, ids, weights, (0, &[]));
     let (ids, w) = (vec![0, 1, 2, 3], vec![0.75, 0.25, 0.5, 0.5]);
     // (what, entry, ids, weights, expected code, text the message must contain)
     type Case = (&'static str, Submission, Vec<u32>, Vec<f32>, Code, &'static str);
@@ -211,6 +228,21 @@ fn malformed_ring_entries_fail_that_call_and_the_worker_keeps_serving() {
         assert_eq!(Code::from(got as i32), code, "{what}: {message}");
         assert!(message.contains(needle), "{what}: {message:?} does not mention {needle:?}");
     }
+    // A prefetch hint riding with a call is checked like a hint entry; a bad one fails the call.
+    let hinted: [(&str, u32, &[u32], &str); 2] =
+        [("hint layer out of range", 4, &[0], "prefetch hint: layer 4"), ("hint expert out of range", 1, &[2, 9], "expert 9 out of range")];
+    for (i, (what, layer, hint, needle)) in hinted.into_iter().enumerate() {
+        let (_, failure) = send_hinted(&Submission { seq: 200 + i as u32, ..valid }, &ids, &w, (layer, hint));
+        let (got, message) = failure.unwrap_or_else(|| panic!("{what}: must fail"));
+        assert_eq!(Code::from(got as i32), Code::InvalidArgument, "{what}: {message}");
+        assert!(message.contains(needle), "{what}: {message:?} does not mention {needle:?}");
+    }
+    // A valid hint changes nothing in the call's answer (compared with the RPC below).
+    let (cost, failure) = send_hinted(&Submission { seq: 6, ..valid }, &ids, &w, (1, &[4, 5]));
+    assert!(failure.is_none(), "{failure:?}");
+    assert_eq!(cost.hits + cost.misses, 4, "four distinct experts; the hint is not part of the call");
+    let mut hinted_out = vec![0.0f32; x.len()];
+    seg.read_output(&slot, &mut hinted_out);
     // The worker still serves: a valid call computes what the RPC path computes.
     let (cost, failure) = send(&Submission { seq: 7, ..valid }, &ids, &w);
     assert!(failure.is_none(), "{failure:?}");
@@ -222,6 +254,7 @@ fn malformed_ring_entries_fail_that_call_and_the_worker_keeps_serving() {
     let mut rpc_out = vec![0.0f32; x.len()];
     hostd::experts::ExpertBackend::moe_layer(&rpc, &call, &mut rpc_out).expect("rpc call");
     assert_eq!(bits(&ring_out), bits(&rpc_out));
+    assert_eq!(bits(&hinted_out), bits(&rpc_out), "a call carrying a hint");
     // Echo through the raw entry too.
     let (_, failure) = send(&Submission { op: OP_ECHO, seq: 8, ..valid }, &[], &[]);
     assert!(failure.is_none());

@@ -146,6 +146,19 @@ impl Worker {
         Ok(())
     }
 
+    /// The prefetch hint a MoE call carries in its cells after `cells` (already copied into
+    /// `self.ids`), checked like a hint entry: a layer and experts in range. `None` when it
+    /// carries none.
+    fn carried_hint(&self, sub: &Submission, layer: u32, cells: usize) -> Result<Option<crate::prefetch::Hint>, RpcError> {
+        let experts = &self.ids[cells..];
+        if experts.is_empty() {
+            return Ok(None);
+        }
+        let dims = self.state.engine.header().layout.dims;
+        ring::check_carried_hint(layer, experts, dims.n_layers, dims.n_experts).map_err(RpcError::BadRequest)?;
+        Ok(Some(crate::prefetch::Hint { session: self.session.id, step: sub.step, layer, experts: experts.to_vec() }))
+    }
+
     /// A byte range of this connection's segment for `n_values` f32 at `offset`.
     fn range(&self, offset: u64, n_values: usize) -> Result<std::ops::Range<usize>, RpcError> {
         let slice = ShmSlice { segment_id: self.segment.id(), offset_bytes: offset, length_bytes: n_values as u64 * 4 };
@@ -180,8 +193,14 @@ impl Worker {
                 let cells = n_rows.checked_mul(top_k).filter(|&c| c <= capacity).ok_or_else(|| {
                     RpcError::BadRequest(format!("n_tokens × top_k = {n_rows} × {top_k} exceeds the ring entry's {capacity} cells"))
                 })?;
-                entry.read_cells(cells, &mut self.ids, &mut self.weights);
-                let spec = CallSpec { session: self.session.id, step: sub.step, layer: sub.layer, n_rows, top_k, ids: &self.ids, weights: &self.weights };
+                // A prefetch hint may ride after the call's cells (`Entry::submit_with_hint`).
+                let (hint_layer, hint_n) = entry.hint();
+                let total = cells.checked_add(hint_n as usize).filter(|&c| c <= capacity).ok_or_else(|| {
+                    RpcError::BadRequest(format!("the call's {cells} cells and its prefetch hint's {hint_n} exceed the ring entry's {capacity} cells"))
+                })?;
+                entry.read_cells(total, &mut self.ids, &mut self.weights);
+                let hint = self.carried_hint(sub, hint_layer, cells)?;
+                let spec = CallSpec { session: self.session.id, step: sub.step, layer: sub.layer, n_rows, top_k, ids: &self.ids[..cells], weights: &self.weights[..cells] };
                 engine.validate(&spec)?;
                 let limit = st.config.max_queued_calls_per_session;
                 let _in_flight = self.session.try_enter(limit).ok_or(RpcError::SessionBusy { session: self.session.id, limit })?;
@@ -194,7 +213,7 @@ impl Worker {
                     return Err(RpcError::UnknownSession { session: self.session.id });
                 }
                 self.segment.read_f32s(input, &mut self.x);
-                let cost = engine.run(&spec, &self.x, &mut self.out)?;
+                let cost = engine.run_hinted(&spec, &self.x, &mut self.out, hint)?;
                 self.segment.write_f32s(output, &self.out);
                 // The route trace (when recording) is written here, after the call.
                 let _ = engine.cache().flush_trace();

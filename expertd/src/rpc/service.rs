@@ -472,6 +472,7 @@ impl ServiceState {
                     useful_bytes: get(&c.useful_bytes),
                     capped: get(&c.capped),
                     skipped: get(&c.skipped),
+                    stale: get(&c.stale),
                 }
             }),
             peers,

@@ -129,7 +129,8 @@ fn shm_ring() -> Vec<Vec<u8>> {
         // SAFETY: `seg` is 64-aligned and holds the whole ring (len covers offset + bytes).
         let view = unsafe { RingView::new(seg.as_mut_ptr(), layout) };
         let sub = |op, layer, n_rows, top_k| Submission { op, seq: 5, layer, n_rows, top_k, step: 1, input_offset: 64, output_offset: 64 + 64 };
-        view.entry(0).submit(&sub(ring::OP_MOE, 1, 2, 2), &[0, 3, 7, 1], &[0.5, 0.5, 0.25, 0.75]);
+        // The call carries a prefetch hint for layer 1 in the cells after its own.
+        view.entry(0).submit_with_hint(&sub(ring::OP_MOE, 1, 2, 2), &[0, 3, 7, 1], &[0.5, 0.5, 0.25, 0.75], 1, &[2, 5]);
         view.entry(1).submit(&sub(ring::OP_PREFETCH, 0, 1, 3), &[1, 2, 3], &[0.0; 3]);
         let mut v = vec![mode, n_layers_b, n_experts_b, hidden_b, max_rows_b, 40, offset_b, entries_b, cells_b];
         v.extend(&seg.bytes()[SEGMENT_HEADER_BYTES..]);

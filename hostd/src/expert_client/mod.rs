@@ -228,6 +228,8 @@ pub struct ExpertdClient {
     /// The experts last predicted for each layer (prefetch), to measure the prediction's
     /// recall when that layer's call comes. A std mutex: held for a swap only.
     predicted: Mutex<Vec<Vec<u32>>>,
+    /// A prefetch hint waiting to ride with the next ring call (layer, experts).
+    pending_hint: Mutex<Option<(u32, Vec<u32>)>>,
     /// Readiness, shared with the probe task, the private daemon's supervisor and `/health`.
     health: Arc<health::ExpertHealth>,
     /// Declared last: dropped after the connection, so the child sees its client leave first.
@@ -271,6 +273,7 @@ impl ExpertdClient {
             last_layer: AtomicUsize::new(usize::MAX),
             expert_bytes: OnceLock::new(),
             predicted: Mutex::new(vec![Vec::new(); n_layers_for_predictions]),
+            pending_hint: Mutex::new(None),
             health: daemon.as_ref().map_or_else(|| Arc::new(health::ExpertHealth::new()), PrivateDaemon::health),
             daemon,
         };
@@ -513,11 +516,19 @@ impl ExpertdClient {
 
     /// One `MoeLayer` call on session `s`, abandoned at `deadline`. When it fails in a way
     /// that leaves the daemon possibly still working on it, its slot is quarantined.
-    fn call_on(&self, s: &Session, call: &MoeCall<'_>, step: u64, out: &mut [f32], deadline: Instant) -> Result<CallCost, ExpertClientError> {
+    fn call_on(
+        &self,
+        s: &Session,
+        call: &MoeCall<'_>,
+        step: u64,
+        out: &mut [f32],
+        deadline: Instant,
+        during: &mut dyn FnMut(),
+    ) -> Result<CallCost, ExpertClientError> {
         // PERF-CRITICAL: one round trip per MoE layer per step.
         let segment = s.segment.as_deref().filter(|seg| s.info.shared_memory && seg.fits(call.n_rows));
         let mut slot = segment.and_then(ClientSegment::try_slot);
-        let result = self.call_on_slot(s, call, step, out, deadline, segment, slot.as_ref());
+        let result = self.call_on_slot(s, call, step, out, deadline, segment, slot.as_ref(), during);
         if let (Err(e), Some(slot)) = (&result, slot.as_mut())
             && !e.answered_by_daemon()
         {
@@ -536,13 +547,28 @@ impl ExpertdClient {
         deadline: Instant,
         segment: Option<&ClientSegment>,
         slot: Option<&shm::Slot<'_>>,
+        during: &mut dyn FnMut(),
     ) -> Result<CallCost, ExpertClientError> {
         let n_values = call.n_rows * self.opts.hidden;
         if let (Some(seg), Some(slot)) = (segment, slot)
             && let Some(ring) = seg.ring().filter(|r| s.info.ring_entries > 0 && call.ids.len() <= r.layout().cells as usize)
         {
             let sub = Submission { op: ring::OP_MOE, seq: 0, layer: call.layer as u32, n_rows: call.n_rows as u32, top_k: call.top_k as u32, step, input_offset: 0, output_offset: 0 };
-            return self.ring_call(s, seg, slot, &ring, sub, call.x, call.ids, call.weights, out, deadline);
+            // A pending prefetch hint rides with the call when its cells fit; otherwise it goes
+            // in the hint entry, after the call (see `prefetch`).
+            let hint = self.pending_hint.lock().unwrap_or_else(PoisonError::into_inner).take();
+            let (riding, apart) = match hint {
+                Some(h) if call.ids.len() + h.1.len() <= ring.layout().cells as usize => (Some(h), None),
+                other => (None, other),
+            };
+            let riding_ref = riding.as_ref().map(|(l, e)| (*l, e.as_slice()));
+            let mut during_and_hint = || {
+                if let Some((layer, experts)) = &apart {
+                    self.send_hint_entry(s, *layer, experts);
+                }
+                during();
+            };
+            return self.ring_call(s, seg, slot, &ring, sub, call.x, call.ids, call.weights, riding_ref, out, deadline, &mut during_and_hint);
         }
         let (input, output_shm) = match (segment, slot) {
             (Some(seg), Some(slot)) => {
@@ -607,9 +633,10 @@ impl ExpertdClient {
     }
 
     /// One call through the session's ring: activations into the slot, the call into the
-    /// slot's entry, a doorbell, then a short spin and a futex sleep until the daemon's worker
-    /// answers. No gRPC, no runtime, no other thread. `sub` carries the op and the routing
-    /// scalars; the sequence number and slot offsets are filled in here.
+    /// slot's entry, a doorbell, `during` (the caller's own work, overlapping the daemon's),
+    /// then a short spin and a futex sleep until the daemon's worker answers. No gRPC, no
+    /// runtime, no other thread. `sub` carries the op and the routing scalars; the sequence
+    /// number and slot offsets are filled in here.
     #[allow(clippy::too_many_arguments)]
     fn ring_call(
         &self,
@@ -621,8 +648,10 @@ impl ExpertdClient {
         x: &[f32],
         ids: &[u32],
         weights: &[f32],
+        hint: Option<(u32, &[u32])>,
         out: &mut [f32],
         deadline: Instant,
+        during: &mut dyn FnMut(),
     ) -> Result<CallCost, ExpertClientError> {
         // PERF-CRITICAL: one round trip per MoE layer per step.
         let id = s.link.segment_id;
@@ -630,8 +659,10 @@ impl ExpertdClient {
         sub.seq = self.next_request.fetch_add(1, Ordering::Relaxed) as u32;
         sub.input_offset = seg.write_input(slot, id, x).offset_bytes;
         sub.output_offset = seg.output_slice(slot, id, out.len()).offset_bytes;
-        entry.submit(&sub, ids, weights);
+        let (hint_layer, hint_experts) = hint.unwrap_or((0, &[]));
+        entry.submit_with_hint(&sub, ids, weights, hint_layer, hint_experts);
         ring.ring_doorbell();
+        during();
         let alive = || ring.daemon_gone().load(Ordering::SeqCst) == 0 && !s.link.watch.is_closed();
         if !entry.wait_finished(RING_SPIN, RING_SLICE, || alive() && Instant::now() < deadline) {
             // The daemon went away or ran past the deadline mid-call. This session (and its
@@ -684,7 +715,7 @@ impl ExpertdClient {
         let sub = Submission { op: ring::OP_ECHO, seq: 0, layer: 0, n_rows: rows as u32, top_k: 1, step: 0, input_offset: 0, output_offset: 0 };
         let deadline = Instant::now() + self.opts.call_timeout;
         let mut slot = slot;
-        let r = self.ring_call(&s, seg, &slot, &ring, sub, x, &[], &[], out, deadline).map(|_| ());
+        let r = self.ring_call(&s, seg, &slot, &ring, sub, x, &[], &[], None, out, deadline, &mut || {}).map(|_| ());
         if let Err(e) = &r
             && !e.answered_by_daemon()
         {
@@ -710,8 +741,9 @@ impl ExpertdClient {
         profiler.count("prefetch.predicted_and_used", found as u64);
     }
 
-    /// One layer call with the reconnect policy of the module doc.
-    fn call(&self, call: &MoeCall<'_>, out: &mut [f32]) -> Result<CallCost, ExpertClientError> {
+    /// One layer call with the reconnect policy of the module doc. `during` goes to the ring
+    /// call (the caller makes it run-once: a retry may pass it again).
+    fn call(&self, call: &MoeCall<'_>, out: &mut [f32], during: &mut dyn FnMut()) -> Result<CallCost, ExpertClientError> {
         let step = self.next_step(call.layer);
         let deadline = Instant::now() + self.opts.call_timeout;
         let mut retried = false;
@@ -723,7 +755,7 @@ impl ExpertdClient {
                     return Err(e);
                 }
             };
-            match self.call_on(&s, call, step, out, deadline) {
+            match self.call_on(&s, call, step, out, deadline, during) {
                 Ok(cost) => {
                     self.health.ok();
                     return Ok(cost);
@@ -748,6 +780,22 @@ impl ExpertdClient {
 }
 
 impl ExpertdClient {
+    /// Sends a hint in the ring's last entry (a hint whose cells do not fit beside its call):
+    /// the entry is reused once the worker has taken the last one; a hint that finds it busy
+    /// is dropped.
+    fn send_hint_entry(&self, s: &Session, layer: u32, experts: &[u32]) {
+        let Some(ring) = s.segment.as_deref().and_then(ClientSegment::ring).filter(|r| s.info.ring_entries == r.layout().entries) else { return };
+        let entry = ring.entry(ring.layout().entries - 1);
+        match entry.state().load(Ordering::Acquire) {
+            ring::STATE_FREE | ring::STATE_DONE | ring::STATE_FAILED => {}
+            _ => return,
+        }
+        let step = self.step.load(Ordering::Relaxed);
+        let sub = Submission { op: ring::OP_PREFETCH, seq: 0, layer, n_rows: 1, top_k: experts.len() as u32, step, input_offset: 0, output_offset: 0 };
+        entry.submit(&sub, experts, &vec![0.0f32; experts.len()]);
+        ring.ring_doorbell();
+    }
+
     /// Whether hints go to session `s`: it has a ring, and prefetch is on, or auto and the
     /// daemon streams.
     fn hints_on(&self, s: &Session) -> bool {
@@ -797,29 +845,16 @@ impl ExpertBackend for ExpertdClient {
         if let Some(p) = self.predicted.lock().unwrap_or_else(PoisonError::into_inner).get_mut(layer) {
             p.clear();
             p.extend_from_slice(experts);
+            p.sort_unstable(); // for the recall's binary search
         }
-        let Some(seg) = s.segment.as_deref() else { return };
-        let Some(ring) = seg.ring().filter(|r| s.info.ring_entries == r.layout().entries) else { return };
-        // The last entry carries hints; it is reused once the worker has taken the last one.
-        let entry = ring.entry(ring.layout().entries - 1);
+        let Some(ring) = s.segment.as_deref().and_then(ClientSegment::ring) else { return };
         let n = experts.len().min(ring.layout().cells as usize);
         if n == 0 {
             return;
         }
-        match entry.state().load(Ordering::Acquire) {
-            ring::STATE_FREE | ring::STATE_DONE | ring::STATE_FAILED => {}
-            _ => {
-                if let Some(p) = profiler {
-                    p.count("prefetch.hints_skipped", 1);
-                }
-                return;
-            }
-        }
-        let step = self.step.load(Ordering::Relaxed);
-        let sub = Submission { op: ring::OP_PREFETCH, seq: 0, layer: layer as u32, n_rows: 1, top_k: n as u32, step, input_offset: 0, output_offset: 0 };
-        let weights = vec![0.0f32; n];
-        entry.submit(&sub, &experts[..n], &weights);
-        ring.ring_doorbell();
+        // It rides with the next ring call (the current layer's), so the daemon reads it
+        // right behind that call's own misses; a hint not yet sent is replaced.
+        *self.pending_hint.lock().unwrap_or_else(PoisonError::into_inner) = Some((layer as u32, experts[..n].to_vec()));
         if let Some(p) = profiler {
             p.count("prefetch.hints", 1);
         }
@@ -849,23 +884,51 @@ impl ExpertBackend for ExpertdClient {
         self.daemon.as_ref().and_then(PrivateDaemon::pid)
     }
 
-    #[tracing::instrument(level = "debug", skip_all, fields(layer_idx = call.layer, n_tokens = call.n_rows))]
     fn moe_layer_profiled(&self, call: &MoeCall<'_>, out: &mut [f32], profiler: Option<&Profiler>) -> Result<(), ExpertError> {
-        validate_call(call, self.opts.n_layers, self.opts.n_experts, self.opts.hidden, out.len())?;
+        self.moe_layer_overlapped(call, out, profiler, &mut || {})
+    }
+
+    #[tracing::instrument(level = "debug", skip_all, fields(layer_idx = call.layer, n_tokens = call.n_rows))]
+    fn moe_layer_overlapped(
+        &self,
+        call: &MoeCall<'_>,
+        out: &mut [f32],
+        profiler: Option<&Profiler>,
+        during: &mut dyn FnMut(),
+    ) -> Result<(), ExpertError> {
+        // `during` runs once: inside the ring call after the doorbell, or after the call on
+        // the RPC paths, on a failure, or when the call is refused here.
+        let mut during_ns = 0u64;
+        let mut pending = Some(during);
+        let mut once = || {
+            if let Some(f) = pending.take() {
+                let t = Instant::now();
+                f();
+                during_ns = t.elapsed().as_nanos() as u64;
+            }
+        };
+        if let Err(e) = validate_call(call, self.opts.n_layers, self.opts.n_experts, self.opts.hidden, out.len()) {
+            once();
+            return Err(e);
+        }
         if let Some(p) = profiler.filter(|_| self.wants_prefetch()) {
             self.count_recall(call, p);
         }
         let t = Instant::now();
-        let cost = self.call(call, out).map_err(|e| e.into_expert_error(call.layer))?;
+        let result = self.call(call, out, &mut once);
+        once();
+        let wall = t.elapsed().as_nanos() as u64;
+        let cost = result.map_err(|e| e.into_expert_error(call.layer))?;
         if let Some(p) = profiler {
             // The call's client wall time, split into the daemon's reported queue, IO wait and
-            // compute; the rest (encode, transport both ways, decode, a retry) is IPC.
-            let wall = t.elapsed().as_nanos() as u64;
+            // compute; the rest (encode, transport both ways, decode, a retry) is IPC. With
+            // `during` overlapping the daemon's work, the model thread waited only for what
+            // outlasted the longer of the two: ipc = wall − max(daemon, during).
             let server = cost.queue_ns + cost.io_wait_ns + cost.compute_ns;
             p.add("experts.queue", cost.queue_ns, 0);
             p.add("experts.io_wait", cost.io_wait_ns, 0);
             p.add("experts.compute", cost.compute_ns, 0);
-            p.add("experts.ipc", wall.saturating_sub(server), 0);
+            p.add("experts.ipc", wall.saturating_sub(server.max(during_ns)), 0);
             p.count("experts.hits", u64::from(cost.hits));
             p.count("experts.misses", u64::from(cost.misses));
             p.count("experts.bytes_read", cost.bytes_read);

@@ -280,14 +280,25 @@ impl ExpertBackend for ShardedExperts {
     }
 
     fn moe_layer_profiled(&self, call: &MoeCall<'_>, out: &mut [f32], profiler: Option<&Profiler>) -> Result<(), ExpertError> {
+        self.moe_layer_overlapped(call, out, profiler, &mut || {})
+    }
+
+    fn moe_layer_overlapped(
+        &self,
+        call: &MoeCall<'_>,
+        out: &mut [f32],
+        profiler: Option<&Profiler>,
+        during: &mut dyn FnMut(),
+    ) -> Result<(), ExpertError> {
         let Some(shard) = self.owner_of(call.layer) else {
+            during();
             return Err(ExpertError::InvalidCall {
                 layer: call.layer,
                 reason: format!("layer out of range (model has {})", self.owner.len()),
             });
         };
         // The shard's client names its endpoint in every error, and the error names the layer.
-        shard.client.moe_layer_profiled(call, out, profiler)
+        shard.client.moe_layer_overlapped(call, out, profiler, during)
     }
 
     fn expert_bytes(&self) -> Option<usize> {

@@ -87,6 +87,22 @@ pub trait ExpertBackend: Send + Sync {
     fn moe_layer(&self, call: &MoeCall<'_>, out: &mut [f32]) -> Result<(), ExpertError> {
         self.moe_layer_profiled(call, out, None)
     }
+    /// [`moe_layer_profiled`](Self::moe_layer_profiled), running `during` exactly once on
+    /// the calling thread, also when the call fails. A backend whose experts are computed
+    /// elsewhere (expertd's call ring) runs it while the call is in flight, so the caller's
+    /// own independent work (the shared expert) overlaps the daemon's; in process it runs
+    /// after the call. `during` must not touch `out`; nothing it does changes the result.
+    fn moe_layer_overlapped(
+        &self,
+        call: &MoeCall<'_>,
+        out: &mut [f32],
+        profiler: Option<&Profiler>,
+        during: &mut dyn FnMut(),
+    ) -> Result<(), ExpertError> {
+        let r = self.moe_layer_profiled(call, out, profiler);
+        during();
+        r
+    }
     /// Weight bytes this backend streams per expert it computes (for profiling), if known.
     fn expert_bytes(&self) -> Option<usize> {
         None
@@ -100,7 +116,7 @@ pub trait ExpertBackend: Send + Sync {
     fn wants_prefetch(&self) -> bool {
         false
     }
-    /// A hint: `layer` will probably call `experts` next. Never changes a result; a backend
+    /// A hint: `layer` will probably call `experts` (most probable first) next. Never changes a result; a backend
     /// may ignore it. `profiler`, when given, counts the hints sent and skipped.
     fn prefetch(&self, _layer: usize, _experts: &[u32], _profiler: Option<&Profiler>) {}
     /// Cumulative speculative reads: (bytes read, bytes of those a demand call then hit).

@@ -212,9 +212,12 @@ impl Model {
     }
 
     /// Hints the expert backend with the experts layer `i + 1` will probably use: that
-    /// layer's router applied to its post-attention norm of the residual after layer `i`'s MoE
-    /// (the shared expert's output included). Only for decode-sized blocks (a prefill block's
-    /// union covers most experts anyway) and only when the backend takes hints.
+    /// layer's router applied to its post-attention norm of `h`, the residual after layer
+    /// `i`'s mixer, before layer `i`'s MoE call — early, so the hint can ride with that call
+    /// and its reads follow the call's own on the disk with no gap (the residual after the MoE
+    /// would predict from one more term, but only once the call is over). Only for
+    /// decode-sized blocks (a prefill block's union covers most experts anyway) and only when
+    /// the backend takes hints.
     pub(crate) fn prefetch_next(&self, i: usize, h: &[f32], n: usize) {
         const MAX_ROWS: usize = 8;
         let Some(next) = self.layers.get(i + 1) else { return };
@@ -225,9 +228,20 @@ impl Model {
         let _scope = profile::scope(prof, "moe.prefetch_router", 0);
         let mut b = h.to_vec();
         ops::rms_norm_rows(&mut b, &next.post_scale, self.cfg.rms_norm_eps as f32);
-        let mut ids = next.moe.route(self.isa, &b, n).ids;
-        ids.sort_unstable();
-        ids.dedup();
+        let routes = next.moe.route(self.isa, &b, n);
+        // Most probable first (each row's experts are in descending probability; rank by rank
+        // across rows), each once: the daemon reads them in this order and drops the rest once
+        // the layer's own call has started.
+        let k = routes.top_k;
+        let mut ids = Vec::with_capacity(routes.ids.len());
+        for rank in 0..k {
+            for row in 0..n {
+                let e = routes.ids[row * k + rank];
+                if !ids.contains(&e) {
+                    ids.push(e);
+                }
+            }
+        }
         self.experts.prefetch(i + 1, &ids, prof);
     }
 
@@ -317,11 +331,11 @@ impl Model {
             }
             let mut b = h.clone();
             ops::rms_norm_rows(&mut b, &layer.post_scale, eps);
+            self.prefetch_next(i, &h, n);
             let (moe_out, r) = layer.moe.forward(self.isa, self.experts.as_ref(), &b, n, prof)?;
             for (hv, mv) in h.iter_mut().zip(&moe_out) {
                 *hv += mv;
             }
-            self.prefetch_next(i, &h, n);
             if let Some(out) = routes.as_deref_mut() {
                 out.push(r);
             }

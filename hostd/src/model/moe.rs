@@ -9,6 +9,7 @@ use crate::experts::{ExpertBackend, ExpertError, MoeCall};
 use crate::profile::{self, Profiler};
 use shared::config::TextConfig;
 use shared::kernels::Isa;
+use std::time::Instant;
 
 /// The experts and weights one layer chose for a batch of rows.
 #[derive(Debug, Clone, PartialEq)]
@@ -72,8 +73,10 @@ impl Moe {
     }
 
     /// Full MoE output for `n` rows of `x` (already post-attention-normed): routed experts via
-    /// `experts` plus the gated shared expert. Returns the output and the routes. Op times, and
-    /// the expert backend's figures, go to `prof` when given.
+    /// `experts` plus the gated shared expert, which the backend runs while its call is in
+    /// flight when it computes elsewhere (see [`ExpertBackend::moe_layer_overlapped`]); the
+    /// result is the same either way. Returns the output and the routes. Op times, and the
+    /// expert backend's figures, go to `prof` when given.
     pub fn forward(
         &self,
         isa: Isa,
@@ -89,20 +92,44 @@ impl Moe {
         let mut out = vec![0.0f32; n * d];
         let call = MoeCall { layer: self.layer, n_rows: n, top_k: self.top_k, x, ids: &routes.ids, weights: &routes.weights };
         // The distinct experts are counted only for the profile (their weight bytes).
-        let scope = prof.map(|p| {
+        let routed_bytes = prof.map_or(0, |_| {
             let mut distinct = routes.ids.clone();
             distinct.sort_unstable();
             distinct.dedup();
-            p.scope("moe.routed_experts", distinct.len() * experts.expert_bytes().unwrap_or(0))
+            distinct.len() * experts.expert_bytes().unwrap_or(0)
         });
-        experts.moe_layer_profiled(&call, &mut out, prof)?;
-        drop(scope);
-        let _scope = profile::scope(
-            prof,
-            "moe.shared_expert",
-            self.shared_gate.bytes() + self.shared_up.bytes() + self.shared_down.bytes() + self.shared_expert_gate.bytes(),
-        );
+        let mut shared: Option<(Vec<f32>, Vec<f32>)> = None;
+        let mut shared_ns = 0u64;
+        let mut shared_expert = || {
+            let t = prof.map(|_| Instant::now());
+            shared = Some(self.shared_expert(isa, x, n));
+            shared_ns = t.map_or(0, |t| t.elapsed().as_nanos() as u64);
+        };
+        let t = prof.map(|_| Instant::now());
+        experts.moe_layer_overlapped(&call, &mut out, prof, &mut shared_expert)?;
+        let (shared, gate) = shared.expect("the backend runs `during` exactly once");
+        // moe.routed_experts: the call's wall time on this thread minus the shared expert's
+        // (which ran inside it, overlapped or not).
+        if let (Some(p), Some(t)) = (prof, t) {
+            p.add("moe.routed_experts", (t.elapsed().as_nanos() as u64).saturating_sub(shared_ns), routed_bytes as u64);
+        }
+        let t = prof.map(|_| Instant::now());
+        for t in 0..n {
+            let s = ops::sigmoid(gate[t]);
+            for (o, v) in out[t * d..(t + 1) * d].iter_mut().zip(&shared[t * d..(t + 1) * d]) {
+                *o += s * v;
+            }
+        }
+        if let (Some(p), Some(t)) = (prof, t) {
+            let bytes = self.shared_gate.bytes() + self.shared_up.bytes() + self.shared_down.bytes() + self.shared_expert_gate.bytes();
+            p.add("moe.shared_expert", shared_ns + t.elapsed().as_nanos() as u64, bytes as u64);
+        }
+        Ok((out, routes))
+    }
 
+    /// The shared expert of `n` rows of `x`, before its gate: (`n × hidden` outputs, `n` gate
+    /// logits).
+    fn shared_expert(&self, isa: Isa, x: &[f32], n: usize) -> (Vec<f32>, Vec<f32>) {
         let [mut g, u, gate]: [Vec<f32>; 3] =
             linear::project_many(isa, &[&self.shared_gate, &self.shared_up, &self.shared_expert_gate], x, n)
                 .try_into()
@@ -110,13 +137,6 @@ impl Moe {
         for (gv, uv) in g.iter_mut().zip(&u) {
             *gv = ops::silu(*gv) * uv;
         }
-        let shared = project_new(isa, &self.shared_down, &g, n);
-        for t in 0..n {
-            let s = ops::sigmoid(gate[t]);
-            for (o, v) in out[t * d..(t + 1) * d].iter_mut().zip(&shared[t * d..(t + 1) * d]) {
-                *o += s * v;
-            }
-        }
-        Ok((out, routes))
+        (project_new(isa, &self.shared_down, &g, n), gate)
     }
 }

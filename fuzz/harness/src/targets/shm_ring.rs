@@ -2,8 +2,9 @@
 //! `expertd/src/rpc/ring.rs`'s worker): a segment whose header announces a ring, with every
 //! byte after the header taken from the input, so that entries hold arbitrary states, counts,
 //! offsets, ids and weights. For each entry the target claims it and applies the worker's
-//! checks in the worker's order (row count, input and output slices, cells against the
-//! entry's capacity, then routing; prefetch hints: layer, one row, expert count), then
+//! checks in the worker's order (row count, input and output slices, cells and a carried
+//! prefetch hint's cells against the entry's capacity, the carried hint, then routing;
+//! prefetch hints: layer, one row, expert count), then
 //! publishes a completion or a failure and reads it back as the client would.
 //!
 //! Contract: no panic and no access outside the segment whatever the entries hold; a call
@@ -134,11 +135,18 @@ fn serve(view: &RingView, entry: &ring::Entry<'_>, sub: &ring::Submission, dims:
         ring::OP_ECHO => Ok(()),
         ring::OP_MOE => {
             let cells = n_rows.checked_mul(top_k).filter(|&c| c <= capacity).ok_or("cells")?;
-            entry.read_cells(cells, &mut ids, &mut weights);
+            let (hint_layer, hint_n) = entry.hint();
+            let total = cells.checked_add(hint_n as usize).filter(|&c| c <= capacity).ok_or("hint-cells")?;
+            entry.read_cells(total, &mut ids, &mut weights);
+            if hint_n > 0 {
+                ring::check_carried_hint(hint_layer, &ids[cells..], dims.n_layers as usize, dims.n_experts).map_err(|_| "carried-hint".to_string())?;
+                assert!(hint_layer < dims.n_layers && ids[cells..].iter().all(|&e| (e as usize) < dims.n_experts));
+            }
+            let (ids, weights) = (&ids[..cells], &weights[..cells]);
             if sub.layer >= dims.n_layers {
                 return Err("layer".into());
             }
-            validate_routing(n_rows, top_k, &ids, &weights, dims.n_experts).map_err(|_| "routing".to_string())?;
+            validate_routing(n_rows, top_k, ids, weights, dims.n_experts).map_err(|_| "routing".to_string())?;
             assert!(ids.iter().all(|&e| (e as usize) < dims.n_experts) && weights.iter().all(|w| w.is_finite()));
             Ok(())
         }
