@@ -11,7 +11,8 @@
 #      prefetch hints vs the ring as it runs by default (prefetch hints on: the budget streams) (page cache
 #      dropped before every run, O_DIRECT, physical reads, a storage probe before each run).
 # Needs root (drop_caches). Writes $OUT/{meta.txt,rtt.jsonl,resident.json,streaming.json}.
-# PARTS (default "1 2 3") picks the parts to run.
+# PARTS (default "1 2 3") picks the parts to run; RUNS (default 3) rounds per config, COLD_RUNS
+# (default RUNS) for part 3.
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 REPO=$(cd "$HERE/.." && pwd)
@@ -20,6 +21,7 @@ CONTAINER=${CONTAINER:-/tmp/rd40c}
 EXPERTS=${EXPERTS:-32}
 THREADS=${THREADS:-2}
 RUNS=${RUNS:-3}
+COLD_RUNS=${COLD_RUNS:-$RUNS}
 PROMPT=${PROMPT_TOKENS:-64}
 NEW=${NEW_TOKENS:-32}
 COLD_NEW=${COLD_NEW_TOKENS:-16}
@@ -41,6 +43,7 @@ cd "$REPO"
   echo "model: $MODEL ($(du -sb "$MODEL" | cut -f1) bytes), container: $CBYTES bytes, cache 10%: $TENTH bytes"
   sha256sum "$BIN/hostd" "$BIN/expertd"
   echo "cpu: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2) x $(nproc)"
+  echo "parts: $PARTS, rounds: $RUNS (part 3: $COLD_RUNS)"
   echo "loadavg at start: $(cat /proc/loadavg)"
 } > "$OUT/meta.txt"
 cat "$MODEL"/*.safetensors "$CONTAINER/experts.sluice" > /dev/null
@@ -73,7 +76,7 @@ fi
 
 if part 3; then
 echo "== 3. streaming, cache = 10% of the expert bytes, cold"
-"$BIN/hostd" bench --model "$MODEL" --threads "$THREADS" --runs "$RUNS" --prompt-tokens "$PROMPT" --new-tokens "$COLD_NEW" --cold \
+"$BIN/hostd" bench --model "$MODEL" --threads "$THREADS" --runs "$COLD_RUNS" --prompt-tokens "$PROMPT" --new-tokens "$COLD_NEW" --cold \
   --config "stream-old: --dense int8 --experts expertd --container $CONTAINER --expertd-cache-bytes $TENTH --expertd-no-ring --expertd-daemon-arg=--no-overlap" \
   --config "stream-ring: --dense int8 --experts expertd --container $CONTAINER --expertd-cache-bytes $TENTH --expertd-prefetch off" \
   --config "stream-ring-prefetch: --dense int8 --experts expertd --container $CONTAINER --expertd-cache-bytes $TENTH" \
