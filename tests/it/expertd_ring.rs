@@ -163,6 +163,15 @@ fn a_unix_client_uses_the_ring_by_default_and_both_paths_agree() {
         let mut runs = 0;
         assert!(c.moe_layer_overlapped(&bad, &mut out, None, &mut || runs += 1).is_err());
         assert_eq!(runs, 1, "{name}: `during` must run once on a refused call too");
+        // The caller's work is not booked as IPC: on the ring it overlaps the call (ipc is what
+        // outlasts the longer of the two), on the RPC it runs after the timed window. (This
+        // catches counting a long `during` as IPC; an overlap shorter than the daemon's work
+        // would need a slow daemon to show.)
+        let prof = hostd::profile::Profiler::new();
+        let pause = Duration::from_millis(300);
+        c.moe_layer_overlapped(&call, &mut out, Some(&prof), &mut || std::thread::sleep(pause)).expect("profiled call");
+        let ipc = prof.take().get("experts.ipc").map_or(0, |s| s.ns);
+        assert!(ipc < 150_000_000, "{name}: {} ms of IPC: the caller's 300 ms were booked as IPC", ipc / 1_000_000);
     }
     // The echo op moves the rows and computes nothing.
     let mut out = vec![0.0; x.len()];

@@ -9,6 +9,7 @@
 
 use super::load::load_model;
 use super::procfs::{self, DeviceBusy, Reads};
+use crate::experts::SpeculativeCounters;
 use crate::load::LoadOptions;
 use crate::model::{Logits, Model, SequenceState};
 use crate::profile::{self, OpStat, Profiler};
@@ -153,7 +154,7 @@ pub fn run(args: &ProfileArgs) -> anyhow::Result<()> {
         })
     });
     let cache = (model.experts_name() == "expertd").then(|| json!({"prefill": cache_json(&prefill_counts), "decode": cache_json(&decode_counts)}));
-    let spec = spec_start.zip(spec_end).map(|(a, b)| (b.0.saturating_sub(a.0), b.1.saturating_sub(a.1)));
+    let spec = spec_start.zip(spec_end).map(|(a, b)| b.since(&a));
     let prefetch = prefetch_json(&decode_counts, spec, m);
     let report = json!({
         "what": if args.no_warmup {
@@ -183,7 +184,7 @@ pub fn run(args: &ProfileArgs) -> anyhow::Result<()> {
             "weight_bytes_per_decode_token: weight bytes of the dense projections (incl. lm_head) and the routed experts read per decode step, as the op scopes count them",
             "disk_reads: physical storage reads (/proc/PID/io read_bytes) of hostd and its private expertd, between the marks named; decode_device: the block device holding the container (else the model), over the decode steps: busy_ms = the kernel's io_ticks delta (time with at least one request in flight, iostat's %util), busy_fraction = busy_ms / decode wall time, read_bytes = its sectors read; device-wide, so other processes' I/O counts too",
             "expert_cache: the expertd daemon's hits, misses (distinct experts per call) and bytes read, summed from its per-call responses",
-            "prefetch (expertd with prefetch hints: the default for a streaming daemon, or --expertd-prefetch on): recall = distinct experts of a call that the prediction for its layer named / distinct experts of the call; speculative_bytes_read and useful_bytes (bytes of speculatively read experts a demand call then hit) are the daemon's Stats.prefetch deltas over decode (reads of the last hints may land after the end mark); wasted = speculative - useful (read, not hit yet); moe.prefetch_router (the prediction's router projection) is in the decode phase `other`",
+            "prefetch (expertd with prefetch hints: the default for a streaming daemon, or --expertd-prefetch on): recall = distinct experts of a call that the prediction for its layer named / distinct experts of the call; speculative_bytes_read and useful_bytes (bytes of speculatively read experts a demand call then hit) are the daemon's Stats.prefetch deltas over decode (reads of the last hints may land after the end mark); wasted = speculative - useful (read, not hit yet); hints = predictions made (each rides with the next ring call; one not yet sent when the next prediction comes is replaced); stale_predictions = predicted experts the daemon dropped unread because their layer's call had started (Stats.prefetch.stale delta); moe.prefetch_router (the prediction's router projection) is in the decode phase `other`",
             "expert_calls: calls_per_token = MoE-layer expert calls per decode step (one per MoE layer; 40 at full depth); ipc_us_per_call = experts.ipc / calls (expertd only: client wall time of a call minus the longer of the daemon's queue + io_wait + compute and the shared expert that overlaps it on the ring)",
         ],
         "ttft_s": ttft_s,
@@ -232,22 +233,22 @@ fn step(model: &Model, state: &mut SequenceState, id: u32) -> anyhow::Result<u32
 /// The decode phase's prefetch figures (`None` when the client sent no hints): the
 /// prediction's recall, and what the speculative reads cost — the daemon's own counters
 /// (`Stats.prefetch`) between the start and the end of decode.
-fn prefetch_json(counts: &BTreeMap<&'static str, u64>, speculative: Option<(u64, u64)>, tokens: f64) -> Option<Value> {
+fn prefetch_json(counts: &BTreeMap<&'static str, u64>, speculative: Option<SpeculativeCounters>, tokens: f64) -> Option<Value> {
     let get = |k: &str| counts.get(k).copied().unwrap_or(0);
-    if get("prefetch.hints") + get("prefetch.hints_skipped") == 0 {
+    if get("prefetch.hints") == 0 {
         return None;
     }
     let (actual, used) = (get("prefetch.actual_experts"), get("prefetch.predicted_and_used"));
     Some(json!({
         "hints": get("prefetch.hints"),
-        "hints_skipped_busy": get("prefetch.hints_skipped"),
+        "stale_predictions": speculative.map(|s| s.stale),
         "recall": (actual > 0).then(|| used as f64 / actual as f64),
         "predicted_experts_per_token": get("prefetch.predicted_experts") as f64 / tokens,
         "demand_hits_on_prefetched": get("experts.prefetched_hits"),
-        "speculative_bytes_read": speculative.map(|s| s.0),
-        "useful_bytes": speculative.map(|s| s.1),
-        "wasted_bytes": speculative.map(|s| s.0.saturating_sub(s.1)),
-        "wasted_bytes_per_token": speculative.map(|s| s.0.saturating_sub(s.1) as f64 / tokens),
+        "speculative_bytes_read": speculative.map(|s| s.bytes_read),
+        "useful_bytes": speculative.map(|s| s.useful_bytes),
+        "wasted_bytes": speculative.map(|s| s.bytes_read.saturating_sub(s.useful_bytes)),
+        "wasted_bytes_per_token": speculative.map(|s| s.bytes_read.saturating_sub(s.useful_bytes) as f64 / tokens),
     }))
 }
 

@@ -860,11 +860,11 @@ impl ExpertBackend for ExpertdClient {
         }
     }
 
-    fn speculative_counters(&self) -> Option<(u64, u64)> {
+    fn speculative_counters(&self) -> Option<crate::experts::SpeculativeCounters> {
         let s = self.session.lock().unwrap_or_else(PoisonError::into_inner).clone()?;
         let mut client = s.link.client.clone();
         let stats = self.block_on(async move { client.stats(pb::StatsRequest {}).await.ok() })??.into_inner();
-        stats.prefetch.map(|p| (p.bytes_read, p.useful_bytes))
+        stats.prefetch.map(|p| crate::experts::SpeculativeCounters { bytes_read: p.bytes_read, useful_bytes: p.useful_bytes, stale: p.stale })
     }
 
     fn health(&self) -> Option<health::HealthReport> {
@@ -897,14 +897,15 @@ impl ExpertBackend for ExpertdClient {
         during: &mut dyn FnMut(),
     ) -> Result<(), ExpertError> {
         // `during` runs once: inside the ring call after the doorbell, or after the call on
-        // the RPC paths, on a failure, or when the call is refused here.
-        let mut during_ns = 0u64;
+        // the RPC paths, on a failure, or when the call is refused here. `inside_ns` is its
+        // time when it ran inside the timed call (the ring), else 0.
+        let inside_ns = std::cell::Cell::new(0u64);
         let mut pending = Some(during);
         let mut once = || {
             if let Some(f) = pending.take() {
                 let t = Instant::now();
                 f();
-                during_ns = t.elapsed().as_nanos() as u64;
+                inside_ns.set(t.elapsed().as_nanos() as u64);
             }
         };
         if let Err(e) = validate_call(call, self.opts.n_layers, self.opts.n_experts, self.opts.hidden, out.len()) {
@@ -916,19 +917,22 @@ impl ExpertBackend for ExpertdClient {
         }
         let t = Instant::now();
         let result = self.call(call, out, &mut once);
-        once();
         let wall = t.elapsed().as_nanos() as u64;
+        let overlapped_ns = inside_ns.get();
+        // Not run inside the call (an RPC path, a failure): run now, outside the timed window.
+        once();
         let cost = result.map_err(|e| e.into_expert_error(call.layer))?;
         if let Some(p) = profiler {
             // The call's client wall time, split into the daemon's reported queue, IO wait and
             // compute; the rest (encode, transport both ways, decode, a retry) is IPC. With
-            // `during` overlapping the daemon's work, the model thread waited only for what
-            // outlasted the longer of the two: ipc = wall − max(daemon, during).
+            // `during` overlapping the daemon's work on the ring, the model thread waited only
+            // for what outlasted the longer of the two: ipc = wall − max(daemon, during), the
+            // IPC the overlap did not hide.
             let server = cost.queue_ns + cost.io_wait_ns + cost.compute_ns;
             p.add("experts.queue", cost.queue_ns, 0);
             p.add("experts.io_wait", cost.io_wait_ns, 0);
             p.add("experts.compute", cost.compute_ns, 0);
-            p.add("experts.ipc", wall.saturating_sub(server.max(during_ns)), 0);
+            p.add("experts.ipc", wall.saturating_sub(server.max(overlapped_ns)), 0);
             p.count("experts.hits", u64::from(cost.hits));
             p.count("experts.misses", u64::from(cost.misses));
             p.count("experts.bytes_read", cost.bytes_read);

@@ -16,7 +16,7 @@
 use super::health::{HealthReport, Readiness};
 use super::transport::Endpoint;
 use super::{ClientOptions, ExpertClientError, ExpertdClient};
-use crate::experts::{ExpertBackend, ExpertError, MoeCall};
+use crate::experts::{ExpertBackend, ExpertError, MoeCall, SpeculativeCounters};
 use crate::profile::Profiler;
 use std::ops::RangeInclusive;
 
@@ -338,13 +338,8 @@ impl ExpertBackend for ShardedExperts {
         }
     }
 
-    fn speculative_counters(&self) -> Option<(u64, u64)> {
-        let each: Vec<(u64, u64)> = self
-            .shards
-            .iter()
-            .filter_map(|s| s.client.speculative_counters())
-            .collect();
-        (!each.is_empty()).then(|| each.iter().fold((0, 0), |(a, b), (x, y)| (a + x, b + y)))
+    fn speculative_counters(&self) -> Option<SpeculativeCounters> {
+        self.shards.iter().filter_map(|s| s.client.speculative_counters()).reduce(|a, b| a.plus(&b))
     }
 
     fn health(&self) -> Option<HealthReport> {

@@ -74,6 +74,33 @@ pub enum ExpertError {
     },
 }
 
+/// What a daemon's speculative reads cost and bought, cumulative (its `Stats.prefetch`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SpeculativeCounters {
+    /// Bytes read speculatively.
+    pub bytes_read: u64,
+    /// Bytes of those that a demand call then hit.
+    pub useful_bytes: u64,
+    /// Predicted experts dropped unread because their layer's call had already started.
+    pub stale: u64,
+}
+
+impl SpeculativeCounters {
+    /// `self − earlier`, saturating (a restarted daemon starts from zero).
+    pub fn since(&self, earlier: &SpeculativeCounters) -> SpeculativeCounters {
+        SpeculativeCounters {
+            bytes_read: self.bytes_read.saturating_sub(earlier.bytes_read),
+            useful_bytes: self.useful_bytes.saturating_sub(earlier.useful_bytes),
+            stale: self.stale.saturating_sub(earlier.stale),
+        }
+    }
+
+    /// Adds another daemon's counters.
+    pub fn plus(&self, o: &SpeculativeCounters) -> SpeculativeCounters {
+        SpeculativeCounters { bytes_read: self.bytes_read + o.bytes_read, useful_bytes: self.useful_bytes + o.useful_bytes, stale: self.stale + o.stale }
+    }
+}
+
 /// Computes routed experts. Implementations must sum each row's `top_k` weighted expert
 /// outputs in the order the call lists them, so results do not depend on caching or batching.
 pub trait ExpertBackend: Send + Sync {
@@ -119,8 +146,8 @@ pub trait ExpertBackend: Send + Sync {
     /// A hint: `layer` will probably call `experts` (most probable first) next. Never changes a result; a backend
     /// may ignore it. `profiler`, when given, counts the hints sent and skipped.
     fn prefetch(&self, _layer: usize, _experts: &[u32], _profiler: Option<&Profiler>) {}
-    /// Cumulative speculative reads: (bytes read, bytes of those a demand call then hit).
-    fn speculative_counters(&self) -> Option<(u64, u64)> {
+    /// Cumulative speculative-read counters of the backend's daemon(s).
+    fn speculative_counters(&self) -> Option<SpeculativeCounters> {
         None
     }
     /// The reader of a remote backend's daemon as its handshake reported it, e.g.

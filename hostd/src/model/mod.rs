@@ -245,9 +245,8 @@ impl Model {
         self.experts.prefetch(i + 1, &ids, prof);
     }
 
-    /// The expert backend's speculative-read counters: (bytes read, bytes a demand call then
-    /// hit), when it has them.
-    pub fn speculative_counters(&self) -> Option<(u64, u64)> {
+    /// The expert backend's speculative-read counters, when it has them.
+    pub fn speculative_counters(&self) -> Option<crate::experts::SpeculativeCounters> {
         self.experts.speculative_counters()
     }
 
