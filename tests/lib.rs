@@ -1,6 +1,7 @@
 //! Helpers for sluice's end-to-end tests: fixture paths, the oracle's reference files, the
-//! `hostd` binary, safetensors rewriting used to build broken or re-laid-out checkpoints, and
-//! the one harness for daemons run as subprocesses ([`Spawned`], [`wait_for`]).
+//! `hostd` binary, safetensors rewriting used to build broken or re-laid-out checkpoints, the
+//! one harness for daemons run as subprocesses ([`Spawned`], [`wait_for`]), and the Python that
+//! parses Prometheus text ([`python`], [`parse_prometheus_text`]).
 
 use safetensors::{Dtype, SafeTensors};
 use std::collections::BTreeMap;
@@ -47,6 +48,36 @@ pub fn workspace_bin(name: &str) -> PathBuf {
     let bin = dir.join(name);
     assert!(bin.exists(), "{} not built; run the tests through `cargo test --workspace`", bin.display());
     bin
+}
+
+/// The Python with prometheus_client: `$SLUICE_VENV` or target/venv (scripts/pyenv), else
+/// python3 on PATH.
+pub fn python() -> PathBuf {
+    let venv = std::env::var_os("SLUICE_VENV").map_or_else(|| workspace_root().join("target/venv"), PathBuf::from);
+    let p = venv.join("bin/python3");
+    if p.is_file() { p } else { PathBuf::from("python3") }
+}
+
+/// Parses Prometheus text with prometheus_client's standard parser (`tests/deploy/parse_metrics.py`)
+/// and returns its families (`[{"name", "type", "samples": [[name, labels, value], …]}, …]`);
+/// panics, with the parser's error, on text it refuses.
+pub fn parse_prometheus_text(text: &str) -> Vec<serde_json::Value> {
+    use std::io::Write;
+    let py = python();
+    let mut child = Command::new(&py)
+        .arg(workspace_root().join("tests/deploy/parse_metrics.py"))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot run {} (scripts/pyenv makes target/venv with prometheus_client): {e}", py.display()));
+    // The script reads all of stdin before it writes; dropping the pipe ends its input.
+    child.stdin.take().expect("stdin").write_all(text.as_bytes()).expect("write metrics to the parser");
+    let out = child.wait_with_output().expect("wait for the parser");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!err.contains("No module named 'prometheus_client'"), "{} lacks prometheus_client: run scripts/pyenv", py.display());
+    assert!(out.status.success(), "prometheus_client's parser refused the text: {err}\n{text}");
+    serde_json::from_slice(&out.stdout).expect("families as JSON")
 }
 
 /// Runs `hostd ARGS…` and returns its output.

@@ -14,7 +14,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
-use tests::{Spawned, model_dir, prepare_container, wait_for, work_with_container, workspace_bin, workspace_root};
+use tests::{Spawned, model_dir, prepare_container, python, wait_for, work_with_container, workspace_bin, workspace_root};
 
 const MIB: u64 = 1 << 20;
 
@@ -264,14 +264,6 @@ fn in_a_memory_cgroup_expertd_refuses_a_budget_that_cannot_fit_and_a_derived_one
     assert!(daemon.try_wait().is_none(), "expertd died during the run");
     assert!(daemon.stop().success());
     drop(clients.drain(..));
-}
-
-/// The Python with prometheus_client: `$SLUICE_VENV` or target/venv (scripts/pyenv), else
-/// python3 on PATH.
-fn python() -> PathBuf {
-    let venv = std::env::var_os("SLUICE_VENV").map_or_else(|| workspace_root().join("target/venv"), PathBuf::from);
-    let p = venv.join("bin/python3");
-    if p.is_file() { p } else { PathBuf::from("python3") }
 }
 
 fn check_metrics(text: &str, dir: &Path, tag: &str, flags: &[&str]) -> serde_json::Value {

@@ -3,8 +3,9 @@
 //!
 //! Covers status codes and OpenAI's error shape, greedy equality with `hostd run`, four
 //! concurrent greedy requests equal to their solo runs (with batching observed in /metrics),
-//! client-disconnect cancellation, the 429 queue limit, API keys, and prefix reuse on a second
-//! turn. Every wait is bounded in time; every server is killed when its guard drops.
+//! client-disconnect cancellation, the 429 queue limit, API keys, prefix reuse on a second
+//! turn, and `/metrics` read by prometheus_client's parser. Every wait is bounded in time;
+//! every server is killed when its guard drops.
 
 use serde_json::{Value, json};
 use std::io::{BufRead, BufReader, Read, Write};
@@ -499,4 +500,103 @@ fn default_thinking_off_answers_at_once_and_a_request_can_still_think() {
     // Thinking off renders an empty think block into the prompt: more prompt tokens.
     let tokens = |r: &Value| r["usage"]["prompt_tokens"].as_u64().unwrap_or_else(|| panic!("no usage: {r}"));
     assert!(tokens(&plain) > tokens(&thought));
+}
+
+/// The families `GET /metrics` serves, as prometheus_client's parser names them (counters
+/// without `_total`), with their types.
+const METRIC_FAMILIES: &[(&str, &str)] = &[
+    ("hostd_requests", "counter"),
+    ("hostd_request_duration_seconds", "histogram"),
+    ("hostd_time_to_first_token_seconds", "histogram"),
+    ("hostd_time_per_output_token_seconds", "histogram"),
+    ("hostd_e2e_request_seconds", "histogram"),
+    ("hostd_prompt_tokens", "counter"),
+    ("hostd_cached_prompt_tokens", "counter"),
+    ("hostd_generation_tokens", "counter"),
+    ("hostd_queue_depth", "gauge"),
+    ("hostd_queued_prompt_tokens", "gauge"),
+    ("hostd_queue_rejected", "counter"),
+    ("hostd_active_sequences", "gauge"),
+    ("hostd_active_state_bytes", "gauge"),
+    ("hostd_sequences_cancelled", "counter"),
+    ("hostd_sequences_finished", "counter"),
+    ("hostd_sequences_failed", "counter"),
+    ("hostd_decode_steps", "counter"),
+    ("hostd_decode_rows", "counter"),
+    ("hostd_prefill_chunks", "counter"),
+    ("hostd_state_cache_bytes", "gauge"),
+    ("hostd_state_cache_entries", "gauge"),
+    ("hostd_state_cache_hits", "counter"),
+    ("hostd_state_cache_misses", "counter"),
+    ("hostd_state_cache_evictions", "counter"),
+    ("hostd_model_loaded", "gauge"),
+];
+
+/// The latency histograms' `le` bounds, `+Inf` last.
+const LATENCY_LE: &[&str] = &["0.001", "0.0025", "0.005", "0.01", "0.025", "0.05", "0.1", "0.25", "0.5", "1", "2.5", "5", "10", "30", "60", "120", "300", "+Inf"];
+
+/// `/metrics` is Prometheus text (format 0.0.4) that prometheus_client's parser reads, with
+/// exactly the documented families and types; every histogram series has the fixed bounds,
+/// cumulative, and a `_count` equal to its `+Inf` bucket; one chat and one 404 are counted.
+#[test]
+fn metrics_parse_as_prometheus_text_with_every_family_and_type() {
+    let s = Server::start("tiny", &[]);
+    let reply = s.chat(json!({ "model": s.name, "messages": user("Hello"), "max_tokens": 2, "temperature": 0, "ignore_eos": true }));
+    check_error(&s.request("GET", "/v1/nothing", &[], None), 404, "unknown_url");
+    let r = s.request("GET", "/metrics", &[], None);
+    assert_eq!(r.status, 200);
+    assert_eq!(r.header("content-type"), Some("text/plain; version=0.0.4; charset=utf-8"));
+    let families = tests::parse_prometheus_text(&r.text());
+
+    let got: Vec<(&str, &str)> = families.iter().map(|f| (f["name"].as_str().expect("name"), f["type"].as_str().expect("type"))).collect();
+    assert_eq!(got, METRIC_FAMILIES, "families and types");
+    let samples = |family: &str| -> Vec<(String, serde_json::Map<String, Value>, f64)> {
+        let f = families.iter().find(|f| f["name"] == family).unwrap_or_else(|| panic!("{family} missing"));
+        let all = f["samples"].as_array().expect("samples");
+        all.iter().map(|s| (s[0].as_str().expect("sample name").to_string(), s[1].as_object().expect("labels").clone(), s[2].as_f64().expect("value"))).collect()
+    };
+    let value = |family: &str, sample: &str, labels: &[(&str, &str)]| -> f64 {
+        let hits: Vec<f64> = samples(family)
+            .into_iter()
+            .filter(|(n, l, _)| n == sample && l.len() == labels.len() && labels.iter().all(|(k, v)| l.get(*k).and_then(Value::as_str) == Some(*v)))
+            .map(|(_, _, v)| v)
+            .collect();
+        assert_eq!(hits.len(), 1, "{sample}{labels:?}: {hits:?}");
+        hits[0]
+    };
+
+    for family in METRIC_FAMILIES.iter().filter(|(_, t)| *t == "histogram").map(|(f, _)| *f) {
+        // Series by endpoint (the one label besides `le`): bounds in order, cumulative, +Inf = _count.
+        let mut series: std::collections::BTreeMap<Option<String>, Vec<(String, f64)>> = Default::default();
+        for (name, labels, v) in samples(family) {
+            if name == format!("{family}_bucket") {
+                let le = labels.get("le").and_then(Value::as_str).expect("le").to_string();
+                let endpoint = labels.get("endpoint").and_then(Value::as_str).map(str::to_string);
+                assert_eq!(labels.len(), 1 + usize::from(endpoint.is_some()), "{family}: {labels:?}");
+                series.entry(endpoint).or_default().push((le, v));
+            }
+        }
+        let expect_series = if family == "hostd_request_duration_seconds" { 10 } else { 1 };
+        assert_eq!(series.len(), expect_series, "{family}: {series:?}");
+        for (endpoint, buckets) in &series {
+            let les: Vec<&str> = buckets.iter().map(|(le, _)| le.as_str()).collect();
+            assert_eq!(les, LATENCY_LE, "{family} {endpoint:?}");
+            assert!(buckets.windows(2).all(|w| w[0].1 <= w[1].1), "{family} {endpoint:?}: not cumulative: {buckets:?}");
+            let labels: Vec<(&str, &str)> = endpoint.iter().map(|e| ("endpoint", e.as_str())).collect();
+            assert_eq!(value(family, &format!("{family}_count"), &labels), buckets[buckets.len() - 1].1, "{family} {endpoint:?}");
+            assert!(value(family, &format!("{family}_sum"), &labels) >= 0.0);
+        }
+    }
+
+    let chat = [("endpoint", "/v1/chat/completions"), ("status", "200")];
+    assert_eq!(value("hostd_requests", "hostd_requests_total", &chat), 1.0);
+    assert_eq!(value("hostd_requests", "hostd_requests_total", &[("endpoint", "other"), ("status", "404")]), 1.0);
+    assert_eq!(value("hostd_request_duration_seconds", "hostd_request_duration_seconds_count", &[("endpoint", "/v1/chat/completions")]), 1.0);
+    assert_eq!(value("hostd_time_to_first_token_seconds", "hostd_time_to_first_token_seconds_count", &[]), 1.0);
+    assert_eq!(value("hostd_e2e_request_seconds", "hostd_e2e_request_seconds_count", &[]), 1.0);
+    assert_eq!(value("hostd_sequences_finished", "hostd_sequences_finished_total", &[]), 1.0);
+    let completion_tokens = reply["usage"]["completion_tokens"].as_f64().expect("usage");
+    assert_eq!(value("hostd_generation_tokens", "hostd_generation_tokens_total", &[]), completion_tokens);
+    assert_eq!(value("hostd_model_loaded", "hostd_model_loaded", &[]), 1.0);
+    assert_eq!(value("hostd_queue_depth", "hostd_queue_depth", &[]), 0.0);
 }

@@ -1,14 +1,29 @@
-//! The server's counters, gauges and histograms, and their Prometheus text rendering
-//! (`GET /metrics`). Every metric name starts with `hostd_`.
+//! The server's counters, gauges and histograms (`GET /metrics`), registered in one
+//! `prometheus-client` [`Registry`] and written by its Prometheus text encoder (format 0.0.4,
+//! [`CONTENT_TYPE`]). Every metric name starts with `hostd_`; counters are registered without
+//! `_total`, which the encoder appends.
 //!
-//! Lock-free on the generation path: the scheduler thread updates atomics only. Per-endpoint
-//! request counts take a mutex once per HTTP request (not per token), which the handlers pay.
+//! Lock-free on the generation path: the scheduler thread updates atomics only (the crate's
+//! `Counter` and `Gauge`, and [`Histogram`] here, because the crate's own histogram takes a
+//! mutex per observation). Per-endpoint request counts are a `Family`, whose label lookup
+//! takes a lock once per HTTP request (not per token), which the handlers pay.
 
-use std::collections::BTreeMap;
-use std::fmt::Write;
-use std::sync::Mutex;
+use prometheus_client::encoding::prometheus_text;
+use prometheus_client::encoding::{EncodeLabelSet, EncodeMetric, MetricEncoder, NoLabelSet};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge;
+use prometheus_client::metrics::{MetricType, TypedMetric};
+use prometheus_client::registry::{Metric, Registry};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::Duration;
+
+/// The `Content-Type` of `GET /metrics`: Prometheus text, version 0.0.4.
+pub const CONTENT_TYPE: &str = prometheus_text::CONTENT_TYPE;
+
+/// A `u64` gauge on an atomic.
+pub type Gauge = gauge::Gauge<u64, AtomicU64>;
 
 /// Latency bucket bounds in seconds, shared by the latency histograms.
 const LATENCY_BUCKETS_S: &[f64] = &[
@@ -16,62 +31,62 @@ const LATENCY_BUCKETS_S: &[f64] = &[
     120.0, 300.0,
 ];
 
-/// A fixed-bucket histogram of durations (sum kept in nanoseconds).
+/// Buckets of a [`Histogram`]: one per bound, plus `+Inf`.
+const BUCKETS: usize = LATENCY_BUCKETS_S.len() + 1;
+
+/// A fixed-bucket histogram of durations ([`LATENCY_BUCKETS_S`]) on atomics; clones share
+/// the counts (one is registered, the other observes).
+#[derive(Debug, Clone)]
+pub struct Histogram(Arc<HistogramCounts>);
+
 #[derive(Debug)]
-pub struct Histogram {
-    bounds: &'static [f64],
-    /// Non-cumulative counts per bucket, plus one for `+Inf`.
-    counts: Vec<AtomicU64>,
+struct HistogramCounts {
+    /// Non-cumulative counts per bucket.
+    counts: [AtomicU64; BUCKETS],
     sum_ns: AtomicU64,
 }
 
 impl Histogram {
-    fn new(bounds: &'static [f64]) -> Histogram {
-        Histogram {
-            bounds,
-            counts: (0..=bounds.len()).map(|_| AtomicU64::new(0)).collect(),
+    fn new() -> Histogram {
+        Histogram(Arc::new(HistogramCounts {
+            counts: std::array::from_fn(|_| AtomicU64::new(0)),
             sum_ns: AtomicU64::new(0),
-        }
+        }))
     }
 
     /// Records one duration.
     pub fn observe(&self, d: Duration) {
         let s = d.as_secs_f64();
-        let i = self
-            .bounds
+        let i = LATENCY_BUCKETS_S
             .iter()
             .position(|b| s <= *b)
-            .unwrap_or(self.bounds.len());
-        self.counts[i].fetch_add(1, Relaxed);
-        self.sum_ns
+            .unwrap_or(LATENCY_BUCKETS_S.len());
+        self.0.counts[i].fetch_add(1, Relaxed);
+        self.0
+            .sum_ns
             .fetch_add(u64::try_from(d.as_nanos()).unwrap_or(u64::MAX), Relaxed);
     }
+}
 
-    /// Observations so far.
-    pub fn count(&self) -> u64 {
-        self.counts.iter().map(|c| c.load(Relaxed)).sum()
+impl TypedMetric for Histogram {
+    const TYPE: MetricType = MetricType::Histogram;
+}
+
+impl EncodeMetric for Histogram {
+    fn encode(&self, mut encoder: MetricEncoder) -> std::fmt::Result {
+        // One load per bucket; the count is their sum, so it always equals the `+Inf` bucket.
+        let bounds = LATENCY_BUCKETS_S.iter().copied().chain([f64::INFINITY]);
+        let buckets: Vec<(f64, u64)> = bounds
+            .zip(&self.0.counts)
+            .map(|(b, c)| (b, c.load(Relaxed)))
+            .collect();
+        let count: u64 = buckets.iter().map(|(_, n)| n).sum();
+        let sum_s = self.0.sum_ns.load(Relaxed) as f64 / 1e9;
+        encoder.encode_histogram::<NoLabelSet>(sum_s, count, &buckets, None)
     }
 
-    fn render(&self, out: &mut String, name: &str, labels: &str) {
-        let sep = if labels.is_empty() { "" } else { "," };
-        let mut acc = 0;
-        for (i, b) in self.bounds.iter().enumerate() {
-            acc += self.counts[i].load(Relaxed);
-            let _ = writeln!(out, "{name}_bucket{{{labels}{sep}le=\"{b}\"}} {acc}");
-        }
-        acc += self.counts[self.bounds.len()].load(Relaxed);
-        let _ = writeln!(out, "{name}_bucket{{{labels}{sep}le=\"+Inf\"}} {acc}");
-        let braces = if labels.is_empty() {
-            String::new()
-        } else {
-            format!("{{{labels}}}")
-        };
-        let _ = writeln!(
-            out,
-            "{name}_sum{braces} {}",
-            self.sum_ns.load(Relaxed) as f64 / 1e9
-        );
-        let _ = writeln!(out, "{name}_count{braces} {acc}");
+    fn metric_type(&self) -> MetricType {
+        Self::TYPE
     }
 }
 
@@ -89,59 +104,104 @@ pub const ENDPOINTS: &[&str] = &[
     "other",
 ];
 
+/// Labels of `hostd_requests_total`.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RequestLabels {
+    endpoint: &'static str,
+    status: u16,
+}
+
+/// Labels of `hostd_request_duration_seconds`.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct EndpointLabel {
+    endpoint: &'static str,
+}
+
+/// One [`Histogram`] per [`ENDPOINTS`] entry, indexed without a lock and written in that
+/// order, every endpoint always present.
+#[derive(Debug, Clone)]
+struct PerEndpoint(Arc<[Histogram]>);
+
+impl TypedMetric for PerEndpoint {
+    const TYPE: MetricType = MetricType::Histogram;
+}
+
+impl EncodeMetric for PerEndpoint {
+    fn encode(&self, mut encoder: MetricEncoder) -> std::fmt::Result {
+        for (endpoint, h) in ENDPOINTS.iter().copied().zip(self.0.iter()) {
+            let labels = EndpointLabel { endpoint };
+            h.encode(encoder.encode_family(&labels)?)?;
+        }
+        Ok(())
+    }
+
+    fn metric_type(&self) -> MetricType {
+        Self::TYPE
+    }
+}
+
+/// Registers a clone of `metric` (the encoder reads it) and returns the metric (the code
+/// updates it). `help` has no final period: the encoder appends one.
+fn add<M: Metric + Clone>(r: &mut Registry, name: &str, help: &str, metric: M) -> M {
+    r.register(name, help, metric.clone());
+    metric
+}
+
 /// Everything `/metrics` reports.
 #[derive(Debug)]
 pub struct Metrics {
-    /// `(endpoint, status) → count`; a mutex because the label set is open-ended (statuses).
-    requests: Mutex<BTreeMap<(&'static str, u16), u64>>,
+    /// What [`Metrics::render`] encodes: clones of the fields below.
+    registry: Registry,
+    /// `(endpoint, status) → count`; a family because the label set is open-ended (statuses).
+    requests: Family<RequestLabels, Counter>,
     /// Per [`ENDPOINTS`] entry: time to the response head (whole body when not streaming).
-    request_duration: Vec<Histogram>,
-    /// Arrival to the last token of a generation (streaming or not).
-    pub e2e: Histogram,
+    request_duration: PerEndpoint,
     /// Arrival (queue wait included) to the first generated token.
     pub ttft: Histogram,
     /// Time between consecutive tokens of one sequence.
     pub per_token: Histogram,
+    /// Arrival to the last token of a generation (streaming or not).
+    pub e2e: Histogram,
     /// Prompt tokens of admitted requests.
-    pub prompt_tokens: AtomicU64,
+    pub prompt_tokens: Counter,
     /// Prompt tokens served from the prefix cache.
-    pub cached_prompt_tokens: AtomicU64,
+    pub cached_prompt_tokens: Counter,
     /// Tokens generated.
-    pub generation_tokens: AtomicU64,
+    pub generation_tokens: Counter,
     /// Requests waiting for the scheduler.
-    pub queue_depth: AtomicU64,
+    pub queue_depth: Gauge,
     /// Prompt tokens of the requests waiting for the scheduler.
-    pub queued_tokens: AtomicU64,
+    pub queued_tokens: Gauge,
     /// Requests refused because the queue was full (in requests or in tokens).
-    pub queue_rejected: AtomicU64,
+    pub queue_rejected: Counter,
     /// Sequences being prefilled or decoded.
-    pub active_sequences: AtomicU64,
+    pub active_sequences: Gauge,
     /// Bytes of state held by the active sequences.
-    pub active_state_bytes: AtomicU64,
+    pub active_state_bytes: Gauge,
     /// Sequences stopped because their client went away (queued or running).
-    pub cancelled: AtomicU64,
+    pub cancelled: Counter,
     /// Generations that finished (stop or length).
-    pub finished: AtomicU64,
+    pub finished: Counter,
     /// Generations that failed inside the model.
-    pub failed: AtomicU64,
+    pub failed: Counter,
     /// Batched decode steps run.
-    pub decode_steps: AtomicU64,
+    pub decode_steps: Counter,
     /// Sequences summed over decode steps (mean batch = this / `decode_steps`).
-    pub decode_rows: AtomicU64,
+    pub decode_rows: Counter,
     /// Prefill forward calls run.
-    pub prefill_chunks: AtomicU64,
+    pub prefill_chunks: Counter,
     /// Prefix-cache bytes held.
-    pub cache_bytes: AtomicU64,
+    pub cache_bytes: Gauge,
     /// Prefix-cache entries held.
-    pub cache_entries: AtomicU64,
-    /// Prefix-cache lookups that found a prefix.
-    pub cache_hits: AtomicU64,
-    /// Prefix-cache lookups that found none.
-    pub cache_misses: AtomicU64,
-    /// Prefix-cache entries evicted.
-    pub cache_evictions: AtomicU64,
+    pub cache_entries: Gauge,
+    /// Prefix-cache lookups that found a prefix (the cache's own count, stored).
+    pub cache_hits: Counter,
+    /// Prefix-cache lookups that found none (the cache's own count, stored).
+    pub cache_misses: Counter,
+    /// Prefix-cache entries evicted (the cache's own count, stored).
+    pub cache_evictions: Counter,
     /// 1 once the model is loaded and the scheduler runs.
-    pub model_loaded: AtomicU64,
+    pub model_loaded: Gauge,
 }
 
 impl Default for Metrics {
@@ -151,35 +211,39 @@ impl Default for Metrics {
 }
 
 impl Metrics {
-    /// All zero.
+    /// All zero, registered in the order `/metrics` lists them.
     pub fn new() -> Metrics {
-        let h = || Histogram::new(LATENCY_BUCKETS_S);
+        let mut r = Registry::default();
+        let c = Counter::default;
+        let g = Gauge::default;
+        let per_endpoint = PerEndpoint(ENDPOINTS.iter().map(|_| Histogram::new()).collect());
         Metrics {
-            requests: Mutex::new(BTreeMap::new()),
-            request_duration: ENDPOINTS.iter().map(|_| h()).collect(),
-            e2e: h(),
-            ttft: h(),
-            per_token: h(),
-            prompt_tokens: AtomicU64::new(0),
-            cached_prompt_tokens: AtomicU64::new(0),
-            generation_tokens: AtomicU64::new(0),
-            queue_depth: AtomicU64::new(0),
-            queued_tokens: AtomicU64::new(0),
-            queue_rejected: AtomicU64::new(0),
-            active_sequences: AtomicU64::new(0),
-            active_state_bytes: AtomicU64::new(0),
-            cancelled: AtomicU64::new(0),
-            finished: AtomicU64::new(0),
-            failed: AtomicU64::new(0),
-            decode_steps: AtomicU64::new(0),
-            decode_rows: AtomicU64::new(0),
-            prefill_chunks: AtomicU64::new(0),
-            cache_bytes: AtomicU64::new(0),
-            cache_entries: AtomicU64::new(0),
-            cache_hits: AtomicU64::new(0),
-            cache_misses: AtomicU64::new(0),
-            cache_evictions: AtomicU64::new(0),
-            model_loaded: AtomicU64::new(0),
+            requests: add(&mut r, "hostd_requests", "HTTP requests by endpoint and status code", Family::default()),
+            request_duration: add(&mut r, "hostd_request_duration_seconds", "Time to the response head (whole body when not streaming)", per_endpoint),
+            ttft: add(&mut r, "hostd_time_to_first_token_seconds", "Arrival (queue wait included) to the first generated token", Histogram::new()),
+            per_token: add(&mut r, "hostd_time_per_output_token_seconds", "Time between consecutive generated tokens of one sequence", Histogram::new()),
+            e2e: add(&mut r, "hostd_e2e_request_seconds", "Arrival to the end of a generation", Histogram::new()),
+            prompt_tokens: add(&mut r, "hostd_prompt_tokens", "Prompt tokens of admitted requests", c()),
+            cached_prompt_tokens: add(&mut r, "hostd_cached_prompt_tokens", "Prompt tokens served from the prefix cache", c()),
+            generation_tokens: add(&mut r, "hostd_generation_tokens", "Tokens generated", c()),
+            queue_depth: add(&mut r, "hostd_queue_depth", "Requests waiting for the scheduler", g()),
+            queued_tokens: add(&mut r, "hostd_queued_prompt_tokens", "Prompt tokens of the requests waiting for the scheduler", g()),
+            queue_rejected: add(&mut r, "hostd_queue_rejected", "Requests refused with 429 because the queue was full (requests or tokens)", c()),
+            active_sequences: add(&mut r, "hostd_active_sequences", "Sequences being prefilled or decoded", g()),
+            active_state_bytes: add(&mut r, "hostd_active_state_bytes", "KV and DeltaNet state bytes held by active sequences", g()),
+            cancelled: add(&mut r, "hostd_sequences_cancelled", "Sequences stopped because the client disconnected", c()),
+            finished: add(&mut r, "hostd_sequences_finished", "Generations that ended by stop or length", c()),
+            failed: add(&mut r, "hostd_sequences_failed", "Generations that failed in the model", c()),
+            decode_steps: add(&mut r, "hostd_decode_steps", "Batched decode forward passes", c()),
+            decode_rows: add(&mut r, "hostd_decode_rows", "Sequences summed over decode passes", c()),
+            prefill_chunks: add(&mut r, "hostd_prefill_chunks", "Prefill forward calls", c()),
+            cache_bytes: add(&mut r, "hostd_state_cache_bytes", "Bytes of conversation states held by the prefix cache", g()),
+            cache_entries: add(&mut r, "hostd_state_cache_entries", "Conversation states held by the prefix cache", g()),
+            cache_hits: add(&mut r, "hostd_state_cache_hits", "Prefix-cache lookups that reused a state", c()),
+            cache_misses: add(&mut r, "hostd_state_cache_misses", "Prefix-cache lookups that found no usable state", c()),
+            cache_evictions: add(&mut r, "hostd_state_cache_evictions", "Prefix-cache entries evicted to stay in budget", c()),
+            model_loaded: add(&mut r, "hostd_model_loaded", "1 once the model is loaded and serving", g()),
+            registry: r,
         }
     }
 
@@ -198,196 +262,21 @@ impl Metrics {
 
     /// Records one HTTP request's status and duration.
     pub fn record_request(&self, endpoint: &'static str, status: u16, took: Duration) {
-        if let Ok(mut m) = self.requests.lock() {
-            *m.entry((endpoint, status)).or_insert(0) += 1;
-        }
+        self.requests
+            .get_or_create(&RequestLabels { endpoint, status })
+            .inc();
         let i = ENDPOINTS
             .iter()
             .position(|e| *e == endpoint)
             .unwrap_or(ENDPOINTS.len() - 1);
-        self.request_duration[i].observe(took);
+        self.request_duration.0[i].observe(took);
     }
 
-    /// The Prometheus text exposition (format 0.0.4).
+    /// The Prometheus text exposition (format 0.0.4, [`CONTENT_TYPE`]).
     pub fn render(&self) -> String {
-        let mut out = String::with_capacity(8192);
-        let head = |out: &mut String, name: &str, kind: &str, help: &str| {
-            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
-        };
-        head(
-            &mut out,
-            "hostd_requests_total",
-            "counter",
-            "HTTP requests by endpoint and status code.",
-        );
-        if let Ok(m) = self.requests.lock() {
-            for ((endpoint, status), n) in m.iter() {
-                let _ = writeln!(
-                    out,
-                    "hostd_requests_total{{endpoint=\"{endpoint}\",status=\"{status}\"}} {n}"
-                );
-            }
-        }
-        head(
-            &mut out,
-            "hostd_request_duration_seconds",
-            "histogram",
-            "Time to the response head (whole body when not streaming).",
-        );
-        for (e, h) in ENDPOINTS.iter().zip(&self.request_duration) {
-            h.render(
-                &mut out,
-                "hostd_request_duration_seconds",
-                &format!("endpoint=\"{e}\""),
-            );
-        }
-        let hists = [
-            (
-                "hostd_time_to_first_token_seconds",
-                "Arrival (queue wait included) to the first generated token.",
-                &self.ttft,
-            ),
-            (
-                "hostd_time_per_output_token_seconds",
-                "Time between consecutive generated tokens of one sequence.",
-                &self.per_token,
-            ),
-            (
-                "hostd_e2e_request_seconds",
-                "Arrival to the end of a generation.",
-                &self.e2e,
-            ),
-        ];
-        for (name, help, h) in hists {
-            head(&mut out, name, "histogram", help);
-            h.render(&mut out, name, "");
-        }
-        let scalars: [(&str, &str, &str, &AtomicU64); 20] = [
-            (
-                "hostd_prompt_tokens_total",
-                "counter",
-                "Prompt tokens of admitted requests.",
-                &self.prompt_tokens,
-            ),
-            (
-                "hostd_cached_prompt_tokens_total",
-                "counter",
-                "Prompt tokens served from the prefix cache.",
-                &self.cached_prompt_tokens,
-            ),
-            (
-                "hostd_generation_tokens_total",
-                "counter",
-                "Tokens generated.",
-                &self.generation_tokens,
-            ),
-            (
-                "hostd_queue_depth",
-                "gauge",
-                "Requests waiting for the scheduler.",
-                &self.queue_depth,
-            ),
-            (
-                "hostd_queued_prompt_tokens",
-                "gauge",
-                "Prompt tokens of the requests waiting for the scheduler.",
-                &self.queued_tokens,
-            ),
-            (
-                "hostd_queue_rejected_total",
-                "counter",
-                "Requests refused with 429 because the queue was full (requests or tokens).",
-                &self.queue_rejected,
-            ),
-            (
-                "hostd_active_sequences",
-                "gauge",
-                "Sequences being prefilled or decoded.",
-                &self.active_sequences,
-            ),
-            (
-                "hostd_active_state_bytes",
-                "gauge",
-                "KV and DeltaNet state bytes held by active sequences.",
-                &self.active_state_bytes,
-            ),
-            (
-                "hostd_sequences_cancelled_total",
-                "counter",
-                "Sequences stopped because the client disconnected.",
-                &self.cancelled,
-            ),
-            (
-                "hostd_sequences_finished_total",
-                "counter",
-                "Generations that ended by stop or length.",
-                &self.finished,
-            ),
-            (
-                "hostd_sequences_failed_total",
-                "counter",
-                "Generations that failed in the model.",
-                &self.failed,
-            ),
-            (
-                "hostd_decode_steps_total",
-                "counter",
-                "Batched decode forward passes.",
-                &self.decode_steps,
-            ),
-            (
-                "hostd_decode_rows_total",
-                "counter",
-                "Sequences summed over decode passes.",
-                &self.decode_rows,
-            ),
-            (
-                "hostd_prefill_chunks_total",
-                "counter",
-                "Prefill forward calls.",
-                &self.prefill_chunks,
-            ),
-            (
-                "hostd_state_cache_bytes",
-                "gauge",
-                "Bytes of conversation states held by the prefix cache.",
-                &self.cache_bytes,
-            ),
-            (
-                "hostd_state_cache_entries",
-                "gauge",
-                "Conversation states held by the prefix cache.",
-                &self.cache_entries,
-            ),
-            (
-                "hostd_state_cache_hits_total",
-                "counter",
-                "Prefix-cache lookups that reused a state.",
-                &self.cache_hits,
-            ),
-            (
-                "hostd_state_cache_misses_total",
-                "counter",
-                "Prefix-cache lookups that found no usable state.",
-                &self.cache_misses,
-            ),
-            (
-                "hostd_state_cache_evictions_total",
-                "counter",
-                "Prefix-cache entries evicted to stay in budget.",
-                &self.cache_evictions,
-            ),
-            (
-                "hostd_model_loaded",
-                "gauge",
-                "1 once the model is loaded and serving.",
-                &self.model_loaded,
-            ),
-        ];
-        for (name, kind, help, v) in scalars {
-            head(&mut out, name, kind, help);
-            let _ = writeln!(out, "{name} {}", v.load(Relaxed));
-        }
+        let mut out = String::with_capacity(16384);
+        // Writing into a String cannot fail.
+        let _ = prometheus_text::encode(&mut out, &self.registry);
         out
     }
 }
@@ -414,8 +303,17 @@ mod tests {
             text.contains("hostd_time_to_first_token_seconds_bucket{le=\"+Inf\"} 2"),
             "{text}"
         );
+        assert_eq!(
+            text.matches("hostd_time_to_first_token_seconds_bucket{le=\"+Inf\"}").count(),
+            1,
+            "{text}"
+        );
         assert!(
             text.contains("hostd_time_to_first_token_seconds_count 2"),
+            "{text}"
+        );
+        assert!(
+            text.contains("hostd_time_to_first_token_seconds_sum 1000.003"),
             "{text}"
         );
     }
@@ -444,9 +342,34 @@ mod tests {
             "{text}"
         );
         assert!(
+            text.contains("hostd_request_duration_seconds_count{endpoint=\"/v1/responses/{id}\"} 0"),
+            "{text}"
+        );
+        assert!(
             text.lines()
                 .filter(|l| !l.starts_with('#'))
                 .all(|l| l.starts_with("hostd_"))
         );
+    }
+
+    #[test]
+    fn names_help_and_types_are_those_of_the_text_format() {
+        let m = Metrics::new();
+        m.record_request("/health", 200, Duration::from_millis(1));
+        m.generation_tokens.inc_by(5);
+        m.queue_depth.set(2);
+        let text = m.render();
+        for want in [
+            "# HELP hostd_generation_tokens_total Tokens generated.\n# TYPE hostd_generation_tokens_total counter\nhostd_generation_tokens_total 5\n",
+            "# HELP hostd_queue_depth Requests waiting for the scheduler.\n# TYPE hostd_queue_depth gauge\nhostd_queue_depth 2\n",
+            "# TYPE hostd_e2e_request_seconds histogram\n",
+            "# TYPE hostd_request_duration_seconds histogram\n",
+        ] {
+            assert!(text.contains(want), "{want:?} missing from\n{text}");
+        }
+        // One HELP and one TYPE per family (25); no OpenMetrics `# EOF`.
+        assert_eq!(text.matches("# HELP ").count(), 25, "{text}");
+        assert_eq!(text.matches("# TYPE ").count(), 25, "{text}");
+        assert!(!text.contains("# EOF"), "{text}");
     }
 }

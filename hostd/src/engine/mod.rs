@@ -204,20 +204,20 @@ impl EngineHandle {
         // request, so its decrement never runs ahead of this increment.
         let n = req.prompt.len() as u64;
         let limit = self.config.max_queued_tokens as u64;
-        let reserved = self.metrics.queued_tokens.fetch_update(Relaxed, Relaxed, |q| (q == 0 || q.saturating_add(n) <= limit).then(|| q + n));
+        let reserved = self.metrics.queued_tokens.inner().fetch_update(Relaxed, Relaxed, |q| (q == 0 || q.saturating_add(n) <= limit).then(|| q + n));
         if let Err(queued_tokens) = reserved {
-            self.metrics.queue_rejected.fetch_add(1, Relaxed);
+            self.metrics.queue_rejected.inc();
             return Err(SubmitError::QueuedTokensFull { queued_tokens, prompt_tokens: n, max_queued_tokens: self.config.max_queued_tokens });
         }
-        self.metrics.queue_depth.fetch_add(1, Relaxed);
+        self.metrics.queue_depth.inc();
         match self.tx.try_send(req) {
             Ok(()) => Ok(()),
             Err(e) => {
-                self.metrics.queue_depth.fetch_sub(1, Relaxed);
-                self.metrics.queued_tokens.fetch_sub(n, Relaxed);
+                self.metrics.queue_depth.dec();
+                self.metrics.queued_tokens.dec_by(n);
                 match e {
                     TrySendError::Full(_) => {
-                        self.metrics.queue_rejected.fetch_add(1, Relaxed);
+                        self.metrics.queue_rejected.inc();
                         Err(SubmitError::QueueFull { max_queue: self.config.max_queue })
                     }
                     TrySendError::Disconnected(_) => Err(SubmitError::Stopped),
@@ -244,6 +244,6 @@ pub fn start(
     let (tx, rx) = std::sync::mpsc::sync_channel(config.max_queue.max(1));
     let sched = scheduler::Scheduler::new(model, tokenizer, config.clone(), Arc::clone(&metrics), rx);
     let thread = std::thread::Builder::new().name("hostd-scheduler".into()).spawn(move || sched.run())?;
-    metrics.model_loaded.store(1, Relaxed);
+    metrics.model_loaded.set(1);
     Ok((EngineHandle { tx, metrics, config }, thread))
 }

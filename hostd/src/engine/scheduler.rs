@@ -145,10 +145,10 @@ impl Scheduler {
                     Err(TryRecvError::Empty | TryRecvError::Disconnected) => break,
                 }
             };
-            self.metrics.queue_depth.fetch_sub(1, Relaxed);
-            self.metrics.queued_tokens.fetch_sub(req.prompt.len() as u64, Relaxed);
+            self.metrics.queue_depth.dec();
+            self.metrics.queued_tokens.dec_by(req.prompt.len() as u64);
             if req.events.is_closed() {
-                self.metrics.cancelled.fetch_add(1, Relaxed);
+                self.metrics.cancelled.inc();
                 tracing::info!(parent: &req.span, "client went away while queued");
                 continue;
             }
@@ -160,8 +160,8 @@ impl Scheduler {
     fn start_sequence(&mut self, req: GenRequest) {
         let hit = if self.config.state_cache_bytes > 0 { self.cache.lookup(&req.prompt) } else { None };
         let (cached_tokens, state) = hit.unwrap_or_else(|| (0, self.model.new_state()));
-        self.metrics.prompt_tokens.fetch_add(req.prompt.len() as u64, Relaxed);
-        self.metrics.cached_prompt_tokens.fetch_add(cached_tokens as u64, Relaxed);
+        self.metrics.prompt_tokens.inc_by(req.prompt.len() as u64);
+        self.metrics.cached_prompt_tokens.inc_by(cached_tokens as u64);
         tracing::info!(parent: &req.span, prompt_tokens = req.prompt.len(), cached_tokens, "admitted");
         self.seed_counter = self.seed_counter.wrapping_add(shared::splitmix::GOLDEN_GAMMA);
         let sampler = Sampler::new(req.sampling, &req.prompt, self.seed_counter);
@@ -246,7 +246,7 @@ impl Scheduler {
         let end = end.clamp(fed + 1, seq.prompt.len());
         let _enter = seq.span.enter();
         let result = self.model.forward(&mut seq.state, &seq.prompt[fed..end], Logits::Last, None);
-        self.metrics.prefill_chunks.fetch_add(1, Relaxed);
+        self.metrics.prefill_chunks.inc();
         let logits = match result {
             Ok(l) => l,
             Err(e) => {
@@ -292,8 +292,8 @@ impl Scheduler {
             .collect();
         let result = self.model.forward_batch(&mut items);
         drop(items);
-        self.metrics.decode_steps.fetch_add(1, Relaxed);
-        self.metrics.decode_rows.fetch_add(feeds.len() as u64, Relaxed);
+        self.metrics.decode_steps.inc();
+        self.metrics.decode_rows.inc_by(feeds.len() as u64);
         match result {
             Ok(all) => {
                 // Walk backwards so removals inside `take_token` do not shift pending indices.
@@ -357,11 +357,11 @@ impl Scheduler {
         seq.last_token_at = Some(now);
         let exit = if commit == Commit::End || seq.stop_ids.contains(&id) {
             seq.stop_id_sampled = true;
-            self.metrics.generation_tokens.fetch_add(1, Relaxed);
+            self.metrics.generation_tokens.inc();
             Some(FinishReason::Stop)
         } else {
             seq.generated.push(id);
-            self.metrics.generation_tokens.fetch_add(1, Relaxed);
+            self.metrics.generation_tokens.inc();
             let (delta, stopped) = seq.out.push(&self.tokenizer, id, lp);
             send_delta(&seq.events, delta);
             if stopped {
@@ -395,7 +395,7 @@ impl Scheduler {
             Exit::Finished(reason) => {
                 send_delta(&seq.events, seq.out.finish());
                 let _ = seq.events.send(Event::Done { reason, usage });
-                self.metrics.finished.fetch_add(1, Relaxed);
+                self.metrics.finished.inc();
                 self.metrics.e2e.observe(seq.received.elapsed());
                 tracing::info!(
                     finish_reason = reason.as_str(),
@@ -405,11 +405,11 @@ impl Scheduler {
                 );
             }
             Exit::Cancelled => {
-                self.metrics.cancelled.fetch_add(1, Relaxed);
+                self.metrics.cancelled.inc();
                 tracing::info!(completion_tokens = usage.completion_tokens, "client went away; sequence cancelled");
             }
             Exit::Failed(msg) => {
-                self.metrics.failed.fetch_add(1, Relaxed);
+                self.metrics.failed.inc();
                 tracing::error!(error = %msg.message, "generation failed");
                 let _ = seq.events.send(Event::Failed(msg));
             }
@@ -430,14 +430,15 @@ impl Scheduler {
 
     fn publish_gauges(&self) {
         let m = &self.metrics;
-        m.active_sequences.store(self.seqs.len() as u64, Relaxed);
-        m.active_state_bytes.store(self.seqs.iter().map(|s| s.state.bytes() as u64).sum(), Relaxed);
+        m.active_sequences.set(self.seqs.len() as u64);
+        m.active_state_bytes.set(self.seqs.iter().map(|s| s.state.bytes() as u64).sum());
         let c = self.cache.stats();
-        m.cache_bytes.store(c.bytes as u64, Relaxed);
-        m.cache_entries.store(c.entries as u64, Relaxed);
-        m.cache_hits.store(c.hits, Relaxed);
-        m.cache_misses.store(c.misses, Relaxed);
-        m.cache_evictions.store(c.evictions, Relaxed);
+        m.cache_bytes.set(c.bytes as u64);
+        m.cache_entries.set(c.entries as u64);
+        // The cache counts these itself; the counters mirror its totals.
+        m.cache_hits.inner().store(c.hits, Relaxed);
+        m.cache_misses.inner().store(c.misses, Relaxed);
+        m.cache_evictions.inner().store(c.evictions, Relaxed);
     }
 }
 

@@ -376,9 +376,9 @@ async fn health(State(app): State<Arc<AppState>>) -> Response {
             let mut body = json!({
                 "status": status,
                 "model": app.config.served_model_name,
-                "queue_depth": m.queue_depth.load(Relaxed),
+                "queue_depth": m.queue_depth.get(),
                 "max_queue": c.max_queue,
-                "active_sequences": m.active_sequences.load(Relaxed),
+                "active_sequences": m.active_sequences.get(),
                 "max_batch": c.max_batch,
                 "max_context": c.max_context,
                 "connections": app.connections.load(Relaxed),
@@ -440,15 +440,8 @@ async fn model_card(
     Ok(axum::Json(card(&app, r)).into_response())
 }
 
-/// `GET /metrics`: Prometheus text.
+/// `GET /metrics`: Prometheus text (format 0.0.4).
 async fn metrics(State(app): State<Arc<AppState>>) -> Response {
     let body = app.metrics.render();
-    (
-        [(
-            header::CONTENT_TYPE,
-            "text/plain; version=0.0.4; charset=utf-8",
-        )],
-        body,
-    )
-        .into_response()
+    ([(header::CONTENT_TYPE, crate::engine::metrics::CONTENT_TYPE)], body).into_response()
 }
