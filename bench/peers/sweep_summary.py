@@ -4,7 +4,8 @@ import json
 import pathlib
 import sys
 
-KNOBS = ("n_threads", "flash_attn", "use_mmap", "poll", "n_batch", "n_ubatch", "no_op_offload", "use_extra_bufts")
+# Older llama-bench builds report use_mmap and use_extra_bufts; newer ones load_mode and repack.
+KNOBS = ("n_threads", "flash_attn", "use_mmap", "load_mode", "poll", "n_batch", "n_ubatch", "no_op_offload", "use_extra_bufts", "repack")
 
 
 def rows(folder):
@@ -16,7 +17,7 @@ def rows(folder):
             yield f.stem, kind, r
 
 
-FLAGS = {"flash_attn": "-fa", "use_mmap": "-mmp", "poll": "--poll", "n_batch": "-b", "n_ubatch": "-ub", "use_extra_bufts": "-nr"}
+FLAGS = {"flash_attn": "-fa", "use_mmap": "-mmp", "load_mode": "-lm", "poll": "--poll", "n_batch": "-b", "n_ubatch": "-ub", "use_extra_bufts": "-nr", "repack": "--repack"}
 
 
 def flags(folder, key):
@@ -29,6 +30,8 @@ def flags(folder, key):
             v = best[k]
             if k == "use_extra_bufts":  # -nr is "no repack": the inverse of use_extra_bufts
                 v = not v
+            if k == "flash_attn" and "load_mode" in best:  # newer builds: -fa on|off, reported 0/1
+                v = "on" if v else "off"
             out += [flag, str(int(v)) if isinstance(v, bool) else str(v)]
     return " ".join(out)
 
