@@ -30,8 +30,8 @@ def flags(folder, key):
             v = best[k]
             if k == "use_extra_bufts":  # -nr is "no repack": the inverse of use_extra_bufts
                 v = not v
-            if k == "flash_attn" and "load_mode" in best:  # newer builds: -fa on|off, reported 0/1
-                v = "on" if v else "off"
+            if k == "flash_attn" and "load_mode" in best:  # newer builds: -fa on|off|auto, reported 1/0/-1
+                v = {1: "on", 0: "off"}.get(v, "auto")
             out += [flag, str(int(v)) if isinstance(v, bool) else str(v)]
     return " ".join(out)
 
