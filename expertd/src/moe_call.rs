@@ -215,9 +215,10 @@ impl Engine {
         self.demand_progress.lock().unwrap_or_else(std::sync::PoisonError::into_inner).get(&session).is_some_and(|&p| p >= (step, layer))
     }
 
-    /// Records that `spec`'s call starts (only when a speculative reader may ask).
+    /// Records that `spec`'s call starts (only once a speculative reader holds hints that
+    /// may ask: a daemon no client sends hints to takes no lock here).
     fn note_demand_start(&self, spec: &CallSpec<'_>) {
-        if self.prefetcher.get().is_none() {
+        if !self.prefetcher.get().is_some_and(|p| p.has_hints()) {
             return;
         }
         let mut progress = self.demand_progress.lock().unwrap_or_else(std::sync::PoisonError::into_inner);

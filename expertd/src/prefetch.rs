@@ -103,6 +103,11 @@ impl Prefetcher {
         };
     }
 
+    /// Whether any hint was queued yet (until one is, no call needs its start recorded).
+    pub fn has_hints(&self) -> bool {
+        self.counters.hints.load(Ordering::Relaxed) > 0
+    }
+
     /// A demand call hit `key`: if it was read speculatively, its bytes were useful. Returns
     /// whether it was.
     pub fn note_hit(&self, key: ExpertKey, stride: u64) -> bool {

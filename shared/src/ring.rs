@@ -268,15 +268,15 @@ pub struct Completion {
     pub prefetched_hits: u32,
 }
 
-/// Checks a prefetch hint carried by an `OP_MOE` entry (`Entry::hint`, the cells after the
-/// call's): a layer below `n_layers`, at most `n_experts` experts, each below `n_experts`.
-/// The message names what is wrong.
-pub fn check_carried_hint(layer: u32, experts: &[u32], n_layers: usize, n_experts: usize) -> Result<(), String> {
-    if layer as usize >= n_layers || experts.len() > n_experts {
-        return Err(format!("the call's prefetch hint: layer {layer} (of {n_layers}), {} experts (at most {n_experts})", experts.len()));
+/// Checks a prefetch hint, carried by an `OP_MOE` entry (`Entry::hint`, the cells after the
+/// call's) or sent alone in an `OP_HINT` entry: a layer below `n_layers`, 1..=`n_experts` experts,
+/// each below `n_experts`. The message names what is wrong; the caller says which hint it was.
+pub fn check_hint(layer: u32, experts: &[u32], n_layers: usize, n_experts: usize) -> Result<(), String> {
+    if layer as usize >= n_layers || experts.is_empty() || experts.len() > n_experts {
+        return Err(format!("layer {layer} (of {n_layers}), {} experts (1..={n_experts})", experts.len()));
     }
     if let Some(e) = experts.iter().find(|&&e| e as usize >= n_experts) {
-        return Err(format!("the call's prefetch hint: expert {e} out of range (layer has {n_experts} experts)"));
+        return Err(format!("expert {e} out of range (layer has {n_experts} experts)"));
     }
     Ok(())
 }

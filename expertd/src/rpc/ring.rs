@@ -130,16 +130,11 @@ impl Worker {
         let engine = &self.state.engine;
         let dims = engine.header().layout.dims;
         let n = sub.top_k as usize;
-        if sub.layer as usize >= dims.n_layers || sub.n_rows != 1 || n == 0 || n > dims.n_experts.min(self.ring.layout().cells as usize) {
-            return Err(RpcError::BadRequest(format!(
-                "prefetch hint: layer {} (of {}), rows {} (must be 1), experts {n} (1..={})",
-                sub.layer, dims.n_layers, sub.n_rows, dims.n_experts
-            )));
+        if sub.n_rows != 1 || n > self.ring.layout().cells as usize {
+            return Err(RpcError::BadRequest(format!("prefetch hint: rows {} (must be 1), experts {n} (at most {} cells)", sub.n_rows, self.ring.layout().cells)));
         }
         entry.read_cells(n, &mut self.ids, &mut self.weights);
-        if let Some(e) = self.ids.iter().find(|&&e| e as usize >= dims.n_experts) {
-            return Err(RpcError::BadRequest(format!("prefetch hint: expert {e} out of range (layer has {} experts)", dims.n_experts)));
-        }
+        ring::check_hint(sub.layer, &self.ids, dims.n_layers, dims.n_experts).map_err(|e| RpcError::BadRequest(format!("prefetch hint: {e}")))?;
         if let Some(p) = engine.prefetcher() {
             p.hint(crate::prefetch::Hint { session: self.session.id, step: sub.step, layer: sub.layer, experts: self.ids.clone() });
         }
@@ -155,7 +150,7 @@ impl Worker {
             return Ok(None);
         }
         let dims = self.state.engine.header().layout.dims;
-        ring::check_carried_hint(layer, experts, dims.n_layers, dims.n_experts).map_err(RpcError::BadRequest)?;
+        ring::check_hint(layer, experts, dims.n_layers, dims.n_experts).map_err(|e| RpcError::BadRequest(format!("the call's prefetch hint: {e}")))?;
         Ok(Some(crate::prefetch::Hint { session: self.session.id, step: sub.step, layer, experts: experts.to_vec() }))
     }
 

@@ -139,7 +139,7 @@ fn serve(view: &RingView, entry: &ring::Entry<'_>, sub: &ring::Submission, dims:
             let total = cells.checked_add(hint_n as usize).filter(|&c| c <= capacity).ok_or("hint-cells")?;
             entry.read_cells(total, &mut ids, &mut weights);
             if hint_n > 0 {
-                ring::check_carried_hint(hint_layer, &ids[cells..], dims.n_layers as usize, dims.n_experts).map_err(|_| "carried-hint".to_string())?;
+                ring::check_hint(hint_layer, &ids[cells..], dims.n_layers as usize, dims.n_experts).map_err(|_| "carried-hint".to_string())?;
                 assert!(hint_layer < dims.n_layers && ids[cells..].iter().all(|&e| (e as usize) < dims.n_experts));
             }
             let (ids, weights) = (&ids[..cells], &weights[..cells]);
