@@ -889,13 +889,7 @@ impl ExpertBackend for ExpertdClient {
     }
 
     #[tracing::instrument(level = "debug", skip_all, fields(layer_idx = call.layer, n_tokens = call.n_rows))]
-    fn moe_layer_overlapped(
-        &self,
-        call: &MoeCall<'_>,
-        out: &mut [f32],
-        profiler: Option<&Profiler>,
-        during: &mut dyn FnMut(),
-    ) -> Result<(), ExpertError> {
+    fn moe_layer_overlapped(&self, call: &MoeCall<'_>, out: &mut [f32], profiler: Option<&Profiler>, during: &mut dyn FnMut()) -> Result<(), ExpertError> {
         // `during` runs once: inside the ring call after the doorbell, or after the call on
         // the RPC paths, on a failure, or when the call is refused here. `inside_ns` is its
         // time when it ran inside the timed call (the ring), else 0.

@@ -283,13 +283,7 @@ impl ExpertBackend for ShardedExperts {
         self.moe_layer_overlapped(call, out, profiler, &mut || {})
     }
 
-    fn moe_layer_overlapped(
-        &self,
-        call: &MoeCall<'_>,
-        out: &mut [f32],
-        profiler: Option<&Profiler>,
-        during: &mut dyn FnMut(),
-    ) -> Result<(), ExpertError> {
+    fn moe_layer_overlapped(&self, call: &MoeCall<'_>, out: &mut [f32], profiler: Option<&Profiler>, during: &mut dyn FnMut()) -> Result<(), ExpertError> {
         let Some(shard) = self.owner_of(call.layer) else {
             during();
             return Err(ExpertError::InvalidCall {

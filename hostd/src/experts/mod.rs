@@ -119,13 +119,7 @@ pub trait ExpertBackend: Send + Sync {
     /// elsewhere (expertd's call ring) runs it while the call is in flight, so the caller's
     /// own independent work (the shared expert) overlaps the daemon's; in process it runs
     /// after the call. `during` must not touch `out`; nothing it does changes the result.
-    fn moe_layer_overlapped(
-        &self,
-        call: &MoeCall<'_>,
-        out: &mut [f32],
-        profiler: Option<&Profiler>,
-        during: &mut dyn FnMut(),
-    ) -> Result<(), ExpertError> {
+    fn moe_layer_overlapped(&self, call: &MoeCall<'_>, out: &mut [f32], profiler: Option<&Profiler>, during: &mut dyn FnMut()) -> Result<(), ExpertError> {
         let r = self.moe_layer_profiled(call, out, profiler);
         during();
         r
