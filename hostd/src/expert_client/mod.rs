@@ -514,21 +514,14 @@ impl ExpertdClient {
         if prev == usize::MAX || layer <= prev { self.step.fetch_add(1, Ordering::Relaxed) + 1 } else { self.step.load(Ordering::Relaxed) }
     }
 
-    /// One `MoeLayer` call on session `s`, abandoned at `deadline`. When it fails in a way
-    /// that leaves the daemon possibly still working on it, its slot is quarantined.
-    fn call_on(
-        &self,
-        s: &Session,
-        call: &MoeCall<'_>,
-        step: u64,
-        out: &mut [f32],
-        deadline: Instant,
-        during: &mut dyn FnMut(),
-    ) -> Result<CallCost, ExpertClientError> {
+    /// One `MoeLayer` call on session `cx.s`, abandoned at `cx.deadline`. When it fails in a
+    /// way that leaves the daemon possibly still working on it, its slot is quarantined.
+    fn call_on(&self, cx: CallCtx<'_, '_>, out: &mut [f32], during: &mut dyn FnMut()) -> Result<CallCost, ExpertClientError> {
         // PERF-CRITICAL: one round trip per MoE layer per step.
+        let CallCtx { s, call, .. } = cx;
         let segment = s.segment.as_deref().filter(|seg| s.info.shared_memory && seg.fits(call.n_rows));
         let mut slot = segment.and_then(ClientSegment::try_slot);
-        let result = self.call_on_slot(s, call, step, out, deadline, segment, slot.as_ref(), during);
+        let result = self.call_on_slot(cx, out, segment, slot.as_ref(), during);
         if let (Err(e), Some(slot)) = (&result, slot.as_mut())
             && !e.answered_by_daemon()
         {
@@ -537,18 +530,15 @@ impl ExpertdClient {
         result
     }
 
-    #[allow(clippy::too_many_arguments)]
     fn call_on_slot(
         &self,
-        s: &Session,
-        call: &MoeCall<'_>,
-        step: u64,
+        cx: CallCtx<'_, '_>,
         out: &mut [f32],
-        deadline: Instant,
         segment: Option<&ClientSegment>,
         slot: Option<&shm::Slot<'_>>,
         during: &mut dyn FnMut(),
     ) -> Result<CallCost, ExpertClientError> {
+        let CallCtx { s, call, step, deadline } = cx;
         let n_values = call.n_rows * self.opts.hidden;
         if let (Some(seg), Some(slot)) = (segment, slot)
             && let Some(ring) = seg.ring().filter(|r| s.info.ring_entries > 0 && call.ids.len() <= r.layout().cells as usize)
@@ -755,7 +745,7 @@ impl ExpertdClient {
                     return Err(e);
                 }
             };
-            match self.call_on(&s, call, step, out, deadline, during) {
+            match self.call_on(CallCtx { s: &s, call, step, deadline }, out, during) {
                 Ok(cost) => {
                     self.health.ok();
                     return Ok(cost);
@@ -823,6 +813,16 @@ impl ExpertdClient {
 /// Seconds to 0.1 s, for messages.
 fn tenths(d: Duration) -> f64 {
     (d.as_secs_f64() * 10.0).round() / 10.0
+}
+
+/// One MoE call as it passes through the client: its session, the call, the client step it
+/// belongs to and when it is abandoned.
+#[derive(Clone, Copy)]
+struct CallCtx<'c, 'm> {
+    s: &'c Session,
+    call: &'c MoeCall<'m>,
+    step: u64,
+    deadline: Instant,
 }
 
 impl ExpertBackend for ExpertdClient {
