@@ -1,7 +1,12 @@
 //! Helpers for sluice's end-to-end tests: fixture paths, the oracle's reference files, the
 //! `hostd` binary, safetensors rewriting used to build broken or re-laid-out checkpoints, the
-//! one harness for daemons run as subprocesses ([`Spawned`], [`wait_for`]), and the Python that
-//! parses Prometheus text ([`python`], [`parse_prometheus_text`]).
+//! one harness for daemons run as subprocesses ([`Spawned`], [`wait_for`]), expertd run in this
+//! process on a temporary socket ([`InProcessDaemon`]), and the Python that parses Prometheus
+//! text ([`python`], [`parse_prometheus_text`]).
+
+mod in_process;
+
+pub use in_process::{InProcessDaemon, Transport};
 
 use safetensors::{Dtype, SafeTensors};
 use std::collections::BTreeMap;

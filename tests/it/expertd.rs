@@ -5,7 +5,9 @@
 //! in-process INT8 backend's; concurrent clients get what they get alone; a killed hostd's
 //! session and leases are gone within a second; a daemon restart fails the call in flight
 //! clearly and the client reconnects; every malformed call gets its own status and the daemon
-//! keeps serving; a corrupted blob is DATA_LOSS for that expert.
+//! keeps serving; a corrupted blob is DATA_LOSS for that expert. Those last two run the server
+//! in this process ([`InProcessDaemon`], configured here by [`whole_container`]); the rest run
+//! the `expertd serve` binary ([`Daemon`]).
 
 use hostd::expert_client::{ClientOptions, Endpoint, ExpertdClient};
 use hostd::experts::{ExpertBackend, MoeCall};
@@ -15,8 +17,9 @@ use shared::container::{ContainerFile, ModelIdentity};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use expertd::server::ServeConfig;
 use std::time::{Duration, Instant};
-use tests::{Spawned, model_dir, presets, reference, work_with_container, workspace_bin};
+use tests::{InProcessDaemon, Spawned, model_dir, presets, reference, work_with_container, workspace_bin};
 use tonic::Code;
 use tonic::transport::Channel;
 
@@ -105,6 +108,12 @@ pub(crate) fn blob_stride(container: &Path) -> u64 {
 
 pub(crate) fn container_bytes(container: &Path) -> u64 {
     std::fs::metadata(container.join(shared::container::CONTAINER_FILE)).expect("container file").len()
+}
+
+/// A serving configuration whose cache holds every expert of `container` (defaults otherwise),
+/// for an [`InProcessDaemon`].
+pub(crate) fn whole_container(container: &Path) -> ServeConfig {
+    ServeConfig::new(container.to_path_buf(), container_bytes(container))
 }
 
 /// Writes the preset's oracle prompts (ids only), `repeat` times over.
@@ -388,12 +397,12 @@ fn a_daemon_restart_fails_the_call_in_flight_clearly_and_the_client_reconnects()
 #[test]
 fn malformed_calls_get_specific_statuses_and_the_daemon_keeps_serving() {
     let (work, container) = work_with_container("tiny");
-    let daemon = Daemon::unix(&container, container_bytes(&container), &[]);
-    let socket = daemon.socket.clone().expect("socket");
+    let daemon = InProcessDaemon::unix(whole_container(&container));
+    let socket = daemon.socket();
     let tiny_identity = ModelIdentity::of_checkpoint(&shared::checkpoint::Checkpoint::open(&model_dir("tiny")).expect("ckpt")).expect("identity");
     let small_identity = ModelIdentity::of_checkpoint(&shared::checkpoint::Checkpoint::open(&model_dir("small")).expect("ckpt")).expect("identity");
     rt().block_on(async {
-        let mut c = raw_unix(&socket).await;
+        let mut c = raw_unix(socket).await;
         check_status("unknown session", c.moe_layer(valid_call(42)).await, Code::NotFound, "unknown session 42");
         let old = pb::HandshakeRequest { protocol_version: 1, ..handshake_request(None) };
         check_status("old version", c.handshake(old).await, Code::FailedPrecondition, "protocol version 1");
@@ -444,16 +453,14 @@ fn malformed_calls_get_specific_statuses_and_the_daemon_keeps_serving() {
     });
 
     // A unix peer outside --allow-uid is refused.
-    let restricted = Daemon::unix(&container, container_bytes(&container), &["--allow-uid", "54321"]);
+    let restricted = InProcessDaemon::unix(ServeConfig { allow_uids: vec![54321], ..whole_container(&container) });
     rt().block_on(async {
-        let mut c = raw_unix(restricted.socket.as_ref().expect("socket")).await;
+        let mut c = raw_unix(restricted.socket()).await;
         check_status("uid not allowed", c.handshake(handshake_request(None)).await, Code::PermissionDenied, "not allowed");
     });
 
     // TCP needs the bearer token.
-    let token = work.path().join("token");
-    std::fs::write(&token, "open-sesame").expect("token");
-    let tcp = Daemon::start(&container, container_bytes(&container), Some(&token), &[]);
+    let tcp = InProcessDaemon::tcp(ServeConfig { auth_token: Some("open-sesame".into()), insecure_tcp: true, ..whole_container(&container) });
     rt().block_on(async {
         let mut c = ExpertServiceClient::connect(tcp.uri()).await.expect("tcp connect");
         check_status("no token", c.handshake(handshake_request(None)).await, Code::Unauthenticated, "missing");
@@ -464,6 +471,9 @@ fn malformed_calls_get_specific_statuses_and_the_daemon_keeps_serving() {
         right.metadata_mut().insert("authorization", "Bearer open-sesame".parse().expect("ascii"));
         c.handshake(right).await.expect("the right token is accepted");
     });
+    // The command line refuses TCP without a token, and without TLS or --insecure.
+    let token = work.path().join("token");
+    std::fs::write(&token, "open-sesame").expect("token");
     let out = Command::new(workspace_bin("expertd"))
         .args(["serve", "--container", container.to_str().expect("utf-8"), "--cache-bytes", "0", "--listen", "127.0.0.1:0"])
         .output()
@@ -488,9 +498,9 @@ fn a_corrupted_blob_is_data_loss_for_that_expert_only() {
     let mut bytes = std::fs::read(&file).expect("read");
     bytes[at] ^= 0x40;
     std::fs::write(&file, bytes).expect("write");
-    let daemon = Daemon::unix(&container, container_bytes(&container), &[]);
+    let daemon = InProcessDaemon::unix(whole_container(&container));
     rt().block_on(async {
-        let mut c = raw_unix(daemon.socket.as_ref().expect("socket")).await;
+        let mut c = raw_unix(daemon.socket()).await;
         let sid = c.handshake(handshake_request(None)).await.expect("handshake").into_inner().session_id;
         let s = c.moe_layer(valid_call(sid)).await.expect_err("expert 1 is corrupt");
         assert_eq!(s.code(), Code::DataLoss, "{}", s.message());

@@ -4,9 +4,11 @@
 //! escape sequence is logged escaped, on one line; NaN and infinite activations are refused
 //! with INVALID_ARGUMENT naming the layer and the row, on the `MoeLayer` RPC and on the
 //! shared-memory call ring, and the session keeps serving; gRPC health on TCP needs the bearer
-//! token, while on the unix socket it stays open.
+//! token, while on the unix socket it stays open. Each test runs the server in this process on a
+//! temporary socket ([`InProcessDaemon`]) and reads its log from there.
 
-use super::expertd::{Daemon, HIDDEN_TINY, activations, check_status, container_bytes, handshake_request, raw_unix, rt, unix_channel, valid_call};
+use super::expertd::{HIDDEN_TINY, activations, check_status, handshake_request, raw_unix, rt, unix_channel, valid_call, whole_container};
+use expertd::server::ServeConfig;
 use hostd::expert_client::shm::ClientSegment;
 use hostd::expert_client::{Endpoint, transport};
 use proto::v1::{self as pb, moe_layer_request::Input};
@@ -15,7 +17,7 @@ use shared::shm_layout::SlotLayout;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tests::work_with_container;
+use tests::{InProcessDaemon, work_with_container};
 use tonic::Code;
 use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::health_client::HealthClient;
@@ -40,10 +42,10 @@ fn a_session_flood_is_refused_past_the_caps_and_a_dropped_connection_frees_its_s
     let (_work, container) = tiny_container();
     // The per-connection cap at its default (64); the per-uid cap lowered to 70 so a second
     // connection of the same user reaches it after 6.
-    let daemon = Daemon::unix(&container, container_bytes(&container), &["--max-sessions-per-uid", "70"]);
-    let socket = daemon.socket.clone().expect("socket");
+    let daemon = InProcessDaemon::unix(ServeConfig { max_sessions_per_uid: 70, ..whole_container(&container) });
+    let socket = daemon.socket();
     rt().block_on(async {
-        let mut a = raw_unix(&socket).await;
+        let mut a = raw_unix(socket).await;
         let t = Instant::now();
         for i in 0..64 {
             a.handshake(named(&format!("flood {i}"))).await.unwrap_or_else(|e| panic!("handshake {i} under the cap: {e}"));
@@ -57,7 +59,7 @@ fn a_session_flood_is_refused_past_the_caps_and_a_dropped_connection_frees_its_s
         assert_eq!(open_sessions(&mut a).await, 64, "Stats lists exactly the cap");
 
         // A second connection of the same uid: room for 6 more, then the uid's cap.
-        let mut b = raw_unix(&socket).await;
+        let mut b = raw_unix(socket).await;
         for i in 0..6 {
             b.handshake(named(&format!("second {i}"))).await.unwrap_or_else(|e| panic!("second connection, session {i}: {e}"));
         }
@@ -86,11 +88,11 @@ fn a_session_flood_is_refused_past_the_caps_and_a_dropped_connection_frees_its_s
 #[test]
 fn a_client_name_with_control_characters_is_logged_escaped_on_one_line() {
     let (_work, container) = tiny_container();
-    let daemon = Daemon::unix(&container, container_bytes(&container), &[]);
-    let socket = daemon.socket.clone().expect("socket");
+    let daemon = InProcessDaemon::unix(whole_container(&container));
+    let socket = daemon.socket();
     let evil = "evil\n\x1b[31mFAKE expertd line\r";
     rt().block_on(async {
-        let mut c = raw_unix(&socket).await;
+        let mut c = raw_unix(socket).await;
         let sid = c.handshake(named(evil)).await.expect("handshake").into_inner().session_id;
         // Stats returns the name as given (it is data, not a log line).
         let stats = c.stats(pb::StatsRequest {}).await.expect("stats").into_inner();
@@ -130,8 +132,8 @@ fn ring_call(seg: &ClientSegment, segment_id: u64, layer: u32, x: &[f32], seq: u
 #[test]
 fn nan_and_infinite_activations_are_refused_naming_layer_and_row_on_the_rpc_and_the_ring() {
     let (_work, container) = tiny_container();
-    let daemon = Daemon::unix(&container, container_bytes(&container), &[]);
-    let socket = daemon.socket.clone().expect("socket");
+    let daemon = InProcessDaemon::unix(whole_container(&container));
+    let socket = daemon.socket();
     // (value, row, column): a NaN mid-row, +Inf at a row's last column, -Inf at the first.
     let cases = [(f32::NAN, 1usize, 5usize), (f32::INFINITY, 0, HIDDEN_TINY - 1), (f32::NEG_INFINITY, 1, 0)];
     let poisoned = |bad: f32, row: usize, col: usize| {
@@ -142,7 +144,7 @@ fn nan_and_infinite_activations_are_refused_naming_layer_and_row_on_the_rpc_and_
 
     // The MoeLayer RPC (inline activations).
     rt().block_on(async {
-        let mut c = raw_unix(&socket).await;
+        let mut c = raw_unix(socket).await;
         let sid = c.handshake(named("nan rpc")).await.expect("handshake").into_inner().session_id;
         for (bad, row, col) in cases {
             let x = poisoned(bad, row, col);
@@ -157,7 +159,7 @@ fn nan_and_infinite_activations_are_refused_naming_layer_and_row_on_the_rpc_and_
     let layout = SlotLayout::new(2, 4, HIDDEN_TINY).and_then(|l| l.with_ring(8)).expect("layout");
     let seg = Arc::new(ClientSegment::create(layout).expect("segment"));
     let (link, hs) = rt().block_on(async {
-        let mut link = transport::connect(&Endpoint::Unix(socket.clone()), Some(Arc::clone(&seg)), None).await.expect("connect");
+        let mut link = transport::connect(&Endpoint::Unix(socket.to_path_buf()), Some(Arc::clone(&seg)), None).await.expect("connect");
         let hs = link.client.handshake(named("nan ring")).await.expect("handshake").into_inner();
         (link, hs)
     });
@@ -169,7 +171,7 @@ fn nan_and_infinite_activations_are_refused_naming_layer_and_row_on_the_rpc_and_
         assert!(message.contains(&needle), "{message:?} does not contain {needle:?}");
     }
     assert_eq!(ring_call(&seg, link.segment_id, 3, &activations(2, HIDDEN_TINY), 20), None, "the ring worker still serves");
-    let stats = rt().block_on(async { raw_unix(&socket).await.stats(pb::StatsRequest {}).await.expect("stats").into_inner() });
+    let stats = rt().block_on(async { raw_unix(socket).await.stats(pb::StatsRequest {}).await.expect("stats").into_inner() });
     let ring_session = stats.sessions.iter().find(|s| s.client_name == "nan ring").expect("ring session");
     assert_eq!((ring_session.failed_calls, ring_session.calls, ring_session.ring_calls), (3, 1, 1), "{ring_session:?}");
     drop(link);
@@ -185,10 +187,8 @@ async fn health(channel: tonic::transport::Channel, service: &str, token: Option
 
 #[test]
 fn grpc_health_on_tcp_requires_the_token_and_stays_open_on_the_unix_socket() {
-    let (work, container) = tiny_container();
-    let token = work.path().join("token");
-    std::fs::write(&token, "open-sesame\n").expect("token");
-    let tcp = Daemon::start(&container, container_bytes(&container), Some(&token), &[]);
+    let (_work, container) = tiny_container();
+    let tcp = InProcessDaemon::tcp(ServeConfig { auth_token: Some("open-sesame".into()), insecure_tcp: true, ..whole_container(&container) });
     let serving = ServingStatus::Serving as i32;
     rt().block_on(async {
         let ch = tonic::transport::Endpoint::from_shared(tcp.uri()).expect("uri").connect().await.expect("tcp connect");
@@ -198,9 +198,9 @@ fn grpc_health_on_tcp_requires_the_token_and_stays_open_on_the_unix_socket() {
         assert_eq!(health(ch.clone(), "", Some("open-sesame")).await.expect("with the token").status, serving);
         assert_eq!(health(ch, "expertd.v1.ExpertService", Some("open-sesame")).await.expect("with the token").status, serving);
     });
-    let unix = Daemon::unix(&container, container_bytes(&container), &[]);
+    let unix = InProcessDaemon::unix(whole_container(&container));
     rt().block_on(async {
-        let ch = unix_channel(unix.socket.as_ref().expect("socket")).await;
+        let ch = unix_channel(unix.socket()).await;
         assert_eq!(health(ch, "expertd.v1.ExpertService", None).await.expect("unix health needs no token").status, serving);
     });
 }

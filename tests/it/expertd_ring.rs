@@ -3,9 +3,11 @@
 //! ring by default, and `hostd eval` writes byte-equal logits through the ring, through the
 //! `MoeLayer` RPC and in process, at a budget that evicts every step and at one that holds
 //! everything, with prefetch hints on and off; the echo op returns its input; and every
-//! malformed ring entry fails that call with its own status while the worker keeps serving.
+//! malformed ring entry fails that call with its own status while the worker keeps serving. The
+//! tests of single calls run the server in this process ([`InProcessDaemon`]); those with
+//! `hostd eval` run the `expertd serve` binary.
 
-use super::expertd::{Daemon, HIDDEN_TINY, activations, blob_stride, container_bytes, eval, prompts_file, raw_unix, rt, tiny_call};
+use super::expertd::{Daemon, HIDDEN_TINY, activations, blob_stride, container_bytes, eval, prompts_file, raw_unix, rt, tiny_call, whole_container};
 use hostd::expert_client::shm::ClientSegment;
 use hostd::expert_client::{ClientOptions, Endpoint, ExpertdClient, transport};
 use hostd::experts::{ExpertBackend, MoeCall};
@@ -15,7 +17,7 @@ use shared::shm_layout::SlotLayout;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
-use tests::work_with_container;
+use tests::{InProcessDaemon, work_with_container};
 use tonic::Code;
 
 fn client(socket: &Path, ring: bool) -> ExpertdClient {
@@ -26,11 +28,12 @@ fn client(socket: &Path, ring: bool) -> ExpertdClient {
     ExpertdClient::connect(opts, None).expect("connect")
 }
 
-/// A daemon on the `tiny` fixture's container, whole container cached; keep the temp dir alive.
-fn tiny_daemon() -> (tempfile::TempDir, Daemon, std::path::PathBuf) {
+/// A daemon in this process on the `tiny` fixture's container, whole container cached, and its
+/// socket; keep the temp dir alive.
+fn tiny_daemon() -> (tempfile::TempDir, InProcessDaemon, std::path::PathBuf) {
     let (work, container) = work_with_container("tiny");
-    let d = Daemon::unix(&container, container_bytes(&container), &[]);
-    let socket = d.socket.clone().expect("socket");
+    let d = InProcessDaemon::unix(whole_container(&container));
+    let socket = d.socket().to_path_buf();
     (work, d, socket)
 }
 

@@ -4,12 +4,15 @@
 //! byte-equal to one daemon's, each daemon seeing only its own layers; killing one shard fails
 //! only its layers' calls, naming it; a TLS daemon refuses plain-TCP clients, wrong tokens and
 //! clients that do not trust its CA; hostd refuses gaps, overlaps, daemons on another
-//! container, `http://` without `--expertd-insecure` and `https://` without a CA file.
+//! container, `http://` without `--expertd-insecure` and `https://` without a CA file. The
+//! refusal tests run the daemons in this process ([`InProcessDaemon`]); the eval and kill tests
+//! run the `expertd serve` binary.
 
 use crate::expertd::{
     Daemon, HIDDEN_TINY, activations, check_status, container_bytes, eval, handshake_request,
-    prompts_file, rt,
+    prompts_file, rt, whole_container,
 };
+use expertd::server::{ServeConfig, TlsIdentity};
 use hostd::expert_client::health::Readiness;
 use hostd::expert_client::{
     CaCertificate, ClientOptions, Endpoint, ExpertClientError, ExpertdClient, ShardSpec,
@@ -20,7 +23,7 @@ use proto::v1::expert_service_client::ExpertServiceClient;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
-use tests::{model_dir, prepare_container, work_with_container, workspace_bin};
+use tests::{InProcessDaemon, model_dir, prepare_container, work_with_container, workspace_bin};
 use tonic::Code;
 
 const TOKEN: &str = "shard-s3cret";
@@ -71,6 +74,15 @@ fn tls_daemon(container: &Path, token: &Path, pki: &Pki, extra: &[&str]) -> Daem
     ];
     args.extend_from_slice(extra);
     Daemon::start(container, container_bytes(container), Some(token), &args)
+}
+
+/// [`tls_daemon`] in this process: TLS with `pki`'s certificate, [`TOKEN`] required.
+fn tls_in_process(container: &Path, pki: &Pki) -> InProcessDaemon {
+    InProcessDaemon::tcp(ServeConfig {
+        auth_token: Some(TOKEN.into()),
+        tls: Some(TlsIdentity::read(&pki.cert, &pki.key).expect("certificate and key")),
+        ..whole_container(container)
+    })
 }
 
 /// The layers a daemon's route trace saw calls for.
@@ -277,7 +289,7 @@ fn a_tls_daemon_refuses_plain_tcp_wrong_tokens_and_clients_without_its_ca() {
         make_pki(work.path(), "t"),
         make_pki(work.path(), "other"),
     );
-    let b = tls_daemon(&container, &token, &pki, &[]);
+    let b = tls_in_process(&container, &pki);
     let plain_uri = b.uri().replacen("https://", "http://", 1);
     let bearer = |t: &str| -> tonic::Request<proto::v1::HandshakeRequest> {
         let mut r = tonic::Request::new(handshake_request(None));
@@ -436,8 +448,8 @@ fn hostd_refuses_gaps_overlaps_other_containers_and_unprotected_tcp_by_name() {
     let (tiny, trained) = (work.path().join("tiny"), work.path().join("trained"));
     prepare_container(&model_dir("tiny"), &tiny);
     prepare_container(&model_dir("trained"), &trained);
-    let a = Daemon::unix(&tiny, container_bytes(&tiny), &[]);
-    let other = Daemon::unix(&trained, container_bytes(&trained), &[]);
+    let a = InProcessDaemon::unix(whole_container(&tiny));
+    let other = InProcessDaemon::unix(whole_container(&trained));
     let w = work.path();
     let (a0_1, a0_2) = (format!("{}=0-1", a.uri()), format!("{}=0-2", a.uri()));
     refused(

@@ -7,6 +7,7 @@
 
 use crate::serve::Server;
 use crate::serve_anthropic::{check_anthropic_error, create, events, fold, post, user};
+use crate::serve_responses::check_weather_args;
 use serde_json::{Value, json};
 
 fn tools() -> Value {
@@ -43,18 +44,7 @@ fn tool_uses(m: &Value, forced: Option<&str>) -> Vec<Value> {
             assert_eq!(name, f, "{m}");
         }
         match name {
-            "get_weather" => {
-                assert!(
-                    input["city"]
-                        .as_str()
-                        .is_some_and(|c| c.chars().count() <= 12),
-                    "{input}"
-                );
-                assert!(
-                    input["days"].as_u64().is_some_and(|d| (1..=7).contains(&d)),
-                    "{input}"
-                );
-            }
+            "get_weather" => check_weather_args(input),
             "get_time" => assert!(input["zone"] == "UTC" || input["zone"] == "CET", "{input}"),
             other => panic!("unexpected tool {other}: {m}"),
         }

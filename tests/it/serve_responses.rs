@@ -323,15 +323,17 @@ fn responses_shapes_stream_store_and_previous_response_id() {
             .is_some_and(|n| n >= 1),
         "{t}"
     );
-    let mut s_thinking = thinking.clone();
-    s_thinking["stream"] = json!(true);
-    let evs = events(&s.post("/v1/responses", &s_thinking).text());
-    assert!(
-        evs.iter()
-            .any(|(n, _)| n == "response.reasoning_text.delta")
-    );
+    check_streamed_alike(&s, &thinking, "response.reasoning_text.delta", &t);
+}
+
+/// `body` streamed: its events include `delta`, and folded they give `whole`.
+fn check_streamed_alike(s: &Server, body: &Value, delta: &str, whole: &Value) {
+    let mut streamed = body.clone();
+    streamed["stream"] = json!(true);
+    let evs = events(&s.post("/v1/responses", &streamed).text());
+    assert!(evs.iter().any(|(n, _)| n == delta), "no {delta} event");
     let (last, _) = fold(&evs);
-    assert_eq!(comparable(&last), comparable(&t));
+    assert_eq!(comparable(&last), comparable(whole));
 }
 
 fn weather_tool() -> Value {
@@ -366,6 +368,12 @@ fn check_call(item: &Value) -> Value {
     );
     let args: Value = serde_json::from_str(item["arguments"].as_str().expect("arguments"))
         .expect("arguments are JSON");
+    check_weather_args(&args);
+    args
+}
+
+/// `get_weather`'s arguments keep to its schema: a city of at most 12 characters, 1 to 7 days.
+pub(crate) fn check_weather_args(args: &Value) {
     assert!(
         args["city"]
             .as_str()
@@ -376,7 +384,6 @@ fn check_call(item: &Value) -> Value {
         args["days"].as_u64().is_some_and(|d| (1..=7).contains(&d)),
         "{args}"
     );
-    args
 }
 
 #[test]
@@ -401,15 +408,12 @@ fn forced_function_call_streams_alike_and_round_trips() {
         "tools are echoed in the Responses shape"
     );
 
-    let mut streamed = body.clone();
-    streamed["stream"] = json!(true);
-    let evs = events(&s.post("/v1/responses", &streamed).text());
-    assert!(
-        evs.iter()
-            .any(|(n, _)| n == "response.function_call_arguments.delta")
+    check_streamed_alike(
+        &s,
+        &body,
+        "response.function_call_arguments.delta",
+        &whole,
     );
-    let (last, _) = fold(&evs);
-    assert_eq!(comparable(&last), comparable(&whole));
 
     // The call's output goes back by previous_response_id, naming its call_id.
     let call_id = calls[0]["call_id"].as_str().expect("call_id");

@@ -452,32 +452,33 @@ fn run_tokenize(args: &[&str], stdin: &[u8]) -> std::process::Output {
     child.wait_with_output().expect("hostd tokenize output")
 }
 
+/// [`run_tokenize`] that must succeed; its stdout.
+fn tokenize_ok(args: &[&str], stdin: &[u8]) -> String {
+    let out = run_tokenize(args, stdin);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
 #[test]
 fn tokenizer_cli_prints_ids() {
     let file = real_tokenizer_json();
     let file = file.to_str().expect("utf-8 path");
-    let out = run_tokenize(&["--tokenizer", file, "--json"], SPEC_TEXT_1.as_bytes());
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let ids: Vec<u32> = serde_json::from_slice(&out.stdout).expect("JSON array of ids");
+    let out = tokenize_ok(&["--tokenizer", file, "--json"], SPEC_TEXT_1.as_bytes());
+    let ids: Vec<u32> = serde_json::from_str(&out).expect("JSON array of ids");
     assert_eq!(ids, SPEC_IDS_1);
 
-    let out = run_tokenize(&["--tokenizer", file], SPEC_TEXT_2.as_bytes());
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let out = tokenize_ok(&["--tokenizer", file], SPEC_TEXT_2.as_bytes());
     let want = SPEC_IDS_2
         .iter()
         .map(u32::to_string)
         .collect::<Vec<_>>()
         .join(" ")
         + "\n";
-    assert_eq!(String::from_utf8_lossy(&out.stdout), want);
+    assert_eq!(out, want);
 }
 
 #[test]
@@ -486,20 +487,11 @@ fn tokenizer_cli_model_dir_and_errors() {
     let dir = tempfile::tempdir().expect("tempdir");
     std::fs::copy(&truncated, dir.path().join("tokenizer.json")).expect("copy tokenizer");
     let dir_arg = dir.path().to_str().expect("utf-8 path");
-    let out = run_tokenize(&["--model", dir_arg, "--json"], b"<|im_end|>");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    assert_eq!(
+        tokenize_ok(&["--model", dir_arg, "--json"], b"<|im_end|>"),
+        "[1002]\n"
     );
-    assert_eq!(String::from_utf8_lossy(&out.stdout), "[1002]\n");
-    let out = run_tokenize(&["--model", dir_arg, "--json"], b"");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert_eq!(String::from_utf8_lossy(&out.stdout), "[]\n");
+    assert_eq!(tokenize_ok(&["--model", dir_arg, "--json"], b""), "[]\n");
 
     // Not UTF-8.
     let out = run_tokenize(&["--model", dir_arg], b"ok \xff\xfe");
