@@ -86,16 +86,7 @@ fn expert_pool() -> Vec<Expert> {
 }
 
 fn isas() -> Vec<Int8Isa> {
-    Int8Isa::ALL
-        .into_iter()
-        .filter(|isa| {
-            let ok = isa.is_available();
-            if !ok {
-                println!("skipping {isa}: not available on this CPU");
-            }
-            ok
-        })
-        .collect()
+    shared::kernels::present_or_say(Int8Isa::ALL, |isa| isa.is_available())
 }
 
 fn print_dram_bandwidth() {

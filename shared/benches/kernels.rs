@@ -88,16 +88,7 @@ impl WeightPool {
 }
 
 fn isas() -> Vec<Isa> {
-    Isa::ALL
-        .into_iter()
-        .filter(|isa| {
-            let ok = isa.is_available();
-            if !ok {
-                println!("skipping {isa}: not available on this CPU");
-            }
-            ok
-        })
-        .collect()
+    shared::kernels::present_or_say(Isa::ALL, |isa| isa.is_available())
 }
 
 fn pools() -> Vec<(usize, rayon::ThreadPool)> {

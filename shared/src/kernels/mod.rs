@@ -43,6 +43,21 @@ use rayon::prelude::*;
 /// (streaming them from DRAM takes several microseconds) dwarfs rayon's per-task overhead.
 pub const PAR_MIN_TASK_WEIGHT_BYTES: usize = 64 << 10;
 
+/// The instruction sets of `all` this CPU has, in order, printing a line for each one it lacks:
+/// how the kernel tests and benchmarks say which kernels they skip.
+#[doc(hidden)]
+pub fn present_or_say<I: Copy + std::fmt::Display>(all: impl IntoIterator<Item = I>, is_available: impl Fn(&I) -> bool) -> Vec<I> {
+    all.into_iter()
+        .filter(|isa| {
+            let ok = is_available(isa);
+            if !ok {
+                println!("skipping {isa}: not available on this CPU");
+            }
+            ok
+        })
+        .collect()
+}
+
 /// `y = W·x` for one activation vector: `y[r] = Σ_j w[r·cols + j] · x[j]`, single-threaded and
 /// allocation-free.
 ///

@@ -99,16 +99,7 @@ impl Data {
 
 /// The SIMD instruction sets this CPU has; prints the ones it lacks.
 fn simd_isas() -> Vec<Isa> {
-    [Isa::Avx2, Isa::Avx512]
-        .into_iter()
-        .filter(|isa| {
-            let ok = isa.is_available();
-            if !ok {
-                println!("skipping {isa}: not available on this CPU");
-            }
-            ok
-        })
-        .collect()
+    crate::kernels::present_or_say([Isa::Avx2, Isa::Avx512], |isa| isa.is_available())
 }
 
 /// One case: `rows × cols` weights starting `w_off` elements into their buffer, `n × cols`

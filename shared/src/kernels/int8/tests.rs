@@ -34,16 +34,7 @@ impl Rng {
 
 /// Every ISA this CPU has, scalar first; prints the ones it lacks.
 fn isas() -> Vec<Int8Isa> {
-    Int8Isa::ALL
-        .into_iter()
-        .filter(|isa| {
-            let ok = isa.is_available();
-            if !ok {
-                println!("skipping {isa}: not available on this CPU");
-            }
-            ok
-        })
-        .collect()
+    crate::kernels::present_or_say(Int8Isa::ALL, |isa| isa.is_available())
 }
 
 /// `Σ_c q[r][c] · (x_q[c] − 128)` from the row-major quantised values, in i64: a check of the
