@@ -269,7 +269,7 @@ pub struct Completion {
 }
 
 /// Checks a prefetch hint, carried by an `OP_MOE` entry (`Entry::hint`, the cells after the
-/// call's) or sent alone in an `OP_HINT` entry: a layer below `n_layers`, 1..=`n_experts` experts,
+/// call's) or sent alone in an `OP_PREFETCH` entry: a layer below `n_layers`, 1..=`n_experts` experts,
 /// each below `n_experts`. The message names what is wrong; the caller says which hint it was.
 pub fn check_hint(layer: u32, experts: &[u32], n_layers: usize, n_experts: usize) -> Result<(), String> {
     if layer as usize >= n_layers || experts.is_empty() || experts.len() > n_experts {

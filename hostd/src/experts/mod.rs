@@ -138,7 +138,7 @@ pub trait ExpertBackend: Send + Sync {
         false
     }
     /// A hint: `layer` will probably call `experts` (most probable first) next. Never changes a result; a backend
-    /// may ignore it. `profiler`, when given, counts the hints sent and skipped.
+    /// may ignore it. `profiler`, when given, counts the hints sent.
     fn prefetch(&self, _layer: usize, _experts: &[u32], _profiler: Option<&Profiler>) {}
     /// Cumulative speculative-read counters of the backend's daemon(s).
     fn speculative_counters(&self) -> Option<SpeculativeCounters> {
