@@ -133,6 +133,19 @@ fn positive_seconds(s: &str) -> Result<f64, String> {
     Ok(v)
 }
 
+/// `--keep-awake`: whether forward passes keep the compute pool spinning (see
+/// [`crate::model::keep_awake`]).
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum KeepAwake {
+    /// On with in-process experts, off with expertd.
+    #[default]
+    Auto,
+    /// Always.
+    On,
+    /// Never: idle compute threads sleep between parallel regions.
+    Off,
+}
+
 /// Model-loading options (the flags of the subcommands that load a model).
 #[derive(clap::Args, Debug, Clone)]
 pub struct LoadOptions {
@@ -151,6 +164,13 @@ pub struct LoadOptions {
     /// Compute threads (default: every core).
     #[arg(long, env = "SLUICE_THREADS")]
     pub threads: Option<usize>,
+    /// Keep the compute threads spinning through each forward pass instead of letting them
+    /// sleep between its parallel regions (faster on a virtual machine, where waking a sleeping
+    /// thread is slow, but it holds every compute core for the whole pass). `auto`: on when the
+    /// experts are computed in this process, off with expertd (which needs the cores while
+    /// hostd waits for it).
+    #[arg(long, value_enum, default_value_t = KeepAwake::Auto, env = "SLUICE_KEEP_AWAKE")]
+    pub keep_awake: KeepAwake,
     /// The expertd backend's flags.
     #[command(flatten)]
     pub expertd: ExpertdOptions,
@@ -387,7 +407,12 @@ pub fn load_model(args: &LoadOptions, client_name: &str) -> Result<Model, LoadEr
     };
     let dense: DenseFormat = args.dense.into();
     let t = std::time::Instant::now();
-    let model = Model::load(&mapped, experts, isa, dense)?;
+    let mut model = Model::load(&mapped, experts, isa, dense)?;
+    match args.keep_awake {
+        KeepAwake::Auto => {}
+        KeepAwake::On => model.set_keep_awake(true),
+        KeepAwake::Off => model.set_keep_awake(false),
+    }
     tracing::info!(dense = dense.name(), load_s = t.elapsed().as_secs_f64(), "dense weights loaded");
     Ok(model)
 }

@@ -81,6 +81,7 @@ fn agreement(what: &str, experts: ExpertsKind, dense: DenseKind) -> (Tally, Tall
             experts,
             container: (experts == ExpertsKind::Int8).then(|| container.path().to_path_buf()),
             threads: None,
+            keep_awake: Default::default(),
             expertd: Default::default(),
             dense,
             host_extra_bytes: 0,
@@ -189,7 +190,7 @@ fn all_int8_agrees_with_the_fp32_reference() {
 fn a_corrupt_blob_fails_the_forward_pass_naming_layer_and_expert() {
     let container = tempfile::tempdir().expect("tempdir");
     prepare_container(&model_dir("tiny"), container.path());
-    let args = LoadOptions { model: model_dir("tiny"), experts: ExpertsKind::Int8, container: Some(container.path().to_path_buf()), threads: None, expertd: Default::default(), dense: Default::default(), host_extra_bytes: 0 };
+    let args = LoadOptions { model: model_dir("tiny"), experts: ExpertsKind::Int8, container: Some(container.path().to_path_buf()), threads: None, keep_awake: Default::default(), expertd: Default::default(), dense: Default::default(), host_extra_bytes: 0 };
     // Flip one byte inside the first blob's packed weights (layer 0, expert 0).
     let file = container.path().join("experts.sluice");
     let reader = shared::container::ContainerFile::open(container.path()).expect("valid container");
@@ -213,7 +214,7 @@ fn a_corrupt_blob_fails_the_forward_pass_naming_layer_and_expert() {
 fn a_container_from_another_model_is_refused() {
     let container = tempfile::tempdir().expect("tempdir");
     prepare_container(&model_dir("tiny"), container.path());
-    let args = LoadOptions { model: model_dir("small"), experts: ExpertsKind::Int8, container: Some(container.path().to_path_buf()), threads: None, expertd: Default::default(), dense: Default::default(), host_extra_bytes: 0 };
+    let args = LoadOptions { model: model_dir("small"), experts: ExpertsKind::Int8, container: Some(container.path().to_path_buf()), threads: None, keep_awake: Default::default(), expertd: Default::default(), dense: Default::default(), host_extra_bytes: 0 };
     let err = load_model(&args, "test").err().expect("mismatched container is refused");
     let msg = format!("{err:#}");
     assert!(msg.contains("different model") || msg.contains("dims"), "{msg}");

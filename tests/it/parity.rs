@@ -15,7 +15,7 @@ const LOGIT_TOL: f32 = 1e-3;
 const ROUTE_WEIGHT_TOL: f32 = 1e-4;
 
 fn load(preset: &str) -> Model {
-    let args = LoadOptions { model: model_dir(preset), experts: ExpertsKind::Bf16, container: None, threads: None, expertd: Default::default(), dense: Default::default(), host_extra_bytes: 0 };
+    let args = LoadOptions { model: model_dir(preset), experts: ExpertsKind::Bf16, container: None, threads: None, keep_awake: Default::default(), expertd: Default::default(), dense: Default::default(), host_extra_bytes: 0 };
     load_model(&args, "test").expect("fixture model loads")
 }
 
@@ -107,7 +107,7 @@ fn bad_inputs_are_clear_errors() {
     let mut cfg: Value = serde_json::from_str(&std::fs::read_to_string(&cfg_path).expect("config")).expect("json");
     cfg["text_config"]["max_position_embeddings"] = 16.into();
     std::fs::write(&cfg_path, cfg.to_string()).expect("write config");
-    let small = load_model(&LoadOptions { model: dir.path().to_path_buf(), experts: ExpertsKind::Bf16, container: None, threads: None, expertd: Default::default(), dense: Default::default(), host_extra_bytes: 0 }, "test").expect("loads");
+    let small = load_model(&LoadOptions { model: dir.path().to_path_buf(), experts: ExpertsKind::Bf16, container: None, threads: None, keep_awake: Default::default(), expertd: Default::default(), dense: Default::default(), host_extra_bytes: 0 }, "test").expect("loads");
     let err = eval_prompt(&small, &[1; 20], 1, 8).err().expect("too-long prompt is rejected");
     assert!(format!("{err:#}").contains("exceeds the model's context of 16"), "{err:#}");
 }

@@ -67,6 +67,11 @@ impl Model {
         if items.is_empty() {
             return Ok(Vec::new());
         }
+        super::keep_awake::run(self.keep_awake, || self.forward_batch_pass(items))
+    }
+
+    /// [`forward_batch`](Self::forward_batch) of checked, non-empty items, on whichever thread runs it.
+    fn forward_batch_pass(&self, items: &mut [BatchItem<'_>]) -> Result<Vec<Vec<f32>>, BatchError> {
         let d = self.cfg.hidden_size;
         let eps = self.cfg.rms_norm_eps as f32;
         // Row ranges of each item inside the union.

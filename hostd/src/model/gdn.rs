@@ -11,10 +11,13 @@ use super::weights::{MappedCheckpoint, WeightsError};
 use crate::profile::{self, Profiler};
 use rayon::prelude::*;
 use shared::config::{DeltaNetLayout, TextConfig};
-use shared::kernels::Isa;
+use shared::kernels::{self, Isa};
 
 /// Chunk length of the chunked (prefill) form, as transformers uses.
 pub const CHUNK: usize = 64;
+
+/// Channels per parallel task of the conv in decode (one token).
+const CONV_DECODE_CHANNELS: usize = 1024;
 
 /// Per-sequence state of one DeltaNet layer (f32).
 #[derive(Debug, Clone)]
@@ -111,13 +114,21 @@ impl DeltaNet {
         ext.extend_from_slice(&state.conv);
         ext.extend_from_slice(&xqkv);
         let mut y = vec![0.0f32; n * cdim];
-        y.par_chunks_mut(cdim).enumerate().for_each(|(t, row)| {
-            for (c, out) in row.iter_mut().enumerate() {
+        // Channels c0.. of token t; every element is the same sum whichever way the work is cut.
+        let conv_part = |t: usize, c0: usize, part: &mut [f32]| {
+            for (j, out) in part.iter_mut().enumerate() {
+                let c = c0 + j;
                 let taps = &self.conv[c * kw..(c + 1) * kw];
                 let acc: f32 = taps.iter().enumerate().map(|(m, w)| w * ext[(t + m) * cdim + c]).sum();
                 *out = ops::silu(acc);
             }
-        });
+        };
+        if n == 1 {
+            // Decode: one row, cut by channels so both halves of the pool share its SiLUs.
+            y.par_chunks_mut(CONV_DECODE_CHANNELS).enumerate().for_each(|(i, part)| conv_part(0, i * CONV_DECODE_CHANNELS, part));
+        } else {
+            y.par_chunks_mut(cdim).enumerate().for_each(|(t, row)| conv_part(t, 0, row));
+        }
         state.conv.copy_from_slice(&ext[n * cdim..(n + hist) * cdim]);
 
         // Split and normalise q, k per head; v as is.
@@ -160,7 +171,7 @@ impl DeltaNet {
                 };
                 let (qh, khv, vh) = (gather(&q, dk, ck, kh), gather(&k, dk, ck, kh), gather(&v, dv, cv, h));
                 let inputs = HeadInputs { q: &qh, k: &khv, v: &vh, beta: &beta[h * n..(h + 1) * n], g: &g[h * n..(h + 1) * n], n };
-                if n == 1 { recurrent(s, &inputs, dk, dv) } else { chunked(s, &inputs, dk, dv) }
+                if n == 1 { decode_step(isa, s, &inputs, dk, dv) } else { chunked(s, &inputs, dk, dv) }
             })
             .collect();
 
@@ -186,7 +197,9 @@ impl DeltaNet {
     }
 }
 
-/// The delta rule token by token (the normative form). `s` is `[dk][dv]`; returns `[n][dv]`.
+/// The delta rule token by token (the normative form, which the tests hold [`decode_step`] and
+/// [`chunked`] to). `s` is `[dk][dv]`; returns `[n][dv]`.
+#[cfg(test)]
 fn recurrent(s: &mut [f32], x: &HeadInputs<'_>, dk: usize, dv: usize) -> Vec<f32> {
     let mut out = vec![0.0f32; x.n * dv];
     let mut u = vec![0.0f32; dv];
@@ -215,6 +228,30 @@ fn recurrent(s: &mut [f32], x: &HeadInputs<'_>, dk: usize, dv: usize) -> Vec<f32
         }
     }
     out
+}
+
+/// One token of the delta rule in two passes over the state instead of [`recurrent`]'s three
+/// (the decay, `Sᵀk`, then the update with `Sᵀq`): with `S' = γS + k⊗u` and
+/// `u = β(v − γSᵀk)`, the output `S'ᵀq = γSᵀq + (k·q)u` needs only the old state, so one read
+/// pass computes `Sᵀk` and `Sᵀq` and one read-write pass applies the update. Mathematically
+/// equal to [`recurrent`] for `n = 1`; the sums are grouped differently (tested close).
+/// `s` is `[dk][dv]`; returns `[dv]`.
+fn decode_step(isa: Isa, s: &mut [f32], x: &HeadInputs<'_>, dk: usize, dv: usize) -> Vec<f32> {
+    debug_assert_eq!(x.n, 1);
+    let (q, k, v) = (&x.q[..dk], &x.k[..dk], &x.v[..dv]);
+    let decay = x.g[0].exp();
+    let mut sk = vec![0.0f32; dv];
+    let mut sq = vec![0.0f32; dv];
+    kernels::scale_axpy_rows_f32(isa, &mut sk, 0.0, k, s, dv);
+    kernels::scale_axpy_rows_f32(isa, &mut sq, 0.0, q, s, dv);
+    let kq = ops::dot(k, q);
+    let u: Vec<f32> = v.iter().zip(&sk).map(|(vj, skj)| x.beta[0] * (vj - decay * skj)).collect();
+    for (i, ki) in k.iter().enumerate() {
+        for (sij, uj) in s[i * dv..(i + 1) * dv].iter_mut().zip(&u) {
+            *sij = decay * *sij + ki * uj;
+        }
+    }
+    sq.iter().zip(&u).map(|(sqj, uj)| decay * sqj + kq * uj).collect()
 }
 
 /// The chunked form (docs/model.md §4.6): mathematically identical to [`recurrent`], with work done as
@@ -339,6 +376,32 @@ mod tests {
         let beta = (0..n).map(|_| ops::sigmoid(rnd() * 3.0)).collect();
         let g = (0..n).map(|_| -ops::softplus(rnd() * 2.0) * 0.5).collect();
         (q, k, v, beta, g)
+    }
+
+    #[test]
+    fn decode_step_matches_the_normative_recurrence_over_many_tokens() {
+        let (dk, dv) = (128, 128);
+        let n = 40;
+        let (q, k, v, beta, g) = inputs(n, dk, dv, 7);
+        for isa in shared::kernels::present_or_say(Isa::ALL, |isa| isa.is_available()) {
+            let mut s_ref: Vec<f32> = (0..dk * dv).map(|i| ((i % 11) as f32 - 5.0) * 0.02).collect();
+            let mut s_new = s_ref.clone();
+            for t in 0..n {
+                let x = HeadInputs {
+                    q: &q[t * dk..(t + 1) * dk],
+                    k: &k[t * dk..(t + 1) * dk],
+                    v: &v[t * dv..(t + 1) * dv],
+                    beta: &beta[t..t + 1],
+                    g: &g[t..t + 1],
+                    n: 1,
+                };
+                let o_ref = recurrent(&mut s_ref, &x, dk, dv);
+                let o_new = decode_step(isa, &mut s_new, &x, dk, dv);
+                let max_o = o_ref.iter().zip(&o_new).map(|(a, b)| (a - b).abs()).fold(0.0, f32::max);
+                let max_s = s_ref.iter().zip(&s_new).map(|(a, b)| (a - b).abs()).fold(0.0, f32::max);
+                assert!(max_o < 1e-5 && max_s < 1e-5, "{isa} token {t}: max |Δo| {max_o}, max |ΔS| {max_s}");
+            }
+        }
     }
 
     #[test]

@@ -9,6 +9,7 @@ pub mod attention;
 pub mod batch;
 pub mod causal;
 pub mod gdn;
+pub mod keep_awake;
 pub mod linear;
 pub mod moe;
 pub mod ops;
@@ -137,6 +138,10 @@ pub struct Model {
     /// Op timing for `hostd profile`; `None` (the default) costs the forward pass one branch
     /// per op.
     profiler: Option<Profiler>,
+    /// Whether a forward pass keeps the compute pool's threads awake ([`keep_awake`]): yes
+    /// when the experts are computed in this process, no when a daemon computes them beside
+    /// us (its threads need the cores while we wait for it).
+    keep_awake: bool,
 }
 
 impl Model {
@@ -170,9 +175,16 @@ impl Model {
             layers,
             cfg,
             isa,
+            keep_awake: experts.transport().is_none(),
             experts,
             profiler: None,
         })
+    }
+
+    /// Whether forward passes keep the compute pool awake ([`keep_awake`]); the default is
+    /// on when the experts are computed in this process.
+    pub fn set_keep_awake(&mut self, on: bool) {
+        self.keep_awake = on;
     }
 
     /// Starts recording this model's forward passes into `profiler` (`Some`), or stops
@@ -277,6 +289,17 @@ impl Model {
     /// Runs `tokens` (one block) through the model, advancing `state`. Returns the requested
     /// logits; when `routes` is given, appends each layer's routing (indexed by layer).
     pub fn forward(
+        &self,
+        state: &mut SequenceState,
+        tokens: &[u32],
+        want: Logits,
+        routes: Option<&mut Vec<Routes>>,
+    ) -> Result<Vec<f32>, ModelError> {
+        keep_awake::run(self.keep_awake, || self.forward_pass(state, tokens, want, routes))
+    }
+
+    /// [`forward`](Self::forward) on whichever thread runs it.
+    fn forward_pass(
         &self,
         state: &mut SequenceState,
         tokens: &[u32],

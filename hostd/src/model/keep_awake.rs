@@ -1,0 +1,109 @@
+//! Keeps the compute pool's threads awake for the length of one forward pass, so that each of
+//! the pass's parallel regions (a few hundred per decode token) starts on threads that are
+//! already running instead of waking sleeping ones.
+//!
+//! Between two parallel regions of a decode step the model runs tens to hundreds of µs of
+//! single-threaded work (norms, conv, gates, softmax). That is long enough for an idle rayon
+//! worker to go to sleep, and on a virtual machine waking it again (a futex wake, then an
+//! inter-processor interrupt to a halted vCPU) took 60–100 µs per region here: about as long
+//! as a 2 MiB projection itself. [`run`] runs the pass on one pool thread and parks every other
+//! pool thread in a loop that executes whatever rayon work appears (`rayon::yield_now`, which
+//! steals) and otherwise spins, until the pass returns. Nothing about the work changes: the
+//! same jobs run through the same rayon calls, so every result is bitwise what it was.
+//!
+//! The price is that the other threads burn their cores for the whole pass; that is the point
+//! when hostd owns the cores, and wrong when something else must run beside the pass on them
+//! (expertd computing a call on the same machine), so the caller decides per pass.
+
+use rayon::Yield;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+/// Runs `f` on a thread of the current rayon pool with the pool's other threads kept awake
+/// until it returns (see the module doc). With `awake == false`, with one thread, or when
+/// already on a pool thread (a nested call), it just runs `f` here.
+pub fn run<R: Send>(awake: bool, f: impl FnOnce() -> R + Send) -> R {
+    if !awake || rayon::current_num_threads() < 2 || rayon::current_thread_index().is_some() {
+        return f();
+    }
+    let done = AtomicBool::new(false);
+    let work = Mutex::new(Some(f));
+    let result: Mutex<Option<R>> = Mutex::new(None);
+    // One broadcast job per pool thread, each on its own thread: no thread can pick up a
+    // second one, so the spinners never run on the thread that must end them.
+    rayon::broadcast(|ctx| {
+        if ctx.index() == 0 {
+            // Ends the spinners however the pass ends, a panic included (rayon re-raises it
+            // from `broadcast` once every thread has returned).
+            let _end = SetOnDrop(&done);
+            let f = work.lock().expect("keep_awake: work lock").take().expect("keep_awake: the pass runs once");
+            let r = f();
+            *result.lock().expect("keep_awake: result lock") = Some(r);
+        } else {
+            spin_until(&done);
+        }
+    });
+    result.into_inner().expect("keep_awake: result lock").expect("keep_awake: thread 0 ran the pass")
+}
+
+/// Sets its flag when dropped.
+struct SetOnDrop<'a>(&'a AtomicBool);
+
+impl Drop for SetOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Release);
+    }
+}
+
+/// Executes rayon work as it appears, spinning in between, until `done` is set.
+fn spin_until(done: &AtomicBool) {
+    while !done.load(Ordering::Acquire) {
+        if rayon::yield_now() != Some(Yield::Executed) {
+            std::hint::spin_loop();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rayon::prelude::*;
+    use std::sync::atomic::AtomicUsize;
+
+    #[test]
+    fn runs_the_pass_once_on_pool_thread_zero_with_parallel_work_inside() {
+        // Called from this test thread, outside every pool: the global pool.
+        let calls = AtomicUsize::new(0);
+        let (idx, sum) = run(true, || {
+            calls.fetch_add(1, Ordering::SeqCst);
+            (rayon::current_thread_index(), (0..100_000u64).into_par_iter().map(|v| v ^ 5).sum::<u64>())
+        });
+        assert_eq!(calls.load(Ordering::SeqCst), 1);
+        assert_eq!(sum, (0..100_000u64).map(|v| v ^ 5).sum::<u64>());
+        let expected = if rayon::current_num_threads() >= 2 { Some(0) } else { None };
+        assert_eq!(idx, expected, "the pass runs on pool thread 0 (in place with one thread)");
+        // Off: in place, off the pool.
+        assert_eq!(run(false, rayon::current_thread_index), None);
+    }
+
+    #[test]
+    fn nested_in_a_pool_thread_it_runs_in_place() {
+        let pool = rayon::ThreadPoolBuilder::new().num_threads(3).build().expect("pool");
+        pool.install(|| assert_eq!(run(true, rayon::current_thread_index), rayon::current_thread_index()));
+    }
+
+    #[test]
+    fn a_panicking_pass_ends_the_spinners_and_reaches_the_caller() {
+        // On its own thread, so that a spinner left running fails this test instead of hanging it.
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let caught = std::panic::catch_unwind(|| run(true, || -> u32 { panic!("pass failed") }));
+            // Had a spinner been left running, the pool would never take this pass.
+            let after = run(true, || (0..1000u32).into_par_iter().sum::<u32>());
+            tx.send((caught.is_err(), after)).expect("send");
+        });
+        let (panicked, after) = rx.recv_timeout(std::time::Duration::from_secs(60)).expect("the pool is stuck: a spinner outlived its pass");
+        assert!(panicked, "the panic reaches the caller");
+        assert_eq!(after, 499_500);
+    }
+}
