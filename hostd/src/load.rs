@@ -140,7 +140,8 @@ pub enum KeepAwake {
     /// On with in-process experts, off with expertd.
     #[default]
     Auto,
-    /// Always.
+    /// Always. With expertd this pays only when the daemon computes on other cores or another
+    /// machine: the spinning threads hold hostd's cores while it waits for the daemon.
     On,
     /// Never: idle compute threads sleep between parallel regions.
     Off,
