@@ -79,7 +79,7 @@ CGROUP_REPORT="$OUT/streaming-bounded.cgroup.txt" run_limited "$BIN/hostd" bench
   --json "$OUT/streaming-bounded.json" || echo "bounded sluice run failed"
 echo "== 4b. llama.cpp decode under the same ${LIMIT}-byte cgroup limit"
 MODEL=$MODEL PEERS_EVICT=1 PEERS_MEM_LIMIT=$LIMIT PEERS_P=0 PEERS_N="$COLD_NEW" REPS=$RUNS BENCH_TIMEOUT=1500 bash "$HERE/peers/run.sh" || echo "bounded llama-bench failed or timed out"
-# Put the GGUF and checkpoint back in the page cache for whoever runs next.
+# Put the checkpoint back in the page cache for whoever runs next (the GGUF is not re-read).
 cat "$MODEL"/*.safetensors > /dev/null
 
 echo "== 5. summary"

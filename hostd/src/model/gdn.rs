@@ -230,10 +230,11 @@ fn recurrent(s: &mut [f32], x: &HeadInputs<'_>, dk: usize, dv: usize) -> Vec<f32
     out
 }
 
-/// One token of the delta rule in two passes over the state instead of [`recurrent`]'s three
-/// (the decay, `Sᵀk`, then the update with `Sᵀq`): with `S' = γS + k⊗u` and
-/// `u = β(v − γSᵀk)`, the output `S'ᵀq = γSᵀq + (k·q)u` needs only the old state, so one read
-/// pass computes `Sᵀk` and `Sᵀq` and one read-write pass applies the update. Mathematically
+/// One token of the delta rule in three passes over the state instead of [`recurrent`]'s
+/// four (the decay, `Sᵀk`, then the update fused with `Sᵀq`): with `S' = γS + k⊗u` and
+/// `u = β(v − γSᵀk)`, the output `S'ᵀq = γSᵀq + (k·q)u` needs only the old state, so two read
+/// passes (the SIMD kernel's `Sᵀk` and `Sᵀq`; a head's 64 KiB state stays in L2 between them)
+/// and one read-write pass that applies the update do it. Mathematically
 /// equal to [`recurrent`] for `n = 1`; the sums are grouped differently (tested close).
 /// `s` is `[dk][dv]`; returns `[dv]`.
 fn decode_step(isa: Isa, s: &mut [f32], x: &HeadInputs<'_>, dk: usize, dv: usize) -> Vec<f32> {
