@@ -6,7 +6,7 @@
 //! single-threaded work (norms, conv, gates, softmax). That is long enough for an idle rayon
 //! worker to go to sleep, and on a virtual machine waking it again (a futex wake, then an
 //! inter-processor interrupt to a halted vCPU) took 60–100 µs per region here: about as long
-//! as a 2 MiB projection itself. [`run`] runs the pass on one pool thread and parks every other
+//! as a 2 MiB projection itself. [`run`] runs the pass on one pool thread and keeps every other
 //! pool thread in a loop that executes whatever rayon work appears (`rayon::yield_now`, which
 //! steals) and otherwise spins, until the pass returns. Nothing about the work changes: the
 //! same jobs run through the same rayon calls, so every result is bitwise what it was.
@@ -37,8 +37,8 @@ pub fn run<R: Send>(awake: bool, f: impl FnOnce() -> R + Send) -> R {
     let done = AtomicBool::new(false);
     let work = Mutex::new(Some(f));
     let result: Mutex<Option<R>> = Mutex::new(None);
-    // One broadcast job per pool thread, each on its own thread: no thread can pick up a
-    // second one, so the spinners never run on the thread that must end them.
+    // One broadcast job per pool thread; a broadcast job runs only on the thread it was sent
+    // to, so no spinner ever runs on thread 0, which must end them.
     rayon::broadcast(|ctx| {
         if ctx.index() == 0 {
             // Ends the spinners however the pass ends, a panic included (rayon re-raises it
