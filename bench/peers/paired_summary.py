@@ -32,8 +32,11 @@ def main():
     rounds = []
     r = 1
     while (out / f"sluice-{r}.json").exists() and (out / f"llama-{r}.json").exists():
-        s = json.loads((out / f"sluice-{r}.json").read_text())
-        rows = json.loads((out / f"llama-{r}.json").read_text())
+        try:
+            s = json.loads((out / f"sluice-{r}.json").read_text())
+            rows = json.loads((out / f"llama-{r}.json").read_text())
+        except json.JSONDecodeError:
+            break  # a round still being written (or cut short): summarise the complete ones
         tg = next(x["avg_ts"] for x in rows if x["n_prompt"] == 0 and x["n_gen"] > 0)
         pp = next(x["avg_ts"] for x in rows if x["n_prompt"] > 0 and x["n_gen"] == 0)
         rounds.append({"round": r, "sluice_decode": s["decode_tokens_per_s"], "llama_tg": tg,
