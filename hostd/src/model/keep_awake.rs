@@ -23,23 +23,33 @@ use std::sync::atomic::{AtomicBool, Ordering};
 /// until it returns (see the module doc). With `awake == false`, with one thread, or when
 /// already on a pool thread (a nested call), it just runs `f` here.
 pub fn run<R: Send>(awake: bool, f: impl FnOnce() -> R + Send) -> R {
-    if !awake || rayon::current_num_threads() < 2 || rayon::current_thread_index().is_some() {
+    run_on(None, awake, f)
+}
+
+/// [`run`] on `pool`, or on the global pool when `None` (the only form the model uses; tests
+/// pass a pool of their own so that they do not depend on the machine's core count).
+fn run_on<R: Send>(pool: Option<&rayon::ThreadPool>, awake: bool, f: impl FnOnce() -> R + Send) -> R {
+    let threads = pool.map_or_else(rayon::current_num_threads, |p| p.current_num_threads());
+    let nested = pool.map_or_else(|| rayon::current_thread_index().is_some(), |p| p.current_thread_index().is_some());
+    if !awake || threads < 2 || nested {
         return f();
     }
-    // One kept-awake pass at a time: two passes started from two threads would share the
-    // pool's threads and hold each other's callers until both end. A second one runs in place.
+    // One kept-awake pass at a time on the global pool: two passes started from two threads
+    // would share its threads and hold each other's callers until both end. A second one runs
+    // in place. (A pool passed in belongs to its caller.)
     static ONE_PASS: Mutex<()> = Mutex::new(());
-    let _one = match ONE_PASS.try_lock() {
-        Ok(g) => g,
-        Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
-        Err(std::sync::TryLockError::WouldBlock) => return f(),
+    let _one = match pool.is_none().then(|| ONE_PASS.try_lock()) {
+        None => None,
+        Some(Ok(g)) => Some(g),
+        Some(Err(std::sync::TryLockError::Poisoned(p))) => Some(p.into_inner()),
+        Some(Err(std::sync::TryLockError::WouldBlock)) => return f(),
     };
     let done = AtomicBool::new(false);
     let work = Mutex::new(Some(f));
     let result: Mutex<Option<R>> = Mutex::new(None);
     // One broadcast job per pool thread; a broadcast job runs only on the thread it was sent
     // to, so no spinner ever runs on thread 0, which must end them.
-    rayon::broadcast(|ctx| {
+    let job = |ctx: rayon::BroadcastContext<'_>| {
         if ctx.index() == 0 {
             // Ends the spinners however the pass ends, a panic included (rayon re-raises it
             // from `broadcast` once every thread has returned).
@@ -50,7 +60,11 @@ pub fn run<R: Send>(awake: bool, f: impl FnOnce() -> R + Send) -> R {
         } else {
             spin_until(&done);
         }
-    });
+    };
+    match pool {
+        Some(p) => p.broadcast(job),
+        None => rayon::broadcast(job),
+    };
     result.into_inner().expect("keep_awake: result lock").expect("keep_awake: thread 0 ran the pass")
 }
 
@@ -106,7 +120,29 @@ mod tests {
     #[test]
     fn nested_in_a_pool_thread_it_runs_in_place() {
         let pool = rayon::ThreadPoolBuilder::new().num_threads(3).build().expect("pool");
-        pool.install(|| assert_eq!(run(true, rayon::current_thread_index), rayon::current_thread_index()));
+        // From every thread of the pool in turn (an `install` job may land on thread 0, where
+        // running in place and running as the pass look alike).
+        let seen = pool.broadcast(|_| run_on(Some(&pool), true, || pool.current_thread_index()) == pool.current_thread_index());
+        assert!(seen.iter().all(|&ok| ok), "a nested call ran elsewhere: {seen:?}");
+    }
+
+    #[test]
+    fn on_a_pool_of_its_own_the_pass_runs_on_thread_zero_and_the_spinners_take_work() {
+        let pool = rayon::ThreadPoolBuilder::new().num_threads(3).build().expect("pool");
+        let (idx, ran_on) = run_on(Some(&pool), true, || {
+            let ran_on: Vec<Option<usize>> = (0..64)
+                .into_par_iter()
+                .map(|_| {
+                    std::thread::sleep(std::time::Duration::from_micros(300));
+                    rayon::current_thread_index()
+                })
+                .collect();
+            (rayon::current_thread_index(), ran_on)
+        });
+        assert_eq!(idx, Some(0), "the pass runs on pool thread 0");
+        assert!(ran_on.iter().any(|&t| t.is_some_and(|t| t != 0)), "no spinner took work: {ran_on:?}");
+        // Off: in place, off the pool.
+        assert_eq!(run_on(Some(&pool), false, rayon::current_thread_index), None);
     }
 
     #[test]
