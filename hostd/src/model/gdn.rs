@@ -379,6 +379,11 @@ mod tests {
         (q, k, v, beta, g)
     }
 
+    fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
+        assert_eq!(a.len(), b.len());
+        a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
+    }
+
     #[test]
     fn decode_step_matches_the_normative_recurrence_over_many_tokens() {
         let (dk, dv) = (128, 128);
@@ -398,8 +403,7 @@ mod tests {
                 };
                 let o_ref = recurrent(&mut s_ref, &x, dk, dv);
                 let o_new = decode_step(isa, &mut s_new, &x, dk, dv);
-                let max_o = o_ref.iter().zip(&o_new).map(|(a, b)| (a - b).abs()).fold(0.0, f32::max);
-                let max_s = s_ref.iter().zip(&s_new).map(|(a, b)| (a - b).abs()).fold(0.0, f32::max);
+                let (max_o, max_s) = (max_abs_diff(&o_ref, &o_new), max_abs_diff(&s_ref, &s_new));
                 assert!(max_o < 1e-5 && max_s < 1e-5, "{isa} token {t}: max |Δo| {max_o}, max |ΔS| {max_s}");
             }
         }
@@ -416,8 +420,7 @@ mod tests {
             let (mut s_rec, mut s_chk) = (s0.clone(), s0);
             let o_rec = recurrent(&mut s_rec, &x, dk, dv);
             let o_chk = chunked(&mut s_chk, &x, dk, dv);
-            let max_o = o_rec.iter().zip(&o_chk).map(|(a, b)| (a - b).abs()).fold(0.0, f32::max);
-            let max_s = s_rec.iter().zip(&s_chk).map(|(a, b)| (a - b).abs()).fold(0.0, f32::max);
+            let (max_o, max_s) = (max_abs_diff(&o_rec, &o_chk), max_abs_diff(&s_rec, &s_chk));
             assert!(max_o < 1e-5 && max_s < 1e-5, "n={n}: max |Δo| {max_o}, max |ΔS| {max_s}");
         }
     }
