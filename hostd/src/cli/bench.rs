@@ -26,6 +26,8 @@ pub struct BenchArgs {
     /// A configuration, `NAME: FLAGS`: `hostd profile` flags passed verbatim to its runs (split
     /// on whitespace), e.g. `int8: --experts int8 --container DIR`. Repeatable. Without any, one
     /// configuration `default` from --experts/--container/--expertd/--expertd-cache-bytes.
+    /// Leading `NAME=VALUE` words set that config's environment (`isa2: SLUICE_KERNEL_ISA=avx2
+    /// --experts int8 …`).
     #[arg(long = "config", value_name = "NAME: FLAGS")]
     pub configs: Vec<String>,
     /// Expert backend of the `default` configuration (bf16, int8, expertd).
@@ -76,6 +78,8 @@ pub struct BenchArgs {
 #[derive(Debug, Clone)]
 struct Config {
     name: String,
+    /// `NAME=VALUE` words before the flags: the environment of this config's runs.
+    env: Vec<(String, String)>,
     flags: Vec<String>,
     /// `--container DIR` among the flags.
     container: Option<PathBuf>,
@@ -88,7 +92,13 @@ fn parse_config(spec: &str) -> anyhow::Result<Config> {
     let (name, flags) = spec.split_once(':').with_context(|| format!("--config {spec:?}: expected `NAME: FLAGS`"))?;
     let name = name.trim();
     anyhow::ensure!(!name.is_empty(), "--config {spec:?}: empty name");
-    let flags: Vec<String> = flags.split_whitespace().map(str::to_string).collect();
+    let mut words = flags.split_whitespace().peekable();
+    let mut env = Vec::new();
+    while let Some((k, v)) = words.peek().and_then(|w| env_word(w)) {
+        env.push((k, v));
+        words.next();
+    }
+    let flags: Vec<String> = words.map(str::to_string).collect();
     if let Some(f) = flags.iter().find(|f| MANAGED.iter().any(|m| f.as_str() == *m || f.starts_with(&format!("{m}=")))) {
         bail!("--config {name}: {f} is set by hostd bench itself");
     }
@@ -97,7 +107,16 @@ fn parse_config(spec: &str) -> anyhow::Result<Config> {
         Some(rest) => rest.strip_prefix('=').map(PathBuf::from),
         None => None,
     });
-    Ok(Config { name: name.to_string(), flags, container })
+    Ok(Config { name: name.to_string(), env, flags, container })
+}
+
+/// `NAME=VALUE` with an upper-case environment name (`SLUICE_KERNEL_ISA=avx2`), else `None`.
+fn env_word(w: &str) -> Option<(String, String)> {
+    let (k, v) = w.split_once('=')?;
+    let mut chars = k.chars();
+    let first = chars.next()?;
+    let ok = (first.is_ascii_uppercase() || first == '_') && chars.all(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || c == '_');
+    ok.then(|| (k.to_string(), v.to_string()))
 }
 
 fn configs(args: &BenchArgs) -> anyhow::Result<Vec<Config>> {
@@ -204,7 +223,7 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
     let per_config: Vec<Value> = configs
         .iter()
         .zip(&runs)
-        .map(|(c, rs)| json!({"name": c.name, "flags": c.flags, "summary": summarize(rs), "runs": rs}))
+        .map(|(c, rs)| json!({"name": c.name, "env": c.env.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>(), "flags": c.flags, "summary": summarize(rs), "runs": rs}))
         .collect();
     let first_median = per_config[0]["summary"]["decode_tokens_per_s"]["median"].as_f64();
     let first_ttft = per_config[0]["summary"]["ttft_s"]["median"].as_f64();
@@ -336,7 +355,7 @@ fn one_run(args: &BenchArgs, exe: &Path, c: &Config, label: &str, out: &Path) ->
     if args.cold {
         cmd.arg("--no-warmup");
     }
-    cmd.args(&c.flags).stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::inherit());
+    cmd.envs(c.env.iter().map(|(k, v)| (k, v))).args(&c.flags).stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::inherit());
     let t = Instant::now();
     let status = cmd.status().with_context(|| format!("starting {}", exe.display()))?;
     let child_wall_s = t.elapsed().as_secs_f64();
@@ -566,4 +585,29 @@ fn print_table(r: &Value) {
         f(&d["ttft_s"]).unwrap_or(0.0),
         100.0 * f(&d["ttft_deviation_from_first_config_median"]).unwrap_or(0.0)
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn leading_upper_case_assignments_are_the_config_environment() {
+        let c = parse_config("isa2: SLUICE_KERNEL_ISA=avx2 _X1=a=b --experts int8 --container /c FOO=bar").expect("parses");
+        assert_eq!(c.name, "isa2");
+        assert_eq!(c.env, vec![("SLUICE_KERNEL_ISA".to_string(), "avx2".to_string()), ("_X1".to_string(), "a=b".to_string())]);
+        // Only leading words: a later `FOO=bar` is a flag.
+        assert_eq!(c.flags, ["--experts", "int8", "--container", "/c", "FOO=bar"]);
+        assert_eq!(c.container, Some(PathBuf::from("/c")));
+    }
+
+    #[test]
+    fn flags_and_lower_case_words_are_not_environment() {
+        for w in ["--expertd-daemon-arg=--ring-spin-us=5", "foo=bar", "Foo=bar", "=x", "1A=x", "SLUICE"] {
+            assert_eq!(env_word(w), None, "{w}");
+        }
+        assert_eq!(env_word("A="), Some(("A".to_string(), String::new())));
+        let c = parse_config("x: --keep-awake off").expect("parses");
+        assert!(c.env.is_empty());
+    }
 }
