@@ -380,6 +380,12 @@ pub struct ServeArgs {
     /// ring; for A/B measurements). By default resident experts compute while misses are read.
     #[arg(long, env = "EXPERTD_NO_OVERLAP")]
     pub no_overlap: bool,
+    /// Microseconds a call ring's worker keeps polling for its client's next call after one
+    /// ends, before it sleeps on the futex (the poll yields the core to any other runnable
+    /// thread, so a client sharing the cores loses little to it). Waking a sleeping worker costs
+    /// tens of µs on a virtual machine, more than the poll; 0 sleeps at once.
+    #[arg(long, env = "EXPERTD_RING_SPIN_US", default_value_t = crate::rpc::ring::DEFAULT_WORKER_SPIN.as_micros() as u64)]
+    pub ring_spin_us: u64,
     /// Exit (draining) when standard input reaches end of file: hostd's private daemon uses it
     /// so that it never outlives hostd, however hostd ends.
     #[arg(long, env = "EXPERTD_EXIT_ON_STDIN_EOF", hide = true)]
@@ -463,6 +469,7 @@ pub fn serve(args: &ServeArgs) -> anyhow::Result<()> {
         prefetch_cap_bytes: args.prefetch_cap_bytes,
         no_prefetch: args.no_prefetch,
         overlap: !args.no_overlap,
+        ring_spin: std::time::Duration::from_micros(args.ring_spin_us),
         ..ServeConfig::new(args.container.clone(), cache_bytes)
     };
     config.validate()?;

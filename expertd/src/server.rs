@@ -97,6 +97,9 @@ pub struct ServeConfig {
     pub no_prefetch: bool,
     /// Compute a call's resident experts while its misses are read (off: as before the ring).
     pub overlap: bool,
+    /// How long a call ring's worker polls for the next call (yielding its core to any other
+    /// runnable thread) before it sleeps on the doorbell.
+    pub ring_spin: std::time::Duration,
 }
 
 impl ServeConfig {
@@ -123,6 +126,7 @@ impl ServeConfig {
             prefetch_cap_bytes: 0,
             no_prefetch: false,
             overlap: true,
+            ring_spin: crate::rpc::ring::DEFAULT_WORKER_SPIN,
         }
     }
 
@@ -401,6 +405,7 @@ impl Prepared {
             max_message_bytes: MAX_MESSAGE_BYTES as u64,
             container_path: config.container_dir.join(shared::container::CONTAINER_FILE).display().to_string(),
             io_backend: banner.io.clone(),
+            ring_spin: config.ring_spin,
         };
         let auth = Auth::new(config.auth_token.clone(), config.allow_uids.clone(), config.allow_gids.clone());
         let state = Arc::new(ServiceState::new(Arc::clone(&engine), lanes, service_config, auth));

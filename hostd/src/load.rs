@@ -17,6 +17,7 @@ use crate::experts::{ExpertBackend, bf16::Bf16Experts, int8::Int8Experts};
 use shared::container::ModelIdentity;
 use shared::kernels::int8::Int8Isa;
 use crate::model::Model;
+use crate::model::keep_awake::Awake;
 use crate::model::linear::DenseFormat;
 use crate::model::weights::MappedCheckpoint;
 use shared::kernels::Isa;
@@ -113,6 +114,10 @@ pub struct ExpertdOptions {
     /// connection; `/health` reports the result); 0 disables the probe. Default 1.
     #[arg(long = "expertd-health-interval", env = "SLUICE_EXPERTD_HEALTH_INTERVAL", value_parser = seconds)]
     pub expertd_health_interval: Option<f64>,
+    /// Microseconds a call-ring call polls for the daemon's answer (yielding the core to any
+    /// other runnable thread, the daemon's included) before it sleeps on the futex.
+    #[arg(long = "expertd-ring-spin-us", env = "SLUICE_EXPERTD_RING_SPIN_US")]
+    pub expertd_ring_spin_us: Option<u64>,
 }
 
 /// A duration in seconds: finite, ≥ 0, at most a day.
@@ -133,16 +138,19 @@ fn positive_seconds(s: &str) -> Result<f64, String> {
     Ok(v)
 }
 
-/// `--keep-awake`: whether forward passes keep the compute pool spinning (see
+/// `--keep-awake`: what the compute pool's idle threads do during a forward pass (see
 /// [`crate::model::keep_awake`]).
 #[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum KeepAwake {
-    /// On with in-process experts, off with expertd.
+    /// `spin` with in-process experts, `yield` with expertd.
     #[default]
     Auto,
-    /// Always. With expertd this pays only when the daemon computes on other cores or another
-    /// machine: the spinning threads hold hostd's cores while it waits for the daemon.
-    On,
+    /// Spin: the pool holds every core for the whole pass. With expertd on the same machine
+    /// the daemon then competes with spinning threads for the cores.
+    #[value(alias = "on")]
+    Spin,
+    /// Stay awake, but yield the core to any other runnable thread between checks for work.
+    Yield,
     /// Never: idle compute threads sleep between parallel regions.
     Off,
 }
@@ -165,11 +173,12 @@ pub struct LoadOptions {
     /// Compute threads (default: every core).
     #[arg(long, env = "SLUICE_THREADS")]
     pub threads: Option<usize>,
-    /// Keep the compute threads spinning through each forward pass instead of letting them
-    /// sleep between its parallel regions (faster on a virtual machine, where waking a sleeping
-    /// thread is slow, but it holds every compute core for the whole pass). `auto`: on when the
-    /// experts are computed in this process, off with expertd (which needs the cores while
-    /// hostd waits for it).
+    /// Keep the compute threads awake through each forward pass instead of letting them sleep
+    /// between its parallel regions (faster on a virtual machine, where waking a sleeping
+    /// thread is slow). `spin` holds every compute core for the whole pass; `yield` gives a
+    /// core to any other runnable thread between checks for work. `auto`: `spin` when the
+    /// experts are computed in this process, `yield` with expertd (whose threads may need the
+    /// cores while hostd waits for it).
     #[arg(long, value_enum, default_value_t = KeepAwake::Auto, env = "SLUICE_KEEP_AWAKE")]
     pub keep_awake: KeepAwake,
     /// The expertd backend's flags.
@@ -365,6 +374,9 @@ fn expertd_backend(args: &LoadOptions, mapped: &MappedCheckpoint, client_name: &
     if let Some(t) = e.expertd_call_timeout {
         opts.call_timeout = Duration::from_secs_f64(t);
     }
+    if let Some(us) = e.expertd_ring_spin_us {
+        opts.ring_spin = Duration::from_micros(us);
+    }
     if let Some(every) = e.expertd_health_interval {
         opts.health_interval = (every > 0.0).then(|| Duration::from_secs_f64(every));
     }
@@ -411,8 +423,9 @@ pub fn load_model(args: &LoadOptions, client_name: &str) -> Result<Model, LoadEr
     let mut model = Model::load(&mapped, experts, isa, dense)?;
     match args.keep_awake {
         KeepAwake::Auto => {}
-        KeepAwake::On => model.set_keep_awake(true),
-        KeepAwake::Off => model.set_keep_awake(false),
+        KeepAwake::Spin => model.set_keep_awake(Awake::Spin),
+        KeepAwake::Yield => model.set_keep_awake(Awake::Yield),
+        KeepAwake::Off => model.set_keep_awake(Awake::Off),
     }
     tracing::info!(dense = dense.name(), load_s = t.elapsed().as_secs_f64(), "dense weights loaded");
     Ok(model)

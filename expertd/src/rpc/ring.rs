@@ -21,8 +21,12 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-/// How long the worker spins for the next submission before sleeping on the doorbell.
-pub const WORKER_SPIN: Duration = Duration::from_micros(30);
+/// How long the worker polls for the next submission before sleeping on the doorbell, by
+/// default (`expertd serve --ring-spin-us`): longer than the gap between two MoE calls of a
+/// decode step (the dense work of one layer, ~3 ms at the real shape on 2 cores), so that a
+/// decoding client never pays the worker's wake-up. The poll yields the core every few hundred
+/// spins, so the client's threads still get it.
+pub const DEFAULT_WORKER_SPIN: Duration = Duration::from_millis(5);
 /// Longest sleep between checks that the session is still open.
 const WORKER_SLICE: Duration = Duration::from_millis(100);
 
@@ -66,7 +70,7 @@ impl Worker {
                 next = (i + 1) % entries;
                 continue;
             }
-            if ring::spin_until(WORKER_SPIN, || self.any_submitted() || self.session.is_closed()) {
+            if ring::spin_until(self.state.config.ring_spin, || self.any_submitted() || self.session.is_closed()) {
                 continue;
             }
             let d = self.ring.doorbell().load(Ordering::SeqCst);

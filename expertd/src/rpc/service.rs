@@ -106,6 +106,8 @@ pub struct ServiceConfig {
     pub container_path: String,
     /// How experts are read, for the handshake (`SourceInfo`'s rendering).
     pub io_backend: String,
+    /// How long a call ring's worker polls for the next call before sleeping.
+    pub ring_spin: std::time::Duration,
 }
 
 /// The daemon's state shared by every connection and call.

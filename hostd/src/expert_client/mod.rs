@@ -55,9 +55,11 @@ pub const DEFAULT_SHM_SLOTS: usize = 2;
 pub const DEFAULT_SHM_MAX_ROWS: usize = 1024;
 /// Experts per row a ring entry has room for by default (Qwen3.6 routes top-8).
 pub const DEFAULT_RING_TOP_K: usize = 8;
-/// How long a ring call spins for its completion before sleeping on the futex: short, since
-/// client and daemon may share the cores and a real call computes for far longer.
-pub const RING_SPIN: Duration = Duration::from_micros(25);
+/// How long a ring call polls for its completion before sleeping on the futex, by default
+/// (`--expertd-ring-spin-us`): longer than a decode call computes, so that the model thread
+/// rarely sleeps. The poll yields the core every few hundred spins, so a daemon sharing the
+/// cores still gets them; a futex sleep costs a wake-up (60–100 µs on a virtual machine).
+pub const DEFAULT_RING_SPIN: Duration = Duration::from_millis(3);
 /// Longest futex sleep between checks that the daemon is still there.
 pub const RING_SLICE: Duration = Duration::from_millis(20);
 
@@ -118,6 +120,8 @@ pub struct ClientOptions {
     pub call_timeout: Duration,
     /// Interval of the health probe (`None`: no probe; calls still report).
     pub health_interval: Option<Duration>,
+    /// How long a ring call polls for its completion (yielding the core) before it sleeps.
+    pub ring_spin: Duration,
 }
 
 impl ClientOptions {
@@ -142,6 +146,7 @@ impl ClientOptions {
             reconnect_timeout: Duration::from_secs(10),
             call_timeout: DEFAULT_CALL_TIMEOUT,
             health_interval: Some(DEFAULT_HEALTH_INTERVAL),
+            ring_spin: DEFAULT_RING_SPIN,
         }
     }
 }
@@ -654,7 +659,7 @@ impl ExpertdClient {
         ring.ring_doorbell();
         during();
         let alive = || ring.daemon_gone().load(Ordering::SeqCst) == 0 && !s.link.watch.is_closed();
-        if !entry.wait_finished(RING_SPIN, RING_SLICE, || alive() && Instant::now() < deadline) {
+        if !entry.wait_finished(self.opts.ring_spin, RING_SLICE, || alive() && Instant::now() < deadline) {
             // The daemon went away or ran past the deadline mid-call. This session (and its
             // segment, which the worker might still write into) is abandoned, the slot
             // quarantined by the caller; the next call reconnects.

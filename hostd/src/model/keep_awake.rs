@@ -11,27 +11,42 @@
 //! steals) and otherwise spins, until the pass returns. Nothing about the work changes: the
 //! same jobs run through the same rayon calls, so every result is bitwise what it was.
 //!
-//! The price is that the other threads burn their cores for the whole pass; that is the point
-//! when hostd owns the cores, and wrong when something else must run beside the pass on them
-//! (expertd computing a call on the same machine), so the caller decides per pass.
+//! The price is that the other threads hold their cores for the whole pass. That is the point
+//! when hostd owns the cores ([`Awake::Spin`]), and wrong when something else must run beside
+//! the pass on them (expertd computing a call on the same machine): there the idle threads
+//! yield the core ([`Awake::Yield`], `sched_yield`) between their checks for work, so that any
+//! runnable thread (the daemon's worker and compute threads) takes it at once, while a core
+//! nobody else wants stays busy instead of halting and paying the wake-up.
 
 use rayon::Yield;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 
+/// What the pool's other threads do while a pass runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Awake {
+    /// Nothing: they sleep between parallel regions as rayon's own do.
+    Off,
+    /// Take rayon work as it appears and spin in between (hostd owns the cores).
+    Spin,
+    /// Take rayon work as it appears and yield the core in between (something else, expertd,
+    /// computes on these cores while the pass waits for it).
+    Yield,
+}
+
 /// Runs `f` on a thread of the current rayon pool with the pool's other threads kept awake
-/// until it returns (see the module doc). With `awake == false`, with one thread, or when
+/// until it returns (see the module doc). With [`Awake::Off`], with one thread, or when
 /// already on a pool thread (a nested call), it just runs `f` here.
-pub fn run<R: Send>(awake: bool, f: impl FnOnce() -> R + Send) -> R {
+pub fn run<R: Send>(awake: Awake, f: impl FnOnce() -> R + Send) -> R {
     run_on(None, awake, f)
 }
 
 /// [`run`] on `pool`, or on the global pool when `None` (the only form the model uses; tests
 /// pass a pool of their own so that they do not depend on the machine's core count).
-fn run_on<R: Send>(pool: Option<&rayon::ThreadPool>, awake: bool, f: impl FnOnce() -> R + Send) -> R {
+fn run_on<R: Send>(pool: Option<&rayon::ThreadPool>, awake: Awake, f: impl FnOnce() -> R + Send) -> R {
     let threads = pool.map_or_else(rayon::current_num_threads, |p| p.current_num_threads());
     let nested = pool.map_or_else(|| rayon::current_thread_index().is_some(), |p| p.current_thread_index().is_some());
-    if !awake || threads < 2 || nested {
+    if awake == Awake::Off || threads < 2 || nested {
         return f();
     }
     // One kept-awake pass at a time on the global pool: two passes started from two threads
@@ -58,7 +73,7 @@ fn run_on<R: Send>(pool: Option<&rayon::ThreadPool>, awake: bool, f: impl FnOnce
             let r = f();
             *result.lock().expect("keep_awake: result lock") = Some(r);
         } else {
-            spin_until(&done);
+            spin_until(&done, awake == Awake::Yield);
         }
     };
     match pool {
@@ -77,11 +92,16 @@ impl Drop for SetOnDrop<'_> {
     }
 }
 
-/// Executes rayon work as it appears, spinning in between, until `done` is set.
-fn spin_until(done: &AtomicBool) {
+/// Executes rayon work as it appears, spinning (or yielding the core) in between, until `done`
+/// is set.
+fn spin_until(done: &AtomicBool, yield_core: bool) {
     while !done.load(Ordering::Acquire) {
         if rayon::yield_now() != Some(Yield::Executed) {
-            std::hint::spin_loop();
+            if yield_core {
+                std::thread::yield_now();
+            } else {
+                std::hint::spin_loop();
+            }
         }
     }
 }
@@ -100,7 +120,7 @@ mod tests {
         let start = std::time::Instant::now();
         loop {
             let calls = AtomicUsize::new(0);
-            let (idx, sum) = run(true, || {
+            let (idx, sum) = run(Awake::Spin, || {
                 calls.fetch_add(1, Ordering::SeqCst);
                 (rayon::current_thread_index(), (0..100_000u64).into_par_iter().map(|v| v ^ 5).sum::<u64>())
             });
@@ -114,7 +134,7 @@ mod tests {
             std::thread::sleep(std::time::Duration::from_millis(5));
         }
         // Off: in place, off the pool.
-        assert_eq!(run(false, rayon::current_thread_index), None);
+        assert_eq!(run(Awake::Off, rayon::current_thread_index), None);
     }
 
     #[test]
@@ -122,14 +142,20 @@ mod tests {
         let pool = rayon::ThreadPoolBuilder::new().num_threads(3).build().expect("pool");
         // From every thread of the pool in turn (an `install` job may land on thread 0, where
         // running in place and running as the pass look alike).
-        let seen = pool.broadcast(|_| run_on(Some(&pool), true, || pool.current_thread_index()) == pool.current_thread_index());
+        let seen = pool.broadcast(|_| run_on(Some(&pool), Awake::Spin, || pool.current_thread_index()) == pool.current_thread_index());
         assert!(seen.iter().all(|&ok| ok), "a nested call ran elsewhere: {seen:?}");
     }
 
     #[test]
     fn on_a_pool_of_its_own_the_pass_runs_on_thread_zero_and_the_spinners_take_work() {
+        for awake in [Awake::Spin, Awake::Yield] {
+            takes_work(awake);
+        }
+    }
+
+    fn takes_work(awake: Awake) {
         let pool = rayon::ThreadPoolBuilder::new().num_threads(3).build().expect("pool");
-        let (idx, ran_on) = run_on(Some(&pool), true, || {
+        let (idx, ran_on) = run_on(Some(&pool), awake, || {
             let ran_on: Vec<Option<usize>> = (0..64)
                 .into_par_iter()
                 .map(|_| {
@@ -139,10 +165,10 @@ mod tests {
                 .collect();
             (rayon::current_thread_index(), ran_on)
         });
-        assert_eq!(idx, Some(0), "the pass runs on pool thread 0");
-        assert!(ran_on.iter().any(|&t| t.is_some_and(|t| t != 0)), "no spinner took work: {ran_on:?}");
+        assert_eq!(idx, Some(0), "{awake:?}: the pass runs on pool thread 0");
+        assert!(ran_on.iter().any(|&t| t.is_some_and(|t| t != 0)), "{awake:?}: no spinner took work: {ran_on:?}");
         // Off: in place, off the pool.
-        assert_eq!(run_on(Some(&pool), false, rayon::current_thread_index), None);
+        assert_eq!(run_on(Some(&pool), Awake::Off, rayon::current_thread_index), None);
     }
 
     #[test]
@@ -150,9 +176,9 @@ mod tests {
         // On its own thread, so that a spinner left running fails this test instead of hanging it.
         let (tx, rx) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
-            let caught = std::panic::catch_unwind(|| run(true, || -> u32 { panic!("pass failed") }));
+            let caught = std::panic::catch_unwind(|| run(Awake::Yield, || -> u32 { panic!("pass failed") }));
             // Had a spinner been left running, the pool would never take this pass.
-            let after = run(true, || (0..1000u32).into_par_iter().sum::<u32>());
+            let after = run(Awake::Spin, || (0..1000u32).into_par_iter().sum::<u32>());
             tx.send((caught.is_err(), after)).expect("send");
         });
         let (panicked, after) = rx.recv_timeout(std::time::Duration::from_secs(60)).expect("the pool is stuck: a spinner outlived its pass");

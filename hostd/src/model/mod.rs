@@ -138,10 +138,10 @@ pub struct Model {
     /// Op timing for `hostd profile`; `None` (the default) costs the forward pass one branch
     /// per op.
     profiler: Option<Profiler>,
-    /// Whether a forward pass keeps the compute pool's threads awake ([`keep_awake`]): yes
-    /// when the experts are computed in this process, no when a daemon computes them beside
-    /// us (its threads need the cores while we wait for it).
-    keep_awake: bool,
+    /// What the compute pool's other threads do during a forward pass ([`keep_awake`]): spin
+    /// when the experts are computed in this process, yield their cores between checks when a
+    /// daemon computes them (its threads may need the cores while we wait for it).
+    keep_awake: keep_awake::Awake,
 }
 
 impl Model {
@@ -175,16 +175,16 @@ impl Model {
             layers,
             cfg,
             isa,
-            keep_awake: experts.transport().is_none(),
+            keep_awake: if experts.transport().is_none() { keep_awake::Awake::Spin } else { keep_awake::Awake::Yield },
             experts,
             profiler: None,
         })
     }
 
-    /// Whether forward passes keep the compute pool awake ([`keep_awake`]); the default is
-    /// on when the experts are computed in this process.
-    pub fn set_keep_awake(&mut self, on: bool) {
-        self.keep_awake = on;
+    /// What forward passes do with the compute pool's idle threads ([`keep_awake`]); the
+    /// default spins with in-process experts and yields with a daemon.
+    pub fn set_keep_awake(&mut self, awake: keep_awake::Awake) {
+        self.keep_awake = awake;
     }
 
     /// Starts recording this model's forward passes into `profiler` (`Some`), or stops
