@@ -386,6 +386,11 @@ pub struct ServeArgs {
     /// tens of µs on a virtual machine, more than the poll; 0 sleeps at once.
     #[arg(long, env = "EXPERTD_RING_SPIN_US", default_value_t = crate::rpc::ring::DEFAULT_WORKER_SPIN.as_micros() as u64)]
     pub ring_spin_us: u64,
+    /// Let the compute threads sleep between a session's calls instead of keeping them awake
+    /// (yielding their cores to any other runnable thread) while its ring worker polls for the
+    /// next call. Waking sleeping threads costs tens of µs per call on a virtual machine.
+    #[arg(long, env = "EXPERTD_NO_KEEP_AWAKE")]
+    pub no_keep_awake: bool,
     /// Exit (draining) when standard input reaches end of file: hostd's private daemon uses it
     /// so that it never outlives hostd, however hostd ends.
     #[arg(long, env = "EXPERTD_EXIT_ON_STDIN_EOF", hide = true)]
@@ -470,6 +475,7 @@ pub fn serve(args: &ServeArgs) -> anyhow::Result<()> {
         no_prefetch: args.no_prefetch,
         overlap: !args.no_overlap,
         ring_spin: std::time::Duration::from_micros(args.ring_spin_us),
+        pool_awake: !args.no_keep_awake,
         ..ServeConfig::new(args.container.clone(), cache_bytes)
     };
     config.validate()?;

@@ -125,6 +125,8 @@ pub struct Engine {
     /// Compute a wave's resident experts while its misses are read (off: read, then compute,
     /// as before the call ring; for A/B measurements).
     overlap: bool,
+    /// Held by the one caller of [`Engine::with_pool_awake`] whose burst keeps `pool` awake.
+    awake: std::sync::Mutex<()>,
 }
 
 /// How long a wave waits for leases held by other calls before giving up with the cache's
@@ -170,7 +172,7 @@ impl Engine {
             .map_err(std::io::Error::other)?;
         let st = cache.stats();
         let wave_experts = (((st.n_slots + st.transient_slots) / 2).max(1)) as usize;
-        Ok(Engine { cache, source, isa, header, pool, max_rows, wave_experts, demand_reads: AtomicU32::new(0), demand_progress: Default::default(), prefetcher: OnceLock::new(), overlap: true })
+        Ok(Engine { cache, source, isa, header, pool, max_rows, wave_experts, demand_reads: AtomicU32::new(0), demand_progress: Default::default(), prefetcher: OnceLock::new(), overlap: true, awake: std::sync::Mutex::new(()) })
     }
 
     /// Leases one wave's experts, waiting (bounded by [`WAVE_WAIT_LIMIT`]) while other calls
@@ -187,6 +189,19 @@ impl Engine {
                 other => return other.map_err(CallError::from),
             }
         }
+    }
+
+    /// Runs `f` (a ring worker's burst of calls) with the compute pool's threads kept awake,
+    /// yielding their cores between checks for work ([`shared::keep_awake`]), so that each call
+    /// of the burst starts its parallel compute without waking sleeping threads. `f` runs on a
+    /// pool thread. One burst at a time: while another holds the pool, `f` runs here as is.
+    pub fn with_pool_awake<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
+        let _held = match self.awake.try_lock() {
+            Ok(g) => g,
+            Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => return f(),
+        };
+        shared::keep_awake::run_on(&self.pool, shared::keep_awake::Awake::Yield, f)
     }
 
     /// Turns the hits-while-reading overlap on (default) or off.

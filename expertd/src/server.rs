@@ -100,6 +100,9 @@ pub struct ServeConfig {
     /// How long a call ring's worker polls for the next call (yielding its core to any other
     /// runnable thread) before it sleeps on the doorbell.
     pub ring_spin: std::time::Duration,
+    /// Keep the compute pool's threads awake (yielding their cores between checks for work)
+    /// through a ring worker's burst of calls, instead of letting them sleep between calls.
+    pub pool_awake: bool,
 }
 
 impl ServeConfig {
@@ -127,6 +130,7 @@ impl ServeConfig {
             no_prefetch: false,
             overlap: true,
             ring_spin: crate::rpc::ring::DEFAULT_WORKER_SPIN,
+            pool_awake: true,
         }
     }
 
@@ -406,6 +410,7 @@ impl Prepared {
             container_path: config.container_dir.join(shared::container::CONTAINER_FILE).display().to_string(),
             io_backend: banner.io.clone(),
             ring_spin: config.ring_spin,
+            pool_awake: config.pool_awake,
         };
         let auth = Auth::new(config.auth_token.clone(), config.allow_uids.clone(), config.allow_gids.clone());
         let state = Arc::new(ServiceState::new(Arc::clone(&engine), lanes, service_config, auth));

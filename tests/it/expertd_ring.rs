@@ -81,6 +81,10 @@ fn ring_rpc_and_in_process_give_byte_equal_logits_at_tiny_and_full_budgets() {
         let d = Daemon::unix(&container, 2 * blob_stride(&container), &["--no-overlap"]);
         let old = eval(preset, &prompts, work.path(), "no-overlap", &["--expertd", &d.uri()]);
         assert_eq!(old, baseline, "{preset}: --no-overlap");
+        // The ring worker without its kept-awake compute pool (every call wakes the pool).
+        let d = Daemon::unix(&container, container_bytes(&container), &["--no-keep-awake"]);
+        let asleep = eval(preset, &prompts, work.path(), "no-keep-awake", &["--expertd", &d.uri()]);
+        assert_eq!(asleep, baseline, "{preset}: daemon --no-keep-awake");
     }
 }
 

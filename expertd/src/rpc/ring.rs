@@ -56,6 +56,17 @@ impl Worker {
         (0..self.ring.layout().entries).any(|i| self.ring.entry(i).state().load(Ordering::Acquire) == ring::STATE_SUBMITTED)
     }
 
+    /// The next submitted entry, round-robin from `next` (so one busy entry cannot starve
+    /// another).
+    fn claim_next(&self, next: &mut u32) -> Option<(u32, Submission)> {
+        let entries = self.ring.layout().entries;
+        let claimed = (0..entries).map(|j| (*next + j) % entries).find_map(|i| self.ring.entry(i).claim().map(|s| (i, s)));
+        if let Some((i, _)) = claimed {
+            *next = (i + 1) % entries;
+        }
+        claimed
+    }
+
     fn serve(mut self) {
         let entries = self.ring.layout().entries;
         let mut next = 0;
@@ -63,19 +74,18 @@ impl Worker {
         // However the loop ends (even by a panic), the client must stop waiting.
         let _gone = Gone(self.ring);
         while !self.session.is_closed() {
-            // Round-robin over the entries, so one busy entry cannot starve another.
-            let claimed = (0..entries).map(|j| (next + j) % entries).find_map(|i| self.ring.entry(i).claim().map(|s| (i, s)));
-            if let Some((i, sub)) = claimed {
-                self.run(i, sub);
-                next = (i + 1) % entries;
-                continue;
-            }
-            if ring::spin_until(self.state.config.ring_spin, || self.any_submitted() || self.session.is_closed()) {
+            if let Some((i, sub)) = self.claim_next(&mut next) {
+                if self.state.config.pool_awake {
+                    let engine = Arc::clone(&self.state.engine);
+                    engine.with_pool_awake(|| self.burst(i, sub, &mut next));
+                } else {
+                    self.burst(i, sub, &mut next);
+                }
                 continue;
             }
             let d = self.ring.doorbell().load(Ordering::SeqCst);
             self.ring.daemon_waiting().store(1, Ordering::SeqCst);
-            if !self.any_submitted() {
+            if !self.any_submitted() && !self.session.is_closed() {
                 ring::futex_wait(self.ring.doorbell(), d, Some(WORKER_SLICE));
             }
             self.ring.daemon_waiting().store(0, Ordering::SeqCst);
@@ -86,6 +96,30 @@ impl Worker {
             }
         }
         tracing::debug!(session = self.session.id, "call ring stopped: session closed");
+    }
+
+    /// Runs the call in entry `i`, then every call that arrives within the poll window after
+    /// the last one (`--ring-spin-us`; a decode step's calls come a few ms apart), and returns
+    /// when the window passes without one or the session closes. While polling it also runs
+    /// any compute-pool work that is waiting (another session's call), when it runs on the pool.
+    fn burst(&mut self, i: u32, sub: Submission, next: &mut u32) {
+        self.run(i, sub);
+        while !self.session.is_closed() {
+            if let Some((i, sub)) = self.claim_next(next) {
+                self.run(i, sub);
+                continue;
+            }
+            let on_pool = rayon::current_thread_index().is_some();
+            let arrived = ring::spin_until(self.state.config.ring_spin, || {
+                if on_pool {
+                    let _ = rayon::yield_now();
+                }
+                self.any_submitted() || self.session.is_closed()
+            });
+            if !arrived {
+                return;
+            }
+        }
     }
 
     fn run(&mut self, i: u32, sub: Submission) {

@@ -108,6 +108,8 @@ pub struct ServiceConfig {
     pub io_backend: String,
     /// How long a call ring's worker polls for the next call before sleeping.
     pub ring_spin: std::time::Duration,
+    /// Whether a ring worker keeps the compute pool awake (yielding) through a burst of calls.
+    pub pool_awake: bool,
 }
 
 /// The daemon's state shared by every connection and call.

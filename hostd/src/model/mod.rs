@@ -9,7 +9,7 @@ pub mod attention;
 pub mod batch;
 pub mod causal;
 pub mod gdn;
-pub mod keep_awake;
+pub use shared::keep_awake;
 pub mod linear;
 pub mod moe;
 pub mod ops;

@@ -1,6 +1,6 @@
-//! Keeps the compute pool's threads awake for the length of one forward pass, so that each of
-//! the pass's parallel regions (a few hundred per decode token) starts on threads that are
-//! already running instead of waking sleeping ones.
+//! Keeps a compute pool's threads awake for the length of one forward pass (hostd) or one
+//! burst of MoE calls (expertd's ring worker), so that each parallel region (a few hundred per
+//! decode token) starts on threads that are already running instead of waking sleeping ones.
 //!
 //! Between two parallel regions of a decode step the model runs tens to hundreds of µs of
 //! single-threaded work (norms, conv, gates, softmax). That is long enough for an idle rayon
@@ -36,14 +36,21 @@ pub enum Awake {
 
 /// Runs `f` on a thread of the current rayon pool with the pool's other threads kept awake
 /// until it returns (see the module doc). With [`Awake::Off`], with one thread, or when
-/// already on a pool thread (a nested call), it just runs `f` here.
+/// already on a pool thread (a nested call), it just runs `f` here. One kept-awake pass at a
+/// time: a second, started from another thread meanwhile, runs in place.
 pub fn run<R: Send>(awake: Awake, f: impl FnOnce() -> R + Send) -> R {
-    run_on(None, awake, f)
+    run_in(None, awake, f)
 }
 
-/// [`run`] on `pool`, or on the global pool when `None` (the only form the model uses; tests
-/// pass a pool of their own so that they do not depend on the machine's core count).
-fn run_on<R: Send>(pool: Option<&rayon::ThreadPool>, awake: Awake, f: impl FnOnce() -> R + Send) -> R {
+/// [`run`] on `pool` (expertd's compute pool). The pool belongs to the caller, who must keep
+/// two such calls from overlapping (the second would wait for the first to end before its
+/// pass starts: each broadcast job needs every thread).
+pub fn run_on<R: Send>(pool: &rayon::ThreadPool, awake: Awake, f: impl FnOnce() -> R + Send) -> R {
+    run_in(Some(pool), awake, f)
+}
+
+/// [`run`] on `pool`, or on the global pool when `None`.
+fn run_in<R: Send>(pool: Option<&rayon::ThreadPool>, awake: Awake, f: impl FnOnce() -> R + Send) -> R {
     let threads = pool.map_or_else(rayon::current_num_threads, |p| p.current_num_threads());
     let nested = pool.map_or_else(|| rayon::current_thread_index().is_some(), |p| p.current_thread_index().is_some());
     if awake == Awake::Off || threads < 2 || nested {
@@ -142,7 +149,7 @@ mod tests {
         let pool = rayon::ThreadPoolBuilder::new().num_threads(3).build().expect("pool");
         // From every thread of the pool in turn (an `install` job may land on thread 0, where
         // running in place and running as the pass look alike).
-        let seen = pool.broadcast(|_| run_on(Some(&pool), Awake::Spin, || pool.current_thread_index()) == pool.current_thread_index());
+        let seen = pool.broadcast(|_| run_on(&pool, Awake::Spin, || pool.current_thread_index()) == pool.current_thread_index());
         assert!(seen.iter().all(|&ok| ok), "a nested call ran elsewhere: {seen:?}");
     }
 
@@ -155,7 +162,7 @@ mod tests {
 
     fn takes_work(awake: Awake) {
         let pool = rayon::ThreadPoolBuilder::new().num_threads(3).build().expect("pool");
-        let (idx, ran_on) = run_on(Some(&pool), awake, || {
+        let (idx, ran_on) = run_on(&pool, awake, || {
             let ran_on: Vec<Option<usize>> = (0..64)
                 .into_par_iter()
                 .map(|_| {
@@ -168,7 +175,7 @@ mod tests {
         assert_eq!(idx, Some(0), "{awake:?}: the pass runs on pool thread 0");
         assert!(ran_on.iter().any(|&t| t.is_some_and(|t| t != 0)), "{awake:?}: no spinner took work: {ran_on:?}");
         // Off: in place, off the pool.
-        assert_eq!(run_on(Some(&pool), Awake::Off, rayon::current_thread_index), None);
+        assert_eq!(run_on(&pool, Awake::Off, rayon::current_thread_index), None);
     }
 
     #[test]
