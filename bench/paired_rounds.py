@@ -53,6 +53,28 @@ def paired(values, ref):
     return res
 
 
+def ran_first(schedule, name, ref_name):
+    """Per round, whether `name` ran before `ref_name` in it (from the JSON's `schedule`)."""
+    pos = {entry: i for i, entry in enumerate(schedule or [])}
+    out = {}
+    for entry, i in pos.items():
+        n, _, r = entry.rpartition("#")
+        if n == name and f"{ref_name}#{r}" in pos:
+            out[r] = i < pos[f"{ref_name}#{r}"]
+    return out
+
+
+def by_order(p, first):
+    """The paired geometric mean split by which of the two ran first in the round (an order
+    effect shows as two different values)."""
+    out = {}
+    for label, want in (("ran_first", True), ("ran_second", False)):
+        logs = [math.log(x) for k, x in zip(p["rounds"], p["ratios"]) if first.get(k) == want]
+        if logs:
+            out[label] = {"rounds": len(logs), "geometric_mean": math.exp(statistics.fmean(logs))}
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("bench_json")
@@ -71,6 +93,7 @@ def main():
         s = {"median": statistics.median(values.values()) if values else None, "by_round": values}
         if name != ref_name:
             s["vs_reference"] = paired(values, ref)
+            s["vs_reference"]["by_order"] = by_order(s["vs_reference"], ran_first(d.get("schedule"), name, ref_name))
         summary["configs"][name] = s
     if a.json:
         print(json.dumps(summary, indent=1))
@@ -87,6 +110,8 @@ def main():
         print(f"{name} / {ref_name}: {len(p['ratios'])} rounds, per round "
               f"[{', '.join(f'{x:.3f}' for x in p['ratios'])}], median {p['median']:.3f}, "
               f"geometric mean {p['geometric_mean']:.3f}{ci_s}")
+        for label, o in p.get("by_order", {}).items():
+            print(f"  {label.replace('_', ' ')} in its round: {o['rounds']} rounds, geometric mean {o['geometric_mean']:.3f}")
 
 
 if __name__ == "__main__":

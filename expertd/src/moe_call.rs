@@ -127,6 +127,10 @@ pub struct Engine {
     overlap: bool,
     /// Held by the one caller of [`Engine::with_pool_awake`] whose burst keeps `pool` awake.
     awake: std::sync::Mutex<()>,
+    /// Calls running now off the compute pool (gRPC calls, ring calls of a session that does not
+    /// hold the kept-awake pool): while any runs, no burst keeps the pool, so that pool thread 0
+    /// is not held polling one session's ring while another session's call waits for it.
+    off_pool_calls: AtomicU32,
 }
 
 /// How long a wave waits for leases held by other calls before giving up with the cache's
@@ -172,7 +176,7 @@ impl Engine {
             .map_err(std::io::Error::other)?;
         let st = cache.stats();
         let wave_experts = (((st.n_slots + st.transient_slots) / 2).max(1)) as usize;
-        Ok(Engine { cache, source, isa, header, pool, max_rows, wave_experts, demand_reads: AtomicU32::new(0), demand_progress: Default::default(), prefetcher: OnceLock::new(), overlap: true, awake: std::sync::Mutex::new(()) })
+        Ok(Engine { cache, source, isa, header, pool, max_rows, wave_experts, demand_reads: AtomicU32::new(0), demand_progress: Default::default(), prefetcher: OnceLock::new(), overlap: true, awake: std::sync::Mutex::new(()), off_pool_calls: AtomicU32::new(0) })
     }
 
     /// Leases one wave's experts, waiting (bounded by [`WAVE_WAIT_LIMIT`]) while other calls
@@ -194,14 +198,25 @@ impl Engine {
     /// Runs `f` (a ring worker's burst of calls) with the compute pool's threads kept awake,
     /// yielding their cores between checks for work ([`shared::keep_awake`]), so that each call
     /// of the burst starts its parallel compute without waking sleeping threads. `f` runs on a
-    /// pool thread. One burst at a time: while another holds the pool, `f` runs here as is.
+    /// pool thread and should end as soon as [`contended`](Self::contended) says another call
+    /// runs beside it. One burst at a time: while another holds the pool, or while another
+    /// call runs off the pool, `f` runs here as is (its calls count as off-pool calls).
     pub fn with_pool_awake<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
+        if self.contended() {
+            return f();
+        }
         let _held = match self.awake.try_lock() {
             Ok(g) => g,
             Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
             Err(std::sync::TryLockError::WouldBlock) => return f(),
         };
         shared::keep_awake::run_on(&self.pool, shared::keep_awake::Awake::Yield, f)
+    }
+
+    /// Whether a call runs off the compute pool now (another session's, or a gRPC call): a
+    /// burst holding the kept-awake pool ends when this turns true.
+    pub fn contended(&self) -> bool {
+        self.off_pool_calls.load(Ordering::Acquire) > 0
     }
 
     /// Turns the hits-while-reading overlap on (default) or off.
@@ -314,6 +329,9 @@ impl Engine {
     /// end when the call reads nothing. Never changes the result.
     pub fn run_hinted(&self, spec: &CallSpec<'_>, x: &[f32], out: &mut [f32], hint: Option<Hint>) -> Result<CallCost, CallError> {
         let mut hint = hint.filter(|_| self.prefetcher.get().is_some());
+        // Counted from before its first parallel job, so that a burst polling on pool thread 0
+        // sees it and gives the thread back.
+        let _off_pool = (self.pool.current_thread_index().is_none()).then(|| OffPoolCall::new(&self.off_pool_calls));
         self.note_demand_start(spec);
         let r = self.run_inner(spec, x, out, &mut hint);
         self.send_hint(&mut hint);
@@ -505,6 +523,22 @@ impl Drop for DemandReading<'_> {
 }
 
 /// A ready lease's blob as the kernel's matrices.
+/// Counts one call running off the compute pool (see `Engine::off_pool_calls`) until dropped.
+struct OffPoolCall<'a>(&'a AtomicU32);
+
+impl<'a> OffPoolCall<'a> {
+    fn new(n: &'a AtomicU32) -> OffPoolCall<'a> {
+        n.fetch_add(1, Ordering::AcqRel);
+        OffPoolCall(n)
+    }
+}
+
+impl Drop for OffPoolCall<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
 fn view_lease<'a>(lease: &'a crate::cache::Lease, layout: &BlobLayout) -> Result<ExpertMatrices<'a>, CallError> {
     view_blob(lease.bytes(), layout, lease.key())
 }

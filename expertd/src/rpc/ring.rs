@@ -100,22 +100,21 @@ impl Worker {
 
     /// Runs the call in entry `i`, then every call that arrives within the poll window after
     /// the last one (`--ring-spin-us`; a decode step's calls come a few ms apart), and returns
-    /// when the window passes without one or the session closes. While polling it also runs
-    /// any compute-pool work that is waiting (another session's call), when it runs on the pool.
+    /// when the window passes without one or the session closes. On the kept-awake pool it
+    /// also returns as soon as another call runs off the pool (another session's, or a gRPC
+    /// call), handing pool thread 0 back: the poll itself never takes other pool work, so no
+    /// other session's call waits behind this session's next one.
     fn burst(&mut self, i: u32, sub: Submission, next: &mut u32) {
+        let engine = Arc::clone(&self.state.engine);
+        let on_pool = rayon::current_thread_index().is_some();
+        let give_back = || on_pool && engine.contended();
         self.run(i, sub);
-        while !self.session.is_closed() {
+        while !self.session.is_closed() && !give_back() {
             if let Some((i, sub)) = self.claim_next(next) {
                 self.run(i, sub);
                 continue;
             }
-            let on_pool = rayon::current_thread_index().is_some();
-            let arrived = ring::spin_until(self.state.config.ring_spin, || {
-                if on_pool {
-                    let _ = rayon::yield_now();
-                }
-                self.any_submitted() || self.session.is_closed()
-            });
+            let arrived = ring::spin_until(self.state.config.ring_spin, || self.any_submitted() || self.session.is_closed() || give_back());
             if !arrived {
                 return;
             }

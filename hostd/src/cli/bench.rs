@@ -57,6 +57,11 @@ pub struct BenchArgs {
     /// Runs per configuration (plus one drift-check run of the first).
     #[arg(long, default_value_t = 3)]
     pub runs: usize,
+    /// Order of the configs within a round: `alternate` (default) runs odd rounds in the order
+    /// given and even rounds reversed (ABBA), so that a config does not always run first in its
+    /// round; `forward` runs every round in the order given.
+    #[arg(long, value_enum, default_value_t = Order::Alternate)]
+    pub order: Order,
     /// Drop the page cache before every run and skip the warm-up (cold start); see the docs.
     #[arg(long)]
     pub cold: bool,
@@ -72,6 +77,28 @@ pub struct BenchArgs {
     /// Parallel readers of the O_DIRECT probe.
     #[arg(long, default_value_t = 8)]
     pub odirect_readers: usize,
+}
+
+/// Order of the configs within each round of `hostd bench`.
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Order {
+    /// Every round in the order the configs were given.
+    Forward,
+    /// Odd rounds in the given order, even rounds reversed.
+    Alternate,
+}
+
+/// The interleaved schedule, `(config index, round label)`: `runs` rounds of every config in
+/// `order`, then the drift check (config 0 once more).
+fn schedule(n_configs: usize, runs: usize, order: Order) -> Vec<(usize, String)> {
+    let mut s: Vec<(usize, String)> = (1..=runs)
+        .flat_map(|r| {
+            let reversed = order == Order::Alternate && r % 2 == 0;
+            (0..n_configs).map(move |c| (if reversed { n_configs - 1 - c } else { c }, r.to_string()))
+        })
+        .collect();
+    s.push((0, "drift".to_string()));
+    s
 }
 
 /// One configuration under test.
@@ -169,8 +196,7 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
     }
 
     // Interleaved schedule, then the drift check.
-    let mut schedule: Vec<(usize, String)> = (1..=args.runs).flat_map(|r| (0..configs.len()).map(move |c| (c, r.to_string()))).collect();
-    schedule.push((0, "drift".to_string()));
+    let schedule = schedule(configs.len(), args.runs, args.order);
     let mut runs: Vec<Vec<Value>> = vec![Vec::new(); configs.len()];
     let mut drift = Value::Null;
     for (i, (ci, label)) in schedule.iter().enumerate() {
@@ -252,6 +278,7 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
         "new_tokens": args.new_tokens,
         "runs_per_config": args.runs,
         "cold": args.cold,
+        "order": format!("{:?}", args.order).to_lowercase(),
         "schedule": schedule.iter().map(|(c, r)| format!("{}#{r}", configs[*c].name)).collect::<Vec<_>>(),
         "bandwidth": {
             "dram": [dram_start, dram_end],
@@ -291,7 +318,7 @@ fn binary_identity() -> serde_json::Value {
 fn notes() -> Vec<&'static str> {
     vec![
         "commit: `git rev-parse HEAD` in commit_of (the working directory) when the report was written; the binary may have been built from another commit (a checkout that moved on, a copied binary): binary.sha256 identifies the code that ran",
-        "every run is a fresh `hostd profile` process (model load, optional warm-up, prefill, decode); runs are interleaved across configs; the first config runs once more at the end (drift_check)",
+        "every run is a fresh `hostd profile` process (model load, optional warm-up, prefill, decode); runs are interleaved across configs (order: `forward` runs every round in the given order; `alternate` reverses even rounds); the first config runs once more at the end (drift_check)",
         "ttft_s: in the child, wall time of the prefill forward pass over the whole prompt (blocks of prefill_chunk rows, synthetic ids) plus the argmax that picks the first token; excludes process start and model load",
         "prefill_tokens_per_s: prompt tokens / prefill forward-pass wall time (argmax excluded)",
         "decode_tokens_per_s: new tokens / decode wall time, one step = one single-token forward pass + argmax",
@@ -609,5 +636,13 @@ mod tests {
         assert_eq!(env_word("A="), Some(("A".to_string(), String::new())));
         let c = parse_config("x: --keep-awake off").expect("parses");
         assert!(c.env.is_empty());
+    }
+
+    #[test]
+    fn alternate_order_reverses_even_rounds_and_drift_repeats_the_first_config() {
+        let names = |s: Vec<(usize, String)>| s.into_iter().map(|(c, r)| format!("{c}#{r}")).collect::<Vec<_>>();
+        assert_eq!(names(schedule(2, 3, Order::Alternate)), ["0#1", "1#1", "1#2", "0#2", "0#3", "1#3", "0#drift"]);
+        assert_eq!(names(schedule(3, 2, Order::Alternate)), ["0#1", "1#1", "2#1", "2#2", "1#2", "0#2", "0#drift"]);
+        assert_eq!(names(schedule(2, 2, Order::Forward)), ["0#1", "1#1", "0#2", "1#2", "0#drift"]);
     }
 }
