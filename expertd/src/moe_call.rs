@@ -131,6 +131,9 @@ pub struct Engine {
     /// hold the kept-awake pool): while any runs, no burst keeps the pool, so that pool thread 0
     /// is not held polling one session's ring while another session's call waits for it.
     off_pool_calls: AtomicU32,
+    /// Calls started off the compute pool since the engine started (with `off_pool_calls`, a
+    /// burst sees every call that started while it held the pool, however short).
+    off_pool_started: std::sync::atomic::AtomicU64,
 }
 
 /// How long a wave waits for leases held by other calls before giving up with the cache's
@@ -176,7 +179,7 @@ impl Engine {
             .map_err(std::io::Error::other)?;
         let st = cache.stats();
         let wave_experts = (((st.n_slots + st.transient_slots) / 2).max(1)) as usize;
-        Ok(Engine { cache, source, isa, header, pool, max_rows, wave_experts, demand_reads: AtomicU32::new(0), demand_progress: Default::default(), prefetcher: OnceLock::new(), overlap: true, awake: std::sync::Mutex::new(()), off_pool_calls: AtomicU32::new(0) })
+        Ok(Engine { cache, source, isa, header, pool, max_rows, wave_experts, demand_reads: AtomicU32::new(0), demand_progress: Default::default(), prefetcher: OnceLock::new(), overlap: true, awake: std::sync::Mutex::new(()), off_pool_calls: AtomicU32::new(0), off_pool_started: Default::default() })
     }
 
     /// Leases one wave's experts, waiting (bounded by [`WAVE_WAIT_LIMIT`]) while other calls
@@ -198,8 +201,8 @@ impl Engine {
     /// Runs `f` (a ring worker's burst of calls) with the compute pool's threads kept awake,
     /// yielding their cores between checks for work ([`shared::keep_awake`]), so that each call
     /// of the burst starts its parallel compute without waking sleeping threads. `f` runs on a
-    /// pool thread and should end as soon as [`contended`](Self::contended) says another call
-    /// runs beside it. One burst at a time: while another holds the pool, or while another
+    /// pool thread and should end as soon as [`contended_since`](Self::contended_since) says
+    /// another call ran beside it. One burst at a time: while another holds the pool, or while another
     /// call runs off the pool, `f` runs here as is (its calls count as off-pool calls).
     pub fn with_pool_awake<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
         if self.contended() {
@@ -213,10 +216,20 @@ impl Engine {
         shared::keep_awake::run_on(&self.pool, shared::keep_awake::Awake::Yield, f)
     }
 
-    /// Whether a call runs off the compute pool now (another session's, or a gRPC call): a
-    /// burst holding the kept-awake pool ends when this turns true.
+    /// Whether a call runs off the compute pool now (another session's, or a gRPC call).
     pub fn contended(&self) -> bool {
         self.off_pool_calls.load(Ordering::Acquire) > 0
+    }
+
+    /// A mark for [`contended_since`](Self::contended_since): the off-pool calls started so far.
+    pub fn off_pool_mark(&self) -> u64 {
+        self.off_pool_started.load(Ordering::Acquire)
+    }
+
+    /// Whether a call runs off the pool now or has started since `mark` was taken: a burst
+    /// holding the kept-awake pool ends when this turns true.
+    pub fn contended_since(&self, mark: u64) -> bool {
+        self.contended() || self.off_pool_mark() != mark
     }
 
     /// Turns the hits-while-reading overlap on (default) or off.
@@ -331,7 +344,7 @@ impl Engine {
         let mut hint = hint.filter(|_| self.prefetcher.get().is_some());
         // Counted from before its first parallel job, so that a burst polling on pool thread 0
         // sees it and gives the thread back.
-        let _off_pool = (self.pool.current_thread_index().is_none()).then(|| OffPoolCall::new(&self.off_pool_calls));
+        let _off_pool = (self.pool.current_thread_index().is_none()).then(|| OffPoolCall::new(&self.off_pool_calls, &self.off_pool_started));
         self.note_demand_start(spec);
         let r = self.run_inner(spec, x, out, &mut hint);
         self.send_hint(&mut hint);
@@ -527,8 +540,9 @@ impl Drop for DemandReading<'_> {
 struct OffPoolCall<'a>(&'a AtomicU32);
 
 impl<'a> OffPoolCall<'a> {
-    fn new(n: &'a AtomicU32) -> OffPoolCall<'a> {
+    fn new(n: &'a AtomicU32, started: &std::sync::atomic::AtomicU64) -> OffPoolCall<'a> {
         n.fetch_add(1, Ordering::AcqRel);
+        started.fetch_add(1, Ordering::AcqRel);
         OffPoolCall(n)
     }
 }

@@ -111,6 +111,8 @@ pub struct SessionCounters {
     pub compute_ns: AtomicU64,
     /// Of `calls`, those that came through the shared-memory call ring.
     pub ring_calls: AtomicU64,
+    /// Bursts of ring calls run on the kept-awake compute pool (`SessionStats.ring_bursts`).
+    pub ring_bursts: AtomicU64,
 }
 
 /// What one successful call adds to its session's counters: its cost with the time it

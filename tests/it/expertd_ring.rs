@@ -279,3 +279,36 @@ fn malformed_ring_entries_fail_that_call_and_the_worker_keeps_serving() {
     assert_eq!(bits(&echoed), bits(&x));
     drop(link);
 }
+
+#[test]
+fn a_burst_on_the_kept_awake_pool_ends_when_another_call_runs_off_the_pool() {
+    let (_work, container) = work_with_container("tiny");
+    let mut config = whole_container(&container);
+    // A poll window far longer than this test: only another call (or the session closing) ends
+    // a burst here. Two compute threads: the least the kept-awake pool runs with.
+    config.ring_spin = Duration::from_secs(60);
+    config.threads = 2;
+    let d = InProcessDaemon::unix(config);
+    let socket = d.socket().to_path_buf();
+    let ring = client(&socket, true);
+    let rpc = client(&socket, false);
+    let bursts = || {
+        let stats = rt().block_on(async {
+            let mut c = raw_unix(&socket).await;
+            c.stats(pb::StatsRequest {}).await.expect("stats").into_inner()
+        });
+        let s = stats.sessions.iter().find(|s| s.client_name == "ring test ring=true").expect("the ring session").clone();
+        (s.ring_calls, s.ring_bursts)
+    };
+    let first = tiny_call(&ring).expect("ring call 1");
+    let second = tiny_call(&ring).expect("ring call 2");
+    assert_eq!(bursts(), (2, 1), "two calls within the poll window run as one burst");
+    // A call off the pool (the MoeLayer RPC) ends the burst: the ring session's next call
+    // starts another.
+    let by_rpc = tiny_call(&rpc).expect("rpc call");
+    let third = tiny_call(&ring).expect("ring call 3");
+    assert_eq!(bursts(), (3, 2), "the RPC call did not end the ring session's burst");
+    for (name, v) in [("ring 2", &second), ("rpc", &by_rpc), ("ring 3", &third)] {
+        assert_eq!(bits(v), bits(&first), "{name} vs ring call 1");
+    }
+}

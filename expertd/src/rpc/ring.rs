@@ -101,13 +101,17 @@ impl Worker {
     /// Runs the call in entry `i`, then every call that arrives within the poll window after
     /// the last one (`--ring-spin-us`; a decode step's calls come a few ms apart), and returns
     /// when the window passes without one or the session closes. On the kept-awake pool it
-    /// also returns as soon as another call runs off the pool (another session's, or a gRPC
-    /// call), handing pool thread 0 back: the poll itself never takes other pool work, so no
-    /// other session's call waits behind this session's next one.
+    /// also returns as soon as another call runs or has run off the pool since the burst began
+    /// (another session's, or a gRPC call), handing pool thread 0 back: the poll itself never
+    /// takes other pool work, so no other session's call waits behind this session's next one.
     fn burst(&mut self, i: u32, sub: Submission, next: &mut u32) {
         let engine = Arc::clone(&self.state.engine);
         let on_pool = rayon::current_thread_index().is_some();
-        let give_back = || on_pool && engine.contended();
+        let mark = engine.off_pool_mark();
+        let give_back = || on_pool && engine.contended_since(mark);
+        if on_pool {
+            self.session.counters.ring_bursts.fetch_add(1, Ordering::Relaxed);
+        }
         self.run(i, sub);
         while !self.session.is_closed() && !give_back() {
             if let Some((i, sub)) = self.claim_next(next) {

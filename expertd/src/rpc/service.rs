@@ -420,6 +420,7 @@ impl ServiceState {
                     leases_held,
                     ring_calls: ld(&k.ring_calls),
                     peer_key: s.peer_key.label(),
+                    ring_bursts: ld(&k.ring_bursts),
                 }
             })
             .collect::<Vec<pb::SessionStats>>();
