@@ -3,8 +3,9 @@
 reference config's in the same round (runs interleave, so a round's configs ran minutes apart),
 their median, geometric mean and the 95% t interval of the geometric mean (on the log ratios).
 
-usage: bench/paired_rounds.py BENCH.json [REFERENCE_CONFIG] [--field decode_tokens_per_s] [--json]
-The reference defaults to the first config. The drift run is left out; rounds a config lacks
+usage: bench/paired_rounds.py BENCH.json[,BENCH2.json,…] [REFERENCE_CONFIG] [--field decode_tokens_per_s] [--json]
+Several comma-separated JSONs (runs of the same configs) are pooled, each one's rounds kept
+apart ("2:5" is round 5 of the second file). The reference defaults to the first config. The drift run is left out; rounds a config lacks
 (a failed run) are left out of that config's pairs.
 """
 import argparse
@@ -20,8 +21,18 @@ T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8:
 
 
 def t95(df):
-    keys = sorted(k for k in T95 if k <= df)
-    return T95[keys[-1]] if keys else float("nan")
+    """The quantile for `df`, interpolated in 1/df between the table's entries (exact at them)."""
+    if df < 1:
+        return float("nan")
+    if df in T95:
+        return T95[df]
+    lo = max(k for k in T95 if k < df)
+    hi = [k for k in T95 if k > df]
+    if not hi:
+        return T95[lo]
+    hi = min(hi)
+    w = (1 / lo - 1 / df) / (1 / lo - 1 / hi)
+    return T95[lo] + w * (T95[hi] - T95[lo])
 
 
 def by_round(config, field):
@@ -34,8 +45,10 @@ def by_round(config, field):
 
 
 def round_key(r):
-    """Rounds are strings ("1", "2", …): in numeric order."""
-    return (0, int(r)) if str(r).isdigit() else (1, str(r))
+    """Rounds are strings ("1", "2", …, "2:1" for a pooled second file): in numeric order."""
+    f, _, n = str(r).rpartition(":")
+    f = int(f) if f.isdigit() else 1
+    return (0, f, int(n)) if n.isdigit() else (1, f, str(r))
 
 
 def paired(values, ref):
@@ -75,6 +88,27 @@ def by_order(p, first):
     return out
 
 
+def load_pooled(paths):
+    """One bench JSON, or several (comma-separated) pooled: rounds and schedule entries of the
+    n-th file after the first are labelled "n:ROUND"."""
+    files = paths.split(",")
+    d = json.load(open(files[0]))
+    for n, f in enumerate(files[1:], start=2):
+        e = json.load(open(f))
+        by_name = {c["name"]: c for c in d["configs"]}
+        for c in e["configs"]:
+            if c["name"] not in by_name:
+                sys.exit(f"{f}: config {c['name']!r} is not in {files[0]}")
+            for r in c["runs"]:
+                if r.get("round") not in (None, "drift"):
+                    by_name[c["name"]]["runs"].append(dict(r, round=f"{n}:{r['round']}"))
+        for entry in e.get("schedule") or []:
+            name, _, r = entry.rpartition("#")
+            if r != "drift":
+                d.setdefault("schedule", []).append(f"{name}#{n}:{r}")
+    return d
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("bench_json")
@@ -82,7 +116,7 @@ def main():
     ap.add_argument("--field", default="decode_tokens_per_s")
     ap.add_argument("--json", action="store_true", help="print the summary as JSON")
     a = ap.parse_args()
-    d = json.load(open(a.bench_json))
+    d = load_pooled(a.bench_json)
     configs = {c["name"]: by_round(c, a.field) for c in d["configs"]}
     ref_name = a.reference or d["configs"][0]["name"]
     if ref_name not in configs:
