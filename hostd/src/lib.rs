@@ -16,6 +16,5 @@ pub mod model;
 pub mod prefix_cache;
 pub mod profile;
 pub mod sampling;
-pub mod synth;
 pub mod tokenizer;
 pub mod tool_calls;

@@ -1,7 +1,7 @@
 //! `hostd synth`: synthetic checkpoints validate, are deterministic, inspect and run; the
 //! realdim preset's plan has the release's per-layer shapes (checked without writing weights).
 
-use hostd::synth::{self, Preset, SHARD_CAP_BYTES};
+use sluice_tools::synth::{self, Preset, SHARD_CAP_BYTES};
 use shared::checkpoint::Checkpoint;
 use shared::config::LayerType;
 use shared::tensor_spec::{self, ExpertLayout, PREFIX_RELEASE};
@@ -114,7 +114,7 @@ fn existing_output_needs_force_and_bad_flags_fail() {
     let o = hostd(&["synth", "--preset", "tiny", "--layers", "3", "--out", tmp.path().join("x").to_str().expect("utf-8")]);
     assert!(!o.status.success());
     assert!(String::from_utf8_lossy(&o.stderr).contains("full-attention"));
-    let asset = workspace_root().join("hostd/assets/qwen36-ranks-1000.tokenizer.json");
+    let asset = workspace_root().join("tools/assets/qwen36-ranks-1000.tokenizer.json");
     let o = hostd(&[
         "synth", "--preset", "tiny", "--tokenizer", asset.to_str().expect("utf-8"),
         "--out", tmp.path().join("y").to_str().expect("utf-8"),

@@ -73,6 +73,14 @@ fn check_shared_fs(path: &str, text: &str) -> Vec<String> {
     forbid(path, text, &[concat!("std", "::fs")], allowed, "filesystem access in shared/ outside checkpoint.rs, container/{reader,identity}.rs and procfs.rs")
 }
 
+/// The developer tooling in `tools/` (crate sluice-tools) stays out of the product: only hostd's
+/// command-line layer (`hostd synth`), the tests and the fuzz harness use it. sluice-tools itself
+/// is library code (no `anyhow`) and may write files: writing model directories is its job.
+fn check_tools_use(path: &str, text: &str) -> Vec<String> {
+    let allowed = ["tools/", "hostd/src/cli/", "tests/", "fuzz/"].iter().any(|p| path.starts_with(p));
+    forbid(path, text, &[concat!("sluice_", "tools")], allowed, "sluice-tools used outside hostd/src/cli/, tests and fuzz")
+}
+
 /// Every file opens with a `//!` saying what it owns.
 fn check_module_doc(path: &str, text: &str) -> Vec<String> {
     if text.starts_with("//!") { Vec::new() } else { vec![violation(path, 1, "file does not start with a `//!` module doc")] }
@@ -113,7 +121,7 @@ fn check_file_length(path: &str, text: &str) -> Vec<String> {
 }
 
 type Rule = fn(&str, &str) -> Vec<String>;
-const RULES: &[Rule] = &[check_arch, check_io_uring, check_anyhow, check_shared_fs, check_module_doc, check_safety_comments, check_file_length];
+const RULES: &[Rule] = &[check_arch, check_io_uring, check_anyhow, check_shared_fs, check_tools_use, check_module_doc, check_safety_comments, check_file_length];
 
 /// Workspace-relative paths of the tracked `.rs` files (`git ls-files`), or of every `.rs`
 /// file outside `target/` and hidden directories when the tree is not a git checkout.
@@ -186,6 +194,7 @@ fn anyhow_only_in_cli_and_tests() {
     check(check_anyhow, "hostd/src/cli/run.rs", bad, 0);
     check(check_anyhow, "expertd/src/cli.rs", bad, 0);
     check(check_anyhow, "tests/it/serve.rs", bad, 0);
+    check(check_anyhow, "tools/src/synth/write.rs", bad, 1);
 }
 
 #[test]
@@ -194,6 +203,21 @@ fn shared_fs_only_in_checkpoint_and_container_reader() {
     check(check_shared_fs, "shared/src/config.rs", bad, 1);
     check(check_shared_fs, "shared/src/checkpoint.rs", bad, 0);
     check(check_shared_fs, "hostd/src/model/weights.rs", bad, 0);
+    check(check_shared_fs, "tools/src/synth/write.rs", bad, 0);
+}
+
+#[test]
+fn tools_only_from_the_cli_tests_and_fuzz() {
+    let bad = concat!("//! x
+use sluice_", "tools::synth::Preset;
+");
+    check(check_tools_use, "hostd/src/engine/mod.rs", bad, 1);
+    check(check_tools_use, "expertd/src/cli.rs", bad, 1);
+    check(check_tools_use, "shared/src/config.rs", bad, 1);
+    check(check_tools_use, "hostd/src/cli/synth.rs", bad, 0);
+    check(check_tools_use, "tests/it/synth.rs", bad, 0);
+    check(check_tools_use, "fuzz/harness/src/targets/http_params.rs", bad, 0);
+    check(check_tools_use, "tools/src/synth/tests.rs", bad, 0);
 }
 
 #[test]

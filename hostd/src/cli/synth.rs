@@ -3,11 +3,11 @@
 //! release's on-disk layout, after printing its size and the size of the INT8 expert container
 //! `expertd prepare` would make from it.
 
-use crate::synth::{self, Preset, SynthOptions, TokenizerSource};
+use sluice_tools::synth::{self, Preset, RuntimeTokenizer, SynthOptions, TokenizerSource};
 use anyhow::Context;
 use indicatif::{ProgressBar, ProgressStyle};
 use std::io::IsTerminal;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 /// Flags of `hostd synth`.
@@ -74,6 +74,7 @@ pub fn run(args: &SynthArgs) -> anyhow::Result<()> {
         out: args.out.clone(),
         tokenizer: args.tokenizer.clone().map_or(TokenizerSource::Asset, TokenizerSource::File),
         force: args.force,
+        load_tokenizer: runtime_tokenizer,
     };
     let start = Instant::now();
     let mut reporter = Progress::new(args.preset == Preset::Realdim, total);
@@ -89,6 +90,22 @@ pub fn run(args: &SynthArgs) -> anyhow::Result<()> {
         start.elapsed().as_secs_f64()
     );
     Ok(())
+}
+
+/// The synthetic checkpoint's `tokenizer.json` is checked with the tokenizer that will load it.
+impl RuntimeTokenizer for crate::tokenizer::Tokenizer {
+    fn encode(&self, text: &str) -> Result<Vec<u32>, String> {
+        crate::tokenizer::Tokenizer::encode(self, text).map_err(|e| e.to_string())
+    }
+
+    fn vocab_size(&self) -> usize {
+        crate::tokenizer::Tokenizer::vocab_size(self)
+    }
+}
+
+/// Loads a written `tokenizer.json` with hostd's tokenizer ([`SynthOptions::load_tokenizer`]).
+pub fn runtime_tokenizer(path: &Path) -> Result<Box<dyn RuntimeTokenizer>, String> {
+    Ok(Box::new(crate::tokenizer::Tokenizer::from_file(path).map_err(|e| e.to_string())?))
 }
 
 fn gib(bytes: u64) -> f64 {
@@ -141,5 +158,38 @@ impl Progress {
         if let Progress::Bar(bar) = self {
             bar.finish();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sluice_tools::synth::tokenizer;
+
+    #[test]
+    fn realdim_tokenizer_loads_with_the_real_special_ids() {
+        let dims = Preset::Realdim.dims();
+        let dir = tempfile::tempdir().expect("scratch dir");
+        let path = dir.path().join("tokenizer.json");
+        std::fs::write(&path, tokenizer::asset_for(&dims).expect("renumbered")).expect("write");
+        tokenizer::verify(&path, &dims, runtime_tokenizer).expect("loads with the real ids");
+        let tok = crate::tokenizer::Tokenizer::from_file(&path).expect("loads");
+        assert_eq!(tok.encode("<|im_start|>user\nhi<|im_end|>").expect("encode")[0], 248_045);
+        assert_eq!(tok.token_id("</think>"), Some(248_069));
+        assert_eq!(tok.vocab_size(), 248_077);
+        // The BPE part is unchanged: "hi" is rank 5834 in the full vocabulary, so it splits here.
+        let ids = tok.encode("hi").expect("encode");
+        assert!(ids.iter().all(|&id| id < 1000), "{ids:?}");
+    }
+
+    #[test]
+    fn tiny_tokenizer_loads() {
+        let dims = Preset::Tiny.dims();
+        let dir = tempfile::tempdir().expect("scratch dir");
+        let path = dir.path().join("tokenizer.json");
+        std::fs::write(&path, tokenizer::ASSET).expect("write");
+        tokenizer::verify(&path, &dims, runtime_tokenizer).expect("the asset loads");
+        let missing = runtime_tokenizer(&dir.path().join("absent.json")).err().expect("no file");
+        assert!(missing.contains("absent.json"), "{missing}");
     }
 }

@@ -27,7 +27,7 @@ fn tokenizer() -> &'static Tokenizer {
         let dir = std::env::temp_dir().join(format!("sluice-fuzz-tokenizer-{}", std::process::id()));
         std::fs::create_dir_all(&dir).expect("temp dir");
         let path = dir.join("tokenizer.json");
-        std::fs::write(&path, hostd::synth::tokenizer::ASSET).expect("write tokenizer");
+        std::fs::write(&path, sluice_tools::synth::tokenizer::ASSET).expect("write tokenizer");
         let t = Tokenizer::from_file(&path).expect("the synthetic tokenizer loads");
         let _ = std::fs::remove_dir_all(&dir);
         t

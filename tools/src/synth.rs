@@ -15,7 +15,7 @@ mod write;
 
 pub use plan::{Plan, PlannedTensor, SHARD_CAP_BYTES, ShardPlan, plan};
 pub use preset::{Dims, MAX_EXPERTS, Preset};
-pub use tokenizer::TokenizerSource;
+pub use tokenizer::{LoadTokenizer, RuntimeTokenizer, TokenizerSource};
 pub use write::{Summary, SynthOptions, synthesize};
 
 use std::path::PathBuf;

@@ -1,7 +1,9 @@
 //! The synthetic checkpoint's `tokenizer.json`: the committed truncated Qwen3.6 vocabulary
 //! (BPE ranks 0..999, specials at 1000..1032), its specials renumbered to the real ids
 //! 248044..248076 for the real-vocabulary preset (ids 1000..248043 then decode to nothing: they
-//! are absent from the truncated vocabulary), or a user-supplied real `tokenizer.json`.
+//! are absent from the truncated vocabulary), or a user-supplied real `tokenizer.json`. The
+//! written file is checked with the runtime's tokenizer, which the caller supplies
+//! ([`RuntimeTokenizer`]): this crate cannot use hostd's, since hostd depends on it.
 
 use super::SynthError;
 use super::preset::{ASSET_RANKS, Dims, ENDOFTEXT, IM_END, IM_START, N_SPECIALS};
@@ -10,6 +12,24 @@ use std::path::Path;
 
 /// `tests/oracle/build_tokenizer.py --ranks 1000`: BPE ranks 0..999 + the 33 specials at 1000..1032.
 pub const ASSET: &str = include_str!("../../assets/qwen36-ranks-1000.tokenizer.json");
+
+/// `<|im_end|>` (what hostd's tokenizer calls `IM_END`).
+const IM_END_TEXT: &str = "<|im_end|>";
+/// `<|endoftext|>` (what hostd's tokenizer calls `ENDOFTEXT`).
+const ENDOFTEXT_TEXT: &str = "<|endoftext|>";
+
+/// The runtime tokenizer, as far as [`verify`] needs it: `hostd synth` implements it for
+/// `hostd::tokenizer::Tokenizer`, so a written `tokenizer.json` is checked by the code that
+/// will load it.
+pub trait RuntimeTokenizer {
+    /// Encodes `text` as the runtime does: specials matched as whole strings, no BOS/EOS.
+    fn encode(&self, text: &str) -> Result<Vec<u32>, String>;
+    /// Number of token ids (largest id + 1, specials included).
+    fn vocab_size(&self) -> usize;
+}
+
+/// Loads a `tokenizer.json` with the runtime tokenizer; the error is the loader's message.
+pub type LoadTokenizer = fn(&Path) -> Result<Box<dyn RuntimeTokenizer>, String>;
 
 /// Where the written `tokenizer.json` comes from.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -101,17 +121,13 @@ pub fn read_external(path: &Path, dims: &Dims) -> Result<String, SynthError> {
     Ok(text)
 }
 
-/// Loads a written `tokenizer.json` with the runtime's tokenizer and checks the chat-control ids
-/// and that every id fits in the embedding.
-pub fn verify(path: &Path, dims: &Dims) -> Result<(), SynthError> {
-    let tok = crate::tokenizer::Tokenizer::from_file(path).map_err(|e| SynthError::Tokenizer(e.to_string()))?;
-    let checks = [
-        ("<|im_start|>", IM_START),
-        (crate::tokenizer::IM_END, IM_END),
-        (crate::tokenizer::ENDOFTEXT, ENDOFTEXT),
-    ];
+/// Loads a written `tokenizer.json` with the runtime's tokenizer (`load`) and checks the
+/// chat-control ids and that every id fits in the embedding.
+pub fn verify(path: &Path, dims: &Dims, load: LoadTokenizer) -> Result<(), SynthError> {
+    let tok = load(path).map_err(SynthError::Tokenizer)?;
+    let checks = [("<|im_start|>", IM_START), (IM_END_TEXT, IM_END), (ENDOFTEXT_TEXT, ENDOFTEXT)];
     for (text, k) in checks {
-        let ids = tok.encode(text).map_err(|e| SynthError::Tokenizer(e.to_string()))?;
+        let ids = tok.encode(text).map_err(SynthError::Tokenizer)?;
         let want = dims.special_id(k);
         if ids != [want] {
             return Err(SynthError::Tokenizer(format!("{}: {text} encodes to {ids:?}, expected [{want}]", path.display())));

@@ -5,7 +5,7 @@
 
 use super::plan::{Plan, ShardPlan};
 use super::preset::{generation_config_json, tokenizer_config_json};
-use super::tokenizer::{self, TokenizerSource};
+use super::tokenizer::{self, LoadTokenizer, TokenizerSource};
 use super::values::{elem_bytes, fill, tensor_key};
 use super::SynthError;
 use shared::checkpoint::{CONFIG_FILE, Checkpoint, INDEX_FILE};
@@ -28,6 +28,9 @@ pub struct SynthOptions {
     pub tokenizer: TokenizerSource,
     /// Replace an existing non-empty `out`.
     pub force: bool,
+    /// Loads the written `tokenizer.json` with the runtime's tokenizer, to check it before any
+    /// shard is written.
+    pub load_tokenizer: LoadTokenizer,
 }
 
 /// What was written.
@@ -83,7 +86,7 @@ pub fn synthesize(plan: &Plan, opts: &SynthOptions, progress: &mut dyn FnMut(u64
         fs::remove_dir_all(&tmp).map_err(io_err(&tmp))?;
     }
     fs::create_dir(&tmp).map_err(io_err(&tmp))?;
-    let written = write_all(plan, opts.seed, &tokenizer_text, &tmp, progress);
+    let written = write_all(plan, opts, &tokenizer_text, &tmp, progress);
     let result = written.and_then(|summary| {
         if existing {
             if opts.force { fs::remove_dir_all(out) } else { fs::remove_dir(out) }.map_err(io_err(out))?;
@@ -106,7 +109,7 @@ fn write_json(dir: &Path, file: &str, value: &serde_json::Value) -> Result<(), S
 
 fn write_all(
     plan: &Plan,
-    seed: u64,
+    opts: &SynthOptions,
     tokenizer_text: &str,
     dir: &Path,
     progress: &mut dyn FnMut(u64),
@@ -117,10 +120,10 @@ fn write_all(
     write_json(dir, "tokenizer_config.json", &tokenizer_config_json(&plan.dims, &specials))?;
     let tok_path = dir.join("tokenizer.json");
     fs::write(&tok_path, tokenizer_text).map_err(io_err(&tok_path))?;
-    tokenizer::verify(&tok_path, &plan.dims)?;
+    tokenizer::verify(&tok_path, &plan.dims, opts.load_tokenizer)?;
     write_json(dir, INDEX_FILE, &plan.index_json())?;
     for shard in &plan.shards {
-        write_shard(&dir.join(&shard.file_name), shard, seed, progress)?;
+        write_shard(&dir.join(&shard.file_name), shard, opts.seed, progress)?;
     }
     // Header-only validation: exactly what every loader runs first.
     Checkpoint::open(dir).map_err(|e| SynthError::Internal(format!("written checkpoint fails validation: {e}")))?;
