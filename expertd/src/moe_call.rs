@@ -16,7 +16,7 @@ use shared::container::{BlobLayout, Header};
 use shared::kernels::int8::{Int8Isa, MatrixRef};
 use shared::moe_exec::{ExpertMatrices, MoeExec};
 use crate::prefetch::{Hint, Prefetcher};
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
@@ -133,7 +133,7 @@ pub struct Engine {
     off_pool_calls: AtomicU32,
     /// Calls started off the compute pool since the engine started (with `off_pool_calls`, a
     /// burst sees every call that started while it held the pool, however short).
-    off_pool_started: std::sync::atomic::AtomicU64,
+    off_pool_started: AtomicU64,
 }
 
 /// How long a wave waits for leases held by other calls before giving up with the cache's
@@ -202,8 +202,8 @@ impl Engine {
     /// yielding their cores between checks for work ([`shared::keep_awake`]), so that each call
     /// of the burst starts its parallel compute without waking sleeping threads. `f` runs on a
     /// pool thread and should end as soon as [`contended_since`](Self::contended_since) says
-    /// another call ran beside it. One burst at a time: while another holds the pool, or while another
-    /// call runs off the pool, `f` runs here as is (its calls count as off-pool calls).
+    /// another call ran beside it. One burst at a time: while another holds the pool, or while
+    /// another call runs off the pool, `f` runs here as is (its calls count as off-pool calls).
     pub fn with_pool_awake<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
         if self.contended() {
             return f();
@@ -535,12 +535,11 @@ impl Drop for DemandReading<'_> {
     }
 }
 
-/// A ready lease's blob as the kernel's matrices.
 /// Counts one call running off the compute pool (see `Engine::off_pool_calls`) until dropped.
 struct OffPoolCall<'a>(&'a AtomicU32);
 
 impl<'a> OffPoolCall<'a> {
-    fn new(n: &'a AtomicU32, started: &std::sync::atomic::AtomicU64) -> OffPoolCall<'a> {
+    fn new(n: &'a AtomicU32, started: &AtomicU64) -> OffPoolCall<'a> {
         n.fetch_add(1, Ordering::AcqRel);
         started.fetch_add(1, Ordering::AcqRel);
         OffPoolCall(n)
@@ -553,6 +552,7 @@ impl Drop for OffPoolCall<'_> {
     }
 }
 
+/// A ready lease's blob as the kernel's matrices.
 fn view_lease<'a>(lease: &'a crate::cache::Lease, layout: &BlobLayout) -> Result<ExpertMatrices<'a>, CallError> {
     view_blob(lease.bytes(), layout, lease.key())
 }

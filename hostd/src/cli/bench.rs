@@ -278,7 +278,7 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
         "new_tokens": args.new_tokens,
         "runs_per_config": args.runs,
         "cold": args.cold,
-        "order": format!("{:?}", args.order).to_lowercase(),
+        "order": clap::ValueEnum::to_possible_value(&args.order).map(|v| v.get_name().to_string()),
         "schedule": schedule.iter().map(|(c, r)| format!("{}#{r}", configs[*c].name)).collect::<Vec<_>>(),
         "bandwidth": {
             "dram": [dram_start, dram_end],
