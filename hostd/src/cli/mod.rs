@@ -6,7 +6,6 @@ pub mod bench;
 pub mod eval;
 pub mod inspect;
 pub mod load;
-pub mod procfs;
 pub mod profile;
 pub mod rtt;
 pub mod run;

@@ -8,13 +8,14 @@
 //! expertd's) peak memory and physical reads.
 
 use super::load::load_model;
-use super::procfs::{self, DeviceBusy, Reads};
 use crate::experts::SpeculativeCounters;
 use crate::load::LoadOptions;
 use crate::model::{Logits, Model, SequenceState};
 use crate::profile::{self, OpStat, Profiler};
 use anyhow::Context;
 use serde_json::{Value, json};
+use sluice_tools::machine::{cpu_model, git_commit};
+use sluice_tools::probe::process::{self as procfs, DeviceBusy, Reads};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Instant;
@@ -57,7 +58,7 @@ pub struct ProfileArgs {
 }
 
 /// What each decode phase includes (`decode_phases_ms_per_token` in the report).
-pub const PHASE_NOTES: &[(&str, &str)] = &[
+const PHASE_NOTES: &[(&str, &str)] = &[
     ("attention", "every attention.* op scope: q/k/v projections, the attention core (rope, scores, softmax, values), o_proj"),
     ("deltanet", "every deltanet.* op scope: in_proj, conv + norms + gates, recurrence, gated norm, out_proj"),
     ("router", "moe.router: the router GEMV, softmax and top-k"),
@@ -390,23 +391,4 @@ fn print_table(r: &Value) {
             100.0 * d["fraction_of_dram_bandwidth"].as_f64().unwrap_or(0.0)
         );
     }
-}
-
-/// The CPU model name from /proc/cpuinfo.
-pub fn cpu_model() -> String {
-    std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|s| s.lines().find(|l| l.starts_with("model name")).and_then(|l| l.split(':').nth(1)).map(|s| s.trim().to_string()))
-        .unwrap_or_else(|| "unknown".into())
-}
-
-/// The git commit of the working tree, when run inside the repository.
-pub fn git_commit() -> String {
-    std::process::Command::new("git")
-        .args(["rev-parse", "--short=12", "HEAD"])
-        .output()
-        .ok()
-        .filter(|o| o.status.success())
-        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
-        .unwrap_or_else(|| "unknown".into())
 }

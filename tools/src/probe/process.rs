@@ -1,5 +1,6 @@
-//! The benchmarks' storage-read snapshots of hostd and its private expertd, over the /proc
-//! readers of `shared::procfs` (re-exported here for `profile`).
+//! Snapshots `hostd profile` takes around its phases: physical storage reads of hostd and its
+//! private expertd (over the /proc readers of `shared::procfs`, re-exported here), and the busy
+//! time of the block device holding the container.
 
 use serde_json::{Value, json};
 pub use shared::procfs::{read_bytes, vm_hwm_bytes};

@@ -1,6 +1,7 @@
-//! The rooflines `hostd bench` measures in the same session as its runs: DRAM read bandwidth
-//! (the existing streaming probe) and the storage read bandwidth of a file with `O_DIRECT`
-//! (the page cache bypassed), plus dropping the page cache before a cold run.
+//! The rooflines `hostd bench` measures in the same session as its runs: the storage read
+//! bandwidth of a file with `O_DIRECT` (the page cache bypassed), DRAM read bandwidth (the
+//! streaming probe of `shared::kernels::bandwidth`, timed with when it ran), and dropping the
+//! page cache before a cold run.
 
 use serde_json::{Value, json};
 use std::fs::File;
