@@ -33,43 +33,13 @@ use axum::response::{IntoResponse, Response};
 use convert::Thinking;
 use error::AnthropicError;
 use events::Reply;
-use serde_json::Value;
 use std::sync::Arc;
 use std::time::Instant;
-use wire::{CountTokensRequest, MessagesRequest, TokenCount};
+use wire::{Conversation, CountTokensRequest, MessagesRequest, TokenCount};
 
 /// Whether `path` belongs to the Anthropic routes (their errors take Anthropic's shape).
 pub fn owns(path: &str) -> bool {
     path == "/v1/messages" || path.starts_with("/v1/messages/")
-}
-
-/// The conversation fields both endpoints share.
-struct Conversation<'a> {
-    system: Option<&'a Value>,
-    messages: Option<&'a [Value]>,
-    thinking: Option<&'a Value>,
-    tools: Option<&'a Value>,
-    tool_choice: Option<&'a Value>,
-    output_config: Option<&'a Value>,
-    mcp_servers: Option<&'a Value>,
-    context_management: Option<&'a Value>,
-}
-
-/// The [`Conversation`] of a `MessagesRequest` or a `CountTokensRequest` (the two request types
-/// name these fields alike), so both endpoints check exactly the same fields.
-macro_rules! conversation_of {
-    ($req:expr) => {
-        Conversation {
-            system: $req.system.as_ref(),
-            messages: $req.messages.as_deref(),
-            thinking: $req.thinking.as_ref(),
-            tools: $req.tools.as_ref(),
-            tool_choice: $req.tool_choice.as_ref(),
-            output_config: $req.output_config.as_ref(),
-            mcp_servers: $req.mcp_servers.as_ref(),
-            context_management: $req.context_management.as_ref(),
-        }
-    };
 }
 
 /// A checked conversation: template messages, the thinking switch and the tools.
@@ -146,7 +116,7 @@ pub async fn messages(
         messages,
         thinking,
         tools,
-    } = conversation(&app, conversation_of!(req))?;
+    } = conversation(&app, req.conversation())?;
     let constraint = crate::http::tools::forced_constraint(&tools)?;
     let fields = SamplingFields {
         temperature: req.temperature,
@@ -213,7 +183,7 @@ pub async fn count_tokens(
         messages,
         thinking,
         tools,
-    } = conversation(&app, conversation_of!(req))?;
+    } = conversation(&app, req.conversation())?;
     let prompt = generate::tokenize_chat(
         &app,
         ready,

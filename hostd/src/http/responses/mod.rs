@@ -119,8 +119,7 @@ pub async fn create(
         },
         app.config.enable_thinking,
     )?;
-    let sampling_fields = crate::http::openai::sampling_fields!(req);
-    let sampling = params::sampling_params(&sampling_fields, false, None)?;
+    let sampling = params::sampling_params(&req.sampling(), false, None)?;
 
     let mut conversation = match req.previous_response_id.as_deref() {
         None => Conversation::default(),
