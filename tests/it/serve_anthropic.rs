@@ -4,11 +4,10 @@
 //! full, the endpoint's metrics label, and client-disconnect cancellation of a stream. Tool use is
 //! in `serve_anthropic_tools.rs`.
 
-use crate::serve::{Server, check_error, wait_for};
+use crate::serve::{Lines, Server, check_error, open_stream};
 use serde_json::{Value, json};
-use std::io::{BufRead, BufReader, Read};
-use std::net::TcpStream;
 use std::time::Duration;
+use tests::wait_for;
 
 pub(crate) fn user(text: &str) -> Value {
     json!([{ "role": "user", "content": text }])
@@ -494,25 +493,10 @@ fn x_api_key_is_accepted_where_a_key_is_required() {
 }
 
 /// Opens a streaming `/v1/messages` request that would run for a long time and reads until
-/// `n` events arrived; returns the open socket.
-fn open_long_stream(s: &Server, n: usize) -> TcpStream {
+/// `n` events arrived; returns the open stream.
+fn open_long_stream(s: &Server, n: usize) -> Lines {
     let body = json!({ "model": s.name, "messages": user("go"), "max_tokens": 200_000, "ignore_eos": true, "stream": true, "temperature": 0 });
-    let stream = s
-        .send("POST", "/v1/messages", &[], Some(&body.to_string()))
-        .expect("send");
-    let mut reader = BufReader::new(stream.try_clone().expect("clone socket"));
-    let (mut seen, mut line) = (0, String::new());
-    while seen < n {
-        line.clear();
-        assert!(
-            reader.read_line(&mut line).expect("read stream") > 0,
-            "stream ended early"
-        );
-        if line.starts_with("event: ") {
-            seen += 1;
-        }
-    }
-    stream
+    open_stream(s, "/v1/messages", &body, "event: ", n)
 }
 
 #[test]
@@ -523,12 +507,10 @@ fn disconnect_cancels_and_a_full_queue_is_overloaded() {
     // The second request waits in the queue (its SSE head arrives once it is queued).
     let body =
         json!({ "model": s.name, "messages": user("wait"), "max_tokens": 4, "stream": true });
-    let mut queued = s
+    let queued = s
         .send("POST", "/v1/messages", &[], Some(&body.to_string()))
         .expect("send");
-    let mut head = [0u8; 12];
-    queued.read_exact(&mut head).expect("queued response head");
-    assert_eq!(&head, b"HTTP/1.1 200");
+    assert_eq!(queued.status(), 200);
     wait_for("one queued request", Duration::from_secs(10), || {
         s.metric("hostd_queue_depth") == 1.0
     });
