@@ -26,15 +26,8 @@ fn prompt_ids(preset: &str, n: usize, seed: u64) -> Vec<u32> {
     let tok = hostd::tokenizer::Tokenizer::from_model_dir(model_dir(preset)).expect("tokenizer");
     let known: Vec<u32> = (50..tok.vocab_size() as u32 / 2).filter(|&id| tok.token_bytes(id).is_some()).collect();
     assert!(known.len() > 50, "too few known ids");
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..n)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            known[(x % known.len() as u64) as usize]
-        })
-        .collect()
+    let mut rng = shared::splitmix::SplitMix64::new(seed);
+    (0..n).map(|_| known[(rng.next_u64() % known.len() as u64) as usize]).collect()
 }
 
 /// A greedy completion request for token ids.
