@@ -6,16 +6,15 @@
 //! never lets its slot's late output reach a later call.
 
 use crate::expertd::{Daemon, HIDDEN_TINY, activations, container_bytes};
-use crate::serve::{Server, check_error, open_long_stream, user, wait_for};
+use crate::serve::{Lines, Server, check_error, open_long_stream, user};
 use hostd::expert_client::{ClientOptions, Endpoint, ExpertdClient};
 use hostd::experts::{ExpertBackend, ExpertError, MoeCall};
 use serde_json::{Value, json};
-use std::io::{BufRead, BufReader};
-use std::net::TcpStream;
+use std::io::BufRead;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, mpsc};
 use std::time::{Duration, Instant};
-use tests::work_with_container;
+use tests::{wait_for, work_with_container};
 
 /// A prepared `tiny` container in a fresh directory.
 fn tiny_container() -> (tempfile::TempDir, PathBuf) {
@@ -47,19 +46,25 @@ enum Outcome {
 }
 
 /// Reads an open SSE stream until it fails, ends, or has kept delivering for `limit`. A stream
-/// that stalls for `limit` fails the test.
-fn stream_outcome(stream: TcpStream, limit: Duration) -> Outcome {
-    stream.set_read_timeout(Some(limit)).expect("read timeout");
-    let start = Instant::now();
-    let mut reader = BufReader::new(stream);
-    let mut line = String::new();
-    loop {
-        line.clear();
-        match reader.read_line(&mut line) {
-            Ok(0) => return Outcome::Ended,
-            Ok(_) => {}
-            Err(e) => panic!("the stream stalled for {limit:?}: neither failed nor delivered ({e})"),
+/// that stalls for `limit` fails the test. A thread reads the lines, so that a stalled read is
+/// noticed; it closes the stream at the first line after this returns.
+fn stream_outcome(stream: Lines, limit: Duration) -> Outcome {
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in stream.lines() {
+            if tx.send(line).is_err() {
+                return;
+            }
         }
+    });
+    let start = Instant::now();
+    loop {
+        let line = match rx.recv_timeout(limit) {
+            Ok(Ok(line)) => line,
+            Err(mpsc::RecvTimeoutError::Disconnected) => return Outcome::Ended,
+            Ok(Err(e)) => panic!("the stream broke: neither failed nor delivered ({e})"),
+            Err(mpsc::RecvTimeoutError::Timeout) => panic!("the stream stalled for {limit:?}: neither failed nor delivered"),
+        };
         if let Some(data) = line.trim().strip_prefix("data: ")
             && let Ok(v) = serde_json::from_str::<Value>(data)
             && v.get("error").is_some()

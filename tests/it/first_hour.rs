@@ -169,13 +169,12 @@ fn serve_says_loading_then_ready() {
 
 /// The HTTP status of `GET /health` at `addr`.
 fn health_status(addr: &str) -> u16 {
-    use std::io::{Read, Write};
-    let mut s = std::net::TcpStream::connect(addr).expect("connect");
-    s.set_read_timeout(Some(Duration::from_secs(10))).expect("timeout");
-    write!(s, "GET /health HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").expect("request");
-    let mut head = String::new();
-    s.read_to_string(&mut head).expect("response");
-    head.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or_else(|| panic!("{head}"))
+    let agent = ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .timeout_global(Some(Duration::from_secs(10)))
+        .build()
+        .new_agent();
+    agent.get(format!("http://{addr}/health")).call().expect("GET /health").status().as_u16()
 }
 
 #[test]

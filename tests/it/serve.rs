@@ -1,28 +1,36 @@
 //! `hostd serve` end to end: the real binary on a free loopback port against fixture models,
-//! driven by a minimal HTTP/1.1 client over `std::net` (issue: an OpenAI-compatible server).
+//! driven over HTTP by `ureq` (issue: an OpenAI-compatible server).
 //!
 //! Covers status codes and OpenAI's error shape, greedy equality with `hostd run`, four
 //! concurrent greedy requests equal to their solo runs (with batching observed in /metrics),
 //! client-disconnect cancellation, the 429 queue limit, API keys, prefix reuse on a second
 //! turn, and `/metrics` read by prometheus_client's parser. Every wait is bounded in time;
-//! every server is killed when its guard drops.
+//! every server is killed when its guard drops. The client here (`Server`, `Response`, `Stream`)
+//! serves every `serve_*` module; `serve_limits.rs` alone writes raw bytes (half-open, slow and
+//! malformed requests are what it tests).
 
 use serde_json::{Value, json};
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
-use tests::{Killed, model_dir, workspace_bin};
+use tests::{Killed, model_dir, wait_for, workspace_bin};
 
-const IO_TIMEOUT: Duration = Duration::from_secs(120);
+/// The longest wait for a response head or body (a prefill of thousands of tokens included).
+const IO_TIMEOUT: Duration = Duration::from_secs(300);
 
 /// A running `hostd serve`, killed on drop.
 pub(crate) struct Server {
     pub(crate) child: Killed,
     addr: SocketAddr,
     pub(crate) name: String,
+    agent: ureq::Agent,
 }
+
+/// A response whose body is still being read (a stream), as `Server::send` returns it;
+/// dropping it closes the connection.
+pub(crate) type Stream = ureq::http::Response<ureq::Body>;
 
 /// Spawns `hostd serve --model DIR --port 0 --served-model-name NAME EXTRA…` (stdout piped,
 /// stderr discarded) and returns it with the address its first stdout line names (≤ 60 s).
@@ -49,12 +57,26 @@ pub(crate) fn spawn_serve(dir: &std::path::Path, name: &str, extra: &[&str]) -> 
 }
 
 impl Server {
-    /// Starts the server on `preset` with extra flags and waits (≤ 60 s) for /health = 200.
+    /// Starts the server on `preset` (served as `sluice-{preset}`) with extra flags and waits
+    /// (≤ 60 s) for /health = 200.
     pub(crate) fn start(preset: &str, extra: &[&str]) -> Server {
-        let name = format!("sluice-{preset}");
-        let dir = model_dir(preset);
-        let (child, addr) = spawn_serve(&dir, &name, extra);
-        let server = Server { child: Killed(child), addr, name };
+        Server::start_as(preset, &format!("sluice-{preset}"), extra)
+    }
+
+    /// [`Server::start`], serving the model as `name`.
+    pub(crate) fn start_as(preset: &str, name: &str, extra: &[&str]) -> Server {
+        let (child, addr) = spawn_serve(&model_dir(preset), name, extra);
+        // A connection per request, as the tests count connections and close streams by
+        // dropping them; 4xx and 5xx are responses to look at, not errors.
+        let agent = ureq::Agent::config_builder()
+            .http_status_as_error(false)
+            .max_idle_connections(0)
+            .timeout_connect(Some(Duration::from_secs(10)))
+            .timeout_recv_response(Some(IO_TIMEOUT))
+            .timeout_recv_body(Some(IO_TIMEOUT))
+            .build()
+            .new_agent();
+        let server = Server { child: Killed(child), addr, name: name.to_string(), agent };
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {
             if let Ok(r) = server.try_request("GET", "/health", &[], None)
@@ -71,29 +93,24 @@ impl Server {
         self.try_request(method, path, headers, body).unwrap_or_else(|e| panic!("{method} {path}: {e}"))
     }
 
-    pub(crate) fn try_request(&self, method: &str, path: &str, headers: &[(&str, &str)], body: Option<&str>) -> std::io::Result<Response> {
-        let mut s = self.send(method, path, headers, body)?;
-        let mut raw = Vec::new();
-        s.read_to_end(&mut raw)?;
-        Ok(parse_response(&raw))
+    pub(crate) fn try_request(&self, method: &str, path: &str, headers: &[(&str, &str)], body: Option<&str>) -> Result<Response, ureq::Error> {
+        Response::read(self.send(method, path, headers, body)?)
     }
 
-    /// Sends a request and returns the open socket (for streaming reads and disconnects).
-    pub(crate) fn send(&self, method: &str, path: &str, headers: &[(&str, &str)], body: Option<&str>) -> std::io::Result<TcpStream> {
-        let mut s = TcpStream::connect_timeout(&self.addr, Duration::from_secs(10))?;
-        s.set_read_timeout(Some(IO_TIMEOUT))?;
-        let body = body.unwrap_or("");
-        let mut head = format!("{method} {path} HTTP/1.1\r\nHost: {}\r\nConnection: close\r\nContent-Length: {}\r\n", self.addr, body.len());
-        if !body.is_empty() {
-            head.push_str("Content-Type: application/json\r\n");
+    /// Sends a request (a JSON body, when given) and returns the response once its head has
+    /// arrived, its body still to read (streams, disconnects).
+    pub(crate) fn send(&self, method: &str, path: &str, headers: &[(&str, &str)], body: Option<&str>) -> Result<Stream, ureq::Error> {
+        let mut req = ureq::http::Request::builder().method(method).uri(format!("http://{}{path}", self.addr));
+        if body.is_some() {
+            req = req.header("content-type", "application/json");
         }
         for (k, v) in headers {
-            head.push_str(&format!("{k}: {v}\r\n"));
+            req = req.header(*k, *v);
         }
-        head.push_str("\r\n");
-        s.write_all(head.as_bytes())?;
-        s.write_all(body.as_bytes())?;
-        Ok(s)
+        match body {
+            Some(body) => self.agent.run(req.body(body.to_string())?),
+            None => self.agent.run(req.body(())?),
+        }
     }
 
     pub(crate) fn post(&self, path: &str, body: &Value) -> Response {
@@ -115,6 +132,7 @@ impl Server {
     }
 }
 
+/// A whole response.
 pub(crate) struct Response {
     pub(crate) status: u16,
     headers: Vec<(String, String)>,
@@ -122,6 +140,13 @@ pub(crate) struct Response {
 }
 
 impl Response {
+    /// Reads the rest of an open response.
+    pub(crate) fn read(stream: Stream) -> Result<Response, ureq::Error> {
+        let status = stream.status().as_u16();
+        let headers = stream.headers().iter().map(|(k, v)| (k.to_string(), String::from_utf8_lossy(v.as_bytes()).into_owned())).collect();
+        let body = stream.into_body().with_config().limit(u64::MAX).read_to_vec()?;
+        Ok(Response { status, headers, body })
+    }
     pub(crate) fn text(&self) -> String {
         String::from_utf8_lossy(&self.body).into_owned()
     }
@@ -137,34 +162,25 @@ impl Response {
     }
 }
 
-fn parse_response(raw: &[u8]) -> Response {
-    let split = raw.windows(4).position(|w| w == b"\r\n\r\n").expect("response head");
-    let head = String::from_utf8_lossy(&raw[..split]).into_owned();
-    let mut lines = head.lines();
-    let status = lines.next().and_then(|l| l.split(' ').nth(1)).and_then(|s| s.parse().ok()).expect("status line");
-    let headers: Vec<(String, String)> =
-        lines.filter_map(|l| l.split_once(':')).map(|(k, v)| (k.trim().to_string(), v.trim().to_string())).collect();
-    let mut body = raw[split + 4..].to_vec();
-    let chunked = headers.iter().any(|(k, v)| k.eq_ignore_ascii_case("transfer-encoding") && v.contains("chunked"));
-    if chunked {
-        body = dechunk(&body);
-    }
-    Response { status, headers, body }
-}
+/// The lines of an open response's body, as they arrive; dropping it closes the connection.
+pub(crate) type Lines = BufReader<ureq::BodyReader<'static>>;
 
-/// The body of a `Transfer-Encoding: chunked` response, de-chunked.
-pub(crate) fn dechunk(mut b: &[u8]) -> Vec<u8> {
-    let mut out = Vec::new();
-    while let Some(eol) = b.windows(2).position(|w| w == b"\r\n") {
-        let size = usize::from_str_radix(String::from_utf8_lossy(&b[..eol]).trim(), 16).unwrap_or(0);
-        if size == 0 {
-            break;
+/// Sends a streaming request to `path` and reads until `n` lines starting with `prefix` (an SSE
+/// field: `data: `, `event: `) arrived; returns the rest of the stream, still open.
+pub(crate) fn open_stream(s: &Server, path: &str, body: &Value, prefix: &str, n: usize) -> Lines {
+    let stream = s.send("POST", path, &[], Some(&body.to_string())).expect("send");
+    assert_eq!(stream.status(), 200);
+    let mut reader = BufReader::new(stream.into_body().into_reader());
+    let (mut seen, mut line) = (0, String::new());
+    while seen < n {
+        line.clear();
+        let got = reader.read_line(&mut line).expect("read stream");
+        assert!(got > 0, "stream ended early");
+        if line.starts_with(prefix) {
+            seen += 1;
         }
-        let start = eol + 2;
-        out.extend_from_slice(&b[start..(start + size).min(b.len())]);
-        b = &b[(start + size + 2).min(b.len())..];
     }
-    out
+    reader
 }
 
 /// Asserts OpenAI's error shape and the status; returns `error.param`.
@@ -356,29 +372,10 @@ fn four_concurrent_greedy_requests_equal_solo() {
 }
 
 /// Opens a streaming chat request that would run for a long time and reads until `n` data
-/// lines arrived; returns the open socket.
-pub(crate) fn open_long_stream(s: &Server, n: usize) -> TcpStream {
+/// lines arrived; returns the open stream.
+pub(crate) fn open_long_stream(s: &Server, n: usize) -> Lines {
     let body = json!({ "model": s.name, "messages": user("go"), "max_tokens": 200_000, "ignore_eos": true, "stream": true, "temperature": 0 });
-    let stream = s.send("POST", "/v1/chat/completions", &[], Some(&body.to_string())).expect("send");
-    let mut reader = BufReader::new(stream.try_clone().expect("clone socket"));
-    let (mut seen, mut line) = (0, String::new());
-    while seen < n {
-        line.clear();
-        let got = reader.read_line(&mut line).expect("read stream");
-        assert!(got > 0, "stream ended early");
-        if line.starts_with("data: ") {
-            seen += 1;
-        }
-    }
-    stream
-}
-
-pub(crate) fn wait_for(what: &str, limit: Duration, mut cond: impl FnMut() -> bool) {
-    let deadline = Instant::now() + limit;
-    while !cond() {
-        assert!(Instant::now() < deadline, "timed out after {limit:?} waiting for {what}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    open_stream(s, "/v1/chat/completions", &body, "data: ", n)
 }
 
 #[test]
@@ -403,10 +400,8 @@ fn full_queue_answers_429_with_retry_after() {
     let running = open_long_stream(&s, 2);
     // The second request waits in the queue (its SSE head arrives once it is queued).
     let body = json!({ "model": s.name, "messages": user("wait"), "max_tokens": 4, "stream": true });
-    let mut queued = s.send("POST", "/v1/chat/completions", &[], Some(&body.to_string())).expect("send");
-    let mut head = [0u8; 12];
-    queued.read_exact(&mut head).expect("queued response head");
-    assert_eq!(&head, b"HTTP/1.1 200");
+    let queued = s.send("POST", "/v1/chat/completions", &[], Some(&body.to_string())).expect("send");
+    assert_eq!(queued.status(), 200);
     wait_for("one queued request", Duration::from_secs(10), || s.metric("hostd_queue_depth") == 1.0);
     let r = s.post("/v1/chat/completions", &json!({ "model": s.name, "messages": user("x"), "max_tokens": 1 }));
     check_error(&r, 429, "queue_full");
@@ -441,7 +436,7 @@ fn stream_ttft(s: &Server, messages: &Value, max_tokens: usize) -> (Duration, Va
                        "stream_options": { "include_usage": true }, "ignore_eos": true });
     let start = Instant::now();
     let stream = s.send("POST", "/v1/chat/completions", &[], Some(&body.to_string())).expect("send");
-    let mut reader = BufReader::new(stream);
+    let mut reader = BufReader::new(stream.into_body().into_reader());
     let (mut ttft, mut usage, mut line) = (None, Value::Null, String::new());
     let deadline = start + IO_TIMEOUT;
     while Instant::now() < deadline {

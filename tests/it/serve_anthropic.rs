@@ -4,11 +4,10 @@
 //! full, the endpoint's metrics label, and client-disconnect cancellation of a stream. Tool use is
 //! in `serve_anthropic_tools.rs`.
 
-use crate::serve::{Server, check_error, wait_for};
+use crate::serve::{Lines, Server, check_error, open_stream};
 use serde_json::{Value, json};
-use std::io::{BufRead, BufReader, Read};
-use std::net::TcpStream;
 use std::time::Duration;
+use tests::wait_for;
 
 pub(crate) fn user(text: &str) -> Value {
     json!([{ "role": "user", "content": text }])
@@ -346,61 +345,42 @@ fn errors_on_anthropic_routes_are_anthropic_shaped() {
         )
         .contains("max_tokens")
     );
-    assert!(msg(with("max_tokens", json!(0)), 400, "invalid_request_error").contains("max_tokens"));
-    assert!(
-        msg(
-            with("frequency_penalty", json!(1)),
-            400,
-            "invalid_request_error"
-        )
-        .contains("frequency_penalty")
-    );
     msg(with("model", json!("claude-nope")), 404, "not_found_error");
-    let tools = json!([{ "type": "web_search_20250305", "name": "web_search" }]);
-    assert!(
-        msg(with("tools", tools), 400, "invalid_request_error").contains("web_search_20250305")
-    );
-    let tool_result = json!([{ "role": "user", "content": [{ "type": "tool_result", "tool_use_id": "t1", "content": "20 C" }] }]);
-    assert!(
-        msg(with("messages", tool_result), 400, "invalid_request_error").contains("tool_use_id")
-    );
-    assert!(
-        msg(
-            with("tool_choice", json!({ "type": "any" })),
-            400,
-            "invalid_request_error"
-        )
-        .contains("requires tools")
-    );
-    let prefill = json!([{ "role": "user", "content": "q" }, { "role": "assistant", "content": "The answer is (" }]);
-    assert!(msg(with("messages", prefill), 400, "invalid_request_error").contains("prefill"));
-    assert!(
-        msg(
-            with("thinking", json!({ "type": "always" })),
-            400,
-            "invalid_request_error"
-        )
-        .contains("thinking.type")
-    );
-    assert!(
-        msg(
-            with("stop_sequences", json!(["a", "b", "c", "d", "e"])),
-            400,
-            "invalid_request_error"
-        )
-        .contains("stop sequences")
-    );
-    assert!(
-        msg(
-            with(
-                "output_config",
-                json!({ "format": { "type": "json_schema", "schema": {} } })
-            ),
-            400,
-            "invalid_request_error"
-        )
-        .contains("output_config.format")
-    );
+    // 400s that name what they refuse.
+    for (key, value, named) in [
+        ("max_tokens", json!(0), "max_tokens"),
+        ("frequency_penalty", json!(1), "frequency_penalty"),
+        (
+            "tools",
+            json!([{ "type": "web_search_20250305", "name": "web_search" }]),
+            "web_search_20250305",
+        ),
+        (
+            "messages",
+            json!([{ "role": "user", "content": [{ "type": "tool_result", "tool_use_id": "t1", "content": "20 C" }] }]),
+            "tool_use_id",
+        ),
+        ("tool_choice", json!({ "type": "any" }), "requires tools"),
+        (
+            "messages",
+            json!([{ "role": "user", "content": "q" }, { "role": "assistant", "content": "The answer is (" }]),
+            "prefill",
+        ),
+        ("thinking", json!({ "type": "always" }), "thinking.type"),
+        (
+            "stop_sequences",
+            json!(["a", "b", "c", "d", "e"]),
+            "stop sequences",
+        ),
+        (
+            "output_config",
+            json!({ "format": { "type": "json_schema", "schema": {} } }),
+            "output_config.format",
+        ),
+    ] {
+        let message = msg(with(key, value), 400, "invalid_request_error");
+        assert!(message.contains(named), "{key}: {message}");
+    }
     check_anthropic_error(
         &s.request("POST", "/v1/messages", &[], Some("{not json")),
         400,
@@ -494,25 +474,10 @@ fn x_api_key_is_accepted_where_a_key_is_required() {
 }
 
 /// Opens a streaming `/v1/messages` request that would run for a long time and reads until
-/// `n` events arrived; returns the open socket.
-fn open_long_stream(s: &Server, n: usize) -> TcpStream {
+/// `n` events arrived; returns the open stream.
+fn open_long_stream(s: &Server, n: usize) -> Lines {
     let body = json!({ "model": s.name, "messages": user("go"), "max_tokens": 200_000, "ignore_eos": true, "stream": true, "temperature": 0 });
-    let stream = s
-        .send("POST", "/v1/messages", &[], Some(&body.to_string()))
-        .expect("send");
-    let mut reader = BufReader::new(stream.try_clone().expect("clone socket"));
-    let (mut seen, mut line) = (0, String::new());
-    while seen < n {
-        line.clear();
-        assert!(
-            reader.read_line(&mut line).expect("read stream") > 0,
-            "stream ended early"
-        );
-        if line.starts_with("event: ") {
-            seen += 1;
-        }
-    }
-    stream
+    open_stream(s, "/v1/messages", &body, "event: ", n)
 }
 
 #[test]
@@ -523,12 +488,10 @@ fn disconnect_cancels_and_a_full_queue_is_overloaded() {
     // The second request waits in the queue (its SSE head arrives once it is queued).
     let body =
         json!({ "model": s.name, "messages": user("wait"), "max_tokens": 4, "stream": true });
-    let mut queued = s
+    let queued = s
         .send("POST", "/v1/messages", &[], Some(&body.to_string()))
         .expect("send");
-    let mut head = [0u8; 12];
-    queued.read_exact(&mut head).expect("queued response head");
-    assert_eq!(&head, b"HTTP/1.1 200");
+    assert_eq!(queued.status(), 200);
     wait_for("one queued request", Duration::from_secs(10), || {
         s.metric("hostd_queue_depth") == 1.0
     });

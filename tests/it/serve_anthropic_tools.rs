@@ -160,45 +160,32 @@ fn tool_errors_name_their_field() {
         b[key] = v;
         b
     };
-    let msg = |body: Value| {
-        check_anthropic_error(
-            &post(&s, "/v1/messages", &body),
-            400,
-            "invalid_request_error",
-        )
-    };
-    assert!(
-        msg(with(
-            "tool_choice",
-            json!({ "type": "tool", "name": "nope" })
-        ))
-        .contains("nope")
-    );
-    assert!(msg(with("tools", json!([{ "name": "f" }]))).contains("tools[0].input_schema"));
-    let call = json!({ "role": "assistant", "content": [{ "type": "tool_use", "id": "toolu_1", "name": "get_time", "input": "UTC" }] });
+    let bad_call = json!({ "role": "assistant", "content": [{ "type": "tool_use", "id": "toolu_1", "name": "get_time", "input": "UTC" }] });
     let result = json!({ "role": "user", "content": [{ "type": "tool_result", "tool_use_id": "toolu_1", "content": "12:00" }] });
-    assert!(
-        msg(with(
-            "messages",
-            json!([{ "role": "user", "content": "t?" }, call, result])
-        ))
-        .contains("messages[1].content[0].input")
-    );
     let call = json!({ "role": "assistant", "content": [{ "type": "tool_use", "id": "toolu_1", "name": "get_time", "input": { "zone": "UTC" } }] });
     let wrong_id = json!({ "role": "user", "content": [{ "type": "tool_result", "tool_use_id": "toolu_2", "content": "12:00" }] });
-    assert!(
-        msg(with(
-            "messages",
-            json!([{ "role": "user", "content": "t?" }, call, wrong_id])
-        ))
-        .contains("toolu_2")
-    );
-    // A valid history without a user text after the results is a prompt like any other.
-    create(
-        &s,
-        with(
-            "messages",
-            json!([{ "role": "user", "content": "t?" }, call, result]),
+    let user_text = json!({ "role": "user", "content": "t?" });
+    for (key, value, named) in [
+        (
+            "tool_choice",
+            json!({ "type": "tool", "name": "nope" }),
+            "nope",
         ),
-    );
+        ("tools", json!([{ "name": "f" }]), "tools[0].input_schema"),
+        (
+            "messages",
+            json!([user_text, bad_call, result]),
+            "messages[1].content[0].input",
+        ),
+        ("messages", json!([user_text, call, wrong_id]), "toolu_2"),
+    ] {
+        let message = check_anthropic_error(
+            &post(&s, "/v1/messages", &with(key, value)),
+            400,
+            "invalid_request_error",
+        );
+        assert!(message.contains(named), "{key}: {message}");
+    }
+    // A valid history without a user text after the results is a prompt like any other.
+    create(&s, with("messages", json!([user_text, call, result])));
 }

@@ -2,93 +2,23 @@
 //! request's first token, the short request's greedy output is the same with and without the
 //! long one running, and the queue limit counts prompt tokens as well as requests.
 //!
-//! The real binary on a free loopback port against fixture models, driven over `std::net`.
+//! The real binary on a free loopback port against fixture models, driven by `serve.rs`'s client.
 //! Ordering is asserted (the short request ends before the long prefill does), not a time:
 //! the timing target is measured by `bench/serve_fairness.py`.
 
+use crate::serve::{Response, Server};
 use serde_json::{Value, json};
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
-use crate::serve::dechunk;
-use tests::{Killed, model_dir, wait_for};
+use tests::{model_dir, wait_for};
 
-const IO_TIMEOUT: Duration = Duration::from_secs(300);
-
-/// A running `hostd serve`, killed on drop.
-struct Server {
-    _child: Killed,
-    addr: SocketAddr,
+/// Starts `hostd serve` on `preset`, serving it as `m`.
+fn start(preset: &str, extra: &[&str]) -> Server {
+    Server::start_as(preset, "m", extra)
 }
 
-struct Response {
-    status: u16,
-    head: String,
-    body: Vec<u8>,
-}
-
-impl Response {
-    fn json(&self) -> Value {
-        serde_json::from_slice(&self.body).unwrap_or_else(|e| panic!("status {}: not JSON ({e}): {}", self.status, String::from_utf8_lossy(&self.body)))
-    }
-}
-
-impl Server {
-    /// Starts the server on `preset` with extra flags and waits (≤ 60 s) for /health = 200.
-    fn start(preset: &str, extra: &[&str]) -> Server {
-        let dir = model_dir(preset);
-        let (child, addr) = crate::serve::spawn_serve(&dir, "m", extra);
-        let server = Server { _child: Killed(child), addr };
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while !server.send("GET", "/health", None).and_then(read_response).is_ok_and(|r| r.status == 200) {
-            assert!(Instant::now() < deadline, "server on {preset} not ready within 60 s");
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        server
-    }
-
-    fn send(&self, method: &str, path: &str, body: Option<&Value>) -> std::io::Result<TcpStream> {
-        let mut s = TcpStream::connect_timeout(&self.addr, Duration::from_secs(10))?;
-        s.set_read_timeout(Some(IO_TIMEOUT))?;
-        let body = body.map(Value::to_string).unwrap_or_default();
-        let head = format!(
-            "{method} {path} HTTP/1.1\r\nHost: {}\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
-            self.addr,
-            body.len()
-        );
-        s.write_all(head.as_bytes())?;
-        s.write_all(body.as_bytes())?;
-        Ok(s)
-    }
-
-    fn post(&self, body: &Value) -> Response {
-        self.send("POST", "/v1/completions", Some(body)).and_then(read_response).expect("POST /v1/completions")
-    }
-
-    fn metric(&self, name: &str) -> f64 {
-        let r = self.send("GET", "/metrics", None).and_then(read_response).expect("GET /metrics");
-        String::from_utf8_lossy(&r.body)
-            .lines()
-            .find_map(|l| l.strip_prefix(name).and_then(|r| r.strip_prefix(' ')).and_then(|v| v.trim().parse().ok()))
-            .unwrap_or_else(|| panic!("metric {name} missing"))
-    }
-}
-
-fn read_response(s: TcpStream) -> std::io::Result<Response> {
-    read_rest(Vec::new(), s)
-}
-
-/// Reads the response whose first bytes (`raw`) were already read.
-fn read_rest(mut raw: Vec<u8>, mut s: TcpStream) -> std::io::Result<Response> {
-    s.read_to_end(&mut raw)?;
-    let split = raw.windows(4).position(|w| w == b"\r\n\r\n").ok_or_else(|| std::io::Error::other("no response head"))?;
-    let head = String::from_utf8_lossy(&raw[..split]).into_owned();
-    let status = head.split(' ').nth(1).and_then(|s| s.parse().ok()).ok_or_else(|| std::io::Error::other("no status"))?;
-    let mut body = raw[split + 4..].to_vec();
-    if head.to_ascii_lowercase().contains("transfer-encoding: chunked") {
-        body = dechunk(&body);
-    }
-    Ok(Response { status, head, body })
+/// `POST /v1/completions`.
+fn complete(s: &Server, body: &Value) -> Response {
+    s.post("/v1/completions", body)
 }
 
 /// `n` prompt ids the fixture's tokenizer knows, varied by `seed` (so no prefix is shared).
@@ -96,15 +26,8 @@ fn prompt_ids(preset: &str, n: usize, seed: u64) -> Vec<u32> {
     let tok = hostd::tokenizer::Tokenizer::from_model_dir(model_dir(preset)).expect("tokenizer");
     let known: Vec<u32> = (50..tok.vocab_size() as u32 / 2).filter(|&id| tok.token_bytes(id).is_some()).collect();
     assert!(known.len() > 50, "too few known ids");
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..n)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            known[(x % known.len() as u64) as usize]
-        })
-        .collect()
+    let mut rng = shared::splitmix::SplitMix64::new(seed);
+    (0..n).map(|_| known[(rng.next_u64() % known.len() as u64) as usize]).collect()
 }
 
 /// A greedy completion request for token ids.
@@ -120,22 +43,22 @@ fn tokens(reply: &Value) -> Value {
 #[test]
 fn a_short_request_finishes_while_a_long_prompt_is_prefilled_and_its_output_is_unchanged() {
     // 64-row blocks: the long prompt takes dozens of blocks, the short one fits in one.
-    let s = Server::start("small", &["--prefill-chunk", "64", "--state-cache-bytes", "0", "--max-batch", "4"]);
+    let s = start("small", &["--prefill-chunk", "64", "--state-cache-bytes", "0", "--max-batch", "4"]);
     let long = prompt_ids("small", 3000, 1);
     let short = prompt_ids("small", 4, 2);
-    let solo_short = s.post(&greedy(&short, 4)).json();
-    let solo_long = s.post(&greedy(&long, 2)).json();
+    let solo_short = complete(&s, &greedy(&short, 4)).json();
+    let solo_long = complete(&s, &greedy(&long, 2)).json();
     assert_eq!(solo_long["usage"]["prompt_tokens"], 3000);
 
     let blocks0 = s.metric("hostd_prefill_chunks_total");
     let (long_reply, long_done, short_reply, short_done, blocks_at_short) = std::thread::scope(|scope| {
         let long_thread = scope.spawn(|| {
-            let r = s.post(&greedy(&long, 2));
+            let r = complete(&s, &greedy(&long, 2));
             (r, Instant::now())
         });
         // Send the short request once the long prompt is a few blocks in (of ~47).
         wait_for("the long prefill to start", Duration::from_secs(120), || s.metric("hostd_prefill_chunks_total") >= blocks0 + 3.0);
-        let r = s.post(&greedy(&short, 4));
+        let r = complete(&s, &greedy(&short, 4));
         let short_done = Instant::now();
         let blocks_at_short = s.metric("hostd_prefill_chunks_total") - blocks0;
         let (long_reply, long_done) = long_thread.join().expect("long request thread");
@@ -155,40 +78,36 @@ fn a_short_request_finishes_while_a_long_prompt_is_prefilled_and_its_output_is_u
 
 #[test]
 fn the_queue_limit_counts_prompt_tokens() {
-    let s = Server::start("tiny", &["--max-batch", "1", "--max-queued-tokens", "40"]);
+    let s = start("tiny", &["--max-batch", "1", "--max-queued-tokens", "40"]);
     // Occupy the only slot with a long generation.
     let go = json!({ "model": "m", "prompt": prompt_ids("tiny", 3, 3), "max_tokens": 200_000, "ignore_eos": true, "stream": true });
-    let running = s.send("POST", "/v1/completions", Some(&go)).expect("send");
+    let running = s.send("POST", "/v1/completions", &[], Some(&go.to_string())).expect("send");
     wait_for("the slot to be taken", Duration::from_secs(30), || s.metric("hostd_active_sequences") == 1.0);
     // Into an empty queue, a prompt over the limit is still taken (else it could never run).
     let mut big = greedy(&prompt_ids("tiny", 60, 4), 1);
     big["stream"] = json!(true);
-    let mut queued = s.send("POST", "/v1/completions", Some(&big)).expect("send");
-    let mut head = [0u8; 12];
-    queued.read_exact(&mut head).expect("queued response head");
-    assert_eq!(&head, b"HTTP/1.1 200");
+    let queued = s.send("POST", "/v1/completions", &[], Some(&big.to_string())).expect("send");
+    assert_eq!(queued.status(), 200);
     wait_for("60 queued prompt tokens", Duration::from_secs(10), || s.metric("hostd_queued_prompt_tokens") == 60.0);
     assert_eq!(s.metric("hostd_queue_depth"), 1.0, "one request queued: the request limit (16) is not what refuses");
     // One more token would pass the limit of 40: 429 with Retry-After, nothing else changes.
     // (Streaming, so a wrongly queued request shows at once as a 200 head.)
     let mut one = greedy(&prompt_ids("tiny", 1, 5), 1);
     one["stream"] = json!(true);
-    let mut refused = s.send("POST", "/v1/completions", Some(&one)).expect("send");
-    let mut head = [0u8; 12];
-    refused.read_exact(&mut head).expect("response head");
-    assert_eq!(&head, b"HTTP/1.1 429", "a request past the token limit was not refused");
-    let r = read_rest(head.to_vec(), refused).expect("429 body");
+    let refused = s.send("POST", "/v1/completions", &[], Some(&one.to_string())).expect("send");
+    assert_eq!(refused.status(), 429, "a request past the token limit was not refused");
+    let r = Response::read(refused).expect("429 body");
     let e = &r.json()["error"];
     assert_eq!((e["code"].as_str(), e["type"].as_str()), (Some("queue_full"), Some("rate_limit_error")), "{e}");
     assert!(e["message"].as_str().is_some_and(|m| m.contains("60 prompt tokens queued") && m.contains("40")), "{e}");
-    assert!(r.head.to_ascii_lowercase().contains("retry-after: 1"), "{}", r.head);
+    assert_eq!(r.header("retry-after"), Some("1"));
     assert_eq!(s.metric("hostd_queue_rejected_total"), 1.0);
     assert_eq!(s.metric("hostd_queued_prompt_tokens"), 60.0);
     // Once the slot frees, the queued request runs and its tokens leave the count.
     drop(running);
-    let reply = read_rest(b"HTTP/1.1 200".to_vec(), queued).expect("queued request's reply");
+    let reply = Response::read(queued).expect("queued request's reply");
     assert_eq!(reply.status, 200);
-    assert!(String::from_utf8_lossy(&reply.body).contains("[DONE]"));
+    assert!(reply.text().contains("[DONE]"));
     wait_for("the queue to empty", Duration::from_secs(30), || s.metric("hostd_queued_prompt_tokens") == 0.0);
-    assert_eq!(s.post(&greedy(&prompt_ids("tiny", 30, 6), 1)).status, 200);
+    assert_eq!(complete(&s, &greedy(&prompt_ids("tiny", 30, 6), 1)).status, 200);
 }

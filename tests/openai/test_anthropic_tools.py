@@ -5,6 +5,7 @@ back with a `tool_result`, and its stream accumulator rebuilds the same `input` 
 `input_json_delta` events."""
 
 import pytest
+from schemas import WEATHER_ARGUMENTS
 
 GREEDY = {"extra_body": {"temperature": 0}}
 NO_THINKING = {"type": "disabled"}
@@ -12,14 +13,7 @@ TOOLS = [
     {
         "name": "get_weather",
         "description": "Weather of a city.",
-        "input_schema": {
-            "type": "object",
-            "properties": {
-                "city": {"type": "string", "maxLength": 12},
-                "days": {"type": "integer", "minimum": 1, "maximum": 7},
-            },
-            "required": ["city", "days"],
-        },
+        "input_schema": WEATHER_ARGUMENTS,
     },
     {
         "name": "get_time",

@@ -12,6 +12,7 @@ import openai
 import pytest
 from openai.types.responses import Response
 from pydantic import BaseModel, Field
+from schemas import WEATHER_ARGUMENTS
 
 NO_THINKING = {"effort": "none"}
 GREEDY = {"temperature": 0}
@@ -19,15 +20,7 @@ WEATHER = {
     "type": "function",
     "name": "get_weather",
     "description": "Current weather for a city.",
-    "parameters": {
-        "type": "object",
-        "properties": {
-            "city": {"type": "string", "maxLength": 12},
-            "days": {"type": "integer", "minimum": 1, "maximum": 7},
-        },
-        "required": ["city", "days"],
-        "additionalProperties": False,
-    },
+    "parameters": {**WEATHER_ARGUMENTS, "additionalProperties": False},
     "strict": True,
 }
 FORCED = {"type": "function", "name": "get_weather"}

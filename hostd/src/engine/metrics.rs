@@ -285,35 +285,32 @@ impl Metrics {
 mod tests {
     use super::*;
 
+    /// Asserts that every line of `want` is in `text`.
+    fn assert_lines(text: &str, want: &[&str]) {
+        for line in want {
+            assert!(text.contains(line), "{line:?} missing from\n{text}");
+        }
+    }
+
     #[test]
     fn histogram_buckets_are_cumulative() {
         let m = Metrics::new();
         m.ttft.observe(Duration::from_millis(3));
         m.ttft.observe(Duration::from_secs(1000));
         let text = m.render();
-        assert!(
-            text.contains("hostd_time_to_first_token_seconds_bucket{le=\"0.005\"} 1"),
-            "{text}"
-        );
-        assert!(
-            text.contains("hostd_time_to_first_token_seconds_bucket{le=\"300\"} 1"),
-            "{text}"
-        );
-        assert!(
-            text.contains("hostd_time_to_first_token_seconds_bucket{le=\"+Inf\"} 2"),
-            "{text}"
+        assert_lines(
+            &text,
+            &[
+                "hostd_time_to_first_token_seconds_bucket{le=\"0.005\"} 1",
+                "hostd_time_to_first_token_seconds_bucket{le=\"300\"} 1",
+                "hostd_time_to_first_token_seconds_bucket{le=\"+Inf\"} 2",
+                "hostd_time_to_first_token_seconds_count 2",
+                "hostd_time_to_first_token_seconds_sum 1000.003",
+            ],
         );
         assert_eq!(
             text.matches("hostd_time_to_first_token_seconds_bucket{le=\"+Inf\"}").count(),
             1,
-            "{text}"
-        );
-        assert!(
-            text.contains("hostd_time_to_first_token_seconds_count 2"),
-            "{text}"
-        );
-        assert!(
-            text.contains("hostd_time_to_first_token_seconds_sum 1000.003"),
             "{text}"
         );
     }
@@ -329,21 +326,14 @@ mod tests {
             Duration::from_millis(1),
         );
         let text = m.render();
-        assert!(
-            text.contains("hostd_requests_total{endpoint=\"/v1/models\",status=\"200\"} 2"),
-            "{text}"
-        );
-        assert!(
-            text.contains("hostd_requests_total{endpoint=\"other\",status=\"404\"} 1"),
-            "{text}"
-        );
-        assert!(
-            text.contains("hostd_request_duration_seconds_count{endpoint=\"/v1/models\"} 2"),
-            "{text}"
-        );
-        assert!(
-            text.contains("hostd_request_duration_seconds_count{endpoint=\"/v1/responses/{id}\"} 0"),
-            "{text}"
+        assert_lines(
+            &text,
+            &[
+                "hostd_requests_total{endpoint=\"/v1/models\",status=\"200\"} 2",
+                "hostd_requests_total{endpoint=\"other\",status=\"404\"} 1",
+                "hostd_request_duration_seconds_count{endpoint=\"/v1/models\"} 2",
+                "hostd_request_duration_seconds_count{endpoint=\"/v1/responses/{id}\"} 0",
+            ],
         );
         assert!(
             text.lines()
@@ -359,14 +349,15 @@ mod tests {
         m.generation_tokens.inc_by(5);
         m.queue_depth.set(2);
         let text = m.render();
-        for want in [
-            "# HELP hostd_generation_tokens_total Tokens generated.\n# TYPE hostd_generation_tokens_total counter\nhostd_generation_tokens_total 5\n",
-            "# HELP hostd_queue_depth Requests waiting for the scheduler.\n# TYPE hostd_queue_depth gauge\nhostd_queue_depth 2\n",
-            "# TYPE hostd_e2e_request_seconds histogram\n",
-            "# TYPE hostd_request_duration_seconds histogram\n",
-        ] {
-            assert!(text.contains(want), "{want:?} missing from\n{text}");
-        }
+        assert_lines(
+            &text,
+            &[
+                "# HELP hostd_generation_tokens_total Tokens generated.\n# TYPE hostd_generation_tokens_total counter\nhostd_generation_tokens_total 5\n",
+                "# HELP hostd_queue_depth Requests waiting for the scheduler.\n# TYPE hostd_queue_depth gauge\nhostd_queue_depth 2\n",
+                "# TYPE hostd_e2e_request_seconds histogram\n",
+                "# TYPE hostd_request_duration_seconds histogram\n",
+            ],
+        );
         // One HELP and one TYPE per family (25); no OpenMetrics `# EOF`.
         assert_eq!(text.matches("# HELP ").count(), 25, "{text}");
         assert_eq!(text.matches("# TYPE ").count(), 25, "{text}");

@@ -107,18 +107,6 @@ impl Admission {
         &self.config
     }
 
-    /// Reads the body under the limits ([`Self::read_body`]) and parses it with
-    /// `http::fields::parse_body` (type errors and unknown nested keys name their field); the
-    /// raw bytes are dropped before the handler goes on.
-    pub async fn read_json<T: serde::de::DeserializeOwned>(
-        &self,
-        headers: &HeaderMap,
-        body: Body,
-    ) -> Result<T, ApiError> {
-        let bytes = self.read_body(headers, body).await?;
-        super::fields::parse_body(&bytes)
-    }
-
     /// Reads the whole body: 413 at once when `Content-Length` exceeds the cap, 413 as soon as
     /// the bytes received exceed it (never buffering more), 408 when it takes too long.
     ///

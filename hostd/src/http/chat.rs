@@ -16,6 +16,7 @@
 //! (`generate.rs`), and so is the submission (one sequence per choice, each with its own
 //! grammar state).
 
+use super::admitted::Admitted;
 use super::error::ApiError;
 use super::fields::{self, Thinking, ThinkingFields};
 use super::openai::{
@@ -23,34 +24,21 @@ use super::openai::{
     ChatDelta, ChatLogprobs, ChatMessageOut, FunctionCallOut, FunctionDelta, LogprobContent,
     ToolCallDelta, ToolCallOut, Usage,
 };
-use super::generate::{self, ChatGeneration};
+use super::generate::{self, ChatInput, Generation};
 use super::params;
 use super::response_format;
 use super::stream::{self, to_json};
 use super::tools::{self, ToolRequest};
-use super::{AppState, RequestId, fingerprint, unix_now};
+use super::{fingerprint, unix_now};
 use crate::chat_template::ChatOptions;
 use crate::engine::{Event, FinishReason, LogprobEntry, Usage as EngineUsage};
 use crate::tool_calls::{ToolCallParser, ToolEvent};
-use axum::Extension;
-use axum::body::Body;
-use axum::extract::State;
-use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
-use std::sync::Arc;
-use std::time::Instant;
 
 /// The handler.
 pub async fn chat_completions(
-    State(app): State<Arc<AppState>>,
-    Extension(RequestId(request_id)): Extension<RequestId>,
-    headers: HeaderMap,
-    body: Body,
+    Admitted { app, ready, request_id, received, req }: Admitted<ChatCompletionRequest>,
 ) -> Result<Response, ApiError> {
-    let received = Instant::now();
-    let ready = app.ready()?;
-    let req: ChatCompletionRequest = app.admission.read_json(&headers, body).await?;
-    params::check_model(req.model.as_deref(), &app.config.served_model_name)?;
     params::reject_unsupported_chat(&req)?;
     let n = params::check_n(req.n)?;
     let constraint = response_format::constraint_spec(req.response_format.as_ref())?;
@@ -92,31 +80,25 @@ pub async fn chat_completions(
         enable_thinking: thinking.enabled,
         preserve_thinking: kwargs.preserve_thinking.unwrap_or(false),
     };
-    let prompt = generate::tokenize_chat(
-        &app,
-        ready,
+    let input = ChatInput {
         messages,
-        tool_req.definitions.clone(),
+        tools: tool_req.definitions.clone(),
         opts,
-        true,
-    )
-    .await?;
+    };
     // One sequence per choice, each with its own seed and grammar state.
-    let generation = ChatGeneration {
+    let generation = Generation {
         request_id: request_id.clone(),
         received,
-        prompt,
         sampling,
-        max_tokens: requested,
         stop,
         ignore_eos: req.ignore_eos == Some(true),
         thinking: thinking.enabled,
         skip_special_tokens: req.skip_special_tokens.unwrap_or(true),
         constraint,
         constraint_param,
-        choices: n,
     };
-    let (rxs, _prompt_tokens) = generate::submit_chat(&app, ready, generation).await?;
+    let (rxs, _prompt_tokens) =
+        generate::submit_chat(&app, &ready, input, requested, n, generation).await?;
     let reply = Reply {
         id: format!("chatcmpl-{request_id}"),
         created: unix_now(),
@@ -210,14 +192,7 @@ impl Reply {
                 let shown =
                     self.thinking.shown && (self.thinking.enabled || !c.delta.reasoning.is_empty());
                 let reasoning = shown.then(|| c.delta.reasoning.clone());
-                let (content, calls) = match self.tools.parser() {
-                    Some(mut parser) => {
-                        let mut events = parser.feed(&c.delta.content);
-                        events.extend(parser.finish());
-                        crate::tool_calls::fold(events)
-                    }
-                    None => (c.delta.content, Vec::new()),
-                };
+                let (content, calls) = self.tools.split_calls(c.delta.content);
                 let finish_reason = finish_reason(c.reason, calls.len());
                 let tool_calls: Vec<ToolCallOut> = calls
                     .into_iter()

@@ -11,22 +11,18 @@
 //! the middle. `n > 1` runs one sequence per choice, each with its own seed.
 
 use super::admission;
+use super::admitted::Admitted;
 use super::error::ApiError;
-use super::generate::{self, Submission};
+use super::generate::{self, Generation, Submission};
 use super::openai::{Completion, CompletionChoice, CompletionLogprobs, CompletionRequest, Usage};
 use super::params::{self, PromptInput};
 use super::response_format;
 use super::stream::{self, to_json};
-use super::{AppState, RequestId, fingerprint, unix_now};
+use super::{fingerprint, unix_now};
 use crate::engine::{Event, LogprobEntry, Usage as EngineUsage};
 use crate::tokenizer::Tokenizer;
-use axum::Extension;
-use axum::body::Body;
-use axum::extract::State;
-use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use std::sync::Arc;
-use std::time::Instant;
 
 /// OpenAI's default `max_tokens` for text completions.
 const DEFAULT_MAX_TOKENS: usize = 16;
@@ -35,15 +31,8 @@ const MAX_LEGACY_LOGPROBS: i64 = 5;
 
 /// The handler.
 pub async fn completions(
-    State(app): State<Arc<AppState>>,
-    Extension(RequestId(request_id)): Extension<RequestId>,
-    headers: HeaderMap,
-    body: Body,
+    Admitted { app, ready, request_id, received, req }: Admitted<CompletionRequest>,
 ) -> Result<Response, ApiError> {
-    let received = Instant::now();
-    let ready = app.ready()?;
-    let req: CompletionRequest = app.admission.read_json(&headers, body).await?;
-    params::check_model(req.model.as_deref(), &app.config.served_model_name)?;
     params::reject_unsupported_completion(&req)?;
     let n = params::check_n(req.n)?;
     let constraint = response_format::constraint_spec(req.response_format.as_ref())?;
@@ -87,22 +76,24 @@ pub async fn completions(
     };
     let max_tokens = params::budget(prompt.len(), requested, DEFAULT_MAX_TOKENS, max_context, "prompt")?;
     let submission = Submission {
-        request_id: request_id.clone(),
-        received,
         prompt,
         checkpoint: None,
         cache_final_state: true,
-        sampling,
         max_tokens,
-        stop,
-        ignore_eos: req.ignore_eos == Some(true),
         split_reasoning: false,
-        thinking: false,
-        skip_special_tokens: req.skip_special_tokens.unwrap_or(true),
-        constraint,
-        constraint_param: "response_format",
+        generation: Generation {
+            request_id: request_id.clone(),
+            received,
+            sampling,
+            stop,
+            ignore_eos: req.ignore_eos == Some(true),
+            thinking: false,
+            skip_special_tokens: req.skip_special_tokens.unwrap_or(true),
+            constraint,
+            constraint_param: "response_format",
+        },
     };
-    let rxs = generate::submit_choices(&app, ready, submission, n).await?;
+    let rxs = generate::submit_choices(&app, &ready, submission, n).await?;
     let reply = Reply { id: format!("cmpl-{request_id}"), created: unix_now(), model: app.config.served_model_name.clone(), logprobs: top.is_some() };
     let choices = stream::Choices::new(rxs);
     if req.stream == Some(true) {

@@ -3,7 +3,8 @@
 //! prompt's size, tokenise in the bounded pool (with the prefix-cache checkpoint), fit the
 //! completion budget to the context, and submit to the scheduler ([`submit_chat`]: the OpenAI
 //! handler's `n` choices, the Anthropic and Responses handlers' one). [`submit_choices`] is the
-//! last step, also used by legacy completions: one grammar state and one seed per choice.
+//! last step, also used by legacy completions: one grammar state and one seed per choice. What
+//! every handler settles about its output travels as one [`Generation`].
 //!
 //! The prompt's checkpoint for the prefix cache is the end of `<|im_start|>assistant\n`: a
 //! follow-up turn's prompt repeats everything up to there (the template drops earlier turns'
@@ -31,17 +32,31 @@ pub struct ChatPrompt {
     pub checkpoint: Option<usize>,
 }
 
-/// Renders `messages` (with the tool definitions `tools`, as the client sent them), checks the prompt against the byte cap and the context (a 400 naming
+/// A conversation to render: its messages, the tool definitions as the client sent them, and
+/// the template's switches.
+pub struct ChatInput {
+    /// The messages.
+    pub messages: Vec<ChatMessage>,
+    /// The tool definitions.
+    pub tools: Vec<Value>,
+    /// The template's switches.
+    pub opts: ChatOptions,
+}
+
+/// Renders `input`, checks the prompt against the byte cap and the context (a 400 naming
 /// `messages`), and tokenises it in the bounded pool. `with_checkpoint`: also find the
 /// prefix-cache checkpoint (generation needs it; counting tokens does not).
 pub async fn tokenize_chat(
     app: &AppState,
     ready: &Ready,
-    messages: Vec<ChatMessage>,
-    tools: Vec<Value>,
-    opts: ChatOptions,
+    input: ChatInput,
     with_checkpoint: bool,
 ) -> Result<ChatPrompt, ApiError> {
+    let ChatInput {
+        messages,
+        tools,
+        opts,
+    } = input;
     let text = chat_template::render_with_tools(&messages, &tools, &opts)?;
     app.admission.check_prompt_bytes(&text, "messages")?;
     admission::check_fits(
@@ -84,18 +99,15 @@ fn checkpoint(
     (prefix.len() < prompt.len() && prompt.starts_with(&prefix)).then_some(prefix.len())
 }
 
-/// One chat generation to start.
-pub struct ChatGeneration {
-    /// The request's id (logs, metrics, response ids).
+/// What a handler settled about its generation, whatever its API; the prompt and the budget
+/// travel beside it.
+pub struct Generation {
+    /// The request's id (logs, metrics, response ids); choice `i > 0` runs as `{request_id}-{i}`.
     pub request_id: String,
     /// When the HTTP request arrived.
     pub received: Instant,
-    /// The tokenised prompt.
-    pub prompt: ChatPrompt,
-    /// Validated sampling settings.
+    /// Validated sampling settings; choice `i` gets [`params::choice_seed`] of the seed.
     pub sampling: SamplingParams,
-    /// The requested completion budget; `None` takes the server default clipped to the context.
-    pub max_tokens: Option<usize>,
     /// Validated stop strings.
     pub stop: Vec<String>,
     /// Keep generating past the end-of-turn token.
@@ -104,82 +116,62 @@ pub struct ChatGeneration {
     pub thinking: bool,
     /// Drop special tokens from the text.
     pub skip_special_tokens: bool,
-    /// A grammar the answer must follow (forced tool calls), compiled once the budget is known;
-    /// its errors name `constraint_param`.
+    /// A grammar the output must follow (response formats, forced tool calls), compiled once
+    /// the budget is known; its errors name `constraint_param`.
     pub constraint: Option<ConstraintSpec>,
     /// The field a constraint error names.
     pub constraint_param: &'static str,
-    /// How many sequences (choices) to run, each with its own seed and grammar state.
-    pub choices: usize,
 }
 
-/// Fits the budget to the context (a 400 naming `messages`) and submits the choices with
-/// [`submit_choices`]; returns one event receiver per choice (dropping one cancels its
+/// Renders and tokenises `input` with its checkpoint ([`tokenize_chat`]), fits the budget to
+/// the context (a 400 naming `messages`; `max_tokens: None` takes the server default clipped to
+/// the context) and submits `choices` sequences with [`submit_choices`], splitting reasoning
+/// from the answer; returns one event receiver per choice (dropping one cancels its
 /// generation) and the prompt's token count.
 pub async fn submit_chat(
     app: &AppState,
     ready: &Ready,
-    g: ChatGeneration,
+    input: ChatInput,
+    max_tokens: Option<usize>,
+    choices: usize,
+    generation: Generation,
 ) -> Result<(Vec<UnboundedReceiver<Event>>, usize), ApiError> {
-    let prompt_tokens = g.prompt.ids.len();
+    let prompt = tokenize_chat(app, ready, input, true).await?;
+    let prompt_tokens = prompt.ids.len();
     let max_tokens = params::budget(
         prompt_tokens,
-        g.max_tokens,
+        max_tokens,
         app.config.default_max_tokens,
         ready.engine.config().max_context,
         "messages",
     )?;
     let submission = Submission {
-        request_id: g.request_id,
-        received: g.received,
-        prompt: g.prompt.ids,
-        checkpoint: g.prompt.checkpoint,
+        prompt: prompt.ids,
+        checkpoint: prompt.checkpoint,
         cache_final_state: false,
-        sampling: g.sampling,
         max_tokens,
-        stop: g.stop,
-        ignore_eos: g.ignore_eos,
         split_reasoning: true,
-        thinking: g.thinking,
-        skip_special_tokens: g.skip_special_tokens,
-        constraint: g.constraint,
-        constraint_param: g.constraint_param,
+        generation,
     };
-    let rxs = submit_choices(app, ready, submission, g.choices).await?;
+    let rxs = submit_choices(app, ready, submission, choices).await?;
     Ok((rxs, prompt_tokens))
 }
 
 /// One generation request as the engine takes it, its budget already fitted to the context;
 /// [`submit_choices`] submits it once per choice.
 pub struct Submission {
-    /// The request's id; choice `i > 0` runs as `{request_id}-{i}`.
-    pub request_id: String,
-    /// When the HTTP request arrived.
-    pub received: Instant,
     /// The prompt's ids.
     pub prompt: Vec<u32>,
     /// Where the prefix cache should keep a state.
     pub checkpoint: Option<usize>,
     /// Keep the final state (prompt + output) in the prefix cache.
     pub cache_final_state: bool,
-    /// Validated sampling settings; choice `i` gets [`params::choice_seed`] of the seed.
-    pub sampling: SamplingParams,
     /// The fitted completion budget.
     pub max_tokens: usize,
-    /// Validated stop strings.
-    pub stop: Vec<String>,
-    /// Keep generating past the end-of-turn token.
-    pub ignore_eos: bool,
     /// Split the output into reasoning and answer.
     pub split_reasoning: bool,
-    /// The generation prompt opened a `<think>` block.
-    pub thinking: bool,
-    /// Drop special tokens from the text.
-    pub skip_special_tokens: bool,
-    /// A grammar the output must follow; its errors name `constraint_param`.
-    pub constraint: Option<ConstraintSpec>,
-    /// The field a constraint error names.
-    pub constraint_param: &'static str,
+    /// What the handler settled.
+    pub generation: Generation,
 }
 
 /// Compiles the grammar once per choice (in the bounded pool; each choice follows it from its
@@ -192,19 +184,20 @@ pub async fn submit_choices(
     s: Submission,
     n: usize,
 ) -> Result<Vec<UnboundedReceiver<Event>>, ApiError> {
+    let g = &s.generation;
     let mut constraints = Vec::with_capacity(n);
     for _ in 0..n {
-        constraints.push(match &s.constraint {
+        constraints.push(match &g.constraint {
             None => None,
             Some(spec) => {
-                let start = StartOptions::new(s.thinking, s.max_tokens);
+                let start = StartOptions::new(g.thinking, s.max_tokens);
                 Some(
                     response_format::compile(
                         app,
                         &ready.grammars,
                         spec.clone(),
                         start,
-                        s.constraint_param,
+                        g.constraint_param,
                     )
                     .await?,
                 )
@@ -214,13 +207,13 @@ pub async fn submit_choices(
     let mut rxs = Vec::with_capacity(n);
     for (i, constraint) in constraints.into_iter().enumerate() {
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-        let mut sampling = s.sampling.clone();
+        let mut sampling = g.sampling.clone();
         sampling.seed = params::choice_seed(sampling.seed, i);
         ready.engine.submit(GenRequest {
             request_id: if i == 0 {
-                s.request_id.clone()
+                g.request_id.clone()
             } else {
-                format!("{}-{i}", s.request_id)
+                format!("{}-{i}", g.request_id)
             },
             span: tracing::Span::current(),
             prompt: s.prompt.clone(),
@@ -228,17 +221,17 @@ pub async fn submit_choices(
             cache_final_state: s.cache_final_state,
             sampling,
             max_tokens: s.max_tokens,
-            stop: s.stop.clone(),
-            stop_ids: if s.ignore_eos {
+            stop: g.stop.clone(),
+            stop_ids: if g.ignore_eos {
                 Vec::new()
             } else {
                 ready.stop_ids.clone()
             },
             split_reasoning: s.split_reasoning,
-            reasoning: s.thinking,
-            skip_special_tokens: s.skip_special_tokens,
+            reasoning: g.thinking,
+            skip_special_tokens: g.skip_special_tokens,
             constraint,
-            received: s.received,
+            received: g.received,
             events: tx,
         })?;
         rxs.push(rx);

@@ -8,7 +8,8 @@
 //! bounded pool of `admission.rs`.
 //!
 //! Files: `listener.rs` (accept loop and peer limits), `admission.rs` (body, prompt and
-//! tokeniser limits), `openai.rs` (wire types), `params.rs` (validation), `fields.rs` (the
+//! tokeniser limits), `admitted.rs` (the checks every generation handler starts with, as one
+//! extractor), `openai.rs` (wire types), `params.rs` (validation), `fields.rs` (the
 //! policy for fields without a typed slot, thinking switches), `error.rs` (the one
 //! error → JSON mapping), `chat.rs` and `completions.rs` (the two OpenAI generation endpoints),
 //! `generate.rs` (template → tokens → engine, shared by the chat-style endpoints), `stream.rs`
@@ -20,6 +21,7 @@
 //! middleware's included, take Anthropic's shape.
 
 pub mod admission;
+mod admitted;
 pub mod anthropic;
 mod chat;
 mod completions;
@@ -97,7 +99,7 @@ pub struct AppState {
     config: ServerConfig,
     metrics: Arc<Metrics>,
     /// Set once when loading ends; a `OnceLock` because it is written once and then only read.
-    ready: OnceLock<Ready>,
+    ready: OnceLock<Arc<Ready>>,
     /// Set instead of `ready` when loading failed.
     failed: OnceLock<String>,
     next_id: AtomicU64,
@@ -133,7 +135,7 @@ impl AppState {
 
     /// Switches the server to serving (called once, after the model loaded).
     pub fn set_ready(&self, ready: Ready) {
-        let _ = self.ready.set(ready);
+        let _ = self.ready.set(Arc::new(ready));
     }
 
     /// Records that loading failed; `/health` reports it.
@@ -146,7 +148,7 @@ impl AppState {
         &self.metrics
     }
 
-    fn ready(&self) -> Result<&Ready, ApiError> {
+    fn ready(&self) -> Result<&Arc<Ready>, ApiError> {
         self.ready.get().ok_or_else(|| match self.failed.get() {
             Some(m) => ApiError::Unavailable(format!("The model failed to load: {m}")),
             None => ApiError::Unavailable("The model is still loading; retry shortly.".to_string()),
@@ -332,25 +334,17 @@ fn key_matches(req: &Request, key: &str) -> bool {
 }
 
 async fn not_found(req: Request) -> Response {
-    let path = req.uri().path().to_string();
-    error_response(
-        &path.clone(),
-        ApiError::RouteNotFound {
-            method: req.method().to_string(),
-            path,
-        },
-    )
+    route_error(&req, |method, path| ApiError::RouteNotFound { method, path })
 }
 
 async fn method_not_allowed(req: Request) -> Response {
+    route_error(&req, |method, path| ApiError::MethodNotAllowed { method, path })
+}
+
+/// The error for a request no route takes, from its method and path, in its path's shape.
+fn route_error(req: &Request, error: fn(String, String) -> ApiError) -> Response {
     let path = req.uri().path().to_string();
-    error_response(
-        &path.clone(),
-        ApiError::MethodNotAllowed {
-            method: req.method().to_string(),
-            path,
-        },
-    )
+    error_response(&path.clone(), error(req.method().to_string(), path))
 }
 
 /// `GET /health`: 200 `ready` with queue counters once the model is loaded, else 503. With

@@ -47,184 +47,160 @@ pub struct ChatTemplateKwargs {
     pub preserve_thinking: Option<bool>,
 }
 
-/// Sampling fields shared by both generation endpoints.
-#[derive(Debug, Clone, Default)]
-pub struct SamplingFields {
-    /// `temperature`.
-    pub temperature: Option<f64>,
-    /// `top_p`.
-    pub top_p: Option<f64>,
-    /// `top_k` (vLLM).
-    pub top_k: Option<i64>,
-    /// `min_p` (vLLM).
-    pub min_p: Option<f64>,
-    /// `presence_penalty`.
-    pub presence_penalty: Option<f64>,
-    /// `frequency_penalty`.
-    pub frequency_penalty: Option<f64>,
-    /// `repetition_penalty` (vLLM).
-    pub repetition_penalty: Option<f64>,
-    /// `seed`.
-    pub seed: Option<i64>,
-}
+/// Declares `pub struct $name` with its own fields followed by the eight sampling fields
+/// (OpenAI's names, and vLLM's `top_k`, `min_p`, `repetition_penalty`), and `$name::sampling()`,
+/// which reads them as a [`SamplingFields`]. [`SamplingFields`] itself and the request bodies of
+/// chat, legacy completions and Responses are declared with it, so the list exists once.
+///
+/// Not a `#[serde(flatten)]` struct: serde buffers a flattened struct's fields and deserialises
+/// them after the rest of the body, where `serde_path_to_error` no longer sees the path, so the
+/// 400 for `"temperature": "hot"` could not name `temperature`.
+macro_rules! with_sampling_fields {
+    ($(#[$meta:meta])* pub struct $name:ident { $($own:tt)* }) => {
+        $(#[$meta])*
+        pub struct $name {
+            $($own)*
+            /// Sampling temperature, 0–2.
+            pub temperature: Option<f64>,
+            /// Nucleus sampling mass.
+            pub top_p: Option<f64>,
+            /// Top-k candidates (vLLM).
+            pub top_k: Option<i64>,
+            /// Min-p filter (vLLM).
+            pub min_p: Option<f64>,
+            /// Presence penalty, −2–2.
+            pub presence_penalty: Option<f64>,
+            /// Frequency penalty, −2–2.
+            pub frequency_penalty: Option<f64>,
+            /// Repetition penalty (vLLM).
+            pub repetition_penalty: Option<f64>,
+            /// Seed of the sampler.
+            pub seed: Option<i64>,
+        }
 
-/// The [`SamplingFields`] of a request body that declares them flat under OpenAI's names (chat,
-/// completions, Responses), so each endpoint reads the same eight fields.
-macro_rules! sampling_fields {
-    ($req:expr) => {
-        $crate::http::openai::SamplingFields {
-            temperature: $req.temperature,
-            top_p: $req.top_p,
-            top_k: $req.top_k,
-            min_p: $req.min_p,
-            presence_penalty: $req.presence_penalty,
-            frequency_penalty: $req.frequency_penalty,
-            repetition_penalty: $req.repetition_penalty,
-            seed: $req.seed,
+        impl $name {
+            /// The sampling fields.
+            pub fn sampling(&self) -> SamplingFields {
+                SamplingFields {
+                    temperature: self.temperature,
+                    top_p: self.top_p,
+                    top_k: self.top_k,
+                    min_p: self.min_p,
+                    presence_penalty: self.presence_penalty,
+                    frequency_penalty: self.frequency_penalty,
+                    repetition_penalty: self.repetition_penalty,
+                    seed: self.seed,
+                }
+            }
         }
     };
 }
-pub(crate) use sampling_fields;
+pub(crate) use with_sampling_fields;
 
-/// `POST /v1/chat/completions` body.
-#[derive(Debug, Clone, Deserialize)]
-pub struct ChatCompletionRequest {
-    /// The served model's name.
-    pub model: Option<String>,
-    /// The conversation; checked message by message for precise errors.
-    pub messages: Option<Vec<Value>>,
-    /// Stream chunks as server-sent events.
-    pub stream: Option<bool>,
-    /// Streaming options.
-    pub stream_options: Option<StreamOptions>,
-    /// Deprecated name of `max_completion_tokens`.
-    pub max_tokens: Option<i64>,
-    /// Most tokens to generate (reasoning included).
-    pub max_completion_tokens: Option<i64>,
-    /// Sampling temperature, 0–2.
-    pub temperature: Option<f64>,
-    /// Nucleus sampling mass.
-    pub top_p: Option<f64>,
-    /// Top-k candidates (vLLM).
-    pub top_k: Option<i64>,
-    /// Min-p filter (vLLM).
-    pub min_p: Option<f64>,
-    /// Presence penalty, −2–2.
-    pub presence_penalty: Option<f64>,
-    /// Frequency penalty, −2–2.
-    pub frequency_penalty: Option<f64>,
-    /// Repetition penalty (vLLM).
-    pub repetition_penalty: Option<f64>,
-    /// Seed of the sampler.
-    pub seed: Option<i64>,
-    /// Stop strings.
-    pub stop: Option<Stop>,
-    /// Choices per request, 1–8.
-    pub n: Option<i64>,
-    /// Return log-probabilities of the output tokens.
-    pub logprobs: Option<bool>,
-    /// Alternatives per token, 0–20.
-    pub top_logprobs: Option<i64>,
-    /// Chat template switches (vLLM).
-    pub chat_template_kwargs: Option<ChatTemplateKwargs>,
-    /// Keep generating past the end-of-turn token (vLLM).
-    pub ignore_eos: Option<bool>,
-    /// Keep special tokens such as `<|vision_end|>` in the text (vLLM; default false).
-    pub skip_special_tokens: Option<bool>,
-    /// Thinking on or off (Qwen's DashScope API, SGLang).
-    pub enable_thinking: Option<bool>,
-    /// Whether the reply carries the reasoning (vLLM, OpenRouter; default true).
-    pub include_reasoning: Option<bool>,
-    /// OpenRouter's reasoning options (`effort`, `enabled`, `exclude`).
-    pub reasoning: Option<Value>,
-    /// OpenAI's reasoning levels, mapped onto thinking on/off (`http::fields::thinking`).
-    pub reasoning_effort: Option<String>,
-    /// Token id → bias added to its logit before sampling, −100–100.
-    pub logit_bias: Option<Value>,
-    /// Tool definitions (function tools), checked by `http::tools`.
-    pub tools: Option<Value>,
-    /// `none`, `auto`, `required` or a named function (the last two refused for now).
-    pub tool_choice: Option<Value>,
-    /// Whether a reply may hold several calls (false keeps only the first).
-    pub parallel_tool_calls: Option<Value>,
-    /// Unsupported: legacy function definitions.
-    pub functions: Option<Value>,
-    /// Unsupported: legacy function call control.
-    pub function_call: Option<Value>,
-    /// `text`, `json_object` or `json_schema` (constrained decoding; `http::response_format`).
-    pub response_format: Option<Value>,
-    /// Unsupported unless `["text"]`.
-    pub modalities: Option<Value>,
-    /// Every other field, for the field policy (`http::fields`).
-    #[serde(flatten)]
-    pub extra: serde_json::Map<String, Value>,
+with_sampling_fields! {
+    /// The sampling fields of a request, as the OpenAI generation endpoints name them (the
+    /// Anthropic endpoint fills the three it has).
+    #[derive(Debug, Clone, Default)]
+    pub struct SamplingFields {}
 }
 
-impl ChatCompletionRequest {
-    /// The sampling fields.
-    pub fn sampling(&self) -> SamplingFields {
-        sampling_fields!(self)
+with_sampling_fields! {
+    /// `POST /v1/chat/completions` body.
+    #[derive(Debug, Clone, Deserialize)]
+    pub struct ChatCompletionRequest {
+        /// The served model's name.
+        pub model: Option<String>,
+        /// The conversation; checked message by message for precise errors.
+        pub messages: Option<Vec<Value>>,
+        /// Stream chunks as server-sent events.
+        pub stream: Option<bool>,
+        /// Streaming options.
+        pub stream_options: Option<StreamOptions>,
+        /// Deprecated name of `max_completion_tokens`.
+        pub max_tokens: Option<i64>,
+        /// Most tokens to generate (reasoning included).
+        pub max_completion_tokens: Option<i64>,
+        /// Stop strings.
+        pub stop: Option<Stop>,
+        /// Choices per request, 1–8.
+        pub n: Option<i64>,
+        /// Return log-probabilities of the output tokens.
+        pub logprobs: Option<bool>,
+        /// Alternatives per token, 0–20.
+        pub top_logprobs: Option<i64>,
+        /// Chat template switches (vLLM).
+        pub chat_template_kwargs: Option<ChatTemplateKwargs>,
+        /// Keep generating past the end-of-turn token (vLLM).
+        pub ignore_eos: Option<bool>,
+        /// Keep special tokens such as `<|vision_end|>` in the text (vLLM; default false).
+        pub skip_special_tokens: Option<bool>,
+        /// Thinking on or off (Qwen's DashScope API, SGLang).
+        pub enable_thinking: Option<bool>,
+        /// Whether the reply carries the reasoning (vLLM, OpenRouter; default true).
+        pub include_reasoning: Option<bool>,
+        /// OpenRouter's reasoning options (`effort`, `enabled`, `exclude`).
+        pub reasoning: Option<Value>,
+        /// OpenAI's reasoning levels, mapped onto thinking on/off (`http::fields::thinking`).
+        pub reasoning_effort: Option<String>,
+        /// Token id → bias added to its logit before sampling, −100–100.
+        pub logit_bias: Option<Value>,
+        /// Tool definitions (function tools), checked by `http::tools`.
+        pub tools: Option<Value>,
+        /// `none`, `auto`, `required` or a named function (the last two refused for now).
+        pub tool_choice: Option<Value>,
+        /// Whether a reply may hold several calls (false keeps only the first).
+        pub parallel_tool_calls: Option<Value>,
+        /// Unsupported: legacy function definitions.
+        pub functions: Option<Value>,
+        /// Unsupported: legacy function call control.
+        pub function_call: Option<Value>,
+        /// `text`, `json_object` or `json_schema` (constrained decoding; `http::response_format`).
+        pub response_format: Option<Value>,
+        /// Unsupported unless `["text"]`.
+        pub modalities: Option<Value>,
+        /// Every other field, for the field policy (`http::fields`).
+        #[serde(flatten)]
+        pub extra: serde_json::Map<String, Value>,
     }
 }
 
-/// `POST /v1/completions` body.
-#[derive(Debug, Clone, Deserialize)]
-pub struct CompletionRequest {
-    /// The served model's name.
-    pub model: Option<String>,
-    /// A string, a one-element list of strings, token ids, or a one-element list of id lists.
-    pub prompt: Option<Value>,
-    /// Stream chunks as server-sent events.
-    pub stream: Option<bool>,
-    /// Streaming options.
-    pub stream_options: Option<StreamOptions>,
-    /// Most tokens to generate (default 16, as OpenAI).
-    pub max_tokens: Option<i64>,
-    /// Sampling temperature.
-    pub temperature: Option<f64>,
-    /// Nucleus sampling mass.
-    pub top_p: Option<f64>,
-    /// Top-k (vLLM).
-    pub top_k: Option<i64>,
-    /// Min-p (vLLM).
-    pub min_p: Option<f64>,
-    /// Presence penalty.
-    pub presence_penalty: Option<f64>,
-    /// Frequency penalty.
-    pub frequency_penalty: Option<f64>,
-    /// Repetition penalty (vLLM).
-    pub repetition_penalty: Option<f64>,
-    /// Seed.
-    pub seed: Option<i64>,
-    /// Stop strings.
-    pub stop: Option<Stop>,
-    /// Choices, 1–8.
-    pub n: Option<i64>,
-    /// Top log-probabilities per token, 0–5 (legacy shape).
-    pub logprobs: Option<i64>,
-    /// Keep generating past end-of-text (vLLM).
-    pub ignore_eos: Option<bool>,
-    /// Keep special tokens in the text (vLLM; default false).
-    pub skip_special_tokens: Option<bool>,
-    /// `text`, `json_object` or `json_schema` (constrained decoding, as on chat).
-    pub response_format: Option<Value>,
-    /// Unsupported unless false.
-    pub echo: Option<bool>,
-    /// Unsupported unless absent or equal to `n`.
-    pub best_of: Option<i64>,
-    /// Text after the insertion point: fill-in-the-middle.
-    pub suffix: Option<String>,
-    /// Token id → bias added to its logit before sampling, −100–100.
-    pub logit_bias: Option<Value>,
-    /// Every other field, for the field policy (`http::fields`).
-    #[serde(flatten)]
-    pub extra: serde_json::Map<String, Value>,
-}
-
-impl CompletionRequest {
-    /// The sampling fields.
-    pub fn sampling(&self) -> SamplingFields {
-        sampling_fields!(self)
+with_sampling_fields! {
+    /// `POST /v1/completions` body.
+    #[derive(Debug, Clone, Deserialize)]
+    pub struct CompletionRequest {
+        /// The served model's name.
+        pub model: Option<String>,
+        /// A string, a one-element list of strings, token ids, or a one-element list of id lists.
+        pub prompt: Option<Value>,
+        /// Stream chunks as server-sent events.
+        pub stream: Option<bool>,
+        /// Streaming options.
+        pub stream_options: Option<StreamOptions>,
+        /// Most tokens to generate (default 16, as OpenAI).
+        pub max_tokens: Option<i64>,
+        /// Stop strings.
+        pub stop: Option<Stop>,
+        /// Choices, 1–8.
+        pub n: Option<i64>,
+        /// Top log-probabilities per token, 0–5 (legacy shape).
+        pub logprobs: Option<i64>,
+        /// Keep generating past end-of-text (vLLM).
+        pub ignore_eos: Option<bool>,
+        /// Keep special tokens in the text (vLLM; default false).
+        pub skip_special_tokens: Option<bool>,
+        /// `text`, `json_object` or `json_schema` (constrained decoding, as on chat).
+        pub response_format: Option<Value>,
+        /// Unsupported unless false.
+        pub echo: Option<bool>,
+        /// Unsupported unless absent or equal to `n`.
+        pub best_of: Option<i64>,
+        /// Text after the insertion point: fill-in-the-middle.
+        pub suffix: Option<String>,
+        /// Token id → bias added to its logit before sampling, −100–100.
+        pub logit_bias: Option<Value>,
+        /// Every other field, for the field policy (`http::fields`).
+        #[serde(flatten)]
+        pub extra: serde_json::Map<String, Value>,
     }
 }
 

@@ -284,16 +284,22 @@ pub fn to_json<T: serde::Serialize>(v: &T) -> String {
 mod tests {
     use super::*;
 
-    /// A generation that fails midway: the client's error event names the request id and
-    /// none of the failure's detail (socket paths, offsets), in a stream and in a whole reply.
-    #[tokio::test]
-    async fn failures_reach_the_client_without_their_detail() {
-        let detail = "expertd call failed: /run/user/0/sluice/expertd.sock at offset 123456789";
+    /// The events of a generation that failed with `detail`.
+    fn failed(detail: &str) -> tokio::sync::mpsc::UnboundedReceiver<Event> {
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
         let _ = tx.send(Event::Failed(crate::engine::Failure {
             message: detail.to_string(),
             retry_after_s: None,
         }));
+        rx
+    }
+
+    /// A generation that fails midway: the client's error event names the request id and
+    /// none of the failure's detail (socket paths, offsets), in a stream and in a whole reply.
+    #[tokio::test]
+    async fn failures_reach_the_client_without_their_detail() {
+        let detail = "expertd call failed: /run/user/0/sluice/expertd.sock at offset 123456789";
+        let rx = failed(detail);
         let resp = crate::http::REQUEST_ID
             .scope("req-42".to_string(), async {
                 sse(rx, Vec::new(), |_| Vec::new())
@@ -312,11 +318,7 @@ mod tests {
             "{text}"
         );
 
-        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-        let _ = tx.send(Event::Failed(crate::engine::Failure {
-            message: detail.to_string(),
-            retry_after_s: None,
-        }));
+        let rx = failed(detail);
         let resp = crate::http::REQUEST_ID
             .scope("req-43".to_string(), async {
                 collect(rx)

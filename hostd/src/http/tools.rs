@@ -52,6 +52,19 @@ impl ToolRequest {
         (!self.specs.is_empty() && self.choice != ToolChoice::None)
             .then(|| ToolCallParser::new(self.specs.clone(), (!self.parallel).then_some(1)))
     }
+
+    /// A whole reply's content as its text and its calls (name, arguments) when calls are
+    /// parsed ([`ToolRequest::parser`]); else the content as it is and no calls.
+    pub fn split_calls(&self, content: String) -> (String, Vec<(String, String)>) {
+        match self.parser() {
+            Some(mut parser) => {
+                let mut events = parser.feed(&content);
+                events.extend(parser.finish());
+                crate::tool_calls::fold(events)
+            }
+            None => (content, Vec::new()),
+        }
+    }
 }
 
 /// Validates `tools`, `tool_choice` and `parallel_tool_calls` (forced choices included).

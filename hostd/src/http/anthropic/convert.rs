@@ -25,7 +25,7 @@
 
 use crate::chat_template::{ChatMessage, Role, ToolCall};
 use crate::http::error::ApiError;
-use crate::http::json::{object, only_keys, require_type, string};
+use crate::http::json::{new_id, object, only_keys, string, text_blocks};
 use crate::http::tools::check_name;
 use serde_json::Value;
 
@@ -128,14 +128,7 @@ pub fn system(v: Option<&Value>, check: CheckBytes) -> Result<Option<String>, Ap
         None | Some(Value::Null) => return Ok(None),
         Some(Value::String(s)) => s.clone(),
         Some(Value::Array(blocks)) => {
-            let mut texts = Vec::with_capacity(blocks.len());
-            for (j, b) in blocks.iter().enumerate() {
-                let at = format!("system[{j}]");
-                let obj = object(b, &at)?;
-                require_type(obj, &at, "text", |other| format!("Unsupported system block type '{other}': only text blocks."))?;
-                only_keys(obj, &["type", "text", "cache_control", "citations"], &at)?;
-                texts.push(string(obj, "text", &at)?);
-            }
+            let texts = text_blocks(blocks, "system", "system")?;
             if texts.is_empty() {
                 return Ok(None);
             }
@@ -376,15 +369,7 @@ fn block(
                 &["type", "id", "name", "input", "cache_control", "caller"],
                 at,
             )?;
-            let id = string(obj, "id", at)?;
-            if id.is_empty() || tool_use_ids.iter().any(|seen| seen == id) {
-                return Err(ApiError::invalid(
-                    format!(
-                        "{at}.id must be a non-empty id unique in the conversation (got {id:?})."
-                    ),
-                    format!("{at}.id"),
-                ));
-            }
+            let id = new_id(obj, "id", at, tool_use_ids)?;
             let name = string(obj, "name", at)?;
             check_name(name, &format!("{at}.name"))?;
             let input = match obj.get("input") {
@@ -478,17 +463,7 @@ fn tool_result_content(v: Option<&Value>, at: &str, check: CheckBytes) -> Result
     let text = match v {
         None | Some(Value::Null) => String::new(),
         Some(Value::String(s)) => s.clone(),
-        Some(Value::Array(blocks)) => {
-            let mut texts = Vec::with_capacity(blocks.len());
-            for (k, b) in blocks.iter().enumerate() {
-                let bat = format!("{at}.content[{k}]");
-                let obj = object(b, &bat)?;
-                require_type(obj, &bat, "text", |other| format!("Unsupported tool_result content block type '{other}': only text blocks."))?;
-                only_keys(obj, &["type", "text", "cache_control", "citations"], &bat)?;
-                texts.push(string(obj, "text", &bat)?);
-            }
-            texts.join("\n")
-        }
+        Some(Value::Array(blocks)) => text_blocks(blocks, &format!("{at}.content"), "tool_result content")?.join("\n"),
         Some(_) => {
             return Err(ApiError::invalid(
                 format!("{at}.content must be a string or a list of text blocks."),

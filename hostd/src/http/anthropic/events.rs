@@ -108,14 +108,7 @@ impl Reply {
                 signature: String::new(),
             });
         }
-        let (text, calls) = match self.tools.parser() {
-            Some(mut parser) => {
-                let mut events = parser.feed(&c.delta.content);
-                events.extend(parser.finish());
-                crate::tool_calls::fold(events)
-            }
-            None => (c.delta.content, Vec::new()),
-        };
+        let (text, calls) = self.tools.split_calls(c.delta.content);
         if !text.is_empty() {
             content.push(ContentBlock::Text { text });
         }

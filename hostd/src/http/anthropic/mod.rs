@@ -19,57 +19,22 @@ pub mod events;
 pub mod tools;
 pub mod wire;
 
-use super::generate::{self, ChatGeneration};
+use super::admitted::Admitted;
+use super::generate::{self, ChatInput, Generation};
 use super::openai::SamplingFields;
-use super::{AppState, Ready, RequestId, params};
+use super::{AppState, params};
 use crate::chat_template::{ChatMessage, ChatOptions};
 use crate::http::error::ApiError;
 use crate::http::tools::ToolRequest;
-use axum::Extension;
-use axum::body::Body;
-use axum::extract::State;
-use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use convert::Thinking;
 use error::AnthropicError;
 use events::Reply;
-use serde_json::Value;
-use std::sync::Arc;
-use std::time::Instant;
-use wire::{CountTokensRequest, MessagesRequest, TokenCount};
+use wire::{Conversation, CountTokensRequest, MessagesRequest, TokenCount};
 
 /// Whether `path` belongs to the Anthropic routes (their errors take Anthropic's shape).
 pub fn owns(path: &str) -> bool {
     path == "/v1/messages" || path.starts_with("/v1/messages/")
-}
-
-/// The conversation fields both endpoints share.
-struct Conversation<'a> {
-    system: Option<&'a Value>,
-    messages: Option<&'a [Value]>,
-    thinking: Option<&'a Value>,
-    tools: Option<&'a Value>,
-    tool_choice: Option<&'a Value>,
-    output_config: Option<&'a Value>,
-    mcp_servers: Option<&'a Value>,
-    context_management: Option<&'a Value>,
-}
-
-/// The [`Conversation`] of a `MessagesRequest` or a `CountTokensRequest` (the two request types
-/// name these fields alike), so both endpoints check exactly the same fields.
-macro_rules! conversation_of {
-    ($req:expr) => {
-        Conversation {
-            system: $req.system.as_ref(),
-            messages: $req.messages.as_deref(),
-            thinking: $req.thinking.as_ref(),
-            tools: $req.tools.as_ref(),
-            tool_choice: $req.tool_choice.as_ref(),
-            output_config: $req.output_config.as_ref(),
-            mcp_servers: $req.mcp_servers.as_ref(),
-            context_management: $req.context_management.as_ref(),
-        }
-    };
 }
 
 /// A checked conversation: template messages, the thinking switch and the tools.
@@ -107,33 +72,13 @@ fn conversation(app: &AppState, c: Conversation) -> Result<Checked, ApiError> {
 }
 
 fn options(thinking: Thinking) -> ChatOptions {
-    ChatOptions {
-        add_generation_prompt: true,
-        enable_thinking: thinking.enabled,
-        preserve_thinking: false,
-    }
-}
-
-async fn read<T: serde::de::DeserializeOwned>(
-    app: &AppState,
-    headers: &HeaderMap,
-    body: Body,
-) -> Result<T, ApiError> {
-    let body = app.admission.read_body(headers, body).await?;
-    Ok(serde_json::from_slice(&body)?)
+    ChatOptions { enable_thinking: thinking.enabled, ..ChatOptions::default() }
 }
 
 /// `POST /v1/messages`.
 pub async fn messages(
-    State(app): State<Arc<AppState>>,
-    Extension(RequestId(request_id)): Extension<RequestId>,
-    headers: HeaderMap,
-    body: Body,
+    Admitted { app, ready, request_id, received, req }: Admitted<MessagesRequest>,
 ) -> Result<Response, AnthropicError> {
-    let received = Instant::now();
-    let ready: &Ready = app.ready()?;
-    let req: MessagesRequest = read(&app, &headers, body).await?;
-    params::check_model(req.model.as_deref(), &app.config.served_model_name)?;
     let max_tokens = params::max_tokens(
         Some(
             req.max_tokens
@@ -146,7 +91,7 @@ pub async fn messages(
         messages,
         thinking,
         tools,
-    } = conversation(&app, conversation_of!(req))?;
+    } = conversation(&app, req.conversation())?;
     let constraint = crate::http::tools::forced_constraint(&tools)?;
     let fields = SamplingFields {
         temperature: req.temperature,
@@ -159,30 +104,24 @@ pub async fn messages(
         req.stop_sequences.clone().unwrap_or_default(),
         "stop_sequences",
     )?;
-    let prompt = generate::tokenize_chat(
-        &app,
-        ready,
+    let input = ChatInput {
         messages,
-        tools.definitions.clone(),
-        options(thinking),
-        true,
-    )
-    .await?;
-    let generation = ChatGeneration {
+        tools: tools.definitions.clone(),
+        opts: options(thinking),
+    };
+    let generation = Generation {
         request_id: request_id.clone(),
         received,
-        prompt,
         sampling,
-        max_tokens,
         stop: stop.clone(),
         ignore_eos: req.ignore_eos == Some(true),
         thinking: thinking.enabled,
         skip_special_tokens: true,
         constraint,
         constraint_param: "tool_choice",
-        choices: 1,
     };
-    let (mut rxs, prompt_tokens) = generate::submit_chat(&app, ready, generation).await?;
+    let (mut rxs, prompt_tokens) =
+        generate::submit_chat(&app, &ready, input, max_tokens, 1, generation).await?;
     let rx = rxs.remove(0);
     let reply = Reply {
         id: format!("msg_{request_id}"),
@@ -202,27 +141,19 @@ pub async fn messages(
 /// `POST /v1/messages/count_tokens`: the prompt's tokens as `/v1/messages` would render them
 /// (system, tools, messages, thinking switch, generation prompt), without generating.
 pub async fn count_tokens(
-    State(app): State<Arc<AppState>>,
-    headers: HeaderMap,
-    body: Body,
+    Admitted { app, ready, req, .. }: Admitted<CountTokensRequest>,
 ) -> Result<Response, AnthropicError> {
-    let ready: &Ready = app.ready()?;
-    let req: CountTokensRequest = read(&app, &headers, body).await?;
-    params::check_model(req.model.as_deref(), &app.config.served_model_name)?;
     let Checked {
         messages,
         thinking,
         tools,
-    } = conversation(&app, conversation_of!(req))?;
-    let prompt = generate::tokenize_chat(
-        &app,
-        ready,
+    } = conversation(&app, req.conversation())?;
+    let input = ChatInput {
         messages,
-        tools.definitions,
-        options(thinking),
-        false,
-    )
-    .await?;
+        tools: tools.definitions,
+        opts: options(thinking),
+    };
+    let prompt = generate::tokenize_chat(&app, &ready, input, false).await?;
     Ok(axum::Json(TokenCount {
         input_tokens: prompt.ids.len(),
     })

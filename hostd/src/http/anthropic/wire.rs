@@ -13,84 +13,116 @@
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-/// `POST /v1/messages` body.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct MessagesRequest {
-    /// The served model's name.
-    pub model: Option<String>,
-    /// Most tokens to generate, thinking included (required).
-    pub max_tokens: Option<i64>,
-    /// The conversation: `user` and `assistant` turns.
-    pub messages: Option<Vec<Value>>,
-    /// System prompt: a string or a list of text blocks.
-    pub system: Option<Value>,
-    /// Strings that end the generation; the one matched comes back as `stop_sequence`.
-    pub stop_sequences: Option<Vec<String>>,
-    /// Sampling temperature (0–2 here; Anthropic's range is 0–1).
-    pub temperature: Option<f64>,
-    /// Nucleus sampling mass.
-    pub top_p: Option<f64>,
-    /// Top-k candidates.
-    pub top_k: Option<i64>,
-    /// Stream server-sent events.
-    pub stream: Option<bool>,
-    /// Thinking switch: `{"type": "enabled" | "adaptive" | "disabled", …}`.
-    pub thinking: Option<Value>,
-    /// Custom tool definitions (name, description, input_schema).
-    pub tools: Option<Value>,
-    /// `auto`, `any`, `tool` (with `name`) or `none`; `disable_parallel_tool_use`.
-    pub tool_choice: Option<Value>,
-    /// `effort` (accepted, ignored) and `format` (refused).
-    pub output_config: Option<Value>,
-    /// Keep generating past the end-of-turn token (vLLM's extension, for benchmarks and tests).
-    pub ignore_eos: Option<bool>,
-    /// Request metadata such as `user_id` (accepted, ignored).
-    pub metadata: Option<Value>,
-    /// Prompt-cache marker (accepted, ignored).
-    pub cache_control: Option<Value>,
-    /// Capacity tier (accepted, ignored).
-    pub service_tier: Option<Value>,
-    /// Inference region (accepted, ignored).
-    pub inference_geo: Option<Value>,
-    /// Fast mode (accepted, ignored).
-    pub speed: Option<Value>,
-    /// Cache-miss diagnostics (accepted, ignored).
-    pub diagnostics: Option<Value>,
-    /// Refused: code-execution containers.
-    pub container: Option<Value>,
-    /// Refused: MCP servers called by the API.
-    pub mcp_servers: Option<Value>,
-    /// Refused: server-side context editing.
-    pub context_management: Option<Value>,
+/// Declares `pub struct $name` with its own fields followed by the fields both endpoints take
+/// (the model, the conversation, and the options that change its prompt or are accepted
+/// alike), and `$name::conversation()`, which lends the conversation's fields as a
+/// [`Conversation`], so `/v1/messages` and `/v1/messages/count_tokens` check exactly the same
+/// fields. Both deny unknown fields, which rules out a `#[serde(flatten)]` struct.
+macro_rules! with_conversation_fields {
+    ($(#[$meta:meta])* pub struct $name:ident { $($own:tt)* }) => {
+        $(#[$meta])*
+        pub struct $name {
+            /// The served model's name.
+            pub model: Option<String>,
+            /// The conversation: `user` and `assistant` turns.
+            pub messages: Option<Vec<Value>>,
+            /// System prompt: a string or a list of text blocks.
+            pub system: Option<Value>,
+            /// Thinking switch: `{"type": "enabled" | "adaptive" | "disabled", …}` (it changes
+            /// the generation prompt, so the count).
+            pub thinking: Option<Value>,
+            /// Custom tool definitions (name, description, input_schema), rendered into the prompt.
+            pub tools: Option<Value>,
+            /// `auto`, `any`, `tool` (with `name`) or `none`; `disable_parallel_tool_use`.
+            pub tool_choice: Option<Value>,
+            /// `effort` (accepted, ignored) and `format` (refused).
+            pub output_config: Option<Value>,
+            /// Prompt-cache marker (accepted, ignored).
+            pub cache_control: Option<Value>,
+            /// Fast mode (accepted, ignored).
+            pub speed: Option<Value>,
+            /// Refused: MCP servers called by the API.
+            pub mcp_servers: Option<Value>,
+            /// Read and ignored: server-side context editing.
+            pub context_management: Option<Value>,
+            $($own)*
+        }
+
+        impl $name {
+            /// The conversation's fields.
+            pub fn conversation(&self) -> Conversation<'_> {
+                Conversation {
+                    system: self.system.as_ref(),
+                    messages: self.messages.as_deref(),
+                    thinking: self.thinking.as_ref(),
+                    tools: self.tools.as_ref(),
+                    tool_choice: self.tool_choice.as_ref(),
+                    output_config: self.output_config.as_ref(),
+                    mcp_servers: self.mcp_servers.as_ref(),
+                    context_management: self.context_management.as_ref(),
+                }
+            }
+        }
+    };
 }
 
-/// `POST /v1/messages/count_tokens` body.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct CountTokensRequest {
-    /// The served model's name.
-    pub model: Option<String>,
-    /// The conversation.
-    pub messages: Option<Vec<Value>>,
-    /// System prompt.
-    pub system: Option<Value>,
-    /// Thinking switch (it changes the generation prompt, so the count).
-    pub thinking: Option<Value>,
-    /// Custom tool definitions (rendered into the prompt, so counted).
-    pub tools: Option<Value>,
-    /// Tool choice (checked; it does not change the prompt).
-    pub tool_choice: Option<Value>,
-    /// `effort` (ignored) and `format` (refused).
-    pub output_config: Option<Value>,
-    /// Prompt-cache marker (accepted, ignored).
-    pub cache_control: Option<Value>,
-    /// Fast mode (accepted, ignored).
-    pub speed: Option<Value>,
-    /// Refused: MCP servers.
-    pub mcp_servers: Option<Value>,
-    /// Refused: server-side context editing.
-    pub context_management: Option<Value>,
+/// The conversation fields both endpoints check, borrowed from either request.
+pub struct Conversation<'a> {
+    /// `system`.
+    pub system: Option<&'a Value>,
+    /// `messages`.
+    pub messages: Option<&'a [Value]>,
+    /// `thinking`.
+    pub thinking: Option<&'a Value>,
+    /// `tools`.
+    pub tools: Option<&'a Value>,
+    /// `tool_choice`.
+    pub tool_choice: Option<&'a Value>,
+    /// `output_config`.
+    pub output_config: Option<&'a Value>,
+    /// `mcp_servers`.
+    pub mcp_servers: Option<&'a Value>,
+    /// `context_management`.
+    pub context_management: Option<&'a Value>,
+}
+
+with_conversation_fields! {
+    /// `POST /v1/messages` body.
+    #[derive(Debug, Clone, Deserialize)]
+    #[serde(deny_unknown_fields)]
+    pub struct MessagesRequest {
+        /// Most tokens to generate, thinking included (required).
+        pub max_tokens: Option<i64>,
+        /// Strings that end the generation; the one matched comes back as `stop_sequence`.
+        pub stop_sequences: Option<Vec<String>>,
+        /// Sampling temperature (0–2 here; Anthropic's range is 0–1).
+        pub temperature: Option<f64>,
+        /// Nucleus sampling mass.
+        pub top_p: Option<f64>,
+        /// Top-k candidates.
+        pub top_k: Option<i64>,
+        /// Stream server-sent events.
+        pub stream: Option<bool>,
+        /// Keep generating past the end-of-turn token (vLLM's extension, for benchmarks and tests).
+        pub ignore_eos: Option<bool>,
+        /// Request metadata such as `user_id` (accepted, ignored).
+        pub metadata: Option<Value>,
+        /// Capacity tier (accepted, ignored).
+        pub service_tier: Option<Value>,
+        /// Inference region (accepted, ignored).
+        pub inference_geo: Option<Value>,
+        /// Cache-miss diagnostics (accepted, ignored).
+        pub diagnostics: Option<Value>,
+        /// Refused: code-execution containers.
+        pub container: Option<Value>,
+    }
+}
+
+with_conversation_fields! {
+    /// `POST /v1/messages/count_tokens` body.
+    #[derive(Debug, Clone, Deserialize)]
+    #[serde(deny_unknown_fields)]
+    pub struct CountTokensRequest {}
 }
 
 /// One block of a reply's `content`.

@@ -25,7 +25,7 @@
 use crate::chat_template::{ChatMessage, Role, ToolCall};
 use crate::constraint::ConstraintSpec;
 use crate::http::error::ApiError;
-use crate::http::json::{object, require_type, string};
+use crate::http::json::{new_id, object, optional_types, require_type, string};
 use crate::http::tools::{self, ChoiceShape, ToolRequest, check_name};
 use crate::tool_calls::ToolSpec;
 use serde_json::{Map, Value, json};
@@ -112,15 +112,7 @@ impl Conversation {
                 Ok(())
             }
             "function_call" => {
-                let call_id = string(obj, "call_id", at)?;
-                if call_id.is_empty() || self.call_ids.iter().any(|c| c == call_id) {
-                    return Err(ApiError::invalid(
-                        format!(
-                            "{at}.call_id must be a non-empty id unique in the conversation (got {call_id:?})."
-                        ),
-                        format!("{at}.call_id"),
-                    ));
-                }
+                let call_id = new_id(obj, "call_id", at, &self.call_ids)?;
                 let name = string(obj, "name", at)?;
                 check_name(name, &format!("{at}.name"))?;
                 let arguments = string(obj, "arguments", at)?;
@@ -334,22 +326,15 @@ pub fn tool_request(
                 format!("{at}.name"),
             ));
         }
-        for (key, ok, want) in [
-            (
-                "description",
-                Value::is_string as fn(&Value) -> bool,
-                "a string",
-            ),
-            ("parameters", Value::is_object, "a JSON schema object"),
-            ("strict", Value::is_boolean, "a boolean"),
-        ] {
-            if obj.get(key).is_some_and(|v| !v.is_null() && !ok(v)) {
-                return Err(ApiError::invalid(
-                    format!("{at}.{key} must be {want}."),
-                    format!("{at}.{key}"),
-                ));
-            }
-        }
+        optional_types(
+            obj,
+            &at,
+            &[
+                ("description", Value::is_string, "a string"),
+                ("parameters", Value::is_object, "a JSON schema object"),
+                ("strict", Value::is_boolean, "a boolean"),
+            ],
+        )?;
         let parameters = obj.get("parameters").filter(|p| p.is_object()).cloned();
         let mut function = Map::new();
         function.insert("name".into(), json!(name));
@@ -426,18 +411,15 @@ pub fn text_format(v: Option<&Value>) -> Result<Option<ConstraintSpec>, ApiError
         "text" => Ok(None),
         "json_object" => Ok(Some(ConstraintSpec::JsonObject)),
         _ => {
-            for (key, ok, want) in [
-                ("name", Value::is_string as fn(&Value) -> bool, "a string"),
-                ("description", Value::is_string, "a string"),
-                ("strict", Value::is_boolean, "a boolean"),
-            ] {
-                if format.get(key).is_some_and(|v| !v.is_null() && !ok(v)) {
-                    return Err(ApiError::invalid(
-                        format!("text.format.{key} must be {want}."),
-                        format!("text.format.{key}"),
-                    ));
-                }
-            }
+            optional_types(
+                format,
+                "text.format",
+                &[
+                    ("name", Value::is_string, "a string"),
+                    ("description", Value::is_string, "a string"),
+                    ("strict", Value::is_boolean, "a boolean"),
+                ],
+            )?;
             match format.get("schema") {
                 None | Some(Value::Null) => Err(ApiError::missing("text.format.schema")),
                 Some(s @ Value::Object(_)) => Ok(Some(ConstraintSpec::JsonSchema(s.clone()))),

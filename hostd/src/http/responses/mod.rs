@@ -20,21 +20,18 @@ pub mod input;
 pub mod store;
 pub mod wire;
 
+use super::admitted::Admitted;
 use super::error::ApiError;
 use super::fields::{self, ThinkingFields};
-use super::generate::{self, ChatGeneration};
-use super::{AppState, Ready, RequestId, params, unix_now};
+use super::generate::{self, ChatInput, Generation};
+use super::{AppState, params, unix_now};
 use crate::chat_template::ChatOptions;
-use axum::Extension;
-use axum::body::Body;
 use axum::extract::{Path, State};
-use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use events::{Reply, Save};
 use input::Conversation;
 use serde_json::{Value, json};
 use std::sync::Arc;
-use std::time::Instant;
 use wire::{CreateRequest, ResponseObject};
 
 /// The reasoning object as the request gave it (`effort`, `summary`), echoed in the response.
@@ -81,15 +78,8 @@ fn not_found(id: &str) -> ApiError {
 
 /// `POST /v1/responses`.
 pub async fn create(
-    State(app): State<Arc<AppState>>,
-    Extension(RequestId(request_id)): Extension<RequestId>,
-    headers: HeaderMap,
-    body: Body,
+    Admitted { app, ready, request_id, received, req }: Admitted<CreateRequest>,
 ) -> Result<Response, ApiError> {
-    let received = Instant::now();
-    let ready: &Ready = app.ready()?;
-    let req: CreateRequest = app.admission.read_json(&headers, body).await?;
-    params::check_model(req.model.as_deref(), &app.config.served_model_name)?;
     fields::check_extra(
         &req.extra,
         &[wire::REFUSED, fields::REFUSED],
@@ -119,8 +109,7 @@ pub async fn create(
         },
         app.config.enable_thinking,
     )?;
-    let sampling_fields = crate::http::openai::sampling_fields!(req);
-    let sampling = params::sampling_params(&sampling_fields, false, None)?;
+    let sampling = params::sampling_params(&req.sampling(), false, None)?;
 
     let mut conversation = match req.previous_response_id.as_deref() {
         None => Conversation::default(),
@@ -150,30 +139,24 @@ pub async fn create(
         &check,
     )?;
     let messages = input::assemble(req.instructions.as_deref(), &conversation.messages)?;
-    let opts = ChatOptions {
-        add_generation_prompt: true,
-        enable_thinking: thinking.enabled,
-        preserve_thinking: false,
+    let input = ChatInput {
+        messages,
+        tools: tools.definitions.clone(),
+        opts: ChatOptions { enable_thinking: thinking.enabled, ..ChatOptions::default() },
     };
-    let prompt =
-        generate::tokenize_chat(&app, ready, messages, tools.definitions.clone(), opts, true)
-            .await
-            .map_err(rename_messages)?;
-    let generation = ChatGeneration {
+    let generation = Generation {
         request_id: request_id.clone(),
         received,
-        prompt,
         sampling,
-        max_tokens,
         stop: Vec::new(),
         ignore_eos: req.ignore_eos == Some(true),
         thinking: thinking.enabled,
         skip_special_tokens: true,
         constraint,
         constraint_param,
-        choices: 1,
     };
-    let (mut rxs, _prompt_tokens) = generate::submit_chat(&app, ready, generation)
+    let (mut rxs, _prompt_tokens) =
+        generate::submit_chat(&app, &ready, input, max_tokens, 1, generation)
         .await
         .map_err(rename_messages)?;
     let rx = rxs.remove(0);

@@ -8,59 +8,46 @@
 
 use crate::engine::Usage as EngineUsage;
 use crate::http::fields::Rule;
+use crate::http::openai::{SamplingFields, with_sampling_fields};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-/// `POST /v1/responses` body.
-#[derive(Debug, Clone, Deserialize)]
-pub struct CreateRequest {
-    /// The served model's name.
-    pub model: Option<String>,
-    /// A string (one user message) or a list of input items.
-    pub input: Option<Value>,
-    /// The system message (not carried over by `previous_response_id`).
-    pub instructions: Option<String>,
-    /// Function tools in the Responses shape (`{type, name, description, parameters, strict}`).
-    pub tools: Option<Value>,
-    /// `none`, `auto`, `required` or `{type: "function", name}`.
-    pub tool_choice: Option<Value>,
-    /// Whether a reply may hold several calls (default true).
-    pub parallel_tool_calls: Option<bool>,
-    /// Most tokens to generate, reasoning included.
-    pub max_output_tokens: Option<i64>,
-    /// Sampling temperature, 0–2.
-    pub temperature: Option<f64>,
-    /// Nucleus sampling mass.
-    pub top_p: Option<f64>,
-    /// Top-k (vLLM's extension).
-    pub top_k: Option<i64>,
-    /// Min-p (vLLM's extension).
-    pub min_p: Option<f64>,
-    /// Presence penalty, −2–2 (as on chat).
-    pub presence_penalty: Option<f64>,
-    /// Frequency penalty, −2–2 (as on chat).
-    pub frequency_penalty: Option<f64>,
-    /// Repetition penalty (vLLM's extension).
-    pub repetition_penalty: Option<f64>,
-    /// Seed of the sampler (as on chat).
-    pub seed: Option<i64>,
-    /// Stream events.
-    pub stream: Option<bool>,
-    /// `text.format` (structured output) and `text.verbosity` (ignored).
-    pub text: Option<Value>,
-    /// `reasoning.effort` (thinking on/off) and `reasoning.summary` (ignored).
-    pub reasoning: Option<Value>,
-    /// Keep the response for `GET` and `previous_response_id` (default true).
-    pub store: Option<bool>,
-    /// Continue the conversation of this stored response.
-    pub previous_response_id: Option<String>,
-    /// Keep generating past the end-of-turn token (vLLM's extension; for tests).
-    pub ignore_eos: Option<bool>,
-    /// Echoed back in the response.
-    pub metadata: Option<Value>,
-    /// Every other field, for the field policy.
-    #[serde(flatten)]
-    pub extra: serde_json::Map<String, Value>,
+with_sampling_fields! {
+    /// `POST /v1/responses` body.
+    #[derive(Debug, Clone, Deserialize)]
+    pub struct CreateRequest {
+        /// The served model's name.
+        pub model: Option<String>,
+        /// A string (one user message) or a list of input items.
+        pub input: Option<Value>,
+        /// The system message (not carried over by `previous_response_id`).
+        pub instructions: Option<String>,
+        /// Function tools in the Responses shape (`{type, name, description, parameters, strict}`).
+        pub tools: Option<Value>,
+        /// `none`, `auto`, `required` or `{type: "function", name}`.
+        pub tool_choice: Option<Value>,
+        /// Whether a reply may hold several calls (default true).
+        pub parallel_tool_calls: Option<bool>,
+        /// Most tokens to generate, reasoning included.
+        pub max_output_tokens: Option<i64>,
+        /// Stream events.
+        pub stream: Option<bool>,
+        /// `text.format` (structured output) and `text.verbosity` (ignored).
+        pub text: Option<Value>,
+        /// `reasoning.effort` (thinking on/off) and `reasoning.summary` (ignored).
+        pub reasoning: Option<Value>,
+        /// Keep the response for `GET` and `previous_response_id` (default true).
+        pub store: Option<bool>,
+        /// Continue the conversation of this stored response.
+        pub previous_response_id: Option<String>,
+        /// Keep generating past the end-of-turn token (vLLM's extension; for tests).
+        pub ignore_eos: Option<bool>,
+        /// Echoed back in the response.
+        pub metadata: Option<Value>,
+        /// Every other field, for the field policy.
+        #[serde(flatten)]
+        pub extra: serde_json::Map<String, Value>,
+    }
 }
 
 fn null(v: &Value) -> bool {
