@@ -140,10 +140,10 @@ fn widen(v: __m128i) -> __m256 {
 
 /// The fixed horizontal reduction of the 8 lanes `v[0..8]`: `b[i] = v[i] + v[i+4]` (i < 4),
 /// `c[i] = b[i] + b[i+2]` (i < 2), result `c[0] + c[1]` — the last three levels of the AVX-512
-/// tree.
+/// tree. Also the reduction of the f32 vector kernels (`vecf32/avx2.rs`).
 #[target_feature(enable = "avx2,fma")]
 #[inline]
-fn hsum(v: __m256) -> f32 {
+pub(super) fn hsum(v: __m256) -> f32 {
     let b = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
     let c = _mm_add_ps(b, _mm_movehl_ps(b, b));
     let d = _mm_add_ss(c, _mm_shuffle_ps::<0b01>(c, c));
