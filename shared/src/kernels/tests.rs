@@ -20,6 +20,7 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use half::bf16;
 
 use super::*;
+use crate::splitmix::SplitMix64;
 
 const REL_TOL: f64 = 1e-6;
 const ABS_TOL: f64 = 1e-30;
@@ -29,22 +30,14 @@ const ODD_COLS: [usize; 10] = [1, 15, 16, 17, 31, 33, 63, 65, 127, 2048 + 3];
 /// Row counts: one, fewer than a tile, tiles plus a remainder.
 const ODD_ROWS: [usize; 4] = [1, 3, 17, 64 + 5];
 
-/// SplitMix64: a deterministic, dependency-free source of test data.
-struct Rng(u64);
+/// Uniform in `[lo, hi)`, 53 random bits.
+fn uniform(rng: &mut SplitMix64, lo: f64, hi: f64) -> f64 {
+    lo + (hi - lo) * rng.next_f64()
+}
 
-impl Rng {
-    fn next_u64(&mut self) -> u64 {
-        crate::splitmix::next(&mut self.0)
-    }
-
-    /// Uniform in `[lo, hi)`.
-    fn uniform(&mut self, lo: f64, hi: f64) -> f64 {
-        lo + (hi - lo) * ((self.next_u64() >> 11) as f64 / (1u64 << 53) as f64)
-    }
-
-    fn sign(&mut self) -> f64 {
-        if self.next_u64() & 1 == 0 { 1.0 } else { -1.0 }
-    }
+/// +1 or −1, evenly.
+fn sign(rng: &mut SplitMix64) -> f64 {
+    if rng.next_u64() & 1 == 0 { 1.0 } else { -1.0 }
 }
 
 /// What the weights and activations look like.
@@ -74,24 +67,24 @@ impl Data {
         Data::Zeros,
     ];
 
-    fn weight(self, rng: &mut Rng) -> bf16 {
+    fn weight(self, rng: &mut SplitMix64) -> bf16 {
         bf16::from_f64(match self {
-            Data::Signed => rng.uniform(-1.0, 1.0),
-            Data::Positive => rng.uniform(0.5, 1.0),
-            Data::Large => rng.sign() * rng.uniform(1e29, 1e30),
-            Data::Small => rng.sign() * rng.uniform(1e-31, 1e-30),
-            Data::Wide => rng.sign() * rng.uniform(1.0, 2.0) * 2f64.powi(rng.uniform(-40.0, 40.0) as i32),
+            Data::Signed => uniform(rng, -1.0, 1.0),
+            Data::Positive => uniform(rng, 0.5, 1.0),
+            Data::Large => sign(rng) * uniform(rng, 1e29, 1e30),
+            Data::Small => sign(rng) * uniform(rng, 1e-31, 1e-30),
+            Data::Wide => sign(rng) * uniform(rng, 1.0, 2.0) * 2f64.powi(uniform(rng, -40.0, 40.0) as i32),
             Data::Zeros => [0.0, -0.0, 1.0, -1.0][(rng.next_u64() % 4) as usize],
         })
     }
 
-    fn activation(self, rng: &mut Rng) -> f32 {
+    fn activation(self, rng: &mut SplitMix64) -> f32 {
         (match self {
-            Data::Signed => rng.uniform(-1.0, 1.0),
-            Data::Positive => rng.uniform(0.5, 1.0),
-            Data::Large => rng.sign() * rng.uniform(1e2, 1e3),
-            Data::Small => rng.sign() * rng.uniform(1e-10, 1e-9),
-            Data::Wide => rng.sign() * rng.uniform(1.0, 2.0) * 2f64.powi(rng.uniform(-40.0, 40.0) as i32),
+            Data::Signed => uniform(rng, -1.0, 1.0),
+            Data::Positive => uniform(rng, 0.5, 1.0),
+            Data::Large => sign(rng) * uniform(rng, 1e2, 1e3),
+            Data::Small => sign(rng) * uniform(rng, 1e-10, 1e-9),
+            Data::Wide => sign(rng) * uniform(rng, 1.0, 2.0) * 2f64.powi(uniform(rng, -40.0, 40.0) as i32),
             Data::Zeros => [0.0, -0.0, 0.25, -0.25][(rng.next_u64() % 4) as usize],
         }) as f32
     }
@@ -115,6 +108,13 @@ struct Case {
     seed: u64,
 }
 
+impl Case {
+    /// `rows × cols` weights, `n` tokens, the slices at `(w_off, x_off)`.
+    fn new(rows: usize, cols: usize, n: usize, (w_off, x_off): (usize, usize), data: Data, seed: u64) -> Case {
+        Case { rows, cols, n, w_off, x_off, data, seed }
+    }
+}
+
 /// Buffers for a case, with slack before and after the slices the kernels see.
 struct Inputs {
     w_buf: Vec<bf16>,
@@ -124,7 +124,7 @@ struct Inputs {
 
 impl Inputs {
     fn new(case: Case) -> Inputs {
-        let mut rng = Rng(case.seed);
+        let mut rng = SplitMix64::new(case.seed);
         let w_buf = (0..case.w_off + case.rows * case.cols + 3)
             .map(|_| case.data.weight(&mut rng))
             .collect();
@@ -261,18 +261,7 @@ fn odd_shapes_match_scalar_and_invariants_hold() {
             for cols in ODD_COLS {
                 for n in 1..=9 {
                     let (w_off, x_off) = ((index % 4) as usize, ((index / 4) % 4) as usize);
-                    check(
-                        isa,
-                        Case {
-                            rows,
-                            cols,
-                            n,
-                            w_off,
-                            x_off,
-                            data: Data::Signed,
-                            seed: index,
-                        },
-                    );
+                    check(isa, Case::new(rows, cols, n, (w_off, x_off), Data::Signed, index));
                     index += 1;
                 }
             }
@@ -288,18 +277,7 @@ fn misaligned_offsets_match_scalar() {
             for x_off in 0..=3 {
                 for (rows, cols, n) in [(17, 65, 3), (9, 2051, 5)] {
                     let seed = (w_off * 4 + x_off) as u64;
-                    check(
-                        isa,
-                        Case {
-                            rows,
-                            cols,
-                            n,
-                            w_off,
-                            x_off,
-                            data: Data::Signed,
-                            seed,
-                        },
-                    );
+                    check(isa, Case::new(rows, cols, n, (w_off, x_off), Data::Signed, seed));
                 }
             }
         }
@@ -313,18 +291,7 @@ fn extremes_match_scalar() {
     for isa in simd_isas() {
         for data in Data::ALL {
             for (rows, cols, n) in [(17, 17, 1), (17, 33, 5), (69, 2051, 1), (11, 2051, 9)] {
-                check(
-                    isa,
-                    Case {
-                        rows,
-                        cols,
-                        n,
-                        w_off: 1,
-                        x_off: 2,
-                        data,
-                        seed: 7,
-                    },
-                );
+                check(isa, Case::new(rows, cols, n, (1, 2), data, 7));
             }
         }
     }
@@ -357,15 +324,7 @@ fn par_wrappers_match_single_threaded() {
     isas.extend(simd_isas());
     for isa in isas {
         for (rows, cols, n) in [(1000, 2051, 1), (517, 130, 7)] {
-            let case = Case {
-                rows,
-                cols,
-                n,
-                w_off: 3,
-                x_off: 1,
-                data: Data::Signed,
-                seed: 99,
-            };
+            let case = Case::new(rows, cols, n, (3, 1), Data::Signed, 99);
             let inputs = Inputs::new(case);
             let y = gemm(isa, &inputs);
             assert!(par_tile_rows(rows, cols) < rows, "the shape must split: {case:?}");
