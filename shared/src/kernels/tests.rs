@@ -1,7 +1,8 @@
 //! Tests for the dense kernels: every available ISA against the scalar reference on odd shapes,
 //! misaligned slices and extreme values; the bitwise invariants (GEMM row == GEMV, parallel ==
-//! single-threaded, each SIMD kernel == a scalar model of its documented summation order); the
-//! ISA override parsing; and a smoke test of the bandwidth probe.
+//! single-threaded, each SIMD kernel == a scalar model of its documented summation order); ISA
+//! detection and override parsing, for the dense and the int8 families; and a smoke test of the
+//! bandwidth probe.
 //!
 //! # Error budget
 //!
@@ -19,6 +20,7 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 
 use half::bf16;
 
+use super::int8::{Int8Isa, Int8IsaSelection};
 use super::*;
 use crate::splitmix::SplitMix64;
 
@@ -381,68 +383,65 @@ fn shape_mismatch_panics() {
     );
 }
 
+/// Both instruction-set families: the detected and active sets run here, and every name
+/// parses back.
 #[test]
 fn isa_detection_is_consistent() {
-    let detected = Isa::detect();
-    assert!(detected.is_available());
-    assert!(Isa::active().is_available());
-    assert!(Isa::active() <= detected);
-    assert!(Isa::Scalar.is_available());
-    for isa in Isa::ALL {
-        assert_eq!(Isa::from_name(isa.name()), Some(isa));
-        if isa <= detected {
-            assert!(isa.is_available(), "{isa} is below the detected {detected}");
-        }
-    }
-    println!("detected ISA: {detected}; active: {}", Isa::active());
+    check_detection(&Isa::ALL, Isa::detect(), Isa::active(), Isa::is_available);
+    check_detection(&Int8Isa::ALL, Int8Isa::detect(), Int8Isa::active(), Int8Isa::is_available);
 }
 
+/// Checks one family's detection, `all` from least to most capable.
+fn check_detection<I: KernelIsa>(all: &[I], detected: I, active: I, is_available: fn(I) -> bool) {
+    assert!(is_available(detected) && is_available(active));
+    assert!(active <= detected);
+    assert!(is_available(all[0]), "{} (scalar) is always available", all[0]);
+    for &isa in all {
+        assert_eq!(I::from_name(&isa.to_string()), Some(isa));
+        if isa <= detected {
+            assert!(is_available(isa), "{isa} is below the detected {detected}");
+        }
+    }
+    println!("detected ISA: {detected}; active: {active}");
+}
+
+/// `SLUICE_KERNEL_ISA` resolved against a detected set: `active` and the problem, if any.
+fn check_resolve<I: KernelIsa>(value: Option<&str>, detected: I, active: I, problem: Option<OverrideProblem<I>>) {
+    let sel = Selection::resolve(value, detected);
+    assert_eq!(sel, Selection { active, detected, override_problem: problem }, "{value:?} on {detected}");
+    assert_eq!(sel.warning().is_some(), sel.override_problem.is_some());
+}
+
+/// The override cases every family resolves alike, for its `[scalar, avx2, most capable]`
+/// sets; each of `top_names` names the most capable one.
+fn check_resolution<I: KernelIsa>([scalar, avx2, top]: [I; 3], top_names: &[&str]) {
+    check_resolve(None, top, top, None);
+    for blank in ["", " ", "  "] {
+        check_resolve(Some(blank), avx2, avx2, None);
+    }
+    check_resolve(Some("scalar"), top, scalar, None);
+    for name in ["avx2", "AVX2", " AVX2 "] {
+        check_resolve(Some(name), top, avx2, None);
+    }
+    for &name in top_names {
+        check_resolve(Some(name), top, top, None);
+        check_resolve(Some(name), avx2, avx2, Some(OverrideProblem::Unsupported(top)));
+    }
+    check_resolve(Some("avx2"), scalar, scalar, Some(OverrideProblem::Unsupported(avx2)));
+    check_resolve(Some("neon"), avx2, avx2, Some(OverrideProblem::Unrecognized("neon".into())));
+}
+
+/// Both families; `avx512` pins the int8 kernels to AVX-512 VNNI too.
 #[test]
 fn isa_override_resolution() {
-    let check = |value: Option<&str>, detected: Isa, active: Isa, problem: Option<IsaOverrideProblem>| {
-        let sel = IsaSelection::resolve(value, detected);
-        assert_eq!(
-            sel,
-            IsaSelection {
-                active,
-                detected,
-                override_problem: problem
-            },
-            "{value:?} on {detected}"
-        );
-        assert_eq!(sel.warning().is_some(), sel.override_problem.is_some());
-    };
-    check(None, Isa::Avx512, Isa::Avx512, None);
-    check(Some(""), Isa::Avx2, Isa::Avx2, None);
-    check(Some("  "), Isa::Avx2, Isa::Avx2, None);
-    check(Some("scalar"), Isa::Avx512, Isa::Scalar, None);
-    check(Some(" AVX2 "), Isa::Avx512, Isa::Avx2, None);
-    check(Some("avx512"), Isa::Avx512, Isa::Avx512, None);
-    check(
-        Some("avx512"),
-        Isa::Avx2,
-        Isa::Avx2,
-        Some(IsaOverrideProblem::Unsupported(Isa::Avx512)),
-    );
-    check(
-        Some("avx2"),
-        Isa::Scalar,
-        Isa::Scalar,
-        Some(IsaOverrideProblem::Unsupported(Isa::Avx2)),
-    );
-    check(
-        Some("neon"),
-        Isa::Avx2,
-        Isa::Avx2,
-        Some(IsaOverrideProblem::Unrecognized("neon".into())),
-    );
-    let warning = IsaSelection::resolve(Some("avx512"), Isa::Avx2)
-        .warning()
-        .expect("a warning");
-    assert_eq!(
-        warning,
-        "SLUICE_KERNEL_ISA=avx512 requested, but this CPU supports at most avx2; using avx2"
-    );
+    check_resolution(Isa::ALL, &["avx512"]);
+    check_resolution(Int8Isa::ALL, &["avx512", "avx512vnni"]);
+    let warning = IsaSelection::resolve(Some("avx512"), Isa::Avx2).warning();
+    let expected = "SLUICE_KERNEL_ISA=avx512 requested, but this CPU supports at most avx2; using avx2";
+    assert_eq!(warning.as_deref(), Some(expected));
+    let warning = Int8IsaSelection::resolve(Some("avx512"), Int8Isa::Avx2).warning();
+    let expected = "SLUICE_KERNEL_ISA=avx512vnni requested, but this CPU supports at most avx2 for int8 kernels; using avx2";
+    assert_eq!(warning.as_deref(), Some(expected));
 }
 
 /// The probe runs and returns a plausible number on a small buffer (raised to one 64 MiB step).
