@@ -69,26 +69,27 @@ impl Data {
         Data::Zeros,
     ];
 
+    /// A weight, rounded to bf16.
     fn weight(self, rng: &mut SplitMix64) -> bf16 {
-        bf16::from_f64(match self {
-            Data::Signed => uniform(rng, -1.0, 1.0),
-            Data::Positive => uniform(rng, 0.5, 1.0),
-            Data::Large => sign(rng) * uniform(rng, 1e29, 1e30),
-            Data::Small => sign(rng) * uniform(rng, 1e-31, 1e-30),
-            Data::Wide => sign(rng) * uniform(rng, 1.0, 2.0) * 2f64.powi(uniform(rng, -40.0, 40.0) as i32),
-            Data::Zeros => [0.0, -0.0, 1.0, -1.0][(rng.next_u64() % 4) as usize],
-        })
+        bf16::from_f64(self.draw(rng, (1e29, 1e30), (1e-31, 1e-30), 1.0))
     }
 
+    /// An activation, rounded to f32.
     fn activation(self, rng: &mut SplitMix64) -> f32 {
-        (match self {
+        self.draw(rng, (1e2, 1e3), (1e-10, 1e-9), 0.25) as f32
+    }
+
+    /// One value: `large` and `small` are the magnitude ranges of those kinds, `unit` the
+    /// non-zero magnitude of `Zeros`.
+    fn draw(self, rng: &mut SplitMix64, large: (f64, f64), small: (f64, f64), unit: f64) -> f64 {
+        match self {
             Data::Signed => uniform(rng, -1.0, 1.0),
             Data::Positive => uniform(rng, 0.5, 1.0),
-            Data::Large => sign(rng) * uniform(rng, 1e2, 1e3),
-            Data::Small => sign(rng) * uniform(rng, 1e-10, 1e-9),
+            Data::Large => sign(rng) * uniform(rng, large.0, large.1),
+            Data::Small => sign(rng) * uniform(rng, small.0, small.1),
             Data::Wide => sign(rng) * uniform(rng, 1.0, 2.0) * 2f64.powi(uniform(rng, -40.0, 40.0) as i32),
-            Data::Zeros => [0.0, -0.0, 0.25, -0.25][(rng.next_u64() % 4) as usize],
-        }) as f32
+            Data::Zeros => [0.0, -0.0, unit, -unit][(rng.next_u64() % 4) as usize],
+        }
     }
 }
 
