@@ -125,50 +125,60 @@ fn bench_kernels(c: &mut Criterion) {
 
     for (name, rows, cols) in GEMV_SHAPES {
         let x: Vec<f32> = (0..cols).map(|_| unit(&mut state)).collect();
-        let mut y = vec![0.0f32; rows];
-        let mut group = c.benchmark_group(format!("gemv/{name}_{rows}x{cols}"));
-        group.sampling_mode(SamplingMode::Flat).sample_size(10);
-        group.throughput(Throughput::BytesDecimal((rows * cols * 2) as u64));
-        for isa in isas() {
-            for (threads, thread_pool) in &pools {
-                group.bench_function(BenchmarkId::new(isa.name(), format!("{threads}t")), |b| {
-                    b.iter(|| {
-                        let w = pool.next_window(rows * cols);
-                        if *threads == 1 {
-                            kernels::gemv_bf16(isa, w, rows, cols, &x, &mut y);
-                        } else {
-                            thread_pool.install(|| kernels::par_gemv_bf16(isa, w, rows, cols, &x, &mut y));
-                        }
-                        black_box(&mut y);
-                    })
-                });
-            }
-        }
-        group.finish();
+        let bytes = Throughput::BytesDecimal((rows * cols * 2) as u64);
+        bench_shape(c, format!("gemv/{name}_{rows}x{cols}"), bytes, &pool, &pools, (rows, cols, 1), &x);
     }
 
     let (name, rows, cols, n) = GEMM_SHAPE;
     let x: Vec<f32> = (0..n * cols).map(|_| unit(&mut state)).collect();
+    let flops = Throughput::Elements((2 * rows * cols * n) as u64);
+    bench_shape(c, format!("gemm/{name}_{rows}x{cols}_n{n}"), flops, &pool, &pools, (rows, cols, n), &x);
+}
+
+/// One criterion group: `(rows, cols, n)` on every ISA and thread count, each iteration on the
+/// pool's next weight window.
+fn bench_shape(
+    c: &mut Criterion,
+    group: String,
+    throughput: Throughput,
+    pool: &WeightPool,
+    pools: &[(usize, rayon::ThreadPool)],
+    shape: (usize, usize, usize),
+    x: &[f32],
+) {
+    let (rows, cols, n) = shape;
     let mut y = vec![0.0f32; n * rows];
-    let mut group = c.benchmark_group(format!("gemm/{name}_{rows}x{cols}_n{n}"));
+    let mut group = c.benchmark_group(group);
     group.sampling_mode(SamplingMode::Flat).sample_size(10);
-    group.throughput(Throughput::Elements((2 * rows * cols * n) as u64));
+    group.throughput(throughput);
     for isa in isas() {
-        for (threads, thread_pool) in &pools {
+        for (threads, thread_pool) in pools {
             group.bench_function(BenchmarkId::new(isa.name(), format!("{threads}t")), |b| {
-                b.iter(|| {
-                    let w = pool.next_window(rows * cols);
-                    if *threads == 1 {
-                        kernels::gemm_bf16(isa, w, rows, cols, &x, n, &mut y);
-                    } else {
-                        thread_pool.install(|| kernels::par_gemm_bf16(isa, w, rows, cols, &x, n, &mut y));
-                    }
-                    black_box(&mut y);
-                })
+                b.iter(|| project(isa, *threads, thread_pool, pool.next_window(rows * cols), shape, x, &mut y))
             });
         }
     }
     group.finish();
+}
+
+/// `y = W·x` for `n` tokens as the model runs it: GEMV for one token, GEMM for more; the
+/// single-threaded kernel on 1 thread, the `par_` wrapper on `thread_pool` otherwise.
+fn project(
+    isa: Isa,
+    threads: usize,
+    thread_pool: &rayon::ThreadPool,
+    w: &[bf16],
+    (rows, cols, n): (usize, usize, usize),
+    x: &[f32],
+    y: &mut [f32],
+) {
+    match (threads, n) {
+        (1, 1) => kernels::gemv_bf16(isa, w, rows, cols, x, y),
+        (1, _) => kernels::gemm_bf16(isa, w, rows, cols, x, n, y),
+        (_, 1) => thread_pool.install(|| kernels::par_gemv_bf16(isa, w, rows, cols, x, y)),
+        _ => thread_pool.install(|| kernels::par_gemm_bf16(isa, w, rows, cols, x, n, y)),
+    }
+    black_box(y);
 }
 
 /// Iterations per case of the best-of summary (lm_head, ~1 GB per iteration, gets fewer).
@@ -196,12 +206,7 @@ fn best_of_summary(probe_gbps: &[(usize, f64)]) {
                     .map(|_| {
                         let w = pool.next_window(rows * cols);
                         let start = Instant::now();
-                        if *threads == 1 {
-                            kernels::gemv_bf16(isa, w, rows, cols, &x, &mut y);
-                        } else {
-                            thread_pool.install(|| kernels::par_gemv_bf16(isa, w, rows, cols, &x, &mut y));
-                        }
-                        black_box(&mut y);
+                        project(isa, *threads, thread_pool, w, (rows, cols, 1), &x, &mut y);
                         start.elapsed().as_secs_f64()
                     })
                     .collect();

@@ -60,32 +60,13 @@ pub fn l2_norm(x: &mut [f32], eps: f32, mul: f32) {
 /// `Σ a[i]·b[i]` with 16 independent partial sums (lane `i % 16`), combined pairwise at the
 /// end, then the tail: a fixed order (so every caller, decode or prefill, gets the same bits
 /// for the same inputs) that the compiler can keep in SIMD registers, unlike one sequential
-/// f32 chain. Used for the attention scores and DeltaNet's chunk-local dot products.
+/// f32 chain. Used for the attention scores and DeltaNet's chunk-local dot products. The
+/// portable f32 kernel's dot product, [`shared::kernels::vecf32::dot_f32`].
 #[inline]
 pub fn dot(a: &[f32], b: &[f32]) -> f32 {
     // PERF-CRITICAL: attention scores and DeltaNet chunk products in prefill.
     debug_assert_eq!(a.len(), b.len());
-    const LANES: usize = 16;
-    let mut acc = [0.0f32; LANES];
-    let (ca, cb) = (a.chunks_exact(LANES), b.chunks_exact(LANES));
-    let (ta, tb) = (ca.remainder(), cb.remainder());
-    for (x, y) in ca.zip(cb) {
-        for i in 0..LANES {
-            acc[i] += x[i] * y[i];
-        }
-    }
-    let mut width = LANES / 2;
-    while width > 0 {
-        for i in 0..width {
-            acc[i] += acc[i + width];
-        }
-        width /= 2;
-    }
-    let mut sum = acc[0];
-    for (x, y) in ta.iter().zip(tb) {
-        sum += x * y;
-    }
-    sum
+    shared::kernels::vecf32::dot_f32(a, b)
 }
 
 /// Numerically stable softmax in place.

@@ -22,7 +22,7 @@ use std::arch::x86_64::*;
 
 use half::bf16;
 
-use super::tiling::{self, Bf16Tile};
+use super::tiling::{self, Bf16Tile, Tile};
 
 /// f32 lanes per vector.
 const LANES: usize = 8;
@@ -71,13 +71,8 @@ impl Bf16Tile for Avx2 {
     /// `y.add(t·ldy + r)` writable for `t < T`, `r < R`.
     #[target_feature(enable = "avx2,fma")]
     #[inline]
-    unsafe fn tile<const R: usize, const T: usize, const PREFETCH: bool>(
-        w: *const u16,
-        cols: usize,
-        x: *const f32,
-        y: *mut f32,
-        ldy: usize,
-    ) {
+    unsafe fn tile<const R: usize, const T: usize, const PREFETCH: bool>(tile: Tile) {
+        let Tile { w, cols, x, y, ldy } = tile;
         let mut acc = [[_mm256_setzero_ps(); R]; T];
         let full = cols - cols % LANES;
         let mut k = 0;
@@ -145,10 +140,10 @@ fn widen(v: __m128i) -> __m256 {
 
 /// The fixed horizontal reduction of the 8 lanes `v[0..8]`: `b[i] = v[i] + v[i+4]` (i < 4),
 /// `c[i] = b[i] + b[i+2]` (i < 2), result `c[0] + c[1]` — the last three levels of the AVX-512
-/// tree.
+/// tree. Also the reduction of the f32 vector kernels (`vecf32/avx2.rs`).
 #[target_feature(enable = "avx2,fma")]
 #[inline]
-fn hsum(v: __m256) -> f32 {
+pub(super) fn hsum(v: __m256) -> f32 {
     let b = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
     let c = _mm_add_ps(b, _mm_movehl_ps(b, b));
     let d = _mm_add_ss(c, _mm_shuffle_ps::<0b01>(c, c));

@@ -22,7 +22,7 @@ use std::arch::x86_64::*;
 
 use half::bf16;
 
-use super::tiling::{self, Bf16Tile};
+use super::tiling::{self, Bf16Tile, Tile};
 
 /// f32 lanes per vector.
 const LANES: usize = 16;
@@ -74,13 +74,8 @@ impl Bf16Tile for Avx512 {
     /// f32, and `y.add(t·ldy + r)` writable for `t < T`, `r < R`.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma")]
     #[inline]
-    unsafe fn tile<const R: usize, const T: usize, const PREFETCH: bool>(
-        w: *const u16,
-        cols: usize,
-        x: *const f32,
-        y: *mut f32,
-        ldy: usize,
-    ) {
+    unsafe fn tile<const R: usize, const T: usize, const PREFETCH: bool>(tile: Tile) {
+        let Tile { w, cols, x, y, ldy } = tile;
         let mut acc = [[_mm512_setzero_ps(); R]; T];
         let full = cols - cols % LANES;
         let mut k = 0;

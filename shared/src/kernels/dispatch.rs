@@ -1,5 +1,10 @@
-//! Choosing the instruction set: what this CPU supports (`Isa::detect`), what the process uses
-//! (`Isa::active`, honouring `SLUICE_KERNEL_ISA`), and why an override was not honoured.
+//! Choosing the instruction set: what this CPU supports (`detect`), what the process uses
+//! (`active`, honouring `SLUICE_KERNEL_ISA`), and why an override was not honoured — for the
+//! dense kernels' [`Isa`], defined here, and the int8 kernels' `Int8Isa` (`int8/dispatch.rs`).
+//!
+//! The two enums differ in their members and in how each is detected; reading the variable,
+//! resolving it against the detected set and wording the warning are written once, here, over
+//! [`KernelIsa`] ([`Selection`], [`OverrideProblem`]).
 //!
 //! This module only decides; it never logs (`shared` has no tracing dependency). The daemon
 //! calls [`Isa::selection`] once at startup, logs [`IsaSelection::active`] at INFO and
@@ -37,12 +42,6 @@ impl Isa {
             Isa::Avx2 => "avx2",
             Isa::Avx512 => "avx512",
         }
-    }
-
-    /// Parses a name as [`Isa::name`] writes it, ignoring case and surrounding whitespace.
-    pub fn from_name(name: &str) -> Option<Isa> {
-        let name = name.trim();
-        Isa::ALL.into_iter().find(|isa| isa.name().eq_ignore_ascii_case(name))
     }
 
     /// Whether this CPU can run the kernels for `self`. Cheap: std caches the CPUID results,
@@ -83,10 +82,7 @@ impl Isa {
     /// at startup.
     pub fn selection() -> &'static IsaSelection {
         static SELECTION: OnceLock<IsaSelection> = OnceLock::new();
-        SELECTION.get_or_init(|| {
-            let value = std::env::var(ISA_ENV_VAR).ok();
-            IsaSelection::resolve(value.as_deref(), Isa::detect())
-        })
+        SELECTION.get_or_init(|| IsaSelection::from_env(Isa::detect()))
     }
 }
 
@@ -96,60 +92,88 @@ impl fmt::Display for Isa {
     }
 }
 
+impl KernelIsa for Isa {
+    const NAMES: &'static str = "scalar, avx2, avx512";
+    const FOR_KERNELS: &'static str = "";
+
+    /// Parses a name as [`Isa::name`] writes it, ignoring case and surrounding whitespace.
+    fn from_name(name: &str) -> Option<Isa> {
+        let name = name.trim();
+        Isa::ALL.into_iter().find(|isa| isa.name().eq_ignore_ascii_case(name))
+    }
+}
+
+/// An instruction-set enum that [`ISA_ENV_VAR`] pins, ordered from least to most capable:
+/// [`Isa`] or [`Int8Isa`](super::int8::Int8Isa). What [`Selection`] needs of it.
+pub trait KernelIsa: Copy + Ord + fmt::Display + fmt::Debug + 'static {
+    /// The values of the variable that name a member, as the warning lists them.
+    const NAMES: &'static str;
+    /// Which kernels the warnings speak of: empty for the dense kernels.
+    const FOR_KERNELS: &'static str;
+
+    /// Parses a value of the variable, ignoring case and surrounding whitespace.
+    fn from_name(name: &str) -> Option<Self>;
+}
+
 /// Which instruction set the process runs, what the CPU offers, and what went wrong with the
 /// override, if anything.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct IsaSelection {
+pub struct Selection<I> {
     /// The instruction set the kernels use.
-    pub active: Isa,
+    pub active: I,
     /// The most capable instruction set the CPU supports.
-    pub detected: Isa,
+    pub detected: I,
     /// Why `SLUICE_KERNEL_ISA` was not honoured, or `None` when it was honoured or unset.
-    pub override_problem: Option<IsaOverrideProblem>,
+    pub override_problem: Option<OverrideProblem<I>>,
 }
 
 /// Why the `SLUICE_KERNEL_ISA` override was not honoured. In both cases the detected
 /// instruction set is used instead.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum IsaOverrideProblem {
+pub enum OverrideProblem<I> {
     /// The variable names an instruction set this CPU does not support.
-    Unsupported(Isa),
-    /// The variable is not one of `scalar`, `avx2`, `avx512`.
+    Unsupported(I),
+    /// The variable names none of the instruction sets ([`KernelIsa::NAMES`]).
     Unrecognized(String),
 }
 
-impl IsaSelection {
+/// The dense kernels' selection.
+pub type IsaSelection = Selection<Isa>;
+/// Why the override was not honoured for the dense kernels.
+pub type IsaOverrideProblem = OverrideProblem<Isa>;
+
+impl<I: KernelIsa> Selection<I> {
     /// Resolves an override value (the variable's content, `None` when unset) against the
     /// detected instruction set. Pure, so tests need not touch the environment.
-    pub fn resolve(value: Option<&str>, detected: Isa) -> IsaSelection {
+    pub fn resolve(value: Option<&str>, detected: I) -> Selection<I> {
         let value = value.map(str::trim).filter(|v| !v.is_empty());
         let (active, override_problem) = match value {
             None => (detected, None),
-            Some(v) => match Isa::from_name(v) {
+            Some(v) => match I::from_name(v) {
                 Some(isa) if isa <= detected => (isa, None),
-                Some(isa) => (detected, Some(IsaOverrideProblem::Unsupported(isa))),
-                None => (detected, Some(IsaOverrideProblem::Unrecognized(v.to_owned()))),
+                Some(isa) => (detected, Some(OverrideProblem::Unsupported(isa))),
+                None => (detected, Some(OverrideProblem::Unrecognized(v.to_owned()))),
             },
         };
-        IsaSelection {
-            active,
-            detected,
-            override_problem,
-        }
+        Selection { active, detected, override_problem }
+    }
+
+    /// [`Selection::resolve`] on the process's [`ISA_ENV_VAR`], for the enums' cached
+    /// `selection()`.
+    pub(crate) fn from_env(detected: I) -> Selection<I> {
+        Selection::resolve(std::env::var(ISA_ENV_VAR).ok().as_deref(), detected)
     }
 
     /// A sentence for the caller to log at WARN when the override was not honoured.
     pub fn warning(&self) -> Option<String> {
-        let problem = self.override_problem.as_ref()?;
-        Some(match problem {
-            IsaOverrideProblem::Unsupported(isa) => format!(
-                "{ISA_ENV_VAR}={isa} requested, but this CPU supports at most {}; using {}",
-                self.detected, self.active
+        let (detected, active, kernels) = (self.detected, self.active, I::FOR_KERNELS);
+        Some(match self.override_problem.as_ref()? {
+            OverrideProblem::Unsupported(isa) => format!(
+                "{ISA_ENV_VAR}={isa} requested, but this CPU supports at most {detected}{kernels}; using {active}"
             ),
-            IsaOverrideProblem::Unrecognized(v) => format!(
-                "{ISA_ENV_VAR}={v:?} is not one of scalar, avx2, avx512; using {}",
-                self.active
-            ),
+            OverrideProblem::Unrecognized(v) => {
+                format!("{ISA_ENV_VAR}={v:?} is not one of {}; using {active}{kernels}", I::NAMES)
+            }
         })
     }
 }

@@ -1,7 +1,8 @@
 //! Tests for the dense kernels: every available ISA against the scalar reference on odd shapes,
 //! misaligned slices and extreme values; the bitwise invariants (GEMM row == GEMV, parallel ==
-//! single-threaded, each SIMD kernel == a scalar model of its documented summation order); the
-//! ISA override parsing; and a smoke test of the bandwidth probe.
+//! single-threaded, each SIMD kernel == a scalar model of its documented summation order); ISA
+//! detection and override parsing, for the dense and the int8 families; and a smoke test of the
+//! bandwidth probe.
 //!
 //! # Error budget
 //!
@@ -19,7 +20,9 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 
 use half::bf16;
 
+use super::int8::{Int8Isa, Int8IsaSelection};
 use super::*;
+use crate::splitmix::SplitMix64;
 
 const REL_TOL: f64 = 1e-6;
 const ABS_TOL: f64 = 1e-30;
@@ -29,22 +32,14 @@ const ODD_COLS: [usize; 10] = [1, 15, 16, 17, 31, 33, 63, 65, 127, 2048 + 3];
 /// Row counts: one, fewer than a tile, tiles plus a remainder.
 const ODD_ROWS: [usize; 4] = [1, 3, 17, 64 + 5];
 
-/// SplitMix64: a deterministic, dependency-free source of test data.
-struct Rng(u64);
+/// Uniform in `[lo, hi)`, 53 random bits.
+fn uniform(rng: &mut SplitMix64, lo: f64, hi: f64) -> f64 {
+    lo + (hi - lo) * rng.next_f64()
+}
 
-impl Rng {
-    fn next_u64(&mut self) -> u64 {
-        crate::splitmix::next(&mut self.0)
-    }
-
-    /// Uniform in `[lo, hi)`.
-    fn uniform(&mut self, lo: f64, hi: f64) -> f64 {
-        lo + (hi - lo) * ((self.next_u64() >> 11) as f64 / (1u64 << 53) as f64)
-    }
-
-    fn sign(&mut self) -> f64 {
-        if self.next_u64() & 1 == 0 { 1.0 } else { -1.0 }
-    }
+/// +1 or −1, evenly.
+fn sign(rng: &mut SplitMix64) -> f64 {
+    if rng.next_u64() & 1 == 0 { 1.0 } else { -1.0 }
 }
 
 /// What the weights and activations look like.
@@ -74,26 +69,27 @@ impl Data {
         Data::Zeros,
     ];
 
-    fn weight(self, rng: &mut Rng) -> bf16 {
-        bf16::from_f64(match self {
-            Data::Signed => rng.uniform(-1.0, 1.0),
-            Data::Positive => rng.uniform(0.5, 1.0),
-            Data::Large => rng.sign() * rng.uniform(1e29, 1e30),
-            Data::Small => rng.sign() * rng.uniform(1e-31, 1e-30),
-            Data::Wide => rng.sign() * rng.uniform(1.0, 2.0) * 2f64.powi(rng.uniform(-40.0, 40.0) as i32),
-            Data::Zeros => [0.0, -0.0, 1.0, -1.0][(rng.next_u64() % 4) as usize],
-        })
+    /// A weight, rounded to bf16.
+    fn weight(self, rng: &mut SplitMix64) -> bf16 {
+        bf16::from_f64(self.draw(rng, (1e29, 1e30), (1e-31, 1e-30), 1.0))
     }
 
-    fn activation(self, rng: &mut Rng) -> f32 {
-        (match self {
-            Data::Signed => rng.uniform(-1.0, 1.0),
-            Data::Positive => rng.uniform(0.5, 1.0),
-            Data::Large => rng.sign() * rng.uniform(1e2, 1e3),
-            Data::Small => rng.sign() * rng.uniform(1e-10, 1e-9),
-            Data::Wide => rng.sign() * rng.uniform(1.0, 2.0) * 2f64.powi(rng.uniform(-40.0, 40.0) as i32),
-            Data::Zeros => [0.0, -0.0, 0.25, -0.25][(rng.next_u64() % 4) as usize],
-        }) as f32
+    /// An activation, rounded to f32.
+    fn activation(self, rng: &mut SplitMix64) -> f32 {
+        self.draw(rng, (1e2, 1e3), (1e-10, 1e-9), 0.25) as f32
+    }
+
+    /// One value: `large` and `small` are the magnitude ranges of those kinds, `unit` the
+    /// non-zero magnitude of `Zeros`.
+    fn draw(self, rng: &mut SplitMix64, large: (f64, f64), small: (f64, f64), unit: f64) -> f64 {
+        match self {
+            Data::Signed => uniform(rng, -1.0, 1.0),
+            Data::Positive => uniform(rng, 0.5, 1.0),
+            Data::Large => sign(rng) * uniform(rng, large.0, large.1),
+            Data::Small => sign(rng) * uniform(rng, small.0, small.1),
+            Data::Wide => sign(rng) * uniform(rng, 1.0, 2.0) * 2f64.powi(uniform(rng, -40.0, 40.0) as i32),
+            Data::Zeros => [0.0, -0.0, unit, -unit][(rng.next_u64() % 4) as usize],
+        }
     }
 }
 
@@ -115,6 +111,13 @@ struct Case {
     seed: u64,
 }
 
+impl Case {
+    /// `rows × cols` weights, `n` tokens, the slices at `(w_off, x_off)`.
+    fn new(rows: usize, cols: usize, n: usize, (w_off, x_off): (usize, usize), data: Data, seed: u64) -> Case {
+        Case { rows, cols, n, w_off, x_off, data, seed }
+    }
+}
+
 /// Buffers for a case, with slack before and after the slices the kernels see.
 struct Inputs {
     w_buf: Vec<bf16>,
@@ -124,7 +127,7 @@ struct Inputs {
 
 impl Inputs {
     fn new(case: Case) -> Inputs {
-        let mut rng = Rng(case.seed);
+        let mut rng = SplitMix64::new(case.seed);
         let w_buf = (0..case.w_off + case.rows * case.cols + 3)
             .map(|_| case.data.weight(&mut rng))
             .collect();
@@ -261,18 +264,7 @@ fn odd_shapes_match_scalar_and_invariants_hold() {
             for cols in ODD_COLS {
                 for n in 1..=9 {
                     let (w_off, x_off) = ((index % 4) as usize, ((index / 4) % 4) as usize);
-                    check(
-                        isa,
-                        Case {
-                            rows,
-                            cols,
-                            n,
-                            w_off,
-                            x_off,
-                            data: Data::Signed,
-                            seed: index,
-                        },
-                    );
+                    check(isa, Case::new(rows, cols, n, (w_off, x_off), Data::Signed, index));
                     index += 1;
                 }
             }
@@ -288,18 +280,7 @@ fn misaligned_offsets_match_scalar() {
             for x_off in 0..=3 {
                 for (rows, cols, n) in [(17, 65, 3), (9, 2051, 5)] {
                     let seed = (w_off * 4 + x_off) as u64;
-                    check(
-                        isa,
-                        Case {
-                            rows,
-                            cols,
-                            n,
-                            w_off,
-                            x_off,
-                            data: Data::Signed,
-                            seed,
-                        },
-                    );
+                    check(isa, Case::new(rows, cols, n, (w_off, x_off), Data::Signed, seed));
                 }
             }
         }
@@ -313,18 +294,7 @@ fn extremes_match_scalar() {
     for isa in simd_isas() {
         for data in Data::ALL {
             for (rows, cols, n) in [(17, 17, 1), (17, 33, 5), (69, 2051, 1), (11, 2051, 9)] {
-                check(
-                    isa,
-                    Case {
-                        rows,
-                        cols,
-                        n,
-                        w_off: 1,
-                        x_off: 2,
-                        data,
-                        seed: 7,
-                    },
-                );
+                check(isa, Case::new(rows, cols, n, (1, 2), data, 7));
             }
         }
     }
@@ -357,15 +327,7 @@ fn par_wrappers_match_single_threaded() {
     isas.extend(simd_isas());
     for isa in isas {
         for (rows, cols, n) in [(1000, 2051, 1), (517, 130, 7)] {
-            let case = Case {
-                rows,
-                cols,
-                n,
-                w_off: 3,
-                x_off: 1,
-                data: Data::Signed,
-                seed: 99,
-            };
+            let case = Case::new(rows, cols, n, (3, 1), Data::Signed, 99);
             let inputs = Inputs::new(case);
             let y = gemm(isa, &inputs);
             assert!(par_tile_rows(rows, cols) < rows, "the shape must split: {case:?}");
@@ -422,68 +384,65 @@ fn shape_mismatch_panics() {
     );
 }
 
+/// Both instruction-set families: the detected and active sets run here, and every name
+/// parses back.
 #[test]
 fn isa_detection_is_consistent() {
-    let detected = Isa::detect();
-    assert!(detected.is_available());
-    assert!(Isa::active().is_available());
-    assert!(Isa::active() <= detected);
-    assert!(Isa::Scalar.is_available());
-    for isa in Isa::ALL {
-        assert_eq!(Isa::from_name(isa.name()), Some(isa));
-        if isa <= detected {
-            assert!(isa.is_available(), "{isa} is below the detected {detected}");
-        }
-    }
-    println!("detected ISA: {detected}; active: {}", Isa::active());
+    check_detection(&Isa::ALL, Isa::detect(), Isa::active(), Isa::is_available);
+    check_detection(&Int8Isa::ALL, Int8Isa::detect(), Int8Isa::active(), Int8Isa::is_available);
 }
 
+/// Checks one family's detection, `all` from least to most capable.
+fn check_detection<I: KernelIsa>(all: &[I], detected: I, active: I, is_available: fn(I) -> bool) {
+    assert!(is_available(detected) && is_available(active));
+    assert!(active <= detected);
+    assert!(is_available(all[0]), "{} (scalar) is always available", all[0]);
+    for &isa in all {
+        assert_eq!(I::from_name(&isa.to_string()), Some(isa));
+        if isa <= detected {
+            assert!(is_available(isa), "{isa} is below the detected {detected}");
+        }
+    }
+    println!("detected ISA: {detected}; active: {active}");
+}
+
+/// `SLUICE_KERNEL_ISA` resolved against a detected set: `active` and the problem, if any.
+fn check_resolve<I: KernelIsa>(value: Option<&str>, detected: I, active: I, problem: Option<OverrideProblem<I>>) {
+    let sel = Selection::resolve(value, detected);
+    assert_eq!(sel, Selection { active, detected, override_problem: problem }, "{value:?} on {detected}");
+    assert_eq!(sel.warning().is_some(), sel.override_problem.is_some());
+}
+
+/// The override cases every family resolves alike, for its `[scalar, avx2, most capable]`
+/// sets; each of `top_names` names the most capable one.
+fn check_resolution<I: KernelIsa>([scalar, avx2, top]: [I; 3], top_names: &[&str]) {
+    check_resolve(None, top, top, None);
+    for blank in ["", " ", "  "] {
+        check_resolve(Some(blank), avx2, avx2, None);
+    }
+    check_resolve(Some("scalar"), top, scalar, None);
+    for name in ["avx2", "AVX2", " AVX2 "] {
+        check_resolve(Some(name), top, avx2, None);
+    }
+    for &name in top_names {
+        check_resolve(Some(name), top, top, None);
+        check_resolve(Some(name), avx2, avx2, Some(OverrideProblem::Unsupported(top)));
+    }
+    check_resolve(Some("avx2"), scalar, scalar, Some(OverrideProblem::Unsupported(avx2)));
+    check_resolve(Some("neon"), avx2, avx2, Some(OverrideProblem::Unrecognized("neon".into())));
+}
+
+/// Both families; `avx512` pins the int8 kernels to AVX-512 VNNI too.
 #[test]
 fn isa_override_resolution() {
-    let check = |value: Option<&str>, detected: Isa, active: Isa, problem: Option<IsaOverrideProblem>| {
-        let sel = IsaSelection::resolve(value, detected);
-        assert_eq!(
-            sel,
-            IsaSelection {
-                active,
-                detected,
-                override_problem: problem
-            },
-            "{value:?} on {detected}"
-        );
-        assert_eq!(sel.warning().is_some(), sel.override_problem.is_some());
-    };
-    check(None, Isa::Avx512, Isa::Avx512, None);
-    check(Some(""), Isa::Avx2, Isa::Avx2, None);
-    check(Some("  "), Isa::Avx2, Isa::Avx2, None);
-    check(Some("scalar"), Isa::Avx512, Isa::Scalar, None);
-    check(Some(" AVX2 "), Isa::Avx512, Isa::Avx2, None);
-    check(Some("avx512"), Isa::Avx512, Isa::Avx512, None);
-    check(
-        Some("avx512"),
-        Isa::Avx2,
-        Isa::Avx2,
-        Some(IsaOverrideProblem::Unsupported(Isa::Avx512)),
-    );
-    check(
-        Some("avx2"),
-        Isa::Scalar,
-        Isa::Scalar,
-        Some(IsaOverrideProblem::Unsupported(Isa::Avx2)),
-    );
-    check(
-        Some("neon"),
-        Isa::Avx2,
-        Isa::Avx2,
-        Some(IsaOverrideProblem::Unrecognized("neon".into())),
-    );
-    let warning = IsaSelection::resolve(Some("avx512"), Isa::Avx2)
-        .warning()
-        .expect("a warning");
-    assert_eq!(
-        warning,
-        "SLUICE_KERNEL_ISA=avx512 requested, but this CPU supports at most avx2; using avx2"
-    );
+    check_resolution(Isa::ALL, &["avx512"]);
+    check_resolution(Int8Isa::ALL, &["avx512", "avx512vnni"]);
+    let warning = IsaSelection::resolve(Some("avx512"), Isa::Avx2).warning();
+    let expected = "SLUICE_KERNEL_ISA=avx512 requested, but this CPU supports at most avx2; using avx2";
+    assert_eq!(warning.as_deref(), Some(expected));
+    let warning = Int8IsaSelection::resolve(Some("avx512"), Int8Isa::Avx2).warning();
+    let expected = "SLUICE_KERNEL_ISA=avx512vnni requested, but this CPU supports at most avx2 for int8 kernels; using avx2";
+    assert_eq!(warning.as_deref(), Some(expected));
 }
 
 /// The probe runs and returns a plausible number on a small buffer (raised to one 64 MiB step).

@@ -22,24 +22,35 @@ const PANEL_WEIGHT_BYTES: usize = 128 << 10;
 /// Bytes of activations per GEMM token chunk, so the chunk stays in L2 across row panels.
 const CHUNK_ACTIVATION_BYTES: usize = 512 << 10;
 
+/// What one tile works on: weight rows at `w` against activation rows at `x`, both `cols`
+/// elements long, into `y` with row stride `ldy`. One `Copy` value, so the microkernels'
+/// signatures stay short.
+#[derive(Clone, Copy)]
+pub(super) struct Tile {
+    /// The first weight row (bf16 as u16); row `r` starts `r · cols` elements later.
+    pub w: *const u16,
+    /// Columns: the length of every row and the stride of `w` and `x`.
+    pub cols: usize,
+    /// The first activation row; token `t` starts `t · cols` elements later.
+    pub x: *const f32,
+    /// Output element (token 0, row 0); element `(t, r)` is at `y.add(t·ldy + r)`.
+    pub y: *mut f32,
+    /// The output's token stride.
+    pub ldy: usize,
+}
+
 /// An ISA's tile microkernel.
 pub(super) trait Bf16Tile {
-    /// One tile: `R` consecutive weight rows at `w` (stride `cols`) against `T` consecutive
-    /// activation rows at `x` (stride `cols`), writing `y[t·ldy + r]` for `t < T`, `r < R`, each
-    /// element in the ISA's fixed summation order. `PREFETCH` (GEMV, where the weights stream
-    /// from DRAM once) prefetches the next tile's weights; it changes no arithmetic.
+    /// One tile: `R` consecutive weight rows at `tile.w` against `T` consecutive activation rows
+    /// at `tile.x`, writing `y[t·ldy + r]` for `t < T`, `r < R`, each element in the ISA's fixed
+    /// summation order. `PREFETCH` (GEMV, where the weights stream from DRAM once) prefetches
+    /// the next tile's weights; it changes no arithmetic.
     ///
     /// # Safety
     ///
     /// The CPU supports the implementing ISA; `w` is readable for `R · cols` u16, `x` for
     /// `T · cols` f32, and `y.add(t·ldy + r)` writable for `t < T`, `r < R`.
-    unsafe fn tile<const R: usize, const T: usize, const PREFETCH: bool>(
-        w: *const u16,
-        cols: usize,
-        x: *const f32,
-        y: *mut f32,
-        ldy: usize,
-    );
+    unsafe fn tile<const R: usize, const T: usize, const PREFETCH: bool>(tile: Tile);
 }
 
 /// Computes `y[t·ldy + r] = Σ_j w[r·cols + j] · x[t·cols + j]` for `r < rows`, `t < n` with
@@ -125,12 +136,12 @@ unsafe fn row_range<K: Bf16Tile, const R: usize, const T: usize, const PREFETCH:
     let mut r = r_begin;
     while r + R <= r_end {
         // SAFETY: rows r..r + R are below r_end; the rest is this function's contract.
-        unsafe { K::tile::<R, T, PREFETCH>(w.wrapping_add(r * cols), cols, x, y.wrapping_add(r), ldy) };
+        unsafe { K::tile::<R, T, PREFETCH>(Tile { w: w.wrapping_add(r * cols), cols, x, y: y.wrapping_add(r), ldy }) };
         r += R;
     }
     while r < r_end {
         // SAFETY: as above, for the single row r.
-        unsafe { K::tile::<1, T, PREFETCH>(w.wrapping_add(r * cols), cols, x, y.wrapping_add(r), ldy) };
+        unsafe { K::tile::<1, T, PREFETCH>(Tile { w: w.wrapping_add(r * cols), cols, x, y: y.wrapping_add(r), ldy }) };
         r += 1;
     }
 }

@@ -1,7 +1,7 @@
 //! AVX2 W8A8 kernel: exact, with bytes widened to i16 and multiplied by `vpmaddwd`.
 //!
 //! Owns the x86_64 AVX2 code; the safe API, the shape checks and the dequantisation live in
-//! `mod.rs`. The structure mirrors `avx512_vnni.rs`.
+//! `mod.rs`; the tiling driver, shared with `avx512_vnni.rs`, in `tiling.rs`.
 //!
 //! # Why not `vpmaddubsw`
 //!
@@ -21,60 +21,50 @@
 
 use std::arch::x86_64::*;
 
-use super::{COL_GROUP, Int8Isa, MatrixRef, ROW_BLOCK, Sink};
+use super::tiling::{self, CHUNK, Int8Tile, PREFETCH_BYTES, Tile};
+use super::{COL_GROUP, MatrixRef, ROW_BLOCK, Sink};
 
-/// Bytes per R16C4 chunk (four ymm quarters after widening).
-const CHUNK: usize = ROW_BLOCK * COL_GROUP;
 /// Tokens per tile: 4 accumulators per token plus a weight and a broadcast register per token
 /// must fit the 16 ymm registers.
 const MAX_TOKENS: usize = 2;
-/// How far ahead of the current weight chunk to prefetch, into L2 (`_MM_HINT_T1`). Measured on
-/// the expert shapes streaming from DRAM: the hardware prefetcher alone already reaches the
-/// probe's bandwidth for one token, but with 8 tokens (compute and loads interleaved) this
-/// prefetch is worth ≈ 30%; 1–2 KiB or into L1 was worse. Prefetches never fault, so running
-/// past the end of the matrix is harmless; prefetching changes no arithmetic.
-const PREFETCH_BYTES: usize = 4096;
 
-/// The safe entry point: checks the CPU feature, then runs [`gemm_impl`].
-///
-/// # Panics
-///
-/// Panics unless the CPU has AVX2, `m`'s slices match its shape and `x_q` holds at least
-/// `n · padded_cols` bytes.
-pub(super) fn gemm(m: MatrixRef<'_>, x_q: &[u8], n: usize, sink: &mut Sink<'_>) {
-    assert!(Int8Isa::Avx2.is_available(), "int8: AVX2 is not available on this CPU");
-    m.assert_shape();
-    assert!(x_q.len() >= n * m.padded_cols(), "int8: activations shorter than n rows");
-    // SAFETY: the feature was just detected; the shapes were just checked.
-    unsafe { gemm_impl(m, x_q, n, sink) }
-}
-
-/// Every token `t < n` against every row block, handed to `sink` (see the module docs).
+/// Every token `t < n` against every row block, handed to `sink`: the shared driver
+/// [`tiling::gemm`] over this module's tiles (see the module docs).
 ///
 /// # Safety
 ///
-/// The CPU must support AVX2. `m.packed.len() == padded_rows · padded_cols`,
-/// `m.row_sums.len() == padded_rows` and `x_q.len() >= n · padded_cols`.
+/// The CPU must support AVX2 (`Int8Isa::Avx2.is_available()`). `m.packed.len() ==
+/// padded_rows · padded_cols`, `m.row_sums.len() == padded_rows` and `x_q.len() >= n ·
+/// padded_cols`.
 #[target_feature(enable = "avx2")]
-unsafe fn gemm_impl(m: MatrixRef<'_>, x_q: &[u8], n: usize, sink: &mut Sink<'_>) {
-    let pc = m.padded_cols();
-    let groups = pc / COL_GROUP;
-    for rb in 0..m.padded_rows() / ROW_BLOCK {
-        let r0 = rb * ROW_BLOCK;
-        let w = m.packed[r0 * pc..].as_ptr();
-        let sums: &[i32; ROW_BLOCK] = m.row_sums[r0..r0 + ROW_BLOCK].try_into().expect("16 row sums");
-        let mut t = 0;
-        while t < n {
-            let x = x_q[t * pc..].as_ptr();
-            // SAFETY (both arms): w points at this block's 16 · pc bytes; x at tokens t.. of
-            // x_q, of which at least T remain, each pc bytes long.
-            t += unsafe {
-                if n - t >= MAX_TOKENS {
-                    block::<MAX_TOKENS>(&m, w, x, pc, groups, sums, sink, t, r0)
-                } else {
-                    block::<1>(&m, w, x, pc, groups, sums, sink, t, r0)
-                }
-            };
+pub(super) unsafe fn gemm(m: MatrixRef<'_>, x_q: &[u8], n: usize, sink: &mut Sink<'_>) {
+    // SAFETY: this function's feature is Avx2's; the rest of the contract is the caller's.
+    unsafe { tiling::gemm::<Avx2>(m, x_q, n, sink) }
+}
+
+/// The AVX2 tiles ([`Int8Tile`]), for [`tiling::gemm`].
+struct Avx2;
+
+impl Int8Tile for Avx2 {
+    /// The 16 row sums as they are stored.
+    type Sums<'a> = &'a [i32; ROW_BLOCK];
+
+    #[inline]
+    unsafe fn sums<'a>(m: &MatrixRef<'a>, r0: usize) -> &'a [i32; ROW_BLOCK] {
+        m.row_sums[r0..r0 + ROW_BLOCK].try_into().expect("16 row sums")
+    }
+
+    /// [`MAX_TOKENS`] tokens while that many remain, then one at a time.
+    #[target_feature(enable = "avx2")]
+    #[inline]
+    unsafe fn tile(tile: Tile<'_, &[i32; ROW_BLOCK]>, left: usize, sink: &mut Sink<'_>) -> usize {
+        // SAFETY (both arms): the caller's contract, for T <= left tokens.
+        unsafe {
+            if left >= MAX_TOKENS {
+                block::<MAX_TOKENS>(tile, sink)
+            } else {
+                block::<1>(tile, sink)
+            }
         }
     }
 }
@@ -83,22 +73,12 @@ unsafe fn gemm_impl(m: MatrixRef<'_>, x_q: &[u8], n: usize, sink: &mut Sink<'_>)
 ///
 /// # Safety
 ///
-/// The AVX2 feature; `w` is readable for `groups · 64` bytes (one row block), `x` for
+/// The AVX2 feature; `tile.w` is readable for `groups · 64` bytes (one row block), `tile.x` for
 /// `(T − 1) · pc + groups · 4` bytes.
 #[target_feature(enable = "avx2")]
 #[inline]
-#[allow(clippy::too_many_arguments)]
-unsafe fn block<const T: usize>(
-    m: &MatrixRef<'_>,
-    w: *const i8,
-    x: *const u8,
-    pc: usize,
-    groups: usize,
-    sums: &[i32; ROW_BLOCK],
-    sink: &mut Sink<'_>,
-    t0: usize,
-    r0: usize,
-) -> usize {
+unsafe fn block<const T: usize>(tile: Tile<'_, &[i32; ROW_BLOCK]>, sink: &mut Sink<'_>) -> usize {
+    let Tile { m, w, x, pc, groups, sums, t0, r0 } = tile;
     let mut acc = [[_mm256_setzero_si256(); 4]; T];
     for g in 0..groups {
         let chunk = w.wrapping_add(g * CHUNK);

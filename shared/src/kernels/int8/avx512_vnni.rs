@@ -2,7 +2,7 @@
 //! 64-byte R16C4 chunk (s8) per column group, 16 rows per zmm.
 //!
 //! Owns the x86_64 AVX-512 code; the safe API, the shape checks and the dequantisation live in
-//! `mod.rs`.
+//! `mod.rs`; the tiling driver, shared with `avx2.rs`, in `tiling.rs`.
 //!
 //! # Arithmetic
 //!
@@ -22,67 +22,56 @@
 
 use std::arch::x86_64::*;
 
-use super::{COL_GROUP, Int8Isa, MatrixRef, ROW_BLOCK, Sink};
+use super::tiling::{self, CHUNK, Int8Tile, PREFETCH_BYTES, Tile};
+use super::{COL_GROUP, MatrixRef, ROW_BLOCK, Sink};
 
-/// Bytes per R16C4 chunk: one zmm.
-const CHUNK: usize = ROW_BLOCK * COL_GROUP;
 /// Tokens per tile: 8 accumulators, the weight chunk and a broadcast fit easily in 32 zmm.
 const MAX_TOKENS: usize = 8;
-/// How far ahead of the current weight chunk to prefetch, into L2 (`_MM_HINT_T1`). Measured on
-/// the expert shapes streaming from DRAM: the hardware prefetcher alone already reaches the
-/// probe's bandwidth for one token, but with 8 tokens (compute and loads interleaved) this
-/// prefetch is worth ≈ 30%; 1–2 KiB or into L1 was worse. Prefetches never fault, so running
-/// past the end of the matrix is harmless; prefetching changes no arithmetic.
-const PREFETCH_BYTES: usize = 4096;
 
-/// The safe entry point: checks the CPU features, then runs [`gemm_impl`].
-///
-/// # Panics
-///
-/// Panics unless the CPU has AVX-512 F, BW and VNNI, `m`'s slices match its shape and `x_q`
-/// holds at least `n · padded_cols` bytes.
-pub(super) fn gemm(m: MatrixRef<'_>, x_q: &[u8], n: usize, sink: &mut Sink<'_>) {
-    assert!(Int8Isa::Avx512Vnni.is_available(), "int8: AVX-512 VNNI is not available on this CPU");
-    m.assert_shape();
-    assert!(x_q.len() >= n * m.padded_cols(), "int8: activations shorter than n rows");
-    // SAFETY: the features were just detected; the shapes were just checked.
-    unsafe { gemm_impl(m, x_q, n, sink) }
-}
-
-/// Every token `t < n` against every row block, handed to `sink` (see the module docs).
+/// Every token `t < n` against every row block, handed to `sink`: the shared driver
+/// [`tiling::gemm`] over this module's tiles (see the module docs).
 ///
 /// # Safety
 ///
-/// The CPU must support AVX-512 F, BW and VNNI. `m.packed.len() == padded_rows ·
-/// padded_cols`, `m.row_sums.len() == padded_rows` and `x_q.len() >= n · padded_cols`.
+/// The CPU must support AVX-512 F, BW and VNNI (`Int8Isa::Avx512Vnni.is_available()`).
+/// `m.packed.len() == padded_rows · padded_cols`, `m.row_sums.len() == padded_rows` and
+/// `x_q.len() >= n · padded_cols`.
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
-unsafe fn gemm_impl(m: MatrixRef<'_>, x_q: &[u8], n: usize, sink: &mut Sink<'_>) {
-    let pc = m.padded_cols();
-    let groups = pc / COL_GROUP;
-    for rb in 0..m.padded_rows() / ROW_BLOCK {
-        let r0 = rb * ROW_BLOCK;
-        let w = m.packed[r0 * pc..].as_ptr();
-        // SAFETY: row_sums holds padded_rows i32, so the 16 at r0 are in bounds.
-        let sums = unsafe { _mm512_loadu_si512(m.row_sums.as_ptr().add(r0).cast()) };
-        let correction = _mm512_slli_epi32::<7>(sums);
-        let mut t = 0;
-        while t < n {
-            let x = x_q[t * pc..].as_ptr();
-            let left = n - t;
-            // SAFETY (every arm): w points at this block's 16 · pc bytes; x at tokens t.. of
-            // x_q, of which at least T remain, each pc bytes long.
-            t += unsafe {
-                match left {
-                    1 => block::<1, 4>(&m, w, x, pc, groups, correction, sink, t, r0),
-                    2 => block::<2, 2>(&m, w, x, pc, groups, correction, sink, t, r0),
-                    3 => block::<3, 2>(&m, w, x, pc, groups, correction, sink, t, r0),
-                    4 => block::<4, 1>(&m, w, x, pc, groups, correction, sink, t, r0),
-                    5 => block::<5, 1>(&m, w, x, pc, groups, correction, sink, t, r0),
-                    6 => block::<6, 1>(&m, w, x, pc, groups, correction, sink, t, r0),
-                    7 => block::<7, 1>(&m, w, x, pc, groups, correction, sink, t, r0),
-                    _ => block::<MAX_TOKENS, 1>(&m, w, x, pc, groups, correction, sink, t, r0),
-                }
-            };
+pub(super) unsafe fn gemm(m: MatrixRef<'_>, x_q: &[u8], n: usize, sink: &mut Sink<'_>) {
+    // SAFETY: this function's features are Avx512Vnni's; the rest of the contract is the caller's.
+    unsafe { tiling::gemm::<Avx512Vnni>(m, x_q, n, sink) }
+}
+
+/// The AVX-512 VNNI tiles ([`Int8Tile`]), for [`tiling::gemm`].
+struct Avx512Vnni;
+
+impl Int8Tile for Avx512Vnni {
+    /// `128 · row_sums[r0 + r]` in lane `r`: what each lane subtracts at the end.
+    type Sums<'a> = __m512i;
+
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+    #[inline]
+    unsafe fn sums(m: &MatrixRef<'_>, r0: usize) -> __m512i {
+        // SAFETY: the caller guarantees the 16 row sums at r0 are in bounds.
+        _mm512_slli_epi32::<7>(unsafe { _mm512_loadu_si512(m.row_sums.as_ptr().add(r0).cast()) })
+    }
+
+    /// The exact token count up to [`MAX_TOKENS`], with more accumulator sets for fewer tokens.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+    #[inline]
+    unsafe fn tile(tile: Tile<'_, __m512i>, left: usize, sink: &mut Sink<'_>) -> usize {
+        // SAFETY (every arm): the caller's contract, for T <= left tokens.
+        unsafe {
+            match left {
+                1 => block::<1, 4>(tile, sink),
+                2 => block::<2, 2>(tile, sink),
+                3 => block::<3, 2>(tile, sink),
+                4 => block::<4, 1>(tile, sink),
+                5 => block::<5, 1>(tile, sink),
+                6 => block::<6, 1>(tile, sink),
+                7 => block::<7, 1>(tile, sink),
+                _ => block::<MAX_TOKENS, 1>(tile, sink),
+            }
         }
     }
 }
@@ -92,22 +81,12 @@ unsafe fn gemm_impl(m: MatrixRef<'_>, x_q: &[u8], n: usize, sink: &mut Sink<'_>)
 ///
 /// # Safety
 ///
-/// The AVX-512 features of [`gemm_impl`]; `w` is readable for `groups · 64` bytes (one row
-/// block), `x` for `(T − 1) · pc + groups · 4` bytes.
+/// The AVX-512 features of [`gemm`]; `tile.w` is readable for `groups · 64` bytes (one row
+/// block), `tile.x` for `(T − 1) · pc + groups · 4` bytes.
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
 #[inline]
-#[allow(clippy::too_many_arguments)]
-unsafe fn block<const T: usize, const U: usize>(
-    m: &MatrixRef<'_>,
-    w: *const i8,
-    x: *const u8,
-    pc: usize,
-    groups: usize,
-    correction: __m512i,
-    sink: &mut Sink<'_>,
-    t0: usize,
-    r0: usize,
-) -> usize {
+unsafe fn block<const T: usize, const U: usize>(tile: Tile<'_, __m512i>, sink: &mut Sink<'_>) -> usize {
+    let Tile { m, w, x, pc, groups, sums: correction, t0, r0 } = tile;
     let mut acc = [[_mm512_setzero_si512(); T]; U];
     let mut g = 0;
     while g + U <= groups {
@@ -139,7 +118,7 @@ unsafe fn block<const T: usize, const U: usize>(
 ///
 /// # Safety
 ///
-/// The AVX-512 features of [`gemm_impl`]; `w` is readable for `(g + 1) · 64` bytes and `x` for
+/// The AVX-512 features of [`gemm`]; `w` is readable for `(g + 1) · 64` bytes and `x` for
 /// `(T − 1) · pc + (g + 1) · 4` bytes.
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
 #[inline]

@@ -1,10 +1,10 @@
-//! Choosing the instruction set for the int8 kernels: what this CPU supports
-//! (`Int8Isa::detect`), what the process uses (`Int8Isa::active`, honouring
-//! `SLUICE_KERNEL_ISA`), and why an override was not honoured.
+//! The instruction sets of the int8 kernels ([`Int8Isa`]): their names and how each is
+//! detected. Reading `SLUICE_KERNEL_ISA`, resolving it and the warning are the dense kernels'
+//! code, generic over [`KernelIsa`] (`kernels/dispatch.rs`).
 //!
 //! Separate from the dense kernels' [`Isa`](crate::kernels::Isa) because the fast int8 path
 //! needs AVX-512 VNNI on top of AVX-512 F/BW, which the dense `Isa::Avx512` does not imply.
-//! Both read the same variable, [`ISA_ENV_VAR`]:
+//! Both read the same variable, [`ISA_ENV_VAR`](crate::kernels::ISA_ENV_VAR):
 //!
 //! | value        | dense kernels | int8 kernels                               |
 //! |--------------|---------------|--------------------------------------------|
@@ -20,7 +20,7 @@
 use std::fmt;
 use std::sync::OnceLock;
 
-use crate::kernels::ISA_ENV_VAR;
+use crate::kernels::dispatch::{KernelIsa, OverrideProblem, Selection};
 
 /// An instruction set the int8 kernels are written for, from least to most capable.
 ///
@@ -47,16 +47,6 @@ impl Int8Isa {
             Int8Isa::Avx2 => "avx2",
             Int8Isa::Avx512Vnni => "avx512vnni",
         }
-    }
-
-    /// Parses [`Int8Isa::name`] or `avx512` (the dense kernels' spelling, meaning
-    /// [`Int8Isa::Avx512Vnni`] here), ignoring case and surrounding whitespace.
-    pub fn from_name(name: &str) -> Option<Int8Isa> {
-        let name = name.trim();
-        if name.eq_ignore_ascii_case("avx512") {
-            return Some(Int8Isa::Avx512Vnni);
-        }
-        Int8Isa::ALL.into_iter().find(|isa| isa.name().eq_ignore_ascii_case(name))
     }
 
     /// Whether this CPU can run the kernels for `self` (std caches CPUID, so this is cheap).
@@ -91,10 +81,7 @@ impl Int8Isa {
     /// logging at startup.
     pub fn selection() -> &'static Int8IsaSelection {
         static SELECTION: OnceLock<Int8IsaSelection> = OnceLock::new();
-        SELECTION.get_or_init(|| {
-            let value = std::env::var(ISA_ENV_VAR).ok();
-            Int8IsaSelection::resolve(value.as_deref(), Int8Isa::detect())
-        })
+        SELECTION.get_or_init(|| Int8IsaSelection::from_env(Int8Isa::detect()))
     }
 }
 
@@ -104,56 +91,23 @@ impl fmt::Display for Int8Isa {
     }
 }
 
+impl KernelIsa for Int8Isa {
+    const NAMES: &'static str = "scalar, avx2, avx512, avx512vnni";
+    const FOR_KERNELS: &'static str = " for int8 kernels";
+
+    /// Parses [`Int8Isa::name`] or `avx512` (the dense kernels' spelling, meaning
+    /// [`Int8Isa::Avx512Vnni`] here), ignoring case and surrounding whitespace.
+    fn from_name(name: &str) -> Option<Int8Isa> {
+        let name = name.trim();
+        if name.eq_ignore_ascii_case("avx512") {
+            return Some(Int8Isa::Avx512Vnni);
+        }
+        Int8Isa::ALL.into_iter().find(|isa| isa.name().eq_ignore_ascii_case(name))
+    }
+}
+
 /// Which int8 instruction set the process runs, what the CPU offers, and what went wrong with
 /// the override, if anything.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Int8IsaSelection {
-    /// The instruction set the int8 kernels use.
-    pub active: Int8Isa,
-    /// The most capable instruction set the CPU supports.
-    pub detected: Int8Isa,
-    /// Why `SLUICE_KERNEL_ISA` was not honoured, or `None` when it was honoured or unset.
-    pub override_problem: Option<Int8IsaOverrideProblem>,
-}
-
-/// Why the `SLUICE_KERNEL_ISA` override was not honoured for the int8 kernels. In both cases
-/// the detected instruction set is used instead.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Int8IsaOverrideProblem {
-    /// The variable names an instruction set this CPU does not support.
-    Unsupported(Int8Isa),
-    /// The variable is not one of `scalar`, `avx2`, `avx512`, `avx512vnni`.
-    Unrecognized(String),
-}
-
-impl Int8IsaSelection {
-    /// Resolves an override value (`None` when unset) against the detected instruction set.
-    /// Pure, so tests need not touch the environment.
-    pub fn resolve(value: Option<&str>, detected: Int8Isa) -> Int8IsaSelection {
-        let value = value.map(str::trim).filter(|v| !v.is_empty());
-        let (active, override_problem) = match value {
-            None => (detected, None),
-            Some(v) => match Int8Isa::from_name(v) {
-                Some(isa) if isa <= detected => (isa, None),
-                Some(isa) => (detected, Some(Int8IsaOverrideProblem::Unsupported(isa))),
-                None => (detected, Some(Int8IsaOverrideProblem::Unrecognized(v.to_owned()))),
-            },
-        };
-        Int8IsaSelection { active, detected, override_problem }
-    }
-
-    /// A sentence for the caller to log at WARN when the override was not honoured.
-    pub fn warning(&self) -> Option<String> {
-        let problem = self.override_problem.as_ref()?;
-        Some(match problem {
-            Int8IsaOverrideProblem::Unsupported(isa) => format!(
-                "{ISA_ENV_VAR}={isa} requested, but this CPU supports at most {} for int8 kernels; using {}",
-                self.detected, self.active
-            ),
-            Int8IsaOverrideProblem::Unrecognized(v) => format!(
-                "{ISA_ENV_VAR}={v:?} is not one of scalar, avx2, avx512, avx512vnni; int8 kernels use {}",
-                self.active
-            ),
-        })
-    }
-}
+pub type Int8IsaSelection = Selection<Int8Isa>;
+/// Why the `SLUICE_KERNEL_ISA` override was not honoured for the int8 kernels.
+pub type Int8IsaOverrideProblem = OverrideProblem<Int8Isa>;

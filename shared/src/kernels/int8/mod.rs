@@ -2,10 +2,11 @@
 //! activations (per-row scales) with exact i32 accumulation, then f32 dequantisation.
 //!
 //! Owns the safe API (shape and ISA checks) over one kernel per instruction set: `scalar` (the
-//! reference), `avx2` and `avx512_vnni` (x86_64 only). The weight layout and its types live in
-//! `pack`, the quantisation formula in `quant`, the ISA choice in `dispatch` ([`Int8Isa`],
-//! honouring `SLUICE_KERNEL_ISA`), the gate/up/down expert in `expert`. No IO, no logging, no
-//! threads: the caller runs experts in parallel, one kernel call per thread.
+//! reference), `avx2` and `avx512_vnni` (x86_64 only; the tiling driver they share lives in
+//! `tiling`). The weight layout and its types live in `pack`, the quantisation formula in
+//! `quant`, the ISA choice in `dispatch` ([`Int8Isa`], honouring `SLUICE_KERNEL_ISA`), the
+//! gate/up/down expert in `expert`. No IO, no logging, no threads: the caller runs experts in
+//! parallel, one kernel call per thread.
 //!
 //! # Shapes
 //!
@@ -40,6 +41,8 @@ mod quant;
 mod scalar;
 #[cfg(test)]
 mod tests;
+#[cfg(target_arch = "x86_64")]
+mod tiling;
 
 pub use dispatch::{Int8Isa, Int8IsaOverrideProblem, Int8IsaSelection};
 pub use expert::{ExpertScratch, expert_forward, silu_mul};
@@ -75,7 +78,8 @@ pub fn gemm_w8a8(isa: Int8Isa, m: MatrixRef<'_>, x_q: &[u8], x_scales: &[f32], n
     check_shapes(isa, &m, x_q, n);
     assert_eq!(x_scales.len(), n, "int8: activation scales length != n ({n})");
     assert_eq!(y.len(), n * m.rows, "int8: output length != n ({n}) · rows ({})", m.rows);
-    run(isa, m, x_q, n, &mut Sink::Dequant { y, x_scales });
+    // SAFETY: check_shapes passed.
+    unsafe { run(isa, m, x_q, n, &mut Sink::Dequant { y, x_scales }) };
 }
 
 /// The exact i32 accumulators `acc[t·rows + r] = Σ_c w[r][c] · (x_q[t][c] − 128)` that
@@ -87,7 +91,8 @@ pub fn gemm_w8a8(isa: Int8Isa, m: MatrixRef<'_>, x_q: &[u8], x_scales: &[f32], n
 pub fn gemm_w8a8_i32(isa: Int8Isa, m: MatrixRef<'_>, x_q: &[u8], n: usize, acc: &mut [i32]) {
     check_shapes(isa, &m, x_q, n);
     assert_eq!(acc.len(), n * m.rows, "int8: accumulator length != n ({n}) · rows ({})", m.rows);
-    run(isa, m, x_q, n, &mut Sink::Acc(acc));
+    // SAFETY: check_shapes passed.
+    unsafe { run(isa, m, x_q, n, &mut Sink::Acc(acc)) };
 }
 
 /// Panics unless `isa` runs here, `m` is well-formed and `x_q` holds `n` padded rows.
@@ -98,14 +103,21 @@ fn check_shapes(isa: Int8Isa, m: &MatrixRef<'_>, x_q: &[u8], n: usize) {
     assert_eq!(x_q.len(), x_len, "int8: quantised activation length != n ({n}) · padded cols ({})", m.padded_cols());
 }
 
-/// Dispatches to `isa`'s kernel (shapes already checked).
-fn run(isa: Int8Isa, m: MatrixRef<'_>, x_q: &[u8], n: usize, sink: &mut Sink<'_>) {
+/// Dispatches to `isa`'s kernel.
+///
+/// # Safety
+///
+/// `check_shapes(isa, &m, x_q, n)` passed: `isa` is available, `m` is well-formed and `x_q`
+/// holds `n` padded rows.
+unsafe fn run(isa: Int8Isa, m: MatrixRef<'_>, x_q: &[u8], n: usize, sink: &mut Sink<'_>) {
     match isa {
         Int8Isa::Scalar => scalar::gemm(m, x_q, n, sink),
+        // SAFETY: the caller guarantees AVX2 and the kernel's shapes.
         #[cfg(target_arch = "x86_64")]
-        Int8Isa::Avx2 => avx2::gemm(m, x_q, n, sink),
+        Int8Isa::Avx2 => unsafe { avx2::gemm(m, x_q, n, sink) },
+        // SAFETY: the caller guarantees AVX-512 F/BW/VNNI and the kernel's shapes.
         #[cfg(target_arch = "x86_64")]
-        Int8Isa::Avx512Vnni => avx512_vnni::gemm(m, x_q, n, sink),
+        Int8Isa::Avx512Vnni => unsafe { avx512_vnni::gemm(m, x_q, n, sink) },
         #[cfg(not(target_arch = "x86_64"))]
         Int8Isa::Avx2 | Int8Isa::Avx512Vnni => unreachable!("int8: {isa} is never available off x86_64"),
     }

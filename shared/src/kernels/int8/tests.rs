@@ -8,28 +8,21 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 
 use super::quant::{quantize_value, row_params};
 use super::*;
+use crate::splitmix::SplitMix64;
 
 /// Row counts: one, the row block ± 1, two blocks + 1, and a large odd count.
 const ODD_ROWS: [usize; 6] = [1, 15, 16, 17, 33, 1024 + 5];
 /// Column counts: one, the column group ± 1, the zmm width ± 1, and a long odd row.
 const ODD_COLS: [usize; 8] = [1, 3, 4, 5, 63, 64, 65, 2048 + 3];
 
-/// SplitMix64: a deterministic, dependency-free source of test data.
-struct Rng(u64);
+/// Uniform in `[lo, hi)`, 24 random bits.
+fn uniform(rng: &mut SplitMix64, lo: f32, hi: f32) -> f32 {
+    lo + (hi - lo) * ((rng.next_u64() >> 40) as f32 / (1u64 << 24) as f32)
+}
 
-impl Rng {
-    fn next_u64(&mut self) -> u64 {
-        crate::splitmix::next(&mut self.0)
-    }
-
-    /// Uniform in `[lo, hi)`.
-    fn uniform(&mut self, lo: f32, hi: f32) -> f32 {
-        lo + (hi - lo) * ((self.next_u64() >> 40) as f32 / (1u64 << 24) as f32)
-    }
-
-    fn vec(&mut self, len: usize, lo: f32, hi: f32) -> Vec<f32> {
-        (0..len).map(|_| self.uniform(lo, hi)).collect()
-    }
+/// `len` values [`uniform`] in `[lo, hi)`.
+fn uniform_vec(rng: &mut SplitMix64, len: usize, lo: f32, hi: f32) -> Vec<f32> {
+    (0..len).map(|_| uniform(rng, lo, hi)).collect()
 }
 
 /// Every ISA this CPU has, scalar first; prints the ones it lacks.
@@ -145,16 +138,16 @@ fn assert_bitwise(what: &str, got: &[f32], want: &[f32]) {
 }
 
 /// Random weights in [-1, 1) with the given shape, quantised; also the row-major values.
-fn random_matrix(rng: &mut Rng, rows: usize, cols: usize) -> (QuantizedMatrix, Vec<i8>) {
-    let w = rng.vec(rows * cols, -1.0, 1.0);
+fn random_matrix(rng: &mut SplitMix64, rows: usize, cols: usize) -> (QuantizedMatrix, Vec<i8>) {
+    let w = uniform_vec(rng, rows * cols, -1.0, 1.0);
     let m = quantize_weights(&w, rows, cols);
     let q = unpack_r16c4(&m.packed, rows, cols);
     (m, q)
 }
 
 /// `n` random activation rows in [-3, 3), quantised: `(x_q, scales)`.
-fn random_activations(rng: &mut Rng, n: usize, cols: usize) -> (Vec<u8>, Vec<f32>) {
-    let x = rng.vec(n * cols, -3.0, 3.0);
+fn random_activations(rng: &mut SplitMix64, n: usize, cols: usize) -> (Vec<u8>, Vec<f32>) {
+    let x = uniform_vec(rng, n * cols, -3.0, 3.0);
     quantize(&x, n, cols)
 }
 
@@ -202,9 +195,9 @@ fn packed_index_follows_the_documented_loop() {
 /// and of `q · scale` (≤ 127 · 2⁻²³ more), about `3e-5 · scale` in all.
 #[test]
 fn quantisation_round_trip_and_invariants() {
-    let mut rng = Rng(7);
+    let mut rng = SplitMix64::new(7);
     for (rows, cols) in [(1, 1), (17, 65), (33, 2051), (5, 3)] {
-        let mut w = rng.vec(rows * cols, -2.0, 2.0);
+        let mut w = uniform_vec(&mut rng, rows * cols, -2.0, 2.0);
         if rows > 2 {
             w[cols..2 * cols].fill(0.0); // a zero row
             w[2 * cols..3 * cols].iter_mut().for_each(|v| *v *= 1e-20); // a tiny row
@@ -254,8 +247,8 @@ fn quantize_value_matches_the_formula() {
             values.extend([v, v.next_up(), v.next_down()]);
         }
     }
-    let mut rng = Rng(21);
-    values.extend((0..1_000_000).map(|_| rng.uniform(-300.0, 300.0)));
+    let mut rng = SplitMix64::new(21);
+    values.extend((0..1_000_000).map(|_| uniform(&mut rng, -300.0, 300.0)));
     for &v in &values {
         for inv in [1.0f32, 0.5, 127.0 / 3.0, 1e30, 0.0] {
             assert_eq!(quantize_value(v, inv), formula(v, inv), "v {v:e}, inv {inv:e}");
@@ -265,10 +258,10 @@ fn quantize_value_matches_the_formula() {
 
 #[test]
 fn activation_quantisation_matches_weights_and_pads_with_zero() {
-    let mut rng = Rng(11);
+    let mut rng = SplitMix64::new(11);
     for cols in [1, 3, 4, 5, 63, 2051] {
         let n = 3;
-        let mut x = rng.vec(n * cols, -5.0, 5.0);
+        let mut x = uniform_vec(&mut rng, n * cols, -5.0, 5.0);
         x[cols..2 * cols].fill(0.0);
         let (x_q, scales) = quantize(&x, n, cols);
         let pc = padded_cols(cols);
@@ -289,7 +282,7 @@ fn activation_quantisation_matches_weights_and_pads_with_zero() {
 /// The brief's odd shapes × batch sizes 1..=9 (the largest shapes at a few batch sizes).
 #[test]
 fn accumulators_bit_identical_on_odd_shapes() {
-    let mut rng = Rng(1);
+    let mut rng = SplitMix64::new(1);
     for rows in ODD_ROWS {
         for cols in ODD_COLS {
             let (m, q) = random_matrix(&mut rng, rows, cols);
@@ -312,7 +305,7 @@ fn accumulators_bit_identical_on_odd_shapes() {
 
 #[test]
 fn misaligned_offsets_bit_identical() {
-    let mut rng = Rng(2);
+    let mut rng = SplitMix64::new(2);
     for (rows, cols, n) in [(33, 65, 3), (17, 2051, 9), (1029, 63, 2), (16, 4, 1)] {
         let (m, q) = random_matrix(&mut rng, rows, cols);
         let (x_q, scales) = random_activations(&mut rng, n, cols);
@@ -375,14 +368,14 @@ fn extremes_do_not_overflow_or_saturate() {
 /// Zero weight rows (scale 0) and zero activation rows (scale 0) give +0.0 exactly.
 #[test]
 fn zero_rows_give_zero() {
-    let mut rng = Rng(3);
+    let mut rng = SplitMix64::new(3);
     let (rows, cols, n) = (33, 130, 3);
-    let mut w = rng.vec(rows * cols, -1.0, 1.0);
+    let mut w = uniform_vec(&mut rng, rows * cols, -1.0, 1.0);
     w[5 * cols..6 * cols].fill(0.0);
     w[32 * cols..].fill(0.0);
     let m = quantize_weights(&w, rows, cols);
     assert_eq!((m.scales[5], m.scales[32]), (0.0, 0.0));
-    let mut x = rng.vec(n * cols, -1.0, 1.0);
+    let mut x = uniform_vec(&mut rng, n * cols, -1.0, 1.0);
     x[2 * cols..].fill(0.0);
     let (x_q, scales) = quantize(&x, n, cols);
     assert_eq!(scales[2], 0.0);
@@ -406,14 +399,14 @@ fn empty_shapes() {
         let mut y = [f32::NAN; 6];
         gemm_w8a8(isa, m.as_ref(), &[], &[1.0; 2], 2, &mut y);
         assert_eq!(y, [0.0; 6], "{isa}");
-        let (m, _) = random_matrix(&mut Rng(4), 5, 9);
+        let (m, _) = random_matrix(&mut SplitMix64::new(4), 5, 9);
         gemm_w8a8(isa, m.as_ref(), &[], &[], 0, &mut []);
     }
 }
 
 #[test]
 fn malformed_matrices_are_rejected() {
-    let (m, _) = random_matrix(&mut Rng(5), 17, 6);
+    let (m, _) = random_matrix(&mut SplitMix64::new(5), 17, 6);
     let good = m.as_ref();
     good.verify().expect("well-formed");
     let mut bad_sum = m.clone();
@@ -507,11 +500,11 @@ fn expert_reference(gu: &QuantizedMatrix, down: &QuantizedMatrix, x: &[f32], n: 
 ///    column gives tens of percent.
 #[test]
 fn expert_forward_within_budget() {
-    let mut rng = Rng(9);
+    let mut rng = SplitMix64::new(9);
     for (d, f, n) in [(2048, 512, 3), (65, 17, 5), (4, 1, 1), (130, 33, 9)] {
-        let gu = quantize_weights(&rng.vec(2 * f * d, -0.05, 0.05), 2 * f, d);
-        let down = quantize_weights(&rng.vec(d * f, -0.05, 0.05), d, f);
-        let mut x = rng.vec(n * d, -2.0, 2.0);
+        let gu = quantize_weights(&uniform_vec(&mut rng, 2 * f * d, -0.05, 0.05), 2 * f, d);
+        let down = quantize_weights(&uniform_vec(&mut rng, d * f, -0.05, 0.05), d, f);
+        let mut x = uniform_vec(&mut rng, n * d, -2.0, 2.0);
         if n > 2 {
             x[d..2 * d].fill(0.0); // a zero token
         }
@@ -565,8 +558,8 @@ fn expert_shape_mismatch_panics() {
 
 #[test]
 fn scratch_does_not_grow_after_warm_up() {
-    let gu = quantize_weights(&Rng(12).vec(2 * 8 * 20, -1.0, 1.0), 16, 20);
-    let down = quantize_weights(&Rng(13).vec(20 * 8, -1.0, 1.0), 20, 8);
+    let gu = quantize_weights(&uniform_vec(&mut SplitMix64::new(12), 2 * 8 * 20, -1.0, 1.0), 16, 20);
+    let down = quantize_weights(&uniform_vec(&mut SplitMix64::new(13), 20 * 8, -1.0, 1.0), 20, 8);
     let mut scratch = ExpertScratch::with_capacity(4, 20, 8);
     let before = scratch.capacities();
     let x = vec![0.25f32; 4 * 20];
@@ -575,41 +568,4 @@ fn scratch_does_not_grow_after_warm_up() {
         expert_forward(Int8Isa::active(), gu.as_ref(), down.as_ref(), &x[..n * 20], n, &mut out, &mut scratch);
     }
     assert_eq!(scratch.capacities(), before);
-}
-
-#[test]
-fn isa_detection_is_consistent() {
-    let detected = Int8Isa::detect();
-    assert!(detected.is_available() && Int8Isa::active().is_available());
-    assert!(Int8Isa::active() <= detected);
-    for isa in Int8Isa::ALL {
-        assert_eq!(Int8Isa::from_name(isa.name()), Some(isa));
-        if isa <= detected {
-            assert!(isa.is_available(), "{isa} is below the detected {detected}");
-        }
-    }
-    println!("int8: detected {detected}; active {}", Int8Isa::active());
-}
-
-#[test]
-fn isa_override_resolution() {
-    use Int8Isa::*;
-    let check = |value: Option<&str>, detected: Int8Isa, active: Int8Isa, problem: Option<Int8IsaOverrideProblem>| {
-        let sel = Int8IsaSelection::resolve(value, detected);
-        assert_eq!(sel, Int8IsaSelection { active, detected, override_problem: problem }, "{value:?} on {detected}");
-        assert_eq!(sel.warning().is_some(), sel.override_problem.is_some());
-    };
-    check(None, Avx512Vnni, Avx512Vnni, None);
-    check(Some(" "), Avx2, Avx2, None);
-    check(Some("scalar"), Avx512Vnni, Scalar, None);
-    check(Some("AVX2"), Avx512Vnni, Avx2, None);
-    check(Some("avx512"), Avx512Vnni, Avx512Vnni, None);
-    check(Some("avx512vnni"), Avx512Vnni, Avx512Vnni, None);
-    check(Some("avx512"), Avx2, Avx2, Some(Int8IsaOverrideProblem::Unsupported(Avx512Vnni)));
-    check(Some("neon"), Avx2, Avx2, Some(Int8IsaOverrideProblem::Unrecognized("neon".into())));
-    let warning = Int8IsaSelection::resolve(Some("avx512"), Avx2).warning().expect("a warning");
-    assert_eq!(
-        warning,
-        "SLUICE_KERNEL_ISA=avx512vnni requested, but this CPU supports at most avx2 for int8 kernels; using avx2"
-    );
 }

@@ -7,8 +7,9 @@
 //! 1. Four 8-lane accumulators start at +0. Whole 32-element blocks: accumulator `k` takes
 //!    elements `32·b + 8·k .. + 8` by one fused multiply-add, block after block.
 //! 2. The remaining whole 8-element chunks `m = 0, 1, 2` go into accumulator `m` the same way.
-//! 3. `hsum((a0 + a1) + (a2 + a3))` by the fixed tree of [`hsum`], then the last `len mod 8`
-//!    products are added one by one in order (plain multiply, then add).
+//! 3. `hsum((a0 + a1) + (a2 + a3))` by the fixed tree of [`hsum`] (the dense AVX2 kernel's:
+//!    `b[i] = v[i] + v[i+4]`, `c[i] = b[i] + b[i+2]`, result `c[0] + c[1]`), then the last
+//!    `len mod 8` products are added one by one in order (plain multiply, then add).
 //!
 //! Two rows are computed side by side for instruction-level parallelism, each by exactly that
 //! sequence, so a row's result never depends on its neighbours or on the call it falls in.
@@ -17,6 +18,8 @@
 //! multiply-add per row in row order; vector and scalar (`_mm_fmadd_ss`) lanes round alike.
 
 use std::arch::x86_64::*;
+
+use crate::kernels::avx2::hsum;
 
 /// f32 lanes per vector.
 const LANES: usize = 8;
@@ -151,15 +154,4 @@ pub(super) unsafe fn scale_axpy_rows(acc: &mut [f32], acc_scale: f32, w: &[f32],
         // SAFETY: t < len.
         unsafe { *ap.add(t) = _mm_cvtss_f32(v) };
     }
-}
-
-/// The fixed horizontal reduction of 8 lanes: `b[i] = v[i] + v[i+4]`, `c[i] = b[i] + b[i+2]`,
-/// result `c[0] + c[1]`.
-#[target_feature(enable = "avx2,fma")]
-#[inline]
-fn hsum(v: __m256) -> f32 {
-    let b = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
-    let c = _mm_add_ps(b, _mm_movehl_ps(b, b));
-    let d = _mm_add_ss(c, _mm_shuffle_ps::<0b01>(c, c));
-    _mm_cvtss_f32(d)
 }

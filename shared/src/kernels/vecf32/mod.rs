@@ -1,6 +1,7 @@
 //! f32 × f32 vector kernels for attention over the KV cache: the dot products of one query
 //! against a run of key rows ([`dot_rows_f32`]) and the probability-weighted sum of a run of
-//! value rows into an accumulator ([`scale_axpy_rows_f32`]).
+//! value rows into an accumulator ([`scale_axpy_rows_f32`]); and the scalar kernel's single dot
+//! product ([`dot_f32`]), for callers that need one ISA-independent order.
 //!
 //! Owns the safe API (shape and ISA checks) over one kernel per instruction set: `scalar` (the
 //! portable reference, written so LLVM vectorises it, NEON included) and `avx2` (x86_64).
@@ -63,6 +64,15 @@ pub fn scale_axpy_rows_f32(isa: Isa, acc: &mut [f32], acc_scale: f32, w: &[f32],
         #[cfg(not(target_arch = "x86_64"))]
         Isa::Avx2 | Isa::Avx512 => unreachable!("kernels: {isa} is never available off x86_64"),
     }
+}
+
+/// `Σ a[j]·b[j]` over `j < min(a.len(), b.len())` by the portable kernel, whatever the ISA: 16
+/// independent partial sums (lane `j mod 16` over the whole 16-wide chunks) combined by a fixed
+/// halving tree, then the tail added in order. A fixed order that LLVM keeps in vector registers
+/// once this inlines into the caller (hostd's `ops::dot`: attention scores, DeltaNet chunks).
+#[inline]
+pub fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
+    scalar::dot(a, b)
 }
 
 /// Panics unless `isa` runs here and `n` rows of `len` elements, `stride` apart, fit `rows`.

@@ -15,8 +15,9 @@ pub(super) fn dot_rows(x: &[f32], rows: &[f32], stride: usize, out: &mut [f32]) 
     }
 }
 
-/// `Σ a[j]·b[j]` in the fixed order of the module docs.
-fn dot(a: &[f32], b: &[f32]) -> f32 {
+/// `Σ a[j]·b[j]` in the fixed order of the module docs (`super::dot_f32`).
+#[inline]
+pub(super) fn dot(a: &[f32], b: &[f32]) -> f32 {
     let mut acc = [0.0f32; LANES];
     let (ca, cb) = (a.chunks_exact(LANES), b.chunks_exact(LANES));
     let (ta, tb) = (ca.remainder(), cb.remainder());
