@@ -13,6 +13,7 @@
 use crate::cache::{CacheError, ExpertCache, ExpertKey, SessionId};
 use crate::io::{ExpertSource, IoError, ReadRequest};
 use shared::container::{BlobLayout, Header};
+use shared::ids::{ExpertId, LayerId};
 use shared::kernels::int8::{Int8Isa, MatrixRef};
 use shared::moe_exec::{ExpertMatrices, MoeExec};
 use crate::prefetch::{Hint, Prefetcher};
@@ -28,7 +29,7 @@ pub enum CallError {
     #[error("invalid call for layer {layer}: {reason}")]
     Invalid {
         /// Layer of the call.
-        layer: u32,
+        layer: LayerId,
         /// What is wrong.
         reason: String,
     },
@@ -43,9 +44,9 @@ pub enum CallError {
     #[error("layer {layer} expert {expert}: blob part {part} is misaligned in the cache buffer")]
     Misaligned {
         /// Layer.
-        layer: u32,
+        layer: LayerId,
         /// Expert.
-        expert: u32,
+        expert: ExpertId,
         /// The part that could not be viewed.
         part: &'static str,
     },
@@ -91,7 +92,7 @@ pub struct CallSpec<'a> {
     /// The client's step counter (for the route trace).
     pub step: u64,
     /// Layer.
-    pub layer: u32,
+    pub layer: LayerId,
     /// Rows.
     pub n_rows: usize,
     /// Experts per row.
@@ -119,7 +120,7 @@ pub struct Engine {
     demand_reads: AtomicU32,
     /// Per session, the (step, layer) of its latest call to start (speculative reads for a
     /// layer whose call has started are dropped).
-    demand_progress: std::sync::Mutex<std::collections::HashMap<u64, (u64, u32)>>,
+    demand_progress: std::sync::Mutex<std::collections::HashMap<u64, (u64, LayerId)>>,
     /// The speculative reader, when the daemon runs one.
     prefetcher: OnceLock<Arc<Prefetcher>>,
     /// Compute a wave's resident experts while its misses are read (off: read, then compute,
@@ -254,7 +255,7 @@ impl Engine {
     }
 
     /// Whether `session`'s call for `layer` at `step` (or a later one) has started.
-    pub fn demand_started(&self, session: u64, step: u64, layer: u32) -> bool {
+    pub fn demand_started(&self, session: u64, step: u64, layer: LayerId) -> bool {
         self.demand_progress.lock().unwrap_or_else(std::sync::PoisonError::into_inner).get(&session).is_some_and(|&p| p >= (step, layer))
     }
 
@@ -307,7 +308,7 @@ impl Engine {
     }
 
     /// Checks a call's row count: `1..=max_rows` (before any buffer of that size is touched).
-    pub fn check_rows(&self, layer: u32, n_rows: usize) -> Result<(), CallError> {
+    pub fn check_rows(&self, layer: LayerId, n_rows: usize) -> Result<(), CallError> {
         if n_rows == 0 || n_rows > self.max_rows {
             return Err(CallError::Invalid { layer, reason: format!("n_tokens {n_rows} must be in 1..={}", self.max_rows) });
         }
@@ -319,7 +320,7 @@ impl Engine {
     pub fn validate(&self, spec: &CallSpec<'_>) -> Result<(), CallError> {
         let dims = &self.header.layout.dims;
         let bad = |reason: String| Err(CallError::Invalid { layer: spec.layer, reason });
-        if spec.layer as usize >= dims.n_layers {
+        if spec.layer.index() >= dims.n_layers {
             return bad(format!("layer {} out of range (container has {} layers)", spec.layer, dims.n_layers));
         }
         self.check_rows(spec.layer, spec.n_rows)?;

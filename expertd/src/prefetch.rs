@@ -19,6 +19,7 @@
 use crate::cache::{ExpertKey, SessionId};
 use crate::moe_call::Engine;
 use crate::io::ReadRequest;
+use shared::ids::{ExpertId, LayerId};
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, SyncSender, TrySendError};
@@ -44,8 +45,9 @@ pub struct Hint {
     /// The client's step (token) counter.
     pub step: u64,
     /// Layer.
-    pub layer: u32,
-    /// Predicted experts (validated against the container by the caller).
+    pub layer: LayerId,
+    /// Predicted experts, most probable first, as the ring carried them (validated against the
+    /// container by the caller).
     pub experts: Vec<u32>,
 }
 
@@ -159,7 +161,7 @@ fn run(rx: Receiver<Hint>, engine: Weak<Engine>, p: Weak<Prefetcher>) {
         let c = &p.counters;
         let mut wanted = Vec::with_capacity(hint.experts.len());
         for &e in &hint.experts {
-            let key = ExpertKey::new(hint.layer, e);
+            let key = ExpertKey::new(hint.layer, ExpertId::new(e));
             if engine.cache().contains(key) {
                 c.already_resident.fetch_add(1, Ordering::Relaxed);
             } else if budget.1 + stride * (wanted.len() as u64 + 1) > p.cap_bytes_per_step {

@@ -10,6 +10,7 @@ pub mod checkpoint;
 pub mod config;
 pub mod container;
 pub mod error_text;
+pub mod ids;
 pub mod keep_awake;
 pub mod kernels;
 pub mod moe_combine;

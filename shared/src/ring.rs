@@ -26,6 +26,7 @@
 //! This module owns the byte layout and the wait/wake primitives, not the mapping: the segment
 //! owners (`hostd/src/expert_client/shm.rs`, `expertd/src/shm.rs`) construct [`RingView`]s.
 
+use crate::ids::LayerId;
 use crate::shm_layout::{SEGMENT_HEADER_BYTES, SLICE_ALIGN, ShmLayoutError};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -236,7 +237,7 @@ pub struct Submission {
     /// The client's sequence number, echoed in `done_seq`.
     pub seq: u32,
     /// Layer.
-    pub layer: u32,
+    pub layer: LayerId,
     /// Rows.
     pub n_rows: u32,
     /// Experts per row.
@@ -271,8 +272,8 @@ pub struct Completion {
 /// Checks a prefetch hint, carried by an `OP_MOE` entry (`Entry::hint`, the cells after the
 /// call's) or sent alone in an `OP_PREFETCH` entry: a layer below `n_layers`, 1..=`n_experts` experts,
 /// each below `n_experts`. The message names what is wrong; the caller says which hint it was.
-pub fn check_hint(layer: u32, experts: &[u32], n_layers: usize, n_experts: usize) -> Result<(), String> {
-    if layer as usize >= n_layers || experts.is_empty() || experts.len() > n_experts {
+pub fn check_hint(layer: LayerId, experts: &[u32], n_layers: usize, n_experts: usize) -> Result<(), String> {
+    if layer.index() >= n_layers || experts.is_empty() || experts.len() > n_experts {
         return Err(format!("layer {layer} (of {n_layers}), {} experts (1..={n_experts})", experts.len()));
     }
     if let Some(e) = experts.iter().find(|&&e| e as usize >= n_experts) {
@@ -314,7 +315,7 @@ impl Entry<'_> {
     /// Client: writes a call into a free entry and submits it (then ring the doorbell).
     /// `ids` and `weights` must have the same length, at most the ring's `cells`.
     pub fn submit(&self, s: &Submission, ids: &[u32], weights: &[f32]) {
-        self.submit_with_hint(s, ids, weights, 0, &[]);
+        self.submit_with_hint(s, ids, weights, LayerId::new(0), &[]);
     }
 
     /// [`submit`](Self::submit) for an `OP_MOE` call that also carries a prefetch hint:
@@ -323,19 +324,19 @@ impl Entry<'_> {
     /// The worker queues them for the speculative reader once the call's own reads are under
     /// way, so the hint's reads follow the demand reads on the disk with no gap. A worker that
     /// predates the hint fields reads only the call's cells and ignores the rest.
-    pub fn submit_with_hint(&self, s: &Submission, ids: &[u32], weights: &[f32], hint_layer: u32, hint: &[u32]) {
+    pub fn submit_with_hint(&self, s: &Submission, ids: &[u32], weights: &[f32], hint_layer: LayerId, hint: &[u32]) {
         let cells = self.ring.layout.cells as usize;
         assert!(ids.len() == weights.len() && ids.len() + hint.len() <= cells, "ring entry cells");
         let r = Ordering::Relaxed;
         self.u32(F_OP).store(s.op, r);
         self.u32(F_SEQ).store(s.seq, r);
-        self.u32(F_LAYER).store(s.layer, r);
+        self.u32(F_LAYER).store(s.layer.get(), r);
         self.u32(F_N_ROWS).store(s.n_rows, r);
         self.u32(F_TOP_K).store(s.top_k, r);
         self.u64(F_STEP).store(s.step, r);
         self.u64(F_INPUT).store(s.input_offset, r);
         self.u64(F_OUTPUT).store(s.output_offset, r);
-        self.u32(F_HINT_LAYER).store(hint_layer, r);
+        self.u32(F_HINT_LAYER).store(hint_layer.get(), r);
         self.u32(F_HINT_N).store(hint.len() as u32, r);
         // SAFETY: the call's and the hint's cells together fit the entry's cell areas
         // (asserted), which lie inside the ring; the sources hold the lengths copied.
@@ -356,7 +357,7 @@ impl Entry<'_> {
         Some(Submission {
             op: self.u32(F_OP).load(r),
             seq: self.u32(F_SEQ).load(r),
-            layer: self.u32(F_LAYER).load(r),
+            layer: LayerId::new(self.u32(F_LAYER).load(r)),
             n_rows: self.u32(F_N_ROWS).load(r),
             top_k: self.u32(F_TOP_K).load(r),
             step: self.u64(F_STEP).load(r),
@@ -368,8 +369,8 @@ impl Entry<'_> {
     /// Worker: the hint a claimed `OP_MOE` entry carries after its cells, as (layer, experts);
     /// `(_, 0)` when none. Copied once; the caller validates both against the call and the
     /// ring before use.
-    pub fn hint(&self) -> (u32, u32) {
-        (self.u32(F_HINT_LAYER).load(Ordering::Relaxed), self.u32(F_HINT_N).load(Ordering::Relaxed))
+    pub fn hint(&self) -> (LayerId, u32) {
+        (LayerId::new(self.u32(F_HINT_LAYER).load(Ordering::Relaxed)), self.u32(F_HINT_N).load(Ordering::Relaxed))
     }
 
     /// Worker: copies the first `n` ids and weights out (`n` ≤ the ring's `cells`, which the
@@ -575,7 +576,7 @@ mod tests {
                     futex_wait(ring.doorbell(), d, Some(Duration::from_millis(5)));
                 }
             });
-            let sub = Submission { op: OP_MOE, seq: 9, layer: 3, n_rows: 1, top_k: 2, step: 5, input_offset: 64, output_offset: 128 };
+            let sub = Submission { op: OP_MOE, seq: 9, layer: LayerId::new(3), n_rows: 1, top_k: 2, step: 5, input_offset: 64, output_offset: 128 };
             ring.entry(1).submit(&sub, &[3, 1], &[0.5, 0.25]);
             ring.ring_doorbell();
             assert!(ring.entry(1).wait_finished(Duration::from_micros(10), Duration::from_millis(5), || true));
@@ -583,11 +584,11 @@ mod tests {
             assert_eq!((seq, cost.hits, failure), (9, 2, None));
             h.join().expect("worker")
         });
-        assert_eq!(worker.layer, 3);
+        assert_eq!(worker.layer, LayerId::new(3));
         assert_eq!(worker.step, 5);
         // A failure carries its code and text, cut at a character boundary.
         let e = ring.entry(0);
-        e.submit(&Submission { op: OP_ECHO, seq: 1, layer: 0, n_rows: 1, top_k: 1, step: 0, input_offset: 64, output_offset: 64 }, &[0], &[1.0]);
+        e.submit(&Submission { op: OP_ECHO, seq: 1, layer: LayerId::new(0), n_rows: 1, top_k: 1, step: 0, input_offset: 64, output_offset: 64 }, &[0], &[1.0]);
         assert!(e.claim().is_some());
         assert!(e.claim().is_none(), "an entry is claimed once");
         e.fail(1, 3, &"é".repeat(200));
@@ -604,10 +605,10 @@ mod tests {
         let ring = ring_in(&mut buf, layout);
         ring.reset();
         let e = ring.entry(0);
-        let sub = Submission { op: OP_MOE, seq: 1, layer: 2, n_rows: 1, top_k: 2, step: 0, input_offset: 64, output_offset: 128 };
-        e.submit_with_hint(&sub, &[7, 4], &[0.75, 0.25], 3, &[1, 6, 0]);
+        let sub = Submission { op: OP_MOE, seq: 1, layer: LayerId::new(2), n_rows: 1, top_k: 2, step: 0, input_offset: 64, output_offset: 128 };
+        e.submit_with_hint(&sub, &[7, 4], &[0.75, 0.25], LayerId::new(3), &[1, 6, 0]);
         assert!(e.claim().is_some());
-        assert_eq!(e.hint(), (3, 3));
+        assert_eq!(e.hint(), (LayerId::new(3), 3));
         let (mut ids, mut w) = (Vec::new(), Vec::new());
         e.read_cells(5, &mut ids, &mut w);
         assert_eq!(ids, [7, 4, 1, 6, 0]);
@@ -615,7 +616,7 @@ mod tests {
         e.state().store(STATE_FREE, Ordering::SeqCst);
         e.submit(&sub, &[7, 4], &[0.75, 0.25]);
         assert_eq!(e.hint().1, 0, "a call without a hint must not inherit the last one's");
-        let full = std::panic::catch_unwind(|| e.submit_with_hint(&sub, &[7, 4], &[0.75, 0.25], 3, &[1, 6, 0, 5]));
+        let full = std::panic::catch_unwind(|| e.submit_with_hint(&sub, &[7, 4], &[0.75, 0.25], LayerId::new(3), &[1, 6, 0, 5]));
         assert!(full.is_err(), "the call's and the hint's cells must fit the entry");
     }
 

@@ -15,6 +15,7 @@ use super::status::RpcError;
 use crate::moe_call::CallSpec;
 use crate::session::{CallCounters, Session};
 use crate::shm::Segment;
+use shared::ids::LayerId;
 use shared::ring::{self, Completion, Entry, RingView, Submission};
 use shared::shm_layout::ShmSlice;
 use std::sync::Arc;
@@ -185,7 +186,7 @@ impl Worker {
     /// The prefetch hint a MoE call carries in its cells after `cells` (already copied into
     /// `self.ids`), checked like a hint entry: a layer and experts in range. `None` when it
     /// carries none.
-    fn carried_hint(&self, sub: &Submission, layer: u32, cells: usize) -> Result<Option<crate::prefetch::Hint>, RpcError> {
+    fn carried_hint(&self, sub: &Submission, layer: LayerId, cells: usize) -> Result<Option<crate::prefetch::Hint>, RpcError> {
         let experts = &self.ids[cells..];
         if experts.is_empty() {
             return Ok(None);

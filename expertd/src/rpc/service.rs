@@ -16,6 +16,7 @@ use proto::convert::{self, f32s_to_le_bytes};
 use proto::v1::expert_service_server::ExpertService;
 use proto::v1::{self as pb};
 use shared::container::ModelIdentity;
+use shared::ids::LayerId;
 use std::net::SocketAddr;
 use std::ops::Range;
 use std::sync::Arc;
@@ -299,7 +300,7 @@ impl ExpertdService {
         }
         let engine = &st.engine;
         let (n_rows, top_k, d) = (r.n_tokens as usize, r.top_k as usize, engine.hidden());
-        let spec = CallSpec { session: session.id, step: r.step, layer: r.layer_idx, n_rows, top_k, ids: &r.expert_ids, weights: &r.weights };
+        let spec = CallSpec { session: session.id, step: r.step, layer: LayerId::new(r.layer_idx), n_rows, top_k, ids: &r.expert_ids, weights: &r.weights };
         engine.validate(&spec)?;
         let n_values = n_rows * d;
         let needed = n_values as u64 * 4;
@@ -336,7 +337,7 @@ impl ExpertdService {
         let queue_ns = t_queue.elapsed().as_nanos() as u64;
 
         let engine = Arc::clone(engine);
-        let (session_id, step, layer) = (session.id, r.step, r.layer_idx);
+        let (session_id, step, layer) = (session.id, r.step, LayerId::new(r.layer_idx));
         let (ids, weights) = (r.expert_ids, r.weights);
         // The blocking job owns the lane and the in-flight slot: if the client goes away and
         // this future is dropped, both are held until the call really ends.

@@ -201,8 +201,8 @@ impl From<RpcError> for Status {
             _ => None,
         };
         if let Some((layer, expert)) = expert {
-            meta.insert(LAYER_METADATA, tonic::metadata::MetadataValue::from(layer));
-            meta.insert(EXPERT_METADATA, tonic::metadata::MetadataValue::from(expert));
+            meta.insert(LAYER_METADATA, tonic::metadata::MetadataValue::from(layer.get()));
+            meta.insert(EXPERT_METADATA, tonic::metadata::MetadataValue::from(expert.get()));
         }
         status
     }
@@ -211,6 +211,7 @@ impl From<RpcError> for Status {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use shared::ids::{ExpertId, LayerId};
 
     fn check(e: RpcError, code: Code, needle: &str) {
         let s = Status::from(e);
@@ -224,9 +225,9 @@ mod tests {
         check(RpcError::SessionBusy { session: 1, limit: 4 }, Code::ResourceExhausted, "4 calls");
         check(RpcError::from(CapReached::Connection { limit: 64 }), Code::ResourceExhausted, "--max-sessions-per-connection");
         check(RpcError::VersionMismatch { client: 1, oldest: 2, current: 2 }, Code::FailedPrecondition, "version 1");
-        check(RpcError::Call(CallError::Invalid { layer: 3, reason: "x".into() }), Code::InvalidArgument, "layer 3");
+        check(RpcError::Call(CallError::Invalid { layer: LayerId::new(3), reason: "x".into() }), Code::InvalidArgument, "layer 3");
         check(
-            RpcError::Call(CallError::Io(IoError::Os { layer: 1, expert: 2, offset: 4096, errno: 5 })),
+            RpcError::Call(CallError::Io(IoError::Os { layer: LayerId::new(1), expert: ExpertId::new(2), offset: 4096, errno: 5 })),
             Code::Unavailable,
             "layer 1 expert 2",
         );

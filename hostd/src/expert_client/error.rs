@@ -3,6 +3,7 @@
 //! `ExpertError`. Messages name the daemon's address and, for refusals, both sides' values.
 
 use crate::experts::ExpertError;
+use shared::ids::{ExpertId, LayerId};
 use tonic::Code;
 
 /// Metadata key expertd sets on every status it sends (absent: the transport failed).
@@ -80,7 +81,7 @@ pub enum ExpertClientError {
         /// The daemon's message.
         message: String,
         /// The expert named by the daemon (layer, expert), for failed reads.
-        expert: Option<(usize, u32)>,
+        expert: Option<(LayerId, ExpertId)>,
     },
     /// The connection broke during the call (daemon exited or restarted); the next call
     /// reconnects.
@@ -140,9 +141,9 @@ impl ExpertClientError {
         if !from_daemon && matches!(code, Code::Unavailable | Code::Unknown | Code::Cancelled | Code::Internal) {
             return ExpertClientError::ConnectionLost { endpoint: endpoint.to_string(), message: if message.is_empty() { format!("{code:?}") } else { message } };
         }
-        let meta = |key: &str| status.metadata().get(key).and_then(|v| v.to_str().ok()).and_then(|s| s.parse::<u64>().ok());
+        let meta = |key: &str| status.metadata().get(key).and_then(|v| v.to_str().ok()).and_then(|s| s.parse::<u32>().ok());
         let expert = match (meta(LAYER_METADATA), meta(EXPERT_METADATA)) {
-            (Some(l), Some(e)) => Some((l as usize, e as u32)),
+            (Some(l), Some(e)) => Some((LayerId::new(l), ExpertId::new(e))),
             _ => None,
         };
         ExpertClientError::Status { endpoint: endpoint.to_string(), code, message, expert }
@@ -227,7 +228,7 @@ impl ExpertClientError {
     }
 
     /// As the model's `ExpertError` for a call of `layer`.
-    pub fn into_expert_error(self, layer: usize) -> ExpertError {
+    pub fn into_expert_error(self, layer: LayerId) -> ExpertError {
         if self.is_unavailable() {
             return ExpertError::Unavailable { backend: "expertd", layer, reason: self.to_string(), retry_after_s: RETRY_AFTER_S };
         }
@@ -256,8 +257,8 @@ mod tests {
         s2.metadata_mut().insert(ORIGIN_METADATA, "1".parse().expect("ascii"));
         s2.metadata_mut().insert(LAYER_METADATA, "1".parse().expect("ascii"));
         s2.metadata_mut().insert(EXPERT_METADATA, "2".parse().expect("ascii"));
-        match ExpertClientError::from_status("unix:///x", &s2).into_expert_error(1) {
-            ExpertError::Expert { layer: 1, expert: 2, reason } => assert!(reason.contains("checksum"), "{reason}"),
+        match ExpertClientError::from_status("unix:///x", &s2).into_expert_error(LayerId::new(1)) {
+            ExpertError::Expert { layer, expert, reason } if (layer.get(), expert.get()) == (1, 2) => assert!(reason.contains("checksum"), "{reason}"),
             other => panic!("{other:?}"),
         }
         let e = ExpertClientError::from_status("unix:///x", &tonic::Status::new(Code::NotFound, "unknown session 5"));
@@ -273,15 +274,15 @@ mod tests {
         let late = ExpertClientError::DeadlineExceeded { endpoint: "unix:///x".into(), what: "the call", deadline_s: 2.0 };
         assert!(late.needs_reconnect() && late.is_unavailable());
         assert!(late.to_string().contains("within 2 s"), "{late}");
-        match late.into_expert_error(3) {
-            ExpertError::Unavailable { layer: 3, retry_after_s: RETRY_AFTER_S, reason, .. } => assert!(reason.contains("unix:///x"), "{reason}"),
+        match late.into_expert_error(LayerId::new(3)) {
+            ExpertError::Unavailable { layer, retry_after_s: RETRY_AFTER_S, reason, .. } if layer.get() == 3 => assert!(reason.contains("unix:///x"), "{reason}"),
             other => panic!("{other:?}"),
         }
         let lost = ExpertClientError::ConnectionLost { endpoint: "unix:///x".into(), message: "reset".into() };
-        assert!(matches!(lost.into_expert_error(0), ExpertError::Unavailable { .. }));
+        assert!(matches!(lost.into_expert_error(LayerId::new(0)), ExpertError::Unavailable { .. }));
         let bad = ExpertClientError::from_status("unix:///x", &tonic::Status::new(Code::InvalidArgument, "bad"));
         assert!(!bad.is_unavailable());
-        assert!(matches!(bad.into_expert_error(0), ExpertError::InvalidCall { .. }));
+        assert!(matches!(bad.into_expert_error(LayerId::new(0)), ExpertError::InvalidCall { .. }));
         let wrong = ExpertClientError::WrongModel { endpoint: "unix:///x".into(), reason: "dims".into() };
         assert!(!wrong.is_unavailable(), "retrying does not fix a wrong container");
     }

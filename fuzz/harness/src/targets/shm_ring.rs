@@ -111,7 +111,7 @@ fn serve(view: &RingView, entry: &ring::Entry<'_>, sub: &ring::Submission, dims:
     let (mut ids, mut weights) = (Vec::new(), Vec::new());
     if sub.op == ring::OP_PREFETCH {
         let n = sub.top_k as usize;
-        if sub.layer >= dims.n_layers || sub.n_rows != 1 || n == 0 || n > dims.n_experts.min(capacity) {
+        if sub.layer.get() >= dims.n_layers || sub.n_rows != 1 || n == 0 || n > dims.n_experts.min(capacity) {
             return Err("hint-shape".into());
         }
         entry.read_cells(n, &mut ids, &mut weights);
@@ -140,10 +140,10 @@ fn serve(view: &RingView, entry: &ring::Entry<'_>, sub: &ring::Submission, dims:
             entry.read_cells(total, &mut ids, &mut weights);
             if hint_n > 0 {
                 ring::check_hint(hint_layer, &ids[cells..], dims.n_layers as usize, dims.n_experts).map_err(|_| "carried-hint".to_string())?;
-                assert!(hint_layer < dims.n_layers && ids[cells..].iter().all(|&e| (e as usize) < dims.n_experts));
+                assert!(hint_layer.get() < dims.n_layers && ids[cells..].iter().all(|&e| (e as usize) < dims.n_experts));
             }
             let (ids, weights) = (&ids[..cells], &weights[..cells]);
-            if sub.layer >= dims.n_layers {
+            if sub.layer.get() >= dims.n_layers {
                 return Err("layer".into());
             }
             validate_routing(n_rows, top_k, ids, weights, dims.n_experts).map_err(|_| "routing".to_string())?;
