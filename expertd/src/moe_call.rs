@@ -9,6 +9,10 @@
 //! `out[r] = Σ_k w[r,k] · y[r,k]` is accumulated from zero in call order, so hostd with expertd
 //! and hostd alone produce bit-identical logits. Transport, sessions, queueing and status codes
 //! are the caller's (`crate::rpc`).
+//!
+//! [`CallExecutor`] owns what every call needs (the expert reader, the cache, the compute pool
+//! and the kernel ISA) and runs calls on it; `shared::moe_exec::MoeExec` is the arithmetic of
+//! one call inside it. (hostd's `engine/` is something else: the serving scheduler.)
 
 use crate::cache::{CacheError, ExpertCache, ExpertKey, SessionId};
 use crate::io::{ExpertSource, IoError, ReadRequest};
@@ -21,7 +25,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
-/// Why a call failed inside the engine. `Invalid` names the field; the others name the layer
+/// Why a call failed inside the call executor. `Invalid` names the field; the others name the layer
 /// and expert where one is involved.
 #[derive(Debug, thiserror::Error)]
 pub enum CallError {
@@ -57,7 +61,7 @@ pub enum CallError {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct CallCost {
     /// Nanoseconds the call waited for a compute lane: set by the RPC layer, which queues it
-    /// ([`CallCost::counters`]); 0 as [`Engine::run`] returns it.
+    /// ([`CallCost::counters`]); 0 as [`CallExecutor::run`] returns it.
     pub queue_ns: u64,
     /// Nanoseconds the call could not compute because of IO: leasing its experts (waiting for
     /// free slots included) plus the wait for reads (its own, or another call's read of a
@@ -103,8 +107,9 @@ pub struct CallSpec<'a> {
     pub weights: &'a [f32],
 }
 
-/// The daemon's compute engine: the container's source, the cache and the kernels.
-pub struct Engine {
+/// The daemon's call executor: what every MoE call needs (the container's source, the cache and
+/// its leases, the compute pool and the kernels) and the per-call path over them.
+pub struct CallExecutor {
     cache: ExpertCache,
     source: Box<dyn ExpertSource>,
     isa: Int8Isa,
@@ -126,13 +131,13 @@ pub struct Engine {
     /// Compute a wave's resident experts while its misses are read (off: read, then compute,
     /// as before the call ring; for A/B measurements).
     overlap: bool,
-    /// Held by the one caller of [`Engine::with_pool_awake`] whose burst keeps `pool` awake.
+    /// Held by the one caller of [`CallExecutor::with_pool_awake`] whose burst keeps `pool` awake.
     awake: std::sync::Mutex<()>,
     /// Calls running now off the compute pool (gRPC calls, ring calls of a session that does not
     /// hold the kept-awake pool): while any runs, no burst keeps the pool, so that pool thread 0
     /// is not held polling one session's ring while another session's call waits for it.
     off_pool_calls: AtomicU32,
-    /// Calls started off the compute pool since the engine started (with `off_pool_calls`, a
+    /// Calls started off the compute pool since the executor started (with `off_pool_calls`, a
     /// burst sees every call that started while it held the pool, however short).
     off_pool_started: AtomicU64,
 }
@@ -168,10 +173,10 @@ fn view_blob<'a>(bytes: &'a [u8], layout: &BlobLayout, key: ExpertKey) -> Result
     Ok(ExpertMatrices { gate_up, down })
 }
 
-impl Engine {
-    /// An engine over `source` with `cache`, computing with `isa` on `threads` threads (0: one
+impl CallExecutor {
+    /// An executor over `source` with `cache`, computing with `isa` on `threads` threads (0: one
     /// per core), accepting calls of up to `max_rows` rows.
-    pub fn new(cache: ExpertCache, source: Box<dyn ExpertSource>, isa: Int8Isa, threads: usize, max_rows: usize) -> std::io::Result<Engine> {
+    pub fn new(cache: ExpertCache, source: Box<dyn ExpertSource>, isa: Int8Isa, threads: usize, max_rows: usize) -> std::io::Result<CallExecutor> {
         let header = *source.container().header();
         let pool = rayon::ThreadPoolBuilder::new()
             .num_threads(threads)
@@ -180,7 +185,7 @@ impl Engine {
             .map_err(std::io::Error::other)?;
         let st = cache.stats();
         let wave_experts = (((st.n_slots + st.transient_slots) / 2).max(1)) as usize;
-        Ok(Engine { cache, source, isa, header, pool, max_rows, wave_experts, demand_reads: AtomicU32::new(0), demand_progress: Default::default(), prefetcher: OnceLock::new(), overlap: true, awake: std::sync::Mutex::new(()), off_pool_calls: AtomicU32::new(0), off_pool_started: Default::default() })
+        Ok(CallExecutor { cache, source, isa, header, pool, max_rows, wave_experts, demand_reads: AtomicU32::new(0), demand_progress: Default::default(), prefetcher: OnceLock::new(), overlap: true, awake: std::sync::Mutex::new(()), off_pool_calls: AtomicU32::new(0), off_pool_started: Default::default() })
     }
 
     /// Leases one wave's experts, waiting (bounded by [`WAVE_WAIT_LIMIT`]) while other calls
@@ -234,7 +239,7 @@ impl Engine {
     }
 
     /// Turns the hits-while-reading overlap on (default) or off.
-    pub fn with_overlap(mut self, on: bool) -> Engine {
+    pub fn with_overlap(mut self, on: bool) -> CallExecutor {
         self.overlap = on;
         self
     }
@@ -520,7 +525,7 @@ impl Engine {
     }
 }
 
-/// One wave's demand reads in progress, counted in `Engine::demand_reads` while it lives.
+/// One wave's demand reads in progress, counted in `CallExecutor::demand_reads` while it lives.
 struct DemandReading<'a>(&'a AtomicU32);
 
 impl<'a> DemandReading<'a> {
@@ -536,7 +541,7 @@ impl Drop for DemandReading<'_> {
     }
 }
 
-/// Counts one call running off the compute pool (see `Engine::off_pool_calls`) until dropped.
+/// Counts one call running off the compute pool (see `CallExecutor::off_pool_calls`) until dropped.
 struct OffPoolCall<'a>(&'a AtomicU32);
 
 impl<'a> OffPoolCall<'a> {

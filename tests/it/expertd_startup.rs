@@ -168,7 +168,7 @@ fn a_budget_above_the_container_is_clamped_and_a_big_arena_is_not_committed_at_s
 
     // In process: the cache holds one slot per expert, and its configuration says so.
     let prepared = Prepared::new(ServeConfig::new(container.clone(), budget)).expect("prepare");
-    let cache = prepared.engine().cache();
+    let cache = prepared.executor().cache();
     assert_eq!(cache.config().budget_bytes, holds, "the budget is clamped to the container's experts");
     assert_eq!(cache.stats().n_slots, n_blobs);
     assert_eq!(cache.stats().budget_bytes, holds);

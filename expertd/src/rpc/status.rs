@@ -23,7 +23,7 @@ use tonic::{Code, Status};
 /// Every way an RPC can fail.
 #[derive(Debug, thiserror::Error)]
 pub enum RpcError {
-    /// The engine refused or failed the call.
+    /// The call executor refused or failed the call.
     #[error(transparent)]
     Call(#[from] CallError),
     /// The session is not open on this connection.
