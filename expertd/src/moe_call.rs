@@ -16,6 +16,7 @@
 
 use crate::cache::{CacheError, ExpertCache, ExpertKey, SessionId};
 use crate::io::{ExpertSource, IoError, ReadRequest};
+pub use shared::call_cost::CallCost;
 use shared::container::{BlobLayout, Header};
 use shared::ids::{ExpertId, LayerId};
 use shared::kernels::int8::{Int8Isa, MatrixRef};
@@ -54,38 +55,6 @@ pub enum CallError {
         /// The part that could not be viewed.
         part: &'static str,
     },
-}
-
-/// What one call cost; also what a successful call adds to its session's counters
-/// (`crate::session::CallCounters`), once the RPC layer has set `queue_ns`.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct CallCost {
-    /// Nanoseconds the call waited for a compute lane: set by the RPC layer, which queues it
-    /// ([`CallCost::counters`]); 0 as [`CallExecutor::run`] returns it.
-    pub queue_ns: u64,
-    /// Nanoseconds the call could not compute because of IO: leasing its experts (waiting for
-    /// free slots included) plus the wait for reads (its own, or another call's read of a
-    /// shared expert) left after the resident experts were computed — reads that completed
-    /// while hits were computing cost nothing here.
-    pub io_wait_ns: u64,
-    /// Nanoseconds computing (the rest of each wave's wall time; the final weighted sum is
-    /// not timed).
-    pub compute_ns: u64,
-    /// Distinct experts found in the cache.
-    pub hits: u32,
-    /// Distinct experts read.
-    pub misses: u32,
-    /// Bytes read from the container.
-    pub bytes_read: u64,
-    /// Of the hits, experts a speculative read had brought in (see `crate::prefetch`).
-    pub prefetched_hits: u32,
-}
-
-impl CallCost {
-    /// What the call adds to its session's counters, with the time it queued for a lane.
-    pub fn counters(&self, queue_ns: u64) -> crate::session::CallCounters {
-        CallCost { queue_ns, ..*self }
-    }
 }
 
 /// The routing part of one call, already decoded from the wire.

@@ -1,5 +1,5 @@
 //! Conversions between wire messages and `shared` types: model identities, shared-memory
-//! slices, and f32 activations as little-endian bytes. `TryFrom` where the wire value can be
+//! slices, f32 activations as little-endian bytes, and a call's cost in its response. `TryFrom` where the wire value can be
 //! malformed (a digest of the wrong length, a slice of the wrong dtype); each failure names
 //! the field.
 //!
@@ -7,6 +7,7 @@
 //! slices against a segment) is decided by the daemon.
 
 use crate::v1;
+use shared::call_cost::CallCost;
 use shared::container::ModelIdentity;
 use shared::shm_layout::ShmSlice;
 
@@ -76,6 +77,20 @@ impl From<ShmSlice> for v1::ShmSlice {
     }
 }
 
+/// The `MoeLayer` response carrying `output` and the call's `cost` (its time queued included).
+pub fn moe_layer_response(output: v1::moe_layer_response::Output, cost: &CallCost) -> v1::MoeLayerResponse {
+    let CallCost { queue_ns, io_wait_ns, compute_ns, hits, misses, bytes_read, prefetched_hits } = *cost;
+    v1::MoeLayerResponse { output: Some(output), queue_ns, io_wait_ns, compute_ns, hits, misses, bytes_read, prefetched_hits }
+}
+
+/// The cost a `MoeLayer` response reports.
+impl From<&v1::MoeLayerResponse> for CallCost {
+    fn from(r: &v1::MoeLayerResponse) -> CallCost {
+        let v1::MoeLayerResponse { queue_ns, io_wait_ns, compute_ns, hits, misses, bytes_read, prefetched_hits, output: _ } = *r;
+        CallCost { queue_ns, io_wait_ns, compute_ns, hits, misses, bytes_read, prefetched_hits }
+    }
+}
+
 /// Converts a wire slice named `field`; only f32 slices exist today.
 pub fn shm_slice(field: &'static str, s: &v1::ShmSlice) -> Result<ShmSlice, ConvertError> {
     if s.dtype != v1::Dtype::F32 as i32 {
@@ -127,6 +142,14 @@ mod tests {
         le_bytes_to_f32s("x", &bytes, &mut back).expect("decodes");
         assert_eq!(values.map(f32::to_bits).to_vec(), back.iter().map(|v| v.to_bits()).collect::<Vec<_>>());
         assert!(le_bytes_to_f32s("x", &bytes[1..], &mut back).is_err());
+    }
+
+    #[test]
+    fn a_call_cost_round_trips_through_its_response() {
+        let cost = CallCost { queue_ns: 1, io_wait_ns: 2, compute_ns: 3, hits: 4, misses: 5, bytes_read: 6, prefetched_hits: 7 };
+        let resp = moe_layer_response(v1::moe_layer_response::Output::OutputInlineF32Le(vec![0; 4]), &cost);
+        assert_eq!(CallCost::from(&resp), cost);
+        assert!(resp.output.is_some());
     }
 
     #[test]

@@ -26,6 +26,7 @@
 //! This module owns the byte layout and the wait/wake primitives, not the mapping: the segment
 //! owners (`hostd/src/expert_client/shm.rs`, `expertd/src/shm.rs`) construct [`RingView`]s.
 
+use crate::call_cost::CallCost;
 use crate::ids::LayerId;
 use crate::shm_layout::{SEGMENT_HEADER_BYTES, SLICE_ALIGN, ShmLayoutError};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
@@ -250,25 +251,6 @@ pub struct Submission {
     pub output_offset: u64,
 }
 
-/// What a completed call cost, as the worker reports it.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Completion {
-    /// Nanoseconds waiting for a compute lane.
-    pub queue_ns: u64,
-    /// Nanoseconds waiting for reads.
-    pub io_wait_ns: u64,
-    /// Nanoseconds computing.
-    pub compute_ns: u64,
-    /// Bytes read from the container.
-    pub bytes_read: u64,
-    /// Distinct experts found resident.
-    pub hits: u32,
-    /// Distinct experts read.
-    pub misses: u32,
-    /// Of the hits, experts a speculative read had brought in.
-    pub prefetched_hits: u32,
-}
-
 /// Checks a prefetch hint, carried by an `OP_MOE` entry (`Entry::hint`, the cells after the
 /// call's) or sent alone in an `OP_PREFETCH` entry: a layer below `n_layers`, 1..=`n_experts` experts,
 /// each below `n_experts`. The message names what is wrong; the caller says which hint it was.
@@ -387,7 +369,7 @@ impl Entry<'_> {
     }
 
     /// Worker: publishes a successful call and wakes the client if it sleeps.
-    pub fn complete(&self, seq: u32, c: &Completion) {
+    pub fn complete(&self, seq: u32, c: &CallCost) {
         let r = Ordering::Relaxed;
         self.u64(F_QUEUE_NS).store(c.queue_ns, r);
         self.u64(F_IO_WAIT_NS).store(c.io_wait_ns, r);
@@ -421,9 +403,9 @@ impl Entry<'_> {
     }
 
     /// Client: the finished call's sequence number, cost, and failure (code, message) if any.
-    pub fn result(&self) -> (u32, Completion, Option<(u32, String)>) {
+    pub fn result(&self) -> (u32, CallCost, Option<(u32, String)>) {
         let r = Ordering::Relaxed;
-        let c = Completion {
+        let c = CallCost {
             queue_ns: self.u64(F_QUEUE_NS).load(r),
             io_wait_ns: self.u64(F_IO_WAIT_NS).load(r),
             compute_ns: self.u64(F_COMPUTE_NS).load(r),
@@ -569,7 +551,7 @@ mod tests {
                         ring.entry(1).read_cells((sub.n_rows * sub.top_k) as usize, &mut ids, &mut w);
                         assert_eq!(ids, [3, 1]);
                         assert_eq!(w, [0.5, 0.25]);
-                        ring.entry(1).complete(sub.seq, &Completion { hits: 2, ..Completion::default() });
+                        ring.entry(1).complete(sub.seq, &CallCost { hits: 2, ..CallCost::default() });
                         return sub;
                     }
                     let d = ring.doorbell().load(Ordering::SeqCst);
