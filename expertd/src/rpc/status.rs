@@ -177,19 +177,9 @@ impl RpcError {
     }
 }
 
-/// Metadata key set on every status the daemon sends, so a client can tell the daemon's
-/// refusals from transport failures (which carry no such key).
-pub const ORIGIN_METADATA: &str = "expertd-origin";
-/// Metadata key naming the layer of a failed expert read.
-pub const LAYER_METADATA: &str = "expertd-layer";
-/// Metadata key naming the expert of a failed expert read.
-pub const EXPERT_METADATA: &str = "expertd-expert";
-
 impl From<RpcError> for Status {
     fn from(e: RpcError) -> Status {
         let mut status = Status::new(e.code(), e.to_string());
-        let meta = status.metadata_mut();
-        meta.insert(ORIGIN_METADATA, tonic::metadata::MetadataValue::from_static("expertd"));
         let expert = match &e {
             RpcError::Call(CallError::Io(
                 IoError::DataLoss { layer, expert, .. }
@@ -200,10 +190,7 @@ impl From<RpcError> for Status {
             )) => Some((*layer, *expert)),
             _ => None,
         };
-        if let Some((layer, expert)) = expert {
-            meta.insert(LAYER_METADATA, tonic::metadata::MetadataValue::from(layer.get()));
-            meta.insert(EXPERT_METADATA, tonic::metadata::MetadataValue::from(expert.get()));
-        }
+        proto::convert::mark_daemon_status(&mut status, expert);
         status
     }
 }

@@ -6,13 +6,6 @@ use crate::experts::ExpertError;
 use shared::ids::{ExpertId, LayerId};
 use tonic::Code;
 
-/// Metadata key expertd sets on every status it sends (absent: the transport failed).
-pub const ORIGIN_METADATA: &str = "expertd-origin";
-/// Metadata key under which expertd names the layer of a failed expert read.
-pub const LAYER_METADATA: &str = "expertd-layer";
-/// Metadata key under which expertd names the expert of a failed expert read.
-pub const EXPERT_METADATA: &str = "expertd-expert";
-
 /// The `Retry-After` (seconds) of a request failed because the daemon was unreachable: long
 /// enough for a private daemon to restart or a stopped one to be noticed back by the probe.
 pub const RETRY_AFTER_S: u64 = 2;
@@ -137,16 +130,11 @@ impl ExpertClientError {
         let message = status.message().to_string();
         // expertd tags every status it sends; an untagged failure of these kinds comes from the
         // transport (the connection broke), not from the daemon.
-        let from_daemon = status.metadata().get(ORIGIN_METADATA).is_some();
+        let from_daemon = proto::convert::is_daemon_status(status);
         if !from_daemon && matches!(code, Code::Unavailable | Code::Unknown | Code::Cancelled | Code::Internal) {
             return ExpertClientError::ConnectionLost { endpoint: endpoint.to_string(), message: if message.is_empty() { format!("{code:?}") } else { message } };
         }
-        let meta = |key: &str| status.metadata().get(key).and_then(|v| v.to_str().ok()).and_then(|s| s.parse::<u32>().ok());
-        let expert = match (meta(LAYER_METADATA), meta(EXPERT_METADATA)) {
-            (Some(l), Some(e)) => Some((LayerId::new(l), ExpertId::new(e))),
-            _ => None,
-        };
-        ExpertClientError::Status { endpoint: endpoint.to_string(), code, message, expert }
+        ExpertClientError::Status { endpoint: endpoint.to_string(), code, message, expert: proto::convert::failed_expert(status) }
     }
 
     /// Whether the session or connection is gone and a new handshake may succeed.
@@ -254,9 +242,7 @@ mod tests {
     #[test]
     fn statuses_map_once() {
         let mut s2 = tonic::Status::new(Code::DataLoss, "layer 1 expert 2: checksum mismatch");
-        s2.metadata_mut().insert(ORIGIN_METADATA, "1".parse().expect("ascii"));
-        s2.metadata_mut().insert(LAYER_METADATA, "1".parse().expect("ascii"));
-        s2.metadata_mut().insert(EXPERT_METADATA, "2".parse().expect("ascii"));
+        proto::convert::mark_daemon_status(&mut s2, Some((LayerId::new(1), ExpertId::new(2))));
         match ExpertClientError::from_status("unix:///x", &s2).into_expert_error(LayerId::new(1)) {
             ExpertError::Expert { layer, expert, reason } if (layer.get(), expert.get()) == (1, 2) => assert!(reason.contains("checksum"), "{reason}"),
             other => panic!("{other:?}"),

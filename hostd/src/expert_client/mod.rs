@@ -662,7 +662,7 @@ impl ExpertdClient {
         if let Some((code, message)) = failure {
             // The worker wrote this failure: it is the daemon's answer, not a transport fault.
             let mut status = tonic::Status::new(tonic::Code::from(code as i32), message);
-            status.metadata_mut().insert(error::ORIGIN_METADATA, tonic::metadata::MetadataValue::from_static("expertd"));
+            proto::convert::mark_daemon_status(&mut status, None);
             return Err(ExpertClientError::from_status(&self.endpoint, &status));
         }
         seg.read_output(slot, out);
