@@ -10,6 +10,7 @@
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use expertd::io::{AlignedBuf, ExpertSource, IoKind, ReadRequest, SourceOptions, open_source_with};
+use shared::ids::{ExpertId, LayerId};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -52,7 +53,7 @@ fn read_batch(source: &dyn ExpertSource, buf: &mut AlignedBuf, batch: &[(u32, u3
     let mut reqs: Vec<ReadRequest<'_>> = buf
         .chunks_exact_mut(stride)
         .zip(batch)
-        .map(|(dst, &(layer, expert))| ReadRequest { layer, expert, dst })
+        .map(|(dst, &(layer, expert))| ReadRequest { layer: LayerId::new(layer), expert: ExpertId::new(expert), dst })
         .collect();
     for (r, (l, e)) in source.read_blobs(&mut reqs).into_iter().zip(batch) {
         r.unwrap_or_else(|err| panic!("layer {l} expert {e}: {err}"));
@@ -121,10 +122,11 @@ fn bench_io(c: &mut Criterion) {
     let mut buf = AlignedBuf::zeroed(stride);
     read_batch(&*source, &mut buf, &[(0, 0)]);
     let index = source.container();
-    let entry = index.entry(0, 0).expect("blob (0, 0)");
+    let (l0, e0) = (LayerId::new(0), ExpertId::new(0));
+    let entry = index.entry(l0, e0).expect("blob (0, 0)");
     let mut group = c.benchmark_group("verify_only");
     group.throughput(Throughput::Bytes(stride as u64));
-    group.bench_function("check_blob", |b| b.iter(|| index.verify(0, 0, entry, &buf).expect("valid blob")));
+    group.bench_function("check_blob", |b| b.iter(|| index.verify(l0, e0, entry, &buf).expect("valid blob")));
     group.finish();
 }
 

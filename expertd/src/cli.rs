@@ -503,7 +503,7 @@ pub fn serve(args: &ServeArgs) -> anyhow::Result<()> {
             Some(at) => Some(crate::metrics::serve(at, std::sync::Arc::clone(prepared.state())).await.with_context(|| format!("metrics endpoint {at:?}"))?),
             None => None,
         };
-        let budget = prepared.engine().cache().stats().budget_bytes;
+        let budget = prepared.executor().cache().stats().budget_bytes;
         crate::systemd::ready(&format!("serving {} (cache budget {budget} B)", args.container.display()));
         let result = prepared.serve(listener, shutdown_signal(args.exit_on_stdin_eof)).await;
         if let Some(task) = metrics {

@@ -12,6 +12,7 @@ use safetensors::Dtype;
 use shared::checkpoint::Checkpoint;
 use shared::container::BlobLayout;
 use shared::container::writer::encode_blob;
+use shared::ids::{ExpertId, LayerId};
 use shared::kernels::int8::quantize_weights;
 use shared::safetensors_locator::{ByteRange, ExpertLocator};
 use std::fs::File;
@@ -34,7 +35,7 @@ impl ShardFiles {
     }
 
     /// Reads a BF16 matrix range and appends it widened to f32 to `out`.
-    fn read_bf16(&self, range: &ByteRange, what: &'static str, layer: usize, expert: usize, out: &mut Vec<f32>) -> Result<(), PrepareError> {
+    fn read_bf16(&self, range: &ByteRange, what: &'static str, layer: LayerId, expert: ExpertId, out: &mut Vec<f32>) -> Result<(), PrepareError> {
         let [rows, cols] = range.shape;
         let expected = (rows as u64) * (cols as u64) * 2;
         if range.dtype != Dtype::BF16 || range.len != expected {
@@ -76,8 +77,8 @@ pub fn convert_expert(
     locator: &ExpertLocator<'_>,
     files: &ShardFiles,
     layout: &BlobLayout,
-    layer: usize,
-    expert: usize,
+    layer: LayerId,
+    expert: ExpertId,
 ) -> Result<ConvertedExpert, PrepareError> {
     let ranges = locator.expert(layer, expert)?;
     let (f, d) = (layout.down_cols, layout.down_rows);
@@ -102,9 +103,9 @@ pub fn convert_expert(
     let deq_down = q_down.dequantize();
     let split = f * d;
     let stats = ErrorStats {
-        gate: KindStats::of_matrix(&gate_up[..split], &deq_gate_up[..split], d, layer, expert),
-        up: KindStats::of_matrix(&gate_up[split..], &deq_gate_up[split..], d, layer, expert),
-        down: KindStats::of_matrix(&down, &deq_down, f, layer, expert),
+        gate: KindStats::of_matrix(&gate_up[..split], &deq_gate_up[..split], d, layer.index(), expert.index()),
+        up: KindStats::of_matrix(&gate_up[split..], &deq_gate_up[split..], d, layer.index(), expert.index()),
+        down: KindStats::of_matrix(&down, &deq_down, f, layer.index(), expert.index()),
     };
     Ok(ConvertedExpert { blob, checksum, stats, source_bytes: ranges.total_bytes() })
 }

@@ -9,10 +9,16 @@
 //! `out[r] = Σ_k w[r,k] · y[r,k]` is accumulated from zero in call order, so hostd with expertd
 //! and hostd alone produce bit-identical logits. Transport, sessions, queueing and status codes
 //! are the caller's (`crate::rpc`).
+//!
+//! [`CallExecutor`] owns what every call needs (the expert reader, the cache, the compute pool
+//! and the kernel ISA) and runs calls on it; `shared::moe_exec::MoeExec` is the arithmetic of
+//! one call inside it. (hostd's `engine/` is something else: the serving scheduler.)
 
 use crate::cache::{CacheError, ExpertCache, ExpertKey, SessionId};
 use crate::io::{ExpertSource, IoError, ReadRequest};
+pub use shared::call_cost::CallCost;
 use shared::container::{BlobLayout, Header};
+use shared::ids::{ExpertId, LayerId};
 use shared::kernels::int8::{Int8Isa, MatrixRef};
 use shared::moe_exec::{ExpertMatrices, MoeExec};
 use crate::prefetch::{Hint, Prefetcher};
@@ -20,7 +26,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
-/// Why a call failed inside the engine. `Invalid` names the field; the others name the layer
+/// Why a call failed inside the call executor. `Invalid` names the field; the others name the layer
 /// and expert where one is involved.
 #[derive(Debug, thiserror::Error)]
 pub enum CallError {
@@ -28,7 +34,7 @@ pub enum CallError {
     #[error("invalid call for layer {layer}: {reason}")]
     Invalid {
         /// Layer of the call.
-        layer: u32,
+        layer: LayerId,
         /// What is wrong.
         reason: String,
     },
@@ -43,44 +49,12 @@ pub enum CallError {
     #[error("layer {layer} expert {expert}: blob part {part} is misaligned in the cache buffer")]
     Misaligned {
         /// Layer.
-        layer: u32,
+        layer: LayerId,
         /// Expert.
-        expert: u32,
+        expert: ExpertId,
         /// The part that could not be viewed.
         part: &'static str,
     },
-}
-
-/// What one call cost; also what a successful call adds to its session's counters
-/// (`crate::session::CallCounters`), once the RPC layer has set `queue_ns`.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct CallCost {
-    /// Nanoseconds the call waited for a compute lane: set by the RPC layer, which queues it
-    /// ([`CallCost::counters`]); 0 as [`Engine::run`] returns it.
-    pub queue_ns: u64,
-    /// Nanoseconds the call could not compute because of IO: leasing its experts (waiting for
-    /// free slots included) plus the wait for reads (its own, or another call's read of a
-    /// shared expert) left after the resident experts were computed — reads that completed
-    /// while hits were computing cost nothing here.
-    pub io_wait_ns: u64,
-    /// Nanoseconds computing (the rest of each wave's wall time; the final weighted sum is
-    /// not timed).
-    pub compute_ns: u64,
-    /// Distinct experts found in the cache.
-    pub hits: u32,
-    /// Distinct experts read.
-    pub misses: u32,
-    /// Bytes read from the container.
-    pub bytes_read: u64,
-    /// Of the hits, experts a speculative read had brought in (see `crate::prefetch`).
-    pub prefetched_hits: u32,
-}
-
-impl CallCost {
-    /// What the call adds to its session's counters, with the time it queued for a lane.
-    pub fn counters(&self, queue_ns: u64) -> crate::session::CallCounters {
-        CallCost { queue_ns, ..*self }
-    }
 }
 
 /// The routing part of one call, already decoded from the wire.
@@ -91,7 +65,7 @@ pub struct CallSpec<'a> {
     /// The client's step counter (for the route trace).
     pub step: u64,
     /// Layer.
-    pub layer: u32,
+    pub layer: LayerId,
     /// Rows.
     pub n_rows: usize,
     /// Experts per row.
@@ -102,8 +76,9 @@ pub struct CallSpec<'a> {
     pub weights: &'a [f32],
 }
 
-/// The daemon's compute engine: the container's source, the cache and the kernels.
-pub struct Engine {
+/// The daemon's call executor: what every MoE call needs (the container's source, the cache and
+/// its leases, the compute pool and the kernels) and the per-call path over them.
+pub struct CallExecutor {
     cache: ExpertCache,
     source: Box<dyn ExpertSource>,
     isa: Int8Isa,
@@ -119,19 +94,19 @@ pub struct Engine {
     demand_reads: AtomicU32,
     /// Per session, the (step, layer) of its latest call to start (speculative reads for a
     /// layer whose call has started are dropped).
-    demand_progress: std::sync::Mutex<std::collections::HashMap<u64, (u64, u32)>>,
+    demand_progress: std::sync::Mutex<std::collections::HashMap<u64, (u64, LayerId)>>,
     /// The speculative reader, when the daemon runs one.
     prefetcher: OnceLock<Arc<Prefetcher>>,
     /// Compute a wave's resident experts while its misses are read (off: read, then compute,
     /// as before the call ring; for A/B measurements).
     overlap: bool,
-    /// Held by the one caller of [`Engine::with_pool_awake`] whose burst keeps `pool` awake.
+    /// Held by the one caller of [`CallExecutor::with_pool_awake`] whose burst keeps `pool` awake.
     awake: std::sync::Mutex<()>,
     /// Calls running now off the compute pool (gRPC calls, ring calls of a session that does not
     /// hold the kept-awake pool): while any runs, no burst keeps the pool, so that pool thread 0
     /// is not held polling one session's ring while another session's call waits for it.
     off_pool_calls: AtomicU32,
-    /// Calls started off the compute pool since the engine started (with `off_pool_calls`, a
+    /// Calls started off the compute pool since the executor started (with `off_pool_calls`, a
     /// burst sees every call that started while it held the pool, however short).
     off_pool_started: AtomicU64,
 }
@@ -167,10 +142,10 @@ fn view_blob<'a>(bytes: &'a [u8], layout: &BlobLayout, key: ExpertKey) -> Result
     Ok(ExpertMatrices { gate_up, down })
 }
 
-impl Engine {
-    /// An engine over `source` with `cache`, computing with `isa` on `threads` threads (0: one
+impl CallExecutor {
+    /// An executor over `source` with `cache`, computing with `isa` on `threads` threads (0: one
     /// per core), accepting calls of up to `max_rows` rows.
-    pub fn new(cache: ExpertCache, source: Box<dyn ExpertSource>, isa: Int8Isa, threads: usize, max_rows: usize) -> std::io::Result<Engine> {
+    pub fn new(cache: ExpertCache, source: Box<dyn ExpertSource>, isa: Int8Isa, threads: usize, max_rows: usize) -> std::io::Result<CallExecutor> {
         let header = *source.container().header();
         let pool = rayon::ThreadPoolBuilder::new()
             .num_threads(threads)
@@ -179,7 +154,7 @@ impl Engine {
             .map_err(std::io::Error::other)?;
         let st = cache.stats();
         let wave_experts = (((st.n_slots + st.transient_slots) / 2).max(1)) as usize;
-        Ok(Engine { cache, source, isa, header, pool, max_rows, wave_experts, demand_reads: AtomicU32::new(0), demand_progress: Default::default(), prefetcher: OnceLock::new(), overlap: true, awake: std::sync::Mutex::new(()), off_pool_calls: AtomicU32::new(0), off_pool_started: Default::default() })
+        Ok(CallExecutor { cache, source, isa, header, pool, max_rows, wave_experts, demand_reads: AtomicU32::new(0), demand_progress: Default::default(), prefetcher: OnceLock::new(), overlap: true, awake: std::sync::Mutex::new(()), off_pool_calls: AtomicU32::new(0), off_pool_started: Default::default() })
     }
 
     /// Leases one wave's experts, waiting (bounded by [`WAVE_WAIT_LIMIT`]) while other calls
@@ -233,7 +208,7 @@ impl Engine {
     }
 
     /// Turns the hits-while-reading overlap on (default) or off.
-    pub fn with_overlap(mut self, on: bool) -> Engine {
+    pub fn with_overlap(mut self, on: bool) -> CallExecutor {
         self.overlap = on;
         self
     }
@@ -254,7 +229,7 @@ impl Engine {
     }
 
     /// Whether `session`'s call for `layer` at `step` (or a later one) has started.
-    pub fn demand_started(&self, session: u64, step: u64, layer: u32) -> bool {
+    pub fn demand_started(&self, session: u64, step: u64, layer: LayerId) -> bool {
         self.demand_progress.lock().unwrap_or_else(std::sync::PoisonError::into_inner).get(&session).is_some_and(|&p| p >= (step, layer))
     }
 
@@ -307,7 +282,7 @@ impl Engine {
     }
 
     /// Checks a call's row count: `1..=max_rows` (before any buffer of that size is touched).
-    pub fn check_rows(&self, layer: u32, n_rows: usize) -> Result<(), CallError> {
+    pub fn check_rows(&self, layer: LayerId, n_rows: usize) -> Result<(), CallError> {
         if n_rows == 0 || n_rows > self.max_rows {
             return Err(CallError::Invalid { layer, reason: format!("n_tokens {n_rows} must be in 1..={}", self.max_rows) });
         }
@@ -319,7 +294,7 @@ impl Engine {
     pub fn validate(&self, spec: &CallSpec<'_>) -> Result<(), CallError> {
         let dims = &self.header.layout.dims;
         let bad = |reason: String| Err(CallError::Invalid { layer: spec.layer, reason });
-        if spec.layer as usize >= dims.n_layers {
+        if spec.layer.index() >= dims.n_layers {
             return bad(format!("layer {} out of range (container has {} layers)", spec.layer, dims.n_layers));
         }
         self.check_rows(spec.layer, spec.n_rows)?;
@@ -519,7 +494,7 @@ impl Engine {
     }
 }
 
-/// One wave's demand reads in progress, counted in `Engine::demand_reads` while it lives.
+/// One wave's demand reads in progress, counted in `CallExecutor::demand_reads` while it lives.
 struct DemandReading<'a>(&'a AtomicU32);
 
 impl<'a> DemandReading<'a> {
@@ -535,7 +510,7 @@ impl Drop for DemandReading<'_> {
     }
 }
 
-/// Counts one call running off the compute pool (see `Engine::off_pool_calls`) until dropped.
+/// Counts one call running off the compute pool (see `CallExecutor::off_pool_calls`) until dropped.
 struct OffPoolCall<'a>(&'a AtomicU32);
 
 impl<'a> OffPoolCall<'a> {

@@ -17,8 +17,9 @@
 //! that a demand call later hit (`useful`); the difference is wasted.
 
 use crate::cache::{ExpertKey, SessionId};
-use crate::moe_call::Engine;
+use crate::moe_call::CallExecutor;
 use crate::io::ReadRequest;
+use shared::ids::{ExpertId, LayerId};
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, SyncSender, TrySendError};
@@ -44,8 +45,9 @@ pub struct Hint {
     /// The client's step (token) counter.
     pub step: u64,
     /// Layer.
-    pub layer: u32,
-    /// Predicted experts (validated against the container by the caller).
+    pub layer: LayerId,
+    /// Predicted experts, most probable first, as the ring carried them (validated against the
+    /// container by the caller).
     pub experts: Vec<u32>,
 }
 
@@ -73,7 +75,7 @@ pub struct PrefetchCounters {
     pub stale: AtomicU64,
 }
 
-/// The prefetch queue, its thread's state and its counters; owned by the engine.
+/// The prefetch queue, its thread's state and its counters; owned by the call executor.
 pub struct Prefetcher {
     tx: SyncSender<Hint>,
     /// Experts read speculatively and not yet hit by a demand call.
@@ -85,13 +87,13 @@ pub struct Prefetcher {
 }
 
 impl Prefetcher {
-    /// Starts the prefetch thread for `engine`, capped at `cap_bytes_per_step` speculative
-    /// bytes per client step. The thread ends when the engine is dropped.
-    pub fn start(engine: &Arc<Engine>, cap_bytes_per_step: u64) -> std::io::Result<Arc<Prefetcher>> {
+    /// Starts the prefetch thread for `executor`, capped at `cap_bytes_per_step` speculative
+    /// bytes per client step. The thread ends when the executor is dropped.
+    pub fn start(executor: &Arc<CallExecutor>, cap_bytes_per_step: u64) -> std::io::Result<Arc<Prefetcher>> {
         let (tx, rx) = std::sync::mpsc::sync_channel(QUEUE);
         let p = Arc::new(Prefetcher { tx, speculative: Mutex::new(HashSet::new()), counters: PrefetchCounters::default(), cap_bytes_per_step });
-        let (weak_engine, weak_p) = (Arc::downgrade(engine), Arc::downgrade(&p));
-        std::thread::Builder::new().name("expertd-prefetch".into()).spawn(move || run(rx, weak_engine, weak_p))?;
+        let (weak_executor, weak_p) = (Arc::downgrade(executor), Arc::downgrade(&p));
+        std::thread::Builder::new().name("expertd-prefetch".into()).spawn(move || run(rx, weak_executor, weak_p))?;
         Ok(p)
     }
 
@@ -141,13 +143,13 @@ impl Prefetcher {
     }
 }
 
-fn run(rx: Receiver<Hint>, engine: Weak<Engine>, p: Weak<Prefetcher>) {
+fn run(rx: Receiver<Hint>, executor: Weak<CallExecutor>, p: Weak<Prefetcher>) {
     // Per session: (the step its budget is for, speculative bytes spent in it). A session
     // that sends a new step number gets a new budget, but only one per step it moves on, and
     // other sessions' hints never reset it.
     let mut spent: HashMap<u64, (u64, u64)> = HashMap::new();
     while let Ok(hint) = rx.recv() {
-        let (Some(engine), Some(p)) = (engine.upgrade(), p.upgrade()) else { return };
+        let (Some(executor), Some(p)) = (executor.upgrade(), p.upgrade()) else { return };
         if spent.len() > 1024 {
             spent.clear();
         }
@@ -155,12 +157,12 @@ fn run(rx: Receiver<Hint>, engine: Weak<Engine>, p: Weak<Prefetcher>) {
         if budget.0 != hint.step {
             *budget = (hint.step, 0);
         }
-        let stride = engine.header().layout.blob.stride as u64;
+        let stride = executor.header().layout.blob.stride as u64;
         let c = &p.counters;
         let mut wanted = Vec::with_capacity(hint.experts.len());
         for &e in &hint.experts {
-            let key = ExpertKey::new(hint.layer, e);
-            if engine.cache().contains(key) {
+            let key = ExpertKey::new(hint.layer, ExpertId::new(e));
+            if executor.cache().contains(key) {
                 c.already_resident.fetch_add(1, Ordering::Relaxed);
             } else if budget.1 + stride * (wanted.len() as u64 + 1) > p.cap_bytes_per_step {
                 c.capped.fetch_add(1, Ordering::Relaxed);
@@ -171,16 +173,16 @@ fn run(rx: Receiver<Hint>, engine: Weak<Engine>, p: Weak<Prefetcher>) {
         for batch in wanted.chunks(BATCH) {
             // Demand first: wait while any call reads.
             let t = Instant::now();
-            while engine.demand_reads_in_flight() > 0 && t.elapsed() < DEMAND_WAIT_LIMIT {
+            while executor.demand_reads_in_flight() > 0 && t.elapsed() < DEMAND_WAIT_LIMIT {
                 std::thread::sleep(Duration::from_micros(100));
             }
             // Too late: the hinted layer's call has begun and reads its own misses; what is
             // left of the prediction is either being read by it or not wanted.
-            if engine.demand_started(hint.session, hint.step, hint.layer) {
+            if executor.demand_started(hint.session, hint.step, hint.layer) {
                 c.stale.fetch_add(batch.len() as u64, Ordering::Relaxed);
                 continue;
             }
-            if engine.demand_reads_in_flight() > 0 {
+            if executor.demand_reads_in_flight() > 0 {
                 c.skipped.fetch_add(batch.len() as u64, Ordering::Relaxed);
                 continue;
             }
@@ -189,7 +191,7 @@ fn run(rx: Receiver<Hint>, engine: Weak<Engine>, p: Weak<Prefetcher>) {
             for &key in batch {
                 p.remember(key);
             }
-            let read = read_batch(&engine, batch, hint.step);
+            let read = read_batch(&executor, batch, hint.step);
             for (&key, outcome) in batch.iter().zip(&read) {
                 match outcome {
                     Some(true) => {
@@ -212,8 +214,8 @@ fn run(rx: Receiver<Hint>, engine: Weak<Engine>, p: Weak<Prefetcher>) {
 /// their slots, all submitted together. Per key: `Some(true)` read; `Some(false)` resident
 /// meanwhile (nothing read); `None` skipped — only a transient buffer or nothing was free,
 /// or the read failed.
-fn read_batch(engine: &Engine, keys: &[ExpertKey], step: u64) -> Vec<Option<bool>> {
-    let Ok(mut acquired) = engine.cache().acquire_at(PREFETCH_SESSION, step, keys) else { return vec![None; keys.len()] };
+fn read_batch(executor: &CallExecutor, keys: &[ExpertKey], step: u64) -> Vec<Option<bool>> {
+    let Ok(mut acquired) = executor.cache().acquire_at(PREFETCH_SESSION, step, keys) else { return vec![None; keys.len()] };
     let mut outcome: Vec<Option<bool>> = acquired.leases().iter().map(|l| (!l.needs_fill()).then_some(false)).collect();
     let mut mine: Vec<(usize, &mut crate::cache::Lease)> =
         acquired.leases_mut().iter_mut().enumerate().filter(|(_, l)| l.needs_fill() && !l.is_transient()).collect();
@@ -224,7 +226,7 @@ fn read_batch(engine: &Engine, keys: &[ExpertKey], step: u64) -> Vec<Option<bool
             ReadRequest { layer: key.layer, expert: key.expert, dst: lease.buffer_mut() }
         })
         .collect();
-    let results = engine.source().read_blobs(&mut reqs);
+    let results = executor.source().read_blobs(&mut reqs);
     drop(reqs);
     for ((i, lease), r) in mine.into_iter().zip(results) {
         if r.is_ok() {
@@ -236,7 +238,7 @@ fn read_batch(engine: &Engine, keys: &[ExpertKey], step: u64) -> Vec<Option<bool
     drop(acquired);
     // And the prefetch session closes between batches: it holds nothing, and an open session
     // in the stats would read as a client that never left (its counters go to the closed totals).
-    engine.cache().release_session(PREFETCH_SESSION);
+    executor.cache().release_session(PREFETCH_SESSION);
     outcome
 }
 

@@ -15,6 +15,7 @@ use shared::container::{
     BlobAt, CONTAINER_FILE, ContainerError, ContainerFile, ContainerLayout, ExpertDims, Header, ModelIdentity,
     PARTIAL_FILE, check_blob, read_full_at, read_header, writer,
 };
+use shared::ids::{ExpertId, LayerId};
 use shared::safetensors_locator::{ExpertLocator, LocateError};
 use std::collections::BTreeMap;
 use std::fs::{File, OpenOptions};
@@ -62,9 +63,9 @@ pub enum PrepareError {
     #[error("layer {layer} expert {expert}: {what}: {reason}")]
     Source {
         /// Layer.
-        layer: usize,
+        layer: LayerId,
         /// Expert.
-        expert: usize,
+        expert: ExpertId,
         /// `gate`, `up` or `down`.
         what: &'static str,
         /// What is wrong.
@@ -113,7 +114,7 @@ pub enum PrepareEvent {
     /// A layer of the partial file was checked.
     LayerChecked {
         /// The layer.
-        layer: usize,
+        layer: LayerId,
         /// Whether it is kept (all blobs valid and its statistics recorded).
         kept: bool,
     },
@@ -129,14 +130,14 @@ pub enum PrepareEvent {
     /// One expert's blob was written.
     ExpertWritten {
         /// Its layer.
-        layer: usize,
+        layer: LayerId,
         /// BF16 bytes it was converted from.
         source_bytes: u64,
     },
     /// A layer is complete.
     LayerWritten {
         /// The layer.
-        layer: usize,
+        layer: LayerId,
     },
     /// Writing the index and header, syncing and renaming.
     Finishing,
@@ -211,13 +212,13 @@ pub fn prepare(opts: &PrepareOptions, on_event: &mut dyn FnMut(PrepareEvent)) ->
     if resumable {
         on_event(PrepareEvent::Resuming { n_layers });
     }
-    for layer in 0..n_layers {
-        let kept = resumable && saved.layers.contains_key(&layer) && check_layer(&file, &partial_path, &layout, layer, &mut checksums)?;
+    for layer in LayerId::all(n_layers) {
+        let kept = resumable && saved.layers.contains_key(&layer.index()) && check_layer(&file, &partial_path, &layout, layer, &mut checksums)?;
         if resumable {
             on_event(PrepareEvent::LayerChecked { layer, kept });
         }
         if !kept {
-            saved.layers.remove(&layer);
+            saved.layers.remove(&layer.index());
             todo.push(layer);
         }
     }
@@ -225,7 +226,7 @@ pub fn prepare(opts: &PrepareOptions, on_event: &mut dyn FnMut(PrepareEvent)) ->
 
     let locator = ExpertLocator::new(&ckpt);
     let files = ShardFiles::open(&ckpt)?;
-    let per_expert: u64 = locator.expert(0, 0)?.total_bytes();
+    let per_expert: u64 = locator.expert(LayerId::new(0), ExpertId::new(0))?.total_bytes();
     let n_experts = layout.dims.n_experts;
     on_event(PrepareEvent::Converting {
         n_layers: todo.len(),
@@ -238,7 +239,7 @@ pub fn prepare(opts: &PrepareOptions, on_event: &mut dyn FnMut(PrepareEvent)) ->
     for &layer in &todo {
         let mut layer_stats = ErrorStats::default();
         for first in (0..n_experts).step_by(chunk) {
-            let experts: Vec<usize> = (first..(first + chunk).min(n_experts)).collect();
+            let experts: Vec<ExpertId> = (first..(first + chunk).min(n_experts)).map(ExpertId::from_index).collect();
             let converted = experts
                 .par_iter()
                 .map(|&e| convert_expert(&locator, &files, &layout.blob, layer, e))
@@ -254,7 +255,7 @@ pub fn prepare(opts: &PrepareOptions, on_event: &mut dyn FnMut(PrepareEvent)) ->
                 }
             }
         }
-        saved.layers.insert(layer, layer_stats);
+        saved.layers.insert(layer.index(), layer_stats);
         write_json_atomic(&stats_path, &serde_json::to_value(&saved).map_err(|e| json_err(&stats_path, e))?)?;
         on_event(PrepareEvent::LayerWritten { layer });
     }
@@ -324,9 +325,9 @@ fn open_partial(path: &Path, identity: ModelIdentity, layout: &ContainerLayout) 
 
 /// Whether every blob of `layer` in the partial file verifies against its own trailer; records
 /// their checksums.
-fn check_layer(file: &File, path: &Path, layout: &ContainerLayout, layer: usize, checksums: &mut [u64]) -> Result<bool, PrepareError> {
+fn check_layer(file: &File, path: &Path, layout: &ContainerLayout, layer: LayerId, checksums: &mut [u64]) -> Result<bool, PrepareError> {
     let mut buf = vec![0u8; layout.blob.stride];
-    for expert in 0..layout.dims.n_experts {
+    for expert in ExpertId::all(layout.dims.n_experts) {
         let i = layout.blob_index(layer, expert)?;
         let offset = layout.blob_offset_at(i);
         let got = read_full_at(file, &mut buf, offset).map_err(|e| PrepareError::io(path, e))?;

@@ -18,6 +18,7 @@
 use crate::cache::{CacheConfig, CacheError, CallId, ExpertKey, Placement, Planner, Policy, PolicyKind, SessionId};
 use crate::trace::{Trace, TraceEvent, TraceHeader};
 use serde::Serialize;
+use shared::ids::ExpertId;
 use std::collections::{HashMap, HashSet};
 
 /// One configuration to replay a trace under.
@@ -235,7 +236,7 @@ pub fn replay(trace: &Trace, config: &ReplayConfig) -> Result<ReplayResult, Repl
 }
 
 /// Ends `call` as the trace says: every miss whose expert is not in `unfilled` was read.
-fn release(planner: &mut Planner, call: CallId, unfilled: &[u32]) {
+fn release(planner: &mut Planner, call: CallId, unfilled: &[ExpertId]) {
     let filled: Vec<u32> = planner
         .call_placements(call)
         .map(|(placements, experts)| {

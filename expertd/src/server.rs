@@ -1,6 +1,6 @@
 //! The daemon's serving loop, in two steps so that nothing listens before the daemon can
 //! serve: [`Prepared::new`] opens the container and builds the cache (its budget clamped to
-//! what the container holds) and the engine, and logs what it will serve; [`Prepared::serve`]
+//! what the container holds) and the call executor, and logs what it will serve; [`Prepared::serve`]
 //! then serves `expertd.v1.ExpertService` plus `grpc.health.v1` on a listener the caller bound
 //! *afterwards*, until the caller's shutdown future resolves; then it refuses new calls, lets
 //! in-flight ones finish, and returns. [`run`] is both steps for a listener bound already
@@ -14,7 +14,7 @@
 //! their leases are released. The RPCs themselves are `crate::rpc`.
 
 use crate::cache::{CacheConfig, ExpertCache, Policy};
-use crate::moe_call::Engine;
+use crate::moe_call::CallExecutor;
 use crate::io::{IoKind, open_source};
 use crate::rpc::auth::Auth;
 use crate::rpc::{ConnInfo, ExpertdService, Peer, ServiceConfig, ServiceState};
@@ -318,11 +318,11 @@ pub fn bind_unix(path: &Path, mode: u32) -> Result<UnixListener, ServeError> {
     UnixListener::from_std(listener).map_err(io("registering the socket with tokio".into()))
 }
 
-/// A daemon that can serve: the container is open, the cache and the compute engine are
+/// A daemon that can serve: the container is open, the cache and the call executor are
 /// built, and nothing listens yet. See the module doc.
 pub struct Prepared {
     config: ServeConfig,
-    engine: Arc<Engine>,
+    executor: Arc<CallExecutor>,
     state: Arc<ServiceState>,
     banner: Banner,
 }
@@ -342,7 +342,7 @@ struct Banner {
 }
 
 impl Prepared {
-    /// Opens the container, builds the cache and the engine, and starts the route trace. A
+    /// Opens the container, builds the cache and the call executor, and starts the route trace. A
     /// budget above what the container holds is clamped to it (one slot per expert), and the
     /// clamp is logged.
     pub fn new(config: ServeConfig) -> Result<Prepared, ServeError> {
@@ -386,14 +386,14 @@ impl Prepared {
         }
         let isa = selection.active;
         let slots = cache.stats().n_slots;
-        let engine = Engine::new(cache, source, isa, config.threads, config.max_rows_per_call as usize)
+        let executor = CallExecutor::new(cache, source, isa, config.threads, config.max_rows_per_call as usize)
             .map_err(|source| ServeError::Io { what: "starting the compute pool".into(), source })?
             .with_overlap(config.overlap);
-        let engine = Arc::new(engine);
+        let executor = Arc::new(executor);
         if !config.no_prefetch {
             let cap = if config.prefetch_cap_bytes > 0 { config.prefetch_cap_bytes } else { 8 * header.layout.dims.n_layers as u64 * stride };
-            let p = crate::prefetch::Prefetcher::start(&engine, cap).map_err(|source| ServeError::Io { what: "starting the prefetch thread".into(), source })?;
-            engine.set_prefetcher(p);
+            let p = crate::prefetch::Prefetcher::start(&executor, cap).map_err(|source| ServeError::Io { what: "starting the prefetch thread".into(), source })?;
+            executor.set_prefetcher(p);
         }
         if let Some(reason) = &info.fallback_reason {
             tracing::warn!("{reason}");
@@ -413,13 +413,13 @@ impl Prepared {
             pool_awake: config.pool_awake,
         };
         let auth = Auth::new(config.auth_token.clone(), config.allow_uids.clone(), config.allow_gids.clone());
-        let state = Arc::new(ServiceState::new(Arc::clone(&engine), lanes, service_config, auth));
-        Ok(Prepared { config, engine, state, banner })
+        let state = Arc::new(ServiceState::new(Arc::clone(&executor), lanes, service_config, auth));
+        Ok(Prepared { config, executor, state, banner })
     }
 
-    /// The engine (its cache's configuration and counters, for checks before serving).
-    pub fn engine(&self) -> &Arc<Engine> {
-        &self.engine
+    /// The call executor (its cache's configuration and counters, for checks before serving).
+    pub fn executor(&self) -> &Arc<CallExecutor> {
+        &self.executor
     }
 
     /// The service state (sessions and counters; the metrics endpoint reads it).
@@ -432,7 +432,7 @@ impl Prepared {
     /// UNAVAILABLE, HTTP/2 GOAWAY tells clients to stop, and in-flight calls finish before this
     /// returns.
     pub async fn serve(self, listener: Listener, shutdown: impl Future<Output = ()> + Send + 'static) -> Result<(), ServeError> {
-        let Prepared { config, engine, state, banner: b } = self;
+        let Prepared { config, executor, state, banner: b } = self;
         let tcp = matches!(listener, Listener::Tcp(_));
         config.check_listener(&listener)?;
         let dims = b.header.layout.dims;
@@ -510,7 +510,7 @@ impl Prepared {
         while state.ring_calls.load(Ordering::Acquire) > 0 && std::time::Instant::now() < deadline {
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
-        let trace = engine.cache().finish_trace();
+        let trace = executor.cache().finish_trace();
         served?;
         trace.map_err(|e| ServeError::Trace(e.to_string()))?;
         tracing::info!("expertd stopped");

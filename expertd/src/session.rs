@@ -4,7 +4,7 @@
 //! calls in flight, and the fair queue in front of the compute lanes, which serves waiting
 //! sessions round-robin so a client that floods the daemon gets only its share.
 //!
-//! No IO and no cache decisions: the service opens and closes sessions, the engine runs calls,
+//! No IO and no cache decisions: the service opens and closes sessions, the call executor runs calls,
 //! and the cache's own per-session lease accounting lives in `crate::cache`.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};

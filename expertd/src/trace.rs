@@ -33,6 +33,7 @@
 
 use crate::cache::{CacheConfig, Policy, PolicyKind};
 use serde::{Deserialize, Serialize};
+use shared::ids::{ExpertId, LayerId};
 use std::io::{BufRead, BufWriter, Write};
 use std::path::Path;
 
@@ -95,9 +96,9 @@ pub struct AcquireEvent {
     /// The session's step (token) the call belongs to.
     pub step: u64,
     /// The MoE layer.
-    pub layer: u32,
+    pub layer: LayerId,
     /// The experts named, in call order.
-    pub experts: Vec<u32>,
+    pub experts: Vec<ExpertId>,
     /// Experts resident (or being read by another call) when acquired.
     pub hits: u32,
     /// Experts that needed a read.
@@ -122,12 +123,12 @@ pub struct ReleaseEvent {
     /// The session that made the call.
     pub session: u64,
     /// The call's layer.
-    pub layer: u32,
+    pub layer: LayerId,
     /// The call's number, as in its acquire line.
     pub call: u64,
     /// Misses of the call whose read never completed; their slots were freed.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub unfilled: Vec<u32>,
+    pub unfilled: Vec<ExpertId>,
 }
 
 /// The server closed a session (`release_session`).

@@ -11,6 +11,7 @@ use shared::container::{
     BlobAt, CONTAINER_FILE, ContainerError, ExpertBlob, ExpertDims, Header, ModelIdentity, VersionedMagic, check_blob, index,
     read_full_at, read_header,
 };
+use shared::ids::{ExpertId, LayerId};
 use shared::kernels::int8::MatrixError;
 use std::fs::File;
 use std::path::{Path, PathBuf};
@@ -37,9 +38,9 @@ pub enum Problem {
     #[error("layer {layer} expert {expert}: blob at file offset {offset}: {part}: {error}")]
     Matrix {
         /// Layer.
-        layer: usize,
+        layer: LayerId,
         /// Expert.
-        expert: usize,
+        expert: ExpertId,
         /// File offset of the blob.
         offset: u64,
         /// `gate_up` or `down`.
@@ -143,13 +144,14 @@ pub fn verify(opts: &VerifyOptions, on_blob_bytes: &(dyn Fn(u64) + Sync)) -> Res
         report.problems.extend(index_problems.into_iter().map(Problem::from));
     }
 
+    let n_experts = layout.dims.n_experts;
     let blob_problems: Vec<Vec<Problem>> = (0..layout.dims.n_layers)
         .into_par_iter()
-        .map(|layer| {
+        .map(|l| {
             let mut buf = vec![0u8; layout.blob.stride];
             let mut problems = Vec::new();
-            for expert in 0..layout.dims.n_experts {
-                let i = layer * layout.dims.n_experts + expert;
+            for i in l * n_experts..(l + 1) * n_experts {
+                let (layer, expert) = layout.blob_ids(i);
                 let offset = layout.blob_offset_at(i);
                 let at = BlobAt { layer, expert, offset };
                 let got = match read_full_at(&file, &mut buf, offset) {

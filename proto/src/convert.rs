@@ -1,13 +1,16 @@
 //! Conversions between wire messages and `shared` types: model identities, shared-memory
-//! slices, and f32 activations as little-endian bytes. `TryFrom` where the wire value can be
-//! malformed (a digest of the wrong length, a slice of the wrong dtype); each failure names
-//! the field.
+//! slices, f32 activations as little-endian bytes, a call's cost in its response, and the
+//! status metadata by which the daemon signs its answers and names a failed expert (wire
+//! integers ↔ `LayerId`/`ExpertId`). `TryFrom` where the wire value can be malformed (a digest
+//! of the wrong length, a slice of the wrong dtype); each failure names the field.
 //!
 //! No IO and no policy: whether a value is acceptable for a call (lengths against the model,
 //! slices against a segment) is decided by the daemon.
 
 use crate::v1;
+use shared::call_cost::CallCost;
 use shared::container::ModelIdentity;
+use shared::ids::{ExpertId, LayerId};
 use shared::shm_layout::ShmSlice;
 
 /// A wire message that does not convert; names the field and what is wrong.
@@ -76,6 +79,49 @@ impl From<ShmSlice> for v1::ShmSlice {
     }
 }
 
+/// The `MoeLayer` response carrying `output` and the call's `cost` (its time queued included).
+pub fn moe_layer_response(output: v1::moe_layer_response::Output, cost: &CallCost) -> v1::MoeLayerResponse {
+    let CallCost { queue_ns, io_wait_ns, compute_ns, hits, misses, bytes_read, prefetched_hits } = *cost;
+    v1::MoeLayerResponse { output: Some(output), queue_ns, io_wait_ns, compute_ns, hits, misses, bytes_read, prefetched_hits }
+}
+
+/// The cost a `MoeLayer` response reports.
+impl From<&v1::MoeLayerResponse> for CallCost {
+    fn from(r: &v1::MoeLayerResponse) -> CallCost {
+        let v1::MoeLayerResponse { queue_ns, io_wait_ns, compute_ns, hits, misses, bytes_read, prefetched_hits, output: _ } = *r;
+        CallCost { queue_ns, io_wait_ns, compute_ns, hits, misses, bytes_read, prefetched_hits }
+    }
+}
+
+/// Metadata key set on every status the daemon sends, so a client can tell the daemon's
+/// refusals from transport failures (which carry no such key).
+pub const ORIGIN_METADATA: &str = "expertd-origin";
+/// Metadata key naming the layer of a failed expert read.
+pub const LAYER_METADATA: &str = "expertd-layer";
+/// Metadata key naming the expert of a failed expert read.
+pub const EXPERT_METADATA: &str = "expertd-expert";
+
+/// Marks `status` as the daemon's own answer, naming the expert whose read failed, if any.
+pub fn mark_daemon_status(status: &mut tonic::Status, expert: Option<(LayerId, ExpertId)>) {
+    let meta = status.metadata_mut();
+    meta.insert(ORIGIN_METADATA, tonic::metadata::MetadataValue::from_static("expertd"));
+    if let Some((layer, expert)) = expert {
+        meta.insert(LAYER_METADATA, tonic::metadata::MetadataValue::from(layer.get()));
+        meta.insert(EXPERT_METADATA, tonic::metadata::MetadataValue::from(expert.get()));
+    }
+}
+
+/// Whether the daemon sent `status` (see [`mark_daemon_status`]).
+pub fn is_daemon_status(status: &tonic::Status) -> bool {
+    status.metadata().get(ORIGIN_METADATA).is_some()
+}
+
+/// The expert a status names as the one whose read failed: both keys present, each a `u32`.
+pub fn failed_expert(status: &tonic::Status) -> Option<(LayerId, ExpertId)> {
+    let id = |key: &str| status.metadata().get(key)?.to_str().ok()?.parse::<u32>().ok();
+    Some((LayerId::new(id(LAYER_METADATA)?), ExpertId::new(id(EXPERT_METADATA)?)))
+}
+
 /// Converts a wire slice named `field`; only f32 slices exist today.
 pub fn shm_slice(field: &'static str, s: &v1::ShmSlice) -> Result<ShmSlice, ConvertError> {
     if s.dtype != v1::Dtype::F32 as i32 {
@@ -127,6 +173,26 @@ mod tests {
         le_bytes_to_f32s("x", &bytes, &mut back).expect("decodes");
         assert_eq!(values.map(f32::to_bits).to_vec(), back.iter().map(|v| v.to_bits()).collect::<Vec<_>>());
         assert!(le_bytes_to_f32s("x", &bytes[1..], &mut back).is_err());
+    }
+
+    #[test]
+    fn a_call_cost_round_trips_through_its_response() {
+        let cost = CallCost { queue_ns: 1, io_wait_ns: 2, compute_ns: 3, hits: 4, misses: 5, bytes_read: 6, prefetched_hits: 7 };
+        let resp = moe_layer_response(v1::moe_layer_response::Output::OutputInlineF32Le(vec![0; 4]), &cost);
+        assert_eq!(CallCost::from(&resp), cost);
+        assert!(resp.output.is_some());
+    }
+
+    #[test]
+    fn a_status_names_its_origin_and_failed_expert() {
+        let mut s = tonic::Status::data_loss("layer 1 expert 2: checksum mismatch");
+        assert!(!is_daemon_status(&s) && failed_expert(&s).is_none());
+        mark_daemon_status(&mut s, Some((LayerId::new(1), ExpertId::new(2))));
+        assert!(is_daemon_status(&s));
+        assert_eq!(failed_expert(&s), Some((LayerId::new(1), ExpertId::new(2))));
+        assert_eq!(s.metadata().get(LAYER_METADATA).and_then(|v| v.to_str().ok()), Some("1"), "the wire value is the bare number");
+        s.metadata_mut().insert(EXPERT_METADATA, "4294967296".parse().expect("ascii"));
+        assert_eq!(failed_expert(&s), None, "a value past u32 names no expert");
     }
 
     #[test]

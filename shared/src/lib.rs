@@ -6,10 +6,12 @@
 //! payload) and the container, and hand the bytes to the pure parsers here; `procfs` reads this
 //! or another process's figures from /proc.
 
+pub mod call_cost;
 pub mod checkpoint;
 pub mod config;
 pub mod container;
 pub mod error_text;
+pub mod ids;
 pub mod keep_awake;
 pub mod kernels;
 pub mod moe_combine;

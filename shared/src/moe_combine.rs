@@ -6,14 +6,16 @@
 //! summed in slot order — so the result does not depend on grouping, waves, caching or thread
 //! scheduling.
 
+use crate::ids::ExpertId;
+
 /// The cells of a call grouped by expert: `(expert, cells)` for every expert used, in ascending
 /// expert order. `ids` is `n_rows × top_k`; every id must be `< n_experts` (validated earlier).
-pub fn cells_by_expert(ids: &[u32], n_experts: usize) -> Vec<(u32, Vec<usize>)> {
+pub fn cells_by_expert(ids: &[u32], n_experts: usize) -> Vec<(ExpertId, Vec<usize>)> {
     let mut by_expert: Vec<Vec<usize>> = vec![Vec::new(); n_experts];
     for (cell, &e) in ids.iter().enumerate() {
         by_expert[e as usize].push(cell);
     }
-    by_expert.into_iter().enumerate().filter(|(_, c)| !c.is_empty()).map(|(e, c)| (e as u32, c)).collect()
+    by_expert.into_iter().enumerate().filter(|(_, c)| !c.is_empty()).map(|(e, c)| (ExpertId::from_index(e), c)).collect()
 }
 
 /// The input rows one expert computes on: row `cell / top_k` of `x` (`n_rows × d`) for each of
@@ -60,11 +62,11 @@ mod tests {
         let ids = [4, 1, 1, 0, 4, 0];
         let weights = [0.5, 0.25, 1.0, 2.0, 0.125, 4.0];
         let groups = cells_by_expert(&ids, 5);
-        assert_eq!(groups, vec![(0, vec![3, 5]), (1, vec![1, 2]), (4, vec![0, 4])]);
+        assert_eq!(groups, vec![(ExpertId::new(0), vec![3, 5]), (ExpertId::new(1), vec![1, 2]), (ExpertId::new(4), vec![0, 4])]);
         // Expert e's output for any row is [e, 10e].
         let mut slots = vec![0.0; n_rows * top_k * d];
         for (e, cells) in &groups {
-            let y: Vec<f32> = cells.iter().flat_map(|_| [*e as f32, 10.0 * *e as f32]).collect();
+            let y: Vec<f32> = cells.iter().flat_map(|_| [e.get() as f32, 10.0 * e.get() as f32]).collect();
             scatter(&mut slots, d, cells, &y);
         }
         let mut out = vec![0.0; n_rows * d];

@@ -9,6 +9,7 @@
 //! its read lands); the result is the same bit for bit, because every expert's output row is
 //! produced by the same single-threaded kernel and the final sum runs in call order.
 
+use crate::ids::ExpertId;
 use crate::kernels::int8::{ExpertScratch, Int8Isa, MatrixRef, expert_forward};
 use crate::moe_combine;
 use rayon::prelude::*;
@@ -84,7 +85,7 @@ pub struct MoeExec<'a> {
     n_rows: usize,
     top_k: usize,
     d: usize,
-    groups: Vec<(u32, Vec<usize>)>,
+    groups: Vec<(ExpertId, Vec<usize>)>,
     slots: Vec<f32>,
 }
 
@@ -97,7 +98,7 @@ impl<'a> MoeExec<'a> {
     }
 
     /// The experts the call uses, ascending, each with its cells (`row · top_k + slot`).
-    pub fn groups(&self) -> &[(u32, Vec<usize>)] {
+    pub fn groups(&self) -> &[(ExpertId, Vec<usize>)] {
         &self.groups
     }
 
@@ -107,7 +108,7 @@ impl<'a> MoeExec<'a> {
     pub fn compute<'w, E, F>(&mut self, isa: Int8Isa, which: &[usize], matrices: F) -> Result<(), E>
     where
         E: Send,
-        F: Fn(usize, u32) -> Result<ExpertMatrices<'w>, E> + Sync,
+        F: Fn(usize, ExpertId) -> Result<ExpertMatrices<'w>, E> + Sync,
     {
         // PERF-CRITICAL: every expert of every MoE call.
         let (x, d, k, groups) = (self.x, self.d, self.top_k, &self.groups);

@@ -26,6 +26,8 @@
 //! This module owns the byte layout and the wait/wake primitives, not the mapping: the segment
 //! owners (`hostd/src/expert_client/shm.rs`, `expertd/src/shm.rs`) construct [`RingView`]s.
 
+use crate::call_cost::CallCost;
+use crate::ids::LayerId;
 use crate::shm_layout::{SEGMENT_HEADER_BYTES, SLICE_ALIGN, ShmLayoutError};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -236,7 +238,7 @@ pub struct Submission {
     /// The client's sequence number, echoed in `done_seq`.
     pub seq: u32,
     /// Layer.
-    pub layer: u32,
+    pub layer: LayerId,
     /// Rows.
     pub n_rows: u32,
     /// Experts per row.
@@ -249,30 +251,11 @@ pub struct Submission {
     pub output_offset: u64,
 }
 
-/// What a completed call cost, as the worker reports it.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Completion {
-    /// Nanoseconds waiting for a compute lane.
-    pub queue_ns: u64,
-    /// Nanoseconds waiting for reads.
-    pub io_wait_ns: u64,
-    /// Nanoseconds computing.
-    pub compute_ns: u64,
-    /// Bytes read from the container.
-    pub bytes_read: u64,
-    /// Distinct experts found resident.
-    pub hits: u32,
-    /// Distinct experts read.
-    pub misses: u32,
-    /// Of the hits, experts a speculative read had brought in.
-    pub prefetched_hits: u32,
-}
-
 /// Checks a prefetch hint, carried by an `OP_MOE` entry (`Entry::hint`, the cells after the
 /// call's) or sent alone in an `OP_PREFETCH` entry: a layer below `n_layers`, 1..=`n_experts` experts,
 /// each below `n_experts`. The message names what is wrong; the caller says which hint it was.
-pub fn check_hint(layer: u32, experts: &[u32], n_layers: usize, n_experts: usize) -> Result<(), String> {
-    if layer as usize >= n_layers || experts.is_empty() || experts.len() > n_experts {
+pub fn check_hint(layer: LayerId, experts: &[u32], n_layers: usize, n_experts: usize) -> Result<(), String> {
+    if layer.index() >= n_layers || experts.is_empty() || experts.len() > n_experts {
         return Err(format!("layer {layer} (of {n_layers}), {} experts (1..={n_experts})", experts.len()));
     }
     if let Some(e) = experts.iter().find(|&&e| e as usize >= n_experts) {
@@ -314,7 +297,7 @@ impl Entry<'_> {
     /// Client: writes a call into a free entry and submits it (then ring the doorbell).
     /// `ids` and `weights` must have the same length, at most the ring's `cells`.
     pub fn submit(&self, s: &Submission, ids: &[u32], weights: &[f32]) {
-        self.submit_with_hint(s, ids, weights, 0, &[]);
+        self.submit_with_hint(s, ids, weights, LayerId::new(0), &[]);
     }
 
     /// [`submit`](Self::submit) for an `OP_MOE` call that also carries a prefetch hint:
@@ -323,19 +306,19 @@ impl Entry<'_> {
     /// The worker queues them for the speculative reader once the call's own reads are under
     /// way, so the hint's reads follow the demand reads on the disk with no gap. A worker that
     /// predates the hint fields reads only the call's cells and ignores the rest.
-    pub fn submit_with_hint(&self, s: &Submission, ids: &[u32], weights: &[f32], hint_layer: u32, hint: &[u32]) {
+    pub fn submit_with_hint(&self, s: &Submission, ids: &[u32], weights: &[f32], hint_layer: LayerId, hint: &[u32]) {
         let cells = self.ring.layout.cells as usize;
         assert!(ids.len() == weights.len() && ids.len() + hint.len() <= cells, "ring entry cells");
         let r = Ordering::Relaxed;
         self.u32(F_OP).store(s.op, r);
         self.u32(F_SEQ).store(s.seq, r);
-        self.u32(F_LAYER).store(s.layer, r);
+        self.u32(F_LAYER).store(s.layer.get(), r);
         self.u32(F_N_ROWS).store(s.n_rows, r);
         self.u32(F_TOP_K).store(s.top_k, r);
         self.u64(F_STEP).store(s.step, r);
         self.u64(F_INPUT).store(s.input_offset, r);
         self.u64(F_OUTPUT).store(s.output_offset, r);
-        self.u32(F_HINT_LAYER).store(hint_layer, r);
+        self.u32(F_HINT_LAYER).store(hint_layer.get(), r);
         self.u32(F_HINT_N).store(hint.len() as u32, r);
         // SAFETY: the call's and the hint's cells together fit the entry's cell areas
         // (asserted), which lie inside the ring; the sources hold the lengths copied.
@@ -356,7 +339,7 @@ impl Entry<'_> {
         Some(Submission {
             op: self.u32(F_OP).load(r),
             seq: self.u32(F_SEQ).load(r),
-            layer: self.u32(F_LAYER).load(r),
+            layer: LayerId::new(self.u32(F_LAYER).load(r)),
             n_rows: self.u32(F_N_ROWS).load(r),
             top_k: self.u32(F_TOP_K).load(r),
             step: self.u64(F_STEP).load(r),
@@ -368,8 +351,8 @@ impl Entry<'_> {
     /// Worker: the hint a claimed `OP_MOE` entry carries after its cells, as (layer, experts);
     /// `(_, 0)` when none. Copied once; the caller validates both against the call and the
     /// ring before use.
-    pub fn hint(&self) -> (u32, u32) {
-        (self.u32(F_HINT_LAYER).load(Ordering::Relaxed), self.u32(F_HINT_N).load(Ordering::Relaxed))
+    pub fn hint(&self) -> (LayerId, u32) {
+        (LayerId::new(self.u32(F_HINT_LAYER).load(Ordering::Relaxed)), self.u32(F_HINT_N).load(Ordering::Relaxed))
     }
 
     /// Worker: copies the first `n` ids and weights out (`n` ≤ the ring's `cells`, which the
@@ -386,7 +369,7 @@ impl Entry<'_> {
     }
 
     /// Worker: publishes a successful call and wakes the client if it sleeps.
-    pub fn complete(&self, seq: u32, c: &Completion) {
+    pub fn complete(&self, seq: u32, c: &CallCost) {
         let r = Ordering::Relaxed;
         self.u64(F_QUEUE_NS).store(c.queue_ns, r);
         self.u64(F_IO_WAIT_NS).store(c.io_wait_ns, r);
@@ -420,9 +403,9 @@ impl Entry<'_> {
     }
 
     /// Client: the finished call's sequence number, cost, and failure (code, message) if any.
-    pub fn result(&self) -> (u32, Completion, Option<(u32, String)>) {
+    pub fn result(&self) -> (u32, CallCost, Option<(u32, String)>) {
         let r = Ordering::Relaxed;
-        let c = Completion {
+        let c = CallCost {
             queue_ns: self.u64(F_QUEUE_NS).load(r),
             io_wait_ns: self.u64(F_IO_WAIT_NS).load(r),
             compute_ns: self.u64(F_COMPUTE_NS).load(r),
@@ -568,14 +551,14 @@ mod tests {
                         ring.entry(1).read_cells((sub.n_rows * sub.top_k) as usize, &mut ids, &mut w);
                         assert_eq!(ids, [3, 1]);
                         assert_eq!(w, [0.5, 0.25]);
-                        ring.entry(1).complete(sub.seq, &Completion { hits: 2, ..Completion::default() });
+                        ring.entry(1).complete(sub.seq, &CallCost { hits: 2, ..CallCost::default() });
                         return sub;
                     }
                     let d = ring.doorbell().load(Ordering::SeqCst);
                     futex_wait(ring.doorbell(), d, Some(Duration::from_millis(5)));
                 }
             });
-            let sub = Submission { op: OP_MOE, seq: 9, layer: 3, n_rows: 1, top_k: 2, step: 5, input_offset: 64, output_offset: 128 };
+            let sub = Submission { op: OP_MOE, seq: 9, layer: LayerId::new(3), n_rows: 1, top_k: 2, step: 5, input_offset: 64, output_offset: 128 };
             ring.entry(1).submit(&sub, &[3, 1], &[0.5, 0.25]);
             ring.ring_doorbell();
             assert!(ring.entry(1).wait_finished(Duration::from_micros(10), Duration::from_millis(5), || true));
@@ -583,11 +566,11 @@ mod tests {
             assert_eq!((seq, cost.hits, failure), (9, 2, None));
             h.join().expect("worker")
         });
-        assert_eq!(worker.layer, 3);
+        assert_eq!(worker.layer, LayerId::new(3));
         assert_eq!(worker.step, 5);
         // A failure carries its code and text, cut at a character boundary.
         let e = ring.entry(0);
-        e.submit(&Submission { op: OP_ECHO, seq: 1, layer: 0, n_rows: 1, top_k: 1, step: 0, input_offset: 64, output_offset: 64 }, &[0], &[1.0]);
+        e.submit(&Submission { op: OP_ECHO, seq: 1, layer: LayerId::new(0), n_rows: 1, top_k: 1, step: 0, input_offset: 64, output_offset: 64 }, &[0], &[1.0]);
         assert!(e.claim().is_some());
         assert!(e.claim().is_none(), "an entry is claimed once");
         e.fail(1, 3, &"é".repeat(200));
@@ -604,10 +587,10 @@ mod tests {
         let ring = ring_in(&mut buf, layout);
         ring.reset();
         let e = ring.entry(0);
-        let sub = Submission { op: OP_MOE, seq: 1, layer: 2, n_rows: 1, top_k: 2, step: 0, input_offset: 64, output_offset: 128 };
-        e.submit_with_hint(&sub, &[7, 4], &[0.75, 0.25], 3, &[1, 6, 0]);
+        let sub = Submission { op: OP_MOE, seq: 1, layer: LayerId::new(2), n_rows: 1, top_k: 2, step: 0, input_offset: 64, output_offset: 128 };
+        e.submit_with_hint(&sub, &[7, 4], &[0.75, 0.25], LayerId::new(3), &[1, 6, 0]);
         assert!(e.claim().is_some());
-        assert_eq!(e.hint(), (3, 3));
+        assert_eq!(e.hint(), (LayerId::new(3), 3));
         let (mut ids, mut w) = (Vec::new(), Vec::new());
         e.read_cells(5, &mut ids, &mut w);
         assert_eq!(ids, [7, 4, 1, 6, 0]);
@@ -615,7 +598,7 @@ mod tests {
         e.state().store(STATE_FREE, Ordering::SeqCst);
         e.submit(&sub, &[7, 4], &[0.75, 0.25]);
         assert_eq!(e.hint().1, 0, "a call without a hint must not inherit the last one's");
-        let full = std::panic::catch_unwind(|| e.submit_with_hint(&sub, &[7, 4], &[0.75, 0.25], 3, &[1, 6, 0, 5]));
+        let full = std::panic::catch_unwind(|| e.submit_with_hint(&sub, &[7, 4], &[0.75, 0.25], LayerId::new(3), &[1, 6, 0, 5]));
         assert!(full.is_err(), "the call's and the hint's cells must fit the entry");
     }
 

@@ -5,6 +5,7 @@
 //! arithmetic and re-checked against the containing tensor's range.
 
 use crate::checkpoint::{Checkpoint, TensorEntry};
+use crate::ids::{ExpertId, LayerId};
 use crate::tensor_spec::{self, ExpertLayout};
 use safetensors::Dtype;
 use std::path::PathBuf;
@@ -51,7 +52,7 @@ pub enum LocateError {
     #[error("layer {layer} out of range (model has {n_layers} layers)")]
     Layer {
         /// Requested layer.
-        layer: usize,
+        layer: LayerId,
         /// Layers in the model.
         n_layers: usize,
     },
@@ -59,7 +60,7 @@ pub enum LocateError {
     #[error("expert {expert} out of range (layer has {n_experts} experts)")]
     Expert {
         /// Requested expert.
-        expert: usize,
+        expert: ExpertId,
         /// Experts per layer.
         n_experts: usize,
     },
@@ -67,9 +68,9 @@ pub enum LocateError {
     #[error("layer {layer} expert {expert}: {what} range does not fit inside tensor {tensor}")]
     OutOfTensor {
         /// Layer.
-        layer: usize,
+        layer: LayerId,
         /// Expert.
-        expert: usize,
+        expert: ExpertId,
         /// `gate`, `up` or `down`.
         what: &'static str,
         /// The containing tensor.
@@ -92,22 +93,22 @@ impl<'a> ExpertLocator<'a> {
     }
 
     /// Byte ranges of `expert`'s gate, up and down weights in `layer`.
-    pub fn expert(&self, layer: usize, expert: usize) -> Result<ExpertRanges, LocateError> {
+    pub fn expert(&self, layer: LayerId, expert: ExpertId) -> Result<ExpertRanges, LocateError> {
         let cfg = &self.ckpt.config.text;
         let layout = *self
             .ckpt
             .expert_layouts
-            .get(layer)
+            .get(layer.index())
             .ok_or(LocateError::Layer { layer, n_layers: cfg.num_layers })?;
-        if expert >= cfg.num_experts {
+        if expert.index() >= cfg.num_experts {
             return Err(LocateError::Expert { expert, n_experts: cfg.num_experts });
         }
         let (f, d) = (cfg.moe_intermediate_size, cfg.hidden_size);
         let prefix = self.ckpt.prefix;
         match layout {
             ExpertLayout::Fused => {
-                let gate_up_name = tensor_spec::fused_gate_up_name(prefix, layer);
-                let down_name = tensor_spec::fused_down_name(prefix, layer);
+                let gate_up_name = tensor_spec::fused_gate_up_name(prefix, layer.index());
+                let down_name = tensor_spec::fused_down_name(prefix, layer.index());
                 let gate_up = self.entry(&gate_up_name)?;
                 let down = self.entry(&down_name)?;
                 let slice = |entry: &TensorEntry, name: &str, what, index: u64, rows: usize, cols: usize| {
@@ -130,7 +131,7 @@ impl<'a> ExpertLocator<'a> {
                 };
                 // gate_up_proj[e] is [2f, d]: gate rows [0, f), up rows [f, 2f). Indexing the
                 // tensor as 2E blocks of [f, d] puts expert e's gate at block 2e, up at 2e + 1.
-                let e = expert as u64;
+                let e = u64::from(expert.get());
                 Ok(ExpertRanges {
                     gate: slice(gate_up, &gate_up_name, "gate", 2 * e, f, d)?,
                     up: slice(gate_up, &gate_up_name, "up", 2 * e + 1, f, d)?,
@@ -139,7 +140,7 @@ impl<'a> ExpertLocator<'a> {
             }
             ExpertLayout::PerExpert => {
                 let range = |proj: &str, rows: usize, cols: usize| -> Result<ByteRange, LocateError> {
-                    let name = tensor_spec::per_expert_name(prefix, layer, expert, proj);
+                    let name = tensor_spec::per_expert_name(prefix, layer.index(), expert.index(), proj);
                     let entry = self.entry(&name)?;
                     Ok(ByteRange {
                         shard: entry.shard,

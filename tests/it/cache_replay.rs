@@ -6,6 +6,7 @@
 
 use expertd::cache::{Acquired, CacheConfig, CacheStats, ExpertCache, ExpertKey, Policy, SessionId};
 use expertd::trace::TraceWriter;
+use shared::ids::{ExpertId, LayerId};
 use std::path::Path;
 use std::process::{Command, Output};
 use tests::{SplitMix, workspace_bin};
@@ -35,7 +36,7 @@ fn record(path: &Path, policy: Policy, slots: u64, seed: u64) -> CacheStats {
                 while keys.len() < 4 {
                     // A skewed routing: low expert ids are hot.
                     let e = rng.below(16).min(rng.below(16)) as u32;
-                    let k = ExpertKey::new(layer, e);
+                    let k = ExpertKey::new(LayerId::new(layer), ExpertId::new(e));
                     if !keys.contains(&k) {
                         keys.push(k);
                     }
@@ -44,7 +45,7 @@ fn record(path: &Path, policy: Policy, slots: u64, seed: u64) -> CacheStats {
                 let abandon = rng.below(25) == 0;
                 for lease in acq.misses() {
                     if !abandon {
-                        let tag = u64::from(lease.key().expert).to_le_bytes();
+                        let tag = u64::from(lease.key().expert.get()).to_le_bytes();
                         lease.buffer_mut()[..8].copy_from_slice(&tag);
                         lease.mark_filled();
                     }

@@ -8,6 +8,7 @@ use half::bf16;
 use shared::checkpoint::Checkpoint;
 use shared::container::header::{HEADER_CHECKSUM_OFFSET, INDEX_CHECKSUM_OFFSET, N_EXPERTS_OFFSET, VERSION_OFFSET};
 use shared::container::{CONTAINER_FILE, ContainerError, ContainerFile, ModelIdentity, PARTIAL_FILE};
+use shared::ids::{ExpertId, LayerId};
 use shared::kernels::int8::{QuantizedMatrix, quantize_weights};
 use shared::safetensors_locator::{ByteRange, ExpertLocator};
 use std::os::unix::fs::FileExt;
@@ -73,8 +74,8 @@ fn prepare_then_verify_every_fixture() {
         assert_eq!(c.header().identity, ModelIdentity::of_checkpoint(&ckpt).expect("identity"));
         assert_eq!(std::fs::metadata(out.join(CONTAINER_FILE)).expect("stat").len(), c.header().layout.file_bytes);
         let mut buf = Vec::new();
-        for layer in 0..dims.n_layers {
-            for e in 0..dims.n_experts {
+        for layer in LayerId::all(dims.n_layers) {
+            for e in ExpertId::all(dims.n_experts) {
                 c.read_expert(layer, e, &mut buf).unwrap_or_else(|err| panic!("{preset}: {err}"));
             }
         }
@@ -108,7 +109,7 @@ fn container_weights_equal_quantize_weights_of_the_checkpoint() {
         let mut picks: Vec<(usize, usize)> = (0..4).map(|_| (rng.below(cfg.num_layers), rng.below(cfg.num_experts))).collect();
         picks.push((cfg.num_layers - 1, cfg.num_experts - 1));
         let mut buf = Vec::new();
-        for (layer, e) in picks {
+        for (layer, e) in picks.into_iter().map(|(l, e)| (LayerId::from_index(l), ExpertId::from_index(e))) {
             let r = locator.expert(layer, e).expect("locate");
             let mut gate_up = read_range(&r.gate);
             gate_up.extend(read_range(&r.up));
@@ -146,7 +147,7 @@ fn any_flipped_blob_byte_fails_verify_and_that_experts_read() {
     let c = ContainerFile::open(good.path()).expect("opens");
     let layout = c.header().layout;
     let b = layout.blob;
-    let (layer, expert) = (2, 5);
+    let (layer, expert) = (LayerId::new(2), ExpertId::new(5));
     let base = layout.blob_offset(layer, expert).expect("in range");
     let positions = [
         ("gate_up packed", b.gate_up_packed.offset + 3),
@@ -174,8 +175,8 @@ fn any_flipped_blob_byte_fails_verify_and_that_experts_read() {
         assert!(err.to_string().contains(&named), "{what}: {err}");
         assert!(matches!(err, ContainerError::BlobChecksum { .. } | ContainerError::BlobPadding { .. }), "{what}: {err}");
         // Its neighbours are untouched.
-        flipped.read_expert(layer, expert - 1, &mut buf).expect("neighbour before");
-        flipped.read_expert(layer, expert + 1, &mut buf).expect("neighbour after");
+        flipped.read_expert(layer, ExpertId::new(expert.get() - 1), &mut buf).expect("neighbour before");
+        flipped.read_expert(layer, ExpertId::new(expert.get() + 1), &mut buf).expect("neighbour after");
     }
 }
 
@@ -254,7 +255,7 @@ fn killed_prepare_resumes_to_a_byte_identical_file() {
         .expect("spawn expertd");
     // Kill it once blob (2, 1) is on disk: layers 0 and 1 are complete, layer 2 is half written
     // (its remaining 14 blobs take ≥ 350 ms more).
-    let (blob, trailer) = (layout.blob_offset(2, 1).expect("in range"), layout.blob.checksum_offset as u64);
+    let (blob, trailer) = (layout.blob_offset(LayerId::new(2), ExpertId::new(1)).expect("in range"), layout.blob.checksum_offset as u64);
     let want_trailer = &want[(blob + trailer) as usize..(blob + trailer + 8) as usize];
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
@@ -274,7 +275,7 @@ fn killed_prepare_resumes_to_a_byte_identical_file() {
 
     // Also damage one blob of finished layer 0: the rerun must notice and redo that layer.
     let file = std::fs::OpenOptions::new().write(true).open(&partial).expect("open partial");
-    let at = layout.blob_offset(0, 3).expect("in range") + 17;
+    let at = layout.blob_offset(LayerId::new(0), ExpertId::new(3)).expect("in range") + 17;
     file.write_all_at(&[want[at as usize] ^ 0xff], at).expect("damage");
     drop(file);
 

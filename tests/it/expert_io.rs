@@ -8,6 +8,7 @@ use expertd::io::{
     AlignedBuf, ExpertSource, Fault, FaultySource, IoError, IoKind, ReadRequest, SourceInfo, open_source,
 };
 use shared::container::{CONTAINER_FILE, ContainerError, ContainerFile};
+use shared::ids::{ExpertId, LayerId};
 use std::path::Path;
 use tests::{model_dir, prepare_container};
 
@@ -42,7 +43,7 @@ fn read(source: &dyn ExpertSource, batch: &[(u32, u32)]) -> Vec<Result<Vec<u8>, 
     let stride = source.blob_stride();
     let mut buf = AlignedBuf::zeroed(stride * batch.len());
     let mut reqs: Vec<ReadRequest<'_>> =
-        buf.chunks_exact_mut(stride).zip(batch).map(|(dst, &(layer, expert))| ReadRequest { layer, expert, dst }).collect();
+        buf.chunks_exact_mut(stride).zip(batch).map(|(dst, &(l, e))| ReadRequest { layer: LayerId::new(l), expert: ExpertId::new(e), dst }).collect();
     let results = source.read_blobs(&mut reqs);
     assert_eq!(results.len(), batch.len());
     results.into_iter().zip(&reqs).map(|(r, req)| r.map(|()| req.dst.to_vec())).collect()
@@ -51,7 +52,7 @@ fn read(source: &dyn ExpertSource, batch: &[(u32, u32)]) -> Vec<Result<Vec<u8>, 
 /// `ContainerFile::read_expert`'s bytes for (layer, expert).
 fn reference(file: &ContainerFile, layer: u32, expert: u32) -> Vec<u8> {
     let mut buf = Vec::new();
-    file.read_expert(layer as usize, expert as usize, &mut buf).expect("read_expert");
+    file.read_expert(LayerId::new(layer), ExpertId::new(expert), &mut buf).expect("read_expert");
     buf
 }
 
@@ -93,7 +94,7 @@ fn corrupt_blob_on_disk_is_data_loss_for_that_expert_only() {
         let batch = [(2, 4), (layer, expert), (2, 6), (0, 0)];
         let results = read(&*source, &batch);
         match &results[1] {
-            Err(IoError::DataLoss { layer: 2, expert: 5, offset, detail: ContainerError::BlobChecksum { index, .. } }) => {
+            Err(IoError::DataLoss { layer, expert, offset, detail: ContainerError::BlobChecksum { index, .. } }) if (layer.get(), expert.get()) == (2, 5) => {
                 assert_eq!((*offset, *index), (entry.offset, Some(entry.checksum)), "{info}");
             }
             other => panic!("{info}: expected DataLoss for layer 2 expert 5, got {other:?}"),
@@ -114,22 +115,22 @@ fn faulty_source_over_a_disk_source_maps_each_fault_exactly() {
     let file = ContainerFile::open(dir.path()).expect("open container");
     for (source, info) in sources(dir.path()) {
         let stride = source.blob_stride() as u64;
-        let offset = |l: u32, e: u32| source.container().entry(l, e).expect("in range").offset;
+        let offset = |l: u32, e: u32| source.container().entry(LayerId::new(l), ExpertId::new(e)).expect("in range").offset;
         let (o_eio, o_short, o_flip) = (offset(1, 1), offset(1, 2), offset(3, 7));
         let faulty = FaultySource::new(source)
-            .with_fault(1, 1, Fault::Eio)
-            .with_fault(1, 2, Fault::ShortRead { got: 4096 })
-            .with_fault(3, 7, Fault::FlipByte { at: 0 });
+            .with_fault(LayerId::new(1), ExpertId::new(1), Fault::Eio)
+            .with_fault(LayerId::new(1), ExpertId::new(2), Fault::ShortRead { got: 4096 })
+            .with_fault(LayerId::new(3), ExpertId::new(7), Fault::FlipByte { at: 0 });
         let results = read(&faulty, &[(1, 0), (1, 1), (1, 2), (3, 7), (4, 0)]);
         assert_eq!(results[0].as_ref().ok(), Some(&reference(&file, 1, 0)), "{info}");
-        assert_eq!(results[1], Err(IoError::Os { layer: 1, expert: 1, offset: o_eio, errno: 5 /* EIO */ }), "{info}");
-        assert_eq!(results[2], Err(IoError::ShortRead { layer: 1, expert: 2, offset: o_short, got: 4096, want: stride }), "{info}");
+        assert_eq!(results[1], Err(IoError::Os { layer: LayerId::new(1), expert: ExpertId::new(1), offset: o_eio, errno: 5 /* EIO */ }), "{info}");
+        assert_eq!(results[2], Err(IoError::ShortRead { layer: LayerId::new(1), expert: ExpertId::new(2), offset: o_short, got: 4096, want: stride }), "{info}");
         assert!(
-            matches!(&results[3], Err(IoError::DataLoss { layer: 3, expert: 7, offset, detail: ContainerError::BlobChecksum { .. } }) if *offset == o_flip),
+            matches!(&results[3], Err(IoError::DataLoss { layer, expert, offset, detail: ContainerError::BlobChecksum { .. } }) if (layer.get(), expert.get(), *offset) == (3, 7, o_flip)),
             "{info}: {:?}",
             results[3]
         );
-        assert_eq!(results[4], Err(IoError::OutOfRange { layer: 4, expert: 0 }), "{info}");
+        assert_eq!(results[4], Err(IoError::OutOfRange { layer: LayerId::new(4), expert: ExpertId::new(0) }), "{info}");
         let types: Vec<&str> = results.iter().skip(1).map(|r| r.as_ref().unwrap_err().error_type()).collect();
         assert_eq!(types, ["os", "short_read", "data_loss", "out_of_range"]);
         assert_eq!(faulty.injected(), 3, "{info}");

@@ -14,6 +14,7 @@ use hostd::experts::{ExpertBackend, MoeCall};
 use proto::v1::expert_service_client::ExpertServiceClient;
 use proto::v1::{self as pb, moe_layer_request::Input};
 use shared::container::{ContainerFile, ModelIdentity};
+use shared::ids::LayerId;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -353,7 +354,7 @@ fn client_for(socket: &Path, reconnect: Duration) -> ExpertdClient {
 
 pub(crate) fn tiny_call(client: &ExpertdClient) -> Result<Vec<f32>, hostd::experts::ExpertError> {
     let x = activations(3, HIDDEN_TINY);
-    let call = MoeCall { layer: 1, n_rows: 3, top_k: 2, x: &x, ids: &[4, 5, 6, 7, 0, 4], weights: &[0.6, 0.4, 0.3, 0.7, 0.5, 0.5] };
+    let call = MoeCall { layer: LayerId::new(1), n_rows: 3, top_k: 2, x: &x, ids: &[4, 5, 6, 7, 0, 4], weights: &[0.6, 0.4, 0.3, 0.7, 0.5, 0.5] };
     let mut out = vec![0.0f32; 3 * HIDDEN_TINY];
     client.moe_layer(&call, &mut out).map(|()| out)
 }

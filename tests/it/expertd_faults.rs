@@ -9,6 +9,7 @@ use crate::expertd::{Daemon, HIDDEN_TINY, activations, container_bytes};
 use crate::serve::{Lines, Server, check_error, open_long_stream, user};
 use hostd::expert_client::{ClientOptions, Endpoint, ExpertdClient};
 use hostd::experts::{ExpertBackend, ExpertError, MoeCall};
+use shared::ids::LayerId;
 use serde_json::{Value, json};
 use std::io::BufRead;
 use std::path::{Path, PathBuf};
@@ -247,7 +248,7 @@ fn a_killed_private_daemon_is_reaped_and_restarted_and_hostd_leaves_nothing_behi
 fn big_call(client: &ExpertdClient, x: &[f32], rows: usize) -> Result<Vec<f32>, ExpertError> {
     let ids: Vec<u32> = (0..rows).flat_map(|r| (0..8u32).map(move |k| (k + r as u32) % 8)).collect();
     let weights: Vec<f32> = (0..rows).flat_map(|_| (0..8).map(|k| (k as f32 + 1.0) / 36.0)).collect();
-    let call = MoeCall { layer: 1, n_rows: rows, top_k: 8, x, ids: &ids, weights: &weights };
+    let call = MoeCall { layer: LayerId::new(1), n_rows: rows, top_k: 8, x, ids: &ids, weights: &weights };
     let mut out = vec![0.0f32; rows * HIDDEN_TINY];
     client.moe_layer(&call, &mut out).map(|()| out)
 }

@@ -12,6 +12,7 @@ use expertd::server::ServeConfig;
 use hostd::expert_client::shm::ClientSegment;
 use hostd::expert_client::{Endpoint, transport};
 use proto::v1::{self as pb, moe_layer_request::Input};
+use shared::ids::LayerId;
 use shared::ring::{self, OP_MOE, Submission};
 use shared::shm_layout::SlotLayout;
 use std::path::PathBuf;
@@ -116,7 +117,7 @@ fn ring_call(seg: &ClientSegment, segment_id: u64, layer: u32, x: &[f32], seq: u
     let output = seg.output_slice(&slot, segment_id, x.len()).offset_bytes;
     let entry = ring.entry(slot.index() as u32);
     let n_rows = (x.len() / HIDDEN_TINY) as u32;
-    let sub = Submission { op: OP_MOE, seq, layer, n_rows, top_k: 2, step: 0, input_offset: input, output_offset: output };
+    let sub = Submission { op: OP_MOE, seq, layer: LayerId::new(layer), n_rows, top_k: 2, step: 0, input_offset: input, output_offset: output };
     let ids: Vec<u32> = (0..n_rows * 2).map(|i| i % 8).collect();
     let weights = vec![0.5f32; ids.len()];
     entry.submit(&sub, &ids, &weights);

@@ -12,6 +12,7 @@ use hostd::expert_client::shm::ClientSegment;
 use hostd::expert_client::{ClientOptions, Endpoint, ExpertdClient, transport};
 use hostd::experts::{ExpertBackend, MoeCall};
 use proto::v1 as pb;
+use shared::ids::LayerId;
 use shared::ring::{self, OP_ECHO, OP_MOE, OP_PREFETCH, Submission};
 use shared::shm_layout::SlotLayout;
 use std::path::Path;
@@ -159,14 +160,14 @@ fn a_unix_client_uses_the_ring_by_default_and_both_paths_agree() {
     // inside the ring call, after an RPC call, and when the call is refused; the answer is
     // the plain call's.
     let x = activations(3, HIDDEN_TINY);
-    let call = MoeCall { layer: 1, n_rows: 3, top_k: 2, x: &x, ids: &[4, 5, 6, 7, 0, 4], weights: &[0.6, 0.4, 0.3, 0.7, 0.5, 0.5] };
+    let call = MoeCall { layer: LayerId::new(1), n_rows: 3, top_k: 2, x: &x, ids: &[4, 5, 6, 7, 0, 4], weights: &[0.6, 0.4, 0.3, 0.7, 0.5, 0.5] };
     for (name, c) in [("ring", &with_ring), ("rpc", &without)] {
         let mut runs = 0;
         let mut out = vec![0.0f32; x.len()];
         c.moe_layer_overlapped(&call, &mut out, None, &mut || runs += 1).expect("overlapped call");
         assert_eq!(runs, 1, "{name}: `during` must run once");
         assert_eq!(bits(&out), bits(&a), "{name}: overlapped vs plain call");
-        let bad = MoeCall { layer: 9, ..call };
+        let bad = MoeCall { layer: LayerId::new(9), ..call };
         let mut runs = 0;
         assert!(c.moe_layer_overlapped(&bad, &mut out, None, &mut || runs += 1).is_err());
         assert_eq!(runs, 1, "{name}: `during` must run once on a refused call too");
@@ -207,9 +208,9 @@ fn malformed_ring_entries_fail_that_call_and_the_worker_keeps_serving() {
     let input = seg.write_input(&slot, link.segment_id, &x).offset_bytes;
     let output = seg.output_slice(&slot, link.segment_id, x.len()).offset_bytes;
     let entry = ring.entry(slot.index() as u32);
-    let valid = Submission { op: OP_MOE, seq: 1, layer: 0, n_rows: 2, top_k: 2, step: 0, input_offset: input, output_offset: output };
+    let valid = Submission { op: OP_MOE, seq: 1, layer: LayerId::new(0), n_rows: 2, top_k: 2, step: 0, input_offset: input, output_offset: output };
     let send_hinted = |sub: &Submission, ids: &[u32], weights: &[f32], hint: (u32, &[u32])| {
-        entry.submit_with_hint(sub, ids, weights, hint.0, hint.1);
+        entry.submit_with_hint(sub, ids, weights, LayerId::new(hint.0), hint.1);
         ring.ring_doorbell();
         let deadline = std::time::Instant::now() + Duration::from_secs(10);
         let answered = entry.wait_finished(Duration::from_micros(50), Duration::from_millis(20), || std::time::Instant::now() < deadline);
@@ -225,7 +226,7 @@ fn malformed_ring_entries_fail_that_call_and_the_worker_keeps_serving() {
     type Case = (&'static str, Submission, Vec<u32>, Vec<f32>, Code, &'static str);
     let cases: Vec<Case> = vec![
         ("unknown op", Submission { op: 99, ..valid }, ids.clone(), w.clone(), Code::InvalidArgument, "unknown ring op 99"),
-        ("layer out of range", Submission { layer: 4, ..valid }, ids.clone(), w.clone(), Code::InvalidArgument, "layer 4 out of range"),
+        ("layer out of range", Submission { layer: LayerId::new(4), ..valid }, ids.clone(), w.clone(), Code::InvalidArgument, "layer 4 out of range"),
         ("zero rows", Submission { n_rows: 0, ..valid }, vec![], vec![], Code::InvalidArgument, "n_tokens 0"),
         ("more cells than the entry holds", Submission { n_rows: 4, top_k: 8, ..valid }, ids.clone(), w.clone(), Code::InvalidArgument, "exceeds the ring entry"),
         ("expert out of range", valid, vec![0, 8, 2, 3], w.clone(), Code::InvalidArgument, "expert 8 out of range"),
@@ -234,7 +235,7 @@ fn malformed_ring_entries_fail_that_call_and_the_worker_keeps_serving() {
         ("input past the segment", Submission { input_offset: layout.segment_bytes, ..valid }, ids.clone(), w.clone(), Code::InvalidArgument, "past"),
         ("misaligned output", Submission { output_offset: output + 4, ..valid }, ids.clone(), w.clone(), Code::InvalidArgument, "multiple of 64"),
         ("output over the header", Submission { output_offset: 0, ..valid }, ids.clone(), w.clone(), Code::InvalidArgument, "multiple of 64"),
-        ("hint for a layer out of range", Submission { op: OP_PREFETCH, layer: 4, n_rows: 1, top_k: 2, ..valid }, vec![0, 1], vec![0.0; 2], Code::InvalidArgument, "prefetch hint"),
+        ("hint for a layer out of range", Submission { op: OP_PREFETCH, layer: LayerId::new(4), n_rows: 1, top_k: 2, ..valid }, vec![0, 1], vec![0.0; 2], Code::InvalidArgument, "prefetch hint"),
         ("hint for an expert out of range", Submission { op: OP_PREFETCH, n_rows: 1, top_k: 2, ..valid }, vec![0, 9], vec![0.0; 2], Code::InvalidArgument, "expert 9 out of range"),
     ];
     for (i, (what, sub, ids, w, code, needle)) in cases.into_iter().enumerate() {
@@ -266,7 +267,7 @@ fn malformed_ring_entries_fail_that_call_and_the_worker_keeps_serving() {
     let mut ring_out = vec![0.0f32; x.len()];
     seg.read_output(&slot, &mut ring_out);
     let rpc = client(&socket, false);
-    let call = hostd::experts::MoeCall { layer: 0, n_rows: 2, top_k: 2, x: &x, ids: &ids, weights: &w };
+    let call = hostd::experts::MoeCall { layer: LayerId::new(0), n_rows: 2, top_k: 2, x: &x, ids: &ids, weights: &w };
     let mut rpc_out = vec![0.0f32; x.len()];
     hostd::experts::ExpertBackend::moe_layer(&rpc, &call, &mut rpc_out).expect("rpc call");
     assert_eq!(bits(&ring_out), bits(&rpc_out));

@@ -19,6 +19,7 @@ use hostd::expert_client::{
     ShardedExperts,
 };
 use hostd::experts::{ExpertBackend, MoeCall};
+use shared::ids::LayerId;
 use proto::v1::expert_service_client::ExpertServiceClient;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -207,7 +208,7 @@ fn layer_call(
 ) -> Result<Vec<u32>, hostd::experts::ExpertError> {
     let x = activations(3, HIDDEN_TINY);
     let call = MoeCall {
-        layer,
+        layer: LayerId::from_index(layer),
         n_rows: 3,
         top_k: 2,
         x: &x,

@@ -11,6 +11,7 @@ use hostd::expert_client::{ClientOptions, Endpoint, ExpertdClient};
 use hostd::experts::{ExpertBackend, MoeCall};
 use proto::v1::{self as pb};
 use shared::container::ContainerFile;
+use shared::ids::LayerId;
 use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -46,7 +47,7 @@ fn connect_tiny(socket: &Path, connect_timeout: Duration) -> Result<ExpertdClien
 
 fn tiny_call(client: &ExpertdClient) {
     let x: Vec<f32> = (0..2 * HIDDEN_TINY).map(|i| ((i as f32) * 0.37).sin()).collect();
-    let call = MoeCall { layer: 1, n_rows: 2, top_k: 2, x: &x, ids: &[4, 5, 6, 7], weights: &[0.6, 0.4, 0.3, 0.7] };
+    let call = MoeCall { layer: LayerId::new(1), n_rows: 2, top_k: 2, x: &x, ids: &[4, 5, 6, 7], weights: &[0.6, 0.4, 0.3, 0.7] };
     let mut out = vec![0.0f32; 2 * HIDDEN_TINY];
     client.moe_layer(&call, &mut out).expect("a call on the new session");
     assert!(out.iter().all(|v| v.is_finite()) && out.iter().any(|&v| v != 0.0));
@@ -167,7 +168,7 @@ fn a_budget_above_the_container_is_clamped_and_a_big_arena_is_not_committed_at_s
 
     // In process: the cache holds one slot per expert, and its configuration says so.
     let prepared = Prepared::new(ServeConfig::new(container.clone(), budget)).expect("prepare");
-    let cache = prepared.engine().cache();
+    let cache = prepared.executor().cache();
     assert_eq!(cache.config().budget_bytes, holds, "the budget is clamped to the container's experts");
     assert_eq!(cache.stats().n_slots, n_blobs);
     assert_eq!(cache.stats().budget_bytes, holds);

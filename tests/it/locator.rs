@@ -2,6 +2,7 @@
 //! `safetensors` crate — in the fused release layout and in the per-expert layout.
 
 use shared::checkpoint::Checkpoint;
+use shared::ids::{ExpertId, LayerId};
 use shared::safetensors_locator::{ByteRange, ExpertLocator};
 use shared::tensor_spec::{self, ExpertLayout};
 use std::os::unix::fs::FileExt;
@@ -40,7 +41,7 @@ fn check_locator(ckpt: &Checkpoint, reference_dir: &Path, seed: u64) {
     pairs.push((cfg.num_layers - 1, cfg.num_experts - 1));
     pairs.push((0, 0));
     for (layer, expert) in pairs {
-        let r = loc.expert(layer, expert).expect("locate");
+        let r = loc.expert(LayerId::from_index(layer), ExpertId::from_index(expert)).expect("locate");
         assert_eq!((r.gate.shape, r.up.shape, r.down.shape), ([f, d], [f, d], [d, f]));
         assert_eq!(r.total_bytes(), 3 * (f * d) as u64 * 2, "bf16 expert size");
         let want = expert_bytes_via_safetensors(reference_dir, layer, expert);
@@ -48,8 +49,8 @@ fn check_locator(ckpt: &Checkpoint, reference_dir: &Path, seed: u64) {
         assert_eq!(read_range(&r.up), want[1], "layer {layer} expert {expert} up");
         assert_eq!(read_range(&r.down), want[2], "layer {layer} expert {expert} down");
     }
-    assert!(loc.expert(cfg.num_layers, 0).is_err(), "layer out of range");
-    assert!(loc.expert(0, cfg.num_experts).is_err(), "expert out of range");
+    assert!(loc.expert(LayerId::from_index(cfg.num_layers), ExpertId::new(0)).is_err(), "layer out of range");
+    assert!(loc.expert(LayerId::new(0), ExpertId::from_index(cfg.num_experts)).is_err(), "expert out of range");
 }
 
 #[test]

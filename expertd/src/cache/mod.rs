@@ -50,6 +50,7 @@ use crate::trace::{TraceError, TraceHeader, TraceWriter};
 use arena::Arena;
 use lease::{CallHandle, LeaseKind};
 use serde::{Deserialize, Serialize};
+use shared::ids::{ExpertId, LayerId};
 use sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError, TryLockError};
 
 /// Journaled events after which an acquire writes them to the trace itself, so that a server
@@ -59,15 +60,15 @@ const AUTO_FLUSH_EVENTS: usize = 4096;
 /// One routed expert of one MoE layer: the cache's key.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct ExpertKey {
-    /// MoE layer index.
-    pub layer: u32,
-    /// Expert index within the layer.
-    pub expert: u32,
+    /// MoE layer.
+    pub layer: LayerId,
+    /// Expert within the layer.
+    pub expert: ExpertId,
 }
 
 impl ExpertKey {
     /// The key of `expert` in `layer`.
-    pub fn new(layer: u32, expert: u32) -> ExpertKey {
+    pub fn new(layer: LayerId, expert: ExpertId) -> ExpertKey {
         ExpertKey { layer, expert }
     }
 }
@@ -116,9 +117,9 @@ pub enum CacheError {
     #[error("one expert call may name one layer only, got layers {first} and {other}")]
     MixedLayers {
         /// The first key's layer.
-        first: u32,
+        first: LayerId,
         /// Another key's layer.
-        other: u32,
+        other: LayerId,
     },
     /// A call named an expert twice.
     #[error("{key} named twice in one call")]
@@ -132,7 +133,7 @@ pub enum CacheError {
     )]
     Exhausted {
         /// The call's layer.
-        layer: u32,
+        layer: LayerId,
         /// Misses of the call.
         misses: u32,
         /// Slots free or evictable (not leased) at the time.

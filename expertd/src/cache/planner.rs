@@ -26,6 +26,7 @@ use super::policy::{EvictKey, Policy};
 use super::stats::{CacheStats, Counters, SessionStats};
 use super::{CacheConfig, CacheError, ExpertKey, SessionId};
 use crate::trace::{AcquireEvent, ReleaseEvent, ReleaseSessionEvent, TraceEvent};
+use shared::ids::{ExpertId, LayerId};
 use std::collections::{BTreeSet, HashMap};
 
 /// A successful acquire call's number: successful calls are numbered from 0 in the order the
@@ -108,8 +109,8 @@ struct Slot {
 
 struct CallRecord {
     session: SessionId,
-    layer: u32,
-    experts: Vec<u32>,
+    layer: LayerId,
+    experts: Vec<ExpertId>,
     placements: Vec<Placement>,
     /// The session was closed by `release_session` while the call was live.
     orphaned: bool,
@@ -119,7 +120,7 @@ struct CallRecord {
 struct SessionState {
     stats: SessionStats,
     calls: BTreeSet<CallId>,
-    last_layer: Option<u32>,
+    last_layer: Option<LayerId>,
     inferred_step: u64,
 }
 
@@ -144,7 +145,7 @@ pub struct Planner {
     evictable: BTreeSet<EvictKey>,
     /// Which slot holds which expert (`Filling` or `Filled` only) [invariant 6].
     index: HashMap<ExpertKey, u32>,
-    layers: HashMap<u32, LayerState>,
+    layers: HashMap<LayerId, LayerState>,
     transient_free: Vec<u32>,
     calls: HashMap<CallId, CallRecord>,
     sessions: HashMap<SessionId, SessionState>,
@@ -159,7 +160,7 @@ pub struct Planner {
 }
 
 /// Keys of one call: all of one layer, distinct, at least one. Returns the layer.
-fn validate(keys: &[ExpertKey]) -> Result<u32, CacheError> {
+fn validate(keys: &[ExpertKey]) -> Result<LayerId, CacheError> {
     let first = keys.first().ok_or(CacheError::EmptyCall)?;
     for (i, k) in keys.iter().enumerate() {
         if k.layer != first.layer {
@@ -383,7 +384,7 @@ impl Planner {
         sess.stats.bytes_read += u64::from(misses) * self.slot_bytes;
         sess.stats.leases_held += n as u64;
         sess.calls.insert(call);
-        let experts: Vec<u32> = keys.iter().map(|k| k.expert).collect();
+        let experts: Vec<ExpertId> = keys.iter().map(|k| k.expert).collect();
         self.record(|| {
             TraceEvent::Acquire(AcquireEvent {
                 session: session.0,
@@ -535,7 +536,7 @@ impl Planner {
     }
 
     /// The call's placements and experts, while it is live.
-    pub fn call_placements(&self, call: CallId) -> Option<(&[Placement], &[u32])> {
+    pub fn call_placements(&self, call: CallId) -> Option<(&[Placement], &[ExpertId])> {
         self.calls.get(&call).map(|r| (r.placements.as_slice(), r.experts.as_slice()))
     }
 
@@ -632,7 +633,7 @@ impl View<'_> {
         &self.planner.index
     }
     /// Per layer: the slots holding its experts.
-    pub fn layer_slots(&self) -> impl Iterator<Item = (u32, &BTreeSet<u32>)> + '_ {
+    pub fn layer_slots(&self) -> impl Iterator<Item = (LayerId, &BTreeSet<u32>)> + '_ {
         self.planner.layers.iter().map(|(l, s)| (*l, &s.slots))
     }
     /// The free transient buffers.

@@ -22,7 +22,7 @@ impl Rng {
 }
 
 fn key(layer: u32, expert: u32) -> ExpertKey {
-    ExpertKey::new(layer, expert)
+    ExpertKey::new(LayerId::new(layer), ExpertId::new(expert))
 }
 
 fn lru_config(slots: u64, transient: u32) -> CacheConfig {
@@ -35,7 +35,7 @@ fn cache(config: CacheConfig) -> ExpertCache {
 
 /// The byte an expert's blob holds at `i` in these tests.
 fn pattern(k: ExpertKey, i: usize) -> u8 {
-    (k.layer.wrapping_mul(31) ^ k.expert.wrapping_mul(7) ^ (i as u32 / 512)) as u8
+    (k.layer.get().wrapping_mul(31) ^ k.expert.get().wrapping_mul(7) ^ (i as u32 / 512)) as u8
 }
 
 fn fill(lease: &mut Lease) {
@@ -96,11 +96,11 @@ fn check_victims(policy: Policy, slots: u64, calls: &[&[ExpertKey]], expected: &
     assert_eq!(got, expected, "{policy}");
 }
 
-const A: ExpertKey = ExpertKey { layer: 0, expert: 0 };
-const B: ExpertKey = ExpertKey { layer: 0, expert: 1 };
-const C: ExpertKey = ExpertKey { layer: 0, expert: 2 };
-const D: ExpertKey = ExpertKey { layer: 0, expert: 3 };
-const X: ExpertKey = ExpertKey { layer: 1, expert: 0 };
+const A: ExpertKey = ExpertKey { layer: LayerId::new(0), expert: ExpertId::new(0) };
+const B: ExpertKey = ExpertKey { layer: LayerId::new(0), expert: ExpertId::new(1) };
+const C: ExpertKey = ExpertKey { layer: LayerId::new(0), expert: ExpertId::new(2) };
+const D: ExpertKey = ExpertKey { layer: LayerId::new(0), expert: ExpertId::new(3) };
+const X: ExpertKey = ExpertKey { layer: LayerId::new(1), expert: ExpertId::new(0) };
 
 #[test]
 fn lru_evicts_least_recently_used() {
@@ -173,7 +173,7 @@ fn transient_fallback_then_exhausted() {
     let before = c.stats();
     assert!(before.resident_bytes <= before.budget_bytes);
     let err = c.acquire(SessionId(3), &[D]).expect_err("pool empty");
-    assert_eq!(err, CacheError::Exhausted { layer: 0, misses: 1, slots_available: 0, transient_free: 0, n_slots: 2, transient_slots: 1 });
+    assert_eq!(err, CacheError::Exhausted { layer: LayerId::new(0), misses: 1, slots_available: 0, transient_free: 0, n_slots: 2, transient_slots: 1 });
     assert_eq!(err.error_type(), "exhausted");
     let after = c.stats();
     assert_eq!(after, CacheStats { exhausted: before.exhausted + 1, sessions_open: after.sessions_open, ..before });
@@ -245,7 +245,7 @@ fn bad_calls_and_configs_are_refused() {
     assert_eq!(ExpertCache::new(lru_config(1, 0), 1000).err(), Some(CacheError::SlotBytes { slot_bytes: 1000 }));
     let c = cache(lru_config(2, 0));
     assert_eq!(c.acquire(SessionId(1), &[]).err(), Some(CacheError::EmptyCall));
-    assert_eq!(c.acquire(SessionId(1), &[A, X]).err(), Some(CacheError::MixedLayers { first: 0, other: 1 }));
+    assert_eq!(c.acquire(SessionId(1), &[A, X]).err(), Some(CacheError::MixedLayers { first: A.layer, other: X.layer }));
     assert_eq!(c.acquire(SessionId(1), &[A, B, A]).err(), Some(CacheError::DuplicateKey { key: A }));
     assert_eq!(c.stats().calls, 0);
     // A budget below one slot caches nothing; a transient-free cache then refuses every call.

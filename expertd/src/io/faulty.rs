@@ -7,6 +7,7 @@
 //! A test double: nothing in the daemon's read path uses it.
 
 use super::{ContainerIndex, ExpertSource, IoError, ReadRequest};
+use shared::ids::{ExpertId, LayerId};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, PoisonError};
@@ -36,7 +37,7 @@ pub struct FaultySource<S> {
     inner: S,
     /// Faults by (layer, expert). A std mutex: tests change it rarely, and each batch holds it
     /// only to copy out the faults of its requests, never across a read.
-    faults: Mutex<HashMap<(u32, u32), Fault>>,
+    faults: Mutex<HashMap<(LayerId, ExpertId), Fault>>,
     /// Faults injected so far; relaxed, it orders nothing.
     injected: AtomicU64,
 }
@@ -48,13 +49,13 @@ impl<S: ExpertSource> FaultySource<S> {
     }
 
     /// Adds a fault for (layer, expert) (builder form of [`FaultySource::set_fault`]).
-    pub fn with_fault(self, layer: u32, expert: u32, fault: Fault) -> FaultySource<S> {
+    pub fn with_fault(self, layer: LayerId, expert: ExpertId, fault: Fault) -> FaultySource<S> {
         self.set_fault(layer, expert, Some(fault));
         self
     }
 
     /// Sets (`Some`) or clears (`None`) the fault of (layer, expert).
-    pub fn set_fault(&self, layer: u32, expert: u32, fault: Option<Fault>) {
+    pub fn set_fault(&self, layer: LayerId, expert: ExpertId, fault: Option<Fault>) {
         let mut faults = self.faults.lock().unwrap_or_else(PoisonError::into_inner);
         match fault {
             Some(f) => faults.insert((layer, expert), f),

@@ -29,6 +29,7 @@ use shared::container::layout::{ALIGNMENT, HEADER_BYTES};
 use shared::container::{
     BlobAt, CONTAINER_FILE, ContainerError, ContainerFile, Header, IndexEntry, VersionedMagic, check_blob,
 };
+use shared::ids::{ExpertId, LayerId};
 use std::fs::File;
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::Path;
@@ -43,9 +44,9 @@ pub const MAX_RETRIES_PER_BLOB: u32 = 16;
 /// One blob to read: (layer, expert) of the container into `dst`.
 pub struct ReadRequest<'a> {
     /// Layer of the expert.
-    pub layer: u32,
+    pub layer: LayerId,
     /// Expert within the layer.
-    pub expert: u32,
+    pub expert: ExpertId,
     /// Where the blob goes: [`BLOCK_BYTES`]-aligned and exactly one blob stride long (what a
     /// cache lease hands out for a miss). Its contents are unspecified after a failed read.
     pub dst: &'a mut [u8],
@@ -60,9 +61,9 @@ pub enum IoError {
     #[error("data loss: {detail}")]
     DataLoss {
         /// Layer.
-        layer: u32,
+        layer: LayerId,
         /// Expert.
-        expert: u32,
+        expert: ExpertId,
         /// File offset of the blob.
         offset: u64,
         /// The check that failed (`BlobChecksum` or `BlobPadding`).
@@ -72,9 +73,9 @@ pub enum IoError {
     #[error("layer {layer} expert {expert}: short read of the blob at file offset {offset}: got {got} of {want} bytes (file truncated?)")]
     ShortRead {
         /// Layer.
-        layer: u32,
+        layer: LayerId,
         /// Expert.
-        expert: u32,
+        expert: ExpertId,
         /// File offset of the blob.
         offset: u64,
         /// Bytes read before end of file.
@@ -86,9 +87,9 @@ pub enum IoError {
     #[error("layer {layer} expert {expert}: reading the blob at file offset {offset}: {}", std::io::Error::from_raw_os_error(*errno))]
     Os {
         /// Layer.
-        layer: u32,
+        layer: LayerId,
         /// Expert.
-        expert: u32,
+        expert: ExpertId,
         /// File offset of the blob.
         offset: u64,
         /// The `errno` value (`libc::EIO`, …); the message is rendered from it.
@@ -99,9 +100,9 @@ pub enum IoError {
     #[error("layer {layer} expert {expert}: destination buffer at {addr:#x} of {len} bytes is not a {BLOCK_BYTES}-aligned buffer of exactly one blob stride ({stride} bytes)")]
     Unaligned {
         /// Layer.
-        layer: u32,
+        layer: LayerId,
         /// Expert.
-        expert: u32,
+        expert: ExpertId,
         /// Address of the buffer.
         addr: usize,
         /// Length of the buffer.
@@ -113,9 +114,9 @@ pub enum IoError {
     #[error("layer {layer} expert {expert} is not in the container")]
     OutOfRange {
         /// Requested layer.
-        layer: u32,
+        layer: LayerId,
         /// Requested expert.
-        expert: u32,
+        expert: ExpertId,
     },
 }
 
@@ -322,10 +323,10 @@ impl ContainerIndex {
     }
 
     /// The index entry of (layer, expert), or `OutOfRange`.
-    pub fn entry(&self, layer: u32, expert: u32) -> Result<IndexEntry, IoError> {
+    pub fn entry(&self, layer: LayerId, expert: ExpertId) -> Result<IndexEntry, IoError> {
         self.header
             .layout
-            .blob_index(layer as usize, expert as usize)
+            .blob_index(layer, expert)
             .map(|i| self.entries[i])
             .map_err(|_| IoError::OutOfRange { layer, expert })
     }
@@ -343,9 +344,9 @@ impl ContainerIndex {
 
     /// Verifies a blob just read (trailer, index checksum, zero padding): `DataLoss` naming
     /// the layer, expert and file offset if any check fails.
-    pub fn verify(&self, layer: u32, expert: u32, entry: IndexEntry, bytes: &[u8]) -> Result<(), IoError> {
+    pub fn verify(&self, layer: LayerId, expert: ExpertId, entry: IndexEntry, bytes: &[u8]) -> Result<(), IoError> {
         // PERF-CRITICAL: one xxh3 pass over every blob read from disk.
-        let at = BlobAt { layer: layer as usize, expert: expert as usize, offset: entry.offset };
+        let at = BlobAt { layer, expert, offset: entry.offset };
         match check_blob(bytes, &self.header.layout.blob, at, Some(entry.checksum)) {
             Ok(_) => Ok(()),
             Err(detail) => Err(IoError::DataLoss { layer, expert, offset: entry.offset, detail }),

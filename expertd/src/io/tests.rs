@@ -107,7 +107,7 @@ fn check(name: &str, source: &dyn ExpertSource, file: &[u8], batch: &[(u32, u32)
     let mut reqs: Vec<ReadRequest<'_>> = buf
         .chunks_exact_mut(stride)
         .zip(batch)
-        .map(|(dst, &(layer, expert))| ReadRequest { layer, expert, dst })
+        .map(|(dst, &(layer, expert))| ReadRequest { layer: lid(layer), expert: eid(expert), dst })
         .collect();
     let results = source.read_blobs(&mut reqs);
     assert_eq!(results.len(), batch.len(), "{name}: one result per request");
@@ -127,7 +127,15 @@ fn every_expert() -> Vec<(u32, u32)> {
 }
 
 fn blob_offset(layer: u32, expert: u32) -> u64 {
-    layout().blob_offset(layer as usize, expert as usize).expect("in range")
+    layout().blob_offset(lid(layer), eid(expert)).expect("in range")
+}
+
+fn lid(layer: u32) -> LayerId {
+    LayerId::new(layer)
+}
+
+fn eid(expert: u32) -> ExpertId {
+    ExpertId::new(expert)
 }
 
 #[test]
@@ -152,7 +160,7 @@ fn disk_sources_match_container_file_read_expert() {
     let mut expected = Vec::new();
     for (l, e) in every_expert() {
         let mut buf = Vec::new();
-        reader.read_expert(l as usize, e as usize, &mut buf).expect("read_expert");
+        reader.read_expert(lid(l), eid(e), &mut buf).expect("read_expert");
         expected.extend_from_slice(&buf);
     }
     let start = layout().blobs_offset as usize;
@@ -174,9 +182,9 @@ fn data_loss_checksum(bytes: &[u8], layer: u32, expert: u32) -> IoError {
     let blob = &bytes[offset as usize..offset as usize + b.stride];
     let computed = shared::container::checksum::checksum(&blob[..b.checksum_offset]);
     let trailer = u64::from_le_bytes(blob[b.checksum_offset..b.content_bytes].try_into().expect("8 bytes"));
-    let index = ContainerIndex::from_bytes(bytes).expect("index").entry(layer, expert).expect("in range").checksum;
-    let (l, e) = (layer as usize, expert as usize);
-    let detail = ContainerError::BlobChecksum { layer: l, expert: e, offset, computed, trailer, index: Some(index) };
+    let index = ContainerIndex::from_bytes(bytes).expect("index").entry(lid(layer), eid(expert)).expect("in range").checksum;
+    let (layer, expert) = (lid(layer), eid(expert));
+    let detail = ContainerError::BlobChecksum { layer, expert, offset, computed, trailer, index: Some(index) };
     IoError::DataLoss { layer, expert, offset, detail }
 }
 
@@ -201,9 +209,9 @@ fn corrupt_trailer_and_padding_are_data_loss() {
     }
     let bytes = corrupt(&fx, b.stride - 1);
     let offset = blob_offset(1, 2);
-    let detail = ContainerError::BlobPadding { layer: 1, expert: 2, offset, byte_offset: offset + b.stride as u64 - 1 };
+    let detail = ContainerError::BlobPadding { layer: lid(1), expert: eid(2), offset, byte_offset: offset + b.stride as u64 - 1 };
     for (name, source) in sources(&fx.path) {
-        let want = IoError::DataLoss { layer: 1, expert: 2, offset, detail: detail.clone() };
+        let want = IoError::DataLoss { layer: lid(1), expert: eid(2), offset, detail: detail.clone() };
         check(&name, &*source, &bytes, &[(0, 0), (1, 2)], &[None, Some(want)]);
     }
 }
@@ -218,7 +226,7 @@ fn truncated_file_is_short_read_for_the_blobs_past_the_end() {
     file.set_len(layout().file_bytes - stride + BLOCK_BYTES as u64).expect("truncate");
     let (last_l, last_e) = (DIMS.0 as u32 - 1, DIMS.1 as u32 - 1);
     let offset = blob_offset(last_l, last_e);
-    let want = IoError::ShortRead { layer: last_l, expert: last_e, offset, got: BLOCK_BYTES as u64, want: stride };
+    let want = IoError::ShortRead { layer: lid(last_l), expert: eid(last_e), offset, got: BLOCK_BYTES as u64, want: stride };
     assert_eq!(want.error_type(), "short_read");
     for (name, source) in &sources {
         if source.name() == "mem" {
@@ -227,7 +235,7 @@ fn truncated_file_is_short_read_for_the_blobs_past_the_end() {
         check(name, &**source, &fx.bytes, &[(0, 5), (last_l, last_e), (last_l, 0)], &[None, Some(want.clone()), None]);
     }
     file.set_len(layout().file_bytes - stride).expect("truncate");
-    let want = IoError::ShortRead { layer: last_l, expert: last_e, offset, got: 0, want: stride };
+    let want = IoError::ShortRead { layer: lid(last_l), expert: eid(last_e), offset, got: 0, want: stride };
     for (name, source) in &sources {
         if source.name() != "mem" {
             check(name, &**source, &fx.bytes, &[(last_l, last_e), (2, 2)], &[Some(want.clone()), None]);
@@ -242,8 +250,8 @@ fn contract_violations_fail_that_request_only() {
         let stride = source.blob_stride();
         check(&name, &*source, &fx.bytes, &[(0, 1), (4, 0), (0, 40)], &[
             None,
-            Some(IoError::OutOfRange { layer: 4, expert: 0 }),
-            Some(IoError::OutOfRange { layer: 0, expert: 40 }),
+            Some(IoError::OutOfRange { layer: lid(4), expert: eid(0) }),
+            Some(IoError::OutOfRange { layer: lid(0), expert: eid(40) }),
         ]);
         let mut buf = AlignedBuf::zeroed(3 * stride + BLOCK_BYTES);
         let (good, rest) = buf.split_at_mut(stride);
@@ -252,13 +260,13 @@ fn contract_violations_fail_that_request_only() {
         let short = &mut short[..stride - BLOCK_BYTES];
         let (m_addr, s_addr) = (misaligned.as_ptr() as usize, short.as_ptr() as usize);
         let mut reqs = [
-            ReadRequest { layer: 2, expert: 3, dst: misaligned },
-            ReadRequest { layer: 2, expert: 4, dst: good },
-            ReadRequest { layer: 2, expert: 5, dst: short },
+            ReadRequest { layer: lid(2), expert: eid(3), dst: misaligned },
+            ReadRequest { layer: lid(2), expert: eid(4), dst: good },
+            ReadRequest { layer: lid(2), expert: eid(5), dst: short },
         ];
         let results = source.read_blobs(&mut reqs);
-        let unaligned = |expert, addr, len| Err(IoError::Unaligned { layer: 2, expert, addr, len, stride });
-        assert_eq!(results, vec![unaligned(3, m_addr, stride), Ok(()), unaligned(5, s_addr, stride - BLOCK_BYTES)], "{name}");
+        let unaligned = |expert, addr, len| Err(IoError::Unaligned { layer: lid(2), expert, addr, len, stride });
+        assert_eq!(results, vec![unaligned(eid(3), m_addr, stride), Ok(()), unaligned(eid(5), s_addr, stride - BLOCK_BYTES)], "{name}");
         assert_eq!(results[0].as_ref().unwrap_err().error_type(), "unaligned");
     }
 }
@@ -268,33 +276,33 @@ fn faulty_source_maps_each_fault_exactly() {
     let fx = fixture();
     let stride = layout().blob.stride;
     let faulty = FaultySource::new(MemSource::from_bytes(fx.bytes.clone()).expect("mem"))
-        .with_fault(0, 1, Fault::Eio)
-        .with_fault(0, 2, Fault::ShortRead { got: 100 })
-        .with_fault(0, 3, Fault::FlipByte { at: 10 })
-        .with_fault(0, 4, Fault::FlipByte { at: stride - 1 })
-        .with_fault(9, 9, Fault::Eio);
+        .with_fault(lid(0), eid(1), Fault::Eio)
+        .with_fault(lid(0), eid(2), Fault::ShortRead { got: 100 })
+        .with_fault(lid(0), eid(3), Fault::FlipByte { at: 10 })
+        .with_fault(lid(0), eid(4), Fault::FlipByte { at: stride - 1 })
+        .with_fault(lid(9), eid(9), Fault::Eio);
     let mut flipped = fx.bytes.clone();
     flipped[blob_offset(0, 3) as usize + 10] ^= 0xff;
     let offset = |e| blob_offset(0, e);
     let expected = [
         None,
-        Some(IoError::Os { layer: 0, expert: 1, offset: offset(1), errno: libc::EIO }),
-        Some(IoError::ShortRead { layer: 0, expert: 2, offset: offset(2), got: 100, want: stride as u64 }),
+        Some(IoError::Os { layer: lid(0), expert: eid(1), offset: offset(1), errno: libc::EIO }),
+        Some(IoError::ShortRead { layer: lid(0), expert: eid(2), offset: offset(2), got: 100, want: stride as u64 }),
         Some(data_loss_checksum(&flipped, 0, 3)),
         Some(IoError::DataLoss {
-            layer: 0,
-            expert: 4,
+            layer: lid(0),
+            expert: eid(4),
             offset: offset(4),
-            detail: ContainerError::BlobPadding { layer: 0, expert: 4, offset: offset(4), byte_offset: offset(4) + stride as u64 - 1 },
+            detail: ContainerError::BlobPadding { layer: lid(0), expert: eid(4), offset: offset(4), byte_offset: offset(4) + stride as u64 - 1 },
         }),
-        Some(IoError::OutOfRange { layer: 9, expert: 9 }),
+        Some(IoError::OutOfRange { layer: lid(9), expert: eid(9) }),
         None,
     ];
     check("faulty", &faulty, &fx.bytes, &[(0, 0), (0, 1), (0, 2), (0, 3), (0, 4), (9, 9), (0, 5)], &expected);
     assert_eq!((faulty.injected(), faulty.inner().blob_reads()), (4, 5), "EIO and out-of-range never reach the inner source");
     let eio = expected[1].clone().expect("error");
     assert_eq!((eio.error_type(), eio.to_string().contains("Input/output error")), ("os", true), "{eio}");
-    faulty.set_fault(0, 1, None);
+    faulty.set_fault(lid(0), eid(1), None);
     check("faulty, cleared", &faulty, &fx.bytes, &[(0, 1)], &[None]);
 }
 
@@ -413,7 +421,7 @@ fn a_panic_with_reads_in_flight_waits_for_them_before_unwinding() {
     let drained_before = uring::DRAINED_READS.load(std::sync::atomic::Ordering::Relaxed);
     let unwound = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         let mut reqs: Vec<ReadRequest<'_>> =
-            buf.chunks_exact_mut(stride).zip(&all).map(|(dst, &(layer, expert))| ReadRequest { layer, expert, dst }).collect();
+            buf.chunks_exact_mut(stride).zip(&all).map(|(dst, &(layer, expert))| ReadRequest { layer: lid(layer), expert: eid(expert), dst }).collect();
         source.read_blobs(&mut reqs)
     }));
     assert!(unwound.is_err(), "the test hook panics");
@@ -450,10 +458,10 @@ fn sources_are_send_sync_and_boxable() {
 #[test]
 fn error_messages_name_layer_expert_and_offset() {
     let cases = [
-        (IoError::ShortRead { layer: 3, expert: 7, offset: 8192, got: 4096, want: 8192 }, "layer 3 expert 7: short read of the blob at file offset 8192: got 4096 of 8192 bytes (file truncated?)"),
-        (IoError::Os { layer: 3, expert: 7, offset: 8192, errno: libc::EIO }, "layer 3 expert 7: reading the blob at file offset 8192: Input/output error (os error 5)"),
-        (IoError::OutOfRange { layer: 40, expert: 0 }, "layer 40 expert 0 is not in the container"),
-        (IoError::Unaligned { layer: 1, expert: 2, addr: 0x1040, len: 8192, stride: 8192 }, "layer 1 expert 2: destination buffer at 0x1040 of 8192 bytes is not a 4096-aligned buffer of exactly one blob stride (8192 bytes)"),
+        (IoError::ShortRead { layer: lid(3), expert: eid(7), offset: 8192, got: 4096, want: 8192 }, "layer 3 expert 7: short read of the blob at file offset 8192: got 4096 of 8192 bytes (file truncated?)"),
+        (IoError::Os { layer: lid(3), expert: eid(7), offset: 8192, errno: libc::EIO }, "layer 3 expert 7: reading the blob at file offset 8192: Input/output error (os error 5)"),
+        (IoError::OutOfRange { layer: lid(40), expert: eid(0) }, "layer 40 expert 0 is not in the container"),
+        (IoError::Unaligned { layer: lid(1), expert: eid(2), addr: 0x1040, len: 8192, stride: 8192 }, "layer 1 expert 2: destination buffer at 0x1040 of 8192 bytes is not a 4096-aligned buffer of exactly one blob stride (8192 bytes)"),
     ];
     for (e, text) in cases {
         assert_eq!(e.to_string(), text);

@@ -1,6 +1,6 @@
 //! The daemon's side of the MoE-call ring (`shared::ring`): one worker thread per session whose
 //! connection passed a segment with a ring. The worker takes calls straight out of shared
-//! memory and runs them through the same engine, session bound, fair queue and status mapping
+//! memory and runs them through the same call executor, session bound, fair queue and status mapping
 //! as the `MoeLayer` RPC — no tokio, no HTTP/2, no protobuf, no hand-off before the compute
 //! pool. The RPC stays for everything else (handshake, stats, health, TCP, old clients).
 //!
@@ -15,7 +15,8 @@ use super::status::RpcError;
 use crate::moe_call::CallSpec;
 use crate::session::{CallCounters, Session};
 use crate::shm::Segment;
-use shared::ring::{self, Completion, Entry, RingView, Submission};
+use shared::ids::LayerId;
+use shared::ring::{self, Entry, RingView, Submission};
 use shared::shm_layout::ShmSlice;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -76,8 +77,8 @@ impl Worker {
         while !self.session.is_closed() {
             if let Some((i, sub)) = self.claim_next(&mut next) {
                 if self.state.config.pool_awake {
-                    let engine = Arc::clone(&self.state.engine);
-                    engine.with_pool_awake(|| self.burst(i, sub, &mut next));
+                    let executor = Arc::clone(&self.state.executor);
+                    executor.with_pool_awake(|| self.burst(i, sub, &mut next));
                 } else {
                     self.burst(i, sub, &mut next);
                 }
@@ -105,10 +106,10 @@ impl Worker {
     /// (another session's, or a gRPC call), handing pool thread 0 back: the poll itself never
     /// takes other pool work, so no other session's call waits behind this session's next one.
     fn burst(&mut self, i: u32, sub: Submission, next: &mut u32) {
-        let engine = Arc::clone(&self.state.engine);
+        let executor = Arc::clone(&self.state.executor);
         let on_pool = rayon::current_thread_index().is_some();
-        let mark = engine.off_pool_mark();
-        let give_back = || on_pool && engine.contended_since(mark);
+        let mark = executor.off_pool_mark();
+        let give_back = || on_pool && executor.contended_since(mark);
         if on_pool {
             self.session.counters.ring_bursts.fetch_add(1, Ordering::Relaxed);
         }
@@ -141,18 +142,7 @@ impl Worker {
                     self.session.record(Ok(&c));
                     self.session.counters.ring_calls.fetch_add(1, Ordering::Relaxed);
                 }
-                entry.complete(
-                    sub.seq,
-                    &Completion {
-                        queue_ns: c.queue_ns,
-                        io_wait_ns: c.io_wait_ns,
-                        compute_ns: c.compute_ns,
-                        bytes_read: c.bytes_read,
-                        hits: c.hits,
-                        misses: c.misses,
-                        prefetched_hits: c.prefetched_hits,
-                    },
-                );
+                entry.complete(sub.seq, &c);
             }
             Err(e) => {
                 if counted {
@@ -168,15 +158,15 @@ impl Worker {
     /// routing, queued for the speculative reader (dropped when its queue is full, and a no-op
     /// when the daemon runs none), and completed at once.
     fn hint(&mut self, entry: &Entry<'_>, sub: &Submission) -> Result<(), RpcError> {
-        let engine = &self.state.engine;
-        let dims = engine.header().layout.dims;
+        let executor = &self.state.executor;
+        let dims = executor.header().layout.dims;
         let n = sub.top_k as usize;
         if sub.n_rows != 1 || n > self.ring.layout().cells as usize {
             return Err(RpcError::BadRequest(format!("prefetch hint: rows {} (must be 1), experts {n} (at most {} cells)", sub.n_rows, self.ring.layout().cells)));
         }
         entry.read_cells(n, &mut self.ids, &mut self.weights);
         ring::check_hint(sub.layer, &self.ids, dims.n_layers, dims.n_experts).map_err(|e| RpcError::BadRequest(format!("prefetch hint: {e}")))?;
-        if let Some(p) = engine.prefetcher() {
+        if let Some(p) = executor.prefetcher() {
             p.hint(crate::prefetch::Hint { session: self.session.id, step: sub.step, layer: sub.layer, experts: self.ids.clone() });
         }
         Ok(())
@@ -185,12 +175,12 @@ impl Worker {
     /// The prefetch hint a MoE call carries in its cells after `cells` (already copied into
     /// `self.ids`), checked like a hint entry: a layer and experts in range. `None` when it
     /// carries none.
-    fn carried_hint(&self, sub: &Submission, layer: u32, cells: usize) -> Result<Option<crate::prefetch::Hint>, RpcError> {
+    fn carried_hint(&self, sub: &Submission, layer: LayerId, cells: usize) -> Result<Option<crate::prefetch::Hint>, RpcError> {
         let experts = &self.ids[cells..];
         if experts.is_empty() {
             return Ok(None);
         }
-        let dims = self.state.engine.header().layout.dims;
+        let dims = self.state.executor.header().layout.dims;
         ring::check_hint(layer, experts, dims.n_layers, dims.n_experts).map_err(|e| RpcError::BadRequest(format!("the call's prefetch hint: {e}")))?;
         Ok(Some(crate::prefetch::Hint { session: self.session.id, step: sub.step, layer, experts: experts.to_vec() }))
     }
@@ -207,12 +197,12 @@ impl Worker {
         if st.draining.load(Ordering::Acquire) {
             return Err(RpcError::ShuttingDown);
         }
-        let engine = &st.engine;
+        let executor = &st.executor;
         if sub.op == ring::OP_PREFETCH {
             return self.hint(entry, sub).map(|()| CallCounters::default());
         }
-        let (n_rows, top_k, d) = (sub.n_rows as usize, sub.top_k as usize, engine.hidden());
-        engine.check_rows(sub.layer, n_rows)?;
+        let (n_rows, top_k, d) = (sub.n_rows as usize, sub.top_k as usize, executor.hidden());
+        executor.check_rows(sub.layer, n_rows)?;
         let n_values = n_rows * d;
         let input = self.range(sub.input_offset, n_values)?;
         let output = self.range(sub.output_offset, n_values)?;
@@ -237,7 +227,7 @@ impl Worker {
                 entry.read_cells(total, &mut self.ids, &mut self.weights);
                 let hint = self.carried_hint(sub, hint_layer, cells)?;
                 let spec = CallSpec { session: self.session.id, step: sub.step, layer: sub.layer, n_rows, top_k, ids: &self.ids[..cells], weights: &self.weights[..cells] };
-                engine.validate(&spec)?;
+                executor.validate(&spec)?;
                 let limit = st.config.max_queued_calls_per_session;
                 let _in_flight = self.session.try_enter(limit).ok_or(RpcError::SessionBusy { session: self.session.id, limit })?;
                 let t_queue = Instant::now();
@@ -249,11 +239,11 @@ impl Worker {
                     return Err(RpcError::UnknownSession { session: self.session.id });
                 }
                 self.segment.read_f32s(input, &mut self.x);
-                let cost = engine.run_hinted(&spec, &self.x, &mut self.out, hint)?;
+                let cost = executor.run_hinted(&spec, &self.x, &mut self.out, hint)?;
                 self.segment.write_f32s(output, &self.out);
                 // The route trace (when recording) is written here, after the call.
-                let _ = engine.cache().flush_trace();
-                Ok(cost.counters(queue_ns))
+                let _ = executor.cache().flush_trace();
+                Ok(cost.with_queue_ns(queue_ns))
             }
             op => Err(RpcError::BadRequest(format!(
                 "unknown ring op {op} (expected {} = moe, {} = echo or {} = prefetch)",

@@ -1,14 +1,14 @@
 //! `expertd.v1.ExpertService`: decodes each request, checks the caller (`super::auth`), the
 //! session and the transport descriptors, admits the call into its session's bound and the fair
-//! queue, runs it on a blocking thread through the engine, and encodes the result. Errors are
+//! queue, runs it on a blocking thread through the call executor, and encodes the result. Errors are
 //! [`RpcError`]s, turned into statuses by `super::status` only.
 //!
-//! Owns the per-daemon [`ServiceState`] (engine, sessions, fair queue, draining flag) and the
+//! Owns the per-daemon [`ServiceState`] (call executor, sessions, fair queue, draining flag) and the
 //! per-connection [`ConnInfo`] that the server attaches to every request.
 
 use super::auth::Auth;
 use super::status::RpcError;
-use crate::moe_call::{CallSpec, Engine};
+use crate::moe_call::{CallSpec, CallExecutor};
 use crate::logsafe;
 use crate::session::{CallCounters, FairQueue, PeerKey, Session, SessionCaps, Sessions, TransportKind};
 use crate::shm::Segment;
@@ -16,6 +16,7 @@ use proto::convert::{self, f32s_to_le_bytes};
 use proto::v1::expert_service_server::ExpertService;
 use proto::v1::{self as pb};
 use shared::container::ModelIdentity;
+use shared::ids::LayerId;
 use std::net::SocketAddr;
 use std::ops::Range;
 use std::sync::Arc;
@@ -114,8 +115,8 @@ pub struct ServiceConfig {
 
 /// The daemon's state shared by every connection and call.
 pub struct ServiceState {
-    /// The compute engine (cache, source, kernels).
-    pub engine: Arc<Engine>,
+    /// The call executor (cache, source, kernels).
+    pub executor: Arc<CallExecutor>,
     /// Open sessions.
     pub sessions: Sessions,
     /// The fair queue in front of the compute lanes.
@@ -139,11 +140,11 @@ pub struct ServiceState {
 }
 
 impl ServiceState {
-    /// A state over `engine` with `lanes` compute lanes.
-    pub fn new(engine: Arc<Engine>, lanes: usize, config: ServiceConfig, auth: Auth) -> ServiceState {
-        let fingerprint = engine.header().fingerprint();
+    /// A state over `executor` with `lanes` compute lanes.
+    pub fn new(executor: Arc<CallExecutor>, lanes: usize, config: ServiceConfig, auth: Auth) -> ServiceState {
+        let fingerprint = executor.header().fingerprint();
         ServiceState {
-            engine,
+            executor,
             sessions: Sessions::new(),
             queue: FairQueue::new(lanes),
             config,
@@ -167,7 +168,7 @@ impl ServiceState {
     pub fn connection_closed(&self, conn_id: u64) {
         self.open_connections.fetch_sub(1, Ordering::Relaxed);
         for s in self.sessions.close_connection(conn_id) {
-            let orphaned = self.engine.cache().release_session(crate::cache::SessionId(s.id)).map_or(0, |st| st.leases_held);
+            let orphaned = self.executor.cache().release_session(crate::cache::SessionId(s.id)).map_or(0, |st| st.leases_held);
             tracing::info!(session = s.id, client_name = %logsafe::name(&s.client_name), peer = %s.peer, orphaned_leases = orphaned, "session closed: connection gone");
         }
     }
@@ -226,7 +227,7 @@ impl ExpertdService {
         if r.client_name.len() > MAX_CLIENT_NAME_BYTES {
             return Err(RpcError::BadRequest(format!("client_name is {} bytes (at most {MAX_CLIENT_NAME_BYTES})", r.client_name.len())));
         }
-        let header = st.engine.header();
+        let header = st.executor.header();
         if let Some(id) = &r.model_identity {
             let ours = ModelIdentity::try_from(id).map_err(|e| RpcError::BadRequest(format!("model_identity.{e}")))?;
             let what = header.identity.differing(&ours);
@@ -262,7 +263,7 @@ impl ExpertdService {
         }
         tracing::info!(session = session.id, client_name = %logsafe::name(&session.client_name), peer = %session.peer, client_pid = r.client_pid, ?transport, ring_entries, "session opened");
         let dims = &header.layout.dims;
-        let engine = &st.engine;
+        let executor = &st.executor;
         Ok(pb::HandshakeResponse {
             protocol_version: current,
             container_fingerprint: st.fingerprint,
@@ -273,12 +274,12 @@ impl ExpertdService {
                 hidden_size: dims.hidden as u32,
                 expert_inner_size: dims.inner as u32,
             }),
-            kernel_isa: engine.isa().name().to_string(),
+            kernel_isa: executor.isa().name().to_string(),
             io_backend: st.config.io_backend.clone(),
             limits: Some(pb::Limits {
-                max_rows_per_call: engine.max_rows() as u32,
+                max_rows_per_call: executor.max_rows() as u32,
                 max_queued_calls_per_session: st.config.max_queued_calls_per_session,
-                cache_budget_bytes: engine.cache().config().budget_bytes,
+                cache_budget_bytes: executor.cache().config().budget_bytes,
                 max_message_bytes: st.config.max_message_bytes,
             }),
             session_id: session.id,
@@ -297,10 +298,10 @@ impl ExpertdService {
         if st.draining.load(Ordering::Acquire) {
             return Err(RpcError::ShuttingDown);
         }
-        let engine = &st.engine;
-        let (n_rows, top_k, d) = (r.n_tokens as usize, r.top_k as usize, engine.hidden());
-        let spec = CallSpec { session: session.id, step: r.step, layer: r.layer_idx, n_rows, top_k, ids: &r.expert_ids, weights: &r.weights };
-        engine.validate(&spec)?;
+        let executor = &st.executor;
+        let (n_rows, top_k, d) = (r.n_tokens as usize, r.top_k as usize, executor.hidden());
+        let spec = CallSpec { session: session.id, step: r.step, layer: LayerId::new(r.layer_idx), n_rows, top_k, ids: &r.expert_ids, weights: &r.weights };
+        executor.validate(&spec)?;
         let n_values = n_rows * d;
         let needed = n_values as u64 * 4;
         let input = match r.input {
@@ -335,8 +336,8 @@ impl ExpertdService {
         let permit = st.queue.acquire(session.id).await;
         let queue_ns = t_queue.elapsed().as_nanos() as u64;
 
-        let engine = Arc::clone(engine);
-        let (session_id, step, layer) = (session.id, r.step, r.layer_idx);
+        let executor = Arc::clone(executor);
+        let (session_id, step, layer) = (session.id, r.step, LayerId::new(r.layer_idx));
         let (ids, weights) = (r.expert_ids, r.weights);
         // The blocking job owns the lane and the in-flight slot: if the client goes away and
         // this future is dropped, both are held until the call really ends.
@@ -353,7 +354,7 @@ impl ExpertdService {
             };
             let mut out = vec![0.0f32; n_values];
             let spec = CallSpec { session: session_id, step, layer, n_rows, top_k, ids: &ids, weights: &weights };
-            let cost = engine.run(&spec, &x, &mut out)?;
+            let cost = executor.run(&spec, &x, &mut out)?;
             let wire = match output {
                 Output::Inline => pb::moe_layer_response::Output::OutputInlineF32Le(f32s_to_le_bytes(&out)),
                 Output::Shm(seg, range, slice) => {
@@ -362,22 +363,12 @@ impl ExpertdService {
                 }
             };
             // The route trace (when recording) is written here, after the call, off its path.
-            let _ = engine.cache().flush_trace();
+            let _ = executor.cache().flush_trace();
             Ok::<_, RpcError>((cost, wire))
         });
         let (cost, wire) = job.await.map_err(|e| RpcError::Internal(format!("the call's compute task failed: {e}")))??;
-        let counters = cost.counters(queue_ns);
-        let resp = pb::MoeLayerResponse {
-            output: Some(wire),
-            queue_ns,
-            io_wait_ns: cost.io_wait_ns,
-            compute_ns: cost.compute_ns,
-            hits: cost.hits,
-            misses: cost.misses,
-            bytes_read: cost.bytes_read,
-            prefetched_hits: cost.prefetched_hits,
-        };
-        Ok((resp, counters))
+        let counters = cost.with_queue_ns(queue_ns);
+        Ok((convert::moe_layer_response(wire, &counters), counters))
     }
 
     fn stats_inner(&self) -> pb::StatsResponse {
@@ -390,7 +381,7 @@ impl ServiceState {
     /// sessions included), the prefetcher. The Prometheus endpoint renders the same snapshot.
     pub fn stats(&self) -> pb::StatsResponse {
         let st = self;
-        let cache = st.engine.cache();
+        let cache = st.executor.cache();
         let c = cache.stats();
         let sessions = st
             .sessions
@@ -465,7 +456,7 @@ impl ServiceState {
             open_connections: st.open_connections.load(Ordering::Relaxed),
             draining: st.draining.load(Ordering::Acquire),
             uptime_ns: st.started.elapsed().as_nanos() as u64,
-            prefetch: st.engine.prefetcher().map(|p| {
+            prefetch: st.executor.prefetcher().map(|p| {
                 let c = &p.counters;
                 let get = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
                 pb::PrefetchStats {
@@ -532,7 +523,7 @@ impl ExpertService for ExpertdService {
         self.state.auth.check(&conn, request.metadata())?;
         let id = request.into_inner().session_id;
         let s = self.state.sessions.close(id, conn.conn_id).ok_or(RpcError::UnknownSession { session: id })?;
-        self.state.engine.cache().release_session(crate::cache::SessionId(s.id));
+        self.state.executor.cache().release_session(crate::cache::SessionId(s.id));
         tracing::info!(session = s.id, client_name = %logsafe::name(&s.client_name), "session closed by its client");
         Ok(Response::new(pb::CloseSessionResponse {}))
     }

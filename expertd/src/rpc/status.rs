@@ -23,7 +23,7 @@ use tonic::{Code, Status};
 /// Every way an RPC can fail.
 #[derive(Debug, thiserror::Error)]
 pub enum RpcError {
-    /// The engine refused or failed the call.
+    /// The call executor refused or failed the call.
     #[error(transparent)]
     Call(#[from] CallError),
     /// The session is not open on this connection.
@@ -177,19 +177,9 @@ impl RpcError {
     }
 }
 
-/// Metadata key set on every status the daemon sends, so a client can tell the daemon's
-/// refusals from transport failures (which carry no such key).
-pub const ORIGIN_METADATA: &str = "expertd-origin";
-/// Metadata key naming the layer of a failed expert read.
-pub const LAYER_METADATA: &str = "expertd-layer";
-/// Metadata key naming the expert of a failed expert read.
-pub const EXPERT_METADATA: &str = "expertd-expert";
-
 impl From<RpcError> for Status {
     fn from(e: RpcError) -> Status {
         let mut status = Status::new(e.code(), e.to_string());
-        let meta = status.metadata_mut();
-        meta.insert(ORIGIN_METADATA, tonic::metadata::MetadataValue::from_static("expertd"));
         let expert = match &e {
             RpcError::Call(CallError::Io(
                 IoError::DataLoss { layer, expert, .. }
@@ -200,10 +190,7 @@ impl From<RpcError> for Status {
             )) => Some((*layer, *expert)),
             _ => None,
         };
-        if let Some((layer, expert)) = expert {
-            meta.insert(LAYER_METADATA, tonic::metadata::MetadataValue::from(layer));
-            meta.insert(EXPERT_METADATA, tonic::metadata::MetadataValue::from(expert));
-        }
+        proto::convert::mark_daemon_status(&mut status, expert);
         status
     }
 }
@@ -211,6 +198,7 @@ impl From<RpcError> for Status {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use shared::ids::{ExpertId, LayerId};
 
     fn check(e: RpcError, code: Code, needle: &str) {
         let s = Status::from(e);
@@ -224,9 +212,9 @@ mod tests {
         check(RpcError::SessionBusy { session: 1, limit: 4 }, Code::ResourceExhausted, "4 calls");
         check(RpcError::from(CapReached::Connection { limit: 64 }), Code::ResourceExhausted, "--max-sessions-per-connection");
         check(RpcError::VersionMismatch { client: 1, oldest: 2, current: 2 }, Code::FailedPrecondition, "version 1");
-        check(RpcError::Call(CallError::Invalid { layer: 3, reason: "x".into() }), Code::InvalidArgument, "layer 3");
+        check(RpcError::Call(CallError::Invalid { layer: LayerId::new(3), reason: "x".into() }), Code::InvalidArgument, "layer 3");
         check(
-            RpcError::Call(CallError::Io(IoError::Os { layer: 1, expert: 2, offset: 4096, errno: 5 })),
+            RpcError::Call(CallError::Io(IoError::Os { layer: LayerId::new(1), expert: ExpertId::new(2), offset: 4096, errno: 5 })),
             Code::Unavailable,
             "layer 1 expert 2",
         );

@@ -6,6 +6,7 @@ use prost::Message;
 use proto::v1;
 use shared::container::writer::finish;
 use shared::container::{ContainerLayout, ExpertDims, ModelIdentity};
+use shared::ids::LayerId;
 use shared::ring::{self, RingLayout, RingView, Submission};
 use shared::shm_layout::{HELLO_FLAG_SEGMENT, HELLO_VERSION, Hello, HelloReply, REPLY_OK, SEGMENT_HEADER_BYTES, SLICE_ALIGN, SegmentHeader, SlotLayout};
 
@@ -128,9 +129,9 @@ fn shm_ring() -> Vec<Vec<u8>> {
         let mut seg = Aligned::new(&[], len as usize);
         // SAFETY: `seg` is 64-aligned and holds the whole ring (len covers offset + bytes).
         let view = unsafe { RingView::new(seg.as_mut_ptr(), layout) };
-        let sub = |op, layer, n_rows, top_k| Submission { op, seq: 5, layer, n_rows, top_k, step: 1, input_offset: 64, output_offset: 64 + 64 };
+        let sub = |op, layer, n_rows, top_k| Submission { op, seq: 5, layer: LayerId::new(layer), n_rows, top_k, step: 1, input_offset: 64, output_offset: 64 + 64 };
         // The call carries a prefetch hint for layer 1 in the cells after its own.
-        view.entry(0).submit_with_hint(&sub(ring::OP_MOE, 1, 2, 2), &[0, 3, 7, 1], &[0.5, 0.5, 0.25, 0.75], 1, &[2, 5]);
+        view.entry(0).submit_with_hint(&sub(ring::OP_MOE, 1, 2, 2), &[0, 3, 7, 1], &[0.5, 0.5, 0.25, 0.75], LayerId::new(1), &[2, 5]);
         view.entry(1).submit(&sub(ring::OP_PREFETCH, 0, 1, 3), &[1, 2, 3], &[0.0; 3]);
         let mut v = vec![mode, n_layers_b, n_experts_b, hidden_b, max_rows_b, 40, offset_b, entries_b, cells_b];
         v.extend(&seg.bytes()[SEGMENT_HEADER_BYTES..]);
@@ -141,8 +142,8 @@ fn shm_ring() -> Vec<Vec<u8>> {
     let mut seg = Aligned::new(&[], len as usize);
     // SAFETY: as above.
     let view = unsafe { RingView::new(seg.as_mut_ptr(), layout) };
-    view.entry(0).submit(&Submission { op: ring::OP_ECHO, seq: 1, layer: 0, n_rows: 1, top_k: 1, step: 0, input_offset: 64, output_offset: 128 }, &[], &[]);
-    view.entry(1).submit(&Submission { op: ring::OP_MOE, seq: 2, layer: 0, n_rows: 1, top_k: 2, step: 0, input_offset: 64, output_offset: 128 }, &[4, 4], &[1.0, 1.0]);
+    view.entry(0).submit(&Submission { op: ring::OP_ECHO, seq: 1, layer: LayerId::new(0), n_rows: 1, top_k: 1, step: 0, input_offset: 64, output_offset: 128 }, &[], &[]);
+    view.entry(1).submit(&Submission { op: ring::OP_MOE, seq: 2, layer: LayerId::new(0), n_rows: 1, top_k: 2, step: 0, input_offset: 64, output_offset: 128 }, &[4, 4], &[1.0, 1.0]);
     let mut v = vec![0u8, n_layers_b, n_experts_b, hidden_b, max_rows_b, 255, offset_b, entries_b, cells_b];
     v.extend(&seg.bytes()[SEGMENT_HEADER_BYTES..]);
     out.push(v);

@@ -98,7 +98,7 @@ pub fn run(args: &RttArgs) -> anyhow::Result<()> {
     let top_k = args.top_k.min(dims.n_experts);
     let ids: Vec<u32> = (0..args.rows).flat_map(|_| 0..top_k as u32).collect();
     let weights = vec![1.0 / top_k as f32; ids.len()];
-    let call = MoeCall { layer: 0, n_rows: args.rows, top_k, x: &x, ids: &ids, weights: &weights };
+    let call = MoeCall { layer: shared::ids::LayerId::new(0), n_rows: args.rows, top_k, x: &x, ids: &ids, weights: &weights };
     let one = |out: &mut [f32]| -> anyhow::Result<()> {
         match args.op {
             Op::Echo => client.echo(&x, out).map_err(anyhow::Error::from),

@@ -3,14 +3,8 @@
 //! `ExpertError`. Messages name the daemon's address and, for refusals, both sides' values.
 
 use crate::experts::ExpertError;
+use shared::ids::{ExpertId, LayerId};
 use tonic::Code;
-
-/// Metadata key expertd sets on every status it sends (absent: the transport failed).
-pub const ORIGIN_METADATA: &str = "expertd-origin";
-/// Metadata key under which expertd names the layer of a failed expert read.
-pub const LAYER_METADATA: &str = "expertd-layer";
-/// Metadata key under which expertd names the expert of a failed expert read.
-pub const EXPERT_METADATA: &str = "expertd-expert";
 
 /// The `Retry-After` (seconds) of a request failed because the daemon was unreachable: long
 /// enough for a private daemon to restart or a stopped one to be noticed back by the probe.
@@ -80,7 +74,7 @@ pub enum ExpertClientError {
         /// The daemon's message.
         message: String,
         /// The expert named by the daemon (layer, expert), for failed reads.
-        expert: Option<(usize, u32)>,
+        expert: Option<(LayerId, ExpertId)>,
     },
     /// The connection broke during the call (daemon exited or restarted); the next call
     /// reconnects.
@@ -136,16 +130,11 @@ impl ExpertClientError {
         let message = status.message().to_string();
         // expertd tags every status it sends; an untagged failure of these kinds comes from the
         // transport (the connection broke), not from the daemon.
-        let from_daemon = status.metadata().get(ORIGIN_METADATA).is_some();
+        let from_daemon = proto::convert::is_daemon_status(status);
         if !from_daemon && matches!(code, Code::Unavailable | Code::Unknown | Code::Cancelled | Code::Internal) {
             return ExpertClientError::ConnectionLost { endpoint: endpoint.to_string(), message: if message.is_empty() { format!("{code:?}") } else { message } };
         }
-        let meta = |key: &str| status.metadata().get(key).and_then(|v| v.to_str().ok()).and_then(|s| s.parse::<u64>().ok());
-        let expert = match (meta(LAYER_METADATA), meta(EXPERT_METADATA)) {
-            (Some(l), Some(e)) => Some((l as usize, e as u32)),
-            _ => None,
-        };
-        ExpertClientError::Status { endpoint: endpoint.to_string(), code, message, expert }
+        ExpertClientError::Status { endpoint: endpoint.to_string(), code, message, expert: proto::convert::failed_expert(status) }
     }
 
     /// Whether the session or connection is gone and a new handshake may succeed.
@@ -227,7 +216,7 @@ impl ExpertClientError {
     }
 
     /// As the model's `ExpertError` for a call of `layer`.
-    pub fn into_expert_error(self, layer: usize) -> ExpertError {
+    pub fn into_expert_error(self, layer: LayerId) -> ExpertError {
         if self.is_unavailable() {
             return ExpertError::Unavailable { backend: "expertd", layer, reason: self.to_string(), retry_after_s: RETRY_AFTER_S };
         }
@@ -253,11 +242,9 @@ mod tests {
     #[test]
     fn statuses_map_once() {
         let mut s2 = tonic::Status::new(Code::DataLoss, "layer 1 expert 2: checksum mismatch");
-        s2.metadata_mut().insert(ORIGIN_METADATA, "1".parse().expect("ascii"));
-        s2.metadata_mut().insert(LAYER_METADATA, "1".parse().expect("ascii"));
-        s2.metadata_mut().insert(EXPERT_METADATA, "2".parse().expect("ascii"));
-        match ExpertClientError::from_status("unix:///x", &s2).into_expert_error(1) {
-            ExpertError::Expert { layer: 1, expert: 2, reason } => assert!(reason.contains("checksum"), "{reason}"),
+        proto::convert::mark_daemon_status(&mut s2, Some((LayerId::new(1), ExpertId::new(2))));
+        match ExpertClientError::from_status("unix:///x", &s2).into_expert_error(LayerId::new(1)) {
+            ExpertError::Expert { layer, expert, reason } if (layer.get(), expert.get()) == (1, 2) => assert!(reason.contains("checksum"), "{reason}"),
             other => panic!("{other:?}"),
         }
         let e = ExpertClientError::from_status("unix:///x", &tonic::Status::new(Code::NotFound, "unknown session 5"));
@@ -273,15 +260,15 @@ mod tests {
         let late = ExpertClientError::DeadlineExceeded { endpoint: "unix:///x".into(), what: "the call", deadline_s: 2.0 };
         assert!(late.needs_reconnect() && late.is_unavailable());
         assert!(late.to_string().contains("within 2 s"), "{late}");
-        match late.into_expert_error(3) {
-            ExpertError::Unavailable { layer: 3, retry_after_s: RETRY_AFTER_S, reason, .. } => assert!(reason.contains("unix:///x"), "{reason}"),
+        match late.into_expert_error(LayerId::new(3)) {
+            ExpertError::Unavailable { layer, retry_after_s: RETRY_AFTER_S, reason, .. } if layer.get() == 3 => assert!(reason.contains("unix:///x"), "{reason}"),
             other => panic!("{other:?}"),
         }
         let lost = ExpertClientError::ConnectionLost { endpoint: "unix:///x".into(), message: "reset".into() };
-        assert!(matches!(lost.into_expert_error(0), ExpertError::Unavailable { .. }));
+        assert!(matches!(lost.into_expert_error(LayerId::new(0)), ExpertError::Unavailable { .. }));
         let bad = ExpertClientError::from_status("unix:///x", &tonic::Status::new(Code::InvalidArgument, "bad"));
         assert!(!bad.is_unavailable());
-        assert!(matches!(bad.into_expert_error(0), ExpertError::InvalidCall { .. }));
+        assert!(matches!(bad.into_expert_error(LayerId::new(0)), ExpertError::InvalidCall { .. }));
         let wrong = ExpertClientError::WrongModel { endpoint: "unix:///x".into(), reason: "dims".into() };
         assert!(!wrong.is_unavailable(), "retrying does not fix a wrong container");
     }

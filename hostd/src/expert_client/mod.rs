@@ -40,7 +40,9 @@ use crate::experts::{ExpertBackend, ExpertError, MoeCall, validate_call};
 use crate::profile::Profiler;
 use proto::convert::{f32s_to_le_bytes, le_bytes_into_f32s};
 use proto::v1::{self as pb, moe_layer_request, moe_layer_response};
+use shared::call_cost::CallCost;
 use shared::container::ModelIdentity;
+use shared::ids::LayerId;
 use shared::ring::{self, RingView, Submission};
 use shared::shm_layout::SlotLayout;
 use shm::ClientSegment;
@@ -196,18 +198,6 @@ impl std::str::FromStr for Prefetch {
     }
 }
 
-/// The daemon-reported cost of one `MoeLayer` call (the response's figures).
-#[derive(Debug, Clone, Copy, Default)]
-struct CallCost {
-    queue_ns: u64,
-    io_wait_ns: u64,
-    compute_ns: u64,
-    hits: u32,
-    misses: u32,
-    bytes_read: u64,
-    prefetched_hits: u32,
-}
-
 /// One connection, the session opened on it and the segment passed with it (fresh per
 /// session, so a daemon-side call of a lost session can never write into a later call's slot).
 struct Session {
@@ -234,7 +224,7 @@ pub struct ExpertdClient {
     /// recall when that layer's call comes. A std mutex: held for a swap only.
     predicted: Mutex<Vec<Vec<u32>>>,
     /// A prefetch hint waiting to ride with the next ring call (layer, experts).
-    pending_hint: Mutex<Option<(u32, Vec<u32>)>>,
+    pending_hint: Mutex<Option<(LayerId, Vec<u32>)>>,
     /// Readiness, shared with the probe task, the private daemon's supervisor and `/health`.
     health: Arc<health::ExpertHealth>,
     /// Declared last: dropped after the connection, so the child sees its client leave first.
@@ -514,9 +504,9 @@ impl ExpertdClient {
         }
     }
 
-    fn next_step(&self, layer: usize) -> u64 {
-        let prev = self.last_layer.swap(layer, Ordering::Relaxed);
-        if prev == usize::MAX || layer <= prev { self.step.fetch_add(1, Ordering::Relaxed) + 1 } else { self.step.load(Ordering::Relaxed) }
+    fn next_step(&self, layer: LayerId) -> u64 {
+        let prev = self.last_layer.swap(layer.index(), Ordering::Relaxed);
+        if prev == usize::MAX || layer.index() <= prev { self.step.fetch_add(1, Ordering::Relaxed) + 1 } else { self.step.load(Ordering::Relaxed) }
     }
 
     /// One `MoeLayer` call on session `cx.s`, abandoned at `cx.deadline`. When it fails in a
@@ -548,7 +538,7 @@ impl ExpertdClient {
         if let (Some(seg), Some(slot)) = (segment, slot)
             && let Some(ring) = seg.ring().filter(|r| s.info.ring_entries > 0 && call.ids.len() <= r.layout().cells as usize)
         {
-            let sub = Submission { op: ring::OP_MOE, seq: 0, layer: call.layer as u32, n_rows: call.n_rows as u32, top_k: call.top_k as u32, step, input_offset: 0, output_offset: 0 };
+            let sub = Submission { op: ring::OP_MOE, seq: 0, layer: call.layer, n_rows: call.n_rows as u32, top_k: call.top_k as u32, step, input_offset: 0, output_offset: 0 };
             // A pending prefetch hint rides with the call when its cells fit; otherwise it goes
             // in the hint entry, after the call (see `prefetch`).
             let hint = self.pending_hint.lock().unwrap_or_else(PoisonError::into_inner).take();
@@ -577,7 +567,7 @@ impl ExpertdClient {
             session_id: s.info.session_id,
             request_id: self.next_request.fetch_add(1, Ordering::Relaxed),
             step,
-            layer_idx: call.layer as u32,
+            layer_idx: call.layer.get(),
             n_tokens: call.n_rows as u32,
             top_k: call.top_k as u32,
             expert_ids: call.ids.to_vec(),
@@ -599,6 +589,7 @@ impl ExpertdClient {
             .ok_or_else(|| self.lost("the client runtime stopped"))??
             .into_inner();
         let protocol = |reason: &str| ExpertClientError::Protocol { endpoint: self.endpoint.clone(), reason: reason.to_string() };
+        let cost = CallCost::from(&resp);
         match (resp.output, segment, slot) {
             (Some(moe_layer_response::Output::OutputInlineF32Le(bytes)), _, _) => {
                 le_bytes_into_f32s("output_inline_f32_le", &bytes, out).map_err(|e| protocol(&e.to_string()))?;
@@ -608,23 +599,15 @@ impl ExpertdClient {
             (None, _, _) => return Err(protocol("the response carries no output")),
         }
         tracing::trace!(
-            queue_ns = resp.queue_ns,
-            io_wait_ns = resp.io_wait_ns,
-            compute_ns = resp.compute_ns,
-            hits = resp.hits,
-            misses = resp.misses,
-            bytes_read = resp.bytes_read,
+            queue_ns = cost.queue_ns,
+            io_wait_ns = cost.io_wait_ns,
+            compute_ns = cost.compute_ns,
+            hits = cost.hits,
+            misses = cost.misses,
+            bytes_read = cost.bytes_read,
             "expertd call"
         );
-        Ok(CallCost {
-            queue_ns: resp.queue_ns,
-            io_wait_ns: resp.io_wait_ns,
-            compute_ns: resp.compute_ns,
-            hits: resp.hits,
-            misses: resp.misses,
-            bytes_read: resp.bytes_read,
-            prefetched_hits: resp.prefetched_hits,
-        })
+        Ok(cost)
     }
 
     /// One call through the session's ring: activations into the slot, the call into the
@@ -643,7 +626,7 @@ impl ExpertdClient {
         x: &[f32],
         ids: &[u32],
         weights: &[f32],
-        hint: Option<(u32, &[u32])>,
+        hint: Option<(LayerId, &[u32])>,
         out: &mut [f32],
         deadline: Instant,
         during: &mut dyn FnMut(),
@@ -654,7 +637,7 @@ impl ExpertdClient {
         sub.seq = self.next_request.fetch_add(1, Ordering::Relaxed) as u32;
         sub.input_offset = seg.write_input(slot, id, x).offset_bytes;
         sub.output_offset = seg.output_slice(slot, id, out.len()).offset_bytes;
-        let (hint_layer, hint_experts) = hint.unwrap_or((0, &[]));
+        let (hint_layer, hint_experts) = hint.unwrap_or((LayerId::new(0), &[]));
         entry.submit_with_hint(&sub, ids, weights, hint_layer, hint_experts);
         ring.ring_doorbell();
         during();
@@ -679,19 +662,11 @@ impl ExpertdClient {
         if let Some((code, message)) = failure {
             // The worker wrote this failure: it is the daemon's answer, not a transport fault.
             let mut status = tonic::Status::new(tonic::Code::from(code as i32), message);
-            status.metadata_mut().insert(error::ORIGIN_METADATA, tonic::metadata::MetadataValue::from_static("expertd"));
+            proto::convert::mark_daemon_status(&mut status, None);
             return Err(ExpertClientError::from_status(&self.endpoint, &status));
         }
         seg.read_output(slot, out);
-        Ok(CallCost {
-            queue_ns: cost.queue_ns,
-            io_wait_ns: cost.io_wait_ns,
-            compute_ns: cost.compute_ns,
-            hits: cost.hits,
-            misses: cost.misses,
-            bytes_read: cost.bytes_read,
-            prefetched_hits: cost.prefetched_hits,
-        })
+        Ok(cost)
     }
 
     /// Sends `x` (`rows × hidden`) through the call ring and back unchanged (the daemon copies
@@ -707,7 +682,7 @@ impl ExpertdClient {
         let seg = s.segment.as_deref().filter(|seg| s.info.ring_entries > 0 && seg.fits(rows)).ok_or_else(|| protocol("this session has no call ring"))?;
         let ring = seg.ring().ok_or_else(|| protocol("this session has no call ring"))?;
         let slot = seg.try_slot().ok_or_else(|| protocol("no free shared-memory slot"))?;
-        let sub = Submission { op: ring::OP_ECHO, seq: 0, layer: 0, n_rows: rows as u32, top_k: 1, step: 0, input_offset: 0, output_offset: 0 };
+        let sub = Submission { op: ring::OP_ECHO, seq: 0, layer: LayerId::new(0), n_rows: rows as u32, top_k: 1, step: 0, input_offset: 0, output_offset: 0 };
         let deadline = Instant::now() + self.opts.call_timeout;
         let mut slot = slot;
         let r = self.ring_call(&s, seg, &slot, &ring, sub, x, &[], &[], None, out, deadline, &mut || {}).map(|_| ());
@@ -723,7 +698,7 @@ impl ExpertdClient {
     /// Prefetch recall for `call`'s layer: how many of its distinct experts the last prediction
     /// for the layer named (profile counters `prefetch.*`).
     fn count_recall(&self, call: &MoeCall<'_>, profiler: &Profiler) {
-        let predicted = std::mem::take(&mut self.predicted.lock().unwrap_or_else(PoisonError::into_inner)[call.layer]);
+        let predicted = std::mem::take(&mut self.predicted.lock().unwrap_or_else(PoisonError::into_inner)[call.layer.index()]);
         if predicted.is_empty() {
             return;
         }
@@ -778,7 +753,7 @@ impl ExpertdClient {
     /// Sends a hint in the ring's last entry (a hint whose cells do not fit beside its call):
     /// the entry is reused once the worker has taken the last one; a hint that finds it busy
     /// is dropped.
-    fn send_hint_entry(&self, s: &Session, layer: u32, experts: &[u32]) {
+    fn send_hint_entry(&self, s: &Session, layer: LayerId, experts: &[u32]) {
         let Some(ring) = s.segment.as_deref().and_then(ClientSegment::ring).filter(|r| s.info.ring_entries == r.layout().entries) else { return };
         let entry = ring.entry(ring.layout().entries - 1);
         match entry.state().load(Ordering::Acquire) {
@@ -844,10 +819,10 @@ impl ExpertBackend for ExpertdClient {
         self.session.lock().unwrap_or_else(PoisonError::into_inner).as_ref().is_some_and(|s| self.hints_on(s))
     }
 
-    fn prefetch(&self, layer: usize, experts: &[u32], profiler: Option<&Profiler>) {
+    fn prefetch(&self, layer: LayerId, experts: &[u32], profiler: Option<&Profiler>) {
         // Only on the live session: a hint never waits for a reconnection.
         let Some(s) = self.session.lock().unwrap_or_else(PoisonError::into_inner).clone().filter(|s| self.hints_on(s)) else { return };
-        if let Some(p) = self.predicted.lock().unwrap_or_else(PoisonError::into_inner).get_mut(layer) {
+        if let Some(p) = self.predicted.lock().unwrap_or_else(PoisonError::into_inner).get_mut(layer.index()) {
             p.clear();
             p.extend_from_slice(experts);
             p.sort_unstable(); // for the recall's binary search
@@ -859,7 +834,7 @@ impl ExpertBackend for ExpertdClient {
         }
         // It rides with the next ring call (the current layer's), so the daemon reads it
         // right behind that call's own misses; a hint not yet sent is replaced.
-        *self.pending_hint.lock().unwrap_or_else(PoisonError::into_inner) = Some((layer as u32, experts[..n].to_vec()));
+        *self.pending_hint.lock().unwrap_or_else(PoisonError::into_inner) = Some((layer, experts[..n].to_vec()));
         if let Some(p) = profiler {
             p.count("prefetch.hints", 1);
         }
@@ -893,7 +868,7 @@ impl ExpertBackend for ExpertdClient {
         self.moe_layer_overlapped(call, out, profiler, &mut || {})
     }
 
-    #[tracing::instrument(level = "debug", skip_all, fields(layer_idx = call.layer, n_tokens = call.n_rows))]
+    #[tracing::instrument(level = "debug", skip_all, fields(layer_idx = call.layer.get(), n_tokens = call.n_rows))]
     fn moe_layer_overlapped(&self, call: &MoeCall<'_>, out: &mut [f32], profiler: Option<&Profiler>, during: &mut dyn FnMut()) -> Result<(), ExpertError> {
         // `during` runs once: inside the ring call after the doorbell, or after the call on
         // the RPC paths, on a failure, or when the call is refused here. `inside_ns` is its

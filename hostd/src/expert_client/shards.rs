@@ -18,6 +18,7 @@ use super::transport::Endpoint;
 use super::{ClientOptions, ExpertClientError, ExpertdClient};
 use crate::experts::{ExpertBackend, ExpertError, MoeCall, SpeculativeCounters};
 use crate::profile::Profiler;
+use shared::ids::LayerId;
 use std::ops::RangeInclusive;
 
 /// One `--expertd` argument: the daemon and the layers it serves (`None`: all of them).
@@ -269,8 +270,8 @@ impl ShardedExperts {
             .collect()
     }
 
-    fn owner_of(&self, layer: usize) -> Option<&Shard> {
-        self.owner.get(layer).map(|&i| &self.shards[i])
+    fn owner_of(&self, layer: LayerId) -> Option<&Shard> {
+        self.owner.get(layer.index()).map(|&i| &self.shards[i])
     }
 }
 
@@ -326,7 +327,7 @@ impl ExpertBackend for ShardedExperts {
         self.shards.iter().any(|s| s.client.wants_prefetch())
     }
 
-    fn prefetch(&self, layer: usize, experts: &[u32], profiler: Option<&Profiler>) {
+    fn prefetch(&self, layer: LayerId, experts: &[u32], profiler: Option<&Profiler>) {
         if let Some(shard) = self.owner_of(layer) {
             shard.client.prefetch(layer, experts, profiler);
         }

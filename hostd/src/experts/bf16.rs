@@ -4,10 +4,11 @@
 //! Each expert's weights are read once per call for all rows routed to it (a GEMM over its
 //! rows), and each row's outputs are summed in the call's order.
 
-use super::{ExpertBackend, ExpertError, MoeCall, cells_by_expert, combine_in_call_order, validate_call};
+use super::{ExpertBackend, ExpertError, MoeCall, combine_in_call_order, validate_call};
 use crate::model::ops::silu;
 use crate::model::weights::{MappedCheckpoint, Matrix, WeightsError};
 use rayon::prelude::*;
+use shared::ids::{ExpertId, LayerId};
 use shared::kernels::{self, Isa};
 use shared::safetensors_locator::ExpertLocator;
 use crate::profile::Profiler;
@@ -34,9 +35,9 @@ impl Bf16Experts {
         let cfg = &w.ckpt.config.text;
         let locator = ExpertLocator::new(&w.ckpt);
         let mut experts = Vec::with_capacity(cfg.num_layers);
-        for layer in 0..cfg.num_layers {
+        for layer in LayerId::all(cfg.num_layers) {
             let mut row = Vec::with_capacity(cfg.num_experts);
-            for e in 0..cfg.num_experts {
+            for e in ExpertId::all(cfg.num_experts) {
                 let r = locator.expert(layer, e).map_err(|err| WeightsError::Missing(err.to_string()))?;
                 let name = format!("layer {layer} expert {e}");
                 let m = |b: &shared::safetensors_locator::ByteRange| w.matrix_at(&name, b.shard, b.offset, b.shape[0], b.shape[1]);
@@ -61,12 +62,12 @@ impl ExpertBackend for Bf16Experts {
         validate_call(call, self.experts.len(), self.n_experts, self.hidden, out.len())?;
         let (d, k) = (self.hidden, call.top_k);
         // Group (row, slot) cells by expert.
-        let used = cells_by_expert(call, self.n_experts);
+        let used = shared::moe_combine::cells_by_expert(call.ids, self.n_experts);
         // One GEMM chain per expert over its rows; results land in per-cell slots.
         let results: Vec<(Vec<usize>, Vec<f32>)> = used
             .into_par_iter()
             .map(|(e, cells)| {
-                let m = &self.experts[call.layer][e];
+                let m = &self.experts[call.layer.index()][e.index()];
                 let rows = cells.len();
                 let xs = shared::moe_combine::gather(call.x, d, k, &cells);
                 let f = m.gate.rows;

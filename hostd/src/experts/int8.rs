@@ -11,6 +11,7 @@ use super::{ExpertBackend, ExpertError, MoeCall, validate_call};
 use shared::checkpoint::Checkpoint;
 use memmap2::Mmap;
 use shared::container::{BlobAt, ContainerError, ContainerFile, ExpertBlob, ModelIdentity, check_blob};
+use shared::ids::{ExpertId, LayerId};
 use shared::kernels::int8::Int8Isa;
 use shared::moe_exec::{ExpertMatrices, MoeExec};
 use crate::profile::Profiler;
@@ -93,7 +94,7 @@ impl Int8Experts {
     }
 
     /// (layer, expert)'s matrices in the mapping, verifying the blob on its first use.
-    fn blob(&self, layer: usize, expert: usize) -> Result<ExpertBlob<'_>, ContainerError> {
+    fn blob(&self, layer: LayerId, expert: ExpertId) -> Result<ExpertBlob<'_>, ContainerError> {
         let layout = &self.container.header().layout;
         let i = layout.blob_index(layer, expert)?;
         let entry = self.container.index()[i];
@@ -137,7 +138,7 @@ impl ExpertBackend for Int8Experts {
         let all: Vec<usize> = (0..exec.groups().len()).collect();
         exec.compute(self.isa, &all, |_, e| {
             let t = timing.then(Instant::now);
-            let blob = self.blob(call.layer, e as usize).map_err(|err| ExpertError::Expert { layer: call.layer, expert: e, reason: err.to_string() })?;
+            let blob = self.blob(call.layer, e).map_err(|err| ExpertError::Expert { layer: call.layer, expert: e, reason: err.to_string() })?;
             if let Some(t) = t {
                 read_ns.fetch_add(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
             }

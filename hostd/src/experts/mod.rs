@@ -10,17 +10,18 @@ pub mod bf16;
 pub mod int8;
 
 use crate::profile::Profiler;
+use shared::ids::{ExpertId, LayerId};
 
 /// One MoE layer's routed-expert work for a batch of rows.
 #[derive(Debug, Clone, Copy)]
 pub struct MoeCall<'a> {
-    /// Layer index.
-    pub layer: usize,
+    /// Layer.
+    pub layer: LayerId,
     /// Rows (tokens) in this call.
     pub n_rows: usize,
     /// Experts per row.
     pub top_k: usize,
-    /// Activations, `n_rows × hidden_size`, row-major.
+    /// Activations, `n_rows × hidden`, row-major.
     pub x: &'a [f32],
     /// Chosen experts, `n_rows × top_k`, row-major.
     pub ids: &'a [u32],
@@ -35,7 +36,7 @@ pub enum ExpertError {
     #[error("invalid expert call for layer {layer}: {reason}")]
     InvalidCall {
         /// Layer of the call.
-        layer: usize,
+        layer: LayerId,
         /// What is wrong.
         reason: String,
     },
@@ -45,7 +46,7 @@ pub enum ExpertError {
         /// The backend's name.
         backend: &'static str,
         /// Layer of the call.
-        layer: usize,
+        layer: LayerId,
         /// What failed, naming the daemon's address.
         reason: String,
     },
@@ -56,7 +57,7 @@ pub enum ExpertError {
         /// The backend's name.
         backend: &'static str,
         /// Layer of the call.
-        layer: usize,
+        layer: LayerId,
         /// What failed, naming the daemon's address.
         reason: String,
         /// Suggested wait before retrying, in seconds.
@@ -66,9 +67,9 @@ pub enum ExpertError {
     #[error("layer {layer} expert {expert}: {reason}")]
     Expert {
         /// Layer.
-        layer: usize,
+        layer: LayerId,
         /// Expert.
-        expert: u32,
+        expert: ExpertId,
         /// What failed.
         reason: String,
     },
@@ -139,7 +140,7 @@ pub trait ExpertBackend: Send + Sync {
     }
     /// A hint: `layer` will probably call `experts` (most probable first) next. Never changes a result; a backend
     /// may ignore it. `profiler`, when given, counts the hints sent.
-    fn prefetch(&self, _layer: usize, _experts: &[u32], _profiler: Option<&Profiler>) {}
+    fn prefetch(&self, _layer: LayerId, _experts: &[u32], _profiler: Option<&Profiler>) {}
     /// Cumulative speculative-read counters of the backend's daemon(s).
     fn speculative_counters(&self) -> Option<SpeculativeCounters> {
         None
@@ -159,11 +160,6 @@ pub trait ExpertBackend: Send + Sync {
     }
 }
 
-/// The cells of a call grouped by expert (see [`shared::moe_combine::cells_by_expert`]).
-pub fn cells_by_expert(call: &MoeCall<'_>, n_experts: usize) -> Vec<(usize, Vec<usize>)> {
-    shared::moe_combine::cells_by_expert(call.ids, n_experts).into_iter().map(|(e, c)| (e as usize, c)).collect()
-}
-
 /// Combines per-expert outputs (`(cells, cells.len() × d outputs)` per expert) into the call's
 /// result with the one implementation every backend shares ([`shared::moe_combine`]): each
 /// row's weighted outputs summed in slot order.
@@ -178,7 +174,7 @@ pub fn combine_in_call_order(call: &MoeCall<'_>, d: usize, results: Vec<(Vec<usi
 /// Checks a call's shape and contents against the model's dimensions.
 pub fn validate_call(call: &MoeCall<'_>, n_layers: usize, n_experts: usize, hidden: usize, out_len: usize) -> Result<(), ExpertError> {
     let bad = |reason: String| Err(ExpertError::InvalidCall { layer: call.layer, reason });
-    if call.layer >= n_layers {
+    if call.layer.index() >= n_layers {
         return bad(format!("layer out of range (model has {n_layers})"));
     }
     shared::moe_exec::validate_routing(call.n_rows, call.top_k, call.ids, call.weights, n_experts).map_err(|reason| ExpertError::InvalidCall { layer: call.layer, reason })?;

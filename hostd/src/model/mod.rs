@@ -22,6 +22,7 @@ use gdn::{DeltaNet, DeltaNetState};
 use linear::{DenseFormat, Linear};
 use moe::{Moe, Routes};
 use shared::config::{LayerType, TextConfig};
+use shared::ids::LayerId;
 use shared::kernels::Isa;
 use std::sync::Arc;
 use weights::{MappedCheckpoint, Matrix, WeightsError};
@@ -254,7 +255,7 @@ impl Model {
                 }
             }
         }
-        self.experts.prefetch(i + 1, &ids, prof);
+        self.experts.prefetch(LayerId::from_index(i + 1), &ids, prof);
     }
 
     /// The expert backend's speculative-read counters, when it has them.

@@ -8,6 +8,7 @@ use super::weights::{MappedCheckpoint, WeightsError};
 use crate::experts::{ExpertBackend, ExpertError, MoeCall};
 use crate::profile::{self, Profiler};
 use shared::config::TextConfig;
+use shared::ids::LayerId;
 use shared::kernels::Isa;
 use std::time::Instant;
 
@@ -30,7 +31,7 @@ pub struct Moe {
     shared_down: Linear,
     shared_expert_gate: Linear,
     top_k: usize,
-    layer: usize,
+    layer: LayerId,
 }
 
 impl Moe {
@@ -46,7 +47,7 @@ impl Moe {
             shared_down: Linear::new(w.matrix(&format!("{m}shared_expert.down_proj.weight"), d, fs)?, dense),
             shared_expert_gate: Linear::new(w.matrix(&format!("{m}shared_expert_gate.weight"), 1, d)?, DenseFormat::Bf16),
             top_k: cfg.experts_per_token,
-            layer,
+            layer: LayerId::from_index(layer),
         })
     }
 

@@ -7,15 +7,16 @@
 use super::checksum::{checksum, le_u64};
 use super::layout::{BlobLayout, CHECKSUM_BYTES, Part};
 use super::ContainerError;
+use crate::ids::{ExpertId, LayerId};
 use crate::kernels::int8::MatrixRef;
 
 /// Which blob a buffer holds, for error messages.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct BlobAt {
     /// Layer.
-    pub layer: usize,
+    pub layer: LayerId,
     /// Expert within the layer.
-    pub expert: usize,
+    pub expert: ExpertId,
     /// File offset of the blob.
     pub offset: u64,
 }

@@ -4,6 +4,7 @@
 //! The variants a reader can hit per expert read (`BlobLength`, `BlobChecksum`, `BlobPadding`,
 //! `Misaligned`, `OutOfRange`) carry only integers, so that error path does not allocate.
 
+use crate::ids::{ExpertId, LayerId};
 use std::path::PathBuf;
 
 /// Why a container cannot be read, written or trusted.
@@ -132,9 +133,9 @@ pub enum ContainerError {
     #[error("layer {layer} expert {expert}: index entry at file offset {offset}: field {field} is {found}, expected {expected}")]
     IndexEntry {
         /// Layer.
-        layer: usize,
+        layer: LayerId,
         /// Expert.
-        expert: usize,
+        expert: ExpertId,
         /// File offset of the entry.
         offset: u64,
         /// `offset` or `length`.
@@ -154,9 +155,9 @@ pub enum ContainerError {
     #[error("layer {layer} expert {expert} out of range (container has {n_layers} layers of {n_experts} experts)")]
     OutOfRange {
         /// Requested layer.
-        layer: usize,
+        layer: LayerId,
         /// Requested expert.
-        expert: usize,
+        expert: ExpertId,
         /// Layers in the container.
         n_layers: usize,
         /// Experts per layer.
@@ -166,9 +167,9 @@ pub enum ContainerError {
     #[error("layer {layer} expert {expert}: blob at file offset {offset} is {found} bytes, expected {expected} (truncated file?)")]
     BlobLength {
         /// Layer.
-        layer: usize,
+        layer: LayerId,
         /// Expert.
-        expert: usize,
+        expert: ExpertId,
         /// File offset of the blob.
         offset: u64,
         /// Bytes available.
@@ -184,9 +185,9 @@ pub enum ContainerError {
     )]
     BlobChecksum {
         /// Layer.
-        layer: usize,
+        layer: LayerId,
         /// Expert.
-        expert: usize,
+        expert: ExpertId,
         /// File offset of the blob.
         offset: u64,
         /// xxh3-64 of the contents.
@@ -200,9 +201,9 @@ pub enum ContainerError {
     #[error("layer {layer} expert {expert}: blob at file offset {offset}: padding byte at file offset {byte_offset} is not zero")]
     BlobPadding {
         /// Layer.
-        layer: usize,
+        layer: LayerId,
         /// Expert.
-        expert: usize,
+        expert: ExpertId,
         /// File offset of the blob.
         offset: u64,
         /// File offset of the first non-zero padding byte.
@@ -212,9 +213,9 @@ pub enum ContainerError {
     #[error("layer {layer} expert {expert}: blob at file offset {offset}: part {part} is not 4-byte aligned in the read buffer")]
     Misaligned {
         /// Layer.
-        layer: usize,
+        layer: LayerId,
         /// Expert.
-        expert: usize,
+        expert: ExpertId,
         /// File offset of the blob.
         offset: u64,
         /// Which part.

@@ -9,6 +9,7 @@
 
 use super::ContainerError;
 use crate::checkpoint::{CONFIG_FILE, Checkpoint};
+use crate::ids::{ExpertId, LayerId};
 use crate::safetensors_locator::{ByteRange, ExpertLocator};
 use crate::tensor_spec;
 use safetensors::Dtype;
@@ -79,8 +80,8 @@ impl ModelIdentity {
             .map(|s| File::open(&s.path).map_err(|e| ContainerError::Io { path: s.path.clone(), message: e.to_string() }))
             .collect::<Result<Vec<File>, ContainerError>>()?;
         let mut buf = [0u8; SAMPLE_BYTES as usize];
-        for layer in 0..cfg.num_layers {
-            for expert in 0..cfg.num_experts {
+        for layer in LayerId::all(cfg.num_layers) {
+            for expert in ExpertId::all(cfg.num_experts) {
                 let r = locator.expert(layer, expert).map_err(|e| ContainerError::Identity(e.to_string()))?;
                 for range in [&r.gate, &r.up, &r.down] {
                     let n = sample(&files, range, &mut buf)?;

@@ -61,7 +61,6 @@ pub fn check_index(header: &Header, region: &[u8]) -> (Vec<IndexEntry>, Vec<Cont
         return (Vec::new(), vec![e]);
     }
     let mut problems = Vec::new();
-    let n_experts = layout.dims.n_experts;
     let mut entries = Vec::with_capacity(layout.dims.n_blobs());
     for i in 0..layout.dims.n_blobs() {
         let at = i * INDEX_ENTRY_BYTES;
@@ -70,7 +69,7 @@ pub fn check_index(header: &Header, region: &[u8]) -> (Vec<IndexEntry>, Vec<Cont
             length: le_u64(region, at + 8),
             checksum: le_u64(region, at + 16),
         };
-        let (layer, expert) = (i / n_experts, i % n_experts);
+        let (layer, expert) = layout.blob_ids(i);
         let entry_offset = layout.index_entry_offset(i);
         for (field, found, expected) in
             [("offset", entry.offset, layout.blob_offset_at(i)), ("length", entry.length, layout.blob.stride as u64)]

@@ -7,6 +7,7 @@
 
 use super::ContainerError;
 use crate::config::TextConfig;
+use crate::ids::{ExpertId, LayerId};
 use crate::kernels::int8::{padded_cols, padded_rows};
 
 /// Alignment of the index, of every blob and of every blob's length (the direct-IO block size).
@@ -222,8 +223,8 @@ impl ContainerLayout {
     }
 
     /// Position of (layer, expert) in index and blob order, or `OutOfRange`.
-    pub fn blob_index(&self, layer: usize, expert: usize) -> Result<usize, ContainerError> {
-        if layer >= self.dims.n_layers || expert >= self.dims.n_experts {
+    pub fn blob_index(&self, layer: LayerId, expert: ExpertId) -> Result<usize, ContainerError> {
+        if layer.index() >= self.dims.n_layers || expert.index() >= self.dims.n_experts {
             return Err(ContainerError::OutOfRange {
                 layer,
                 expert,
@@ -231,7 +232,13 @@ impl ContainerLayout {
                 n_experts: self.dims.n_experts,
             });
         }
-        Ok(layer * self.dims.n_experts + expert)
+        Ok(layer.index() * self.dims.n_experts + expert.index())
+    }
+
+    /// The (layer, expert) at position `i` of index and blob order (`i` below `n_blobs`).
+    pub fn blob_ids(&self, i: usize) -> (LayerId, ExpertId) {
+        assert!(i < self.dims.n_blobs());
+        (LayerId::from_index(i / self.dims.n_experts), ExpertId::from_index(i % self.dims.n_experts))
     }
 
     /// File offset of blob number `i` (in (layer, expert) order). `i` must be below `n_blobs`;
@@ -242,7 +249,7 @@ impl ContainerLayout {
     }
 
     /// File offset of (layer, expert)'s blob.
-    pub fn blob_offset(&self, layer: usize, expert: usize) -> Result<u64, ContainerError> {
+    pub fn blob_offset(&self, layer: LayerId, expert: ExpertId) -> Result<u64, ContainerError> {
         Ok(self.blob_offset_at(self.blob_index(layer, expert)?))
     }
 

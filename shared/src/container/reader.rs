@@ -10,6 +10,7 @@ use super::header::{Header, VersionedMagic};
 use super::index::{self, IndexEntry};
 use super::layout::HEADER_BYTES;
 use super::{CONTAINER_FILE, ContainerError};
+use crate::ids::{ExpertId, LayerId};
 use std::fs::File;
 use std::path::{Path, PathBuf};
 
@@ -79,7 +80,7 @@ impl ContainerFile {
 
     /// Reads (layer, expert)'s blob into `buf` (resized to the blob stride), verifies it against
     /// its trailer and the index, and views its two matrices.
-    pub fn read_expert<'b>(&self, layer: usize, expert: usize, buf: &'b mut Vec<u8>) -> Result<ExpertBlob<'b>, ContainerError> {
+    pub fn read_expert<'b>(&self, layer: LayerId, expert: ExpertId, buf: &'b mut Vec<u8>) -> Result<ExpertBlob<'b>, ContainerError> {
         let layout = &self.header.layout;
         let i = layout.blob_index(layer, expert)?;
         let entry = self.index[i];

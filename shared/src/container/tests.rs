@@ -6,6 +6,7 @@ use super::index::{check_index, encode_index, parse_index, region_bytes};
 use super::layout::*;
 use super::writer::{encode_blob, finish, unfinished_header};
 use super::*;
+use crate::ids::{ExpertId, LayerId};
 use crate::kernels::int8::{QuantizedMatrix, quantize_weights};
 
 /// 2 layers × 3 experts, d = 8, f = 4: every region is small enough to flip every byte.
@@ -41,9 +42,9 @@ fn tiny_layout_offsets() {
     assert_eq!(parts.map(|p| (p.offset, p.len)), expected);
     assert_eq!((b.checksum_offset, b.content_bytes, b.stride), (448, 456, 4096));
     assert_eq!((l.index_offset, l.index_bytes, l.blobs_offset, l.file_bytes), (4096, 144, 8192, 8192 + 6 * 4096));
-    assert_eq!(l.blob_offset(1, 2).expect("in range"), 8192 + 5 * 4096);
-    assert!(matches!(l.blob_offset(2, 0), Err(ContainerError::OutOfRange { layer: 2, expert: 0, .. })));
-    assert!(matches!(l.blob_offset(0, 3), Err(ContainerError::OutOfRange { expert: 3, .. })));
+    assert_eq!(l.blob_offset(LayerId::new(1), ExpertId::new(2)).expect("in range"), 8192 + 5 * 4096);
+    assert!(matches!(l.blob_offset(LayerId::new(2), ExpertId::new(0)), Err(ContainerError::OutOfRange { layer, expert, .. }) if (layer.get(), expert.get()) == (2, 0)));
+    assert!(matches!(l.blob_offset(LayerId::new(0), ExpertId::new(3)), Err(ContainerError::OutOfRange { expert, .. }) if expert.get() == 3));
 }
 
 #[test]
@@ -227,7 +228,7 @@ fn blob(layout: &BlobLayout, seed: u32) -> (Vec<u8>, u64) {
     (out, sum)
 }
 
-const AT: BlobAt = BlobAt { layer: 1, expert: 2, offset: 28_672 };
+const AT: BlobAt = BlobAt { layer: LayerId::new(1), expert: ExpertId::new(2), offset: 28_672 };
 
 #[test]
 fn blob_round_trips_through_parse() {
@@ -255,14 +256,14 @@ fn every_blob_byte_is_covered() {
         b[at] ^= 0x40;
         let e = check_blob(&b, &layout, AT, Some(sum)).expect_err("flipped byte must be caught");
         if at < layout.content_bytes {
-            assert!(matches!(e, ContainerError::BlobChecksum { layer: 1, expert: 2, offset: 28_672, .. }), "byte {at}: {e}");
+            assert!(matches!(e, ContainerError::BlobChecksum { layer, expert, offset: 28_672, .. } if (layer, expert) == (AT.layer, AT.expert)), "byte {at}: {e}");
         } else {
-            assert_eq!(e, ContainerError::BlobPadding { layer: 1, expert: 2, offset: 28_672, byte_offset: 28_672 + at as u64 });
+            assert_eq!(e, ContainerError::BlobPadding { layer: AT.layer, expert: AT.expert, offset: 28_672, byte_offset: 28_672 + at as u64 });
         }
     }
     // Consistent blob, wrong index entry.
     let e = check_blob(&bytes, &layout, AT, Some(sum ^ 1)).expect_err("index mismatch");
-    assert_eq!(e, ContainerError::BlobChecksum { layer: 1, expert: 2, offset: 28_672, computed: sum, trailer: sum, index: Some(sum ^ 1) });
+    assert_eq!(e, ContainerError::BlobChecksum { layer: AT.layer, expert: AT.expert, offset: 28_672, computed: sum, trailer: sum, index: Some(sum ^ 1) });
     let msg = e.to_string();
     assert!(msg.starts_with("layer 1 expert 2: blob at file offset 28672: checksum mismatch"), "{msg}");
     let e = check_blob(&bytes[..100], &layout, AT, None).expect_err("short");
@@ -277,7 +278,7 @@ fn misaligned_buffer_is_an_error_not_ub() {
     // Heap allocations are at least 4-aligned, so offset 1 is not.
     shifted[1..].copy_from_slice(&bytes);
     let e = ExpertBlob::parse(&shifted[1..], &layout, AT, sum).err().expect("misaligned");
-    assert_eq!(e, ContainerError::Misaligned { layer: 1, expert: 2, offset: 28_672, part: "gate_up scales" });
+    assert_eq!(e, ContainerError::Misaligned { layer: AT.layer, expert: AT.expert, offset: 28_672, part: "gate_up scales" });
 }
 
 #[test]
@@ -311,7 +312,7 @@ fn index_round_trip_and_every_byte_checked() {
         if at >= 144 {
             assert_eq!(first, ContainerError::IndexPadding { offset: 4096 + at as u64 });
         } else if at % 24 < 8 {
-            let named = matches!(first, ContainerError::IndexEntry { layer, expert, field: "offset", .. } if layer == i / 3 && expert == i % 3);
+            let named = matches!(first, ContainerError::IndexEntry { layer, expert, field: "offset", .. } if (layer.index(), expert.index()) == (i / 3, i % 3));
             assert!(named, "{first}");
         } else if at % 24 < 16 {
             assert!(matches!(first, ContainerError::IndexEntry { field: "length", .. }), "{first}");

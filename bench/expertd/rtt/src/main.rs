@@ -69,7 +69,7 @@ fn main() {
     let ids: Vec<u32> = (0..top_k as u32).collect();
     let w = vec![1.0 / top_k as f32; top_k];
     let mut out = vec![0.0f32; hidden];
-    let call = MoeCall { layer: 0, n_rows: 1, top_k, x: &x, ids: &ids, weights: &w };
+    let call = MoeCall { layer: shared::ids::LayerId::new(0), n_rows: 1, top_k, x: &x, ids: &ids, weights: &w };
     for _ in 0..200 {
         client.moe_layer(&call, &mut out).expect("warm-up call");
     }

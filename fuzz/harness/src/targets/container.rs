@@ -16,6 +16,7 @@ use shared::container::index::{check_index, encode_index, parse_index, region_by
 use shared::container::layout::{ALIGNMENT, HEADER_BYTES, INDEX_ENTRY_BYTES};
 use shared::container::writer::encode_blob;
 use shared::container::{BlobAt, BlobLayout, ContainerLayout, ExpertBlob, ExpertDims, Header, ModelIdentity, check_blob};
+use shared::ids::{ExpertId, LayerId};
 
 /// Picks the part from the first byte: 0 raw header, 1 header from dimensions, 2 index, 3 blob.
 pub fn run(data: &[u8]) -> Outcome {
@@ -160,7 +161,7 @@ fn blob(mode: u8, mut input: Input<'_>) -> Outcome {
         b[layout.checksum_offset..layout.content_bytes].copy_from_slice(&sum.to_le_bytes());
     }
     let bytes = buf.bytes();
-    let at = BlobAt { layer: 0, expert: 0, offset: 0 };
+    let at = BlobAt { layer: LayerId::new(0), expert: ExpertId::new(0), offset: 0 };
     let index = if mode & 0x40 != 0 { Some(expected) } else { None };
     let sum = match check_blob(bytes, &layout, at, index) {
         Ok(s) => s,

@@ -90,7 +90,7 @@ fn f32_bytes(field: &'static str, bytes: &[u8]) -> Outcome {
 }
 
 fn moe_request(r: &v1::MoeLayerRequest) -> Outcome {
-    // A container of 16 experts per layer, as the daemon's engine would check against.
+    // A container of 16 experts per layer, as the daemon's call executor would check against.
     let routing = match validate_routing(r.n_tokens as usize, r.top_k as usize, &r.expert_ids, &r.weights, 16) {
         Ok(()) => {
             assert_eq!(r.expert_ids.len(), r.n_tokens as usize * r.top_k as usize);

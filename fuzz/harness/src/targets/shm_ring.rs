@@ -14,7 +14,8 @@
 use crate::bytes::{Aligned, Input};
 use crate::{Outcome, class};
 use shared::moe_exec::validate_routing;
-use shared::ring::{self, Completion, ERROR_BYTES, RingLayout, RingView};
+use shared::call_cost::CallCost;
+use shared::ring::{self, ERROR_BYTES, RingLayout, RingView};
 use shared::shm_layout::{SEGMENT_HEADER_BYTES, SLICE_ALIGN, SegmentHeader, ShmSlice};
 use std::sync::atomic::Ordering;
 
@@ -81,7 +82,7 @@ pub fn run(data: &[u8]) -> Outcome {
         let checked = serve(&view, &entry, &sub, &dims, len);
         match &checked {
             Ok(()) => {
-                let c = Completion { queue_ns: 1, io_wait_ns: 2, compute_ns: 3, bytes_read: 4, hits: 5, misses: 6, prefetched_hits: 7 };
+                let c = CallCost { queue_ns: 1, io_wait_ns: 2, compute_ns: 3, bytes_read: 4, hits: 5, misses: 6, prefetched_hits: 7 };
                 entry.complete(sub.seq, &c);
                 let (seq, got, failure) = entry.result();
                 assert_eq!((seq, got, failure), (sub.seq, c, None), "a completion does not read back");
@@ -111,7 +112,7 @@ fn serve(view: &RingView, entry: &ring::Entry<'_>, sub: &ring::Submission, dims:
     let (mut ids, mut weights) = (Vec::new(), Vec::new());
     if sub.op == ring::OP_PREFETCH {
         let n = sub.top_k as usize;
-        if sub.layer >= dims.n_layers || sub.n_rows != 1 || n == 0 || n > dims.n_experts.min(capacity) {
+        if sub.layer.get() >= dims.n_layers || sub.n_rows != 1 || n == 0 || n > dims.n_experts.min(capacity) {
             return Err("hint-shape".into());
         }
         entry.read_cells(n, &mut ids, &mut weights);
@@ -140,10 +141,10 @@ fn serve(view: &RingView, entry: &ring::Entry<'_>, sub: &ring::Submission, dims:
             entry.read_cells(total, &mut ids, &mut weights);
             if hint_n > 0 {
                 ring::check_hint(hint_layer, &ids[cells..], dims.n_layers as usize, dims.n_experts).map_err(|_| "carried-hint".to_string())?;
-                assert!(hint_layer < dims.n_layers && ids[cells..].iter().all(|&e| (e as usize) < dims.n_experts));
+                assert!(hint_layer.get() < dims.n_layers && ids[cells..].iter().all(|&e| (e as usize) < dims.n_experts));
             }
             let (ids, weights) = (&ids[..cells], &weights[..cells]);
-            if sub.layer >= dims.n_layers {
+            if sub.layer.get() >= dims.n_layers {
                 return Err("layer".into());
             }
             validate_routing(n_rows, top_k, ids, weights, dims.n_experts).map_err(|_| "routing".to_string())?;
