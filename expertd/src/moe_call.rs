@@ -51,37 +51,10 @@ pub enum CallError {
     },
 }
 
-/// What one call cost; also what a successful call adds to its session's counters
-/// (`crate::session::CallCounters`), once the RPC layer has set `queue_ns`.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct CallCost {
-    /// Nanoseconds the call waited for a compute lane: set by the RPC layer, which queues it
-    /// ([`CallCost::counters`]); 0 as [`Engine::run`] returns it.
-    pub queue_ns: u64,
-    /// Nanoseconds the call could not compute because of IO: leasing its experts (waiting for
-    /// free slots included) plus the wait for reads (its own, or another call's read of a
-    /// shared expert) left after the resident experts were computed — reads that completed
-    /// while hits were computing cost nothing here.
-    pub io_wait_ns: u64,
-    /// Nanoseconds computing (the rest of each wave's wall time; the final weighted sum is
-    /// not timed).
-    pub compute_ns: u64,
-    /// Distinct experts found in the cache.
-    pub hits: u32,
-    /// Distinct experts read.
-    pub misses: u32,
-    /// Bytes read from the container.
-    pub bytes_read: u64,
-    /// Of the hits, experts a speculative read had brought in (see `crate::prefetch`).
-    pub prefetched_hits: u32,
-}
-
-impl CallCost {
-    /// What the call adds to its session's counters, with the time it queued for a lane.
-    pub fn counters(&self, queue_ns: u64) -> crate::session::CallCounters {
-        CallCost { queue_ns, ..*self }
-    }
-}
+/// What one call cost (one type from the engine to the ring, the RPC and hostd). [`Engine::run`]
+/// leaves `queue_ns` 0: the RPC layer, which queues the call, sets it (`CallCost { queue_ns,
+/// ..cost }`) before the cost goes into the session's counters (`crate::session::CallCounters`).
+pub use shared::ring::CallCost;
 
 /// The routing part of one call, already decoded from the wire.
 #[derive(Debug, Clone, Copy)]

@@ -1,5 +1,5 @@
 //! Conversions between wire messages and `shared` types: model identities, shared-memory
-//! slices, and f32 activations as little-endian bytes. `TryFrom` where the wire value can be
+//! slices, a call's cost, and f32 activations as little-endian bytes. `TryFrom` where the wire value can be
 //! malformed (a digest of the wrong length, a slice of the wrong dtype); each failure names
 //! the field.
 //!
@@ -8,6 +8,7 @@
 
 use crate::v1;
 use shared::container::ModelIdentity;
+use shared::ring::CallCost;
 use shared::shm_layout::ShmSlice;
 
 /// A wire message that does not convert; names the field and what is wrong.
@@ -82,6 +83,18 @@ pub fn shm_slice(field: &'static str, s: &v1::ShmSlice) -> Result<ShmSlice, Conv
         return Err(ConvertError::Dtype { field, found: s.dtype });
     }
     Ok(ShmSlice { segment_id: s.segment_id, offset_bytes: s.offset_bytes, length_bytes: s.length_bytes })
+}
+
+/// The cost fields of a `MoeLayer` response.
+pub fn call_cost(r: &v1::MoeLayerResponse) -> CallCost {
+    let v1::MoeLayerResponse { output: _, queue_ns, io_wait_ns, compute_ns, hits, misses, bytes_read, prefetched_hits } = *r;
+    CallCost { queue_ns, io_wait_ns, compute_ns, bytes_read, hits, misses, prefetched_hits }
+}
+
+/// A `MoeLayer` response: the output and the call's cost.
+pub fn moe_layer_response(output: v1::moe_layer_response::Output, cost: &CallCost) -> v1::MoeLayerResponse {
+    let CallCost { queue_ns, io_wait_ns, compute_ns, bytes_read, hits, misses, prefetched_hits } = *cost;
+    v1::MoeLayerResponse { output: Some(output), queue_ns, io_wait_ns, compute_ns, hits, misses, bytes_read, prefetched_hits }
 }
 
 /// `values` as little-endian bytes (the inline transport's encoding).

@@ -249,14 +249,20 @@ pub struct Submission {
     pub output_offset: u64,
 }
 
-/// What a completed call cost, as the worker reports it.
+/// What one MoE call cost, as the daemon measures it: what a ring entry's completion carries,
+/// what the `MoeLayer` response's cost fields say (`proto::convert`), and what the call adds
+/// to its session's counters in expertd.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Completion {
-    /// Nanoseconds waiting for a compute lane.
+pub struct CallCost {
+    /// Nanoseconds the call waited for a compute lane (the daemon's fair queue).
     pub queue_ns: u64,
-    /// Nanoseconds waiting for reads.
+    /// Nanoseconds the call could not compute because of IO: leasing its experts (waiting for
+    /// free slots included) plus the wait for reads (its own, or another call's read of a
+    /// shared expert) left after the resident experts were computed — reads that completed
+    /// while hits were computing cost nothing here.
     pub io_wait_ns: u64,
-    /// Nanoseconds computing.
+    /// Nanoseconds computing (the rest of each wave's wall time; the final weighted sum is
+    /// not timed).
     pub compute_ns: u64,
     /// Bytes read from the container.
     pub bytes_read: u64,
@@ -264,7 +270,7 @@ pub struct Completion {
     pub hits: u32,
     /// Distinct experts read.
     pub misses: u32,
-    /// Of the hits, experts a speculative read had brought in.
+    /// Of the hits, experts a speculative (prefetch) read had brought in.
     pub prefetched_hits: u32,
 }
 
@@ -386,7 +392,7 @@ impl Entry<'_> {
     }
 
     /// Worker: publishes a successful call and wakes the client if it sleeps.
-    pub fn complete(&self, seq: u32, c: &Completion) {
+    pub fn complete(&self, seq: u32, c: &CallCost) {
         let r = Ordering::Relaxed;
         self.u64(F_QUEUE_NS).store(c.queue_ns, r);
         self.u64(F_IO_WAIT_NS).store(c.io_wait_ns, r);
@@ -420,9 +426,9 @@ impl Entry<'_> {
     }
 
     /// Client: the finished call's sequence number, cost, and failure (code, message) if any.
-    pub fn result(&self) -> (u32, Completion, Option<(u32, String)>) {
+    pub fn result(&self) -> (u32, CallCost, Option<(u32, String)>) {
         let r = Ordering::Relaxed;
-        let c = Completion {
+        let c = CallCost {
             queue_ns: self.u64(F_QUEUE_NS).load(r),
             io_wait_ns: self.u64(F_IO_WAIT_NS).load(r),
             compute_ns: self.u64(F_COMPUTE_NS).load(r),
@@ -568,7 +574,7 @@ mod tests {
                         ring.entry(1).read_cells((sub.n_rows * sub.top_k) as usize, &mut ids, &mut w);
                         assert_eq!(ids, [3, 1]);
                         assert_eq!(w, [0.5, 0.25]);
-                        ring.entry(1).complete(sub.seq, &Completion { hits: 2, ..Completion::default() });
+                        ring.entry(1).complete(sub.seq, &CallCost { hits: 2, ..CallCost::default() });
                         return sub;
                     }
                     let d = ring.doorbell().load(Ordering::SeqCst);

@@ -15,7 +15,7 @@ use super::status::RpcError;
 use crate::moe_call::CallSpec;
 use crate::session::{CallCounters, Session};
 use crate::shm::Segment;
-use shared::ring::{self, Completion, Entry, RingView, Submission};
+use shared::ring::{self, Entry, RingView, Submission};
 use shared::shm_layout::ShmSlice;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -141,18 +141,7 @@ impl Worker {
                     self.session.record(Ok(&c));
                     self.session.counters.ring_calls.fetch_add(1, Ordering::Relaxed);
                 }
-                entry.complete(
-                    sub.seq,
-                    &Completion {
-                        queue_ns: c.queue_ns,
-                        io_wait_ns: c.io_wait_ns,
-                        compute_ns: c.compute_ns,
-                        bytes_read: c.bytes_read,
-                        hits: c.hits,
-                        misses: c.misses,
-                        prefetched_hits: c.prefetched_hits,
-                    },
-                );
+                entry.complete(sub.seq, &c);
             }
             Err(e) => {
                 if counted {
@@ -253,7 +242,7 @@ impl Worker {
                 self.segment.write_f32s(output, &self.out);
                 // The route trace (when recording) is written here, after the call.
                 let _ = engine.cache().flush_trace();
-                Ok(cost.counters(queue_ns))
+                Ok(CallCounters { queue_ns, ..cost })
             }
             op => Err(RpcError::BadRequest(format!(
                 "unknown ring op {op} (expected {} = moe, {} = echo or {} = prefetch)",

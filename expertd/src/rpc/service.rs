@@ -366,18 +366,8 @@ impl ExpertdService {
             Ok::<_, RpcError>((cost, wire))
         });
         let (cost, wire) = job.await.map_err(|e| RpcError::Internal(format!("the call's compute task failed: {e}")))??;
-        let counters = cost.counters(queue_ns);
-        let resp = pb::MoeLayerResponse {
-            output: Some(wire),
-            queue_ns,
-            io_wait_ns: cost.io_wait_ns,
-            compute_ns: cost.compute_ns,
-            hits: cost.hits,
-            misses: cost.misses,
-            bytes_read: cost.bytes_read,
-            prefetched_hits: cost.prefetched_hits,
-        };
-        Ok((resp, counters))
+        let counters = CallCounters { queue_ns, ..cost };
+        Ok((convert::moe_layer_response(wire, &counters), counters))
     }
 
     fn stats_inner(&self) -> pb::StatsResponse {

@@ -38,10 +38,10 @@ pub use transport::{CaCertificate, Endpoint};
 
 use crate::experts::{ExpertBackend, ExpertError, MoeCall, validate_call};
 use crate::profile::Profiler;
-use proto::convert::{f32s_to_le_bytes, le_bytes_into_f32s};
+use proto::convert::{call_cost, f32s_to_le_bytes, le_bytes_into_f32s};
 use proto::v1::{self as pb, moe_layer_request, moe_layer_response};
 use shared::container::ModelIdentity;
-use shared::ring::{self, RingView, Submission};
+use shared::ring::{self, CallCost, RingView, Submission};
 use shared::shm_layout::SlotLayout;
 use shm::ClientSegment;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -194,18 +194,6 @@ impl std::str::FromStr for Prefetch {
             _ => Err(format!("{s:?}: expected auto, on or off")),
         }
     }
-}
-
-/// The daemon-reported cost of one `MoeLayer` call (the response's figures).
-#[derive(Debug, Clone, Copy, Default)]
-struct CallCost {
-    queue_ns: u64,
-    io_wait_ns: u64,
-    compute_ns: u64,
-    hits: u32,
-    misses: u32,
-    bytes_read: u64,
-    prefetched_hits: u32,
 }
 
 /// One connection, the session opened on it and the segment passed with it (fresh per
@@ -599,6 +587,7 @@ impl ExpertdClient {
             .ok_or_else(|| self.lost("the client runtime stopped"))??
             .into_inner();
         let protocol = |reason: &str| ExpertClientError::Protocol { endpoint: self.endpoint.clone(), reason: reason.to_string() };
+        let cost = call_cost(&resp);
         match (resp.output, segment, slot) {
             (Some(moe_layer_response::Output::OutputInlineF32Le(bytes)), _, _) => {
                 le_bytes_into_f32s("output_inline_f32_le", &bytes, out).map_err(|e| protocol(&e.to_string()))?;
@@ -608,23 +597,15 @@ impl ExpertdClient {
             (None, _, _) => return Err(protocol("the response carries no output")),
         }
         tracing::trace!(
-            queue_ns = resp.queue_ns,
-            io_wait_ns = resp.io_wait_ns,
-            compute_ns = resp.compute_ns,
-            hits = resp.hits,
-            misses = resp.misses,
-            bytes_read = resp.bytes_read,
+            queue_ns = cost.queue_ns,
+            io_wait_ns = cost.io_wait_ns,
+            compute_ns = cost.compute_ns,
+            hits = cost.hits,
+            misses = cost.misses,
+            bytes_read = cost.bytes_read,
             "expertd call"
         );
-        Ok(CallCost {
-            queue_ns: resp.queue_ns,
-            io_wait_ns: resp.io_wait_ns,
-            compute_ns: resp.compute_ns,
-            hits: resp.hits,
-            misses: resp.misses,
-            bytes_read: resp.bytes_read,
-            prefetched_hits: resp.prefetched_hits,
-        })
+        Ok(cost)
     }
 
     /// One call through the session's ring: activations into the slot, the call into the
@@ -683,15 +664,7 @@ impl ExpertdClient {
             return Err(ExpertClientError::from_status(&self.endpoint, &status));
         }
         seg.read_output(slot, out);
-        Ok(CallCost {
-            queue_ns: cost.queue_ns,
-            io_wait_ns: cost.io_wait_ns,
-            compute_ns: cost.compute_ns,
-            hits: cost.hits,
-            misses: cost.misses,
-            bytes_read: cost.bytes_read,
-            prefetched_hits: cost.prefetched_hits,
-        })
+        Ok(cost)
     }
 
     /// Sends `x` (`rows × hidden`) through the call ring and back unchanged (the daemon copies

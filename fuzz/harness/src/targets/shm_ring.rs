@@ -14,7 +14,7 @@
 use crate::bytes::{Aligned, Input};
 use crate::{Outcome, class};
 use shared::moe_exec::validate_routing;
-use shared::ring::{self, Completion, ERROR_BYTES, RingLayout, RingView};
+use shared::ring::{self, CallCost, ERROR_BYTES, RingLayout, RingView};
 use shared::shm_layout::{SEGMENT_HEADER_BYTES, SLICE_ALIGN, SegmentHeader, ShmSlice};
 use std::sync::atomic::Ordering;
 
@@ -81,7 +81,7 @@ pub fn run(data: &[u8]) -> Outcome {
         let checked = serve(&view, &entry, &sub, &dims, len);
         match &checked {
             Ok(()) => {
-                let c = Completion { queue_ns: 1, io_wait_ns: 2, compute_ns: 3, bytes_read: 4, hits: 5, misses: 6, prefetched_hits: 7 };
+                let c = CallCost { queue_ns: 1, io_wait_ns: 2, compute_ns: 3, bytes_read: 4, hits: 5, misses: 6, prefetched_hits: 7 };
                 entry.complete(sub.seq, &c);
                 let (seq, got, failure) = entry.result();
                 assert_eq!((seq, got, failure), (sub.seq, c, None), "a completion does not read back");
