@@ -15,6 +15,7 @@
 //! ```
 //! With FILEs (and one `--target`), runs only those inputs (reproduce a finding).
 
+use rustix::fs::{Mode, OFlags};
 use shared::splitmix::SplitMix64;
 use sluice_fuzz::seeds::{dictionary, seeds};
 use sluice_fuzz::{Target, targets};
@@ -75,19 +76,22 @@ fn grow(extra: usize, size: usize) {
     let live = LIVE.fetch_add(extra, Ordering::Relaxed) + extra;
     if size > SINGLE_CAP || live > LIVE_CAP {
         let msg: &[u8] = if size > SINGLE_CAP { b"\nfuzz-stable: FINDING: one allocation over 256 MiB\n" } else { b"\nfuzz-stable: FINDING: over 1 GiB live\n" };
-        // SAFETY: writing a static buffer to stderr; then the current input (a live borrow
-        // published by `execute`) to the crash file opened ahead of time, if any.
-        unsafe {
-            libc::write(2, msg.as_ptr().cast(), msg.len());
-            if let Ok(guard) = CRASH_FILE.try_lock()
-                && let Some(path) = guard.as_ref()
-            {
-                let fd = libc::open(path.as_ptr(), libc::O_WRONLY | libc::O_CREAT | libc::O_TRUNC, 0o644);
-                if fd >= 0 {
-                    libc::write(fd, CURRENT.load(Ordering::Relaxed).cast(), CURRENT_LEN.load(Ordering::Relaxed));
-                    libc::close(fd);
-                }
-            }
+        // Plain system calls from here on (rustix passes the path and buffers as they are):
+        // nothing may allocate.
+        let _ = rustix::io::write(std::io::stderr(), msg);
+        if let Ok(guard) = CRASH_FILE.try_lock()
+            && let Some(path) = guard.as_ref()
+            && let Ok(fd) = rustix::fs::open(path.as_c_str(), OFlags::WRONLY | OFlags::CREATE | OFlags::TRUNC, Mode::from_raw_mode(0o644))
+        {
+            let len = CURRENT_LEN.load(Ordering::Relaxed);
+            let input: &[u8] = if len == 0 {
+                &[]
+            } else {
+                // SAFETY: a non-zero length is published by `execute` together with the pointer
+                // of the input it is running, which stays borrowed until it resets the length.
+                unsafe { std::slice::from_raw_parts(CURRENT.load(Ordering::Relaxed), len) }
+            };
+            let _ = rustix::io::write(&fd, input);
         }
         std::process::abort();
     }
