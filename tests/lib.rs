@@ -180,16 +180,6 @@ pub fn edit_tensor(dir: &Path, tensor: &str, edit: impl FnOnce(OwnedTensor) -> O
     shard
 }
 
-/// Deterministic pseudo-random numbers (SplitMix64) so test picks are reproducible.
-pub struct SplitMix(pub u64);
-
-impl SplitMix {
-    /// Next value in `0..n`.
-    pub fn below(&mut self, n: usize) -> usize {
-        (shared::splitmix::next(&mut self.0) % n as u64) as usize
-    }
-}
-
 /// Reads a `{"path", "offset", "shape"}` logits block written beside `base_dir`'s JSON.
 pub fn read_logits(base_dir: &Path, block: &serde_json::Value) -> Vec<f32> {
     let path = base_dir.join(block["path"].as_str().expect("logits path"));

@@ -4,7 +4,8 @@
 //! daemon's totals (the sums over peers, closed sessions included); and the cache's own
 //! occupancy and counters. [`render`] works on a `Stats` snapshot, so the opt-in HTTP endpoint
 //! (`expertd serve --metrics-listen`) and `expertd stats` print the same text; [`serve`] is
-//! that endpoint, on a TCP address or a unix socket path.
+//! that endpoint, on a TCP address or a unix socket path. Each metric is declared once, as one
+//! row (name, kind, help, value) of a table.
 
 use prometheus_client::encoding::text::encode;
 use prometheus_client::metrics::counter::Counter;
@@ -19,25 +20,75 @@ use std::sync::atomic::AtomicU64;
 pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
 type Labels = Vec<(String, String)>;
-type CounterFamily = Family<Labels, Counter<u64>>;
-type GaugeFamily = Family<Labels, Gauge<u64, AtomicU64>>;
 
-/// A registry built for one snapshot: families registered by name, values set once.
+/// A counter (cumulative, written with the `_total` suffix) or a gauge (a level now).
+#[derive(Debug, Clone, Copy)]
+enum Kind {
+    Counter,
+    Gauge,
+}
+
+/// One metric of a labelled family: name, kind, help, and its value for one row of the
+/// snapshot (a session or a peer) given the cache's slot bytes.
+type Metric<T> = (&'static str, Kind, &'static str, fn(&T, u64) -> u64);
+
+/// Per open session, labelled `session`, `client`, `peer`.
+const SESSION_METRICS: &[Metric<pb::SessionStats>] = &[
+    ("expertd_session_calls", Kind::Counter, "MoE calls completed by an open session", |x, _| x.calls),
+    ("expertd_session_failed_calls", Kind::Counter, "MoE calls of an open session that failed", |x, _| x.failed_calls),
+    ("expertd_session_hits", Kind::Counter, "Experts an open session found resident", |x, _| x.hits),
+    ("expertd_session_misses", Kind::Counter, "Experts an open session had read from the container", |x, _| x.misses),
+    ("expertd_session_read_bytes", Kind::Counter, "Bytes read from the container for an open session", |x, _| x.bytes_read),
+    ("expertd_session_leases_held", Kind::Gauge, "Cache leases an open session holds now", |x, _| x.leases_held),
+    ("expertd_session_leased_bytes", Kind::Gauge, "Resident cache bytes an open session's leases pin now (leases x slot bytes)", |x, slot| x.leases_held * slot),
+    ("expertd_session_in_flight_calls", Kind::Gauge, "Calls of an open session queued or running now", |x, _| u64::from(x.in_flight_calls)),
+];
+
+/// Per peer, over every session it opened, labelled `peer`.
+const PEER_METRICS: &[Metric<pb::PeerStats>] = &[
+    ("expertd_peer_sessions", Kind::Counter, "Sessions a peer (uid:U or tcp:ADDRESS) opened since start", |p, _| p.sessions_opened),
+    ("expertd_peer_sessions_open", Kind::Gauge, "Sessions a peer holds open now", |p, _| u64::from(p.sessions_open)),
+    ("expertd_peer_calls", Kind::Counter, "MoE calls completed for a peer, closed sessions included", |p, _| p.calls),
+    ("expertd_peer_failed_calls", Kind::Counter, "MoE calls of a peer that failed, closed sessions included", |p, _| p.failed_calls),
+    ("expertd_peer_hits", Kind::Counter, "Experts a peer's calls found resident, closed sessions included", |p, _| p.hits),
+    ("expertd_peer_misses", Kind::Counter, "Experts a peer's calls had read, closed sessions included", |p, _| p.misses),
+    ("expertd_peer_read_bytes", Kind::Counter, "Bytes read from the container for a peer, closed sessions included", |p, _| p.bytes_read),
+    ("expertd_peer_leases_held", Kind::Gauge, "Cache leases a peer's open sessions hold now", |p, _| p.leases_held),
+    ("expertd_peer_leased_bytes", Kind::Gauge, "Resident cache bytes a peer's leases pin now", |p, slot| p.leases_held * slot),
+];
+
+/// A registry built for one snapshot: each family registered once by name, its values set once.
 struct Snapshot {
     registry: Registry,
 }
 
 impl Snapshot {
-    fn counter(&mut self, name: &str, help: &str) -> CounterFamily {
-        let f = CounterFamily::default();
-        self.registry.register(name, help, f.clone());
-        f
+    /// Registers the family `name` and sets its value for each `(labels, value)`.
+    fn family(&mut self, name: &str, kind: Kind, help: &str, values: impl IntoIterator<Item = (Labels, u64)>) {
+        match kind {
+            Kind::Counter => {
+                let f = Family::<Labels, Counter<u64>>::default();
+                self.registry.register(name, help, f.clone());
+                values.into_iter().for_each(|(l, v)| {
+                    f.get_or_create(&l).inc_by(v);
+                });
+            }
+            Kind::Gauge => {
+                let f = Family::<Labels, Gauge<u64, AtomicU64>>::default();
+                self.registry.register(name, help, f.clone());
+                values.into_iter().for_each(|(l, v)| {
+                    f.get_or_create(&l).set(v);
+                });
+            }
+        }
     }
 
-    fn gauge(&mut self, name: &str, help: &str) -> GaugeFamily {
-        let f = GaugeFamily::default();
-        self.registry.register(name, help, f.clone());
-        f
+    /// Registers every metric of `metrics`, one labelled series per row.
+    fn rows<T>(&mut self, metrics: &[Metric<T>], rows: &[T], labels: impl Fn(&T) -> Labels, slot_bytes: u64) {
+        let labelled: Vec<(Labels, &T)> = rows.iter().map(|r| (labels(r), r)).collect();
+        for &(name, kind, help, value) in metrics {
+            self.family(name, kind, help, labelled.iter().map(|(l, r)| (l.clone(), value(*r, slot_bytes))));
+        }
     }
 }
 
@@ -49,83 +100,40 @@ fn labels(pairs: &[(&str, &str)]) -> Labels {
 pub fn render(stats: &pb::StatsResponse) -> String {
     let mut s = Snapshot { registry: Registry::default() };
     let cache = stats.cache.unwrap_or_default();
+    let session_labels = |x: &pb::SessionStats| labels(&[("session", &x.session_id.to_string()), ("client", &x.client_name), ("peer", &x.peer_key)]);
+    s.rows(SESSION_METRICS, &stats.sessions, session_labels, cache.slot_bytes);
+    s.rows(PEER_METRICS, &stats.peers, |p| labels(&[("peer", &p.peer_key)]), cache.slot_bytes);
 
-    // Per open session.
-    let s_calls = s.counter("expertd_session_calls", "MoE calls completed by an open session");
-    let s_failed = s.counter("expertd_session_failed_calls", "MoE calls of an open session that failed");
-    let s_hits = s.counter("expertd_session_hits", "Experts an open session found resident");
-    let s_misses = s.counter("expertd_session_misses", "Experts an open session had read from the container");
-    let s_bytes = s.counter("expertd_session_read_bytes", "Bytes read from the container for an open session");
-    let s_leases = s.gauge("expertd_session_leases_held", "Cache leases an open session holds now");
-    let s_leased = s.gauge("expertd_session_leased_bytes", "Resident cache bytes an open session's leases pin now (leases x slot bytes)");
-    let s_inflight = s.gauge("expertd_session_in_flight_calls", "Calls of an open session queued or running now");
-    for x in &stats.sessions {
-        let id = x.session_id.to_string();
-        let l = labels(&[("session", &id), ("client", &x.client_name), ("peer", &x.peer_key)]);
-        s_calls.get_or_create(&l).inc_by(x.calls);
-        s_failed.get_or_create(&l).inc_by(x.failed_calls);
-        s_hits.get_or_create(&l).inc_by(x.hits);
-        s_misses.get_or_create(&l).inc_by(x.misses);
-        s_bytes.get_or_create(&l).inc_by(x.bytes_read);
-        s_leases.get_or_create(&l).set(x.leases_held);
-        s_leased.get_or_create(&l).set(x.leases_held * cache.slot_bytes);
-        s_inflight.get_or_create(&l).set(u64::from(x.in_flight_calls));
-    }
-
-    // Per peer, over every session it opened; and the daemon's totals as their sums.
-    let p_sessions = s.counter("expertd_peer_sessions", "Sessions a peer (uid:U or tcp:ADDRESS) opened since start");
-    let p_open = s.gauge("expertd_peer_sessions_open", "Sessions a peer holds open now");
-    let p_calls = s.counter("expertd_peer_calls", "MoE calls completed for a peer, closed sessions included");
-    let p_failed = s.counter("expertd_peer_failed_calls", "MoE calls of a peer that failed, closed sessions included");
-    let p_hits = s.counter("expertd_peer_hits", "Experts a peer's calls found resident, closed sessions included");
-    let p_misses = s.counter("expertd_peer_misses", "Experts a peer's calls had read, closed sessions included");
-    let p_bytes = s.counter("expertd_peer_read_bytes", "Bytes read from the container for a peer, closed sessions included");
-    let p_leases = s.gauge("expertd_peer_leases_held", "Cache leases a peer's open sessions hold now");
-    let p_leased = s.gauge("expertd_peer_leased_bytes", "Resident cache bytes a peer's leases pin now");
-    let mut totals = pb::PeerStats::default();
-    for p in &stats.peers {
-        let l = labels(&[("peer", &p.peer_key)]);
-        p_sessions.get_or_create(&l).inc_by(p.sessions_opened);
-        p_open.get_or_create(&l).set(u64::from(p.sessions_open));
-        p_calls.get_or_create(&l).inc_by(p.calls);
-        p_failed.get_or_create(&l).inc_by(p.failed_calls);
-        p_hits.get_or_create(&l).inc_by(p.hits);
-        p_misses.get_or_create(&l).inc_by(p.misses);
-        p_bytes.get_or_create(&l).inc_by(p.bytes_read);
-        p_leases.get_or_create(&l).set(p.leases_held);
-        p_leased.get_or_create(&l).set(p.leases_held * cache.slot_bytes);
-        totals.sessions_opened += p.sessions_opened;
-        totals.calls += p.calls;
-        totals.failed_calls += p.failed_calls;
-        totals.hits += p.hits;
-        totals.misses += p.misses;
-        totals.bytes_read += p.bytes_read;
-    }
-    let none = Labels::new();
-    s.counter("expertd_sessions", "Sessions opened since start, by every peer").get_or_create(&none).inc_by(totals.sessions_opened);
-    s.gauge("expertd_sessions_open", "Sessions open now").get_or_create(&none).set(stats.sessions.len() as u64);
-    s.counter("expertd_calls", "MoE calls completed since start, by every peer").get_or_create(&none).inc_by(totals.calls);
-    s.counter("expertd_failed_calls", "MoE calls that failed since start").get_or_create(&none).inc_by(totals.failed_calls);
-    s.counter("expertd_hits", "Experts clients' calls found resident since start").get_or_create(&none).inc_by(totals.hits);
-    s.counter("expertd_misses", "Experts clients' calls had read since start").get_or_create(&none).inc_by(totals.misses);
-    s.counter("expertd_read_bytes", "Bytes read from the container for clients' calls since start").get_or_create(&none).inc_by(totals.bytes_read);
-
-    // The cache itself (speculative prefetch reads included) and the process.
-    s.gauge("expertd_cache_budget_bytes", "The cache's byte budget for resident experts").get_or_create(&none).set(cache.budget_bytes);
-    s.gauge("expertd_cache_resident_bytes", "Bytes of resident experts now").get_or_create(&none).set(cache.resident_bytes);
-    s.gauge("expertd_cache_resident_experts", "Experts resident now").get_or_create(&none).set(cache.resident_experts);
-    s.gauge("expertd_cache_slot_bytes", "Bytes of one cache slot (the blob stride)").get_or_create(&none).set(cache.slot_bytes);
-    s.gauge("expertd_cache_leases_held", "Leases held now, across all sessions").get_or_create(&none).set(cache.leases_held);
-    s.counter("expertd_cache_hits", "Cache lookups that found the expert resident (prefetch included)").get_or_create(&none).inc_by(cache.hits);
-    s.counter("expertd_cache_misses", "Cache lookups that read the expert (prefetch included)").get_or_create(&none).inc_by(cache.misses);
-    s.counter("expertd_cache_evictions", "Experts evicted to make room").get_or_create(&none).inc_by(cache.evictions);
-    s.counter("expertd_cache_read_bytes", "Bytes read from the container (prefetch included)").get_or_create(&none).inc_by(cache.bytes_read);
-    s.gauge("expertd_open_connections", "Connections open now").get_or_create(&none).set(u64::from(stats.open_connections));
-    s.gauge("expertd_draining", "1 while the daemon drains for shutdown").get_or_create(&none).set(u64::from(stats.draining));
-    s.gauge("expertd_uptime_seconds", "Seconds since the daemon started serving").get_or_create(&none).set(stats.uptime_ns / 1_000_000_000);
+    // The daemon's totals (sums over the peers, closed sessions included), the cache itself
+    // (speculative prefetch reads included) and the process: one unlabelled series each.
+    let sum = |f: fn(&pb::PeerStats) -> u64| stats.peers.iter().map(f).sum::<u64>();
+    let mut totals = vec![
+        ("expertd_sessions", Kind::Counter, "Sessions opened since start, by every peer", sum(|p| p.sessions_opened)),
+        ("expertd_sessions_open", Kind::Gauge, "Sessions open now", stats.sessions.len() as u64),
+        ("expertd_calls", Kind::Counter, "MoE calls completed since start, by every peer", sum(|p| p.calls)),
+        ("expertd_failed_calls", Kind::Counter, "MoE calls that failed since start", sum(|p| p.failed_calls)),
+        ("expertd_hits", Kind::Counter, "Experts clients' calls found resident since start", sum(|p| p.hits)),
+        ("expertd_misses", Kind::Counter, "Experts clients' calls had read since start", sum(|p| p.misses)),
+        ("expertd_read_bytes", Kind::Counter, "Bytes read from the container for clients' calls since start", sum(|p| p.bytes_read)),
+        ("expertd_cache_budget_bytes", Kind::Gauge, "The cache's byte budget for resident experts", cache.budget_bytes),
+        ("expertd_cache_resident_bytes", Kind::Gauge, "Bytes of resident experts now", cache.resident_bytes),
+        ("expertd_cache_resident_experts", Kind::Gauge, "Experts resident now", cache.resident_experts),
+        ("expertd_cache_slot_bytes", Kind::Gauge, "Bytes of one cache slot (the blob stride)", cache.slot_bytes),
+        ("expertd_cache_leases_held", Kind::Gauge, "Leases held now, across all sessions", cache.leases_held),
+        ("expertd_cache_hits", Kind::Counter, "Cache lookups that found the expert resident (prefetch included)", cache.hits),
+        ("expertd_cache_misses", Kind::Counter, "Cache lookups that read the expert (prefetch included)", cache.misses),
+        ("expertd_cache_evictions", Kind::Counter, "Experts evicted to make room", cache.evictions),
+        ("expertd_cache_read_bytes", Kind::Counter, "Bytes read from the container (prefetch included)", cache.bytes_read),
+        ("expertd_open_connections", Kind::Gauge, "Connections open now", u64::from(stats.open_connections)),
+        ("expertd_draining", Kind::Gauge, "1 while the daemon drains for shutdown", u64::from(stats.draining)),
+        ("expertd_uptime_seconds", Kind::Gauge, "Seconds since the daemon started serving", stats.uptime_ns / 1_000_000_000),
+    ];
     if let Some(p) = &stats.prefetch {
-        s.counter("expertd_prefetch_read_bytes", "Bytes read speculatively on prefetch hints").get_or_create(&none).inc_by(p.bytes_read);
-        s.counter("expertd_prefetch_useful_bytes", "Speculatively read bytes a demand call then hit").get_or_create(&none).inc_by(p.useful_bytes);
+        totals.push(("expertd_prefetch_read_bytes", Kind::Counter, "Bytes read speculatively on prefetch hints", p.bytes_read));
+        totals.push(("expertd_prefetch_useful_bytes", Kind::Counter, "Speculatively read bytes a demand call then hit", p.useful_bytes));
+    }
+    for (name, kind, help, value) in totals {
+        s.family(name, kind, help, [(Labels::new(), value)]);
     }
     let mut text = String::new();
     // Writing into a String cannot fail.

@@ -17,9 +17,9 @@
 use crate::cache::{CacheError, ExpertCache, ExpertKey, SessionId};
 use crate::io::{ExpertSource, IoError, ReadRequest};
 pub use shared::call_cost::CallCost;
-use shared::container::{BlobLayout, Header};
+use shared::container::{BlobAt, BlobLayout, ContainerError, ExpertBlob, Header};
 use shared::ids::{ExpertId, LayerId};
-use shared::kernels::int8::{Int8Isa, MatrixRef};
+use shared::kernels::int8::Int8Isa;
 use shared::moe_exec::{ExpertMatrices, MoeExec};
 use crate::prefetch::{Hint, Prefetcher};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
@@ -114,33 +114,6 @@ pub struct CallExecutor {
 /// How long a wave waits for leases held by other calls before giving up with the cache's
 /// `Exhausted` error. Waves never hold leases while waiting, so waiting cannot deadlock.
 const WAVE_WAIT_LIMIT: std::time::Duration = std::time::Duration::from_secs(30);
-
-/// Views a verified blob (from a lease) as the kernel's two matrices, without hashing it
-/// again: the blob was checked when it was read into the cache, and cache buffers are written
-/// only by that read.
-fn view_blob<'a>(bytes: &'a [u8], layout: &BlobLayout, key: ExpertKey) -> Result<ExpertMatrices<'a>, CallError> {
-    let misaligned = |part| CallError::Misaligned { layer: key.layer, expert: key.expert, part };
-    if bytes.len() < layout.content_bytes {
-        return Err(misaligned("blob length"));
-    }
-    let f32s = |range: std::ops::Range<usize>, part| bytemuck::try_cast_slice::<u8, f32>(&bytes[range]).map_err(|_| misaligned(part));
-    let i32s = |range: std::ops::Range<usize>, part| bytemuck::try_cast_slice::<u8, i32>(&bytes[range]).map_err(|_| misaligned(part));
-    let gate_up = MatrixRef {
-        rows: layout.gate_up_rows,
-        cols: layout.gate_up_cols,
-        packed: bytemuck::cast_slice(&bytes[layout.gate_up_packed.range()]),
-        scales: f32s(layout.gate_up_scales.range(), "gate_up scales")?,
-        row_sums: i32s(layout.gate_up_row_sums.range(), "gate_up row sums")?,
-    };
-    let down = MatrixRef {
-        rows: layout.down_rows,
-        cols: layout.down_cols,
-        packed: bytemuck::cast_slice(&bytes[layout.down_packed.range()]),
-        scales: f32s(layout.down_scales.range(), "down scales")?,
-        row_sums: i32s(layout.down_row_sums.range(), "down row sums")?,
-    };
-    Ok(ExpertMatrices { gate_up, down })
-}
 
 impl CallExecutor {
     /// An executor over `source` with `cache`, computing with `isa` on `threads` threads (0: one
@@ -527,8 +500,18 @@ impl Drop for OffPoolCall<'_> {
     }
 }
 
-/// A ready lease's blob as the kernel's matrices.
+/// A ready lease's blob as the kernel's two matrices, without hashing it again: the blob was
+/// checked when it was read into the cache, and cache buffers are written only by that read.
 fn view_lease<'a>(lease: &'a crate::cache::Lease, layout: &BlobLayout) -> Result<ExpertMatrices<'a>, CallError> {
-    view_blob(lease.bytes(), layout, lease.key())
+    let key = lease.key();
+    // The offset is the file's, which the cache buffer does not know; errors here name only the part.
+    let at = BlobAt { layer: key.layer, expert: key.expert, offset: 0 };
+    match ExpertBlob::view_verified(lease.bytes(), layout, at) {
+        Ok(blob) => Ok(ExpertMatrices { gate_up: blob.gate_up, down: blob.down }),
+        Err(e) => {
+            let part = if let ContainerError::Misaligned { part, .. } = e { part } else { "blob length" };
+            Err(CallError::Misaligned { layer: key.layer, expert: key.expert, part })
+        }
+    }
 }
 

@@ -13,16 +13,10 @@ const HEADS: Heads = Heads { nq: 16, nkv: 2, dh: 256 };
 const BLOCK: usize = 512;
 const DECODE_STEPS: usize = 8;
 
+/// Deterministic values in [-1, 1).
 fn values(n: usize, seed: u64) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..n)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            (s >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
-        })
-        .collect()
+    let mut r = shared::splitmix::SplitMix64::new(seed);
+    (0..n).map(|_| (r.next_u64() >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0).collect()
 }
 
 fn run(kernel: &str, q: &[f32], n: usize, start: usize, k: &[f32], v: &[f32]) -> f32 {

@@ -480,23 +480,19 @@ pub fn spin_until(budget: Duration, mut done: impl FnMut() -> bool) -> bool {
 /// the word lives in a mapping both processes share. Spurious returns are allowed.
 #[cfg(target_os = "linux")]
 pub fn futex_wait(word: &AtomicU32, expected: u32, timeout: Option<Duration>) {
-    let ts = timeout.map(|t| libc::timespec { tv_sec: t.as_secs() as libc::time_t, tv_nsec: t.subsec_nanos() as libc::c_long });
-    let ts_ptr = ts.as_ref().map_or(std::ptr::null(), |t| t as *const libc::timespec);
-    // SAFETY: FUTEX_WAIT reads the aligned u32 at `word` (valid for the call) and sleeps; the
-    // timeout pointer is null or points at a live timespec. Errors (EAGAIN: the value changed;
-    // ETIMEDOUT; EINTR) all mean "look again", which every caller does.
-    unsafe {
-        libc::syscall(libc::SYS_futex, word.as_ptr(), libc::FUTEX_WAIT, expected, ts_ptr, std::ptr::null::<u32>(), 0);
-    }
+    use rustix::thread::futex;
+    // Durations too long for a timespec (none here) sleep without a timeout.
+    let ts = timeout.and_then(|t| futex::Timespec::try_from(t).ok());
+    // Errors (EAGAIN: the value changed; ETIMEDOUT; EINTR) all mean "look again", which every
+    // caller does.
+    let _ = futex::wait(word, futex::Flags::empty(), expected, ts.as_ref());
 }
 
 /// Wakes every sleeper on `word`.
 #[cfg(target_os = "linux")]
 pub fn futex_wake(word: &AtomicU32) {
-    // SAFETY: FUTEX_WAKE only uses the address as a key; it is valid for the call.
-    unsafe {
-        libc::syscall(libc::SYS_futex, word.as_ptr(), libc::FUTEX_WAKE, i32::MAX, std::ptr::null::<libc::timespec>(), std::ptr::null::<u32>(), 0);
-    }
+    use rustix::thread::futex;
+    let _ = futex::wake(word, futex::Flags::empty(), i32::MAX as u32);
 }
 
 /// Portable fallback: a short sleep (no futex outside Linux).

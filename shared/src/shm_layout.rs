@@ -155,10 +155,23 @@ fn reserved_zero(what: &'static str, b: &[u8], range: Range<usize>) -> Result<()
     }
 }
 
-fn magic_of(b: &[u8]) -> [u8; 8] {
-    let mut m = [0u8; 8];
-    m.copy_from_slice(&b[..8]);
-    m
+/// `Err(Magic)` unless `b` (at least 8 bytes) starts with `magic`.
+fn check_magic(what: &'static str, b: &[u8], magic: &'static [u8; 8]) -> Result<(), ShmLayoutError> {
+    if b[..8] == *magic {
+        return Ok(());
+    }
+    let mut found = [0u8; 8];
+    found.copy_from_slice(&b[..8]);
+    // Every magic is ASCII text.
+    Err(ShmLayoutError::Magic { what, found, expected: std::str::from_utf8(magic).unwrap_or("?") })
+}
+
+/// `Err(FrameLength)` unless `b` is exactly `len` bytes, then [`check_magic`].
+fn check_frame(what: &'static str, b: &[u8], len: usize, magic: &'static [u8; 8]) -> Result<(), ShmLayoutError> {
+    if b.len() != len {
+        return Err(ShmLayoutError::FrameLength { what, found: b.len(), expected: len });
+    }
+    check_magic(what, b, magic)
 }
 
 /// The client's pre-handshake frame.
@@ -188,12 +201,7 @@ impl Hello {
     /// Parses a frame; the magic must already have been recognised by [`is_hello_magic`], but
     /// is checked again.
     pub fn parse(bytes: &[u8]) -> Result<Hello, ShmLayoutError> {
-        if bytes.len() != HELLO_BYTES {
-            return Err(ShmLayoutError::FrameLength { what: "hello frame", found: bytes.len(), expected: HELLO_BYTES });
-        }
-        if bytes[..8] != HELLO_MAGIC {
-            return Err(ShmLayoutError::Magic { what: "hello frame", found: magic_of(bytes), expected: "SLUICEHI" });
-        }
+        check_frame("hello frame", bytes, HELLO_BYTES, &HELLO_MAGIC)?;
         let version = le_u32(bytes, 8);
         if version != HELLO_VERSION {
             return Err(ShmLayoutError::Version { what: "hello frame", found: version, expected: HELLO_VERSION });
@@ -235,12 +243,7 @@ impl HelloReply {
 
     /// Parses a reply.
     pub fn parse(bytes: &[u8]) -> Result<HelloReply, ShmLayoutError> {
-        if bytes.len() != REPLY_BYTES {
-            return Err(ShmLayoutError::FrameLength { what: "hello reply", found: bytes.len(), expected: REPLY_BYTES });
-        }
-        if bytes[..8] != REPLY_MAGIC {
-            return Err(ShmLayoutError::Magic { what: "hello reply", found: magic_of(bytes), expected: "SLUICEOK" });
-        }
+        check_frame("hello reply", bytes, REPLY_BYTES, &REPLY_MAGIC)?;
         reserved_zero("hello reply", bytes, 12..16)?;
         Ok(HelloReply { status: le_u32(bytes, 8), segment_id: le_u64(bytes, 16) })
     }
@@ -304,9 +307,7 @@ impl SegmentHeader {
         if bytes.len() < SEGMENT_HEADER_BYTES {
             return Err(ShmLayoutError::FrameLength { what: "segment header", found: bytes.len(), expected: SEGMENT_HEADER_BYTES });
         }
-        if bytes[..8] != SEGMENT_MAGIC {
-            return Err(ShmLayoutError::Magic { what: "segment header", found: magic_of(bytes), expected: "SLUICESM" });
-        }
+        check_magic("segment header", bytes, &SEGMENT_MAGIC)?;
         let h = SegmentHeader {
             magic: SEGMENT_MAGIC,
             version: le_u32(bytes, 8),

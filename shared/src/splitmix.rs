@@ -33,6 +33,12 @@ impl SplitMix64 {
         next(&mut self.0)
     }
 
+    /// A value in `0..n` (`n > 0`): the next 64 bits modulo `n`, so slightly biased for an `n`
+    /// that is not a power of two; for picking test cases and mutations, not for statistics.
+    pub fn below(&mut self, n: usize) -> usize {
+        (self.next_u64() % n as u64) as usize
+    }
+
     /// Uniform in `[0, 1)` with 53 bits of precision.
     pub fn next_f64(&mut self) -> f64 {
         (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64

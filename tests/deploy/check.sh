@@ -19,7 +19,9 @@ fail() { echo "tests/deploy: FAIL: $*" >&2; exit 1; }
 # 1. systemd units.
 command -v systemd-analyze >/dev/null || fail "systemd-analyze not found (apt-get install systemd; .ci/run does)"
 cp deploy/systemd/*.service deploy/systemd/*.socket "$work/"
-sed -i "s|/usr/local/bin/|$root/$bin/|" "$work"/*.service
+# The units name the binaries by absolute path ($CARGO_TARGET_DIR may be absolute already).
+case $bin in /*) bin_path=$bin ;; *) bin_path=$root/$bin ;; esac
+sed -i "s|/usr/local/bin/|$bin_path/|" "$work"/*.service
 for f in expertd hostd; do [[ -x $bin/$f ]] || fail "$bin/$f not built (scripts/build)"; done
 (cd "$work" && systemd-analyze verify sluice-expertd.socket sluice-expertd.service sluice-hostd@main.service) >"$work/verify.log" 2>&1 ||
     { cat "$work/verify.log" >&2; fail "systemd-analyze verify"; }

@@ -7,9 +7,10 @@
 use expertd::cache::{Acquired, CacheConfig, CacheStats, ExpertCache, ExpertKey, Policy, SessionId};
 use expertd::trace::TraceWriter;
 use shared::ids::{ExpertId, LayerId};
+use shared::splitmix::SplitMix64;
 use std::path::Path;
 use std::process::{Command, Output};
-use tests::{SplitMix, workspace_bin};
+use tests::workspace_bin;
 
 const SLOT_BYTES: usize = 4096;
 
@@ -26,7 +27,7 @@ fn record(path: &Path, policy: Policy, slots: u64, seed: u64) -> CacheStats {
     let config = CacheConfig { budget_bytes: slots * SLOT_BYTES as u64, policy, transient_slots: 2 };
     let cache = ExpertCache::new(config, SLOT_BYTES).expect("cache");
     cache.start_trace(TraceWriter::create(path).expect("create trace")).expect("start trace");
-    let mut rng = SplitMix(seed);
+    let mut rng = SplitMix64::new(seed);
     // Calls held across later calls, as overlapping requests of several hosts would hold them.
     let mut held: Vec<Acquired> = Vec::new();
     for step in 0..40u64 {

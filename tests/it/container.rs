@@ -11,11 +11,12 @@ use shared::container::{CONTAINER_FILE, ContainerError, ContainerFile, ModelIden
 use shared::ids::{ExpertId, LayerId};
 use shared::kernels::int8::{QuantizedMatrix, quantize_weights};
 use shared::safetensors_locator::{ByteRange, ExpertLocator};
+use shared::splitmix::SplitMix64;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
-use tests::{SplitMix, model_dir, presets, workspace_bin};
+use tests::{model_dir, presets, workspace_bin};
 
 fn expertd(args: &[&str]) -> Output {
     Command::new(workspace_bin("expertd")).args(args).output().expect("spawn expertd")
@@ -105,7 +106,7 @@ fn container_weights_equal_quantize_weights_of_the_checkpoint() {
         let (f, d) = (cfg.moe_intermediate_size, cfg.hidden_size);
         let locator = ExpertLocator::new(&ckpt);
         let c = ContainerFile::open(tmp.path()).expect("container opens");
-        let mut rng = SplitMix(40 + i as u64);
+        let mut rng = SplitMix64::new(40 + i as u64);
         let mut picks: Vec<(usize, usize)> = (0..4).map(|_| (rng.below(cfg.num_layers), rng.below(cfg.num_experts))).collect();
         picks.push((cfg.num_layers - 1, cfg.num_experts - 1));
         let mut buf = Vec::new();

@@ -29,27 +29,9 @@ fn vm_rss(pid: u32) -> Option<u64> {
     shared::procfs::vm_rss_bytes(Some(pid))
 }
 
-/// The log without ANSI colour sequences (`ESC [ … m`).
-fn strip_ansi(log: &str) -> String {
-    let mut out = String::with_capacity(log.len());
-    let mut chars = log.chars();
-    while let Some(c) = chars.next() {
-        if c == '\u{1b}' {
-            for d in chars.by_ref() {
-                if d == 'm' {
-                    break;
-                }
-            }
-        } else {
-            out.push(c);
-        }
-    }
-    out
-}
-
-/// `key=VALUE` from the daemon's start-up log line.
+/// `key=VALUE` from the daemon's start-up log line (plain text: the daemon colours its log only
+/// on a terminal, `tests/it/first_hour.rs` checks).
 fn log_field(log: &str, key: &str) -> u64 {
-    let log = &strip_ansi(log);
     let needle = format!("{key}=");
     let at = log.find(&needle).unwrap_or_else(|| panic!("{key} not in the expertd log: {log}"));
     log[at + needle.len()..].chars().take_while(char::is_ascii_digit).collect::<String>().parse().unwrap_or_else(|e| panic!("{key}: {e}: {log}"))

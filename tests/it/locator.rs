@@ -5,9 +5,10 @@ use shared::checkpoint::Checkpoint;
 use shared::ids::{ExpertId, LayerId};
 use shared::safetensors_locator::{ByteRange, ExpertLocator};
 use shared::tensor_spec::{self, ExpertLayout};
+use shared::splitmix::SplitMix64;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
-use tests::{SplitMix, copy_model, model_dir, presets, read_index, read_shard, split_experts};
+use tests::{copy_model, model_dir, presets, read_index, read_shard, split_experts};
 
 fn read_range(r: &ByteRange) -> Vec<u8> {
     let f = std::fs::File::open(&r.file).expect("open shard");
@@ -35,7 +36,7 @@ fn expert_bytes_via_safetensors(dir: &Path, layer: usize, expert: usize) -> [Vec
 fn check_locator(ckpt: &Checkpoint, reference_dir: &Path, seed: u64) {
     let cfg = &ckpt.config.text;
     let loc = ExpertLocator::new(ckpt);
-    let mut rng = SplitMix(seed);
+    let mut rng = SplitMix64::new(seed);
     let (f, d) = (cfg.moe_intermediate_size, cfg.hidden_size);
     let mut pairs: Vec<(usize, usize)> = (0..6).map(|_| (rng.below(cfg.num_layers), rng.below(cfg.num_experts))).collect();
     pairs.push((cfg.num_layers - 1, cfg.num_experts - 1));

@@ -81,6 +81,16 @@ fn check_tools_use(path: &str, text: &str) -> Vec<String> {
     forbid(path, text, &[concat!("sluice_", "tools")], allowed, "sluice-tools used outside hostd/src/cli/, tests and fuzz")
 }
 
+/// System calls go through `rustix`; `libc` only for glibc's `malloc_trim`, an allocator function
+/// that rustix does not wrap (ARCHITECTURE.md, "Dependency direction").
+fn check_libc(path: &str, text: &str) -> Vec<String> {
+    let (libc, trim) = (concat!("lib", "c::"), concat!("lib", "c::malloc_trim"));
+    code_lines(text)
+        .filter(|(_, code)| code.replace(trim, "").contains(libc) || code.contains(concat!("use lib", "c")))
+        .map(|(n, _)| violation(path, n, "libc used for more than malloc_trim: system calls go through rustix"))
+        .collect()
+}
+
 /// Every file opens with a `//!` saying what it owns.
 fn check_module_doc(path: &str, text: &str) -> Vec<String> {
     if text.starts_with("//!") { Vec::new() } else { vec![violation(path, 1, "file does not start with a `//!` module doc")] }
@@ -121,7 +131,7 @@ fn check_file_length(path: &str, text: &str) -> Vec<String> {
 }
 
 type Rule = fn(&str, &str) -> Vec<String>;
-const RULES: &[Rule] = &[check_arch, check_io_uring, check_anyhow, check_shared_fs, check_tools_use, check_module_doc, check_safety_comments, check_file_length];
+const RULES: &[Rule] = &[check_arch, check_io_uring, check_anyhow, check_shared_fs, check_tools_use, check_libc, check_module_doc, check_safety_comments, check_file_length];
 
 /// Workspace-relative paths of the tracked `.rs` files (`git ls-files`), or of every `.rs`
 /// file outside `target/` and hidden directories when the tree is not a git checkout.
@@ -218,6 +228,14 @@ use sluice_", "tools::synth::Preset;
     check(check_tools_use, "tests/it/synth.rs", bad, 0);
     check(check_tools_use, "fuzz/harness/src/targets/http_params.rs", bad, 0);
     check(check_tools_use, "tools/src/synth/tests.rs", bad, 0);
+}
+
+#[test]
+fn libc_only_for_malloc_trim() {
+    check(check_libc, "shared/src/ring.rs", concat!("//! x\nunsafe { lib", "c::syscall(lib", "c::SYS_futex) };\n"), 1);
+    check(check_libc, "expertd/src/io/mod.rs", concat!("//! x\nuse lib", "c::EIO;\n"), 1);
+    check(check_libc, "hostd/src/http/admission.rs", concat!("//! x\nunsafe { lib", "c::malloc_trim(0) };\n"), 0);
+    check(check_libc, "hostd/src/model/linear.rs", "//! x\n// no libc calls here, rustix::mm::madvise instead\n", 0);
 }
 
 #[test]

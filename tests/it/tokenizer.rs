@@ -13,7 +13,8 @@ use std::time::Instant;
 use hostd::chat_template::{self, ChatMessage, ChatOptions};
 use hostd::tokenizer::{IncrementalDecoder, SpecialIds, Tokenizer};
 use serde::Deserialize;
-use tests::{SplitMix, workspace_bin, workspace_root};
+use shared::splitmix::SplitMix64;
+use tests::{workspace_bin, workspace_root};
 
 /// docs/model.md §7.2 test vector 1.
 const SPEC_TEXT_1: &str = "Hello! 毕老师！1 + 1 = 2 ĠÑĤÐ²ÑĬÑĢ";
@@ -415,7 +416,7 @@ fn tokenizer_incremental_matches_decode_on_random_ids_with_invalid_utf8() {
     // Random ids, biased to single-byte tokens (ids < 256 include lone UTF-8 lead/continuation bytes), must
     // give exactly `decode`'s lossy result, U+FFFD substitutions included.
     let tok = real();
-    let mut rng = SplitMix(0x5EED);
+    let mut rng = SplitMix64::new(0x5EED);
     for round in 0..300 {
         let n = 1 + rng.below(24);
         let ids: Vec<u32> = (0..n)

@@ -42,16 +42,9 @@ class Quantised(BASE):
     mode = (None, False, None)
     cache = {}
 
-    def moe(self, i, x):
-        tc, W = self.tc, self.w
-        p = f"model.language_model.layers.{i}.mlp."
-        k, f = tc["num_experts_per_tok"], tc["moe_intermediate_size"]
-        r = x @ W[p + "gate.weight"].T
-        pr = np.exp(r - r.max(-1, keepdims=True))
-        pr /= pr.sum(-1, keepdims=True)
-        ids = np.argsort(-pr, axis=-1, kind="stable")[:, :k]
-        wts = np.take_along_axis(pr, ids, -1)
-        wts /= wts.sum(-1, keepdims=True)
+    def routed_experts(self, p, x, ids, wts):
+        """spec_reference's routed experts with fake-quantised weights (and activations, by mode)."""
+        W, f = self.w, self.tc["moe_intermediate_size"]
         wg, aq, ag = self.mode
         key = (id(W), p, self.mode)
         if key not in self.cache:
@@ -60,17 +53,14 @@ class Quantised(BASE):
         out = np.zeros_like(x)
         for t in range(x.shape[0]):
             xt = fake_quant(x[t][None], ag)[0] if aq else x[t]
-            for j in range(k):
+            for j in range(ids.shape[1]):
                 e = ids[t, j]
                 gu = GU[e] @ xt
                 h = sr.silu(gu[:f]) * gu[f:]
                 if aq:
                     h = fake_quant(h[None], ag)[0]
                 out[t] += wts[t, j] * (D[e] @ h)
-        sh = (sr.silu(x @ W[p + "shared_expert.gate_proj.weight"].T) * (x @ W[p + "shared_expert.up_proj.weight"].T)) \
-            @ W[p + "shared_expert.down_proj.weight"].T
-        s = sr.sigmoid(x @ W[p + "shared_expert_gate.weight"].T)
-        return out + s * sh, ids, wts
+        return out
 
 
 def logits(ref_dir, block):

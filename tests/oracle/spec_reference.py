@@ -148,27 +148,32 @@ class SpecModel:
         return On.reshape(T, nv * dv) @ W[p + "out_proj.weight"].T
 
     def moe(self, i, x):
-        tc, W = self.tc, self.w
+        """Layer i's MoE block: the routed experts' weighted sum plus the gated shared expert."""
+        W = self.w
         p = f"model.language_model.layers.{i}.mlp."
-        k = tc["num_experts_per_tok"]
-        f = tc["moe_intermediate_size"]
         r = x @ W[p + "gate.weight"].T
         pr = np.exp(r - r.max(-1, keepdims=True))
         pr /= pr.sum(-1, keepdims=True)
-        ids = np.argsort(-pr, axis=-1, kind="stable")[:, :k]
+        ids = np.argsort(-pr, axis=-1, kind="stable")[:, :self.tc["num_experts_per_tok"]]
         wts = np.take_along_axis(pr, ids, -1)
         wts /= wts.sum(-1, keepdims=True)
-        out = np.zeros_like(x)
-        GU, D = W[p + "experts.gate_up_proj"], W[p + "experts.down_proj"]
-        for t in range(x.shape[0]):
-            for j in range(k):
-                e = ids[t, j]
-                gu = GU[e] @ x[t]
-                out[t] += wts[t, j] * (D[e] @ (silu(gu[:f]) * gu[f:]))
+        out = self.routed_experts(p, x, ids, wts)
         sh = (silu(x @ W[p + "shared_expert.gate_proj.weight"].T) * (x @ W[p + "shared_expert.up_proj.weight"].T)) \
             @ W[p + "shared_expert.down_proj.weight"].T
         s = sigmoid(x @ W[p + "shared_expert_gate.weight"].T)
         return out + s * sh, ids, wts
+
+    def routed_experts(self, p, x, ids, wts):
+        """Σ_j wts[t, j] · expert ids[t, j](x[t]) for each row t, experts of the MLP prefix p."""
+        W, f = self.w, self.tc["moe_intermediate_size"]
+        out = np.zeros_like(x)
+        GU, D = W[p + "experts.gate_up_proj"], W[p + "experts.down_proj"]
+        for t in range(x.shape[0]):
+            for j in range(ids.shape[1]):
+                e = ids[t, j]
+                gu = GU[e] @ x[t]
+                out[t] += wts[t, j] * (D[e] @ (silu(gu[:f]) * gu[f:]))
+        return out
 
     def forward(self, ids):
         W = self.w

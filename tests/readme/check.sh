@@ -26,24 +26,33 @@ health() { python3 -c "import sys,urllib.request; sys.exit(0 if urllib.request.u
 
 log="$(mktemp -d)"
 pgid=""
+# SIGTERM to the process group of the block that ran last, then up to 5 s for it to exit.
+stop_group() {
+    [ -n "$pgid" ] || return 0
+    kill -TERM -- "-$pgid" 2>/dev/null || true
+    for _ in $(seq 50); do kill -0 -- "-$pgid" 2>/dev/null || break; sleep 0.1; done
+}
 cleanup() {
     if [ -n "$pgid" ]; then
-        kill -TERM -- "-$pgid" 2>/dev/null || true
-        for _ in $(seq 50); do kill -0 -- "-$pgid" 2>/dev/null || break; sleep 0.1; done
+        stop_group
         kill -KILL -- "-$pgid" 2>/dev/null || true
     fi
     rm -rf "$log"
 }
 trap cleanup EXIT
 trap 'exit 1' INT TERM
-echo "tests/readme/check.sh: running the README's shared-daemon block" >&2
-# A new session: the block's bash is its leader (pid = pgid), and what it starts in the
-# background stays in its process group.
-setsid bash -c 'echo $$ > "$1"; set -e; eval "$2"' _ "$log/pgid" "$block" >"$log/out" 2>"$log/err" &
-runner=$!
-for _ in $(seq 100); do [ -s "$log/pgid" ] && break; sleep 0.05; done
-pgid="$(cat "$log/pgid")"
-wait "$runner" || { cat "$log/err" >&2; fail "the README block failed"; }
+# run_block NAME TEXT SUFFIX: runs TEXT (bash -e) in a new session, its stdout and stderr in
+# $log/outSUFFIX and $log/errSUFFIX, and sets pgid: the block's bash is the session's leader
+# (pid = pgid), and what it starts in the background stays in its process group.
+run_block() {
+    echo "tests/readme/check.sh: running the README's $1 block" >&2
+    setsid bash -c 'echo $$ > "$1"; set -e; eval "$2"' _ "$log/pgid$3" "$2" >"$log/out$3" 2>"$log/err$3" &
+    local runner=$!
+    for _ in $(seq 100); do [ -s "$log/pgid$3" ] && break; sleep 0.05; done
+    pgid="$(cat "$log/pgid$3")"
+    wait "$runner" || { cat "$log/err$3" >&2; fail "the README $1 block failed"; }
+}
+run_block shared-daemon "$block" ""
 ready=0
 for _ in $(seq 600); do
     if grep -q "^hostd serve: ready" "$log/out" && health; then ready=1; break; fi
@@ -56,16 +65,10 @@ grep -q " new (" "$log/err" || { cat "$log/err" >&2; fail "the block's hostd run
 # The "Scale out" block, after stopping the first block's programs: a unix daemon and a TCP+TLS
 # daemon (certificates made by the block with openssl) each serving half the layers, and one
 # `hostd run` through both. Its daemons run in its own session, stopped the same way.
-kill -TERM -- "-$pgid" 2>/dev/null || true
-for _ in $(seq 50); do kill -0 -- "-$pgid" 2>/dev/null || break; sleep 0.1; done
+stop_group
 scale="$(awk '/^## Scale out/{s=1} s&&/^```sh$/{c=1;next} c&&/^```$/{exit} c{print}' README.md)"
 [ -n "$scale" ] || fail "no sh block under 'Scale out'"
-echo "tests/readme/check.sh: running the README's scale-out block" >&2
-setsid bash -c 'echo $$ > "$1"; set -e; eval "$2"' _ "$log/pgid2" "$scale" >"$log/out2" 2>"$log/err2" &
-runner=$!
-for _ in $(seq 100); do [ -s "$log/pgid2" ] && break; sleep 0.05; done
-pgid="$(cat "$log/pgid2")"
-wait "$runner" || { cat "$log/err2" >&2; fail "the README scale-out block failed"; }
+run_block scale-out "$scale" 2
 grep -q 'transport="tcp+tls"' "$log/err2" || { cat "$log/err2" >&2; fail "the scale-out block's TLS daemon did not serve"; }
 grep -q " new (" "$log/err2" || { cat "$log/err2" >&2; fail "the scale-out block's hostd run reported no generation"; }
 echo "tests/readme/check.sh: README commands ran as written" >&2

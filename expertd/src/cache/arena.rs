@@ -16,6 +16,7 @@
 //! [`Arena::huge_pages`].
 
 use super::CacheError;
+use rustix::mm;
 use std::ptr::NonNull;
 
 /// Alignment of every slot: the container's blob alignment and the `O_DIRECT` block size.
@@ -117,19 +118,7 @@ fn map_aligned(bytes: usize, align: usize) -> Option<NonNull<u8>> {
     // SAFETY: a fresh anonymous mapping at an address of the kernel's choosing (no fixed
     // address, no file): it aliases nothing. MAP_NORESERVE without MAP_POPULATE commits no
     // memory; pages are zero-filled on first touch.
-    let raw = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            span,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
-            -1,
-            0,
-        )
-    };
-    if raw == libc::MAP_FAILED {
-        return None;
-    }
+    let raw = unsafe { mm::mmap_anonymous(std::ptr::null_mut(), span, mm::ProtFlags::READ | mm::ProtFlags::WRITE, mm::MapFlags::PRIVATE | mm::MapFlags::NORESERVE) }.ok()?;
     let base = raw as usize;
     let start = base.next_multiple_of(align);
     let head = start - base;
@@ -139,10 +128,10 @@ fn map_aligned(bytes: usize, align: usize) -> Option<NonNull<u8>> {
     // from the `[start, start + bytes)` kept, and nothing refers to them.
     unsafe {
         if head > 0 {
-            libc::munmap(raw, head);
+            let _ = mm::munmap(raw, head);
         }
         if tail > 0 {
-            libc::munmap((start + bytes) as *mut libc::c_void, tail);
+            let _ = mm::munmap((start + bytes) as *mut std::ffi::c_void, tail);
         }
     }
     NonNull::new(start as *mut u8)
@@ -155,7 +144,7 @@ fn advise_huge_pages(ptr: NonNull<u8>, bytes: usize) -> bool {
         // SAFETY: the range is one live mapping owned by the caller, 2 MiB-aligned;
         // MADV_HUGEPAGE only changes how the kernel backs later faults, never the contents, and
         // commits nothing.
-        unsafe { libc::madvise(ptr.as_ptr().cast(), bytes, libc::MADV_HUGEPAGE) == 0 }
+        unsafe { mm::madvise(ptr.as_ptr().cast(), bytes, mm::Advice::LinuxHugepage).is_ok() }
     }
     #[cfg(not(target_os = "linux"))]
     {
@@ -170,7 +159,7 @@ impl Drop for Arena {
             // SAFETY: `[ptr, ptr + bytes)` is the mapping made by `map_aligned` and is unmapped
             // exactly once, here; no lease outlives the arena (each holds an `Arc` of the cache
             // state that owns it).
-            unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.bytes) };
+            let _ = unsafe { mm::munmap(self.ptr.as_ptr().cast(), self.bytes) };
         }
     }
 }
@@ -179,15 +168,16 @@ impl Drop for Arena {
 mod tests {
     use super::*;
 
-    /// Bytes of `[ptr, ptr + len)` resident in memory, by `mincore` (4 KiB pages).
+    /// Bytes of `[ptr, ptr + len)` resident in memory (4 KiB pages), by the "present" bit (63) of
+    /// each page's entry in `/proc/self/pagemap`.
     fn resident_bytes(ptr: NonNull<u8>, len: usize) -> usize {
+        use std::os::unix::fs::FileExt;
         const PAGE: usize = 4096;
-        let mut vec = vec![0u8; len.div_ceil(PAGE)];
-        // SAFETY: `[ptr, ptr + len)` is one live mapping (page-aligned start) and `vec` has one
-        // byte per page of it; mincore only writes into `vec`.
-        let rc = unsafe { libc::mincore(ptr.as_ptr().cast(), len, vec.as_mut_ptr()) };
-        assert_eq!(rc, 0, "mincore: {}", std::io::Error::last_os_error());
-        vec.iter().filter(|&&b| b & 1 == 1).count() * PAGE
+        let pagemap = std::fs::File::open("/proc/self/pagemap").expect("open /proc/self/pagemap");
+        let mut entries = vec![0u8; len.div_ceil(PAGE) * 8];
+        pagemap.read_exact_at(&mut entries, (ptr.as_ptr() as usize / PAGE * 8) as u64).expect("read /proc/self/pagemap");
+        let present = entries.chunks_exact(8).filter(|e| e[7] & 0x80 != 0).count();
+        present * PAGE
     }
 
     #[test]

@@ -7,19 +7,11 @@
 use super::*;
 use crate::replay::{ReplayConfig, replay};
 use crate::trace::Trace;
+use shared::splitmix::SplitMix64;
 use std::sync::Barrier;
 use std::thread;
 
 const SLOT: usize = 4096;
-
-/// Deterministic pseudo-random numbers (SplitMix64).
-struct Rng(u64);
-
-impl Rng {
-    fn below(&mut self, n: u64) -> u64 {
-        shared::splitmix::next(&mut self.0) % n.max(1)
-    }
-}
 
 fn key(layer: u32, expert: u32) -> ExpertKey {
     ExpertKey::new(LayerId::new(layer), ExpertId::new(expert))
@@ -259,7 +251,7 @@ fn bad_calls_and_configs_are_refused() {
 /// filled or abandoned, sessions closed. After every operation the invariants hold, the budget
 /// is respected and every held lease still holds its own expert.
 fn check_random_ops(seed: u64, policy: Policy) {
-    let mut rng = Rng(seed);
+    let mut rng = SplitMix64::new(seed);
     let config = CacheConfig { budget_bytes: 12 * SLOT as u64 + 100, policy, transient_slots: 3 };
     let c = cache(config);
     let mut held: Vec<Acquired> = Vec::new();
@@ -267,7 +259,7 @@ fn check_random_ops(seed: u64, policy: Policy) {
         match rng.below(10) {
             0..=5 => {
                 let layer = rng.below(3) as u32;
-                let n = 1 + rng.below(4) as usize;
+                let n = 1 + rng.below(4);
                 let mut keys = Vec::new();
                 while keys.len() < n {
                     let k = key(layer, rng.below(10) as u32);
@@ -275,7 +267,7 @@ fn check_random_ops(seed: u64, policy: Policy) {
                         keys.push(k);
                     }
                 }
-                match c.acquire(SessionId(rng.below(4)), &keys) {
+                match c.acquire(SessionId(rng.below(4) as u64), &keys) {
                     Ok(mut acq) => {
                         let fail = rng.below(8) == 0;
                         for l in acq.misses() {
@@ -296,11 +288,11 @@ fn check_random_ops(seed: u64, policy: Policy) {
                 }
             }
             6..=8 if !held.is_empty() => {
-                let i = rng.below(held.len() as u64) as usize;
+                let i = rng.below(held.len());
                 drop(held.swap_remove(i));
             }
             _ => {
-                c.release_session(SessionId(rng.below(4)));
+                c.release_session(SessionId(rng.below(4) as u64));
             }
         }
         c.debug_invariants().unwrap_or_else(|e| panic!("seed {seed}: {e}"));
@@ -434,7 +426,7 @@ fn concurrent_calls_replay_exactly() {
             for t in 0..4u64 {
                 let c = &c;
                 s.spawn(move || {
-                    let mut rng = Rng(100 + t);
+                    let mut rng = SplitMix64::new(100 + t);
                     let mut held: Vec<Acquired> = Vec::new();
                     for step in 0..60u64 {
                         for layer in 0..3u32 {

@@ -7,6 +7,7 @@
 //! A test double: nothing in the daemon's read path uses it.
 
 use super::{ContainerIndex, ExpertSource, IoError, ReadRequest};
+use rustix::io::Errno;
 use shared::ids::{ExpertId, LayerId};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -98,7 +99,7 @@ impl<S: ExpertSource> ExpertSource for FaultySource<S> {
                 (Ok(entry), Some(Fault::Eio)) => {
                     self.injected.fetch_add(1, Ordering::Relaxed);
                     let (layer, expert, offset) = (r.layer, r.expert, entry.offset);
-                    results[i] = Some(Err(IoError::Os { layer, expert, offset, errno: libc::EIO }));
+                    results[i] = Some(Err(IoError::Os { layer, expert, offset, errno: Errno::IO.raw_os_error() }));
                 }
                 (Ok(_), _) => forwarded.push(i),
             }

@@ -24,6 +24,7 @@ pub use mem::MemSource;
 pub use pread::PreadSource;
 pub use uring::{UringSource, UringSupport};
 
+use rustix::io::Errno;
 use shared::container::index::{parse_index, region_bytes};
 use shared::container::layout::{ALIGNMENT, HEADER_BYTES};
 use shared::container::{
@@ -92,7 +93,7 @@ pub enum IoError {
         expert: ExpertId,
         /// File offset of the blob.
         offset: u64,
-        /// The `errno` value (`libc::EIO`, …); the message is rendered from it.
+        /// The `errno` value (`EIO`, …); the message is rendered from it.
         errno: i32,
     },
     /// The destination buffer breaks the request contract (a caller bug): it is not
@@ -373,9 +374,9 @@ impl DataFile {
             return Ok(DataFile { file: buffered()?, o_direct: false, refused: None });
         }
         let direct = match probe {
-            DirectProbe::Real => std::fs::OpenOptions::new().read(true).custom_flags(libc::O_DIRECT).open(path),
+            DirectProbe::Real => std::fs::OpenOptions::new().read(true).custom_flags(rustix::fs::OFlags::DIRECT.bits() as i32).open(path),
             #[cfg(test)]
-            DirectProbe::Refuse => Err(std::io::Error::from_raw_os_error(libc::EINVAL)),
+            DirectProbe::Refuse => Err(Errno::INVAL.into()),
         };
         let refused = match direct {
             Ok(file) => {
@@ -383,13 +384,13 @@ impl DataFile {
                 match file.read_at(&mut page, 0) {
                     Ok(_) => return Ok(DataFile { file, o_direct: true, refused: None }),
                     // Some filesystems accept the open and refuse the aligned read instead.
-                    Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
+                    Err(e) if Errno::from_io_error(&e) == Some(Errno::INVAL) => {
                         format!("O_DIRECT read refused by the filesystem ({e}); reading through the page cache")
                     }
                     Err(e) => return Err(io_err(e)),
                 }
             }
-            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
+            Err(e) if Errno::from_io_error(&e) == Some(Errno::INVAL) => {
                 format!("O_DIRECT open refused by the filesystem ({e}); reading through the page cache")
             }
             Err(e) => return Err(io_err(e)),
@@ -405,12 +406,12 @@ impl DataFile {
 
 /// `errno` of an `std::io::Error` (`EIO` if it carries none).
 pub(crate) fn errno_of(e: &std::io::Error) -> i32 {
-    e.raw_os_error().unwrap_or(libc::EIO)
+    e.raw_os_error().unwrap_or(Errno::IO.raw_os_error())
 }
 
 /// Whether a failed read is worth retrying as is.
 pub(crate) fn retryable(errno: i32) -> bool {
-    errno == libc::EINTR || errno == libc::EAGAIN
+    matches!(Errno::from_raw_os_error(errno), Errno::INTR | Errno::AGAIN)
 }
 
 /// One 4096-byte page; `AlignedBuf` is a vector of them, so its bytes are [`BLOCK_BYTES`]-aligned.

@@ -286,7 +286,7 @@ fn faulty_source_maps_each_fault_exactly() {
     let offset = |e| blob_offset(0, e);
     let expected = [
         None,
-        Some(IoError::Os { layer: lid(0), expert: eid(1), offset: offset(1), errno: libc::EIO }),
+        Some(IoError::Os { layer: lid(0), expert: eid(1), offset: offset(1), errno: Errno::IO.raw_os_error() }),
         Some(IoError::ShortRead { layer: lid(0), expert: eid(2), offset: offset(2), got: 100, want: stride as u64 }),
         Some(data_loss_checksum(&flipped, 0, 3)),
         Some(IoError::DataLoss {
@@ -459,7 +459,7 @@ fn sources_are_send_sync_and_boxable() {
 fn error_messages_name_layer_expert_and_offset() {
     let cases = [
         (IoError::ShortRead { layer: lid(3), expert: eid(7), offset: 8192, got: 4096, want: 8192 }, "layer 3 expert 7: short read of the blob at file offset 8192: got 4096 of 8192 bytes (file truncated?)"),
-        (IoError::Os { layer: lid(3), expert: eid(7), offset: 8192, errno: libc::EIO }, "layer 3 expert 7: reading the blob at file offset 8192: Input/output error (os error 5)"),
+        (IoError::Os { layer: lid(3), expert: eid(7), offset: 8192, errno: Errno::IO.raw_os_error() }, "layer 3 expert 7: reading the blob at file offset 8192: Input/output error (os error 5)"),
         (IoError::OutOfRange { layer: lid(40), expert: eid(0) }, "layer 40 expert 0 is not in the container"),
         (IoError::Unaligned { layer: lid(1), expert: eid(2), addr: 0x1040, len: 8192, stride: 8192 }, "layer 1 expert 2: destination buffer at 0x1040 of 8192 bytes is not a 4096-aligned buffer of exactly one blob stride (8192 bytes)"),
     ];

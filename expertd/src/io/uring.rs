@@ -22,6 +22,7 @@
 
 use super::{ContainerIndex, DataFile, ExpertSource, IoError, MAX_RETRIES_PER_BLOB, ReadRequest, errno_of, retryable};
 use io_uring::{IoUring, Probe, opcode, types};
+use rustix::io::Errno;
 use shared::container::IndexEntry;
 use std::collections::VecDeque;
 use std::os::fd::AsRawFd;
@@ -97,13 +98,13 @@ impl UringSupport {
 
 fn setup_error(e: &std::io::Error) -> String {
     let disabled = std::fs::read_to_string("/proc/sys/kernel/io_uring_disabled").map(|s| s.trim().to_string());
-    match e.raw_os_error() {
-        Some(libc::EPERM) => match disabled {
+    match Errno::from_io_error(e) {
+        Some(Errno::PERM) => match disabled {
             Ok(v) if v != "0" => format!("io_uring_setup: {e}; kernel.io_uring_disabled = {v}"),
             _ => format!("io_uring_setup: {e}; blocked by a seccomp filter or a container runtime?"),
         },
-        Some(libc::ENOSYS) => format!("io_uring_setup: {e}; kernel built without io_uring, or the syscall is filtered"),
-        Some(libc::ENOMEM) => format!("io_uring_setup: {e}; RLIMIT_MEMLOCK too low for the ring?"),
+        Some(Errno::NOSYS) => format!("io_uring_setup: {e}; kernel built without io_uring, or the syscall is filtered"),
+        Some(Errno::NOMEM) => format!("io_uring_setup: {e}; RLIMIT_MEMLOCK too low for the ring?"),
         _ => format!("io_uring_setup: {e}"),
     }
 }
@@ -161,7 +162,7 @@ impl InFlight<'_> {
         while self.count > 0 {
             if let Err(e) = self.ring.submit_and_wait(1) {
                 let errno = errno_of(&e);
-                if !retryable(errno) && errno != libc::EBUSY {
+                if !retryable(errno) && errno != Errno::BUSY.raw_os_error() {
                     if self.ring.submission().len() == self.count {
                         self.count = 0;
                         return false;
@@ -293,7 +294,7 @@ impl UringSource {
                 let want = usize::from(finished.is_empty());
                 if let Err(e) = guard.ring.submit_and_wait(want) {
                     let errno = errno_of(&e);
-                    if !retryable(errno) && errno != libc::EBUSY {
+                    if !retryable(errno) && errno != Errno::BUSY.raw_os_error() {
                         failed_errno = Some(errno);
                         break;
                     }

@@ -376,6 +376,14 @@ impl ExpertdService {
     }
 }
 
+/// `$msg { field: $counters.field (a relaxed load), …, $name: $value, … }`: a protobuf stats
+/// message from the atomic counters whose names it shares, plus its other fields.
+macro_rules! loaded {
+    ($($msg:ident)::+, $counters:expr, [$($field:ident),+ $(,)?] $(, $name:ident: $value:expr)* $(,)?) => {
+        $($msg)::+ { $($field: $counters.$field.load(Ordering::Relaxed),)+ $($name: $value,)* }
+    };
+}
+
 impl ServiceState {
     /// The `Stats` RPC's answer: the cache, every open session, every peer's totals (closed
     /// sessions included), the prefetcher. The Prometheus endpoint renders the same snapshot.
@@ -388,10 +396,11 @@ impl ServiceState {
             .list()
             .into_iter()
             .map(|s| {
-                let leases_held = cache.session_stats(crate::cache::SessionId(s.id)).map_or(0, |x| x.leases_held);
                 let k = &s.counters;
-                let ld = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
-                pb::SessionStats {
+                loaded!(
+                    pb::SessionStats,
+                    k,
+                    [calls, failed_calls, hits, misses, bytes_read, queue_ns, io_wait_ns, compute_ns, ring_calls, ring_bursts],
                     session_id: s.id,
                     client_name: s.client_name.clone(),
                     peer: s.peer.clone(),
@@ -399,20 +408,10 @@ impl ServiceState {
                         TransportKind::Inline => pb::Transport::Inline as i32,
                         TransportKind::SharedMemory => pb::Transport::SharedMemory as i32,
                     },
-                    calls: ld(&k.calls),
-                    failed_calls: ld(&k.failed_calls),
                     in_flight_calls: k.in_flight.load(Ordering::Relaxed),
-                    hits: ld(&k.hits),
-                    misses: ld(&k.misses),
-                    bytes_read: ld(&k.bytes_read),
-                    queue_ns: ld(&k.queue_ns),
-                    io_wait_ns: ld(&k.io_wait_ns),
-                    compute_ns: ld(&k.compute_ns),
-                    leases_held,
-                    ring_calls: ld(&k.ring_calls),
+                    leases_held: cache.session_stats(crate::cache::SessionId(s.id)).map_or(0, |x| x.leases_held),
                     peer_key: s.peer_key.label(),
-                    ring_bursts: ld(&k.ring_bursts),
-                }
+                )
             })
             .collect::<Vec<pb::SessionStats>>();
         let mut peers: Vec<pb::PeerStats> = st
@@ -423,18 +422,15 @@ impl ServiceState {
                 let label = key.label();
                 let open = sessions.iter().filter(|s| s.peer_key == label);
                 let (sessions_open, leases_held) = open.fold((0u32, 0u64), |(n, l), s| (n + 1, l + s.leases_held));
-                let ld = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
-                pb::PeerStats {
+                loaded!(
+                    pb::PeerStats,
+                    t,
+                    [calls, failed_calls, hits, misses, bytes_read],
                     peer_key: label,
-                    sessions_opened: ld(&t.sessions),
-                    sessions_open,
-                    calls: ld(&t.calls),
-                    failed_calls: ld(&t.failed_calls),
-                    hits: ld(&t.hits),
-                    misses: ld(&t.misses),
-                    bytes_read: ld(&t.bytes_read),
-                    leases_held,
-                }
+                    sessions_opened: t.sessions.load(Ordering::Relaxed),
+                    sessions_open: sessions_open,
+                    leases_held: leases_held,
+                )
             })
             .collect();
         peers.sort_by(|a, b| a.peer_key.cmp(&b.peer_key));
@@ -457,19 +453,7 @@ impl ServiceState {
             draining: st.draining.load(Ordering::Acquire),
             uptime_ns: st.started.elapsed().as_nanos() as u64,
             prefetch: st.executor.prefetcher().map(|p| {
-                let c = &p.counters;
-                let get = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
-                pb::PrefetchStats {
-                    hints: get(&c.hints),
-                    dropped_hints: get(&c.dropped_hints),
-                    already_resident: get(&c.already_resident),
-                    reads: get(&c.reads),
-                    bytes_read: get(&c.bytes_read),
-                    useful_bytes: get(&c.useful_bytes),
-                    capped: get(&c.capped),
-                    skipped: get(&c.skipped),
-                    stale: get(&c.stale),
-                }
+                loaded!(pb::PrefetchStats, p.counters, [hints, dropped_hints, already_resident, reads, bytes_read, useful_bytes, capped, skipped, stale])
             }),
             peers,
         }

@@ -28,20 +28,6 @@ pub(super) fn grammar_set() -> (&'static Grammars, Arc<Tokenizer>) {
 
 const NO_THINKING: StartOptions = StartOptions { reasoning: false, reasoning_budget: 0 };
 
-/// xorshift64*: deterministic, dependency-free.
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
-    }
-}
-
 fn allowed_ids(a: &Allowed, vocab: usize) -> Vec<u32> {
     (0..vocab as u32).filter(|&id| a.contains(id)).collect()
 }
@@ -53,7 +39,7 @@ fn allowed_ids(a: &Allowed, vocab: usize) -> Vec<u32> {
 pub(super) fn walk(c: &mut SequenceConstraint, seed: u64, closers: &[&str], patience: usize) -> (Vec<u32>, bool) {
     let tok = tokenizer();
     let vocab = tok.vocab_size();
-    let mut rng = Rng(seed | 1);
+    let mut rng = shared::splitmix::SplitMix64::new(seed);
     let mut out = Vec::new();
     for step in 0..4000 {
         let allowed = c.allowed().expect("mask");

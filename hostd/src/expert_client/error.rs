@@ -275,25 +275,26 @@ mod tests {
 
     #[test]
     fn a_daemon_still_starting_is_recognised_by_the_os_error() {
+        use rustix::io::Errno;
         use std::io::{Error, ErrorKind};
         let connect = |e: Error| ExpertClientError::Connect { endpoint: "unix:///x".into(), reason: e.to_string() };
         // The codes a connect to a daemon that is not serving yet fails with, as the connection
         // path reports them: the io::Error's text.
-        for (code, kind) in [(libc::ENOENT, ErrorKind::NotFound), (libc::ECONNREFUSED, ErrorKind::ConnectionRefused), (libc::EAGAIN, ErrorKind::WouldBlock)] {
-            let e = connect(Error::from_raw_os_error(code));
+        for (code, kind) in [(Errno::NOENT, ErrorKind::NotFound), (Errno::CONNREFUSED, ErrorKind::ConnectionRefused), (Errno::AGAIN, ErrorKind::WouldBlock)] {
+            let e = connect(code.into());
             assert_eq!(os_error_kind(&e.to_string()), Some(kind));
             assert!(e.daemon_not_up() && e.worth_waiting_for(), "{e}");
         }
-        let denied = connect(Error::from_raw_os_error(libc::EACCES));
+        let denied = connect(Errno::ACCESS.into());
         assert!(!denied.daemon_not_up() && !denied.worth_waiting_for(), "waiting does not grant permissions");
         assert!(!connect(Error::other("the token is not valid header text")).daemon_not_up());
-        assert!(connect(Error::from_raw_os_error(libc::ECONNRESET)).worth_waiting_for(), "a daemon restarting");
+        assert!(connect(Errno::CONNRESET.into()).worth_waiting_for(), "a daemon restarting");
         let lost = ExpertClientError::ConnectionLost { endpoint: "unix:///x".into(), message: "reset".into() };
         assert!(!lost.daemon_not_up() && lost.worth_waiting_for());
         let bad = ExpertClientError::from_status("unix:///x", &tonic::Status::new(Code::InvalidArgument, "bad"));
         assert!(!bad.worth_waiting_for());
 
-        let e = connect(Error::from_raw_os_error(libc::ENOENT)).not_up("unix:///x", std::time::Duration::from_secs(30));
+        let e = connect(Errno::NOENT.into()).not_up("unix:///x", std::time::Duration::from_secs(30));
         let msg = e.to_string();
         assert!(msg.starts_with("expertd at unix:///x did not come up within 30 s; last error: "), "{msg}");
         assert!(msg.contains("(os error 2)"), "{msg}");

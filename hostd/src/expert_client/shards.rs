@@ -405,27 +405,18 @@ mod tests {
 
     #[test]
     fn gaps_overlaps_and_ranges_past_the_model_are_named() {
-        let e = plan_layers(40, &[spec("unix:///a=0-19"), spec("https://b:1=22-37")])
-            .expect_err("gaps");
-        assert!(e.contains("no --expertd serves layers 20-21, 38-39"), "{e}");
-        let e = plan_layers(40, &[spec("unix:///a=0-21"), spec("https://b:1=20-39")])
-            .expect_err("overlap");
-        assert!(
-            e.contains("both --expertd unix:///a and --expertd https://b:1 claim layers 20-21"),
-            "{e}"
-        );
-        let e =
-            plan_layers(4, &[spec("unix:///a=0-2"), spec("https://b:1=2-3")]).expect_err("overlap");
-        assert!(e.contains("claim layer 2"), "{e}");
-        let e = plan_layers(40, &[spec("unix:///a=0-19"), spec("https://b:1=20-45")])
-            .expect_err("past the end");
-        assert!(
-            e.contains("claims layers 20-45, but the model has 40 MoE layers (0-39)"),
-            "{e}"
-        );
-        let e =
-            plan_layers(4, &[spec("unix:///a"), spec("https://b:1=2-3")]).expect_err("no range");
-        assert!(e.contains("--expertd unix:///a has no layer range"), "{e}");
+        // (layers, first and second --expertd, what the refusal says)
+        let cases = [
+            (40, "unix:///a=0-19", "https://b:1=22-37", "no --expertd serves layers 20-21, 38-39"),
+            (40, "unix:///a=0-21", "https://b:1=20-39", "both --expertd unix:///a and --expertd https://b:1 claim layers 20-21"),
+            (4, "unix:///a=0-2", "https://b:1=2-3", "claim layer 2"),
+            (40, "unix:///a=0-19", "https://b:1=20-45", "claims layers 20-45, but the model has 40 MoE layers (0-39)"),
+            (4, "unix:///a", "https://b:1=2-3", "--expertd unix:///a has no layer range"),
+        ];
+        for (layers, a, b, says) in cases {
+            let e = plan_layers(layers, &[spec(a), spec(b)]).expect_err(says);
+            assert!(e.contains(says), "{e}");
+        }
     }
 
     #[test]

@@ -145,7 +145,7 @@ fn advise_huge_pages<T>(v: &Vec<T>) {
             // SAFETY: [aligned, end) lies inside the Vec's own allocation, which stays alive
             // for the call; MADV_HUGEPAGE changes only how the kernel backs those pages, never
             // their contents or protection.
-            unsafe { libc::madvise(aligned as *mut libc::c_void, (end - aligned) & !(PAGE - 1), libc::MADV_HUGEPAGE) };
+            let _ = unsafe { rustix::mm::madvise(aligned as *mut std::ffi::c_void, (end - aligned) & !(PAGE - 1), rustix::mm::Advice::LinuxHugepage) };
         }
     }
     #[cfg(not(target_os = "linux"))]

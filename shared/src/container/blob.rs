@@ -74,28 +74,30 @@ impl<'a> ExpertBlob<'a> {
             let BlobAt { layer, expert, offset } = at;
             return Err(ContainerError::BlobLength { layer, expert, offset, found: bytes.len() as u64, expected: layout.stride as u64 });
         }
-        let floats = |part: Part, name: &'static str| -> Result<&'a [f32], ContainerError> {
-            bytemuck::try_cast_slice(&bytes[part.range()]).map_err(|_| misaligned(at, name))
-        };
-        let ints = |part: Part, name: &'static str| -> Result<&'a [i32], ContainerError> {
-            bytemuck::try_cast_slice(&bytes[part.range()]).map_err(|_| misaligned(at, name))
-        };
-        let gate_up = MatrixRef {
-            rows: layout.gate_up_rows,
-            cols: layout.gate_up_cols,
-            packed: bytemuck::cast_slice(&bytes[layout.gate_up_packed.range()]),
-            scales: floats(layout.gate_up_scales, "gate_up scales")?,
-            row_sums: ints(layout.gate_up_row_sums, "gate_up row sums")?,
-        };
-        let down = MatrixRef {
-            rows: layout.down_rows,
-            cols: layout.down_cols,
-            packed: bytemuck::cast_slice(&bytes[layout.down_packed.range()]),
-            scales: floats(layout.down_scales, "down scales")?,
-            row_sums: ints(layout.down_row_sums, "down row sums")?,
-        };
+        let gate_up = [layout.gate_up_packed, layout.gate_up_scales, layout.gate_up_row_sums];
+        let down = [layout.down_packed, layout.down_scales, layout.down_row_sums];
+        let gate_up = view_matrix(bytes, at, (layout.gate_up_rows, layout.gate_up_cols), gate_up, ["gate_up scales", "gate_up row sums"])?;
+        let down = view_matrix(bytes, at, (layout.down_rows, layout.down_cols), down, ["down scales", "down row sums"])?;
         Ok(ExpertBlob { gate_up, down })
     }
+}
+
+/// One matrix of a blob: `(rows, cols)`, its packed, scales and row-sums parts, and the names of
+/// the f32 and i32 parts for the error when one is not 4-byte aligned in memory.
+fn view_matrix<'a>(
+    bytes: &'a [u8],
+    at: BlobAt,
+    (rows, cols): (usize, usize),
+    [packed, scales, row_sums]: [Part; 3],
+    [scales_name, row_sums_name]: [&'static str; 2],
+) -> Result<MatrixRef<'a>, ContainerError> {
+    Ok(MatrixRef {
+        rows,
+        cols,
+        packed: bytemuck::cast_slice(&bytes[packed.range()]),
+        scales: bytemuck::try_cast_slice(&bytes[scales.range()]).map_err(|_| misaligned(at, scales_name))?,
+        row_sums: bytemuck::try_cast_slice(&bytes[row_sums.range()]).map_err(|_| misaligned(at, row_sums_name))?,
+    })
 }
 
 fn misaligned(at: BlobAt, part: &'static str) -> ContainerError {

@@ -15,6 +15,8 @@
 //! ```
 //! With FILEs (and one `--target`), runs only those inputs (reproduce a finding).
 
+use rustix::fs::{Mode, OFlags};
+use shared::splitmix::SplitMix64;
 use sluice_fuzz::seeds::{dictionary, seeds};
 use sluice_fuzz::{Target, targets};
 use std::alloc::{GlobalAlloc, Layout, System};
@@ -74,43 +76,31 @@ fn grow(extra: usize, size: usize) {
     let live = LIVE.fetch_add(extra, Ordering::Relaxed) + extra;
     if size > SINGLE_CAP || live > LIVE_CAP {
         let msg: &[u8] = if size > SINGLE_CAP { b"\nfuzz-stable: FINDING: one allocation over 256 MiB\n" } else { b"\nfuzz-stable: FINDING: over 1 GiB live\n" };
-        // SAFETY: writing a static buffer to stderr; then the current input (a live borrow
-        // published by `execute`) to the crash file opened ahead of time, if any.
-        unsafe {
-            libc::write(2, msg.as_ptr().cast(), msg.len());
-            if let Ok(guard) = CRASH_FILE.try_lock()
-                && let Some(path) = guard.as_ref()
-            {
-                let fd = libc::open(path.as_ptr(), libc::O_WRONLY | libc::O_CREAT | libc::O_TRUNC, 0o644);
-                if fd >= 0 {
-                    libc::write(fd, CURRENT.load(Ordering::Relaxed).cast(), CURRENT_LEN.load(Ordering::Relaxed));
-                    libc::close(fd);
-                }
-            }
+        // Plain system calls from here on (rustix passes the path and buffers as they are):
+        // nothing may allocate.
+        let _ = rustix::io::write(std::io::stderr(), msg);
+        if let Ok(guard) = CRASH_FILE.try_lock()
+            && let Some(path) = guard.as_ref()
+            && let Ok(fd) = rustix::fs::open(path.as_c_str(), OFlags::WRONLY | OFlags::CREATE | OFlags::TRUNC, Mode::from_raw_mode(0o644))
+        {
+            let len = CURRENT_LEN.load(Ordering::Relaxed);
+            let input: &[u8] = if len == 0 {
+                &[]
+            } else {
+                // SAFETY: a non-zero length is published by `execute` together with the pointer
+                // of the input it is running, which stays borrowed until it resets the length.
+                unsafe { std::slice::from_raw_parts(CURRENT.load(Ordering::Relaxed), len) }
+            };
+            let _ = rustix::io::write(&fd, input);
         }
         std::process::abort();
-    }
-}
-
-/// xorshift64*: fast, seedable, good enough to pick mutations.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-    fn below(&mut self, n: usize) -> usize {
-        if n == 0 { 0 } else { (self.next() % n as u64) as usize }
     }
 }
 
 const INTERESTING: [u64; 14] = [0, 1, 2, 0x7f, 0x80, 0xff, 0x100, 4096, 0x7fff_ffff, 0x8000_0000, 0xffff_ffff, 1 << 32, i64::MAX as u64, u64::MAX];
 
 /// One random edit of `v` (`pool` for splices, `dict` for tokens).
-fn mutate_once(rng: &mut Rng, v: &mut Vec<u8>, pool: &[Vec<u8>], dict: &[&str], max_len: usize) {
+fn mutate_once(rng: &mut SplitMix64, v: &mut Vec<u8>, pool: &[Vec<u8>], dict: &[&str], max_len: usize) {
     let len = v.len();
     match rng.below(12) {
         0 if len > 0 => {
@@ -119,7 +109,7 @@ fn mutate_once(rng: &mut Rng, v: &mut Vec<u8>, pool: &[Vec<u8>], dict: &[&str], 
         }
         1 if len > 0 => {
             let i = rng.below(len);
-            v[i] = rng.next() as u8;
+            v[i] = rng.next_u64() as u8;
         }
         2 if len > 0 => {
             let i = rng.below(len);
@@ -153,7 +143,7 @@ fn mutate_once(rng: &mut Rng, v: &mut Vec<u8>, pool: &[Vec<u8>], dict: &[&str], 
         7 => {
             let i = rng.below(len + 1);
             let n = 1 + rng.below(16);
-            let bytes: Vec<u8> = (0..n).map(|_| rng.next() as u8).collect();
+            let bytes: Vec<u8> = (0..n).map(|_| rng.next_u64() as u8).collect();
             v.splice(i..i, bytes);
         }
         8 if len > 1 => {
@@ -191,7 +181,7 @@ fn mutate_once(rng: &mut Rng, v: &mut Vec<u8>, pool: &[Vec<u8>], dict: &[&str], 
             let n = rng.below(len);
             if rng.below(2) == 0 { v.truncate(n) } else { v.resize(len + 1 + rng.below(64), 0) }
         }
-        _ => v.push(rng.next() as u8),
+        _ => v.push(rng.next_u64() as u8),
     }
     v.truncate(max_len);
 }
@@ -243,7 +233,7 @@ struct Options {
     files: Vec<PathBuf>,
 }
 
-fn fuzz(name: &str, target: Target, o: &Options, rng: &mut Rng) -> Report {
+fn fuzz(name: &str, target: Target, o: &Options, rng: &mut SplitMix64) -> Report {
     let mut r = Report::default();
     *CRASH_FILE.lock().expect("crash path") = std::ffi::CString::new(o.crashes.join(format!("{name}-alloc")).as_os_str().as_encoded_bytes()).ok();
     let _ = std::fs::create_dir_all(&o.crashes);
@@ -377,7 +367,7 @@ fn main() {
         std::process::exit(i32::from(failed));
     }
     println!("fuzz-stable: seed {}, {} s per target, max input {} bytes", o.seed, o.seconds, o.max_len);
-    let mut rng = Rng(o.seed);
+    let mut rng = SplitMix64::new(o.seed);
     let mut failed = false;
     for (name, target) in chosen {
         let start = Instant::now();

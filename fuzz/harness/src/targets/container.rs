@@ -56,15 +56,21 @@ fn raw_header(mode: u8, rest: &[u8]) -> Outcome {
     if mode & 0x10 != 0 && bytes.len() < HEADER_BYTES {
         bytes.resize(HEADER_BYTES, 0);
     }
+    resealed_then_parsed("raw", mode, &mut bytes)
+}
+
+/// Reseals the header's checksum when the mode says so (so mutations reach the fields behind
+/// it), then parses it: an accepted header must be consistent and re-encode to its bytes.
+fn resealed_then_parsed(what: &str, mode: u8, bytes: &mut [u8]) -> Outcome {
     if mode & 0x20 != 0 {
-        reseal_header(&mut bytes);
+        reseal_header(bytes);
     }
-    match Header::parse(&bytes) {
+    match Header::parse(bytes) {
         Ok(h) => {
-            check_header(&h, &bytes);
-            "ok:raw".into()
+            check_header(&h, bytes);
+            format!("ok:{what}")
         }
-        Err(e) => class("raw", &e),
+        Err(e) => class(what, &e),
     }
 }
 
@@ -102,16 +108,7 @@ fn built_header(mode: u8, mut input: Input<'_>) -> Outcome {
         let at = usize::from(u16::from_le_bytes([p[0], p[1]])) % HEADER_BYTES;
         bytes[at] ^= p[2];
     }
-    if mode & 0x20 != 0 {
-        reseal_header(&mut bytes);
-    }
-    match Header::parse(&bytes) {
-        Ok(h) => {
-            check_header(&h, &bytes);
-            "ok:built".into()
-        }
-        Err(e) => class("built", &e),
-    }
+    resealed_then_parsed("built", mode, &mut bytes)
 }
 
 fn index(mode: u8, mut input: Input<'_>) -> Outcome {

@@ -10,7 +10,7 @@ use crate::bytes::Input;
 use crate::{Outcome, class};
 use expertd::shm::Segment;
 use rustix::fs::{MemfdFlags, SealFlags};
-use shared::shm_layout::{HELLO_BYTES, Hello, HelloReply, MIN_SEGMENT_BYTES, REPLY_BYTES, SEGMENT_HEADER_BYTES, SegmentHeader, ShmSlice};
+use shared::shm_layout::{HELLO_BYTES, Hello, HelloReply, MIN_SEGMENT_BYTES, REPLY_BYTES, SEGMENT_HEADER_BYTES, SegmentHeader, ShmLayoutError, ShmSlice};
 use std::io::Write;
 
 /// Picks the frame from the first byte: 0 hello, 1 reply, 2 segment header, 3 memfd segment.
@@ -18,30 +18,23 @@ pub fn run(data: &[u8]) -> Outcome {
     let mut input = Input::new(data);
     let mode = input.u8();
     match mode % 4 {
-        0 => {
-            let rest = input.rest();
-            let bytes = &rest[..rest.len().min(HELLO_BYTES + (mode >> 7) as usize)];
-            match Hello::parse(bytes) {
-                Ok(h) => {
-                    assert_eq!(h.encode(), bytes, "an accepted hello does not re-encode to its bytes");
-                    "ok:hello".into()
-                }
-                Err(e) => class("hello", &e),
-            }
-        }
-        1 => {
-            let rest = input.rest();
-            let bytes = &rest[..rest.len().min(REPLY_BYTES + (mode >> 7) as usize)];
-            match HelloReply::parse(bytes) {
-                Ok(r) => {
-                    assert_eq!(r.encode(), bytes, "an accepted hello reply does not re-encode to its bytes");
-                    "ok:reply".into()
-                }
-                Err(e) => class("reply", &e),
-            }
-        }
+        0 => frame("hello", input.rest(), HELLO_BYTES + (mode >> 7) as usize, Hello::parse, Hello::encode),
+        1 => frame("reply", input.rest(), REPLY_BYTES + (mode >> 7) as usize, HelloReply::parse, HelloReply::encode),
         2 => header(mode, input),
         _ => memfd(mode, input),
+    }
+}
+
+/// One pre-handshake frame: the first `max` bytes of `rest`; an accepted frame must re-encode
+/// to exactly its bytes.
+fn frame<F, const N: usize>(what: &str, rest: &[u8], max: usize, parse: fn(&[u8]) -> Result<F, ShmLayoutError>, encode: fn(&F) -> [u8; N]) -> Outcome {
+    let bytes = &rest[..rest.len().min(max)];
+    match parse(bytes) {
+        Ok(f) => {
+            assert_eq!(encode(&f), bytes, "an accepted {what} frame does not re-encode to its bytes");
+            format!("ok:{what}")
+        }
+        Err(e) => class(what, &e),
     }
 }
 

@@ -6,17 +6,10 @@
 use super::reference::naive;
 use super::*;
 
-/// Deterministic values in [-amp, amp).
+/// Deterministic values in [-amp, amp), multiples of amp / 2²³.
 fn values(n: usize, seed: u64, amp: f32) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..n)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            ((s >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * amp
-        })
-        .collect()
+    let mut r = shared::splitmix::SplitMix64::new(seed);
+    (0..n).map(|_| ((r.next_u64() >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * amp).collect()
 }
 
 /// A cache of `total` positions and queries for all of them.
