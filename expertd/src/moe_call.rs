@@ -16,7 +16,7 @@
 
 use crate::cache::{CacheError, ExpertCache, ExpertKey, SessionId};
 use crate::io::{ExpertSource, IoError, ReadRequest};
-pub use shared::call_cost::CallCost;
+use shared::call_cost::CallCost;
 use shared::container::{BlobAt, BlobLayout, ContainerError, ExpertBlob, Header};
 use shared::ids::{ExpertId, LayerId};
 use shared::kernels::int8::Int8Isa;

@@ -7,6 +7,7 @@
 //! No IO and no cache decisions: the service opens and closes sessions, the call executor runs calls,
 //! and the cache's own per-session lease accounting lives in `crate::cache`.
 
+use shared::call_cost::CallCost;
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -115,10 +116,6 @@ pub struct SessionCounters {
     pub ring_bursts: AtomicU64,
 }
 
-/// What one successful call adds to its session's counters: its cost with the time it
-/// queued for a compute lane.
-pub type CallCounters = crate::moe_call::CallCost;
-
 /// One peer's counters over every session it has opened, closed ones included (what the
 /// Prometheus endpoint reports per uid, and what the daemon totals sum). Each session adds to
 /// its peer's totals as it records calls, so a call that finishes after its session closed
@@ -173,7 +170,7 @@ impl Session {
     }
 
     /// Records a finished call.
-    pub fn record(&self, result: Result<&CallCounters, ()>) {
+    pub fn record(&self, result: Result<&CallCost, ()>) {
         let c = &self.counters;
         let p = &self.peer_totals;
         match result {

@@ -221,7 +221,7 @@ pub fn run(args: &BenchArgs, own_exe: PathBuf) -> Result<Value, BenchError> {
         "date": machine::date_utc(),
         "commit": machine::git_commit(),
         "commit_of": std::env::current_dir().map_or_else(|_| "?".into(), |d| d.display().to_string()),
-        "binary": std::env::current_exe().map_or(Value::Null, |p| machine::file_identity(&p)),
+        "binary": std::env::current_exe().map_or_else(|_| json!({"path": "?", "sha256": null}), |p| machine::file_identity(&p)),
         "cpu": machine::cpu_model(),
         "cores": cores,
         "threads": args.threads,

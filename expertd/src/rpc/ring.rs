@@ -13,7 +13,8 @@
 use super::service::ServiceState;
 use super::status::RpcError;
 use crate::moe_call::CallSpec;
-use crate::session::{CallCounters, Session};
+use crate::session::Session;
+use shared::call_cost::CallCost;
 use crate::shm::Segment;
 use shared::ids::LayerId;
 use shared::ring::{self, Entry, RingView, Submission};
@@ -191,7 +192,7 @@ impl Worker {
         Ok(self.segment.range(&slice)?)
     }
 
-    fn call(&mut self, entry: &Entry<'_>, sub: &Submission) -> Result<CallCounters, RpcError> {
+    fn call(&mut self, entry: &Entry<'_>, sub: &Submission) -> Result<CallCost, RpcError> {
         // PERF-CRITICAL: one MoE layer call per entry.
         let st = Arc::clone(&self.state);
         if st.draining.load(Ordering::Acquire) {
@@ -199,7 +200,7 @@ impl Worker {
         }
         let executor = &st.executor;
         if sub.op == ring::OP_PREFETCH {
-            return self.hint(entry, sub).map(|()| CallCounters::default());
+            return self.hint(entry, sub).map(|()| CallCost::default());
         }
         let (n_rows, top_k, d) = (sub.n_rows as usize, sub.top_k as usize, executor.hidden());
         executor.check_rows(sub.layer, n_rows)?;
@@ -212,7 +213,7 @@ impl Worker {
             ring::OP_ECHO => {
                 self.segment.read_f32s(input, &mut self.x);
                 self.segment.write_f32s(output, &self.x);
-                Ok(CallCounters::default())
+                Ok(CallCost::default())
             }
             ring::OP_MOE => {
                 let capacity = self.ring.layout().cells as usize;

@@ -10,11 +10,12 @@ use super::auth::Auth;
 use super::status::RpcError;
 use crate::moe_call::{CallSpec, CallExecutor};
 use crate::logsafe;
-use crate::session::{CallCounters, FairQueue, PeerKey, Session, SessionCaps, Sessions, TransportKind};
+use crate::session::{FairQueue, PeerKey, Session, SessionCaps, Sessions, TransportKind};
 use crate::shm::Segment;
 use proto::convert::{self, f32s_to_le_bytes};
 use proto::v1::expert_service_server::ExpertService;
 use proto::v1::{self as pb};
+use shared::call_cost::CallCost;
 use shared::container::ModelIdentity;
 use shared::ids::LayerId;
 use std::net::SocketAddr;
@@ -293,7 +294,7 @@ impl ExpertdService {
         })
     }
 
-    async fn moe_layer_inner(&self, conn: &ConnInfo, session: &Arc<Session>, r: pb::MoeLayerRequest) -> Result<(pb::MoeLayerResponse, CallCounters), RpcError> {
+    async fn moe_layer_inner(&self, conn: &ConnInfo, session: &Arc<Session>, r: pb::MoeLayerRequest) -> Result<(pb::MoeLayerResponse, CallCost), RpcError> {
         let st = &self.state;
         if st.draining.load(Ordering::Acquire) {
             return Err(RpcError::ShuttingDown);

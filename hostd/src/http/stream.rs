@@ -284,14 +284,18 @@ pub fn to_json<T: serde::Serialize>(v: &T) -> String {
 mod tests {
     use super::*;
 
-    /// The events of a generation that failed with `detail`.
-    fn failed(detail: &str) -> tokio::sync::mpsc::UnboundedReceiver<Event> {
+    /// The events of a generation that failed with `detail`, and the sender, which the test
+    /// keeps alive: the channel stays open, so only the `Failed` event can end the reply (a
+    /// closed channel would end it too, as "the engine stopped").
+    fn failed(
+        detail: &str,
+    ) -> (tokio::sync::mpsc::UnboundedSender<Event>, tokio::sync::mpsc::UnboundedReceiver<Event>) {
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
         let _ = tx.send(Event::Failed(crate::engine::Failure {
             message: detail.to_string(),
             retry_after_s: None,
         }));
-        rx
+        (tx, rx)
     }
 
     /// A generation that fails midway: the client's error event names the request id and
@@ -299,7 +303,7 @@ mod tests {
     #[tokio::test]
     async fn failures_reach_the_client_without_their_detail() {
         let detail = "expertd call failed: /run/user/0/sluice/expertd.sock at offset 123456789";
-        let rx = failed(detail);
+        let (_tx, rx) = failed(detail);
         let resp = crate::http::REQUEST_ID
             .scope("req-42".to_string(), async {
                 sse(rx, Vec::new(), |_| Vec::new())
@@ -318,7 +322,7 @@ mod tests {
             "{text}"
         );
 
-        let rx = failed(detail);
+        let (_tx, rx) = failed(detail);
         let resp = crate::http::REQUEST_ID
             .scope("req-43".to_string(), async {
                 collect(rx)

@@ -95,6 +95,7 @@ impl fmt::Display for Isa {
 impl KernelIsa for Isa {
     const NAMES: &'static str = "scalar, avx2, avx512";
     const FOR_KERNELS: &'static str = "";
+    const USING: &'static str = "using";
 
     /// Parses a name as [`Isa::name`] writes it, ignoring case and surrounding whitespace.
     fn from_name(name: &str) -> Option<Isa> {
@@ -110,6 +111,9 @@ pub trait KernelIsa: Copy + Ord + fmt::Display + fmt::Debug + 'static {
     const NAMES: &'static str;
     /// Which kernels the warnings speak of: empty for the dense kernels.
     const FOR_KERNELS: &'static str;
+    /// How the unrecognised-value warning names the fallback it uses (`using avx2`, `int8
+    /// kernels use avx2`).
+    const USING: &'static str;
 
     /// Parses a value of the variable, ignoring case and surrounding whitespace.
     fn from_name(name: &str) -> Option<Self>;
@@ -172,7 +176,7 @@ impl<I: KernelIsa> Selection<I> {
                 "{ISA_ENV_VAR}={isa} requested, but this CPU supports at most {detected}{kernels}; using {active}"
             ),
             OverrideProblem::Unrecognized(v) => {
-                format!("{ISA_ENV_VAR}={v:?} is not one of {}; using {active}{kernels}", I::NAMES)
+                format!("{ISA_ENV_VAR}={v:?} is not one of {}; {} {active}", I::NAMES, I::USING)
             }
         })
     }

@@ -443,6 +443,12 @@ fn isa_override_resolution() {
     let warning = Int8IsaSelection::resolve(Some("avx512"), Int8Isa::Avx2).warning();
     let expected = "SLUICE_KERNEL_ISA=avx512vnni requested, but this CPU supports at most avx2 for int8 kernels; using avx2";
     assert_eq!(warning.as_deref(), Some(expected));
+    // The unrecognised-value warnings, word for word as each family has always logged them.
+    let warning = IsaSelection::resolve(Some("neon"), Isa::Avx2).warning();
+    assert_eq!(warning.as_deref(), Some("SLUICE_KERNEL_ISA=\"neon\" is not one of scalar, avx2, avx512; using avx2"));
+    let warning = Int8IsaSelection::resolve(Some("neon"), Int8Isa::Avx2).warning();
+    let expected = "SLUICE_KERNEL_ISA=\"neon\" is not one of scalar, avx2, avx512, avx512vnni; int8 kernels use avx2";
+    assert_eq!(warning.as_deref(), Some(expected));
 }
 
 /// The probe runs and returns a plausible number on a small buffer (raised to one 64 MiB step).

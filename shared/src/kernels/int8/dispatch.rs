@@ -94,6 +94,7 @@ impl fmt::Display for Int8Isa {
 impl KernelIsa for Int8Isa {
     const NAMES: &'static str = "scalar, avx2, avx512, avx512vnni";
     const FOR_KERNELS: &'static str = " for int8 kernels";
+    const USING: &'static str = "int8 kernels use";
 
     /// Parses [`Int8Isa::name`] or `avx512` (the dense kernels' spelling, meaning
     /// [`Int8Isa::Avx512Vnni`] here), ignoring case and surrounding whitespace.
