@@ -83,19 +83,20 @@ fn check_exact_replay(policy: Policy, slots: u64, seed: u64) {
     let dir = tempfile::tempdir().expect("tempdir");
     let trace = dir.path().join("route.jsonl");
     let stats = record(&trace, policy, slots, seed);
-    assert!(stats.evictions > 0 && stats.hits > 0 && stats.fill_failures > 0, "workload too tame: {stats:?}");
+    let t = stats.totals;
+    assert!(t.evictions > 0 && t.hits > 0 && t.fill_failures > 0, "workload too tame: {stats:?}");
     let (o, doc) = replay_json(&trace, &[]);
     assert!(o.status.success(), "replay of the recorded configuration failed: {}", text(&o));
     let r = &doc["results"][0];
     let got = |f: &str| r[f].as_u64().unwrap_or_else(|| panic!("field {f} in {r}"));
     let want = [
-        ("calls", stats.calls),
-        ("hits", stats.hits),
-        ("misses", stats.misses),
-        ("evictions", stats.evictions),
-        ("transient_uses", stats.transient_uses),
-        ("exhausted", stats.exhausted),
-        ("fill_failures", stats.fill_failures),
+        ("calls", t.calls),
+        ("hits", t.hits),
+        ("misses", t.misses),
+        ("evictions", t.evictions),
+        ("transient_uses", t.transient_uses),
+        ("exhausted", t.exhausted),
+        ("fill_failures", t.fill_failures),
         ("bytes_read", stats.bytes_read),
     ];
     for (field, value) in want {
