@@ -15,11 +15,11 @@
 # (default RUNS) for part 3.
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
-REPO=$(cd "$HERE/.." && pwd)
+source "$HERE/lib.sh"
+LAYERS=40
 MODEL=${MODEL:-/tmp/rd40}
 CONTAINER=${CONTAINER:-/tmp/rd40c}
 EXPERTS=${EXPERTS:-32}
-THREADS=${THREADS:-2}
 RUNS=${RUNS:-3}
 COLD_RUNS=${COLD_RUNS:-$RUNS}
 PROMPT=${PROMPT_TOKENS:-64}
@@ -29,17 +29,9 @@ OUT=${OUT:-$REPO/docs/results/boundary40}
 PARTS=${PARTS:-1 2 3}
 part() { [[ " $PARTS " == *" $1 "* ]]; }
 BIN=${BENCH_BIN:-/tmp/sluice-bench-bin}
-mkdir -p "$OUT" "$BIN"
-TARGET=${CARGO_TARGET_DIR:-$REPO/target}
-cp "$TARGET/release/hostd" "$TARGET/release/expertd" "$BIN/"
-[ -d "$MODEL" ] || "$BIN/hostd" synth --preset realdim --layers 40 --experts "$EXPERTS" --seed 1 --out "$MODEL"
-[ -f "$CONTAINER/experts.sluice" ] || "$BIN/expertd" prepare "$MODEL" --out "$CONTAINER"
-CBYTES=$(stat -c %s "$CONTAINER/experts.sluice")
-TENTH=$((CBYTES / 10))
-cd "$REPO"
+start_run
 {
-  echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
-  echo "commit: $(git rev-parse HEAD) $( [ -z "$(git status --porcelain --untracked-files=no)" ] && echo clean || echo DIRTY)"
+  start_meta
   echo "model: $MODEL ($(du -sb "$MODEL" | cut -f1) bytes), container: $CBYTES bytes, cache 10%: $TENTH bytes"
   sha256sum "$BIN/hostd" "$BIN/expertd"
   echo "cpu: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2) x $(nproc)"

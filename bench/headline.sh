@@ -14,41 +14,26 @@
 # realdim checkpoint and its container. ~20 minutes on the project's 2-core VM.
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
-REPO=$(cd "$HERE/.." && pwd)
+source "$HERE/lib.sh"
 # Full depth by default (issue 17): the real per-layer shapes at 40 layers, 32 of the 256 experts per
 # layer (top-8 kept, so a token touches the real model's expert bytes); LAYERS=4 EXPERTS= for the old
 # 4-layer headline.
 LAYERS=${LAYERS:-40}
 EXPERTS=${EXPERTS-32}
-SEED=${SEED:-1}
 MODEL=${MODEL:-/tmp/rd$LAYERS}
 CONTAINER=${CONTAINER:-/tmp/rd${LAYERS}c}
-THREADS=${THREADS:-2}
 RUNS=${RUNS:-3}
 NEW=${NEW_TOKENS:-128}
 COLD_NEW=${COLD_NEW_TOKENS:-32}
 OUT=${OUT:-$REPO/docs/results/headline}
 BIN=${BENCH_BIN:-/tmp/sluice-bench-bin}
-mkdir -p "$OUT" "$BIN"
-# Run from a copy so a rebuild during the bench cannot swap the binaries under it.
-TARGET=${CARGO_TARGET_DIR:-$REPO/target}
-cp "$TARGET/release/hostd" "$TARGET/release/expertd" "$BIN/"
-[ -d "$MODEL" ] || "$BIN/hostd" synth --preset realdim --layers "$LAYERS" ${EXPERTS:+--experts "$EXPERTS"} --seed "$SEED" --out "$MODEL"
-[ -f "$CONTAINER/experts.sluice" ] || "$BIN/expertd" prepare "$MODEL" --out "$CONTAINER"
-CBYTES=$(stat -c %s "$CONTAINER/experts.sluice")
-TENTH=$((CBYTES / 10))
-cd "$REPO"
+start_run
 source "$HERE/peers/cgroup.sh"
-# llama.cpp at its best: the knobs of the fastest decode configuration bench/peers/sweep.sh found
-# on this machine (PEERS_ARGS overrides; empty = llama-bench defaults).
-SWEEP=$REPO/docs/results/peers/sweep-$(basename "$MODEL")
-if [ -z "${PEERS_ARGS+x}" ] && [ -f "$SWEEP/summary.json" ]; then
-  PEERS_ARGS=$(python3 "$HERE/peers/sweep_summary.py" "$SWEEP" --flags decode)
-fi
-export PEERS_ARGS=${PEERS_ARGS:-}
+# llama.cpp at its best (PEERS_ARGS overrides; empty = llama-bench defaults).
+PEERS_ARGS=$(best_peers_args)
+export PEERS_ARGS
 {
-  echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
-  echo "commit: $(git rev-parse HEAD) $( [ -z "$(git status --porcelain --untracked-files=no)" ] && echo clean || echo DIRTY)"
+  start_meta
   sha256sum "$BIN/hostd" "$BIN/expertd"
   echo "loadavg at start: $(cat /proc/loadavg)"
   echo "llama-bench extra knobs: ${PEERS_ARGS:-(defaults)}"

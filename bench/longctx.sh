@@ -12,13 +12,11 @@
 # bench/longctx_summary.py $OUT. ~45 minutes on the project's 2-core VM.
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
-REPO=$(cd "$HERE/.." && pwd)
+source "$HERE/lib.sh"
 LAYERS=${LAYERS:-4}
 EXPERTS=${EXPERTS-8}
-SEED=${SEED:-1}
 MODEL=${MODEL:-/tmp/rd${LAYERS}e${EXPERTS}}
 CONTAINER=${CONTAINER:-${MODEL}c}
-THREADS=${THREADS:-2}
 ROUNDS=${ROUNDS:-3}
 RUNS_8K=${RUNS_8K:-3}
 RUNS_32K=${RUNS_32K:-1}
@@ -26,10 +24,8 @@ NEW=${NEW_TOKENS:-16}
 CHUNK=${PREFILL_CHUNK:-512}
 OUT=${OUT:-$REPO/docs/results/longctx}
 BIN=${BENCH_BIN:-/tmp/sluice-longctx-bin}
-mkdir -p "$OUT" "$BIN"
+mkdir -p "$OUT"
 
-# Run from copies so a rebuild during the bench cannot swap the binaries under it.
-TARGET=${CARGO_TARGET_DIR:-$REPO/target}
 (cd "$REPO" && cargo build --release --locked -p hostd -p expertd --bins >&2)
 micro=$(cd "$REPO" && cargo bench --locked -p hostd --bench attention_core --no-run --message-format=json 2>/dev/null \
     | python3 -c 'import json,sys
@@ -37,11 +33,9 @@ for l in sys.stdin:
     m = json.loads(l)
     if m.get("reason") == "compiler-artifact" and m["target"]["name"] == "attention_core" and m.get("executable"):
         print(m["executable"])')
-cp "$TARGET/release/hostd" "$TARGET/release/expertd" "$micro" "$BIN/"
+snapshot_bins "$BIN" "$micro"
 micro="$BIN/$(basename "$micro")"
-
-[ -d "$MODEL" ] || "$BIN/hostd" synth --preset realdim --layers "$LAYERS" ${EXPERTS:+--experts "$EXPERTS"} --seed "$SEED" --out "$MODEL"
-[ -f "$CONTAINER/experts.sluice" ] || "$BIN/expertd" prepare "$MODEL" --out "$CONTAINER"
+ensure_fixture "$BIN"
 
 {
     echo "date: $(date -u +%FT%TZ)"

@@ -2,12 +2,10 @@
 # Convert the synthetic realdim checkpoint to GGUF Q8_0 with the vendored
 # convert_hf_to_gguf.py. Run build-llama.sh first. Idempotent.
 set -euo pipefail
-W=${PEERS_WORK:-/tmp/peers}
 MODEL=${MODEL:-/tmp/realdim4}
-HERE=$(cd "$(dirname "$0")" && pwd)
-REPO=$(cd "$HERE/../.." && pwd)
+source "$(dirname "$0")/env.sh"
 LC=$W/llama.cpp
-OUT=${GGUF:-$W/$(basename "$MODEL")-q8_0.gguf}
+OUT=$GGUF
 
 if [ ! -f "$MODEL/config.json" ]; then
   if [ -x "$REPO/target/release/hostd" ]; then

@@ -6,33 +6,25 @@
 # round; bench/peers/paired_summary.py reports their median and geometric mean with a 95% interval.
 # Needs the 40-layer checkpoint, its container and the GGUF (bench/peers/convert.sh).
 set -euo pipefail
-HERE=$(cd "$(dirname "$0")" && pwd)
-REPO=$(cd "$HERE/../.." && pwd)
-W=${PEERS_WORK:-/tmp/peers}
 MODEL=${MODEL:-/tmp/rd40}
 CONTAINER=${CONTAINER:-/tmp/rd40c}
-GGUF=${GGUF:-$W/$(basename "$MODEL")-q8_0.gguf}
-THREADS=${THREADS:-2}
+source "$(dirname "$0")/env.sh"
+source "$HERE/../lib.sh"
 ROUNDS=${ROUNDS:-5}
 DECODE=${DECODE:-128}
 OUT=${OUT:-$REPO/docs/results/peers/paired-$(basename "$MODEL")}
 BIN=${BENCH_BIN:-/tmp/sluice-paired-bin}
-SWEEP=$REPO/docs/results/peers/sweep-$(basename "$MODEL")
-if [ -z "${PEERS_ARGS+x}" ] && [ -f "$SWEEP/summary.json" ]; then
-  PEERS_ARGS=$(python3 "$HERE/sweep_summary.py" "$SWEEP" --flags decode)
-fi
-read -r -a EXTRA <<< "${PEERS_ARGS:-}"
-mkdir -p "$OUT" "$BIN"
-TARGET=${CARGO_TARGET_DIR:-$REPO/target}
-cp "$TARGET/release/hostd" "$BIN/"
+PEERS_ARGS=$(best_peers_args)
+read -r -a EXTRA <<< "$PEERS_ARGS"
+mkdir -p "$OUT"
+snapshot_bins "$BIN"
 {
-  echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
-  echo "commit: $(cd "$REPO" && git rev-parse HEAD) $(cd "$REPO" && [ -z "$(git status --porcelain --untracked-files=no)" ] && echo clean || echo DIRTY)"
+  start_meta
   sha256sum "$BIN/hostd"
   echo "cpu: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2-)"
   echo "threads: $THREADS, rounds: $ROUNDS, decode steps: $DECODE"
   echo "sluice: $BIN/hostd profile --model $MODEL --dense int8 --experts int8 --container $CONTAINER --threads $THREADS --prompt-tokens 512 --decode-steps $DECODE"
-  echo "llama: $W/llama.cpp/build/bin/llama-bench -m $GGUF -p 512 -n $DECODE -t $THREADS -r 1 -o json ${PEERS_ARGS:-}"
+  echo "llama: $BENCH -m $GGUF -p 512 -n $DECODE -t $THREADS -r 1 -o json ${PEERS_ARGS:-}"
   echo "loadavg at start: $(cat /proc/loadavg)"
 } > "$OUT/meta.txt"
 cat "$MODEL"/*.safetensors "$CONTAINER/experts.sluice" "$GGUF" > /dev/null
@@ -41,7 +33,7 @@ for r in $(seq 1 "$ROUNDS"); do
   "$BIN/hostd" profile --model "$MODEL" --dense int8 --experts int8 --container "$CONTAINER" --threads "$THREADS" \
     --prompt-tokens 512 --decode-steps "$DECODE" --out "$OUT/sluice-$r.json" > "$OUT/sluice-$r.log" 2>&1
   echo "round $r/$ROUNDS: llama.cpp"
-  "$W/llama.cpp/build/bin/llama-bench" -m "$GGUF" -p 512 -n "$DECODE" -t "$THREADS" -r 1 -o json "${EXTRA[@]}" \
+  "$BENCH" -m "$GGUF" -p 512 -n "$DECODE" -t "$THREADS" -r 1 -o json "${EXTRA[@]}" \
     > "$OUT/llama-$r.json" 2> "$OUT/llama-$r.stderr"
 done
 echo "loadavg at end: $(cat /proc/loadavg)" >> "$OUT/meta.txt"

@@ -6,17 +6,13 @@
 # systemd-run --scope if it works, else a cgroup-v1/v2 child of our own cgroup).
 # Evict the GGUF from the page cache first (PEERS_EVICT=1) or the limit does nothing.
 set -euo pipefail
-W=${PEERS_WORK:-/tmp/peers}
 MODEL=${MODEL:-/tmp/realdim4}
-HERE=$(cd "$(dirname "$0")" && pwd)
-REPO=$(cd "$HERE/../.." && pwd)
-GGUF=${GGUF:-$W/$(basename "$MODEL")-q8_0.gguf}
+source "$(dirname "$0")/env.sh"
 THREADS=${THREADS:-2}
 REPS=${REPS:-3}
 LIMIT=${PEERS_MEM_LIMIT:-}
 RES=$REPO/docs/results/peers
 mkdir -p "$RES"
-BENCH=$W/llama.cpp/build/bin/llama-bench
 P=${PEERS_P:-512}
 N=${PEERS_N:-128}
 # PEERS_ARGS: extra llama-bench knobs, e.g. the best configuration bench/peers/sweep.sh found

@@ -9,16 +9,12 @@
 # Env: MODEL (default /tmp/rd40), GGUF, SWEEP_N (decode tokens, default 32), SWEEP_P (prompt, 512),
 #      REPS (default 2), OUT (default docs/results/peers/sweep-<model>).
 set -euo pipefail
-W=${PEERS_WORK:-/tmp/peers}
 MODEL=${MODEL:-/tmp/rd40}
-HERE=$(cd "$(dirname "$0")" && pwd)
-REPO=$(cd "$HERE/../.." && pwd)
-GGUF=${GGUF:-$W/$(basename "$MODEL")-q8_0.gguf}
+source "$(dirname "$0")/env.sh"
 N=${SWEEP_N:-32}
 P=${SWEEP_P:-512}
 REPS=${REPS:-2}
 OUT=${OUT:-$REPO/docs/results/peers/sweep-$(basename "$MODEL")}
-BENCH=$W/llama.cpp/build/bin/llama-bench
 mkdir -p "$OUT"
 [ -x "$BENCH" ] || { echo "sweep.sh: $BENCH missing: run bench/peers/build-llama.sh" >&2; exit 2; }
 [ -s "$GGUF" ] || { echo "sweep.sh: $GGUF missing: run bench/peers/convert.sh" >&2; exit 2; }

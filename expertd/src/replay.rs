@@ -15,7 +15,7 @@
 //! A token is one step of one session: the number of distinct `(session, step)` pairs of the
 //! trace's acquire events.
 
-use crate::cache::{CacheConfig, CacheError, CallId, ExpertKey, Placement, Planner, Policy, PolicyKind, SessionId};
+use crate::cache::{CacheConfig, CacheError, CallId, ExpertKey, Placement, PlanTotals, Planner, Policy, PolicyKind, SessionId};
 use crate::trace::{Trace, TraceEvent, TraceHeader};
 use serde::Serialize;
 use shared::ids::ExpertId;
@@ -93,24 +93,11 @@ pub struct ReplayResult {
     pub slots: u64,
     /// Transient buffers.
     pub transient_slots: u32,
-    /// Successful acquire calls.
-    pub calls: u64,
+    /// What the planner decided, counted as the cache counts it.
+    #[serde(flatten)]
+    pub totals: PlanTotals,
     /// Distinct (session, step) pairs.
     pub tokens: u64,
-    /// Experts named by successful calls.
-    pub keys: u64,
-    /// Experts resident when acquired.
-    pub hits: u64,
-    /// Experts that needed a read.
-    pub misses: u64,
-    /// Entries evicted.
-    pub evictions: u64,
-    /// Misses served by transient buffers.
-    pub transient_uses: u64,
-    /// Calls refused.
-    pub exhausted: u64,
-    /// Reads abandoned (as recorded).
-    pub fill_failures: u64,
     /// `misses × slot_bytes`.
     pub bytes_read: u64,
     /// `hits / keys`.
@@ -218,18 +205,11 @@ pub fn replay(trace: &Trace, config: &ReplayConfig) -> Result<ReplayResult, Repl
         slot_bytes: config.slot_bytes,
         slots: st.n_slots,
         transient_slots: config.transient_slots,
-        calls: st.calls,
+        totals: st.totals,
         tokens: n_tokens,
-        keys: st.keys,
-        hits: st.hits,
-        misses: st.misses,
-        evictions: st.evictions,
-        transient_uses: st.transient_uses,
-        exhausted: st.exhausted,
-        fill_failures: st.fill_failures,
         bytes_read: st.bytes_read,
-        hit_rate: st.hit_rate(),
-        misses_per_token: per_token(st.misses),
+        hit_rate: st.totals.hit_rate(),
+        misses_per_token: per_token(st.totals.misses),
         bytes_read_per_token: per_token(st.bytes_read),
         check: checker.map(|c| c.check),
     })
@@ -286,14 +266,14 @@ pub fn format_table(results: &[ReplayResult]) -> String {
             r.halving_period.map_or("-".to_string(), |h| h.to_string()),
             r.budget_bytes,
             r.slots,
-            r.calls,
+            r.totals.calls,
             r.tokens,
             r.hit_rate * 100.0,
             r.misses_per_token,
             r.bytes_read_per_token / f64::from(1u32 << 20),
-            r.evictions,
-            r.transient_uses,
-            r.exhausted,
+            r.totals.evictions,
+            r.totals.transient_uses,
+            r.totals.exhausted,
             verdict
         );
     }

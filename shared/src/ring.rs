@@ -511,11 +511,19 @@ pub fn futex_wake(_word: &AtomicU32) {}
 mod tests {
     use super::*;
 
-    fn ring_in(buf: &mut [u64], layout: RingLayout) -> RingView {
+    /// A reset ring of `entries` entries of `cells` cells at offset 64 of a zeroed buffer,
+    /// returned beside the view: keep it alive as long as the view.
+    fn fresh_ring(entries: u32, cells: u32) -> (Vec<u64>, RingView) {
+        let layout = RingLayout { offset: 64, entries, cells };
+        let mut buf = vec![0u64; ((64 + layout.bytes()) / 8) as usize];
         layout.check((buf.len() * 8) as u64).expect("layout fits");
-        // SAFETY: `buf` outlives the view in each test and is 8-aligned; the tests only use
-        // fields, which need 4/8 alignment (64 is required for real segments only).
-        unsafe { RingView::new(buf.as_mut_ptr() as *mut u8, layout) }
+        // SAFETY: the buffer is 8-aligned and is returned with the view, so each test keeps it
+        // alive as long as the view (moving the Vec does not move its heap allocation); the
+        // tests only use fields, which need 4/8 alignment (64 is required for real segments
+        // only).
+        let ring = unsafe { RingView::new(buf.as_mut_ptr() as *mut u8, layout) };
+        ring.reset();
+        (buf, ring)
     }
 
     #[test]
@@ -534,10 +542,7 @@ mod tests {
 
     #[test]
     fn a_call_round_trips_between_two_threads() {
-        let layout = RingLayout { offset: 64, entries: 2, cells: 4 };
-        let mut buf = vec![0u64; ((64 + layout.bytes()) / 8) as usize];
-        let ring = ring_in(&mut buf, layout);
-        ring.reset();
+        let (_buf, ring) = fresh_ring(2, 4);
         let worker = std::thread::scope(|s| {
             let h = s.spawn(|| {
                 // The worker: wait for the doorbell, claim entry 1, answer.
@@ -578,10 +583,7 @@ mod tests {
 
     #[test]
     fn a_hint_rides_after_the_calls_cells_and_a_plain_submit_clears_it() {
-        let layout = RingLayout { offset: 64, entries: 1, cells: 5 };
-        let mut buf = vec![0u64; ((64 + layout.bytes()) / 8) as usize];
-        let ring = ring_in(&mut buf, layout);
-        ring.reset();
+        let (_buf, ring) = fresh_ring(1, 5);
         let e = ring.entry(0);
         let sub = Submission { op: OP_MOE, seq: 1, layer: LayerId::new(2), n_rows: 1, top_k: 2, step: 0, input_offset: 64, output_offset: 128 };
         e.submit_with_hint(&sub, &[7, 4], &[0.75, 0.25], LayerId::new(3), &[1, 6, 0]);
@@ -600,10 +602,7 @@ mod tests {
 
     #[test]
     fn a_dead_peer_ends_the_wait() {
-        let layout = RingLayout { offset: 64, entries: 1, cells: 1 };
-        let mut buf = vec![0u64; ((64 + layout.bytes()) / 8) as usize];
-        let ring = ring_in(&mut buf, layout);
-        ring.reset();
+        let (_buf, ring) = fresh_ring(1, 1);
         let mut asked = 0;
         let finished = ring.entry(0).wait_finished(Duration::ZERO, Duration::from_millis(1), || {
             asked += 1;

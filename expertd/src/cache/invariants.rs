@@ -152,9 +152,10 @@ pub(super) fn check(planner: &Planner) -> Result<(), String> {
     for (_, s, _) in v.sessions() {
         total.add_totals(s);
     }
-    ensure!(c.keys == c.hits + c.misses, "(8) keys {} ≠ hits {} + misses {}", c.keys, c.hits, c.misses);
+    let t = &c.totals;
+    ensure!(t.keys == t.hits + t.misses, "(8) keys {} ≠ hits {} + misses {}", t.keys, t.hits, t.misses);
     ensure!(
-        (total.calls, total.keys, total.hits, total.misses, total.bytes_read) == (c.calls, c.keys, c.hits, c.misses, c.misses * v.slot_bytes()),
+        (total.calls, total.keys, total.hits, total.misses, total.bytes_read) == (t.calls, t.keys, t.hits, t.misses, t.misses * v.slot_bytes()),
         "(8) sessions sum to {total:?}, the global counters are {c:?}"
     );
     Ok(())

@@ -44,7 +44,7 @@ pub use arena::SLOT_ALIGN;
 pub use lease::{Acquired, Lease};
 pub use planner::{CallId, FillState, Placement, Plan, Planner};
 pub use policy::{DEFAULT_HALVING_PERIOD, Policy, PolicyKind};
-pub use stats::{CacheStats, SessionStats};
+pub use stats::{CacheStats, PlanTotals, SessionStats};
 
 use crate::trace::{TraceError, TraceHeader, TraceWriter};
 use arena::Arena;

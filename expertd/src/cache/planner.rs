@@ -276,7 +276,7 @@ impl Planner {
         let slot_capacity = self.free.len() + self.evictable.len() - hits_evictable;
         let transient = misses.saturating_sub(slot_capacity);
         if transient > self.transient_free.len() {
-            self.counters.exhausted += 1;
+            self.counters.totals.exhausted += 1;
             self.record(|| {
                 TraceEvent::Acquire(AcquireEvent {
                     session: session.0,
@@ -368,12 +368,12 @@ impl Planner {
 
         let (hits, misses, transient) = (hits as u32, misses as u32, transient as u32);
         let c = &mut self.counters;
-        c.calls += 1;
-        c.keys += n as u64;
-        c.hits += u64::from(hits);
-        c.misses += u64::from(misses);
-        c.evictions += u64::from(evictions);
-        c.transient_uses += u64::from(transient);
+        c.totals.calls += 1;
+        c.totals.keys += n as u64;
+        c.totals.hits += u64::from(hits);
+        c.totals.misses += u64::from(misses);
+        c.totals.evictions += u64::from(evictions);
+        c.totals.transient_uses += u64::from(transient);
         c.transient_in_use += u64::from(transient);
         c.leases_held += n as u64;
         let sess = self.sessions.entry(session).or_default();
@@ -486,7 +486,7 @@ impl Planner {
                             l.slots.remove(&s);
                         }
                     }
-                    self.counters.fill_failures += 1;
+                    self.counters.totals.fill_failures += 1;
                     unfilled.push(expert);
                 }
             }
@@ -549,15 +549,8 @@ impl Planner {
             slot_bytes: self.slot_bytes,
             n_slots: self.slots.len() as u64,
             transient_slots: u64::from(self.n_transient),
-            calls: c.calls,
-            keys: c.keys,
-            hits: c.hits,
-            misses: c.misses,
-            bytes_read: c.misses * self.slot_bytes,
-            evictions: c.evictions,
-            transient_uses: c.transient_uses,
-            exhausted: c.exhausted,
-            fill_failures: c.fill_failures,
+            totals: c.totals,
+            bytes_read: c.totals.misses * self.slot_bytes,
             slots_used,
             slots_leased: c.slots_leased,
             resident_bytes: slots_used * self.slot_bytes,

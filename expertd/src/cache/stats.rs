@@ -64,26 +64,43 @@ impl SessionStats {
     }
 }
 
-/// The global counters the planner maintains; see the module doc for the invariants they
-/// enforce (numbers in brackets).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub(crate) struct Counters {
+/// The planner's cumulative decisions [8]: part of its global `Counters`, reported in
+/// [`CacheStats`] and by `expertd replay` in [`ReplayResult`](crate::replay::ReplayResult)
+/// (flattened in both: each field stays one key of the JSON).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PlanTotals {
     /// Successful acquire calls [8].
     pub calls: u64,
     /// Experts named by successful calls [8].
     pub keys: u64,
-    /// Experts resident (or being read) when acquired [8].
+    /// Experts resident (or being read by another call) when acquired [8].
     pub hits: u64,
-    /// Experts that needed a read [8].
+    /// Experts that needed a read (into a cache slot or a transient buffer) [8].
     pub misses: u64,
     /// Entries evicted to make room for a miss [2].
     pub evictions: u64,
     /// Misses served by a transient buffer because every evictable slot was leased [7].
     pub transient_uses: u64,
-    /// Calls refused with `CacheError::Exhausted`; they changed nothing else.
+    /// Calls refused with `CacheError::Exhausted` (every slot leased and the transient pool
+    /// empty); they changed nothing else.
     pub exhausted: u64,
-    /// Reads abandoned (a miss lease dropped without `mark_filled`) [6].
+    /// Reads abandoned: a miss lease dropped without `mark_filled` (the slot was freed again) [6].
     pub fill_failures: u64,
+}
+
+impl PlanTotals {
+    /// `hits / keys`, or 0 before the first call.
+    pub fn hit_rate(&self) -> f64 {
+        if self.keys == 0 { 0.0 } else { self.hits as f64 / self.keys as f64 }
+    }
+}
+
+/// The global counters the planner maintains; see the module doc for the invariants they
+/// enforce (numbers in brackets).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Counters {
+    /// The cumulative decisions.
+    pub totals: PlanTotals,
     /// Leases held by live calls [3].
     pub leases_held: u64,
     /// Leases of calls whose session was closed by `release_session` [3][4].
@@ -105,24 +122,11 @@ pub struct CacheStats {
     pub n_slots: u64,
     /// Size of the transient pool, in buffers of `slot_bytes`.
     pub transient_slots: u64,
-    /// Successful acquire calls.
-    pub calls: u64,
-    /// Experts named by successful calls.
-    pub keys: u64,
-    /// Experts that were resident (or being read by another call) when acquired.
-    pub hits: u64,
-    /// Experts that needed a read.
-    pub misses: u64,
+    /// The planner's cumulative decisions.
+    #[serde(flatten)]
+    pub totals: PlanTotals,
     /// `misses × slot_bytes`.
     pub bytes_read: u64,
-    /// Entries evicted to make room for a miss.
-    pub evictions: u64,
-    /// Misses served by a transient buffer.
-    pub transient_uses: u64,
-    /// Calls refused because every slot was leased and the transient pool was empty.
-    pub exhausted: u64,
-    /// Reads abandoned by their lease (the slot was freed again).
-    pub fill_failures: u64,
     /// Resident slots holding an entry (read, being read, or abandoned but still pinned).
     pub slots_used: u64,
     /// Resident slots pinned by a live lease.
@@ -137,11 +141,4 @@ pub struct CacheStats {
     pub transient_in_use: u64,
     /// Sessions with an entry (seen by an acquire and not closed).
     pub sessions_open: u64,
-}
-
-impl CacheStats {
-    /// `hits / keys`, or 0 before the first call.
-    pub fn hit_rate(&self) -> f64 {
-        if self.keys == 0 { 0.0 } else { self.hits as f64 / self.keys as f64 }
-    }
 }

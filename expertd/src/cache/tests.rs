@@ -168,7 +168,7 @@ fn transient_fallback_then_exhausted() {
     assert_eq!(err, CacheError::Exhausted { layer: LayerId::new(0), misses: 1, slots_available: 0, transient_free: 0, n_slots: 2, transient_slots: 1 });
     assert_eq!(err.error_type(), "exhausted");
     let after = c.stats();
-    assert_eq!(after, CacheStats { exhausted: before.exhausted + 1, sessions_open: after.sessions_open, ..before });
+    assert_eq!(after, CacheStats { totals: PlanTotals { exhausted: before.totals.exhausted + 1, ..before.totals }, sessions_open: after.sessions_open, ..before });
     // A hit on a leased slot still works while the cache is exhausted.
     drop(acquire_filled(&c, 3, &[A]));
     drop((held, t));
@@ -187,7 +187,7 @@ fn failed_fill_leaves_nothing_cached() {
     drop(acq);
     assert!(c.contains(A) && !c.contains(B));
     let s = c.stats();
-    assert_eq!((s.fill_failures, s.slots_used, s.leases_held, s.slots_leased), (1, 1, 0, 0));
+    assert_eq!((s.totals.fill_failures, s.slots_used, s.leases_held, s.slots_leased), (1, 1, 0, 0));
     let again = acquire_filled(&c, 1, &[A, B]);
     assert_eq!((again.n_hits(), again.n_misses()), (1, 1));
     c.debug_invariants().expect("invariants");
@@ -227,8 +227,8 @@ fn per_session_counters_sum_to_global() {
     for (_, s) in c.sessions() {
         sum.add_totals(&s);
     }
-    assert_eq!((sum.calls, sum.keys, sum.hits, sum.misses, sum.bytes_read), (g.calls, g.keys, g.hits, g.misses, g.bytes_read));
-    assert_eq!(g.bytes_read, g.misses * SLOT as u64);
+    assert_eq!((sum.calls, sum.keys, sum.hits, sum.misses, sum.bytes_read), (g.totals.calls, g.totals.keys, g.totals.hits, g.totals.misses, g.bytes_read));
+    assert_eq!(g.bytes_read, g.totals.misses * SLOT as u64);
     c.debug_invariants().expect("invariants");
 }
 
@@ -239,7 +239,7 @@ fn bad_calls_and_configs_are_refused() {
     assert_eq!(c.acquire(SessionId(1), &[]).err(), Some(CacheError::EmptyCall));
     assert_eq!(c.acquire(SessionId(1), &[A, X]).err(), Some(CacheError::MixedLayers { first: A.layer, other: X.layer }));
     assert_eq!(c.acquire(SessionId(1), &[A, B, A]).err(), Some(CacheError::DuplicateKey { key: A }));
-    assert_eq!(c.stats().calls, 0);
+    assert_eq!(c.stats().totals.calls, 0);
     // A budget below one slot caches nothing; a transient-free cache then refuses every call.
     let tiny = ExpertCache::new(CacheConfig { budget_bytes: 100, policy: Policy::Lru, transient_slots: 0 }, SLOT).expect("cache");
     assert!(matches!(tiny.acquire(SessionId(1), &[A]), Err(CacheError::Exhausted { n_slots: 0, .. })));
@@ -380,7 +380,7 @@ fn check_concurrent_miss(n_threads: usize, fail_first: bool) {
         }
     });
     let s = c.stats();
-    assert_eq!((s.misses, s.hits, s.fill_failures), (1, n_threads as u64, u64::from(fail_first)));
+    assert_eq!((s.totals.misses, s.totals.hits, s.totals.fill_failures), (1, n_threads as u64, u64::from(fail_first)));
     assert_eq!(c.contains(k), !fail_first);
     c.debug_invariants().expect("invariants");
 }
@@ -470,11 +470,7 @@ fn concurrent_calls_replay_exactly() {
         let r = replay(&trace, &ReplayConfig::recorded(&trace.header)).expect("replay");
         let check = r.check.clone().expect("recorded configuration is checked");
         assert!(check.matches, "{policy}: {check:?}");
-        assert_eq!(
-            (r.calls, r.hits, r.misses, r.evictions, r.transient_uses, r.exhausted, r.fill_failures),
-            (stats.calls, stats.hits, stats.misses, stats.evictions, stats.transient_uses, stats.exhausted, stats.fill_failures),
-            "{policy}"
-        );
+        assert_eq!(r.totals, stats.totals, "{policy}");
         assert_eq!(r.tokens, 4 * 60);
     }
 }
@@ -494,10 +490,11 @@ fn refused_calls_replay_exactly_and_as_what_if() {
     let recorded = ReplayConfig::recorded(&trace.header);
     let r = replay(&trace, &recorded).expect("replay");
     assert!(r.check.as_ref().is_some_and(|c| c.matches && c.events_compared == 4), "{r:?}");
-    assert_eq!((r.calls, r.exhausted, r.misses, r.evictions), (2, 1, 3, 1));
+    assert_eq!((r.totals.calls, r.totals.exhausted, r.totals.misses, r.totals.evictions), (2, 1, 3, 1));
     // With room for three, the refused call is served (and released at once), C then hits.
     let what_if = replay(&trace, &ReplayConfig { budget_bytes: 3 * SLOT as u64, ..recorded }).expect("replay");
-    assert_eq!((what_if.calls, what_if.exhausted, what_if.hits, what_if.misses, what_if.check), (3, 0, 1, 3, None));
+    let t = what_if.totals;
+    assert_eq!((t.calls, t.exhausted, t.hits, t.misses, what_if.check), (3, 0, 1, 3, None));
 }
 
 /// Parses `text` as a trace and checks the error message (or success).

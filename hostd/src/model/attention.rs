@@ -6,9 +6,9 @@
 //! around the mixer.
 
 use super::causal;
-use super::linear::{self, DenseFormat, Linear, project_new};
+use super::linear::{self, Linear, project_new};
 use super::ops;
-use super::weights::{MappedCheckpoint, WeightsError};
+use super::weights::{LayerTensors, WeightsError};
 use crate::profile::{self, Profiler};
 use shared::config::{AttentionLayout, TextConfig};
 use shared::kernels::Isa;
@@ -83,18 +83,17 @@ pub struct Attention {
 }
 
 impl Attention {
-    /// Loads layer `layer`'s attention weights (`prefix` is the text-model name prefix).
-    pub fn load(w: &MappedCheckpoint, cfg: &TextConfig, prefix: &str, layer: usize, dense: DenseFormat) -> Result<Attention, WeightsError> {
-        let a = format!("{prefix}layers.{layer}.self_attn.");
+    /// Loads a layer's attention weights from its `self_attn` tensors.
+    pub fn load(t: &LayerTensors<'_>, cfg: &TextConfig) -> Result<Attention, WeightsError> {
         let at = cfg.attention;
         let d = cfg.hidden_size;
         Ok(Attention {
-            q_proj: Linear::new(w.matrix(&format!("{a}q_proj.weight"), at.q_proj_rows(), d)?, dense),
-            k_proj: Linear::new(w.matrix(&format!("{a}k_proj.weight"), at.kv_proj_rows(), d)?, dense),
-            v_proj: Linear::new(w.matrix(&format!("{a}v_proj.weight"), at.kv_proj_rows(), d)?, dense),
-            o_proj: Linear::new(w.matrix(&format!("{a}o_proj.weight"), d, at.o_proj_cols())?, dense),
-            q_scale: ops::zero_centred_scale(&w.vector_f32(&format!("{a}q_norm.weight"))?),
-            k_scale: ops::zero_centred_scale(&w.vector_f32(&format!("{a}k_norm.weight"))?),
+            q_proj: t.linear("q_proj.weight", at.q_proj_rows(), d)?,
+            k_proj: t.linear("k_proj.weight", at.kv_proj_rows(), d)?,
+            v_proj: t.linear("v_proj.weight", at.kv_proj_rows(), d)?,
+            o_proj: t.linear("o_proj.weight", d, at.o_proj_cols())?,
+            q_scale: ops::zero_centred_scale(&t.vector("q_norm.weight")?),
+            k_scale: ops::zero_centred_scale(&t.vector("k_norm.weight")?),
             layout: at,
             rope: Rope::new(cfg.rope_theta, at.rotary_dims),
             eps: cfg.rms_norm_eps as f32,

@@ -7,7 +7,7 @@
 
 use super::linear::{self, DenseFormat, Linear, project_new};
 use super::ops;
-use super::weights::{MappedCheckpoint, WeightsError};
+use super::weights::{LayerTensors, WeightsError};
 use crate::profile::{self, Profiler};
 use rayon::prelude::*;
 use shared::config::{DeltaNetLayout, TextConfig};
@@ -70,23 +70,22 @@ struct HeadInputs<'a> {
 }
 
 impl DeltaNet {
-    /// Loads layer `layer`'s DeltaNet weights.
-    pub fn load(w: &MappedCheckpoint, cfg: &TextConfig, prefix: &str, layer: usize, dense: DenseFormat) -> Result<DeltaNet, WeightsError> {
-        let a = format!("{prefix}layers.{layer}.linear_attn.");
+    /// Loads a layer's DeltaNet weights from its `linear_attn` tensors.
+    pub fn load(t: &LayerTensors<'_>, cfg: &TextConfig) -> Result<DeltaNet, WeightsError> {
         let dn = cfg.delta_net;
         let d = cfg.hidden_size;
-        let a_log = w.vector_f32(&format!("{a}A_log"))?;
+        let a_log = t.vector("A_log")?;
         Ok(DeltaNet {
-            in_proj_qkv: Linear::new(w.matrix(&format!("{a}in_proj_qkv.weight"), dn.conv_dim(), d)?, dense),
-            in_proj_z: Linear::new(w.matrix(&format!("{a}in_proj_z.weight"), dn.value_dim(), d)?, dense),
+            in_proj_qkv: t.linear("in_proj_qkv.weight", dn.conv_dim(), d)?,
+            in_proj_z: t.linear("in_proj_z.weight", dn.value_dim(), d)?,
             // The per-head β and decay gates stay BF16 (see `linear`).
-            in_proj_b: Linear::new(w.matrix(&format!("{a}in_proj_b.weight"), dn.n_v_heads, d)?, DenseFormat::Bf16),
-            in_proj_a: Linear::new(w.matrix(&format!("{a}in_proj_a.weight"), dn.n_v_heads, d)?, DenseFormat::Bf16),
-            conv: w.vector_f32(&format!("{a}conv1d.weight"))?,
-            dt_bias: w.vector_f32(&format!("{a}dt_bias"))?,
+            in_proj_b: t.linear_in(DenseFormat::Bf16, "in_proj_b.weight", dn.n_v_heads, d)?,
+            in_proj_a: t.linear_in(DenseFormat::Bf16, "in_proj_a.weight", dn.n_v_heads, d)?,
+            conv: t.vector("conv1d.weight")?,
+            dt_bias: t.vector("dt_bias")?,
             neg_a: a_log.iter().map(|v| -v.exp()).collect(),
-            norm: w.vector_f32(&format!("{a}norm.weight"))?,
-            out_proj: Linear::new(w.matrix(&format!("{a}out_proj.weight"), d, dn.value_dim())?, dense),
+            norm: t.vector("norm.weight")?,
+            out_proj: t.linear("out_proj.weight", d, dn.value_dim())?,
             dn,
             eps: cfg.rms_norm_eps as f32,
         })

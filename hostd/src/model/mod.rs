@@ -25,7 +25,7 @@ use shared::config::{LayerType, TextConfig};
 use shared::ids::LayerId;
 use shared::kernels::Isa;
 use std::sync::Arc;
-use weights::{MappedCheckpoint, Matrix, WeightsError};
+use weights::{LayerTensors, MappedCheckpoint, Matrix, WeightsError};
 
 /// Why a forward pass or a load failed.
 #[derive(Debug, thiserror::Error)]
@@ -154,16 +154,16 @@ impl Model {
         let d = cfg.hidden_size;
         let mut layers = Vec::with_capacity(cfg.num_layers);
         for (i, ty) in cfg.layer_types.iter().enumerate() {
-            let l = format!("{prefix}layers.{i}.");
+            let t = LayerTensors::layer(w, i, dense);
             let mixer = match ty {
-                LayerType::FullAttention => Mixer::Attention(Attention::load(w, &cfg, prefix, i, dense)?),
-                LayerType::LinearAttention => Mixer::DeltaNet(DeltaNet::load(w, &cfg, prefix, i, dense)?),
+                LayerType::FullAttention => Mixer::Attention(Attention::load(&t.module("self_attn"), &cfg)?),
+                LayerType::LinearAttention => Mixer::DeltaNet(DeltaNet::load(&t.module("linear_attn"), &cfg)?),
             };
             layers.push(Layer {
-                input_scale: ops::zero_centred_scale(&w.vector_f32(&format!("{l}input_layernorm.weight"))?),
-                post_scale: ops::zero_centred_scale(&w.vector_f32(&format!("{l}post_attention_layernorm.weight"))?),
+                input_scale: ops::zero_centred_scale(&t.vector("input_layernorm.weight")?),
+                post_scale: ops::zero_centred_scale(&t.vector("post_attention_layernorm.weight")?),
                 mixer,
-                moe: Moe::load(w, &cfg, prefix, i, dense)?,
+                moe: Moe::load(&t.module("mlp"), &cfg)?,
             });
         }
         let embed = w.matrix(&format!("{prefix}embed_tokens.weight"), cfg.vocab_size, d)?;

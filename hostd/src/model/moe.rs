@@ -4,7 +4,7 @@
 
 use super::linear::{self, DenseFormat, Linear, project_new};
 use super::ops;
-use super::weights::{MappedCheckpoint, WeightsError};
+use super::weights::{LayerTensors, WeightsError};
 use crate::experts::{ExpertBackend, ExpertError, MoeCall};
 use crate::profile::{self, Profiler};
 use shared::config::TextConfig;
@@ -35,19 +35,18 @@ pub struct Moe {
 }
 
 impl Moe {
-    /// Loads layer `layer`'s router and shared expert.
-    pub fn load(w: &MappedCheckpoint, cfg: &TextConfig, prefix: &str, layer: usize, dense: DenseFormat) -> Result<Moe, WeightsError> {
-        let m = format!("{prefix}layers.{layer}.mlp.");
+    /// Loads a layer's router and shared expert from its `mlp` tensors.
+    pub fn load(t: &LayerTensors<'_>, cfg: &TextConfig) -> Result<Moe, WeightsError> {
         let (d, fs) = (cfg.hidden_size, cfg.shared_expert_intermediate_size);
         Ok(Moe {
             // Router and shared-expert gate stay BF16 in every mode (see `linear`).
-            router: Linear::new(w.matrix(&format!("{m}gate.weight"), cfg.num_experts, d)?, DenseFormat::Bf16),
-            shared_gate: Linear::new(w.matrix(&format!("{m}shared_expert.gate_proj.weight"), fs, d)?, dense),
-            shared_up: Linear::new(w.matrix(&format!("{m}shared_expert.up_proj.weight"), fs, d)?, dense),
-            shared_down: Linear::new(w.matrix(&format!("{m}shared_expert.down_proj.weight"), d, fs)?, dense),
-            shared_expert_gate: Linear::new(w.matrix(&format!("{m}shared_expert_gate.weight"), 1, d)?, DenseFormat::Bf16),
+            router: t.linear_in(DenseFormat::Bf16, "gate.weight", cfg.num_experts, d)?,
+            shared_gate: t.linear("shared_expert.gate_proj.weight", fs, d)?,
+            shared_up: t.linear("shared_expert.up_proj.weight", fs, d)?,
+            shared_down: t.linear("shared_expert.down_proj.weight", d, fs)?,
+            shared_expert_gate: t.linear_in(DenseFormat::Bf16, "shared_expert_gate.weight", 1, d)?,
             top_k: cfg.experts_per_token,
-            layer: LayerId::from_index(layer),
+            layer: LayerId::from_index(t.layer),
         })
     }
 

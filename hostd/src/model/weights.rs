@@ -12,6 +12,8 @@ use safetensors::Dtype;
 use shared::checkpoint::{Checkpoint, CheckpointError, TensorEntry};
 use std::sync::Arc;
 
+use super::linear::{DenseFormat, Linear};
+
 /// A loading or shape problem, naming the tensor.
 #[derive(Debug, thiserror::Error)]
 pub enum WeightsError {
@@ -196,5 +198,45 @@ impl MappedCheckpoint {
             Dtype::F32 => Ok(bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()),
             found => Err(WeightsError::Dtype { name: name.to_string(), found, wanted: "BF16 or F32" }),
         }
+    }
+}
+
+/// The tensors of one layer, or of one module of it, named `{prefix}layers.{layer}.[module.]NAME`
+/// in the checkpoint: what `Model::load` and each layer part's `load` read their weights through.
+pub struct LayerTensors<'a> {
+    w: &'a MappedCheckpoint,
+    /// `{prefix}layers.{layer}.`, then `{module}.` for a module.
+    base: String,
+    /// The layer's index.
+    pub layer: usize,
+    /// The format of the large projections ([`LayerTensors::linear`]).
+    pub dense: DenseFormat,
+}
+
+impl<'a> LayerTensors<'a> {
+    /// Layer `layer`'s tensors; its large projections load as `dense`.
+    pub fn layer(w: &'a MappedCheckpoint, layer: usize, dense: DenseFormat) -> LayerTensors<'a> {
+        LayerTensors { w, base: format!("{}layers.{layer}.", w.ckpt.prefix), layer, dense }
+    }
+
+    /// The tensors of the layer's `module` (`self_attn`, `linear_attn`, `mlp`).
+    pub fn module(&self, module: &str) -> LayerTensors<'a> {
+        LayerTensors { w: self.w, base: format!("{}{module}.", self.base), layer: self.layer, dense: self.dense }
+    }
+
+    /// `NAME` as a `[rows, cols]` projection in the dense format.
+    pub fn linear(&self, name: &str, rows: usize, cols: usize) -> Result<Linear, WeightsError> {
+        self.linear_in(self.dense, name, rows, cols)
+    }
+
+    /// `NAME` as a `[rows, cols]` projection in `format`, whatever the dense format (the
+    /// router and the gates stay BF16; see `linear`).
+    pub fn linear_in(&self, format: DenseFormat, name: &str, rows: usize, cols: usize) -> Result<Linear, WeightsError> {
+        Ok(Linear::new(self.w.matrix(&format!("{}{name}", self.base), rows, cols)?, format))
+    }
+
+    /// `NAME` (a BF16 or F32 vector) as f32 values.
+    pub fn vector(&self, name: &str) -> Result<Vec<f32>, WeightsError> {
+        self.w.vector_f32(&format!("{}{name}", self.base))
     }
 }

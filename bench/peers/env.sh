@@ -1,0 +1,9 @@
+# Shared settings of bench/peers/*.sh (sourced once MODEL has the script's default): the work
+# directory (llama.cpp, its venv, the GGUFs), the repository root and this folder, the Q8_0
+# GGUF of MODEL and the llama-bench binary.
+set -euo pipefail
+W=${PEERS_WORK:-/tmp/peers}
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+REPO=$(cd "$HERE/../.." && pwd)
+GGUF=${GGUF:-$W/$(basename "$MODEL")-q8_0.gguf}
+BENCH=$W/llama.cpp/build/bin/llama-bench
