@@ -63,10 +63,7 @@ fn read_batch(source: &dyn ExpertSource, buf: &mut AlignedBuf, batch: &[(u32, u3
 /// `read_bytes` of /proc/self/io: bytes this process (all threads, io-wq workers included)
 /// caused to be fetched from storage.
 fn physical_read_bytes() -> u64 {
-    std::fs::read_to_string("/proc/self/io")
-        .ok()
-        .and_then(|t| t.lines().find_map(|l| l.strip_prefix("read_bytes: ")?.trim().parse().ok()))
-        .unwrap_or(0)
+    shared::procfs::read_bytes(None).unwrap_or(0)
 }
 
 /// Reads 64 distinct blobs and prints how many bytes came from the device.

@@ -6,7 +6,7 @@
 //! without `--cache-bytes`, derives a budget that fits.
 //!
 //! The overhead is an estimate with a stated formula (see [`Overhead`]); `tests/it/
-//! expertd_cgroup.rs` checks that a derived budget keeps the peak RSS under the limit.
+//! expertd_deploy.rs` checks that a derived budget keeps the peak RSS under the limit.
 
 use std::path::{Path, PathBuf};
 

@@ -71,7 +71,8 @@ fn check_shared_fs(path: &str, text: &str) -> Vec<String> {
 }
 
 /// The developer tooling in `tools/` (crate sluice-tools) stays out of the product: only hostd's
-/// command-line layer (`hostd synth`), the tests and the fuzz harness use it. sluice-tools itself
+/// command-line layer (`hostd synth`, `hostd bench`, `hostd profile`'s probes), the tests and
+/// the fuzz harness use it. sluice-tools itself
 /// is library code (no `anyhow`) and may write files: writing model directories is its job.
 fn check_tools_use(path: &str, text: &str) -> Vec<String> {
     let allowed = ["tools/", "hostd/src/cli/", "tests/", "fuzz/"].iter().any(|p| path.starts_with(p));

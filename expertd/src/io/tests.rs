@@ -363,8 +363,7 @@ fn o_direct_refused_falls_back_to_buffered_with_the_reason() {
 
 /// `read_bytes` of /proc/self/io: bytes this process caused to be fetched from storage.
 fn physical_read_bytes() -> Option<u64> {
-    let text = std::fs::read_to_string("/proc/self/io").ok()?;
-    text.lines().find_map(|l| l.strip_prefix("read_bytes: ")).and_then(|v| v.trim().parse().ok())
+    shared::procfs::read_bytes(None)
 }
 
 #[test]
