@@ -20,7 +20,13 @@
 
 use rayon::Yield;
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+/// How long the pass waits for the other threads' spinners to start before it starts without
+/// them (a thread busy elsewhere, or descheduled); a spinner that starts later does not spin.
+/// Waking a sleeping worker took 60–100 µs here.
+const CHECK_IN_WAIT: Duration = Duration::from_millis(1);
 
 /// What the pool's other threads do while a pass runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -67,20 +73,44 @@ fn run_in<R: Send>(pool: Option<&rayon::ThreadPool>, awake: Awake, f: impl FnOnc
         Some(Err(std::sync::TryLockError::WouldBlock)) => return f(),
     };
     let done = AtomicBool::new(false);
+    let started = AtomicBool::new(false);
+    let checked_in = AtomicUsize::new(0);
     let work = Mutex::new(Some(f));
     let result: Mutex<Option<R>> = Mutex::new(None);
+    let yield_core = awake == Awake::Yield;
     // One broadcast job per pool thread; a broadcast job runs only on the thread it was sent
     // to, so no spinner ever runs on thread 0, which must end them.
+    //
+    // A spinner must never run inside one of the pass's own jobs: a thread that steals a job
+    // of the pass before taking its broadcast job (it was searching for work when the
+    // broadcast came), and then meets its broadcast job while that stolen job waits in a
+    // nested join, would spin on top of the job until the pass ends, while the pass waits for
+    // that job: a deadlock (seen in `hostd serve`). So the pass first waits, briefly, for the
+    // spinners to start; then `started` is set before any job of the pass exists, and a
+    // spinner that finds it set (it may sit on top of such a job) returns at once.
     let job = |ctx: rayon::BroadcastContext<'_>| {
         if ctx.index() == 0 {
             // Ends the spinners however the pass ends, a panic included (rayon re-raises it
             // from `broadcast` once every thread has returned).
             let _end = SetOnDrop(&done);
+            let deadline = Instant::now() + CHECK_IN_WAIT;
+            while checked_in.load(Ordering::Acquire) + 1 < ctx.num_threads() && Instant::now() < deadline {
+                pause(yield_core);
+            }
+            // SeqCst: a thread that later takes a job of the pass (published after this store)
+            // sees the flag set.
+            started.store(true, Ordering::SeqCst);
             let f = work.lock().expect("keep_awake: work lock").take().expect("keep_awake: the pass runs once");
             let r = f();
             *result.lock().expect("keep_awake: result lock") = Some(r);
+        } else if started.load(Ordering::SeqCst) {
+            // Possibly nested inside a job of this pass (see above): do not spin.
+            #[cfg(test)]
+            tests::LATE_SPINNERS.fetch_add(1, Ordering::Relaxed);
         } else {
-            spin_until(&done, awake == Awake::Yield);
+            // Started before any job of the pass existed, so not inside one of them.
+            checked_in.fetch_add(1, Ordering::AcqRel);
+            spin_until(&done, yield_core);
         }
     };
     match pool {
@@ -104,12 +134,17 @@ impl Drop for SetOnDrop<'_> {
 fn spin_until(done: &AtomicBool, yield_core: bool) {
     while !done.load(Ordering::Acquire) {
         if rayon::yield_now() != Some(Yield::Executed) {
-            if yield_core {
-                std::thread::yield_now();
-            } else {
-                std::hint::spin_loop();
-            }
+            pause(yield_core);
         }
+    }
+}
+
+/// One idle step of a waiting loop: yield the core, or a spin-loop hint.
+fn pause(yield_core: bool) {
+    if yield_core {
+        std::thread::yield_now();
+    } else {
+        std::hint::spin_loop();
     }
 }
 
@@ -117,7 +152,9 @@ fn spin_until(done: &AtomicBool, yield_core: bool) {
 mod tests {
     use super::*;
     use rayon::prelude::*;
-    use std::sync::atomic::AtomicUsize;
+
+    /// Spinners that found their pass already started and returned without spinning.
+    pub(super) static LATE_SPINNERS: AtomicUsize = AtomicUsize::new(0);
 
     #[test]
     fn runs_the_pass_once_on_pool_thread_zero_with_parallel_work_inside() {
@@ -176,6 +213,40 @@ mod tests {
         assert!(ran_on.iter().any(|&t| t.is_some_and(|t| t != 0)), "{awake:?}: no spinner took work: {ran_on:?}");
         // Off: in place, off the pool.
         assert_eq!(run_on(&pool, Awake::Off, rayon::current_thread_index), None);
+    }
+
+    #[test]
+    fn a_spinner_that_starts_after_its_pass_began_does_not_spin() {
+        // Thread 1 is kept busy past CHECK_IN_WAIT, so the pass starts without its spinner;
+        // when the spinner finally runs it may be inside one of the pass's jobs, so it must
+        // return at once. The pass waits for that; had the spinner spun until the pass ends,
+        // the pass would never see it return (the wait below times out).
+        let pool = rayon::ThreadPoolBuilder::new().num_threads(2).build().expect("pool");
+        let release = std::sync::Arc::new(AtomicBool::new(false));
+        let busy = std::sync::Arc::new(AtomicBool::new(false));
+        let (r, b) = (std::sync::Arc::clone(&release), std::sync::Arc::clone(&busy));
+        // Thread 0 will take the pass; keep thread 1 busy in a job of its own until released.
+        pool.spawn_broadcast(move |ctx| {
+            if ctx.index() == 1 {
+                b.store(true, Ordering::SeqCst);
+                while !r.load(Ordering::SeqCst) {
+                    std::hint::spin_loop();
+                }
+            }
+        });
+        while !busy.load(Ordering::SeqCst) {
+            std::hint::spin_loop();
+        }
+        let before = LATE_SPINNERS.load(Ordering::SeqCst);
+        let returned = run_on(&pool, Awake::Spin, || {
+            release.store(true, Ordering::SeqCst);
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while LATE_SPINNERS.load(Ordering::SeqCst) == before && Instant::now() < deadline {
+                std::hint::spin_loop();
+            }
+            LATE_SPINNERS.load(Ordering::SeqCst) > before
+        });
+        assert!(returned, "a spinner that started after its pass began kept spinning");
     }
 
     #[test]
