@@ -97,8 +97,9 @@ fn run_in<R: Send>(pool: Option<&rayon::ThreadPool>, awake: Awake, f: impl FnOnc
             while checked_in.load(Ordering::Acquire) + 1 < ctx.num_threads() && Instant::now() < deadline {
                 pause(yield_core);
             }
-            // SeqCst: a thread that later takes a job of the pass (published after this store)
-            // sees the flag set.
+            // Every job of the pass is pushed after this store, and taking a job from a rayon
+            // deque synchronises with its push: a thread that runs on top of such a job sees
+            // the flag set.
             started.store(true, Ordering::SeqCst);
             let f = work.lock().expect("keep_awake: work lock").take().expect("keep_awake: the pass runs once");
             let r = f();
@@ -106,7 +107,7 @@ fn run_in<R: Send>(pool: Option<&rayon::ThreadPool>, awake: Awake, f: impl FnOnc
         } else if started.load(Ordering::SeqCst) {
             // Possibly nested inside a job of this pass (see above): do not spin.
             #[cfg(test)]
-            tests::LATE_SPINNERS.fetch_add(1, Ordering::Relaxed);
+            tests::note_late_spinner();
         } else {
             // Started before any job of the pass existed, so not inside one of them.
             checked_in.fetch_add(1, Ordering::AcqRel);
@@ -154,7 +155,19 @@ mod tests {
     use rayon::prelude::*;
 
     /// Spinners that found their pass already started and returned without spinning.
-    pub(super) static LATE_SPINNERS: AtomicUsize = AtomicUsize::new(0);
+    /// Names of the pool threads whose spinner found its pass already started and returned
+    /// without spinning (tests run in parallel, so each test names its own pool's threads).
+    static LATE_SPINNERS: Mutex<Vec<String>> = Mutex::new(Vec::new());
+
+    pub(super) fn note_late_spinner() {
+        if let Some(name) = std::thread::current().name() {
+            LATE_SPINNERS.lock().expect("late spinners").push(name.to_owned());
+        }
+    }
+
+    fn spinner_was_late(thread_name: &str) -> bool {
+        LATE_SPINNERS.lock().expect("late spinners").iter().any(|n| n == thread_name)
+    }
 
     #[test]
     fn runs_the_pass_once_on_pool_thread_zero_with_parallel_work_inside() {
@@ -221,7 +234,11 @@ mod tests {
         // when the spinner finally runs it may be inside one of the pass's jobs, so it must
         // return at once. The pass waits for that; had the spinner spun until the pass ends,
         // the pass would never see it return (the wait below times out).
-        let pool = rayon::ThreadPoolBuilder::new().num_threads(2).build().expect("pool");
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(2)
+            .thread_name(|i| format!("late-spinner-test-{i}"))
+            .build()
+            .expect("pool");
         let release = std::sync::Arc::new(AtomicBool::new(false));
         let busy = std::sync::Arc::new(AtomicBool::new(false));
         let (r, b) = (std::sync::Arc::clone(&release), std::sync::Arc::clone(&busy));
@@ -237,14 +254,13 @@ mod tests {
         while !busy.load(Ordering::SeqCst) {
             std::hint::spin_loop();
         }
-        let before = LATE_SPINNERS.load(Ordering::SeqCst);
         let returned = run_on(&pool, Awake::Spin, || {
             release.store(true, Ordering::SeqCst);
             let deadline = Instant::now() + Duration::from_secs(10);
-            while LATE_SPINNERS.load(Ordering::SeqCst) == before && Instant::now() < deadline {
-                std::hint::spin_loop();
+            while !spinner_was_late("late-spinner-test-1") && Instant::now() < deadline {
+                std::thread::yield_now();
             }
-            LATE_SPINNERS.load(Ordering::SeqCst) > before
+            spinner_was_late("late-spinner-test-1")
         });
         assert!(returned, "a spinner that started after its pass began kept spinning");
     }
