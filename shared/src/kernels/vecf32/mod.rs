@@ -4,9 +4,9 @@
 //! product ([`dot_f32`]), for callers that need one ISA-independent order.
 //!
 //! Owns the safe API (shape and ISA checks) over one kernel per instruction set: `scalar` (the
-//! portable reference, written so LLVM vectorises it, NEON included) and `avx2` (x86_64).
-//! [`Isa::Avx512`] runs the AVX2 kernels (an AVX-512 CPU has AVX2 and FMA); these loops read
-//! from L1/L2 and are not width-bound enough to justify a third, untestable-here copy.
+//! portable reference, written so LLVM vectorises it, NEON included), `avx2` and `avx512`
+//! (x86_64). The AVX-512 weighted sum gives the AVX2 one's bits (both are one FMA per element
+//! and row); the dot products differ in the last bits between ISAs (their lane counts differ).
 //!
 //! Rows are strided: row `i` starts at `rows[i · stride]`, so the keys or values of one KV head
 //! are read straight out of a `[position][kv head][head_dim]` cache.
@@ -21,6 +21,8 @@
 
 #[cfg(target_arch = "x86_64")]
 mod avx2;
+#[cfg(target_arch = "x86_64")]
+mod avx512;
 mod scalar;
 #[cfg(test)]
 mod tests;
@@ -38,9 +40,12 @@ pub fn dot_rows_f32(isa: Isa, x: &[f32], rows: &[f32], stride: usize, out: &mut 
     match isa {
         Isa::Scalar => scalar::dot_rows(x, rows, stride, out),
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: the ISA (AVX2 + FMA, implied by AVX-512 too) is available and the shapes were
-        // checked: every row i < out.len() has x.len() readable elements at i · stride.
-        Isa::Avx2 | Isa::Avx512 => unsafe { avx2::dot_rows(x, rows, stride, out) },
+        // SAFETY: the ISA (AVX2 + FMA) is available and the shapes were checked: every row
+        // i < out.len() has x.len() readable elements at i · stride.
+        Isa::Avx2 => unsafe { avx2::dot_rows(x, rows, stride, out) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: as above, for AVX-512.
+        Isa::Avx512 => unsafe { avx512::dot_rows(x, rows, stride, out) },
         #[cfg(not(target_arch = "x86_64"))]
         Isa::Avx2 | Isa::Avx512 => unreachable!("kernels: {isa} is never available off x86_64"),
     }
@@ -60,7 +65,10 @@ pub fn scale_axpy_rows_f32(isa: Isa, acc: &mut [f32], acc_scale: f32, w: &[f32],
         #[cfg(target_arch = "x86_64")]
         // SAFETY: as in `dot_rows_f32`: ISA available, every row i < w.len() has acc.len()
         // readable elements at i · stride.
-        Isa::Avx2 | Isa::Avx512 => unsafe { avx2::scale_axpy_rows(acc, acc_scale, w, rows, stride) },
+        Isa::Avx2 => unsafe { avx2::scale_axpy_rows(acc, acc_scale, w, rows, stride) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: as above, for AVX-512.
+        Isa::Avx512 => unsafe { avx512::scale_axpy_rows(acc, acc_scale, w, rows, stride) },
         #[cfg(not(target_arch = "x86_64"))]
         Isa::Avx2 | Isa::Avx512 => unreachable!("kernels: {isa} is never available off x86_64"),
     }

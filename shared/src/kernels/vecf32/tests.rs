@@ -6,7 +6,7 @@
 use super::*;
 
 /// Lengths around the vector widths, plus the real head size.
-const LENS: [usize; 11] = [1, 7, 8, 9, 31, 32, 33, 63, 100, 256, 259];
+const LENS: [usize; 14] = [1, 7, 8, 9, 15, 16, 17, 31, 32, 33, 63, 100, 256, 259];
 
 /// Deterministic test values in [-1, 1).
 fn values(n: usize, seed: u64) -> Vec<f32> {
@@ -82,6 +82,24 @@ fn weighted_sum_matches_reference_and_splits_bitwise() {
             let same = split.iter().zip(&acc).all(|(a, b)| a.to_bits() == b.to_bits());
             assert!(same, "{isa} len {len}: a weighted sum split over two calls differs from one call");
         }
+    }
+}
+
+#[test]
+fn avx512_weighted_sum_gives_the_avx2_bits() {
+    if !Isa::Avx512.is_available() {
+        println!("skipping: AVX-512 not available on this CPU");
+        return;
+    }
+    for len in LENS {
+        let (n, stride) = (9, len + 5);
+        let w = values(n, 8);
+        let rows = values((n - 1) * stride + len, 9);
+        let start = values(len, 10);
+        let (mut a2, mut a5) = (start.clone(), start);
+        scale_axpy_rows_f32(Isa::Avx2, &mut a2, 0.5, &w, &rows, stride);
+        scale_axpy_rows_f32(Isa::Avx512, &mut a5, 0.5, &w, &rows, stride);
+        assert!(a2.iter().zip(&a5).all(|(a, b)| a.to_bits() == b.to_bits()), "len {len}");
     }
 }
 
