@@ -212,19 +212,9 @@ impl Ctx<'_> {
                     let qv = &self.q[(t * nq + g * qpk + hi) * dh..][..dh];
                     let sc = &mut scores[..b - a];
                     kernels::dot_rows_f32(self.isa, qv, kt, stride, sc);
-                    let mut tile_max = f32::NEG_INFINITY;
-                    for x in sc.iter_mut() {
-                        *x *= self.scale;
-                        tile_max = tile_max.max(*x);
-                    }
                     let m = st.m[vi];
-                    let m_new = m.max(tile_max);
+                    let (m_new, sum) = kernels::softmax_tile_f32(self.isa, sc, self.scale, m);
                     let corr = (m - m_new).exp();
-                    let mut sum = 0.0f32;
-                    for x in sc.iter_mut() {
-                        *x = (*x - m_new).exp();
-                        sum += *x;
-                    }
                     st.l[vi] = st.l[vi] * corr + sum;
                     st.m[vi] = m_new;
                     kernels::scale_axpy_rows_f32(self.isa, &mut st.acc[vi * dh..][..dh], corr, sc, vt, stride);

@@ -178,3 +178,66 @@ unsafe fn axpy_block<const V: usize>(a: *mut f32, acc_scale: f32, w: &[f32], row
         unsafe { _mm512_storeu_ps(a.add(k * LANES), *x) };
     }
 }
+
+/// See `super::softmax_tile_f32`. The arithmetic of `scalar::softmax_tile`, 16 lanes at a time:
+/// the same `exp` (separate multiplies and adds), the same 16 partial sums (lane `i mod 16`,
+/// masked for the tail) and the same reduction tree.
+///
+/// # Safety
+///
+/// AVX-512 F/BW/VL, AVX2 and FMA are available.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma")]
+pub(super) unsafe fn softmax_tile(s: &mut [f32], scale: f32, m: f32) -> (f32, f32) {
+    let len = s.len();
+    let p = s.as_mut_ptr();
+    let sv = _mm512_set1_ps(scale);
+    let mut mx = _mm512_set1_ps(m);
+    let mut j = 0;
+    while j < len {
+        let mask = if len - j >= LANES { u16::MAX } else { tail_mask(len - j) };
+        // SAFETY: the masked load and store touch only elements j .. len of s.
+        let x = _mm512_mul_ps(unsafe { _mm512_maskz_loadu_ps(mask, p.add(j)) }, sv);
+        // SAFETY: as above.
+        unsafe { _mm512_mask_storeu_ps(p.add(j), mask, x) };
+        mx = _mm512_mask_max_ps(mx, mask, mx, x);
+        j += LANES;
+    }
+    let m_new = _mm512_reduce_max_ps(mx);
+    let mv = _mm512_set1_ps(m_new);
+    let mut acc = _mm512_setzero_ps();
+    let mut j = 0;
+    while j < len {
+        let mask = if len - j >= LANES { u16::MAX } else { tail_mask(len - j) };
+        // SAFETY: as above.
+        let e = exp(_mm512_sub_ps(unsafe { _mm512_maskz_loadu_ps(mask, p.add(j)) }, mv));
+        // SAFETY: as above.
+        unsafe { _mm512_mask_storeu_ps(p.add(j), mask, e) };
+        acc = _mm512_mask_add_ps(acc, mask, acc, e);
+        j += LANES;
+    }
+    (m_new, hsum(acc))
+}
+
+/// `scalar::exp`, lane by lane, with the same operations in the same order.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma")]
+#[inline]
+fn exp(x: __m512) -> __m512 {
+    use super::scalar::{EXP_HI, EXP_LO, EXP_P, LN2_HI, LN2_LO, LOG2E, ROUND};
+    let lo = _mm512_set1_ps(EXP_LO);
+    // min/max return their second operand when either is NaN, so NaN passes through.
+    let xc = _mm512_max_ps(lo, _mm512_min_ps(_mm512_set1_ps(EXP_HI), x));
+    let round = _mm512_set1_ps(ROUND);
+    let t = _mm512_add_ps(_mm512_mul_ps(xc, _mm512_set1_ps(LOG2E)), round);
+    let n = _mm512_sub_ps(t, round);
+    let ni = _mm512_sub_epi32(_mm512_castps_si512(t), _mm512_castps_si512(round));
+    let r = _mm512_sub_ps(_mm512_sub_ps(xc, _mm512_mul_ps(n, _mm512_set1_ps(LN2_HI))), _mm512_mul_ps(n, _mm512_set1_ps(LN2_LO)));
+    let mut y = _mm512_set1_ps(EXP_P[0]);
+    for &c in &EXP_P[1..] {
+        y = _mm512_add_ps(_mm512_mul_ps(y, r), _mm512_set1_ps(c));
+    }
+    let y = _mm512_add_ps(_mm512_add_ps(_mm512_mul_ps(y, _mm512_mul_ps(r, r)), r), _mm512_set1_ps(1.0));
+    let pow2 = _mm512_castsi512_ps(_mm512_slli_epi32::<23>(_mm512_add_epi32(ni, _mm512_set1_epi32(127))));
+    let y = _mm512_mul_ps(y, pow2);
+    let under = _mm512_cmp_ps_mask::<_CMP_LT_OQ>(x, lo);
+    _mm512_mask_mov_ps(y, under, _mm512_setzero_ps())
+}
