@@ -241,3 +241,197 @@ fn exp(x: __m512) -> __m512 {
     let under = _mm512_cmp_ps_mask::<_CMP_LT_OQ>(x, lo);
     _mm512_mask_mov_ps(y, under, _mm512_setzero_ps())
 }
+
+/// Query vectors × rows per register tile of [`dot_rows_multi`]: 16 accumulators, reduced
+/// together by [`hsum16`].
+const TILE_X: usize = 4;
+/// See [`TILE_X`].
+const TILE_R: usize = 4;
+/// Accumulator vectors × 16-lane columns per register tile of [`scale_axpy_rows_multi`].
+const AXPY_X: usize = 4;
+/// See [`AXPY_X`].
+const AXPY_V: usize = 4;
+
+/// See `super::dot_rows_multi_f32`: 4 query vectors × 4 rows at a time, so that each loaded
+/// row vector feeds 4 FMAs and each query vector 4; every dot product is still the sequence of
+/// the module docs (one accumulator, masked tail, the `hsum` tree), so the results are
+/// [`dot_rows`]' bits.
+///
+/// # Safety
+///
+/// AVX-512 F/BW/VL, AVX2 and FMA are available; `xs` holds `nx · len` f32, `out` `nx · n`, and
+/// for every `i < n`, `rows[i·stride ..][.. len]` is in bounds (checked by the caller).
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma")]
+pub(super) unsafe fn dot_rows_multi(len: usize, xs: &[f32], rows: &[f32], stride: usize, out: &mut [f32], n: usize) {
+    let nx = out.len() / n.max(1);
+    let rp = rows.as_ptr();
+    let mut v = 0;
+    while v + TILE_X <= nx {
+        let xp: [*const f32; TILE_X] = std::array::from_fn(|a| xs[(v + a) * len..].as_ptr());
+        let mut i = 0;
+        while i + TILE_R <= n {
+            let r: [*const f32; TILE_R] = std::array::from_fn(|b| rp.wrapping_add((i + b) * stride));
+            // SAFETY: query vectors v .. v + 4 and rows i .. i + 4 are in bounds.
+            let z = unsafe { dot_tile(xp, r, len) };
+            for a in 0..TILE_X {
+                out[(v + a) * n + i..][..TILE_R].copy_from_slice(&z[a * TILE_R..][..TILE_R]);
+            }
+            i += TILE_R;
+        }
+        for (a, &x) in xp.iter().enumerate() {
+            for k in i..n {
+                // SAFETY: row k < n is in bounds, x holds len f32.
+                out[(v + a) * n + k] = unsafe { dot_n::<1>(x, [rp.add(k * stride)], len) }[0];
+            }
+        }
+        v += TILE_X;
+    }
+    for u in v..nx {
+        // SAFETY: forwarded contract, for query vector u alone.
+        unsafe { dot_rows(&xs[u * len..][..len], rows, stride, &mut out[u * n..][..n]) };
+    }
+}
+
+/// The 16 dot products of 4 query vectors with 4 rows, as `z[4a + b] = x[a] · r[b]`.
+///
+/// # Safety
+///
+/// AVX-512; every `x[a]` and `r[b]` is readable for `len` f32.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma")]
+#[inline]
+unsafe fn dot_tile(x: [*const f32; TILE_X], r: [*const f32; TILE_R], len: usize) -> [f32; 16] {
+    // acc[b][a]: hsum16 puts accumulator 4b + a in lane 4a + b.
+    let mut acc = [[_mm512_setzero_ps(); TILE_X]; TILE_R];
+    let full = len - len % LANES;
+    let mut j = 0;
+    // PERF-CRITICAL: attention scores at long context.
+    while j < full {
+        // SAFETY: j + 16 <= len for every vector.
+        let xv: [__m512; TILE_X] = std::array::from_fn(|a| unsafe { _mm512_loadu_ps(x[a].add(j)) });
+        for (acc_b, &rb) in acc.iter_mut().zip(&r) {
+            // SAFETY: as above.
+            let rv = unsafe { _mm512_loadu_ps(rb.add(j)) };
+            for (s, &xa) in acc_b.iter_mut().zip(&xv) {
+                *s = _mm512_fmadd_ps(xa, rv, *s);
+            }
+        }
+        j += LANES;
+    }
+    if j < len {
+        let mask = tail_mask(len - j);
+        // SAFETY: masked-off lanes are not read; the len - j selected f32 are in bounds.
+        let xv: [__m512; TILE_X] = std::array::from_fn(|a| unsafe { _mm512_maskz_loadu_ps(mask, x[a].add(j)) });
+        for (acc_b, &rb) in acc.iter_mut().zip(&r) {
+            // SAFETY: as above.
+            let rv = unsafe { _mm512_maskz_loadu_ps(mask, rb.add(j)) };
+            for (s, &xa) in acc_b.iter_mut().zip(&xv) {
+                *s = _mm512_mask3_fmadd_ps(xa, rv, *s, mask);
+            }
+        }
+    }
+    let flat: [__m512; 16] = std::array::from_fn(|k| acc[k / TILE_X][k % TILE_X]);
+    let mut z = [0.0f32; 16];
+    // SAFETY: z holds 16 f32.
+    unsafe { _mm512_storeu_ps(z.as_mut_ptr(), hsum16(flat)) };
+    z
+}
+
+/// Sixteen [`hsum`]s at once: lane `4q + k` of the result is `hsum(v[4k + q])`, bit for bit,
+/// because every vector goes through the same tree (`v[i] + v[i+8]`, then `+4`, `+2`, `+1`),
+/// with the 16 vectors' lanes interleaved by shuffles instead of reduced one vector at a time.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma")]
+#[inline]
+fn hsum16(v: [__m512; 16]) -> __m512 {
+    // a[m]: lanes 0..8 = v[2m][i] + v[2m][i+8], lanes 8..16 the same for v[2m+1].
+    let a: [__m512; 8] = std::array::from_fn(|m| {
+        let (x, y) = (v[2 * m], v[2 * m + 1]);
+        _mm512_add_ps(_mm512_shuffle_f32x4::<0b01_00_01_00>(x, y), _mm512_shuffle_f32x4::<0b11_10_11_10>(x, y))
+    });
+    // b[m]: quarter q = (a[i] + a[i+4], i < 4) of v[4m + q].
+    let b: [__m512; 4] = std::array::from_fn(|m| {
+        let (x, y) = (a[2 * m], a[2 * m + 1]);
+        _mm512_add_ps(_mm512_shuffle_f32x4::<0b10_00_10_00>(x, y), _mm512_shuffle_f32x4::<0b11_01_11_01>(x, y))
+    });
+    // c[m]: quarter q = (c0, c1) of v[q], then of v[4 + q] (m = 0), or of v[8 + q], v[12 + q].
+    let c: [__m512; 2] = std::array::from_fn(|m| {
+        let (x, y) = (b[2 * m], b[2 * m + 1]);
+        _mm512_add_ps(_mm512_shuffle_ps::<0b01_00_01_00>(x, y), _mm512_shuffle_ps::<0b11_10_11_10>(x, y))
+    });
+    // Quarter q = c0 + c1 of v[q], v[4 + q], v[8 + q], v[12 + q].
+    _mm512_add_ps(_mm512_shuffle_ps::<0b10_00_10_00>(c[0], c[1]), _mm512_shuffle_ps::<0b11_01_11_01>(c[0], c[1]))
+}
+
+/// See `super::scale_axpy_rows_multi_f32`: 4 accumulator vectors × 64 elements at a time, so
+/// each loaded row vector feeds 4 FMAs. Every element gets the arithmetic of
+/// [`scale_axpy_rows`] (its scale, then one FMA per row in row order), hence its bits.
+///
+/// # Safety
+///
+/// AVX-512 F/BW/VL, AVX2 and FMA are available; `acc` holds `scales.len() · len` f32, `w`
+/// `scales.len() · n`, and for every `i < n`, `rows[i·stride ..][.. len]` is in bounds.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma")]
+pub(super) unsafe fn scale_axpy_rows_multi(acc: &mut [f32], len: usize, scales: &[f32], w: &[f32], n: usize, rows: &[f32], stride: usize) {
+    let nx = scales.len();
+    let block = AXPY_V * LANES;
+    let full = len - len % block;
+    let mut v = 0;
+    while v + AXPY_X <= nx {
+        let ap = acc[v * len..].as_mut_ptr();
+        let mut j = 0;
+        while j < full {
+            // SAFETY: vectors v .. v + 4 of acc and every row hold j + 64 <= len elements.
+            unsafe { axpy_tile(ap.add(j), len, &scales[v..v + AXPY_X], &w[v * n..(v + AXPY_X) * n], n, rows.as_ptr().add(j), stride) };
+            j += block;
+        }
+        if j < len {
+            for a in 0..AXPY_X {
+                let wa = &w[(v + a) * n..][..n];
+                // SAFETY: forwarded contract, for elements j .. len of vector v + a.
+                unsafe { scale_axpy_rows(&mut acc[(v + a) * len + j..(v + a + 1) * len], scales[v + a], wa, &rows[j..], stride) };
+            }
+        }
+        v += AXPY_X;
+    }
+    for u in v..nx {
+        // SAFETY: forwarded contract, for vector u alone.
+        unsafe { scale_axpy_rows(&mut acc[u * len..][..len], scales[u], &w[u * n..][..n], rows, stride) };
+    }
+}
+
+/// 4 accumulator vectors (at `a`, `len` apart) × 64 elements: each scaled, then one FMA per
+/// row with its own weight `w[x·n + i]`.
+///
+/// # Safety
+///
+/// AVX-512; `a + x·len` is writable for 64 f32 (x < 4); every row readable for 64 f32.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma")]
+#[inline]
+unsafe fn axpy_tile(a: *mut f32, len: usize, scales: &[f32], w: &[f32], n: usize, rows: *const f32, stride: usize) {
+    let mut v = [[_mm512_setzero_ps(); AXPY_V]; AXPY_X];
+    for (x, vx) in v.iter_mut().enumerate() {
+        let s = _mm512_set1_ps(scales[x]);
+        for (k, e) in vx.iter_mut().enumerate() {
+            // SAFETY: the caller's contract covers 64 elements of vector x.
+            *e = _mm512_mul_ps(unsafe { _mm512_loadu_ps(a.add(x * len + k * LANES)) }, s);
+        }
+    }
+    // PERF-CRITICAL: attention's probability-weighted sum of values at long context.
+    for i in 0..n {
+        // SAFETY: row i is readable for 64 elements.
+        let row = unsafe { rows.add(i * stride) };
+        // SAFETY: as above.
+        let rv: [__m512; AXPY_V] = std::array::from_fn(|k| unsafe { _mm512_loadu_ps(row.add(k * LANES)) });
+        for (x, vx) in v.iter_mut().enumerate() {
+            let wv = _mm512_set1_ps(w[x * n + i]);
+            for (e, &r) in vx.iter_mut().zip(&rv) {
+                *e = _mm512_fmadd_ps(wv, r, *e);
+            }
+        }
+    }
+    for (x, vx) in v.iter().enumerate() {
+        for (k, e) in vx.iter().enumerate() {
+            // SAFETY: the caller's contract; the accumulator is exclusively the caller's.
+            unsafe { _mm512_storeu_ps(a.add(x * len + k * LANES), *e) };
+        }
+    }
+}

@@ -74,6 +74,62 @@ pub fn scale_axpy_rows_f32(isa: Isa, acc: &mut [f32], acc_scale: f32, w: &[f32],
     }
 }
 
+/// [`dot_rows_f32`] for several query vectors against the same rows: `xs` holds
+/// `nx = out.len() / n` vectors of `len`, one after another, and `out[x·n + i]` is the dot
+/// product of vector `x` with row `i`, the same bits as [`dot_rows_f32`] gives for that vector
+/// (the AVX-512 kernel computes 4 vectors × 4 rows per register tile so each load feeds 4 FMAs;
+/// the others run [`dot_rows_f32`] per vector).
+///
+/// # Panics
+///
+/// As [`dot_rows_f32`], and if `out.len()` is not a multiple of `n` or `xs.len() != nx · len`.
+pub fn dot_rows_multi_f32(isa: Isa, len: usize, xs: &[f32], rows: &[f32], stride: usize, out: &mut [f32], n: usize) {
+    check_rows(isa, len, rows, stride, n);
+    if n == 0 {
+        return;
+    }
+    assert!(out.len() % n == 0 && xs.len() == out.len() / n * len, "kernels: {} query floats of {len} for {} outputs of {n} rows", xs.len(), out.len());
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: the ISA and the shapes were checked above.
+        Isa::Avx512 => unsafe { avx512::dot_rows_multi(len, xs, rows, stride, out, n) },
+        _ => {
+            for (x, o) in out.chunks_exact_mut(n).enumerate() {
+                dot_rows_f32(isa, &xs[x * len..][..len], rows, stride, o);
+            }
+        }
+    }
+}
+
+/// [`scale_axpy_rows_f32`] for several accumulators over the same rows: `acc` holds
+/// `nx = scales.len()` accumulators of `len = acc.len() / nx`, `w` their weights (`n = w.len() /
+/// nx` each, one accumulator's after another). Each accumulator gets the same bits as
+/// [`scale_axpy_rows_f32`] on it alone (the AVX-512 kernel updates 4 accumulators × 64
+/// elements per register tile, so each row vector loaded feeds 4 FMAs).
+///
+/// # Panics
+///
+/// As [`scale_axpy_rows_f32`], and if `acc` or `w` do not divide into `scales.len()` parts.
+pub fn scale_axpy_rows_multi_f32(isa: Isa, acc: &mut [f32], scales: &[f32], w: &[f32], rows: &[f32], stride: usize) {
+    let nx = scales.len();
+    if nx == 0 {
+        return;
+    }
+    assert!(acc.len() % nx == 0 && w.len() % nx == 0, "kernels: {} accumulator floats and {} weights for {nx} vectors", acc.len(), w.len());
+    let (len, n) = (acc.len() / nx, w.len() / nx);
+    check_rows(isa, len, rows, stride, n);
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: the ISA and the shapes were checked above.
+        Isa::Avx512 => unsafe { avx512::scale_axpy_rows_multi(acc, len, scales, w, n, rows, stride) },
+        _ => {
+            for (x, &s) in scales.iter().enumerate() {
+                scale_axpy_rows_f32(isa, &mut acc[x * len..][..len], s, &w[x * n..][..n], rows, stride);
+            }
+        }
+    }
+}
+
 /// One tile of the online softmax: `s[i] ← s[i]·scale`, `m' = max(m, maxᵢ s[i])`, then
 /// `s[i] ← exp(s[i] − m')`; returns `(m', Σᵢ s[i])`.
 ///

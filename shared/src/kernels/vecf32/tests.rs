@@ -1,7 +1,8 @@
 //! Tests for the f32 vector kernels: every available ISA against an f64 reference on odd
 //! lengths and strides, and the bitwise invariants the attention kernel relies on (a row's dot
 //! product does not depend on the call it is in; a weighted sum split over two calls equals one
-//! call), and the softmax tile's `exp` against f64.
+//! call; the multi-vector kernels give each vector the single kernels' bits), and the softmax
+//! tile's `exp` against f64.
 
 use super::*;
 
@@ -100,6 +101,38 @@ fn avx512_weighted_sum_gives_the_avx2_bits() {
         scale_axpy_rows_f32(Isa::Avx2, &mut a2, 0.5, &w, &rows, stride);
         scale_axpy_rows_f32(Isa::Avx512, &mut a5, 0.5, &w, &rows, stride);
         assert!(a2.iter().zip(&a5).all(|(a, b)| a.to_bits() == b.to_bits()), "len {len}");
+    }
+}
+
+#[test]
+fn multi_vector_kernels_give_each_vector_the_single_kernels_bits() {
+    for isa in available() {
+        for len in LENS {
+            let stride = len + 2;
+            for nx in [1, 3, 4, 5, 8, 9] {
+                for n in [1, 3, 4, 5, 7, 16, 63, 64] {
+                    let xs = values(nx * len, 11);
+                    let rows = values((n - 1) * stride + len, 12);
+                    let mut multi = vec![0.0f32; nx * n];
+                    dot_rows_multi_f32(isa, len, &xs, &rows, stride, &mut multi, n);
+                    let w = values(nx * n, 13);
+                    let scales = values(nx, 14);
+                    let mut acc = values(nx * len, 15);
+                    let start = acc.clone();
+                    scale_axpy_rows_multi_f32(isa, &mut acc, &scales, &w, &rows, stride);
+                    for x in 0..nx {
+                        let mut one = vec![0.0f32; n];
+                        dot_rows_f32(isa, &xs[x * len..][..len], &rows, stride, &mut one);
+                        let same = one.iter().zip(&multi[x * n..][..n]).all(|(a, b)| a.to_bits() == b.to_bits());
+                        assert!(same, "{isa} len {len} nx {nx} n {n}: dot products of vector {x}");
+                        let mut a1 = start[x * len..][..len].to_vec();
+                        scale_axpy_rows_f32(isa, &mut a1, scales[x], &w[x * n..][..n], &rows, stride);
+                        let same = a1.iter().zip(&acc[x * len..][..len]).all(|(a, b)| a.to_bits() == b.to_bits());
+                        assert!(same, "{isa} len {len} nx {nx} n {n}: weighted sum of vector {x}");
+                    }
+                }
+            }
+        }
     }
 }
 
