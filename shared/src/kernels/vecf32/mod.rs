@@ -77,7 +77,7 @@ pub fn scale_axpy_rows_f32(isa: Isa, acc: &mut [f32], acc_scale: f32, w: &[f32],
 /// [`dot_rows_f32`] for several query vectors against the same rows: `xs` holds
 /// `nx = out.len() / n` vectors of `len`, one after another, and `out[x·n + i]` is the dot
 /// product of vector `x` with row `i`, the same bits as [`dot_rows_f32`] gives for that vector
-/// (the AVX-512 kernel computes 4 vectors × 4 rows per register tile so each load feeds 4 FMAs;
+/// (the AVX-512 kernel computes 8 vectors × 2 rows per register tile so each row load feeds 8 FMAs;
 /// the others run [`dot_rows_f32`] per vector).
 ///
 /// # Panics
