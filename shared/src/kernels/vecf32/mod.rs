@@ -104,8 +104,8 @@ pub fn dot_rows_multi_f32(isa: Isa, len: usize, xs: &[f32], rows: &[f32], stride
 /// [`scale_axpy_rows_f32`] for several accumulators over the same rows: `acc` holds
 /// `nx = scales.len()` accumulators of `len = acc.len() / nx`, `w` their weights (`n = w.len() /
 /// nx` each, one accumulator's after another). Each accumulator gets the same bits as
-/// [`scale_axpy_rows_f32`] on it alone (the AVX-512 kernel updates 4 accumulators × 64
-/// elements per register tile, so each row vector loaded feeds 4 FMAs).
+/// [`scale_axpy_rows_f32`] on it alone (the AVX-512 kernel updates 8 accumulators × 32
+/// elements per register tile, so each row vector loaded feeds 8 FMAs).
 ///
 /// # Panics
 ///
