@@ -17,6 +17,11 @@
 //! Weighted sum: every accumulator element is multiplied by the scale, then gets one fused
 //! multiply-add per row in row order; the last `len mod 16` elements use masked vectors. This is
 //! element for element the AVX2 kernel's arithmetic, so the two give the same bits.
+//!
+//! The multi-vector kernels (several query vectors or accumulators over the same rows) keep 16
+//! accumulators in registers per tile; each dot product and each element still follows the
+//! sequence above, so they give the single-vector kernels' bits. The softmax tile is the
+//! portable kernel's arithmetic, 16 lanes at a time.
 
 use std::arch::x86_64::*;
 

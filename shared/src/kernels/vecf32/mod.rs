@@ -1,7 +1,9 @@
 //! f32 × f32 vector kernels for attention over the KV cache: the dot products of one query
 //! against a run of key rows ([`dot_rows_f32`]) and the probability-weighted sum of a run of
-//! value rows into an accumulator ([`scale_axpy_rows_f32`]); and the scalar kernel's single dot
-//! product ([`dot_f32`]), for callers that need one ISA-independent order.
+//! value rows into an accumulator ([`scale_axpy_rows_f32`]); both for several query vectors or
+//! accumulators sharing the rows ([`dot_rows_multi_f32`], [`scale_axpy_rows_multi_f32`]); one
+//! tile of the online softmax ([`softmax_tile_f32`]); and the scalar kernel's single dot product
+//! ([`dot_f32`]), for callers that need one ISA-independent order.
 //!
 //! Owns the safe API (shape and ISA checks) over one kernel per instruction set: `scalar` (the
 //! portable reference, written so LLVM vectorises it, NEON included), `avx2` and `avx512`
@@ -17,6 +19,7 @@
 //! that depends only on the vector length, never on how many rows one call covers or where
 //! the call starts: `dot_rows_f32(x, rows)[i]` equals `dot_rows_f32(x, row i alone)[0]`, and
 //! an element of the accumulator gets `acc·scale` then one multiply-add per row in row order.
+//! The multi-vector kernels give each vector exactly those bits, whatever the other vectors.
 //! The attention kernel builds its own bitwise contract on this.
 
 #[cfg(target_arch = "x86_64")]
@@ -88,7 +91,7 @@ pub fn dot_rows_multi_f32(isa: Isa, len: usize, xs: &[f32], rows: &[f32], stride
     if n == 0 {
         return;
     }
-    assert!(out.len() % n == 0 && xs.len() == out.len() / n * len, "kernels: {} query floats of {len} for {} outputs of {n} rows", xs.len(), out.len());
+    assert!(out.len().is_multiple_of(n) && xs.len() == out.len() / n * len, "kernels: {} query floats of {len} for {} outputs of {n} rows", xs.len(), out.len());
     match isa {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: the ISA and the shapes were checked above.
@@ -115,7 +118,7 @@ pub fn scale_axpy_rows_multi_f32(isa: Isa, acc: &mut [f32], scales: &[f32], w: &
     if nx == 0 {
         return;
     }
-    assert!(acc.len() % nx == 0 && w.len() % nx == 0, "kernels: {} accumulator floats and {} weights for {nx} vectors", acc.len(), w.len());
+    assert!(acc.len().is_multiple_of(nx) && w.len().is_multiple_of(nx), "kernels: {} accumulator floats and {} weights for {nx} vectors", acc.len(), w.len());
     let (len, n) = (acc.len() / nx, w.len() / nx);
     check_rows(isa, len, rows, stride, n);
     match isa {

@@ -3,7 +3,8 @@
 //! The dot product keeps 16 independent partial sums (lane `j mod 16` for the whole 16-wide
 //! chunks), combines them by a fixed halving tree and then adds the tail in order, so LLVM can
 //! keep the lanes in vector registers (SSE, NEON) while the order stays fixed. The weighted sum
-//! is element-wise, so it vectorises as written.
+//! is element-wise, so it vectorises as written. The softmax tile's `exp` and 16-lane sum are the
+//! definition that the SIMD kernels reproduce bit for bit.
 
 /// Independent partial sums of the dot product.
 const LANES: usize = 16;
@@ -73,7 +74,7 @@ pub(super) const EXP_P: [f32; 6] = [1.987_569_1e-4, 1.398_199_9e-3, 8.333_452e-3
 /// in `tests.rs`.
 #[inline(always)]
 pub(super) fn exp(x: f32) -> f32 {
-    let xc = if x > EXP_HI { EXP_HI } else if x < EXP_LO { EXP_LO } else { x };
+    let xc = x.clamp(EXP_LO, EXP_HI); // NaN stays NaN
     let t = xc * LOG2E + ROUND;
     let n = t - ROUND;
     let ni = (t.to_bits() as i32).wrapping_sub(ROUND.to_bits() as i32);
