@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Interleaved A/B of attention_core binaries (fresh process each), load recorded around each run.
-# Usage: ab4.sh ROUNDS MODE LEN BUILD...
+# Usage: [AB_DIR=dir] ab4.sh ROUNDS MODE LEN BUILD...
 set -u
 rounds=$1; mode=$2; len=$3; shift 3
-dir=/work/target-attn/ab
+dir=${AB_DIR:-$(dirname "$0")}  
 for r in $(seq 1 "$rounds"); do
   for which in "$@"; do
     load=$(cut -d' ' -f1 /proc/loadavg)
