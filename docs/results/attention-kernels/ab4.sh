@@ -3,7 +3,7 @@
 # Usage: [AB_DIR=dir] ab4.sh ROUNDS MODE LEN BUILD...
 set -u
 rounds=$1; mode=$2; len=$3; shift 3
-dir=${AB_DIR:-$(dirname "$0")}  
+dir=${AB_DIR:-$(dirname "$0")}
 for r in $(seq 1 "$rounds"); do
   for which in "$@"; do
     load=$(cut -d' ' -f1 /proc/loadavg)
