@@ -194,7 +194,8 @@ impl Ctx<'_> {
         let stride = nkv * dh;
         let rows = self.rows(rb);
         let mut st = State::empty(self.vectors(rb), dh);
-        let mut scores = [0.0f32; TILE];
+        // One tile's scores, then probabilities, per q head of a row; its heads' rescale factors.
+        let (mut scores, mut corr) = (vec![0.0f32; qpk * TILE], vec![0.0f32; qpk]);
         let seg_begin = s * SEGMENT;
         // The block's last row sees the most; earlier rows stop at their own position.
         let seg_end = (self.start + rows.end).min(seg_begin + SEGMENT);
@@ -207,28 +208,20 @@ impl Ctx<'_> {
                 if b <= a {
                     continue;
                 }
-                for hi in 0..qpk {
+                // All q heads of the row at once: they share the row's range of the tile.
+                let n = b - a;
+                let qs = &self.q[(t * nq + g * qpk) * dh..][..qpk * dh];
+                let sc = &mut scores[..qpk * n];
+                kernels::dot_rows_multi_f32(self.isa, dh, qs, kt, stride, sc, n);
+                for (hi, (p, c)) in sc.chunks_exact_mut(n).zip(corr.iter_mut()).enumerate() {
                     let vi = ri * qpk + hi;
-                    let qv = &self.q[(t * nq + g * qpk + hi) * dh..][..dh];
-                    let sc = &mut scores[..b - a];
-                    kernels::dot_rows_f32(self.isa, qv, kt, stride, sc);
-                    let mut tile_max = f32::NEG_INFINITY;
-                    for x in sc.iter_mut() {
-                        *x *= self.scale;
-                        tile_max = tile_max.max(*x);
-                    }
                     let m = st.m[vi];
-                    let m_new = m.max(tile_max);
-                    let corr = (m - m_new).exp();
-                    let mut sum = 0.0f32;
-                    for x in sc.iter_mut() {
-                        *x = (*x - m_new).exp();
-                        sum += *x;
-                    }
-                    st.l[vi] = st.l[vi] * corr + sum;
+                    let (m_new, sum) = kernels::softmax_tile_f32(self.isa, p, self.scale, m);
+                    *c = (m - m_new).exp();
+                    st.l[vi] = st.l[vi] * *c + sum;
                     st.m[vi] = m_new;
-                    kernels::scale_axpy_rows_f32(self.isa, &mut st.acc[vi * dh..][..dh], corr, sc, vt, stride);
                 }
+                kernels::scale_axpy_rows_multi_f32(self.isa, &mut st.acc[ri * qpk * dh..][..qpk * dh], &corr, sc, vt, stride);
             }
             a = tile_end;
         }

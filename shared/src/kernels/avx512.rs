@@ -137,10 +137,10 @@ fn widen(v: __m256i) -> __m512 {
 /// The fixed horizontal reduction of the 16 lanes `v[0..16]`:
 /// `a[i] = v[i] + v[i+8]` (i < 8), `b[i] = a[i] + a[i+4]` (i < 4), `c[i] = b[i] + b[i+2]`
 /// (i < 2), result `c[0] + c[1]`. Written out rather than `_mm512_reduce_add_ps` so the order
-/// is ours, not the compiler's.
+/// is ours, not the compiler's. Also the reduction of the f32 vector kernels (`vecf32/avx512.rs`).
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma")]
 #[inline]
-fn hsum(v: __m512) -> f32 {
+pub(super) fn hsum(v: __m512) -> f32 {
     let lo = _mm512_castps512_ps256(v);
     let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(v)));
     let a = _mm256_add_ps(lo, hi);

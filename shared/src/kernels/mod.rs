@@ -34,7 +34,7 @@ mod tiling;
 pub mod vecf32;
 
 pub use dispatch::{ISA_ENV_VAR, Isa, IsaOverrideProblem, IsaSelection, KernelIsa, OverrideProblem, Selection};
-pub use vecf32::{dot_rows_f32, scale_axpy_rows_f32};
+pub use vecf32::{dot_rows_f32, dot_rows_multi_f32, scale_axpy_rows_f32, scale_axpy_rows_multi_f32, softmax_tile_f32};
 
 use half::bf16;
 use rayon::prelude::*;

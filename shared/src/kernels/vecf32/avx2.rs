@@ -155,3 +155,15 @@ pub(super) unsafe fn scale_axpy_rows(acc: &mut [f32], acc_scale: f32, w: &[f32],
         unsafe { *ap.add(t) = _mm_cvtss_f32(v) };
     }
 }
+
+/// See `super::softmax_tile_f32`: the portable kernel, compiled here with AVX2 so that LLVM
+/// vectorises it 8 wide. It has no FMA to contract (Rust never fuses a multiply and an add), so
+/// the bits are the portable kernel's.
+///
+/// # Safety
+///
+/// AVX2 and FMA are available.
+#[target_feature(enable = "avx2,fma")]
+pub(super) unsafe fn softmax_tile(s: &mut [f32], scale: f32, m: f32) -> (f32, f32) {
+    super::scalar::softmax_tile(s, scale, m)
+}

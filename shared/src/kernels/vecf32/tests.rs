@@ -1,12 +1,13 @@
 //! Tests for the f32 vector kernels: every available ISA against an f64 reference on odd
 //! lengths and strides, and the bitwise invariants the attention kernel relies on (a row's dot
 //! product does not depend on the call it is in; a weighted sum split over two calls equals one
-//! call).
+//! call; the multi-vector kernels give each vector the single kernels' bits), and the softmax
+//! tile's `exp` against f64.
 
 use super::*;
 
 /// Lengths around the vector widths, plus the real head size.
-const LENS: [usize; 11] = [1, 7, 8, 9, 31, 32, 33, 63, 100, 256, 259];
+const LENS: [usize; 14] = [1, 7, 8, 9, 15, 16, 17, 31, 32, 33, 63, 100, 256, 259];
 
 /// Deterministic test values in [-1, 1).
 fn values(n: usize, seed: u64) -> Vec<f32> {
@@ -81,6 +82,107 @@ fn weighted_sum_matches_reference_and_splits_bitwise() {
             scale_axpy_rows_f32(isa, &mut split, 1.0, &w[4..], &rows[4 * stride..], stride);
             let same = split.iter().zip(&acc).all(|(a, b)| a.to_bits() == b.to_bits());
             assert!(same, "{isa} len {len}: a weighted sum split over two calls differs from one call");
+        }
+    }
+}
+
+#[test]
+fn avx512_weighted_sum_gives_the_avx2_bits() {
+    if !Isa::Avx512.is_available() {
+        println!("skipping: AVX-512 not available on this CPU");
+        return;
+    }
+    for len in LENS {
+        let (n, stride) = (9, len + 5);
+        let w = values(n, 8);
+        let rows = values((n - 1) * stride + len, 9);
+        let start = values(len, 10);
+        let (mut a2, mut a5) = (start.clone(), start);
+        scale_axpy_rows_f32(Isa::Avx2, &mut a2, 0.5, &w, &rows, stride);
+        scale_axpy_rows_f32(Isa::Avx512, &mut a5, 0.5, &w, &rows, stride);
+        assert!(a2.iter().zip(&a5).all(|(a, b)| a.to_bits() == b.to_bits()), "len {len}");
+    }
+}
+
+#[test]
+fn multi_vector_kernels_give_each_vector_the_single_kernels_bits() {
+    for isa in available() {
+        for len in LENS {
+            let stride = len + 2;
+            for nx in [1, 3, 4, 5, 8, 9] {
+                for n in [1, 3, 4, 5, 7, 16, 63, 64] {
+                    let xs = values(nx * len, 11);
+                    let rows = values((n - 1) * stride + len, 12);
+                    let mut multi = vec![0.0f32; nx * n];
+                    dot_rows_multi_f32(isa, len, &xs, &rows, stride, &mut multi, n);
+                    let w = values(nx * n, 13);
+                    let scales = values(nx, 14);
+                    let mut acc = values(nx * len, 15);
+                    let start = acc.clone();
+                    scale_axpy_rows_multi_f32(isa, &mut acc, &scales, &w, &rows, stride);
+                    for x in 0..nx {
+                        let mut one = vec![0.0f32; n];
+                        dot_rows_f32(isa, &xs[x * len..][..len], &rows, stride, &mut one);
+                        let same = one.iter().zip(&multi[x * n..][..n]).all(|(a, b)| a.to_bits() == b.to_bits());
+                        assert!(same, "{isa} len {len} nx {nx} n {n}: dot products of vector {x}");
+                        let mut a1 = start[x * len..][..len].to_vec();
+                        scale_axpy_rows_f32(isa, &mut a1, scales[x], &w[x * n..][..n], &rows, stride);
+                        let same = a1.iter().zip(&acc[x * len..][..len]).all(|(a, b)| a.to_bits() == b.to_bits());
+                        assert!(same, "{isa} len {len} nx {nx} n {n}: weighted sum of vector {x}");
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The bound the `softmax_tile_f32` docs state for its `exp`.
+const EXP_MAX_REL_ERR: f64 = 1.5e-7;
+
+#[test]
+fn polynomial_exp_is_within_its_stated_error_of_f64_exp() {
+    let steps = 2_000_000;
+    let mut worst = (0.0f64, 0.0f32);
+    for k in 0..=steps {
+        let x = scalar::EXP_LO * (k as f32 / steps as f32);
+        let want = f64::from(x).exp();
+        let rel = ((f64::from(scalar::exp(x)) - want) / want).abs();
+        if rel > worst.0 {
+            worst = (rel, x);
+        }
+    }
+    println!("exp: max relative error {:e} at {}", worst.0, worst.1);
+    assert!(worst.0 <= EXP_MAX_REL_ERR, "exp: relative error {:e} at {}", worst.0, worst.1);
+    assert_eq!(scalar::exp(0.0), 1.0);
+    assert_eq!(scalar::exp(-0.0), 1.0);
+    assert_eq!(scalar::exp(-88.0), 0.0);
+    assert_eq!(scalar::exp(f32::NEG_INFINITY), 0.0);
+    assert!(scalar::exp(f32::NAN).is_nan());
+}
+
+#[test]
+fn softmax_tile_matches_f64_and_gives_the_same_bits_on_every_isa() {
+    for len in [1, 2, 15, 16, 17, 31, 33, 63, 64] {
+        let raw: Vec<f32> = values(len, 16).iter().map(|v| v * 40.0).collect();
+        for m in [f32::NEG_INFINITY, 3.0, 50.0] {
+            let mut want = raw.clone();
+            let (m_want, sum_want) = softmax_tile_f32(Isa::Scalar, &mut want, 0.0625, m);
+            let m_exact = raw.iter().map(|v| v * 0.0625).fold(m, f32::max);
+            assert_eq!(m_want, m_exact, "len {len} m {m}: max");
+            let mut sum_exact = 0.0f64;
+            for (p, r) in want.iter().zip(&raw) {
+                // The kernel's own f32 difference: exp's error, not the subtraction's rounding.
+                let e = f64::from(r * 0.0625 - m_exact).exp();
+                sum_exact += e;
+                assert!((f64::from(*p) - e).abs() <= EXP_MAX_REL_ERR * e + 1e-38, "len {len} m {m}: {p} vs {e}");
+            }
+            assert!((f64::from(sum_want) - sum_exact).abs() <= 1e-6 * sum_exact, "len {len} m {m}: sum");
+            for isa in available() {
+                let mut got = raw.clone();
+                let (m_got, sum_got) = softmax_tile_f32(isa, &mut got, 0.0625, m);
+                let same = got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits());
+                assert!(same && m_got.to_bits() == m_want.to_bits() && sum_got.to_bits() == sum_want.to_bits(), "{isa} len {len} m {m}");
+            }
         }
     }
 }
