@@ -93,19 +93,24 @@ fn tiled_matches_naive_on_gqa_shapes_across_tile_and_segment_boundaries() {
 #[test]
 fn a_rows_output_is_the_same_bits_however_the_prompt_was_split() {
     let isa = Isa::active();
-    let heads = Heads { nq: 4, nkv: 2, dh: 40 };
-    let total = 2200; // 3 segments, a partial last tile
-    let case = Case::new(heads, total, 3.0, 21);
-    let one_block = case.run_blocks(isa, &[total], Split::Never);
-    let uneven = [1usize, 63, 64, 65, 300, 511, 17, 1000, 179];
-    assert_eq!(uneven.iter().sum::<usize>(), total);
-    let token_by_token = vec![1usize; total];
-    for (name, sizes) in [("uneven chunks", &uneven[..]), ("token by token", &token_by_token[..]), ("one block", &[total][..])] {
-        for split in [Split::Never, Split::Always, Split::Auto] {
-            for threads in [1, 3] {
-                let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().expect("pool");
-                let got = pool.install(|| case.run_blocks(isa, sizes, split));
-                assert_bits(&got, &one_block, &format!("{name}, {split:?}, {threads} threads vs one block"));
+    // 2 q heads per KV head (the one-vector kernels), and 8 with a head size over 64 (the
+    // AVX-512 register tiles: 8 heads × 2 keys for q·K, 8 heads × 32 elements for P·V, plus
+    // their tails), so both paths are held to the rule.
+    for heads in [Heads { nq: 4, nkv: 2, dh: 40 }, Heads { nq: 8, nkv: 1, dh: 72 }] {
+        let total = 2200; // 3 segments, a partial last tile
+        let case = Case::new(heads, total, 3.0, 21);
+        let one_block = case.run_blocks(isa, &[total], Split::Never);
+        let uneven = [1usize, 63, 64, 65, 300, 511, 17, 1000, 179];
+        assert_eq!(uneven.iter().sum::<usize>(), total);
+        let token_by_token = vec![1usize; total];
+        for (name, sizes) in [("uneven chunks", &uneven[..]), ("token by token", &token_by_token[..]), ("one block", &[total][..])] {
+            for split in [Split::Never, Split::Always, Split::Auto] {
+                for threads in [1, 3] {
+                    let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().expect("pool");
+                    let got = pool.install(|| case.run_blocks(isa, sizes, split));
+                    let what = format!("{}q/{}kv/{}: {name}, {split:?}, {threads} threads vs one block", heads.nq, heads.nkv, heads.dh);
+                    assert_bits(&got, &one_block, &what);
+                }
             }
         }
     }

@@ -63,6 +63,12 @@ pub fn dot_rows_f32(isa: Isa, x: &[f32], rows: &[f32], stride: usize, out: &mut 
 /// `w.len()` rows, or if `isa` is not available on this CPU.
 pub fn scale_axpy_rows_f32(isa: Isa, acc: &mut [f32], acc_scale: f32, w: &[f32], rows: &[f32], stride: usize) {
     check_rows(isa, acc.len(), rows, stride, w.len());
+    if w.is_empty() {
+        // No rows: only the scale (one multiply per element, the same bits on every ISA). The
+        // SIMD kernels require at least one row (`rows` is not checked without one).
+        acc.iter_mut().for_each(|a| *a *= acc_scale);
+        return;
+    }
     match isa {
         Isa::Scalar => scalar::scale_axpy_rows(acc, acc_scale, w, rows, stride),
         #[cfg(target_arch = "x86_64")]
@@ -121,6 +127,13 @@ pub fn scale_axpy_rows_multi_f32(isa: Isa, acc: &mut [f32], scales: &[f32], w: &
     assert!(acc.len().is_multiple_of(nx) && w.len().is_multiple_of(nx), "kernels: {} accumulator floats and {} weights for {nx} vectors", acc.len(), w.len());
     let (len, n) = (acc.len() / nx, w.len() / nx);
     check_rows(isa, len, rows, stride, n);
+    if n == 0 {
+        // No rows: only the scales, as in `scale_axpy_rows_f32`.
+        for (a, &s) in acc.chunks_exact_mut(len.max(1)).zip(scales) {
+            a.iter_mut().for_each(|v| *v *= s);
+        }
+        return;
+    }
     match isa {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: the ISA and the shapes were checked above.
@@ -141,7 +154,8 @@ pub fn scale_axpy_rows_multi_f32(isa: Isa, acc: &mut [f32], scales: &[f32], w: &
 /// written with separate multiplies and adds so that every ISA computes the same bits. The sum
 /// keeps 16 partial sums (lane `i mod 16`) combined by the fixed halving tree of the dot
 /// products, so the result depends only on the values and `s.len()`: the same bits on every
-/// ISA (up to the sign of a zero maximum), whatever else the caller computes.
+/// ISA (up to the sign of a zero maximum, and NaN scores: AVX-512's max keeps a NaN that
+/// `f32::max` drops), whatever else the caller computes.
 pub fn softmax_tile_f32(isa: Isa, s: &mut [f32], scale: f32, m: f32) -> (f32, f32) {
     assert!(isa.is_available(), "kernels: ISA {isa} is not available on this CPU");
     match isa {

@@ -163,8 +163,14 @@ fn polynomial_exp_is_within_its_stated_error_of_f64_exp() {
 #[test]
 fn softmax_tile_matches_f64_and_gives_the_same_bits_on_every_isa() {
     for len in [1, 2, 15, 16, 17, 31, 33, 63, 64] {
-        let raw: Vec<f32> = values(len, 16).iter().map(|v| v * 40.0).collect();
-        for m in [f32::NEG_INFINITY, 3.0, 50.0] {
+        let mut raw: Vec<f32> = values(len, 16).iter().map(|v| v * 40.0).collect();
+        if len >= 16 {
+            // Scores far below the maximum, so exp's underflow to 0 and its clamp run in every
+            // ISA's lanes too (with m = 100 every element is below exp's range), and a masked key.
+            raw[3] = -2000.0;
+            raw[len - 2] = f32::NEG_INFINITY;
+        }
+        for m in [f32::NEG_INFINITY, 3.0, 50.0, 100.0, 1500.0] {
             let mut want = raw.clone();
             let (m_want, sum_want) = softmax_tile_f32(Isa::Scalar, &mut want, 0.0625, m);
             let m_exact = raw.iter().map(|v| v * 0.0625).fold(m, f32::max);
@@ -176,13 +182,32 @@ fn softmax_tile_matches_f64_and_gives_the_same_bits_on_every_isa() {
                 sum_exact += e;
                 assert!((f64::from(*p) - e).abs() <= EXP_MAX_REL_ERR * e + 1e-38, "len {len} m {m}: {p} vs {e}");
             }
-            assert!((f64::from(sum_want) - sum_exact).abs() <= 1e-6 * sum_exact, "len {len} m {m}: sum");
+            // (An absolute floor for the terms exp flushes to 0: below e^-87.3 each.)
+            assert!((f64::from(sum_want) - sum_exact).abs() <= 1e-6 * sum_exact + 1e-36, "len {len} m {m}: sum");
             for isa in available() {
                 let mut got = raw.clone();
                 let (m_got, sum_got) = softmax_tile_f32(isa, &mut got, 0.0625, m);
                 let same = got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits());
                 assert!(same && m_got.to_bits() == m_want.to_bits() && sum_got.to_bits() == sum_want.to_bits(), "{isa} len {len} m {m}");
             }
+        }
+    }
+}
+
+#[test]
+fn with_no_rows_the_weighted_sums_only_scale() {
+    for isa in available() {
+        for len in LENS {
+            let acc0 = values(len, 20);
+            let mut acc = acc0.clone();
+            scale_axpy_rows_f32(isa, &mut acc, 0.5, &[], &[], len);
+            assert!(acc.iter().zip(&acc0).all(|(a, b)| a.to_bits() == (b * 0.5).to_bits()), "{isa} len {len}");
+            let acc0 = values(9 * len, 21);
+            let mut acc = acc0.clone();
+            let scales: Vec<f32> = (0..9).map(|x| 0.25 * x as f32).collect();
+            scale_axpy_rows_multi_f32(isa, &mut acc, &scales, &[], &[], len);
+            let want: Vec<f32> = acc0.iter().enumerate().map(|(i, v)| v * scales[i / len]).collect();
+            assert!(acc.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()), "{isa} multi len {len}");
         }
     }
 }
