@@ -27,14 +27,7 @@ pub(super) fn dot(a: &[f32], b: &[f32]) -> f32 {
             acc[l] += x[l] * y[l];
         }
     }
-    let mut width = LANES / 2;
-    while width > 0 {
-        for l in 0..width {
-            acc[l] += acc[l + width];
-        }
-        width /= 2;
-    }
-    let mut sum = acc[0];
+    let mut sum = halving_sum(acc);
     for (x, y) in ta.iter().zip(tb) {
         sum += x * y;
     }
@@ -88,6 +81,20 @@ pub(super) fn exp(x: f32) -> f32 {
     if x < EXP_LO { 0.0 } else { y }
 }
 
+/// The partial sums combined by the fixed halving tree: lane `l` += lane `l + w` for
+/// `w` = 8, 4, 2, 1.
+#[inline(always)]
+fn halving_sum(mut acc: [f32; LANES]) -> f32 {
+    let mut width = LANES / 2;
+    while width > 0 {
+        for l in 0..width {
+            acc[l] += acc[l + width];
+        }
+        width /= 2;
+    }
+    acc[0]
+}
+
 /// See `super::softmax_tile_f32`: scale and max, then `exp` and the 16-lane sum.
 #[inline(always)]
 pub(super) fn softmax_tile(s: &mut [f32], scale: f32, m: f32) -> (f32, f32) {
@@ -103,12 +110,5 @@ pub(super) fn softmax_tile(s: &mut [f32], scale: f32, m: f32) -> (f32, f32) {
             *a += *x;
         }
     }
-    let mut width = LANES / 2;
-    while width > 0 {
-        for l in 0..width {
-            acc[l] += acc[l + width];
-        }
-        width /= 2;
-    }
-    (m_new, acc[0])
+    (m_new, halving_sum(acc))
 }
