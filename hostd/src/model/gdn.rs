@@ -16,7 +16,7 @@ use shared::kernels::{self, Isa};
 /// Chunk length of the chunked (prefill) form, as transformers uses.
 pub const CHUNK: usize = 64;
 
-/// Channels per parallel task of the conv in decode (one token).
+/// Channels per parallel task of the conv of one row in [`DeltaNet::mix_rows`].
 const CONV_DECODE_CHANNELS: usize = 1024;
 
 /// Per-sequence state of one DeltaNet layer (f32).
@@ -125,7 +125,9 @@ impl DeltaNet {
 
     /// Conv, q/k norms, gates, recurrence (chunked form for `n > 1`) and gated norm of `n` rows:
     /// the general path, in phases, each phase parallel over rows or heads. Returns the
-    /// `n × value_dim` gated-normed outputs, ready for the out-projection.
+    /// `n × value_dim` gated-normed outputs, ready for the out-projection. The model runs it for
+    /// `n > 1` only (prefill); with `n = 1` it is the reference [`Self::decode_heads`] is
+    /// tested against, and keeps the phased decode it replaced for that purpose.
     fn mix_rows(&self, isa: Isa, p: &Projected, n: usize, state: &mut DeltaNetState, prof: Option<&Profiler>) -> Vec<f32> {
         let Projected { xqkv, z, b, a } = p;
         let dn = self.dn;
@@ -147,7 +149,7 @@ impl DeltaNet {
             }
         };
         if n == 1 {
-            // Decode: one row, cut by channels so both halves of the pool share its SiLUs.
+            // One row (only the test's reference now): cut by channels across the pool.
             y.par_chunks_mut(CONV_DECODE_CHANNELS).enumerate().for_each(|(i, part)| conv_part(0, i * CONV_DECODE_CHANNELS, part));
         } else {
             y.par_chunks_mut(cdim).enumerate().for_each(|(t, row)| conv_part(t, 0, row));
@@ -212,9 +214,11 @@ impl DeltaNet {
         o
     }
 
-    /// One token's per-head work in ONE parallel region: for each k head, the conv (with SiLU)
-    /// of its q, k and v channels, the q/k L2 norms, and for each of its `v_per_k` v heads the
-    /// gates, [`decode_step`] and the gated norm; then the conv state moves on by one row.
+    /// One token's per-head work in ONE parallel region, a task per v head: the conv (with
+    /// SiLU) of its k head's q and k channels and of its own v channels, the q/k L2 norms, the
+    /// gates, [`decode_step`] and the gated norm; then the conv state moves on by one row. The
+    /// `v_per_k` v heads of a k head each redo its q/k conv and norms (2 · key_head_dim
+    /// channels, small beside the head's state), so there are `n_v_heads` independent tasks.
     /// Every value is the same expression, in the same order, as in [`Self::mix_rows`] with
     /// `n = 1`, so the output and the state are the same bits (tested); the work is only cut
     /// differently (no fork/join per phase, no serial phases, no gathers). Returns `value_dim`
@@ -222,26 +226,24 @@ impl DeltaNet {
     fn decode_heads(&self, isa: Isa, p: &Projected, state: &mut DeltaNetState) -> Vec<f32> {
         let Projected { xqkv, z, b, a } = p;
         let dn = self.dn;
-        let (nk, dk, dv, vpk) = (dn.n_k_heads, dn.key_head_dim, dn.value_head_dim, dn.v_per_k);
+        let (dk, dv, vpk) = (dn.key_head_dim, dn.value_head_dim, dn.v_per_k);
         let (cdim, hist) = (dn.conv_dim(), dn.conv_kernel - 1);
-        let (ck, q_mul) = (nk * dk, 1.0 / (dk as f32).sqrt());
+        let (ck, q_mul) = (dn.key_dim(), 1.0 / (dk as f32).sqrt());
         let conv_state = &state.conv;
         // Channel c after the conv: the history rows, then this token's row.
         let conv = |c: usize| self.conv_channel(c, |m| if m < hist { conv_state[m * cdim + c] } else { xqkv[c] });
         let mut o = vec![0.0f32; dn.value_dim()];
-        o.par_chunks_mut(vpk * dv).zip(state.recurrent.par_chunks_mut(vpk * dk * dv)).enumerate().for_each(|(kh, (o_k, s_k))| {
+        o.par_chunks_mut(dv).zip(state.recurrent.par_chunks_mut(dk * dv)).enumerate().for_each(|(h, (dst, s))| {
+            let kh = h / vpk;
             let mut q: Vec<f32> = (kh * dk..(kh + 1) * dk).map(conv).collect();
             let mut k: Vec<f32> = (ck + kh * dk..ck + (kh + 1) * dk).map(conv).collect();
             ops::l2_norm(&mut q, 1e-6, q_mul);
             ops::l2_norm(&mut k, 1e-6, 1.0);
-            for (j, (dst, s)) in o_k.chunks_exact_mut(dv).zip(s_k.chunks_exact_mut(dk * dv)).enumerate() {
-                let h = kh * vpk + j;
-                let v: Vec<f32> = (2 * ck + h * dv..2 * ck + (h + 1) * dv).map(conv).collect();
-                let (beta, g) = self.gates(h, b[h], a[h]);
-                let inputs = HeadInputs { q: &q, k: &k, v: &v, beta: &[beta], g: &[g], n: 1 };
-                dst.copy_from_slice(&decode_step(isa, s, &inputs, dk, dv));
-                self.gated_norm(dst, &z[h * dv..(h + 1) * dv]);
-            }
+            let v: Vec<f32> = (2 * ck + h * dv..2 * ck + (h + 1) * dv).map(conv).collect();
+            let (beta, g) = self.gates(h, b[h], a[h]);
+            let inputs = HeadInputs { q: &q, k: &k, v: &v, beta: &[beta], g: &[g], n: 1 };
+            dst.copy_from_slice(&decode_step(isa, s, &inputs, dk, dv));
+            self.gated_norm(dst, &z[h * dv..(h + 1) * dv]);
         });
         if hist > 0 {
             state.conv.copy_within(cdim.., 0);
@@ -505,7 +507,7 @@ mod tests {
         }
     }
 
-    /// A small layer with 2 v heads per k head and random non-trivial weights (the
+    /// A small layer of layout `dn` with random non-trivial weights (the
     /// projections are never used: the tests feed [`Projected`] directly).
     fn layer(dn: DeltaNetLayout, seed: u32) -> DeltaNet {
         let mut state = seed.wrapping_mul(2654435761).wrapping_add(3);
@@ -533,7 +535,12 @@ mod tests {
 
     #[test]
     fn decode_heads_gives_the_general_paths_bits_token_after_token() {
-        let dn = DeltaNetLayout { n_k_heads: 3, n_v_heads: 6, key_head_dim: 32, value_head_dim: 48, v_per_k: 2, conv_kernel: 4 };
+        for (vpk, kw) in [(2, 4), (1, 4), (3, 2), (2, 1)] {
+            decode_heads_matches(DeltaNetLayout { n_k_heads: 3, n_v_heads: 3 * vpk, key_head_dim: 32, value_head_dim: 48, v_per_k: vpk, conv_kernel: kw });
+        }
+    }
+
+    fn decode_heads_matches(dn: DeltaNetLayout) {
         let net = layer(dn, 5);
         let isa = Isa::active();
         let (mut s_general, mut s_fused) = (DeltaNetState::new(&dn), DeltaNetState::new(&dn));
@@ -549,10 +556,10 @@ mod tests {
             let o_general = net.mix_rows(isa, &p, 1, &mut s_general, None);
             let o_fused = net.decode_heads(isa, &p, &mut s_fused);
             let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
-            assert_eq!(bits(&o_fused), bits(&o_general), "token {t}: outputs");
-            assert_eq!(bits(&s_fused.recurrent), bits(&s_general.recurrent), "token {t}: recurrent state");
-            assert_eq!(bits(&s_fused.conv), bits(&s_general.conv), "token {t}: conv state");
-            assert!(o_fused.iter().any(|v| v.abs() > 1e-3), "token {t}: the outputs are not trivially zero");
+            assert_eq!(bits(&o_fused), bits(&o_general), "{dn:?} token {t}: outputs");
+            assert_eq!(bits(&s_fused.recurrent), bits(&s_general.recurrent), "{dn:?} token {t}: recurrent state");
+            assert_eq!(bits(&s_fused.conv), bits(&s_general.conv), "{dn:?} token {t}: conv state");
+            assert!(o_fused.iter().any(|v| v.abs() > 1e-3), "{dn:?} token {t}: the outputs are not trivially zero");
         }
     }
 }
