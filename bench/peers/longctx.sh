@@ -5,6 +5,9 @@
 # from an empty context (`-p LEN -n 0`), then its decode at depth LEN (`-p 0 -n DECODE -d LEN`;
 # llama-bench fills the context untimed first). One repetition each, 2 threads, flash attention
 # on (its long-context setting; PEERS_ARGS adds knobs). Run convert.sh first. Raw outputs to OUT.
+# llama-bench warms up with a full untimed copy of its prefill test; NO_WARMUP=1 passes
+# --no-warmup to both llama-bench calls (at 32k that saves ~30 min per round; sluice's run never
+# has a warm-up pass).
 #
 #   MODEL=/tmp/rd40 CONTAINER=/tmp/rd40c PEERS_WORK=/work/peers LEN=8192 ROUNDS=1 bench/peers/longctx.sh
 set -euo pipefail
@@ -18,6 +21,7 @@ THREADS=${THREADS:-2}
 HOSTD=${HOSTD:-$REPO/target/release/hostd}
 OUT=${OUT:-$REPO/docs/results/longctx40/peers-$LEN}
 read -r -a EXTRA <<< "${PEERS_ARGS:--fa on}"
+if [ "${NO_WARMUP:-0}" = 1 ]; then EXTRA+=(--no-warmup); fi
 mkdir -p "$OUT"
 {
   echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
