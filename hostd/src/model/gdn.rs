@@ -16,9 +16,6 @@ use shared::kernels::{self, Isa};
 /// Chunk length of the chunked (prefill) form, as transformers uses.
 pub const CHUNK: usize = 64;
 
-/// Channels per parallel task of the conv of one row in [`DeltaNet::mix_rows`].
-const CONV_DECODE_CHANNELS: usize = 1024;
-
 /// Per-sequence state of one DeltaNet layer (f32).
 #[derive(Debug, Clone)]
 pub struct DeltaNetState {
@@ -127,7 +124,7 @@ impl DeltaNet {
     /// the general path, in phases, each phase parallel over rows or heads. Returns the
     /// `n × value_dim` gated-normed outputs, ready for the out-projection. The model runs it for
     /// `n > 1` only (prefill); with `n = 1` it is the reference [`Self::decode_heads`] is
-    /// tested against, and keeps the phased decode it replaced for that purpose.
+    /// tested against, and keeps the phased decode's recurrence step ([`decode_step`]) for that.
     fn mix_rows(&self, isa: Isa, p: &Projected, n: usize, state: &mut DeltaNetState, prof: Option<&Profiler>) -> Vec<f32> {
         let Projected { xqkv, z, b, a } = p;
         let dn = self.dn;
@@ -141,19 +138,12 @@ impl DeltaNet {
         ext.extend_from_slice(&state.conv);
         ext.extend_from_slice(xqkv);
         let mut y = vec![0.0f32; n * cdim];
-        // Channels c0.. of token t; every element is the same sum whichever way the work is cut.
-        let conv_part = |t: usize, c0: usize, part: &mut [f32]| {
-            for (j, out) in part.iter_mut().enumerate() {
-                let c = c0 + j;
+        // A task per token; every element is the same sum whichever way the work is cut.
+        y.par_chunks_mut(cdim).enumerate().for_each(|(t, row)| {
+            for (c, out) in row.iter_mut().enumerate() {
                 *out = self.conv_channel(c, |m| ext[(t + m) * cdim + c]);
             }
-        };
-        if n == 1 {
-            // One row (only the test's reference now): cut by channels across the pool.
-            y.par_chunks_mut(CONV_DECODE_CHANNELS).enumerate().for_each(|(i, part)| conv_part(0, i * CONV_DECODE_CHANNELS, part));
-        } else {
-            y.par_chunks_mut(cdim).enumerate().for_each(|(t, row)| conv_part(t, 0, row));
-        }
+        });
         state.conv.copy_from_slice(&ext[n * cdim..(n + hist) * cdim]);
 
         // Split and normalise q, k per head; v as is.
@@ -441,14 +431,18 @@ mod tests {
     /// q, k, v, β, g for `n` tokens.
     type Inputs = (Vec<f32>, Vec<f32>, Vec<f32>, Vec<f32>, Vec<f32>);
 
-    fn inputs(n: usize, dk: usize, dv: usize, seed: u32) -> Inputs {
-        let mut state = seed.wrapping_mul(2654435761).wrapping_add(1);
-        let mut rnd = move || {
+    /// Deterministic values uniform in [-1, 1): xorshift32 from `state`.
+    fn uniform(mut state: u32) -> impl FnMut() -> f32 {
+        move || {
             state ^= state << 13;
             state ^= state >> 17;
             state ^= state << 5;
             (state as f32 / u32::MAX as f32) * 2.0 - 1.0
-        };
+        }
+    }
+
+    fn inputs(n: usize, dk: usize, dv: usize, seed: u32) -> Inputs {
+        let mut rnd = uniform(seed.wrapping_mul(2654435761).wrapping_add(1));
         let mut q: Vec<f32> = (0..n * dk).map(|_| rnd()).collect();
         let mut k: Vec<f32> = (0..n * dk).map(|_| rnd()).collect();
         for t in 0..n {
@@ -510,13 +504,7 @@ mod tests {
     /// A small layer of layout `dn` with random non-trivial weights (the
     /// projections are never used: the tests feed [`Projected`] directly).
     fn layer(dn: DeltaNetLayout, seed: u32) -> DeltaNet {
-        let mut state = seed.wrapping_mul(2654435761).wrapping_add(3);
-        let mut rnd = move || {
-            state ^= state << 13;
-            state ^= state >> 17;
-            state ^= state << 5;
-            (state as f32 / u32::MAX as f32) * 2.0 - 1.0
-        };
+        let mut rnd = uniform(seed.wrapping_mul(2654435761).wrapping_add(3));
         let unused = || Linear::new(super::super::weights::Matrix::from_vec(vec![half::bf16::ZERO; 16], 1, 16), DenseFormat::Bf16);
         DeltaNet {
             in_proj_qkv: unused(),
