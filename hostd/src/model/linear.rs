@@ -221,8 +221,10 @@ pub fn project_many(isa: Isa, mats: &[&Linear], x: &[f32], n: usize) -> Vec<Vec<
         }
     }
     let i8isa = Int8Isa::active();
+    // One stealable job per tile, as in `ops::project_many` (unequal tiles balance).
     let parts: Vec<(usize, usize, Vec<f32>)> = tiles
         .into_par_iter()
+        .with_max_len(1)
         .map(|t| {
             let mut y = vec![0.0f32; n * t.rows];
             match &t.lin.w {

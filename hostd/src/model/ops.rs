@@ -123,7 +123,10 @@ pub fn project_many(isa: Isa, mats: &[&Matrix], x: &[f32], n: usize) -> Vec<Vec<
         }
     }
     use rayon::prelude::*;
-    tiles.into_par_iter().for_each(|(m, r0, y)| {
+    // One stealable job per tile (`with_max_len(1)`): rayon would otherwise cut the list into
+    // about 2 × threads sequential runs up front, and with tiles of unequal sizes (q_proj's
+    // beside k/v's) the run holding the big ones leaves the other threads idle at the end.
+    tiles.into_par_iter().with_max_len(1).for_each(|(m, r0, y)| {
         let rows = y.len();
         kernels::gemv_bf16(isa, &m.data()[r0 * m.cols..(r0 + rows) * m.cols], rows, m.cols, x, y);
     });
