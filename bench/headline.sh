@@ -26,6 +26,9 @@ RUNS=${RUNS:-3}
 NEW=${NEW_TOKENS:-128}
 COLD_NEW=${COLD_NEW_TOKENS:-32}
 OUT=${OUT:-$REPO/docs/results/headline}
+# llama-bench's raw JSON of this run (not the shared docs/results/peers, so runs on different
+# machines keep theirs).
+export PEERS_RES=${PEERS_RES:-$OUT/peers}
 BIN=${BENCH_BIN:-/tmp/sluice-bench-bin}
 start_run
 source "$HERE/peers/cgroup.sh"
@@ -71,6 +74,6 @@ echo "== 5. summary"
 echo "loadavg at end: $(cat /proc/loadavg)" >> "$OUT/meta.txt"
 python3 "$HERE/headline_summary.py" --resident "$OUT/resident.json" --streaming "$OUT/streaming.json" \
   --streaming-bounded "$OUT/streaming-bounded.json" \
-  --peer docs/results/peers/llama-bench-$(basename "$MODEL")-q8_0-t$THREADS.json \
-  --peer-bounded docs/results/peers/llama-bench-$(basename "$MODEL")-q8_0-t$THREADS-mem$LIMIT-p0-n$COLD_NEW.json \
+  --peer "$PEERS_RES"/llama-bench-$(basename "$MODEL")-q8_0-t$THREADS.json \
+  --peer-bounded "$PEERS_RES"/llama-bench-$(basename "$MODEL")-q8_0-t$THREADS-mem$LIMIT-p0-n$COLD_NEW.json \
   --limit-bytes "$LIMIT" --out "$OUT/headline"

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Build llama.cpp's CLI tools (llama-bench, llama-quantize) from the llama.cpp
+# Build llama.cpp's CLI tools (llama-bench, llama-quantize, llama-completion, llama-tokenize) from the llama.cpp
 # vendored in the PyPI source package of llama-cpp-python. Idempotent.
 set -euo pipefail
 W=${PEERS_WORK:-/tmp/peers}
@@ -39,6 +39,6 @@ if ! grep -q -- "-mno-amx-tile" "$LC/build/CMakeCache.txt" 2>/dev/null; then
   cmake -S "$LC" -B "$LC/build" -DGGML_NATIVE=ON -DLLAMA_CURL=OFF -DCMAKE_BUILD_TYPE=Release \
     -DCMAKE_C_FLAGS="$NOAMX" -DCMAKE_CXX_FLAGS="$NOAMX"
 fi
-cmake --build "$LC/build" --target llama-bench llama-quantize -j2   # incremental; no-op when up to date
+cmake --build "$LC/build" --target llama-bench llama-quantize llama-completion llama-tokenize -j2   # incremental; no-op when up to date
 "$LC/build/bin/llama-bench" --version 2>&1 | tee -a "$W/llama-version.txt" || true
 cat "$W/llama-version.txt"

@@ -9,6 +9,12 @@
 # --no-warmup to both llama-bench calls (at 32k that saves ~30 min per round; sluice's run never
 # has a warm-up pass).
 #
+# LLAMA_TOOL=completion measures llama.cpp with ONE prefill instead of two: llama-completion
+# on a plain-text prompt of exactly LEN tokens (bench/peers/exact_prompt.py, checked with
+# llama-tokenize), greedy, DECODE new tokens, its own timings: prompt eval = the prefill,
+# eval = the decode at depth LEN (at 32k llama-bench's two prefills take ~1.5 h). SLUICE=0 skips
+# the sluice process (when its side comes from another run; the note must say so).
+#
 #   MODEL=/tmp/rd40 CONTAINER=/tmp/rd40c PEERS_WORK=/work/peers LEN=8192 ROUNDS=1 bench/peers/longctx.sh
 set -euo pipefail
 MODEL=${MODEL:-/tmp/rd40}
@@ -33,11 +39,32 @@ mkdir -p "$OUT"
   sed 's/^/llama: /' "$W/llama-version.txt"
 } > "$OUT/meta.txt"
 stamp() { echo "$1 $(date -u +%T) load $(cut -d' ' -f1-3 /proc/loadavg)" | tee -a "$OUT/log.txt"; }
+TOOL=${LLAMA_TOOL:-bench}
+if [ "$TOOL" = completion ]; then
+  PROMPT=$OUT/prompt-$LEN.txt
+  [ -f "$PROMPT" ] || python3 "$HERE/exact_prompt.py" "$HOSTD" "$MODEL" "$LEN" "$PROMPT"
+  GOT=$("$W/llama.cpp/build/bin/llama-tokenize" -m "$GGUF" -f "$PROMPT" --show-count --log-disable 2>/dev/null | sed -n 's/^Total number of tokens: //p')
+  [ "$GOT" = "$LEN" ] || { echo "llama-tokenize counts $GOT tokens in $PROMPT, not $LEN" >&2; exit 1; }
+  echo "llama tool: llama-completion, one prefill of $PROMPT ($LEN tokens in both tokenizers)" >> "$OUT/meta.txt"
+fi
 for r in $(seq 1 "$ROUNDS"); do
+  if [ "${SLUICE:-1}" = 0 ]; then
+    echo "round $r: sluice skipped (SLUICE=0)" >> "$OUT/log.txt"
+  else
   stamp "round $r sluice start"
   "$HOSTD" profile --model "$MODEL" --dense int8 --experts int8 --container "$CONTAINER" --threads "$THREADS" \
     --prompt-tokens "$LEN" --prefill-chunk 512 --decode-steps "$DECODE" --no-warmup \
     --out "$OUT/sluice-r$r.json" > "$OUT/sluice-r$r.txt" 2>&1
+  fi
+  if [ "$TOOL" = completion ]; then
+    stamp "round $r llama-completion start"
+    /usr/bin/time -v "$W/llama.cpp/build/bin/llama-completion" -m "$GGUF" -t "$THREADS" -c $((LEN + DECODE + 16)) \
+      -f "$PROMPT" -n "$DECODE" --ignore-eos --temp 0 -no-cnv --no-display-prompt "${EXTRA[@]}" \
+      < /dev/null > "$OUT/llama-cli-r$r.out" 2> "$OUT/llama-cli-r$r.stderr"
+    python3 "$HERE/completion_timings.py" "$OUT/llama-cli-r$r.stderr" > "$OUT/llama-cli-r$r.json"
+    stamp "round $r done"
+    continue
+  fi
   stamp "round $r llama prefill start"
   "$BENCH" -m "$GGUF" -t "$THREADS" -r 1 -p "$LEN" -n 0 -o json "${EXTRA[@]}" > "$OUT/llama-pp-r$r.json" 2> "$OUT/llama-pp-r$r.stderr"
   stamp "round $r llama decode-at-depth start"
@@ -48,9 +75,19 @@ python3 - "$OUT" "$ROUNDS" <<'PY'
 import json, sys
 out, rounds = sys.argv[1], int(sys.argv[2])
 for r in range(1, rounds + 1):
-    s = json.load(open(f"{out}/sluice-r{r}.json"))
-    pp = json.load(open(f"{out}/llama-pp-r{r}.json"))[0]["avg_ts"]
-    tg = json.load(open(f"{out}/llama-tg-r{r}.json"))[0]["avg_ts"]
+    try:
+        s = json.load(open(f"{out}/sluice-r{r}.json"))
+    except FileNotFoundError:
+        s = None
+    try:
+        c = json.load(open(f"{out}/llama-cli-r{r}.json"))
+        pp, tg = c["prompt_tokens_per_s"], c["eval_tokens_per_s"]
+    except FileNotFoundError:
+        pp = json.load(open(f"{out}/llama-pp-r{r}.json"))[0]["avg_ts"]
+        tg = json.load(open(f"{out}/llama-tg-r{r}.json"))[0]["avg_ts"]
+    if s is None:
+        print(f"round {r}: llama prefill {pp:.2f} tok/s, decode at depth {tg:.2f} tok/s (no sluice run in this round)")
+        continue
     sp, sd = s["prefill"]["tokens_per_s"], s["decode"]["tokens_per_s"]
     print(f"round {r}: prefill sluice {sp:.2f} llama {pp:.2f} ratio {sp/pp:.2f}; decode at depth sluice {sd:.2f} llama {tg:.2f} ratio {sd/tg:.2f}")
 PY

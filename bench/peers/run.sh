@@ -11,7 +11,8 @@ source "$(dirname "$0")/env.sh"
 THREADS=${THREADS:-2}
 REPS=${REPS:-3}
 LIMIT=${PEERS_MEM_LIMIT:-}
-RES=$REPO/docs/results/peers
+# PEERS_RES: where the raw JSON and meta go (bench/headline.sh gives each run its own folder).
+RES=${PEERS_RES:-$REPO/docs/results/peers}
 mkdir -p "$RES"
 P=${PEERS_P:-512}
 N=${PEERS_N:-128}
