@@ -367,7 +367,15 @@ fn metrics_endpoint_and_expertd_stats_parse_and_per_session_counters_add_up_to_p
             .expect("spawn hostd as uid 65534")
     };
     assert!(out.status.success(), "hostd eval as uid 65534: {}", String::from_utf8_lossy(&out.stderr));
-    let text = scrape(port);
+    // The daemon learns of the exit when it reads the closed socket, a moment after the process
+    // is gone: wait (bounded) for the session to close before judging the counters.
+    let closed = "expertd_peer_sessions_open{peer=\"uid:65534\"} 0";
+    let t0 = Instant::now();
+    let mut text = scrape(port);
+    while !text.contains(closed) && t0.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(20));
+        text = scrape(port);
+    }
     let second = check_metrics(&text, work.path(), "closed", &["--no-prefetch", "--expect-peers", "uid:0,uid:65534"]);
     assert!(second["calls"].as_f64().expect("calls") > 8.0, "{second}");
     assert!(text.contains("expertd_peer_sessions_open{peer=\"uid:65534\"} 0"), "{text}");
