@@ -124,8 +124,9 @@ pub fn project_many(isa: Isa, mats: &[&Matrix], x: &[f32], n: usize) -> Vec<Vec<
     }
     use rayon::prelude::*;
     // One stealable job per tile (`with_max_len(1)`): rayon would otherwise cut the list into
-    // about 2 × threads sequential runs up front, and with tiles of unequal sizes (q_proj's
-    // beside k/v's) the run holding the big ones leaves the other threads idle at the end.
+    // runs of a few tiles that cannot be split once started (from the model's thread with 2
+    // workers, runs of up to two of q_proj's 2 MB tiles), so with tiles of unequal sizes the
+    // other threads idle at the end while one finishes a run of big ones.
     tiles.into_par_iter().with_max_len(1).for_each(|(m, r0, y)| {
         let rows = y.len();
         kernels::gemv_bf16(isa, &m.data()[r0 * m.cols..(r0 + rows) * m.cols], rows, m.cols, x, y);
