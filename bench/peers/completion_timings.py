@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
-"""Reads llama-completion's stderr (its `llama_perf_context_print` lines, and `/usr/bin/time -v`'s
+"""Reads llama-completion's stderr (its `common_perf_print` timing lines, and `/usr/bin/time -v`'s
 peak RSS when present) and prints them as JSON: the prefill (prompt eval) and the decode (eval)
 times, token counts and rates exactly as llama.cpp reports them.
 
-Usage: completion_timings.py STDERR_FILE"""
+Usage: completion_timings.py STDERR_FILE [PROMPT_TOKENS]  (fails unless the prompt eval counted
+exactly PROMPT_TOKENS tokens, when given)"""
 import json
 import re
 import sys
@@ -16,6 +17,8 @@ if not prompt or not decode:
 rss = re.search(r"Maximum resident set size \(kbytes\): (\d+)", text)
 p_ms, p_n = float(prompt.group(1)), int(prompt.group(2))
 e_ms, e_n = float(decode.group(1)), int(decode.group(2))
+if len(sys.argv) > 2 and p_n != int(sys.argv[2]):
+    sys.exit(f"completion_timings: llama.cpp evaluated {p_n} prompt tokens, not {sys.argv[2]}")
 print(json.dumps({
     "what": "llama-completion's own timings: prompt eval = the prefill of the prompt; eval = the decode steps after it (the first new token is sampled from the prompt eval, so eval runs = new tokens - 1)",
     "prompt_tokens": p_n,
@@ -23,6 +26,6 @@ print(json.dumps({
     "prompt_tokens_per_s": p_n / p_ms * 1e3,
     "eval_runs": e_n,
     "eval_ms": e_ms,
-    "eval_tokens_per_s": e_n / e_ms * 1e3,
+    "eval_tokens_per_s": e_n / e_ms * 1e3 if e_n and e_ms > 0 else None,
     "max_rss_bytes": int(rss.group(1)) * 1024 if rss else None,
 }, indent=1))

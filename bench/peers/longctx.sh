@@ -43,11 +43,13 @@ TOOL=${LLAMA_TOOL:-bench}
 if [ "$TOOL" = completion ]; then
   PROMPT=$OUT/prompt-$LEN.txt
   [ -f "$PROMPT" ] || python3 "$HERE/exact_prompt.py" "$HOSTD" "$MODEL" "$LEN" "$PROMPT"
-  GOT=$("$W/llama.cpp/build/bin/llama-tokenize" -m "$GGUF" -f "$PROMPT" --show-count --log-disable 2>/dev/null | sed -n 's/^Total number of tokens: //p')
+  GOT=$("$W/llama.cpp/build/bin/llama-tokenize" -m "$GGUF" -f "$PROMPT" --show-count --log-disable 2>/dev/null | sed -n 's/^Total number of tokens: //p' || true)
   [ "$GOT" = "$LEN" ] || { echo "llama-tokenize counts $GOT tokens in $PROMPT, not $LEN" >&2; exit 1; }
   echo "llama tool: llama-completion, one prefill of $PROMPT ($LEN tokens in both tokenizers)" >> "$OUT/meta.txt"
 fi
 for r in $(seq 1 "$ROUNDS"); do
+  # A round's files are its own: none left from an earlier run in OUT gets paired with this one.
+  rm -f "$OUT"/sluice-r$r.* "$OUT"/llama-*-r$r.*
   if [ "${SLUICE:-1}" = 0 ]; then
     echo "round $r: sluice skipped (SLUICE=0)" >> "$OUT/log.txt"
   else
@@ -61,7 +63,7 @@ for r in $(seq 1 "$ROUNDS"); do
     /usr/bin/time -v "$W/llama.cpp/build/bin/llama-completion" -m "$GGUF" -t "$THREADS" -c $((LEN + DECODE + 16)) \
       -f "$PROMPT" -n "$DECODE" --ignore-eos --temp 0 -no-cnv --no-display-prompt "${EXTRA[@]}" \
       < /dev/null > "$OUT/llama-cli-r$r.out" 2> "$OUT/llama-cli-r$r.stderr"
-    python3 "$HERE/completion_timings.py" "$OUT/llama-cli-r$r.stderr" > "$OUT/llama-cli-r$r.json"
+    python3 "$HERE/completion_timings.py" "$OUT/llama-cli-r$r.stderr" "$LEN" > "$OUT/llama-cli-r$r.json"
     stamp "round $r done"
     continue
   fi
