@@ -9,9 +9,11 @@
 #   4. The same streaming bench INSIDE a cgroup whose memory limit is sluice's total peak RSS
 #      in (3) (hostd + expertd VmHWM medians), then llama-bench decode under the same limit
 #      (GGUF evicted from the page cache first): both bounded by one number.
-#   5. bench/headline_summary.py: ratios against the targets -> $OUT/headline.{json,md}.
+#   5. Long context when LONGCTX lists lengths (off by default): bench/peers/longctx.sh rounds.
+#   6. bench/headline_summary.py: ratios against the targets -> $OUT/headline.{json,md}.
 # Needs root (drop_caches, cgroups), /tmp/peers from bench/peers/{build-llama,convert}.sh, the
-# realdim checkpoint and its container. ~20 minutes on the project's 2-core VM.
+# realdim checkpoint and its container. ~26 minutes at 40 layers on the project's 2-core Intel VM
+# (2026-12-06), plus the long-context rounds.
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 source "$HERE/lib.sh"
@@ -70,10 +72,24 @@ MODEL=$MODEL PEERS_EVICT=1 PEERS_MEM_LIMIT=$LIMIT PEERS_P=0 PEERS_N="$COLD_NEW" 
 # Put the checkpoint back in the page cache for whoever runs next (the GGUF is not re-read).
 cat "$MODEL"/*.safetensors > /dev/null
 
-echo "== 5. summary"
+# Long context (issue 17), off unless LONGCTX lists lengths, e.g. LONGCTX="8192 32768" (on the
+# 2-core VM 8k adds ~15 min, 32k ~70): per length one bench/peers/longctx.sh round, sluice's
+# `hostd profile` (LEN-token prompt, LONGCTX_DECODE steps at that depth) then llama.cpp's one
+# prefill of the same length through llama-completion, with LONGCTX_PEERS_ARGS (default -fa on:
+# llama-bench's decode knobs above are not all llama-completion options).
+LONGCTX=${LONGCTX-}
+for LEN in $LONGCTX; do
+  echo "== 5. long context, $LEN tokens"
+  MODEL=$MODEL CONTAINER=$CONTAINER HOSTD=$BIN/hostd LEN=$LEN DECODE=${LONGCTX_DECODE:-16} ROUNDS=1 LLAMA_TOOL=completion \
+    PEERS_ARGS="${LONGCTX_PEERS_ARGS:--fa on}" OUT="$OUT/longctx-$LEN" bash "$HERE/peers/longctx.sh"
+done
+LONG_ARGS=()
+for LEN in $LONGCTX; do LONG_ARGS+=(--longctx "$OUT/longctx-$LEN"); done
+
+echo "== 6. summary"
 echo "loadavg at end: $(cat /proc/loadavg)" >> "$OUT/meta.txt"
 python3 "$HERE/headline_summary.py" --resident "$OUT/resident.json" --streaming "$OUT/streaming.json" \
   --streaming-bounded "$OUT/streaming-bounded.json" \
   --peer "$PEERS_RES"/llama-bench-$(basename "$MODEL")-q8_0-t$THREADS.json \
   --peer-bounded "$PEERS_RES"/llama-bench-$(basename "$MODEL")-q8_0-t$THREADS-mem$LIMIT-p0-n$COLD_NEW.json \
-  --limit-bytes "$LIMIT" --out "$OUT/headline"
+  --limit-bytes "$LIMIT" ${LONG_ARGS[@]+"${LONG_ARGS[@]}"} --out "$OUT/headline"

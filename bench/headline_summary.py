@@ -2,7 +2,7 @@
 """Summarise one bench/headline.sh run: sluice's hostd-bench JSONs beside llama-bench's, each
 ratio against issue 7's target, into OUT.json and OUT.md. Pure arithmetic over the inputs;
 every figure names the field it came from."""
-import argparse, json, os, subprocess
+import argparse, json, os, statistics, subprocess
 
 
 def med(cfg, field):
@@ -21,6 +21,44 @@ def peer(path):
     return out
 
 
+def strict_fraction(cfg, bench):
+    """The median over a config's runs of its DRAM fraction re-divided by max(probe, the GB/s of
+    the fastest op that streamed >= 100 MB of weights per decode token in that run's process);
+    None when the runs carry no per-op profile."""
+    if not cfg:
+        return None
+    probe = bench["bandwidth"]["dram_gbps_used"]
+    vals = []
+    for r in cfg.get("runs", []):
+        dec = ((r.get("profile") or {}).get("decode") or {})
+        ops, n = dec.get("ops") or {}, dec.get("tokens") or 0
+        streams = [o["achieved_gbps"] for o in ops.values() if n and o.get("weight_bytes_total", 0) / n >= 100e6 and o.get("achieved_gbps")]
+        if r.get("dram_fraction") is None or not streams:
+            continue
+        vals.append(r["dram_fraction"] * probe / max(probe, max(streams)))
+    return statistics.median(vals) if vals else None
+
+
+def longctx(d):
+    """Round 1 of a bench/peers/longctx.sh folder: sluice's and llama.cpp's prefill and decode
+    rates (llama-completion's or llama-bench's files, whichever the round wrote); None without a
+    sluice run or a llama.cpp run."""
+    def load(name):
+        path = os.path.join(d, name)
+        return json.load(open(path)) if os.path.exists(path) else None
+    s, cli = load("sluice-r1.json"), load("llama-cli-r1.json")
+    pp, tg = load("llama-pp-r1.json"), load("llama-tg-r1.json")
+    if s is None or (cli is None and (pp is None or tg is None)):
+        return None
+    if cli is not None:
+        lp, ld, tool = cli["prompt_tokens_per_s"], cli["eval_tokens_per_s"], "llama-completion"
+    else:
+        lp, ld, tool = pp[0]["avg_ts"], tg[0]["avg_ts"], "llama-bench"
+    return {"dir": d, "tokens": s["prefill"]["tokens"], "sluice_prefill": s["prefill"]["tokens_per_s"],
+            "sluice_decode": s["decode"]["tokens_per_s"], "hostd_vm_hwm_bytes": ((s.get("process") or {}).get("hostd") or {}).get("vm_hwm_bytes"),
+            "llama_prefill": lp, "llama_decode": ld, "llama_tool": tool}
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--resident", required=True)
@@ -29,6 +67,7 @@ def main():
     ap.add_argument("--peer-bounded")
     ap.add_argument("--streaming-bounded")
     ap.add_argument("--limit-bytes", type=int)
+    ap.add_argument("--longctx", action="append", default=[], help="a bench/peers/longctx.sh OUT folder (its round 1); repeatable")
     ap.add_argument("--out", required=True)
     a = ap.parse_args()
     res, st = json.load(open(a.resident)), json.load(open(a.streaming))
@@ -71,6 +110,9 @@ def main():
     target("resident int8 decode, fraction of DRAM roofline", med(i8, "dram_fraction"), 0.85,
            "weight bytes per decode token x decode tok/s / DRAM read GB/s measured by the same bench (median over runs)", ["resident"])
     target("resident bf16 (exact) decode, fraction of DRAM roofline", med(bf, "dram_fraction"), 0.80, "as above, config bf16", ["resident"])
+    target("resident int8 decode, fraction of max(DRAM probe, its own fastest weight stream)", strict_fraction(i8, res), 0.85,
+           "as the int8 roofline line, but each run's denominator is the larger of the probe and the GB/s of the fastest op streaming >= 100 MB of weights per token in that process (the probe can read below what the kernels reach; median over runs)", ["resident"])
+    target("resident bf16 (exact) decode, fraction of max(DRAM probe, its own fastest weight stream)", strict_fraction(bf, res), 0.80, "as above, config bf16", ["resident"])
     target("prefill 512, int8 / llama.cpp pp512", ratio(med(i8, "prefill_tokens_per_s"), pp), 1.5,
            "median prefill tok/s (512-token prompt in one block, excl. choosing the first token) / llama-bench pp512 avg_ts", ["resident"])
     target("prefill 512, bf16 / llama.cpp pp512", ratio(med(bf, "prefill_tokens_per_s"), pp), 1.0, "as above, config bf16", ["resident"])
@@ -80,6 +122,15 @@ def main():
            "median decode tok/s of config stream10 run inside the cgroup / llama-bench tg avg_ts inside a cgroup with the same limit; limit = sluice's median hostd + expertd peak RSS (VmHWM) in the unbounded streaming run", ["streaming_bounded"])
     target("decode through expertd / in-process", ratio(med(xd, "decode_tokens_per_s"), med(i8, "decode_tokens_per_s")), 0.95,
            "median decode tok/s of config int8-expertd / config int8, same bench run", ["resident"])
+
+    # Long context (issue 17): one round per length, sluice's `hostd profile` then llama.cpp's.
+    longs = [lc for lc in (longctx(d) for d in a.longctx) if lc]
+    for lc in longs:
+        n = lc["tokens"]
+        target(f"prefill {n}, int8 / llama.cpp", ratio(lc["sluice_prefill"], lc["llama_prefill"]), 1.0,
+               f"one round ({lc['dir']}): sluice prefill tok/s ({n}-token prompt in blocks of 512) / llama.cpp's ({lc['llama_tool']}); one sample per side", [])
+        target(f"decode at {n} depth, int8 / llama.cpp", ratio(lc["sluice_decode"], lc["llama_decode"]), 1.0,
+               f"the same round: sluice decode tok/s after the prompt / llama.cpp's decode at that depth", [])
 
     commit = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True).stdout.strip()
     out = {
@@ -93,6 +144,7 @@ def main():
         "drift_limit": DRIFT_LIMIT,
         "cold_proven_runs": {"streaming": stream["summary"].get("cold_proven_runs"),
                              "streaming_bounded": (stream_b or {}).get("summary", {}).get("cold_proven_runs")},
+        "long_context": longs,
         "targets": rows,
     }
     json.dump(out, open(a.out + ".json", "w"), indent=2)
@@ -113,6 +165,12 @@ def main():
     md.append(f"| llama.cpp Q8_0 | {f(pp,1)} (pp512) | — | {f(tg)} (tg128) | — | — | — | — | — |")
     if tgb is not None:
         md.append(f"| llama.cpp Q8_0, cgroup {a.limit_bytes/2**30:.2f} GiB | — | — | {f(tgb)} | — | — | — | — | — |")
+    if longs:
+        md += ["", "| long context (one round each) | sluice prefill tok/s | llama.cpp prefill tok/s | sluice decode tok/s at depth | llama.cpp decode tok/s at depth | hostd peak RSS GiB |",
+               "|---|---:|---:|---:|---:|---:|"]
+        for lc in longs:
+            rss = None if lc["hostd_vm_hwm_bytes"] is None else lc["hostd_vm_hwm_bytes"] / 2**30
+            md.append(f"| {lc['tokens']} tokens ({lc['llama_tool']}) | {f(lc['sluice_prefill'],1)} | {f(lc['llama_prefill'],1)} | {f(lc['sluice_decode'])} | {f(lc['llama_decode'])} | {f(rss)} |")
     md += ["", f"Drift check (first config re-run at the end, decode vs its median): {drift}; a target whose bench drifted more than {DRIFT_LIMIT:.0%} is not judged.", "",
            "| target | measured | goal | met |", "|---|---:|---:|---|"]
     for r in rows:
