@@ -77,14 +77,13 @@ cat "$MODEL"/*.safetensors > /dev/null
 # `hostd profile` (LEN-token prompt, LONGCTX_DECODE steps at that depth) then llama.cpp's one
 # prefill of the same length through llama-completion, with LONGCTX_PEERS_ARGS (default -fa on:
 # llama-bench's decode knobs above are not all llama-completion options).
-LONGCTX=${LONGCTX-}
-for LEN in $LONGCTX; do
+LONG_ARGS=()
+for LEN in ${LONGCTX-}; do
   echo "== 5. long context, $LEN tokens"
   MODEL=$MODEL CONTAINER=$CONTAINER HOSTD=$BIN/hostd LEN=$LEN DECODE=${LONGCTX_DECODE:-16} ROUNDS=1 LLAMA_TOOL=completion \
     PEERS_ARGS="${LONGCTX_PEERS_ARGS:--fa on}" OUT="$OUT/longctx-$LEN" bash "$HERE/peers/longctx.sh"
+  LONG_ARGS+=(--longctx "$OUT/longctx-$LEN")
 done
-LONG_ARGS=()
-for LEN in $LONGCTX; do LONG_ARGS+=(--longctx "$OUT/longctx-$LEN"); done
 
 echo "== 6. summary"
 echo "loadavg at end: $(cat /proc/loadavg)" >> "$OUT/meta.txt"

@@ -2,7 +2,10 @@
 """Summarise one bench/headline.sh run: sluice's hostd-bench JSONs beside llama-bench's, each
 ratio against issue 7's target, into OUT.json and OUT.md. Pure arithmetic over the inputs;
 every figure names the field it came from."""
-import argparse, json, os, statistics, subprocess
+import argparse, json, os, statistics, subprocess, sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "peers"))
+import longctx_round  # noqa: E402  (bench/peers/longctx_round.py)
 
 
 def med(cfg, field):
@@ -40,23 +43,15 @@ def strict_fraction(cfg, bench):
 
 
 def longctx(d):
-    """Round 1 of a bench/peers/longctx.sh folder: sluice's and llama.cpp's prefill and decode
-    rates (llama-completion's or llama-bench's files, whichever the round wrote); None without a
-    sluice run or a llama.cpp run."""
-    def load(name):
-        path = os.path.join(d, name)
-        return json.load(open(path)) if os.path.exists(path) else None
-    s, cli = load("sluice-r1.json"), load("llama-cli-r1.json")
-    pp, tg = load("llama-pp-r1.json"), load("llama-tg-r1.json")
-    if s is None or (cli is None and (pp is None or tg is None)):
+    """Round 1 of a bench/peers/longctx.sh folder (read by bench/peers/longctx_round.py): sluice's
+    and llama.cpp's prefill and decode rates; None without a sluice run or a llama.cpp run."""
+    x = longctx_round.read(d, 1)
+    s = x and x["sluice"]
+    if not s:
         return None
-    if cli is not None:
-        lp, ld, tool = cli["prompt_tokens_per_s"], cli["eval_tokens_per_s"], "llama-completion"
-    else:
-        lp, ld, tool = pp[0]["avg_ts"], tg[0]["avg_ts"], "llama-bench"
     return {"dir": d, "tokens": s["prefill"]["tokens"], "sluice_prefill": s["prefill"]["tokens_per_s"],
             "sluice_decode": s["decode"]["tokens_per_s"], "hostd_vm_hwm_bytes": ((s.get("process") or {}).get("hostd") or {}).get("vm_hwm_bytes"),
-            "llama_prefill": lp, "llama_decode": ld, "llama_tool": tool}
+            "llama_prefill": x["llama_prefill"], "llama_decode": x["llama_decode"], "llama_tool": x["llama_tool"]}
 
 
 def main():

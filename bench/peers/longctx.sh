@@ -43,7 +43,7 @@ TOOL=${LLAMA_TOOL:-bench}
 if [ "$TOOL" = completion ]; then
   PROMPT=$OUT/prompt-$LEN.txt
   [ -f "$PROMPT" ] || python3 "$HERE/exact_prompt.py" "$HOSTD" "$MODEL" "$LEN" "$PROMPT"
-  GOT=$("$W/llama.cpp/build/bin/llama-tokenize" -m "$GGUF" -f "$PROMPT" --show-count --log-disable 2>/dev/null | sed -n 's/^Total number of tokens: //p' || true)
+  GOT=$("$TOKENIZE" -m "$GGUF" -f "$PROMPT" --show-count --log-disable 2>/dev/null | sed -n 's/^Total number of tokens: //p' || true)
   [ "$GOT" = "$LEN" ] || { echo "llama-tokenize counts $GOT tokens in $PROMPT, not $LEN" >&2; exit 1; }
   echo "llama tool: llama-completion, one prefill of $PROMPT ($LEN tokens in both tokenizers)" >> "$OUT/meta.txt"
 fi
@@ -53,14 +53,14 @@ for r in $(seq 1 "$ROUNDS"); do
   if [ "${SLUICE:-1}" = 0 ]; then
     echo "round $r: sluice skipped (SLUICE=0)" >> "$OUT/log.txt"
   else
-  stamp "round $r sluice start"
-  "$HOSTD" profile --model "$MODEL" --dense int8 --experts int8 --container "$CONTAINER" --threads "$THREADS" \
-    --prompt-tokens "$LEN" --prefill-chunk 512 --decode-steps "$DECODE" --no-warmup \
-    --out "$OUT/sluice-r$r.json" > "$OUT/sluice-r$r.txt" 2>&1
+    stamp "round $r sluice start"
+    "$HOSTD" profile --model "$MODEL" --dense int8 --experts int8 --container "$CONTAINER" --threads "$THREADS" \
+      --prompt-tokens "$LEN" --prefill-chunk 512 --decode-steps "$DECODE" --no-warmup \
+      --out "$OUT/sluice-r$r.json" > "$OUT/sluice-r$r.txt" 2>&1
   fi
   if [ "$TOOL" = completion ]; then
     stamp "round $r llama-completion start"
-    /usr/bin/time -v "$W/llama.cpp/build/bin/llama-completion" -m "$GGUF" -t "$THREADS" -c $((LEN + DECODE + 16)) \
+    /usr/bin/time -v "$COMPLETION" -m "$GGUF" -t "$THREADS" -c $((LEN + DECODE + 16)) \
       -f "$PROMPT" -n "$DECODE" --ignore-eos --temp 0 -no-cnv --no-display-prompt "${EXTRA[@]}" \
       < /dev/null > "$OUT/llama-cli-r$r.out" 2> "$OUT/llama-cli-r$r.stderr"
     python3 "$HERE/completion_timings.py" "$OUT/llama-cli-r$r.stderr" "$LEN" > "$OUT/llama-cli-r$r.json"
@@ -73,23 +73,4 @@ for r in $(seq 1 "$ROUNDS"); do
   "$BENCH" -m "$GGUF" -t "$THREADS" -r 1 -p 0 -n "$DECODE" -d "$LEN" -o json "${EXTRA[@]}" > "$OUT/llama-tg-r$r.json" 2> "$OUT/llama-tg-r$r.stderr"
   stamp "round $r done"
 done
-python3 - "$OUT" "$ROUNDS" <<'PY'
-import json, sys
-out, rounds = sys.argv[1], int(sys.argv[2])
-for r in range(1, rounds + 1):
-    try:
-        s = json.load(open(f"{out}/sluice-r{r}.json"))
-    except FileNotFoundError:
-        s = None
-    try:
-        c = json.load(open(f"{out}/llama-cli-r{r}.json"))
-        pp, tg = c["prompt_tokens_per_s"], c["eval_tokens_per_s"]
-    except FileNotFoundError:
-        pp = json.load(open(f"{out}/llama-pp-r{r}.json"))[0]["avg_ts"]
-        tg = json.load(open(f"{out}/llama-tg-r{r}.json"))[0]["avg_ts"]
-    if s is None:
-        print(f"round {r}: llama prefill {pp:.2f} tok/s, decode at depth {tg:.2f} tok/s (no sluice run in this round)")
-        continue
-    sp, sd = s["prefill"]["tokens_per_s"], s["decode"]["tokens_per_s"]
-    print(f"round {r}: prefill sluice {sp:.2f} llama {pp:.2f} ratio {sp/pp:.2f}; decode at depth sluice {sd:.2f} llama {tg:.2f} ratio {sd/tg:.2f}")
-PY
+python3 "$HERE/longctx_round.py" "$OUT" "$ROUNDS"
