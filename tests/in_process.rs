@@ -42,18 +42,23 @@ pub struct InProcessDaemon {
 impl InProcessDaemon {
     /// Serves `config` on a fresh unix socket; panics if the daemon cannot start.
     pub fn unix(config: ServeConfig) -> InProcessDaemon {
-        InProcessDaemon::start(config, Transport::Unix).unwrap_or_else(|e| panic!("in-process expertd on a unix socket: {e}"))
+        InProcessDaemon::start(config, Transport::Unix)
+            .unwrap_or_else(|e| panic!("in-process expertd on a unix socket: {e}"))
     }
 
     /// Serves `config` on TCP (127.0.0.1, a free port); panics if the daemon cannot start.
     pub fn tcp(config: ServeConfig) -> InProcessDaemon {
-        InProcessDaemon::start(config, Transport::Tcp).unwrap_or_else(|e| panic!("in-process expertd on TCP: {e}"))
+        InProcessDaemon::start(config, Transport::Tcp)
+            .unwrap_or_else(|e| panic!("in-process expertd on TCP: {e}"))
     }
 
     /// Prepares `config` (what `expertd serve` does before it binds), binds the listener and
     /// starts serving; returns once a client can connect, or the error that stopped start-up.
     pub fn start(config: ServeConfig, transport: Transport) -> Result<InProcessDaemon, ServeError> {
-        let dir = tempfile::tempdir().map_err(|source| ServeError::Io { what: "temporary directory".into(), source })?;
+        let dir = tempfile::tempdir().map_err(|source| ServeError::Io {
+            what: "temporary directory".into(),
+            source,
+        })?;
         let log = LogBuffer::default();
         let dispatch = log.dispatch();
         let runtime = {
@@ -62,13 +67,19 @@ impl InProcessDaemon {
                 .worker_threads(2)
                 .thread_name("expertd-rt")
                 // Every runtime thread (workers and the blocking pool) logs to this daemon's buffer.
-                .on_thread_start(move || std::mem::forget(tracing::dispatcher::set_default(&dispatch)))
+                .on_thread_start(move || {
+                    std::mem::forget(tracing::dispatcher::set_default(&dispatch))
+                })
                 .enable_all()
                 .build()
-                .map_err(|source| ServeError::Io { what: "building the runtime".into(), source })?
+                .map_err(|source| ServeError::Io {
+                    what: "building the runtime".into(),
+                    source,
+                })?
         };
         let tls = config.tls.is_some();
-        let prepared = tracing::dispatcher::with_default(&dispatch, || Prepared::new(config.clone()))?;
+        let prepared =
+            tracing::dispatcher::with_default(&dispatch, || Prepared::new(config.clone()))?;
         // Registering the listener with tokio needs the runtime's context.
         let bound = {
             let _context = runtime.enter();
@@ -77,7 +88,9 @@ impl InProcessDaemon {
                     let path = dir.path().join("expertd.sock");
                     bind_unix(&path, 0o660).map(|l| (Listener::Unix(l), Some(path), None))
                 }
-                Transport::Tcp => bind_tcp().map(|(l, addr)| (Listener::Tcp(l), None, Some((addr, tls)))),
+                Transport::Tcp => {
+                    bind_tcp().map(|(l, addr)| (Listener::Tcp(l), None, Some((addr, tls))))
+                }
             }
         };
         let (listener, socket, tcp) = bound?;
@@ -96,8 +109,18 @@ impl InProcessDaemon {
                 runtime.shutdown_timeout(STOP_LIMIT);
                 let _ = finished.send(served);
             })
-            .map_err(|source| ServeError::Io { what: "spawning the daemon thread".into(), source })?;
-        Ok(InProcessDaemon { socket, tcp, log, stop: Some(stop), done, _dir: dir })
+            .map_err(|source| ServeError::Io {
+                what: "spawning the daemon thread".into(),
+                source,
+            })?;
+        Ok(InProcessDaemon {
+            socket,
+            tcp,
+            log,
+            stop: Some(stop),
+            done,
+            _dir: dir,
+        })
     }
 
     /// The unix socket's path; panics for a TCP daemon.
@@ -122,7 +145,12 @@ impl InProcessDaemon {
 
     /// Drains the daemon (as SIGTERM does) and returns how serving ended.
     pub fn stop(mut self) -> Result<(), ServeError> {
-        self.drain().unwrap_or_else(|| panic!("in-process expertd did not stop within {STOP_LIMIT:?}: {}", self.log_text()))
+        self.drain().unwrap_or_else(|| {
+            panic!(
+                "in-process expertd did not stop within {STOP_LIMIT:?}: {}",
+                self.log_text()
+            )
+        })
     }
 
     /// Asks the server to stop and waits (at most [`STOP_LIMIT`]) for its result; `None` when
@@ -150,7 +178,10 @@ fn bind_tcp() -> Result<(tokio::net::TcpListener, std::net::SocketAddr), ServeEr
     let l = std::net::TcpListener::bind("127.0.0.1:0").map_err(io("binding 127.0.0.1:0"))?;
     let addr = l.local_addr().map_err(io("local address"))?;
     l.set_nonblocking(true).map_err(io("set_nonblocking"))?;
-    Ok((tokio::net::TcpListener::from_std(l).map_err(io("registering the listener with tokio"))?, addr))
+    Ok((
+        tokio::net::TcpListener::from_std(l).map_err(io("registering the listener with tokio"))?,
+        addr,
+    ))
 }
 
 /// One daemon's log lines, written by a `tracing` subscriber of its own.
@@ -170,13 +201,22 @@ impl LogBuffer {
     }
 
     fn text(&self) -> String {
-        String::from_utf8_lossy(&self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner)).into_owned()
+        String::from_utf8_lossy(
+            &self
+                .0
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner),
+        )
+        .into_owned()
     }
 }
 
 impl std::io::Write for LogBuffer {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner).extend_from_slice(buf);
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .extend_from_slice(buf);
         Ok(buf.len())
     }
 

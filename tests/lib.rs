@@ -16,7 +16,10 @@ use std::time::{Duration, Instant};
 
 /// The workspace root (parent of this crate).
 pub fn workspace_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("tests/ has a parent").to_path_buf()
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("tests/ has a parent")
+        .to_path_buf()
 }
 
 /// Oracle presets with committed fixtures, sorted.
@@ -29,7 +32,11 @@ pub fn presets() -> Vec<String> {
         .map(|e| e.file_name().to_string_lossy().into_owned())
         .collect();
     out.sort();
-    assert!(out.len() >= 3, "expected at least three oracle presets in {}", dir.display());
+    assert!(
+        out.len() >= 3,
+        "expected at least three oracle presets in {}",
+        dir.display()
+    );
     out
 }
 
@@ -40,7 +47,9 @@ pub fn model_dir(preset: &str) -> PathBuf {
 
 /// The oracle's reference JSON for one preset.
 pub fn reference(preset: &str) -> serde_json::Value {
-    let path = workspace_root().join("tests/fixtures/reference").join(format!("{preset}.json"));
+    let path = workspace_root()
+        .join("tests/fixtures/reference")
+        .join(format!("{preset}.json"));
     let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
@@ -49,18 +58,30 @@ pub fn reference(preset: &str) -> serde_json::Value {
 pub fn workspace_bin(name: &str) -> PathBuf {
     let exe = std::env::current_exe().expect("test executable path");
     // target/<profile>/deps/it-<hash> → target/<profile>/NAME
-    let dir = exe.parent().and_then(Path::parent).expect("target/<profile>");
+    let dir = exe
+        .parent()
+        .and_then(Path::parent)
+        .expect("target/<profile>");
     let bin = dir.join(name);
-    assert!(bin.exists(), "{} not built; run the tests through `cargo test --workspace`", bin.display());
+    assert!(
+        bin.exists(),
+        "{} not built; run the tests through `cargo test --workspace`",
+        bin.display()
+    );
     bin
 }
 
 /// The Python with prometheus_client: `$SLUICE_VENV` or target/venv (scripts/pyenv), else
 /// python3 on PATH.
 pub fn python() -> PathBuf {
-    let venv = std::env::var_os("SLUICE_VENV").map_or_else(|| workspace_root().join("target/venv"), PathBuf::from);
+    let venv = std::env::var_os("SLUICE_VENV")
+        .map_or_else(|| workspace_root().join("target/venv"), PathBuf::from);
     let p = venv.join("bin/python3");
-    if p.is_file() { p } else { PathBuf::from("python3") }
+    if p.is_file() {
+        p
+    } else {
+        PathBuf::from("python3")
+    }
 }
 
 /// Parses Prometheus text with prometheus_client's standard parser (`tests/deploy/parse_metrics.py`)
@@ -75,19 +96,39 @@ pub fn parse_prometheus_text(text: &str) -> Vec<serde_json::Value> {
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
-        .unwrap_or_else(|e| panic!("cannot run {} (scripts/pyenv makes target/venv with prometheus_client): {e}", py.display()));
+        .unwrap_or_else(|e| {
+            panic!(
+                "cannot run {} (scripts/pyenv makes target/venv with prometheus_client): {e}",
+                py.display()
+            )
+        });
     // The script reads all of stdin before it writes; dropping the pipe ends its input.
-    child.stdin.take().expect("stdin").write_all(text.as_bytes()).expect("write metrics to the parser");
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(text.as_bytes())
+        .expect("write metrics to the parser");
     let out = child.wait_with_output().expect("wait for the parser");
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(!err.contains("No module named 'prometheus_client'"), "{} lacks prometheus_client: run scripts/pyenv", py.display());
-    assert!(out.status.success(), "prometheus_client's parser refused the text: {err}\n{text}");
+    assert!(
+        !err.contains("No module named 'prometheus_client'"),
+        "{} lacks prometheus_client: run scripts/pyenv",
+        py.display()
+    );
+    assert!(
+        out.status.success(),
+        "prometheus_client's parser refused the text: {err}\n{text}"
+    );
     serde_json::from_slice(&out.stdout).expect("families as JSON")
 }
 
 /// Runs `hostd ARGS…` and returns its output.
 pub fn hostd(args: &[&str]) -> Output {
-    Command::new(workspace_bin("hostd")).args(args).output().expect("spawn hostd")
+    Command::new(workspace_bin("hostd"))
+        .args(args)
+        .output()
+        .expect("spawn hostd")
 }
 
 /// Copies every file of `src` (flat directory) into a fresh temporary directory.
@@ -96,7 +137,8 @@ pub fn copy_model(src: &Path) -> tempfile::TempDir {
     for entry in std::fs::read_dir(src).expect("read fixture dir") {
         let entry = entry.expect("dir entry");
         if entry.path().is_file() {
-            std::fs::copy(entry.path(), dst.path().join(entry.file_name())).expect("copy fixture file");
+            std::fs::copy(entry.path(), dst.path().join(entry.file_name()))
+                .expect("copy fixture file");
         }
     }
     dst
@@ -134,7 +176,14 @@ pub fn read_shard(path: &Path) -> BTreeMap<String, OwnedTensor> {
     let st = SafeTensors::deserialize(&bytes).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     st.iter()
         .map(|(name, view)| {
-            (name.to_string(), OwnedTensor { dtype: view.dtype(), shape: view.shape().to_vec(), data: view.data().to_vec() })
+            (
+                name.to_string(),
+                OwnedTensor {
+                    dtype: view.dtype(),
+                    shape: view.shape().to_vec(),
+                    data: view.data().to_vec(),
+                },
+            )
         })
         .collect()
 }
@@ -148,8 +197,11 @@ pub fn write_shard(path: &Path, tensors: &BTreeMap<String, OwnedTensor>) {
 /// Writes `model.safetensors.index.json` for `weight_map` (tensor → shard file name).
 pub fn write_index(dir: &Path, weight_map: &BTreeMap<String, String>) {
     let index = serde_json::json!({ "metadata": {}, "weight_map": weight_map });
-    std::fs::write(dir.join("model.safetensors.index.json"), serde_json::to_string_pretty(&index).expect("json"))
-        .expect("write index");
+    std::fs::write(
+        dir.join("model.safetensors.index.json"),
+        serde_json::to_string_pretty(&index).expect("json"),
+    )
+    .expect("write index");
 }
 
 /// Reads `model.safetensors.index.json`'s weight map.
@@ -161,9 +213,16 @@ pub fn read_index(dir: &Path) -> BTreeMap<String, String> {
 
 /// Rewrites the shard holding `tensor` with `edit` applied to that tensor (`None` removes it),
 /// keeping the index consistent. Returns the shard's file name.
-pub fn edit_tensor(dir: &Path, tensor: &str, edit: impl FnOnce(OwnedTensor) -> Option<OwnedTensor>) -> String {
+pub fn edit_tensor(
+    dir: &Path,
+    tensor: &str,
+    edit: impl FnOnce(OwnedTensor) -> Option<OwnedTensor>,
+) -> String {
     let mut index = read_index(dir);
-    let shard = index.get(tensor).unwrap_or_else(|| panic!("{tensor} not in index")).clone();
+    let shard = index
+        .get(tensor)
+        .unwrap_or_else(|| panic!("{tensor} not in index"))
+        .clone();
     let path = dir.join(&shard);
     let mut tensors = read_shard(&path);
     let t = tensors.remove(tensor).expect("tensor in shard");
@@ -184,9 +243,17 @@ pub fn edit_tensor(dir: &Path, tensor: &str, edit: impl FnOnce(OwnedTensor) -> O
 pub fn read_logits(base_dir: &Path, block: &serde_json::Value) -> Vec<f32> {
     let path = base_dir.join(block["path"].as_str().expect("logits path"));
     let offset = block["offset"].as_u64().expect("offset") as usize;
-    let count: usize = block["shape"].as_array().expect("shape").iter().map(|d| d.as_u64().expect("dim") as usize).product();
+    let count: usize = block["shape"]
+        .as_array()
+        .expect("shape")
+        .iter()
+        .map(|d| d.as_u64().expect("dim") as usize)
+        .product();
     let bytes = std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    bytes[offset..offset + count * 4].chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()
+    bytes[offset..offset + count * 4]
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect()
 }
 
 /// Directory of the oracle's reference files.
@@ -197,16 +264,29 @@ pub fn reference_dir() -> PathBuf {
 /// Largest absolute element-wise difference.
 pub fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len(), "length mismatch");
-    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
 }
 
 /// Runs `expertd prepare MODEL --out OUT` (the built binary) and panics with its output on failure.
 pub fn prepare_container(model: &Path, out: &Path) {
     let o = Command::new(workspace_bin("expertd"))
-        .args(["prepare", model.to_str().expect("utf-8 path"), "--out", out.to_str().expect("utf-8 path")])
+        .args([
+            "prepare",
+            model.to_str().expect("utf-8 path"),
+            "--out",
+            out.to_str().expect("utf-8 path"),
+        ])
         .output()
         .expect("spawn expertd");
-    assert!(o.status.success(), "expertd prepare failed: {}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+    assert!(
+        o.status.success(),
+        "expertd prepare failed: {}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
 }
 
 /// A fresh work directory with `preset`'s INT8 container prepared at `WORK/container`.
@@ -221,7 +301,10 @@ pub fn work_with_container(preset: &str) -> (tempfile::TempDir, PathBuf) {
 pub fn wait_for(what: &str, limit: Duration, mut ok: impl FnMut() -> bool) {
     let deadline = Instant::now() + limit;
     while !ok() {
-        assert!(Instant::now() < deadline, "timed out after {limit:?} waiting for {what}");
+        assert!(
+            Instant::now() < deadline,
+            "timed out after {limit:?} waiting for {what}"
+        );
         std::thread::sleep(Duration::from_millis(10));
     }
 }
@@ -231,12 +314,20 @@ pub fn wait_for(what: &str, limit: Duration, mut ok: impl FnMut() -> bool) {
 /// stopped (one thread is woken to start the group stop; under load the others may run on for
 /// a while, e.g. a daemon's ring worker serving one more call).
 pub fn signal(pid: u32, sig: &str) {
-    let ok = Command::new("kill").arg(format!("-{sig}")).arg(pid.to_string()).status().expect("kill").success();
+    let ok = Command::new("kill")
+        .arg(format!("-{sig}"))
+        .arg(pid.to_string())
+        .status()
+        .expect("kill")
+        .success();
     assert!(ok, "kill -{sig} failed");
     if sig == "STOP" {
         let deadline = Instant::now() + Duration::from_secs(10);
         while !all_threads_stopped(pid) {
-            assert!(Instant::now() < deadline, "process {pid} did not stop within 10 s of SIGSTOP");
+            assert!(
+                Instant::now() < deadline,
+                "process {pid} did not stop within 10 s of SIGSTOP"
+            );
             std::thread::sleep(Duration::from_millis(1));
         }
     }
@@ -244,11 +335,15 @@ pub fn signal(pid: u32, sig: &str) {
 
 /// Whether every thread of process `pid` is in the stopped state (`T` in /proc/PID/task/*/stat).
 fn all_threads_stopped(pid: u32) -> bool {
-    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else { return false };
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return false;
+    };
     tasks.flatten().all(|t| {
         // The state is the first field after the parenthesised command name.
         let stat = std::fs::read_to_string(t.path().join("stat")).unwrap_or_default();
-        stat.rsplit_once(')').and_then(|(_, rest)| rest.split_whitespace().next()).is_some_and(|state| state == "T")
+        stat.rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().next())
+            .is_some_and(|state| state == "T")
     })
 }
 
@@ -288,9 +383,17 @@ pub struct Spawned {
 impl Spawned {
     /// Spawns `cmd` with stdin and stdout null and stderr written to `log`.
     pub fn spawn(cmd: &mut Command, log: &Path) -> Spawned {
-        cmd.stdin(Stdio::null()).stdout(Stdio::null()).stderr(std::fs::File::create(log).expect("log file"));
-        let child = cmd.spawn().unwrap_or_else(|e| panic!("spawn {:?}: {e}", cmd.get_program()));
-        Spawned { child: Killed(child), log: log.to_path_buf(), _log_dir: None }
+        cmd.stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(log).expect("log file"));
+        let child = cmd
+            .spawn()
+            .unwrap_or_else(|e| panic!("spawn {:?}: {e}", cmd.get_program()));
+        Spawned {
+            child: Killed(child),
+            log: log.to_path_buf(),
+            _log_dir: None,
+        }
     }
 
     /// [`Spawned::spawn`] with the log in a temporary directory of its own.
@@ -327,7 +430,11 @@ impl Spawned {
             if ready(&self.log_text()) {
                 return;
             }
-            assert!(Instant::now() < deadline, "daemon not ready within {limit:?}: {}", self.log_text());
+            assert!(
+                Instant::now() < deadline,
+                "daemon not ready within {limit:?}: {}",
+                self.log_text()
+            );
             std::thread::sleep(Duration::from_millis(10));
         }
     }
@@ -349,7 +456,12 @@ impl Spawned {
             if let Some(s) = self.child.try_wait().expect("try_wait") {
                 return s;
             }
-            assert!(Instant::now() < deadline, "process {} did not exit within {limit:?}: {}", self.child.id(), self.log_text());
+            assert!(
+                Instant::now() < deadline,
+                "process {} did not exit within {limit:?}: {}",
+                self.child.id(),
+                self.log_text()
+            );
             std::thread::sleep(Duration::from_millis(20));
         }
     }
@@ -365,12 +477,20 @@ impl Spawned {
 /// expert's tensors in the shard that held its layer's fused tensor.
 pub fn split_experts(dir: &Path) {
     let mut index = read_index(dir);
-    let shards: Vec<String> = index.values().cloned().collect::<std::collections::BTreeSet<_>>().into_iter().collect();
+    let shards: Vec<String> = index
+        .values()
+        .cloned()
+        .collect::<std::collections::BTreeSet<_>>()
+        .into_iter()
+        .collect();
     for shard in shards {
         let path = dir.join(&shard);
         let mut out = BTreeMap::new();
         for (name, t) in read_shard(&path) {
-            let Some(stem) = name.strip_suffix(".mlp.experts.gate_up_proj").or(name.strip_suffix(".mlp.experts.down_proj")) else {
+            let Some(stem) = name
+                .strip_suffix(".mlp.experts.gate_up_proj")
+                .or(name.strip_suffix(".mlp.experts.down_proj"))
+            else {
                 out.insert(name, t);
                 continue;
             };
@@ -382,7 +502,14 @@ pub fn split_experts(dir: &Path) {
                 let mut put = |proj: &str, bytes: &[u8], r: usize| {
                     let n = format!("{stem}.mlp.experts.{e}.{proj}.weight");
                     index.insert(n.clone(), shard.clone());
-                    out.insert(n, OwnedTensor { dtype: t.dtype, shape: vec![r, cols], data: bytes.to_vec() });
+                    out.insert(
+                        n,
+                        OwnedTensor {
+                            dtype: t.dtype,
+                            shape: vec![r, cols],
+                            data: bytes.to_vec(),
+                        },
+                    );
                 };
                 if name.ends_with("gate_up_proj") {
                     let half = block.len() / 2;
@@ -397,4 +524,3 @@ pub fn split_experts(dir: &Path) {
     }
     write_index(dir, &index);
 }
-

@@ -18,17 +18,22 @@ const DEFAULT_CONTAINER: &str = "/tmp/rd4c/experts.sluice";
 const BATCHES: [usize; 2] = [8, 64];
 
 fn container() -> Option<PathBuf> {
-    let path = std::env::var_os("SLUICE_BENCH_CONTAINER").map_or_else(|| PathBuf::from(DEFAULT_CONTAINER), PathBuf::from);
+    let path = std::env::var_os("SLUICE_BENCH_CONTAINER")
+        .map_or_else(|| PathBuf::from(DEFAULT_CONTAINER), PathBuf::from);
     if path.exists() {
         Some(path)
     } else {
-        eprintln!("SKIP io bench: no container at {} (set SLUICE_BENCH_CONTAINER)", path.display());
+        eprintln!(
+            "SKIP io bench: no container at {} (set SLUICE_BENCH_CONTAINER)",
+            path.display()
+        );
         None
     }
 }
 
 fn open(path: &std::path::Path, kind: IoKind, o_direct: bool) -> Box<dyn ExpertSource> {
-    let (source, info) = open_source_with(path, SourceOptions { kind, o_direct }).expect("open container");
+    let (source, info) =
+        open_source_with(path, SourceOptions { kind, o_direct }).expect("open container");
     eprintln!("{kind:?} o_direct={o_direct}: {info}");
     source
 }
@@ -36,8 +41,9 @@ fn open(path: &std::path::Path, kind: IoKind, o_direct: bool) -> Box<dyn ExpertS
 /// Every (layer, expert) of the container in a fixed pseudo-random order.
 fn shuffled(source: &dyn ExpertSource) -> Vec<(u32, u32)> {
     let dims = source.container().header().layout.dims;
-    let mut all: Vec<(u32, u32)> =
-        (0..dims.n_layers as u32).flat_map(|l| (0..dims.n_experts as u32).map(move |e| (l, e))).collect();
+    let mut all: Vec<(u32, u32)> = (0..dims.n_layers as u32)
+        .flat_map(|l| (0..dims.n_experts as u32).map(move |e| (l, e)))
+        .collect();
     let mut state = 0x2545_f491_4f6c_dd1du64;
     for i in (1..all.len()).rev() {
         state ^= state << 13;
@@ -53,7 +59,11 @@ fn read_batch(source: &dyn ExpertSource, buf: &mut AlignedBuf, batch: &[(u32, u3
     let mut reqs: Vec<ReadRequest<'_>> = buf
         .chunks_exact_mut(stride)
         .zip(batch)
-        .map(|(dst, &(layer, expert))| ReadRequest { layer: LayerId::new(layer), expert: ExpertId::new(expert), dst })
+        .map(|(dst, &(layer, expert))| ReadRequest {
+            layer: LayerId::new(layer),
+            expert: ExpertId::new(expert),
+            dst,
+        })
         .collect();
     for (r, (l, e)) in source.read_blobs(&mut reqs).into_iter().zip(batch) {
         r.unwrap_or_else(|err| panic!("layer {l} expert {e}: {err}"));
@@ -72,7 +82,10 @@ fn prove(label: &str, source: &dyn ExpertSource, batch: &[(u32, u32)], buf: &mut
     read_batch(source, buf, batch);
     let device = physical_read_bytes() - before;
     let asked = (batch.len() * source.blob_stride()) as u64;
-    eprintln!("{label}: {asked} bytes read, {device} from the device (/proc/self/io read_bytes) = {:.3}", device as f64 / asked as f64);
+    eprintln!(
+        "{label}: {asked} bytes read, {device} from the device (/proc/self/io read_bytes) = {:.3}",
+        device as f64 / asked as f64
+    );
 }
 
 fn bench_io(c: &mut Criterion) {
@@ -108,7 +121,9 @@ fn bench_io(c: &mut Criterion) {
         let mut group = c.benchmark_group(format!("warm_page_cache/{kind:?}"));
         for n in BATCHES {
             group.throughput(Throughput::Bytes((n * stride) as u64));
-            group.bench_function(BenchmarkId::from_parameter(n), |b| b.iter(|| read_batch(&*warm, &mut buf, &set[..n])));
+            group.bench_function(BenchmarkId::from_parameter(n), |b| {
+                b.iter(|| read_batch(&*warm, &mut buf, &set[..n]))
+            });
         }
         group.finish();
     }
@@ -123,12 +138,17 @@ fn bench_io(c: &mut Criterion) {
     let entry = index.entry(l0, e0).expect("blob (0, 0)");
     let mut group = c.benchmark_group("verify_only");
     group.throughput(Throughput::Bytes(stride as u64));
-    group.bench_function("check_blob", |b| b.iter(|| index.verify(l0, e0, entry, &buf).expect("valid blob")));
+    group.bench_function("check_blob", |b| {
+        b.iter(|| index.verify(l0, e0, entry, &buf).expect("valid blob"))
+    });
     group.finish();
 }
 
 fn config() -> Criterion {
-    Criterion::default().sample_size(10).warm_up_time(Duration::from_secs(1)).measurement_time(Duration::from_secs(4))
+    Criterion::default()
+        .sample_size(10)
+        .warm_up_time(Duration::from_secs(1))
+        .measurement_time(Duration::from_secs(4))
 }
 
 criterion_group! { name = benches; config = config(); targets = bench_io }

@@ -19,11 +19,15 @@ pub fn init_tracing() {
 /// Install the process-wide `tracing` subscriber, filtered by `RUST_LOG` (default `default`;
 /// `serve` uses `info` so its startup facts are logged).
 pub fn init_tracing_with_default(default: &str) {
-    let filter =
-        tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
     // Colour only on a terminal: redirected logs stay plain text.
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
-    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(ansi).try_init();
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(ansi)
+        .try_init();
 }
 
 /// Flags of `expertd prepare`.
@@ -36,7 +40,12 @@ pub struct PrepareArgs {
     #[arg(long, env = "EXPERTD_CONTAINER_DIR")]
     pub out: PathBuf,
     /// Milliseconds to sleep after each blob written (tests use it to interrupt a run midway).
-    #[arg(long, env = "EXPERTD_PREPARE_THROTTLE_MS", default_value_t = 0, hide = true)]
+    #[arg(
+        long,
+        env = "EXPERTD_PREPARE_THROTTLE_MS",
+        default_value_t = 0,
+        hide = true
+    )]
     pub throttle_ms: u64,
 }
 
@@ -67,8 +76,10 @@ impl Progress {
     fn start(&mut self, total: u64) {
         if std::io::stderr().is_terminal() {
             let bar = ProgressBar::new(total);
-            let style = ProgressStyle::with_template("{bar:40} {bytes}/{total_bytes} {binary_bytes_per_sec} eta {eta} {msg}")
-                .unwrap_or_else(|_| ProgressStyle::default_bar());
+            let style = ProgressStyle::with_template(
+                "{bar:40} {bytes}/{total_bytes} {binary_bytes_per_sec} eta {eta} {msg}",
+            )
+            .unwrap_or_else(|_| ProgressStyle::default_bar());
             bar.set_style(style);
             self.bar = Some(bar);
         }
@@ -96,28 +107,48 @@ impl Progress {
 
 /// Runs `expertd prepare`.
 pub fn prepare(args: &PrepareArgs) -> anyhow::Result<()> {
-    let opts = PrepareOptions { model: args.model.clone(), out: args.out.clone(), throttle: Duration::from_millis(args.throttle_ms) };
+    let opts = PrepareOptions {
+        model: args.model.clone(),
+        out: args.out.clone(),
+        throttle: Duration::from_millis(args.throttle_ms),
+    };
     let mut progress = Progress::new();
     let start = Instant::now();
     let outcome = prepare::prepare(&opts, &mut |event| match event {
-        PrepareEvent::Resuming { n_layers } => {
-            progress.line(&format!("resuming {}: checking the blobs of {n_layers} layers", opts.out.join(shared::container::PARTIAL_FILE).display()))
-        }
+        PrepareEvent::Resuming { n_layers } => progress.line(&format!(
+            "resuming {}: checking the blobs of {n_layers} layers",
+            opts.out.join(shared::container::PARTIAL_FILE).display()
+        )),
         PrepareEvent::LayerChecked { layer, kept } => {
-            let verdict = if kept { "all blobs valid, kept" } else { "incomplete, will be converted again" };
+            let verdict = if kept {
+                "all blobs valid, kept"
+            } else {
+                "incomplete, will be converted again"
+            };
             progress.line(&format!("  layer {layer}: {verdict}"));
         }
-        PrepareEvent::Converting { n_layers, n_kept, source_bytes } => {
+        PrepareEvent::Converting {
+            n_layers,
+            n_kept,
+            source_bytes,
+        } => {
             progress.line(&format!(
                 "converting {n_layers} layers ({:.2} GiB of BF16){}",
                 source_bytes as f64 / f64::from(1u32 << 30),
-                if n_kept > 0 { format!("; {n_kept} layers kept from the interrupted run") } else { String::new() }
+                if n_kept > 0 {
+                    format!("; {n_kept} layers kept from the interrupted run")
+                } else {
+                    String::new()
+                }
             ));
             progress.start(source_bytes);
         }
         PrepareEvent::ExpertWritten { source_bytes, .. } => progress.inc(source_bytes),
         PrepareEvent::LayerWritten { layer } => {
-            progress.line(&format!("layer {layer} written ({:.1} s)", start.elapsed().as_secs_f64()));
+            progress.line(&format!(
+                "layer {layer} written ({:.1} s)",
+                start.elapsed().as_secs_f64()
+            ));
         }
         PrepareEvent::Finishing => {
             progress.finish();
@@ -127,7 +158,12 @@ pub fn prepare(args: &PrepareArgs) -> anyhow::Result<()> {
     progress.finish();
     match outcome {
         PrepareOutcome::UpToDate { path, header } => {
-            println!("{} is up to date (identity {}, fingerprint {:#018x})", path.display(), header.identity, header.fingerprint());
+            println!(
+                "{} is up to date (identity {}, fingerprint {:#018x})",
+                path.display(),
+                header.identity,
+                header.fingerprint()
+            );
             println!("(header and index checked; `expertd verify` checks every blob)");
         }
         PrepareOutcome::Written(s) => {
@@ -143,9 +179,16 @@ pub fn prepare(args: &PrepareArgs) -> anyhow::Result<()> {
                 s.layers_kept,
                 s.elapsed.as_secs_f64()
             );
-            println!("identity {}, fingerprint {:#018x}", s.header.identity, s.header.fingerprint());
+            println!(
+                "identity {}, fingerprint {:#018x}",
+                s.header.identity,
+                s.header.fingerprint()
+            );
             println!("dequantisation error (max over all experts):");
-            println!("  {:<5} {:>12} {:>12} {:>14} {:>14}  worst (layer, expert)", "kind", "max|w-deq|", "max|w|", "rel to max|w|", "max row rel");
+            println!(
+                "  {:<5} {:>12} {:>12} {:>14} {:>14}  worst (layer, expert)",
+                "kind", "max|w-deq|", "max|w|", "rel to max|w|", "max row rel"
+            );
             for (name, k) in s.stats.kinds() {
                 println!(
                     "  {:<5} {:>12.4e} {:>12.4e} {:>14.4e} {:>14.4e}  ({}, {})",
@@ -166,19 +209,33 @@ pub fn prepare(args: &PrepareArgs) -> anyhow::Result<()> {
 
 /// Runs `expertd verify`; returns whether the container is sound.
 pub fn verify(args: &VerifyArgs) -> anyhow::Result<bool> {
-    let opts = VerifyOptions { dir: args.dir.clone(), model: args.model.clone(), deep: args.deep };
+    let opts = VerifyOptions {
+        dir: args.dir.clone(),
+        model: args.model.clone(),
+        deep: args.deep,
+    };
     let mut progress = Progress::new();
     // The blob region's size is only known after the header; a bar over the file length is close.
-    let file_len = std::fs::metadata(args.dir.join(shared::container::CONTAINER_FILE)).map(|m| m.len()).unwrap_or(0);
+    let file_len = std::fs::metadata(args.dir.join(shared::container::CONTAINER_FILE))
+        .map(|m| m.len())
+        .unwrap_or(0);
     progress.start(file_len);
     let report = verify::verify(&opts, &|n| progress.inc(n))?;
     progress.finish();
-    println!("container: {} ({} bytes)", report.path.display(), report.file_len);
+    println!(
+        "container: {} ({} bytes)",
+        report.path.display(),
+        report.file_len
+    );
     if let Some(h) = &report.header {
         let l = &h.layout;
         println!(
             "  format v1{}, {}, {} layers × {} experts, d {}, f {}, blob stride {} bytes",
-            if h.magic == shared::container::VersionedMagic::UnfinishedV1 { " (unfinished)" } else { "" },
+            if h.magic == shared::container::VersionedMagic::UnfinishedV1 {
+                " (unfinished)"
+            } else {
+                ""
+            },
             shared::container::header::QUANT_SCHEME,
             l.dims.n_layers,
             l.dims.n_experts,
@@ -228,7 +285,11 @@ pub struct ReplayArgs {
     #[arg(long, value_enum, value_delimiter = ',', env = "EXPERTD_REPLAY_POLICY")]
     pub policy: Vec<crate::cache::PolicyKind>,
     /// Cache budgets in bytes (repeat or comma-separate for a table); default: the trace's.
-    #[arg(long = "cache-bytes", value_delimiter = ',', env = "EXPERTD_REPLAY_CACHE_BYTES")]
+    #[arg(
+        long = "cache-bytes",
+        value_delimiter = ',',
+        env = "EXPERTD_REPLAY_CACHE_BYTES"
+    )]
     pub cache_bytes: Vec<u64>,
     /// `lfu-aging` halving period in calls per layer; default: the trace's, else 32.
     #[arg(long, env = "EXPERTD_REPLAY_HALVING_PERIOD")]
@@ -251,10 +312,19 @@ pub fn replay(args: &ReplayArgs) -> anyhow::Result<bool> {
     use crate::replay::{ReplayConfig, format_table, replay};
     use anyhow::Context as _;
     use rayon::prelude::*;
-    let trace = crate::trace::Trace::open(&args.trace).with_context(|| format!("reading {}", args.trace.display()))?;
+    let trace = crate::trace::Trace::open(&args.trace)
+        .with_context(|| format!("reading {}", args.trace.display()))?;
     let h = &trace.header;
-    let kinds = if args.policy.is_empty() { vec![h.policy] } else { args.policy.clone() };
-    let budgets = if args.cache_bytes.is_empty() { vec![h.budget_bytes] } else { args.cache_bytes.clone() };
+    let kinds = if args.policy.is_empty() {
+        vec![h.policy]
+    } else {
+        args.policy.clone()
+    };
+    let budgets = if args.cache_bytes.is_empty() {
+        vec![h.budget_bytes]
+    } else {
+        args.cache_bytes.clone()
+    };
     let configs: Vec<ReplayConfig> = kinds
         .iter()
         .flat_map(|&kind| {
@@ -267,7 +337,10 @@ pub fn replay(args: &ReplayArgs) -> anyhow::Result<bool> {
             })
         })
         .collect();
-    let results = configs.par_iter().map(|c| replay(&trace, c)).collect::<Result<Vec<_>, _>>()?;
+    let results = configs
+        .par_iter()
+        .map(|c| replay(&trace, c))
+        .collect::<Result<Vec<_>, _>>()?;
     if args.json {
         let doc = serde_json::json!({ "trace": args.trace, "recorded": h, "results": results });
         println!("{}", serde_json::to_string_pretty(&doc)?);
@@ -284,7 +357,9 @@ pub fn replay(args: &ReplayArgs) -> anyhow::Result<bool> {
         );
         print!("{}", format_table(&results));
     }
-    Ok(results.iter().all(|r| r.check.as_ref().is_none_or(|c| c.matches)))
+    Ok(results
+        .iter()
+        .all(|r| r.check.as_ref().is_none_or(|c| c.matches)))
 }
 
 /// Flags of `expertd serve`.
@@ -294,7 +369,12 @@ pub struct ServeArgs {
     #[arg(long, env = "EXPERTD_CONTAINER_DIR")]
     pub container: PathBuf,
     /// Serve on this unix socket (shared-memory activations, peer credentials checked).
-    #[arg(long, env = "EXPERTD_SOCKET", conflicts_with = "listen", required_unless_present = "listen")]
+    #[arg(
+        long,
+        env = "EXPERTD_SOCKET",
+        conflicts_with = "listen",
+        required_unless_present = "listen"
+    )]
     pub socket: Option<PathBuf>,
     /// Permissions of the socket file, in octal.
     #[arg(long, env = "EXPERTD_SOCKET_MODE", default_value = "660")]
@@ -308,14 +388,24 @@ pub struct ServeArgs {
     pub auth_token_file: Option<PathBuf>,
     /// PEM certificate chain (leaf first) of the TCP listener: clients connect with
     /// `https://HOST:PORT` and check it against their CA file.
-    #[arg(long, env = "EXPERTD_TLS_CERT", requires = "tls_key", requires = "listen")]
+    #[arg(
+        long,
+        env = "EXPERTD_TLS_CERT",
+        requires = "tls_key",
+        requires = "listen"
+    )]
     pub tls_cert: Option<PathBuf>,
     /// PEM private key of --tls-cert.
     #[arg(long, env = "EXPERTD_TLS_KEY", requires = "tls_cert")]
     pub tls_key: Option<PathBuf>,
     /// Serve plain TCP without TLS (token and activations in clear text): only on a network
     /// you trust; clients must say `--expertd-insecure` too.
-    #[arg(long, env = "EXPERTD_INSECURE", conflicts_with = "tls_cert", requires = "listen")]
+    #[arg(
+        long,
+        env = "EXPERTD_INSECURE",
+        conflicts_with = "tls_cert",
+        requires = "listen"
+    )]
     pub insecure: bool,
     /// Byte budget of the expert cache (resident experts). Checked at start against this
     /// process's cgroup memory limit (MemoryMax=) plus the daemon's overhead; when left out, a
@@ -435,21 +525,36 @@ async fn shutdown_signal(watch_stdin: bool) {
 
 /// Runs `expertd serve` until SIGTERM/SIGINT, then drains.
 pub fn serve(args: &ServeArgs) -> anyhow::Result<()> {
-    use anyhow::Context as _;
     use crate::server::{Listener, ServeConfig};
+    use anyhow::Context as _;
     let token = match &args.auth_token_file {
-        Some(p) => Some(std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?.trim().to_string()),
+        Some(p) => Some(
+            std::fs::read_to_string(p)
+                .with_context(|| format!("reading {}", p.display()))?
+                .trim()
+                .to_string(),
+        ),
         None => None,
     };
-    anyhow::ensure!(args.listen.is_none() || token.is_some(), "--listen (TCP) needs --auth-token-file: TCP clients must present a bearer token");
+    anyhow::ensure!(
+        args.listen.is_none() || token.is_some(),
+        "--listen (TCP) needs --auth-token-file: TCP clients must present a bearer token"
+    );
     if args.listen.is_some() && args.tls_cert.is_none() && !args.insecure {
         return Err(crate::server::ServeError::TcpWithoutTls.into());
     }
-    anyhow::ensure!(args.socket.is_some() || args.listen.is_some(), "give --socket PATH or --listen HOST:PORT");
-    let mode = u32::from_str_radix(&args.socket_mode, 8).with_context(|| format!("--socket-mode {:?} is not octal", args.socket_mode))?;
+    anyhow::ensure!(
+        args.socket.is_some() || args.listen.is_some(),
+        "give --socket PATH or --listen HOST:PORT"
+    );
+    let mode = u32::from_str_radix(&args.socket_mode, 8)
+        .with_context(|| format!("--socket-mode {:?} is not octal", args.socket_mode))?;
     // Socket activation: systemd's listener replaces binding our own (same path, same mode rule).
     let inherited = crate::systemd::inherited_listener(args.socket.as_deref(), mode)?;
-    anyhow::ensure!(inherited.is_none() || args.socket.is_some(), "socket activation passes a unix socket: give --socket with its path (EXPERTD_SOCKET), not --listen");
+    anyhow::ensure!(
+        inherited.is_none() || args.socket.is_some(),
+        "socket activation passes a unix socket: give --socket with its path (EXPERTD_SOCKET), not --listen"
+    );
     crate::systemd::status("checking the memory budget");
     let cache_bytes = memory_budget(args)?;
     let config = ServeConfig {
@@ -479,7 +584,11 @@ pub fn serve(args: &ServeArgs) -> anyhow::Result<()> {
         ..ServeConfig::new(args.container.clone(), cache_bytes)
     };
     config.validate()?;
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).thread_name("expertd-rt").enable_all().build()?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name("expertd-rt")
+        .enable_all()
+        .build()?;
     rt.block_on(async {
         // Everything that can fail or take time happens before the socket exists: a client that
         // sees the socket file (or can connect to the port) is served at once.
@@ -524,14 +633,29 @@ pub fn serve(args: &ServeArgs) -> anyhow::Result<()> {
 /// limit; a clear error naming the numbers when no budget fits. See `crate::memlimit`.
 fn memory_budget(args: &ServeArgs) -> anyhow::Result<u64> {
     use crate::memlimit::{Budget, Overhead, own_limit, plan};
-    let container = shared::container::ContainerFile::open(&args.container)
-        .map_err(|source| crate::server::ServeError::Container { dir: args.container.display().to_string(), source })?;
+    let container = shared::container::ContainerFile::open(&args.container).map_err(|source| {
+        crate::server::ServeError::Container {
+            dir: args.container.display().to_string(),
+            source,
+        }
+    })?;
     let layout = container.header().layout;
     let (dims, blob) = (layout.dims, layout.blob.stride as u64);
     let lanes = args.compute_lanes.max(1) as u64;
-    let transient = args.transient_slots.map_or((dims.n_experts.min(32) as u64) * lanes, u64::from);
-    let overhead = Overhead::estimate(blob, transient, lanes, u64::from(args.max_rows_per_call), dims.hidden as u64, dims.inner as u64);
-    let requested = args.cache_bytes.map(|b| crate::server::clamp_budget(b, dims.n_blobs() as u64, blob));
+    let transient = args
+        .transient_slots
+        .map_or((dims.n_experts.min(32) as u64) * lanes, u64::from);
+    let overhead = Overhead::estimate(
+        blob,
+        transient,
+        lanes,
+        u64::from(args.max_rows_per_call),
+        dims.hidden as u64,
+        dims.inner as u64,
+    );
+    let requested = args
+        .cache_bytes
+        .map(|b| crate::server::clamp_budget(b, dims.n_blobs() as u64, blob));
     let limit = own_limit();
     let budget = plan(requested, limit.as_ref(), overhead, blob)?;
     match (&budget, &limit) {

@@ -35,7 +35,14 @@ impl ShardFiles {
     }
 
     /// Reads a BF16 matrix range and appends it widened to f32 to `out`.
-    fn read_bf16(&self, range: &ByteRange, what: &'static str, layer: LayerId, expert: ExpertId, out: &mut Vec<f32>) -> Result<(), PrepareError> {
+    fn read_bf16(
+        &self,
+        range: &ByteRange,
+        what: &'static str,
+        layer: LayerId,
+        expert: ExpertId,
+        out: &mut Vec<f32>,
+    ) -> Result<(), PrepareError> {
         let [rows, cols] = range.shape;
         let expected = (rows as u64) * (cols as u64) * 2;
         if range.dtype != Dtype::BF16 || range.len != expected {
@@ -43,18 +50,29 @@ impl ShardFiles {
                 layer,
                 expert,
                 what,
-                reason: format!("expected BF16 {rows}×{cols} ({expected} bytes), found {:?} with {} bytes", range.dtype, range.len),
+                reason: format!(
+                    "expected BF16 {rows}×{cols} ({expected} bytes), found {:?} with {} bytes",
+                    range.dtype, range.len
+                ),
             });
         }
-        let file = self.files.get(range.shard).ok_or_else(|| PrepareError::Source {
-            layer,
-            expert,
-            what,
-            reason: format!("shard index {} out of range", range.shard),
-        })?;
+        let file = self
+            .files
+            .get(range.shard)
+            .ok_or_else(|| PrepareError::Source {
+                layer,
+                expert,
+                what,
+                reason: format!("shard index {} out of range", range.shard),
+            })?;
         let mut bytes = vec![0u8; range.len as usize];
-        file.read_exact_at(&mut bytes, range.offset).map_err(|e| PrepareError::io(&range.file, e))?;
-        out.extend(bytes.chunks_exact(2).map(|c| bf16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32()));
+        file.read_exact_at(&mut bytes, range.offset)
+            .map_err(|e| PrepareError::io(&range.file, e))?;
+        out.extend(
+            bytes
+                .chunks_exact(2)
+                .map(|c| bf16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32()),
+        );
         Ok(())
     }
 }
@@ -103,9 +121,26 @@ pub fn convert_expert(
     let deq_down = q_down.dequantize();
     let split = f * d;
     let stats = ErrorStats {
-        gate: KindStats::of_matrix(&gate_up[..split], &deq_gate_up[..split], d, layer.index(), expert.index()),
-        up: KindStats::of_matrix(&gate_up[split..], &deq_gate_up[split..], d, layer.index(), expert.index()),
+        gate: KindStats::of_matrix(
+            &gate_up[..split],
+            &deq_gate_up[..split],
+            d,
+            layer.index(),
+            expert.index(),
+        ),
+        up: KindStats::of_matrix(
+            &gate_up[split..],
+            &deq_gate_up[split..],
+            d,
+            layer.index(),
+            expert.index(),
+        ),
         down: KindStats::of_matrix(&down, &deq_down, f, layer.index(), expert.index()),
     };
-    Ok(ConvertedExpert { blob, checksum, stats, source_bytes: ranges.total_bytes() })
+    Ok(ConvertedExpert {
+        blob,
+        checksum,
+        stats,
+        source_bytes: ranges.total_bytes(),
+    })
 }

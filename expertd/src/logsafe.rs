@@ -20,12 +20,18 @@ pub struct Escaped<'a> {
 
 /// A peer-supplied name for a log field: `tracing::info!(client_name = %logsafe::name(&n))`.
 pub fn name(s: &str) -> Escaped<'_> {
-    Escaped { s, max_chars: MAX_NAME_CHARS }
+    Escaped {
+        s,
+        max_chars: MAX_NAME_CHARS,
+    }
 }
 
 /// An error text (which may quote a request) for a log field.
 pub fn text(s: &str) -> Escaped<'_> {
-    Escaped { s, max_chars: MAX_TEXT_CHARS }
+    Escaped {
+        s,
+        max_chars: MAX_TEXT_CHARS,
+    }
 }
 
 impl fmt::Display for Escaped<'_> {
@@ -56,7 +62,10 @@ mod tests {
         assert_eq!(s, "evil\\n\\u{1b}[31mred\\r\\u{7}\\u{202e}'\"");
         assert!(!s.chars().any(char::is_control), "{s:?}");
         let long = "x".repeat(MAX_NAME_CHARS + 50);
-        assert_eq!(name(&long).to_string(), format!("{}…(+50 bytes)", "x".repeat(MAX_NAME_CHARS)));
+        assert_eq!(
+            name(&long).to_string(),
+            format!("{}…(+50 bytes)", "x".repeat(MAX_NAME_CHARS))
+        );
         assert_eq!(text(&long).to_string(), long);
         assert_eq!(name("plain name").to_string(), "plain name");
     }

@@ -26,9 +26,15 @@ enum Command {
 
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
-    expertd::cli::init_tracing_with_default(if matches!(cli.command, Command::Serve(_)) { "info" } else { "warn" });
+    expertd::cli::init_tracing_with_default(if matches!(cli.command, Command::Serve(_)) {
+        "info"
+    } else {
+        "warn"
+    });
     if cfg!(debug_assertions) && matches!(cli.command, Command::Serve(_) | Command::Prepare(_)) {
-        tracing::warn!("this expertd is a debug build: its kernels run several times slower than in the release build (scripts/build, then target/release/expertd)");
+        tracing::warn!(
+            "this expertd is a debug build: its kernels run several times slower than in the release build (scripts/build, then target/release/expertd)"
+        );
     }
     let result = match cli.command {
         Command::Prepare(args) => expertd::cli::prepare(&args).map(|()| true),

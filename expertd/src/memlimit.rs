@@ -41,7 +41,10 @@ pub fn limit_from(proc_cgroup: &str, root: &Path) -> Option<CgroupLimit> {
     let mut candidates: Vec<PathBuf> = Vec::new();
     for line in proc_cgroup.lines() {
         let mut parts = line.splitn(3, ':');
-        let (Some(id), Some(controllers), Some(path)) = (parts.next(), parts.next(), parts.next()) else { continue };
+        let (Some(id), Some(controllers), Some(path)) = (parts.next(), parts.next(), parts.next())
+        else {
+            continue;
+        };
         let rel = path.trim_start_matches('/');
         if id == "0" && controllers.is_empty() && root.join("cgroup.controllers").is_file() {
             // v2 (unified): memory.max and memory.high at each level.
@@ -68,7 +71,10 @@ pub fn limit_from(proc_cgroup: &str, root: &Path) -> Option<CgroupLimit> {
 
 /// `dir` and its parents up to and including `root`.
 fn ancestors(dir: &Path, root: &Path) -> Vec<PathBuf> {
-    dir.ancestors().take_while(|d| d.starts_with(root)).map(Path::to_path_buf).collect()
+    dir.ancestors()
+        .take_while(|d| d.starts_with(root))
+        .map(Path::to_path_buf)
+        .collect()
 }
 
 /// The daemon's memory next to its cache, estimated from its configuration:
@@ -87,8 +93,19 @@ pub struct Overhead {
 
 impl Overhead {
     /// The estimate for a container's dimensions and the serve flags.
-    pub fn estimate(blob_bytes: u64, transient_slots: u64, lanes: u64, max_rows: u64, hidden: u64, inner: u64) -> Overhead {
-        Overhead { base: BASE_OVERHEAD_BYTES, transient: transient_slots * blob_bytes, calls: lanes * max_rows * (4 * hidden + 2 * inner) * 4 }
+    pub fn estimate(
+        blob_bytes: u64,
+        transient_slots: u64,
+        lanes: u64,
+        max_rows: u64,
+        hidden: u64,
+        inner: u64,
+    ) -> Overhead {
+        Overhead {
+            base: BASE_OVERHEAD_BYTES,
+            transient: transient_slots * blob_bytes,
+            calls: lanes * max_rows * (4 * hidden + 2 * inner) * 4,
+        }
     }
 
     /// The sum.
@@ -99,7 +116,14 @@ impl Overhead {
 
 impl std::fmt::Display for Overhead {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{} B (runtime {} B + transient pool {} B + call buffers {} B)", self.total(), self.base, self.transient, self.calls)
+        write!(
+            f,
+            "{} B (runtime {} B + transient pool {} B + call buffers {} B)",
+            self.total(),
+            self.base,
+            self.transient,
+            self.calls
+        )
     }
 }
 
@@ -127,7 +151,9 @@ pub enum BudgetError {
         fits: u64,
     },
     /// No limit and no `--cache-bytes`.
-    #[error("no --cache-bytes given and this process has no cgroup memory limit to derive one from; give --cache-bytes (or run under MemoryMax=)")]
+    #[error(
+        "no --cache-bytes given and this process has no cgroup memory limit to derive one from; give --cache-bytes (or run under MemoryMax=)"
+    )]
     NoLimit,
     /// The limit leaves no room for one expert.
     #[error(
@@ -169,7 +195,12 @@ impl Budget {
 
 /// Checks or derives the cache budget. `requested` is `--cache-bytes` already clamped to what
 /// the container holds (a cap the cache never exceeds).
-pub fn plan(requested: Option<u64>, limit: Option<&CgroupLimit>, overhead: Overhead, blob: u64) -> Result<Budget, BudgetError> {
+pub fn plan(
+    requested: Option<u64>,
+    limit: Option<&CgroupLimit>,
+    overhead: Overhead,
+    blob: u64,
+) -> Result<Budget, BudgetError> {
     match (requested, limit) {
         (Some(r), None) => Ok(Budget::Unchecked(r)),
         (None, None) => Err(BudgetError::NoLimit),
@@ -178,14 +209,32 @@ pub fn plan(requested: Option<u64>, limit: Option<&CgroupLimit>, overhead: Overh
             if need <= l.bytes {
                 Ok(Budget::Fits(r))
             } else {
-                let fits = Some(l.bytes.saturating_sub(overhead.total())).filter(|&f| f >= blob).unwrap_or(0);
-                Err(BudgetError::DoesNotFit { requested: r, overhead, need, limit: l.bytes, file: l.file.display().to_string(), fits })
+                let fits = Some(l.bytes.saturating_sub(overhead.total()))
+                    .filter(|&f| f >= blob)
+                    .unwrap_or(0);
+                Err(BudgetError::DoesNotFit {
+                    requested: r,
+                    overhead,
+                    need,
+                    limit: l.bytes,
+                    file: l.file.display().to_string(),
+                    fits,
+                })
             }
         }
         (None, Some(l)) => {
-            let left = l.bytes.saturating_sub(l.bytes / DERIVED_SLACK_DIVISOR).saturating_sub(overhead.total());
+            let left = l
+                .bytes
+                .saturating_sub(l.bytes / DERIVED_SLACK_DIVISOR)
+                .saturating_sub(overhead.total());
             if left < blob {
-                return Err(BudgetError::TooSmall { limit: l.bytes, file: l.file.display().to_string(), overhead, left, blob });
+                return Err(BudgetError::TooSmall {
+                    limit: l.bytes,
+                    file: l.file.display().to_string(),
+                    overhead,
+                    left,
+                    blob,
+                });
             }
             Ok(Budget::Derived(left))
         }
@@ -216,22 +265,47 @@ mod tests {
         std::fs::write(m.join("memory.limit_in_bytes"), "9223372036854771712\n").expect("write");
         assert_eq!(limit_from("4:memory:/x/y\n0::/\n", v1.path()), None);
         std::fs::write(m.join("memory.limit_in_bytes"), "268435456\n").expect("write");
-        assert_eq!(limit_from("4:memory:/x/y\n0::/\n", v1.path()).map(|l| l.bytes), Some(256 * MIB));
+        assert_eq!(
+            limit_from("4:memory:/x/y\n0::/\n", v1.path()).map(|l| l.bytes),
+            Some(256 * MIB)
+        );
     }
 
     #[test]
     fn a_budget_is_checked_against_the_limit_or_derived_from_it() {
         let o = Overhead::estimate(1 << 20, 4, 2, 8, 64, 32);
-        let limit = CgroupLimit { bytes: 256 * MIB, file: "/x/memory.max".into() };
-        assert_eq!(plan(Some(10 * MIB), None, o, 1 << 20), Ok(Budget::Unchecked(10 * MIB)));
-        assert_eq!(plan(Some(100 * MIB), Some(&limit), o, 1 << 20), Ok(Budget::Fits(100 * MIB)));
+        let limit = CgroupLimit {
+            bytes: 256 * MIB,
+            file: "/x/memory.max".into(),
+        };
+        assert_eq!(
+            plan(Some(10 * MIB), None, o, 1 << 20),
+            Ok(Budget::Unchecked(10 * MIB))
+        );
+        assert_eq!(
+            plan(Some(100 * MIB), Some(&limit), o, 1 << 20),
+            Ok(Budget::Fits(100 * MIB))
+        );
         let err = plan(Some(200 * MIB), Some(&limit), o, 1 << 20).expect_err("does not fit");
         let text = err.to_string();
-        assert!(text.contains("268435456") && text.contains("/x/memory.max") && text.contains(&(256 * MIB - o.total()).to_string()), "{text}");
-        let derived = plan(None, Some(&limit), o, 1 << 20).expect("derived").bytes();
+        assert!(
+            text.contains("268435456")
+                && text.contains("/x/memory.max")
+                && text.contains(&(256 * MIB - o.total()).to_string()),
+            "{text}"
+        );
+        let derived = plan(None, Some(&limit), o, 1 << 20)
+            .expect("derived")
+            .bytes();
         assert_eq!(derived, 256 * MIB - 16 * MIB - o.total());
         assert_eq!(plan(None, None, o, 1 << 20), Err(BudgetError::NoLimit));
-        let tiny = CgroupLimit { bytes: 64 * MIB, file: "/y".into() };
-        assert!(matches!(plan(None, Some(&tiny), o, 1 << 20), Err(BudgetError::TooSmall { .. })));
+        let tiny = CgroupLimit {
+            bytes: 64 * MIB,
+            file: "/y".into(),
+        };
+        assert!(matches!(
+            plan(None, Some(&tiny), o, 1 << 20),
+            Err(BudgetError::TooSmall { .. })
+        ));
     }
 }

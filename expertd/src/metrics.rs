@@ -34,27 +34,112 @@ type Metric<T> = (&'static str, Kind, &'static str, fn(&T, u64) -> u64);
 
 /// Per open session, labelled `session`, `client`, `peer`.
 const SESSION_METRICS: &[Metric<pb::SessionStats>] = &[
-    ("expertd_session_calls", Kind::Counter, "MoE calls completed by an open session", |x, _| x.calls),
-    ("expertd_session_failed_calls", Kind::Counter, "MoE calls of an open session that failed", |x, _| x.failed_calls),
-    ("expertd_session_hits", Kind::Counter, "Experts an open session found resident", |x, _| x.hits),
-    ("expertd_session_misses", Kind::Counter, "Experts an open session had read from the container", |x, _| x.misses),
-    ("expertd_session_read_bytes", Kind::Counter, "Bytes read from the container for an open session", |x, _| x.bytes_read),
-    ("expertd_session_leases_held", Kind::Gauge, "Cache leases an open session holds now", |x, _| x.leases_held),
-    ("expertd_session_leased_bytes", Kind::Gauge, "Resident cache bytes an open session's leases pin now (leases x slot bytes)", |x, slot| x.leases_held * slot),
-    ("expertd_session_in_flight_calls", Kind::Gauge, "Calls of an open session queued or running now", |x, _| u64::from(x.in_flight_calls)),
+    (
+        "expertd_session_calls",
+        Kind::Counter,
+        "MoE calls completed by an open session",
+        |x, _| x.calls,
+    ),
+    (
+        "expertd_session_failed_calls",
+        Kind::Counter,
+        "MoE calls of an open session that failed",
+        |x, _| x.failed_calls,
+    ),
+    (
+        "expertd_session_hits",
+        Kind::Counter,
+        "Experts an open session found resident",
+        |x, _| x.hits,
+    ),
+    (
+        "expertd_session_misses",
+        Kind::Counter,
+        "Experts an open session had read from the container",
+        |x, _| x.misses,
+    ),
+    (
+        "expertd_session_read_bytes",
+        Kind::Counter,
+        "Bytes read from the container for an open session",
+        |x, _| x.bytes_read,
+    ),
+    (
+        "expertd_session_leases_held",
+        Kind::Gauge,
+        "Cache leases an open session holds now",
+        |x, _| x.leases_held,
+    ),
+    (
+        "expertd_session_leased_bytes",
+        Kind::Gauge,
+        "Resident cache bytes an open session's leases pin now (leases x slot bytes)",
+        |x, slot| x.leases_held * slot,
+    ),
+    (
+        "expertd_session_in_flight_calls",
+        Kind::Gauge,
+        "Calls of an open session queued or running now",
+        |x, _| u64::from(x.in_flight_calls),
+    ),
 ];
 
 /// Per peer, over every session it opened, labelled `peer`.
 const PEER_METRICS: &[Metric<pb::PeerStats>] = &[
-    ("expertd_peer_sessions", Kind::Counter, "Sessions a peer (uid:U or tcp:ADDRESS) opened since start", |p, _| p.sessions_opened),
-    ("expertd_peer_sessions_open", Kind::Gauge, "Sessions a peer holds open now", |p, _| u64::from(p.sessions_open)),
-    ("expertd_peer_calls", Kind::Counter, "MoE calls completed for a peer, closed sessions included", |p, _| p.calls),
-    ("expertd_peer_failed_calls", Kind::Counter, "MoE calls of a peer that failed, closed sessions included", |p, _| p.failed_calls),
-    ("expertd_peer_hits", Kind::Counter, "Experts a peer's calls found resident, closed sessions included", |p, _| p.hits),
-    ("expertd_peer_misses", Kind::Counter, "Experts a peer's calls had read, closed sessions included", |p, _| p.misses),
-    ("expertd_peer_read_bytes", Kind::Counter, "Bytes read from the container for a peer, closed sessions included", |p, _| p.bytes_read),
-    ("expertd_peer_leases_held", Kind::Gauge, "Cache leases a peer's open sessions hold now", |p, _| p.leases_held),
-    ("expertd_peer_leased_bytes", Kind::Gauge, "Resident cache bytes a peer's leases pin now", |p, slot| p.leases_held * slot),
+    (
+        "expertd_peer_sessions",
+        Kind::Counter,
+        "Sessions a peer (uid:U or tcp:ADDRESS) opened since start",
+        |p, _| p.sessions_opened,
+    ),
+    (
+        "expertd_peer_sessions_open",
+        Kind::Gauge,
+        "Sessions a peer holds open now",
+        |p, _| u64::from(p.sessions_open),
+    ),
+    (
+        "expertd_peer_calls",
+        Kind::Counter,
+        "MoE calls completed for a peer, closed sessions included",
+        |p, _| p.calls,
+    ),
+    (
+        "expertd_peer_failed_calls",
+        Kind::Counter,
+        "MoE calls of a peer that failed, closed sessions included",
+        |p, _| p.failed_calls,
+    ),
+    (
+        "expertd_peer_hits",
+        Kind::Counter,
+        "Experts a peer's calls found resident, closed sessions included",
+        |p, _| p.hits,
+    ),
+    (
+        "expertd_peer_misses",
+        Kind::Counter,
+        "Experts a peer's calls had read, closed sessions included",
+        |p, _| p.misses,
+    ),
+    (
+        "expertd_peer_read_bytes",
+        Kind::Counter,
+        "Bytes read from the container for a peer, closed sessions included",
+        |p, _| p.bytes_read,
+    ),
+    (
+        "expertd_peer_leases_held",
+        Kind::Gauge,
+        "Cache leases a peer's open sessions hold now",
+        |p, _| p.leases_held,
+    ),
+    (
+        "expertd_peer_leased_bytes",
+        Kind::Gauge,
+        "Resident cache bytes a peer's leases pin now",
+        |p, slot| p.leases_held * slot,
+    ),
 ];
 
 /// A registry built for one snapshot: each family registered once by name, its values set once.
@@ -64,7 +149,13 @@ struct Snapshot {
 
 impl Snapshot {
     /// Registers the family `name` and sets its value for each `(labels, value)`.
-    fn family(&mut self, name: &str, kind: Kind, help: &str, values: impl IntoIterator<Item = (Labels, u64)>) {
+    fn family(
+        &mut self,
+        name: &str,
+        kind: Kind,
+        help: &str,
+        values: impl IntoIterator<Item = (Labels, u64)>,
+    ) {
         match kind {
             Kind::Counter => {
                 let f = Family::<Labels, Counter<u64>>::default();
@@ -84,53 +175,192 @@ impl Snapshot {
     }
 
     /// Registers every metric of `metrics`, one labelled series per row.
-    fn rows<T>(&mut self, metrics: &[Metric<T>], rows: &[T], labels: impl Fn(&T) -> Labels, slot_bytes: u64) {
+    fn rows<T>(
+        &mut self,
+        metrics: &[Metric<T>],
+        rows: &[T],
+        labels: impl Fn(&T) -> Labels,
+        slot_bytes: u64,
+    ) {
         let labelled: Vec<(Labels, &T)> = rows.iter().map(|r| (labels(r), r)).collect();
         for &(name, kind, help, value) in metrics {
-            self.family(name, kind, help, labelled.iter().map(|(l, r)| (l.clone(), value(*r, slot_bytes))));
+            self.family(
+                name,
+                kind,
+                help,
+                labelled
+                    .iter()
+                    .map(|(l, r)| (l.clone(), value(*r, slot_bytes))),
+            );
         }
     }
 }
 
 fn labels(pairs: &[(&str, &str)]) -> Labels {
-    pairs.iter().map(|(k, v)| ((*k).to_string(), (*v).to_string())).collect()
+    pairs
+        .iter()
+        .map(|(k, v)| ((*k).to_string(), (*v).to_string()))
+        .collect()
 }
 
 /// Renders `stats` as OpenMetrics text (ending in `# EOF`). Counters carry the `_total` suffix.
 pub fn render(stats: &pb::StatsResponse) -> String {
-    let mut s = Snapshot { registry: Registry::default() };
+    let mut s = Snapshot {
+        registry: Registry::default(),
+    };
     let cache = stats.cache.unwrap_or_default();
-    let session_labels = |x: &pb::SessionStats| labels(&[("session", &x.session_id.to_string()), ("client", &x.client_name), ("peer", &x.peer_key)]);
-    s.rows(SESSION_METRICS, &stats.sessions, session_labels, cache.slot_bytes);
-    s.rows(PEER_METRICS, &stats.peers, |p| labels(&[("peer", &p.peer_key)]), cache.slot_bytes);
+    let session_labels = |x: &pb::SessionStats| {
+        labels(&[
+            ("session", &x.session_id.to_string()),
+            ("client", &x.client_name),
+            ("peer", &x.peer_key),
+        ])
+    };
+    s.rows(
+        SESSION_METRICS,
+        &stats.sessions,
+        session_labels,
+        cache.slot_bytes,
+    );
+    s.rows(
+        PEER_METRICS,
+        &stats.peers,
+        |p| labels(&[("peer", &p.peer_key)]),
+        cache.slot_bytes,
+    );
 
     // The daemon's totals (sums over the peers, closed sessions included), the cache itself
     // (speculative prefetch reads included) and the process: one unlabelled series each.
     let sum = |f: fn(&pb::PeerStats) -> u64| stats.peers.iter().map(f).sum::<u64>();
     let mut totals = vec![
-        ("expertd_sessions", Kind::Counter, "Sessions opened since start, by every peer", sum(|p| p.sessions_opened)),
-        ("expertd_sessions_open", Kind::Gauge, "Sessions open now", stats.sessions.len() as u64),
-        ("expertd_calls", Kind::Counter, "MoE calls completed since start, by every peer", sum(|p| p.calls)),
-        ("expertd_failed_calls", Kind::Counter, "MoE calls that failed since start", sum(|p| p.failed_calls)),
-        ("expertd_hits", Kind::Counter, "Experts clients' calls found resident since start", sum(|p| p.hits)),
-        ("expertd_misses", Kind::Counter, "Experts clients' calls had read since start", sum(|p| p.misses)),
-        ("expertd_read_bytes", Kind::Counter, "Bytes read from the container for clients' calls since start", sum(|p| p.bytes_read)),
-        ("expertd_cache_budget_bytes", Kind::Gauge, "The cache's byte budget for resident experts", cache.budget_bytes),
-        ("expertd_cache_resident_bytes", Kind::Gauge, "Bytes of resident experts now", cache.resident_bytes),
-        ("expertd_cache_resident_experts", Kind::Gauge, "Experts resident now", cache.resident_experts),
-        ("expertd_cache_slot_bytes", Kind::Gauge, "Bytes of one cache slot (the blob stride)", cache.slot_bytes),
-        ("expertd_cache_leases_held", Kind::Gauge, "Leases held now, across all sessions", cache.leases_held),
-        ("expertd_cache_hits", Kind::Counter, "Cache lookups that found the expert resident (prefetch included)", cache.hits),
-        ("expertd_cache_misses", Kind::Counter, "Cache lookups that read the expert (prefetch included)", cache.misses),
-        ("expertd_cache_evictions", Kind::Counter, "Experts evicted to make room", cache.evictions),
-        ("expertd_cache_read_bytes", Kind::Counter, "Bytes read from the container (prefetch included)", cache.bytes_read),
-        ("expertd_open_connections", Kind::Gauge, "Connections open now", u64::from(stats.open_connections)),
-        ("expertd_draining", Kind::Gauge, "1 while the daemon drains for shutdown", u64::from(stats.draining)),
-        ("expertd_uptime_seconds", Kind::Gauge, "Seconds since the daemon started serving", stats.uptime_ns / 1_000_000_000),
+        (
+            "expertd_sessions",
+            Kind::Counter,
+            "Sessions opened since start, by every peer",
+            sum(|p| p.sessions_opened),
+        ),
+        (
+            "expertd_sessions_open",
+            Kind::Gauge,
+            "Sessions open now",
+            stats.sessions.len() as u64,
+        ),
+        (
+            "expertd_calls",
+            Kind::Counter,
+            "MoE calls completed since start, by every peer",
+            sum(|p| p.calls),
+        ),
+        (
+            "expertd_failed_calls",
+            Kind::Counter,
+            "MoE calls that failed since start",
+            sum(|p| p.failed_calls),
+        ),
+        (
+            "expertd_hits",
+            Kind::Counter,
+            "Experts clients' calls found resident since start",
+            sum(|p| p.hits),
+        ),
+        (
+            "expertd_misses",
+            Kind::Counter,
+            "Experts clients' calls had read since start",
+            sum(|p| p.misses),
+        ),
+        (
+            "expertd_read_bytes",
+            Kind::Counter,
+            "Bytes read from the container for clients' calls since start",
+            sum(|p| p.bytes_read),
+        ),
+        (
+            "expertd_cache_budget_bytes",
+            Kind::Gauge,
+            "The cache's byte budget for resident experts",
+            cache.budget_bytes,
+        ),
+        (
+            "expertd_cache_resident_bytes",
+            Kind::Gauge,
+            "Bytes of resident experts now",
+            cache.resident_bytes,
+        ),
+        (
+            "expertd_cache_resident_experts",
+            Kind::Gauge,
+            "Experts resident now",
+            cache.resident_experts,
+        ),
+        (
+            "expertd_cache_slot_bytes",
+            Kind::Gauge,
+            "Bytes of one cache slot (the blob stride)",
+            cache.slot_bytes,
+        ),
+        (
+            "expertd_cache_leases_held",
+            Kind::Gauge,
+            "Leases held now, across all sessions",
+            cache.leases_held,
+        ),
+        (
+            "expertd_cache_hits",
+            Kind::Counter,
+            "Cache lookups that found the expert resident (prefetch included)",
+            cache.hits,
+        ),
+        (
+            "expertd_cache_misses",
+            Kind::Counter,
+            "Cache lookups that read the expert (prefetch included)",
+            cache.misses,
+        ),
+        (
+            "expertd_cache_evictions",
+            Kind::Counter,
+            "Experts evicted to make room",
+            cache.evictions,
+        ),
+        (
+            "expertd_cache_read_bytes",
+            Kind::Counter,
+            "Bytes read from the container (prefetch included)",
+            cache.bytes_read,
+        ),
+        (
+            "expertd_open_connections",
+            Kind::Gauge,
+            "Connections open now",
+            u64::from(stats.open_connections),
+        ),
+        (
+            "expertd_draining",
+            Kind::Gauge,
+            "1 while the daemon drains for shutdown",
+            u64::from(stats.draining),
+        ),
+        (
+            "expertd_uptime_seconds",
+            Kind::Gauge,
+            "Seconds since the daemon started serving",
+            stats.uptime_ns / 1_000_000_000,
+        ),
     ];
     if let Some(p) = &stats.prefetch {
-        totals.push(("expertd_prefetch_read_bytes", Kind::Counter, "Bytes read speculatively on prefetch hints", p.bytes_read));
-        totals.push(("expertd_prefetch_useful_bytes", Kind::Counter, "Speculatively read bytes a demand call then hit", p.useful_bytes));
+        totals.push((
+            "expertd_prefetch_read_bytes",
+            Kind::Counter,
+            "Bytes read speculatively on prefetch hints",
+            p.bytes_read,
+        ));
+        totals.push((
+            "expertd_prefetch_useful_bytes",
+            Kind::Counter,
+            "Speculatively read bytes a demand call then hit",
+            p.useful_bytes,
+        ));
     }
     for (name, kind, help, value) in totals {
         s.family(name, kind, help, [(Labels::new(), value)]);
@@ -157,20 +387,30 @@ impl std::str::FromStr for MetricsListen {
         if s.contains('/') {
             return Ok(MetricsListen::Unix(s.into()));
         }
-        s.parse().map(MetricsListen::Tcp).map_err(|e| format!("{s:?} is neither HOST:PORT ({e}) nor a unix socket path (containing '/')"))
+        s.parse().map(MetricsListen::Tcp).map_err(|e| {
+            format!("{s:?} is neither HOST:PORT ({e}) nor a unix socket path (containing '/')")
+        })
     }
 }
 
 /// Binds the endpoint now (so a bind error stops start-up) and returns the task serving
 /// `GET /metrics` from `state` until the runtime ends. A unix socket gets mode 0660 and replaces
 /// a stale file; its path is removed by the caller on exit.
-pub async fn serve(at: &MetricsListen, state: Arc<crate::rpc::ServiceState>) -> std::io::Result<tokio::task::JoinHandle<()>> {
+pub async fn serve(
+    at: &MetricsListen,
+    state: Arc<crate::rpc::ServiceState>,
+) -> std::io::Result<tokio::task::JoinHandle<()>> {
     use axum::http::header;
     let app = axum::Router::new().route(
         "/metrics",
         axum::routing::get(move || {
             let state = Arc::clone(&state);
-            async move { ([(header::CONTENT_TYPE, CONTENT_TYPE)], render(&state.stats())) }
+            async move {
+                (
+                    [(header::CONTENT_TYPE, CONTENT_TYPE)],
+                    render(&state.stats()),
+                )
+            }
         }),
     );
     match at {
@@ -207,18 +447,52 @@ mod tests {
     #[test]
     fn sessions_and_peers_are_labelled_and_totals_sum_the_peers() {
         let stats = pb::StatsResponse {
-            cache: Some(pb::CacheStats { slot_bytes: 100, hits: 9, ..Default::default() }),
-            sessions: vec![pb::SessionStats { session_id: 7, client_name: "a\"b".into(), peer_key: "uid:0".into(), calls: 3, leases_held: 2, ..Default::default() }],
+            cache: Some(pb::CacheStats {
+                slot_bytes: 100,
+                hits: 9,
+                ..Default::default()
+            }),
+            sessions: vec![pb::SessionStats {
+                session_id: 7,
+                client_name: "a\"b".into(),
+                peer_key: "uid:0".into(),
+                calls: 3,
+                leases_held: 2,
+                ..Default::default()
+            }],
             peers: vec![
-                pb::PeerStats { peer_key: "uid:0".into(), calls: 3, sessions_opened: 1, ..Default::default() },
-                pb::PeerStats { peer_key: "uid:65534".into(), calls: 4, sessions_opened: 2, ..Default::default() },
+                pb::PeerStats {
+                    peer_key: "uid:0".into(),
+                    calls: 3,
+                    sessions_opened: 1,
+                    ..Default::default()
+                },
+                pb::PeerStats {
+                    peer_key: "uid:65534".into(),
+                    calls: 4,
+                    sessions_opened: 2,
+                    ..Default::default()
+                },
             ],
             ..Default::default()
         };
         let text = render(&stats);
-        assert!(text.contains("expertd_session_calls_total{session=\"7\",client=\"a\\\"b\",peer=\"uid:0\"} 3"), "{text}");
-        assert!(text.contains("expertd_session_leased_bytes{session=\"7\",client=\"a\\\"b\",peer=\"uid:0\"} 200"), "{text}");
-        assert!(text.contains("expertd_peer_calls_total{peer=\"uid:65534\"} 4"), "{text}");
+        assert!(
+            text.contains(
+                "expertd_session_calls_total{session=\"7\",client=\"a\\\"b\",peer=\"uid:0\"} 3"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "expertd_session_leased_bytes{session=\"7\",client=\"a\\\"b\",peer=\"uid:0\"} 200"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains("expertd_peer_calls_total{peer=\"uid:65534\"} 4"),
+            "{text}"
+        );
         assert!(text.contains("expertd_calls_total 7"), "{text}");
         assert!(text.contains("expertd_sessions_total 3"), "{text}");
         assert!(text.trim_end().ends_with("# EOF"), "{text}");

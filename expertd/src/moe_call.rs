@@ -16,12 +16,12 @@
 
 use crate::cache::{CacheError, ExpertCache, ExpertKey, SessionId};
 use crate::io::{ExpertSource, IoError, ReadRequest};
+use crate::prefetch::{Hint, Prefetcher};
 use shared::call_cost::CallCost;
 use shared::container::{BlobAt, BlobLayout, ContainerError, ExpertBlob, Header};
 use shared::ids::{ExpertId, LayerId};
 use shared::kernels::int8::Int8Isa;
 use shared::moe_exec::{ExpertMatrices, MoeExec};
-use crate::prefetch::{Hint, Prefetcher};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Instant;
@@ -118,7 +118,13 @@ const WAVE_WAIT_LIMIT: std::time::Duration = std::time::Duration::from_secs(30);
 impl CallExecutor {
     /// An executor over `source` with `cache`, computing with `isa` on `threads` threads (0: one
     /// per core), accepting calls of up to `max_rows` rows.
-    pub fn new(cache: ExpertCache, source: Box<dyn ExpertSource>, isa: Int8Isa, threads: usize, max_rows: usize) -> std::io::Result<CallExecutor> {
+    pub fn new(
+        cache: ExpertCache,
+        source: Box<dyn ExpertSource>,
+        isa: Int8Isa,
+        threads: usize,
+        max_rows: usize,
+    ) -> std::io::Result<CallExecutor> {
         let header = *source.container().header();
         let pool = rayon::ThreadPoolBuilder::new()
             .num_threads(threads)
@@ -127,16 +133,38 @@ impl CallExecutor {
             .map_err(std::io::Error::other)?;
         let st = cache.stats();
         let wave_experts = (((st.n_slots + st.transient_slots) / 2).max(1)) as usize;
-        Ok(CallExecutor { cache, source, isa, header, pool, max_rows, wave_experts, demand_reads: AtomicU32::new(0), demand_progress: Default::default(), prefetcher: OnceLock::new(), overlap: true, awake: std::sync::Mutex::new(()), off_pool_calls: AtomicU32::new(0), off_pool_started: Default::default() })
+        Ok(CallExecutor {
+            cache,
+            source,
+            isa,
+            header,
+            pool,
+            max_rows,
+            wave_experts,
+            demand_reads: AtomicU32::new(0),
+            demand_progress: Default::default(),
+            prefetcher: OnceLock::new(),
+            overlap: true,
+            awake: std::sync::Mutex::new(()),
+            off_pool_calls: AtomicU32::new(0),
+            off_pool_started: Default::default(),
+        })
     }
 
     /// Leases one wave's experts, waiting (bounded by [`WAVE_WAIT_LIMIT`]) while other calls
     /// hold every slot and transient buffer; a refused acquire changes nothing in the cache.
-    fn acquire_wave(&self, spec: &CallSpec<'_>, keys: &[ExpertKey]) -> Result<crate::cache::Acquired, CallError> {
+    fn acquire_wave(
+        &self,
+        spec: &CallSpec<'_>,
+        keys: &[ExpertKey],
+    ) -> Result<crate::cache::Acquired, CallError> {
         let deadline = Instant::now() + WAVE_WAIT_LIMIT;
         let mut pause = std::time::Duration::from_micros(200);
         loop {
-            match self.cache.acquire_at(SessionId(spec.session), spec.step, keys) {
+            match self
+                .cache
+                .acquire_at(SessionId(spec.session), spec.step, keys)
+            {
                 Err(CacheError::Exhausted { .. }) if Instant::now() < deadline => {
                     std::thread::sleep(pause);
                     pause = (pause * 2).min(std::time::Duration::from_millis(20));
@@ -203,7 +231,11 @@ impl CallExecutor {
 
     /// Whether `session`'s call for `layer` at `step` (or a later one) has started.
     pub fn demand_started(&self, session: u64, step: u64, layer: LayerId) -> bool {
-        self.demand_progress.lock().unwrap_or_else(std::sync::PoisonError::into_inner).get(&session).is_some_and(|&p| p >= (step, layer))
+        self.demand_progress
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .get(&session)
+            .is_some_and(|&p| p >= (step, layer))
     }
 
     /// Records that `spec`'s call starts (only once a speculative reader holds hints that
@@ -212,7 +244,10 @@ impl CallExecutor {
         if !self.prefetcher.get().is_some_and(|p| p.has_hints()) {
             return;
         }
-        let mut progress = self.demand_progress.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut progress = self
+            .demand_progress
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         if progress.len() > 4096 {
             progress.clear();
         }
@@ -257,7 +292,10 @@ impl CallExecutor {
     /// Checks a call's row count: `1..=max_rows` (before any buffer of that size is touched).
     pub fn check_rows(&self, layer: LayerId, n_rows: usize) -> Result<(), CallError> {
         if n_rows == 0 || n_rows > self.max_rows {
-            return Err(CallError::Invalid { layer, reason: format!("n_tokens {n_rows} must be in 1..={}", self.max_rows) });
+            return Err(CallError::Invalid {
+                layer,
+                reason: format!("n_tokens {n_rows} must be in 1..={}", self.max_rows),
+            });
         }
         Ok(())
     }
@@ -266,13 +304,30 @@ impl CallExecutor {
     /// duplicates within a row, finite weights, the row limit. Cheap; run before queueing.
     pub fn validate(&self, spec: &CallSpec<'_>) -> Result<(), CallError> {
         let dims = &self.header.layout.dims;
-        let bad = |reason: String| Err(CallError::Invalid { layer: spec.layer, reason });
+        let bad = |reason: String| {
+            Err(CallError::Invalid {
+                layer: spec.layer,
+                reason,
+            })
+        };
         if spec.layer.index() >= dims.n_layers {
-            return bad(format!("layer {} out of range (container has {} layers)", spec.layer, dims.n_layers));
+            return bad(format!(
+                "layer {} out of range (container has {} layers)",
+                spec.layer, dims.n_layers
+            ));
         }
         self.check_rows(spec.layer, spec.n_rows)?;
-        shared::moe_exec::validate_routing(spec.n_rows, spec.top_k, spec.ids, spec.weights, dims.n_experts)
-            .map_err(|reason| CallError::Invalid { layer: spec.layer, reason })?;
+        shared::moe_exec::validate_routing(
+            spec.n_rows,
+            spec.top_k,
+            spec.ids,
+            spec.weights,
+            dims.n_experts,
+        )
+        .map_err(|reason| CallError::Invalid {
+            layer: spec.layer,
+            reason,
+        })?;
         Ok(())
     }
 
@@ -280,7 +335,12 @@ impl CallExecutor {
     /// `x` and `out` hold `n_rows × hidden` values; a non-finite value in `x` fails the call
     /// (`Invalid`, naming the row) before any lease is taken. Blocks (reads and compute); run it off the
     /// async runtime. Every lease is released when this returns, on success or failure.
-    pub fn run(&self, spec: &CallSpec<'_>, x: &[f32], out: &mut [f32]) -> Result<CallCost, CallError> {
+    pub fn run(
+        &self,
+        spec: &CallSpec<'_>,
+        x: &[f32],
+        out: &mut [f32],
+    ) -> Result<CallCost, CallError> {
         self.run_hinted(spec, x, out, None)
     }
 
@@ -288,11 +348,18 @@ impl CallExecutor {
     /// reader (when the daemon runs one) as soon as this call's own reads are under way —
     /// counted in `demand_reads` first, so the speculative reads queue behind them — or at the
     /// end when the call reads nothing. Never changes the result.
-    pub fn run_hinted(&self, spec: &CallSpec<'_>, x: &[f32], out: &mut [f32], hint: Option<Hint>) -> Result<CallCost, CallError> {
+    pub fn run_hinted(
+        &self,
+        spec: &CallSpec<'_>,
+        x: &[f32],
+        out: &mut [f32],
+        hint: Option<Hint>,
+    ) -> Result<CallCost, CallError> {
         let mut hint = hint.filter(|_| self.prefetcher.get().is_some());
         // Counted from before its first parallel job, so that a burst polling on pool thread 0
         // sees it and gives the thread back.
-        let _off_pool = (self.pool.current_thread_index().is_none()).then(|| OffPoolCall::new(&self.off_pool_calls, &self.off_pool_started));
+        let _off_pool = (self.pool.current_thread_index().is_none())
+            .then(|| OffPoolCall::new(&self.off_pool_calls, &self.off_pool_started));
         self.note_demand_start(spec);
         let r = self.run_inner(spec, x, out, &mut hint);
         self.send_hint(&mut hint);
@@ -306,7 +373,13 @@ impl CallExecutor {
         }
     }
 
-    fn run_inner(&self, spec: &CallSpec<'_>, x: &[f32], out: &mut [f32], hint: &mut Option<Hint>) -> Result<CallCost, CallError> {
+    fn run_inner(
+        &self,
+        spec: &CallSpec<'_>,
+        x: &[f32],
+        out: &mut [f32],
+        hint: &mut Option<Hint>,
+    ) -> Result<CallCost, CallError> {
         // PERF-CRITICAL: the per-call path; no logging, no global locks beyond the cache's
         // short planner section, no allocation proportional to anything but the call.
         assert_eq!(x.len(), spec.n_rows * self.hidden());
@@ -316,23 +389,38 @@ impl CallExecutor {
         if let Some((row, column, value)) = shared::moe_exec::first_non_finite(x, self.hidden()) {
             return Err(CallError::Invalid {
                 layer: spec.layer,
-                reason: format!("activation row {row} is not finite ({value} at column {column}); NaN and infinite activations are refused"),
+                reason: format!(
+                    "activation row {row} is not finite ({value} at column {column}); NaN and infinite activations are refused"
+                ),
             });
         }
         // Experts in ascending id order (as the in-process backend does; the order does not
         // change any result, only which expert runs where).
-        let mut exec = MoeExec::new(x, spec.ids, spec.weights, spec.n_rows, spec.top_k, self.hidden(), self.header.layout.dims.n_experts);
+        let mut exec = MoeExec::new(
+            x,
+            spec.ids,
+            spec.weights,
+            spec.n_rows,
+            spec.top_k,
+            self.hidden(),
+            self.header.layout.dims.n_experts,
+        );
         let n_groups = exec.groups().len();
         let mut cost = CallCost::default();
         let mut start = 0;
         while start < n_groups {
             let wave: Vec<usize> = (start..(start + self.wave_experts).min(n_groups)).collect();
             start += wave.len();
-            let keys: Vec<ExpertKey> = wave.iter().map(|&g| ExpertKey::new(spec.layer, exec.groups()[g].0)).collect();
+            let keys: Vec<ExpertKey> = wave
+                .iter()
+                .map(|&g| ExpertKey::new(spec.layer, exec.groups()[g].0))
+                .collect();
             // A hit on an expert whose read by another caller (another call, or a speculative
             // read) failed is read again by this call: once, on a fresh lease.
             let w = match self.run_wave(spec, &mut exec, &wave, &keys, hint) {
-                Err(CallError::Cache(CacheError::FillFailed { .. })) => self.run_wave(spec, &mut exec, &wave, &keys, hint)?,
+                Err(CallError::Cache(CacheError::FillFailed { .. })) => {
+                    self.run_wave(spec, &mut exec, &wave, &keys, hint)?
+                }
                 other => other?,
             };
             cost.io_wait_ns += w.io_wait_ns;
@@ -380,8 +468,18 @@ impl CallExecutor {
             }
         }
         let t_wave = Instant::now();
-        let ready_now: Vec<usize> = acquired.leases().iter().enumerate().filter(|(_, l)| l.is_ready()).map(|(i, _)| wave[i]).collect();
-        let rest: Vec<usize> = wave.iter().copied().filter(|g| !ready_now.contains(g)).collect();
+        let ready_now: Vec<usize> = acquired
+            .leases()
+            .iter()
+            .enumerate()
+            .filter(|(_, l)| l.is_ready())
+            .map(|(i, _)| wave[i])
+            .collect();
+        let rest: Vec<usize> = wave
+            .iter()
+            .copied()
+            .filter(|g| !ready_now.contains(g))
+            .collect();
         let mut read_wait_ns = 0u64;
         if acquired.n_misses() > 0 && !self.overlap {
             // As before the call ring: read everything, then compute.
@@ -405,7 +503,10 @@ impl CallExecutor {
                 if !ready_now.is_empty() {
                     scope.spawn(|_| {
                         hit_result = exec_ref.compute(isa, &ready_now, |g, _| {
-                            let (_, lease) = ready.iter().find(|(rg, _)| *rg == g).expect("ready_now lists the ready leases");
+                            let (_, lease) = ready
+                                .iter()
+                                .find(|(rg, _)| *rg == g)
+                                .expect("ready_now lists the ready leases");
                             view_lease(lease, &layout)
                         });
                         hits_done = Some(Instant::now());
@@ -428,10 +529,18 @@ impl CallExecutor {
         acquired.wait_ready()?;
         read_wait_ns += t_wait.elapsed().as_nanos() as u64;
         // After an overlapped read the hits are done; otherwise nothing is computed yet.
-        let to_compute: &[usize] = if acquired.n_misses() > 0 && self.overlap { &rest } else { wave };
+        let to_compute: &[usize] = if acquired.n_misses() > 0 && self.overlap {
+            &rest
+        } else {
+            wave
+        };
         let leases = acquired.leases();
         // A wave is a run of consecutive groups, so group `g` is lease `g - wave[0]`.
-        self.pool.install(|| exec.compute(isa, to_compute, |g, _| view_lease(&leases[g - wave[0]], &layout)))?;
+        self.pool.install(|| {
+            exec.compute(isa, to_compute, |g, _| {
+                view_lease(&leases[g - wave[0]], &layout)
+            })
+        })?;
         cost.io_wait_ns += read_wait_ns;
         cost.compute_ns += (t_wave.elapsed().as_nanos() as u64).saturating_sub(read_wait_ns);
         Ok(cost)
@@ -440,7 +549,11 @@ impl CallExecutor {
     /// Reads a wave's misses (all submitted together) and marks each filled; the first error
     /// fails the wave. Counted in `demand_reads` while it runs; a pending `hint` is queued
     /// once that count is up, so its speculative reads wait for these.
-    fn read_misses(&self, mut mine: Vec<&mut crate::cache::Lease>, hint: &mut Option<Hint>) -> Result<(), CallError> {
+    fn read_misses(
+        &self,
+        mut mine: Vec<&mut crate::cache::Lease>,
+        hint: &mut Option<Hint>,
+    ) -> Result<(), CallError> {
         // Counted until this returns, even by unwinding (speculative reads wait while it is
         // non-zero).
         let _reading = DemandReading::new(&self.demand_reads);
@@ -449,7 +562,11 @@ impl CallExecutor {
             .iter_mut()
             .map(|lease| {
                 let key = lease.key();
-                ReadRequest { layer: key.layer, expert: key.expert, dst: lease.buffer_mut() }
+                ReadRequest {
+                    layer: key.layer,
+                    expert: key.expert,
+                    dst: lease.buffer_mut(),
+                }
             })
             .collect();
         let results = self.source.read_blobs(&mut reqs);
@@ -502,16 +619,33 @@ impl Drop for OffPoolCall<'_> {
 
 /// A ready lease's blob as the kernel's two matrices, without hashing it again: the blob was
 /// checked when it was read into the cache, and cache buffers are written only by that read.
-fn view_lease<'a>(lease: &'a crate::cache::Lease, layout: &BlobLayout) -> Result<ExpertMatrices<'a>, CallError> {
+fn view_lease<'a>(
+    lease: &'a crate::cache::Lease,
+    layout: &BlobLayout,
+) -> Result<ExpertMatrices<'a>, CallError> {
     let key = lease.key();
     // The offset is the file's, which the cache buffer does not know; errors here name only the part.
-    let at = BlobAt { layer: key.layer, expert: key.expert, offset: 0 };
+    let at = BlobAt {
+        layer: key.layer,
+        expert: key.expert,
+        offset: 0,
+    };
     match ExpertBlob::view_verified(lease.bytes(), layout, at) {
-        Ok(blob) => Ok(ExpertMatrices { gate_up: blob.gate_up, down: blob.down }),
+        Ok(blob) => Ok(ExpertMatrices {
+            gate_up: blob.gate_up,
+            down: blob.down,
+        }),
         Err(e) => {
-            let part = if let ContainerError::Misaligned { part, .. } = e { part } else { "blob length" };
-            Err(CallError::Misaligned { layer: key.layer, expert: key.expert, part })
+            let part = if let ContainerError::Misaligned { part, .. } = e {
+                part
+            } else {
+                "blob length"
+            };
+            Err(CallError::Misaligned {
+                layer: key.layer,
+                expert: key.expert,
+                part,
+            })
         }
     }
 }
-

@@ -17,8 +17,8 @@
 //! that a demand call later hit (`useful`); the difference is wasted.
 
 use crate::cache::{ExpertKey, SessionId};
-use crate::moe_call::CallExecutor;
 use crate::io::ReadRequest;
+use crate::moe_call::CallExecutor;
 use shared::ids::{ExpertId, LayerId};
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -89,11 +89,21 @@ pub struct Prefetcher {
 impl Prefetcher {
     /// Starts the prefetch thread for `executor`, capped at `cap_bytes_per_step` speculative
     /// bytes per client step. The thread ends when the executor is dropped.
-    pub fn start(executor: &Arc<CallExecutor>, cap_bytes_per_step: u64) -> std::io::Result<Arc<Prefetcher>> {
+    pub fn start(
+        executor: &Arc<CallExecutor>,
+        cap_bytes_per_step: u64,
+    ) -> std::io::Result<Arc<Prefetcher>> {
         let (tx, rx) = std::sync::mpsc::sync_channel(QUEUE);
-        let p = Arc::new(Prefetcher { tx, speculative: Mutex::new(HashSet::new()), counters: PrefetchCounters::default(), cap_bytes_per_step });
+        let p = Arc::new(Prefetcher {
+            tx,
+            speculative: Mutex::new(HashSet::new()),
+            counters: PrefetchCounters::default(),
+            cap_bytes_per_step,
+        });
         let (weak_executor, weak_p) = (Arc::downgrade(executor), Arc::downgrade(&p));
-        std::thread::Builder::new().name("expertd-prefetch".into()).spawn(move || run(rx, weak_executor, weak_p))?;
+        std::thread::Builder::new()
+            .name("expertd-prefetch".into())
+            .spawn(move || run(rx, weak_executor, weak_p))?;
         Ok(p)
     }
 
@@ -101,7 +111,9 @@ impl Prefetcher {
     pub fn hint(&self, h: Hint) {
         match self.tx.try_send(h) {
             Ok(()) => self.counters.hints.fetch_add(1, Ordering::Relaxed),
-            Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) => self.counters.dropped_hints.fetch_add(1, Ordering::Relaxed),
+            Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) => {
+                self.counters.dropped_hints.fetch_add(1, Ordering::Relaxed)
+            }
         };
     }
 
@@ -113,25 +125,36 @@ impl Prefetcher {
     /// A demand call hit `key`: if it was read speculatively, its bytes were useful. Returns
     /// whether it was.
     pub fn note_hit(&self, key: ExpertKey, stride: u64) -> bool {
-        let mut set = self.speculative.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut set = self
+            .speculative
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
         if set.is_empty() || !set.remove(&key) {
             return false;
         }
-        self.counters.useful_bytes.fetch_add(stride, Ordering::Relaxed);
+        self.counters
+            .useful_bytes
+            .fetch_add(stride, Ordering::Relaxed);
         true
     }
 
     /// A demand call missed `key`: a speculative copy of it (if one was read) was evicted
     /// unused, so a later hit on the demand-read copy is not the speculation's doing.
     pub fn note_demand_miss(&self, key: ExpertKey) {
-        let mut set = self.speculative.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut set = self
+            .speculative
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
         if !set.is_empty() {
             set.remove(&key);
         }
     }
 
     fn remember(&self, key: ExpertKey) {
-        let mut set = self.speculative.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut set = self
+            .speculative
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
         if set.len() >= MAX_TRACKED {
             set.clear();
         }
@@ -139,7 +162,10 @@ impl Prefetcher {
     }
 
     fn forget(&self, key: ExpertKey) {
-        self.speculative.lock().unwrap_or_else(PoisonError::into_inner).remove(&key);
+        self.speculative
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(&key);
     }
 }
 
@@ -149,7 +175,9 @@ fn run(rx: Receiver<Hint>, executor: Weak<CallExecutor>, p: Weak<Prefetcher>) {
     // other sessions' hints never reset it.
     let mut spent: HashMap<u64, (u64, u64)> = HashMap::new();
     while let Ok(hint) = rx.recv() {
-        let (Some(executor), Some(p)) = (executor.upgrade(), p.upgrade()) else { return };
+        let (Some(executor), Some(p)) = (executor.upgrade(), p.upgrade()) else {
+            return;
+        };
         if spent.len() > 1024 {
             spent.clear();
         }
@@ -215,15 +243,29 @@ fn run(rx: Receiver<Hint>, executor: Weak<CallExecutor>, p: Weak<Prefetcher>) {
 /// meanwhile (nothing read); `None` skipped — only a transient buffer or nothing was free,
 /// or the read failed.
 fn read_batch(executor: &CallExecutor, keys: &[ExpertKey], step: u64) -> Vec<Option<bool>> {
-    let Ok(mut acquired) = executor.cache().acquire_at(PREFETCH_SESSION, step, keys) else { return vec![None; keys.len()] };
-    let mut outcome: Vec<Option<bool>> = acquired.leases().iter().map(|l| (!l.needs_fill()).then_some(false)).collect();
-    let mut mine: Vec<(usize, &mut crate::cache::Lease)> =
-        acquired.leases_mut().iter_mut().enumerate().filter(|(_, l)| l.needs_fill() && !l.is_transient()).collect();
+    let Ok(mut acquired) = executor.cache().acquire_at(PREFETCH_SESSION, step, keys) else {
+        return vec![None; keys.len()];
+    };
+    let mut outcome: Vec<Option<bool>> = acquired
+        .leases()
+        .iter()
+        .map(|l| (!l.needs_fill()).then_some(false))
+        .collect();
+    let mut mine: Vec<(usize, &mut crate::cache::Lease)> = acquired
+        .leases_mut()
+        .iter_mut()
+        .enumerate()
+        .filter(|(_, l)| l.needs_fill() && !l.is_transient())
+        .collect();
     let mut reqs: Vec<ReadRequest<'_>> = mine
         .iter_mut()
         .map(|(_, lease)| {
             let key = lease.key();
-            ReadRequest { layer: key.layer, expert: key.expert, dst: lease.buffer_mut() }
+            ReadRequest {
+                layer: key.layer,
+                expert: key.expert,
+                dst: lease.buffer_mut(),
+            }
         })
         .collect();
     let results = executor.source().read_blobs(&mut reqs);
@@ -241,4 +283,3 @@ fn read_batch(executor: &CallExecutor, keys: &[ExpertKey], step: u64) -> Vec<Opt
     executor.cache().release_session(PREFETCH_SESSION);
     outcome
 }
-

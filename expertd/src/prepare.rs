@@ -12,8 +12,8 @@ use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 use shared::checkpoint::{Checkpoint, CheckpointError};
 use shared::container::{
-    BlobAt, CONTAINER_FILE, ContainerError, ContainerFile, ContainerLayout, ExpertDims, Header, ModelIdentity,
-    PARTIAL_FILE, check_blob, read_full_at, read_header, writer,
+    BlobAt, CONTAINER_FILE, ContainerError, ContainerFile, ContainerLayout, ExpertDims, Header,
+    ModelIdentity, PARTIAL_FILE, check_blob, read_full_at, read_header, writer,
 };
 use shared::ids::{ExpertId, LayerId};
 use shared::safetensors_locator::{ExpertLocator, LocateError};
@@ -99,7 +99,10 @@ pub enum PrepareError {
 impl PrepareError {
     /// An `Io` error for `path`.
     pub fn io(path: &Path, e: std::io::Error) -> PrepareError {
-        PrepareError::Io { path: path.to_path_buf(), message: e.to_string() }
+        PrepareError::Io {
+            path: path.to_path_buf(),
+            message: e.to_string(),
+        }
     }
 }
 
@@ -186,7 +189,10 @@ struct PartialStats {
 }
 
 /// Converts `opts.model`'s routed experts into `opts.out/experts.sluice`.
-pub fn prepare(opts: &PrepareOptions, on_event: &mut dyn FnMut(PrepareEvent)) -> Result<PrepareOutcome, PrepareError> {
+pub fn prepare(
+    opts: &PrepareOptions,
+    on_event: &mut dyn FnMut(PrepareEvent),
+) -> Result<PrepareOutcome, PrepareError> {
     let start = Instant::now();
     let ckpt = Checkpoint::open(&opts.model)?;
     let layout = ContainerLayout::new(ExpertDims::from_config(&ckpt.config.text)?)?;
@@ -206,14 +212,20 @@ pub fn prepare(opts: &PrepareOptions, on_event: &mut dyn FnMut(PrepareEvent)) ->
 
     let n_layers = layout.dims.n_layers;
     let mut checksums = vec![0u64; layout.dims.n_blobs()];
-    let mut saved = if resumable { load_stats(&stats_path, identity) } else { PartialStats::default() };
+    let mut saved = if resumable {
+        load_stats(&stats_path, identity)
+    } else {
+        PartialStats::default()
+    };
     saved.identity = identity.to_hex();
     let mut todo = Vec::new();
     if resumable {
         on_event(PrepareEvent::Resuming { n_layers });
     }
     for layer in LayerId::all(n_layers) {
-        let kept = resumable && saved.layers.contains_key(&layer.index()) && check_layer(&file, &partial_path, &layout, layer, &mut checksums)?;
+        let kept = resumable
+            && saved.layers.contains_key(&layer.index())
+            && check_layer(&file, &partial_path, &layout, layer, &mut checksums)?;
         if resumable {
             on_event(PrepareEvent::LayerChecked { layer, kept });
         }
@@ -226,7 +238,9 @@ pub fn prepare(opts: &PrepareOptions, on_event: &mut dyn FnMut(PrepareEvent)) ->
 
     let locator = ExpertLocator::new(&ckpt);
     let files = ShardFiles::open(&ckpt)?;
-    let per_expert: u64 = locator.expert(LayerId::new(0), ExpertId::new(0))?.total_bytes();
+    let per_expert: u64 = locator
+        .expert(LayerId::new(0), ExpertId::new(0))?
+        .total_bytes();
     let n_experts = layout.dims.n_experts;
     on_event(PrepareEvent::Converting {
         n_layers: todo.len(),
@@ -239,7 +253,9 @@ pub fn prepare(opts: &PrepareOptions, on_event: &mut dyn FnMut(PrepareEvent)) ->
     for &layer in &todo {
         let mut layer_stats = ErrorStats::default();
         for first in (0..n_experts).step_by(chunk) {
-            let experts: Vec<ExpertId> = (first..(first + chunk).min(n_experts)).map(ExpertId::from_index).collect();
+            let experts: Vec<ExpertId> = (first..(first + chunk).min(n_experts))
+                .map(ExpertId::from_index)
+                .collect();
             let converted = experts
                 .par_iter()
                 .map(|&e| convert_expert(&locator, &files, &layout.blob, layer, e))
@@ -249,14 +265,20 @@ pub fn prepare(opts: &PrepareOptions, on_event: &mut dyn FnMut(PrepareEvent)) ->
                 write_at(&file, &partial_path, &c.blob, layout.blob_offset_at(i))?;
                 checksums[i] = c.checksum;
                 layer_stats.merge(&c.stats);
-                on_event(PrepareEvent::ExpertWritten { layer, source_bytes: c.source_bytes });
+                on_event(PrepareEvent::ExpertWritten {
+                    layer,
+                    source_bytes: c.source_bytes,
+                });
                 if !opts.throttle.is_zero() {
                     std::thread::sleep(opts.throttle);
                 }
             }
         }
         saved.layers.insert(layer.index(), layer_stats);
-        write_json_atomic(&stats_path, &serde_json::to_value(&saved).map_err(|e| json_err(&stats_path, e))?)?;
+        write_json_atomic(
+            &stats_path,
+            &serde_json::to_value(&saved).map_err(|e| json_err(&stats_path, e))?,
+        )?;
         on_event(PrepareEvent::LayerWritten { layer });
     }
 
@@ -264,9 +286,12 @@ pub fn prepare(opts: &PrepareOptions, on_event: &mut dyn FnMut(PrepareEvent)) ->
     let (region, header) = writer::finish(identity, layout, &checksums);
     write_at(&file, &partial_path, &region, layout.index_offset)?;
     write_at(&file, &partial_path, &header.encode(), 0)?;
-    file.sync_all().map_err(|e| PrepareError::io(&partial_path, e))?;
+    file.sync_all()
+        .map_err(|e| PrepareError::io(&partial_path, e))?;
     drop(file);
-    let layer_stats: Vec<ErrorStats> = (0..n_layers).map(|l| saved.layers.get(&l).copied().unwrap_or_default()).collect();
+    let layer_stats: Vec<ErrorStats> = (0..n_layers)
+        .map(|l| saved.layers.get(&l).copied().unwrap_or_default())
+        .collect();
     let summary = PrepareSummary {
         path: final_path.clone(),
         header,
@@ -278,7 +303,9 @@ pub fn prepare(opts: &PrepareOptions, on_event: &mut dyn FnMut(PrepareEvent)) ->
     };
     write_json_atomic(&opts.out.join(REPORT_FILE), &report_json(opts, &summary))?;
     std::fs::rename(&partial_path, &final_path).map_err(|e| PrepareError::io(&final_path, e))?;
-    File::open(&opts.out).and_then(|d| d.sync_all()).map_err(|e| PrepareError::io(&opts.out, e))?;
+    File::open(&opts.out)
+        .and_then(|d| d.sync_all())
+        .map_err(|e| PrepareError::io(&opts.out, e))?;
     // The statistics now live in the report; a leftover file would only be stale.
     let _ = std::fs::remove_file(&stats_path);
     Ok(PrepareOutcome::Written(summary))
@@ -286,31 +313,54 @@ pub fn prepare(opts: &PrepareOptions, on_event: &mut dyn FnMut(PrepareEvent)) ->
 
 /// An existing `experts.sluice`: up to date when it is a valid container of this model.
 fn up_to_date(path: &Path, ours: ModelIdentity) -> Result<PrepareOutcome, PrepareError> {
-    let unreadable = |source| PrepareError::ExistingUnreadable { path: path.to_path_buf(), source };
+    let unreadable = |source| PrepareError::ExistingUnreadable {
+        path: path.to_path_buf(),
+        source,
+    };
     let file = File::open(path).map_err(|e| PrepareError::io(path, e))?;
     let (header, _) = read_header(&file, path).map_err(unreadable)?;
     if header.identity != ours {
         return Err(different(path, header.identity, ours));
     }
     let container = ContainerFile::open_file(path).map_err(unreadable)?;
-    Ok(PrepareOutcome::UpToDate { path: path.to_path_buf(), header: *container.header() })
+    Ok(PrepareOutcome::UpToDate {
+        path: path.to_path_buf(),
+        header: *container.header(),
+    })
 }
 
 fn different(path: &Path, found: ModelIdentity, ours: ModelIdentity) -> PrepareError {
     let differing = found.differing(&ours).join(", ");
-    PrepareError::DifferentModel { path: path.to_path_buf(), found: Box::new(found), ours: Box::new(ours), differing }
+    PrepareError::DifferentModel {
+        path: path.to_path_buf(),
+        found: Box::new(found),
+        ours: Box::new(ours),
+        differing,
+    }
 }
 
 /// Opens (or creates) the partial file at its final length. Returns whether its contents can
 /// be resumed from: a readable header of this model and these dimensions. A partial file of
 /// another model is refused; an unreadable one is started over.
-fn open_partial(path: &Path, identity: ModelIdentity, layout: &ContainerLayout) -> Result<(File, bool), PrepareError> {
+fn open_partial(
+    path: &Path,
+    identity: ModelIdentity,
+    layout: &ContainerLayout,
+) -> Result<(File, bool), PrepareError> {
     let existed = path.exists();
-    let file = OpenOptions::new().read(true).write(true).create(true).truncate(false).open(path).map_err(|e| PrepareError::io(path, e))?;
+    let file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(path)
+        .map_err(|e| PrepareError::io(path, e))?;
     let mut resumable = false;
     if existed {
         match read_header(&file, path) {
-            Ok((h, _)) if h.identity != identity => return Err(different(path, h.identity, identity)),
+            Ok((h, _)) if h.identity != identity => {
+                return Err(different(path, h.identity, identity));
+            }
             Ok((h, _)) => resumable = h.layout == *layout,
             Err(_) => {}
         }
@@ -319,19 +369,35 @@ fn open_partial(path: &Path, identity: ModelIdentity, layout: &ContainerLayout) 
         // Start over: zero every byte, so no stale blob can pass for a new one.
         file.set_len(0).map_err(|e| PrepareError::io(path, e))?;
     }
-    file.set_len(layout.file_bytes).map_err(|e| PrepareError::io(path, e))?;
+    file.set_len(layout.file_bytes)
+        .map_err(|e| PrepareError::io(path, e))?;
     Ok((file, resumable))
 }
 
 /// Whether every blob of `layer` in the partial file verifies against its own trailer; records
 /// their checksums.
-fn check_layer(file: &File, path: &Path, layout: &ContainerLayout, layer: LayerId, checksums: &mut [u64]) -> Result<bool, PrepareError> {
+fn check_layer(
+    file: &File,
+    path: &Path,
+    layout: &ContainerLayout,
+    layer: LayerId,
+    checksums: &mut [u64],
+) -> Result<bool, PrepareError> {
     let mut buf = vec![0u8; layout.blob.stride];
     for expert in ExpertId::all(layout.dims.n_experts) {
         let i = layout.blob_index(layer, expert)?;
         let offset = layout.blob_offset_at(i);
         let got = read_full_at(file, &mut buf, offset).map_err(|e| PrepareError::io(path, e))?;
-        match check_blob(&buf[..got], &layout.blob, BlobAt { layer, expert, offset }, None) {
+        match check_blob(
+            &buf[..got],
+            &layout.blob,
+            BlobAt {
+                layer,
+                expert,
+                offset,
+            },
+            None,
+        ) {
             Ok(sum) => checksums[i] = sum,
             Err(_) => return Ok(false),
         }
@@ -340,7 +406,9 @@ fn check_layer(file: &File, path: &Path, layout: &ContainerLayout, layer: LayerI
 }
 
 fn load_stats(path: &Path, identity: ModelIdentity) -> PartialStats {
-    let parsed: Option<PartialStats> = std::fs::read(path).ok().and_then(|b| serde_json::from_slice(&b).ok());
+    let parsed: Option<PartialStats> = std::fs::read(path)
+        .ok()
+        .and_then(|b| serde_json::from_slice(&b).ok());
     match parsed {
         Some(s) if s.identity == identity.to_hex() => s,
         _ => PartialStats::default(),
@@ -348,11 +416,15 @@ fn load_stats(path: &Path, identity: ModelIdentity) -> PartialStats {
 }
 
 fn write_at(file: &File, path: &Path, bytes: &[u8], offset: u64) -> Result<(), PrepareError> {
-    file.write_all_at(bytes, offset).map_err(|e| PrepareError::io(path, e))
+    file.write_all_at(bytes, offset)
+        .map_err(|e| PrepareError::io(path, e))
 }
 
 fn json_err(path: &Path, e: serde_json::Error) -> PrepareError {
-    PrepareError::Io { path: path.to_path_buf(), message: e.to_string() }
+    PrepareError::Io {
+        path: path.to_path_buf(),
+        message: e.to_string(),
+    }
 }
 
 /// Writes pretty JSON to `path` through a temporary file and a rename.
@@ -362,7 +434,6 @@ fn write_json_atomic(path: &Path, value: &serde_json::Value) -> Result<(), Prepa
     std::fs::write(&tmp, text).map_err(|e| PrepareError::io(&tmp, e))?;
     std::fs::rename(&tmp, path).map_err(|e| PrepareError::io(path, e))
 }
-
 
 /// The contents of `prepare-report.json`.
 pub fn report_json(opts: &PrepareOptions, s: &PrepareSummary) -> serde_json::Value {

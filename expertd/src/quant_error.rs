@@ -25,8 +25,18 @@ pub struct KindStats {
 
 impl KindStats {
     /// Statistics of one matrix `w` (row-major, `cols` per row) against its dequantisation.
-    pub fn of_matrix(w: &[f32], deq: &[f32], cols: usize, layer: usize, expert: usize) -> KindStats {
-        let mut s = KindStats { worst_layer: layer, worst_expert: expert, ..KindStats::default() };
+    pub fn of_matrix(
+        w: &[f32],
+        deq: &[f32],
+        cols: usize,
+        layer: usize,
+        expert: usize,
+    ) -> KindStats {
+        let mut s = KindStats {
+            worst_layer: layer,
+            worst_expert: expert,
+            ..KindStats::default()
+        };
         for (row_w, row_d) in w.chunks_exact(cols).zip(deq.chunks_exact(cols)) {
             let (mut row_err, mut row_max) = (0.0f32, 0.0f32);
             for (&a, &b) in row_w.iter().zip(row_d) {
@@ -55,7 +65,11 @@ impl KindStats {
 
     /// `max_abs_err / max_abs_weight` (0 for an all-zero tensor).
     pub fn rel_to_max_abs_weight(&self) -> f32 {
-        if self.max_abs_weight > 0.0 { self.max_abs_err / self.max_abs_weight } else { 0.0 }
+        if self.max_abs_weight > 0.0 {
+            self.max_abs_err / self.max_abs_weight
+        } else {
+            0.0
+        }
     }
 }
 
@@ -124,7 +138,12 @@ mod tests {
         assert_eq!(s.max_abs_weight, 2.0);
         // Row 1: error 0.25 against row max 0.5.
         assert!((s.max_row_rel_err - 0.5).abs() < 1e-6);
-        let mut a = KindStats { max_abs_err: 0.1, worst_layer: 0, worst_expert: 1, ..KindStats::default() };
+        let mut a = KindStats {
+            max_abs_err: 0.1,
+            worst_layer: 0,
+            worst_expert: 1,
+            ..KindStats::default()
+        };
         a.merge(&s);
         assert_eq!((a.worst_layer, a.worst_expert), (3, 7));
         assert!((a.rel_to_max_abs_weight() - 0.125).abs() < 1e-6);

@@ -15,7 +15,10 @@
 //! A token is one step of one session: the number of distinct `(session, step)` pairs of the
 //! trace's acquire events.
 
-use crate::cache::{CacheConfig, CacheError, CallId, ExpertKey, Placement, PlanTotals, Planner, Policy, PolicyKind, SessionId};
+use crate::cache::{
+    CacheConfig, CacheError, CallId, ExpertKey, Placement, PlanTotals, Planner, Policy, PolicyKind,
+    SessionId,
+};
 use crate::trace::{Trace, TraceEvent, TraceHeader};
 use serde::Serialize;
 use shared::ids::ExpertId;
@@ -129,13 +132,21 @@ struct Checker {
 }
 
 impl Checker {
-    fn compare<T: PartialEq + std::fmt::Debug>(&mut self, event: usize, what: &str, recorded: T, replayed: T) {
+    fn compare<T: PartialEq + std::fmt::Debug>(
+        &mut self,
+        event: usize,
+        what: &str,
+        recorded: T,
+        replayed: T,
+    ) {
         self.check.events_compared += 1;
         if recorded != replayed {
             self.check.mismatches += 1;
             self.check.matches = false;
             if self.check.first_mismatch.is_none() {
-                self.check.first_mismatch = Some(format!("event {event} ({what}): recorded {recorded:?}, replayed {replayed:?}"));
+                self.check.first_mismatch = Some(format!(
+                    "event {event} ({what}): recorded {recorded:?}, replayed {replayed:?}"
+                ));
             }
         }
     }
@@ -143,10 +154,21 @@ impl Checker {
 
 /// Replays `trace` under `config`; see the module doc.
 pub fn replay(trace: &Trace, config: &ReplayConfig) -> Result<ReplayResult, ReplayError> {
-    let cache_config = CacheConfig { budget_bytes: config.budget_bytes, policy: config.policy, transient_slots: config.transient_slots };
+    let cache_config = CacheConfig {
+        budget_bytes: config.budget_bytes,
+        policy: config.policy,
+        transient_slots: config.transient_slots,
+    };
     let mut planner = Planner::new(&cache_config, config.slot_bytes);
     let mut checker = config.reproduces(&trace.header).then_some(Checker {
-        check: RecordingCheck { matches: true, events_compared: 0, mismatches: 0, first_mismatch: None, recorded_hits: 0, recorded_misses: 0 },
+        check: RecordingCheck {
+            matches: true,
+            events_compared: 0,
+            mismatches: 0,
+            first_mismatch: None,
+            recorded_hits: 0,
+            recorded_misses: 0,
+        },
     });
     let mut live: HashMap<u64, CallId> = HashMap::new();
     let mut tokens: HashSet<(u64, u64)> = HashSet::new();
@@ -161,12 +183,31 @@ pub fn replay(trace: &Trace, config: &ReplayConfig) -> Result<ReplayResult, Repl
                 if let Some(c) = &mut checker {
                     c.check.recorded_hits += u64::from(a.hits);
                     c.check.recorded_misses += u64::from(a.misses);
-                    let recorded = (a.call, a.hits, a.misses, a.transient, a.evictions, a.exhausted);
+                    let recorded = (
+                        a.call,
+                        a.hits,
+                        a.misses,
+                        a.transient,
+                        a.evictions,
+                        a.exhausted,
+                    );
                     let replayed = match &outcome {
-                        Ok(p) => (Some(p.call.0), p.hits, p.misses, p.transient, p.evictions, false),
+                        Ok(p) => (
+                            Some(p.call.0),
+                            p.hits,
+                            p.misses,
+                            p.transient,
+                            p.evictions,
+                            false,
+                        ),
                         Err(_) => (None, 0, 0, 0, 0, true),
                     };
-                    c.compare(i, "acquire (call, hits, misses, transient, evictions, exhausted)", recorded, replayed);
+                    c.compare(
+                        i,
+                        "acquire (call, hits, misses, transient, evictions, exhausted)",
+                        recorded,
+                        replayed,
+                    );
                 }
                 match (outcome, a.call) {
                     (Ok(plan), Some(recorded_call)) => {
@@ -186,7 +227,9 @@ pub fn replay(trace: &Trace, config: &ReplayConfig) -> Result<ReplayResult, Repl
                 }
             },
             TraceEvent::ReleaseSession(s) => {
-                let orphaned = planner.release_session(SessionId(s.session)).map_or(0, |st| st.leases_held);
+                let orphaned = planner
+                    .release_session(SessionId(s.session))
+                    .map_or(0, |st| st.leases_held);
                 if let Some(c) = &mut checker {
                     c.compare(i, "release_session (orphaned leases)", s.orphaned, orphaned);
                 }
@@ -197,7 +240,13 @@ pub fn replay(trace: &Trace, config: &ReplayConfig) -> Result<ReplayResult, Repl
     }
     let st = planner.stats();
     let n_tokens = tokens.len() as u64;
-    let per_token = |x: u64| if n_tokens == 0 { 0.0 } else { x as f64 / n_tokens as f64 };
+    let per_token = |x: u64| {
+        if n_tokens == 0 {
+            0.0
+        } else {
+            x as f64 / n_tokens as f64
+        }
+    };
     Ok(ReplayResult {
         policy: config.policy.kind(),
         halving_period: config.policy.halving_period(),
@@ -258,7 +307,12 @@ pub fn format_table(results: &[ReplayResult]) -> String {
         let verdict = match &r.check {
             None => "-".to_string(),
             Some(c) if c.matches => format!("exact ({} events)", c.events_compared),
-            Some(c) => format!("MISMATCH ({} of {}): {}", c.mismatches, c.events_compared, c.first_mismatch.as_deref().unwrap_or("")),
+            Some(c) => format!(
+                "MISMATCH ({} of {}): {}",
+                c.mismatches,
+                c.events_compared,
+                c.first_mismatch.as_deref().unwrap_or("")
+            ),
         };
         out += &format!(
             "{:<10} {:>8} {:>14} {:>7} {:>8} {:>7} {:>7.2}% {:>10.2} {:>14.2} {:>10} {:>9} {:>9}  {}\n",

@@ -14,8 +14,8 @@
 //! their leases are released. The RPCs themselves are `crate::rpc`.
 
 use crate::cache::{CacheConfig, ExpertCache, Policy};
-use crate::moe_call::CallExecutor;
 use crate::io::{IoKind, open_source};
+use crate::moe_call::CallExecutor;
 use crate::rpc::auth::Auth;
 use crate::rpc::{ConnInfo, ExpertdService, Peer, ServiceConfig, ServiceState};
 use crate::shm::PrefixedStream;
@@ -161,7 +161,9 @@ impl ServeConfig {
             }
             // The same parse serving does, so a bad certificate or key stops the daemon before
             // it listens.
-            tonic::transport::Server::builder().tls_config(tls.server_config()).map_err(|e| tls.error(&e))?;
+            tonic::transport::Server::builder()
+                .tls_config(tls.server_config())
+                .map_err(|e| tls.error(&e))?;
         }
         Ok(())
     }
@@ -194,15 +196,26 @@ pub struct TlsIdentity {
 impl std::fmt::Debug for TlsIdentity {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         // Never the key.
-        f.debug_struct("TlsIdentity").field("source", &self.source).finish_non_exhaustive()
+        f.debug_struct("TlsIdentity")
+            .field("source", &self.source)
+            .finish_non_exhaustive()
     }
 }
 
 impl TlsIdentity {
     /// Reads both PEM files.
     pub fn read(cert: &Path, key: &Path) -> Result<TlsIdentity, ServeError> {
-        let read = |p: &Path| std::fs::read(p).map_err(|source| ServeError::Io { what: format!("reading {}", p.display()), source });
-        Ok(TlsIdentity { cert_pem: read(cert)?, key_pem: read(key)?, source: format!("--tls-cert {}, --tls-key {}", cert.display(), key.display()) })
+        let read = |p: &Path| {
+            std::fs::read(p).map_err(|source| ServeError::Io {
+                what: format!("reading {}", p.display()),
+                source,
+            })
+        };
+        Ok(TlsIdentity {
+            cert_pem: read(cert)?,
+            key_pem: read(key)?,
+            source: format!("--tls-cert {}, --tls-key {}", cert.display(), key.display()),
+        })
     }
 
     /// `e` (tonic's own text is only "transport error") with its sources, naming the files.
@@ -218,7 +231,10 @@ impl TlsIdentity {
 
     fn server_config(&self) -> tonic::transport::ServerTlsConfig {
         tonic::transport::ServerTlsConfig::new()
-            .identity(tonic::transport::Identity::from_pem(&self.cert_pem, &self.key_pem))
+            .identity(tonic::transport::Identity::from_pem(
+                &self.cert_pem,
+                &self.key_pem,
+            ))
             .timeout(TLS_HANDSHAKE_TIMEOUT)
     }
 }
@@ -233,7 +249,9 @@ pub enum ServeError {
     #[error("--listen (TCP) needs --auth-token-file: TCP clients must present a bearer token")]
     TcpWithoutToken,
     /// TCP was asked for without TLS and without `--insecure`.
-    #[error("--listen (TCP) needs --tls-cert and --tls-key (or --insecure for plain TCP on a network you trust): the bearer token and activations would cross the network in clear text")]
+    #[error(
+        "--listen (TCP) needs --tls-cert and --tls-key (or --insecure for plain TCP on a network you trust): the bearer token and activations would cross the network in clear text"
+    )]
     TcpWithoutTls,
     /// The TLS certificate or key is unusable.
     #[error("TLS: {0}")]
@@ -289,32 +307,61 @@ pub fn bind_unix(path: &Path, mode: u32) -> Result<UnixListener, ServeError> {
     let io = |what: String| move |source| ServeError::Io { what, source };
     if let Ok(meta) = std::fs::symlink_metadata(path) {
         if !meta.file_type().is_socket() {
-            return Err(ServeError::Config(format!("{} exists and is not a socket; refusing to replace it", path.display())));
+            return Err(ServeError::Config(format!(
+                "{} exists and is not a socket; refusing to replace it",
+                path.display()
+            )));
         }
         match std::os::unix::net::UnixStream::connect(path) {
-            Ok(_) => return Err(ServeError::Config(format!("another process is listening on {}", path.display()))),
-            Err(_) => std::fs::remove_file(path).map_err(io(format!("removing stale socket {}", path.display())))?,
+            Ok(_) => {
+                return Err(ServeError::Config(format!(
+                    "another process is listening on {}",
+                    path.display()
+                )));
+            }
+            Err(_) => std::fs::remove_file(path)
+                .map_err(io(format!("removing stale socket {}", path.display())))?,
         }
     }
-    let name = path.file_name().ok_or_else(|| ServeError::Config(format!("{} names no socket file", path.display())))?;
-    let tmp = path.with_file_name(format!(".{}.{}.tmp", name.to_string_lossy(), std::process::id()));
+    let name = path
+        .file_name()
+        .ok_or_else(|| ServeError::Config(format!("{} names no socket file", path.display())))?;
+    let tmp = path.with_file_name(format!(
+        ".{}.{}.tmp",
+        name.to_string_lossy(),
+        std::process::id()
+    ));
     let _ = std::fs::remove_file(&tmp);
     let (listener, bound_at) = match std::os::unix::net::UnixListener::bind(&tmp) {
         Ok(l) => (l, tmp.as_path()),
         // The longer temporary name does not fit a socket address: bind in place.
-        Err(e) if e.kind() == std::io::ErrorKind::InvalidInput => {
-            (std::os::unix::net::UnixListener::bind(path).map_err(io(format!("binding {}", path.display())))?, path)
-        }
+        Err(e) if e.kind() == std::io::ErrorKind::InvalidInput => (
+            std::os::unix::net::UnixListener::bind(path)
+                .map_err(io(format!("binding {}", path.display())))?,
+            path,
+        ),
         Err(e) => return Err(io(format!("binding {}", tmp.display()))(e)),
     };
     let placed = std::fs::set_permissions(bound_at, std::fs::Permissions::from_mode(mode))
         .map_err(io(format!("chmod {:o} {}", mode, bound_at.display())))
-        .and_then(|()| if bound_at == path { Ok(()) } else { std::fs::rename(bound_at, path).map_err(io(format!("renaming {} to {}", bound_at.display(), path.display()))) });
+        .and_then(|()| {
+            if bound_at == path {
+                Ok(())
+            } else {
+                std::fs::rename(bound_at, path).map_err(io(format!(
+                    "renaming {} to {}",
+                    bound_at.display(),
+                    path.display()
+                )))
+            }
+        });
     if let Err(e) = placed {
         let _ = std::fs::remove_file(bound_at);
         return Err(e);
     }
-    listener.set_nonblocking(true).map_err(io("set_nonblocking".into()))?;
+    listener
+        .set_nonblocking(true)
+        .map_err(io("set_nonblocking".into()))?;
     UnixListener::from_std(listener).map_err(io("registering the socket with tokio".into()))
 }
 
@@ -348,12 +395,19 @@ impl Prepared {
     pub fn new(config: ServeConfig) -> Result<Prepared, ServeError> {
         config.validate()?;
         let dir = config.container_dir.display().to_string();
-        let (source, info) = open_source(&config.container_dir, config.io).map_err(|source| ServeError::Container { dir: dir.clone(), source })?;
+        let (source, info) = open_source(&config.container_dir, config.io).map_err(|source| {
+            ServeError::Container {
+                dir: dir.clone(),
+                source,
+            }
+        })?;
         let header = *source.container().header();
         let dims = header.layout.dims;
         let stride = header.layout.blob.stride as u64;
         let lanes = config.compute_lanes;
-        let transient_slots = config.transient_slots.unwrap_or((dims.n_experts.min(32) * lanes) as u32);
+        let transient_slots = config
+            .transient_slots
+            .unwrap_or((dims.n_experts.min(32) * lanes) as u32);
         let budget_bytes = clamp_budget(config.cache_bytes, dims.n_blobs() as u64, stride);
         if budget_bytes < config.cache_bytes {
             tracing::info!(
@@ -374,11 +428,18 @@ impl Prepared {
                 dims.n_blobs() as u64 * stride
             )));
         }
-        let cache_config = CacheConfig { budget_bytes, policy: config.policy, transient_slots };
+        let cache_config = CacheConfig {
+            budget_bytes,
+            policy: config.policy,
+            transient_slots,
+        };
         let cache = ExpertCache::new(cache_config, header.layout.blob.stride)?;
         if let Some(path) = &config.route_trace {
-            let writer = TraceWriter::create(path).map_err(|e| ServeError::Trace(format!("{}: {e}", path.display())))?;
-            cache.start_trace(writer).map_err(|e| ServeError::Trace(format!("{}: {e}", path.display())))?;
+            let writer = TraceWriter::create(path)
+                .map_err(|e| ServeError::Trace(format!("{}: {e}", path.display())))?;
+            cache
+                .start_trace(writer)
+                .map_err(|e| ServeError::Trace(format!("{}: {e}", path.display())))?;
         }
         let selection = Int8Isa::selection();
         if let Some(warning) = selection.warning() {
@@ -386,20 +447,49 @@ impl Prepared {
         }
         let isa = selection.active;
         let slots = cache.stats().n_slots;
-        let executor = CallExecutor::new(cache, source, isa, config.threads, config.max_rows_per_call as usize)
-            .map_err(|source| ServeError::Io { what: "starting the compute pool".into(), source })?
-            .with_overlap(config.overlap);
+        let executor = CallExecutor::new(
+            cache,
+            source,
+            isa,
+            config.threads,
+            config.max_rows_per_call as usize,
+        )
+        .map_err(|source| ServeError::Io {
+            what: "starting the compute pool".into(),
+            source,
+        })?
+        .with_overlap(config.overlap);
         let executor = Arc::new(executor);
         if !config.no_prefetch {
-            let cap = if config.prefetch_cap_bytes > 0 { config.prefetch_cap_bytes } else { 8 * header.layout.dims.n_layers as u64 * stride };
-            let p = crate::prefetch::Prefetcher::start(&executor, cap).map_err(|source| ServeError::Io { what: "starting the prefetch thread".into(), source })?;
+            let cap = if config.prefetch_cap_bytes > 0 {
+                config.prefetch_cap_bytes
+            } else {
+                8 * header.layout.dims.n_layers as u64 * stride
+            };
+            let p = crate::prefetch::Prefetcher::start(&executor, cap).map_err(|source| {
+                ServeError::Io {
+                    what: "starting the prefetch thread".into(),
+                    source,
+                }
+            })?;
             executor.set_prefetcher(p);
         }
         if let Some(reason) = &info.fallback_reason {
             tracing::warn!("{reason}");
         }
         let io = info.to_string();
-        let banner = Banner { dir, header, isa, io, io_kind: info.kind, o_direct: info.o_direct, budget_bytes, slots, transient_slots, lanes };
+        let banner = Banner {
+            dir,
+            header,
+            isa,
+            io,
+            io_kind: info.kind,
+            o_direct: info.o_direct,
+            budget_bytes,
+            slots,
+            transient_slots,
+            lanes,
+        };
         let service_config = ServiceConfig {
             max_queued_calls_per_session: config.max_queued_calls_per_session,
             session_caps: crate::session::SessionCaps {
@@ -407,14 +497,32 @@ impl Prepared {
                 per_peer: config.max_sessions_per_uid,
             },
             max_message_bytes: MAX_MESSAGE_BYTES as u64,
-            container_path: config.container_dir.join(shared::container::CONTAINER_FILE).display().to_string(),
+            container_path: config
+                .container_dir
+                .join(shared::container::CONTAINER_FILE)
+                .display()
+                .to_string(),
             io_backend: banner.io.clone(),
             ring_spin: config.ring_spin,
             pool_awake: config.pool_awake,
         };
-        let auth = Auth::new(config.auth_token.clone(), config.allow_uids.clone(), config.allow_gids.clone());
-        let state = Arc::new(ServiceState::new(Arc::clone(&executor), lanes, service_config, auth));
-        Ok(Prepared { config, executor, state, banner })
+        let auth = Auth::new(
+            config.auth_token.clone(),
+            config.allow_uids.clone(),
+            config.allow_gids.clone(),
+        );
+        let state = Arc::new(ServiceState::new(
+            Arc::clone(&executor),
+            lanes,
+            service_config,
+            auth,
+        ));
+        Ok(Prepared {
+            config,
+            executor,
+            state,
+            banner,
+        })
     }
 
     /// The call executor (its cache's configuration and counters, for checks before serving).
@@ -431,8 +539,17 @@ impl Prepared {
     /// `listener` until `shutdown` resolves, then drains: new handshakes and calls get
     /// UNAVAILABLE, HTTP/2 GOAWAY tells clients to stop, and in-flight calls finish before this
     /// returns.
-    pub async fn serve(self, listener: Listener, shutdown: impl Future<Output = ()> + Send + 'static) -> Result<(), ServeError> {
-        let Prepared { config, executor, state, banner: b } = self;
+    pub async fn serve(
+        self,
+        listener: Listener,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> Result<(), ServeError> {
+        let Prepared {
+            config,
+            executor,
+            state,
+            banner: b,
+        } = self;
         let tcp = matches!(listener, Listener::Tcp(_));
         config.check_listener(&listener)?;
         let dims = b.header.layout.dims;
@@ -468,14 +585,19 @@ impl Prepared {
         );
         tracing::debug!(identity = %b.header.identity, reader = %b.io, "container and reader details");
         let (health, health_service) = tonic_health::server::health_reporter();
-        health.set_serving::<ExpertServiceServer<ExpertdService>>().await;
+        health
+            .set_serving::<ExpertServiceServer<ExpertdService>>()
+            .await;
         // Health answers to the same rules as the service on TCP (the bearer token); on a unix
         // socket it stays open to any peer the socket admits, as before.
         let health_auth = state.auth.clone();
-        let health_service = tonic::service::interceptor::InterceptedService::new(health_service, move |req: tonic::Request<()>| {
-            health_auth.check_health(ConnInfo::of(req.extensions()), req.metadata())?;
-            Ok(req)
-        });
+        let health_service = tonic::service::interceptor::InterceptedService::new(
+            health_service,
+            move |req: tonic::Request<()>| {
+                health_auth.check_health(ConnInfo::of(req.extensions()), req.metadata())?;
+                Ok(req)
+            },
+        );
         let service = ExpertServiceServer::new(ExpertdService::new(Arc::clone(&state)))
             .max_decoding_message_size(MAX_MESSAGE_BYTES)
             .max_encoding_message_size(MAX_MESSAGE_BYTES);
@@ -483,18 +605,24 @@ impl Prepared {
         let (stop_tx, stop_rx) = watch::channel(false);
         let (conn_tx, conn_rx) = mpsc::channel::<std::io::Result<Conn>>(64);
         let accept = tokio::spawn(accept_loop(listener, Arc::clone(&state), conn_tx, stop_rx));
-        let incoming = futures_util::stream::unfold(conn_rx, |mut rx| async move { rx.recv().await.map(|c| (c, rx)) });
+        let incoming = futures_util::stream::unfold(conn_rx, |mut rx| async move {
+            rx.recv().await.map(|c| (c, rx))
+        });
         let drain_state = Arc::clone(&state);
         let signal = async move {
             shutdown.await;
             drain_state.draining.store(true, Ordering::Release);
             let _ = stop_tx.send(true);
-            health.set_not_serving::<ExpertServiceServer<ExpertdService>>().await;
+            health
+                .set_not_serving::<ExpertServiceServer<ExpertdService>>()
+                .await;
             tracing::info!("shutdown requested: refusing new calls, finishing in-flight ones");
         };
         let mut builder = tonic::transport::Server::builder();
         if let (true, Some(tls)) = (tcp, &config.tls) {
-            builder = builder.tls_config(tls.server_config()).map_err(|e| tls.error(&e))?;
+            builder = builder
+                .tls_config(tls.server_config())
+                .map_err(|e| tls.error(&e))?;
         }
         let served = builder
             .http2_keepalive_interval(Some(KEEPALIVE_INTERVAL))
@@ -527,14 +655,23 @@ pub fn clamp_budget(requested: u64, n_blobs: u64, stride: u64) -> u64 {
 /// [`Prepared::new`] then [`Prepared::serve`], for a listener the caller bound already (a
 /// client may then connect before the daemon can serve and wait in the backlog meanwhile;
 /// `expertd serve` prepares first and binds afterwards).
-pub async fn run(config: ServeConfig, listener: Listener, shutdown: impl Future<Output = ()> + Send + 'static) -> Result<(), ServeError> {
+pub async fn run(
+    config: ServeConfig,
+    listener: Listener,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), ServeError> {
     config.check_listener(&listener)?;
     Prepared::new(config)?.serve(listener, shutdown).await
 }
 
 /// Accepts connections until told to stop; each one is checked (and, on a unix socket,
 /// pre-handshaken) on its own task so a slow client cannot hold up the others.
-async fn accept_loop(listener: Listener, state: Arc<ServiceState>, tx: mpsc::Sender<std::io::Result<Conn>>, mut stop: watch::Receiver<bool>) {
+async fn accept_loop(
+    listener: Listener,
+    state: Arc<ServiceState>,
+    tx: mpsc::Sender<std::io::Result<Conn>>,
+    mut stop: watch::Receiver<bool>,
+) {
     static NEXT_CONN: AtomicU64 = AtomicU64::new(1);
     loop {
         let accepted = tokio::select! {
@@ -563,7 +700,10 @@ async fn accept_loop(listener: Listener, state: Arc<ServiceState>, tx: mpsc::Sen
                     (ConnIo::Tcp(s), None)
                 }
                 Accepted::Unix(mut s) => match crate::shm::negotiate(&mut s, conn_id).await {
-                    Ok(n) => (ConnIo::Unix(PrefixedStream::new(n.prefix, s)), if allowed { n.segment } else { None }),
+                    Ok(n) => (
+                        ConnIo::Unix(PrefixedStream::new(n.prefix, s)),
+                        if allowed { n.segment } else { None },
+                    ),
                     Err(e) => {
                         tracing::warn!(error = %crate::logsafe::text(&e.to_string()), %peer, "connection dropped during the pre-handshake");
                         return;
@@ -575,7 +715,16 @@ async fn accept_loop(listener: Listener, state: Arc<ServiceState>, tx: mpsc::Sen
             }
             tracing::debug!(conn_id, %peer, shm = segment.is_some(), "connection accepted");
             state.connection_opened();
-            let conn = Conn { io, info: ConnInfo { conn_id, peer, allowed, segment }, state };
+            let conn = Conn {
+                io,
+                info: ConnInfo {
+                    conn_id,
+                    peer,
+                    allowed,
+                    segment,
+                },
+                state,
+            };
             let _ = tx.send(Ok(conn)).await;
         });
     }
@@ -591,7 +740,11 @@ async fn accept_one(listener: &Listener) -> std::io::Result<(Accepted, Peer)> {
         Listener::Unix(l) => {
             let (s, _) = l.accept().await?;
             let cred = s.peer_cred()?;
-            let peer = Peer::Unix { uid: cred.uid(), gid: cred.gid(), pid: cred.pid() };
+            let peer = Peer::Unix {
+                uid: cred.uid(),
+                gid: cred.gid(),
+                pid: cred.pid(),
+            };
             Ok((Accepted::Unix(s), peer))
         }
         Listener::Tcp(l) => {
@@ -630,7 +783,11 @@ impl Connected for Conn {
 }
 
 impl AsyncRead for Conn {
-    fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<std::io::Result<()>> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
         match &mut self.io {
             ConnIo::Unix(s) => Pin::new(s).poll_read(cx, buf),
             ConnIo::Tcp(s) => Pin::new(s).poll_read(cx, buf),
@@ -639,7 +796,11 @@ impl AsyncRead for Conn {
 }
 
 impl AsyncWrite for Conn {
-    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<std::io::Result<usize>> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
         match &mut self.io {
             ConnIo::Unix(s) => Pin::new(s).poll_write(cx, buf),
             ConnIo::Tcp(s) => Pin::new(s).poll_write(cx, buf),
@@ -657,7 +818,11 @@ impl AsyncWrite for Conn {
             ConnIo::Tcp(s) => Pin::new(s).poll_shutdown(cx),
         }
     }
-    fn poll_write_vectored(mut self: Pin<&mut Self>, cx: &mut Context<'_>, bufs: &[std::io::IoSlice<'_>]) -> Poll<std::io::Result<usize>> {
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
         match &mut self.io {
             ConnIo::Unix(s) => Pin::new(s).poll_write_vectored(cx, bufs),
             ConnIo::Tcp(s) => Pin::new(s).poll_write_vectored(cx, bufs),

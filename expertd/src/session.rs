@@ -177,11 +177,13 @@ impl Session {
             Ok(call) => {
                 p.calls.fetch_add(1, Ordering::Relaxed);
                 p.hits.fetch_add(u64::from(call.hits), Ordering::Relaxed);
-                p.misses.fetch_add(u64::from(call.misses), Ordering::Relaxed);
+                p.misses
+                    .fetch_add(u64::from(call.misses), Ordering::Relaxed);
                 p.bytes_read.fetch_add(call.bytes_read, Ordering::Relaxed);
                 c.calls.fetch_add(1, Ordering::Relaxed);
                 c.hits.fetch_add(u64::from(call.hits), Ordering::Relaxed);
-                c.misses.fetch_add(u64::from(call.misses), Ordering::Relaxed);
+                c.misses
+                    .fetch_add(u64::from(call.misses), Ordering::Relaxed);
                 c.bytes_read.fetch_add(call.bytes_read, Ordering::Relaxed);
                 c.queue_ns.fetch_add(call.queue_ns, Ordering::Relaxed);
                 c.io_wait_ns.fetch_add(call.io_wait_ns, Ordering::Relaxed);
@@ -204,7 +206,11 @@ impl Session {
                 return None;
             }
             match n.compare_exchange_weak(cur, cur + 1, Ordering::AcqRel, Ordering::Relaxed) {
-                Ok(_) => return Some(InFlight { session: Arc::clone(self) }),
+                Ok(_) => {
+                    return Some(InFlight {
+                        session: Arc::clone(self),
+                    });
+                }
                 Err(now) => cur = now,
             }
         }
@@ -219,7 +225,10 @@ pub struct InFlight {
 
 impl Drop for InFlight {
     fn drop(&mut self) {
-        self.session.counters.in_flight.fetch_sub(1, Ordering::AcqRel);
+        self.session
+            .counters
+            .in_flight
+            .fetch_sub(1, Ordering::AcqRel);
     }
 }
 
@@ -245,8 +254,14 @@ impl Default for Sessions {
 impl Sessions {
     /// An empty registry.
     pub fn new() -> Sessions {
-        let seed = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.as_secs() & 0xff_ffff);
-        Sessions { by_id: Mutex::new(HashMap::new()), next_id: AtomicU64::new((seed << 24) | 1), peers: Mutex::new(HashMap::new()) }
+        let seed = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(1, |d| d.as_secs() & 0xff_ffff);
+        Sessions {
+            by_id: Mutex::new(HashMap::new()),
+            next_id: AtomicU64::new((seed << 24) | 1),
+            peers: Mutex::new(HashMap::new()),
+        }
     }
 
     fn map(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Arc<Session>>> {
@@ -273,15 +288,36 @@ impl Sessions {
             of_peer += u32::from(s.peer_key == peer_key);
         }
         if on_conn >= caps.per_connection {
-            return Err(CapReached::Connection { limit: caps.per_connection });
+            return Err(CapReached::Connection {
+                limit: caps.per_connection,
+            });
         }
         if of_peer >= caps.per_peer {
-            return Err(CapReached::Peer { peer: peer_key, limit: caps.per_peer });
+            return Err(CapReached::Peer {
+                peer: peer_key,
+                limit: caps.per_peer,
+            });
         }
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let peer_totals = Arc::clone(self.peers.lock().unwrap_or_else(PoisonError::into_inner).entry(peer_key).or_default());
+        let peer_totals = Arc::clone(
+            self.peers
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .entry(peer_key)
+                .or_default(),
+        );
         peer_totals.sessions.fetch_add(1, Ordering::Relaxed);
-        let s = Arc::new(Session { id, conn_id, client_name, peer, peer_key, transport, counters: SessionCounters::default(), peer_totals, closed: Default::default() });
+        let s = Arc::new(Session {
+            id,
+            conn_id,
+            client_name,
+            peer,
+            peer_key,
+            transport,
+            counters: SessionCounters::default(),
+            peer_totals,
+            closed: Default::default(),
+        });
         map.insert(id, Arc::clone(&s));
         Ok(s)
     }
@@ -289,13 +325,20 @@ impl Sessions {
     /// The session `id` if it is open and belongs to connection `conn_id` (a session is usable
     /// only on the connection that opened it).
     pub fn get(&self, id: u64, conn_id: u64) -> Option<Arc<Session>> {
-        self.map().get(&id).filter(|s| s.conn_id == conn_id).cloned()
+        self.map()
+            .get(&id)
+            .filter(|s| s.conn_id == conn_id)
+            .cloned()
     }
 
     /// Closes session `id` if it belongs to `conn_id`.
     pub fn close(&self, id: u64, conn_id: u64) -> Option<Arc<Session>> {
         let mut map = self.map();
-        let s = if map.get(&id).is_some_and(|s| s.conn_id == conn_id) { map.remove(&id) } else { None };
+        let s = if map.get(&id).is_some_and(|s| s.conn_id == conn_id) {
+            map.remove(&id)
+        } else {
+            None
+        };
         if let Some(s) = &s {
             s.mark_closed();
         }
@@ -305,7 +348,11 @@ impl Sessions {
     /// Closes every session of a connection that went away.
     pub fn close_connection(&self, conn_id: u64) -> Vec<Arc<Session>> {
         let mut map = self.map();
-        let ids: Vec<u64> = map.values().filter(|s| s.conn_id == conn_id).map(|s| s.id).collect();
+        let ids: Vec<u64> = map
+            .values()
+            .filter(|s| s.conn_id == conn_id)
+            .map(|s| s.id)
+            .collect();
         let closed: Vec<Arc<Session>> = ids.iter().filter_map(|id| map.remove(id)).collect();
         for s in &closed {
             s.mark_closed();
@@ -315,7 +362,12 @@ impl Sessions {
 
     /// Every peer that opened a session since start, with its totals.
     pub fn peers(&self) -> Vec<(PeerKey, Arc<PeerTotals>)> {
-        self.peers.lock().unwrap_or_else(PoisonError::into_inner).iter().map(|(k, t)| (*k, Arc::clone(t))).collect()
+        self.peers
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .iter()
+            .map(|(k, t)| (*k, Arc::clone(t)))
+            .collect()
     }
 
     /// Every open session, by id.
@@ -362,7 +414,13 @@ impl Drop for LanePermit {
 impl FairQueue {
     /// A queue over `lanes` compute lanes (at least 1).
     pub fn new(lanes: usize) -> Arc<FairQueue> {
-        Arc::new(FairQueue { state: Mutex::new(FairState { lanes_free: lanes.max(1), waiting: BTreeMap::new(), last_served: 0 }) })
+        Arc::new(FairQueue {
+            state: Mutex::new(FairState {
+                lanes_free: lanes.max(1),
+                waiting: BTreeMap::new(),
+                last_served: 0,
+            }),
+        })
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, FairState> {
@@ -385,12 +443,17 @@ impl FairQueue {
     }
 
     /// A free lane when nobody waits, otherwise a place in `session`'s queue.
-    fn take_or_enqueue(self: &Arc<FairQueue>, session: u64) -> Result<LanePermit, oneshot::Receiver<LanePermit>> {
+    fn take_or_enqueue(
+        self: &Arc<FairQueue>,
+        session: u64,
+    ) -> Result<LanePermit, oneshot::Receiver<LanePermit>> {
         let mut st = self.lock();
         if st.lanes_free > 0 && st.waiting.is_empty() {
             st.lanes_free -= 1;
             st.last_served = session;
-            return Ok(LanePermit { queue: Some(Arc::clone(self)) });
+            return Ok(LanePermit {
+                queue: Some(Arc::clone(self)),
+            });
         }
         let (tx, rx) = oneshot::channel();
         st.waiting.entry(session).or_default().push_back(tx);
@@ -418,7 +481,12 @@ impl FairQueue {
             let next = {
                 let mut st = q.lock();
                 let after = st.last_served;
-                let key = st.waiting.range(after.saturating_add(1)..).next().map(|(k, _)| *k).or_else(|| st.waiting.keys().next().copied());
+                let key = st
+                    .waiting
+                    .range(after.saturating_add(1)..)
+                    .next()
+                    .map(|(k, _)| *k)
+                    .or_else(|| st.waiting.keys().next().copied());
                 match key {
                     None => {
                         st.lanes_free += 1;
@@ -435,7 +503,9 @@ impl FairQueue {
                     }
                 }
             };
-            match next.send(LanePermit { queue: Some(Arc::clone(q)) }) {
+            match next.send(LanePermit {
+                queue: Some(Arc::clone(q)),
+            }) {
                 Ok(()) => return,
                 // The waiter is gone: defuse the permit and try the next one.
                 Err(mut permit) => {
@@ -493,35 +563,75 @@ mod tests {
         let _ = waiter.await;
         drop(held);
         // The lane must be free again.
-        let p = tokio::time::timeout(std::time::Duration::from_secs(1), q.acquire(3)).await.expect("lane free");
+        let p = tokio::time::timeout(std::time::Duration::from_secs(1), q.acquire(3))
+            .await
+            .expect("lane free");
         drop(p);
     }
 
-    const CAPS: SessionCaps = SessionCaps { per_connection: 64, per_peer: 256 };
+    const CAPS: SessionCaps = SessionCaps {
+        per_connection: 64,
+        per_peer: 256,
+    };
 
-    fn open(sessions: &Sessions, conn: u64, uid: u32, caps: SessionCaps) -> Result<Arc<Session>, CapReached> {
-        sessions.open(conn, PeerKey::Uid(uid), "t".into(), "p".into(), TransportKind::Inline, caps)
+    fn open(
+        sessions: &Sessions,
+        conn: u64,
+        uid: u32,
+        caps: SessionCaps,
+    ) -> Result<Arc<Session>, CapReached> {
+        sessions.open(
+            conn,
+            PeerKey::Uid(uid),
+            "t".into(),
+            "p".into(),
+            TransportKind::Inline,
+            caps,
+        )
     }
 
     #[test]
     fn sessions_are_capped_per_connection_and_per_peer() {
         let sessions = Sessions::new();
-        let caps = SessionCaps { per_connection: 3, per_peer: 5 };
+        let caps = SessionCaps {
+            per_connection: 3,
+            per_peer: 5,
+        };
         for _ in 0..3 {
             open(&sessions, 1, 1000, caps).expect("under the connection cap");
         }
-        assert_eq!(open(&sessions, 1, 1000, caps).unwrap_err(), CapReached::Connection { limit: 3 });
+        assert_eq!(
+            open(&sessions, 1, 1000, caps).unwrap_err(),
+            CapReached::Connection { limit: 3 }
+        );
         // Another connection of the same uid: two more, then the uid's cap.
         open(&sessions, 2, 1000, caps).expect("fourth of the uid");
         open(&sessions, 2, 1000, caps).expect("fifth of the uid");
-        assert_eq!(open(&sessions, 2, 1000, caps).unwrap_err(), CapReached::Peer { peer: PeerKey::Uid(1000), limit: 5 });
+        assert_eq!(
+            open(&sessions, 2, 1000, caps).unwrap_err(),
+            CapReached::Peer {
+                peer: PeerKey::Uid(1000),
+                limit: 5
+            }
+        );
         // Another uid is not affected.
         open(&sessions, 3, 1001, caps).expect("another uid");
         // Closing frees room: a dropped connection's sessions no longer count.
         assert_eq!(sessions.close_connection(1).len(), 3);
         open(&sessions, 2, 1000, caps).expect("room again after connection 1 closed");
-        assert!(CapReached::Connection { limit: 3 }.to_string().contains("--max-sessions-per-connection"));
-        assert!(CapReached::Peer { peer: PeerKey::Uid(7), limit: 5 }.to_string().contains("uid 7 already holds 5"));
+        assert!(
+            CapReached::Connection { limit: 3 }
+                .to_string()
+                .contains("--max-sessions-per-connection")
+        );
+        assert!(
+            CapReached::Peer {
+                peer: PeerKey::Uid(7),
+                limit: 5
+            }
+            .to_string()
+            .contains("uid 7 already holds 5")
+        );
     }
 
     #[test]
@@ -533,7 +643,10 @@ mod tests {
         assert!(s.try_enter(2).is_none());
         drop(a);
         assert!(s.try_enter(2).is_some());
-        assert!(sessions.get(s.id, 8).is_none(), "another connection cannot use the session");
+        assert!(
+            sessions.get(s.id, 8).is_none(),
+            "another connection cannot use the session"
+        );
         assert_eq!(sessions.close_connection(7).len(), 1);
         assert!(sessions.get(s.id, 7).is_none());
     }

@@ -13,12 +13,12 @@ use rustix::fs::SealFlags;
 use rustix::net::{RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags};
 use shared::ring::{RingLayout, RingView};
 use shared::shm_layout::{self, Hello, HelloReply, SegmentHeader, ShmLayoutError, ShmSlice};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::io::IoSliceMut;
 use std::mem::MaybeUninit;
 use std::ops::Range;
 use std::os::fd::{AsFd, OwnedFd};
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, Interest, ReadBuf};
@@ -26,7 +26,9 @@ use tokio::net::UnixStream;
 
 // Activations are copied as little-endian f32 bytes in place.
 #[cfg(target_endian = "big")]
-compile_error!("expertd's shared-memory transport copies little-endian f32 in place; big-endian hosts are unsupported");
+compile_error!(
+    "expertd's shared-memory transport copies little-endian f32 in place; big-endian hosts are unsupported"
+);
 
 /// How long a new unix connection may take to send its first bytes (hello or HTTP/2 preface).
 pub const HELLO_TIMEOUT: Duration = Duration::from_secs(5);
@@ -50,7 +52,9 @@ pub enum ShmError {
     #[error("segment descriptor refused: {0}")]
     Refused(String),
     /// A slice names another segment than this connection's.
-    #[error("shared-memory slice names segment {found}, but this connection's segment is {expected}")]
+    #[error(
+        "shared-memory slice names segment {found}, but this connection's segment is {expected}"
+    )]
     WrongSegment {
         /// The segment id in the request.
         found: u64,
@@ -77,7 +81,10 @@ pub struct Segment {
 
 impl std::fmt::Debug for Segment {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Segment").field("id", &self.id).field("len", &self.len).finish()
+        f.debug_struct("Segment")
+            .field("id", &self.id)
+            .field("len", &self.len)
+            .finish()
     }
 }
 
@@ -91,17 +98,36 @@ impl Segment {
         if rustix::fs::FileType::from_raw_mode(stat.st_mode) != rustix::fs::FileType::RegularFile {
             return Err(refused("not a regular file (expected a memfd)".into()));
         }
-        let len = u64::try_from(stat.st_size).map_err(|_| refused(format!("negative size {}", stat.st_size)))?;
-        let seals = rustix::fs::fcntl_get_seals(&fd).map_err(|e| refused(format!("not a sealable memfd: {e}")))?;
+        let len = u64::try_from(stat.st_size)
+            .map_err(|_| refused(format!("negative size {}", stat.st_size)))?;
+        let seals = rustix::fs::fcntl_get_seals(&fd)
+            .map_err(|e| refused(format!("not a sealable memfd: {e}")))?;
         if !seals.contains(SealFlags::SHRINK) {
-            return Err(refused("the memfd is not sealed against shrinking (F_SEAL_SHRINK)".into()));
+            return Err(refused(
+                "the memfd is not sealed against shrinking (F_SEAL_SHRINK)".into(),
+            ));
         }
         if !(shm_layout::MIN_SEGMENT_BYTES..=shm_layout::MAX_SEGMENT_BYTES).contains(&len) {
-            return Err(ShmLayoutError::SegmentSize { found: len, min: shm_layout::MIN_SEGMENT_BYTES, max: shm_layout::MAX_SEGMENT_BYTES }.into());
+            return Err(ShmLayoutError::SegmentSize {
+                found: len,
+                min: shm_layout::MIN_SEGMENT_BYTES,
+                max: shm_layout::MAX_SEGMENT_BYTES,
+            }
+            .into());
         }
         let file = std::fs::File::from(fd.try_clone().map_err(ShmError::Io)?);
-        let map = memmap2::MmapOptions::new().len(len as usize).map_raw(&file).map_err(ShmError::Io)?;
-        let mut segment = Segment { id, len, map, _fd: fd, ring: None, ring_taken: AtomicBool::new(false) };
+        let map = memmap2::MmapOptions::new()
+            .len(len as usize)
+            .map_raw(&file)
+            .map_err(ShmError::Io)?;
+        let mut segment = Segment {
+            id,
+            len,
+            map,
+            _fd: fd,
+            ring: None,
+            ring_taken: AtomicBool::new(false),
+        };
         let mut header = [0u8; shm_layout::SEGMENT_HEADER_BYTES];
         segment.copy_out(0..header.len(), &mut header);
         segment.ring = SegmentHeader::parse(&header, len)?.ring;
@@ -135,19 +161,31 @@ impl Segment {
     /// Checks a request's slice against this segment and returns its byte range.
     pub fn range(&self, slice: &ShmSlice) -> Result<Range<usize>, ShmError> {
         if slice.segment_id != self.id {
-            return Err(ShmError::WrongSegment { found: slice.segment_id, expected: self.id });
+            return Err(ShmError::WrongSegment {
+                found: slice.segment_id,
+                expected: self.id,
+            });
         }
         slice.range_in(self.len).map_err(ShmError::Slice)
     }
 
     fn copy_out(&self, range: Range<usize>, out: &mut [u8]) {
-        assert!(range.end as u64 <= self.len && range.len() == out.len(), "segment copy out of bounds");
+        assert!(
+            range.end as u64 <= self.len && range.len() == out.len(),
+            "segment copy out of bounds"
+        );
         // SAFETY: `range` lies inside the mapping (asserted), which stays mapped while `self`
         // lives, and the memfd is sealed against shrinking, so every page stays backed and the
         // read cannot fault. The client may write these bytes concurrently; we copy raw bytes
         // once (no reference into the mapping escapes), so a racing client can only garble its
         // own activations, never our memory.
-        unsafe { std::ptr::copy_nonoverlapping(self.map.as_ptr().add(range.start), out.as_mut_ptr(), out.len()) }
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                self.map.as_ptr().add(range.start),
+                out.as_mut_ptr(),
+                out.len(),
+            )
+        }
     }
 
     /// Copies `out.len()` f32 values from `range` (exactly `4 · out.len()` bytes).
@@ -160,11 +198,20 @@ impl Segment {
     // PERF-CRITICAL: one memcpy of a call's output.
     pub fn write_f32s(&self, range: Range<usize>, values: &[f32]) {
         let bytes: &[u8] = bytemuck::cast_slice(values);
-        assert!(range.end as u64 <= self.len && bytes.len() <= range.len(), "segment copy out of bounds");
+        assert!(
+            range.end as u64 <= self.len && bytes.len() <= range.len(),
+            "segment copy out of bounds"
+        );
         // SAFETY: the destination lies inside the live, shrink-sealed mapping (asserted above),
         // `bytes` is our own buffer and cannot overlap it, and writing raw bytes to memory the
         // client may read concurrently is sound for us (no Rust reference into the mapping).
-        unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), self.map.as_mut_ptr().add(range.start), bytes.len()) }
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                bytes.as_ptr(),
+                self.map.as_mut_ptr().add(range.start),
+                bytes.len(),
+            )
+        }
     }
 }
 
@@ -178,14 +225,23 @@ pub struct Negotiated {
 
 /// Reads up to `buf.len()` bytes with `recvmsg`, collecting any SCM_RIGHTS descriptors into
 /// `fds` (extra descriptors are closed when dropped). Returns 0 at end of stream.
-async fn recv_with_fds(stream: &UnixStream, buf: &mut [u8], fds: &mut Vec<OwnedFd>) -> std::io::Result<usize> {
+async fn recv_with_fds(
+    stream: &UnixStream,
+    buf: &mut [u8],
+    fds: &mut Vec<OwnedFd>,
+) -> std::io::Result<usize> {
     loop {
         stream.readable().await?;
         let got = stream.try_io(Interest::READABLE, || {
             let mut space = [MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(2))];
             let mut control = RecvAncillaryBuffer::new(&mut space);
-            let msg = rustix::net::recvmsg(stream.as_fd(), &mut [IoSliceMut::new(buf)], &mut control, RecvFlags::CMSG_CLOEXEC)
-                .map_err(std::io::Error::from)?;
+            let msg = rustix::net::recvmsg(
+                stream.as_fd(),
+                &mut [IoSliceMut::new(buf)],
+                &mut control,
+                RecvFlags::CMSG_CLOEXEC,
+            )
+            .map_err(std::io::Error::from)?;
             for m in control.drain() {
                 if let RecvAncillaryMessage::ScmRights(received) = m {
                     fds.extend(received);
@@ -226,7 +282,10 @@ pub async fn negotiate(stream: &mut UnixStream, segment_id: u64) -> Result<Negot
         Ok(r) => r?,
     }
     if got < 8 || !shm_layout::is_hello_magic(&buf[..8]) {
-        return Ok(Negotiated { prefix: buf[..got].to_vec(), segment: None });
+        return Ok(Negotiated {
+            prefix: buf[..got].to_vec(),
+            segment: None,
+        });
     }
     tokio::time::timeout(HELLO_TIMEOUT, async {
         while got < buf.len() {
@@ -256,9 +315,15 @@ pub async fn negotiate(stream: &mut UnixStream, segment_id: u64) -> Result<Negot
             }
         }
     }
-    let reply = HelloReply { status, segment_id: segment.as_ref().map_or(0, |s| s.id()) };
+    let reply = HelloReply {
+        status,
+        segment_id: segment.as_ref().map_or(0, |s| s.id()),
+    };
     stream.write_all(&reply.encode()).await?;
-    Ok(Negotiated { prefix: Vec::new(), segment })
+    Ok(Negotiated {
+        prefix: Vec::new(),
+        segment,
+    })
 }
 
 /// A unix stream that first yields `prefix` (bytes the pre-handshake read that belong to
@@ -272,7 +337,11 @@ pub struct PrefixedStream {
 impl PrefixedStream {
     /// Wraps `inner`, replaying `prefix` first.
     pub fn new(prefix: Vec<u8>, inner: UnixStream) -> PrefixedStream {
-        PrefixedStream { prefix, pos: 0, inner }
+        PrefixedStream {
+            prefix,
+            pos: 0,
+            inner,
+        }
     }
 
     /// The socket.
@@ -282,7 +351,11 @@ impl PrefixedStream {
 }
 
 impl AsyncRead for PrefixedStream {
-    fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<std::io::Result<()>> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
         if self.pos < self.prefix.len() {
             let n = buf.remaining().min(self.prefix.len() - self.pos);
             let start = self.pos;
@@ -295,7 +368,11 @@ impl AsyncRead for PrefixedStream {
 }
 
 impl AsyncWrite for PrefixedStream {
-    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<std::io::Result<usize>> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
         Pin::new(&mut self.inner).poll_write(cx, buf)
     }
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
@@ -304,7 +381,11 @@ impl AsyncWrite for PrefixedStream {
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
         Pin::new(&mut self.inner).poll_shutdown(cx)
     }
-    fn poll_write_vectored(mut self: Pin<&mut Self>, cx: &mut Context<'_>, bufs: &[std::io::IoSlice<'_>]) -> Poll<std::io::Result<usize>> {
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
         Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
     }
     fn is_write_vectored(&self) -> bool {

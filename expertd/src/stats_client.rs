@@ -30,18 +30,27 @@ pub async fn fetch(socket: PathBuf) -> anyhow::Result<pb::StatsResponse> {
         .timeout(TIMEOUT)
         .connect_with_connector(tower::service_fn(move |_| {
             let path = path.clone();
-            async move { Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(tokio::net::UnixStream::connect(path).await?)) }
+            async move {
+                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(
+                    tokio::net::UnixStream::connect(path).await?,
+                ))
+            }
         }))
         .await
         .with_context(|| format!("connecting to expertd at {}", socket.display()))?;
     let mut client = ExpertServiceClient::new(channel);
-    let stats = client.stats(pb::StatsRequest {}).await.with_context(|| format!("Stats from expertd at {}", socket.display()))?;
+    let stats = client
+        .stats(pb::StatsRequest {})
+        .await
+        .with_context(|| format!("Stats from expertd at {}", socket.display()))?;
     Ok(stats.into_inner())
 }
 
 /// Runs `expertd stats`.
 pub fn stats(args: &StatsArgs) -> anyhow::Result<()> {
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
     let stats = rt.block_on(fetch(args.socket.clone()))?;
     if args.raw {
         println!("{stats:#?}");

@@ -15,7 +15,9 @@ pub enum ActivationError {
     #[error("socket activation: {0}")]
     Env(std::io::Error),
     /// More or fewer than one descriptor was passed.
-    #[error("socket activation passed {0} descriptors; expertd takes exactly one (one ListenStream= in the .socket unit)")]
+    #[error(
+        "socket activation passed {0} descriptors; expertd takes exactly one (one ListenStream= in the .socket unit)"
+    )]
     Count(usize),
     /// The descriptor is not what the daemon serves on.
     #[error("socket activation: descriptor {fd} {what}")]
@@ -26,7 +28,9 @@ pub enum ActivationError {
         what: String,
     },
     /// The inherited socket is bound elsewhere than `--socket`.
-    #[error("the inherited socket is bound at {bound}, but --socket says {wanted}; make ListenStream= and EXPERTD_SOCKET name the same path")]
+    #[error(
+        "the inherited socket is bound at {bound}, but --socket says {wanted}; make ListenStream= and EXPERTD_SOCKET name the same path"
+    )]
     PathMismatch {
         /// Where the inherited socket is bound.
         bound: String,
@@ -60,8 +64,13 @@ pub struct Inherited {
 /// `socket` (when given) whose file grants write (connect) permission to no class of users that
 /// `mode` does not: the same policy as a socket the daemon binds itself. Peer-credential allow
 /// lists apply to its connections as to any other.
-pub fn inherited_listener(socket: Option<&Path>, mode: u32) -> Result<Option<Inherited>, ActivationError> {
-    let fds: Vec<RawFd> = sd_notify::listen_fds().map_err(ActivationError::Env)?.collect();
+pub fn inherited_listener(
+    socket: Option<&Path>,
+    mode: u32,
+) -> Result<Option<Inherited>, ActivationError> {
+    let fds: Vec<RawFd> = sd_notify::listen_fds()
+        .map_err(ActivationError::Env)?
+        .collect();
     if fds.is_empty() {
         return Ok(None);
     }
@@ -74,29 +83,57 @@ pub fn inherited_listener(socket: Option<&Path>, mode: u32) -> Result<Option<Inh
     let owned = unsafe { OwnedFd::from_raw_fd(fd) };
     let unusable = |what: String| ActivationError::Unusable { fd, what };
     use rustix::net::sockopt;
-    let ty = sockopt::socket_type(&owned).map_err(|e| unusable(format!("is not a socket ({e})")))?;
+    let ty =
+        sockopt::socket_type(&owned).map_err(|e| unusable(format!("is not a socket ({e})")))?;
     if ty != rustix::net::SocketType::STREAM {
-        return Err(unusable(format!("is a {ty:?} socket, not a stream socket (ListenStream=)")));
+        return Err(unusable(format!(
+            "is a {ty:?} socket, not a stream socket (ListenStream=)"
+        )));
     }
     if !sockopt::socket_acceptconn(&owned).map_err(|e| unusable(format!("SO_ACCEPTCONN: {e}")))? {
         return Err(unusable("is not listening".into()));
     }
-    let addr = rustix::net::getsockname(&owned).map_err(|e| unusable(format!("getsockname: {e}")))?;
-    let unix = rustix::net::SocketAddrUnix::try_from(addr).map_err(|_| unusable("is not a unix socket (ListenStream= must be a path)".into()))?;
-    let path = unix.path().map(|p| PathBuf::from(p.to_string_lossy().into_owned())).ok_or_else(|| unusable("is an abstract or unnamed unix socket; give ListenStream= a path".into()))?;
+    let addr =
+        rustix::net::getsockname(&owned).map_err(|e| unusable(format!("getsockname: {e}")))?;
+    let unix = rustix::net::SocketAddrUnix::try_from(addr)
+        .map_err(|_| unusable("is not a unix socket (ListenStream= must be a path)".into()))?;
+    let path = unix
+        .path()
+        .map(|p| PathBuf::from(p.to_string_lossy().into_owned()))
+        .ok_or_else(|| {
+            unusable("is an abstract or unnamed unix socket; give ListenStream= a path".into())
+        })?;
     if let Some(wanted) = socket
         && std::fs::canonicalize(wanted).ok() != std::fs::canonicalize(&path).ok()
     {
-        return Err(ActivationError::PathMismatch { bound: path.display().to_string(), wanted: wanted.display().to_string() });
+        return Err(ActivationError::PathMismatch {
+            bound: path.display().to_string(),
+            wanted: wanted.display().to_string(),
+        });
     }
     use std::os::unix::fs::PermissionsExt;
-    let actual = std::fs::metadata(&path).map_err(|e| unusable(format!("is bound at {}, which cannot be read: {e}", path.display())))?.permissions().mode() & 0o777;
+    let actual = std::fs::metadata(&path)
+        .map_err(|e| {
+            unusable(format!(
+                "is bound at {}, which cannot be read: {e}",
+                path.display()
+            ))
+        })?
+        .permissions()
+        .mode()
+        & 0o777;
     // Connecting to a unix socket needs write permission on its file: compare the write bits.
     if actual & 0o222 & !(mode & 0o222) != 0 {
-        return Err(ActivationError::TooOpen { path: path.display().to_string(), actual, wanted: mode });
+        return Err(ActivationError::TooOpen {
+            path: path.display().to_string(),
+            actual,
+            wanted: mode,
+        });
     }
     let listener = std::os::unix::net::UnixListener::from(owned);
-    listener.set_nonblocking(true).map_err(|e| unusable(format!("set_nonblocking: {e}")))?;
+    listener
+        .set_nonblocking(true)
+        .map_err(|e| unusable(format!("set_nonblocking: {e}")))?;
     Ok(Some(Inherited { listener, path }))
 }
 
@@ -107,12 +144,18 @@ pub fn status(text: &str) {
 
 /// Tells the service manager (if any) the daemon can serve, with a status line.
 pub fn ready(text: &str) {
-    notify(&[sd_notify::NotifyState::Ready, sd_notify::NotifyState::Status(text)]);
+    notify(&[
+        sd_notify::NotifyState::Ready,
+        sd_notify::NotifyState::Status(text),
+    ]);
 }
 
 /// Tells the service manager (if any) the daemon is draining.
 pub fn stopping() {
-    notify(&[sd_notify::NotifyState::Stopping, sd_notify::NotifyState::Status("draining: finishing in-flight calls")]);
+    notify(&[
+        sd_notify::NotifyState::Stopping,
+        sd_notify::NotifyState::Status("draining: finishing in-flight calls"),
+    ]);
 }
 
 fn notify(states: &[sd_notify::NotifyState<'_>]) {

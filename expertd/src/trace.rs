@@ -195,7 +195,9 @@ pub enum TraceError {
     #[error("an earlier write to the route trace failed ({0}); the trace is incomplete")]
     Broken(String),
     /// The header names another format or an unsupported version.
-    #[error("route trace header: format {format:?} version {version} is not {TRACE_FORMAT:?} version {TRACE_VERSION}")]
+    #[error(
+        "route trace header: format {format:?} version {version} is not {TRACE_FORMAT:?} version {TRACE_VERSION}"
+    )]
     Version {
         /// The header's format string.
         format: String,
@@ -219,7 +221,12 @@ pub struct TraceWriter {
 impl TraceWriter {
     /// A writer into `out`.
     pub fn new(out: Box<dyn Write + Send>) -> TraceWriter {
-        TraceWriter { out: BufWriter::with_capacity(WRITER_BUFFER_BYTES, out), spare: Vec::new(), header_written: false, failed: None }
+        TraceWriter {
+            out: BufWriter::with_capacity(WRITER_BUFFER_BYTES, out),
+            spare: Vec::new(),
+            header_written: false,
+            failed: None,
+        }
     }
 
     /// A writer into a new (or truncated) file at `path`.
@@ -294,27 +301,40 @@ impl Trace {
             if line.trim().is_empty() {
                 continue;
             }
-            let ev: TraceEvent = serde_json::from_str(&line).map_err(|source| TraceError::Parse { line: i + 1, source })?;
+            let ev: TraceEvent =
+                serde_json::from_str(&line).map_err(|source| TraceError::Parse {
+                    line: i + 1,
+                    source,
+                })?;
             match (ev, &header) {
                 (TraceEvent::Header(h), None) => {
                     if h.format != TRACE_FORMAT || h.version != TRACE_VERSION {
-                        return Err(TraceError::Version { format: h.format, version: h.version });
+                        return Err(TraceError::Version {
+                            format: h.format,
+                            version: h.version,
+                        });
                     }
                     header = Some(h);
                 }
-                (TraceEvent::Header(_), Some(_)) => return Err(TraceError::SecondHeader { line: i + 1 }),
+                (TraceEvent::Header(_), Some(_)) => {
+                    return Err(TraceError::SecondHeader { line: i + 1 });
+                }
                 (ev, None) => {
                     let found = match ev {
                         TraceEvent::Acquire(_) => "an acquire event",
                         TraceEvent::Release(_) => "a release event",
-                        TraceEvent::ReleaseSession(_) | TraceEvent::Header(_) => "a release_session event",
+                        TraceEvent::ReleaseSession(_) | TraceEvent::Header(_) => {
+                            "a release_session event"
+                        }
                     };
                     return Err(TraceError::MissingHeader { found });
                 }
                 (ev, Some(_)) => events.push(ev),
             }
         }
-        let header = header.ok_or(TraceError::MissingHeader { found: "an empty file" })?;
+        let header = header.ok_or(TraceError::MissingHeader {
+            found: "an empty file",
+        })?;
         Ok(Trace { header, events })
     }
 

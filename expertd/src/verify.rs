@@ -8,8 +8,8 @@
 use rayon::prelude::*;
 use shared::checkpoint::Checkpoint;
 use shared::container::{
-    BlobAt, CONTAINER_FILE, ContainerError, ExpertBlob, ExpertDims, Header, ModelIdentity, VersionedMagic, check_blob, index,
-    read_full_at, read_header,
+    BlobAt, CONTAINER_FILE, ContainerError, ExpertBlob, ExpertDims, Header, ModelIdentity,
+    VersionedMagic, check_blob, index, read_full_at, read_header,
 };
 use shared::ids::{ExpertId, LayerId};
 use shared::kernels::int8::MatrixError;
@@ -49,7 +49,9 @@ pub enum Problem {
         error: MatrixError,
     },
     /// The container was made from another model than `--model`.
-    #[error("identity mismatch: the container's is {container}, {model}'s is {checkpoint} (differs in: {differing})")]
+    #[error(
+        "identity mismatch: the container's is {container}, {model}'s is {checkpoint} (differs in: {differing})"
+    )]
     Identity {
         /// The container's identity.
         container: ModelIdentity,
@@ -101,11 +103,23 @@ impl VerifyReport {
 /// Verifies `opts.dir/experts.sluice`. Only failing to open the file at all is an `Err`; every
 /// problem with its contents is in the report. `on_blob_bytes` is called (from any thread) with
 /// the bytes of each blob checked.
-pub fn verify(opts: &VerifyOptions, on_blob_bytes: &(dyn Fn(u64) + Sync)) -> Result<VerifyReport, ContainerError> {
+pub fn verify(
+    opts: &VerifyOptions,
+    on_blob_bytes: &(dyn Fn(u64) + Sync),
+) -> Result<VerifyReport, ContainerError> {
     let start = Instant::now();
     let path = opts.dir.join(CONTAINER_FILE);
-    let file = File::open(&path).map_err(|e| ContainerError::Io { path: path.clone(), message: e.to_string() })?;
-    let file_len = file.metadata().map_err(|e| ContainerError::Io { path: path.clone(), message: e.to_string() })?.len();
+    let file = File::open(&path).map_err(|e| ContainerError::Io {
+        path: path.clone(),
+        message: e.to_string(),
+    })?;
+    let file_len = file
+        .metadata()
+        .map_err(|e| ContainerError::Io {
+            path: path.clone(),
+            message: e.to_string(),
+        })?
+        .len();
     let mut report = VerifyReport {
         path: path.clone(),
         file_len,
@@ -130,18 +144,30 @@ pub fn verify(opts: &VerifyOptions, on_blob_bytes: &(dyn Fn(u64) + Sync)) -> Res
     }
     let layout = header.layout;
     if file_len != layout.file_bytes {
-        report.problems.push(ContainerError::FileLength { found: file_len, expected: layout.file_bytes }.into());
+        report.problems.push(
+            ContainerError::FileLength {
+                found: file_len,
+                expected: layout.file_bytes,
+            }
+            .into(),
+        );
     }
     // An unfinished file has no index yet: its blobs are checked against their own trailers.
     let mut entries = Vec::new();
     if header.magic == VersionedMagic::CompleteV1 {
         let mut region = vec![0u8; index::region_bytes(&layout)];
-        let got = read_full_at(&file, &mut region, layout.index_offset)
-            .map_err(|e| ContainerError::Io { path: path.clone(), message: e.to_string() })?;
+        let got = read_full_at(&file, &mut region, layout.index_offset).map_err(|e| {
+            ContainerError::Io {
+                path: path.clone(),
+                message: e.to_string(),
+            }
+        })?;
         region.truncate(got);
         let (found, index_problems) = index::check_index(&header, &region);
         entries = found;
-        report.problems.extend(index_problems.into_iter().map(Problem::from));
+        report
+            .problems
+            .extend(index_problems.into_iter().map(Problem::from));
     }
 
     let n_experts = layout.dims.n_experts;
@@ -153,11 +179,21 @@ pub fn verify(opts: &VerifyOptions, on_blob_bytes: &(dyn Fn(u64) + Sync)) -> Res
             for i in l * n_experts..(l + 1) * n_experts {
                 let (layer, expert) = layout.blob_ids(i);
                 let offset = layout.blob_offset_at(i);
-                let at = BlobAt { layer, expert, offset };
+                let at = BlobAt {
+                    layer,
+                    expert,
+                    offset,
+                };
                 let got = match read_full_at(&file, &mut buf, offset) {
                     Ok(n) => n,
                     Err(e) => {
-                        problems.push(ContainerError::Io { path: path.clone(), message: format!("layer {layer} expert {expert}: {e}") }.into());
+                        problems.push(
+                            ContainerError::Io {
+                                path: path.clone(),
+                                message: format!("layer {layer} expert {expert}: {e}"),
+                            }
+                            .into(),
+                        );
                         continue;
                     }
                 };
@@ -192,7 +228,10 @@ pub fn verify(opts: &VerifyOptions, on_blob_bytes: &(dyn Fn(u64) + Sync)) -> Res
                     });
                 }
             }
-            Err(reason) => report.problems.push(Problem::Model { model: model.display().to_string(), reason }),
+            Err(reason) => report.problems.push(Problem::Model {
+                model: model.display().to_string(),
+                reason,
+            }),
         }
     }
     report.elapsed = start.elapsed();
@@ -203,12 +242,22 @@ pub fn verify(opts: &VerifyOptions, on_blob_bytes: &(dyn Fn(u64) + Sync)) -> Res
 fn deep_check(buf: &[u8], layout: &shared::container::BlobLayout, at: BlobAt) -> Vec<Problem> {
     let mut problems = Vec::new();
     // The checksum was verified just before; pass the trailer so `parse` accepts it.
-    let trailer = u64::from_le_bytes(buf[layout.checksum_offset..layout.content_bytes].try_into().unwrap_or([0; 8]));
+    let trailer = u64::from_le_bytes(
+        buf[layout.checksum_offset..layout.content_bytes]
+            .try_into()
+            .unwrap_or([0; 8]),
+    );
     match ExpertBlob::parse(buf, layout, at, trailer) {
         Ok(blob) => {
             for (part, m) in [("gate_up", blob.gate_up), ("down", blob.down)] {
                 if let Err(error) = m.verify() {
-                    problems.push(Problem::Matrix { layer: at.layer, expert: at.expert, offset: at.offset, part, error });
+                    problems.push(Problem::Matrix {
+                        layer: at.layer,
+                        expert: at.expert,
+                        offset: at.offset,
+                        part,
+                        error,
+                    });
                 }
             }
         }

@@ -9,14 +9,20 @@ use hostd::model::causal::{self, Heads, reference};
 use shared::kernels::Isa;
 use std::time::Instant;
 
-const HEADS: Heads = Heads { nq: 16, nkv: 2, dh: 256 };
+const HEADS: Heads = Heads {
+    nq: 16,
+    nkv: 2,
+    dh: 256,
+};
 const BLOCK: usize = 512;
 const DECODE_STEPS: usize = 8;
 
 /// Deterministic values in [-1, 1).
 fn values(n: usize, seed: u64) -> Vec<f32> {
     let mut r = shared::splitmix::SplitMix64::new(seed);
-    (0..n).map(|_| (r.next_u64() >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0).collect()
+    (0..n)
+        .map(|_| (r.next_u64() >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0)
+        .collect()
 }
 
 fn run(kernel: &str, q: &[f32], n: usize, start: usize, k: &[f32], v: &[f32]) -> f32 {
@@ -36,8 +42,12 @@ fn run(kernel: &str, q: &[f32], n: usize, start: usize, k: &[f32], v: &[f32]) ->
 }
 
 fn main() {
-    let args: Vec<String> = std::env::args().skip(1).filter(|a| a != "--bench").collect();
-    let [kernel, mode, len] = <[String; 3]>::try_from(args).expect("usage: [tiled|naive] [prefill T | decode DEPTH]");
+    let args: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| a != "--bench")
+        .collect();
+    let [kernel, mode, len] =
+        <[String; 3]>::try_from(args).expect("usage: [tiled|naive] [prefill T | decode DEPTH]");
     let len: usize = len.parse().expect("a token count");
     let per_pos = HEADS.nkv * HEADS.dh;
     let total = len + DECODE_STEPS;
@@ -51,7 +61,14 @@ fn main() {
             let mut start = 0;
             while start < len {
                 let n = BLOCK.min(len - start);
-                sink += run(&kernel, &q[start * qrow..(start + n) * qrow], n, start, &k, &v);
+                sink += run(
+                    &kernel,
+                    &q[start * qrow..(start + n) * qrow],
+                    n,
+                    start,
+                    &k,
+                    &v,
+                );
                 start += n;
             }
             ("prefill_s", 1)
@@ -66,7 +83,11 @@ fn main() {
         other => panic!("mode {other:?}: expected prefill or decode"),
     };
     let secs = t0.elapsed().as_secs_f64();
-    let value = if per == 1 { secs } else { secs * 1e3 / per as f64 };
+    let value = if per == 1 {
+        secs
+    } else {
+        secs * 1e3 / per as f64
+    };
     println!(
         "{{\"kernel\":\"{kernel}\",\"mode\":\"{mode}\",\"tokens\":{len},\"{what}\":{value:.4},\"threads\":{},\"isa\":\"{}\",\"sink\":{sink}}}",
         rayon::current_num_threads(),

@@ -250,7 +250,9 @@ pub fn render_with_tools(
             }
             Role::Tool => {
                 let prev = index.checked_sub(1).map(|p| messages[p].role == Role::Tool);
-                let next = messages.get(index + 1).is_some_and(|m| m.role == Role::Tool);
+                let next = messages
+                    .get(index + 1)
+                    .is_some_and(|m| m.role == Role::Tool);
                 tools::push_tool_response(&mut out, content, prev, next);
             }
         }

@@ -35,7 +35,12 @@ pub struct PromptEval {
 }
 
 /// Prefill in blocks of `chunk` rows, then `n_new` greedy steps ([`argmax`], no stop ids).
-pub fn eval_prompt(model: &Model, ids: &[u32], n_new: usize, chunk: usize) -> Result<PromptEval, EvalError> {
+pub fn eval_prompt(
+    model: &Model,
+    ids: &[u32],
+    n_new: usize,
+    chunk: usize,
+) -> Result<PromptEval, EvalError> {
     let n_layers = model.config().num_layers;
     let vocab = model.config().vocab_size;
     let mut state = model.new_state();
@@ -59,13 +64,24 @@ pub fn eval_prompt(model: &Model, ids: &[u32], n_new: usize, chunk: usize) -> Re
     for step in 0..n_new {
         if step > 0 {
             let mut r = Vec::with_capacity(n_layers);
-            last = model.forward(&mut state, &[greedy_ids[step - 1]], Logits::Last, Some(&mut r))?;
+            last = model.forward(
+                &mut state,
+                &[greedy_ids[step - 1]],
+                Logits::Last,
+                Some(&mut r),
+            )?;
             merge_routes(&mut greedy_routes, r);
         }
         greedy_ids.push(argmax(&last));
         greedy_logits.extend_from_slice(&last);
     }
-    Ok(PromptEval { prompt_logits, greedy_ids, greedy_logits, prompt_routes, greedy_routes })
+    Ok(PromptEval {
+        prompt_logits,
+        greedy_ids,
+        greedy_logits,
+        prompt_routes,
+        greedy_routes,
+    })
 }
 
 /// Appends one call's per-layer routes to the running per-layer lists.

@@ -77,7 +77,10 @@ pub fn generate_greedy(
     let limit = prompt.len() + opts.max_new_tokens;
     let max = model.config().max_position_embeddings;
     if prompt.len() > max {
-        return Err(ModelError::ContextExceeded { needed: prompt.len(), max });
+        return Err(ModelError::ContextExceeded {
+            needed: prompt.len(),
+            max,
+        });
     }
     let start = Instant::now();
     let mut state = model.new_state();

@@ -3,8 +3,8 @@
 //! them.
 
 pub mod chat_template;
-pub mod constraint;
 pub mod cli;
+pub mod constraint;
 pub mod engine;
 pub mod eval;
 pub mod expert_client;

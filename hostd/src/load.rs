@@ -7,20 +7,23 @@
 //! rayon pool and names the client. Errors are [`LoadError`], worded after the flags.
 
 use crate::expert_client::shards::ShardError;
-use crate::expert_client::{CaCertificate, ClientOptions, Endpoint, ExpertClientError, ExpertdClient, Prefetch, PrivateDaemon, PrivateOptions, ShardSpec, ShardedExperts};
+use crate::expert_client::{
+    CaCertificate, ClientOptions, Endpoint, ExpertClientError, ExpertdClient, Prefetch,
+    PrivateDaemon, PrivateOptions, ShardSpec, ShardedExperts,
+};
 use crate::experts::int8::Int8LoadError;
-use crate::model::ModelError;
-use crate::model::weights::WeightsError;
-use crate::tokenizer::{Tokenizer, TokenizerError};
-use shared::container::ContainerError;
 use crate::experts::{ExpertBackend, bf16::Bf16Experts, int8::Int8Experts};
-use shared::container::ModelIdentity;
-use shared::kernels::int8::Int8Isa;
 use crate::model::Model;
+use crate::model::ModelError;
 use crate::model::keep_awake::Awake;
 use crate::model::linear::DenseFormat;
 use crate::model::weights::MappedCheckpoint;
+use crate::model::weights::WeightsError;
+use crate::tokenizer::{Tokenizer, TokenizerError};
+use shared::container::ContainerError;
+use shared::container::ModelIdentity;
 use shared::kernels::Isa;
+use shared::kernels::int8::Int8Isa;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -122,7 +125,9 @@ pub struct ExpertdOptions {
 
 /// A duration in seconds: finite, ≥ 0, at most a day.
 fn seconds(s: &str) -> Result<f64, String> {
-    let v: f64 = s.parse().map_err(|_| format!("{s:?} is not a number of seconds"))?;
+    let v: f64 = s
+        .parse()
+        .map_err(|_| format!("{s:?} is not a number of seconds"))?;
     if !(0.0..=86_400.0).contains(&v) {
         return Err(format!("{v} s is outside 0..=86400"));
     }
@@ -276,7 +281,10 @@ fn flags(message: impl Into<String>) -> LoadError {
 pub fn load_tokenizer(model: &Path) -> Result<Tokenizer, LoadError> {
     Tokenizer::from_model_dir(model).map_err(|e| match e {
         e @ TokenizerError::ModelDir { .. } => LoadError::ModelDir(e),
-        source => LoadError::Tokenizer { dir: model.to_path_buf(), source },
+        source => LoadError::Tokenizer {
+            dir: model.to_path_buf(),
+            source,
+        },
     })
 }
 
@@ -284,7 +292,11 @@ pub fn load_tokenizer(model: &Path) -> Result<Tokenizer, LoadError> {
 /// experts themselves are read by expertd).
 fn container_fingerprint(dir: &Path) -> Result<u64, LoadError> {
     let path = dir.join(shared::container::CONTAINER_FILE);
-    let file = std::fs::File::open(&path).map_err(|source| LoadError::File { what: "opening", path: path.clone(), source })?;
+    let file = std::fs::File::open(&path).map_err(|source| LoadError::File {
+        what: "opening",
+        path: path.clone(),
+        source,
+    })?;
     let (header, _) = shared::container::read_header(&file, &path)?;
     Ok(header.fingerprint())
 }
@@ -292,7 +304,10 @@ fn container_fingerprint(dir: &Path) -> Result<u64, LoadError> {
 /// The `--expertd` arguments, parsed, each TCP endpoint checked against the TLS flags.
 fn shard_specs(e: &ExpertdOptions) -> Result<Vec<ShardSpec>, LoadError> {
     let ca = match &e.expertd_ca_file {
-        Some(p) => Some(CaCertificate::read(p).map_err(|source| LoadError::CaFile { path: p.clone(), source })?),
+        Some(p) => Some(CaCertificate::read(p).map_err(|source| LoadError::CaFile {
+            path: p.clone(),
+            source,
+        })?),
         None => None,
     };
     let mut specs = Vec::with_capacity(e.expertd_uri.len());
@@ -300,11 +315,15 @@ fn shard_specs(e: &ExpertdOptions) -> Result<Vec<ShardSpec>, LoadError> {
         let mut spec = ShardSpec::parse(arg).map_err(|m| flags(format!("--expertd {m}")))?;
         match &spec.endpoint {
             Endpoint::Tcp { tls: true, .. } if ca.is_none() => {
-                return Err(flags(format!("--expertd {arg} is TLS (https://) and needs --expertd-ca-file: the CA that signed the daemon's certificate")));
+                return Err(flags(format!(
+                    "--expertd {arg} is TLS (https://) and needs --expertd-ca-file: the CA that signed the daemon's certificate"
+                )));
             }
-            Endpoint::Tcp { tls: false, .. } if !e.expertd_insecure => return Err(flags(format!(
-                "--expertd {arg} is plain TCP (http://): the token and activations would cross the network unencrypted; use https:// (expertd serve --tls-cert/--tls-key) or pass --expertd-insecure on a network you trust"
-            ))),
+            Endpoint::Tcp { tls: false, .. } if !e.expertd_insecure => {
+                return Err(flags(format!(
+                    "--expertd {arg} is plain TCP (http://): the token and activations would cross the network unencrypted; use https:// (expertd serve --tls-cert/--tls-key) or pass --expertd-insecure on a network you trust"
+                )));
+            }
             _ => {}
         }
         spec.endpoint = spec.endpoint.with_ca(ca.clone());
@@ -315,7 +334,11 @@ fn shard_specs(e: &ExpertdOptions) -> Result<Vec<ShardSpec>, LoadError> {
 
 /// Connects the expertd backend: one daemon, several daemons each serving its layers, or a
 /// private daemon when no `--expertd` is given.
-fn expertd_backend(args: &LoadOptions, mapped: &MappedCheckpoint, client_name: &str) -> Result<Arc<dyn ExpertBackend>, LoadError> {
+fn expertd_backend(
+    args: &LoadOptions,
+    mapped: &MappedCheckpoint,
+    client_name: &str,
+) -> Result<Arc<dyn ExpertBackend>, LoadError> {
     let e = &args.expertd;
     let cfg = &mapped.ckpt.config.text;
     let identity = ModelIdentity::of_checkpoint(&mapped.ckpt)?;
@@ -331,7 +354,8 @@ fn expertd_backend(args: &LoadOptions, mapped: &MappedCheckpoint, client_name: &
                 model: args.model.clone(),
                 container: dir.clone(),
                 cache_bytes: e.expertd_cache_bytes,
-                host_bytes: shared::sizes::ModelSizes::from_config(cfg).dense_bytes_bf16 + args.host_extra_bytes,
+                host_bytes: shared::sizes::ModelSizes::from_config(cfg).dense_bytes_bf16
+                    + args.host_extra_bytes,
                 threads: args.threads,
                 extra_args: e.expertd_daemon_args.clone(),
             };
@@ -341,20 +365,45 @@ fn expertd_backend(args: &LoadOptions, mapped: &MappedCheckpoint, client_name: &
     };
     let expected_fingerprint = match (&e.expertd_fingerprint, &args.container) {
         (Some(hex), _) => {
-            let v = u64::from_str_radix(hex.trim_start_matches("0x"), 16).map_err(|source| LoadError::Fingerprint { hex: hex.clone(), source })?;
+            let v = u64::from_str_radix(hex.trim_start_matches("0x"), 16).map_err(|source| {
+                LoadError::Fingerprint {
+                    hex: hex.clone(),
+                    source,
+                }
+            })?;
             Some((v, "from --expertd-fingerprint".to_string()))
         }
-        (None, Some(dir)) => Some((container_fingerprint(dir)?, format!("the header of {}", dir.join(shared::container::CONTAINER_FILE).display()))),
+        (None, Some(dir)) => Some((
+            container_fingerprint(dir)?,
+            format!(
+                "the header of {}",
+                dir.join(shared::container::CONTAINER_FILE).display()
+            ),
+        )),
         (None, None) => None,
     };
     let token = match &e.expertd_token_file {
-        Some(p) => Some(std::fs::read_to_string(p).map_err(|source| LoadError::File { what: "reading", path: p.clone(), source })?.trim().to_string()),
+        Some(p) => Some(
+            std::fs::read_to_string(p)
+                .map_err(|source| LoadError::File {
+                    what: "reading",
+                    path: p.clone(),
+                    source,
+                })?
+                .trim()
+                .to_string(),
+        ),
         None => None,
     };
-    if let Some(tcp) = specs.iter().find(|s| matches!(s.endpoint, Endpoint::Tcp { .. }))
+    if let Some(tcp) = specs
+        .iter()
+        .find(|s| matches!(s.endpoint, Endpoint::Tcp { .. }))
         && token.is_none()
     {
-        return Err(flags(format!("--expertd {} is TCP and needs --expertd-token-file", tcp.endpoint)));
+        return Err(flags(format!(
+            "--expertd {} is TCP and needs --expertd-token-file",
+            tcp.endpoint
+        )));
     }
     let mut opts = ClientOptions::new(endpoint, cfg.num_layers, cfg.num_experts, cfg.hidden_size);
     opts.token = token;
@@ -398,10 +447,21 @@ pub fn load_model(args: &LoadOptions, client_name: &str) -> Result<Model, LoadEr
         tracing::warn!("{warning}");
     }
     let isa = selection.active;
-    tracing::info!(isa = isa.name(), threads = rayon::current_num_threads(), "kernels");
-    let mapped = MappedCheckpoint::open(&args.model).map_err(|source| LoadError::Checkpoint { dir: args.model.clone(), source: Box::new(source) })?;
+    tracing::info!(
+        isa = isa.name(),
+        threads = rayon::current_num_threads(),
+        "kernels"
+    );
+    let mapped = MappedCheckpoint::open(&args.model).map_err(|source| LoadError::Checkpoint {
+        dir: args.model.clone(),
+        source: Box::new(source),
+    })?;
     let kind = match (args.experts, args.expertd.expertd_uri.is_empty()) {
-        (ExpertsKind::Int8, false) => return Err(flags("--expertd URI selects the expertd backend; it conflicts with --experts int8")),
+        (ExpertsKind::Int8, false) => {
+            return Err(flags(
+                "--expertd URI selects the expertd backend; it conflicts with --experts int8",
+            ));
+        }
         (_, false) => ExpertsKind::Expertd,
         (k, true) => k,
     };
@@ -427,6 +487,10 @@ pub fn load_model(args: &LoadOptions, client_name: &str) -> Result<Model, LoadEr
         KeepAwake::Yield => model.set_keep_awake(Awake::Yield),
         KeepAwake::Off => model.set_keep_awake(Awake::Off),
     }
-    tracing::info!(dense = dense.name(), load_s = t.elapsed().as_secs_f64(), "dense weights loaded");
+    tracing::info!(
+        dense = dense.name(),
+        load_s = t.elapsed().as_secs_f64(),
+        "dense weights loaded"
+    );
     Ok(model)
 }

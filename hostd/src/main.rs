@@ -37,8 +37,15 @@ enum Command {
 fn main() -> std::process::ExitCode {
     hostd::cli::init_tracing();
     let command = Cli::parse().command;
-    if cfg!(debug_assertions) && matches!(command, Command::Run(_) | Command::Serve(_) | Command::Bench(_) | Command::Profile(_)) {
-        tracing::warn!("this hostd is a debug build: the model runs several times slower than in the release build (scripts/build, then target/release/hostd)");
+    if cfg!(debug_assertions)
+        && matches!(
+            command,
+            Command::Run(_) | Command::Serve(_) | Command::Bench(_) | Command::Profile(_)
+        )
+    {
+        tracing::warn!(
+            "this hostd is a debug build: the model runs several times slower than in the release build (scripts/build, then target/release/hostd)"
+        );
     }
     let result = match command {
         Command::Inspect(args) => hostd::cli::inspect::run(&args),

@@ -47,7 +47,13 @@ pub struct PrefixCache<S> {
 impl<S: Clone> PrefixCache<S> {
     /// An empty cache holding at most `capacity_bytes`; 0 disables it.
     pub fn new(capacity_bytes: usize) -> PrefixCache<S> {
-        PrefixCache { capacity_bytes, entries: Vec::new(), by_first: HashMap::new(), clock: 0, stats: PrefixCacheStats::default() }
+        PrefixCache {
+            capacity_bytes,
+            entries: Vec::new(),
+            by_first: HashMap::new(),
+            clock: 0,
+            stats: PrefixCacheStats::default(),
+        }
     }
 
     /// The byte budget.
@@ -57,23 +63,30 @@ impl<S: Clone> PrefixCache<S> {
 
     /// Current counters.
     pub fn stats(&self) -> PrefixCacheStats {
-        PrefixCacheStats { entries: self.entries.len(), bytes: self.entries.iter().map(|e| e.bytes).sum(), ..self.stats }
+        PrefixCacheStats {
+            entries: self.entries.len(),
+            bytes: self.entries.iter().map(|e| e.bytes).sum(),
+            ..self.stats
+        }
     }
 
     /// The longest entry whose tokens are a proper prefix of `prompt`: returns how many prompt
     /// tokens it covers and a clone of its state (the entry stays, so identical concurrent
     /// prompts all reuse it). Marks the entry recently used.
     pub fn lookup(&mut self, prompt: &[u32]) -> Option<(usize, S)> {
-        let best = prompt.first().and_then(|first| self.by_first.get(first)).and_then(|candidates| {
-            candidates
-                .iter()
-                .copied()
-                .filter(|&i| {
-                    let t = &self.entries[i].tokens;
-                    t.len() < prompt.len() && prompt.starts_with(t)
-                })
-                .max_by_key(|&i| (self.entries[i].tokens.len(), self.entries[i].last_used))
-        });
+        let best = prompt
+            .first()
+            .and_then(|first| self.by_first.get(first))
+            .and_then(|candidates| {
+                candidates
+                    .iter()
+                    .copied()
+                    .filter(|&i| {
+                        let t = &self.entries[i].tokens;
+                        t.len() < prompt.len() && prompt.starts_with(t)
+                    })
+                    .max_by_key(|&i| (self.entries[i].tokens.len(), self.entries[i].last_used))
+            });
         match best {
             Some(i) => {
                 self.clock += 1;
@@ -104,7 +117,12 @@ impl<S: Clone> PrefixCache<S> {
             e.bytes = bytes;
             e.last_used = self.clock;
         } else {
-            self.entries.push(Entry { tokens, state, bytes, last_used: self.clock });
+            self.entries.push(Entry {
+                tokens,
+                state,
+                bytes,
+                last_used: self.clock,
+            });
             self.reindex();
         }
         self.evict_to(self.capacity_bytes);
@@ -118,14 +136,20 @@ impl<S: Clone> PrefixCache<S> {
     }
 
     fn find_exact(&self, tokens: &[u32]) -> Option<usize> {
-        self.by_first.get(tokens.first()?)?.iter().copied().find(|&i| self.entries[i].tokens == tokens)
+        self.by_first
+            .get(tokens.first()?)?
+            .iter()
+            .copied()
+            .find(|&i| self.entries[i].tokens == tokens)
     }
 
     fn evict_to(&mut self, budget: usize) {
         let mut total: usize = self.entries.iter().map(|e| e.bytes).sum();
         let mut evicted = false;
         while total > budget {
-            let Some(i) = (0..self.entries.len()).min_by_key(|&i| self.entries[i].last_used) else { break };
+            let Some(i) = (0..self.entries.len()).min_by_key(|&i| self.entries[i].last_used) else {
+                break;
+            };
             total -= self.entries[i].bytes;
             self.entries.swap_remove(i);
             self.stats.evictions += 1;
@@ -157,7 +181,11 @@ mod tests {
     }
 
     fn check_lookup(c: &mut PrefixCache<String>, prompt: &[u32], expect: Option<usize>) {
-        assert_eq!(c.lookup(prompt).map(|(n, _)| n), expect, "prompt {prompt:?}");
+        assert_eq!(
+            c.lookup(prompt).map(|(n, _)| n),
+            expect,
+            "prompt {prompt:?}"
+        );
     }
 
     #[test]
@@ -171,13 +199,19 @@ mod tests {
         check_lookup(&mut c, &[2, 1], None);
         check_lookup(&mut c, &[], None);
         let s = c.stats();
-        assert_eq!((s.hits, s.misses, s.hit_tokens, s.entries, s.bytes), (4, 2, 9, 3, 30));
+        assert_eq!(
+            (s.hits, s.misses, s.hit_tokens, s.entries, s.bytes),
+            (4, 2, 9, 3, 30)
+        );
     }
 
     #[test]
     fn lookup_returns_the_state_and_keeps_the_entry() {
         let mut c = cache(100, &[(&[5, 6], 10)]);
-        assert_eq!(c.lookup(&[5, 6, 7]).map(|(_, s)| s), Some("[5, 6]".to_string()));
+        assert_eq!(
+            c.lookup(&[5, 6, 7]).map(|(_, s)| s),
+            Some("[5, 6]".to_string())
+        );
         assert_eq!(c.lookup(&[5, 6, 8]).map(|(n, _)| n), Some(2));
     }
 
@@ -205,7 +239,10 @@ mod tests {
     fn reinsert_replaces_in_place() {
         let mut c = cache(100, &[(&[1, 2], 10)]);
         c.insert(vec![1, 2], "new".into(), 30);
-        assert_eq!(c.lookup(&[1, 2, 3]).map(|(_, s)| s), Some("new".to_string()));
+        assert_eq!(
+            c.lookup(&[1, 2, 3]).map(|(_, s)| s),
+            Some("new".to_string())
+        );
         assert_eq!((c.stats().entries, c.stats().bytes), (1, 30));
     }
 }

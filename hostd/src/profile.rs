@@ -62,13 +62,23 @@ impl Profiler {
 
     /// Adds `n` to the counter `name`.
     pub fn count(&self, name: &'static str, n: u64) {
-        *self.counts.lock().unwrap_or_else(PoisonError::into_inner).entry(name).or_default() += n;
+        *self
+            .counts
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .entry(name)
+            .or_default() += n;
     }
 
     /// Records the time until the guard drops under `op`, plus `bytes` of weights streamed.
     #[must_use = "the scope ends when the guard is dropped"]
     pub fn scope(&self, op: &'static str, bytes: usize) -> Scope<'_> {
-        Scope { profiler: self, op, bytes: bytes as u64, start: Instant::now() }
+        Scope {
+            profiler: self,
+            op,
+            bytes: bytes as u64,
+            start: Instant::now(),
+        }
     }
 }
 
@@ -76,7 +86,11 @@ impl Profiler {
 /// one branch.
 #[must_use = "the scope ends when the guard is dropped"]
 #[inline]
-pub fn scope<'p>(profiler: Option<&'p Profiler>, op: &'static str, bytes: usize) -> Option<Scope<'p>> {
+pub fn scope<'p>(
+    profiler: Option<&'p Profiler>,
+    op: &'static str,
+    bytes: usize,
+) -> Option<Scope<'p>> {
     profiler.map(|p| p.scope(op, bytes))
 }
 
@@ -109,7 +123,14 @@ mod tests {
         p.count("hits", 3);
         let ops = p.take();
         assert_eq!((ops["a"].calls, ops["a"].bytes), (2, 15));
-        assert_eq!(ops["b"], OpStat { calls: 1, ns: 7, bytes: 0 });
+        assert_eq!(
+            ops["b"],
+            OpStat {
+                calls: 1,
+                ns: 7,
+                bytes: 0
+            }
+        );
         assert_eq!(p.take_counts()["hits"], 5);
         assert!(p.take().is_empty() && p.take_counts().is_empty());
     }

@@ -159,9 +159,19 @@ impl Tokenizer {
             }
         }
         let bytes = Arc::new(build_token_bytes(&inner));
-        let mut special: Vec<u32> = inner.get_added_tokens_decoder().into_iter().filter(|(_, t)| t.special).map(|(id, _)| id).collect();
+        let mut special: Vec<u32> = inner
+            .get_added_tokens_decoder()
+            .into_iter()
+            .filter(|(_, t)| t.special)
+            .map(|(id, _)| id)
+            .collect();
         special.sort_unstable();
-        Ok(Self { inner, path, bytes, special })
+        Ok(Self {
+            inner,
+            path,
+            bytes,
+            special,
+        })
     }
 
     /// Load `DIR/tokenizer.json` from a model directory.
@@ -170,8 +180,18 @@ impl Tokenizer {
         // Say so when the directory itself is wrong, not that its tokenizer.json is missing.
         match std::fs::metadata(dir) {
             Ok(m) if m.is_dir() => {}
-            Ok(_) => return Err(TokenizerError::ModelDir { dir: dir.to_path_buf(), message: "not a directory".into() }),
-            Err(e) => return Err(TokenizerError::ModelDir { dir: dir.to_path_buf(), message: e.to_string() }),
+            Ok(_) => {
+                return Err(TokenizerError::ModelDir {
+                    dir: dir.to_path_buf(),
+                    message: "not a directory".into(),
+                });
+            }
+            Err(e) => {
+                return Err(TokenizerError::ModelDir {
+                    dir: dir.to_path_buf(),
+                    message: e.to_string(),
+                });
+            }
         }
         Self::from_file(dir.join("tokenizer.json"))
     }
@@ -233,7 +253,9 @@ impl Tokenizer {
     /// something: the ids a sampler may choose. Gaps in the id space (a truncated synthetic
     /// vocabulary with specials at their real ids) and padding rows are excluded.
     pub fn defined_ids_mask(&self) -> Vec<bool> {
-        (0..self.vocab_size() as u32).map(|id| self.token_bytes(id).is_some()).collect()
+        (0..self.vocab_size() as u32)
+            .map(|id| self.token_bytes(id).is_some())
+            .collect()
     }
 
     /// Number of token ids (largest id + 1, special tokens included): 248,077 for Qwen3.6. The model's
@@ -284,7 +306,13 @@ impl Tokenizer {
     /// Ids of the added tokens marked special (`<|im_end|>`, `<think>`, `<tool_call>`, …),
     /// sorted: text never encodes to them by BPE, only by their exact spelling.
     pub fn special_token_ids(&self) -> Vec<u32> {
-        let mut ids: Vec<u32> = self.inner.get_added_tokens_decoder().into_iter().filter(|(_, t)| t.special).map(|(id, _)| id).collect();
+        let mut ids: Vec<u32> = self
+            .inner
+            .get_added_tokens_decoder()
+            .into_iter()
+            .filter(|(_, t)| t.special)
+            .map(|(id, _)| id)
+            .collect();
         ids.sort_unstable();
         ids
     }

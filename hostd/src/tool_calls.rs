@@ -170,7 +170,11 @@ impl ToolCallParser {
                     self.state = State::Open;
                     true
                 } else {
-                    let keep = if end { 0 } else { partial_suffix(&self.buf, CALL_OPEN) };
+                    let keep = if end {
+                        0
+                    } else {
+                        partial_suffix(&self.buf, CALL_OPEN)
+                    };
                     let upto = self.buf.len() - keep;
                     let text: String = self.buf.drain(..upto).collect();
                     self.content(&text);
@@ -180,7 +184,9 @@ impl ToolCallParser {
             State::Open => self.open(end),
             State::Function { call } => self.between_params(call, end),
             State::Param { mut call, key } => {
-                let Some(p) = self.buf.find(PARAM_CLOSE) else { return false };
+                let Some(p) = self.buf.find(PARAM_CLOSE) else {
+                    return false;
+                };
                 let raw: String = self.buf.drain(..p + PARAM_CLOSE.len()).collect();
                 self.param(&mut call, &key, &raw[..p]);
                 self.state = State::Function { call };
@@ -203,36 +209,48 @@ impl ToolCallParser {
     /// After `<tool_call>`: a known `<function=NAME>` starts a call; anything else is content.
     fn open(&mut self, end: bool) -> bool {
         let rest = self.buf.trim_start();
-        if rest.is_empty() || (FUNCTION_OPEN.starts_with(rest) && rest.len() < FUNCTION_OPEN.len()) {
+        if rest.is_empty() || (FUNCTION_OPEN.starts_with(rest) && rest.len() < FUNCTION_OPEN.len())
+        {
             // Wait for more; at the end `finish` leaves it all as content.
             return false;
         }
-        let header = rest.strip_prefix(FUNCTION_OPEN).and_then(|after| match after.find('>') {
-            Some(gt) => Some(Some((after[..gt].to_string(), gt))),
-            None if !end && after.len() <= MAX_NAME && !after.contains(['\n', '<']) => Some(None),
-            None => None,
-        });
+        let header = rest
+            .strip_prefix(FUNCTION_OPEN)
+            .and_then(|after| match after.find('>') {
+                Some(gt) => Some(Some((after[..gt].to_string(), gt))),
+                None if !end && after.len() <= MAX_NAME && !after.contains(['\n', '<']) => {
+                    Some(None)
+                }
+                None => None,
+            });
         match header {
             Some(None) => false,
-            Some(Some((name, gt))) if !name.contains('\n') => match self.tools.iter().position(|t| t.name == name) {
-                Some(tool) => {
-                    let cut = self.buf.len() - rest.len() + FUNCTION_OPEN.len() + gt + 1;
-                    self.buf.drain(..cut);
-                    self.held.clear();
-                    let index = self.calls;
-                    self.calls += 1;
-                    let report = self.max_calls.is_none_or(|m| index < m);
-                    let call = Call { index, tool, params: 0, report };
-                    if report {
-                        self.reported += 1;
-                        self.events.push(ToolEvent::CallStart { index, name });
+            Some(Some((name, gt))) if !name.contains('\n') => {
+                match self.tools.iter().position(|t| t.name == name) {
+                    Some(tool) => {
+                        let cut = self.buf.len() - rest.len() + FUNCTION_OPEN.len() + gt + 1;
+                        self.buf.drain(..cut);
+                        self.held.clear();
+                        let index = self.calls;
+                        self.calls += 1;
+                        let report = self.max_calls.is_none_or(|m| index < m);
+                        let call = Call {
+                            index,
+                            tool,
+                            params: 0,
+                            report,
+                        };
+                        if report {
+                            self.reported += 1;
+                            self.events.push(ToolEvent::CallStart { index, name });
+                        }
+                        self.args(&call, "{");
+                        self.state = State::Function { call };
+                        true
                     }
-                    self.args(&call, "{");
-                    self.state = State::Function { call };
-                    true
+                    None => self.malformed(),
                 }
-                None => self.malformed(),
-            },
+            }
             _ => self.malformed(),
         }
     }
@@ -267,7 +285,11 @@ impl ToolCallParser {
             self.args(&call, "}");
             self.end_call();
             return true;
-        } else if !end && [PARAM_OPEN, FUNCTION_CLOSE, CALL_CLOSE].iter().any(|t| t.starts_with(rest)) {
+        } else if !end
+            && [PARAM_OPEN, FUNCTION_CLOSE, CALL_CLOSE]
+                .iter()
+                .any(|t| t.starts_with(rest))
+        {
             self.buf.drain(..skipped);
             return false;
         }
@@ -296,7 +318,10 @@ impl ToolCallParser {
 
     fn args(&mut self, call: &Call, fragment: &str) {
         if call.report {
-            self.events.push(ToolEvent::Arguments { index: call.index, fragment: fragment.to_string() });
+            self.events.push(ToolEvent::Arguments {
+                index: call.index,
+                fragment: fragment.to_string(),
+            });
         }
     }
 
@@ -340,11 +365,20 @@ impl ToolCallParser {
 
 /// Length of the longest proper prefix of `tag` that `s` ends with.
 fn partial_suffix(s: &str, tag: &str) -> usize {
-    (1..tag.len()).rev().find(|&n| s.len() >= n && s.is_char_boundary(s.len() - n) && tag.starts_with(&s[s.len() - n..])).unwrap_or(0)
+    (1..tag.len())
+        .rev()
+        .find(|&n| {
+            s.len() >= n && s.is_char_boundary(s.len() - n) && tag.starts_with(&s[s.len() - n..])
+        })
+        .unwrap_or(0)
 }
 
 /// A whole reply parsed at once: its content (empty when none) and its calls as (name, arguments).
-pub fn parse_all(tools: Vec<ToolSpec>, max_calls: Option<usize>, text: &str) -> (String, Vec<(String, String)>) {
+pub fn parse_all(
+    tools: Vec<ToolSpec>,
+    max_calls: Option<usize>,
+    text: &str,
+) -> (String, Vec<(String, String)>) {
     let mut p = ToolCallParser::new(tools, max_calls);
     let mut events = p.feed(text);
     events.extend(p.finish());

@@ -43,7 +43,10 @@ pub enum ConvertError {
 }
 
 fn digest(field: &'static str, bytes: &[u8]) -> Result<[u8; 32], ConvertError> {
-    bytes.try_into().map_err(|_| ConvertError::DigestLength { field, found: bytes.len() })
+    bytes.try_into().map_err(|_| ConvertError::DigestLength {
+        field,
+        found: bytes.len(),
+    })
 }
 
 impl From<&ModelIdentity> for v1::ModelIdentity {
@@ -80,16 +83,53 @@ impl From<ShmSlice> for v1::ShmSlice {
 }
 
 /// The `MoeLayer` response carrying `output` and the call's `cost` (its time queued included).
-pub fn moe_layer_response(output: v1::moe_layer_response::Output, cost: &CallCost) -> v1::MoeLayerResponse {
-    let CallCost { queue_ns, io_wait_ns, compute_ns, hits, misses, bytes_read, prefetched_hits } = *cost;
-    v1::MoeLayerResponse { output: Some(output), queue_ns, io_wait_ns, compute_ns, hits, misses, bytes_read, prefetched_hits }
+pub fn moe_layer_response(
+    output: v1::moe_layer_response::Output,
+    cost: &CallCost,
+) -> v1::MoeLayerResponse {
+    let CallCost {
+        queue_ns,
+        io_wait_ns,
+        compute_ns,
+        hits,
+        misses,
+        bytes_read,
+        prefetched_hits,
+    } = *cost;
+    v1::MoeLayerResponse {
+        output: Some(output),
+        queue_ns,
+        io_wait_ns,
+        compute_ns,
+        hits,
+        misses,
+        bytes_read,
+        prefetched_hits,
+    }
 }
 
 /// The cost a `MoeLayer` response reports.
 impl From<&v1::MoeLayerResponse> for CallCost {
     fn from(r: &v1::MoeLayerResponse) -> CallCost {
-        let v1::MoeLayerResponse { queue_ns, io_wait_ns, compute_ns, hits, misses, bytes_read, prefetched_hits, output: _ } = *r;
-        CallCost { queue_ns, io_wait_ns, compute_ns, hits, misses, bytes_read, prefetched_hits }
+        let v1::MoeLayerResponse {
+            queue_ns,
+            io_wait_ns,
+            compute_ns,
+            hits,
+            misses,
+            bytes_read,
+            prefetched_hits,
+            output: _,
+        } = *r;
+        CallCost {
+            queue_ns,
+            io_wait_ns,
+            compute_ns,
+            hits,
+            misses,
+            bytes_read,
+            prefetched_hits,
+        }
     }
 }
 
@@ -104,10 +144,19 @@ pub const EXPERT_METADATA: &str = "expertd-expert";
 /// Marks `status` as the daemon's own answer, naming the expert whose read failed, if any.
 pub fn mark_daemon_status(status: &mut tonic::Status, expert: Option<(LayerId, ExpertId)>) {
     let meta = status.metadata_mut();
-    meta.insert(ORIGIN_METADATA, tonic::metadata::MetadataValue::from_static("expertd"));
+    meta.insert(
+        ORIGIN_METADATA,
+        tonic::metadata::MetadataValue::from_static("expertd"),
+    );
     if let Some((layer, expert)) = expert {
-        meta.insert(LAYER_METADATA, tonic::metadata::MetadataValue::from(layer.get()));
-        meta.insert(EXPERT_METADATA, tonic::metadata::MetadataValue::from(expert.get()));
+        meta.insert(
+            LAYER_METADATA,
+            tonic::metadata::MetadataValue::from(layer.get()),
+        );
+        meta.insert(
+            EXPERT_METADATA,
+            tonic::metadata::MetadataValue::from(expert.get()),
+        );
     }
 }
 
@@ -118,16 +167,34 @@ pub fn is_daemon_status(status: &tonic::Status) -> bool {
 
 /// The expert a status names as the one whose read failed: both keys present, each a `u32`.
 pub fn failed_expert(status: &tonic::Status) -> Option<(LayerId, ExpertId)> {
-    let id = |key: &str| status.metadata().get(key)?.to_str().ok()?.parse::<u32>().ok();
-    Some((LayerId::new(id(LAYER_METADATA)?), ExpertId::new(id(EXPERT_METADATA)?)))
+    let id = |key: &str| {
+        status
+            .metadata()
+            .get(key)?
+            .to_str()
+            .ok()?
+            .parse::<u32>()
+            .ok()
+    };
+    Some((
+        LayerId::new(id(LAYER_METADATA)?),
+        ExpertId::new(id(EXPERT_METADATA)?),
+    ))
 }
 
 /// Converts a wire slice named `field`; only f32 slices exist today.
 pub fn shm_slice(field: &'static str, s: &v1::ShmSlice) -> Result<ShmSlice, ConvertError> {
     if s.dtype != v1::Dtype::F32 as i32 {
-        return Err(ConvertError::Dtype { field, found: s.dtype });
+        return Err(ConvertError::Dtype {
+            field,
+            found: s.dtype,
+        });
     }
-    Ok(ShmSlice { segment_id: s.segment_id, offset_bytes: s.offset_bytes, length_bytes: s.length_bytes })
+    Ok(ShmSlice {
+        segment_id: s.segment_id,
+        offset_bytes: s.offset_bytes,
+        length_bytes: s.length_bytes,
+    })
 }
 
 /// `values` as little-endian bytes (the inline transport's encoding).
@@ -141,19 +208,37 @@ pub fn f32s_to_le_bytes(values: &[f32]) -> Vec<u8> {
 
 /// Decodes little-endian f32 bytes into `out` (cleared first); every bit pattern, NaN payloads
 /// and signed zeros included, survives the round trip.
-pub fn le_bytes_to_f32s(field: &'static str, bytes: &[u8], out: &mut Vec<f32>) -> Result<(), ConvertError> {
+pub fn le_bytes_to_f32s(
+    field: &'static str,
+    bytes: &[u8],
+    out: &mut Vec<f32>,
+) -> Result<(), ConvertError> {
     if !bytes.len().is_multiple_of(4) {
-        return Err(ConvertError::F32Bytes { field, found: bytes.len() });
+        return Err(ConvertError::F32Bytes {
+            field,
+            found: bytes.len(),
+        });
     }
     out.clear();
-    out.extend(bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])));
+    out.extend(
+        bytes
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])),
+    );
     Ok(())
 }
 
 /// Decodes little-endian f32 bytes into a slice of exactly `bytes.len() / 4` values.
-pub fn le_bytes_into_f32s(field: &'static str, bytes: &[u8], out: &mut [f32]) -> Result<(), ConvertError> {
+pub fn le_bytes_into_f32s(
+    field: &'static str,
+    bytes: &[u8],
+    out: &mut [f32],
+) -> Result<(), ConvertError> {
     if bytes.len() != out.len() * 4 {
-        return Err(ConvertError::F32Bytes { field, found: bytes.len() });
+        return Err(ConvertError::F32Bytes {
+            field,
+            found: bytes.len(),
+        });
     }
     for (o, c) in out.iter_mut().zip(bytes.chunks_exact(4)) {
         *o = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
@@ -167,18 +252,38 @@ mod tests {
 
     #[test]
     fn f32_bytes_round_trip_bit_for_bit() {
-        let values = [0.0f32, -0.0, 1.5, f32::MIN_POSITIVE / 2.0, f32::from_bits(0x7fc0_1234)];
+        let values = [
+            0.0f32,
+            -0.0,
+            1.5,
+            f32::MIN_POSITIVE / 2.0,
+            f32::from_bits(0x7fc0_1234),
+        ];
         let bytes = f32s_to_le_bytes(&values);
         let mut back = Vec::new();
         le_bytes_to_f32s("x", &bytes, &mut back).expect("decodes");
-        assert_eq!(values.map(f32::to_bits).to_vec(), back.iter().map(|v| v.to_bits()).collect::<Vec<_>>());
+        assert_eq!(
+            values.map(f32::to_bits).to_vec(),
+            back.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+        );
         assert!(le_bytes_to_f32s("x", &bytes[1..], &mut back).is_err());
     }
 
     #[test]
     fn a_call_cost_round_trips_through_its_response() {
-        let cost = CallCost { queue_ns: 1, io_wait_ns: 2, compute_ns: 3, hits: 4, misses: 5, bytes_read: 6, prefetched_hits: 7 };
-        let resp = moe_layer_response(v1::moe_layer_response::Output::OutputInlineF32Le(vec![0; 4]), &cost);
+        let cost = CallCost {
+            queue_ns: 1,
+            io_wait_ns: 2,
+            compute_ns: 3,
+            hits: 4,
+            misses: 5,
+            bytes_read: 6,
+            prefetched_hits: 7,
+        };
+        let resp = moe_layer_response(
+            v1::moe_layer_response::Output::OutputInlineF32Le(vec![0; 4]),
+            &cost,
+        );
         assert_eq!(CallCost::from(&resp), cost);
         assert!(resp.output.is_some());
     }
@@ -190,17 +295,37 @@ mod tests {
         mark_daemon_status(&mut s, Some((LayerId::new(1), ExpertId::new(2))));
         assert!(is_daemon_status(&s));
         assert_eq!(failed_expert(&s), Some((LayerId::new(1), ExpertId::new(2))));
-        assert_eq!(s.metadata().get(LAYER_METADATA).and_then(|v| v.to_str().ok()), Some("1"), "the wire value is the bare number");
-        s.metadata_mut().insert(EXPERT_METADATA, "4294967296".parse().expect("ascii"));
+        assert_eq!(
+            s.metadata()
+                .get(LAYER_METADATA)
+                .and_then(|v| v.to_str().ok()),
+            Some("1"),
+            "the wire value is the bare number"
+        );
+        s.metadata_mut()
+            .insert(EXPERT_METADATA, "4294967296".parse().expect("ascii"));
         assert_eq!(failed_expert(&s), None, "a value past u32 names no expert");
     }
 
     #[test]
     fn identity_digests_must_be_32_bytes() {
-        let id = ModelIdentity { config_sha256: [1; 32], expert_tensors_sha256: [2; 32], expert_sample_sha256: [3; 32] };
+        let id = ModelIdentity {
+            config_sha256: [1; 32],
+            expert_tensors_sha256: [2; 32],
+            expert_sample_sha256: [3; 32],
+        };
         let wire = v1::ModelIdentity::from(&id);
         assert_eq!(ModelIdentity::try_from(&wire), Ok(id));
-        let short = v1::ModelIdentity { config_sha256: vec![1; 31], ..wire };
-        assert_eq!(ModelIdentity::try_from(&short), Err(ConvertError::DigestLength { field: "config_sha256", found: 31 }));
+        let short = v1::ModelIdentity {
+            config_sha256: vec![1; 31],
+            ..wire
+        };
+        assert_eq!(
+            ModelIdentity::try_from(&short),
+            Err(ConvertError::DigestLength {
+                field: "config_sha256",
+                found: 31
+            })
+        );
     }
 }

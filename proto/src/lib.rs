@@ -8,7 +8,13 @@
 pub mod convert;
 
 /// Generated from `expertd/v1/expert.proto` (package `expertd.v1`).
-#[allow(clippy::all, clippy::pedantic, missing_docs, unreachable_pub, rustdoc::all)]
+#[allow(
+    clippy::all,
+    clippy::pedantic,
+    missing_docs,
+    unreachable_pub,
+    rustdoc::all
+)]
 pub mod v1 {
     tonic::include_proto!("expertd.v1");
 }

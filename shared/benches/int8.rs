@@ -23,12 +23,14 @@ use std::hint::black_box;
 use std::sync::Mutex;
 use std::time::Instant;
 
-use criterion::{BenchmarkId, Criterion, SamplingMode, Throughput, criterion_group, criterion_main};
+use criterion::{
+    BenchmarkId, Criterion, SamplingMode, Throughput, criterion_group, criterion_main,
+};
 use rayon::prelude::*;
 use shared::kernels::bandwidth::measure_read_bandwidth_gbps;
 use shared::kernels::int8::{
-    ExpertScratch, Int8Isa, MatrixRef, QuantizedMatrix, expert_forward, gemv_w8a8, padded_cols, quantize_activations,
-    quantize_weights,
+    ExpertScratch, Int8Isa, MatrixRef, QuantizedMatrix, expert_forward, gemv_w8a8, padded_cols,
+    quantize_activations, quantize_weights,
 };
 
 /// Hidden size `d`.
@@ -53,7 +55,9 @@ use shared::splitmix::next as splitmix;
 /// `len` values uniform in [-scale, scale).
 fn uniform(len: usize, scale: f32, seed: u64) -> Vec<f32> {
     let mut state = seed;
-    (0..len).map(|_| ((splitmix(&mut state) >> 40) as f32 / (1u64 << 23) as f32 - 1.0) * scale).collect()
+    (0..len)
+        .map(|_| ((splitmix(&mut state) >> 40) as f32 / (1u64 << 23) as f32 - 1.0) * scale)
+        .collect()
 }
 
 /// One expert's two matrices.
@@ -80,7 +84,10 @@ fn expert_pool() -> Vec<Expert> {
     (0..POOL_EXPERTS)
         .map(|i| {
             let e = &originals[i % DISTINCT];
-            Expert { gate_up: e.gate_up.clone(), down: e.down.clone() }
+            Expert {
+                gate_up: e.gate_up.clone(),
+                down: e.down.clone(),
+            }
         })
         .collect()
 }
@@ -93,7 +100,10 @@ fn print_dram_bandwidth() {
     for threads in THREADS {
         for bytes in [PROBE_BYTES, SMALL_PROBE_BYTES] {
             let gbps = measure_read_bandwidth_gbps(bytes, threads);
-            println!("read bandwidth, {threads} thread(s), streaming {} MiB: {gbps:.1} GB/s", bytes >> 20);
+            println!(
+                "read bandwidth, {threads} thread(s), streaming {} MiB: {gbps:.1} GB/s",
+                bytes >> 20
+            );
         }
     }
 }
@@ -106,7 +116,10 @@ struct Worker {
 
 impl Worker {
     fn new() -> Worker {
-        Worker { y: vec![0.0; 8 * D], scratch: ExpertScratch::with_capacity(8, D, F) }
+        Worker {
+            y: vec![0.0; 8 * D],
+            scratch: ExpertScratch::with_capacity(8, D, F),
+        }
     }
 }
 
@@ -191,7 +204,15 @@ fn bench_int8(c: &mut Criterion) {
     );
     let thread_pools: Vec<(usize, rayon::ThreadPool)> = THREADS
         .iter()
-        .map(|&t| (t, rayon::ThreadPoolBuilder::new().num_threads(t).build().expect("rayon pool")))
+        .map(|&t| {
+            (
+                t,
+                rayon::ThreadPoolBuilder::new()
+                    .num_threads(t)
+                    .build()
+                    .expect("rayon pool"),
+            )
+        })
         .collect();
     let x = uniform(8 * D, 2.0, 99);
     let mut x_q = vec![0u8; padded_cols(D)];
@@ -207,7 +228,12 @@ fn bench_int8(c: &mut Criterion) {
     // One matrix, one token.
     type Pick = fn(&Expert) -> MatrixRef<'_>;
     let gemv_cases: [(&str, Pick, &[u8], f32); 2] = [
-        ("gate_up_2048to1024", |e| e.gate_up.as_ref(), &x_q, x_scale[0]),
+        (
+            "gate_up_2048to1024",
+            |e| e.gate_up.as_ref(),
+            &x_q,
+            x_scale[0],
+        ),
         ("down_512to2048", |e| e.down.as_ref(), &h_q, h_scale[0]),
     ];
     for (name, pick, xq, xs) in gemv_cases {
@@ -233,7 +259,15 @@ fn bench_int8(c: &mut Criterion) {
         for isa in isas() {
             for (threads, tp) in &thread_pools {
                 let run = move |e: &Expert, w: &mut Worker| {
-                    expert_forward(isa, e.gate_up.as_ref(), e.down.as_ref(), xn, n, &mut w.y[..n * D], &mut w.scratch)
+                    expert_forward(
+                        isa,
+                        e.gate_up.as_ref(),
+                        e.down.as_ref(),
+                        xn,
+                        n,
+                        &mut w.y[..n * D],
+                        &mut w.scratch,
+                    )
                 };
                 cases.push(Case {
                     group: format!("int8_expert/n{n}"),

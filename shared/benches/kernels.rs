@@ -57,10 +57,15 @@ struct WeightPool {
 impl WeightPool {
     fn new() -> WeightPool {
         let mut elems = vec![bf16::ZERO; POOL_ELEMS];
-        elems.par_chunks_mut(1 << 20).enumerate().for_each(|(i, chunk)| {
-            let mut state = i as u64;
-            chunk.iter_mut().for_each(|w| *w = bf16::from_f32(unit(&mut state)));
-        });
+        elems
+            .par_chunks_mut(1 << 20)
+            .enumerate()
+            .for_each(|(i, chunk)| {
+                let mut state = i as u64;
+                chunk
+                    .iter_mut()
+                    .for_each(|w| *w = bf16::from_f32(unit(&mut state)));
+            });
         WeightPool {
             elems,
             cursor: Cell::new(0),
@@ -126,13 +131,29 @@ fn bench_kernels(c: &mut Criterion) {
     for (name, rows, cols) in GEMV_SHAPES {
         let x: Vec<f32> = (0..cols).map(|_| unit(&mut state)).collect();
         let bytes = Throughput::BytesDecimal((rows * cols * 2) as u64);
-        bench_shape(c, format!("gemv/{name}_{rows}x{cols}"), bytes, &pool, &pools, (rows, cols, 1), &x);
+        bench_shape(
+            c,
+            format!("gemv/{name}_{rows}x{cols}"),
+            bytes,
+            &pool,
+            &pools,
+            (rows, cols, 1),
+            &x,
+        );
     }
 
     let (name, rows, cols, n) = GEMM_SHAPE;
     let x: Vec<f32> = (0..n * cols).map(|_| unit(&mut state)).collect();
     let flops = Throughput::Elements((2 * rows * cols * n) as u64);
-    bench_shape(c, format!("gemm/{name}_{rows}x{cols}_n{n}"), flops, &pool, &pools, (rows, cols, n), &x);
+    bench_shape(
+        c,
+        format!("gemm/{name}_{rows}x{cols}_n{n}"),
+        flops,
+        &pool,
+        &pools,
+        (rows, cols, n),
+        &x,
+    );
 }
 
 /// One criterion group: `(rows, cols, n)` on every ISA and thread count, each iteration on the
@@ -154,7 +175,17 @@ fn bench_shape(
     for isa in isas() {
         for (threads, thread_pool) in pools {
             group.bench_function(BenchmarkId::new(isa.name(), format!("{threads}t")), |b| {
-                b.iter(|| project(isa, *threads, thread_pool, pool.next_window(rows * cols), shape, x, &mut y))
+                b.iter(|| {
+                    project(
+                        isa,
+                        *threads,
+                        thread_pool,
+                        pool.next_window(rows * cols),
+                        shape,
+                        x,
+                        &mut y,
+                    )
+                })
             });
         }
     }
@@ -212,7 +243,10 @@ fn best_of_summary(probe_gbps: &[(usize, f64)]) {
                     .collect();
                 secs.sort_by(f64::total_cmp);
                 let (best, median) = (gb / secs[0], gb / secs[iters / 2]);
-                let probe = probe_gbps.iter().find(|(t, _)| t == threads).map_or(f64::NAN, |p| p.1);
+                let probe = probe_gbps
+                    .iter()
+                    .find(|(t, _)| t == threads)
+                    .map_or(f64::NAN, |p| p.1);
                 println!(
                     "  {name:<12} {rows:>6}x{cols:<5} {isa:<6} {threads}t  {best:6.2} / {median:6.2} GB/s  ({:3.0}% of {probe:.1})",
                     100.0 * best / probe

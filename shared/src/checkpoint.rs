@@ -8,7 +8,9 @@
 
 use crate::config::{ConfigError, ModelConfig, parse_config};
 use crate::safetensors_header::{self, HeaderError, LEN_PREFIX_BYTES, TensorLocation};
-use crate::tensor_spec::{self, ExpectedTensor, ExpertLayout, PREFIX_RELEASE, PREFIX_TEXT_ONLY, SkippedPart};
+use crate::tensor_spec::{
+    self, ExpectedTensor, ExpertLayout, PREFIX_RELEASE, PREFIX_TEXT_ONLY, SkippedPart,
+};
 use safetensors::Dtype;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fs::File;
@@ -126,7 +128,9 @@ pub enum CheckpointError {
         source: HeaderError,
     },
     /// The index places a tensor in a shard whose header does not contain it.
-    #[error("{index}: places tensor {tensor} in {shard} but that shard's header does not contain it")]
+    #[error(
+        "{index}: places tensor {tensor} in {shard} but that shard's header does not contain it"
+    )]
     IndexMismatch {
         /// The index file.
         index: PathBuf,
@@ -166,7 +170,10 @@ pub enum CheckpointError {
         found: Vec<usize>,
     },
     /// A tensor has a dtype the runtime does not accept.
-    #[error("{file}: tensor {tensor} has dtype {found:?}, expected {}", fmt_dtypes(expected))]
+    #[error(
+        "{file}: tensor {tensor} has dtype {found:?}, expected {}",
+        fmt_dtypes(expected)
+    )]
     WrongDtype {
         /// The shard file.
         file: PathBuf,
@@ -180,11 +187,17 @@ pub enum CheckpointError {
 }
 
 fn fmt_dtypes(d: &[Dtype]) -> String {
-    d.iter().map(|d| format!("{d:?}")).collect::<Vec<_>>().join(" or ")
+    d.iter()
+        .map(|d| format!("{d:?}"))
+        .collect::<Vec<_>>()
+        .join(" or ")
 }
 
 fn io_err(path: &Path, e: std::io::Error) -> CheckpointError {
-    CheckpointError::Io { path: path.to_path_buf(), message: e.to_string() }
+    CheckpointError::Io {
+        path: path.to_path_buf(),
+        message: e.to_string(),
+    }
 }
 
 /// Reads and validates `dir/config.json`.
@@ -192,8 +205,18 @@ pub fn read_config(dir: &Path) -> Result<ModelConfig, CheckpointError> {
     // A wrong directory is named as such, not as a missing config.json inside it.
     match std::fs::metadata(dir) {
         Ok(m) if m.is_dir() => {}
-        Ok(_) => return Err(CheckpointError::Directory { dir: dir.to_path_buf(), message: "not a directory".into() }),
-        Err(e) => return Err(CheckpointError::Directory { dir: dir.to_path_buf(), message: e.to_string() }),
+        Ok(_) => {
+            return Err(CheckpointError::Directory {
+                dir: dir.to_path_buf(),
+                message: "not a directory".into(),
+            });
+        }
+        Err(e) => {
+            return Err(CheckpointError::Directory {
+                dir: dir.to_path_buf(),
+                message: e.to_string(),
+            });
+        }
     }
     let path = dir.join(CONFIG_FILE);
     let text = std::fs::read_to_string(&path).map_err(|e| io_err(&path, e))?;
@@ -287,7 +310,12 @@ impl Checkpoint {
                 });
             };
             self.expert_layouts.push(layout);
-            expected.extend(tensor_spec::expert_tensors(&cfg, self.prefix, layer, layout));
+            expected.extend(tensor_spec::expert_tensors(
+                &cfg,
+                self.prefix,
+                layer,
+                layout,
+            ));
         }
         for t in &expected {
             self.check(t, looked_in)?;
@@ -311,10 +339,13 @@ impl Checkpoint {
     }
 
     fn check(&self, t: &ExpectedTensor, looked_in: &Path) -> Result<(), CheckpointError> {
-        let entry = self.tensors.get(&t.name).ok_or_else(|| CheckpointError::MissingTensor {
-            tensor: t.name.clone(),
-            looked_in: looked_in.to_path_buf(),
-        })?;
+        let entry = self
+            .tensors
+            .get(&t.name)
+            .ok_or_else(|| CheckpointError::MissingTensor {
+                tensor: t.name.clone(),
+                looked_in: looked_in.to_path_buf(),
+            })?;
         let file = self.shard_path(entry).to_path_buf();
         if entry.loc.shape != t.shape {
             return Err(CheckpointError::WrongShape {
@@ -345,21 +376,36 @@ fn read_weight_map(dir: &Path) -> Result<(PathBuf, BTreeMap<String, String>), Ch
             // No index: every tensor of the single file is in the map (filled from its header).
             return Ok((single, BTreeMap::new()));
         }
-        return Err(CheckpointError::NoWeights { dir: dir.to_path_buf() });
+        return Err(CheckpointError::NoWeights {
+            dir: dir.to_path_buf(),
+        });
     }
-    let bad = |reason: String| CheckpointError::Index { path: index_path.clone(), reason };
+    let bad = |reason: String| CheckpointError::Index {
+        path: index_path.clone(),
+        reason,
+    };
     let text = std::fs::read_to_string(&index_path).map_err(|e| io_err(&index_path, e))?;
-    let value: serde_json::Value = serde_json::from_str(&text).map_err(|e| bad(format!("not valid JSON: {e}")))?;
+    let value: serde_json::Value =
+        serde_json::from_str(&text).map_err(|e| bad(format!("not valid JSON: {e}")))?;
     let map = value
         .get("weight_map")
         .and_then(|m| m.as_object())
         .ok_or_else(|| bad("missing object field weight_map".into()))?;
     let mut out = BTreeMap::new();
     for (name, file) in map {
-        let file = file.as_str().ok_or_else(|| bad(format!("weight_map[{name:?}] is not a string")))?;
+        let file = file
+            .as_str()
+            .ok_or_else(|| bad(format!("weight_map[{name:?}] is not a string")))?;
         // Shards must be plain file names inside the model directory.
-        if file.is_empty() || file.contains('/') || file.contains('\\') || file == "." || file == ".." {
-            return Err(bad(format!("weight_map[{name:?}] = {file:?} is not a file name inside the model directory")));
+        if file.is_empty()
+            || file.contains('/')
+            || file.contains('\\')
+            || file == "."
+            || file == ".."
+        {
+            return Err(bad(format!(
+                "weight_map[{name:?}] = {file:?} is not a file name inside the model directory"
+            )));
         }
         out.insert(name.clone(), file.to_string());
     }
@@ -371,8 +417,17 @@ fn read_weight_map(dir: &Path) -> Result<(PathBuf, BTreeMap<String, String>), Ch
 
 type Inventory = (Vec<Shard>, HashMap<String, TensorEntry>);
 
-fn read_shards(dir: &Path, index_path: &Path, weight_map: &BTreeMap<String, String>) -> Result<Inventory, CheckpointError> {
-    let mut files: Vec<String> = weight_map.values().cloned().collect::<HashSet<_>>().into_iter().collect();
+fn read_shards(
+    dir: &Path,
+    index_path: &Path,
+    weight_map: &BTreeMap<String, String>,
+) -> Result<Inventory, CheckpointError> {
+    let mut files: Vec<String> = weight_map
+        .values()
+        .cloned()
+        .collect::<HashSet<_>>()
+        .into_iter()
+        .collect();
     if files.is_empty() {
         files.push(SINGLE_FILE.to_string());
     }
@@ -382,7 +437,11 @@ fn read_shards(dir: &Path, index_path: &Path, weight_map: &BTreeMap<String, Stri
     for (shard_idx, file_name) in files.iter().enumerate() {
         let path = dir.join(file_name);
         if !path.exists() {
-            let tensor = weight_map.iter().find(|(_, f)| *f == file_name).map(|(t, _)| t.clone()).unwrap_or_default();
+            let tensor = weight_map
+                .iter()
+                .find(|(_, f)| *f == file_name)
+                .map(|(t, _)| t.clone())
+                .unwrap_or_default();
             return Err(CheckpointError::MissingShard {
                 index: index_path.to_path_buf(),
                 shard: file_name.clone(),
@@ -399,10 +458,23 @@ fn read_shards(dir: &Path, index_path: &Path, weight_map: &BTreeMap<String, Stri
                     second: file_name.clone(),
                 });
             }
-            tensors.insert(name.clone(), TensorEntry { shard: shard_idx, loc: loc.clone() });
+            tensors.insert(
+                name.clone(),
+                TensorEntry {
+                    shard: shard_idx,
+                    loc: loc.clone(),
+                },
+            );
         }
-        let file_len = std::fs::metadata(&path).map_err(|e| io_err(&path, e))?.len();
-        shards.push(Shard { file_name: file_name.clone(), path, file_len, n_tensors: header.len() });
+        let file_len = std::fs::metadata(&path)
+            .map_err(|e| io_err(&path, e))?
+            .len();
+        shards.push(Shard {
+            file_name: file_name.clone(),
+            path,
+            file_len,
+            n_tensors: header.len(),
+        });
     }
     for (name, file) in weight_map {
         let placed = tensors.get(name).map(|e| &shards[e.shard].file_name);
@@ -421,7 +493,10 @@ fn read_shards(dir: &Path, index_path: &Path, weight_map: &BTreeMap<String, Stri
 pub fn read_shard_header(path: &Path) -> Result<Vec<(String, TensorLocation)>, CheckpointError> {
     let file = File::open(path).map_err(|e| io_err(path, e))?;
     let file_len = file.metadata().map_err(|e| io_err(path, e))?.len();
-    let header_err = |source| CheckpointError::ShardHeader { path: path.to_path_buf(), source };
+    let header_err = |source| CheckpointError::ShardHeader {
+        path: path.to_path_buf(),
+        source,
+    };
     let mut prefix = [0u8; LEN_PREFIX_BYTES as usize];
     let got = read_full_at(&file, &mut prefix, 0).map_err(|e| io_err(path, e))?;
     let n = safetensors_header::header_len(&prefix[..got], file_len).map_err(header_err)?;
@@ -429,7 +504,10 @@ pub fn read_shard_header(path: &Path) -> Result<Vec<(String, TensorLocation)>, C
     let mut json = vec![0u8; n as usize];
     let got = read_full_at(&file, &mut json, LEN_PREFIX_BYTES).map_err(|e| io_err(path, e))?;
     if got != json.len() {
-        return Err(header_err(HeaderError::Truncated { file_len, needed: LEN_PREFIX_BYTES + n }));
+        return Err(header_err(HeaderError::Truncated {
+            file_len,
+            needed: LEN_PREFIX_BYTES + n,
+        }));
     }
     safetensors_header::parse_header(&json, file_len).map_err(header_err)
 }

@@ -140,7 +140,10 @@ pub struct TextConfig {
 impl TextConfig {
     /// Number of full-attention layers.
     pub fn n_full_attention_layers(&self) -> usize {
-        self.layer_types.iter().filter(|t| **t == LayerType::FullAttention).count()
+        self.layer_types
+            .iter()
+            .filter(|t| **t == LayerType::FullAttention)
+            .count()
     }
     /// Number of Gated DeltaNet layers.
     pub fn n_linear_attention_layers(&self) -> usize {
@@ -164,7 +167,9 @@ pub enum ConfigError {
     #[error("not valid JSON: {0}")]
     Json(String),
     /// `model_type` names a model this runtime does not implement.
-    #[error("unsupported model_type {found:?} (field {field}); expected \"{MODEL_TYPE_NESTED}\" with a text_config, or \"{MODEL_TYPE_TEXT}\"")]
+    #[error(
+        "unsupported model_type {found:?} (field {field}); expected \"{MODEL_TYPE_NESTED}\" with a text_config, or \"{MODEL_TYPE_TEXT}\""
+    )]
     UnsupportedModelType {
         /// Dotted path of the field.
         field: String,
@@ -205,7 +210,10 @@ pub fn parse_config(json: &str) -> Result<ModelConfig, ConfigError> {
         expected: "a JSON object",
         found: abbreviate(&root),
     })?;
-    let top = Fields { map: root, prefix: String::new() };
+    let top = Fields {
+        map: root,
+        prefix: String::new(),
+    };
     let model_type = top.string("model_type")?;
     match model_type.as_str() {
         MODEL_TYPE_NESTED => {
@@ -220,17 +228,27 @@ pub fn parse_config(json: &str) -> Result<ModelConfig, ConfigError> {
                     found: text_type,
                 });
             }
-            Ok(ModelConfig { form: ConfigForm::Nested, text: parse_text(&text, &top)? })
+            Ok(ModelConfig {
+                form: ConfigForm::Nested,
+                text: parse_text(&text, &top)?,
+            })
         }
-        MODEL_TYPE_TEXT => Ok(ModelConfig { form: ConfigForm::Text, text: parse_text(&top, &top)? }),
-        _ => Err(ConfigError::UnsupportedModelType { field: "model_type".into(), found: model_type }),
+        MODEL_TYPE_TEXT => Ok(ModelConfig {
+            form: ConfigForm::Text,
+            text: parse_text(&top, &top)?,
+        }),
+        _ => Err(ConfigError::UnsupportedModelType {
+            field: "model_type".into(),
+            found: model_type,
+        }),
     }
 }
 
 fn tied_embeddings(field: &str) -> ConfigError {
     ConfigError::Invalid {
         field: field.into(),
-        reason: "tied embeddings are not supported (Qwen3.5/3.6 MoE ships a separate lm_head)".into(),
+        reason: "tied embeddings are not supported (Qwen3.5/3.6 MoE ships a separate lm_head)"
+            .into(),
     }
 }
 
@@ -241,7 +259,10 @@ fn parse_text(t: &Fields<'_>, top: &Fields<'_>) -> Result<TextConfig, ConfigErro
     if let Some(act) = t.opt_string("hidden_act")?
         && act != "silu"
     {
-        return Err(t.invalid("hidden_act", format!("{act:?} is not supported; the model uses \"silu\"")));
+        return Err(t.invalid(
+            "hidden_act",
+            format!("{act:?} is not supported; the model uses \"silu\""),
+        ));
     }
     if t.opt_bool("attention_bias")? == Some(true) {
         return Err(t.invalid("attention_bias", "biases are not part of this model".into()));
@@ -249,7 +270,10 @@ fn parse_text(t: &Fields<'_>, top: &Fields<'_>) -> Result<TextConfig, ConfigErro
     if let Some(list) = t.opt_array("mlp_only_layers")?
         && !list.is_empty()
     {
-        return Err(t.invalid("mlp_only_layers", "dense-FFN layers are not supported; every layer must be MoE".into()));
+        return Err(t.invalid(
+            "mlp_only_layers",
+            "dense-FFN layers are not supported; every layer must be MoE".into(),
+        ));
     }
 
     let hidden_size = t.positive("hidden_size")?;
@@ -269,7 +293,11 @@ fn parse_text(t: &Fields<'_>, top: &Fields<'_>) -> Result<TextConfig, ConfigErro
     // RoPE parameters: `rope_parameters` (transformers 5) or `rope_scaling` (older exports).
     // transformers merges a top-level partial_rotary_factor into the dict (dict value wins) and
     // defaults it to 0.25.
-    let rope_key = if t.has("rope_parameters") { "rope_parameters" } else { "rope_scaling" };
+    let rope_key = if t.has("rope_parameters") {
+        "rope_parameters"
+    } else {
+        "rope_scaling"
+    };
     let rope = t.opt_object(rope_key)?;
     let mut partial_rotary_factor = t.opt_f64("partial_rotary_factor")?;
     let mut rope_theta = t.opt_f64("rope_theta")?;
@@ -277,17 +305,29 @@ fn parse_text(t: &Fields<'_>, top: &Fields<'_>) -> Result<TextConfig, ConfigErro
         if let Some(kind) = rope.opt_string("rope_type")?.or(rope.opt_string("type")?)
             && kind != "default"
         {
-            return Err(rope.invalid("rope_type", format!("{kind:?} is not supported; only \"default\" RoPE is implemented")));
+            return Err(rope.invalid(
+                "rope_type",
+                format!("{kind:?} is not supported; only \"default\" RoPE is implemented"),
+            ));
         }
-        partial_rotary_factor = rope.opt_f64("partial_rotary_factor")?.or(partial_rotary_factor);
+        partial_rotary_factor = rope
+            .opt_f64("partial_rotary_factor")?
+            .or(partial_rotary_factor);
         rope_theta = rope.opt_f64("rope_theta")?.or(rope_theta);
     }
     let partial_rotary_factor = partial_rotary_factor.unwrap_or(0.25);
     let rope_theta = rope_theta.ok_or_else(|| ConfigError::Missing {
-        field: format!("{} (or {}.rope_theta)", t.path("rope_theta"), t.path(rope_key)),
+        field: format!(
+            "{} (or {}.rope_theta)",
+            t.path("rope_theta"),
+            t.path(rope_key)
+        ),
     })?;
     if !(rope_theta.is_finite() && rope_theta > 1.0) {
-        return Err(t.invalid("rope_theta", format!("{rope_theta} must be a finite number > 1")));
+        return Err(t.invalid(
+            "rope_theta",
+            format!("{rope_theta} must be a finite number > 1"),
+        ));
     }
     let rotary = head_dim as f64 * partial_rotary_factor;
     let rotary_dims = rotary as usize;
@@ -332,7 +372,10 @@ fn parse_text(t: &Fields<'_>, top: &Fields<'_>) -> Result<TextConfig, ConfigErro
         ));
     }
     if num_experts > u16::MAX as usize {
-        return Err(t.invalid("num_experts", format!("{num_experts} exceeds the supported maximum {}", u16::MAX)));
+        return Err(t.invalid(
+            "num_experts",
+            format!("{num_experts} exceeds the supported maximum {}", u16::MAX),
+        ));
     }
 
     // The nested form keeps eos ids at either level; prefer the text model's.
@@ -342,14 +385,23 @@ fn parse_text(t: &Fields<'_>, top: &Fields<'_>) -> Result<TextConfig, ConfigErro
     };
     let vocab_size = t.positive("vocab_size")?;
     if let Some(bad) = eos_token_ids.iter().find(|&&id| id as usize >= vocab_size) {
-        return Err(t.invalid("eos_token_id", format!("id {bad} is outside vocab_size {vocab_size}")));
+        return Err(t.invalid(
+            "eos_token_id",
+            format!("id {bad} is outside vocab_size {vocab_size}"),
+        ));
     }
 
     Ok(TextConfig {
         hidden_size,
         num_layers,
         layer_types,
-        attention: AttentionLayout { n_q_heads, n_kv_heads, head_dim, q_per_kv: n_q_heads / n_kv_heads, rotary_dims },
+        attention: AttentionLayout {
+            n_q_heads,
+            n_kv_heads,
+            head_dim,
+            q_per_kv: n_q_heads / n_kv_heads,
+            rotary_dims,
+        },
         partial_rotary_factor,
         rope_theta,
         max_position_embeddings: t.positive("max_position_embeddings")?,
@@ -372,7 +424,10 @@ fn parse_layer_types(t: &Fields<'_>, num_layers: usize) -> Result<Vec<LayerType>
             if list.len() != num_layers {
                 return Err(t.invalid(
                     "layer_types",
-                    format!("has {} entries but num_hidden_layers is {num_layers}", list.len()),
+                    format!(
+                        "has {} entries but num_hidden_layers is {num_layers}",
+                        list.len()
+                    ),
                 ));
             }
             list.iter()
@@ -382,7 +437,10 @@ fn parse_layer_types(t: &Fields<'_>, num_layers: usize) -> Result<Vec<LayerType>
                     Some("full_attention") => Ok(LayerType::FullAttention),
                     _ => Err(ConfigError::Invalid {
                         field: format!("{}[{i}]", t.path("layer_types")),
-                        reason: format!("{} is not \"linear_attention\" or \"full_attention\"", abbreviate(v)),
+                        reason: format!(
+                            "{} is not \"linear_attention\" or \"full_attention\"",
+                            abbreviate(v)
+                        ),
                     }),
                 })
                 .collect::<Result<Vec<_>, _>>()?
@@ -390,12 +448,22 @@ fn parse_layer_types(t: &Fields<'_>, num_layers: usize) -> Result<Vec<LayerType>
         None => {
             let interval = t.positive("full_attention_interval").map_err(|e| match e {
                 ConfigError::Missing { .. } => ConfigError::Missing {
-                    field: format!("{} (or {})", t.path("layer_types"), t.path("full_attention_interval")),
+                    field: format!(
+                        "{} (or {})",
+                        t.path("layer_types"),
+                        t.path("full_attention_interval")
+                    ),
                 },
                 other => other,
             })?;
             (0..num_layers)
-                .map(|i| if (i + 1) % interval == 0 { LayerType::FullAttention } else { LayerType::LinearAttention })
+                .map(|i| {
+                    if (i + 1) % interval == 0 {
+                        LayerType::FullAttention
+                    } else {
+                        LayerType::LinearAttention
+                    }
+                })
                 .collect()
         }
     };
@@ -410,10 +478,17 @@ struct Fields<'a> {
 
 impl<'a> Fields<'a> {
     fn path(&self, key: &str) -> String {
-        if self.prefix.is_empty() { key.to_string() } else { format!("{}.{key}", self.prefix) }
+        if self.prefix.is_empty() {
+            key.to_string()
+        } else {
+            format!("{}.{key}", self.prefix)
+        }
     }
     fn invalid(&self, key: &str, reason: String) -> ConfigError {
-        ConfigError::Invalid { field: self.path(key), reason }
+        ConfigError::Invalid {
+            field: self.path(key),
+            reason,
+        }
     }
     fn has(&self, key: &str) -> bool {
         self.map.get(key).is_some_and(|v| !v.is_null())
@@ -422,24 +497,38 @@ impl<'a> Fields<'a> {
         self.map.get(key).filter(|v| !v.is_null())
     }
     fn wrong(&self, key: &str, expected: &'static str, v: &Value) -> ConfigError {
-        ConfigError::WrongType { field: self.path(key), expected, found: abbreviate(v) }
+        ConfigError::WrongType {
+            field: self.path(key),
+            expected,
+            found: abbreviate(v),
+        }
     }
     fn missing(&self, key: &str) -> ConfigError {
-        ConfigError::Missing { field: self.path(key) }
+        ConfigError::Missing {
+            field: self.path(key),
+        }
     }
     fn string(&self, key: &str) -> Result<String, ConfigError> {
         self.opt_string(key)?.ok_or_else(|| self.missing(key))
     }
     fn opt_string(&self, key: &str) -> Result<Option<String>, ConfigError> {
         self.get(key)
-            .map(|v| v.as_str().map(str::to_string).ok_or_else(|| self.wrong(key, "a string", v)))
+            .map(|v| {
+                v.as_str()
+                    .map(str::to_string)
+                    .ok_or_else(|| self.wrong(key, "a string", v))
+            })
             .transpose()
     }
     fn opt_bool(&self, key: &str) -> Result<Option<bool>, ConfigError> {
-        self.get(key).map(|v| v.as_bool().ok_or_else(|| self.wrong(key, "a boolean", v))).transpose()
+        self.get(key)
+            .map(|v| v.as_bool().ok_or_else(|| self.wrong(key, "a boolean", v)))
+            .transpose()
     }
     fn opt_array(&self, key: &str) -> Result<Option<&'a Vec<Value>>, ConfigError> {
-        self.get(key).map(|v| v.as_array().ok_or_else(|| self.wrong(key, "an array", v))).transpose()
+        self.get(key)
+            .map(|v| v.as_array().ok_or_else(|| self.wrong(key, "an array", v)))
+            .transpose()
     }
     fn object(&self, key: &str) -> Result<Fields<'a>, ConfigError> {
         self.opt_object(key)?.ok_or_else(|| self.missing(key))
@@ -447,42 +536,59 @@ impl<'a> Fields<'a> {
     fn opt_object(&self, key: &str) -> Result<Option<Fields<'a>>, ConfigError> {
         match self.get(key) {
             None => Ok(None),
-            Some(Value::Object(map)) => Ok(Some(Fields { map, prefix: self.path(key) })),
+            Some(Value::Object(map)) => Ok(Some(Fields {
+                map,
+                prefix: self.path(key),
+            })),
             Some(v) => Err(self.wrong(key, "an object", v)),
         }
     }
     fn opt_f64(&self, key: &str) -> Result<Option<f64>, ConfigError> {
-        self.get(key).map(|v| v.as_f64().ok_or_else(|| self.wrong(key, "a number", v))).transpose()
+        self.get(key)
+            .map(|v| v.as_f64().ok_or_else(|| self.wrong(key, "a number", v)))
+            .transpose()
     }
     fn f64(&self, key: &str) -> Result<f64, ConfigError> {
         self.opt_f64(key)?.ok_or_else(|| self.missing(key))
     }
     fn positive(&self, key: &str) -> Result<usize, ConfigError> {
         let v = self.get(key).ok_or_else(|| self.missing(key))?;
-        let n = v.as_u64().ok_or_else(|| self.wrong(key, "a non-negative integer", v))?;
+        let n = v
+            .as_u64()
+            .ok_or_else(|| self.wrong(key, "a non-negative integer", v))?;
         if n == 0 {
             return Err(self.invalid(key, "must be at least 1".into()));
         }
         // Cap every dimension so products of a few of them cannot overflow u64.
         if n > 1 << 24 {
-            return Err(self.invalid(key, format!("{n} exceeds the supported maximum {}", 1u64 << 24)));
+            return Err(self.invalid(
+                key,
+                format!("{n} exceeds the supported maximum {}", 1u64 << 24),
+            ));
         }
         Ok(n as usize)
     }
     fn opt_ids(&self, key: &str) -> Result<Option<Vec<u32>>, ConfigError> {
-        let Some(v) = self.get(key) else { return Ok(None) };
+        let Some(v) = self.get(key) else {
+            return Ok(None);
+        };
         let one = |x: &Value| x.as_u64().and_then(|n| u32::try_from(n).ok());
         let ids = match v {
             Value::Array(items) => items.iter().map(one).collect::<Option<Vec<_>>>(),
             other => one(other).map(|id| vec![id]),
         };
-        ids.map(Some).ok_or_else(|| self.wrong(key, "a token id or a list of token ids", v))
+        ids.map(Some)
+            .ok_or_else(|| self.wrong(key, "a token id or a list of token ids", v))
     }
 }
 
 fn abbreviate(v: &Value) -> String {
     let s = v.to_string();
-    if s.chars().count() > 40 { format!("{}…", s.chars().take(40).collect::<String>()) } else { s }
+    if s.chars().count() > 40 {
+        format!("{}…", s.chars().take(40).collect::<String>())
+    } else {
+        s
+    }
 }
 
 #[cfg(test)]

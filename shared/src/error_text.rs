@@ -46,9 +46,15 @@ mod tests {
     #[test]
     fn a_cause_already_in_the_message_is_said_once() {
         let io = e("No such file or directory (os error 2)", None);
-        let open = e("/x/experts.sluice: No such file or directory (os error 2)", Some(io));
+        let open = e(
+            "/x/experts.sluice: No such file or directory (os error 2)",
+            Some(io),
+        );
         let top = e("container /x", Some(open));
-        assert_eq!(chain(&top), "container /x: /x/experts.sluice: No such file or directory (os error 2)");
+        assert_eq!(
+            chain(&top),
+            "container /x: /x/experts.sluice: No such file or directory (os error 2)"
+        );
     }
 
     #[test]
@@ -56,6 +62,9 @@ mod tests {
         let inner = e("unexpected end of file", None);
         let mid = e("reading the header", Some(inner));
         let top = e("shard 3", Some(mid));
-        assert_eq!(chain(&top), "shard 3: reading the header: unexpected end of file");
+        assert_eq!(
+            chain(&top),
+            "shard 3: reading the header: unexpected end of file"
+        );
     }
 }

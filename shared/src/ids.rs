@@ -91,9 +91,15 @@ mod tests {
         let (l, e) = (LayerId::new(7), ExpertId::from_index(255));
         assert_eq!(format!("layer {l} expert {e}"), "layer 7 expert 255");
         assert_eq!((l.get(), l.index(), u32::from(e)), (7, 7, 255));
-        assert_eq!(serde_json::to_string(&(l, vec![e])).expect("json"), "[7,[255]]");
+        assert_eq!(
+            serde_json::to_string(&(l, vec![e])).expect("json"),
+            "[7,[255]]"
+        );
         assert_eq!(serde_json::from_str::<LayerId>("7").expect("json"), l);
-        assert_eq!(LayerId::all(3).collect::<Vec<_>>(), [0, 1, 2].map(LayerId::new));
+        assert_eq!(
+            LayerId::all(3).collect::<Vec<_>>(),
+            [0, 1, 2].map(LayerId::new)
+        );
         assert!(LayerId::new(2) < LayerId::new(10));
     }
 

@@ -56,9 +56,16 @@ pub fn run_on<R: Send>(pool: &rayon::ThreadPool, awake: Awake, f: impl FnOnce() 
 }
 
 /// [`run`] on `pool`, or on the global pool when `None`.
-fn run_in<R: Send>(pool: Option<&rayon::ThreadPool>, awake: Awake, f: impl FnOnce() -> R + Send) -> R {
+fn run_in<R: Send>(
+    pool: Option<&rayon::ThreadPool>,
+    awake: Awake,
+    f: impl FnOnce() -> R + Send,
+) -> R {
     let threads = pool.map_or_else(rayon::current_num_threads, |p| p.current_num_threads());
-    let nested = pool.map_or_else(|| rayon::current_thread_index().is_some(), |p| p.current_thread_index().is_some());
+    let nested = pool.map_or_else(
+        || rayon::current_thread_index().is_some(),
+        |p| p.current_thread_index().is_some(),
+    );
     if awake == Awake::Off || threads < 2 || nested {
         return f();
     }
@@ -94,14 +101,20 @@ fn run_in<R: Send>(pool: Option<&rayon::ThreadPool>, awake: Awake, f: impl FnOnc
             // from `broadcast` once every thread has returned).
             let _end = SetOnDrop(&done);
             let deadline = Instant::now() + CHECK_IN_WAIT;
-            while checked_in.load(Ordering::Acquire) + 1 < ctx.num_threads() && Instant::now() < deadline {
+            while checked_in.load(Ordering::Acquire) + 1 < ctx.num_threads()
+                && Instant::now() < deadline
+            {
                 pause(yield_core);
             }
             // Every job of the pass is pushed after this store, and taking a job from a rayon
             // deque synchronises with its push: a thread that runs on top of such a job sees
             // the flag set.
             started.store(true, Ordering::SeqCst);
-            let f = work.lock().expect("keep_awake: work lock").take().expect("keep_awake: the pass runs once");
+            let f = work
+                .lock()
+                .expect("keep_awake: work lock")
+                .take()
+                .expect("keep_awake: the pass runs once");
             let r = f();
             *result.lock().expect("keep_awake: result lock") = Some(r);
         } else if started.load(Ordering::SeqCst) {
@@ -118,7 +131,10 @@ fn run_in<R: Send>(pool: Option<&rayon::ThreadPool>, awake: Awake, f: impl FnOnc
         Some(p) => p.broadcast(job),
         None => rayon::broadcast(job),
     };
-    result.into_inner().expect("keep_awake: result lock").expect("keep_awake: thread 0 ran the pass")
+    result
+        .into_inner()
+        .expect("keep_awake: result lock")
+        .expect("keep_awake: thread 0 ran the pass")
 }
 
 /// Sets its flag when dropped.
@@ -161,33 +177,53 @@ mod tests {
 
     pub(super) fn note_late_spinner() {
         if let Some(name) = std::thread::current().name() {
-            LATE_SPINNERS.lock().expect("late spinners").push(name.to_owned());
+            LATE_SPINNERS
+                .lock()
+                .expect("late spinners")
+                .push(name.to_owned());
         }
     }
 
     fn spinner_was_late(thread_name: &str) -> bool {
-        LATE_SPINNERS.lock().expect("late spinners").iter().any(|n| n == thread_name)
+        LATE_SPINNERS
+            .lock()
+            .expect("late spinners")
+            .iter()
+            .any(|n| n == thread_name)
     }
 
     #[test]
     fn runs_the_pass_once_on_pool_thread_zero_with_parallel_work_inside() {
         // Called from this test thread, outside every pool: the global pool. Another test's
         // pass may hold the one-pass lock for a while (this one then runs in place): retry.
-        let expected = if rayon::current_num_threads() >= 2 { Some(0) } else { None };
+        let expected = if rayon::current_num_threads() >= 2 {
+            Some(0)
+        } else {
+            None
+        };
         let start = std::time::Instant::now();
         loop {
             let calls = AtomicUsize::new(0);
             let (idx, sum) = run(Awake::Spin, || {
                 calls.fetch_add(1, Ordering::SeqCst);
-                (rayon::current_thread_index(), (0..100_000u64).into_par_iter().map(|v| v ^ 5).sum::<u64>())
+                (
+                    rayon::current_thread_index(),
+                    (0..100_000u64).into_par_iter().map(|v| v ^ 5).sum::<u64>(),
+                )
             });
             assert_eq!(calls.load(Ordering::SeqCst), 1);
             assert_eq!(sum, (0..100_000u64).map(|v| v ^ 5).sum::<u64>());
             if idx == expected {
                 break;
             }
-            assert_eq!(idx, None, "a pass runs on pool thread 0 or, when another holds the pool, in place");
-            assert!(start.elapsed().as_secs() < 60, "never ran on pool thread 0 in 60 s");
+            assert_eq!(
+                idx, None,
+                "a pass runs on pool thread 0 or, when another holds the pool, in place"
+            );
+            assert!(
+                start.elapsed().as_secs() < 60,
+                "never ran on pool thread 0 in 60 s"
+            );
             std::thread::sleep(std::time::Duration::from_millis(5));
         }
         // Off: in place, off the pool.
@@ -196,11 +232,20 @@ mod tests {
 
     #[test]
     fn nested_in_a_pool_thread_it_runs_in_place() {
-        let pool = rayon::ThreadPoolBuilder::new().num_threads(3).build().expect("pool");
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(3)
+            .build()
+            .expect("pool");
         // From every thread of the pool in turn (an `install` job may land on thread 0, where
         // running in place and running as the pass look alike).
-        let seen = pool.broadcast(|_| run_on(&pool, Awake::Spin, || pool.current_thread_index()) == pool.current_thread_index());
-        assert!(seen.iter().all(|&ok| ok), "a nested call ran elsewhere: {seen:?}");
+        let seen = pool.broadcast(|_| {
+            run_on(&pool, Awake::Spin, || pool.current_thread_index())
+                == pool.current_thread_index()
+        });
+        assert!(
+            seen.iter().all(|&ok| ok),
+            "a nested call ran elsewhere: {seen:?}"
+        );
     }
 
     #[test]
@@ -211,7 +256,10 @@ mod tests {
     }
 
     fn takes_work(awake: Awake) {
-        let pool = rayon::ThreadPoolBuilder::new().num_threads(3).build().expect("pool");
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(3)
+            .build()
+            .expect("pool");
         let (idx, ran_on) = run_on(&pool, awake, || {
             let ran_on: Vec<Option<usize>> = (0..64)
                 .into_par_iter()
@@ -223,7 +271,10 @@ mod tests {
             (rayon::current_thread_index(), ran_on)
         });
         assert_eq!(idx, Some(0), "{awake:?}: the pass runs on pool thread 0");
-        assert!(ran_on.iter().any(|&t| t.is_some_and(|t| t != 0)), "{awake:?}: no spinner took work: {ran_on:?}");
+        assert!(
+            ran_on.iter().any(|&t| t.is_some_and(|t| t != 0)),
+            "{awake:?}: no spinner took work: {ran_on:?}"
+        );
         // Off: in place, off the pool.
         assert_eq!(run_on(&pool, Awake::Off, rayon::current_thread_index), None);
     }
@@ -241,7 +292,10 @@ mod tests {
             .expect("pool");
         let release = std::sync::Arc::new(AtomicBool::new(false));
         let busy = std::sync::Arc::new(AtomicBool::new(false));
-        let (r, b) = (std::sync::Arc::clone(&release), std::sync::Arc::clone(&busy));
+        let (r, b) = (
+            std::sync::Arc::clone(&release),
+            std::sync::Arc::clone(&busy),
+        );
         // Thread 0 will take the pass; keep thread 1 busy in a job of its own until released.
         pool.spawn_broadcast(move |ctx| {
             if ctx.index() == 1 {
@@ -262,7 +316,10 @@ mod tests {
             }
             spinner_was_late("late-spinner-test-1")
         });
-        assert!(returned, "a spinner that started after its pass began kept spinning");
+        assert!(
+            returned,
+            "a spinner that started after its pass began kept spinning"
+        );
     }
 
     #[test]
@@ -270,12 +327,15 @@ mod tests {
         // On its own thread, so that a spinner left running fails this test instead of hanging it.
         let (tx, rx) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
-            let caught = std::panic::catch_unwind(|| run(Awake::Yield, || -> u32 { panic!("pass failed") }));
+            let caught =
+                std::panic::catch_unwind(|| run(Awake::Yield, || -> u32 { panic!("pass failed") }));
             // Had a spinner been left running, the pool would never take this pass.
             let after = run(Awake::Spin, || (0..1000u32).into_par_iter().sum::<u32>());
             tx.send((caught.is_err(), after)).expect("send");
         });
-        let (panicked, after) = rx.recv_timeout(std::time::Duration::from_secs(60)).expect("the pool is stuck: a spinner outlived its pass");
+        let (panicked, after) = rx
+            .recv_timeout(std::time::Duration::from_secs(60))
+            .expect("the pool is stuck: a spinner outlived its pass");
         assert!(panicked, "the panic reaches the caller");
         assert_eq!(after, 499_500);
     }

@@ -15,7 +15,12 @@ pub fn cells_by_expert(ids: &[u32], n_experts: usize) -> Vec<(ExpertId, Vec<usiz
     for (cell, &e) in ids.iter().enumerate() {
         by_expert[e as usize].push(cell);
     }
-    by_expert.into_iter().enumerate().filter(|(_, c)| !c.is_empty()).map(|(e, c)| (ExpertId::from_index(e), c)).collect()
+    by_expert
+        .into_iter()
+        .enumerate()
+        .filter(|(_, c)| !c.is_empty())
+        .map(|(e, c)| (ExpertId::from_index(e), c))
+        .collect()
 }
 
 /// The input rows one expert computes on: row `cell / top_k` of `x` (`n_rows × d`) for each of
@@ -38,14 +43,24 @@ pub fn scatter(slots: &mut [f32], d: usize, cells: &[usize], y: &[f32]) {
 }
 
 /// `out[r] = Σ_{s in 0..top_k} weights[r·top_k + s] · slots[r·top_k + s]`, summed in slot order.
-pub fn sum_in_call_order(slots: &[f32], weights: &[f32], n_rows: usize, top_k: usize, d: usize, out: &mut [f32]) {
+pub fn sum_in_call_order(
+    slots: &[f32],
+    weights: &[f32],
+    n_rows: usize,
+    top_k: usize,
+    d: usize,
+    out: &mut [f32],
+) {
     // PERF-CRITICAL: once per MoE layer call.
     out.fill(0.0);
     for r in 0..n_rows {
         let o = &mut out[r * d..(r + 1) * d];
         for s in 0..top_k {
             let w = weights[r * top_k + s];
-            for (ov, yv) in o.iter_mut().zip(&slots[(r * top_k + s) * d..(r * top_k + s + 1) * d]) {
+            for (ov, yv) in o
+                .iter_mut()
+                .zip(&slots[(r * top_k + s) * d..(r * top_k + s + 1) * d])
+            {
                 *ov += w * yv;
             }
         }
@@ -62,11 +77,21 @@ mod tests {
         let ids = [4, 1, 1, 0, 4, 0];
         let weights = [0.5, 0.25, 1.0, 2.0, 0.125, 4.0];
         let groups = cells_by_expert(&ids, 5);
-        assert_eq!(groups, vec![(ExpertId::new(0), vec![3, 5]), (ExpertId::new(1), vec![1, 2]), (ExpertId::new(4), vec![0, 4])]);
+        assert_eq!(
+            groups,
+            vec![
+                (ExpertId::new(0), vec![3, 5]),
+                (ExpertId::new(1), vec![1, 2]),
+                (ExpertId::new(4), vec![0, 4])
+            ]
+        );
         // Expert e's output for any row is [e, 10e].
         let mut slots = vec![0.0; n_rows * top_k * d];
         for (e, cells) in &groups {
-            let y: Vec<f32> = cells.iter().flat_map(|_| [e.get() as f32, 10.0 * e.get() as f32]).collect();
+            let y: Vec<f32> = cells
+                .iter()
+                .flat_map(|_| [e.get() as f32, 10.0 * e.get() as f32])
+                .collect();
             scatter(&mut slots, d, cells, &y);
         }
         let mut out = vec![0.0; n_rows * d];

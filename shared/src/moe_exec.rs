@@ -27,9 +27,17 @@ pub struct ExpertMatrices<'a> {
 /// every id `< n_experts` and not repeated within its row, every weight finite. Returns the
 /// reason for the first violation. Layer, row-count and activation-length checks are the
 /// caller's (they differ by boundary).
-pub fn validate_routing(n_rows: usize, top_k: usize, ids: &[u32], weights: &[f32], n_experts: usize) -> Result<(), String> {
+pub fn validate_routing(
+    n_rows: usize,
+    top_k: usize,
+    ids: &[u32],
+    weights: &[f32],
+    n_experts: usize,
+) -> Result<(), String> {
     if top_k == 0 || top_k > n_experts {
-        return Err(format!("top_k {top_k} must be in 1..={n_experts} (experts per layer)"));
+        return Err(format!(
+            "top_k {top_k} must be in 1..={n_experts} (experts per layer)"
+        ));
     }
     let cells = n_rows.checked_mul(top_k);
     if cells != Some(ids.len()) || cells != Some(weights.len()) {
@@ -42,7 +50,9 @@ pub fn validate_routing(n_rows: usize, top_k: usize, ids: &[u32], weights: &[f32
     for (r, row) in ids.chunks_exact(top_k).enumerate() {
         for (i, &e) in row.iter().enumerate() {
             if e as usize >= n_experts {
-                return Err(format!("row {r}: expert {e} out of range (layer has {n_experts} experts)"));
+                return Err(format!(
+                    "row {r}: expert {e} out of range (layer has {n_experts} experts)"
+                ));
             }
             if row[..i].contains(&e) {
                 return Err(format!("row {r}: expert {e} chosen twice"));
@@ -92,9 +102,25 @@ pub struct MoeExec<'a> {
 impl<'a> MoeExec<'a> {
     /// A call of `n_rows` rows of `d` values (`x`), routed by `ids` / `weights`
     /// (`n_rows × top_k`, already validated with [`validate_routing`]).
-    pub fn new(x: &'a [f32], ids: &[u32], weights: &'a [f32], n_rows: usize, top_k: usize, d: usize, n_experts: usize) -> MoeExec<'a> {
+    pub fn new(
+        x: &'a [f32],
+        ids: &[u32],
+        weights: &'a [f32],
+        n_rows: usize,
+        top_k: usize,
+        d: usize,
+        n_experts: usize,
+    ) -> MoeExec<'a> {
         assert_eq!(x.len(), n_rows * d);
-        MoeExec { x, weights, n_rows, top_k, d, groups: moe_combine::cells_by_expert(ids, n_experts), slots: vec![0.0; n_rows * top_k * d] }
+        MoeExec {
+            x,
+            weights,
+            n_rows,
+            top_k,
+            d,
+            groups: moe_combine::cells_by_expert(ids, n_experts),
+            slots: vec![0.0; n_rows * top_k * d],
+        }
     }
 
     /// The experts the call uses, ascending, each with its cells (`row · top_k + slot`).
@@ -124,7 +150,10 @@ impl<'a> MoeExec<'a> {
             // One expert: no fork/join (the kernel itself is single-threaded).
             vec![run(&mut ExpertScratch::new(), which[0])?]
         } else {
-            which.par_iter().map_init(ExpertScratch::new, |s, &g| run(s, g)).collect::<Result<_, E>>()?
+            which
+                .par_iter()
+                .map_init(ExpertScratch::new, |s, &g| run(s, g))
+                .collect::<Result<_, E>>()?
         };
         for (g, y) in results {
             moe_combine::scatter(&mut self.slots, d, &groups[g].1, &y);
@@ -135,7 +164,14 @@ impl<'a> MoeExec<'a> {
     /// Writes `out[r] = Σ_k weights[r,k] · y[r,k]`, summed in call order. Every group must
     /// have been computed.
     pub fn finish(self, out: &mut [f32]) {
-        moe_combine::sum_in_call_order(&self.slots, self.weights, self.n_rows, self.top_k, self.d, out);
+        moe_combine::sum_in_call_order(
+            &self.slots,
+            self.weights,
+            self.n_rows,
+            self.top_k,
+            self.d,
+            out,
+        );
     }
 }
 
@@ -146,12 +182,36 @@ mod tests {
     #[test]
     fn routing_checks_name_the_problem() {
         assert!(validate_routing(1, 2, &[0, 1], &[0.5, 0.5], 4).is_ok());
-        assert!(validate_routing(1, 2, &[0, 0], &[0.5, 0.5], 4).unwrap_err().contains("chosen twice"));
-        assert!(validate_routing(1, 2, &[0, 4], &[0.5, 0.5], 4).unwrap_err().contains("out of range"));
-        assert!(validate_routing(1, 2, &[0, 1], &[0.5, f32::NAN], 4).unwrap_err().contains("not finite"));
-        assert!(validate_routing(2, 2, &[0, 1], &[0.5, 0.5], 4).unwrap_err().contains("n_tokens × top_k"));
-        assert!(validate_routing(1, 0, &[], &[], 4).unwrap_err().contains("top_k"));
-        assert!(validate_routing(1, 5, &[0, 1, 2, 3, 4], &[0.0; 5], 4).unwrap_err().contains("top_k"));
+        assert!(
+            validate_routing(1, 2, &[0, 0], &[0.5, 0.5], 4)
+                .unwrap_err()
+                .contains("chosen twice")
+        );
+        assert!(
+            validate_routing(1, 2, &[0, 4], &[0.5, 0.5], 4)
+                .unwrap_err()
+                .contains("out of range")
+        );
+        assert!(
+            validate_routing(1, 2, &[0, 1], &[0.5, f32::NAN], 4)
+                .unwrap_err()
+                .contains("not finite")
+        );
+        assert!(
+            validate_routing(2, 2, &[0, 1], &[0.5, 0.5], 4)
+                .unwrap_err()
+                .contains("n_tokens × top_k")
+        );
+        assert!(
+            validate_routing(1, 0, &[], &[], 4)
+                .unwrap_err()
+                .contains("top_k")
+        );
+        assert!(
+            validate_routing(1, 5, &[0, 1, 2, 3, 4], &[0.0; 5], 4)
+                .unwrap_err()
+                .contains("top_k")
+        );
         assert!(validate_routing(usize::MAX, 2, &[0, 1], &[0.5, 0.5], 4).is_err());
     }
 
@@ -161,8 +221,18 @@ mod tests {
         x.push(f32::MAX);
         x.push(-f32::MAX);
         x.extend([f32::MIN_POSITIVE, -0.0, 1e-45, 0.0, 3.0]);
-        assert_eq!(first_non_finite(&x, 6), None, "large, tiny, subnormal and signed-zero values are finite");
-        for bad in [f32::NAN, -f32::NAN, f32::INFINITY, f32::NEG_INFINITY, f32::from_bits(0x7f80_0001)] {
+        assert_eq!(
+            first_non_finite(&x, 6),
+            None,
+            "large, tiny, subnormal and signed-zero values are finite"
+        );
+        for bad in [
+            f32::NAN,
+            -f32::NAN,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            f32::from_bits(0x7f80_0001),
+        ] {
             let mut y = x.clone();
             y[3 * 6 + 4] = bad;
             y[5 * 6 + 1] = f32::NAN;
@@ -171,7 +241,11 @@ mod tests {
             assert_eq!(v.to_bits(), bad.to_bits());
         }
         assert_eq!(first_non_finite(&[], 6), None);
-        assert_eq!(first_non_finite(&[f32::NAN], 0), None, "no rows of zero width");
+        assert_eq!(
+            first_non_finite(&[f32::NAN], 0),
+            None,
+            "no rows of zero width"
+        );
     }
 
     /// The cost of the check at the real hidden size (2048), printed for
@@ -193,7 +267,10 @@ mod tests {
                 best = best.min(t.elapsed().as_secs_f64() / iters as f64);
             }
             let gbs = (rows * d * 4) as f64 / best / 1e9;
-            println!("non-finite check: {rows:>4} rows x {d}: {:>9.2} us per call ({gbs:.1} GB/s, activations cache-warm)", best * 1e6);
+            println!(
+                "non-finite check: {rows:>4} rows x {d}: {:>9.2} us per call ({gbs:.1} GB/s, activations cache-warm)",
+                best * 1e6
+            );
         }
     }
 }

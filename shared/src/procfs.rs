@@ -11,7 +11,9 @@ fn dir(pid: Option<u32>) -> String {
 /// A `kB` field of /proc/PID/status (`"VmRSS"`, `"VmHWM"`, …) in bytes.
 pub fn status_bytes(pid: Option<u32>, field: &str) -> Option<u64> {
     let status = std::fs::read_to_string(format!("{}/status", dir(pid))).ok()?;
-    let value = status.lines().find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))?;
+    let value = status
+        .lines()
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))?;
     let kib: u64 = value.split_whitespace().next()?.parse().ok()?;
     Some(kib * 1024)
 }
@@ -29,14 +31,19 @@ pub fn vm_hwm_bytes(pid: Option<u32>) -> Option<u64> {
 /// Bytes the process has read from storage so far (`read_bytes` of /proc/PID/io).
 pub fn read_bytes(pid: Option<u32>) -> Option<u64> {
     let io = std::fs::read_to_string(format!("{}/io", dir(pid))).ok()?;
-    io.lines().find_map(|l| l.strip_prefix("read_bytes:")).and_then(|v| v.trim().parse().ok())
+    io.lines()
+        .find_map(|l| l.strip_prefix("read_bytes:"))
+        .and_then(|v| v.trim().parse().ok())
 }
 
 #[cfg(test)]
 mod tests {
     #[test]
     fn this_process_has_a_resident_set_below_its_peak() {
-        let (rss, hwm) = (super::vm_rss_bytes(None).expect("VmRSS"), super::vm_hwm_bytes(None).expect("VmHWM"));
+        let (rss, hwm) = (
+            super::vm_rss_bytes(None).expect("VmRSS"),
+            super::vm_hwm_bytes(None).expect("VmHWM"),
+        );
         assert!(rss > 0 && rss <= hwm, "VmRSS {rss} VmHWM {hwm}");
         assert_eq!(super::status_bytes(None, "NoSuchField"), None);
         assert_eq!(super::vm_rss_bytes(Some(u32::MAX)), None);

@@ -121,12 +121,22 @@ impl RingLayout {
     /// Checks the layout against a segment of `segment_bytes`: aligned, after the header,
     /// entry and cell counts in range, and wholly inside the segment (checked arithmetic).
     pub fn check(&self, segment_bytes: u64) -> Result<(), ShmLayoutError> {
-        let field = |field, found: u64, expected: u64| Err(ShmLayoutError::HeaderField { field, found, expected });
+        let field = |field, found: u64, expected: u64| {
+            Err(ShmLayoutError::HeaderField {
+                field,
+                found,
+                expected,
+            })
+        };
         if !self.offset.is_multiple_of(SLICE_ALIGN) || self.offset < SEGMENT_HEADER_BYTES as u64 {
             return field("ring_offset", self.offset, SEGMENT_HEADER_BYTES as u64);
         }
         if self.entries == 0 || self.entries > MAX_ENTRIES {
-            return field("ring_entries", u64::from(self.entries), u64::from(MAX_ENTRIES));
+            return field(
+                "ring_entries",
+                u64::from(self.entries),
+                u64::from(MAX_ENTRIES),
+            );
         }
         if self.cells == 0 || self.cells > MAX_CELLS {
             return field("ring_cells", u64::from(self.cells), u64::from(MAX_CELLS));
@@ -134,7 +144,11 @@ impl RingLayout {
         // Bounded above, so no overflow: ≤ 64 × (384 + 2 × 4 MiB) plus the offset, checked.
         match self.offset.checked_add(self.bytes()) {
             Some(end) if end <= segment_bytes => Ok(()),
-            _ => Err(ShmLayoutError::SliceBounds { offset_bytes: self.offset, length_bytes: self.bytes(), segment_bytes }),
+            _ => Err(ShmLayoutError::SliceBounds {
+                offset_bytes: self.offset,
+                length_bytes: self.bytes(),
+                segment_bytes,
+            }),
         }
     }
 }
@@ -162,7 +176,10 @@ impl RingView {
     /// bytes (use [`RingLayout::check`]) that stays mapped while the view or any copy of it is
     /// used, and must be aligned to at least 64 bytes (a page-aligned mapping is).
     pub unsafe fn new(segment: *mut u8, layout: RingLayout) -> RingView {
-        RingView { base: segment, layout }
+        RingView {
+            base: segment,
+            layout,
+        }
     }
 
     /// The layout.
@@ -205,8 +222,15 @@ impl RingView {
 
     /// Entry `i` (< `entries`).
     pub fn entry(&self, i: u32) -> Entry<'_> {
-        assert!(i < self.layout.entries, "ring entry {i} of {}", self.layout.entries);
-        Entry { ring: self, at: self.layout.entry(i) }
+        assert!(
+            i < self.layout.entries,
+            "ring entry {i} of {}",
+            self.layout.entries
+        );
+        Entry {
+            ring: self,
+            at: self.layout.entry(i),
+        }
     }
 
     /// Marks every entry free and clears the control block (the client, before first use).
@@ -254,12 +278,22 @@ pub struct Submission {
 /// Checks a prefetch hint, carried by an `OP_MOE` entry (`Entry::hint`, the cells after the
 /// call's) or sent alone in an `OP_PREFETCH` entry: a layer below `n_layers`, 1..=`n_experts` experts,
 /// each below `n_experts`. The message names what is wrong; the caller says which hint it was.
-pub fn check_hint(layer: LayerId, experts: &[u32], n_layers: usize, n_experts: usize) -> Result<(), String> {
+pub fn check_hint(
+    layer: LayerId,
+    experts: &[u32],
+    n_layers: usize,
+    n_experts: usize,
+) -> Result<(), String> {
     if layer.index() >= n_layers || experts.is_empty() || experts.len() > n_experts {
-        return Err(format!("layer {layer} (of {n_layers}), {} experts (1..={n_experts})", experts.len()));
+        return Err(format!(
+            "layer {layer} (of {n_layers}), {} experts (1..={n_experts})",
+            experts.len()
+        ));
     }
     if let Some(e) = experts.iter().find(|&&e| e as usize >= n_experts) {
-        return Err(format!("expert {e} out of range (layer has {n_experts} experts)"));
+        return Err(format!(
+            "expert {e} out of range (layer has {n_experts} experts)"
+        ));
     }
     Ok(())
 }
@@ -291,7 +325,8 @@ impl Entry<'_> {
 
     fn cells_ptr(&self, second: bool) -> *mut u8 {
         let arr = round64(u64::from(self.ring.layout.cells) * 4);
-        self.ring.ptr(self.at + ENTRY_HEADER_BYTES + ERROR_BYTES + if second { arr } else { 0 })
+        self.ring
+            .ptr(self.at + ENTRY_HEADER_BYTES + ERROR_BYTES + if second { arr } else { 0 })
     }
 
     /// Client: writes a call into a free entry and submits it (then ring the doorbell).
@@ -306,9 +341,19 @@ impl Entry<'_> {
     /// The worker queues them for the speculative reader once the call's own reads are under
     /// way, so the hint's reads follow the demand reads on the disk with no gap. A worker that
     /// predates the hint fields reads only the call's cells and ignores the rest.
-    pub fn submit_with_hint(&self, s: &Submission, ids: &[u32], weights: &[f32], hint_layer: LayerId, hint: &[u32]) {
+    pub fn submit_with_hint(
+        &self,
+        s: &Submission,
+        ids: &[u32],
+        weights: &[f32],
+        hint_layer: LayerId,
+        hint: &[u32],
+    ) {
         let cells = self.ring.layout.cells as usize;
-        assert!(ids.len() == weights.len() && ids.len() + hint.len() <= cells, "ring entry cells");
+        assert!(
+            ids.len() == weights.len() && ids.len() + hint.len() <= cells,
+            "ring entry cells"
+        );
         let r = Ordering::Relaxed;
         self.u32(F_OP).store(s.op, r);
         self.u32(F_SEQ).store(s.seq, r);
@@ -325,8 +370,16 @@ impl Entry<'_> {
         unsafe {
             let (id_cells, weight_cells) = (self.cells_ptr(false), self.cells_ptr(true));
             std::ptr::copy_nonoverlapping(ids.as_ptr() as *const u8, id_cells, ids.len() * 4);
-            std::ptr::copy_nonoverlapping(hint.as_ptr() as *const u8, id_cells.add(ids.len() * 4), hint.len() * 4);
-            std::ptr::copy_nonoverlapping(weights.as_ptr() as *const u8, weight_cells, weights.len() * 4);
+            std::ptr::copy_nonoverlapping(
+                hint.as_ptr() as *const u8,
+                id_cells.add(ids.len() * 4),
+                hint.len() * 4,
+            );
+            std::ptr::copy_nonoverlapping(
+                weights.as_ptr() as *const u8,
+                weight_cells,
+                weights.len() * 4,
+            );
             std::ptr::write_bytes(weight_cells.add(weights.len() * 4), 0, hint.len() * 4);
         }
         self.state().store(STATE_SUBMITTED, Ordering::SeqCst);
@@ -334,7 +387,14 @@ impl Entry<'_> {
 
     /// Worker: claims a submitted entry. `None` if it is not submitted (or another claimed it).
     pub fn claim(&self) -> Option<Submission> {
-        self.state().compare_exchange(STATE_SUBMITTED, STATE_RUNNING, Ordering::AcqRel, Ordering::Relaxed).ok()?;
+        self.state()
+            .compare_exchange(
+                STATE_SUBMITTED,
+                STATE_RUNNING,
+                Ordering::AcqRel,
+                Ordering::Relaxed,
+            )
+            .ok()?;
         let r = Ordering::Relaxed;
         Some(Submission {
             op: self.u32(F_OP).load(r),
@@ -352,7 +412,10 @@ impl Entry<'_> {
     /// `(_, 0)` when none. Copied once; the caller validates both against the call and the
     /// ring before use.
     pub fn hint(&self) -> (LayerId, u32) {
-        (LayerId::new(self.u32(F_HINT_LAYER).load(Ordering::Relaxed)), self.u32(F_HINT_N).load(Ordering::Relaxed))
+        (
+            LayerId::new(self.u32(F_HINT_LAYER).load(Ordering::Relaxed)),
+            self.u32(F_HINT_N).load(Ordering::Relaxed),
+        )
     }
 
     /// Worker: copies the first `n` ids and weights out (`n` ≤ the ring's `cells`, which the
@@ -363,8 +426,16 @@ impl Entry<'_> {
         weights.resize(n, 0.0);
         // SAFETY: `n` cells fit both areas (asserted) and the destinations hold `n` elements.
         unsafe {
-            std::ptr::copy_nonoverlapping(self.cells_ptr(false), ids.as_mut_ptr() as *mut u8, n * 4);
-            std::ptr::copy_nonoverlapping(self.cells_ptr(true), weights.as_mut_ptr() as *mut u8, n * 4);
+            std::ptr::copy_nonoverlapping(
+                self.cells_ptr(false),
+                ids.as_mut_ptr() as *mut u8,
+                n * 4,
+            );
+            std::ptr::copy_nonoverlapping(
+                self.cells_ptr(true),
+                weights.as_mut_ptr() as *mut u8,
+                n * 4,
+            );
         }
     }
 
@@ -388,7 +459,13 @@ impl Entry<'_> {
             n -= 1;
         }
         // SAFETY: `n` ≤ ERROR_BYTES bytes, the size of the entry's error area.
-        unsafe { std::ptr::copy_nonoverlapping(message.as_ptr(), self.ring.ptr(self.at + ENTRY_HEADER_BYTES), n) };
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                message.as_ptr(),
+                self.ring.ptr(self.at + ENTRY_HEADER_BYTES),
+                n,
+            )
+        };
         self.u32(F_ERROR_LEN).store(n as u32, Ordering::Relaxed);
         self.u32(F_STATUS).store(code, Ordering::Relaxed);
         self.finish(seq, STATE_FAILED);
@@ -418,8 +495,17 @@ impl Entry<'_> {
             let n = (self.u32(F_ERROR_LEN).load(r) as usize).min(ERROR_BYTES as usize);
             let mut buf = vec![0u8; n];
             // SAFETY: `n` ≤ ERROR_BYTES, the size of the entry's error area.
-            unsafe { std::ptr::copy_nonoverlapping(self.ring.ptr(self.at + ENTRY_HEADER_BYTES), buf.as_mut_ptr(), n) };
-            (self.u32(F_STATUS).load(r), String::from_utf8_lossy(&buf).into_owned())
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    self.ring.ptr(self.at + ENTRY_HEADER_BYTES),
+                    buf.as_mut_ptr(),
+                    n,
+                )
+            };
+            (
+                self.u32(F_STATUS).load(r),
+                String::from_utf8_lossy(&buf).into_owned(),
+            )
         });
         (self.u32(F_DONE_SEQ).load(r), c, failure)
     }
@@ -427,7 +513,12 @@ impl Entry<'_> {
     /// Client: waits until the worker finished the entry (`DONE` or `FAILED`): spins for
     /// `spin`, then sleeps on the futex in slices of `slice`, calling `alive` between slices;
     /// gives up (returns `false`) when `alive` says the peer is gone.
-    pub fn wait_finished(&self, spin: Duration, slice: Duration, mut alive: impl FnMut() -> bool) -> bool {
+    pub fn wait_finished(
+        &self,
+        spin: Duration,
+        slice: Duration,
+        mut alive: impl FnMut() -> bool,
+    ) -> bool {
         let finished = |s: u32| s == STATE_DONE || s == STATE_FAILED;
         if spin_until(spin, || finished(self.state().load(Ordering::Acquire))) {
             return true;
@@ -499,7 +590,11 @@ pub fn futex_wake(word: &AtomicU32) {
 #[cfg(not(target_os = "linux"))]
 pub fn futex_wait(word: &AtomicU32, expected: u32, timeout: Option<Duration>) {
     if word.load(Ordering::SeqCst) == expected {
-        std::thread::sleep(timeout.unwrap_or(Duration::from_millis(1)).min(Duration::from_micros(200)));
+        std::thread::sleep(
+            timeout
+                .unwrap_or(Duration::from_millis(1))
+                .min(Duration::from_micros(200)),
+        );
     }
 }
 
@@ -514,7 +609,11 @@ mod tests {
     /// A reset ring of `entries` entries of `cells` cells at offset 64 of a zeroed buffer,
     /// returned beside the view: keep it alive as long as the view.
     fn fresh_ring(entries: u32, cells: u32) -> (Vec<u64>, RingView) {
-        let layout = RingLayout { offset: 64, entries, cells };
+        let layout = RingLayout {
+            offset: 64,
+            entries,
+            cells,
+        };
         let mut buf = vec![0u64; ((64 + layout.bytes()) / 8) as usize];
         layout.check((buf.len() * 8) as u64).expect("layout fits");
         // SAFETY: the buffer is 8-aligned and is returned with the view, so each test keeps it
@@ -528,16 +627,34 @@ mod tests {
 
     #[test]
     fn layouts_are_checked() {
-        let l = RingLayout { offset: 128, entries: 2, cells: 8 };
+        let l = RingLayout {
+            offset: 128,
+            entries: 2,
+            cells: 8,
+        };
         assert_eq!(l.entry_bytes(), 128 + 256 + 64 + 64);
         assert!(l.check(128 + l.bytes()).is_ok());
         assert!(l.check(128 + l.bytes() - 1).is_err());
         assert!(RingLayout { offset: 100, ..l }.check(1 << 20).is_err());
         assert!(RingLayout { offset: 0, ..l }.check(1 << 20).is_err());
         assert!(RingLayout { entries: 0, ..l }.check(1 << 20).is_err());
-        assert!(RingLayout { entries: MAX_ENTRIES + 1, ..l }.check(1 << 30).is_err());
+        assert!(
+            RingLayout {
+                entries: MAX_ENTRIES + 1,
+                ..l
+            }
+            .check(1 << 30)
+            .is_err()
+        );
         assert!(RingLayout { cells: 0, ..l }.check(1 << 20).is_err());
-        assert!(RingLayout { offset: u64::MAX - 63, ..l }.check(u64::MAX).is_err());
+        assert!(
+            RingLayout {
+                offset: u64::MAX - 63,
+                ..l
+            }
+            .check(u64::MAX)
+            .is_err()
+        );
     }
 
     #[test]
@@ -549,20 +666,43 @@ mod tests {
                 loop {
                     if let Some(sub) = ring.entry(1).claim() {
                         let (mut ids, mut w) = (Vec::new(), Vec::new());
-                        ring.entry(1).read_cells((sub.n_rows * sub.top_k) as usize, &mut ids, &mut w);
+                        ring.entry(1).read_cells(
+                            (sub.n_rows * sub.top_k) as usize,
+                            &mut ids,
+                            &mut w,
+                        );
                         assert_eq!(ids, [3, 1]);
                         assert_eq!(w, [0.5, 0.25]);
-                        ring.entry(1).complete(sub.seq, &CallCost { hits: 2, ..CallCost::default() });
+                        ring.entry(1).complete(
+                            sub.seq,
+                            &CallCost {
+                                hits: 2,
+                                ..CallCost::default()
+                            },
+                        );
                         return sub;
                     }
                     let d = ring.doorbell().load(Ordering::SeqCst);
                     futex_wait(ring.doorbell(), d, Some(Duration::from_millis(5)));
                 }
             });
-            let sub = Submission { op: OP_MOE, seq: 9, layer: LayerId::new(3), n_rows: 1, top_k: 2, step: 5, input_offset: 64, output_offset: 128 };
+            let sub = Submission {
+                op: OP_MOE,
+                seq: 9,
+                layer: LayerId::new(3),
+                n_rows: 1,
+                top_k: 2,
+                step: 5,
+                input_offset: 64,
+                output_offset: 128,
+            };
             ring.entry(1).submit(&sub, &[3, 1], &[0.5, 0.25]);
             ring.ring_doorbell();
-            assert!(ring.entry(1).wait_finished(Duration::from_micros(10), Duration::from_millis(5), || true));
+            assert!(ring.entry(1).wait_finished(
+                Duration::from_micros(10),
+                Duration::from_millis(5),
+                || true
+            ));
             let (seq, cost, failure) = ring.entry(1).result();
             assert_eq!((seq, cost.hits, failure), (9, 2, None));
             h.join().expect("worker")
@@ -571,7 +711,20 @@ mod tests {
         assert_eq!(worker.step, 5);
         // A failure carries its code and text, cut at a character boundary.
         let e = ring.entry(0);
-        e.submit(&Submission { op: OP_ECHO, seq: 1, layer: LayerId::new(0), n_rows: 1, top_k: 1, step: 0, input_offset: 64, output_offset: 64 }, &[0], &[1.0]);
+        e.submit(
+            &Submission {
+                op: OP_ECHO,
+                seq: 1,
+                layer: LayerId::new(0),
+                n_rows: 1,
+                top_k: 1,
+                step: 0,
+                input_offset: 64,
+                output_offset: 64,
+            },
+            &[0],
+            &[1.0],
+        );
         assert!(e.claim().is_some());
         assert!(e.claim().is_none(), "an entry is claimed once");
         e.fail(1, 3, &"é".repeat(200));
@@ -585,7 +738,16 @@ mod tests {
     fn a_hint_rides_after_the_calls_cells_and_a_plain_submit_clears_it() {
         let (_buf, ring) = fresh_ring(1, 5);
         let e = ring.entry(0);
-        let sub = Submission { op: OP_MOE, seq: 1, layer: LayerId::new(2), n_rows: 1, top_k: 2, step: 0, input_offset: 64, output_offset: 128 };
+        let sub = Submission {
+            op: OP_MOE,
+            seq: 1,
+            layer: LayerId::new(2),
+            n_rows: 1,
+            top_k: 2,
+            step: 0,
+            input_offset: 64,
+            output_offset: 128,
+        };
         e.submit_with_hint(&sub, &[7, 4], &[0.75, 0.25], LayerId::new(3), &[1, 6, 0]);
         assert!(e.claim().is_some());
         assert_eq!(e.hint(), (LayerId::new(3), 3));
@@ -595,19 +757,30 @@ mod tests {
         assert_eq!(w, [0.75, 0.25, 0.0, 0.0, 0.0]);
         e.state().store(STATE_FREE, Ordering::SeqCst);
         e.submit(&sub, &[7, 4], &[0.75, 0.25]);
-        assert_eq!(e.hint().1, 0, "a call without a hint must not inherit the last one's");
-        let full = std::panic::catch_unwind(|| e.submit_with_hint(&sub, &[7, 4], &[0.75, 0.25], LayerId::new(3), &[1, 6, 0, 5]));
-        assert!(full.is_err(), "the call's and the hint's cells must fit the entry");
+        assert_eq!(
+            e.hint().1,
+            0,
+            "a call without a hint must not inherit the last one's"
+        );
+        let full = std::panic::catch_unwind(|| {
+            e.submit_with_hint(&sub, &[7, 4], &[0.75, 0.25], LayerId::new(3), &[1, 6, 0, 5])
+        });
+        assert!(
+            full.is_err(),
+            "the call's and the hint's cells must fit the entry"
+        );
     }
 
     #[test]
     fn a_dead_peer_ends_the_wait() {
         let (_buf, ring) = fresh_ring(1, 1);
         let mut asked = 0;
-        let finished = ring.entry(0).wait_finished(Duration::ZERO, Duration::from_millis(1), || {
-            asked += 1;
-            asked < 3
-        });
+        let finished =
+            ring.entry(0)
+                .wait_finished(Duration::ZERO, Duration::from_millis(1), || {
+                    asked += 1;
+                    asked < 3
+                });
         assert!(!finished);
         assert_eq!(asked, 3);
     }

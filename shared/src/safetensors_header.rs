@@ -38,7 +38,9 @@ pub enum HeaderError {
         needed: u64,
     },
     /// The length prefix is implausibly large.
-    #[error("header length {len} exceeds the {MAX_HEADER_BYTES}-byte limit (corrupt length prefix?)")]
+    #[error(
+        "header length {len} exceeds the {MAX_HEADER_BYTES}-byte limit (corrupt length prefix?)"
+    )]
     TooLarge {
         /// The length read from the prefix.
         len: u64,
@@ -47,7 +49,9 @@ pub enum HeaderError {
     #[error("corrupt header: {0}")]
     Corrupt(String),
     /// A tensor's data lies beyond the end of the file.
-    #[error("tensor {tensor} spans bytes {start}..{end} but the file is {file_len} bytes (truncated payload or bad offsets)")]
+    #[error(
+        "tensor {tensor} spans bytes {start}..{end} but the file is {file_len} bytes (truncated payload or bad offsets)"
+    )]
     OutOfBounds {
         /// The tensor whose range does not fit.
         tensor: String,
@@ -59,7 +63,9 @@ pub enum HeaderError {
         file_len: u64,
     },
     /// The data section is followed by bytes no tensor owns.
-    #[error("{extra} unexplained bytes after the last tensor (file {file_len} bytes, data ends at {data_end})")]
+    #[error(
+        "{extra} unexplained bytes after the last tensor (file {file_len} bytes, data ends at {data_end})"
+    )]
     TrailingBytes {
         /// Bytes past the data section.
         extra: u64,
@@ -72,10 +78,14 @@ pub enum HeaderError {
 
 /// Reads the header length from the first 8 bytes and returns how many header bytes follow.
 pub fn header_len(prefix: &[u8], file_len: u64) -> Result<u64, HeaderError> {
-    let bytes: [u8; 8] = prefix
-        .get(..8)
-        .and_then(|b| b.try_into().ok())
-        .ok_or(HeaderError::Truncated { file_len, needed: LEN_PREFIX_BYTES })?;
+    let bytes: [u8; 8] =
+        prefix
+            .get(..8)
+            .and_then(|b| b.try_into().ok())
+            .ok_or(HeaderError::Truncated {
+                file_len,
+                needed: LEN_PREFIX_BYTES,
+            })?;
     let len = u64::from_le_bytes(bytes);
     if len > MAX_HEADER_BYTES {
         return Err(HeaderError::TooLarge { len });
@@ -89,10 +99,15 @@ pub fn header_len(prefix: &[u8], file_len: u64) -> Result<u64, HeaderError> {
 
 /// Parses the JSON header (the `header_len` bytes after the prefix) of a file of `file_len`
 /// bytes into absolute tensor locations, sorted by offset.
-pub fn parse_header(json: &[u8], file_len: u64) -> Result<Vec<(String, TensorLocation)>, HeaderError> {
+pub fn parse_header(
+    json: &[u8],
+    file_len: u64,
+) -> Result<Vec<(String, TensorLocation)>, HeaderError> {
     let data_start = LEN_PREFIX_BYTES + json.len() as u64;
-    let text = std::str::from_utf8(json).map_err(|e| HeaderError::Corrupt(format!("not UTF-8: {e}")))?;
-    let meta: Metadata = serde_json::from_str(text).map_err(|e| HeaderError::Corrupt(e.to_string()))?;
+    let text =
+        std::str::from_utf8(json).map_err(|e| HeaderError::Corrupt(format!("not UTF-8: {e}")))?;
+    let meta: Metadata =
+        serde_json::from_str(text).map_err(|e| HeaderError::Corrupt(e.to_string()))?;
     let mut out: Vec<(String, TensorLocation)> = meta
         .tensors()
         .into_iter()
@@ -111,7 +126,12 @@ pub fn parse_header(json: &[u8], file_len: u64) -> Result<Vec<(String, TensorLoc
     for (name, loc) in &out {
         let end = loc.offset + loc.len;
         if end > file_len {
-            return Err(HeaderError::OutOfBounds { tensor: name.clone(), start: loc.offset, end, file_len });
+            return Err(HeaderError::OutOfBounds {
+                tensor: name.clone(),
+                start: loc.offset,
+                end,
+                file_len,
+            });
         }
     }
     let data_end = data_start + meta.data_len() as u64;
@@ -124,7 +144,11 @@ pub fn parse_header(json: &[u8], file_len: u64) -> Result<Vec<(String, TensorLoc
         });
     }
     if data_end < file_len {
-        return Err(HeaderError::TrailingBytes { extra: file_len - data_end, data_end, file_len });
+        return Err(HeaderError::TrailingBytes {
+            extra: file_len - data_end,
+            data_end,
+            file_len,
+        });
     }
     Ok(out)
 }
@@ -152,42 +176,81 @@ mod tests {
         let got = parse(&file(TWO, 20)).expect("valid");
         let base = 8 + TWO.len() as u64;
         assert_eq!(got[0].0, "a");
-        assert_eq!(got[0].1, TensorLocation { dtype: Dtype::F32, shape: vec![2], offset: base, len: 8 });
-        assert_eq!(got[1].1, TensorLocation { dtype: Dtype::BF16, shape: vec![2, 3], offset: base + 8, len: 12 });
+        assert_eq!(
+            got[0].1,
+            TensorLocation {
+                dtype: Dtype::F32,
+                shape: vec![2],
+                offset: base,
+                len: 8
+            }
+        );
+        assert_eq!(
+            got[1].1,
+            TensorLocation {
+                dtype: Dtype::BF16,
+                shape: vec![2, 3],
+                offset: base + 8,
+                len: 12
+            }
+        );
     }
 
     #[test]
     fn truncated_prefix_and_header() {
-        assert_eq!(header_len(&[1, 2, 3], 3), Err(HeaderError::Truncated { file_len: 3, needed: 8 }));
+        assert_eq!(
+            header_len(&[1, 2, 3], 3),
+            Err(HeaderError::Truncated {
+                file_len: 3,
+                needed: 8
+            })
+        );
         let f = file(TWO, 20);
         assert_eq!(
             header_len(&f, 40),
-            Err(HeaderError::Truncated { file_len: 40, needed: 8 + TWO.len() as u64 })
+            Err(HeaderError::Truncated {
+                file_len: 40,
+                needed: 8 + TWO.len() as u64
+            })
         );
     }
 
     #[test]
     fn absurd_length_prefix() {
         let f = u64::MAX.to_le_bytes();
-        assert_eq!(header_len(&f, 1 << 40), Err(HeaderError::TooLarge { len: u64::MAX }));
+        assert_eq!(
+            header_len(&f, 1 << 40),
+            Err(HeaderError::TooLarge { len: u64::MAX })
+        );
     }
 
     #[test]
     fn corrupt_json_and_inconsistent_offsets() {
-        assert!(matches!(parse(&file("{not json", 0)), Err(HeaderError::Corrupt(_))));
+        assert!(matches!(
+            parse(&file("{not json", 0)),
+            Err(HeaderError::Corrupt(_))
+        ));
         // Length in the header disagrees with dtype × shape.
         let bad = r#"{"a":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}}"#;
         assert!(matches!(parse(&file(bad, 8)), Err(HeaderError::Corrupt(_))));
         // A gap between tensors.
         let gap = r#"{"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"b":{"dtype":"F32","shape":[1],"data_offsets":[8,12]}}"#;
-        assert!(matches!(parse(&file(gap, 12)), Err(HeaderError::Corrupt(_))));
+        assert!(matches!(
+            parse(&file(gap, 12)),
+            Err(HeaderError::Corrupt(_))
+        ));
     }
 
     #[test]
     fn payload_shorter_than_offsets() {
         let f = file(TWO, 19);
         match parse(&f) {
-            Err(HeaderError::OutOfBounds { tensor, end, file_len, .. }) => {
+            Err(HeaderError::OutOfBounds {
+                tensor,
+                end,
+                file_len,
+                ..
+            }) => {
                 assert_eq!(tensor, "b");
                 assert_eq!(end, file_len + 1);
             }
@@ -197,6 +260,9 @@ mod tests {
 
     #[test]
     fn trailing_bytes() {
-        assert!(matches!(parse(&file(TWO, 21)), Err(HeaderError::TrailingBytes { extra: 1, .. })));
+        assert!(matches!(
+            parse(&file(TWO, 21)),
+            Err(HeaderError::TrailingBytes { extra: 1, .. })
+        ));
     }
 }

@@ -99,9 +99,15 @@ impl<'a> ExpertLocator<'a> {
             .ckpt
             .expert_layouts
             .get(layer.index())
-            .ok_or(LocateError::Layer { layer, n_layers: cfg.num_layers })?;
+            .ok_or(LocateError::Layer {
+                layer,
+                n_layers: cfg.num_layers,
+            })?;
         if expert.index() >= cfg.num_experts {
-            return Err(LocateError::Expert { expert, n_experts: cfg.num_experts });
+            return Err(LocateError::Expert {
+                expert,
+                n_experts: cfg.num_experts,
+            });
         }
         let (f, d) = (cfg.moe_intermediate_size, cfg.hidden_size);
         let prefix = self.ckpt.prefix;
@@ -111,10 +117,23 @@ impl<'a> ExpertLocator<'a> {
                 let down_name = tensor_spec::fused_down_name(prefix, layer.index());
                 let gate_up = self.entry(&gate_up_name)?;
                 let down = self.entry(&down_name)?;
-                let slice = |entry: &TensorEntry, name: &str, what, index: u64, rows: usize, cols: usize| {
-                    let err = || LocateError::OutOfTensor { layer, expert, what, tensor: name.to_string() };
+                let slice = |entry: &TensorEntry,
+                             name: &str,
+                             what,
+                             index: u64,
+                             rows: usize,
+                             cols: usize| {
+                    let err = || LocateError::OutOfTensor {
+                        layer,
+                        expert,
+                        what,
+                        tensor: name.to_string(),
+                    };
                     let elem = tensor_spec::dtype_bytes(entry.loc.dtype);
-                    let len = (rows as u64).checked_mul(cols as u64).and_then(|n| n.checked_mul(elem)).ok_or_else(err)?;
+                    let len = (rows as u64)
+                        .checked_mul(cols as u64)
+                        .and_then(|n| n.checked_mul(elem))
+                        .ok_or_else(err)?;
                     let rel = index.checked_mul(len).ok_or_else(err)?;
                     let end = rel.checked_add(len).ok_or_else(err)?;
                     if end > entry.loc.len {
@@ -139,8 +158,12 @@ impl<'a> ExpertLocator<'a> {
                 })
             }
             ExpertLayout::PerExpert => {
-                let range = |proj: &str, rows: usize, cols: usize| -> Result<ByteRange, LocateError> {
-                    let name = tensor_spec::per_expert_name(prefix, layer.index(), expert.index(), proj);
+                let range = |proj: &str,
+                             rows: usize,
+                             cols: usize|
+                 -> Result<ByteRange, LocateError> {
+                    let name =
+                        tensor_spec::per_expert_name(prefix, layer.index(), expert.index(), proj);
                     let entry = self.entry(&name)?;
                     Ok(ByteRange {
                         shard: entry.shard,
@@ -161,6 +184,8 @@ impl<'a> ExpertLocator<'a> {
     }
 
     fn entry(&self, name: &str) -> Result<&'a TensorEntry, LocateError> {
-        self.ckpt.tensor(name).ok_or_else(|| LocateError::Missing(name.to_string()))
+        self.ckpt
+            .tensor(name)
+            .ok_or_else(|| LocateError::Missing(name.to_string()))
     }
 }

@@ -109,7 +109,9 @@ pub enum ShmLayoutError {
         max: u64,
     },
     /// A slice offset that is not a multiple of [`SLICE_ALIGN`] or falls inside the header.
-    #[error("slice offset {offset_bytes} must be a multiple of {SLICE_ALIGN} at or after the {SEGMENT_HEADER_BYTES}-byte header")]
+    #[error(
+        "slice offset {offset_bytes} must be a multiple of {SLICE_ALIGN} at or after the {SEGMENT_HEADER_BYTES}-byte header"
+    )]
     SliceOffset {
         /// The offset found.
         offset_bytes: u64,
@@ -151,25 +153,46 @@ fn reserved_zero(what: &'static str, b: &[u8], range: Range<usize>) -> Result<()
     let start = range.start;
     match b[range].iter().position(|&x| x != 0) {
         None => Ok(()),
-        Some(i) => Err(ShmLayoutError::Reserved { what, offset: start + i, found: b[start + i] }),
+        Some(i) => Err(ShmLayoutError::Reserved {
+            what,
+            offset: start + i,
+            found: b[start + i],
+        }),
     }
 }
 
 /// `Err(Magic)` unless `b` (at least 8 bytes) starts with `magic`.
-fn check_magic(what: &'static str, b: &[u8], magic: &'static [u8; 8]) -> Result<(), ShmLayoutError> {
+fn check_magic(
+    what: &'static str,
+    b: &[u8],
+    magic: &'static [u8; 8],
+) -> Result<(), ShmLayoutError> {
     if b[..8] == *magic {
         return Ok(());
     }
     let mut found = [0u8; 8];
     found.copy_from_slice(&b[..8]);
     // Every magic is ASCII text.
-    Err(ShmLayoutError::Magic { what, found, expected: std::str::from_utf8(magic).unwrap_or("?") })
+    Err(ShmLayoutError::Magic {
+        what,
+        found,
+        expected: std::str::from_utf8(magic).unwrap_or("?"),
+    })
 }
 
 /// `Err(FrameLength)` unless `b` is exactly `len` bytes, then [`check_magic`].
-fn check_frame(what: &'static str, b: &[u8], len: usize, magic: &'static [u8; 8]) -> Result<(), ShmLayoutError> {
+fn check_frame(
+    what: &'static str,
+    b: &[u8],
+    len: usize,
+    magic: &'static [u8; 8],
+) -> Result<(), ShmLayoutError> {
     if b.len() != len {
-        return Err(ShmLayoutError::FrameLength { what, found: b.len(), expected: len });
+        return Err(ShmLayoutError::FrameLength {
+            what,
+            found: b.len(),
+            expected: len,
+        });
     }
     check_magic(what, b, magic)
 }
@@ -204,9 +227,16 @@ impl Hello {
         check_frame("hello frame", bytes, HELLO_BYTES, &HELLO_MAGIC)?;
         let version = le_u32(bytes, 8);
         if version != HELLO_VERSION {
-            return Err(ShmLayoutError::Version { what: "hello frame", found: version, expected: HELLO_VERSION });
+            return Err(ShmLayoutError::Version {
+                what: "hello frame",
+                found: version,
+                expected: HELLO_VERSION,
+            });
         }
-        Ok(Hello { version, flags: le_u32(bytes, 12) })
+        Ok(Hello {
+            version,
+            flags: le_u32(bytes, 12),
+        })
     }
 }
 
@@ -245,7 +275,10 @@ impl HelloReply {
     pub fn parse(bytes: &[u8]) -> Result<HelloReply, ShmLayoutError> {
         check_frame("hello reply", bytes, REPLY_BYTES, &REPLY_MAGIC)?;
         reserved_zero("hello reply", bytes, 12..16)?;
-        Ok(HelloReply { status: le_u32(bytes, 8), segment_id: le_u64(bytes, 16) })
+        Ok(HelloReply {
+            status: le_u32(bytes, 8),
+            segment_id: le_u64(bytes, 16),
+        })
     }
 }
 
@@ -302,10 +335,18 @@ impl SegmentHeader {
     /// Parses and checks a header against the size of the file that holds it.
     pub fn parse(bytes: &[u8], file_bytes: u64) -> Result<SegmentHeader, ShmLayoutError> {
         if !(MIN_SEGMENT_BYTES..=MAX_SEGMENT_BYTES).contains(&file_bytes) {
-            return Err(ShmLayoutError::SegmentSize { found: file_bytes, min: MIN_SEGMENT_BYTES, max: MAX_SEGMENT_BYTES });
+            return Err(ShmLayoutError::SegmentSize {
+                found: file_bytes,
+                min: MIN_SEGMENT_BYTES,
+                max: MAX_SEGMENT_BYTES,
+            });
         }
         if bytes.len() < SEGMENT_HEADER_BYTES {
-            return Err(ShmLayoutError::FrameLength { what: "segment header", found: bytes.len(), expected: SEGMENT_HEADER_BYTES });
+            return Err(ShmLayoutError::FrameLength {
+                what: "segment header",
+                found: bytes.len(),
+                expected: SEGMENT_HEADER_BYTES,
+            });
         }
         check_magic("segment header", bytes, &SEGMENT_MAGIC)?;
         let h = SegmentHeader {
@@ -317,12 +358,28 @@ impl SegmentHeader {
             ring: None,
         };
         if h.version != SEGMENT_VERSION {
-            return Err(ShmLayoutError::Version { what: "segment header", found: h.version, expected: SEGMENT_VERSION });
+            return Err(ShmLayoutError::Version {
+                what: "segment header",
+                found: h.version,
+                expected: SEGMENT_VERSION,
+            });
         }
         let exact = |field, found: u64, expected: u64| {
-            if found == expected { Ok(()) } else { Err(ShmLayoutError::HeaderField { field, found, expected }) }
+            if found == expected {
+                Ok(())
+            } else {
+                Err(ShmLayoutError::HeaderField {
+                    field,
+                    found,
+                    expected,
+                })
+            }
         };
-        exact("header_bytes", u64::from(h.header_bytes), SEGMENT_HEADER_BYTES as u64)?;
+        exact(
+            "header_bytes",
+            u64::from(h.header_bytes),
+            SEGMENT_HEADER_BYTES as u64,
+        )?;
         exact("segment_bytes", h.segment_bytes, file_bytes)?;
         exact("data_offset", h.data_offset, SEGMENT_HEADER_BYTES as u64)?;
         // Bytes 48..64 are unused, and so are the ring's counts when no ring is announced.
@@ -332,7 +389,11 @@ impl SegmentHeader {
             reserved_zero("segment header (no ring)", bytes, 40..48)?;
             None
         } else {
-            let r = crate::ring::RingLayout { offset: ring_offset, entries: le_u32(bytes, 40), cells: le_u32(bytes, 44) };
+            let r = crate::ring::RingLayout {
+                offset: ring_offset,
+                entries: le_u32(bytes, 40),
+                cells: le_u32(bytes, 44),
+            };
             r.check(file_bytes)?;
             Some(r)
         };
@@ -355,12 +416,22 @@ impl ShmSlice {
     /// The slice as a byte range of a segment of `segment_bytes`, after checking alignment
     /// and bounds with checked arithmetic.
     pub fn range_in(&self, segment_bytes: u64) -> Result<Range<usize>, ShmLayoutError> {
-        let ShmSlice { offset_bytes, length_bytes, .. } = *self;
+        let ShmSlice {
+            offset_bytes,
+            length_bytes,
+            ..
+        } = *self;
         if !offset_bytes.is_multiple_of(SLICE_ALIGN) || offset_bytes < SEGMENT_HEADER_BYTES as u64 {
             return Err(ShmLayoutError::SliceOffset { offset_bytes });
         }
-        let bounds = ShmLayoutError::SliceBounds { offset_bytes, length_bytes, segment_bytes };
-        let end = offset_bytes.checked_add(length_bytes).ok_or(bounds.clone())?;
+        let bounds = ShmLayoutError::SliceBounds {
+            offset_bytes,
+            length_bytes,
+            segment_bytes,
+        };
+        let end = offset_bytes
+            .checked_add(length_bytes)
+            .ok_or(bounds.clone())?;
         if end > segment_bytes {
             return Err(bounds);
         }
@@ -390,8 +461,16 @@ pub struct SlotLayout {
 
 impl SlotLayout {
     /// The layout for `n_slots` slots of `max_rows × hidden` f32 each way.
-    pub fn new(n_slots: usize, max_rows: usize, hidden: usize) -> Result<SlotLayout, ShmLayoutError> {
-        let overflow = ShmLayoutError::SlotOverflow { n_slots, max_rows, hidden };
+    pub fn new(
+        n_slots: usize,
+        max_rows: usize,
+        hidden: usize,
+    ) -> Result<SlotLayout, ShmLayoutError> {
+        let overflow = ShmLayoutError::SlotOverflow {
+            n_slots,
+            max_rows,
+            hidden,
+        };
         if n_slots == 0 || max_rows == 0 || hidden == 0 {
             return Err(overflow);
         }
@@ -408,27 +487,49 @@ impl SlotLayout {
         if segment_bytes > MAX_SEGMENT_BYTES {
             return Err(overflow);
         }
-        Ok(SlotLayout { n_slots, max_rows, hidden, region_bytes, segment_bytes, ring: None })
+        Ok(SlotLayout {
+            n_slots,
+            max_rows,
+            hidden,
+            region_bytes,
+            segment_bytes,
+            ring: None,
+        })
     }
 
     /// The same slots followed by a ring of one entry per slot plus one for prefetch hints
     /// (the last), each carrying up to `cells` ids and weights (`max_rows × top_k` of the
     /// largest call that may use the ring).
     pub fn with_ring(self, cells: usize) -> Result<SlotLayout, ShmLayoutError> {
-        let overflow = ShmLayoutError::SlotOverflow { n_slots: self.n_slots, max_rows: self.max_rows, hidden: self.hidden };
+        let overflow = ShmLayoutError::SlotOverflow {
+            n_slots: self.n_slots,
+            max_rows: self.max_rows,
+            hidden: self.hidden,
+        };
         let ring = crate::ring::RingLayout {
             offset: self.segment_bytes,
             entries: u32::try_from(self.n_slots + 1).map_err(|_| overflow.clone())?,
             cells: u32::try_from(cells).map_err(|_| overflow.clone())?,
         };
-        let segment_bytes = self.segment_bytes.checked_add(ring.bytes()).filter(|&b| b <= MAX_SEGMENT_BYTES).ok_or(overflow)?;
+        let segment_bytes = self
+            .segment_bytes
+            .checked_add(ring.bytes())
+            .filter(|&b| b <= MAX_SEGMENT_BYTES)
+            .ok_or(overflow)?;
         ring.check(segment_bytes)?;
-        Ok(SlotLayout { segment_bytes, ring: Some(ring), ..self })
+        Ok(SlotLayout {
+            segment_bytes,
+            ring: Some(ring),
+            ..self
+        })
     }
 
     /// The segment header for this layout.
     pub fn header(&self) -> SegmentHeader {
-        SegmentHeader { ring: self.ring, ..SegmentHeader::new(self.segment_bytes) }
+        SegmentHeader {
+            ring: self.ring,
+            ..SegmentHeader::new(self.segment_bytes)
+        }
     }
 
     /// Offset of slot `slot`'s input region.
@@ -448,18 +549,34 @@ mod tests {
 
     #[test]
     fn frames_round_trip() {
-        let h = Hello { version: HELLO_VERSION, flags: HELLO_FLAG_SEGMENT };
+        let h = Hello {
+            version: HELLO_VERSION,
+            flags: HELLO_FLAG_SEGMENT,
+        };
         assert_eq!(Hello::parse(&h.encode()), Ok(h));
-        let r = HelloReply { status: REPLY_OK, segment_id: 7 };
+        let r = HelloReply {
+            status: REPLY_OK,
+            segment_id: 7,
+        };
         assert_eq!(HelloReply::parse(&r.encode()), Ok(r));
         let mut bad = h.encode();
         bad[8] = 9;
-        assert!(matches!(Hello::parse(&bad), Err(ShmLayoutError::Version { found: 9, .. })));
+        assert!(matches!(
+            Hello::parse(&bad),
+            Err(ShmLayoutError::Version { found: 9, .. })
+        ));
         assert!(!is_hello_magic(b"PRI * HT"));
         // Reserved bytes must be zero (found by fuzzing: a reply with garbage there was accepted).
         let mut odd = r.encode();
         odd[13] = 1;
-        assert_eq!(HelloReply::parse(&odd), Err(ShmLayoutError::Reserved { what: "hello reply", offset: 13, found: 1 }));
+        assert_eq!(
+            HelloReply::parse(&odd),
+            Err(ShmLayoutError::Reserved {
+                what: "hello reply",
+                offset: 13,
+                found: 1
+            })
+        );
     }
 
     #[test]
@@ -469,27 +586,62 @@ mod tests {
         let h = SegmentHeader::new(4096);
         let mut b = h.encode();
         b[58] = 0x80;
-        assert!(matches!(SegmentHeader::parse(&b, 4096), Err(ShmLayoutError::Reserved { offset: 58, .. })));
+        assert!(matches!(
+            SegmentHeader::parse(&b, 4096),
+            Err(ShmLayoutError::Reserved { offset: 58, .. })
+        ));
         let mut b = h.encode();
         b[44] = 3; // ring cells without a ring
-        assert!(matches!(SegmentHeader::parse(&b, 4096), Err(ShmLayoutError::Reserved { offset: 44, .. })));
-        let l = SlotLayout::new(1, 1, 16).expect("layout").with_ring(8).expect("ring");
+        assert!(matches!(
+            SegmentHeader::parse(&b, 4096),
+            Err(ShmLayoutError::Reserved { offset: 44, .. })
+        ));
+        let l = SlotLayout::new(1, 1, 16)
+            .expect("layout")
+            .with_ring(8)
+            .expect("ring");
         let mut b = l.header().encode();
         b[63] = 1;
-        assert!(matches!(SegmentHeader::parse(&b, l.segment_bytes), Err(ShmLayoutError::Reserved { offset: 63, .. })));
+        assert!(matches!(
+            SegmentHeader::parse(&b, l.segment_bytes),
+            Err(ShmLayoutError::Reserved { offset: 63, .. })
+        ));
     }
 
     #[test]
     fn header_checks_its_size_against_the_file() {
         let h = SegmentHeader::new(4096);
         assert_eq!(SegmentHeader::parse(&h.encode(), 4096), Ok(h));
-        assert!(matches!(SegmentHeader::parse(&h.encode(), 8192), Err(ShmLayoutError::HeaderField { field: "segment_bytes", .. })));
-        assert!(matches!(SegmentHeader::parse(&h.encode(), 8), Err(ShmLayoutError::SegmentSize { .. })));
+        assert!(matches!(
+            SegmentHeader::parse(&h.encode(), 8192),
+            Err(ShmLayoutError::HeaderField {
+                field: "segment_bytes",
+                ..
+            })
+        ));
+        assert!(matches!(
+            SegmentHeader::parse(&h.encode(), 8),
+            Err(ShmLayoutError::SegmentSize { .. })
+        ));
     }
 
-    fn check(offset_bytes: u64, length_bytes: u64, segment_bytes: u64, expected: Result<Range<usize>, ()>) {
-        let got = ShmSlice { segment_id: 1, offset_bytes, length_bytes }.range_in(segment_bytes).map_err(|_| ());
-        assert_eq!(got, expected, "offset {offset_bytes} length {length_bytes} in {segment_bytes}");
+    fn check(
+        offset_bytes: u64,
+        length_bytes: u64,
+        segment_bytes: u64,
+        expected: Result<Range<usize>, ()>,
+    ) {
+        let got = ShmSlice {
+            segment_id: 1,
+            offset_bytes,
+            length_bytes,
+        }
+        .range_in(segment_bytes)
+        .map_err(|_| ());
+        assert_eq!(
+            got, expected,
+            "offset {offset_bytes} length {length_bytes} in {segment_bytes}"
+        );
     }
 
     #[test]
@@ -515,7 +667,10 @@ mod tests {
         let ring = r.ring.expect("ring layout");
         assert_eq!(ring.offset, l.segment_bytes);
         assert_eq!(r.segment_bytes, l.segment_bytes + ring.bytes());
-        assert_eq!(SegmentHeader::parse(&r.header().encode(), r.segment_bytes), Ok(r.header()));
+        assert_eq!(
+            SegmentHeader::parse(&r.header().encode(), r.segment_bytes),
+            Ok(r.header())
+        );
         // A ring that does not fit the file is refused.
         assert!(SegmentHeader::parse(&r.header().encode(), l.segment_bytes).is_err());
     }

@@ -64,12 +64,18 @@ impl ModelSizes {
             + d * BF16_BYTES
             + n_layers * cfg.experts_per_token as u64 * expert_bytes_bf16;
         let at = cfg.attention;
-        let kv_bytes_per_token =
-            cfg.n_full_attention_layers() as u64 * 2 * at.n_kv_heads as u64 * at.head_dim as u64 * BF16_BYTES;
+        let kv_bytes_per_token = cfg.n_full_attention_layers() as u64
+            * 2
+            * at.n_kv_heads as u64
+            * at.head_dim as u64
+            * BF16_BYTES;
         let dn = cfg.delta_net;
         let n_linear = cfg.n_linear_attention_layers() as u64;
-        let linear_recurrent_bytes_per_sequence =
-            n_linear * dn.n_v_heads as u64 * dn.key_head_dim as u64 * dn.value_head_dim as u64 * F32_BYTES;
+        let linear_recurrent_bytes_per_sequence = n_linear
+            * dn.n_v_heads as u64
+            * dn.key_head_dim as u64
+            * dn.value_head_dim as u64
+            * F32_BYTES;
         let linear_conv_bytes_per_sequence =
             n_linear * dn.conv_dim() as u64 * (dn.conv_kernel as u64 - 1) * BF16_BYTES;
         ModelSizes {
@@ -79,7 +85,8 @@ impl ModelSizes {
             embedding_bytes_bf16,
             decode_bytes_per_token,
             kv_bytes_per_token,
-            linear_state_bytes_per_sequence: linear_recurrent_bytes_per_sequence + linear_conv_bytes_per_sequence,
+            linear_state_bytes_per_sequence: linear_recurrent_bytes_per_sequence
+                + linear_conv_bytes_per_sequence,
             linear_recurrent_bytes_per_sequence,
             linear_conv_bytes_per_sequence,
             runtime_kv_bytes_per_token: kv_bytes_per_token / BF16_BYTES * F32_BYTES,
@@ -102,18 +109,32 @@ mod tests {
         let cfg = crate::config::parse_config(json).expect("real config").text;
         let s = ModelSizes::from_config(&cfg);
         assert_eq!(s.expert_bytes_bf16, 6 << 20, "6 MiB per BF16 expert");
-        assert_eq!(s.routed_expert_bytes_bf16, 60 << 30, "60 GiB of routed experts");
+        assert_eq!(
+            s.routed_expert_bytes_bf16,
+            60 << 30,
+            "60 GiB of routed experts"
+        );
         assert_eq!(s.routed_expert_bytes_bf16, 64_424_509_440);
         assert_eq!(s.dense_bytes_bf16, 4_896_721_536);
         assert_eq!(s.dense_params, 2_448_355_968);
-        assert_eq!(s.routed_expert_params + s.dense_params, 34_660_610_688, "text parameter count");
+        assert_eq!(
+            s.routed_expert_params + s.dense_params,
+            34_660_610_688,
+            "text parameter count"
+        );
         assert_eq!(s.kv_bytes_per_token, 20_480);
         assert_eq!(s.linear_recurrent_bytes_per_sequence, 62_914_560);
         assert_eq!(s.linear_conv_bytes_per_sequence, 1_474_560);
         assert_eq!(s.runtime_kv_bytes_per_token, 40_960);
-        assert_eq!(s.runtime_linear_state_bytes_per_sequence, 62_914_560 + 2 * 1_474_560);
+        assert_eq!(
+            s.runtime_linear_state_bytes_per_sequence,
+            62_914_560 + 2 * 1_474_560
+        );
         // dense minus one embedding table plus one row, plus 40 layers × 8 experts × 6 MiB.
-        assert_eq!(s.decode_bytes_per_token, 4_896_721_536 - 1_017_118_720 + 4096 + 320 * (6 << 20));
+        assert_eq!(
+            s.decode_bytes_per_token,
+            4_896_721_536 - 1_017_118_720 + 4096 + 320 * (6 << 20)
+        );
     }
 }
 
@@ -143,7 +164,11 @@ pub fn human_bytes(bytes: u64) -> String {
     for (name, size) in UNITS {
         if bytes >= size {
             let v = bytes as f64 / size as f64;
-            return if v < 10.0 { format!("{v:.2} {name}") } else { format!("{v:.1} {name}") };
+            return if v < 10.0 {
+                format!("{v:.2} {name}")
+            } else {
+                format!("{v:.1} {name}")
+            };
         }
     }
     format!("{bytes} B")
@@ -156,9 +181,15 @@ mod budget_tests {
     #[test]
     fn a_budget_says_whether_the_container_fits() {
         let s = cache_budget_summary(10 << 30, 4 << 30);
-        assert!(s.starts_with("resident: the 10.0 GiB cache holds the whole 4.00 GiB container"), "{s}");
+        assert!(
+            s.starts_with("resident: the 10.0 GiB cache holds the whole 4.00 GiB container"),
+            "{s}"
+        );
         let s = cache_budget_summary(100_000, 262_144);
-        assert!(s.starts_with("streaming: the 97.7 KiB cache holds 38% of the 256.0 KiB container"), "{s}");
+        assert!(
+            s.starts_with("streaming: the 97.7 KiB cache holds 38% of the 256.0 KiB container"),
+            "{s}"
+        );
     }
 
     #[test]

@@ -53,6 +53,13 @@ mod tests {
     fn matches_the_reference_stream() {
         // The first outputs for seed 0 of the reference implementation (Vigna's splitmix64.c).
         let mut r = SplitMix64::new(0);
-        assert_eq!([r.next_u64(), r.next_u64(), r.next_u64()], [0xE220_A839_7B1D_CDAF, 0x6E78_9E6A_A1B9_65F4, 0x06C4_5D18_8009_454F]);
+        assert_eq!(
+            [r.next_u64(), r.next_u64(), r.next_u64()],
+            [
+                0xE220_A839_7B1D_CDAF,
+                0x6E78_9E6A_A1B9_65F4,
+                0x06C4_5D18_8009_454F
+            ]
+        );
     }
 }

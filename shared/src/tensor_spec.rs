@@ -100,11 +100,23 @@ const BF16_ONLY: &[Dtype] = &[Dtype::BF16];
 const F32_OR_BF16: &[Dtype] = &[Dtype::F32, Dtype::BF16];
 
 fn bf16(name: String, shape: Vec<usize>, role: TensorRole) -> ExpectedTensor {
-    ExpectedTensor { name, shape, canonical: Dtype::BF16, accepted: BF16_ONLY, role }
+    ExpectedTensor {
+        name,
+        shape,
+        canonical: Dtype::BF16,
+        accepted: BF16_ONLY,
+        role,
+    }
 }
 
 fn f32_kept(name: String, shape: Vec<usize>) -> ExpectedTensor {
-    ExpectedTensor { name, shape, canonical: Dtype::F32, accepted: F32_OR_BF16, role: TensorRole::Dense }
+    ExpectedTensor {
+        name,
+        shape,
+        canonical: Dtype::F32,
+        accepted: F32_OR_BF16,
+        role: TensorRole::Dense,
+    }
 }
 
 /// Every dense (non-routed-expert) text tensor, in checkpoint order, under `prefix`.
@@ -112,43 +124,111 @@ pub fn dense_tensors(cfg: &TextConfig, prefix: &str) -> Vec<ExpectedTensor> {
     use TensorRole::Dense;
     let d = cfg.hidden_size;
     let v = cfg.vocab_size;
-    let mut out = vec![bf16(format!("{prefix}embed_tokens.weight"), vec![v, d], Dense)];
+    let mut out = vec![bf16(
+        format!("{prefix}embed_tokens.weight"),
+        vec![v, d],
+        Dense,
+    )];
     for (i, ty) in cfg.layer_types.iter().enumerate() {
         let l = format!("{prefix}layers.{i}.");
         out.push(bf16(format!("{l}input_layernorm.weight"), vec![d], Dense));
-        out.push(bf16(format!("{l}post_attention_layernorm.weight"), vec![d], Dense));
+        out.push(bf16(
+            format!("{l}post_attention_layernorm.weight"),
+            vec![d],
+            Dense,
+        ));
         match ty {
             LayerType::LinearAttention => {
                 let dn = cfg.delta_net;
                 let a = format!("{l}linear_attn.");
-                out.push(bf16(format!("{a}in_proj_qkv.weight"), vec![dn.conv_dim(), d], Dense));
-                out.push(bf16(format!("{a}in_proj_z.weight"), vec![dn.value_dim(), d], Dense));
-                out.push(bf16(format!("{a}in_proj_b.weight"), vec![dn.n_v_heads, d], Dense));
-                out.push(bf16(format!("{a}in_proj_a.weight"), vec![dn.n_v_heads, d], Dense));
-                out.push(bf16(format!("{a}conv1d.weight"), vec![dn.conv_dim(), 1, dn.conv_kernel], Dense));
+                out.push(bf16(
+                    format!("{a}in_proj_qkv.weight"),
+                    vec![dn.conv_dim(), d],
+                    Dense,
+                ));
+                out.push(bf16(
+                    format!("{a}in_proj_z.weight"),
+                    vec![dn.value_dim(), d],
+                    Dense,
+                ));
+                out.push(bf16(
+                    format!("{a}in_proj_b.weight"),
+                    vec![dn.n_v_heads, d],
+                    Dense,
+                ));
+                out.push(bf16(
+                    format!("{a}in_proj_a.weight"),
+                    vec![dn.n_v_heads, d],
+                    Dense,
+                ));
+                out.push(bf16(
+                    format!("{a}conv1d.weight"),
+                    vec![dn.conv_dim(), 1, dn.conv_kernel],
+                    Dense,
+                ));
                 out.push(bf16(format!("{a}dt_bias"), vec![dn.n_v_heads], Dense));
                 out.push(f32_kept(format!("{a}A_log"), vec![dn.n_v_heads]));
                 out.push(f32_kept(format!("{a}norm.weight"), vec![dn.value_head_dim]));
-                out.push(bf16(format!("{a}out_proj.weight"), vec![d, dn.value_dim()], Dense));
+                out.push(bf16(
+                    format!("{a}out_proj.weight"),
+                    vec![d, dn.value_dim()],
+                    Dense,
+                ));
             }
             LayerType::FullAttention => {
                 let at = cfg.attention;
                 let a = format!("{l}self_attn.");
-                out.push(bf16(format!("{a}q_proj.weight"), vec![at.q_proj_rows(), d], Dense));
-                out.push(bf16(format!("{a}k_proj.weight"), vec![at.kv_proj_rows(), d], Dense));
-                out.push(bf16(format!("{a}v_proj.weight"), vec![at.kv_proj_rows(), d], Dense));
-                out.push(bf16(format!("{a}o_proj.weight"), vec![d, at.o_proj_cols()], Dense));
+                out.push(bf16(
+                    format!("{a}q_proj.weight"),
+                    vec![at.q_proj_rows(), d],
+                    Dense,
+                ));
+                out.push(bf16(
+                    format!("{a}k_proj.weight"),
+                    vec![at.kv_proj_rows(), d],
+                    Dense,
+                ));
+                out.push(bf16(
+                    format!("{a}v_proj.weight"),
+                    vec![at.kv_proj_rows(), d],
+                    Dense,
+                ));
+                out.push(bf16(
+                    format!("{a}o_proj.weight"),
+                    vec![d, at.o_proj_cols()],
+                    Dense,
+                ));
                 out.push(bf16(format!("{a}q_norm.weight"), vec![at.head_dim], Dense));
                 out.push(bf16(format!("{a}k_norm.weight"), vec![at.head_dim], Dense));
             }
         }
         let m = format!("{l}mlp.");
         let fs = cfg.shared_expert_intermediate_size;
-        out.push(bf16(format!("{m}gate.weight"), vec![cfg.num_experts, d], Dense));
-        out.push(bf16(format!("{m}shared_expert.gate_proj.weight"), vec![fs, d], Dense));
-        out.push(bf16(format!("{m}shared_expert.up_proj.weight"), vec![fs, d], Dense));
-        out.push(bf16(format!("{m}shared_expert.down_proj.weight"), vec![d, fs], Dense));
-        out.push(bf16(format!("{m}shared_expert_gate.weight"), vec![1, d], Dense));
+        out.push(bf16(
+            format!("{m}gate.weight"),
+            vec![cfg.num_experts, d],
+            Dense,
+        ));
+        out.push(bf16(
+            format!("{m}shared_expert.gate_proj.weight"),
+            vec![fs, d],
+            Dense,
+        ));
+        out.push(bf16(
+            format!("{m}shared_expert.up_proj.weight"),
+            vec![fs, d],
+            Dense,
+        ));
+        out.push(bf16(
+            format!("{m}shared_expert.down_proj.weight"),
+            vec![d, fs],
+            Dense,
+        ));
+        out.push(bf16(
+            format!("{m}shared_expert_gate.weight"),
+            vec![1, d],
+            Dense,
+        ));
     }
     out.push(bf16(format!("{prefix}norm.weight"), vec![d], Dense));
     out.push(bf16(LM_HEAD.to_string(), vec![v, d], Dense));
@@ -171,20 +251,41 @@ pub fn per_expert_name(prefix: &str, layer: usize, expert: usize, proj: &str) ->
 }
 
 /// The routed-expert tensors of one layer in the given layout.
-pub fn expert_tensors(cfg: &TextConfig, prefix: &str, layer: usize, layout: ExpertLayout) -> Vec<ExpectedTensor> {
+pub fn expert_tensors(
+    cfg: &TextConfig,
+    prefix: &str,
+    layer: usize,
+    layout: ExpertLayout,
+) -> Vec<ExpectedTensor> {
     use TensorRole::RoutedExpert;
     let (e, f, d) = (cfg.num_experts, cfg.moe_intermediate_size, cfg.hidden_size);
     match layout {
         ExpertLayout::Fused => vec![
-            bf16(fused_gate_up_name(prefix, layer), vec![e, 2 * f, d], RoutedExpert),
+            bf16(
+                fused_gate_up_name(prefix, layer),
+                vec![e, 2 * f, d],
+                RoutedExpert,
+            ),
             bf16(fused_down_name(prefix, layer), vec![e, d, f], RoutedExpert),
         ],
         ExpertLayout::PerExpert => (0..e)
             .flat_map(|x| {
                 [
-                    bf16(per_expert_name(prefix, layer, x, "gate_proj"), vec![f, d], RoutedExpert),
-                    bf16(per_expert_name(prefix, layer, x, "up_proj"), vec![f, d], RoutedExpert),
-                    bf16(per_expert_name(prefix, layer, x, "down_proj"), vec![d, f], RoutedExpert),
+                    bf16(
+                        per_expert_name(prefix, layer, x, "gate_proj"),
+                        vec![f, d],
+                        RoutedExpert,
+                    ),
+                    bf16(
+                        per_expert_name(prefix, layer, x, "up_proj"),
+                        vec![f, d],
+                        RoutedExpert,
+                    ),
+                    bf16(
+                        per_expert_name(prefix, layer, x, "down_proj"),
+                        vec![d, f],
+                        RoutedExpert,
+                    ),
                 ]
             })
             .collect(),

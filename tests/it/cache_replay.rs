@@ -4,7 +4,9 @@
 //! under the recorded configuration, report what-if rows for other policies and budgets, and
 //! fail loudly when the trace disagrees with the replay.
 
-use expertd::cache::{Acquired, CacheConfig, CacheStats, ExpertCache, ExpertKey, PlanTotals, Policy, SessionId};
+use expertd::cache::{
+    Acquired, CacheConfig, CacheStats, ExpertCache, ExpertKey, PlanTotals, Policy, SessionId,
+};
 use expertd::trace::TraceWriter;
 use shared::ids::{ExpertId, LayerId};
 use shared::splitmix::SplitMix64;
@@ -15,18 +17,31 @@ use tests::workspace_bin;
 const SLOT_BYTES: usize = 4096;
 
 fn expertd(args: &[&str]) -> Output {
-    Command::new(workspace_bin("expertd")).args(args).output().expect("spawn expertd")
+    Command::new(workspace_bin("expertd"))
+        .args(args)
+        .output()
+        .expect("spawn expertd")
 }
 
 fn text(o: &Output) -> String {
-    format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
 }
 
 /// Drives a cache with tracing into `path` and returns its final counters.
 fn record(path: &Path, policy: Policy, slots: u64, seed: u64) -> CacheStats {
-    let config = CacheConfig { budget_bytes: slots * SLOT_BYTES as u64, policy, transient_slots: 2 };
+    let config = CacheConfig {
+        budget_bytes: slots * SLOT_BYTES as u64,
+        policy,
+        transient_slots: 2,
+    };
     let cache = ExpertCache::new(config, SLOT_BYTES).expect("cache");
-    cache.start_trace(TraceWriter::create(path).expect("create trace")).expect("start trace");
+    cache
+        .start_trace(TraceWriter::create(path).expect("create trace"))
+        .expect("start trace");
     let mut rng = SplitMix64::new(seed);
     // Calls held across later calls, as overlapping requests of several hosts would hold them.
     let mut held: Vec<Acquired> = Vec::new();
@@ -42,7 +57,9 @@ fn record(path: &Path, policy: Policy, slots: u64, seed: u64) -> CacheStats {
                         keys.push(k);
                     }
                 }
-                let Ok(mut acq) = cache.acquire_at(SessionId(session), step, &keys) else { continue };
+                let Ok(mut acq) = cache.acquire_at(SessionId(session), step, &keys) else {
+                    continue;
+                };
                 let abandon = rng.below(25) == 0;
                 for lease in acq.misses() {
                     if !abandon {
@@ -75,7 +92,8 @@ fn replay_json(trace: &Path, extra: &[&str]) -> (Output, serde_json::Value) {
     let mut args = vec!["replay", trace.to_str().expect("utf-8 path"), "--json"];
     args.extend_from_slice(extra);
     let o = expertd(&args);
-    let doc = serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("replay --json output is not JSON ({e}): {}", text(&o)));
+    let doc = serde_json::from_slice(&o.stdout)
+        .unwrap_or_else(|e| panic!("replay --json output is not JSON ({e}): {}", text(&o)));
     (o, doc)
 }
 
@@ -84,17 +102,36 @@ fn check_exact_replay(policy: Policy, slots: u64, seed: u64) {
     let trace = dir.path().join("route.jsonl");
     let stats = record(&trace, policy, slots, seed);
     let t = stats.totals;
-    assert!(t.evictions > 0 && t.hits > 0 && t.fill_failures > 0, "workload too tame: {stats:?}");
+    assert!(
+        t.evictions > 0 && t.hits > 0 && t.fill_failures > 0,
+        "workload too tame: {stats:?}"
+    );
     let (o, doc) = replay_json(&trace, &[]);
-    assert!(o.status.success(), "replay of the recorded configuration failed: {}", text(&o));
+    assert!(
+        o.status.success(),
+        "replay of the recorded configuration failed: {}",
+        text(&o)
+    );
     let r = &doc["results"][0];
     let got = |f: &str| r[f].as_u64().unwrap_or_else(|| panic!("field {f} in {r}"));
     // Every decision counter is a key of the result, equal to the cache's.
-    let replayed: PlanTotals = serde_json::from_value(r.clone()).unwrap_or_else(|e| panic!("{policy}: totals in {r}: {e}"));
-    assert_eq!(replayed, t, "{policy}: replayed totals ≠ the cache's counters");
-    assert_eq!(got("bytes_read"), stats.bytes_read, "{policy}: replayed bytes_read ≠ the cache's");
+    let replayed: PlanTotals = serde_json::from_value(r.clone())
+        .unwrap_or_else(|e| panic!("{policy}: totals in {r}: {e}"));
+    assert_eq!(
+        replayed, t,
+        "{policy}: replayed totals ≠ the cache's counters"
+    );
+    assert_eq!(
+        got("bytes_read"),
+        stats.bytes_read,
+        "{policy}: replayed bytes_read ≠ the cache's"
+    );
     assert_eq!(r["check"]["matches"], true, "{policy}: {}", r["check"]);
-    assert_eq!(got("tokens"), 3 * 40, "40 steps of 3 sessions (session 2 reopened under its id after step 30)");
+    assert_eq!(
+        got("tokens"),
+        3 * 40,
+        "40 steps of 3 sessions (session 2 reopened under its id after step 30)"
+    );
 }
 
 #[test]
@@ -113,20 +150,61 @@ fn replay_table_over_policies_and_budgets() {
     let trace = dir.path().join("route.jsonl");
     record(&trace, Policy::Lru, 24, 3);
     let budgets = format!("{},{}", 24 * SLOT_BYTES, 48 * SLOT_BYTES);
-    let (o, doc) = replay_json(&trace, &["--policy", "lru,lfu-aging", "--cache-bytes", &budgets, "--halving-period", "16"]);
+    let (o, doc) = replay_json(
+        &trace,
+        &[
+            "--policy",
+            "lru,lfu-aging",
+            "--cache-bytes",
+            &budgets,
+            "--halving-period",
+            "16",
+        ],
+    );
     assert!(o.status.success(), "{}", text(&o));
     let rows = doc["results"].as_array().expect("results");
     assert_eq!(rows.len(), 4);
     let checked: Vec<bool> = rows.iter().map(|r| r.get("check").is_some()).collect();
-    assert_eq!(checked, [true, false, false, false], "only (lru, recorded budget) is the recorded configuration");
+    assert_eq!(
+        checked,
+        [true, false, false, false],
+        "only (lru, recorded budget) is the recorded configuration"
+    );
     for r in rows {
-        let (misses, tokens) = (r["misses"].as_f64().expect("misses"), r["tokens"].as_f64().expect("tokens"));
-        assert!((r["misses_per_token"].as_f64().expect("per token") - misses / tokens).abs() < 1e-9, "{r}");
-        assert!((r["bytes_read_per_token"].as_f64().expect("bytes per token") - misses * SLOT_BYTES as f64 / tokens).abs() < 1e-6, "{r}");
+        let (misses, tokens) = (
+            r["misses"].as_f64().expect("misses"),
+            r["tokens"].as_f64().expect("tokens"),
+        );
+        assert!(
+            (r["misses_per_token"].as_f64().expect("per token") - misses / tokens).abs() < 1e-9,
+            "{r}"
+        );
+        assert!(
+            (r["bytes_read_per_token"].as_f64().expect("bytes per token")
+                - misses * SLOT_BYTES as f64 / tokens)
+                .abs()
+                < 1e-6,
+            "{r}"
+        );
     }
-    let table = expertd(&["replay", trace.to_str().expect("utf-8"), "--policy", "lfu-aging", "--cache-bytes", &budgets]);
+    let table = expertd(&[
+        "replay",
+        trace.to_str().expect("utf-8"),
+        "--policy",
+        "lfu-aging",
+        "--cache-bytes",
+        &budgets,
+    ]);
     assert!(table.status.success(), "{}", text(&table));
-    assert_eq!(String::from_utf8_lossy(&table.stdout).lines().filter(|l| l.starts_with("lfu-aging")).count(), 2, "{}", text(&table));
+    assert_eq!(
+        String::from_utf8_lossy(&table.stdout)
+            .lines()
+            .filter(|l| l.starts_with("lfu-aging"))
+            .count(),
+        2,
+        "{}",
+        text(&table)
+    );
 }
 
 #[test]
@@ -151,6 +229,10 @@ fn replay_fails_when_the_trace_disagrees() {
         .collect();
     std::fs::write(&trace, tampered.join("\n") + "\n").expect("write trace");
     let o = expertd(&["replay", trace.to_str().expect("utf-8")]);
-    assert!(!o.status.success(), "a disagreeing trace must fail: {}", text(&o));
+    assert!(
+        !o.status.success(),
+        "a disagreeing trace must fail: {}",
+        text(&o)
+    );
     assert!(text(&o).contains("MISMATCH (1 of"), "{}", text(&o));
 }

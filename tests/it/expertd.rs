@@ -9,6 +9,7 @@
 //! in this process ([`InProcessDaemon`], configured here by [`whole_container`]); the rest run
 //! the `expertd serve` binary ([`Daemon`]).
 
+use expertd::server::ServeConfig;
 use hostd::expert_client::{ClientOptions, Endpoint, ExpertdClient};
 use hostd::experts::{ExpertBackend, MoeCall};
 use proto::v1::expert_service_client::ExpertServiceClient;
@@ -18,9 +19,10 @@ use shared::ids::LayerId;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use expertd::server::ServeConfig;
 use std::time::{Duration, Instant};
-use tests::{InProcessDaemon, Spawned, model_dir, presets, reference, work_with_container, workspace_bin};
+use tests::{
+    InProcessDaemon, Spawned, model_dir, presets, reference, work_with_container, workspace_bin,
+};
 use tonic::Code;
 use tonic::transport::Channel;
 
@@ -37,30 +39,54 @@ pub(crate) struct Daemon {
 }
 
 fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port()
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .expect("bind")
+        .local_addr()
+        .expect("addr")
+        .port()
 }
 
 impl Daemon {
-    pub(crate) fn start(container: &Path, cache_bytes: u64, tcp_token: Option<&Path>, extra: &[&str]) -> Daemon {
+    pub(crate) fn start(
+        container: &Path,
+        cache_bytes: u64,
+        tcp_token: Option<&Path>,
+        extra: &[&str],
+    ) -> Daemon {
         Daemon::start_at(container, cache_bytes, tcp_token, extra, None)
     }
 
     /// `socket_at`: serve on this unix socket path instead of a fresh one. On TCP the daemon
     /// serves TLS when `extra` has `--tls-cert`/`--tls-key`, plain TCP (`--insecure`) otherwise.
-    fn start_at(container: &Path, cache_bytes: u64, tcp_token: Option<&Path>, extra: &[&str], socket_at: Option<&Path>) -> Daemon {
+    fn start_at(
+        container: &Path,
+        cache_bytes: u64,
+        tcp_token: Option<&Path>,
+        extra: &[&str],
+        socket_at: Option<&Path>,
+    ) -> Daemon {
         let dir = tempfile::tempdir().expect("tempdir");
         let log = dir.path().join("expertd.log");
         let mut cmd = Command::new(workspace_bin("expertd"));
-        cmd.arg("serve").arg("--container").arg(container).arg("--cache-bytes").arg(cache_bytes.to_string()).args(extra);
+        cmd.arg("serve")
+            .arg("--container")
+            .arg(container)
+            .arg("--cache-bytes")
+            .arg(cache_bytes.to_string())
+            .args(extra);
         let (socket, port) = match tcp_token {
             None => {
-                let s = socket_at.map_or_else(|| dir.path().join("expertd.sock"), Path::to_path_buf);
+                let s =
+                    socket_at.map_or_else(|| dir.path().join("expertd.sock"), Path::to_path_buf);
                 cmd.arg("--socket").arg(&s);
                 (Some(s), None)
             }
             Some(token) => {
                 let p = free_port();
-                cmd.arg("--listen").arg(format!("127.0.0.1:{p}")).arg("--auth-token-file").arg(token);
+                cmd.arg("--listen")
+                    .arg(format!("127.0.0.1:{p}"))
+                    .arg("--auth-token-file")
+                    .arg(token);
                 if !extra.contains(&"--tls-cert") {
                     cmd.arg("--insecure");
                 }
@@ -73,7 +99,13 @@ impl Daemon {
             (None, Some(p)) => std::net::TcpStream::connect(("127.0.0.1", p)).is_ok(),
             (None, None) => unreachable!(),
         });
-        Daemon { process, socket, port, tls: extra.contains(&"--tls-cert"), _dir: dir }
+        Daemon {
+            process,
+            socket,
+            port,
+            tls: extra.contains(&"--tls-cert"),
+            _dir: dir,
+        }
     }
 
     pub(crate) fn unix(container: &Path, cache_bytes: u64, extra: &[&str]) -> Daemon {
@@ -87,7 +119,10 @@ impl Daemon {
     pub(crate) fn uri(&self) -> String {
         match (&self.socket, self.port) {
             (Some(s), _) => format!("unix://{}", s.display()),
-            (None, Some(p)) => format!("{}://127.0.0.1:{p}", if self.tls { "https" } else { "http" }),
+            (None, Some(p)) => format!(
+                "{}://127.0.0.1:{p}",
+                if self.tls { "https" } else { "http" }
+            ),
             (None, None) => unreachable!(),
         }
     }
@@ -104,11 +139,18 @@ impl Daemon {
 }
 
 pub(crate) fn blob_stride(container: &Path) -> u64 {
-    ContainerFile::open(container).expect("container").header().layout.blob.stride as u64
+    ContainerFile::open(container)
+        .expect("container")
+        .header()
+        .layout
+        .blob
+        .stride as u64
 }
 
 pub(crate) fn container_bytes(container: &Path) -> u64 {
-    std::fs::metadata(container.join(shared::container::CONTAINER_FILE)).expect("container file").len()
+    std::fs::metadata(container.join(shared::container::CONTAINER_FILE))
+        .expect("container file")
+        .len()
 }
 
 /// A serving configuration whose cache holds every expert of `container` (defaults otherwise),
@@ -126,7 +168,8 @@ pub(crate) fn prompts_file(preset: &str, dir: &Path, repeat: usize) -> PathBuf {
         })
         .collect();
     let path = dir.join(format!("{preset}-prompts-{repeat}.json"));
-    std::fs::write(&path, serde_json::json!({ "prompts": prompts }).to_string()).expect("write prompts");
+    std::fs::write(&path, serde_json::json!({ "prompts": prompts }).to_string())
+        .expect("write prompts");
     path
 }
 
@@ -139,32 +182,69 @@ pub(crate) struct EvalOut {
 
 impl std::fmt::Debug for EvalOut {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "EvalOut({} logit bytes, greedy {:?})", self.logits.len(), self.greedy)
+        write!(
+            f,
+            "EvalOut({} logit bytes, greedy {:?})",
+            self.logits.len(),
+            self.greedy
+        )
     }
 }
 
 fn eval_cmd(preset: &str, prompts: &Path, out: &Path, backend: &[&str]) -> Command {
     let mut cmd = Command::new(workspace_bin("hostd"));
-    cmd.arg("eval").arg("--model").arg(model_dir(preset)).arg("--prompts").arg(prompts).arg("--new-tokens").arg(NEW_TOKENS).arg("--out").arg(out);
+    cmd.arg("eval")
+        .arg("--model")
+        .arg(model_dir(preset))
+        .arg("--prompts")
+        .arg(prompts)
+        .arg("--new-tokens")
+        .arg(NEW_TOKENS)
+        .arg("--out")
+        .arg(out);
     cmd.args(backend).arg("--threads").arg("1");
     cmd
 }
 
 fn read_eval(out: &Path) -> EvalOut {
-    let doc: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(out).expect("eval json")).expect("json");
-    let greedy = doc["prompts"].as_array().expect("prompts").iter().map(|p| serde_json::from_value(p["greedy_ids"].clone()).expect("ids")).collect();
-    EvalOut { logits: std::fs::read(out.with_extension("logits.f32")).expect("logits"), greedy }
+    let doc: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out).expect("eval json")).expect("json");
+    let greedy = doc["prompts"]
+        .as_array()
+        .expect("prompts")
+        .iter()
+        .map(|p| serde_json::from_value(p["greedy_ids"].clone()).expect("ids"))
+        .collect();
+    EvalOut {
+        logits: std::fs::read(out.with_extension("logits.f32")).expect("logits"),
+        greedy,
+    }
 }
 
-pub(crate) fn eval(preset: &str, prompts: &Path, dir: &Path, tag: &str, backend: &[&str]) -> EvalOut {
+pub(crate) fn eval(
+    preset: &str,
+    prompts: &Path,
+    dir: &Path,
+    tag: &str,
+    backend: &[&str],
+) -> EvalOut {
     let out = dir.join(format!("{tag}.json"));
-    let o = eval_cmd(preset, prompts, &out, backend).output().expect("spawn hostd");
-    assert!(o.status.success(), "hostd eval ({tag}) failed: {}", String::from_utf8_lossy(&o.stderr));
+    let o = eval_cmd(preset, prompts, &out, backend)
+        .output()
+        .expect("spawn hostd");
+    assert!(
+        o.status.success(),
+        "hostd eval ({tag}) failed: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
     read_eval(&out)
 }
 
 pub(crate) fn rt() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime")
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime")
 }
 
 /// A plain gRPC client (no shared-memory pre-handshake) on the daemon's unix socket.
@@ -178,7 +258,11 @@ pub(crate) async fn unix_channel(socket: &Path) -> Channel {
     tonic::transport::Endpoint::from_static("http://expertd.test")
         .connect_with_connector(tower::service_fn(move |_| {
             let socket = socket.clone();
-            async move { Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(tokio::net::UnixStream::connect(socket).await?)) }
+            async move {
+                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(
+                    tokio::net::UnixStream::connect(socket).await?,
+                ))
+            }
         }))
         .await
         .expect("connect")
@@ -211,15 +295,26 @@ pub(crate) fn valid_call(session_id: u64) -> pb::MoeLayerRequest {
         top_k: 2,
         expert_ids: vec![0, 1, 2, 3],
         weights: vec![0.75, 0.25, 0.5, 0.5],
-        input: Some(Input::InputInlineF32Le(proto::convert::f32s_to_le_bytes(&activations(2, HIDDEN_TINY)))),
+        input: Some(Input::InputInlineF32Le(proto::convert::f32s_to_le_bytes(
+            &activations(2, HIDDEN_TINY),
+        ))),
         output_shm: None,
     }
 }
 
-pub(crate) fn check_status<T: std::fmt::Debug>(what: &str, r: Result<T, tonic::Status>, code: Code, needle: &str) {
+pub(crate) fn check_status<T: std::fmt::Debug>(
+    what: &str,
+    r: Result<T, tonic::Status>,
+    code: Code,
+    needle: &str,
+) {
     let s = r.expect_err(what);
     assert_eq!(s.code(), code, "{what}: {}", s.message());
-    assert!(s.message().contains(needle), "{what}: {:?} does not mention {needle:?}", s.message());
+    assert!(
+        s.message().contains(needle),
+        "{what}: {:?} does not mention {needle:?}",
+        s.message()
+    );
 }
 
 #[test]
@@ -228,30 +323,79 @@ fn hostd_with_expertd_equals_in_process_int8_bit_for_bit_on_every_fixture() {
         let (work, container) = work_with_container(&preset);
         let prompts = prompts_file(&preset, work.path(), 1);
         let c = container.to_str().expect("utf-8");
-        let baseline = eval(&preset, &prompts, work.path(), "int8", &["--experts", "int8", "--container", c]);
+        let baseline = eval(
+            &preset,
+            &prompts,
+            work.path(),
+            "int8",
+            &["--experts", "int8", "--container", c],
+        );
 
         // A budget of two experts evicts on every step; misses beyond it use transient buffers.
         let tiny_budget = Daemon::unix(&container, 2 * blob_stride(&container), &[]);
-        let mode = std::fs::metadata(tiny_budget.socket.as_ref().expect("socket")).expect("socket").permissions().mode() & 0o777;
+        let mode = std::fs::metadata(tiny_budget.socket.as_ref().expect("socket"))
+            .expect("socket")
+            .permissions()
+            .mode()
+            & 0o777;
         assert_eq!(mode, 0o660, "socket mode");
-        let shm = eval(&preset, &prompts, work.path(), "shm-tiny-budget", &["--expertd", &tiny_budget.uri(), "--container", c]);
+        let shm = eval(
+            &preset,
+            &prompts,
+            work.path(),
+            "shm-tiny-budget",
+            &["--expertd", &tiny_budget.uri(), "--container", c],
+        );
         assert_eq!(shm, baseline, "{preset}: shared memory, tiny budget");
-        let inline = eval(&preset, &prompts, work.path(), "uds-inline", &["--expertd", &tiny_budget.uri(), "--expertd-no-shm"]);
+        let inline = eval(
+            &preset,
+            &prompts,
+            work.path(),
+            "uds-inline",
+            &["--expertd", &tiny_budget.uri(), "--expertd-no-shm"],
+        );
         assert_eq!(inline, baseline, "{preset}: inline over the unix socket");
         let stats = rt().block_on(async {
             let mut c = raw_unix(tiny_budget.socket.as_ref().expect("socket")).await;
-            c.stats(pb::StatsRequest {}).await.expect("stats").into_inner()
+            c.stats(pb::StatsRequest {})
+                .await
+                .expect("stats")
+                .into_inner()
         });
         let cache = stats.cache.expect("cache stats");
-        assert!(cache.evictions > 0, "{preset}: a two-expert budget must evict: {cache:?}");
-        assert_eq!((cache.leases_held, stats.sessions.len()), (0, 0), "{preset}: both clients are gone");
+        assert!(
+            cache.evictions > 0,
+            "{preset}: a two-expert budget must evict: {cache:?}"
+        );
+        assert_eq!(
+            (cache.leases_held, stats.sessions.len()),
+            (0, 0),
+            "{preset}: both clients are gone"
+        );
 
         // A budget holding everything, over TCP with a token.
         let token = work.path().join("token");
         std::fs::write(&token, "s3cret\n").expect("token");
-        let tcp = Daemon::start(&container, container_bytes(&container), Some(&token), &["--io", "pread"]);
+        let tcp = Daemon::start(
+            &container,
+            container_bytes(&container),
+            Some(&token),
+            &["--io", "pread"],
+        );
         let t = token.to_str().expect("utf-8");
-        let over_tcp = eval(&preset, &prompts, work.path(), "tcp-full-budget", &["--expertd", &tcp.uri(), "--expertd-token-file", t, "--expertd-insecure"]);
+        let over_tcp = eval(
+            &preset,
+            &prompts,
+            work.path(),
+            "tcp-full-budget",
+            &[
+                "--expertd",
+                &tcp.uri(),
+                "--expertd-token-file",
+                t,
+                "--expertd-insecure",
+            ],
+        );
         assert_eq!(over_tcp, baseline, "{preset}: TCP, full budget, pread");
         assert_eq!(tcp.stop().code(), Some(0), "SIGTERM drains and exits 0");
         assert_eq!(tiny_budget.stop().code(), Some(0));
@@ -263,9 +407,34 @@ fn a_private_daemon_prepares_the_container_and_matches_int8() {
     let work = tempfile::tempdir().expect("tempdir");
     let prompts = prompts_file("tiny", work.path(), 1);
     let container = work.path().join("made-by-hostd");
-    let private = eval("tiny", &prompts, work.path(), "private", &["--experts", "expertd", "--container", container.to_str().expect("utf-8")]);
-    assert!(container.join(shared::container::CONTAINER_FILE).exists(), "hostd ran expertd prepare");
-    let baseline = eval("tiny", &prompts, work.path(), "int8", &["--experts", "int8", "--container", container.to_str().expect("utf-8")]);
+    let private = eval(
+        "tiny",
+        &prompts,
+        work.path(),
+        "private",
+        &[
+            "--experts",
+            "expertd",
+            "--container",
+            container.to_str().expect("utf-8"),
+        ],
+    );
+    assert!(
+        container.join(shared::container::CONTAINER_FILE).exists(),
+        "hostd ran expertd prepare"
+    );
+    let baseline = eval(
+        "tiny",
+        &prompts,
+        work.path(),
+        "int8",
+        &[
+            "--experts",
+            "int8",
+            "--container",
+            container.to_str().expect("utf-8"),
+        ],
+    );
     assert_eq!(private, baseline);
 }
 
@@ -275,9 +444,25 @@ fn pread_and_io_uring_give_identical_results() {
     let prompts = prompts_file("small", work.path(), 1);
     let budget = 3 * blob_stride(&container);
     let uring = Daemon::unix(&container, budget, &["--io", "uring"]);
-    let a = eval("small", &prompts, work.path(), "uring", &["--expertd", &uring.uri()]);
-    let pread = Daemon::unix(&container, budget, &["--io", "pread", "--policy", "lfu-aging"]);
-    let b = eval("small", &prompts, work.path(), "pread", &["--expertd", &pread.uri()]);
+    let a = eval(
+        "small",
+        &prompts,
+        work.path(),
+        "uring",
+        &["--expertd", &uring.uri()],
+    );
+    let pread = Daemon::unix(
+        &container,
+        budget,
+        &["--io", "pread", "--policy", "lfu-aging"],
+    );
+    let b = eval(
+        "small",
+        &prompts,
+        work.path(),
+        "pread",
+        &["--expertd", &pread.uri()],
+    );
     assert_eq!(a, b);
 }
 
@@ -286,7 +471,13 @@ fn two_and_four_concurrent_clients_each_get_what_they_get_alone() {
     let (work, container) = work_with_container("small");
     let c = container.to_str().expect("utf-8");
     let prompts = prompts_file("small", work.path(), 1);
-    let alone = eval("small", &prompts, work.path(), "alone", &["--experts", "int8", "--container", c]);
+    let alone = eval(
+        "small",
+        &prompts,
+        work.path(),
+        "alone",
+        &["--experts", "int8", "--container", c],
+    );
     let daemon = Daemon::unix(&container, 4 * blob_stride(&container), &[]);
     for n in [2usize, 4] {
         let children: Vec<(PathBuf, Child)> = (0..n)
@@ -297,7 +488,10 @@ fn two_and_four_concurrent_clients_each_get_what_they_get_alone() {
                 if i % 2 == 1 {
                     cmd.arg("--expertd-no-shm");
                 }
-                (out, cmd.stderr(Stdio::piped()).spawn().expect("spawn hostd"))
+                (
+                    out,
+                    cmd.stderr(Stdio::piped()).spawn().expect("spawn hostd"),
+                )
             })
             .collect();
         for (out, child) in children {
@@ -315,16 +509,28 @@ fn a_killed_hostd_leaves_no_session_and_no_lease_within_a_second() {
     let socket = daemon.socket.clone().expect("socket");
     // Enough prompts to keep hostd generating for far longer than the test waits.
     let prompts = prompts_file("tiny", work.path(), 2000);
-    let mut hostd = eval_cmd("tiny", &prompts, &work.path().join("killed.json"), &["--expertd", &daemon.uri()])
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("spawn hostd");
+    let mut hostd = eval_cmd(
+        "tiny",
+        &prompts,
+        &work.path().join("killed.json"),
+        &["--expertd", &daemon.uri()],
+    )
+    .stderr(Stdio::null())
+    .spawn()
+    .expect("spawn hostd");
     rt().block_on(async {
         let mut c = raw_unix(&socket).await;
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
-            let s = c.stats(pb::StatsRequest {}).await.expect("stats").into_inner();
-            if s.sessions.iter().any(|s| s.client_name == "hostd eval" && s.calls > 10) {
+            let s = c
+                .stats(pb::StatsRequest {})
+                .await
+                .expect("stats")
+                .into_inner();
+            if s.sessions
+                .iter()
+                .any(|s| s.client_name == "hostd eval" && s.calls > 10)
+            {
                 break;
             }
             assert!(Instant::now() < deadline, "hostd never got going: {s:?}");
@@ -334,12 +540,20 @@ fn a_killed_hostd_leaves_no_session_and_no_lease_within_a_second() {
         let killed = Instant::now();
         let _ = hostd.wait();
         loop {
-            let s = c.stats(pb::StatsRequest {}).await.expect("stats").into_inner();
+            let s = c
+                .stats(pb::StatsRequest {})
+                .await
+                .expect("stats")
+                .into_inner();
             let cache = s.cache.expect("cache");
             if s.sessions.is_empty() && cache.leases_held == 0 && cache.sessions_open == 0 {
                 break;
             }
-            assert!(killed.elapsed() < Duration::from_secs(1), "after 1 s: sessions {:?}, cache {cache:?}", s.sessions);
+            assert!(
+                killed.elapsed() < Duration::from_secs(1),
+                "after 1 s: sessions {:?}, cache {cache:?}",
+                s.sessions
+            );
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
     });
@@ -354,7 +568,14 @@ fn client_for(socket: &Path, reconnect: Duration) -> ExpertdClient {
 
 pub(crate) fn tiny_call(client: &ExpertdClient) -> Result<Vec<f32>, hostd::experts::ExpertError> {
     let x = activations(3, HIDDEN_TINY);
-    let call = MoeCall { layer: LayerId::new(1), n_rows: 3, top_k: 2, x: &x, ids: &[4, 5, 6, 7, 0, 4], weights: &[0.6, 0.4, 0.3, 0.7, 0.5, 0.5] };
+    let call = MoeCall {
+        layer: LayerId::new(1),
+        n_rows: 3,
+        top_k: 2,
+        x: &x,
+        ids: &[4, 5, 6, 7, 0, 4],
+        weights: &[0.6, 0.4, 0.3, 0.7, 0.5, 0.5],
+    };
     let mut out = vec![0.0f32; 3 * HIDDEN_TINY];
     client.moe_layer(&call, &mut out).map(|()| out)
 }
@@ -366,7 +587,10 @@ fn a_daemon_restart_fails_the_call_in_flight_clearly_and_the_client_reconnects()
     let mut first = Daemon::unix(&container, budget, &[]);
     let socket = first.socket.clone().expect("socket");
     let client = client_for(&socket, Duration::from_secs(2));
-    assert!(client.daemon_info().expect("connected").shared_memory, "a unix client uses shared memory");
+    assert!(
+        client.daemon_info().expect("connected").shared_memory,
+        "a unix client uses shared memory"
+    );
     let before = tiny_call(&client).expect("first call");
 
     // Freeze the daemon so a call is surely in flight, then kill it.
@@ -375,9 +599,15 @@ fn a_daemon_restart_fails_the_call_in_flight_clearly_and_the_client_reconnects()
         let in_flight = s.spawn(|| tiny_call(&client));
         std::thread::sleep(Duration::from_millis(300));
         first.signal("KILL");
-        let err = in_flight.join().expect("join").expect_err("the call in flight must fail");
+        let err = in_flight
+            .join()
+            .expect("join")
+            .expect_err("the call in flight must fail");
         let msg = err.to_string();
-        assert!(msg.contains("expertd") && msg.contains(&socket.display().to_string()), "{msg}");
+        assert!(
+            msg.contains("expertd") && msg.contains(&socket.display().to_string()),
+            "{msg}"
+        );
     });
     // Keep the first daemon's directory (and so the socket path) alive across the restart.
     let first_dir = std::mem::replace(&mut first._dir, tempfile::tempdir().expect("tempdir"));
@@ -386,7 +616,10 @@ fn a_daemon_restart_fails_the_call_in_flight_clearly_and_the_client_reconnects()
     // Restart on the same socket path (the stale socket file is replaced).
     let second = Daemon::start_at(&container, budget, None, &[], Some(&socket));
     let after = tiny_call(&client).expect("the client reconnects to the restarted daemon");
-    assert_eq!(before.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), after.iter().map(|v| v.to_bits()).collect::<Vec<_>>());
+    assert_eq!(
+        before.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+        after.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+    );
     drop(second);
 
     // With no daemon at all, a call fails after the reconnect window, naming the address.
@@ -400,8 +633,14 @@ fn malformed_calls_get_specific_statuses_and_the_daemon_keeps_serving() {
     let (work, container) = work_with_container("tiny");
     let daemon = InProcessDaemon::unix(whole_container(&container));
     let socket = daemon.socket();
-    let tiny_identity = ModelIdentity::of_checkpoint(&shared::checkpoint::Checkpoint::open(&model_dir("tiny")).expect("ckpt")).expect("identity");
-    let small_identity = ModelIdentity::of_checkpoint(&shared::checkpoint::Checkpoint::open(&model_dir("small")).expect("ckpt")).expect("identity");
+    let tiny_identity = ModelIdentity::of_checkpoint(
+        &shared::checkpoint::Checkpoint::open(&model_dir("tiny")).expect("ckpt"),
+    )
+    .expect("identity");
+    let small_identity = ModelIdentity::of_checkpoint(
+        &shared::checkpoint::Checkpoint::open(&model_dir("small")).expect("ckpt"),
+    )
+    .expect("identity");
     rt().block_on(async {
         let mut c = raw_unix(socket).await;
         check_status("unknown session", c.moe_layer(valid_call(42)).await, Code::NotFound, "unknown session 42");
@@ -454,40 +693,94 @@ fn malformed_calls_get_specific_statuses_and_the_daemon_keeps_serving() {
     });
 
     // A unix peer outside --allow-uid is refused.
-    let restricted = InProcessDaemon::unix(ServeConfig { allow_uids: vec![54321], ..whole_container(&container) });
+    let restricted = InProcessDaemon::unix(ServeConfig {
+        allow_uids: vec![54321],
+        ..whole_container(&container)
+    });
     rt().block_on(async {
         let mut c = raw_unix(restricted.socket()).await;
-        check_status("uid not allowed", c.handshake(handshake_request(None)).await, Code::PermissionDenied, "not allowed");
+        check_status(
+            "uid not allowed",
+            c.handshake(handshake_request(None)).await,
+            Code::PermissionDenied,
+            "not allowed",
+        );
     });
 
     // TCP needs the bearer token.
-    let tcp = InProcessDaemon::tcp(ServeConfig { auth_token: Some("open-sesame".into()), insecure_tcp: true, ..whole_container(&container) });
+    let tcp = InProcessDaemon::tcp(ServeConfig {
+        auth_token: Some("open-sesame".into()),
+        insecure_tcp: true,
+        ..whole_container(&container)
+    });
     rt().block_on(async {
-        let mut c = ExpertServiceClient::connect(tcp.uri()).await.expect("tcp connect");
-        check_status("no token", c.handshake(handshake_request(None)).await, Code::Unauthenticated, "missing");
+        let mut c = ExpertServiceClient::connect(tcp.uri())
+            .await
+            .expect("tcp connect");
+        check_status(
+            "no token",
+            c.handshake(handshake_request(None)).await,
+            Code::Unauthenticated,
+            "missing",
+        );
         let mut wrong = tonic::Request::new(handshake_request(None));
-        wrong.metadata_mut().insert("authorization", "Bearer open-sesamE".parse().expect("ascii"));
-        check_status("wrong token", c.handshake(wrong).await, Code::Unauthenticated, "does not match");
+        wrong.metadata_mut().insert(
+            "authorization",
+            "Bearer open-sesamE".parse().expect("ascii"),
+        );
+        check_status(
+            "wrong token",
+            c.handshake(wrong).await,
+            Code::Unauthenticated,
+            "does not match",
+        );
         let mut right = tonic::Request::new(handshake_request(None));
-        right.metadata_mut().insert("authorization", "Bearer open-sesame".parse().expect("ascii"));
-        c.handshake(right).await.expect("the right token is accepted");
+        right.metadata_mut().insert(
+            "authorization",
+            "Bearer open-sesame".parse().expect("ascii"),
+        );
+        c.handshake(right)
+            .await
+            .expect("the right token is accepted");
     });
     // The command line refuses TCP without a token, and without TLS or --insecure.
     let token = work.path().join("token");
     std::fs::write(&token, "open-sesame").expect("token");
     let out = Command::new(workspace_bin("expertd"))
-        .args(["serve", "--container", container.to_str().expect("utf-8"), "--cache-bytes", "0", "--listen", "127.0.0.1:0"])
+        .args([
+            "serve",
+            "--container",
+            container.to_str().expect("utf-8"),
+            "--cache-bytes",
+            "0",
+            "--listen",
+            "127.0.0.1:0",
+        ])
         .output()
         .expect("spawn expertd");
-    assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("--auth-token-file"), "TCP without a token must be refused");
+    assert!(
+        !out.status.success() && String::from_utf8_lossy(&out.stderr).contains("--auth-token-file"),
+        "TCP without a token must be refused"
+    );
     let out = Command::new(workspace_bin("expertd"))
-        .args(["serve", "--container", container.to_str().expect("utf-8"), "--cache-bytes", "0", "--listen", "127.0.0.1:0"])
+        .args([
+            "serve",
+            "--container",
+            container.to_str().expect("utf-8"),
+            "--cache-bytes",
+            "0",
+            "--listen",
+            "127.0.0.1:0",
+        ])
         .arg("--auth-token-file")
         .arg(&token)
         .output()
         .expect("spawn expertd");
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success() && stderr.contains("--tls-cert") && stderr.contains("--insecure"), "TCP without TLS or --insecure must be refused: {stderr}");
+    assert!(
+        !out.status.success() && stderr.contains("--tls-cert") && stderr.contains("--insecure"),
+        "TCP without TLS or --insecure must be refused: {stderr}"
+    );
 }
 
 #[test]
@@ -502,15 +795,34 @@ fn a_corrupted_blob_is_data_loss_for_that_expert_only() {
     let daemon = InProcessDaemon::unix(whole_container(&container));
     rt().block_on(async {
         let mut c = raw_unix(daemon.socket()).await;
-        let sid = c.handshake(handshake_request(None)).await.expect("handshake").into_inner().session_id;
-        let s = c.moe_layer(valid_call(sid)).await.expect_err("expert 1 is corrupt");
+        let sid = c
+            .handshake(handshake_request(None))
+            .await
+            .expect("handshake")
+            .into_inner()
+            .session_id;
+        let s = c
+            .moe_layer(valid_call(sid))
+            .await
+            .expect_err("expert 1 is corrupt");
         assert_eq!(s.code(), Code::DataLoss, "{}", s.message());
         assert!(s.message().contains("layer 0 expert 1"), "{}", s.message());
-        assert_eq!(s.metadata().get("expertd-expert").and_then(|v| v.to_str().ok()), Some("1"));
+        assert_eq!(
+            s.metadata()
+                .get("expertd-expert")
+                .and_then(|v| v.to_str().ok()),
+            Some("1")
+        );
         // Other experts still serve, and the corrupt one is refused again (never cached).
-        let other = pb::MoeLayerRequest { expert_ids: vec![2, 3, 4, 5], ..valid_call(sid) };
+        let other = pb::MoeLayerRequest {
+            expert_ids: vec![2, 3, 4, 5],
+            ..valid_call(sid)
+        };
         c.moe_layer(other).await.expect("experts 2..5 are intact");
-        let again = c.moe_layer(valid_call(sid)).await.expect_err("still corrupt");
+        let again = c
+            .moe_layer(valid_call(sid))
+            .await
+            .expect_err("still corrupt");
         assert_eq!(again.code(), Code::DataLoss);
     });
 }
@@ -522,10 +834,26 @@ fn a_call_larger_than_the_cache_runs_in_waves() {
     let (work, container) = work_with_container("small");
     let prompts = prompts_file("small", work.path(), 1);
     let c = container.to_str().expect("utf-8");
-    let baseline = eval("small", &prompts, work.path(), "int8", &["--experts", "int8", "--container", c]);
+    let baseline = eval(
+        "small",
+        &prompts,
+        work.path(),
+        "int8",
+        &["--experts", "int8", "--container", c],
+    );
     // 2 resident slots + 1 transient buffer: a 70-token prefill routes to all 16 experts.
-    let daemon = Daemon::unix(&container, 2 * blob_stride(&container), &["--transient-slots", "1"]);
-    let waves = eval("small", &prompts, work.path(), "waves", &["--expertd", &daemon.uri()]);
+    let daemon = Daemon::unix(
+        &container,
+        2 * blob_stride(&container),
+        &["--transient-slots", "1"],
+    );
+    let waves = eval(
+        "small",
+        &prompts,
+        work.path(),
+        "waves",
+        &["--expertd", &daemon.uri()],
+    );
     assert_eq!(waves, baseline, "results do not depend on waves");
     assert_eq!(daemon.stop().code(), Some(0));
 }

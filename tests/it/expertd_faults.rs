@@ -9,8 +9,8 @@ use crate::expertd::{Daemon, HIDDEN_TINY, activations, container_bytes};
 use crate::serve::{Lines, Server, check_error, open_long_stream, user};
 use hostd::expert_client::{ClientOptions, Endpoint, ExpertdClient};
 use hostd::experts::{ExpertBackend, ExpertError, MoeCall};
-use shared::ids::LayerId;
 use serde_json::{Value, json};
+use shared::ids::LayerId;
 use std::io::BufRead;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, mpsc};
@@ -25,7 +25,9 @@ fn tiny_container() -> (tempfile::TempDir, PathBuf) {
 
 /// A greedy chat request and its reply's message (reasoning and content).
 fn greedy(s: &Server, prompt: &str) -> Value {
-    let reply = s.chat(json!({ "model": s.name, "messages": user(prompt), "max_tokens": 16, "temperature": 0 }));
+    let reply = s.chat(
+        json!({ "model": s.name, "messages": user(prompt), "max_tokens": 16, "temperature": 0 }),
+    );
     reply["choices"][0]["message"].clone()
 }
 
@@ -64,7 +66,9 @@ fn stream_outcome(stream: Lines, limit: Duration) -> Outcome {
             Ok(Ok(line)) => line,
             Err(mpsc::RecvTimeoutError::Disconnected) => return Outcome::Ended,
             Ok(Err(e)) => panic!("the stream broke: neither failed nor delivered ({e})"),
-            Err(mpsc::RecvTimeoutError::Timeout) => panic!("the stream stalled for {limit:?}: neither failed nor delivered"),
+            Err(mpsc::RecvTimeoutError::Timeout) => {
+                panic!("the stream stalled for {limit:?}: neither failed nor delivered")
+            }
         };
         if let Some(data) = line.trim().strip_prefix("data: ")
             && let Ok(v) = serde_json::from_str::<Value>(data)
@@ -109,47 +113,95 @@ fn a_stopped_daemon_fails_requests_with_503_within_the_deadline_and_generation_r
     let stopped = Instant::now();
     let outcome = stream_outcome(stream, Duration::from_secs(15));
     let in_flight_s = stopped.elapsed().as_secs_f64();
-    let Outcome::Failed(err) = outcome else { panic!("a stream cannot go on while its daemon is stopped: {outcome:?}") };
+    let Outcome::Failed(err) = outcome else {
+        panic!("a stream cannot go on while its daemon is stopped: {outcome:?}")
+    };
     assert_eq!(err["code"], "experts_unavailable", "{err}");
-    assert!(in_flight_s < deadline_s + 3.0, "the in-flight stream failed after {in_flight_s:.2} s, deadline {deadline_s} s");
+    assert!(
+        in_flight_s < deadline_s + 3.0,
+        "the in-flight stream failed after {in_flight_s:.2} s, deadline {deadline_s} s"
+    );
 
     // A new request while stopped: 503 with Retry-After, bounded by the deadline.
     let t = Instant::now();
-    let r = s.post("/v1/chat/completions", &json!({ "model": s.name, "messages": user("hi"), "max_tokens": 4 }));
+    let r = s.post(
+        "/v1/chat/completions",
+        &json!({ "model": s.name, "messages": user("hi"), "max_tokens": 4 }),
+    );
     let new_s = t.elapsed().as_secs_f64();
     check_error(&r, 503, "experts_unavailable");
     assert_eq!(r.header("retry-after"), Some("2"));
-    assert!(new_s < deadline_s + 3.0, "a new request took {new_s:.2} s to fail");
-    let message = r.json()["error"]["message"].as_str().unwrap_or_default().to_string();
-    assert!(message.contains("expertd at unix://"), "the message names the daemon: {message}");
+    assert!(
+        new_s < deadline_s + 3.0,
+        "a new request took {new_s:.2} s to fail"
+    );
+    let message = r.json()["error"]["message"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    assert!(
+        message.contains("expertd at unix://"),
+        "the message names the daemon: {message}"
+    );
 
     // /health is not 200 while stopped, with the reason.
     let mut seen = Value::Null;
-    wait_for("/health to report the stopped daemon", Duration::from_secs(10), || {
-        let (code, h) = health(&s);
-        seen = h;
-        code == 503
-    });
-    assert!(matches!(seen["status"].as_str(), Some("degraded" | "unavailable")), "{seen}");
-    assert!(seen["experts"]["reason"].as_str().is_some_and(|r| r.contains("expertd")), "{seen}");
-    println!("stopped: in-flight stream failed after {in_flight_s:.2} s, a new request after {new_s:.2} s; /health {seen}");
+    wait_for(
+        "/health to report the stopped daemon",
+        Duration::from_secs(10),
+        || {
+            let (code, h) = health(&s);
+            seen = h;
+            code == 503
+        },
+    );
+    assert!(
+        matches!(seen["status"].as_str(), Some("degraded" | "unavailable")),
+        "{seen}"
+    );
+    assert!(
+        seen["experts"]["reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("expertd")),
+        "{seen}"
+    );
+    println!(
+        "stopped: in-flight stream failed after {in_flight_s:.2} s, a new request after {new_s:.2} s; /health {seen}"
+    );
 
     // Resume after a 5 s stop: /health ready again, same greedy text.
     std::thread::sleep(Duration::from_secs(5).saturating_sub(stopped.elapsed()));
     daemon.signal("CONT");
     let resumed = Instant::now();
-    wait_for("/health to be ready after SIGCONT", Duration::from_secs(10), || health(&s).0 == 200);
-    println!("ready {:.2} s after SIGCONT", resumed.elapsed().as_secs_f64());
-    assert_eq!(greedy(&s, "hi"), before, "the same greedy reply after the fault");
+    wait_for(
+        "/health to be ready after SIGCONT",
+        Duration::from_secs(10),
+        || health(&s).0 == 200,
+    );
+    println!(
+        "ready {:.2} s after SIGCONT",
+        resumed.elapsed().as_secs_f64()
+    );
+    assert_eq!(
+        greedy(&s, "hi"),
+        before,
+        "the same greedy reply after the fault"
+    );
 }
 
 /// Pids of `pid`'s children.
 fn children(pid: u32) -> Vec<u32> {
-    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else { return Vec::new() };
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return Vec::new();
+    };
     let mut out: Vec<u32> = tasks
         .flatten()
         .filter_map(|t| std::fs::read_to_string(t.path().join("children")).ok())
-        .flat_map(|s| s.split_whitespace().filter_map(|p| p.parse().ok()).collect::<Vec<u32>>())
+        .flat_map(|s| {
+            s.split_whitespace()
+                .filter_map(|p| p.parse().ok())
+                .collect::<Vec<u32>>()
+        })
         .collect();
     out.sort_unstable();
     out.dedup();
@@ -160,8 +212,14 @@ fn children(pid: u32) -> Vec<u32> {
 fn private_daemon(pid: u32) -> Option<(u32, PathBuf)> {
     children(pid).into_iter().find_map(|c| {
         let cmdline = std::fs::read(format!("/proc/{c}/cmdline")).ok()?;
-        let args: Vec<String> = cmdline.split(|&b| b == 0).map(|a| String::from_utf8_lossy(a).into_owned()).collect();
-        let socket = args.iter().position(|a| a == "--socket").and_then(|i| args.get(i + 1))?;
+        let args: Vec<String> = cmdline
+            .split(|&b| b == 0)
+            .map(|a| String::from_utf8_lossy(a).into_owned())
+            .collect();
+        let socket = args
+            .iter()
+            .position(|a| a == "--socket")
+            .and_then(|i| args.get(i + 1))?;
         Some((c, Path::new(socket).parent()?.to_path_buf()))
     })
 }
@@ -174,7 +232,17 @@ fn reaped(pid: u32) -> bool {
 #[test]
 fn a_killed_private_daemon_is_reaped_and_restarted_and_hostd_leaves_nothing_behind() {
     let (_work, container) = tiny_container();
-    let s = Server::start("tiny", &["--experts", "expertd", "--container", container.to_str().expect("utf-8"), "--expertd-call-timeout", "10"]);
+    let s = Server::start(
+        "tiny",
+        &[
+            "--experts",
+            "expertd",
+            "--container",
+            container.to_str().expect("utf-8"),
+            "--expertd-call-timeout",
+            "10",
+        ],
+    );
     let hostd = s.child.id();
     let before = greedy(&s, "hi");
     let (first, dir) = private_daemon(hostd).expect("hostd runs a private expertd");
@@ -184,7 +252,13 @@ fn a_killed_private_daemon_is_reaped_and_restarted_and_hostd_leaves_nothing_behi
     // The stream fails at once with a retryable error if a call was in flight, or goes on
     // (the next call reconnects to the new child) if the kill fell between two calls.
     let stream = open_long_stream(&s, 3);
-    assert!(std::process::Command::new("kill").args(["-KILL", &first.to_string()]).status().expect("kill").success());
+    assert!(
+        std::process::Command::new("kill")
+            .args(["-KILL", &first.to_string()])
+            .status()
+            .expect("kill")
+            .success()
+    );
     let killed = Instant::now();
     // Watch for the new child from the moment of the kill, apart from reading the stream (which
     // may wait its whole window when the stream simply goes on).
@@ -207,48 +281,95 @@ fn a_killed_private_daemon_is_reaped_and_restarted_and_hostd_leaves_nothing_behi
     match &outcome {
         Outcome::Failed(err) => {
             assert_eq!(err["code"], "experts_unavailable", "{err}");
-            assert!(in_flight_s < 3.0, "the in-flight stream failed only after {in_flight_s:.2} s");
+            assert!(
+                in_flight_s < 3.0,
+                "the in-flight stream failed only after {in_flight_s:.2} s"
+            );
         }
         Outcome::Continued => {}
         Outcome::Ended => panic!("a 200000-token stream ended without an error"),
     }
-    let (second, restart_s) = watcher.join().expect("watcher").expect("a restarted private expertd within 10 s");
-    assert!(reaped(first), "the killed daemon {first} is still in /proc (a zombie)");
+    let (second, restart_s) = watcher
+        .join()
+        .expect("watcher")
+        .expect("a restarted private expertd within 10 s");
+    assert!(
+        reaped(first),
+        "the killed daemon {first} is still in /proc (a zombie)"
+    );
     assert!(restart_s < 5.0, "restarted after {restart_s:.2} s");
-    println!("kill -9: in-flight stream {outcome:?} after {in_flight_s:.2} s; restarted (socket back) after {restart_s:.2} s");
+    println!(
+        "kill -9: in-flight stream {outcome:?} after {in_flight_s:.2} s; restarted (socket back) after {restart_s:.2} s"
+    );
 
     let t = Instant::now();
-    assert_eq!(greedy(&s, "hi"), before, "the next request succeeds with the same reply");
-    println!("first request after the restart: {:.2} s", t.elapsed().as_secs_f64());
+    assert_eq!(
+        greedy(&s, "hi"),
+        before,
+        "the next request succeeds with the same reply"
+    );
+    println!(
+        "first request after the restart: {:.2} s",
+        t.elapsed().as_secs_f64()
+    );
     // The supervisor counts the restart once the new child's socket is up, which the request
     // above may beat by a poll interval: wait (bounded) for /health to report it.
     let mut last = Value::Null;
-    wait_for("/health to report ready with one restart", Duration::from_secs(5), || {
-        let (code, h) = health(&s);
-        let done = code == 200 && h["experts"]["restarts"] == 1 && h["experts"]["status"] == "ready";
-        last = h;
-        done
-    });
+    wait_for(
+        "/health to report ready with one restart",
+        Duration::from_secs(5),
+        || {
+            let (code, h) = health(&s);
+            let done =
+                code == 200 && h["experts"]["restarts"] == 1 && h["experts"]["status"] == "ready";
+            last = h;
+            done
+        },
+    );
     assert_eq!(last["experts"]["restarts"], 1, "{last}");
 
     // A graceful exit stops the child and removes the directory.
     let mut s = s;
-    assert!(std::process::Command::new("kill").args(["-TERM", &hostd.to_string()]).status().expect("kill").success());
+    assert!(
+        std::process::Command::new("kill")
+            .args(["-TERM", &hostd.to_string()])
+            .status()
+            .expect("kill")
+            .success()
+    );
     let deadline = Instant::now() + Duration::from_secs(30);
     while s.child.try_wait().expect("try_wait").is_none() {
-        assert!(Instant::now() < deadline, "hostd did not exit within 30 s of SIGTERM");
+        assert!(
+            Instant::now() < deadline,
+            "hostd did not exit within 30 s of SIGTERM"
+        );
         std::thread::sleep(Duration::from_millis(50));
     }
-    wait_for("the private daemon to exit", Duration::from_secs(10), || !Path::new(&format!("/proc/{second}")).exists());
+    wait_for(
+        "the private daemon to exit",
+        Duration::from_secs(10),
+        || !Path::new(&format!("/proc/{second}")).exists(),
+    );
     assert!(!dir.exists(), "{} left behind", dir.display());
 }
 
 /// A call of `rows` rows of `x` on `tiny`'s layer 1, every row routed to all 8 experts (the
 /// most compute a call of this size can ask for).
 fn big_call(client: &ExpertdClient, x: &[f32], rows: usize) -> Result<Vec<f32>, ExpertError> {
-    let ids: Vec<u32> = (0..rows).flat_map(|r| (0..8u32).map(move |k| (k + r as u32) % 8)).collect();
-    let weights: Vec<f32> = (0..rows).flat_map(|_| (0..8).map(|k| (k as f32 + 1.0) / 36.0)).collect();
-    let call = MoeCall { layer: LayerId::new(1), n_rows: rows, top_k: 8, x, ids: &ids, weights: &weights };
+    let ids: Vec<u32> = (0..rows)
+        .flat_map(|r| (0..8u32).map(move |k| (k + r as u32) % 8))
+        .collect();
+    let weights: Vec<f32> = (0..rows)
+        .flat_map(|_| (0..8).map(|k| (k as f32 + 1.0) / 36.0))
+        .collect();
+    let call = MoeCall {
+        layer: LayerId::new(1),
+        n_rows: rows,
+        top_k: 8,
+        x,
+        ids: &ids,
+        weights: &weights,
+    };
     let mut out = vec![0.0f32; rows * HIDDEN_TINY];
     client.moe_layer(&call, &mut out).map(|()| out)
 }
@@ -279,7 +400,16 @@ fn a_call_abandoned_mid_compute_never_lends_its_slot_to_a_later_call() {
         // abandoned), and at offsets after it was sent, where it is likely computing. A call
         // that misses the deadline is abandoned; the daemon then resumes and finishes it,
         // writing A's output into A's slot.
-        let offsets = [None, None, Some(0u64), Some(0), Some(200), Some(500), Some(1000), Some(2000)];
+        let offsets = [
+            None,
+            None,
+            Some(0u64),
+            Some(0),
+            Some(200),
+            Some(500),
+            Some(1000),
+            Some(2000),
+        ];
         for offset_us in offsets {
             let (tx, rx) = std::sync::mpsc::channel();
             let c = Arc::clone(&client);
@@ -299,18 +429,38 @@ fn a_call_abandoned_mid_compute_never_lends_its_slot_to_a_later_call() {
             match a.expect("call A ends within its deadline while the daemon is stopped") {
                 Ok(out) => assert_eq!(bits(&out), want_a, "ring={ring}: call A's output"),
                 Err(e) => {
-                    assert!(matches!(e, ExpertError::Unavailable { .. }), "ring={ring}: {e}");
+                    assert!(
+                        matches!(e, ExpertError::Unavailable { .. }),
+                        "ring={ring}: {e}"
+                    );
                     assert!(e.to_string().contains("did not answer"), "{e}");
                     abandoned += 1;
                 }
             }
             // The next calls get their own outputs, never the abandoned call's late one.
-            for (x, want, what) in [(&xb, &want_b, "B"), (&xa, &want_a, "A again"), (&xb, &want_b, "B again")] {
-                let got = big_call(&client, x, ROWS).unwrap_or_else(|e| panic!("ring={ring}, stop at {offset_us:?} µs: call {what} after the fault: {e}"));
-                assert!(bits(&got) == *want, "ring={ring}, stop at {offset_us:?} µs: call {what} read another call's output");
+            for (x, want, what) in [
+                (&xb, &want_b, "B"),
+                (&xa, &want_a, "A again"),
+                (&xb, &want_b, "B again"),
+            ] {
+                let got = big_call(&client, x, ROWS).unwrap_or_else(|e| {
+                    panic!(
+                        "ring={ring}, stop at {offset_us:?} µs: call {what} after the fault: {e}"
+                    )
+                });
+                assert!(
+                    bits(&got) == *want,
+                    "ring={ring}, stop at {offset_us:?} µs: call {what} read another call's output"
+                );
             }
         }
-        assert!(abandoned >= 2, "ring={ring}: only {abandoned} calls were abandoned; the test did not exercise the fault");
-        println!("ring={ring}: {abandoned} of {} calls abandoned; every later call read its own output", offsets.len());
+        assert!(
+            abandoned >= 2,
+            "ring={ring}: only {abandoned} calls were abandoned; the test did not exercise the fault"
+        );
+        println!(
+            "ring={ring}: {abandoned} of {} calls abandoned; every later call read its own output",
+            offsets.len()
+        );
     }
 }

@@ -7,7 +7,10 @@
 //! token, while on the unix socket it stays open. Each test runs the server in this process on a
 //! temporary socket ([`InProcessDaemon`]) and reads its log from there.
 
-use super::expertd::{HIDDEN_TINY, activations, check_status, handshake_request, raw_unix, rt, unix_channel, valid_call, whole_container};
+use super::expertd::{
+    HIDDEN_TINY, activations, check_status, handshake_request, raw_unix, rt, unix_channel,
+    valid_call, whole_container,
+};
 use expertd::server::ServeConfig;
 use hostd::expert_client::shm::ClientSegment;
 use hostd::expert_client::{Endpoint, transport};
@@ -31,11 +34,21 @@ fn tiny_container() -> (tempfile::TempDir, PathBuf) {
 }
 
 fn named(name: &str) -> pb::HandshakeRequest {
-    pb::HandshakeRequest { client_name: name.into(), ..handshake_request(None) }
+    pb::HandshakeRequest {
+        client_name: name.into(),
+        ..handshake_request(None)
+    }
 }
 
-async fn open_sessions(c: &mut proto::v1::expert_service_client::ExpertServiceClient<tonic::transport::Channel>) -> usize {
-    c.stats(pb::StatsRequest {}).await.expect("stats").into_inner().sessions.len()
+async fn open_sessions(
+    c: &mut proto::v1::expert_service_client::ExpertServiceClient<tonic::transport::Channel>,
+) -> usize {
+    c.stats(pb::StatsRequest {})
+        .await
+        .expect("stats")
+        .into_inner()
+        .sessions
+        .len()
 }
 
 #[test]
@@ -43,7 +56,10 @@ fn a_session_flood_is_refused_past_the_caps_and_a_dropped_connection_frees_its_s
     let (_work, container) = tiny_container();
     // The per-connection cap at its default (64); the per-uid cap lowered to 70 so a second
     // connection of the same user reaches it after 6.
-    let daemon = InProcessDaemon::unix(ServeConfig { max_sessions_per_uid: 70, ..whole_container(&container) });
+    let daemon = InProcessDaemon::unix(ServeConfig {
+        max_sessions_per_uid: 70,
+        ..whole_container(&container)
+    });
     let socket = daemon.socket();
     rt().block_on(async {
         let mut a = raw_unix(socket).await;
@@ -82,7 +98,10 @@ fn a_session_flood_is_refused_past_the_caps_and_a_dropped_connection_frees_its_s
     });
     // 42 refusals (41 on the connection, 1 on the uid): logged at the 1st, 2nd, 4th, … 32nd.
     let log = daemon.log_text();
-    let logged = log.lines().filter(|l| l.contains("handshake refused") && l.contains("session_cap")).count();
+    let logged = log
+        .lines()
+        .filter(|l| l.contains("handshake refused") && l.contains("session_cap"))
+        .count();
     assert_eq!(logged, 6, "cap refusals are logged, rate-limited:\n{log}");
 }
 
@@ -94,38 +113,83 @@ fn a_client_name_with_control_characters_is_logged_escaped_on_one_line() {
     let evil = "evil\n\x1b[31mFAKE expertd line\r";
     rt().block_on(async {
         let mut c = raw_unix(socket).await;
-        let sid = c.handshake(named(evil)).await.expect("handshake").into_inner().session_id;
+        let sid = c
+            .handshake(named(evil))
+            .await
+            .expect("handshake")
+            .into_inner()
+            .session_id;
         // Stats returns the name as given (it is data, not a log line).
-        let stats = c.stats(pb::StatsRequest {}).await.expect("stats").into_inner();
+        let stats = c
+            .stats(pb::StatsRequest {})
+            .await
+            .expect("stats")
+            .into_inner();
         assert_eq!(stats.sessions[0].client_name, evil);
-        c.close_session(pb::CloseSessionRequest { session_id: sid }).await.expect("close");
+        c.close_session(pb::CloseSessionRequest { session_id: sid })
+            .await
+            .expect("close");
     });
     let log = daemon.log_text();
-    assert!(!log.contains('\u{1b}') && !log.contains('\r'), "a raw escape or carriage return reached the log:\n{log:?}");
+    assert!(
+        !log.contains('\u{1b}') && !log.contains('\r'),
+        "a raw escape or carriage return reached the log:\n{log:?}"
+    );
     let escaped = r"evil\n\u{1b}[31mFAKE expertd line\r";
     let lines: Vec<&str> = log.lines().filter(|l| l.contains(escaped)).collect();
-    assert_eq!(lines.len(), 2, "the name, escaped, on the 'session opened' and the 'session closed' lines:\n{log}");
-    assert!(lines[0].contains("session opened") && lines[1].contains("session closed"), "{lines:?}");
+    assert_eq!(
+        lines.len(),
+        2,
+        "the name, escaped, on the 'session opened' and the 'session closed' lines:\n{log}"
+    );
+    assert!(
+        lines[0].contains("session opened") && lines[1].contains("session closed"),
+        "{lines:?}"
+    );
 }
 
 /// Writes `x` into a fresh ring client's slot, submits one MoE call on `layer` and returns the
 /// failure (code, message), if any.
-fn ring_call(seg: &ClientSegment, segment_id: u64, layer: u32, x: &[f32], seq: u32) -> Option<(u32, String)> {
+fn ring_call(
+    seg: &ClientSegment,
+    segment_id: u64,
+    layer: u32,
+    x: &[f32],
+    seq: u32,
+) -> Option<(u32, String)> {
     let ring = seg.ring().expect("ring");
     let slot = seg.try_slot().expect("slot");
     let input = seg.write_input(&slot, segment_id, x).offset_bytes;
     let output = seg.output_slice(&slot, segment_id, x.len()).offset_bytes;
     let entry = ring.entry(slot.index() as u32);
     let n_rows = (x.len() / HIDDEN_TINY) as u32;
-    let sub = Submission { op: OP_MOE, seq, layer: LayerId::new(layer), n_rows, top_k: 2, step: 0, input_offset: input, output_offset: output };
+    let sub = Submission {
+        op: OP_MOE,
+        seq,
+        layer: LayerId::new(layer),
+        n_rows,
+        top_k: 2,
+        step: 0,
+        input_offset: input,
+        output_offset: output,
+    };
     let ids: Vec<u32> = (0..n_rows * 2).map(|i| i % 8).collect();
     let weights = vec![0.5f32; ids.len()];
     entry.submit(&sub, &ids, &weights);
     ring.ring_doorbell();
     let deadline = Instant::now() + Duration::from_secs(10);
-    assert!(entry.wait_finished(Duration::from_micros(50), Duration::from_millis(20), || Instant::now() < deadline), "no answer within 10 s");
+    assert!(
+        entry.wait_finished(
+            Duration::from_micros(50),
+            Duration::from_millis(20),
+            || Instant::now() < deadline
+        ),
+        "no answer within 10 s"
+    );
     let (got_seq, _, failure) = entry.result();
-    entry.state().store(ring::STATE_FREE, std::sync::atomic::Ordering::Release);
+    entry
+        .state()
+        .store(ring::STATE_FREE, std::sync::atomic::Ordering::Release);
     assert_eq!(got_seq, seq);
     failure
 }
@@ -136,7 +200,11 @@ fn nan_and_infinite_activations_are_refused_naming_layer_and_row_on_the_rpc_and_
     let daemon = InProcessDaemon::unix(whole_container(&container));
     let socket = daemon.socket();
     // (value, row, column): a NaN mid-row, +Inf at a row's last column, -Inf at the first.
-    let cases = [(f32::NAN, 1usize, 5usize), (f32::INFINITY, 0, HIDDEN_TINY - 1), (f32::NEG_INFINITY, 1, 0)];
+    let cases = [
+        (f32::NAN, 1usize, 5usize),
+        (f32::INFINITY, 0, HIDDEN_TINY - 1),
+        (f32::NEG_INFINITY, 1, 0),
+    ];
     let poisoned = |bad: f32, row: usize, col: usize| {
         let mut x = activations(2, HIDDEN_TINY);
         x[row * HIDDEN_TINY + col] = bad;
@@ -157,51 +225,152 @@ fn nan_and_infinite_activations_are_refused_naming_layer_and_row_on_the_rpc_and_
     });
 
     // The call ring: a hand-driven client writes the rows into shared memory.
-    let layout = SlotLayout::new(2, 4, HIDDEN_TINY).and_then(|l| l.with_ring(8)).expect("layout");
+    let layout = SlotLayout::new(2, 4, HIDDEN_TINY)
+        .and_then(|l| l.with_ring(8))
+        .expect("layout");
     let seg = Arc::new(ClientSegment::create(layout).expect("segment"));
     let (link, hs) = rt().block_on(async {
-        let mut link = transport::connect(&Endpoint::Unix(socket.to_path_buf()), Some(Arc::clone(&seg)), None).await.expect("connect");
-        let hs = link.client.handshake(named("nan ring")).await.expect("handshake").into_inner();
+        let mut link = transport::connect(
+            &Endpoint::Unix(socket.to_path_buf()),
+            Some(Arc::clone(&seg)),
+            None,
+        )
+        .await
+        .expect("connect");
+        let hs = link
+            .client
+            .handshake(named("nan ring"))
+            .await
+            .expect("handshake")
+            .into_inner();
         (link, hs)
     });
     assert_eq!(hs.ring_entries, 3, "the session serves a call ring");
     for (i, (bad, row, col)) in cases.into_iter().enumerate() {
-        let (code, message) = ring_call(&seg, link.segment_id, 3, &poisoned(bad, row, col), 10 + i as u32).unwrap_or_else(|| panic!("ring call with {bad} must fail"));
+        let (code, message) = ring_call(
+            &seg,
+            link.segment_id,
+            3,
+            &poisoned(bad, row, col),
+            10 + i as u32,
+        )
+        .unwrap_or_else(|| panic!("ring call with {bad} must fail"));
         assert_eq!(Code::from(code as i32), Code::InvalidArgument, "{message}");
-        let needle = format!("invalid call for layer 3: activation row {row} is not finite ({bad} at column {col})");
-        assert!(message.contains(&needle), "{message:?} does not contain {needle:?}");
+        let needle = format!(
+            "invalid call for layer 3: activation row {row} is not finite ({bad} at column {col})"
+        );
+        assert!(
+            message.contains(&needle),
+            "{message:?} does not contain {needle:?}"
+        );
     }
-    assert_eq!(ring_call(&seg, link.segment_id, 3, &activations(2, HIDDEN_TINY), 20), None, "the ring worker still serves");
-    let stats = rt().block_on(async { raw_unix(socket).await.stats(pb::StatsRequest {}).await.expect("stats").into_inner() });
-    let ring_session = stats.sessions.iter().find(|s| s.client_name == "nan ring").expect("ring session");
-    assert_eq!((ring_session.failed_calls, ring_session.calls, ring_session.ring_calls), (3, 1, 1), "{ring_session:?}");
+    assert_eq!(
+        ring_call(&seg, link.segment_id, 3, &activations(2, HIDDEN_TINY), 20),
+        None,
+        "the ring worker still serves"
+    );
+    let stats = rt().block_on(async {
+        raw_unix(socket)
+            .await
+            .stats(pb::StatsRequest {})
+            .await
+            .expect("stats")
+            .into_inner()
+    });
+    let ring_session = stats
+        .sessions
+        .iter()
+        .find(|s| s.client_name == "nan ring")
+        .expect("ring session");
+    assert_eq!(
+        (
+            ring_session.failed_calls,
+            ring_session.calls,
+            ring_session.ring_calls
+        ),
+        (3, 1, 1),
+        "{ring_session:?}"
+    );
     drop(link);
 }
 
-async fn health(channel: tonic::transport::Channel, service: &str, token: Option<&str>) -> Result<HealthCheckResponse, tonic::Status> {
-    let mut req = tonic::Request::new(HealthCheckRequest { service: service.into() });
+async fn health(
+    channel: tonic::transport::Channel,
+    service: &str,
+    token: Option<&str>,
+) -> Result<HealthCheckResponse, tonic::Status> {
+    let mut req = tonic::Request::new(HealthCheckRequest {
+        service: service.into(),
+    });
     if let Some(t) = token {
-        req.metadata_mut().insert("authorization", format!("Bearer {t}").parse().expect("ascii"));
+        req.metadata_mut().insert(
+            "authorization",
+            format!("Bearer {t}").parse().expect("ascii"),
+        );
     }
-    HealthClient::new(channel).check(req).await.map(tonic::Response::into_inner)
+    HealthClient::new(channel)
+        .check(req)
+        .await
+        .map(tonic::Response::into_inner)
 }
 
 #[test]
 fn grpc_health_on_tcp_requires_the_token_and_stays_open_on_the_unix_socket() {
     let (_work, container) = tiny_container();
-    let tcp = InProcessDaemon::tcp(ServeConfig { auth_token: Some("open-sesame".into()), insecure_tcp: true, ..whole_container(&container) });
+    let tcp = InProcessDaemon::tcp(ServeConfig {
+        auth_token: Some("open-sesame".into()),
+        insecure_tcp: true,
+        ..whole_container(&container)
+    });
     let serving = ServingStatus::Serving as i32;
     rt().block_on(async {
-        let ch = tonic::transport::Endpoint::from_shared(tcp.uri()).expect("uri").connect().await.expect("tcp connect");
-        check_status("TCP health without a token", health(ch.clone(), "", None).await, Code::Unauthenticated, "missing");
-        check_status("TCP health of the service without a token", health(ch.clone(), "expertd.v1.ExpertService", None).await, Code::Unauthenticated, "missing");
-        check_status("TCP health with a wrong token", health(ch.clone(), "", Some("open-sesamE")).await, Code::Unauthenticated, "does not match");
-        assert_eq!(health(ch.clone(), "", Some("open-sesame")).await.expect("with the token").status, serving);
-        assert_eq!(health(ch, "expertd.v1.ExpertService", Some("open-sesame")).await.expect("with the token").status, serving);
+        let ch = tonic::transport::Endpoint::from_shared(tcp.uri())
+            .expect("uri")
+            .connect()
+            .await
+            .expect("tcp connect");
+        check_status(
+            "TCP health without a token",
+            health(ch.clone(), "", None).await,
+            Code::Unauthenticated,
+            "missing",
+        );
+        check_status(
+            "TCP health of the service without a token",
+            health(ch.clone(), "expertd.v1.ExpertService", None).await,
+            Code::Unauthenticated,
+            "missing",
+        );
+        check_status(
+            "TCP health with a wrong token",
+            health(ch.clone(), "", Some("open-sesamE")).await,
+            Code::Unauthenticated,
+            "does not match",
+        );
+        assert_eq!(
+            health(ch.clone(), "", Some("open-sesame"))
+                .await
+                .expect("with the token")
+                .status,
+            serving
+        );
+        assert_eq!(
+            health(ch, "expertd.v1.ExpertService", Some("open-sesame"))
+                .await
+                .expect("with the token")
+                .status,
+            serving
+        );
     });
     let unix = InProcessDaemon::unix(whole_container(&container));
     rt().block_on(async {
         let ch = unix_channel(unix.socket()).await;
-        assert_eq!(health(ch, "expertd.v1.ExpertService", None).await.expect("unix health needs no token").status, serving);
+        assert_eq!(
+            health(ch, "expertd.v1.ExpertService", None)
+                .await
+                .expect("unix health needs no token")
+                .status,
+            serving
+        );
     });
 }

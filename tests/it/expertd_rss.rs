@@ -33,8 +33,15 @@ fn vm_rss(pid: u32) -> Option<u64> {
 /// on a terminal, `tests/it/first_hour.rs` checks).
 fn log_field(log: &str, key: &str) -> u64 {
     let needle = format!("{key}=");
-    let at = log.find(&needle).unwrap_or_else(|| panic!("{key} not in the expertd log: {log}"));
-    log[at + needle.len()..].chars().take_while(char::is_ascii_digit).collect::<String>().parse().unwrap_or_else(|e| panic!("{key}: {e}: {log}"))
+    let at = log
+        .find(&needle)
+        .unwrap_or_else(|| panic!("{key} not in the expertd log: {log}"));
+    log[at + needle.len()..]
+        .chars()
+        .take_while(char::is_ascii_digit)
+        .collect::<String>()
+        .parse()
+        .unwrap_or_else(|e| panic!("{key}: {e}: {log}"))
 }
 
 #[test]
@@ -106,12 +113,19 @@ fn expertd_rss_with_four_concurrent_hosts_stays_within_budget_transients_and_idl
     let (mut peak, mut samples) = (idle, 0u32);
     let mut done = [false; CLIENTS];
     while done.iter().any(|d| !d) {
-        assert!(t0.elapsed() < DEADLINE, "clients still running after {DEADLINE:?}");
+        assert!(
+            t0.elapsed() < DEADLINE,
+            "clients still running after {DEADLINE:?}"
+        );
         peak = peak.max(vm_rss(pid).expect("expertd died while serving"));
         samples += 1;
         for (i, d) in done.iter_mut().enumerate() {
             if !*d && let Some(status) = clients[i].try_wait() {
-                assert!(status.success(), "hostd eval {i} failed: {}", clients[i].log_text());
+                assert!(
+                    status.success(),
+                    "hostd eval {i} failed: {}",
+                    clients[i].log_text()
+                );
                 *d = true;
             }
         }
@@ -127,6 +141,12 @@ fn expertd_rss_with_four_concurrent_hosts_stays_within_budget_transients_and_idl
         budget as f64 / MIB as f64,
         transient_slots,
     );
-    assert!(samples >= 10, "only {samples} RSS samples: the clients ran {elapsed:?}, too short to measure");
-    assert!(peak <= bound, "expertd peak RSS {peak} B > bound {bound} B (idle {idle}, budget {budget}, transient {transient})");
+    assert!(
+        samples >= 10,
+        "only {samples} RSS samples: the clients ran {elapsed:?}, too short to measure"
+    );
+    assert!(
+        peak <= bound,
+        "expertd peak RSS {peak} B > bound {bound} B (idle {idle}, budget {budget}, transient {transient})"
+    );
 }

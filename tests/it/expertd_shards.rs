@@ -19,8 +19,8 @@ use hostd::expert_client::{
     ShardedExperts,
 };
 use hostd::experts::{ExpertBackend, MoeCall};
-use shared::ids::LayerId;
 use proto::v1::expert_service_client::ExpertServiceClient;
+use shared::ids::LayerId;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};

@@ -26,7 +26,10 @@ fn expertd(args: &[&str]) -> Output {
         if Instant::now() > deadline {
             let _ = child.kill();
             let out = child.wait_with_output().expect("output");
-            panic!("expertd {args:?} did not exit: {}", String::from_utf8_lossy(&out.stderr));
+            panic!(
+                "expertd {args:?} did not exit: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
         }
         std::thread::sleep(Duration::from_millis(20));
     }
@@ -41,16 +44,35 @@ fn stderr(o: &Output) -> String {
 fn an_error_says_each_cause_once() {
     let dir = copy_model(&model_dir("tiny"));
     let config = dir.path().join("config.json");
-    let mut v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&config).expect("config")).expect("json");
+    let mut v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&config).expect("config")).expect("json");
     v["model_type"] = "llama".into();
     std::fs::write(&config, v.to_string()).expect("write config");
     let o = hostd(&["inspect", dir.path().to_str().expect("utf-8")]);
     assert!(!o.status.success());
-    assert_eq!(stderr(&o).matches("unsupported model_type").count(), 1, "{}", stderr(&o));
+    assert_eq!(
+        stderr(&o).matches("unsupported model_type").count(),
+        1,
+        "{}",
+        stderr(&o)
+    );
 
-    let o = expertd(&["serve", "--container", "/nonexistent/container", "--socket", "/nonexistent/s.sock", "--cache-bytes", "1000000"]);
+    let o = expertd(&[
+        "serve",
+        "--container",
+        "/nonexistent/container",
+        "--socket",
+        "/nonexistent/s.sock",
+        "--cache-bytes",
+        "1000000",
+    ]);
     assert!(!o.status.success());
-    assert_eq!(stderr(&o).matches("No such file or directory").count(), 1, "{}", stderr(&o));
+    assert_eq!(
+        stderr(&o).matches("No such file or directory").count(),
+        1,
+        "{}",
+        stderr(&o)
+    );
 }
 
 #[test]
@@ -58,15 +80,31 @@ fn a_missing_model_directory_is_named_as_such() {
     let runs: [&[&str]; 4] = [
         &["run", "--model", "/nonexistent/model", "--prompt", "hi"],
         &["serve", "--model", "/nonexistent/model", "--port", "0"],
-        &["eval", "--model", "/nonexistent/model", "--prompts", "/nonexistent/prompts.json", "--new-tokens", "1", "--out", "/nonexistent/out.json"],
+        &[
+            "eval",
+            "--model",
+            "/nonexistent/model",
+            "--prompts",
+            "/nonexistent/prompts.json",
+            "--new-tokens",
+            "1",
+            "--out",
+            "/nonexistent/out.json",
+        ],
         &["inspect", "/nonexistent/model"],
     ];
     for args in runs {
         let o = hostd(args);
         assert!(!o.status.success());
         let err = stderr(&o);
-        assert!(err.contains("/nonexistent/model: No such file or directory"), "{args:?}: {err}");
-        assert!(!err.contains("tokenizer") && !err.contains("config.json"), "{args:?}: {err}");
+        assert!(
+            err.contains("/nonexistent/model: No such file or directory"),
+            "{args:?}: {err}"
+        );
+        assert!(
+            !err.contains("tokenizer") && !err.contains("config.json"),
+            "{args:?}: {err}"
+        );
     }
 }
 
@@ -75,9 +113,26 @@ fn a_cache_budget_that_holds_no_expert_is_refused() {
     let (work, container) = work_with_container("tiny");
     let socket = work.path().join("s.sock");
     for budget in ["0", "1000"] {
-        let o = expertd(&["serve", "--container", container.to_str().expect("utf-8"), "--socket", socket.to_str().expect("utf-8"), "--cache-bytes", budget]);
-        assert!(!o.status.success(), "--cache-bytes {budget} must be refused");
-        assert!(stderr(&o).contains(&format!("--cache-bytes {budget} holds no expert: one expert blob is ")), "{}", stderr(&o));
+        let o = expertd(&[
+            "serve",
+            "--container",
+            container.to_str().expect("utf-8"),
+            "--socket",
+            socket.to_str().expect("utf-8"),
+            "--cache-bytes",
+            budget,
+        ]);
+        assert!(
+            !o.status.success(),
+            "--cache-bytes {budget} must be refused"
+        );
+        assert!(
+            stderr(&o).contains(&format!(
+                "--cache-bytes {budget} holds no expert: one expert blob is "
+            )),
+            "{}",
+            stderr(&o)
+        );
         assert!(!socket.exists());
     }
 }
@@ -90,12 +145,20 @@ fn daemon_log(container: &Path, budget: u64) -> String {
     let socket = work.path().join("s.sock");
     let mut daemon = Spawned::spawn(
         Command::new(workspace_bin("expertd"))
-            .args(["serve", "--container", container.to_str().expect("utf-8"), "--socket", socket.to_str().expect("utf-8")])
+            .args([
+                "serve",
+                "--container",
+                container.to_str().expect("utf-8"),
+                "--socket",
+                socket.to_str().expect("utf-8"),
+            ])
             .args(["--cache-bytes", &budget.to_string()])
             .env_remove("RUST_LOG"),
         &log,
     );
-    daemon.wait_ready(Duration::from_secs(30), |log| log.contains("compute and IO"));
+    daemon.wait_ready(Duration::from_secs(30), |log| {
+        log.contains("compute and IO")
+    });
     drop(daemon);
     std::fs::read_to_string(&log).expect("log")
 }
@@ -103,10 +166,15 @@ fn daemon_log(container: &Path, budget: u64) -> String {
 #[test]
 fn a_redirected_daemon_log_is_plain_and_says_resident_or_streaming() {
     let (_work, container) = work_with_container("tiny");
-    let whole = std::fs::metadata(container.join(shared::container::CONTAINER_FILE)).expect("container").len();
+    let whole = std::fs::metadata(container.join(shared::container::CONTAINER_FILE))
+        .expect("container")
+        .len();
 
     let log = daemon_log(&container, whole);
-    assert!(!log.contains('\u{1b}'), "no ANSI colour in a redirected log: {log:?}");
+    assert!(
+        !log.contains('\u{1b}'),
+        "no ANSI colour in a redirected log: {log:?}"
+    );
     assert!(!log.contains("io=io="), "{log}");
     for line in log.lines() {
         assert!(line.len() < 400, "start-up lines stay short: {line}");
@@ -120,22 +188,65 @@ fn a_private_daemon_says_its_budget() {
     let work = tempfile::tempdir().expect("tempdir");
     let container = work.path().join("container");
     let model = model_dir("tiny");
-    let o = hostd(&["run", "--model", model.to_str().expect("utf-8"), "--experts", "expertd", "--container", container.to_str().expect("utf-8"), "--prompt", "hi", "--max-new-tokens", "2"]);
+    let o = hostd(&[
+        "run",
+        "--model",
+        model.to_str().expect("utf-8"),
+        "--experts",
+        "expertd",
+        "--container",
+        container.to_str().expect("utf-8"),
+        "--prompt",
+        "hi",
+        "--max-new-tokens",
+        "2",
+    ]);
     assert!(o.status.success(), "{}", stderr(&o));
     // The tiny container fits in any machine's free memory: the default keeps it resident.
-    assert!(stderr(&o).contains("hostd: private expertd cache: resident: "), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("hostd: private expertd cache: resident: "),
+        "{}",
+        stderr(&o)
+    );
     assert!(stderr(&o).contains("(default: "), "{}", stderr(&o));
 
-    let o = hostd(&["run", "--model", model.to_str().expect("utf-8"), "--experts", "expertd", "--container", container.to_str().expect("utf-8"), "--expertd-cache-bytes", "65536", "--prompt", "hi", "--max-new-tokens", "2"]);
+    let o = hostd(&[
+        "run",
+        "--model",
+        model.to_str().expect("utf-8"),
+        "--experts",
+        "expertd",
+        "--container",
+        container.to_str().expect("utf-8"),
+        "--expertd-cache-bytes",
+        "65536",
+        "--prompt",
+        "hi",
+        "--max-new-tokens",
+        "2",
+    ]);
     assert!(o.status.success(), "{}", stderr(&o));
-    assert!(stderr(&o).contains("hostd: private expertd cache: streaming: ") && stderr(&o).contains("set by --expertd-cache-bytes"), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("hostd: private expertd cache: streaming: ")
+            && stderr(&o).contains("set by --expertd-cache-bytes"),
+        "{}",
+        stderr(&o)
+    );
 }
 
 #[test]
 fn serve_says_loading_then_ready() {
     let mut child = Killed(
         Command::new(workspace_bin("hostd"))
-            .args(["serve", "--model", model_dir("tiny").to_str().expect("utf-8"), "--port", "0", "--threads", "2"])
+            .args([
+                "serve",
+                "--model",
+                model_dir("tiny").to_str().expect("utf-8"),
+                "--port",
+                "0",
+                "--threads",
+                "2",
+            ])
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
@@ -159,7 +270,9 @@ fn serve_says_loading_then_ready() {
         }
     }
     assert_eq!(lines.len(), 3, "{lines:?}");
-    let addr = lines[0].strip_prefix("hostd serve: listening on http://").unwrap_or_else(|| panic!("{lines:?}"));
+    let addr = lines[0]
+        .strip_prefix("hostd serve: listening on http://")
+        .unwrap_or_else(|| panic!("{lines:?}"));
     assert!(lines[1].starts_with("hostd serve: loading "), "{lines:?}");
     assert!(lines[2].starts_with("hostd serve: ready "), "{lines:?}");
     // Ready means ready: /health answers 200 at once.
@@ -174,17 +287,34 @@ fn health_status(addr: &str) -> u16 {
         .timeout_global(Some(Duration::from_secs(10)))
         .build()
         .new_agent();
-    agent.get(format!("http://{addr}/health")).call().expect("GET /health").status().as_u16()
+    agent
+        .get(format!("http://{addr}/health"))
+        .call()
+        .expect("GET /health")
+        .status()
+        .as_u16()
 }
 
 #[test]
 fn help_and_version_describe_the_binaries_as_they_are() {
     for bin in ["hostd", "expertd"] {
-        let help = Command::new(workspace_bin(bin)).arg("--help").output().expect("help");
+        let help = Command::new(workspace_bin(bin))
+            .arg("--help")
+            .output()
+            .expect("help");
         let text = String::from_utf8_lossy(&help.stdout);
-        assert!(help.status.success() && !text.contains("later"), "{bin} --help: {text}");
-        let v = Command::new(workspace_bin(bin)).arg("--version").output().expect("version");
-        assert_eq!(String::from_utf8_lossy(&v.stdout).trim(), format!("{bin} {}", env!("CARGO_PKG_VERSION")));
+        assert!(
+            help.status.success() && !text.contains("later"),
+            "{bin} --help: {text}"
+        );
+        let v = Command::new(workspace_bin(bin))
+            .arg("--version")
+            .output()
+            .expect("version");
+        assert_eq!(
+            String::from_utf8_lossy(&v.stdout).trim(),
+            format!("{bin} {}", env!("CARGO_PKG_VERSION"))
+        );
         assert_ne!(env!("CARGO_PKG_VERSION"), "0.0.0");
     }
 }

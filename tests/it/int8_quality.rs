@@ -4,9 +4,9 @@
 //! the INT8 model's own greedy continuation agrees with the reference.
 
 use hostd::eval::eval_prompt;
-use hostd::sampling::argmax;
 use hostd::load::{DenseKind, ExpertsKind, LoadOptions, load_model};
 use hostd::model::Logits;
+use hostd::sampling::argmax;
 use serde_json::{Value, json};
 use tests::{model_dir, prepare_container, presets, read_logits, reference, reference_dir};
 
@@ -100,9 +100,13 @@ fn agreement(what: &str, experts: ExpertsKind, dense: DenseKind) -> (Tally, Tall
             let mut seq = ids.clone();
             seq.extend_from_slice(&greedy[..greedy.len() - 1]);
             let mut state = model.new_state();
-            let ours = model.forward(&mut state, &seq, Logits::All, None).expect("forward");
+            let ours = model
+                .forward(&mut state, &seq, Logits::All, None)
+                .expect("forward");
             let mut theirs = read_logits(&reference_dir(), &p["prompt_logits_file"]);
-            theirs.extend_from_slice(&read_logits(&reference_dir(), &p["greedy_logits_file"])[vocab..]);
+            theirs.extend_from_slice(
+                &read_logits(&reference_dir(), &p["greedy_logits_file"])[vocab..],
+            );
             assert_eq!(ours.len(), theirs.len());
             let mut prompt_agree = 0usize;
             for (o, t) in ours.chunks_exact(vocab).zip(theirs.chunks_exact(vocab)) {
@@ -121,7 +125,12 @@ fn agreement(what: &str, experts: ExpertsKind, dense: DenseKind) -> (Tally, Tall
                 }
             }
             let own = eval_prompt(&model, &ids, greedy.len(), usize::MAX).expect("int8 greedy");
-            let same = own.greedy_ids.iter().zip(&greedy).take_while(|(a, b)| a == b).count();
+            let same = own
+                .greedy_ids
+                .iter()
+                .zip(&greedy)
+                .take_while(|(a, b)| a == b)
+                .count();
             greedy_agreement.push(json!({
                 "prompt": p["name"],
                 "top1_agreeing_positions": prompt_agree,
@@ -135,10 +144,18 @@ fn agreement(what: &str, experts: ExpertsKind, dense: DenseKind) -> (Tally, Tall
             tally.agree,
             tally.total,
             100.0 * tally.share(),
-            greedy_agreement.iter().map(|g| format!("{}/{}", g["top1_agreeing_positions"], g["positions"])).collect::<Vec<_>>().join(" "),
+            greedy_agreement
+                .iter()
+                .map(|g| format!("{}/{}", g["top1_agreeing_positions"], g["positions"]))
+                .collect::<Vec<_>>()
+                .join(" "),
             tally.worst_flipped_gap,
             sum_diff / n_diff as f64,
-            greedy_agreement.iter().map(|g| format!("{}/{}", g["agreeing_tokens"], g["of"])).collect::<Vec<_>>().join(" ")
+            greedy_agreement
+                .iter()
+                .map(|g| format!("{}/{}", g["agreeing_tokens"], g["of"]))
+                .collect::<Vec<_>>()
+                .join(" ")
         );
         report.push(json!({
             "config": what,
@@ -151,46 +168,105 @@ fn agreement(what: &str, experts: ExpertsKind, dense: DenseKind) -> (Tally, Tall
             "mean_abs_logit_diff": sum_diff / n_diff as f64,
             "greedy_agreement": greedy_agreement,
         }));
-        let group = if is_trained(&reference) { &mut trained } else { &mut random };
+        let group = if is_trained(&reference) {
+            &mut trained
+        } else {
+            &mut random
+        };
         group.agree += tally.agree;
         group.total += tally.total;
         group.worst_flipped_gap = group.worst_flipped_gap.max(tally.worst_flipped_gap);
     }
-    for (name, t) in [("random-weight presets", random), ("trained presets", trained)] {
-        println!("{what}, {name}: top-1 agreement {}/{} = {:.2}%", t.agree, t.total, 100.0 * t.share());
+    for (name, t) in [
+        ("random-weight presets", random),
+        ("trained presets", trained),
+    ] {
+        println!(
+            "{what}, {name}: top-1 agreement {}/{} = {:.2}%",
+            t.agree,
+            t.total,
+            100.0 * t.share()
+        );
     }
-    println!("{}", serde_json::to_string(&Value::Array(report)).expect("json"));
-    assert!(random.total > 0 && trained.total > 0, "expected random-weight and trained fixtures");
+    println!(
+        "{}",
+        serde_json::to_string(&Value::Array(report)).expect("json")
+    );
+    assert!(
+        random.total > 0 && trained.total > 0,
+        "expected random-weight and trained fixtures"
+    );
     (random, trained)
 }
 
 /// Measures one configuration and requires its floors on the trained and the random presets.
-fn assert_agreement(what: &str, experts: ExpertsKind, dense: DenseKind, min_trained: f64, min_random: f64) {
+fn assert_agreement(
+    what: &str,
+    experts: ExpertsKind,
+    dense: DenseKind,
+    min_trained: f64,
+    min_random: f64,
+) {
     let (random, trained) = agreement(what, experts, dense);
-    assert!(trained.share() >= min_trained, "{what}: top-1 agreement on the trained fixture {:.4} below {min_trained}", trained.share());
-    assert!(random.share() >= min_random, "{what}: top-1 agreement on the random presets {:.4} below {min_random}", random.share());
+    assert!(
+        trained.share() >= min_trained,
+        "{what}: top-1 agreement on the trained fixture {:.4} below {min_trained}",
+        trained.share()
+    );
+    assert!(
+        random.share() >= min_random,
+        "{what}: top-1 agreement on the random presets {:.4} below {min_random}",
+        random.share()
+    );
 }
 
 #[test]
 fn int8_experts_agree_with_the_fp32_reference() {
-    assert_agreement("int8 experts, bf16 dense", ExpertsKind::Int8, DenseKind::Bf16, MIN_TOP1_AGREEMENT, MIN_TOP1_AGREEMENT_RANDOM);
+    assert_agreement(
+        "int8 experts, bf16 dense",
+        ExpertsKind::Int8,
+        DenseKind::Bf16,
+        MIN_TOP1_AGREEMENT,
+        MIN_TOP1_AGREEMENT_RANDOM,
+    );
 }
 
 #[test]
 fn int8_dense_agrees_with_the_fp32_reference() {
-    assert_agreement("bf16 experts, int8 dense", ExpertsKind::Bf16, DenseKind::Int8, MIN_TOP1_AGREEMENT_DENSE_TRAINED, MIN_TOP1_AGREEMENT_DENSE_RANDOM);
+    assert_agreement(
+        "bf16 experts, int8 dense",
+        ExpertsKind::Bf16,
+        DenseKind::Int8,
+        MIN_TOP1_AGREEMENT_DENSE_TRAINED,
+        MIN_TOP1_AGREEMENT_DENSE_RANDOM,
+    );
 }
 
 #[test]
 fn all_int8_agrees_with_the_fp32_reference() {
-    assert_agreement("int8 experts, int8 dense", ExpertsKind::Int8, DenseKind::Int8, MIN_TOP1_AGREEMENT_DENSE_TRAINED, MIN_TOP1_AGREEMENT_DENSE_RANDOM);
+    assert_agreement(
+        "int8 experts, int8 dense",
+        ExpertsKind::Int8,
+        DenseKind::Int8,
+        MIN_TOP1_AGREEMENT_DENSE_TRAINED,
+        MIN_TOP1_AGREEMENT_DENSE_RANDOM,
+    );
 }
 
 #[test]
 fn a_corrupt_blob_fails_the_forward_pass_naming_layer_and_expert() {
     let container = tempfile::tempdir().expect("tempdir");
     prepare_container(&model_dir("tiny"), container.path());
-    let args = LoadOptions { model: model_dir("tiny"), experts: ExpertsKind::Int8, container: Some(container.path().to_path_buf()), threads: None, keep_awake: Default::default(), expertd: Default::default(), dense: Default::default(), host_extra_bytes: 0 };
+    let args = LoadOptions {
+        model: model_dir("tiny"),
+        experts: ExpertsKind::Int8,
+        container: Some(container.path().to_path_buf()),
+        threads: None,
+        keep_awake: Default::default(),
+        expertd: Default::default(),
+        dense: Default::default(),
+        host_extra_bytes: 0,
+    };
     // Flip one byte inside the first blob's packed weights (layer 0, expert 0).
     let file = container.path().join("experts.sluice");
     let reader = shared::container::ContainerFile::open(container.path()).expect("valid container");
@@ -203,7 +279,9 @@ fn a_corrupt_blob_fails_the_forward_pass_naming_layer_and_expert() {
     // Route every expert of layer 0 by feeding enough tokens that expert 0 is chosen somewhere.
     let ids: Vec<u32> = (0..64).collect();
     let mut state = model.new_state();
-    let err = model.forward(&mut state, &ids, Logits::Last, None).expect_err("corrupt expert must fail");
+    let err = model
+        .forward(&mut state, &ids, Logits::Last, None)
+        .expect_err("corrupt expert must fail");
     let msg = err.to_string();
     assert!(msg.contains("layer 0 expert 0"), "{msg}");
     // The sequence is unusable afterwards rather than silently half-advanced.
@@ -214,8 +292,22 @@ fn a_corrupt_blob_fails_the_forward_pass_naming_layer_and_expert() {
 fn a_container_from_another_model_is_refused() {
     let container = tempfile::tempdir().expect("tempdir");
     prepare_container(&model_dir("tiny"), container.path());
-    let args = LoadOptions { model: model_dir("small"), experts: ExpertsKind::Int8, container: Some(container.path().to_path_buf()), threads: None, keep_awake: Default::default(), expertd: Default::default(), dense: Default::default(), host_extra_bytes: 0 };
-    let err = load_model(&args, "test").err().expect("mismatched container is refused");
+    let args = LoadOptions {
+        model: model_dir("small"),
+        experts: ExpertsKind::Int8,
+        container: Some(container.path().to_path_buf()),
+        threads: None,
+        keep_awake: Default::default(),
+        expertd: Default::default(),
+        dense: Default::default(),
+        host_extra_bytes: 0,
+    };
+    let err = load_model(&args, "test")
+        .err()
+        .expect("mismatched container is refused");
     let msg = format!("{err:#}");
-    assert!(msg.contains("different model") || msg.contains("dims"), "{msg}");
+    assert!(
+        msg.contains("different model") || msg.contains("dims"),
+        "{msg}"
+    );
 }

@@ -4,8 +4,8 @@
 use shared::checkpoint::Checkpoint;
 use shared::ids::{ExpertId, LayerId};
 use shared::safetensors_locator::{ByteRange, ExpertLocator};
-use shared::tensor_spec::{self, ExpertLayout};
 use shared::splitmix::SplitMix64;
+use shared::tensor_spec::{self, ExpertLayout};
 use std::os::unix::fs::FileExt;
 use std::path::Path;
 use tests::{copy_model, model_dir, presets, read_index, read_shard, split_experts};
@@ -30,7 +30,11 @@ fn expert_bytes_via_safetensors(dir: &Path, layer: usize, expert: usize) -> [Vec
     };
     let gate_up = tensor_spec::fused_gate_up_name(tensor_spec::PREFIX_RELEASE, layer);
     let down = tensor_spec::fused_down_name(tensor_spec::PREFIX_RELEASE, layer);
-    [slice(&gate_up, 2, 0), slice(&gate_up, 2, 1), slice(&down, 1, 0)]
+    [
+        slice(&gate_up, 2, 0),
+        slice(&gate_up, 2, 1),
+        slice(&down, 1, 0),
+    ]
 }
 
 fn check_locator(ckpt: &Checkpoint, reference_dir: &Path, seed: u64) {
@@ -38,20 +42,47 @@ fn check_locator(ckpt: &Checkpoint, reference_dir: &Path, seed: u64) {
     let loc = ExpertLocator::new(ckpt);
     let mut rng = SplitMix64::new(seed);
     let (f, d) = (cfg.moe_intermediate_size, cfg.hidden_size);
-    let mut pairs: Vec<(usize, usize)> = (0..6).map(|_| (rng.below(cfg.num_layers), rng.below(cfg.num_experts))).collect();
+    let mut pairs: Vec<(usize, usize)> = (0..6)
+        .map(|_| (rng.below(cfg.num_layers), rng.below(cfg.num_experts)))
+        .collect();
     pairs.push((cfg.num_layers - 1, cfg.num_experts - 1));
     pairs.push((0, 0));
     for (layer, expert) in pairs {
-        let r = loc.expert(LayerId::from_index(layer), ExpertId::from_index(expert)).expect("locate");
-        assert_eq!((r.gate.shape, r.up.shape, r.down.shape), ([f, d], [f, d], [d, f]));
+        let r = loc
+            .expert(LayerId::from_index(layer), ExpertId::from_index(expert))
+            .expect("locate");
+        assert_eq!(
+            (r.gate.shape, r.up.shape, r.down.shape),
+            ([f, d], [f, d], [d, f])
+        );
         assert_eq!(r.total_bytes(), 3 * (f * d) as u64 * 2, "bf16 expert size");
         let want = expert_bytes_via_safetensors(reference_dir, layer, expert);
-        assert_eq!(read_range(&r.gate), want[0], "layer {layer} expert {expert} gate");
-        assert_eq!(read_range(&r.up), want[1], "layer {layer} expert {expert} up");
-        assert_eq!(read_range(&r.down), want[2], "layer {layer} expert {expert} down");
+        assert_eq!(
+            read_range(&r.gate),
+            want[0],
+            "layer {layer} expert {expert} gate"
+        );
+        assert_eq!(
+            read_range(&r.up),
+            want[1],
+            "layer {layer} expert {expert} up"
+        );
+        assert_eq!(
+            read_range(&r.down),
+            want[2],
+            "layer {layer} expert {expert} down"
+        );
     }
-    assert!(loc.expert(LayerId::from_index(cfg.num_layers), ExpertId::new(0)).is_err(), "layer out of range");
-    assert!(loc.expert(LayerId::new(0), ExpertId::from_index(cfg.num_experts)).is_err(), "expert out of range");
+    assert!(
+        loc.expert(LayerId::from_index(cfg.num_layers), ExpertId::new(0))
+            .is_err(),
+        "layer out of range"
+    );
+    assert!(
+        loc.expert(LayerId::new(0), ExpertId::from_index(cfg.num_experts))
+            .is_err(),
+        "expert out of range"
+    );
 }
 
 #[test]
@@ -59,7 +90,11 @@ fn fused_layout_ranges_equal_safetensors_slices() {
     for (i, preset) in presets().iter().enumerate() {
         let dir = model_dir(preset);
         let ckpt = Checkpoint::open(&dir).expect("fixture opens");
-        assert!(ckpt.expert_layouts.iter().all(|l| *l == ExpertLayout::Fused));
+        assert!(
+            ckpt.expert_layouts
+                .iter()
+                .all(|l| *l == ExpertLayout::Fused)
+        );
         check_locator(&ckpt, &dir, 17 + i as u64);
     }
 }
@@ -71,7 +106,12 @@ fn per_expert_layout_ranges_equal_the_fused_original() {
         let copy = copy_model(&original);
         split_experts(copy.path());
         let ckpt = Checkpoint::open(copy.path()).expect("per-expert checkpoint opens");
-        assert!(ckpt.expert_layouts.iter().all(|l| *l == ExpertLayout::PerExpert), "{preset}");
+        assert!(
+            ckpt.expert_layouts
+                .iter()
+                .all(|l| *l == ExpertLayout::PerExpert),
+            "{preset}"
+        );
         check_locator(&ckpt, &original, 101 + i as u64);
     }
 }

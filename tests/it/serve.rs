@@ -35,9 +35,21 @@ pub(crate) type Stream = ureq::http::Response<ureq::Body>;
 /// Spawns `hostd serve --model DIR --port 0 --served-model-name NAME EXTRA…` (stdout piped,
 /// stderr discarded) and returns it with the address its first stdout line names (≤ 60 s).
 /// Each test module wraps the child in its own `Server` with the requests it needs.
-pub(crate) fn spawn_serve(dir: &std::path::Path, name: &str, extra: &[&str]) -> (Child, SocketAddr) {
+pub(crate) fn spawn_serve(
+    dir: &std::path::Path,
+    name: &str,
+    extra: &[&str],
+) -> (Child, SocketAddr) {
     let mut child = Command::new(workspace_bin("hostd"))
-        .args(["serve", "--model", dir.to_str().expect("utf-8 path"), "--port", "0", "--served-model-name", name])
+        .args([
+            "serve",
+            "--model",
+            dir.to_str().expect("utf-8 path"),
+            "--port",
+            "0",
+            "--served-model-name",
+            name,
+        ])
         .args(extra)
         .env("SLUICE_THREADS", "2")
         .stdout(Stdio::piped())
@@ -51,8 +63,15 @@ pub(crate) fn spawn_serve(dir: &std::path::Path, name: &str, extra: &[&str]) -> 
         let _ = BufReader::new(stdout).read_line(&mut line);
         let _ = tx.send(line);
     });
-    let line = rx.recv_timeout(Duration::from_secs(60)).expect("hostd serve printed its address");
-    let addr = line.trim().rsplit("http://").next().and_then(|a| a.parse().ok()).unwrap_or_else(|| panic!("unexpected first line {line:?}"));
+    let line = rx
+        .recv_timeout(Duration::from_secs(60))
+        .expect("hostd serve printed its address");
+    let addr = line
+        .trim()
+        .rsplit("http://")
+        .next()
+        .and_then(|a| a.parse().ok())
+        .unwrap_or_else(|| panic!("unexpected first line {line:?}"));
     (child, addr)
 }
 
@@ -76,7 +95,12 @@ impl Server {
             .timeout_recv_body(Some(IO_TIMEOUT))
             .build()
             .new_agent();
-        let server = Server { child: Killed(child), addr, name: name.to_string(), agent };
+        let server = Server {
+            child: Killed(child),
+            addr,
+            name: name.to_string(),
+            agent,
+        };
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {
             if let Ok(r) = server.try_request("GET", "/health", &[], None)
@@ -84,23 +108,47 @@ impl Server {
             {
                 return server;
             }
-            assert!(Instant::now() < deadline, "server on {preset} not ready within 60 s");
+            assert!(
+                Instant::now() < deadline,
+                "server on {preset} not ready within 60 s"
+            );
             std::thread::sleep(Duration::from_millis(50));
         }
     }
 
-    pub(crate) fn request(&self, method: &str, path: &str, headers: &[(&str, &str)], body: Option<&str>) -> Response {
-        self.try_request(method, path, headers, body).unwrap_or_else(|e| panic!("{method} {path}: {e}"))
+    pub(crate) fn request(
+        &self,
+        method: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: Option<&str>,
+    ) -> Response {
+        self.try_request(method, path, headers, body)
+            .unwrap_or_else(|e| panic!("{method} {path}: {e}"))
     }
 
-    pub(crate) fn try_request(&self, method: &str, path: &str, headers: &[(&str, &str)], body: Option<&str>) -> Result<Response, ureq::Error> {
+    pub(crate) fn try_request(
+        &self,
+        method: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: Option<&str>,
+    ) -> Result<Response, ureq::Error> {
         Response::read(self.send(method, path, headers, body)?)
     }
 
     /// Sends a request (a JSON body, when given) and returns the response once its head has
     /// arrived, its body still to read (streams, disconnects).
-    pub(crate) fn send(&self, method: &str, path: &str, headers: &[(&str, &str)], body: Option<&str>) -> Result<Stream, ureq::Error> {
-        let mut req = ureq::http::Request::builder().method(method).uri(format!("http://{}{path}", self.addr));
+    pub(crate) fn send(
+        &self,
+        method: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: Option<&str>,
+    ) -> Result<Stream, ureq::Error> {
+        let mut req = ureq::http::Request::builder()
+            .method(method)
+            .uri(format!("http://{}{path}", self.addr));
         if body.is_some() {
             req = req.header("content-type", "application/json");
         }
@@ -127,7 +175,11 @@ impl Server {
     pub(crate) fn metric(&self, name: &str) -> f64 {
         let text = self.request("GET", "/metrics", &[], None).text();
         text.lines()
-            .find_map(|l| l.strip_prefix(name).and_then(|r| r.strip_prefix(' ')).and_then(|v| v.trim().parse().ok()))
+            .find_map(|l| {
+                l.strip_prefix(name)
+                    .and_then(|r| r.strip_prefix(' '))
+                    .and_then(|v| v.trim().parse().ok())
+            })
             .unwrap_or_else(|| panic!("metric {name} missing"))
     }
 }
@@ -143,22 +195,52 @@ impl Response {
     /// Reads the rest of an open response.
     pub(crate) fn read(stream: Stream) -> Result<Response, ureq::Error> {
         let status = stream.status().as_u16();
-        let headers = stream.headers().iter().map(|(k, v)| (k.to_string(), String::from_utf8_lossy(v.as_bytes()).into_owned())).collect();
-        let body = stream.into_body().with_config().limit(u64::MAX).read_to_vec()?;
-        Ok(Response { status, headers, body })
+        let headers = stream
+            .headers()
+            .iter()
+            .map(|(k, v)| {
+                (
+                    k.to_string(),
+                    String::from_utf8_lossy(v.as_bytes()).into_owned(),
+                )
+            })
+            .collect();
+        let body = stream
+            .into_body()
+            .with_config()
+            .limit(u64::MAX)
+            .read_to_vec()?;
+        Ok(Response {
+            status,
+            headers,
+            body,
+        })
     }
     pub(crate) fn text(&self) -> String {
         String::from_utf8_lossy(&self.body).into_owned()
     }
     pub(crate) fn json(&self) -> Value {
-        serde_json::from_slice(&self.body).unwrap_or_else(|e| panic!("status {}: body is not JSON ({e}): {}", self.status, self.text()))
+        serde_json::from_slice(&self.body).unwrap_or_else(|e| {
+            panic!(
+                "status {}: body is not JSON ({e}): {}",
+                self.status,
+                self.text()
+            )
+        })
     }
     pub(crate) fn header(&self, name: &str) -> Option<&str> {
-        self.headers.iter().find(|(k, _)| k.eq_ignore_ascii_case(name)).map(|(_, v)| v.as_str())
+        self.headers
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
     }
     /// The `data:` payloads of an SSE body.
     pub(crate) fn sse_data(&self) -> Vec<String> {
-        self.text().lines().filter_map(|l| l.strip_prefix("data: ")).map(str::to_string).collect()
+        self.text()
+            .lines()
+            .filter_map(|l| l.strip_prefix("data: "))
+            .map(str::to_string)
+            .collect()
     }
 }
 
@@ -168,7 +250,9 @@ pub(crate) type Lines = BufReader<ureq::BodyReader<'static>>;
 /// Sends a streaming request to `path` and reads until `n` lines starting with `prefix` (an SSE
 /// field: `data: `, `event: `) arrived; returns the rest of the stream, still open.
 pub(crate) fn open_stream(s: &Server, path: &str, body: &Value, prefix: &str, n: usize) -> Lines {
-    let stream = s.send("POST", path, &[], Some(&body.to_string())).expect("send");
+    let stream = s
+        .send("POST", path, &[], Some(&body.to_string()))
+        .expect("send");
     assert_eq!(stream.status(), 200);
     let mut reader = BufReader::new(stream.into_body().into_reader());
     let (mut seen, mut line) = (0, String::new());
@@ -205,7 +289,14 @@ fn token_bytes(reply: &Value) -> Vec<Vec<u8>> {
         .as_array()
         .expect("logprobs.content")
         .iter()
-        .map(|e| e["bytes"].as_array().expect("bytes").iter().map(|b| b.as_u64().expect("byte") as u8).collect())
+        .map(|e| {
+            e["bytes"]
+                .as_array()
+                .expect("bytes")
+                .iter()
+                .map(|b| b.as_u64().expect("byte") as u8)
+                .collect()
+        })
         .collect()
 }
 
@@ -216,51 +307,166 @@ fn health_models_and_error_shapes() {
     assert_eq!(h.json()["status"], "ready");
     assert!(h.header("x-request-id").is_some_and(|v| !v.is_empty()));
     let m = s.request("GET", "/v1/models", &[], None).json();
-    assert_eq!((m["object"].clone(), m["data"][0]["id"].clone(), m["data"][0]["object"].clone()), (json!("list"), json!(s.name), json!("model")));
+    assert_eq!(
+        (
+            m["object"].clone(),
+            m["data"][0]["id"].clone(),
+            m["data"][0]["object"].clone()
+        ),
+        (json!("list"), json!(s.name), json!("model"))
+    );
     let ok = |extra: Value| {
         let mut b = json!({ "model": s.name, "messages": user("hi"), "max_tokens": 2 });
-        b.as_object_mut().expect("object").extend(extra.as_object().expect("object").clone());
+        b.as_object_mut()
+            .expect("object")
+            .extend(extra.as_object().expect("object").clone());
         b
     };
     let chat = |b: &Value| s.post("/v1/chat/completions", b);
 
     let r = s.request("POST", "/v1/chat/completions", &[], Some("{\"model\": "));
     check_error(&r, 400, "invalid_json");
-    check_error(&chat(&ok(json!({ "model": "gpt-4" }))), 404, "model_not_found");
-    assert_eq!(check_error(&chat(&json!({ "model": s.name })), 400, "missing_required_parameter"), "messages");
+    check_error(
+        &chat(&ok(json!({ "model": "gpt-4" }))),
+        404,
+        "model_not_found",
+    );
+    assert_eq!(
+        check_error(
+            &chat(&json!({ "model": s.name })),
+            400,
+            "missing_required_parameter"
+        ),
+        "messages"
+    );
     let function_role = ok(json!({ "messages": [{ "role": "function", "content": "x" }] }));
-    assert_eq!(check_error(&chat(&function_role), 400, "unsupported_parameter"), "messages[0].role");
+    assert_eq!(
+        check_error(&chat(&function_role), 400, "unsupported_parameter"),
+        "messages[0].role"
+    );
     // A tool result alone has no user query for the template to answer.
-    let tool_only = ok(json!({ "messages": [{ "role": "tool", "content": "x", "tool_call_id": "c" }] }));
-    assert_eq!(check_error(&chat(&tool_only), 400, "invalid_value"), "messages");
-    let image = ok(json!({ "messages": [{ "role": "user", "content": [{ "type": "image_url", "image_url": { "url": "http://x" } }] }] }));
-    assert_eq!(check_error(&chat(&image), 400, "unsupported_parameter"), "messages[0].content[0].type");
-    assert_eq!(check_error(&chat(&ok(json!({ "n": 9 }))), 400, "invalid_value"), "n");
-    assert_eq!(check_error(&chat(&ok(json!({ "temperature": 2.5 }))), 400, "invalid_value"), "temperature");
-    assert_eq!(check_error(&chat(&ok(json!({ "top_p": 0 }))), 400, "invalid_value"), "top_p");
-    assert_eq!(check_error(&chat(&ok(json!({ "stop": ["a", "b", "c", "d", "e"] }))), 400, "invalid_value"), "stop");
-    assert_eq!(check_error(&chat(&ok(json!({ "max_tokens": 0 }))), 400, "invalid_value"), "max_tokens");
-    assert_eq!(check_error(&chat(&ok(json!({ "tools": [{ "type": "function" }] }))), 400, "missing_required_parameter"), "tools[0].function");
-    assert_eq!(check_error(&chat(&ok(json!({ "tools": [{ "type": "web_search" }] }))), 400, "unsupported_parameter"), "tools[0].type");
+    let tool_only =
+        ok(json!({ "messages": [{ "role": "tool", "content": "x", "tool_call_id": "c" }] }));
+    assert_eq!(
+        check_error(&chat(&tool_only), 400, "invalid_value"),
+        "messages"
+    );
+    let image = ok(
+        json!({ "messages": [{ "role": "user", "content": [{ "type": "image_url", "image_url": { "url": "http://x" } }] }] }),
+    );
+    assert_eq!(
+        check_error(&chat(&image), 400, "unsupported_parameter"),
+        "messages[0].content[0].type"
+    );
+    assert_eq!(
+        check_error(&chat(&ok(json!({ "n": 9 }))), 400, "invalid_value"),
+        "n"
+    );
+    assert_eq!(
+        check_error(
+            &chat(&ok(json!({ "temperature": 2.5 }))),
+            400,
+            "invalid_value"
+        ),
+        "temperature"
+    );
+    assert_eq!(
+        check_error(&chat(&ok(json!({ "top_p": 0 }))), 400, "invalid_value"),
+        "top_p"
+    );
+    assert_eq!(
+        check_error(
+            &chat(&ok(json!({ "stop": ["a", "b", "c", "d", "e"] }))),
+            400,
+            "invalid_value"
+        ),
+        "stop"
+    );
+    assert_eq!(
+        check_error(&chat(&ok(json!({ "max_tokens": 0 }))), 400, "invalid_value"),
+        "max_tokens"
+    );
+    assert_eq!(
+        check_error(
+            &chat(&ok(json!({ "tools": [{ "type": "function" }] }))),
+            400,
+            "missing_required_parameter"
+        ),
+        "tools[0].function"
+    );
+    assert_eq!(
+        check_error(
+            &chat(&ok(json!({ "tools": [{ "type": "web_search" }] }))),
+            400,
+            "unsupported_parameter"
+        ),
+        "tools[0].type"
+    );
     let weather = json!([{ "type": "function", "function": { "name": "get_weather" } }]);
     // A forced call (constrained decoding) cannot also follow a response_format.
-    let both = ok(json!({ "tools": weather, "tool_choice": "required", "response_format": { "type": "json_object" } }));
-    assert_eq!(check_error(&chat(&both), 400, "unsupported_parameter"), "response_format");
+    let both = ok(
+        json!({ "tools": weather, "tool_choice": "required", "response_format": { "type": "json_object" } }),
+    );
+    assert_eq!(
+        check_error(&chat(&both), 400, "unsupported_parameter"),
+        "response_format"
+    );
     // Unknown fields are accepted (field policy: `docs/api.md`); known-unsupported ones are not.
     assert_eq!(chat(&ok(json!({ "frobnicate": true }))).status, 200);
-    assert_eq!(check_error(&chat(&ok(json!({ "use_beam_search": true }))), 400, "unsupported_parameter"), "use_beam_search");
+    assert_eq!(
+        check_error(
+            &chat(&ok(json!({ "use_beam_search": true }))),
+            400,
+            "unsupported_parameter"
+        ),
+        "use_beam_search"
+    );
     // The context is 64 tokens here: a long prompt, or a budget past the end, is refused.
     let long = "word ".repeat(200);
-    check_error(&chat(&ok(json!({ "messages": user(&long) }))), 400, "context_length_exceeded");
-    check_error(&chat(&ok(json!({ "max_tokens": 60 }))), 400, "context_length_exceeded");
+    check_error(
+        &chat(&ok(json!({ "messages": user(&long) }))),
+        400,
+        "context_length_exceeded",
+    );
+    check_error(
+        &chat(&ok(json!({ "max_tokens": 60 }))),
+        400,
+        "context_length_exceeded",
+    );
     let big = ok(json!({ "messages": user(&"x".repeat(8000)) }));
     check_error(&chat(&big), 413, "request_too_large");
-    check_error(&s.request("GET", "/v1/nothing", &[], None), 404, "unknown_url");
-    check_error(&s.request("GET", "/v1/chat/completions", &[], None), 405, "method_not_allowed");
+    check_error(
+        &s.request("GET", "/v1/nothing", &[], None),
+        404,
+        "unknown_url",
+    );
+    check_error(
+        &s.request("GET", "/v1/chat/completions", &[], None),
+        405,
+        "method_not_allowed",
+    );
     let long_completion = json!({ "model": s.name, "prompt": long, "max_tokens": 1 });
-    assert_eq!(check_error(&s.post("/v1/completions", &long_completion), 400, "context_length_exceeded"), "prompt");
-    check_error(&s.post("/v1/completions", &json!({ "model": s.name })), 400, "missing_required_parameter");
-    check_error(&s.post("/v1/completions", &json!({ "model": s.name, "prompt": "a", "echo": true })), 400, "unsupported_parameter");
+    assert_eq!(
+        check_error(
+            &s.post("/v1/completions", &long_completion),
+            400,
+            "context_length_exceeded"
+        ),
+        "prompt"
+    );
+    check_error(
+        &s.post("/v1/completions", &json!({ "model": s.name })),
+        400,
+        "missing_required_parameter",
+    );
+    check_error(
+        &s.post(
+            "/v1/completions",
+            &json!({ "model": s.name, "prompt": "a", "echo": true }),
+        ),
+        400,
+        "unsupported_parameter",
+    );
 
     // A valid request after all of that still works, and /metrics counted the statuses.
     let reply = s.chat(ok(json!({ "temperature": 0 })));
@@ -268,9 +474,21 @@ fn health_models_and_error_shapes() {
     assert_eq!(reply["choices"][0]["finish_reason"], "length");
     assert_eq!(reply["usage"]["completion_tokens"], 2);
     let metrics = s.request("GET", "/metrics", &[], None).text();
-    assert!(metrics.contains("hostd_requests_total{endpoint=\"/v1/chat/completions\",status=\"400\"}"), "{metrics}");
-    assert!(metrics.contains("hostd_requests_total{endpoint=\"/v1/chat/completions\",status=\"413\"} 1"), "{metrics}");
-    assert!(metrics.lines().filter(|l| !l.starts_with('#') && !l.is_empty()).all(|l| l.starts_with("hostd_")));
+    assert!(
+        metrics.contains("hostd_requests_total{endpoint=\"/v1/chat/completions\",status=\"400\"}"),
+        "{metrics}"
+    );
+    assert!(
+        metrics
+            .contains("hostd_requests_total{endpoint=\"/v1/chat/completions\",status=\"413\"} 1"),
+        "{metrics}"
+    );
+    assert!(
+        metrics
+            .lines()
+            .filter(|l| !l.starts_with('#') && !l.is_empty())
+            .all(|l| l.starts_with("hostd_"))
+    );
 }
 
 #[test]
@@ -280,19 +498,35 @@ fn chat_and_completion_shapes_streaming_and_not() {
     let whole = s.chat(body.clone());
     let msg = &whole["choices"][0]["message"];
     assert_eq!(msg["role"], "assistant");
-    assert!(msg["reasoning_content"].is_string() && msg["content"].is_string(), "{whole}");
-    assert_eq!(whole["usage"]["total_tokens"], whole["usage"]["prompt_tokens"].as_u64().unwrap_or(0) + 6);
+    assert!(
+        msg["reasoning_content"].is_string() && msg["content"].is_string(),
+        "{whole}"
+    );
+    assert_eq!(
+        whole["usage"]["total_tokens"],
+        whole["usage"]["prompt_tokens"].as_u64().unwrap_or(0) + 6
+    );
 
     let mut sb = body.clone();
     sb["stream"] = json!(true);
     sb["stream_options"] = json!({ "include_usage": true });
     let r = s.post("/v1/chat/completions", &sb);
     assert_eq!(r.status, 200);
-    assert!(r.header("content-type").is_some_and(|c| c.starts_with("text/event-stream")));
+    assert!(
+        r.header("content-type")
+            .is_some_and(|c| c.starts_with("text/event-stream"))
+    );
     let data = r.sse_data();
     assert_eq!(data.last().map(String::as_str), Some("[DONE]"));
-    let chunks: Vec<Value> = data[..data.len() - 1].iter().map(|d| serde_json::from_str(d).expect("chunk JSON")).collect();
-    assert!(chunks.iter().all(|c| c["object"] == "chat.completion.chunk" && c["id"] == chunks[0]["id"]));
+    let chunks: Vec<Value> = data[..data.len() - 1]
+        .iter()
+        .map(|d| serde_json::from_str(d).expect("chunk JSON"))
+        .collect();
+    assert!(
+        chunks
+            .iter()
+            .all(|c| c["object"] == "chat.completion.chunk" && c["id"] == chunks[0]["id"])
+    );
     assert_eq!(chunks[0]["choices"][0]["delta"]["role"], "assistant");
     let (mut reasoning, mut content) = (String::new(), String::new());
     for c in &chunks {
@@ -301,7 +535,13 @@ fn chat_and_completion_shapes_streaming_and_not() {
             content.push_str(d["content"].as_str().unwrap_or(""));
         }
     }
-    assert_eq!((reasoning.as_str(), content.as_str()), (msg["reasoning_content"].as_str().unwrap_or(""), msg["content"].as_str().unwrap_or("")));
+    assert_eq!(
+        (reasoning.as_str(), content.as_str()),
+        (
+            msg["reasoning_content"].as_str().unwrap_or(""),
+            msg["content"].as_str().unwrap_or("")
+        )
+    );
     let fin = &chunks[chunks.len() - 2];
     assert_eq!(fin["choices"][0]["finish_reason"], "length");
     let usage = &chunks[chunks.len() - 1];
@@ -312,7 +552,12 @@ fn chat_and_completion_shapes_streaming_and_not() {
     let mut off = body.clone();
     off["chat_template_kwargs"] = json!({ "enable_thinking": false });
     let reply = s.chat(off);
-    assert!(reply["choices"][0]["message"].get("reasoning_content").is_none(), "{reply}");
+    assert!(
+        reply["choices"][0]["message"]
+            .get("reasoning_content")
+            .is_none(),
+        "{reply}"
+    );
     assert!(reply["usage"]["prompt_tokens"].as_u64() > whole["usage"]["prompt_tokens"].as_u64());
 
     let c = s.post("/v1/completions", &json!({ "model": s.name, "prompt": "The cat", "max_tokens": 5, "temperature": 0, "ignore_eos": true }));
@@ -325,13 +570,31 @@ fn chat_and_completion_shapes_streaming_and_not() {
 /// Greedy ids of `hostd run --json` for one prompt.
 fn run_ids(preset: &str, prompt: &str, n: usize) -> Vec<u64> {
     let out = Command::new(workspace_bin("hostd"))
-        .args(["run", "--model", model_dir(preset).to_str().expect("path"), "--prompt", prompt, "--max-new-tokens", &n.to_string(), "--json"])
+        .args([
+            "run",
+            "--model",
+            model_dir(preset).to_str().expect("path"),
+            "--prompt",
+            prompt,
+            "--max-new-tokens",
+            &n.to_string(),
+            "--json",
+        ])
         .env("SLUICE_THREADS", "2")
         .output()
         .expect("hostd run");
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let v: Value = serde_json::from_slice(&out.stdout).expect("run --json");
-    v["generated_ids"].as_array().expect("generated_ids").iter().map(|x| x.as_u64().expect("id")).collect()
+    v["generated_ids"]
+        .as_array()
+        .expect("generated_ids")
+        .iter()
+        .map(|x| x.as_u64().expect("id"))
+        .collect()
 }
 
 #[test]
@@ -339,12 +602,20 @@ fn greedy_reply_equals_hostd_run() {
     // Without the prefix cache, prefill blocks are exactly `hostd run`'s, so ids must match.
     for preset in ["tiny", "small"] {
         let s = Server::start(preset, &["--state-cache-bytes", "0"]);
-        let tok = hostd::tokenizer::Tokenizer::from_model_dir(model_dir(preset)).expect("tokenizer");
+        let tok =
+            hostd::tokenizer::Tokenizer::from_model_dir(model_dir(preset)).expect("tokenizer");
         for prompt in ["hi", "Write a haiku about rivers."] {
             let ids = run_ids(preset, prompt, 24);
             let reply = s.chat(json!({ "model": s.name, "messages": user(prompt), "max_tokens": 24, "temperature": 0, "logprobs": true }));
-            let expect: Vec<Vec<u8>> = ids.iter().map(|&id| tok.token_bytes(id as u32).expect("known id").to_vec()).collect();
-            assert_eq!(token_bytes(&reply), expect, "{preset} {prompt:?}: server and hostd run disagree");
+            let expect: Vec<Vec<u8>> = ids
+                .iter()
+                .map(|&id| tok.token_bytes(id as u32).expect("known id").to_vec())
+                .collect();
+            assert_eq!(
+                token_bytes(&reply),
+                expect,
+                "{preset} {prompt:?}: server and hostd run disagree"
+            );
             // Usage also counts an end-of-turn token that ended the reply (not in `ids`).
             let stop = usize::from(reply["choices"][0]["finish_reason"] == "stop");
             assert_eq!(reply["usage"]["completion_tokens"], ids.len() + stop);
@@ -355,20 +626,46 @@ fn greedy_reply_equals_hostd_run() {
 #[test]
 fn four_concurrent_greedy_requests_equal_solo() {
     let s = Server::start("small", &["--max-batch", "4"]);
-    let prompts = ["Tell me about the sea.", "What is 2+2?", "Name a colour.", "Why is the sky blue? Explain at length."];
+    let prompts = [
+        "Tell me about the sea.",
+        "What is 2+2?",
+        "Name a colour.",
+        "Why is the sky blue? Explain at length.",
+    ];
     let body = |p: &str| json!({ "model": s.name, "messages": user(p), "max_tokens": 24, "temperature": 0, "ignore_eos": true, "logprobs": true });
-    let solo: Vec<Vec<Vec<u8>>> = prompts.iter().map(|p| token_bytes(&s.chat(body(p)))).collect();
-    let (steps0, rows0) = (s.metric("hostd_decode_steps_total"), s.metric("hostd_decode_rows_total"));
+    let solo: Vec<Vec<Vec<u8>>> = prompts
+        .iter()
+        .map(|p| token_bytes(&s.chat(body(p))))
+        .collect();
+    let (steps0, rows0) = (
+        s.metric("hostd_decode_steps_total"),
+        s.metric("hostd_decode_rows_total"),
+    );
     let together: Vec<Vec<Vec<u8>>> = std::thread::scope(|scope| {
-        let handles: Vec<_> = prompts.iter().map(|p| scope.spawn(|| token_bytes(&s.chat(body(p))))).collect();
-        handles.into_iter().map(|h| h.join().expect("request thread")).collect()
+        let handles: Vec<_> = prompts
+            .iter()
+            .map(|p| scope.spawn(|| token_bytes(&s.chat(body(p)))))
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("request thread"))
+            .collect()
     });
     for (i, (a, b)) in solo.iter().zip(&together).enumerate() {
-        assert_eq!(a, b, "request {i}: concurrent output differs from its solo run");
+        assert_eq!(
+            a, b,
+            "request {i}: concurrent output differs from its solo run"
+        );
         assert_eq!(a.len(), 24);
     }
-    let (steps, rows) = (s.metric("hostd_decode_steps_total") - steps0, s.metric("hostd_decode_rows_total") - rows0);
-    assert!(rows > steps, "no decode step carried more than one sequence ({rows} rows in {steps} steps)");
+    let (steps, rows) = (
+        s.metric("hostd_decode_steps_total") - steps0,
+        s.metric("hostd_decode_rows_total") - rows0,
+    );
+    assert!(
+        rows > steps,
+        "no decode step carried more than one sequence ({rows} rows in {steps} steps)"
+    );
 }
 
 /// Opens a streaming chat request that would run for a long time and reads until `n` data
@@ -385,13 +682,22 @@ fn disconnect_cancels_and_frees_state() {
     assert_eq!(s.metric("hostd_active_sequences"), 1.0);
     assert!(s.metric("hostd_active_state_bytes") > 0.0);
     drop(stream);
-    wait_for("the cancelled sequence to leave", Duration::from_secs(20), || {
-        s.metric("hostd_active_sequences") == 0.0 && s.metric("hostd_sequences_cancelled_total") == 1.0
-    });
+    wait_for(
+        "the cancelled sequence to leave",
+        Duration::from_secs(20),
+        || {
+            s.metric("hostd_active_sequences") == 0.0
+                && s.metric("hostd_sequences_cancelled_total") == 1.0
+        },
+    );
     assert_eq!(s.metric("hostd_active_state_bytes"), 0.0);
     let generated = s.metric("hostd_generation_tokens_total");
     std::thread::sleep(Duration::from_millis(300));
-    assert_eq!(s.metric("hostd_generation_tokens_total"), generated, "tokens are still being generated");
+    assert_eq!(
+        s.metric("hostd_generation_tokens_total"),
+        generated,
+        "tokens are still being generated"
+    );
 }
 
 #[test]
@@ -399,11 +705,19 @@ fn full_queue_answers_429_with_retry_after() {
     let s = Server::start("tiny", &["--max-batch", "1", "--max-queue", "1"]);
     let running = open_long_stream(&s, 2);
     // The second request waits in the queue (its SSE head arrives once it is queued).
-    let body = json!({ "model": s.name, "messages": user("wait"), "max_tokens": 4, "stream": true });
-    let queued = s.send("POST", "/v1/chat/completions", &[], Some(&body.to_string())).expect("send");
+    let body =
+        json!({ "model": s.name, "messages": user("wait"), "max_tokens": 4, "stream": true });
+    let queued = s
+        .send("POST", "/v1/chat/completions", &[], Some(&body.to_string()))
+        .expect("send");
     assert_eq!(queued.status(), 200);
-    wait_for("one queued request", Duration::from_secs(10), || s.metric("hostd_queue_depth") == 1.0);
-    let r = s.post("/v1/chat/completions", &json!({ "model": s.name, "messages": user("x"), "max_tokens": 1 }));
+    wait_for("one queued request", Duration::from_secs(10), || {
+        s.metric("hostd_queue_depth") == 1.0
+    });
+    let r = s.post(
+        "/v1/chat/completions",
+        &json!({ "model": s.name, "messages": user("x"), "max_tokens": 1 }),
+    );
     check_error(&r, 429, "queue_full");
     assert_eq!(r.header("retry-after"), Some("1"));
     assert_eq!(s.metric("hostd_queue_rejected_total"), 1.0);
@@ -416,18 +730,55 @@ fn api_key_is_required_when_configured_and_for_public_binds() {
     let dir = tempfile::tempdir().expect("tempdir");
     let key_file = dir.path().join("key");
     std::fs::write(&key_file, "s3cret\n").expect("write key");
-    let s = Server::start("tiny", &["--api-key-file", key_file.to_str().expect("path")]);
-    check_error(&s.request("GET", "/v1/models", &[], None), 401, "invalid_api_key");
-    check_error(&s.request("GET", "/v1/models", &[("Authorization", "Bearer wrong")], None), 401, "invalid_api_key");
-    assert_eq!(s.request("GET", "/v1/models", &[("Authorization", "Bearer s3cret")], None).status, 200);
+    let s = Server::start(
+        "tiny",
+        &["--api-key-file", key_file.to_str().expect("path")],
+    );
+    check_error(
+        &s.request("GET", "/v1/models", &[], None),
+        401,
+        "invalid_api_key",
+    );
+    check_error(
+        &s.request(
+            "GET",
+            "/v1/models",
+            &[("Authorization", "Bearer wrong")],
+            None,
+        ),
+        401,
+        "invalid_api_key",
+    );
+    assert_eq!(
+        s.request(
+            "GET",
+            "/v1/models",
+            &[("Authorization", "Bearer s3cret")],
+            None
+        )
+        .status,
+        200
+    );
     assert_eq!(s.request("GET", "/health", &[], None).status, 200);
     // A non-loopback bind without a key is refused before anything is bound.
     let out = Command::new(workspace_bin("hostd"))
-        .args(["serve", "--model", model_dir("tiny").to_str().expect("path"), "--host", "0.0.0.0", "--port", "0"])
+        .args([
+            "serve",
+            "--model",
+            model_dir("tiny").to_str().expect("path"),
+            "--host",
+            "0.0.0.0",
+            "--port",
+            "0",
+        ])
         .output()
         .expect("hostd serve");
     assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("requires an API key"), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("requires an API key"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 /// Time to the first generated text of a streaming chat request.
@@ -435,7 +786,9 @@ fn stream_ttft(s: &Server, messages: &Value, max_tokens: usize) -> (Duration, Va
     let body = json!({ "model": s.name, "messages": messages, "max_tokens": max_tokens, "temperature": 0, "stream": true,
                        "stream_options": { "include_usage": true }, "ignore_eos": true });
     let start = Instant::now();
-    let stream = s.send("POST", "/v1/chat/completions", &[], Some(&body.to_string())).expect("send");
+    let stream = s
+        .send("POST", "/v1/chat/completions", &[], Some(&body.to_string()))
+        .expect("send");
     let mut reader = BufReader::new(stream.into_body().into_reader());
     let (mut ttft, mut usage, mut line) = (None, Value::Null, String::new());
     let deadline = start + IO_TIMEOUT;
@@ -444,13 +797,18 @@ fn stream_ttft(s: &Server, messages: &Value, max_tokens: usize) -> (Duration, Va
         if reader.read_line(&mut line).expect("read") == 0 {
             break;
         }
-        let Some(data) = line.trim_end().strip_prefix("data: ") else { continue };
+        let Some(data) = line.trim_end().strip_prefix("data: ") else {
+            continue;
+        };
         if data == "[DONE]" {
             break;
         }
         let c: Value = serde_json::from_str(data).expect("chunk");
         let d = &c["choices"][0]["delta"];
-        if ttft.is_none() && (d["reasoning_content"].is_string() || d["content"].as_str().is_some_and(|t| !t.is_empty())) {
+        if ttft.is_none()
+            && (d["reasoning_content"].is_string()
+                || d["content"].as_str().is_some_and(|t| !t.is_empty()))
+        {
             ttft = Some(start.elapsed());
         }
         if c["usage"].is_object() {
@@ -471,15 +829,25 @@ fn second_turn_reuses_the_first_turns_state() {
     second.push(json!({ "role": "assistant", "content": msg["content"], "reasoning_content": msg["reasoning_content"] }));
     second.push(json!({ "role": "user", "content": "And then?" }));
     let (ttft, usage) = stream_ttft(&s, &Value::Array(second.clone()), 4);
-    let cached = usage["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap_or(0);
+    let cached = usage["prompt_tokens_details"]["cached_tokens"]
+        .as_u64()
+        .unwrap_or(0);
     let prompt = usage["prompt_tokens"].as_u64().unwrap_or(0);
-    assert!(cached > 0 && cached < prompt, "second turn: {cached} of {prompt} prompt tokens cached");
-    assert!(s.metric("hostd_state_cache_hits_total") >= 1.0 && s.metric("hostd_state_cache_bytes") > 0.0);
+    assert!(
+        cached > 0 && cached < prompt,
+        "second turn: {cached} of {prompt} prompt tokens cached"
+    );
+    assert!(
+        s.metric("hostd_state_cache_hits_total") >= 1.0
+            && s.metric("hostd_state_cache_bytes") > 0.0
+    );
 
     let cold = Server::start("small", &["--state-cache-bytes", "0"]);
     let (cold_ttft, cold_usage) = stream_ttft(&cold, &Value::Array(second), 4);
     assert_eq!(cold_usage["prompt_tokens_details"]["cached_tokens"], 0);
-    eprintln!("second-turn TTFT on small ({prompt} prompt tokens): {ttft:?} with reuse ({cached} cached), {cold_ttft:?} without");
+    eprintln!(
+        "second-turn TTFT on small ({prompt} prompt tokens): {ttft:?} with reuse ({cached} cached), {cold_ttft:?} without"
+    );
 }
 
 #[test]
@@ -487,13 +855,25 @@ fn default_thinking_off_answers_at_once_and_a_request_can_still_think() {
     let s = Server::start("tiny", &["--default-thinking", "off"]);
     let body = json!({ "model": s.name, "messages": user("Hello"), "max_tokens": 4, "temperature": 0, "ignore_eos": true });
     let plain = s.chat(body.clone());
-    assert!(plain["choices"][0]["message"].get("reasoning_content").is_none(), "{plain}");
+    assert!(
+        plain["choices"][0]["message"]
+            .get("reasoning_content")
+            .is_none(),
+        "{plain}"
+    );
     let mut think = body;
     think["chat_template_kwargs"] = json!({ "enable_thinking": true });
     let thought = s.chat(think);
-    assert!(thought["choices"][0]["message"]["reasoning_content"].is_string(), "{thought}");
+    assert!(
+        thought["choices"][0]["message"]["reasoning_content"].is_string(),
+        "{thought}"
+    );
     // Thinking off renders an empty think block into the prompt: more prompt tokens.
-    let tokens = |r: &Value| r["usage"]["prompt_tokens"].as_u64().unwrap_or_else(|| panic!("no usage: {r}"));
+    let tokens = |r: &Value| {
+        r["usage"]["prompt_tokens"]
+            .as_u64()
+            .unwrap_or_else(|| panic!("no usage: {r}"))
+    };
     assert!(tokens(&plain) > tokens(&thought));
 }
 
@@ -528,7 +908,10 @@ const METRIC_FAMILIES: &[(&str, &str)] = &[
 ];
 
 /// The latency histograms' `le` bounds, `+Inf` last.
-const LATENCY_LE: &[&str] = &["0.001", "0.0025", "0.005", "0.01", "0.025", "0.05", "0.1", "0.25", "0.5", "1", "2.5", "5", "10", "30", "60", "120", "300", "+Inf"];
+const LATENCY_LE: &[&str] = &[
+    "0.001", "0.0025", "0.005", "0.01", "0.025", "0.05", "0.1", "0.25", "0.5", "1", "2.5", "5",
+    "10", "30", "60", "120", "300", "+Inf",
+];
 
 /// `/metrics` is Prometheus text (format 0.0.4) that prometheus_client's parser reads, with
 /// exactly the documented families and types; every histogram series has the fixed bounds,
@@ -537,61 +920,163 @@ const LATENCY_LE: &[&str] = &["0.001", "0.0025", "0.005", "0.01", "0.025", "0.05
 fn metrics_parse_as_prometheus_text_with_every_family_and_type() {
     let s = Server::start("tiny", &[]);
     let reply = s.chat(json!({ "model": s.name, "messages": user("Hello"), "max_tokens": 2, "temperature": 0, "ignore_eos": true }));
-    check_error(&s.request("GET", "/v1/nothing", &[], None), 404, "unknown_url");
+    check_error(
+        &s.request("GET", "/v1/nothing", &[], None),
+        404,
+        "unknown_url",
+    );
     let r = s.request("GET", "/metrics", &[], None);
     assert_eq!(r.status, 200);
-    assert_eq!(r.header("content-type"), Some("text/plain; version=0.0.4; charset=utf-8"));
+    assert_eq!(
+        r.header("content-type"),
+        Some("text/plain; version=0.0.4; charset=utf-8")
+    );
     let families = tests::parse_prometheus_text(&r.text());
 
-    let got: Vec<(&str, &str)> = families.iter().map(|f| (f["name"].as_str().expect("name"), f["type"].as_str().expect("type"))).collect();
+    let got: Vec<(&str, &str)> = families
+        .iter()
+        .map(|f| {
+            (
+                f["name"].as_str().expect("name"),
+                f["type"].as_str().expect("type"),
+            )
+        })
+        .collect();
     assert_eq!(got, METRIC_FAMILIES, "families and types");
     let samples = |family: &str| -> Vec<(String, serde_json::Map<String, Value>, f64)> {
-        let f = families.iter().find(|f| f["name"] == family).unwrap_or_else(|| panic!("{family} missing"));
+        let f = families
+            .iter()
+            .find(|f| f["name"] == family)
+            .unwrap_or_else(|| panic!("{family} missing"));
         let all = f["samples"].as_array().expect("samples");
-        all.iter().map(|s| (s[0].as_str().expect("sample name").to_string(), s[1].as_object().expect("labels").clone(), s[2].as_f64().expect("value"))).collect()
+        all.iter()
+            .map(|s| {
+                (
+                    s[0].as_str().expect("sample name").to_string(),
+                    s[1].as_object().expect("labels").clone(),
+                    s[2].as_f64().expect("value"),
+                )
+            })
+            .collect()
     };
     let value = |family: &str, sample: &str, labels: &[(&str, &str)]| -> f64 {
         let hits: Vec<f64> = samples(family)
             .into_iter()
-            .filter(|(n, l, _)| n == sample && l.len() == labels.len() && labels.iter().all(|(k, v)| l.get(*k).and_then(Value::as_str) == Some(*v)))
+            .filter(|(n, l, _)| {
+                n == sample
+                    && l.len() == labels.len()
+                    && labels
+                        .iter()
+                        .all(|(k, v)| l.get(*k).and_then(Value::as_str) == Some(*v))
+            })
             .map(|(_, _, v)| v)
             .collect();
         assert_eq!(hits.len(), 1, "{sample}{labels:?}: {hits:?}");
         hits[0]
     };
 
-    for family in METRIC_FAMILIES.iter().filter(|(_, t)| *t == "histogram").map(|(f, _)| *f) {
+    for family in METRIC_FAMILIES
+        .iter()
+        .filter(|(_, t)| *t == "histogram")
+        .map(|(f, _)| *f)
+    {
         // Series by endpoint (the one label besides `le`): bounds in order, cumulative, +Inf = _count.
-        let mut series: std::collections::BTreeMap<Option<String>, Vec<(String, f64)>> = Default::default();
+        let mut series: std::collections::BTreeMap<Option<String>, Vec<(String, f64)>> =
+            Default::default();
         for (name, labels, v) in samples(family) {
             if name == format!("{family}_bucket") {
-                let le = labels.get("le").and_then(Value::as_str).expect("le").to_string();
-                let endpoint = labels.get("endpoint").and_then(Value::as_str).map(str::to_string);
-                assert_eq!(labels.len(), 1 + usize::from(endpoint.is_some()), "{family}: {labels:?}");
+                let le = labels
+                    .get("le")
+                    .and_then(Value::as_str)
+                    .expect("le")
+                    .to_string();
+                let endpoint = labels
+                    .get("endpoint")
+                    .and_then(Value::as_str)
+                    .map(str::to_string);
+                assert_eq!(
+                    labels.len(),
+                    1 + usize::from(endpoint.is_some()),
+                    "{family}: {labels:?}"
+                );
                 series.entry(endpoint).or_default().push((le, v));
             }
         }
-        let expect_series = if family == "hostd_request_duration_seconds" { 10 } else { 1 };
+        let expect_series = if family == "hostd_request_duration_seconds" {
+            10
+        } else {
+            1
+        };
         assert_eq!(series.len(), expect_series, "{family}: {series:?}");
         for (endpoint, buckets) in &series {
             let les: Vec<&str> = buckets.iter().map(|(le, _)| le.as_str()).collect();
             assert_eq!(les, LATENCY_LE, "{family} {endpoint:?}");
-            assert!(buckets.windows(2).all(|w| w[0].1 <= w[1].1), "{family} {endpoint:?}: not cumulative: {buckets:?}");
-            let labels: Vec<(&str, &str)> = endpoint.iter().map(|e| ("endpoint", e.as_str())).collect();
-            assert_eq!(value(family, &format!("{family}_count"), &labels), buckets[buckets.len() - 1].1, "{family} {endpoint:?}");
+            assert!(
+                buckets.windows(2).all(|w| w[0].1 <= w[1].1),
+                "{family} {endpoint:?}: not cumulative: {buckets:?}"
+            );
+            let labels: Vec<(&str, &str)> =
+                endpoint.iter().map(|e| ("endpoint", e.as_str())).collect();
+            assert_eq!(
+                value(family, &format!("{family}_count"), &labels),
+                buckets[buckets.len() - 1].1,
+                "{family} {endpoint:?}"
+            );
             assert!(value(family, &format!("{family}_sum"), &labels) >= 0.0);
         }
     }
 
     let chat = [("endpoint", "/v1/chat/completions"), ("status", "200")];
     assert_eq!(value("hostd_requests", "hostd_requests_total", &chat), 1.0);
-    assert_eq!(value("hostd_requests", "hostd_requests_total", &[("endpoint", "other"), ("status", "404")]), 1.0);
-    assert_eq!(value("hostd_request_duration_seconds", "hostd_request_duration_seconds_count", &[("endpoint", "/v1/chat/completions")]), 1.0);
-    assert_eq!(value("hostd_time_to_first_token_seconds", "hostd_time_to_first_token_seconds_count", &[]), 1.0);
-    assert_eq!(value("hostd_e2e_request_seconds", "hostd_e2e_request_seconds_count", &[]), 1.0);
-    assert_eq!(value("hostd_sequences_finished", "hostd_sequences_finished_total", &[]), 1.0);
+    assert_eq!(
+        value(
+            "hostd_requests",
+            "hostd_requests_total",
+            &[("endpoint", "other"), ("status", "404")]
+        ),
+        1.0
+    );
+    assert_eq!(
+        value(
+            "hostd_request_duration_seconds",
+            "hostd_request_duration_seconds_count",
+            &[("endpoint", "/v1/chat/completions")]
+        ),
+        1.0
+    );
+    assert_eq!(
+        value(
+            "hostd_time_to_first_token_seconds",
+            "hostd_time_to_first_token_seconds_count",
+            &[]
+        ),
+        1.0
+    );
+    assert_eq!(
+        value(
+            "hostd_e2e_request_seconds",
+            "hostd_e2e_request_seconds_count",
+            &[]
+        ),
+        1.0
+    );
+    assert_eq!(
+        value(
+            "hostd_sequences_finished",
+            "hostd_sequences_finished_total",
+            &[]
+        ),
+        1.0
+    );
     let completion_tokens = reply["usage"]["completion_tokens"].as_f64().expect("usage");
-    assert_eq!(value("hostd_generation_tokens", "hostd_generation_tokens_total", &[]), completion_tokens);
+    assert_eq!(
+        value(
+            "hostd_generation_tokens",
+            "hostd_generation_tokens_total",
+            &[]
+        ),
+        completion_tokens
+    );
     assert_eq!(value("hostd_model_loaded", "hostd_model_loaded", &[]), 1.0);
     assert_eq!(value("hostd_queue_depth", "hostd_queue_depth", &[]), 0.0);
 }

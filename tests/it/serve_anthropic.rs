@@ -512,8 +512,10 @@ fn disconnect_cancels_and_a_full_queue_is_overloaded() {
         "the cancelled sequences to leave",
         Duration::from_secs(20),
         || {
-            let (cancelled, finished) =
-                (s.metric("hostd_sequences_cancelled_total"), s.metric("hostd_sequences_finished_total"));
+            let (cancelled, finished) = (
+                s.metric("hostd_sequences_cancelled_total"),
+                s.metric("hostd_sequences_finished_total"),
+            );
             cancelled >= 1.0
                 && cancelled + finished >= 2.0
                 && s.metric("hostd_active_sequences") == 0.0
@@ -546,11 +548,13 @@ fn claude_code_request_fields_are_accepted() {
         { "role": "user", "content": "hi" },
         { "role": "system", "content": [{ "type": "text", "text": "Tools: none." }] }
     ]});
-    let joined = json!({ "model": s.name, "system": "Be brief.\n\nTools: none.", "messages": user("hi") });
+    let joined =
+        json!({ "model": s.name, "system": "Be brief.\n\nTools: none.", "messages": user("hi") });
     assert_eq!(count(inline.clone()), count(joined));
     let mut body = inline;
     body["max_tokens"] = json!(4);
-    body["context_management"] = json!({ "edits": [{ "type": "clear_thinking_20251015", "keep": "all" }] });
+    body["context_management"] =
+        json!({ "edits": [{ "type": "clear_thinking_20251015", "keep": "all" }] });
     let reply = create(&s, body);
     assert_eq!(reply["type"], "message", "{reply}");
 }

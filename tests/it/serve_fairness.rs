@@ -24,10 +24,14 @@ fn complete(s: &Server, body: &Value) -> Response {
 /// `n` prompt ids the fixture's tokenizer knows, varied by `seed` (so no prefix is shared).
 fn prompt_ids(preset: &str, n: usize, seed: u64) -> Vec<u32> {
     let tok = hostd::tokenizer::Tokenizer::from_model_dir(model_dir(preset)).expect("tokenizer");
-    let known: Vec<u32> = (50..tok.vocab_size() as u32 / 2).filter(|&id| tok.token_bytes(id).is_some()).collect();
+    let known: Vec<u32> = (50..tok.vocab_size() as u32 / 2)
+        .filter(|&id| tok.token_bytes(id).is_some())
+        .collect();
     assert!(known.len() > 50, "too few known ids");
     let mut rng = shared::splitmix::SplitMix64::new(seed);
-    (0..n).map(|_| known[(rng.next_u64() % known.len() as u64) as usize]).collect()
+    (0..n)
+        .map(|_| known[(rng.next_u64() % known.len() as u64) as usize])
+        .collect()
 }
 
 /// A greedy completion request for token ids.
@@ -43,7 +47,17 @@ fn tokens(reply: &Value) -> Value {
 #[test]
 fn a_short_request_finishes_while_a_long_prompt_is_prefilled_and_its_output_is_unchanged() {
     // 64-row blocks: the long prompt takes dozens of blocks, the short one fits in one.
-    let s = start("small", &["--prefill-chunk", "64", "--state-cache-bytes", "0", "--max-batch", "4"]);
+    let s = start(
+        "small",
+        &[
+            "--prefill-chunk",
+            "64",
+            "--state-cache-bytes",
+            "0",
+            "--max-batch",
+            "4",
+        ],
+    );
     let long = prompt_ids("small", 3000, 1);
     let short = prompt_ids("small", 4, 2);
     let solo_short = complete(&s, &greedy(&short, 4)).json();
@@ -51,28 +65,47 @@ fn a_short_request_finishes_while_a_long_prompt_is_prefilled_and_its_output_is_u
     assert_eq!(solo_long["usage"]["prompt_tokens"], 3000);
 
     let blocks0 = s.metric("hostd_prefill_chunks_total");
-    let (long_reply, long_done, short_reply, short_done, blocks_at_short) = std::thread::scope(|scope| {
-        let long_thread = scope.spawn(|| {
-            let r = complete(&s, &greedy(&long, 2));
-            (r, Instant::now())
+    let (long_reply, long_done, short_reply, short_done, blocks_at_short) =
+        std::thread::scope(|scope| {
+            let long_thread = scope.spawn(|| {
+                let r = complete(&s, &greedy(&long, 2));
+                (r, Instant::now())
+            });
+            // Send the short request once the long prompt is a few blocks in (of ~47).
+            wait_for(
+                "the long prefill to start",
+                Duration::from_secs(120),
+                || s.metric("hostd_prefill_chunks_total") >= blocks0 + 3.0,
+            );
+            let r = complete(&s, &greedy(&short, 4));
+            let short_done = Instant::now();
+            let blocks_at_short = s.metric("hostd_prefill_chunks_total") - blocks0;
+            let (long_reply, long_done) = long_thread.join().expect("long request thread");
+            (long_reply, long_done, r, short_done, blocks_at_short)
         });
-        // Send the short request once the long prompt is a few blocks in (of ~47).
-        wait_for("the long prefill to start", Duration::from_secs(120), || s.metric("hostd_prefill_chunks_total") >= blocks0 + 3.0);
-        let r = complete(&s, &greedy(&short, 4));
-        let short_done = Instant::now();
-        let blocks_at_short = s.metric("hostd_prefill_chunks_total") - blocks0;
-        let (long_reply, long_done) = long_thread.join().expect("long request thread");
-        (long_reply, long_done, r, short_done, blocks_at_short)
-    });
     assert_eq!(long_reply.status, 200);
     assert_eq!(short_reply.status, 200);
     // The long prompt has 3000 / 64 = 47 blocks; the short request (1 block, 4 tokens) ended
     // while they were still running.
-    assert!(short_done < long_done, "the short request waited for the whole long prefill");
-    assert!(blocks_at_short < 47.0, "the short request ended after {blocks_at_short} blocks: the long prefill had finished");
+    assert!(
+        short_done < long_done,
+        "the short request waited for the whole long prefill"
+    );
+    assert!(
+        blocks_at_short < 47.0,
+        "the short request ended after {blocks_at_short} blocks: the long prefill had finished"
+    );
     // Greedy outputs do not depend on what else ran.
-    assert_eq!(tokens(&short_reply.json()), tokens(&solo_short), "short output changed under a concurrent long prompt");
-    assert_eq!(tokens(&long_reply.json()), tokens(&solo_long), "long output changed under a concurrent short request");
+    assert_eq!(
+        tokens(&short_reply.json()),
+        tokens(&solo_short),
+        "short output changed under a concurrent long prompt"
+    );
+    assert_eq!(
+        tokens(&long_reply.json()),
+        tokens(&solo_long),
+        "long output changed under a concurrent short request"
+    );
     assert_eq!(tokens(&solo_short).as_array().map(Vec::len), Some(4));
 }
 
@@ -81,25 +114,52 @@ fn the_queue_limit_counts_prompt_tokens() {
     let s = start("tiny", &["--max-batch", "1", "--max-queued-tokens", "40"]);
     // Occupy the only slot with a long generation.
     let go = json!({ "model": "m", "prompt": prompt_ids("tiny", 3, 3), "max_tokens": 200_000, "ignore_eos": true, "stream": true });
-    let running = s.send("POST", "/v1/completions", &[], Some(&go.to_string())).expect("send");
-    wait_for("the slot to be taken", Duration::from_secs(30), || s.metric("hostd_active_sequences") == 1.0);
+    let running = s
+        .send("POST", "/v1/completions", &[], Some(&go.to_string()))
+        .expect("send");
+    wait_for("the slot to be taken", Duration::from_secs(30), || {
+        s.metric("hostd_active_sequences") == 1.0
+    });
     // Into an empty queue, a prompt over the limit is still taken (else it could never run).
     let mut big = greedy(&prompt_ids("tiny", 60, 4), 1);
     big["stream"] = json!(true);
-    let queued = s.send("POST", "/v1/completions", &[], Some(&big.to_string())).expect("send");
+    let queued = s
+        .send("POST", "/v1/completions", &[], Some(&big.to_string()))
+        .expect("send");
     assert_eq!(queued.status(), 200);
-    wait_for("60 queued prompt tokens", Duration::from_secs(10), || s.metric("hostd_queued_prompt_tokens") == 60.0);
-    assert_eq!(s.metric("hostd_queue_depth"), 1.0, "one request queued: the request limit (16) is not what refuses");
+    wait_for("60 queued prompt tokens", Duration::from_secs(10), || {
+        s.metric("hostd_queued_prompt_tokens") == 60.0
+    });
+    assert_eq!(
+        s.metric("hostd_queue_depth"),
+        1.0,
+        "one request queued: the request limit (16) is not what refuses"
+    );
     // One more token would pass the limit of 40: 429 with Retry-After, nothing else changes.
     // (Streaming, so a wrongly queued request shows at once as a 200 head.)
     let mut one = greedy(&prompt_ids("tiny", 1, 5), 1);
     one["stream"] = json!(true);
-    let refused = s.send("POST", "/v1/completions", &[], Some(&one.to_string())).expect("send");
-    assert_eq!(refused.status(), 429, "a request past the token limit was not refused");
+    let refused = s
+        .send("POST", "/v1/completions", &[], Some(&one.to_string()))
+        .expect("send");
+    assert_eq!(
+        refused.status(),
+        429,
+        "a request past the token limit was not refused"
+    );
     let r = Response::read(refused).expect("429 body");
     let e = &r.json()["error"];
-    assert_eq!((e["code"].as_str(), e["type"].as_str()), (Some("queue_full"), Some("rate_limit_error")), "{e}");
-    assert!(e["message"].as_str().is_some_and(|m| m.contains("60 prompt tokens queued") && m.contains("40")), "{e}");
+    assert_eq!(
+        (e["code"].as_str(), e["type"].as_str()),
+        (Some("queue_full"), Some("rate_limit_error")),
+        "{e}"
+    );
+    assert!(
+        e["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("60 prompt tokens queued") && m.contains("40")),
+        "{e}"
+    );
     assert_eq!(r.header("retry-after"), Some("1"));
     assert_eq!(s.metric("hostd_queue_rejected_total"), 1.0);
     assert_eq!(s.metric("hostd_queued_prompt_tokens"), 60.0);
@@ -108,6 +168,11 @@ fn the_queue_limit_counts_prompt_tokens() {
     let reply = Response::read(queued).expect("queued request's reply");
     assert_eq!(reply.status, 200);
     assert!(reply.text().contains("[DONE]"));
-    wait_for("the queue to empty", Duration::from_secs(30), || s.metric("hostd_queued_prompt_tokens") == 0.0);
-    assert_eq!(complete(&s, &greedy(&prompt_ids("tiny", 30, 6), 1)).status, 200);
+    wait_for("the queue to empty", Duration::from_secs(30), || {
+        s.metric("hostd_queued_prompt_tokens") == 0.0
+    });
+    assert_eq!(
+        complete(&s, &greedy(&prompt_ids("tiny", 30, 6), 1)).status,
+        200
+    );
 }

@@ -408,12 +408,7 @@ fn forced_function_call_streams_alike_and_round_trips() {
         "tools are echoed in the Responses shape"
     );
 
-    check_streamed_alike(
-        &s,
-        &body,
-        "response.function_call_arguments.delta",
-        &whole,
-    );
+    check_streamed_alike(&s, &body, "response.function_call_arguments.delta", &whole);
 
     // The call's output goes back by previous_response_id, naming its call_id.
     let call_id = calls[0]["call_id"].as_str().expect("call_id");

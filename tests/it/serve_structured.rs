@@ -27,12 +27,18 @@ fn schema() -> Value {
 }
 
 fn check_conforms(text: &str) {
-    let v: Value = serde_json::from_str(text).unwrap_or_else(|e| panic!("not JSON ({e}): {text:?}"));
-    let o = v.as_object().unwrap_or_else(|| panic!("not an object: {text}"));
+    let v: Value =
+        serde_json::from_str(text).unwrap_or_else(|e| panic!("not JSON ({e}): {text:?}"));
+    let o = v
+        .as_object()
+        .unwrap_or_else(|| panic!("not an object: {text}"));
     let mut keys: Vec<&str> = o.keys().map(String::as_str).collect();
     keys.sort_unstable();
     assert_eq!(keys, ["count", "kind", "name", "ok"], "{text}");
-    assert!(o["name"].as_str().is_some_and(|s| s.chars().count() <= 10), "{text}");
+    assert!(
+        o["name"].as_str().is_some_and(|s| s.chars().count() <= 10),
+        "{text}"
+    );
     assert!(o["count"].as_u64().is_some_and(|n| n <= 99), "{text}");
     assert!(o["kind"] == "cat" || o["kind"] == "dog", "{text}");
     assert!(o["ok"].is_boolean(), "{text}");
@@ -52,7 +58,10 @@ fn json_schema_replies_conform_with_random_weights() {
     for (thinking, seed) in [(false, 1), (false, 2), (false, 3), (true, 4), (true, 5)] {
         let r = s.chat(request(&s, thinking, seed));
         let choice = &r["choices"][0];
-        assert_eq!(choice["finish_reason"], "stop", "thinking {thinking} seed {seed}: {r}");
+        assert_eq!(
+            choice["finish_reason"], "stop",
+            "thinking {thinking} seed {seed}: {r}"
+        );
         check_conforms(choice["message"]["content"].as_str().expect("content"));
         if thinking {
             assert!(choice["message"]["reasoning_content"].is_string(), "{r}");
@@ -79,7 +88,12 @@ fn json_schema_replies_conform_with_random_weights() {
     }
     assert_eq!(finish, "stop");
     check_conforms(&content);
-    assert_eq!(content, whole["choices"][0]["message"]["content"].as_str().unwrap_or_default());
+    assert_eq!(
+        content,
+        whole["choices"][0]["message"]["content"]
+            .as_str()
+            .unwrap_or_default()
+    );
 
     // Legacy completions: json_object from the first token.
     let r = s.post(
@@ -88,10 +102,16 @@ fn json_schema_replies_conform_with_random_weights() {
     );
     assert_eq!(r.status, 200, "{}", r.text());
     let c = r.json();
-    let text = c["choices"][0]["text"].as_str().expect("text").trim_start_matches('\n');
+    let text = c["choices"][0]["text"]
+        .as_str()
+        .expect("text")
+        .trim_start_matches('\n');
     assert!(text.starts_with('{'), "{c}");
     if c["choices"][0]["finish_reason"] == "stop" {
-        assert!(serde_json::from_str::<Value>(text).is_ok_and(|v| v.is_object()), "{c}");
+        assert!(
+            serde_json::from_str::<Value>(text).is_ok_and(|v| v.is_object()),
+            "{c}"
+        );
     }
 
     // Unconstrained requests still work next to constrained ones.
@@ -102,11 +122,26 @@ fn json_schema_replies_conform_with_random_weights() {
 #[test]
 fn bad_response_formats_are_400s_naming_the_field() {
     let s = Server::start("tiny", &[]);
-    let bad = |rf: Value| s.post("/v1/chat/completions", &json!({"model": s.name, "messages": user("x"), "max_tokens": 4, "response_format": rf}));
+    let bad = |rf: Value| {
+        s.post("/v1/chat/completions", &json!({"model": s.name, "messages": user("x"), "max_tokens": 4, "response_format": rf}))
+    };
     let missing_ref = json!({"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object", "properties": {"a": {"$ref": "#/$defs/Nope"}}, "required": ["a"]}}});
-    assert_eq!(check_error(&bad(missing_ref), 400, "invalid_value"), "response_format");
-    assert_eq!(check_error(&bad(json!({"type": "yaml"})), 400, "invalid_value"), "response_format.type");
-    assert_eq!(check_error(&bad(json!({"type": "json_schema", "json_schema": {"name": "x"}})), 400, "missing_required_parameter"), "response_format.json_schema.schema");
+    assert_eq!(
+        check_error(&bad(missing_ref), 400, "invalid_value"),
+        "response_format"
+    );
+    assert_eq!(
+        check_error(&bad(json!({"type": "yaml"})), 400, "invalid_value"),
+        "response_format.type"
+    );
+    assert_eq!(
+        check_error(
+            &bad(json!({"type": "json_schema", "json_schema": {"name": "x"}})),
+            400,
+            "missing_required_parameter"
+        ),
+        "response_format.json_schema.schema"
+    );
     // A text format is free text, as before.
     let r = s.post("/v1/chat/completions", &json!({"model": s.name, "messages": user("x"), "max_tokens": 3, "response_format": {"type": "text"}}));
     assert_eq!(r.status, 200, "{}", r.text());
@@ -121,11 +156,19 @@ fn mask_cost_on_the_real_vocabulary() {
     let eos = vec![tok.im_end_id().unwrap(), tok.endoftext_id().unwrap()];
     let grammars = Grammars::new(Arc::clone(&tok), eos);
     let t0 = Instant::now();
-    let mut c = grammars.compile(&ConstraintSpec::JsonSchema(schema()), StartOptions::new(false, 1000)).expect("compile");
+    let mut c = grammars
+        .compile(
+            &ConstraintSpec::JsonSchema(schema()),
+            StartOptions::new(false, 1000),
+        )
+        .expect("compile");
     let first = t0.elapsed();
     let vocab = tok.vocab_size();
     let logits = vec![0.0f32; 248_320];
-    let closers: Vec<Vec<u32>> = ["\"", "}", "1", "true", "\"cat\""].iter().map(|s| tok.encode(s).unwrap()).collect();
+    let closers: Vec<Vec<u32>> = ["\"", "}", "1", "true", "\"cat\""]
+        .iter()
+        .map(|s| tok.encode(s).unwrap())
+        .collect();
     let (mut masks, mut spent, mut worst) = (0u32, Duration::ZERO, Duration::ZERO);
     let mut ids = Vec::new();
     let mut rng = 0x9E37_79B9_7F4A_7C15u64;
@@ -134,7 +177,9 @@ fn mask_cost_on_the_real_vocabulary() {
         let masked = c.mask_logits(&logits, vocab).expect("mask");
         let dt = t.elapsed();
         (masks, spent, worst) = (masks + 1, spent + dt, worst.max(dt));
-        let allowed: Vec<u32> = (0..vocab as u32).filter(|&i| masked[i as usize].is_finite()).collect();
+        let allowed: Vec<u32> = (0..vocab as u32)
+            .filter(|&i| masked[i as usize].is_finite())
+            .collect();
         rng ^= rng << 13;
         rng ^= rng >> 7;
         rng ^= rng << 17;
@@ -182,7 +227,12 @@ fn forced_tool_calls_are_valid_with_random_weights() {
             "properties": {"zone": {"type": "string", "enum": ["UTC", "CET"]}}, "required": ["zone"]}}}
     ]);
     let named = json!({"type": "function", "function": {"name": "get_time"}});
-    for (choice, thinking, seed) in [(json!("required"), false, 1), (json!("required"), true, 2), (named.clone(), false, 3), (named, true, 4)] {
+    for (choice, thinking, seed) in [
+        (json!("required"), false, 1),
+        (json!("required"), true, 2),
+        (named.clone(), false, 3),
+        (named, true, 4),
+    ] {
         let r = s.chat(json!({
             "model": s.name, "messages": user("Weather in Oslo?"), "tools": tools, "tool_choice": choice,
             "parallel_tool_calls": false, "max_tokens": 400, "temperature": 1, "seed": seed, "chat_template_kwargs": {"enable_thinking": thinking}
@@ -193,12 +243,22 @@ fn forced_tool_calls_are_valid_with_random_weights() {
         assert!(!calls.is_empty(), "{r}");
         for call in calls {
             let name = call["function"]["name"].as_str().expect("name");
-            let args: Value = serde_json::from_str(call["function"]["arguments"].as_str().expect("arguments")).expect("JSON arguments");
+            let args: Value =
+                serde_json::from_str(call["function"]["arguments"].as_str().expect("arguments"))
+                    .expect("JSON arguments");
             match name {
                 "get_weather" => {
                     assert!(choice == "required", "{r}");
-                    assert!(args["city"].as_str().is_some_and(|c| c.chars().count() <= 12), "{args}");
-                    assert!(args["days"].as_u64().is_some_and(|d| (1..=7).contains(&d)), "{args}");
+                    assert!(
+                        args["city"]
+                            .as_str()
+                            .is_some_and(|c| c.chars().count() <= 12),
+                        "{args}"
+                    );
+                    assert!(
+                        args["days"].as_u64().is_some_and(|d| (1..=7).contains(&d)),
+                        "{args}"
+                    );
                 }
                 "get_time" => assert!(args["zone"] == "UTC" || args["zone"] == "CET", "{args}"),
                 other => panic!("unexpected function {other}: {r}"),

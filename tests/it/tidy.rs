@@ -27,7 +27,9 @@ fn violation(path: &str, line: usize, what: &str) -> String {
 
 /// `(1-based line number, code part of the line)` for every line, `//` comments removed.
 fn code_lines(text: &str) -> impl Iterator<Item = (usize, &str)> {
-    text.lines().enumerate().map(|(i, line)| (i + 1, line.split("//").next().unwrap_or("")))
+    text.lines()
+        .enumerate()
+        .map(|(i, line)| (i + 1, line.split("//").next().unwrap_or("")))
 }
 
 /// Every line whose code contains one of `needles`, unless `allowed(path)`.
@@ -35,19 +37,38 @@ fn forbid(path: &str, text: &str, needles: &[&str], allowed: bool, what: &str) -
     if allowed {
         return Vec::new();
     }
-    code_lines(text).filter(|(_, code)| needles.iter().any(|n| code.contains(n))).map(|(n, _)| violation(path, n, what)).collect()
+    code_lines(text)
+        .filter(|(_, code)| needles.iter().any(|n| code.contains(n)))
+        .map(|(n, _)| violation(path, n, what))
+        .collect()
 }
 
 /// Only `shared/src/kernels/` contains SIMD intrinsics.
 fn check_arch(path: &str, text: &str) -> Vec<String> {
     let allowed = path.starts_with("shared/src/kernels/");
-    forbid(path, text, &[STD_ARCH, CORE_ARCH], allowed, "SIMD intrinsics outside shared/src/kernels/")
+    forbid(
+        path,
+        text,
+        &[STD_ARCH, CORE_ARCH],
+        allowed,
+        "SIMD intrinsics outside shared/src/kernels/",
+    )
 }
 
 /// Only `expertd/src/io/uring.rs` touches io_uring (the `io-uring` crate).
 fn check_io_uring(path: &str, text: &str) -> Vec<String> {
-    let needles = [concat!("io_uring", "::"), concat!("use ", "io_uring"), concat!("crate ", "io_uring")];
-    forbid(path, text, &needles, path == "expertd/src/io/uring.rs", "io_uring used outside expertd/src/io/uring.rs")
+    let needles = [
+        concat!("io_uring", "::"),
+        concat!("use ", "io_uring"),
+        concat!("crate ", "io_uring"),
+    ];
+    forbid(
+        path,
+        text,
+        &needles,
+        path == "expertd/src/io/uring.rs",
+        "io_uring used outside expertd/src/io/uring.rs",
+    )
 }
 
 /// `anyhow` only in the command-line layers of the binaries and in tests (ARCHITECTURE.md,
@@ -59,15 +80,33 @@ fn check_anyhow(path: &str, text: &str) -> Vec<String> {
         || path == "expertd/src/stats_client.rs"
         || path.starts_with("tests/");
     let needles = [concat!("anyhow", "::"), concat!("use ", "anyhow")];
-    forbid(path, text, &needles, allowed, "anyhow outside the CLI layers and tests")
+    forbid(
+        path,
+        text,
+        &needles,
+        allowed,
+        "anyhow outside the CLI layers and tests",
+    )
 }
 
 /// `shared` is IO-free except for the checkpoint reader, the container's reader and identity, and
 /// the /proc readers.
 fn check_shared_fs(path: &str, text: &str) -> Vec<String> {
     let allowed = !path.starts_with("shared/src/")
-        || matches!(path, "shared/src/checkpoint.rs" | "shared/src/container/reader.rs" | "shared/src/container/identity.rs" | "shared/src/procfs.rs");
-    forbid(path, text, &[concat!("std", "::fs")], allowed, "filesystem access in shared/ outside checkpoint.rs, container/{reader,identity}.rs and procfs.rs")
+        || matches!(
+            path,
+            "shared/src/checkpoint.rs"
+                | "shared/src/container/reader.rs"
+                | "shared/src/container/identity.rs"
+                | "shared/src/procfs.rs"
+        );
+    forbid(
+        path,
+        text,
+        &[concat!("std", "::fs")],
+        allowed,
+        "filesystem access in shared/ outside checkpoint.rs, container/{reader,identity}.rs and procfs.rs",
+    )
 }
 
 /// The developer tooling in `tools/` (crate sluice-tools) stays out of the product: only hostd's
@@ -75,8 +114,16 @@ fn check_shared_fs(path: &str, text: &str) -> Vec<String> {
 /// the fuzz harness use it. sluice-tools itself
 /// is library code (no `anyhow`) and may write files: writing model directories is its job.
 fn check_tools_use(path: &str, text: &str) -> Vec<String> {
-    let allowed = ["tools/", "hostd/src/cli/", "tests/", "fuzz/"].iter().any(|p| path.starts_with(p));
-    forbid(path, text, &[concat!("sluice_", "tools")], allowed, "sluice-tools used outside hostd/src/cli/, tests and fuzz")
+    let allowed = ["tools/", "hostd/src/cli/", "tests/", "fuzz/"]
+        .iter()
+        .any(|p| path.starts_with(p));
+    forbid(
+        path,
+        text,
+        &[concat!("sluice_", "tools")],
+        allowed,
+        "sluice-tools used outside hostd/src/cli/, tests and fuzz",
+    )
 }
 
 /// System calls go through `rustix`; `libc` only for glibc's `malloc_trim`, an allocator function
@@ -84,14 +131,30 @@ fn check_tools_use(path: &str, text: &str) -> Vec<String> {
 fn check_libc(path: &str, text: &str) -> Vec<String> {
     let (libc, trim) = (concat!("lib", "c::"), concat!("lib", "c::malloc_trim"));
     code_lines(text)
-        .filter(|(_, code)| code.replace(trim, "").contains(libc) || code.contains(concat!("use lib", "c")))
-        .map(|(n, _)| violation(path, n, "libc used for more than malloc_trim: system calls go through rustix"))
+        .filter(|(_, code)| {
+            code.replace(trim, "").contains(libc) || code.contains(concat!("use lib", "c"))
+        })
+        .map(|(n, _)| {
+            violation(
+                path,
+                n,
+                "libc used for more than malloc_trim: system calls go through rustix",
+            )
+        })
         .collect()
 }
 
 /// Every file opens with a `//!` saying what it owns.
 fn check_module_doc(path: &str, text: &str) -> Vec<String> {
-    if text.starts_with("//!") { Vec::new() } else { vec![violation(path, 1, "file does not start with a `//!` module doc")] }
+    if text.starts_with("//!") {
+        Vec::new()
+    } else {
+        vec![violation(
+            path,
+            1,
+            "file does not start with a `//!` module doc",
+        )]
+    }
 }
 
 /// Every `unsafe` block and `unsafe impl` has a safety note: on its own line, or in the
@@ -100,12 +163,22 @@ fn check_safety_comments(path: &str, text: &str) -> Vec<String> {
     let lines: Vec<&str> = text.lines().collect();
     let mut out = Vec::new();
     for (n, code) in code_lines(text) {
-        if !(has_unsafe_block(code) || code.contains(concat!("unsafe", " impl "))) || lines[n - 1].contains(SAFETY) {
+        if !(has_unsafe_block(code) || code.contains(concat!("unsafe", " impl ")))
+            || lines[n - 1].contains(SAFETY)
+        {
             continue;
         }
-        let mut above = lines[..n - 1].iter().rev().map(|l| l.trim()).take_while(|l| l.starts_with("//") || l.starts_with("#["));
+        let mut above = lines[..n - 1]
+            .iter()
+            .rev()
+            .map(|l| l.trim())
+            .take_while(|l| l.starts_with("//") || l.starts_with("#["));
         if !above.any(|l| l.contains(SAFETY)) {
-            out.push(violation(path, n, "`unsafe` without a safety comment directly above it"));
+            out.push(violation(
+                path,
+                n,
+                "`unsafe` without a safety comment directly above it",
+            ));
         }
     }
     out
@@ -114,7 +187,10 @@ fn check_safety_comments(path: &str, text: &str) -> Vec<String> {
 /// `unsafe` followed (after optional whitespace) by `{`.
 fn has_unsafe_block(code: &str) -> bool {
     code.match_indices("unsafe").any(|(i, m)| {
-        let word_start = code[..i].chars().next_back().is_none_or(|c| !(c.is_alphanumeric() || c == '_'));
+        let word_start = code[..i]
+            .chars()
+            .next_back()
+            .is_none_or(|c| !(c.is_alphanumeric() || c == '_'));
         word_start && code[i + m.len()..].trim_start().starts_with('{')
     })
 }
@@ -130,19 +206,40 @@ fn check_file_length_against(allowlist: &[&str], path: &str, text: &str) -> Vec<
     if n <= MAX_LINES || allowlist.contains(&path) {
         return Vec::new();
     }
-    vec![violation(path, n, &format!("{n} lines, over {MAX_LINES}: split the file along an axis"))]
+    vec![violation(
+        path,
+        n,
+        &format!("{n} lines, over {MAX_LINES}: split the file along an axis"),
+    )]
 }
 
 type Rule = fn(&str, &str) -> Vec<String>;
-const RULES: &[Rule] = &[check_arch, check_io_uring, check_anyhow, check_shared_fs, check_tools_use, check_libc, check_module_doc, check_safety_comments, check_file_length];
+const RULES: &[Rule] = &[
+    check_arch,
+    check_io_uring,
+    check_anyhow,
+    check_shared_fs,
+    check_tools_use,
+    check_libc,
+    check_module_doc,
+    check_safety_comments,
+    check_file_length,
+];
 
 /// Workspace-relative paths of the tracked `.rs` files (`git ls-files`), or of every `.rs`
 /// file outside `target/` and hidden directories when the tree is not a git checkout.
 fn rust_files(root: &Path) -> Vec<String> {
-    let git = Command::new("git").args(["ls-files", "-z", "--", "*.rs"]).current_dir(root).output();
+    let git = Command::new("git")
+        .args(["ls-files", "-z", "--", "*.rs"])
+        .current_dir(root)
+        .output();
     if let Some(out) = git.ok().filter(|o| o.status.success()) {
         let listed = String::from_utf8(out.stdout).expect("git ls-files prints UTF-8 paths");
-        return listed.split('\0').filter(|p| !p.is_empty() && root.join(p).exists()).map(str::to_owned).collect();
+        return listed
+            .split('\0')
+            .filter(|p| !p.is_empty() && root.join(p).exists())
+            .map(str::to_owned)
+            .collect();
     }
     let mut files = Vec::new();
     let mut dirs = vec![root.to_path_buf()];
@@ -153,7 +250,12 @@ fn rust_files(root: &Path) -> Vec<String> {
             if path.is_dir() && name != "target" && !name.starts_with('.') {
                 dirs.push(path);
             } else if name.ends_with(".rs") {
-                files.push(path.strip_prefix(root).expect("under root").to_string_lossy().into_owned());
+                files.push(
+                    path.strip_prefix(root)
+                        .expect("under root")
+                        .to_string_lossy()
+                        .into_owned(),
+                );
             }
         }
     }
@@ -165,16 +267,30 @@ fn rust_files(root: &Path) -> Vec<String> {
 fn tidy() {
     let root = tests::workspace_root();
     let files = rust_files(&root);
-    assert!(files.len() > 100, "found only {} .rs files under {}", files.len(), root.display());
+    assert!(
+        files.len() > 100,
+        "found only {} .rs files under {}",
+        files.len(),
+        root.display()
+    );
     let mut violations = Vec::new();
     for path in &files {
-        let text = std::fs::read_to_string(root.join(path)).unwrap_or_else(|e| panic!("read {path}: {e}"));
+        let text =
+            std::fs::read_to_string(root.join(path)).unwrap_or_else(|e| panic!("read {path}: {e}"));
         violations.extend(RULES.iter().flat_map(|rule| rule(path, &text)));
     }
     for path in LONG_FILE_ALLOWLIST {
-        assert!(files.iter().any(|f| f == path), "allowlisted {path} no longer exists: drop it from LONG_FILE_ALLOWLIST");
+        assert!(
+            files.iter().any(|f| f == path),
+            "allowlisted {path} no longer exists: drop it from LONG_FILE_ALLOWLIST"
+        );
     }
-    assert!(violations.is_empty(), "tidy found {} violation(s):\n{}", violations.len(), violations.join("\n"));
+    assert!(
+        violations.is_empty(),
+        "tidy found {} violation(s):\n{}",
+        violations.len(),
+        violations.join("\n")
+    );
 }
 
 /// `rule` reports exactly `expected` violations for `text` at `path`.
@@ -185,10 +301,17 @@ fn check(rule: Rule, path: &str, text: &str, expected: usize) {
 
 #[test]
 fn arch_only_in_kernels() {
-    let bad = format!("//! x\nuse {STD_ARCH}::x86_64::*;\nfn f() {{ {CORE_ARCH}::x86_64::_mm_pause() }}\n");
+    let bad = format!(
+        "//! x\nuse {STD_ARCH}::x86_64::*;\nfn f() {{ {CORE_ARCH}::x86_64::_mm_pause() }}\n"
+    );
     check(check_arch, "hostd/src/model/ops.rs", &bad, 2);
     check(check_arch, "shared/src/kernels/avx2.rs", &bad, 0);
-    check(check_arch, "hostd/src/model/ops.rs", &format!("//! x\n// {STD_ARCH} in a comment\n"), 0);
+    check(
+        check_arch,
+        "hostd/src/model/ops.rs",
+        &format!("//! x\n// {STD_ARCH} in a comment\n"),
+        0,
+    );
 }
 
 #[test]
@@ -196,7 +319,12 @@ fn io_uring_only_in_uring_rs() {
     let bad = concat!("//! x\nuse io_", "uring::IoUring;\n");
     check(check_io_uring, "expertd/src/io/pread.rs", bad, 1);
     check(check_io_uring, "expertd/src/io/uring.rs", bad, 0);
-    check(check_io_uring, "expertd/src/io/mod.rs", "//! x\nlet name = \"io_uring\";\n", 0);
+    check(
+        check_io_uring,
+        "expertd/src/io/mod.rs",
+        "//! x\nlet name = \"io_uring\";\n",
+        0,
+    );
 }
 
 #[test]
@@ -221,29 +349,66 @@ fn shared_fs_only_in_checkpoint_and_container_reader() {
 
 #[test]
 fn tools_only_from_the_cli_tests_and_fuzz() {
-    let bad = concat!("//! x
-use sluice_", "tools::synth::Preset;
-");
+    let bad = concat!(
+        "//! x
+use sluice_",
+        "tools::synth::Preset;
+"
+    );
     check(check_tools_use, "hostd/src/engine/mod.rs", bad, 1);
     check(check_tools_use, "expertd/src/cli.rs", bad, 1);
     check(check_tools_use, "shared/src/config.rs", bad, 1);
     check(check_tools_use, "hostd/src/cli/synth.rs", bad, 0);
     check(check_tools_use, "tests/it/synth.rs", bad, 0);
-    check(check_tools_use, "fuzz/harness/src/targets/http_params.rs", bad, 0);
+    check(
+        check_tools_use,
+        "fuzz/harness/src/targets/http_params.rs",
+        bad,
+        0,
+    );
     check(check_tools_use, "tools/src/synth/tests.rs", bad, 0);
 }
 
 #[test]
 fn libc_only_for_malloc_trim() {
-    check(check_libc, "shared/src/ring.rs", concat!("//! x\nunsafe { lib", "c::syscall(lib", "c::SYS_futex) };\n"), 1);
-    check(check_libc, "expertd/src/io/mod.rs", concat!("//! x\nuse lib", "c::EIO;\n"), 1);
-    check(check_libc, "hostd/src/http/admission.rs", concat!("//! x\nunsafe { lib", "c::malloc_trim(0) };\n"), 0);
-    check(check_libc, "hostd/src/model/linear.rs", "//! x\n// no libc calls here, rustix::mm::madvise instead\n", 0);
+    check(
+        check_libc,
+        "shared/src/ring.rs",
+        concat!(
+            "//! x\nunsafe { lib",
+            "c::syscall(lib",
+            "c::SYS_futex) };\n"
+        ),
+        1,
+    );
+    check(
+        check_libc,
+        "expertd/src/io/mod.rs",
+        concat!("//! x\nuse lib", "c::EIO;\n"),
+        1,
+    );
+    check(
+        check_libc,
+        "hostd/src/http/admission.rs",
+        concat!("//! x\nunsafe { lib", "c::malloc_trim(0) };\n"),
+        0,
+    );
+    check(
+        check_libc,
+        "hostd/src/model/linear.rs",
+        "//! x\n// no libc calls here, rustix::mm::madvise instead\n",
+        0,
+    );
 }
 
 #[test]
 fn every_file_starts_with_module_doc() {
-    check(check_module_doc, "shared/src/lib.rs", "/// item doc\nfn f() {}\n", 1);
+    check(
+        check_module_doc,
+        "shared/src/lib.rs",
+        "/// item doc\nfn f() {}\n",
+        1,
+    );
     check(check_module_doc, "shared/src/lib.rs", "\n//! late\n", 1);
     check(check_module_doc, "shared/src/lib.rs", "//! owns x\n", 0);
 }
@@ -252,22 +417,58 @@ fn every_file_starts_with_module_doc() {
 fn unsafe_needs_safety_comment() {
     let block = concat!("unsafe", " { p.read() }");
     let imp = concat!("unsafe", " impl Send for T {}");
-    check(check_safety_comments, "a.rs", &format!("//! x\nlet v = {block};\n"), 1);
+    check(
+        check_safety_comments,
+        "a.rs",
+        &format!("//! x\nlet v = {block};\n"),
+        1,
+    );
     check(check_safety_comments, "a.rs", &format!("//! x\n{imp}\n"), 1);
     // A note separated from the block by code does not count.
-    check(check_safety_comments, "a.rs", &format!("//! x\n// {SAFETY}: p is valid.\nlet a = 1;\nlet v = {block};\n"), 1);
-    check(check_safety_comments, "a.rs", &format!("//! x\n// {SAFETY}: p is valid\n// for reads.\nlet v = {block};\n"), 0);
-    check(check_safety_comments, "a.rs", &format!("//! x\n// {SAFETY}: T owns no thread-bound state.\n#[allow(x)]\n{imp}\n"), 0);
-    check(check_safety_comments, "a.rs", &format!("//! x\nlet v = {block}; // {SAFETY}: p is valid.\n"), 0);
+    check(
+        check_safety_comments,
+        "a.rs",
+        &format!("//! x\n// {SAFETY}: p is valid.\nlet a = 1;\nlet v = {block};\n"),
+        1,
+    );
+    check(
+        check_safety_comments,
+        "a.rs",
+        &format!("//! x\n// {SAFETY}: p is valid\n// for reads.\nlet v = {block};\n"),
+        0,
+    );
+    check(
+        check_safety_comments,
+        "a.rs",
+        &format!("//! x\n// {SAFETY}: T owns no thread-bound state.\n#[allow(x)]\n{imp}\n"),
+        0,
+    );
+    check(
+        check_safety_comments,
+        "a.rs",
+        &format!("//! x\nlet v = {block}; // {SAFETY}: p is valid.\n"),
+        0,
+    );
     // `unsafe fn` and identifiers that merely contain the word are not blocks.
-    check(check_safety_comments, "a.rs", concat!("//! x\nunsafe", " fn f() {}\nlet not_unsafe = { 1 };\n"), 0);
+    check(
+        check_safety_comments,
+        "a.rs",
+        concat!("//! x\nunsafe", " fn f() {}\nlet not_unsafe = { 1 };\n"),
+        0,
+    );
 }
 
 #[test]
 fn long_files_need_an_allowlist_entry() {
     let long = "//! x\n".to_owned() + &"fn f() {}\n".repeat(MAX_LINES);
     check(check_file_length, "hostd/src/model/mod.rs", &long, 1);
-    assert!(check_file_length_against(&["a/long.rs"], "a/long.rs", &long).is_empty(), "an allowlisted file may be long");
-    assert_eq!(check_file_length_against(&["a/long.rs"], "b/long.rs", &long).len(), 1);
+    assert!(
+        check_file_length_against(&["a/long.rs"], "a/long.rs", &long).is_empty(),
+        "an allowlisted file may be long"
+    );
+    assert_eq!(
+        check_file_length_against(&["a/long.rs"], "b/long.rs", &long).len(),
+        1
+    );
     check(check_file_length, "hostd/src/model/mod.rs", "//! x\n", 0);
 }

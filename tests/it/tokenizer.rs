@@ -62,15 +62,23 @@ fn oracle_tokenizer_json(ranks: Option<u32>) -> PathBuf {
     let script = workspace_root().join("tests/oracle/build_tokenizer.py");
     // The project-local environment scripts/pyenv makes, when there is one; else python3 on PATH.
     let venv = workspace_root().join("target/venv/bin/python3");
-    let python = if venv.is_file() { venv } else { PathBuf::from("python3") };
+    let python = if venv.is_file() {
+        venv
+    } else {
+        PathBuf::from("python3")
+    };
     let mut cmd = Command::new(&python);
     cmd.arg(&script).arg("--out").arg(&path);
     if let Some(n) = ranks {
         cmd.arg("--ranks").arg(n.to_string());
     }
-    let out = cmd
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run {} {} (run scripts/pyenv to make target/venv): {e}", python.display(), script.display()));
+    let out = cmd.output().unwrap_or_else(|e| {
+        panic!(
+            "cannot run {} {} (run scripts/pyenv to make target/venv): {e}",
+            python.display(),
+            script.display()
+        )
+    });
     assert!(
         out.status.success() && path.is_file(),
         "{} --out {} failed ({}):\n{}",
@@ -550,9 +558,19 @@ fn tokenizer_truncated_vocabulary_matches_tiktoken() {
 fn tokenizer_missing_file_error_names_the_path() {
     // A directory without tokenizer.json: the file is named.
     let dir = tempfile::tempdir().expect("tempdir");
-    let err = Tokenizer::from_model_dir(dir.path()).unwrap_err().to_string();
-    assert!(err.contains(&dir.path().join("tokenizer.json").display().to_string()), "{err}");
+    let err = Tokenizer::from_model_dir(dir.path())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains(&dir.path().join("tokenizer.json").display().to_string()),
+        "{err}"
+    );
     // A directory that does not exist: the directory is named, not a file inside it.
-    let err = Tokenizer::from_model_dir(Path::new("/nonexistent/model")).unwrap_err().to_string();
-    assert!(err.starts_with("model directory /nonexistent/model: ") && !err.contains("tokenizer.json"), "{err}");
+    let err = Tokenizer::from_model_dir(Path::new("/nonexistent/model"))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.starts_with("model directory /nonexistent/model: ") && !err.contains("tokenizer.json"),
+        "{err}"
+    );
 }

@@ -32,13 +32,26 @@ pub enum BenchError {
     Usage(String),
     /// A file or process the bench needs.
     #[error("{what}: {source}")]
-    Io { what: String, source: std::io::Error },
+    Io {
+        what: String,
+        source: std::io::Error,
+    },
     /// A run's `hostd profile` failed (its error went to stderr, inherited).
-    #[error("config {config} run {round}: `hostd profile {flags}` failed ({status}); its error is above")]
-    Child { config: String, round: String, flags: String, status: std::process::ExitStatus },
+    #[error(
+        "config {config} run {round}: `hostd profile {flags}` failed ({status}); its error is above"
+    )]
+    Child {
+        config: String,
+        round: String,
+        flags: String,
+        status: std::process::ExitStatus,
+    },
     /// A run's report is not the JSON `hostd profile` writes.
     #[error("parsing {}: {source}", path.display())]
-    Report { path: PathBuf, source: serde_json::Error },
+    Report {
+        path: PathBuf,
+        source: serde_json::Error,
+    },
 }
 
 /// Flags of `hostd bench`.
@@ -111,16 +124,23 @@ pub struct BenchArgs {
 /// another), the probes, and the report, which it writes to `--json` and returns.
 pub fn run(args: &BenchArgs, own_exe: PathBuf) -> Result<Value, BenchError> {
     if args.runs == 0 || args.new_tokens == 0 || args.prompt_tokens < 2 {
-        return Err(BenchError::Usage("need --runs ≥ 1, --new-tokens ≥ 1, --prompt-tokens ≥ 2".into()));
+        return Err(BenchError::Usage(
+            "need --runs ≥ 1, --new-tokens ≥ 1, --prompt-tokens ≥ 2".into(),
+        ));
     }
     if args.prefill_chunk == Some(0) {
-        return Err(BenchError::Usage("--prefill-chunk must be at least 1".into()));
+        return Err(BenchError::Usage(
+            "--prefill-chunk must be at least 1".into(),
+        ));
     }
     let configs = config::configs(args, own_exe)?;
     let tmp = tempfile::Builder::new()
         .prefix("sluice-bench-")
         .tempdir()
-        .map_err(|e| BenchError::Io { what: "creating a temporary directory".into(), source: e })?;
+        .map_err(|e| BenchError::Io {
+            what: "creating a temporary directory".into(),
+            source: e,
+        })?;
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let threads = args.threads.unwrap_or(cores);
 
@@ -145,7 +165,12 @@ pub fn run(args: &BenchArgs, own_exe: PathBuf) -> Result<Value, BenchError> {
     let mut drift = Value::Null;
     for (i, (ci, label)) in schedule.iter().enumerate() {
         let c = &configs[*ci];
-        eprintln!("bench: run {}/{}: {} (round {label})", i + 1, schedule.len(), c.name);
+        eprintln!(
+            "bench: run {}/{}: {} (round {label})",
+            i + 1,
+            schedule.len(),
+            c.name
+        );
         let out = tmp.path().join(format!("run-{i}.json"));
         let record = child::one_run(args, c, label, &out)?;
         if label == "drift" {
@@ -157,7 +182,10 @@ pub fn run(args: &BenchArgs, own_exe: PathBuf) -> Result<Value, BenchError> {
 
     eprintln!("bench: DRAM read bandwidth probe (end)");
     let dram_end = storage::dram(args.bandwidth_bytes, threads, "end");
-    let dram_gbps = dram_start["gbps"].as_f64().unwrap_or(0.0).max(dram_end["gbps"].as_f64().unwrap_or(0.0));
+    let dram_gbps = dram_start["gbps"]
+        .as_f64()
+        .unwrap_or(0.0)
+        .max(dram_end["gbps"].as_f64().unwrap_or(0.0));
     // The storage roofline: for cold runs, the median of the probes run right before each cold
     // run of any config on the same file (the disk of a shared VM drifts within minutes, so
     // one probe at the start says little about a run 20 minutes later); else the start probe.
@@ -177,11 +205,17 @@ pub fn run(args: &BenchArgs, own_exe: PathBuf) -> Result<Value, BenchError> {
         .collect();
     let disk_gbps = |c: &Config| -> Option<f64> {
         let file = child::probe_file(args, c).ok()?;
-        let probes = cold_probes.iter().find(|(f, _)| *f == file).map_or(&[][..], |(_, p)| p.as_slice());
+        let probes = cold_probes
+            .iter()
+            .find(|(f, _)| *f == file)
+            .map_or(&[][..], |(_, p)| p.as_slice());
         if !probes.is_empty() {
             return Some(probes[probes.len() / 2]);
         }
-        disk_probes.iter().find(|(f, _)| *f == file).and_then(|(_, v)| v["gbps"].as_f64())
+        disk_probes
+            .iter()
+            .find(|(f, _)| *f == file)
+            .and_then(|(_, v)| v["gbps"].as_f64())
     };
     for (c, rs) in configs.iter().zip(runs.iter_mut()) {
         for r in rs.iter_mut() {
@@ -250,8 +284,10 @@ pub fn run(args: &BenchArgs, own_exe: PathBuf) -> Result<Value, BenchError> {
     });
     if let Some(path) = &args.json {
         let text = serde_json::to_string_pretty(&report).expect("a JSON value serialises");
-        std::fs::write(path, text).map_err(|e| BenchError::Io { what: format!("writing {}", path.display()), source: e })?;
+        std::fs::write(path, text).map_err(|e| BenchError::Io {
+            what: format!("writing {}", path.display()),
+            source: e,
+        })?;
     }
     Ok(report)
 }
-

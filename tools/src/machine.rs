@@ -9,7 +9,12 @@ use std::process::Command;
 pub fn cpu_model() -> String {
     std::fs::read_to_string("/proc/cpuinfo")
         .ok()
-        .and_then(|s| s.lines().find(|l| l.starts_with("model name")).and_then(|l| l.split(':').nth(1)).map(|s| s.trim().to_string()))
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split(':').nth(1))
+                .map(|s| s.trim().to_string())
+        })
         .unwrap_or_else(|| "unknown".into())
 }
 
@@ -35,7 +40,13 @@ fn command_line(cmd: &mut Command) -> String {
 /// The machine's memory (`MemTotal` of /proc/meminfo), in bytes.
 pub fn mem_total_bytes() -> Option<u64> {
     let s = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let kib: u64 = s.lines().find_map(|l| l.strip_prefix("MemTotal:"))?.split_whitespace().next()?.parse().ok()?;
+    let kib: u64 = s
+        .lines()
+        .find_map(|l| l.strip_prefix("MemTotal:"))?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()?;
     Some(kib * 1024)
 }
 
@@ -43,7 +54,12 @@ pub fn mem_total_bytes() -> Option<u64> {
 /// the checkout's HEAD says. `sha256` is null when the file cannot be read.
 pub fn file_identity(path: &Path) -> Value {
     use sha2::{Digest, Sha256};
-    let sha = std::fs::read(path).ok().map(|b| Sha256::digest(&b).iter().map(|x| format!("{x:02x}")).collect::<String>());
+    let sha = std::fs::read(path).ok().map(|b| {
+        Sha256::digest(&b)
+            .iter()
+            .map(|x| format!("{x:02x}"))
+            .collect::<String>()
+    });
     json!({"path": path.display().to_string(), "sha256": sha})
 }
 
@@ -55,7 +71,10 @@ mod tests {
         let f = dir.path().join("exe");
         std::fs::write(&f, b"abc").expect("write");
         let id = super::file_identity(&f);
-        assert_eq!(id["sha256"], "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+        assert_eq!(
+            id["sha256"],
+            "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+        );
         assert!(super::file_identity(&dir.path().join("missing"))["sha256"].is_null());
     }
 }

@@ -48,15 +48,38 @@ impl Arena {
     pub fn new(slot_bytes: usize, n_slots: u32, n_transient: u32) -> Result<Arena, CacheError> {
         assert!(slot_bytes > 0 && slot_bytes.is_multiple_of(SLOT_ALIGN));
         let n = u64::from(n_slots) + u64::from(n_transient);
-        let bytes = n.checked_mul(slot_bytes as u64).filter(|&b| b <= isize::MAX as u64 / 2).ok_or(CacheError::ArenaAlloc { bytes: u64::MAX })?;
+        let bytes = n
+            .checked_mul(slot_bytes as u64)
+            .filter(|&b| b <= isize::MAX as u64 / 2)
+            .ok_or(CacheError::ArenaAlloc { bytes: u64::MAX })?;
         let bytes = bytes as usize;
         if bytes == 0 {
-            return Ok(Arena { ptr: NonNull::dangling(), bytes: 0, slot_bytes, n_slots, n_transient, huge_pages: false });
+            return Ok(Arena {
+                ptr: NonNull::dangling(),
+                bytes: 0,
+                slot_bytes,
+                n_slots,
+                n_transient,
+                huge_pages: false,
+            });
         }
-        let align = if bytes >= HUGE_PAGE_BYTES { HUGE_PAGE_BYTES } else { SLOT_ALIGN };
-        let ptr = map_aligned(bytes, align).ok_or(CacheError::ArenaAlloc { bytes: bytes as u64 })?;
+        let align = if bytes >= HUGE_PAGE_BYTES {
+            HUGE_PAGE_BYTES
+        } else {
+            SLOT_ALIGN
+        };
+        let ptr = map_aligned(bytes, align).ok_or(CacheError::ArenaAlloc {
+            bytes: bytes as u64,
+        })?;
         let huge_pages = align == HUGE_PAGE_BYTES && advise_huge_pages(ptr, bytes);
-        Ok(Arena { ptr, bytes, slot_bytes, n_slots, n_transient, huge_pages })
+        Ok(Arena {
+            ptr,
+            bytes,
+            slot_bytes,
+            n_slots,
+            n_transient,
+            huge_pages,
+        })
     }
 
     /// Start of resident slot `slot` (< `n_slots`).
@@ -67,7 +90,11 @@ impl Arena {
 
     /// Start of transient buffer `buffer` (< `n_transient`).
     pub fn transient_ptr(&self, buffer: u32) -> NonNull<u8> {
-        assert!(buffer < self.n_transient, "transient buffer {buffer} of {}", self.n_transient);
+        assert!(
+            buffer < self.n_transient,
+            "transient buffer {buffer} of {}",
+            self.n_transient
+        );
         self.at(self.n_slots as usize + buffer as usize)
     }
 
@@ -118,7 +145,15 @@ fn map_aligned(bytes: usize, align: usize) -> Option<NonNull<u8>> {
     // SAFETY: a fresh anonymous mapping at an address of the kernel's choosing (no fixed
     // address, no file): it aliases nothing. MAP_NORESERVE without MAP_POPULATE commits no
     // memory; pages are zero-filled on first touch.
-    let raw = unsafe { mm::mmap_anonymous(std::ptr::null_mut(), span, mm::ProtFlags::READ | mm::ProtFlags::WRITE, mm::MapFlags::PRIVATE | mm::MapFlags::NORESERVE) }.ok()?;
+    let raw = unsafe {
+        mm::mmap_anonymous(
+            std::ptr::null_mut(),
+            span,
+            mm::ProtFlags::READ | mm::ProtFlags::WRITE,
+            mm::MapFlags::PRIVATE | mm::MapFlags::NORESERVE,
+        )
+    }
+    .ok()?;
     let base = raw as usize;
     let start = base.next_multiple_of(align);
     let head = start - base;
@@ -175,7 +210,9 @@ mod tests {
         const PAGE: usize = 4096;
         let pagemap = std::fs::File::open("/proc/self/pagemap").expect("open /proc/self/pagemap");
         let mut entries = vec![0u8; len.div_ceil(PAGE) * 8];
-        pagemap.read_exact_at(&mut entries, (ptr.as_ptr() as usize / PAGE * 8) as u64).expect("read /proc/self/pagemap");
+        pagemap
+            .read_exact_at(&mut entries, (ptr.as_ptr() as usize / PAGE * 8) as u64)
+            .expect("read /proc/self/pagemap");
         let present = entries.chunks_exact(8).filter(|e| e[7] & 0x80 != 0).count();
         present * PAGE
     }
@@ -188,15 +225,26 @@ mod tests {
         let (ptr, len) = arena.span();
         assert_eq!(len, 256 * slot);
         assert_eq!(arena.total_bytes(), len as u64);
-        assert_eq!(ptr.as_ptr() as usize % HUGE_PAGE_BYTES, 0, "a big arena starts on a 2 MiB boundary");
-        assert_eq!(resident_bytes(ptr, len), 0, "nothing is resident right after start");
+        assert_eq!(
+            ptr.as_ptr() as usize % HUGE_PAGE_BYTES,
+            0,
+            "a big arena starts on a 2 MiB boundary"
+        );
+        assert_eq!(
+            resident_bytes(ptr, len),
+            0,
+            "nothing is resident right after start"
+        );
         // Filling one slot (as a read does) commits that slot and no more (huge pages may
         // round to their 2 MiB).
         let s = arena.slot_ptr(7);
         // SAFETY: slot 7 is `slot` bytes inside the arena and nothing else refers to it.
         unsafe { std::ptr::write_bytes(s.as_ptr(), 0xA5, slot) };
         let resident = resident_bytes(ptr, len);
-        assert!((slot..=slot + 2 * HUGE_PAGE_BYTES).contains(&resident), "{resident} bytes resident after one {slot}-byte slot");
+        assert!(
+            (slot..=slot + 2 * HUGE_PAGE_BYTES).contains(&resident),
+            "{resident} bytes resident after one {slot}-byte slot"
+        );
         // SAFETY: as above; the slot was just written.
         let back = unsafe { std::slice::from_raw_parts(s.as_ptr(), slot) };
         assert!(back.iter().all(|&b| b == 0xA5));
@@ -215,7 +263,10 @@ mod tests {
         for i in 0..3 {
             assert_eq!(arena.slot_ptr(i).as_ptr() as usize % SLOT_ALIGN, 0);
         }
-        assert!(!arena.huge_pages(), "below 2 MiB no huge-page advice is asked for");
+        assert!(
+            !arena.huge_pages(),
+            "below 2 MiB no huge-page advice is asked for"
+        );
         let empty = Arena::new(SLOT_ALIGN, 0, 0).expect("empty arena");
         assert_eq!(empty.total_bytes(), 0);
     }

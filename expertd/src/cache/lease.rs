@@ -96,15 +96,34 @@ unsafe impl Sync for Lease {}
 
 impl std::fmt::Debug for Lease {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Lease").field("key", &self.key).field("kind", &self.kind).field("filled", &self.filled).finish()
+        f.debug_struct("Lease")
+            .field("key", &self.key)
+            .field("kind", &self.kind)
+            .field("filled", &self.filled)
+            .finish()
     }
 }
 
 impl Lease {
-    pub(crate) fn new(call: Arc<CallHandle>, key: ExpertKey, buffer: (NonNull<u8>, usize, u32), kind: LeaseKind, ready: bool) -> Lease {
+    pub(crate) fn new(
+        call: Arc<CallHandle>,
+        key: ExpertKey,
+        buffer: (NonNull<u8>, usize, u32),
+        kind: LeaseKind,
+        ready: bool,
+    ) -> Lease {
         let state = if ready { READY } else { PENDING };
         let (ptr, len, buffer_index) = buffer;
-        Lease { call, key, ptr, len, kind, buffer_index, filled: false, hit_state: AtomicU8::new(state) }
+        Lease {
+            call,
+            key,
+            ptr,
+            len,
+            kind,
+            buffer_index,
+            filled: false,
+            hit_state: AtomicU8::new(state),
+        }
     }
 
     /// The expert this lease is for.
@@ -174,7 +193,12 @@ impl Lease {
     ///
     /// If the lease is a hit or was already marked filled: other calls may be reading it.
     pub fn buffer_mut(&mut self) -> &mut [u8] {
-        assert!(self.needs_fill(), "buffer_mut on {:?} lease of {}, which is not an unfilled miss", self.kind, self.key);
+        assert!(
+            self.needs_fill(),
+            "buffer_mut on {:?} lease of {}, which is not an unfilled miss",
+            self.kind,
+            self.key
+        );
         // SAFETY: an unfilled miss is the only lease that may touch its buffer (the slot is
         // `Filling` and pinned by this call, or the transient buffer is held by this lease
         // alone), and `&mut self` excludes every other borrow of this lease.
@@ -208,7 +232,9 @@ impl Lease {
     }
 
     fn wait(&self, deadline: Option<Instant>) -> Result<(), CacheError> {
-        let LeaseKind::Hit { slot } = self.kind else { return Ok(()) };
+        let LeaseKind::Hit { slot } = self.kind else {
+            return Ok(());
+        };
         match self.hit_state.load(Ordering::Acquire) {
             READY => return Ok(()),
             FAILED => return Err(CacheError::FillFailed { key: self.key }),
@@ -238,8 +264,17 @@ impl Lease {
             };
             st.waiters += 1;
             st = match timeout {
-                None => shared.filled.wait(st).unwrap_or_else(PoisonError::into_inner),
-                Some(left) => shared.filled.wait_timeout(st, left).unwrap_or_else(PoisonError::into_inner).0,
+                None => shared
+                    .filled
+                    .wait(st)
+                    .unwrap_or_else(PoisonError::into_inner),
+                Some(left) => {
+                    shared
+                        .filled
+                        .wait_timeout(st, left)
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .0
+                }
             };
             st.waiters -= 1;
         }

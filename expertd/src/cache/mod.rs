@@ -203,7 +203,11 @@ impl Drop for Shared {
         // the journal holds. Errors cannot be reported from here; `finish_trace` reports them.
         let trace = self.trace.get_mut().unwrap_or_else(PoisonError::into_inner);
         if let Some(w) = trace.as_mut() {
-            let planner = &mut self.state.get_mut().unwrap_or_else(PoisonError::into_inner).planner;
+            let planner = &mut self
+                .state
+                .get_mut()
+                .unwrap_or_else(PoisonError::into_inner)
+                .planner;
             let _ = drain_journal(planner, w);
             let _ = w.flush();
         }
@@ -243,8 +247,19 @@ impl ExpertCache {
         }
         let planner = Planner::new(&config, slot_bytes as u64);
         let arena = Arena::new(slot_bytes, planner.n_slots(), config.transient_slots)?;
-        let state = Mutex::new(State { planner, waiters: 0 });
-        Ok(ExpertCache { shared: Arc::new(Shared { state, filled: Condvar::new(), arena, config, trace: Mutex::new(None) }) })
+        let state = Mutex::new(State {
+            planner,
+            waiters: 0,
+        });
+        Ok(ExpertCache {
+            shared: Arc::new(Shared {
+                state,
+                filled: Condvar::new(),
+                arena,
+                config,
+                trace: Mutex::new(None),
+            }),
+        })
     }
 
     /// Leases `keys` (one MoE-layer call: one layer, distinct experts) for `session`; see
@@ -258,13 +273,23 @@ impl ExpertCache {
     /// `step` (recorded in the route trace). Returns one lease per key, in order; the misses
     /// need a read and `mark_filled`. Never blocks except on the planner's mutex; hits that an
     /// earlier call is still reading are waited for by [`Acquired::wait_ready`].
-    pub fn acquire_at(&self, session: SessionId, step: u64, keys: &[ExpertKey]) -> Result<Acquired, CacheError> {
+    pub fn acquire_at(
+        &self,
+        session: SessionId,
+        step: u64,
+        keys: &[ExpertKey],
+    ) -> Result<Acquired, CacheError> {
         self.acquire_inner(session, Some(step), keys)
     }
 
     // PERF-CRITICAL: once per MoE layer per step. The one global lock is held only for the
     // planner's map and tree updates (O(k log n) for k keys); no IO, no waiting, no logging.
-    fn acquire_inner(&self, session: SessionId, step: Option<u64>, keys: &[ExpertKey]) -> Result<Acquired, CacheError> {
+    fn acquire_inner(
+        &self,
+        session: SessionId,
+        step: Option<u64>,
+        keys: &[ExpertKey],
+    ) -> Result<Acquired, CacheError> {
         let (plan, journal_len) = {
             let mut st = lock(&self.shared.state);
             let plan = st.planner.acquire(session, step, keys);
@@ -275,7 +300,11 @@ impl ExpertCache {
             let _ = self.flush_trace();
         }
         let plan = plan?;
-        let handle = Arc::new(CallHandle { shared: Arc::clone(&self.shared), call: plan.call, session });
+        let handle = Arc::new(CallHandle {
+            shared: Arc::clone(&self.shared),
+            call: plan.call,
+            session,
+        });
         let arena = &self.shared.arena;
         let n_slots = arena.n_slots();
         let leases = keys
@@ -283,14 +312,36 @@ impl ExpertCache {
             .zip(&plan.placements)
             .map(|(&key, p)| {
                 let (ptr, index, kind, ready) = match *p {
-                    Placement::Hit { slot, ready } => (arena.slot_ptr(slot), slot, LeaseKind::Hit { slot }, ready),
-                    Placement::Miss { slot, .. } => (arena.slot_ptr(slot), slot, LeaseKind::Miss { slot }, false),
-                    Placement::Transient { buffer } => (arena.transient_ptr(buffer), n_slots + buffer, LeaseKind::Transient, false),
+                    Placement::Hit { slot, ready } => {
+                        (arena.slot_ptr(slot), slot, LeaseKind::Hit { slot }, ready)
+                    }
+                    Placement::Miss { slot, .. } => {
+                        (arena.slot_ptr(slot), slot, LeaseKind::Miss { slot }, false)
+                    }
+                    Placement::Transient { buffer } => (
+                        arena.transient_ptr(buffer),
+                        n_slots + buffer,
+                        LeaseKind::Transient,
+                        false,
+                    ),
                 };
-                Lease::new(Arc::clone(&handle), key, (ptr, arena.slot_bytes(), index), kind, ready)
+                Lease::new(
+                    Arc::clone(&handle),
+                    key,
+                    (ptr, arena.slot_bytes(), index),
+                    kind,
+                    ready,
+                )
             })
             .collect();
-        Ok(Acquired { leases, call: plan.call, hits: plan.hits, misses: plan.misses, transient: plan.transient, evictions: plan.evictions })
+        Ok(Acquired {
+            leases,
+            call: plan.call,
+            hits: plan.hits,
+            misses: plan.misses,
+            transient: plan.transient,
+            evictions: plan.evictions,
+        })
     }
 
     /// Closes `session` (the client disappeared): it holds no leases afterwards and its
@@ -346,7 +397,10 @@ impl ExpertCache {
         let a = &self.shared.arena;
         let resident = (0..a.n_slots()).map(|s| a.slot_ptr(s));
         let transient = (0..a.n_transient()).map(|b| a.transient_ptr(b));
-        resident.chain(transient).map(|p| (p, a.slot_bytes())).collect()
+        resident
+            .chain(transient)
+            .map(|p| (p, a.slot_bytes()))
+            .collect()
     }
 
     /// Whether the arena got the `MADV_HUGEPAGE` advice (for the startup log).
@@ -370,7 +424,11 @@ impl ExpertCache {
                 return Err(TraceError::CacheStarted);
             }
             st.planner.set_journal(true);
-            TraceHeader::new(&self.shared.config, self.slot_bytes() as u64, u64::from(st.planner.n_slots()))
+            TraceHeader::new(
+                &self.shared.config,
+                self.slot_bytes() as u64,
+                u64::from(st.planner.n_slots()),
+            )
         };
         if let Err(e) = writer.write_header(&header) {
             lock(&self.shared.state).planner.set_journal(false);
@@ -389,10 +447,14 @@ impl ExpertCache {
             Err(TryLockError::WouldBlock) => return Ok(()),
             Err(TryLockError::Poisoned(p)) => p.into_inner(),
         };
-        let Some(w) = trace.as_mut() else { return Ok(()) };
+        let Some(w) = trace.as_mut() else {
+            return Ok(());
+        };
         let mut events = std::mem::take(&mut w.spare);
         lock(&self.shared.state).planner.take_journal(&mut events);
-        let result = w.check_ok().and_then(|()| w.write_events(&events).map_err(TraceError::from));
+        let result = w
+            .check_ok()
+            .and_then(|()| w.write_events(&events).map_err(TraceError::from));
         events.clear();
         w.spare = events;
         result
@@ -402,7 +464,9 @@ impl ExpertCache {
     /// released later are not recorded, so call it when the server is idle (at shutdown).
     pub fn finish_trace(&self) -> Result<(), TraceError> {
         let mut trace = lock(&self.shared.trace);
-        let Some(mut w) = trace.take() else { return Ok(()) };
+        let Some(mut w) = trace.take() else {
+            return Ok(());
+        };
         let mut st = lock(&self.shared.state);
         let mut events = Vec::new();
         st.planner.take_journal(&mut events);

@@ -164,7 +164,10 @@ fn validate(keys: &[ExpertKey]) -> Result<LayerId, CacheError> {
     let first = keys.first().ok_or(CacheError::EmptyCall)?;
     for (i, k) in keys.iter().enumerate() {
         if k.layer != first.layer {
-            return Err(CacheError::MixedLayers { first: first.layer, other: k.layer });
+            return Err(CacheError::MixedLayers {
+                first: first.layer,
+                other: k.layer,
+            });
         }
         // A MoE call names top-k experts (8 for Qwen3.6): the quadratic scan is cheaper than
         // hashing and allocates nothing.
@@ -179,8 +182,21 @@ impl Planner {
     /// A planner for `budget_bytes / slot_bytes` resident slots and `transient_slots`
     /// transient buffers; everything free.
     pub fn new(config: &CacheConfig, slot_bytes: u64) -> Planner {
-        let n_slots = config.budget_bytes.checked_div(slot_bytes).unwrap_or(0).min(u64::from(u32::MAX)) as u32;
-        let slots = (0..n_slots).map(|_| Slot { key: None, fill: FillState::Free, pins: 0, count: 0, last_use: 0, evict_key: None }).collect();
+        let n_slots = config
+            .budget_bytes
+            .checked_div(slot_bytes)
+            .unwrap_or(0)
+            .min(u64::from(u32::MAX)) as u32;
+        let slots = (0..n_slots)
+            .map(|_| Slot {
+                key: None,
+                fill: FillState::Free,
+                pins: 0,
+                count: 0,
+                last_use: 0,
+                evict_key: None,
+            })
+            .collect();
         Planner {
             policy: config.policy,
             budget_bytes: config.budget_bytes,
@@ -220,7 +236,11 @@ impl Planner {
 
     /// Turns the journal on or off (off drops what it held).
     pub fn set_journal(&mut self, on: bool) {
-        self.journal = if on { Some(self.journal.take().unwrap_or_default()) } else { None };
+        self.journal = if on {
+            Some(self.journal.take().unwrap_or_default())
+        } else {
+            None
+        };
     }
 
     /// Moves the journaled events into `into` (which must be empty) in O(1): the two vectors
@@ -251,7 +271,12 @@ impl Planner {
     /// policy's victim among unpinned read entries, else a transient buffer. If the misses
     /// cannot all be placed the call is refused with [`CacheError::Exhausted`] and nothing
     /// changes but the `exhausted` counter.
-    pub fn acquire(&mut self, session: SessionId, step: Option<u64>, keys: &[ExpertKey]) -> Result<Plan, CacheError> {
+    pub fn acquire(
+        &mut self,
+        session: SessionId,
+        step: Option<u64>,
+        keys: &[ExpertKey],
+    ) -> Result<Plan, CacheError> {
         let layer = validate(keys)?;
         self.started = true;
         let sess = self.sessions.entry(session).or_default();
@@ -330,7 +355,10 @@ impl Planner {
                     let slot = &mut self.slots[s as usize];
                     slot.last_use = base_tick + i as u64;
                     slot.count = slot.count.saturating_add(1);
-                    Placement::Hit { slot: s, ready: slot.fill == FillState::Filled }
+                    Placement::Hit {
+                        slot: s,
+                        ready: slot.fill == FillState::Filled,
+                    }
                 }
                 // Placeholder, replaced in the loop below.
                 None => Placement::Transient { buffer: u32::MAX },
@@ -343,7 +371,10 @@ impl Planner {
             }
             placements[i] = if let Some(s) = self.free.pop() {
                 self.install(s, *k, base_tick + i as u64);
-                Placement::Miss { slot: s, evicted: None }
+                Placement::Miss {
+                    slot: s,
+                    evicted: None,
+                }
             } else if let Some(victim) = self.evictable.pop_first() {
                 let s = victim.2;
                 let slot = &mut self.slots[s as usize];
@@ -357,7 +388,10 @@ impl Planner {
                 }
                 evictions += 1;
                 self.install(s, *k, base_tick + i as u64);
-                Placement::Miss { slot: s, evicted: old }
+                Placement::Miss {
+                    slot: s,
+                    evicted: old,
+                }
             } else {
                 // The feasibility check reserved enough transient buffers.
                 let buffer = self.transient_free.pop().unwrap_or(u32::MAX);
@@ -399,15 +433,38 @@ impl Planner {
                 exhausted: false,
             })
         });
-        self.calls.insert(call, CallRecord { session, layer, experts, placements: placements.clone(), orphaned: false });
-        Ok(Plan { call, placements, hits, misses, transient, evictions })
+        self.calls.insert(
+            call,
+            CallRecord {
+                session,
+                layer,
+                experts,
+                placements: placements.clone(),
+                orphaned: false,
+            },
+        );
+        Ok(Plan {
+            call,
+            placements,
+            hits,
+            misses,
+            transient,
+            evictions,
+        })
     }
 
     /// Puts `key` into free slot `s` as a pinned read in flight.
     fn install(&mut self, s: u32, key: ExpertKey, tick: u64) {
         let slot = &mut self.slots[s as usize];
         invariant!(slot.key.is_none() && slot.pins == 0 && slot.evict_key.is_none());
-        *slot = Slot { key: Some(key), fill: FillState::Filling, pins: 1, count: 1, last_use: tick, evict_key: None };
+        *slot = Slot {
+            key: Some(key),
+            fill: FillState::Filling,
+            pins: 1,
+            count: 1,
+            last_use: tick,
+            evict_key: None,
+        };
         self.counters.slots_leased += 1;
         self.index.insert(key, s);
         self.layers.entry(key.layer).or_default().slots.insert(s);
@@ -439,12 +496,21 @@ impl Planner {
                 self.evictable.insert(k);
             }
             FillState::Failed => {
-                *slot = Slot { key: None, fill: FillState::Free, pins: 0, count: 0, last_use: 0, evict_key: None };
+                *slot = Slot {
+                    key: None,
+                    fill: FillState::Free,
+                    pins: 0,
+                    count: 0,
+                    last_use: 0,
+                    evict_key: None,
+                };
                 self.free.push(s);
             }
             // A read in flight is pinned by its call, whose release turns it into `Failed`
             // before unpinning; `Free` slots have no pins.
-            FillState::Filling | FillState::Free => invariant!(false, "slot {s} unpinned while {:?}", slot.fill),
+            FillState::Filling | FillState::Free => {
+                invariant!(false, "slot {s} unpinned while {:?}", slot.fill)
+            }
         }
     }
 
@@ -462,7 +528,9 @@ impl Planner {
 
     /// The state of resident slot `s`'s bytes.
     pub fn fill_state(&self, s: u32) -> FillState {
-        self.slots.get(s as usize).map_or(FillState::Free, |slot| slot.fill)
+        self.slots
+            .get(s as usize)
+            .map_or(FillState::Free, |slot| slot.fill)
     }
 
     /// Ends `call`: every read of its misses that was not marked filled is abandoned (the
@@ -509,7 +577,14 @@ impl Planner {
             sess.calls.remove(&call);
         }
         let n_unfilled = unfilled.len() as u32;
-        self.record(|| TraceEvent::Release(ReleaseEvent { session: rec.session.0, layer: rec.layer, call: call.0, unfilled }));
+        self.record(|| {
+            TraceEvent::Release(ReleaseEvent {
+                session: rec.session.0,
+                layer: rec.layer,
+                call: call.0,
+                unfilled,
+            })
+        });
         n_unfilled
     }
 
@@ -531,13 +606,23 @@ impl Planner {
             self.counters.leases_orphaned += orphaned;
             self.closed.add_totals(&st.stats);
         }
-        self.record(|| TraceEvent::ReleaseSession(ReleaseSessionEvent { session: session.0, orphaned }));
-        closed.map(|st| SessionStats { leases_held: orphaned, ..st.stats })
+        self.record(|| {
+            TraceEvent::ReleaseSession(ReleaseSessionEvent {
+                session: session.0,
+                orphaned,
+            })
+        });
+        closed.map(|st| SessionStats {
+            leases_held: orphaned,
+            ..st.stats
+        })
     }
 
     /// The call's placements and experts, while it is live.
     pub fn call_placements(&self, call: CallId) -> Option<(&[Placement], &[ExpertId])> {
-        self.calls.get(&call).map(|r| (r.placements.as_slice(), r.experts.as_slice()))
+        self.calls
+            .get(&call)
+            .map(|r| (r.placements.as_slice(), r.experts.as_slice()))
     }
 
     /// A snapshot of the global counters.
@@ -610,8 +695,22 @@ impl View<'_> {
         self.planner.n_transient
     }
     /// Per slot: (key, fill, pins, count, last_use, evict_key).
-    pub fn slots(&self) -> impl Iterator<Item = (Option<ExpertKey>, FillState, u32, u64, u64, Option<EvictKey>)> + '_ {
-        self.planner.slots.iter().map(|s| (s.key, s.fill, s.pins, s.count, s.last_use, s.evict_key))
+    pub fn slots(
+        &self,
+    ) -> impl Iterator<
+        Item = (
+            Option<ExpertKey>,
+            FillState,
+            u32,
+            u64,
+            u64,
+            Option<EvictKey>,
+        ),
+    > + '_ {
+        self.planner
+            .slots
+            .iter()
+            .map(|s| (s.key, s.fill, s.pins, s.count, s.last_use, s.evict_key))
     }
     /// The free-slot stack.
     pub fn free(&self) -> &[u32] {
@@ -635,11 +734,19 @@ impl View<'_> {
     }
     /// Per live call: (id, session, orphaned, placements).
     pub fn calls(&self) -> impl Iterator<Item = (CallId, SessionId, bool, &[Placement])> + '_ {
-        self.planner.calls.iter().map(|(id, r)| (*id, r.session, r.orphaned, r.placements.as_slice()))
+        self.planner
+            .calls
+            .iter()
+            .map(|(id, r)| (*id, r.session, r.orphaned, r.placements.as_slice()))
     }
     /// Per open session: (id, stats, live call ids).
-    pub fn sessions(&self) -> impl Iterator<Item = (SessionId, &SessionStats, &BTreeSet<CallId>)> + '_ {
-        self.planner.sessions.iter().map(|(id, s)| (*id, &s.stats, &s.calls))
+    pub fn sessions(
+        &self,
+    ) -> impl Iterator<Item = (SessionId, &SessionStats, &BTreeSet<CallId>)> + '_ {
+        self.planner
+            .sessions
+            .iter()
+            .map(|(id, s)| (*id, &s.stats, &s.calls))
     }
     /// Cumulative counters of closed sessions.
     pub fn closed(&self) -> &SessionStats {

@@ -37,7 +37,19 @@ use serde::{Deserialize, Serialize};
 pub const DEFAULT_HALVING_PERIOD: u64 = 32;
 
 /// The policy names as the command line spells them (`--policy lru|lfu-aging`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, clap::ValueEnum, Serialize, Deserialize)]
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Hash,
+    PartialOrd,
+    Ord,
+    clap::ValueEnum,
+    Serialize,
+    Deserialize,
+)]
 #[serde(rename_all = "kebab-case")]
 pub enum PolicyKind {
     /// Least recently used across all layers.
@@ -77,7 +89,9 @@ impl Policy {
     pub fn from_kind(kind: PolicyKind, halving_period: Option<u64>) -> Policy {
         match kind {
             PolicyKind::Lru => Policy::Lru,
-            PolicyKind::LfuAging => Policy::LfuAging { halving_period: halving_period.unwrap_or(DEFAULT_HALVING_PERIOD).max(1) },
+            PolicyKind::LfuAging => Policy::LfuAging {
+                halving_period: halving_period.unwrap_or(DEFAULT_HALVING_PERIOD).max(1),
+            },
         }
     }
 
@@ -102,7 +116,9 @@ impl Policy {
     pub(crate) fn halves_before_call(self, layer_calls: u64) -> bool {
         match self {
             Policy::Lru => false,
-            Policy::LfuAging { halving_period } => (layer_calls + 1).is_multiple_of(halving_period.max(1)),
+            Policy::LfuAging { halving_period } => {
+                (layer_calls + 1).is_multiple_of(halving_period.max(1))
+            }
         }
     }
 
@@ -120,7 +136,9 @@ impl std::fmt::Display for Policy {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Policy::Lru => f.write_str("lru"),
-            Policy::LfuAging { halving_period } => write!(f, "lfu-aging(halving every {halving_period} calls)"),
+            Policy::LfuAging { halving_period } => {
+                write!(f, "lfu-aging(halving every {halving_period} calls)")
+            }
         }
     }
 }

@@ -91,7 +91,11 @@ pub struct PlanTotals {
 impl PlanTotals {
     /// `hits / keys`, or 0 before the first call.
     pub fn hit_rate(&self) -> f64 {
-        if self.keys == 0 { 0.0 } else { self.hits as f64 / self.keys as f64 }
+        if self.keys == 0 {
+            0.0
+        } else {
+            self.hits as f64 / self.keys as f64
+        }
     }
 }
 

@@ -18,7 +18,11 @@ fn key(layer: u32, expert: u32) -> ExpertKey {
 }
 
 fn lru_config(slots: u64, transient: u32) -> CacheConfig {
-    CacheConfig { budget_bytes: slots * SLOT as u64, policy: Policy::Lru, transient_slots: transient }
+    CacheConfig {
+        budget_bytes: slots * SLOT as u64,
+        policy: Policy::Lru,
+        transient_slots: transient,
+    }
 }
 
 fn cache(config: CacheConfig) -> ExpertCache {
@@ -41,10 +45,20 @@ fn fill(lease: &mut Lease) {
 fn assert_holds_expert(lease: &Lease) {
     let bytes = lease.bytes();
     assert_eq!(bytes.len(), SLOT, "{lease:?}");
-    assert_eq!(bytes.as_ptr() as usize % SLOT_ALIGN, 0, "lease buffer is not 4096-aligned");
+    assert_eq!(
+        bytes.as_ptr() as usize % SLOT_ALIGN,
+        0,
+        "lease buffer is not 4096-aligned"
+    );
     let k = lease.key();
-    let bad = bytes.iter().enumerate().position(|(i, &b)| b != pattern(k, i));
-    assert_eq!(bad, None, "{lease:?} holds bytes of another expert or a torn read");
+    let bad = bytes
+        .iter()
+        .enumerate()
+        .position(|(i, &b)| b != pattern(k, i));
+    assert_eq!(
+        bad, None,
+        "{lease:?} holds bytes of another expert or a torn read"
+    );
 }
 
 /// Acquires, fills every miss, checks every hit's bytes, and returns the call.
@@ -68,8 +82,17 @@ fn evicted(acq: &Acquired) -> u32 {
 
 /// Runs one call per entry of `calls` on a planner of `slots` slots (each call filled and
 /// released at once) and checks the entry each call evicted.
-fn check_victims(policy: Policy, slots: u64, calls: &[&[ExpertKey]], expected: &[Option<ExpertKey>]) {
-    let config = CacheConfig { budget_bytes: slots * SLOT as u64, policy, transient_slots: 0 };
+fn check_victims(
+    policy: Policy,
+    slots: u64,
+    calls: &[&[ExpertKey]],
+    expected: &[Option<ExpertKey>],
+) {
+    let config = CacheConfig {
+        budget_bytes: slots * SLOT as u64,
+        policy,
+        transient_slots: 0,
+    };
     let mut p = Planner::new(&config, SLOT as u64);
     let mut got = Vec::new();
     for keys in calls {
@@ -88,28 +111,60 @@ fn check_victims(policy: Policy, slots: u64, calls: &[&[ExpertKey]], expected: &
     assert_eq!(got, expected, "{policy}");
 }
 
-const A: ExpertKey = ExpertKey { layer: LayerId::new(0), expert: ExpertId::new(0) };
-const B: ExpertKey = ExpertKey { layer: LayerId::new(0), expert: ExpertId::new(1) };
-const C: ExpertKey = ExpertKey { layer: LayerId::new(0), expert: ExpertId::new(2) };
-const D: ExpertKey = ExpertKey { layer: LayerId::new(0), expert: ExpertId::new(3) };
-const X: ExpertKey = ExpertKey { layer: LayerId::new(1), expert: ExpertId::new(0) };
+const A: ExpertKey = ExpertKey {
+    layer: LayerId::new(0),
+    expert: ExpertId::new(0),
+};
+const B: ExpertKey = ExpertKey {
+    layer: LayerId::new(0),
+    expert: ExpertId::new(1),
+};
+const C: ExpertKey = ExpertKey {
+    layer: LayerId::new(0),
+    expert: ExpertId::new(2),
+};
+const D: ExpertKey = ExpertKey {
+    layer: LayerId::new(0),
+    expert: ExpertId::new(3),
+};
+const X: ExpertKey = ExpertKey {
+    layer: LayerId::new(1),
+    expert: ExpertId::new(0),
+};
 
 #[test]
 fn lru_evicts_least_recently_used() {
-    check_victims(Policy::Lru, 3, &[&[A], &[B], &[C], &[A], &[D]], &[None, None, None, None, Some(B)]);
+    check_victims(
+        Policy::Lru,
+        3,
+        &[&[A], &[B], &[C], &[A], &[D]],
+        &[None, None, None, None, Some(B)],
+    );
 }
 
 #[test]
 fn lru_is_global_across_layers() {
     // X (layer 1) was used before B and C (layer 0): it goes first, whatever its layer.
-    check_victims(Policy::Lru, 3, &[&[X], &[B], &[C], &[D]], &[None, None, None, Some(X)]);
+    check_victims(
+        Policy::Lru,
+        3,
+        &[&[X], &[B], &[C], &[D]],
+        &[None, None, None, Some(X)],
+    );
 }
 
 #[test]
 fn lfu_evicts_lowest_count_then_least_recent() {
     // Counts a=2, b=1, c=1: b and c tie and b is older. LRU evicts a (last used at call 2).
     let calls: &[&[ExpertKey]] = &[&[A], &[A], &[B], &[C], &[D]];
-    check_victims(Policy::LfuAging { halving_period: 1000 }, 3, calls, &[None, None, None, None, Some(B)]);
+    check_victims(
+        Policy::LfuAging {
+            halving_period: 1000,
+        },
+        3,
+        calls,
+        &[None, None, None, None, Some(B)],
+    );
     check_victims(Policy::Lru, 3, calls, &[None, None, None, None, Some(A)]);
 }
 
@@ -119,8 +174,20 @@ fn lfu_halving_ages_counts() {
     // call 4 where b enters with 1; at call 5 a and b tie at 1 and a is older: a goes. Without
     // aging a has 3 and b goes.
     let calls: &[&[ExpertKey]] = &[&[A], &[A], &[A], &[B], &[C]];
-    check_victims(Policy::LfuAging { halving_period: 2 }, 2, calls, &[None, None, None, None, Some(A)]);
-    check_victims(Policy::LfuAging { halving_period: 1000 }, 2, calls, &[None, None, None, None, Some(B)]);
+    check_victims(
+        Policy::LfuAging { halving_period: 2 },
+        2,
+        calls,
+        &[None, None, None, None, Some(A)],
+    );
+    check_victims(
+        Policy::LfuAging {
+            halving_period: 1000,
+        },
+        2,
+        calls,
+        &[None, None, None, None, Some(B)],
+    );
 }
 
 #[test]
@@ -129,13 +196,23 @@ fn lfu_halving_touches_only_its_layer() {
     // call halves a to 1 and brings b: the victim is a (1) not x (2). Were halving global, x
     // would have been halved by layer 0's calls too and gone first.
     let calls: &[&[ExpertKey]] = &[&[X], &[X], &[X], &[A], &[A], &[A], &[B]];
-    check_victims(Policy::LfuAging { halving_period: 2 }, 2, calls, &[None, None, None, None, None, None, Some(A)]);
+    check_victims(
+        Policy::LfuAging { halving_period: 2 },
+        2,
+        calls,
+        &[None, None, None, None, None, None, Some(A)],
+    );
 }
 
 #[test]
 fn a_call_never_evicts_its_own_hits() {
     // Two slots holding a and b; the call {a, c} must evict b although a is older.
-    check_victims(Policy::Lru, 2, &[&[A], &[B], &[A, C]], &[None, None, Some(B)]);
+    check_victims(
+        Policy::Lru,
+        2,
+        &[&[A], &[B], &[A, C]],
+        &[None, None, Some(B)],
+    );
 }
 
 // ---- leases, transient fallback, failures, sessions ------------------------------------------
@@ -165,10 +242,30 @@ fn transient_fallback_then_exhausted() {
     let before = c.stats();
     assert!(before.resident_bytes <= before.budget_bytes);
     let err = c.acquire(SessionId(3), &[D]).expect_err("pool empty");
-    assert_eq!(err, CacheError::Exhausted { layer: LayerId::new(0), misses: 1, slots_available: 0, transient_free: 0, n_slots: 2, transient_slots: 1 });
+    assert_eq!(
+        err,
+        CacheError::Exhausted {
+            layer: LayerId::new(0),
+            misses: 1,
+            slots_available: 0,
+            transient_free: 0,
+            n_slots: 2,
+            transient_slots: 1
+        }
+    );
     assert_eq!(err.error_type(), "exhausted");
     let after = c.stats();
-    assert_eq!(after, CacheStats { totals: PlanTotals { exhausted: before.totals.exhausted + 1, ..before.totals }, sessions_open: after.sessions_open, ..before });
+    assert_eq!(
+        after,
+        CacheStats {
+            totals: PlanTotals {
+                exhausted: before.totals.exhausted + 1,
+                ..before.totals
+            },
+            sessions_open: after.sessions_open,
+            ..before
+        }
+    );
     // A hit on a leased slot still works while the cache is exhausted.
     drop(acquire_filled(&c, 3, &[A]));
     drop((held, t));
@@ -187,7 +284,15 @@ fn failed_fill_leaves_nothing_cached() {
     drop(acq);
     assert!(c.contains(A) && !c.contains(B));
     let s = c.stats();
-    assert_eq!((s.totals.fill_failures, s.slots_used, s.leases_held, s.slots_leased), (1, 1, 0, 0));
+    assert_eq!(
+        (
+            s.totals.fill_failures,
+            s.slots_used,
+            s.leases_held,
+            s.slots_leased
+        ),
+        (1, 1, 0, 0)
+    );
     let again = acquire_filled(&c, 1, &[A, B]);
     assert_eq!((again.n_hits(), again.n_misses()), (1, 1));
     c.debug_invariants().expect("invariants");
@@ -203,14 +308,23 @@ fn release_session_frees_all() {
     assert_eq!((closed.calls, closed.keys, closed.leases_held), (2, 3, 3));
     assert_eq!(c.session_stats(SessionId(1)), None);
     let s = c.stats();
-    assert_eq!((s.leases_held, s.leases_orphaned, s.sessions_open), (4, 3, 1));
+    assert_eq!(
+        (s.leases_held, s.leases_orphaned, s.sessions_open),
+        (4, 3, 1)
+    );
     c.debug_invariants().expect("invariants");
     // The orphaned guards still read their experts, and free their slots when dropped.
     assert_holds_expert(&one.leases()[1]);
     drop((one, two));
     let s = c.stats();
-    assert_eq!((s.leases_held, s.leases_orphaned, s.slots_leased), (1, 0, 1));
-    assert_eq!(c.session_stats(SessionId(2)).map(|s| s.leases_held), Some(1));
+    assert_eq!(
+        (s.leases_held, s.leases_orphaned, s.slots_leased),
+        (1, 0, 1)
+    );
+    assert_eq!(
+        c.session_stats(SessionId(2)).map(|s| s.leases_held),
+        Some(1)
+    );
     drop(other);
     assert_eq!(c.release_session(SessionId(9)), None);
     c.debug_invariants().expect("invariants");
@@ -219,7 +333,13 @@ fn release_session_frees_all() {
 #[test]
 fn per_session_counters_sum_to_global() {
     let c = cache(lru_config(3, 1));
-    for (session, keys) in [(1, vec![A, B]), (2, vec![B, C]), (1, vec![D]), (3, vec![X]), (2, vec![A])] {
+    for (session, keys) in [
+        (1, vec![A, B]),
+        (2, vec![B, C]),
+        (1, vec![D]),
+        (3, vec![X]),
+        (2, vec![A]),
+    ] {
         drop(acquire_filled(&c, session, &keys));
     }
     let g = c.stats();
@@ -227,22 +347,57 @@ fn per_session_counters_sum_to_global() {
     for (_, s) in c.sessions() {
         sum.add_totals(&s);
     }
-    assert_eq!((sum.calls, sum.keys, sum.hits, sum.misses, sum.bytes_read), (g.totals.calls, g.totals.keys, g.totals.hits, g.totals.misses, g.bytes_read));
+    assert_eq!(
+        (sum.calls, sum.keys, sum.hits, sum.misses, sum.bytes_read),
+        (
+            g.totals.calls,
+            g.totals.keys,
+            g.totals.hits,
+            g.totals.misses,
+            g.bytes_read
+        )
+    );
     assert_eq!(g.bytes_read, g.totals.misses * SLOT as u64);
     c.debug_invariants().expect("invariants");
 }
 
 #[test]
 fn bad_calls_and_configs_are_refused() {
-    assert_eq!(ExpertCache::new(lru_config(1, 0), 1000).err(), Some(CacheError::SlotBytes { slot_bytes: 1000 }));
+    assert_eq!(
+        ExpertCache::new(lru_config(1, 0), 1000).err(),
+        Some(CacheError::SlotBytes { slot_bytes: 1000 })
+    );
     let c = cache(lru_config(2, 0));
-    assert_eq!(c.acquire(SessionId(1), &[]).err(), Some(CacheError::EmptyCall));
-    assert_eq!(c.acquire(SessionId(1), &[A, X]).err(), Some(CacheError::MixedLayers { first: A.layer, other: X.layer }));
-    assert_eq!(c.acquire(SessionId(1), &[A, B, A]).err(), Some(CacheError::DuplicateKey { key: A }));
+    assert_eq!(
+        c.acquire(SessionId(1), &[]).err(),
+        Some(CacheError::EmptyCall)
+    );
+    assert_eq!(
+        c.acquire(SessionId(1), &[A, X]).err(),
+        Some(CacheError::MixedLayers {
+            first: A.layer,
+            other: X.layer
+        })
+    );
+    assert_eq!(
+        c.acquire(SessionId(1), &[A, B, A]).err(),
+        Some(CacheError::DuplicateKey { key: A })
+    );
     assert_eq!(c.stats().totals.calls, 0);
     // A budget below one slot caches nothing; a transient-free cache then refuses every call.
-    let tiny = ExpertCache::new(CacheConfig { budget_bytes: 100, policy: Policy::Lru, transient_slots: 0 }, SLOT).expect("cache");
-    assert!(matches!(tiny.acquire(SessionId(1), &[A]), Err(CacheError::Exhausted { n_slots: 0, .. })));
+    let tiny = ExpertCache::new(
+        CacheConfig {
+            budget_bytes: 100,
+            policy: Policy::Lru,
+            transient_slots: 0,
+        },
+        SLOT,
+    )
+    .expect("cache");
+    assert!(matches!(
+        tiny.acquire(SessionId(1), &[A]),
+        Err(CacheError::Exhausted { n_slots: 0, .. })
+    ));
 }
 
 // ---- random operation sequences ---------------------------------------------------------------
@@ -252,7 +407,11 @@ fn bad_calls_and_configs_are_refused() {
 /// is respected and every held lease still holds its own expert.
 fn check_random_ops(seed: u64, policy: Policy) {
     let mut rng = SplitMix64::new(seed);
-    let config = CacheConfig { budget_bytes: 12 * SLOT as u64 + 100, policy, transient_slots: 3 };
+    let config = CacheConfig {
+        budget_bytes: 12 * SLOT as u64 + 100,
+        policy,
+        transient_slots: 3,
+    };
     let c = cache(config);
     let mut held: Vec<Acquired> = Vec::new();
     for _ in 0..1500 {
@@ -295,21 +454,29 @@ fn check_random_ops(seed: u64, policy: Policy) {
                 c.release_session(SessionId(rng.below(4) as u64));
             }
         }
-        c.debug_invariants().unwrap_or_else(|e| panic!("seed {seed}: {e}"));
+        c.debug_invariants()
+            .unwrap_or_else(|e| panic!("seed {seed}: {e}"));
         let s = c.stats();
         assert!(s.resident_bytes <= s.budget_bytes, "seed {seed}: {s:?}");
         for acq in &held {
             for l in acq.leases() {
                 assert_holds_expert(l);
                 if !l.is_transient() {
-                    assert!(c.contains(l.key()), "seed {seed}: leased {} was evicted", l.key());
+                    assert!(
+                        c.contains(l.key()),
+                        "seed {seed}: leased {} was evicted",
+                        l.key()
+                    );
                 }
             }
         }
     }
     drop(held);
     let s = c.stats();
-    assert_eq!((s.leases_held, s.slots_leased, s.transient_in_use), (0, 0, 0));
+    assert_eq!(
+        (s.leases_held, s.slots_leased, s.transient_in_use),
+        (0, 0, 0)
+    );
 }
 
 #[test]
@@ -333,7 +500,15 @@ fn random_ops_lfu_aging() {
 /// `fail_first`, the reader abandons its read and the waiters get `FillFailed`.
 fn check_concurrent_miss(n_threads: usize, fail_first: bool) {
     const BIG: usize = 16 * SLOT;
-    let c = ExpertCache::new(CacheConfig { budget_bytes: 4 * BIG as u64, policy: Policy::Lru, transient_slots: 0 }, BIG).expect("cache");
+    let c = ExpertCache::new(
+        CacheConfig {
+            budget_bytes: 4 * BIG as u64,
+            policy: Policy::Lru,
+            transient_slots: 0,
+        },
+        BIG,
+    )
+    .expect("cache");
     let k = key(2, 5);
     let first = c.acquire(SessionId(0), &[k]).expect("first");
     assert_eq!(first.n_misses(), 1);
@@ -345,11 +520,18 @@ fn check_concurrent_miss(n_threads: usize, fail_first: bool) {
                 s.spawn(move || {
                     let acq = c.acquire(SessionId(t), &[k]).expect("second");
                     start.wait();
-                    assert_eq!((acq.n_hits(), acq.n_misses()), (1, 0), "a concurrent miss must not read twice");
+                    assert_eq!(
+                        (acq.n_hits(), acq.n_misses()),
+                        (1, 0),
+                        "a concurrent miss must not read twice"
+                    );
                     match acq.wait_ready() {
                         Ok(()) => {
                             let bytes = acq.leases()[0].bytes();
-                            assert!(bytes.iter().enumerate().all(|(i, &b)| b == pattern(k, i)), "torn or foreign bytes");
+                            assert!(
+                                bytes.iter().enumerate().all(|(i, &b)| b == pattern(k, i)),
+                                "torn or foreign bytes"
+                            );
                             true
                         }
                         Err(e) => {
@@ -380,7 +562,10 @@ fn check_concurrent_miss(n_threads: usize, fail_first: bool) {
         }
     });
     let s = c.stats();
-    assert_eq!((s.totals.misses, s.totals.hits, s.totals.fill_failures), (1, n_threads as u64, u64::from(fail_first)));
+    assert_eq!(
+        (s.totals.misses, s.totals.hits, s.totals.fill_failures),
+        (1, n_threads as u64, u64::from(fail_first))
+    );
     assert_eq!(c.contains(k), !fail_first);
     c.debug_invariants().expect("invariants");
 }
@@ -418,10 +603,15 @@ impl std::io::Write for SharedBuf {
 #[test]
 fn concurrent_calls_replay_exactly() {
     for policy in [Policy::Lru, Policy::LfuAging { halving_period: 4 }] {
-        let config = CacheConfig { budget_bytes: 10 * SLOT as u64, policy, transient_slots: 2 };
+        let config = CacheConfig {
+            budget_bytes: 10 * SLOT as u64,
+            policy,
+            transient_slots: 2,
+        };
         let c = cache(config);
         let buf = SharedBuf::default();
-        c.start_trace(crate::trace::TraceWriter::new(Box::new(buf.clone()))).expect("trace");
+        c.start_trace(crate::trace::TraceWriter::new(Box::new(buf.clone())))
+            .expect("trace");
         thread::scope(|s| {
             for t in 0..4u64 {
                 let c = &c;
@@ -479,9 +669,13 @@ fn concurrent_calls_replay_exactly() {
 fn refused_calls_replay_exactly_and_as_what_if() {
     let c = cache(lru_config(2, 0));
     let buf = SharedBuf::default();
-    c.start_trace(crate::trace::TraceWriter::new(Box::new(buf.clone()))).expect("trace");
+    c.start_trace(crate::trace::TraceWriter::new(Box::new(buf.clone())))
+        .expect("trace");
     let held = acquire_filled(&c, 1, &[A, B]);
-    assert!(matches!(c.acquire(SessionId(2), &[C]), Err(CacheError::Exhausted { .. })));
+    assert!(matches!(
+        c.acquire(SessionId(2), &[C]),
+        Err(CacheError::Exhausted { .. })
+    ));
     drop(held);
     drop(acquire_filled(&c, 2, &[C]));
     c.release_session(SessionId(1));
@@ -489,17 +683,42 @@ fn refused_calls_replay_exactly_and_as_what_if() {
     let trace = Trace::read(&lock(&buf.0)[..]).expect("parse");
     let recorded = ReplayConfig::recorded(&trace.header);
     let r = replay(&trace, &recorded).expect("replay");
-    assert!(r.check.as_ref().is_some_and(|c| c.matches && c.events_compared == 4), "{r:?}");
-    assert_eq!((r.totals.calls, r.totals.exhausted, r.totals.misses, r.totals.evictions), (2, 1, 3, 1));
+    assert!(
+        r.check
+            .as_ref()
+            .is_some_and(|c| c.matches && c.events_compared == 4),
+        "{r:?}"
+    );
+    assert_eq!(
+        (
+            r.totals.calls,
+            r.totals.exhausted,
+            r.totals.misses,
+            r.totals.evictions
+        ),
+        (2, 1, 3, 1)
+    );
     // With room for three, the refused call is served (and released at once), C then hits.
-    let what_if = replay(&trace, &ReplayConfig { budget_bytes: 3 * SLOT as u64, ..recorded }).expect("replay");
+    let what_if = replay(
+        &trace,
+        &ReplayConfig {
+            budget_bytes: 3 * SLOT as u64,
+            ..recorded
+        },
+    )
+    .expect("replay");
     let t = what_if.totals;
-    assert_eq!((t.calls, t.exhausted, t.hits, t.misses, what_if.check), (3, 0, 1, 3, None));
+    assert_eq!(
+        (t.calls, t.exhausted, t.hits, t.misses, what_if.check),
+        (3, 0, 1, 3, None)
+    );
 }
 
 /// Parses `text` as a trace and checks the error message (or success).
 fn check_trace_text(text: &str, expected: Result<usize, &str>) {
-    let got = Trace::read(text.as_bytes()).map(|t| t.events.len()).map_err(|e| e.to_string());
+    let got = Trace::read(text.as_bytes())
+        .map(|t| t.events.len())
+        .map_err(|e| e.to_string());
     match (got, expected) {
         (Ok(n), Ok(want)) => assert_eq!(n, want),
         (Err(msg), Err(want)) => assert!(msg.contains(want), "{msg:?} does not contain {want:?}"),
@@ -507,19 +726,33 @@ fn check_trace_text(text: &str, expected: Result<usize, &str>) {
     }
 }
 
-const HEADER: &str =
-    r#"{"ev":"header","format":"sluice-route-trace","version":1,"policy":"lru","budget_bytes":8192,"slot_bytes":4096,"slots":2,"transient_slots":0}"#;
+const HEADER: &str = r#"{"ev":"header","format":"sluice-route-trace","version":1,"policy":"lru","budget_bytes":8192,"slot_bytes":4096,"slots":2,"transient_slots":0}"#;
 
 #[test]
 fn trace_text_is_validated() {
     let acquire = r#"{"ev":"acquire","session":1,"step":0,"layer":0,"experts":[1],"hits":0,"misses":1,"call":0,"future_field":7}"#;
     check_trace_text(&format!("{HEADER}\n{acquire}\n\n"), Ok(1));
-    check_trace_text("", Err("does not start with a header line (found an empty file)"));
+    check_trace_text(
+        "",
+        Err("does not start with a header line (found an empty file)"),
+    );
     check_trace_text(acquire, Err("found an acquire event"));
-    check_trace_text(&format!("{HEADER}\n{HEADER}"), Err("line 2: a second header"));
-    check_trace_text(&HEADER.replace("\"version\":1", "\"version\":2"), Err("version 2 is not"));
-    check_trace_text(&format!("{HEADER}\n{{\"ev\":\"acquire\"}}"), Err("route trace line 2: missing field"));
-    check_trace_text(&format!("{HEADER}\n{{\"ev\":\"evict\"}}"), Err("route trace line 2: unknown variant"));
+    check_trace_text(
+        &format!("{HEADER}\n{HEADER}"),
+        Err("line 2: a second header"),
+    );
+    check_trace_text(
+        &HEADER.replace("\"version\":1", "\"version\":2"),
+        Err("version 2 is not"),
+    );
+    check_trace_text(
+        &format!("{HEADER}\n{{\"ev\":\"acquire\"}}"),
+        Err("route trace line 2: missing field"),
+    );
+    check_trace_text(
+        &format!("{HEADER}\n{{\"ev\":\"evict\"}}"),
+        Err("route trace line 2: unknown variant"),
+    );
 }
 
 #[test]
@@ -531,12 +764,24 @@ fn leases_can_cross_threads_and_index_the_buffer_list() {
     let c = cache(lru_config(2, 1));
     let buffers = c.buffers();
     assert_eq!(buffers.len(), 3);
-    assert!(buffers.iter().all(|(p, len)| (p.as_ptr() as usize).is_multiple_of(SLOT_ALIGN) && *len == SLOT));
+    assert!(
+        buffers
+            .iter()
+            .all(|(p, len)| (p.as_ptr() as usize).is_multiple_of(SLOT_ALIGN) && *len == SLOT)
+    );
     assert_eq!(c.arena_bytes(), 3 * SLOT as u64);
     let held = acquire_filled(&c, 1, &[A, B]);
     let t = acquire_filled(&c, 1, &[C]);
     for l in held.leases().iter().chain(t.leases()) {
-        assert_eq!(buffers[l.buffer_index() as usize].0.as_ptr().cast_const(), l.bytes().as_ptr(), "{l:?}");
+        assert_eq!(
+            buffers[l.buffer_index() as usize].0.as_ptr().cast_const(),
+            l.bytes().as_ptr(),
+            "{l:?}"
+        );
     }
-    assert_eq!(t.leases()[0].buffer_index(), 2, "the transient pool follows the resident slots");
+    assert_eq!(
+        t.leases()[0].buffer_index(),
+        2,
+        "the transient pool follows the resident slots"
+    );
 }

@@ -46,7 +46,11 @@ pub struct FaultySource<S> {
 impl<S: ExpertSource> FaultySource<S> {
     /// Wraps `inner` with no faults yet.
     pub fn new(inner: S) -> FaultySource<S> {
-        FaultySource { inner, faults: Mutex::new(HashMap::new()), injected: AtomicU64::new(0) }
+        FaultySource {
+            inner,
+            faults: Mutex::new(HashMap::new()),
+            injected: AtomicU64::new(0),
+        }
     }
 
     /// Adds a fault for (layer, expert) (builder form of [`FaultySource::set_fault`]).
@@ -87,7 +91,9 @@ impl<S: ExpertSource> ExpertSource for FaultySource<S> {
     fn read_blobs(&self, reqs: &mut [ReadRequest<'_>]) -> Vec<Result<(), IoError>> {
         let faults: Vec<Option<Fault>> = {
             let map = self.faults.lock().unwrap_or_else(PoisonError::into_inner);
-            reqs.iter().map(|r| map.get(&(r.layer, r.expert)).copied()).collect()
+            reqs.iter()
+                .map(|r| map.get(&(r.layer, r.expert)).copied())
+                .collect()
         };
         let container = self.inner.container();
         let mut results: Vec<Option<Result<(), IoError>>> = vec![None; reqs.len()];
@@ -99,7 +105,12 @@ impl<S: ExpertSource> ExpertSource for FaultySource<S> {
                 (Ok(entry), Some(Fault::Eio)) => {
                     self.injected.fetch_add(1, Ordering::Relaxed);
                     let (layer, expert, offset) = (r.layer, r.expert, entry.offset);
-                    results[i] = Some(Err(IoError::Os { layer, expert, offset, errno: Errno::IO.raw_os_error() }));
+                    results[i] = Some(Err(IoError::Os {
+                        layer,
+                        expert,
+                        offset,
+                        errno: Errno::IO.raw_os_error(),
+                    }));
                 }
                 (Ok(_), _) => forwarded.push(i),
             }
@@ -109,7 +120,11 @@ impl<S: ExpertSource> ExpertSource for FaultySource<S> {
             let mut next = forwarded.iter().peekable();
             for (i, r) in reqs.iter_mut().enumerate() {
                 if next.next_if(|&&f| f == i).is_some() {
-                    sub.push(ReadRequest { layer: r.layer, expert: r.expert, dst: &mut *r.dst });
+                    sub.push(ReadRequest {
+                        layer: r.layer,
+                        expert: r.expert,
+                        dst: &mut *r.dst,
+                    });
                 }
             }
             self.inner.read_blobs(&mut sub)
@@ -124,8 +139,15 @@ impl<S: ExpertSource> ExpertSource for FaultySource<S> {
                         Fault::ShortRead { got } => {
                             let got = got.min(r.dst.len() as u64);
                             r.dst[got as usize..].fill(0);
-                            let (layer, expert, offset, want) = (r.layer, r.expert, entry.offset, r.dst.len() as u64);
-                            Err(IoError::ShortRead { layer, expert, offset, got, want })
+                            let (layer, expert, offset, want) =
+                                (r.layer, r.expert, entry.offset, r.dst.len() as u64);
+                            Err(IoError::ShortRead {
+                                layer,
+                                expert,
+                                offset,
+                                got,
+                                want,
+                            })
                         }
                         Fault::FlipByte { at } => {
                             let at = at % r.dst.len();
@@ -138,6 +160,9 @@ impl<S: ExpertSource> ExpertSource for FaultySource<S> {
                 (inner, _) => inner,
             });
         }
-        results.into_iter().map(|r| r.expect("every request has a result")).collect()
+        results
+            .into_iter()
+            .map(|r| r.expect("every request has a result"))
+            .collect()
     }
 }

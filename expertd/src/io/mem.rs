@@ -20,7 +20,10 @@ impl MemSource {
     /// Reads the container file `path` into memory (test-sized containers only) and validates
     /// it as [`ContainerIndex::open`] does.
     pub fn open(path: &Path) -> Result<MemSource, ContainerError> {
-        let bytes = std::fs::read(path).map_err(|e| ContainerError::Io { path: path.to_path_buf(), message: e.to_string() })?;
+        let bytes = std::fs::read(path).map_err(|e| ContainerError::Io {
+            path: path.to_path_buf(),
+            message: e.to_string(),
+        })?;
         MemSource::from_bytes(bytes)
     }
 
@@ -28,7 +31,11 @@ impl MemSource {
     /// the blobs on each read (so a test may hand in a container with a corrupt blob).
     pub fn from_bytes(bytes: Vec<u8>) -> Result<MemSource, ContainerError> {
         let index = ContainerIndex::from_bytes(&bytes)?;
-        Ok(MemSource { index, bytes, blob_reads: AtomicU64::new(0) })
+        Ok(MemSource {
+            index,
+            bytes,
+            blob_reads: AtomicU64::new(0),
+        })
     }
 
     /// Blobs copied out so far.
@@ -41,7 +48,8 @@ impl MemSource {
         self.blob_reads.fetch_add(1, Ordering::Relaxed);
         // In bounds: `from_bytes` checked the length and the index entries against the layout.
         let start = entry.offset as usize;
-        req.dst.copy_from_slice(&self.bytes[start..start + req.dst.len()]);
+        req.dst
+            .copy_from_slice(&self.bytes[start..start + req.dst.len()]);
         self.index.verify(req.layer, req.expert, entry, req.dst)
     }
 }

@@ -15,9 +15,9 @@
 pub mod faulty;
 pub mod mem;
 pub mod pread;
-pub mod uring;
 #[cfg(test)]
 mod tests;
+pub mod uring;
 
 pub use faulty::{Fault, FaultySource};
 pub use mem::MemSource;
@@ -28,7 +28,8 @@ use rustix::io::Errno;
 use shared::container::index::{parse_index, region_bytes};
 use shared::container::layout::{ALIGNMENT, HEADER_BYTES};
 use shared::container::{
-    BlobAt, CONTAINER_FILE, ContainerError, ContainerFile, Header, IndexEntry, VersionedMagic, check_blob,
+    BlobAt, CONTAINER_FILE, ContainerError, ContainerFile, Header, IndexEntry, VersionedMagic,
+    check_blob,
 };
 use shared::ids::{ExpertId, LayerId};
 use std::fs::File;
@@ -71,7 +72,9 @@ pub enum IoError {
         detail: ContainerError,
     },
     /// The file ended before the blob did (it shrank after it was opened and validated).
-    #[error("layer {layer} expert {expert}: short read of the blob at file offset {offset}: got {got} of {want} bytes (file truncated?)")]
+    #[error(
+        "layer {layer} expert {expert}: short read of the blob at file offset {offset}: got {got} of {want} bytes (file truncated?)"
+    )]
     ShortRead {
         /// Layer.
         layer: LayerId,
@@ -98,7 +101,9 @@ pub enum IoError {
     },
     /// The destination buffer breaks the request contract (a caller bug): it is not
     /// [`BLOCK_BYTES`]-aligned or not exactly one blob stride long. Nothing was read.
-    #[error("layer {layer} expert {expert}: destination buffer at {addr:#x} of {len} bytes is not a {BLOCK_BYTES}-aligned buffer of exactly one blob stride ({stride} bytes)")]
+    #[error(
+        "layer {layer} expert {expert}: destination buffer at {addr:#x} of {len} bytes is not a {BLOCK_BYTES}-aligned buffer of exactly one blob stride ({stride} bytes)"
+    )]
     Unaligned {
         /// Layer.
         layer: LayerId,
@@ -230,12 +235,24 @@ pub struct SourceOptions {
 
 /// Opens `container_dir/experts.sluice` (validating its header, index and length) for reading
 /// with `kind`, with `O_DIRECT` where the filesystem allows it.
-pub fn open_source(container_dir: &Path, kind: IoKind) -> Result<(Box<dyn ExpertSource>, SourceInfo), ContainerError> {
-    open_source_with(&container_dir.join(CONTAINER_FILE), SourceOptions { kind, o_direct: true })
+pub fn open_source(
+    container_dir: &Path,
+    kind: IoKind,
+) -> Result<(Box<dyn ExpertSource>, SourceInfo), ContainerError> {
+    open_source_with(
+        &container_dir.join(CONTAINER_FILE),
+        SourceOptions {
+            kind,
+            o_direct: true,
+        },
+    )
 }
 
 /// Opens the container file `path` as `opts` says; see [`open_source`].
-pub fn open_source_with(path: &Path, opts: SourceOptions) -> Result<(Box<dyn ExpertSource>, SourceInfo), ContainerError> {
+pub fn open_source_with(
+    path: &Path,
+    opts: SourceOptions,
+) -> Result<(Box<dyn ExpertSource>, SourceInfo), ContainerError> {
     open_source_inner(path, opts, DirectProbe::Real, UringSupport::detect)
 }
 
@@ -278,8 +295,20 @@ pub(crate) fn open_source_inner(
             IoKind::Pread
         }
     };
-    let fallback_reason = if reasons.is_empty() { None } else { Some(reasons.join("; ")) };
-    Ok((source, SourceInfo { kind, o_direct, features, fallback_reason }))
+    let fallback_reason = if reasons.is_empty() {
+        None
+    } else {
+        Some(reasons.join("; "))
+    };
+    Ok((
+        source,
+        SourceInfo {
+            kind,
+            o_direct,
+            features,
+            fallback_reason,
+        },
+    ))
 }
 
 /// The validated header and index of an open container: where each blob is and what it must
@@ -295,7 +324,10 @@ impl ContainerIndex {
     /// `path` (via [`ContainerFile::open_file`]).
     pub fn open(path: &Path) -> Result<ContainerIndex, ContainerError> {
         let file = ContainerFile::open_file(path)?;
-        Ok(ContainerIndex { header: *file.header(), entries: file.index().to_vec() })
+        Ok(ContainerIndex {
+            header: *file.header(),
+            entries: file.index().to_vec(),
+        })
     }
 
     /// Validates a whole container held in memory, as [`ContainerIndex::open`] does a file.
@@ -306,7 +338,10 @@ impl ContainerIndex {
         }
         let layout = &header.layout;
         if bytes.len() as u64 != layout.file_bytes {
-            return Err(ContainerError::FileLength { found: bytes.len() as u64, expected: layout.file_bytes });
+            return Err(ContainerError::FileLength {
+                found: bytes.len() as u64,
+                expected: layout.file_bytes,
+            });
         }
         let start = layout.index_offset as usize;
         let entries = parse_index(&header, &bytes[start..start + region_bytes(layout)])?;
@@ -338,19 +373,40 @@ impl ContainerIndex {
         let entry = self.entry(req.layer, req.expert)?;
         let (addr, len, stride) = (req.dst.as_ptr() as usize, req.dst.len(), self.stride());
         if !addr.is_multiple_of(BLOCK_BYTES) || len != stride {
-            return Err(IoError::Unaligned { layer: req.layer, expert: req.expert, addr, len, stride });
+            return Err(IoError::Unaligned {
+                layer: req.layer,
+                expert: req.expert,
+                addr,
+                len,
+                stride,
+            });
         }
         Ok(entry)
     }
 
     /// Verifies a blob just read (trailer, index checksum, zero padding): `DataLoss` naming
     /// the layer, expert and file offset if any check fails.
-    pub fn verify(&self, layer: LayerId, expert: ExpertId, entry: IndexEntry, bytes: &[u8]) -> Result<(), IoError> {
+    pub fn verify(
+        &self,
+        layer: LayerId,
+        expert: ExpertId,
+        entry: IndexEntry,
+        bytes: &[u8],
+    ) -> Result<(), IoError> {
         // PERF-CRITICAL: one xxh3 pass over every blob read from disk.
-        let at = BlobAt { layer, expert, offset: entry.offset };
+        let at = BlobAt {
+            layer,
+            expert,
+            offset: entry.offset,
+        };
         match check_blob(bytes, &self.header.layout.blob, at, Some(entry.checksum)) {
             Ok(_) => Ok(()),
-            Err(detail) => Err(IoError::DataLoss { layer, expert, offset: entry.offset, detail }),
+            Err(detail) => Err(IoError::DataLoss {
+                layer,
+                expert,
+                offset: entry.offset,
+                detail,
+            }),
         }
     }
 }
@@ -367,14 +423,28 @@ pub struct DataFile {
 impl DataFile {
     /// Opens `path` read-only; with `want_direct`, tries `O_DIRECT` and proves it with one
     /// aligned read of the header, falling back to buffered reads if either is refused.
-    pub(crate) fn open(path: &Path, want_direct: bool, probe: DirectProbe) -> Result<DataFile, ContainerError> {
-        let io_err = |e: std::io::Error| ContainerError::Io { path: path.to_path_buf(), message: e.to_string() };
+    pub(crate) fn open(
+        path: &Path,
+        want_direct: bool,
+        probe: DirectProbe,
+    ) -> Result<DataFile, ContainerError> {
+        let io_err = |e: std::io::Error| ContainerError::Io {
+            path: path.to_path_buf(),
+            message: e.to_string(),
+        };
         let buffered = || File::open(path).map_err(io_err);
         if !want_direct {
-            return Ok(DataFile { file: buffered()?, o_direct: false, refused: None });
+            return Ok(DataFile {
+                file: buffered()?,
+                o_direct: false,
+                refused: None,
+            });
         }
         let direct = match probe {
-            DirectProbe::Real => std::fs::OpenOptions::new().read(true).custom_flags(rustix::fs::OFlags::DIRECT.bits() as i32).open(path),
+            DirectProbe::Real => std::fs::OpenOptions::new()
+                .read(true)
+                .custom_flags(rustix::fs::OFlags::DIRECT.bits() as i32)
+                .open(path),
             #[cfg(test)]
             DirectProbe::Refuse => Err(Errno::INVAL.into()),
         };
@@ -382,20 +452,34 @@ impl DataFile {
             Ok(file) => {
                 let mut page = AlignedBuf::zeroed(BLOCK_BYTES);
                 match file.read_at(&mut page, 0) {
-                    Ok(_) => return Ok(DataFile { file, o_direct: true, refused: None }),
+                    Ok(_) => {
+                        return Ok(DataFile {
+                            file,
+                            o_direct: true,
+                            refused: None,
+                        });
+                    }
                     // Some filesystems accept the open and refuse the aligned read instead.
                     Err(e) if Errno::from_io_error(&e) == Some(Errno::INVAL) => {
-                        format!("O_DIRECT read refused by the filesystem ({e}); reading through the page cache")
+                        format!(
+                            "O_DIRECT read refused by the filesystem ({e}); reading through the page cache"
+                        )
                     }
                     Err(e) => return Err(io_err(e)),
                 }
             }
             Err(e) if Errno::from_io_error(&e) == Some(Errno::INVAL) => {
-                format!("O_DIRECT open refused by the filesystem ({e}); reading through the page cache")
+                format!(
+                    "O_DIRECT open refused by the filesystem ({e}); reading through the page cache"
+                )
             }
             Err(e) => return Err(io_err(e)),
         };
-        Ok(DataFile { file: buffered()?, o_direct: false, refused: Some(refused) })
+        Ok(DataFile {
+            file: buffered()?,
+            o_direct: false,
+            refused: Some(refused),
+        })
     }
 
     /// Whether reads bypass the page cache.
@@ -419,7 +503,9 @@ pub(crate) fn retryable(errno: i32) -> bool {
 #[repr(C, align(4096))]
 struct Page([u8; BLOCK_BYTES]);
 
-const _: () = assert!(std::mem::size_of::<Page>() == BLOCK_BYTES && std::mem::align_of::<Page>() == BLOCK_BYTES);
+const _: () = assert!(
+    std::mem::size_of::<Page>() == BLOCK_BYTES && std::mem::align_of::<Page>() == BLOCK_BYTES
+);
 
 /// A zeroed, [`BLOCK_BYTES`]-aligned byte buffer, for tests, benchmarks and probes (the
 /// daemon's buffers come from the cache arena). Split it into blob-stride chunks with
@@ -433,7 +519,10 @@ pub struct AlignedBuf {
 impl AlignedBuf {
     /// `len` zero bytes starting on a [`BLOCK_BYTES`] boundary.
     pub fn zeroed(len: usize) -> AlignedBuf {
-        AlignedBuf { pages: vec![Page([0; BLOCK_BYTES]); len.div_ceil(BLOCK_BYTES)], len }
+        AlignedBuf {
+            pages: vec![Page([0; BLOCK_BYTES]); len.div_ceil(BLOCK_BYTES)],
+            len,
+        }
     }
 }
 

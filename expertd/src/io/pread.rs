@@ -6,7 +6,10 @@
 //! Owns no buffers and no policy: the cache decides what to read, `ContainerIndex` checks the
 //! requests and verifies what was read.
 
-use super::{ContainerIndex, DataFile, ExpertSource, IoError, MAX_RETRIES_PER_BLOB, ReadRequest, errno_of, retryable};
+use super::{
+    ContainerIndex, DataFile, ExpertSource, IoError, MAX_RETRIES_PER_BLOB, ReadRequest, errno_of,
+    retryable,
+};
 use std::os::unix::fs::FileExt;
 
 /// Most threads one batch is spread over (the calling thread included). Four keep an NVMe
@@ -27,7 +30,12 @@ pub struct PreadSource {
 impl PreadSource {
     /// A reader over an opened container (see [`super::open_source`]).
     pub fn new(index: ContainerIndex, data: DataFile) -> PreadSource {
-        PreadSource { index, data, threads: PREAD_MAX_THREADS, max_read_bytes: usize::MAX }
+        PreadSource {
+            index,
+            data,
+            threads: PREAD_MAX_THREADS,
+            max_read_bytes: usize::MAX,
+        }
     }
 
     /// Spreads each batch over at most `threads` threads (1: read in order on the caller).
@@ -54,11 +62,30 @@ impl PreadSource {
         let (mut done, mut retries) = (0usize, 0u32);
         while done < want {
             let end = want.min(done.saturating_add(self.max_read_bytes));
-            match self.data.file.read_at(&mut req.dst[done..end], offset + done as u64) {
-                Ok(0) => return Err(IoError::ShortRead { layer, expert, offset, got: done as u64, want: want as u64 }),
+            match self
+                .data
+                .file
+                .read_at(&mut req.dst[done..end], offset + done as u64)
+            {
+                Ok(0) => {
+                    return Err(IoError::ShortRead {
+                        layer,
+                        expert,
+                        offset,
+                        got: done as u64,
+                        want: want as u64,
+                    });
+                }
                 Ok(n) => done += n,
                 Err(e) if retryable(errno_of(&e)) && retries < MAX_RETRIES_PER_BLOB => retries += 1,
-                Err(e) => return Err(IoError::Os { layer, expert, offset, errno: errno_of(&e) }),
+                Err(e) => {
+                    return Err(IoError::Os {
+                        layer,
+                        expert,
+                        offset,
+                        errno: errno_of(&e),
+                    });
+                }
             }
         }
         self.index.verify(layer, expert, entry, req.dst)
@@ -87,11 +114,17 @@ impl ExpertSource for PreadSource {
         let mut chunks = reqs.chunks_mut(per_thread);
         let first = chunks.next().expect("at least two requests");
         std::thread::scope(|s| {
-            let others: Vec<_> = chunks.map(|chunk| s.spawn(move || self.read_in_order(chunk))).collect();
+            let others: Vec<_> = chunks
+                .map(|chunk| s.spawn(move || self.read_in_order(chunk)))
+                .collect();
             let mut out = self.read_in_order(first);
             for handle in others {
                 // A panic in a reader thread is a bug here, not bad input: propagate it.
-                out.extend(handle.join().unwrap_or_else(|p| std::panic::resume_unwind(p)));
+                out.extend(
+                    handle
+                        .join()
+                        .unwrap_or_else(|p| std::panic::resume_unwind(p)),
+                );
             }
             out
         })

@@ -5,9 +5,9 @@
 //! SKIP line and are left out when the ring cannot be created here.
 
 use super::*;
+use shared::container::ModelIdentity;
 use shared::container::layout::{ContainerLayout, ExpertDims};
 use shared::container::writer::{encode_blob, finish};
-use shared::container::ModelIdentity;
 use shared::kernels::int8::quantize_weights;
 use std::path::PathBuf;
 
@@ -15,7 +15,8 @@ use std::path::PathBuf;
 const DIMS: (usize, usize, usize, usize) = (4, 40, 64, 32);
 
 fn layout() -> ContainerLayout {
-    ContainerLayout::new(ExpertDims::new(DIMS.0, DIMS.1, DIMS.2, DIMS.3).expect("dims")).expect("layout")
+    ContainerLayout::new(ExpertDims::new(DIMS.0, DIMS.1, DIMS.2, DIMS.3).expect("dims"))
+        .expect("layout")
 }
 
 /// A deterministic container's bytes: blob i holds weights from an LCG seeded with i.
@@ -29,17 +30,30 @@ fn container_bytes() -> Vec<u8> {
         let mut values = |n: usize| -> Vec<f32> {
             (0..n)
                 .map(|_| {
-                    state = state.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
+                    state = state
+                        .wrapping_mul(6_364_136_223_846_793_005)
+                        .wrapping_add(1_442_695_040_888_963_407);
                     ((state >> 40) as f32 / (1u64 << 24) as f32) - 0.5
                 })
                 .collect()
         };
-        let gu = quantize_weights(&values(b.gate_up_rows * b.gate_up_cols), b.gate_up_rows, b.gate_up_cols);
+        let gu = quantize_weights(
+            &values(b.gate_up_rows * b.gate_up_cols),
+            b.gate_up_rows,
+            b.gate_up_cols,
+        );
         let dn = quantize_weights(&values(b.down_rows * b.down_cols), b.down_rows, b.down_cols);
         let at = layout.blob_offset_at(i) as usize;
-        sums.push(encode_blob(&b, &gu.as_ref(), &dn.as_ref(), &mut out[at..at + b.stride]).expect("encode"));
+        sums.push(
+            encode_blob(&b, &gu.as_ref(), &dn.as_ref(), &mut out[at..at + b.stride])
+                .expect("encode"),
+        );
     }
-    let identity = ModelIdentity { config_sha256: [1; 32], expert_tensors_sha256: [2; 32], expert_sample_sha256: [3; 32] };
+    let identity = ModelIdentity {
+        config_sha256: [1; 32],
+        expert_tensors_sha256: [2; 32],
+        expert_sample_sha256: [3; 32],
+    };
     let (region, header) = finish(identity, layout, &sums);
     out[..HEADER_BYTES].copy_from_slice(&header.encode());
     let at = layout.index_offset as usize;
@@ -60,7 +74,11 @@ fn fixture() -> Fixture {
     let bytes = container_bytes();
     let path = dir.path().join(CONTAINER_FILE);
     std::fs::write(&path, &bytes).expect("write container");
-    Fixture { _dir: dir, path, bytes }
+    Fixture {
+        _dir: dir,
+        path,
+        bytes,
+    }
 }
 
 /// io_uring support, or `None` after printing why the io_uring cases are skipped.
@@ -84,12 +102,24 @@ fn sources(path: &Path) -> Vec<(String, Box<dyn ExpertSource>)> {
     let index = || ContainerIndex::open(path).expect("open index");
     let mut out: Vec<(String, Box<dyn ExpertSource>)> = vec![
         ("mem".into(), Box::new(MemSource::open(path).expect("mem"))),
-        ("pread".into(), Box::new(PreadSource::new(index(), data(path)))),
-        ("pread 1 thread".into(), Box::new(PreadSource::new(index(), data(path)).with_threads(1))),
-        ("pread 4 KiB pieces".into(), Box::new(PreadSource::new(index(), data(path)).with_max_read_bytes(BLOCK_BYTES))),
+        (
+            "pread".into(),
+            Box::new(PreadSource::new(index(), data(path))),
+        ),
+        (
+            "pread 1 thread".into(),
+            Box::new(PreadSource::new(index(), data(path)).with_threads(1)),
+        ),
+        (
+            "pread 4 KiB pieces".into(),
+            Box::new(PreadSource::new(index(), data(path)).with_max_read_bytes(BLOCK_BYTES)),
+        ),
     ];
     if let Some(s) = uring() {
-        out.push(("io_uring".into(), Box::new(UringSource::new(index(), data(path), s))));
+        out.push((
+            "io_uring".into(),
+            Box::new(UringSource::new(index(), data(path), s)),
+        ));
     }
     if let Some(s) = uring() {
         let src = UringSource::new(index(), data(path), s).with_max_sqe_bytes(BLOCK_BYTES as u32);
@@ -100,34 +130,63 @@ fn sources(path: &Path) -> Vec<(String, Box<dyn ExpertSource>)> {
 
 /// Reads `batch` through `source` into aligned stride-sized buffers and checks each result:
 /// `None` means success with exactly the file's bytes for that blob, `Some(e)` that error.
-fn check(name: &str, source: &dyn ExpertSource, file: &[u8], batch: &[(u32, u32)], expected: &[Option<IoError>]) {
+fn check(
+    name: &str,
+    source: &dyn ExpertSource,
+    file: &[u8],
+    batch: &[(u32, u32)],
+    expected: &[Option<IoError>],
+) {
     assert_eq!(batch.len(), expected.len());
     let stride = source.blob_stride();
     let mut buf = AlignedBuf::zeroed(stride * batch.len());
     let mut reqs: Vec<ReadRequest<'_>> = buf
         .chunks_exact_mut(stride)
         .zip(batch)
-        .map(|(dst, &(layer, expert))| ReadRequest { layer: lid(layer), expert: eid(expert), dst })
+        .map(|(dst, &(layer, expert))| ReadRequest {
+            layer: lid(layer),
+            expert: eid(expert),
+            dst,
+        })
         .collect();
     let results = source.read_blobs(&mut reqs);
     assert_eq!(results.len(), batch.len(), "{name}: one result per request");
     for ((req, result), want) in reqs.iter().zip(results).zip(expected) {
         match (result, want) {
             (Ok(()), None) => {
-                let at = source.container().entry(req.layer, req.expert).expect("in range").offset as usize;
-                assert!(req.dst == &file[at..at + stride], "{name}: layer {} expert {}: bytes differ from the file", req.layer, req.expert);
+                let at = source
+                    .container()
+                    .entry(req.layer, req.expert)
+                    .expect("in range")
+                    .offset as usize;
+                assert!(
+                    req.dst == &file[at..at + stride],
+                    "{name}: layer {} expert {}: bytes differ from the file",
+                    req.layer,
+                    req.expert
+                );
             }
-            (got, want) => assert_eq!(got.err(), want.clone(), "{name}: layer {} expert {}", req.layer, req.expert),
+            (got, want) => assert_eq!(
+                got.err(),
+                want.clone(),
+                "{name}: layer {} expert {}",
+                req.layer,
+                req.expert
+            ),
         }
     }
 }
 
 fn every_expert() -> Vec<(u32, u32)> {
-    (0..DIMS.0 as u32).flat_map(|l| (0..DIMS.1 as u32).map(move |e| (l, e))).collect()
+    (0..DIMS.0 as u32)
+        .flat_map(|l| (0..DIMS.1 as u32).map(move |e| (l, e)))
+        .collect()
 }
 
 fn blob_offset(layer: u32, expert: u32) -> u64 {
-    layout().blob_offset(lid(layer), eid(expert)).expect("in range")
+    layout()
+        .blob_offset(lid(layer), eid(expert))
+        .expect("in range")
 }
 
 fn lid(layer: u32) -> LayerId {
@@ -146,7 +205,13 @@ fn every_source_returns_the_file_bytes_for_every_expert() {
         check(&name, &*source, &fx.bytes, &all, &vec![None; all.len()]);
         // Small batches, a repeated expert, and reverse order.
         check(&name, &*source, &fx.bytes, &[(3, 39)], &[None]);
-        check(&name, &*source, &fx.bytes, &[(1, 7), (1, 7), (0, 0)], &[None, None, None]);
+        check(
+            &name,
+            &*source,
+            &fx.bytes,
+            &[(1, 7), (1, 7), (0, 0)],
+            &[None, None, None],
+        );
         let rev: Vec<_> = all.iter().rev().copied().take(70).collect();
         check(&name, &*source, &fx.bytes, &rev, &vec![None; rev.len()]);
         assert!(source.read_blobs(&mut []).is_empty(), "{name}: empty batch");
@@ -160,11 +225,16 @@ fn disk_sources_match_container_file_read_expert() {
     let mut expected = Vec::new();
     for (l, e) in every_expert() {
         let mut buf = Vec::new();
-        reader.read_expert(lid(l), eid(e), &mut buf).expect("read_expert");
+        reader
+            .read_expert(lid(l), eid(e), &mut buf)
+            .expect("read_expert");
         expected.extend_from_slice(&buf);
     }
     let start = layout().blobs_offset as usize;
-    assert!(expected == fx.bytes[start..], "read_expert returns the blob region in order");
+    assert!(
+        expected == fx.bytes[start..],
+        "read_expert returns the blob region in order"
+    );
     // `check` compares against the same file bytes, so every source equals read_expert.
 }
 
@@ -181,11 +251,31 @@ fn data_loss_checksum(bytes: &[u8], layer: u32, expert: u32) -> IoError {
     let offset = blob_offset(layer, expert);
     let blob = &bytes[offset as usize..offset as usize + b.stride];
     let computed = shared::container::checksum::checksum(&blob[..b.checksum_offset]);
-    let trailer = u64::from_le_bytes(blob[b.checksum_offset..b.content_bytes].try_into().expect("8 bytes"));
-    let index = ContainerIndex::from_bytes(bytes).expect("index").entry(lid(layer), eid(expert)).expect("in range").checksum;
+    let trailer = u64::from_le_bytes(
+        blob[b.checksum_offset..b.content_bytes]
+            .try_into()
+            .expect("8 bytes"),
+    );
+    let index = ContainerIndex::from_bytes(bytes)
+        .expect("index")
+        .entry(lid(layer), eid(expert))
+        .expect("in range")
+        .checksum;
     let (layer, expert) = (lid(layer), eid(expert));
-    let detail = ContainerError::BlobChecksum { layer, expert, offset, computed, trailer, index: Some(index) };
-    IoError::DataLoss { layer, expert, offset, detail }
+    let detail = ContainerError::BlobChecksum {
+        layer,
+        expert,
+        offset,
+        computed,
+        trailer,
+        index: Some(index),
+    };
+    IoError::DataLoss {
+        layer,
+        expert,
+        offset,
+        detail,
+    }
 }
 
 #[test]
@@ -195,7 +285,13 @@ fn corrupt_blob_is_data_loss_for_that_expert_only() {
     let want = data_loss_checksum(&bytes, 1, 2);
     assert_eq!(want.error_type(), "data_loss");
     for (name, source) in sources(&fx.path) {
-        check(&name, &*source, &bytes, &[(1, 1), (1, 2), (1, 3)], &[None, Some(want.clone()), None]);
+        check(
+            &name,
+            &*source,
+            &bytes,
+            &[(1, 1), (1, 2), (1, 3)],
+            &[None, Some(want.clone()), None],
+        );
     }
 }
 
@@ -205,14 +301,36 @@ fn corrupt_trailer_and_padding_are_data_loss() {
     let fx = fixture();
     let bytes = corrupt(&fx, b.checksum_offset + 3);
     for (name, source) in sources(&fx.path) {
-        check(&name, &*source, &bytes, &[(1, 2), (0, 0)], &[Some(data_loss_checksum(&bytes, 1, 2)), None]);
+        check(
+            &name,
+            &*source,
+            &bytes,
+            &[(1, 2), (0, 0)],
+            &[Some(data_loss_checksum(&bytes, 1, 2)), None],
+        );
     }
     let bytes = corrupt(&fx, b.stride - 1);
     let offset = blob_offset(1, 2);
-    let detail = ContainerError::BlobPadding { layer: lid(1), expert: eid(2), offset, byte_offset: offset + b.stride as u64 - 1 };
+    let detail = ContainerError::BlobPadding {
+        layer: lid(1),
+        expert: eid(2),
+        offset,
+        byte_offset: offset + b.stride as u64 - 1,
+    };
     for (name, source) in sources(&fx.path) {
-        let want = IoError::DataLoss { layer: lid(1), expert: eid(2), offset, detail: detail.clone() };
-        check(&name, &*source, &bytes, &[(0, 0), (1, 2)], &[None, Some(want)]);
+        let want = IoError::DataLoss {
+            layer: lid(1),
+            expert: eid(2),
+            offset,
+            detail: detail.clone(),
+        };
+        check(
+            &name,
+            &*source,
+            &bytes,
+            &[(0, 0), (1, 2)],
+            &[None, Some(want)],
+        );
     }
 }
 
@@ -222,23 +340,52 @@ fn truncated_file_is_short_read_for_the_blobs_past_the_end() {
     let sources = sources(&fx.path);
     // Opened and validated first, then the file shrinks: the last blob is cut after one page.
     let stride = layout().blob.stride as u64;
-    let file = std::fs::OpenOptions::new().write(true).open(&fx.path).expect("open for truncate");
-    file.set_len(layout().file_bytes - stride + BLOCK_BYTES as u64).expect("truncate");
+    let file = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&fx.path)
+        .expect("open for truncate");
+    file.set_len(layout().file_bytes - stride + BLOCK_BYTES as u64)
+        .expect("truncate");
     let (last_l, last_e) = (DIMS.0 as u32 - 1, DIMS.1 as u32 - 1);
     let offset = blob_offset(last_l, last_e);
-    let want = IoError::ShortRead { layer: lid(last_l), expert: eid(last_e), offset, got: BLOCK_BYTES as u64, want: stride };
+    let want = IoError::ShortRead {
+        layer: lid(last_l),
+        expert: eid(last_e),
+        offset,
+        got: BLOCK_BYTES as u64,
+        want: stride,
+    };
     assert_eq!(want.error_type(), "short_read");
     for (name, source) in &sources {
         if source.name() == "mem" {
             continue; // holds the bytes it was opened with
         }
-        check(name, &**source, &fx.bytes, &[(0, 5), (last_l, last_e), (last_l, 0)], &[None, Some(want.clone()), None]);
+        check(
+            name,
+            &**source,
+            &fx.bytes,
+            &[(0, 5), (last_l, last_e), (last_l, 0)],
+            &[None, Some(want.clone()), None],
+        );
     }
-    file.set_len(layout().file_bytes - stride).expect("truncate");
-    let want = IoError::ShortRead { layer: lid(last_l), expert: eid(last_e), offset, got: 0, want: stride };
+    file.set_len(layout().file_bytes - stride)
+        .expect("truncate");
+    let want = IoError::ShortRead {
+        layer: lid(last_l),
+        expert: eid(last_e),
+        offset,
+        got: 0,
+        want: stride,
+    };
     for (name, source) in &sources {
         if source.name() != "mem" {
-            check(name, &**source, &fx.bytes, &[(last_l, last_e), (2, 2)], &[Some(want.clone()), None]);
+            check(
+                name,
+                &**source,
+                &fx.bytes,
+                &[(last_l, last_e), (2, 2)],
+                &[Some(want.clone()), None],
+            );
         }
     }
 }
@@ -248,11 +395,23 @@ fn contract_violations_fail_that_request_only() {
     let fx = fixture();
     for (name, source) in sources(&fx.path) {
         let stride = source.blob_stride();
-        check(&name, &*source, &fx.bytes, &[(0, 1), (4, 0), (0, 40)], &[
-            None,
-            Some(IoError::OutOfRange { layer: lid(4), expert: eid(0) }),
-            Some(IoError::OutOfRange { layer: lid(0), expert: eid(40) }),
-        ]);
+        check(
+            &name,
+            &*source,
+            &fx.bytes,
+            &[(0, 1), (4, 0), (0, 40)],
+            &[
+                None,
+                Some(IoError::OutOfRange {
+                    layer: lid(4),
+                    expert: eid(0),
+                }),
+                Some(IoError::OutOfRange {
+                    layer: lid(0),
+                    expert: eid(40),
+                }),
+            ],
+        );
         let mut buf = AlignedBuf::zeroed(3 * stride + BLOCK_BYTES);
         let (good, rest) = buf.split_at_mut(stride);
         let (misaligned, short) = rest.split_at_mut(64 + stride);
@@ -260,13 +419,41 @@ fn contract_violations_fail_that_request_only() {
         let short = &mut short[..stride - BLOCK_BYTES];
         let (m_addr, s_addr) = (misaligned.as_ptr() as usize, short.as_ptr() as usize);
         let mut reqs = [
-            ReadRequest { layer: lid(2), expert: eid(3), dst: misaligned },
-            ReadRequest { layer: lid(2), expert: eid(4), dst: good },
-            ReadRequest { layer: lid(2), expert: eid(5), dst: short },
+            ReadRequest {
+                layer: lid(2),
+                expert: eid(3),
+                dst: misaligned,
+            },
+            ReadRequest {
+                layer: lid(2),
+                expert: eid(4),
+                dst: good,
+            },
+            ReadRequest {
+                layer: lid(2),
+                expert: eid(5),
+                dst: short,
+            },
         ];
         let results = source.read_blobs(&mut reqs);
-        let unaligned = |expert, addr, len| Err(IoError::Unaligned { layer: lid(2), expert, addr, len, stride });
-        assert_eq!(results, vec![unaligned(eid(3), m_addr, stride), Ok(()), unaligned(eid(5), s_addr, stride - BLOCK_BYTES)], "{name}");
+        let unaligned = |expert, addr, len| {
+            Err(IoError::Unaligned {
+                layer: lid(2),
+                expert,
+                addr,
+                len,
+                stride,
+            })
+        };
+        assert_eq!(
+            results,
+            vec![
+                unaligned(eid(3), m_addr, stride),
+                Ok(()),
+                unaligned(eid(5), s_addr, stride - BLOCK_BYTES)
+            ],
+            "{name}"
+        );
         assert_eq!(results[0].as_ref().unwrap_err().error_type(), "unaligned");
     }
 }
@@ -286,22 +473,58 @@ fn faulty_source_maps_each_fault_exactly() {
     let offset = |e| blob_offset(0, e);
     let expected = [
         None,
-        Some(IoError::Os { layer: lid(0), expert: eid(1), offset: offset(1), errno: Errno::IO.raw_os_error() }),
-        Some(IoError::ShortRead { layer: lid(0), expert: eid(2), offset: offset(2), got: 100, want: stride as u64 }),
+        Some(IoError::Os {
+            layer: lid(0),
+            expert: eid(1),
+            offset: offset(1),
+            errno: Errno::IO.raw_os_error(),
+        }),
+        Some(IoError::ShortRead {
+            layer: lid(0),
+            expert: eid(2),
+            offset: offset(2),
+            got: 100,
+            want: stride as u64,
+        }),
         Some(data_loss_checksum(&flipped, 0, 3)),
         Some(IoError::DataLoss {
             layer: lid(0),
             expert: eid(4),
             offset: offset(4),
-            detail: ContainerError::BlobPadding { layer: lid(0), expert: eid(4), offset: offset(4), byte_offset: offset(4) + stride as u64 - 1 },
+            detail: ContainerError::BlobPadding {
+                layer: lid(0),
+                expert: eid(4),
+                offset: offset(4),
+                byte_offset: offset(4) + stride as u64 - 1,
+            },
         }),
-        Some(IoError::OutOfRange { layer: lid(9), expert: eid(9) }),
+        Some(IoError::OutOfRange {
+            layer: lid(9),
+            expert: eid(9),
+        }),
         None,
     ];
-    check("faulty", &faulty, &fx.bytes, &[(0, 0), (0, 1), (0, 2), (0, 3), (0, 4), (9, 9), (0, 5)], &expected);
-    assert_eq!((faulty.injected(), faulty.inner().blob_reads()), (4, 5), "EIO and out-of-range never reach the inner source");
+    check(
+        "faulty",
+        &faulty,
+        &fx.bytes,
+        &[(0, 0), (0, 1), (0, 2), (0, 3), (0, 4), (9, 9), (0, 5)],
+        &expected,
+    );
+    assert_eq!(
+        (faulty.injected(), faulty.inner().blob_reads()),
+        (4, 5),
+        "EIO and out-of-range never reach the inner source"
+    );
     let eio = expected[1].clone().expect("error");
-    assert_eq!((eio.error_type(), eio.to_string().contains("Input/output error")), ("os", true), "{eio}");
+    assert_eq!(
+        (
+            eio.error_type(),
+            eio.to_string().contains("Input/output error")
+        ),
+        ("os", true),
+        "{eio}"
+    );
     faulty.set_fault(lid(0), eid(1), None);
     check("faulty, cleared", &faulty, &fx.bytes, &[(0, 1)], &[None]);
 }
@@ -311,7 +534,10 @@ fn open_source_reports_the_reader_and_o_direct() {
     let fx = fixture();
     let dir = fx.path.parent().expect("dir");
     let (source, info) = open_source(dir, IoKind::Pread).expect("open pread");
-    assert_eq!((source.name(), info.kind, info.features.len()), ("pread", IoKind::Pread, 0));
+    assert_eq!(
+        (source.name(), info.kind, info.features.len()),
+        ("pread", IoKind::Pread, 0)
+    );
     println!("pread: {info}");
     let (source, info) = open_source(dir, IoKind::Uring).expect("open uring");
     println!("uring asked: {info}");
@@ -322,43 +548,94 @@ fn open_source_reports_the_reader_and_o_direct() {
         }
         None => {
             assert_eq!((source.name(), info.kind), ("pread", IoKind::Pread));
-            assert!(info.fallback_reason.as_deref().is_some_and(|r| r.contains("io_uring unavailable")), "{info}");
+            assert!(
+                info.fallback_reason
+                    .as_deref()
+                    .is_some_and(|r| r.contains("io_uring unavailable")),
+                "{info}"
+            );
         }
     }
     if !info.o_direct {
-        println!("NOTE: O_DIRECT not in use on {}: {:?}", dir.display(), info.fallback_reason);
+        println!(
+            "NOTE: O_DIRECT not in use on {}: {:?}",
+            dir.display(),
+            info.fallback_reason
+        );
     }
-    check("open_source", &*source, &fx.bytes, &every_expert(), &vec![None; every_expert().len()]);
+    check(
+        "open_source",
+        &*source,
+        &fx.bytes,
+        &every_expert(),
+        &vec![None; every_expert().len()],
+    );
 }
 
 #[test]
 fn uring_unavailable_falls_back_to_pread_with_the_reason() {
     let fx = fixture();
-    let opts = SourceOptions { kind: IoKind::Uring, o_direct: true };
-    let (source, info) =
-        open_source_inner(&fx.path, opts, DirectProbe::Real, || Err("io_uring_setup: EPERM (test)".into())).expect("open");
+    let opts = SourceOptions {
+        kind: IoKind::Uring,
+        o_direct: true,
+    };
+    let (source, info) = open_source_inner(&fx.path, opts, DirectProbe::Real, || {
+        Err("io_uring_setup: EPERM (test)".into())
+    })
+    .expect("open");
     assert_eq!((source.name(), info.kind), ("pread", IoKind::Pread));
     assert!(info.features.is_empty());
     let reason = info.fallback_reason.clone().expect("a reason");
-    assert!(reason.contains("io_uring unavailable (io_uring_setup: EPERM (test)); using pread"), "{reason}");
+    assert!(
+        reason.contains("io_uring unavailable (io_uring_setup: EPERM (test)); using pread"),
+        "{reason}"
+    );
     assert!(info.to_string().starts_with("io=pread"), "{info}");
-    check("fallback", &*source, &fx.bytes, &[(2, 2), (3, 3)], &[None, None]);
+    check(
+        "fallback",
+        &*source,
+        &fx.bytes,
+        &[(2, 2), (3, 3)],
+        &[None, None],
+    );
 }
 
 #[test]
 fn o_direct_refused_falls_back_to_buffered_with_the_reason() {
     let fx = fixture();
     for kind in [IoKind::Uring, IoKind::Pread] {
-        let opts = SourceOptions { kind, o_direct: true };
-        let (source, info) = open_source_inner(&fx.path, opts, DirectProbe::Refuse, UringSupport::detect).expect("open");
+        let opts = SourceOptions {
+            kind,
+            o_direct: true,
+        };
+        let (source, info) =
+            open_source_inner(&fx.path, opts, DirectProbe::Refuse, UringSupport::detect)
+                .expect("open");
         assert!(!info.o_direct);
         let reason = info.fallback_reason.clone().expect("a reason");
-        assert!(reason.starts_with("O_DIRECT open refused by the filesystem"), "{reason}");
-        check("buffered", &*source, &fx.bytes, &[(0, 0), (3, 39)], &[None, None]);
+        assert!(
+            reason.starts_with("O_DIRECT open refused by the filesystem"),
+            "{reason}"
+        );
+        check(
+            "buffered",
+            &*source,
+            &fx.bytes,
+            &[(0, 0), (3, 39)],
+            &[None, None],
+        );
     }
-    let opts = SourceOptions { kind: IoKind::Pread, o_direct: false };
-    let (_, info) = open_source_inner(&fx.path, opts, DirectProbe::Real, UringSupport::detect).expect("open");
-    assert_eq!((info.o_direct, info.fallback_reason), (false, None), "buffered by choice is not a fallback");
+    let opts = SourceOptions {
+        kind: IoKind::Pread,
+        o_direct: false,
+    };
+    let (_, info) =
+        open_source_inner(&fx.path, opts, DirectProbe::Real, UringSupport::detect).expect("open");
+    assert_eq!(
+        (info.o_direct, info.fallback_reason),
+        (false, None),
+        "buffered by choice is not a fallback"
+    );
 }
 
 /// `read_bytes` of /proc/self/io: bytes this process caused to be fetched from storage.
@@ -380,11 +657,21 @@ fn o_direct_reads_come_from_the_device_not_the_page_cache() {
             return;
         };
         let all = every_expert();
-        check("o_direct", &*source, &fx.bytes, &all, &vec![None; all.len()]);
+        check(
+            "o_direct",
+            &*source,
+            &fx.bytes,
+            &all,
+            &vec![None; all.len()],
+        );
         let read = physical_read_bytes().expect("read_bytes") - before;
         let want = (all.len() * source.blob_stride()) as u64;
         // Other tests may read concurrently, so at least; a buffered read of cached pages adds 0.
-        assert!(read >= want, "{}: {read} bytes from the device, {want} requested: not bypassing the page cache?", source.name());
+        assert!(
+            read >= want,
+            "{}: {read} bytes from the device, {want} requested: not bypassing the page cache?",
+            source.name()
+        );
     }
 }
 
@@ -392,35 +679,62 @@ fn o_direct_reads_come_from_the_device_not_the_page_cache() {
 fn concurrent_callers_share_the_uring_source() {
     let Some(support) = uring() else { return };
     let fx = fixture();
-    let source = UringSource::new(ContainerIndex::open(&fx.path).expect("index"), data(&fx.path), support);
+    let source = UringSource::new(
+        ContainerIndex::open(&fx.path).expect("index"),
+        data(&fx.path),
+        support,
+    );
     std::thread::scope(|s| {
         for t in 0..8u32 {
             let (source, bytes) = (&source, &fx.bytes);
             s.spawn(move || {
                 for round in 0..5u32 {
-                    let batch: Vec<_> = (0..12).map(|i| ((t + round + i) % 4, (t * 5 + i * 3 + round) % 40)).collect();
-                    check("concurrent", source, bytes, &batch, &vec![None; batch.len()]);
+                    let batch: Vec<_> = (0..12)
+                        .map(|i| ((t + round + i) % 4, (t * 5 + i * 3 + round) % 40))
+                        .collect();
+                    check(
+                        "concurrent",
+                        source,
+                        bytes,
+                        &batch,
+                        &vec![None; batch.len()],
+                    );
                 }
             });
         }
     });
     let pooled = source.pooled_rings();
-    assert!((1..=uring::MAX_POOLED_RINGS).contains(&pooled), "{pooled} idle rings");
+    assert!(
+        (1..=uring::MAX_POOLED_RINGS).contains(&pooled),
+        "{pooled} idle rings"
+    );
 }
 
 #[test]
 fn a_panic_with_reads_in_flight_waits_for_them_before_unwinding() {
     let Some(support) = uring() else { return };
     let fx = fixture();
-    let source = UringSource::new(ContainerIndex::open(&fx.path).expect("index"), data(&fx.path), support).with_panic_in_flight();
+    let source = UringSource::new(
+        ContainerIndex::open(&fx.path).expect("index"),
+        data(&fx.path),
+        support,
+    )
+    .with_panic_in_flight();
     let all = every_expert();
     let stride = source.blob_stride();
     let mut buf = AlignedBuf::zeroed(stride * all.len());
     buf.fill(0xaa);
     let drained_before = uring::DRAINED_READS.load(std::sync::atomic::Ordering::Relaxed);
     let unwound = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        let mut reqs: Vec<ReadRequest<'_>> =
-            buf.chunks_exact_mut(stride).zip(&all).map(|(dst, &(layer, expert))| ReadRequest { layer: lid(layer), expert: eid(expert), dst }).collect();
+        let mut reqs: Vec<ReadRequest<'_>> = buf
+            .chunks_exact_mut(stride)
+            .zip(&all)
+            .map(|(dst, &(layer, expert))| ReadRequest {
+                layer: lid(layer),
+                expert: eid(expert),
+                dst,
+            })
+            .collect();
         source.read_blobs(&mut reqs)
     }));
     assert!(unwound.is_err(), "the test hook panics");
@@ -428,13 +742,22 @@ fn a_panic_with_reads_in_flight_waits_for_them_before_unwinding() {
     // the unwind ended the borrow; the rest were never submitted.
     let in_flight = uring::RING_ENTRIES as usize;
     let drained = uring::DRAINED_READS.load(std::sync::atomic::Ordering::Relaxed) - drained_before;
-    assert_eq!(drained, in_flight, "the guard reaps every read in flight while unwinding");
+    assert_eq!(
+        drained, in_flight,
+        "the guard reaps every read in flight while unwinding"
+    );
     for (i, (chunk, &(l, e))) in buf.chunks_exact(stride).zip(&all).enumerate() {
         let at = blob_offset(l, e) as usize;
         if i < in_flight {
-            assert!(chunk == &fx.bytes[at..at + stride], "blob {i} was in flight and must be complete");
+            assert!(
+                chunk == &fx.bytes[at..at + stride],
+                "blob {i} was in flight and must be complete"
+            );
         } else {
-            assert!(chunk.iter().all(|&b| b == 0xaa), "blob {i} was never submitted");
+            assert!(
+                chunk.iter().all(|&b| b == 0xaa),
+                "blob {i} was never submitted"
+            );
         }
     }
     // Nothing writes into the buffer later, and the ring was not put back into the pool.
@@ -457,10 +780,42 @@ fn sources_are_send_sync_and_boxable() {
 #[test]
 fn error_messages_name_layer_expert_and_offset() {
     let cases = [
-        (IoError::ShortRead { layer: lid(3), expert: eid(7), offset: 8192, got: 4096, want: 8192 }, "layer 3 expert 7: short read of the blob at file offset 8192: got 4096 of 8192 bytes (file truncated?)"),
-        (IoError::Os { layer: lid(3), expert: eid(7), offset: 8192, errno: Errno::IO.raw_os_error() }, "layer 3 expert 7: reading the blob at file offset 8192: Input/output error (os error 5)"),
-        (IoError::OutOfRange { layer: lid(40), expert: eid(0) }, "layer 40 expert 0 is not in the container"),
-        (IoError::Unaligned { layer: lid(1), expert: eid(2), addr: 0x1040, len: 8192, stride: 8192 }, "layer 1 expert 2: destination buffer at 0x1040 of 8192 bytes is not a 4096-aligned buffer of exactly one blob stride (8192 bytes)"),
+        (
+            IoError::ShortRead {
+                layer: lid(3),
+                expert: eid(7),
+                offset: 8192,
+                got: 4096,
+                want: 8192,
+            },
+            "layer 3 expert 7: short read of the blob at file offset 8192: got 4096 of 8192 bytes (file truncated?)",
+        ),
+        (
+            IoError::Os {
+                layer: lid(3),
+                expert: eid(7),
+                offset: 8192,
+                errno: Errno::IO.raw_os_error(),
+            },
+            "layer 3 expert 7: reading the blob at file offset 8192: Input/output error (os error 5)",
+        ),
+        (
+            IoError::OutOfRange {
+                layer: lid(40),
+                expert: eid(0),
+            },
+            "layer 40 expert 0 is not in the container",
+        ),
+        (
+            IoError::Unaligned {
+                layer: lid(1),
+                expert: eid(2),
+                addr: 0x1040,
+                len: 8192,
+                stride: 8192,
+            },
+            "layer 1 expert 2: destination buffer at 0x1040 of 8192 bytes is not a 4096-aligned buffer of exactly one blob stride (8192 bytes)",
+        ),
     ];
     for (e, text) in cases {
         assert_eq!(e.to_string(), text);
@@ -468,5 +823,11 @@ fn error_messages_name_layer_expert_and_offset() {
     let fx = fixture();
     let loss = data_loss_checksum(&corrupt(&fx, 0), 1, 2);
     let text = loss.to_string();
-    assert!(text.starts_with(&format!("data loss: layer 1 expert 2: blob at file offset {}: checksum mismatch", blob_offset(1, 2))), "{text}");
+    assert!(
+        text.starts_with(&format!(
+            "data loss: layer 1 expert 2: blob at file offset {}: checksum mismatch",
+            blob_offset(1, 2)
+        )),
+        "{text}"
+    );
 }

@@ -20,7 +20,10 @@
 //! `io_uring_setup` is refused (seccomp in containers, `kernel.io_uring_disabled`, old kernels)
 //! it returns the reason and `open_source` falls back to `pread`.
 
-use super::{ContainerIndex, DataFile, ExpertSource, IoError, MAX_RETRIES_PER_BLOB, ReadRequest, errno_of, retryable};
+use super::{
+    ContainerIndex, DataFile, ExpertSource, IoError, MAX_RETRIES_PER_BLOB, ReadRequest, errno_of,
+    retryable,
+};
 use io_uring::{IoUring, Probe, opcode, types};
 use rustix::io::Errno;
 use shared::container::IndexEntry;
@@ -58,14 +61,17 @@ impl UringSupport {
     pub fn detect() -> Result<UringSupport, String> {
         let ring = IoUring::new(RING_ENTRIES).map_err(|e| setup_error(&e))?;
         let mut probe = Probe::new();
-        ring.submitter()
-            .register_probe(&mut probe)
-            .map_err(|e| format!("IORING_REGISTER_PROBE failed ({e}); the kernel is older than 5.6"))?;
+        ring.submitter().register_probe(&mut probe).map_err(|e| {
+            format!("IORING_REGISTER_PROBE failed ({e}); the kernel is older than 5.6")
+        })?;
         if !probe.is_supported(opcode::Read::CODE) {
             return Err("the kernel does not support IORING_OP_READ (needs Linux 5.6)".to_string());
         }
         let p = ring.params();
-        let mut features = vec![format!("sq_entries={}", p.sq_entries()), format!("cq_entries={}", p.cq_entries())];
+        let mut features = vec![
+            format!("sq_entries={}", p.sq_entries()),
+            format!("cq_entries={}", p.cq_entries()),
+        ];
         let flags = [
             (p.is_feature_single_mmap(), "single_mmap"),
             (p.is_feature_nodrop(), "nodrop"),
@@ -86,7 +92,12 @@ impl UringSupport {
             (probe.is_supported(opcode::Read::CODE), "op_read"),
             (probe.is_supported(opcode::ReadFixed::CODE), "op_read_fixed"),
         ];
-        features.extend(flags.iter().filter(|(on, _)| *on).map(|(_, name)| name.to_string()));
+        features.extend(
+            flags
+                .iter()
+                .filter(|(on, _)| *on)
+                .map(|(_, name)| name.to_string()),
+        );
         Ok(UringSupport { ring, features })
     }
 
@@ -97,13 +108,18 @@ impl UringSupport {
 }
 
 fn setup_error(e: &std::io::Error) -> String {
-    let disabled = std::fs::read_to_string("/proc/sys/kernel/io_uring_disabled").map(|s| s.trim().to_string());
+    let disabled =
+        std::fs::read_to_string("/proc/sys/kernel/io_uring_disabled").map(|s| s.trim().to_string());
     match Errno::from_io_error(e) {
         Some(Errno::PERM) => match disabled {
             Ok(v) if v != "0" => format!("io_uring_setup: {e}; kernel.io_uring_disabled = {v}"),
-            _ => format!("io_uring_setup: {e}; blocked by a seccomp filter or a container runtime?"),
+            _ => {
+                format!("io_uring_setup: {e}; blocked by a seccomp filter or a container runtime?")
+            }
         },
-        Some(Errno::NOSYS) => format!("io_uring_setup: {e}; kernel built without io_uring, or the syscall is filtered"),
+        Some(Errno::NOSYS) => format!(
+            "io_uring_setup: {e}; kernel built without io_uring, or the syscall is filtered"
+        ),
         Some(Errno::NOMEM) => format!("io_uring_setup: {e}; RLIMIT_MEMLOCK too low for the ring?"),
         _ => format!("io_uring_setup: {e}"),
     }
@@ -127,7 +143,9 @@ pub struct UringSource {
 
 impl std::fmt::Debug for UringSource {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("UringSource").field("data", &self.data).finish_non_exhaustive()
+        f.debug_struct("UringSource")
+            .field("data", &self.data)
+            .finish_non_exhaustive()
     }
 }
 
@@ -145,7 +163,8 @@ struct Op {
 
 /// Completions reaped by `InFlight::drain` (tests: proof that unwinding waited for them).
 #[cfg(test)]
-pub(crate) static DRAINED_READS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+pub(crate) static DRAINED_READS: std::sync::atomic::AtomicUsize =
+    std::sync::atomic::AtomicUsize::new(0);
 
 /// Counts reads submitted to `ring` and not yet reaped; dropping it waits for all of them.
 struct InFlight<'r> {
@@ -169,7 +188,10 @@ impl InFlight<'_> {
                     }
                     failures += 1;
                     if failures > DRAIN_MAX_FAILURES {
-                        eprintln!("expertd: io_uring: cannot reap {} reads in flight ({e}); aborting", self.count);
+                        eprintln!(
+                            "expertd: io_uring: cannot reap {} reads in flight ({e}); aborting",
+                            self.count
+                        );
                         std::process::abort();
                     }
                 }
@@ -211,7 +233,10 @@ impl UringSource {
 
     #[cfg(test)]
     pub(crate) fn with_max_sqe_bytes(mut self, n: u32) -> UringSource {
-        assert!(n > 0 && (n as usize).is_multiple_of(super::BLOCK_BYTES), "O_DIRECT needs 4096-byte pieces");
+        assert!(
+            n > 0 && (n as usize).is_multiple_of(super::BLOCK_BYTES),
+            "O_DIRECT needs 4096-byte pieces"
+        );
         self.max_sqe_bytes = n;
         self
     }
@@ -225,11 +250,18 @@ impl UringSource {
     /// Idle rings in the pool (tests).
     #[cfg(test)]
     pub(crate) fn pooled_rings(&self) -> usize {
-        self.rings.lock().unwrap_or_else(PoisonError::into_inner).len()
+        self.rings
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .len()
     }
 
     fn take_ring(&self) -> std::io::Result<IoUring> {
-        let pooled = self.rings.lock().unwrap_or_else(PoisonError::into_inner).pop();
+        let pooled = self
+            .rings
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .pop();
         match pooled {
             Some(ring) => Ok(ring),
             None => IoUring::new(RING_ENTRIES),
@@ -245,14 +277,26 @@ impl UringSource {
 
     fn os_error(&self, reqs: &[ReadRequest<'_>], op: &Op, errno: i32) -> IoError {
         let r = &reqs[op.req];
-        IoError::Os { layer: r.layer, expert: r.expert, offset: op.entry.offset, errno }
+        IoError::Os {
+            layer: r.layer,
+            expert: r.expert,
+            offset: op.entry.offset,
+            errno,
+        }
     }
 
     /// Reads every op; returns false if the ring failed and must not be reused.
     // PERF-CRITICAL: every cache miss of every layer call goes through this loop.
-    fn run(&self, ring: &mut IoUring, reqs: &mut [ReadRequest<'_>], ops: &mut [Op], results: &mut [Result<(), IoError>]) -> bool {
+    fn run(
+        &self,
+        ring: &mut IoUring,
+        reqs: &mut [ReadRequest<'_>],
+        ops: &mut [Op],
+        results: &mut [Result<(), IoError>],
+    ) -> bool {
         let fd = types::Fd(self.data.file.as_raw_fd());
-        let max_in_flight = (ring.params().sq_entries().min(ring.params().cq_entries()) as usize).max(1);
+        let max_in_flight =
+            (ring.params().sq_entries().min(ring.params().cq_entries()) as usize).max(1);
         let mut queue: VecDeque<usize> = (0..ops.len()).collect();
         let mut finished: Vec<usize> = Vec::with_capacity(ops.len());
         let mut failed_errno = None;
@@ -321,8 +365,13 @@ impl UringSource {
                 } else if res == 0 {
                     let r = &reqs[op.req];
                     let (got, want) = (op.done as u64, want as u64);
-                    results[op.req] =
-                        Err(IoError::ShortRead { layer: r.layer, expert: r.expert, offset: op.entry.offset, got, want });
+                    results[op.req] = Err(IoError::ShortRead {
+                        layer: r.layer,
+                        expert: r.expert,
+                        offset: op.entry.offset,
+                        got,
+                        want,
+                    });
                 } else {
                     op.done += res as usize;
                     if op.done < want {
@@ -333,7 +382,9 @@ impl UringSource {
                 }
             }
         }
-        let Some(errno) = failed_errno else { return true };
+        let Some(errno) = failed_errno else {
+            return true;
+        };
         // The ring failed: wait out what the kernel has, then fail every read not finished.
         guard.drain();
         for (k, op) in ops.iter().enumerate() {
@@ -365,7 +416,13 @@ impl ExpertSource for UringSource {
             match self.index.check_request(r) {
                 Ok(entry) => {
                     results.push(Ok(()));
-                    ops.push(Op { req: i, entry, done: 0, retries: 0, in_flight: false });
+                    ops.push(Op {
+                        req: i,
+                        entry,
+                        done: 0,
+                        retries: 0,
+                        in_flight: false,
+                    });
                 }
                 Err(e) => results.push(Err(e)),
             }

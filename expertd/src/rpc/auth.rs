@@ -28,7 +28,11 @@ pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
 impl Auth {
     /// Rules with an optional token and uid/gid allow lists.
     pub fn new(token: Option<String>, allow_uids: Vec<u32>, allow_gids: Vec<u32>) -> Auth {
-        Auth { token: token.map(|t| Arc::from(t.into_bytes())), allow_uids: allow_uids.into(), allow_gids: allow_gids.into() }
+        Auth {
+            token: token.map(|t| Arc::from(t.into_bytes())),
+            allow_uids: allow_uids.into(),
+            allow_gids: allow_gids.into(),
+        }
     }
 
     /// Whether a unix peer with these credentials may call.
@@ -41,19 +45,32 @@ impl Auth {
 
     /// Checks one request: a unix peer must have been allowed at accept time; a TCP peer must
     /// present `authorization: Bearer TOKEN`.
-    pub fn check(&self, conn: &ConnInfo, metadata: &tonic::metadata::MetadataMap) -> Result<(), RpcError> {
+    pub fn check(
+        &self,
+        conn: &ConnInfo,
+        metadata: &tonic::metadata::MetadataMap,
+    ) -> Result<(), RpcError> {
         match &conn.peer {
             Peer::Unix { uid, gid, .. } => {
                 if conn.allowed {
                     Ok(())
                 } else {
-                    Err(RpcError::PeerNotAllowed { uid: *uid, gid: *gid })
+                    Err(RpcError::PeerNotAllowed {
+                        uid: *uid,
+                        gid: *gid,
+                    })
                 }
             }
             Peer::Tcp(_) => {
-                let Some(expected) = &self.token else { return Err(RpcError::Unauthenticated("this daemon has no token configured")) };
+                let Some(expected) = &self.token else {
+                    return Err(RpcError::Unauthenticated(
+                        "this daemon has no token configured",
+                    ));
+                };
                 let Some(value) = metadata.get(proto::AUTHORIZATION_HEADER) else {
-                    return Err(RpcError::Unauthenticated("missing `authorization: Bearer TOKEN` metadata"));
+                    return Err(RpcError::Unauthenticated(
+                        "missing `authorization: Bearer TOKEN` metadata",
+                    ));
                 };
                 let presented = value.as_bytes().strip_prefix(b"Bearer ").unwrap_or(b"");
                 if constant_time_eq(presented, expected) {
@@ -70,11 +87,20 @@ impl Auth {
     /// Checks a `grpc.health.v1` request: on TCP the same bearer token as every other call
     /// (a health probe over the network must not reveal, unauthenticated, that a daemon is
     /// there and serving); on a unix socket anyone the socket's mode admits.
-    pub fn check_health(&self, conn: Option<&ConnInfo>, metadata: &tonic::metadata::MetadataMap) -> Result<(), RpcError> {
+    pub fn check_health(
+        &self,
+        conn: Option<&ConnInfo>,
+        metadata: &tonic::metadata::MetadataMap,
+    ) -> Result<(), RpcError> {
         match conn {
-            Some(ConnInfo { peer: Peer::Unix { .. }, .. }) => Ok(()),
+            Some(ConnInfo {
+                peer: Peer::Unix { .. },
+                ..
+            }) => Ok(()),
             Some(conn) => self.check(conn, metadata),
-            None => Err(RpcError::Internal("health request without connection info".into())),
+            None => Err(RpcError::Internal(
+                "health request without connection info".into(),
+            )),
         }
     }
 }

@@ -14,8 +14,8 @@ use super::service::ServiceState;
 use super::status::RpcError;
 use crate::moe_call::CallSpec;
 use crate::session::Session;
-use shared::call_cost::CallCost;
 use crate::shm::Segment;
+use shared::call_cost::CallCost;
 use shared::ids::LayerId;
 use shared::ring::{self, Entry, RingView, Submission};
 use shared::shm_layout::ShmSlice;
@@ -33,11 +33,27 @@ pub const DEFAULT_WORKER_SPIN: Duration = Duration::from_millis(5);
 const WORKER_SLICE: Duration = Duration::from_millis(100);
 
 /// Starts the worker for `session` on `segment`'s ring.
-pub fn spawn(state: Arc<ServiceState>, session: Arc<Session>, segment: Arc<Segment>, ring: RingView) -> std::io::Result<()> {
-    std::thread::Builder::new().name(format!("expertd-ring-{}", session.id)).spawn(move || {
-        let worker = Worker { state, session, segment, ring, ids: Vec::new(), weights: Vec::new(), x: Vec::new(), out: Vec::new() };
-        worker.serve();
-    })?;
+pub fn spawn(
+    state: Arc<ServiceState>,
+    session: Arc<Session>,
+    segment: Arc<Segment>,
+    ring: RingView,
+) -> std::io::Result<()> {
+    std::thread::Builder::new()
+        .name(format!("expertd-ring-{}", session.id))
+        .spawn(move || {
+            let worker = Worker {
+                state,
+                session,
+                segment,
+                ring,
+                ids: Vec::new(),
+                weights: Vec::new(),
+                x: Vec::new(),
+                out: Vec::new(),
+            };
+            worker.serve();
+        })?;
     Ok(())
 }
 
@@ -55,14 +71,17 @@ struct Worker {
 
 impl Worker {
     fn any_submitted(&self) -> bool {
-        (0..self.ring.layout().entries).any(|i| self.ring.entry(i).state().load(Ordering::Acquire) == ring::STATE_SUBMITTED)
+        (0..self.ring.layout().entries)
+            .any(|i| self.ring.entry(i).state().load(Ordering::Acquire) == ring::STATE_SUBMITTED)
     }
 
     /// The next submitted entry, round-robin from `next` (so one busy entry cannot starve
     /// another).
     fn claim_next(&self, next: &mut u32) -> Option<(u32, Submission)> {
         let entries = self.ring.layout().entries;
-        let claimed = (0..entries).map(|j| (*next + j) % entries).find_map(|i| self.ring.entry(i).claim().map(|s| (i, s)));
+        let claimed = (0..entries)
+            .map(|j| (*next + j) % entries)
+            .find_map(|i| self.ring.entry(i).claim().map(|s| (i, s)));
         if let Some((i, _)) = claimed {
             *next = (i + 1) % entries;
         }
@@ -94,10 +113,19 @@ impl Worker {
         }
         for i in 0..entries {
             if let Some(sub) = self.ring.entry(i).claim() {
-                fail(&self.ring.entry(i), sub.seq, RpcError::UnknownSession { session: self.session.id });
+                fail(
+                    &self.ring.entry(i),
+                    sub.seq,
+                    RpcError::UnknownSession {
+                        session: self.session.id,
+                    },
+                );
             }
         }
-        tracing::debug!(session = self.session.id, "call ring stopped: session closed");
+        tracing::debug!(
+            session = self.session.id,
+            "call ring stopped: session closed"
+        );
     }
 
     /// Runs the call in entry `i`, then every call that arrives within the poll window after
@@ -112,7 +140,10 @@ impl Worker {
         let mark = executor.off_pool_mark();
         let give_back = || on_pool && executor.contended_since(mark);
         if on_pool {
-            self.session.counters.ring_bursts.fetch_add(1, Ordering::Relaxed);
+            self.session
+                .counters
+                .ring_bursts
+                .fetch_add(1, Ordering::Relaxed);
         }
         self.run(i, sub);
         while !self.session.is_closed() && !give_back() {
@@ -120,7 +151,9 @@ impl Worker {
                 self.run(i, sub);
                 continue;
             }
-            let arrived = ring::spin_until(self.state.config.ring_spin, || self.any_submitted() || self.session.is_closed() || give_back());
+            let arrived = ring::spin_until(self.state.config.ring_spin, || {
+                self.any_submitted() || self.session.is_closed() || give_back()
+            });
             if !arrived {
                 return;
             }
@@ -132,8 +165,13 @@ impl Worker {
         let entry = ring.entry(i);
         // Counted while it runs, so a draining daemon waits for it before exiting.
         self.state.ring_calls.fetch_add(1, Ordering::AcqRel);
-        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.call(&entry, &sub)))
-            .unwrap_or_else(|_| Err(RpcError::Internal("the call panicked in the daemon (a bug; see its log)".into())));
+        let result =
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.call(&entry, &sub)))
+                .unwrap_or_else(|_| {
+                    Err(RpcError::Internal(
+                        "the call panicked in the daemon (a bug; see its log)".into(),
+                    ))
+                });
         self.state.ring_calls.fetch_sub(1, Ordering::AcqRel);
         // Echoes and hints are not MoE calls: only those count in the session's figures.
         let counted = sub.op == ring::OP_MOE;
@@ -141,7 +179,10 @@ impl Worker {
             Ok(c) => {
                 if counted {
                     self.session.record(Ok(&c));
-                    self.session.counters.ring_calls.fetch_add(1, Ordering::Relaxed);
+                    self.session
+                        .counters
+                        .ring_calls
+                        .fetch_add(1, Ordering::Relaxed);
                 }
                 entry.complete(sub.seq, &c);
             }
@@ -163,12 +204,22 @@ impl Worker {
         let dims = executor.header().layout.dims;
         let n = sub.top_k as usize;
         if sub.n_rows != 1 || n > self.ring.layout().cells as usize {
-            return Err(RpcError::BadRequest(format!("prefetch hint: rows {} (must be 1), experts {n} (at most {} cells)", sub.n_rows, self.ring.layout().cells)));
+            return Err(RpcError::BadRequest(format!(
+                "prefetch hint: rows {} (must be 1), experts {n} (at most {} cells)",
+                sub.n_rows,
+                self.ring.layout().cells
+            )));
         }
         entry.read_cells(n, &mut self.ids, &mut self.weights);
-        ring::check_hint(sub.layer, &self.ids, dims.n_layers, dims.n_experts).map_err(|e| RpcError::BadRequest(format!("prefetch hint: {e}")))?;
+        ring::check_hint(sub.layer, &self.ids, dims.n_layers, dims.n_experts)
+            .map_err(|e| RpcError::BadRequest(format!("prefetch hint: {e}")))?;
         if let Some(p) = executor.prefetcher() {
-            p.hint(crate::prefetch::Hint { session: self.session.id, step: sub.step, layer: sub.layer, experts: self.ids.clone() });
+            p.hint(crate::prefetch::Hint {
+                session: self.session.id,
+                step: sub.step,
+                layer: sub.layer,
+                experts: self.ids.clone(),
+            });
         }
         Ok(())
     }
@@ -176,19 +227,34 @@ impl Worker {
     /// The prefetch hint a MoE call carries in its cells after `cells` (already copied into
     /// `self.ids`), checked like a hint entry: a layer and experts in range. `None` when it
     /// carries none.
-    fn carried_hint(&self, sub: &Submission, layer: LayerId, cells: usize) -> Result<Option<crate::prefetch::Hint>, RpcError> {
+    fn carried_hint(
+        &self,
+        sub: &Submission,
+        layer: LayerId,
+        cells: usize,
+    ) -> Result<Option<crate::prefetch::Hint>, RpcError> {
         let experts = &self.ids[cells..];
         if experts.is_empty() {
             return Ok(None);
         }
         let dims = self.state.executor.header().layout.dims;
-        ring::check_hint(layer, experts, dims.n_layers, dims.n_experts).map_err(|e| RpcError::BadRequest(format!("the call's prefetch hint: {e}")))?;
-        Ok(Some(crate::prefetch::Hint { session: self.session.id, step: sub.step, layer, experts: experts.to_vec() }))
+        ring::check_hint(layer, experts, dims.n_layers, dims.n_experts)
+            .map_err(|e| RpcError::BadRequest(format!("the call's prefetch hint: {e}")))?;
+        Ok(Some(crate::prefetch::Hint {
+            session: self.session.id,
+            step: sub.step,
+            layer,
+            experts: experts.to_vec(),
+        }))
     }
 
     /// A byte range of this connection's segment for `n_values` f32 at `offset`.
     fn range(&self, offset: u64, n_values: usize) -> Result<std::ops::Range<usize>, RpcError> {
-        let slice = ShmSlice { segment_id: self.segment.id(), offset_bytes: offset, length_bytes: n_values as u64 * 4 };
+        let slice = ShmSlice {
+            segment_id: self.segment.id(),
+            offset_bytes: offset,
+            length_bytes: n_values as u64 * 4,
+        };
         Ok(self.segment.range(&slice)?)
     }
 
@@ -227,17 +293,30 @@ impl Worker {
                 })?;
                 entry.read_cells(total, &mut self.ids, &mut self.weights);
                 let hint = self.carried_hint(sub, hint_layer, cells)?;
-                let spec = CallSpec { session: self.session.id, step: sub.step, layer: sub.layer, n_rows, top_k, ids: &self.ids[..cells], weights: &self.weights[..cells] };
+                let spec = CallSpec {
+                    session: self.session.id,
+                    step: sub.step,
+                    layer: sub.layer,
+                    n_rows,
+                    top_k,
+                    ids: &self.ids[..cells],
+                    weights: &self.weights[..cells],
+                };
                 executor.validate(&spec)?;
                 let limit = st.config.max_queued_calls_per_session;
-                let _in_flight = self.session.try_enter(limit).ok_or(RpcError::SessionBusy { session: self.session.id, limit })?;
+                let _in_flight = self.session.try_enter(limit).ok_or(RpcError::SessionBusy {
+                    session: self.session.id,
+                    limit,
+                })?;
                 let t_queue = Instant::now();
                 let _permit = st.queue.acquire_blocking(self.session.id);
                 let queue_ns = t_queue.elapsed().as_nanos() as u64;
                 // The session may have closed while this call queued: its leases would then
                 // outlive it in the cache.
                 if self.session.is_closed() {
-                    return Err(RpcError::UnknownSession { session: self.session.id });
+                    return Err(RpcError::UnknownSession {
+                        session: self.session.id,
+                    });
                 }
                 self.segment.read_f32s(input, &mut self.x);
                 let cost = executor.run_hinted(&spec, &self.x, &mut self.out, hint)?;

@@ -8,8 +8,8 @@
 
 use super::auth::Auth;
 use super::status::RpcError;
-use crate::moe_call::{CallSpec, CallExecutor};
 use crate::logsafe;
+use crate::moe_call::{CallExecutor, CallSpec};
 use crate::session::{FairQueue, PeerKey, Session, SessionCaps, Sessions, TransportKind};
 use crate::shm::Segment;
 use proto::convert::{self, f32s_to_le_bytes};
@@ -89,9 +89,11 @@ impl ConnInfo {
     /// The connection facts attached to a request: directly on a plain connection, inside
     /// tonic's TLS wrapper on a TLS one.
     pub fn of(extensions: &tonic::Extensions) -> Option<&ConnInfo> {
-        extensions
-            .get::<ConnInfo>()
-            .or_else(|| extensions.get::<tonic::transport::server::TlsConnectInfo<ConnInfo>>().map(tonic::transport::server::TlsConnectInfo::get_ref))
+        extensions.get::<ConnInfo>().or_else(|| {
+            extensions
+                .get::<tonic::transport::server::TlsConnectInfo<ConnInfo>>()
+                .map(tonic::transport::server::TlsConnectInfo::get_ref)
+        })
     }
 }
 
@@ -142,7 +144,12 @@ pub struct ServiceState {
 
 impl ServiceState {
     /// A state over `executor` with `lanes` compute lanes.
-    pub fn new(executor: Arc<CallExecutor>, lanes: usize, config: ServiceConfig, auth: Auth) -> ServiceState {
+    pub fn new(
+        executor: Arc<CallExecutor>,
+        lanes: usize,
+        config: ServiceConfig,
+        auth: Auth,
+    ) -> ServiceState {
         let fingerprint = executor.header().fingerprint();
         ServiceState {
             executor,
@@ -169,7 +176,11 @@ impl ServiceState {
     pub fn connection_closed(&self, conn_id: u64) {
         self.open_connections.fetch_sub(1, Ordering::Relaxed);
         for s in self.sessions.close_connection(conn_id) {
-            let orphaned = self.executor.cache().release_session(crate::cache::SessionId(s.id)).map_or(0, |st| st.leases_held);
+            let orphaned = self
+                .executor
+                .cache()
+                .release_session(crate::cache::SessionId(s.id))
+                .map_or(0, |st| st.leases_held);
             tracing::info!(session = s.id, client_name = %logsafe::name(&s.client_name), peer = %s.peer, orphaned_leases = orphaned, "session closed: connection gone");
         }
     }
@@ -189,7 +200,9 @@ impl ExpertdService {
 }
 
 fn conn_of<T>(req: &Request<T>) -> Result<ConnInfo, RpcError> {
-    ConnInfo::of(req.extensions()).cloned().ok_or_else(|| RpcError::Internal("request without connection info".into()))
+    ConnInfo::of(req.extensions())
+        .cloned()
+        .ok_or_else(|| RpcError::Internal("request without connection info".into()))
 }
 
 /// Where a call's activations come from.
@@ -204,33 +217,55 @@ enum Output {
     Shm(Arc<Segment>, Range<usize>, pb::ShmSlice),
 }
 
-fn shm_target(conn: &ConnInfo, field: &'static str, slice: &pb::ShmSlice, needed: u64) -> Result<(Arc<Segment>, Range<usize>), RpcError> {
-    let slice = convert::shm_slice(field, slice).map_err(|e| RpcError::BadRequest(e.to_string()))?;
+fn shm_target(
+    conn: &ConnInfo,
+    field: &'static str,
+    slice: &pb::ShmSlice,
+    needed: u64,
+) -> Result<(Arc<Segment>, Range<usize>), RpcError> {
+    let slice =
+        convert::shm_slice(field, slice).map_err(|e| RpcError::BadRequest(e.to_string()))?;
     let segment = conn.segment.clone().ok_or(RpcError::NoSegment { field })?;
     let range = segment.range(&slice)?;
     if (range.len() as u64) < needed {
-        return Err(RpcError::BufferTooSmall { field, found_bytes: range.len() as u64, needed_bytes: needed });
+        return Err(RpcError::BufferTooSmall {
+            field,
+            found_bytes: range.len() as u64,
+            needed_bytes: needed,
+        });
     }
     let start = range.start;
     Ok((segment, start..start + needed as usize))
 }
 
 impl ExpertdService {
-    async fn handshake_inner(&self, conn: &ConnInfo, r: pb::HandshakeRequest) -> Result<pb::HandshakeResponse, RpcError> {
+    async fn handshake_inner(
+        &self,
+        conn: &ConnInfo,
+        r: pb::HandshakeRequest,
+    ) -> Result<pb::HandshakeResponse, RpcError> {
         let st = &self.state;
         if st.draining.load(Ordering::Acquire) {
             return Err(RpcError::ShuttingDown);
         }
         let (oldest, current) = (proto::version::OLDEST_SUPPORTED, proto::version::CURRENT);
         if !(oldest..=current).contains(&r.protocol_version) {
-            return Err(RpcError::VersionMismatch { client: r.protocol_version, oldest, current });
+            return Err(RpcError::VersionMismatch {
+                client: r.protocol_version,
+                oldest,
+                current,
+            });
         }
         if r.client_name.len() > MAX_CLIENT_NAME_BYTES {
-            return Err(RpcError::BadRequest(format!("client_name is {} bytes (at most {MAX_CLIENT_NAME_BYTES})", r.client_name.len())));
+            return Err(RpcError::BadRequest(format!(
+                "client_name is {} bytes (at most {MAX_CLIENT_NAME_BYTES})",
+                r.client_name.len()
+            )));
         }
         let header = st.executor.header();
         if let Some(id) = &r.model_identity {
-            let ours = ModelIdentity::try_from(id).map_err(|e| RpcError::BadRequest(format!("model_identity.{e}")))?;
+            let ours = ModelIdentity::try_from(id)
+                .map_err(|e| RpcError::BadRequest(format!("model_identity.{e}")))?;
             let what = header.identity.differing(&ours);
             if !what.is_empty() {
                 return Err(RpcError::IdentityMismatch {
@@ -241,25 +276,49 @@ impl ExpertdService {
                 });
             }
         }
-        if r.expected_container_fingerprint != 0 && r.expected_container_fingerprint != st.fingerprint {
+        if r.expected_container_fingerprint != 0
+            && r.expected_container_fingerprint != st.fingerprint
+        {
             return Err(RpcError::FingerprintMismatch {
                 expected: r.expected_container_fingerprint,
                 served: st.fingerprint,
                 container: st.config.container_path.clone(),
             });
         }
-        let transport = if conn.segment.is_some() { TransportKind::SharedMemory } else { TransportKind::Inline };
-        let name = if r.client_name.is_empty() { "unnamed".to_string() } else { r.client_name };
-        let session = st.sessions.open(conn.conn_id, conn.peer.key(), name, conn.peer.to_string(), transport, st.config.session_caps)?;
+        let transport = if conn.segment.is_some() {
+            TransportKind::SharedMemory
+        } else {
+            TransportKind::Inline
+        };
+        let name = if r.client_name.is_empty() {
+            "unnamed".to_string()
+        } else {
+            r.client_name
+        };
+        let session = st.sessions.open(
+            conn.conn_id,
+            conn.peer.key(),
+            name,
+            conn.peer.to_string(),
+            transport,
+            st.config.session_caps,
+        )?;
         // A version-3 client's segment may carry a call ring: serve it from its own worker.
         let mut ring_entries = 0;
         if r.protocol_version >= proto::version::CALL_RING
             && let Some(segment) = &conn.segment
             && let Some(ring) = segment.take_ring()
         {
-            match super::ring::spawn(Arc::clone(&self.state), Arc::clone(&session), Arc::clone(segment), ring) {
+            match super::ring::spawn(
+                Arc::clone(&self.state),
+                Arc::clone(&session),
+                Arc::clone(segment),
+                ring,
+            ) {
                 Ok(()) => ring_entries = ring.layout().entries,
-                Err(e) => tracing::warn!(session = session.id, error = %e, "could not start the call-ring worker; MoeLayer RPCs only"),
+                Err(e) => {
+                    tracing::warn!(session = session.id, error = %e, "could not start the call-ring worker; MoeLayer RPCs only")
+                }
             }
         }
         tracing::info!(session = session.id, client_name = %logsafe::name(&session.client_name), peer = %session.peer, client_pid = r.client_pid, ?transport, ring_entries, "session opened");
@@ -294,14 +353,27 @@ impl ExpertdService {
         })
     }
 
-    async fn moe_layer_inner(&self, conn: &ConnInfo, session: &Arc<Session>, r: pb::MoeLayerRequest) -> Result<(pb::MoeLayerResponse, CallCost), RpcError> {
+    async fn moe_layer_inner(
+        &self,
+        conn: &ConnInfo,
+        session: &Arc<Session>,
+        r: pb::MoeLayerRequest,
+    ) -> Result<(pb::MoeLayerResponse, CallCost), RpcError> {
         let st = &self.state;
         if st.draining.load(Ordering::Acquire) {
             return Err(RpcError::ShuttingDown);
         }
         let executor = &st.executor;
         let (n_rows, top_k, d) = (r.n_tokens as usize, r.top_k as usize, executor.hidden());
-        let spec = CallSpec { session: session.id, step: r.step, layer: LayerId::new(r.layer_idx), n_rows, top_k, ids: &r.expert_ids, weights: &r.weights };
+        let spec = CallSpec {
+            session: session.id,
+            step: r.step,
+            layer: LayerId::new(r.layer_idx),
+            n_rows,
+            top_k,
+            ids: &r.expert_ids,
+            weights: &r.weights,
+        };
         executor.validate(&spec)?;
         let n_values = n_rows * d;
         let needed = n_values as u64 * 4;
@@ -309,20 +381,33 @@ impl ExpertdService {
             Some(pb::moe_layer_request::Input::InputInlineF32Le(bytes)) => {
                 let field = "input_inline_f32_le";
                 if (bytes.len() as u64) < needed {
-                    return Err(RpcError::BufferTooSmall { field, found_bytes: bytes.len() as u64, needed_bytes: needed });
+                    return Err(RpcError::BufferTooSmall {
+                        field,
+                        found_bytes: bytes.len() as u64,
+                        needed_bytes: needed,
+                    });
                 }
                 if bytes.len() as u64 != needed {
-                    return Err(RpcError::BadRequest(format!("{field} holds {} bytes, expected exactly {needed}", bytes.len())));
+                    return Err(RpcError::BadRequest(format!(
+                        "{field} holds {} bytes, expected exactly {needed}",
+                        bytes.len()
+                    )));
                 }
                 let mut x = vec![0.0f32; n_values];
-                convert::le_bytes_into_f32s(field, &bytes, &mut x).map_err(|e| RpcError::BadRequest(e.to_string()))?;
+                convert::le_bytes_into_f32s(field, &bytes, &mut x)
+                    .map_err(|e| RpcError::BadRequest(e.to_string()))?;
                 Input::Inline(x)
             }
             Some(pb::moe_layer_request::Input::InputShm(slice)) => {
                 let (seg, range) = shm_target(conn, "input_shm", &slice, needed)?;
                 Input::Shm(seg, range)
             }
-            None => return Err(RpcError::BadRequest("the request carries no activations (set input_inline_f32_le or input_shm)".into())),
+            None => {
+                return Err(RpcError::BadRequest(
+                    "the request carries no activations (set input_inline_f32_le or input_shm)"
+                        .into(),
+                ));
+            }
         };
         let output = match &r.output_shm {
             Some(slice) => {
@@ -332,7 +417,10 @@ impl ExpertdService {
             None => Output::Inline,
         };
         let limit = st.config.max_queued_calls_per_session;
-        let in_flight = session.try_enter(limit).ok_or(RpcError::SessionBusy { session: session.id, limit })?;
+        let in_flight = session.try_enter(limit).ok_or(RpcError::SessionBusy {
+            session: session.id,
+            limit,
+        })?;
         let t_queue = Instant::now();
         let permit = st.queue.acquire(session.id).await;
         let queue_ns = t_queue.elapsed().as_nanos() as u64;
@@ -354,10 +442,20 @@ impl ExpertdService {
                 }
             };
             let mut out = vec![0.0f32; n_values];
-            let spec = CallSpec { session: session_id, step, layer, n_rows, top_k, ids: &ids, weights: &weights };
+            let spec = CallSpec {
+                session: session_id,
+                step,
+                layer,
+                n_rows,
+                top_k,
+                ids: &ids,
+                weights: &weights,
+            };
             let cost = executor.run(&spec, &x, &mut out)?;
             let wire = match output {
-                Output::Inline => pb::moe_layer_response::Output::OutputInlineF32Le(f32s_to_le_bytes(&out)),
+                Output::Inline => {
+                    pb::moe_layer_response::Output::OutputInlineF32Le(f32s_to_le_bytes(&out))
+                }
                 Output::Shm(seg, range, slice) => {
                     seg.write_f32s(range, &out);
                     pb::moe_layer_response::Output::OutputShm(slice)
@@ -367,7 +465,9 @@ impl ExpertdService {
             let _ = executor.cache().flush_trace();
             Ok::<_, RpcError>((cost, wire))
         });
-        let (cost, wire) = job.await.map_err(|e| RpcError::Internal(format!("the call's compute task failed: {e}")))??;
+        let (cost, wire) = job
+            .await
+            .map_err(|e| RpcError::Internal(format!("the call's compute task failed: {e}")))??;
         let counters = cost.with_queue_ns(queue_ns);
         Ok((convert::moe_layer_response(wire, &counters), counters))
     }
@@ -422,7 +522,8 @@ impl ServiceState {
             .map(|(key, t)| {
                 let label = key.label();
                 let open = sessions.iter().filter(|s| s.peer_key == label);
-                let (sessions_open, leases_held) = open.fold((0u32, 0u64), |(n, l), s| (n + 1, l + s.leases_held));
+                let (sessions_open, leases_held) =
+                    open.fold((0u32, 0u64), |(n, l), s| (n + 1, l + s.leases_held));
                 loaded!(
                     pb::PeerStats,
                     t,
@@ -454,7 +555,21 @@ impl ServiceState {
             draining: st.draining.load(Ordering::Acquire),
             uptime_ns: st.started.elapsed().as_nanos() as u64,
             prefetch: st.executor.prefetcher().map(|p| {
-                loaded!(pb::PrefetchStats, p.counters, [hints, dropped_hints, already_resident, reads, bytes_read, useful_bytes, capped, skipped, stale])
+                loaded!(
+                    pb::PrefetchStats,
+                    p.counters,
+                    [
+                        hints,
+                        dropped_hints,
+                        already_resident,
+                        reads,
+                        bytes_read,
+                        useful_bytes,
+                        capped,
+                        skipped,
+                        stale
+                    ]
+                )
             }),
             peers,
         }
@@ -463,7 +578,10 @@ impl ServiceState {
 
 #[tonic::async_trait]
 impl ExpertService for ExpertdService {
-    async fn handshake(&self, request: Request<pb::HandshakeRequest>) -> Result<Response<pb::HandshakeResponse>, Status> {
+    async fn handshake(
+        &self,
+        request: Request<pb::HandshakeRequest>,
+    ) -> Result<Response<pb::HandshakeResponse>, Status> {
         let conn = conn_of(&request)?;
         self.state.auth.check(&conn, request.metadata())?;
         let resp = self.handshake_inner(&conn, request.into_inner()).await.inspect_err(|e| {
@@ -480,13 +598,29 @@ impl ExpertService for ExpertdService {
         Ok(Response::new(resp))
     }
 
-    async fn moe_layer(&self, request: Request<pb::MoeLayerRequest>) -> Result<Response<pb::MoeLayerResponse>, Status> {
+    async fn moe_layer(
+        &self,
+        request: Request<pb::MoeLayerRequest>,
+    ) -> Result<Response<pb::MoeLayerResponse>, Status> {
         let conn = conn_of(&request)?;
         self.state.auth.check(&conn, request.metadata())?;
         let r = request.into_inner();
-        let session = self.state.sessions.get(r.session_id, conn.conn_id).ok_or(RpcError::UnknownSession { session: r.session_id })?;
-        let span = tracing::debug_span!("moe_layer", session = session.id, request_id = r.request_id, layer_idx = r.layer_idx, n_tokens = r.n_tokens);
-        let result = self.moe_layer_inner(&conn, &session, r).instrument(span).await;
+        let session = self.state.sessions.get(r.session_id, conn.conn_id).ok_or(
+            RpcError::UnknownSession {
+                session: r.session_id,
+            },
+        )?;
+        let span = tracing::debug_span!(
+            "moe_layer",
+            session = session.id,
+            request_id = r.request_id,
+            layer_idx = r.layer_idx,
+            n_tokens = r.n_tokens
+        );
+        let result = self
+            .moe_layer_inner(&conn, &session, r)
+            .instrument(span)
+            .await;
         session.record(result.as_ref().map(|(_, c)| c).map_err(|_| ()));
         match result {
             Ok((resp, _)) => Ok(Response::new(resp)),
@@ -497,18 +631,31 @@ impl ExpertService for ExpertdService {
         }
     }
 
-    async fn stats(&self, request: Request<pb::StatsRequest>) -> Result<Response<pb::StatsResponse>, Status> {
+    async fn stats(
+        &self,
+        request: Request<pb::StatsRequest>,
+    ) -> Result<Response<pb::StatsResponse>, Status> {
         let conn = conn_of(&request)?;
         self.state.auth.check(&conn, request.metadata())?;
         Ok(Response::new(self.stats_inner()))
     }
 
-    async fn close_session(&self, request: Request<pb::CloseSessionRequest>) -> Result<Response<pb::CloseSessionResponse>, Status> {
+    async fn close_session(
+        &self,
+        request: Request<pb::CloseSessionRequest>,
+    ) -> Result<Response<pb::CloseSessionResponse>, Status> {
         let conn = conn_of(&request)?;
         self.state.auth.check(&conn, request.metadata())?;
         let id = request.into_inner().session_id;
-        let s = self.state.sessions.close(id, conn.conn_id).ok_or(RpcError::UnknownSession { session: id })?;
-        self.state.executor.cache().release_session(crate::cache::SessionId(s.id));
+        let s = self
+            .state
+            .sessions
+            .close(id, conn.conn_id)
+            .ok_or(RpcError::UnknownSession { session: id })?;
+        self.state
+            .executor
+            .cache()
+            .release_session(crate::cache::SessionId(s.id));
         tracing::info!(session = s.id, client_name = %logsafe::name(&s.client_name), "session closed by its client");
         Ok(Response::new(pb::CloseSessionResponse {}))
     }

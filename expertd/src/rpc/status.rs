@@ -14,8 +14,8 @@
 //! | anything that is the daemon's own bug | `INTERNAL` |
 
 use crate::cache::CacheError;
-use crate::moe_call::CallError;
 use crate::io::IoError;
+use crate::moe_call::CallError;
 use crate::session::CapReached;
 use crate::shm::ShmError;
 use tonic::{Code, Status};
@@ -27,13 +27,17 @@ pub enum RpcError {
     #[error(transparent)]
     Call(#[from] CallError),
     /// The session is not open on this connection.
-    #[error("unknown session {session}: it was never opened on this connection, or it was closed (handshake again)")]
+    #[error(
+        "unknown session {session}: it was never opened on this connection, or it was closed (handshake again)"
+    )]
     UnknownSession {
         /// The session id in the request.
         session: u64,
     },
     /// The session already has its bound of calls queued or running.
-    #[error("session {session} already has {limit} calls queued or running (the per-session limit); retry when one finishes")]
+    #[error(
+        "session {session} already has {limit} calls queued or running (the per-session limit); retry when one finishes"
+    )]
     SessionBusy {
         /// The session.
         session: u64,
@@ -47,7 +51,9 @@ pub enum RpcError {
     #[error("expertd is shutting down and accepts no new calls")]
     ShuttingDown,
     /// The client speaks a protocol version the daemon does not accept.
-    #[error("client speaks expertd protocol version {client}, but this expertd accepts versions {oldest}..={current}")]
+    #[error(
+        "client speaks expertd protocol version {client}, but this expertd accepts versions {oldest}..={current}"
+    )]
     VersionMismatch {
         /// The client's version.
         client: u32,
@@ -57,7 +63,9 @@ pub enum RpcError {
         current: u32,
     },
     /// The container was prepared from another model than the client's.
-    #[error("container {container} was prepared from a different model ({what} differ): container identity {theirs}, client model identity {ours}")]
+    #[error(
+        "container {container} was prepared from a different model ({what} differ): container identity {theirs}, client model identity {ours}"
+    )]
     IdentityMismatch {
         /// The container path.
         container: String,
@@ -69,7 +77,9 @@ pub enum RpcError {
         ours: String,
     },
     /// The container fingerprint is not the one the client expects.
-    #[error("client expects container fingerprint {expected:#018x}, but this expertd serves {served:#018x} ({container})")]
+    #[error(
+        "client expects container fingerprint {expected:#018x}, but this expertd serves {served:#018x} ({container})"
+    )]
     FingerprintMismatch {
         /// The fingerprint the client expects.
         expected: u64,
@@ -85,13 +95,17 @@ pub enum RpcError {
     #[error(transparent)]
     Shm(#[from] ShmError),
     /// A shared-memory slice on a connection that passed no segment.
-    #[error("{field} is a shared-memory slice, but this connection passed no segment (send activations inline)")]
+    #[error(
+        "{field} is a shared-memory slice, but this connection passed no segment (send activations inline)"
+    )]
     NoSegment {
         /// The request field.
         field: &'static str,
     },
     /// A buffer that cannot hold what the call needs.
-    #[error("{field} holds {found_bytes} bytes, but n_tokens × hidden_size × 4 = {needed_bytes} bytes are needed")]
+    #[error(
+        "{field} holds {found_bytes} bytes, but n_tokens × hidden_size × 4 = {needed_bytes} bytes are needed"
+    )]
     BufferTooSmall {
         /// The request field.
         field: &'static str,
@@ -139,11 +153,13 @@ impl RpcError {
             RpcError::UnknownSession { .. } => Code::NotFound,
             RpcError::SessionBusy { .. } | RpcError::TooManySessions(_) => Code::ResourceExhausted,
             RpcError::ShuttingDown => Code::Unavailable,
-            RpcError::VersionMismatch { .. } | RpcError::IdentityMismatch { .. } | RpcError::FingerprintMismatch { .. } => {
-                Code::FailedPrecondition
-            }
+            RpcError::VersionMismatch { .. }
+            | RpcError::IdentityMismatch { .. }
+            | RpcError::FingerprintMismatch { .. } => Code::FailedPrecondition,
             RpcError::BadRequest(_) | RpcError::BufferTooSmall { .. } => Code::InvalidArgument,
-            RpcError::Shm(ShmError::Slice(_) | ShmError::WrongSegment { .. }) => Code::InvalidArgument,
+            RpcError::Shm(ShmError::Slice(_) | ShmError::WrongSegment { .. }) => {
+                Code::InvalidArgument
+            }
             RpcError::Shm(_) => Code::Internal,
             RpcError::NoSegment { .. } => Code::FailedPrecondition,
             RpcError::PeerNotAllowed { .. } => Code::PermissionDenied,
@@ -203,22 +219,69 @@ mod tests {
     fn check(e: RpcError, code: Code, needle: &str) {
         let s = Status::from(e);
         assert_eq!(s.code(), code, "{}", s.message());
-        assert!(s.message().contains(needle), "{:?} lacks {needle:?}", s.message());
+        assert!(
+            s.message().contains(needle),
+            "{:?} lacks {needle:?}",
+            s.message()
+        );
     }
 
     #[test]
     fn codes() {
-        check(RpcError::UnknownSession { session: 9 }, Code::NotFound, "unknown session 9");
-        check(RpcError::SessionBusy { session: 1, limit: 4 }, Code::ResourceExhausted, "4 calls");
-        check(RpcError::from(CapReached::Connection { limit: 64 }), Code::ResourceExhausted, "--max-sessions-per-connection");
-        check(RpcError::VersionMismatch { client: 1, oldest: 2, current: 2 }, Code::FailedPrecondition, "version 1");
-        check(RpcError::Call(CallError::Invalid { layer: LayerId::new(3), reason: "x".into() }), Code::InvalidArgument, "layer 3");
         check(
-            RpcError::Call(CallError::Io(IoError::Os { layer: LayerId::new(1), expert: ExpertId::new(2), offset: 4096, errno: 5 })),
+            RpcError::UnknownSession { session: 9 },
+            Code::NotFound,
+            "unknown session 9",
+        );
+        check(
+            RpcError::SessionBusy {
+                session: 1,
+                limit: 4,
+            },
+            Code::ResourceExhausted,
+            "4 calls",
+        );
+        check(
+            RpcError::from(CapReached::Connection { limit: 64 }),
+            Code::ResourceExhausted,
+            "--max-sessions-per-connection",
+        );
+        check(
+            RpcError::VersionMismatch {
+                client: 1,
+                oldest: 2,
+                current: 2,
+            },
+            Code::FailedPrecondition,
+            "version 1",
+        );
+        check(
+            RpcError::Call(CallError::Invalid {
+                layer: LayerId::new(3),
+                reason: "x".into(),
+            }),
+            Code::InvalidArgument,
+            "layer 3",
+        );
+        check(
+            RpcError::Call(CallError::Io(IoError::Os {
+                layer: LayerId::new(1),
+                expert: ExpertId::new(2),
+                offset: 4096,
+                errno: 5,
+            })),
             Code::Unavailable,
             "layer 1 expert 2",
         );
-        check(RpcError::Unauthenticated("missing"), Code::Unauthenticated, "missing");
-        check(RpcError::PeerNotAllowed { uid: 7, gid: 8 }, Code::PermissionDenied, "uid 7");
+        check(
+            RpcError::Unauthenticated("missing"),
+            Code::Unauthenticated,
+            "missing",
+        );
+        check(
+            RpcError::PeerNotAllowed { uid: 7, gid: 8 },
+            Code::PermissionDenied,
+            "uid 7",
+        );
     }
 }

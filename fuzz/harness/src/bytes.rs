@@ -57,7 +57,10 @@ pub struct Aligned {
 impl Aligned {
     /// `bytes` copied into a 64-aligned buffer of `len` bytes.
     pub fn new(bytes: &[u8], len: usize) -> Aligned {
-        let mut a = Aligned { words: vec![[0u64; 8]; len.div_ceil(64)], len };
+        let mut a = Aligned {
+            words: vec![[0u64; 8]; len.div_ceil(64)],
+            len,
+        };
         let n = len.min(bytes.len());
         a.bytes_mut()[..n].copy_from_slice(&bytes[..n]);
         a

@@ -26,7 +26,10 @@ pub type Target = fn(&[u8]) -> Outcome;
 /// binary (`fuzz/libfuzzer/fuzz_targets/<name>.rs`) carry. `shm_segment` needs the `daemon`
 /// feature and `http_params` the `http` feature (both default).
 pub fn targets() -> Vec<(&'static str, Target)> {
-    let mut t: Vec<(&'static str, Target)> = vec![("safetensors_header", targets::safetensors_header::run), ("container", targets::container::run)];
+    let mut t: Vec<(&'static str, Target)> = vec![
+        ("safetensors_header", targets::safetensors_header::run),
+        ("container", targets::container::run),
+    ];
     #[cfg(feature = "daemon")]
     t.push(("shm_segment", targets::shm_segment::run));
     t.push(("shm_ring", targets::shm_ring::run));

@@ -109,7 +109,11 @@ pub fn py_float_repr(x: f64) -> String {
     let sign = if x.is_sign_negative() { "-" } else { "" };
     let body = if !(-4..16).contains(&exp) {
         let (first, rest) = digits.split_at(1);
-        let frac = if rest.is_empty() { String::new() } else { format!(".{rest}") };
+        let frac = if rest.is_empty() {
+            String::new()
+        } else {
+            format!(".{rest}")
+        };
         let esign = if exp < 0 { '-' } else { '+' };
         format!("{first}{frac}e{esign}{:02}", exp.abs())
     } else {
@@ -159,7 +163,10 @@ mod tests {
     #[test]
     fn tojson_matches_json_dumps() {
         let v = json!({"b": 1, "a": [true, null, 2.0, "x\"y\\z\n\u{1}é"], "c": {}, "d": []});
-        assert_eq!(tojson(&v), r#"{"b": 1, "a": [true, null, 2.0, "x\"y\\z\n\u0001é"], "c": {}, "d": []}"#);
+        assert_eq!(
+            tojson(&v),
+            r#"{"b": 1, "a": [true, null, 2.0, "x\"y\\z\n\u0001é"], "c": {}, "d": []}"#
+        );
     }
 
     #[test]
@@ -168,7 +175,10 @@ mod tests {
         assert_eq!(py_str(&json!(false)), "False");
         assert_eq!(py_str(&json!(null)), "None");
         assert_eq!(py_str(&json!(-7)), "-7");
-        assert_eq!(py_str(&json!(18446744073709551615u64)), "18446744073709551615");
+        assert_eq!(
+            py_str(&json!(18446744073709551615u64)),
+            "18446744073709551615"
+        );
         assert_eq!(py_str(&json!(2.50)), "2.5");
         assert_eq!(py_str(&json!("raw \"text\"")), "raw \"text\"");
     }

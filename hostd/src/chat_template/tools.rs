@@ -19,7 +19,10 @@ pub struct ToolCall {
 impl ToolCall {
     /// A call with arguments.
     pub fn new(name: impl Into<String>, arguments: Map<String, Value>) -> Self {
-        Self { name: name.into(), arguments: Some(arguments) }
+        Self {
+            name: name.into(),
+            arguments: Some(arguments),
+        }
     }
 }
 
@@ -84,7 +87,12 @@ pub(super) fn push_tool_calls(out: &mut String, calls: &[ToolCall], content_is_e
 
 /// One `tool` message: a user turn opens unless the previous message was a tool result too
 /// (or there is no previous message); the turn closes unless the next message is one.
-pub(super) fn push_tool_response(out: &mut String, content: &str, prev_is_tool: Option<bool>, next_is_tool: bool) {
+pub(super) fn push_tool_response(
+    out: &mut String,
+    content: &str,
+    prev_is_tool: Option<bool>,
+    next_is_tool: bool,
+) {
     if prev_is_tool == Some(false) {
         out.push_str(IM_START);
         out.push_str("user");

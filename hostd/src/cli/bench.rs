@@ -7,7 +7,8 @@ pub use sluice_tools::bench::BenchArgs;
 
 /// Runs `hostd bench`.
 pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
-    let exe = std::env::current_exe().map_err(|e| anyhow::anyhow!("locating this executable: {e}"))?;
+    let exe =
+        std::env::current_exe().map_err(|e| anyhow::anyhow!("locating this executable: {e}"))?;
     let report = sluice_tools::bench::run(args, exe)?;
     sluice_tools::bench::print_table(&report);
     Ok(())

@@ -3,8 +3,8 @@
 //! writes logits, greedy ids and router choices in the oracle's reference schema.
 
 use super::load::load_model;
-use crate::load::LoadOptions;
 use crate::eval::eval_prompt;
+use crate::load::LoadOptions;
 use crate::model::moe::Routes;
 use anyhow::{Context, bail};
 use serde_json::{Value, json};
@@ -46,23 +46,36 @@ pub fn run(args: &EvalArgs) -> anyhow::Result<()> {
         bail!("--prefill-chunk must be at least 1");
     }
     let model = load_model(&args.load)?;
-    let text = std::fs::read_to_string(&args.prompts).with_context(|| format!("reading {}", args.prompts.display()))?;
-    let doc: Value = serde_json::from_str(&text).with_context(|| format!("{} is not JSON", args.prompts.display()))?;
-    let prompts = doc["prompts"].as_array().with_context(|| format!("{}: missing array \"prompts\"", args.prompts.display()))?;
+    let text = std::fs::read_to_string(&args.prompts)
+        .with_context(|| format!("reading {}", args.prompts.display()))?;
+    let doc: Value = serde_json::from_str(&text)
+        .with_context(|| format!("{} is not JSON", args.prompts.display()))?;
+    let prompts = doc["prompts"]
+        .as_array()
+        .with_context(|| format!("{}: missing array \"prompts\"", args.prompts.display()))?;
 
-    let stem = args.out.file_stem().and_then(|s| s.to_str()).unwrap_or("eval");
+    let stem = args
+        .out
+        .file_stem()
+        .and_then(|s| s.to_str())
+        .unwrap_or("eval");
     let logits_name = format!("{stem}.logits.f32");
     let logits_path = args.out.with_file_name(&logits_name);
     let mut logits_file = std::io::BufWriter::new(
-        std::fs::File::create(&logits_path).with_context(|| format!("creating {}", logits_path.display()))?,
+        std::fs::File::create(&logits_path)
+            .with_context(|| format!("creating {}", logits_path.display()))?,
     );
     let mut offset = 0u64;
     let mut out_prompts = Vec::new();
     for (i, p) in prompts.iter().enumerate() {
-        let name = p["name"].as_str().map(str::to_string).unwrap_or_else(|| format!("prompt{i}"));
+        let name = p["name"]
+            .as_str()
+            .map(str::to_string)
+            .unwrap_or_else(|| format!("prompt{i}"));
         let ids: Vec<u32> = serde_json::from_value(p["input_ids"].clone())
             .with_context(|| format!("prompt {name:?}: input_ids must be a list of token ids"))?;
-        let r = eval_prompt(&model, &ids, args.new_tokens, args.prefill_chunk).with_context(|| format!("prompt {name:?}"))?;
+        let r = eval_prompt(&model, &ids, args.new_tokens, args.prefill_chunk)
+            .with_context(|| format!("prompt {name:?}"))?;
         let vocab = model.config().vocab_size;
         let mut write_block = |rows: &[f32]| -> anyhow::Result<Value> {
             let at = offset;
@@ -96,7 +109,8 @@ pub fn run(args: &EvalArgs) -> anyhow::Result<()> {
 }
 
 fn write_json(path: &Path, v: &Value) -> anyhow::Result<()> {
-    std::fs::write(path, serde_json::to_string(v)?).with_context(|| format!("writing {}", path.display()))
+    std::fs::write(path, serde_json::to_string(v)?)
+        .with_context(|| format!("writing {}", path.display()))
 }
 
 fn routes_json(routes: &[Routes]) -> Value {

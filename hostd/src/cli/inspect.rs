@@ -31,14 +31,16 @@ pub fn run(args: &InspectArgs) -> anyhow::Result<()> {
         let config = if args.model.is_file() {
             let text = std::fs::read_to_string(&args.model)
                 .with_context(|| format!("reading {}", args.model.display()))?;
-            shared::config::parse_config(&text).with_context(|| format!("{}", args.model.display()))?
+            shared::config::parse_config(&text)
+                .with_context(|| format!("{}", args.model.display()))?
         } else {
             checkpoint::read_config(&args.model)?
         };
         config_report(&config)
     } else {
-        let ckpt = Checkpoint::open(&args.model)
-            .with_context(|| format!("model directory {} failed validation", args.model.display()))?;
+        let ckpt = Checkpoint::open(&args.model).with_context(|| {
+            format!("model directory {} failed validation", args.model.display())
+        })?;
         checkpoint_report(&ckpt)
     };
     if args.json {
@@ -128,7 +130,11 @@ fn human(r: &Value) -> String {
     }
     let types: Vec<&str> = r["layer_types"]
         .as_array()
-        .map(|a| a.iter().map(|t| if t == "full_attention" { "A" } else { "D" }).collect())
+        .map(|a| {
+            a.iter()
+                .map(|t| if t == "full_attention" { "A" } else { "D" })
+                .collect()
+        })
         .unwrap_or_default();
     line(format!(
         "layers         {} ({} Gated DeltaNet, {} full attention): {}",
@@ -137,7 +143,11 @@ fn human(r: &Value) -> String {
         n("n_full_attention_layers"),
         types.concat()
     ));
-    line(format!("hidden         {}   vocab {}", n("hidden_size"), n("vocab_size")));
+    line(format!(
+        "hidden         {}   vocab {}",
+        n("hidden_size"),
+        n("vocab_size")
+    ));
     let at = &r["attention"];
     line(format!(
         "attention      {} q heads, {} kv heads, head_dim {}, rotary dims {}",
@@ -146,7 +156,11 @@ fn human(r: &Value) -> String {
     let dn = &r["linear_attention"];
     line(format!(
         "delta net      {} qk heads × {}, {} v heads × {}, conv {}",
-        dn["n_k_heads"], dn["key_head_dim"], dn["n_v_heads"], dn["value_head_dim"], dn["conv_kernel"]
+        dn["n_k_heads"],
+        dn["key_head_dim"],
+        dn["n_v_heads"],
+        dn["value_head_dim"],
+        dn["conv_kernel"]
     ));
     line(format!(
         "experts        {} per layer, top-{}, inner {}; one expert {} (BF16)",
@@ -155,9 +169,19 @@ fn human(r: &Value) -> String {
         n("moe_intermediate_size"),
         bytes(n("expert_bytes_bf16"))
     ));
-    line(format!("routed experts {} (BF16, all layers)", bytes(n("routed_expert_bytes_bf16"))));
-    line(format!("dense          {} (as released; embeddings {})", bytes(n("dense_bytes_bf16")), bytes(n("embedding_bytes_bf16"))));
-    line(format!("decode/token   {} of weights touched (BF16, dense + top-k experts)", bytes(n("decode_bytes_per_token"))));
+    line(format!(
+        "routed experts {} (BF16, all layers)",
+        bytes(n("routed_expert_bytes_bf16"))
+    ));
+    line(format!(
+        "dense          {} (as released; embeddings {})",
+        bytes(n("dense_bytes_bf16")),
+        bytes(n("embedding_bytes_bf16"))
+    ));
+    line(format!(
+        "decode/token   {} of weights touched (BF16, dense + top-k experts)",
+        bytes(n("decode_bytes_per_token"))
+    ));
     line(format!(
         "KV/token       {} (BF16, as transformers stores it; sluice's f32 cache: {})",
         bytes(n("kv_bytes_per_token")),
@@ -183,7 +207,11 @@ fn human(r: &Value) -> String {
             line(format!("skipped        {}", parts.join(", ")));
         }
         if let Some(u) = r["unexpected_tensors"].as_array().filter(|a| !a.is_empty()) {
-            line(format!("unexpected     {} tensors not used by the runtime (first: {})", u.len(), u[0]));
+            line(format!(
+                "unexpected     {} tensors not used by the runtime (first: {})",
+                u.len(),
+                u[0]
+            ));
         }
         for s in r["shards"].as_array().into_iter().flatten() {
             line(format!(
@@ -206,5 +234,9 @@ fn bytes(b: u64) -> String {
         v /= 1024.0;
         unit += 1;
     }
-    if unit == 0 { format!("{b} B") } else { format!("{v:.2} {} ({b} B)", UNITS[unit]) }
+    if unit == 0 {
+        format!("{b} B")
+    } else {
+        format!("{v:.2} {} ({b} B)", UNITS[unit])
+    }
 }

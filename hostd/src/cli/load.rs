@@ -9,7 +9,9 @@ use crate::model::Model;
 pub fn load_model(opts: &LoadOptions) -> anyhow::Result<Model> {
     if let Some(n) = opts.threads.filter(|&n| n >= 1) {
         // Fails only if a pool already exists; the first setting stands.
-        let _ = rayon::ThreadPoolBuilder::new().num_threads(n).build_global();
+        let _ = rayon::ThreadPoolBuilder::new()
+            .num_threads(n)
+            .build_global();
     }
     let client_name = format!("hostd {}", std::env::args().nth(1).unwrap_or_default());
     Ok(crate::load::load_model(opts, &client_name)?)

@@ -59,21 +59,53 @@ pub struct ProfileArgs {
 
 /// What each decode phase includes (`decode_phases_ms_per_token` in the report).
 const PHASE_NOTES: &[(&str, &str)] = &[
-    ("attention", "every attention.* op scope: q/k/v projections, the attention core (rope, scores, softmax, values), o_proj"),
-    ("deltanet", "every deltanet.* op scope: in_proj, conv + norms + gates, recurrence, gated norm, out_proj"),
+    (
+        "attention",
+        "every attention.* op scope: q/k/v projections, the attention core (rope, scores, softmax, values), o_proj",
+    ),
+    (
+        "deltanet",
+        "every deltanet.* op scope: in_proj, conv + norms + gates, recurrence, gated norm, out_proj",
+    ),
     ("router", "moe.router: the router GEMV, softmax and top-k"),
-    ("shared_expert", "moe.shared_expert: the shared expert's GEMVs, SiLU, sigmoid gate and its add into the MoE output; on expertd's call ring it runs on the model thread while the daemon computes the routed experts, so this is its wall time sharing the cores with the daemon (longer than alone), and the routed phases below hold only what the daemon's call outlasted it"),
-    ("routed_expert_compute", "moe.routed_experts minus expert_io_wait, expert_queue and ipc: the expert kernels plus grouping and the weighted combine (bf16: all of moe.routed_experts; int8: its share of the parallel expert section plus combine; expertd: the daemon's compute_ns plus the client's call validation, minus the shared expert's time on the ring, where the two overlap; moe.routed_experts itself excludes the shared expert's time)"),
-    ("expert_io_wait", "experts.io_wait: int8 in-process: the wall of the parallel expert section shared out by the workers' thread time in getting blobs (the first-use checksum of a mapped blob) vs kernels — page faults on the mapping land in compute; expertd: the daemon's io_wait_ns (acquiring cache slots and reading missed experts); bf16: 0"),
-    ("expert_queue", "experts.queue: expertd's queue_ns (waiting for a compute lane); 0 otherwise"),
-    ("ipc", "experts.ipc: expertd only: the client's wall time of each MoeLayer call minus the longer of the daemon's queue + io_wait + compute and the shared expert overlapping it on the ring (encoding, transport both ways, the daemon's untimed glue, decoding)"),
-    ("lm_head", "lm_head: the final RMS norm and the vocabulary projection"),
+    (
+        "shared_expert",
+        "moe.shared_expert: the shared expert's GEMVs, SiLU, sigmoid gate and its add into the MoE output; on expertd's call ring it runs on the model thread while the daemon computes the routed experts, so this is its wall time sharing the cores with the daemon (longer than alone), and the routed phases below hold only what the daemon's call outlasted it",
+    ),
+    (
+        "routed_expert_compute",
+        "moe.routed_experts minus expert_io_wait, expert_queue and ipc: the expert kernels plus grouping and the weighted combine (bf16: all of moe.routed_experts; int8: its share of the parallel expert section plus combine; expertd: the daemon's compute_ns plus the client's call validation, minus the shared expert's time on the ring, where the two overlap; moe.routed_experts itself excludes the shared expert's time)",
+    ),
+    (
+        "expert_io_wait",
+        "experts.io_wait: int8 in-process: the wall of the parallel expert section shared out by the workers' thread time in getting blobs (the first-use checksum of a mapped blob) vs kernels — page faults on the mapping land in compute; expertd: the daemon's io_wait_ns (acquiring cache slots and reading missed experts); bf16: 0",
+    ),
+    (
+        "expert_queue",
+        "experts.queue: expertd's queue_ns (waiting for a compute lane); 0 otherwise",
+    ),
+    (
+        "ipc",
+        "experts.ipc: expertd only: the client's wall time of each MoeLayer call minus the longer of the daemon's queue + io_wait + compute and the shared expert overlapping it on the ring (encoding, transport both ways, the daemon's untimed glue, decoding)",
+    ),
+    (
+        "lm_head",
+        "lm_head: the final RMS norm and the vocabulary projection",
+    ),
     ("sampling", "sampling: argmax over the logits"),
-    ("other", "decode wall time minus all of the above: embedding lookup, layer RMS norms, residual adds, activation copies, anything not in an op scope"),
+    (
+        "other",
+        "decode wall time minus all of the above: embedding lookup, layer RMS norms, residual adds, activation copies, anything not in an op scope",
+    ),
 ];
 
 /// Feeds `prompt` in blocks of `chunk` rows and returns the last position's logits.
-fn prefill(model: &Model, state: &mut SequenceState, prompt: &[u32], chunk: usize) -> anyhow::Result<Vec<f32>> {
+fn prefill(
+    model: &Model,
+    state: &mut SequenceState,
+    prompt: &[u32],
+    chunk: usize,
+) -> anyhow::Result<Vec<f32>> {
     let mut logits = Vec::new();
     for block in prompt.chunks(chunk.max(1)) {
         logits = model.forward(state, block, Logits::Last, None)?;
@@ -83,8 +115,14 @@ fn prefill(model: &Model, state: &mut SequenceState, prompt: &[u32], chunk: usiz
 
 /// Runs `hostd profile`.
 pub fn run(args: &ProfileArgs) -> anyhow::Result<()> {
-    anyhow::ensure!(args.prompt_tokens >= 2 && args.decode_steps >= 1, "need --prompt-tokens ≥ 2 and --decode-steps ≥ 1");
-    anyhow::ensure!(args.prefill_chunk >= 1, "--prefill-chunk must be at least 1");
+    anyhow::ensure!(
+        args.prompt_tokens >= 2 && args.decode_steps >= 1,
+        "need --prompt-tokens ≥ 2 and --decode-steps ≥ 1"
+    );
+    anyhow::ensure!(
+        args.prefill_chunk >= 1,
+        "--prefill-chunk must be at least 1"
+    );
     let t_load = Instant::now();
     let mut model = load_model(&args.load)?;
     let load_s = t_load.elapsed().as_secs_f64();
@@ -93,8 +131,9 @@ pub fn run(args: &ProfileArgs) -> anyhow::Result<()> {
     let daemon = experts.private_daemon_pid();
     let io_backend = experts.io_backend();
     drop(experts);
-    let bandwidth =
-        (args.bandwidth_bytes > 0).then(|| shared::kernels::bandwidth::measure_read_bandwidth_gbps(args.bandwidth_bytes, threads));
+    let bandwidth = (args.bandwidth_bytes > 0).then(|| {
+        shared::kernels::bandwidth::measure_read_bandwidth_gbps(args.bandwidth_bytes, threads)
+    });
 
     let vocab = model.config().vocab_size as u64;
     // Deterministic pseudo-random prompt ids (no tokenizer needed).
@@ -107,7 +146,10 @@ pub fn run(args: &ProfileArgs) -> anyhow::Result<()> {
         // steps), so every dense page and every expert the measurement touches has been read
         // once (page cache, expertd's cache, first-use checksums): a resident, warm measurement.
         let mut warm = model.new_state();
-        let mut id = sample(&model, &prefill(&model, &mut warm, &prompt, args.prefill_chunk)?);
+        let mut id = sample(
+            &model,
+            &prefill(&model, &mut warm, &prompt, args.prefill_chunk)?,
+        );
         for _ in 0..args.decode_steps {
             id = step(&model, &mut warm, id)?;
         }
@@ -126,7 +168,10 @@ pub fn run(args: &ProfileArgs) -> anyhow::Result<()> {
     let prefill_counts = prof.take_counts();
     let reads_mid = Reads::now(daemon);
     // The device the experts are read from (the container's; else the model's).
-    let busy_path = args.load.container.as_ref().map_or_else(|| args.load.model.clone(), |d| d.join(shared::container::CONTAINER_FILE));
+    let busy_path = args.load.container.as_ref().map_or_else(
+        || args.load.model.clone(),
+        |d| d.join(shared::container::CONTAINER_FILE),
+    );
     let busy_mid = DeviceBusy::of(&busy_path);
     let spec_start = model.speculative_counters();
 
@@ -144,8 +189,12 @@ pub fn run(args: &ProfileArgs) -> anyhow::Result<()> {
     let m = args.decode_steps as f64;
 
     let decode_reads = reads_mid.delta_json(&reads_end);
-    let weight_bytes: u64 =
-        DENSE_PROJECTIONS.iter().chain(&["moe.routed_experts"]).filter_map(|op| decode_ops.get(op)).map(|s| s.bytes).sum();
+    let weight_bytes: u64 = DENSE_PROJECTIONS
+        .iter()
+        .chain(&["moe.routed_experts"])
+        .filter_map(|op| decode_ops.get(op))
+        .map(|s| s.bytes)
+        .sum();
     let expertd = daemon.map(|pid| {
         json!({
             "pid": pid,
@@ -154,7 +203,9 @@ pub fn run(args: &ProfileArgs) -> anyhow::Result<()> {
             "read_bytes_total": procfs::read_bytes(Some(pid)),
         })
     });
-    let cache = (model.experts_name() == "expertd").then(|| json!({"prefill": cache_json(&prefill_counts), "decode": cache_json(&decode_counts)}));
+    let cache = (model.experts_name() == "expertd").then(
+        || json!({"prefill": cache_json(&prefill_counts), "decode": cache_json(&decode_counts)}),
+    );
     let spec = spec_start.zip(spec_end).map(|(a, b)| b.since(&a));
     let prefetch = prefetch_json(&decode_counts, spec, m);
     let report = json!({
@@ -213,7 +264,8 @@ pub fn run(args: &ProfileArgs) -> anyhow::Result<()> {
         "decode": phase(&decode_ops, args.decode_steps, decode_s, bandwidth),
     });
     if let Some(out) = &args.out {
-        std::fs::write(out, serde_json::to_string_pretty(&report)?).with_context(|| format!("writing {}", out.display()))?;
+        std::fs::write(out, serde_json::to_string_pretty(&report)?)
+            .with_context(|| format!("writing {}", out.display()))?;
     }
     print_table(&report);
     Ok(())
@@ -234,12 +286,19 @@ fn step(model: &Model, state: &mut SequenceState, id: u32) -> anyhow::Result<u32
 /// The decode phase's prefetch figures (`None` when the client sent no hints): the
 /// prediction's recall, and what the speculative reads cost — the daemon's own counters
 /// (`Stats.prefetch`) between the start and the end of decode.
-fn prefetch_json(counts: &BTreeMap<&'static str, u64>, speculative: Option<SpeculativeCounters>, tokens: f64) -> Option<Value> {
+fn prefetch_json(
+    counts: &BTreeMap<&'static str, u64>,
+    speculative: Option<SpeculativeCounters>,
+    tokens: f64,
+) -> Option<Value> {
     let get = |k: &str| counts.get(k).copied().unwrap_or(0);
     if get("prefetch.hints") == 0 {
         return None;
     }
-    let (actual, used) = (get("prefetch.actual_experts"), get("prefetch.predicted_and_used"));
+    let (actual, used) = (
+        get("prefetch.actual_experts"),
+        get("prefetch.predicted_and_used"),
+    );
     Some(json!({
         "hints": get("prefetch.hints"),
         "stale_predictions": speculative.map(|s| s.stale),
@@ -277,14 +336,26 @@ fn expert_calls(ops: &BTreeMap<&'static str, OpStat>, tokens: usize) -> Value {
 /// Decode wall time per token split into the phases of [`PHASE_NOTES`], in ms.
 fn decode_phases(ops: &BTreeMap<&'static str, OpStat>, tokens: usize, secs: f64) -> Value {
     let ns = |op: &str| ops.get(op).map_or(0, |s| s.ns);
-    let prefixed = |p: &str| ops.iter().filter(|(k, _)| k.starts_with(p)).map(|(_, s)| s.ns).sum::<u64>();
-    let (io, queue, ipc) = (ns("experts.io_wait"), ns("experts.queue"), ns("experts.ipc"));
+    let prefixed = |p: &str| {
+        ops.iter()
+            .filter(|(k, _)| k.starts_with(p))
+            .map(|(_, s)| s.ns)
+            .sum::<u64>()
+    };
+    let (io, queue, ipc) = (
+        ns("experts.io_wait"),
+        ns("experts.queue"),
+        ns("experts.ipc"),
+    );
     let phases: [(&str, u64); 10] = [
         ("attention", prefixed("attention.")),
         ("deltanet", prefixed("deltanet.")),
         ("router", ns("moe.router")),
         ("shared_expert", ns("moe.shared_expert")),
-        ("routed_expert_compute", ns("moe.routed_experts").saturating_sub(io + queue + ipc)),
+        (
+            "routed_expert_compute",
+            ns("moe.routed_experts").saturating_sub(io + queue + ipc),
+        ),
         ("expert_io_wait", io),
         ("expert_queue", queue),
         ("ipc", ipc),
@@ -294,13 +365,21 @@ fn decode_phases(ops: &BTreeMap<&'static str, OpStat>, tokens: usize, secs: f64)
     let per_token = |ns: f64| ns / 1e6 / tokens as f64;
     let wall_ns = secs * 1e9;
     let sum: u64 = phases.iter().map(|p| p.1).sum();
-    let mut out: serde_json::Map<String, Value> = phases.iter().map(|(k, v)| (k.to_string(), json!(per_token(*v as f64)))).collect();
+    let mut out: serde_json::Map<String, Value> = phases
+        .iter()
+        .map(|(k, v)| (k.to_string(), json!(per_token(*v as f64))))
+        .collect();
     out.insert("other".into(), json!(per_token(wall_ns - sum as f64)));
     out.insert("wall".into(), json!(per_token(wall_ns)));
     Value::Object(out)
 }
 
-fn phase(ops: &BTreeMap<&'static str, OpStat>, tokens: usize, secs: f64, bandwidth: Option<f64>) -> Value {
+fn phase(
+    ops: &BTreeMap<&'static str, OpStat>,
+    tokens: usize,
+    secs: f64,
+    bandwidth: Option<f64>,
+) -> Value {
     let mut table = serde_json::Map::new();
     let mut layers = serde_json::Map::new();
     for (name, s) in ops {
@@ -312,7 +391,11 @@ fn phase(ops: &BTreeMap<&'static str, OpStat>, tokens: usize, secs: f64, bandwid
             );
             continue;
         }
-        let gbps = if s.bytes > 0 { s.bytes as f64 / s.ns as f64 } else { 0.0 };
+        let gbps = if s.bytes > 0 {
+            s.bytes as f64 / s.ns as f64
+        } else {
+            0.0
+        };
         table.insert(
             name.to_string(),
             json!({
@@ -328,7 +411,11 @@ fn phase(ops: &BTreeMap<&'static str, OpStat>, tokens: usize, secs: f64, bandwid
         .iter()
         .filter_map(|op| ops.get(op))
         .fold((0u64, 0u64), |(b, n), s| (b + s.bytes, n + s.ns));
-    let dense_gbps = if ns > 0 { bytes as f64 / ns as f64 } else { 0.0 };
+    let dense_gbps = if ns > 0 {
+        bytes as f64 / ns as f64
+    } else {
+        0.0
+    };
     json!({
         "tokens": tokens,
         "wall_s": secs,
@@ -358,10 +445,21 @@ fn print_table(r: &Value) {
         r["ttft_s"].as_f64().unwrap_or(0.0),
         r["prefill_tokens_per_s"].as_f64().unwrap_or(0.0),
         r["decode_tokens_per_s"].as_f64().unwrap_or(0.0),
-        r["disk_reads"]["decode_bytes_per_token"].as_f64().unwrap_or(0.0)
+        r["disk_reads"]["decode_bytes_per_token"]
+            .as_f64()
+            .unwrap_or(0.0)
     );
-    let phases = r["decode_phases_ms_per_token"].as_object().into_iter().flatten();
-    println!("decode phases (ms/token): {}", phases.map(|(k, v)| format!("{k} {:.3}", v.as_f64().unwrap_or(0.0))).collect::<Vec<_>>().join(", "));
+    let phases = r["decode_phases_ms_per_token"]
+        .as_object()
+        .into_iter()
+        .flatten();
+    println!(
+        "decode phases (ms/token): {}",
+        phases
+            .map(|(k, v)| format!("{k} {:.3}", v.as_f64().unwrap_or(0.0)))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
     for phase in ["prefill", "decode"] {
         let p = &r[phase];
         println!(
@@ -370,9 +468,16 @@ fn print_table(r: &Value) {
             p["wall_s"].as_f64().unwrap_or(0.0),
             p["tokens_per_s"].as_f64().unwrap_or(0.0)
         );
-        println!("  {:<26} {:>10} {:>12} {:>9}", "op", "ms/token", "MB/token", "GB/s");
+        println!(
+            "  {:<26} {:>10} {:>12} {:>9}",
+            "op", "ms/token", "MB/token", "GB/s"
+        );
         for (name, s) in p["layers"].as_object().into_iter().flatten() {
-            println!("  {:<26} {:>10.3}   (whole layer, contains the ops below)", format!("layer.{name}"), s["ms_per_token"].as_f64().unwrap_or(0.0));
+            println!(
+                "  {:<26} {:>10.3}   (whole layer, contains the ops below)",
+                format!("layer.{name}"),
+                s["ms_per_token"].as_f64().unwrap_or(0.0)
+            );
         }
         for (name, s) in p["ops"].as_object().into_iter().flatten() {
             let tokens = p["tokens"].as_f64().unwrap_or(1.0);

@@ -7,9 +7,9 @@
 //! experts 0..top_k (a warm cache makes it compute-only), over the ring, the `MoeLayer` RPC
 //! with shared memory (`--no-ring`) or inline (`--no-shm`). Warm-up calls are untimed.
 
-use anyhow::Context;
 use crate::expert_client::{ClientOptions, Endpoint, ExpertdClient};
 use crate::experts::{ExpertBackend, MoeCall};
+use anyhow::Context;
 use std::path::PathBuf;
 use std::time::Instant;
 
@@ -69,15 +69,25 @@ pub struct RttArgs {
 
 /// Runs the benchmark and prints one JSON line.
 pub fn run(args: &RttArgs) -> anyhow::Result<()> {
-    anyhow::ensure!(args.rows >= 1 && args.calls >= 1, "--rows and --calls must be at least 1");
-    let container = shared::container::ContainerFile::open(&args.container).with_context(|| format!("container {}", args.container.display()))?;
+    anyhow::ensure!(
+        args.rows >= 1 && args.calls >= 1,
+        "--rows and --calls must be at least 1"
+    );
+    let container = shared::container::ContainerFile::open(&args.container)
+        .with_context(|| format!("container {}", args.container.display()))?;
     let dims = container.header().layout.dims;
     let endpoint = Endpoint::parse(&args.expertd).map_err(|m| anyhow::anyhow!("--expertd {m}"))?;
     if let Endpoint::Tcp { tls: false, .. } = endpoint {
-        anyhow::ensure!(args.insecure, "--expertd {endpoint} is plain TCP (http://); pass --insecure to measure it, or use https:// with --ca-file");
+        anyhow::ensure!(
+            args.insecure,
+            "--expertd {endpoint} is plain TCP (http://); pass --insecure to measure it, or use https:// with --ca-file"
+        );
     }
     let ca = match &args.ca_file {
-        Some(p) => Some(crate::expert_client::CaCertificate::read(p).with_context(|| format!("--ca-file {}", p.display()))?),
+        Some(p) => Some(
+            crate::expert_client::CaCertificate::read(p)
+                .with_context(|| format!("--ca-file {}", p.display()))?,
+        ),
         None => None,
     };
     let endpoint = endpoint.with_ca(ca);
@@ -88,17 +98,31 @@ pub fn run(args: &RttArgs) -> anyhow::Result<()> {
     opts.ring_top_k = args.top_k;
     opts.shm_max_rows = opts.shm_max_rows.max(args.rows);
     if let Some(p) = &args.token_file {
-        opts.token = Some(std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?.trim().to_string());
+        opts.token = Some(
+            std::fs::read_to_string(p)
+                .with_context(|| format!("reading {}", p.display()))?
+                .trim()
+                .to_string(),
+        );
     }
     let client = ExpertdClient::connect(opts, None)?;
     let info = client.daemon_info().context("not connected")?;
     let d = dims.hidden;
-    let x: Vec<f32> = (0..args.rows * d).map(|i| ((i as f32) * 0.37).sin()).collect();
+    let x: Vec<f32> = (0..args.rows * d)
+        .map(|i| ((i as f32) * 0.37).sin())
+        .collect();
     let mut out = vec![0.0f32; x.len()];
     let top_k = args.top_k.min(dims.n_experts);
     let ids: Vec<u32> = (0..args.rows).flat_map(|_| 0..top_k as u32).collect();
     let weights = vec![1.0 / top_k as f32; ids.len()];
-    let call = MoeCall { layer: shared::ids::LayerId::new(0), n_rows: args.rows, top_k, x: &x, ids: &ids, weights: &weights };
+    let call = MoeCall {
+        layer: shared::ids::LayerId::new(0),
+        n_rows: args.rows,
+        top_k,
+        x: &x,
+        ids: &ids,
+        weights: &weights,
+    };
     let one = |out: &mut [f32]| -> anyhow::Result<()> {
         match args.op {
             Op::Echo => client.echo(&x, out).map_err(anyhow::Error::from),
@@ -140,7 +164,8 @@ pub fn run(args: &RttArgs) -> anyhow::Result<()> {
     });
     println!("{doc}");
     if let Some(p) = &args.json {
-        std::fs::write(p, serde_json::to_string_pretty(&doc)?).with_context(|| format!("writing {}", p.display()))?;
+        std::fs::write(p, serde_json::to_string_pretty(&doc)?)
+            .with_context(|| format!("writing {}", p.display()))?;
     }
     Ok(())
 }

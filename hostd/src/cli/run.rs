@@ -2,9 +2,9 @@
 //! then TTFT, prefill and decode tokens/s and peak RSS.
 
 use super::load::load_model;
-use crate::load::LoadOptions;
 use crate::chat_template::{self, ChatMessage, ChatOptions};
 use crate::generate::{GenerateOptions, StopReason, generate_greedy};
+use crate::load::LoadOptions;
 use anyhow::Context;
 use serde_json::json;
 use std::io::Write;
@@ -48,11 +48,17 @@ pub fn run(args: &RunArgs) -> anyhow::Result<()> {
             messages.push(ChatMessage::system(s.clone()));
         }
         messages.push(ChatMessage::user(args.prompt.clone()));
-        let opts = ChatOptions { enable_thinking: !args.no_think, ..ChatOptions::default() };
+        let opts = ChatOptions {
+            enable_thinking: !args.no_think,
+            ..ChatOptions::default()
+        };
         chat_template::render(&messages, &opts)?
     };
     let prompt = tokenizer.encode(&text)?;
-    anyhow::ensure!(!prompt.is_empty(), "the prompt is empty: nothing to generate from");
+    anyhow::ensure!(
+        !prompt.is_empty(),
+        "the prompt is empty: nothing to generate from"
+    );
     let model = load_model(&args.load)?;
     let max = model.config().max_position_embeddings;
     // Strictly below the limit: the context must have room for at least one new token.
@@ -80,7 +86,11 @@ pub fn run(args: &RunArgs) -> anyhow::Result<()> {
         match decoder.push(id) {
             Ok(Some(piece)) => {
                 text_out.push_str(&piece);
-                if !args.json && let Err(e) = stdout.write_all(piece.as_bytes()).and_then(|_| stdout.flush()) {
+                if !args.json
+                    && let Err(e) = stdout
+                        .write_all(piece.as_bytes())
+                        .and_then(|_| stdout.flush())
+                {
                     write_err = Some(e);
                     return false;
                 }
@@ -129,14 +139,19 @@ pub fn run(args: &RunArgs) -> anyhow::Result<()> {
         writeln!(stdout, "{}", serde_json::to_string_pretty(&doc)?)?;
     } else {
         writeln!(stdout)?;
-        let decode = stats.decode_tokens_per_s().map_or("n/a".to_string(), |v| format!("{v:.2}"));
+        let decode = stats
+            .decode_tokens_per_s()
+            .map_or("n/a".to_string(), |v| format!("{v:.2}"));
         eprintln!(
             "\n[{} prompt tokens, {} new ({stop})] TTFT {:.3} s | prefill {:.1} tok/s | decode {decode} tok/s | peak RSS {} | experts {} | dense {} | isa {} | threads {}",
             stats.prompt_tokens,
             stats.new_tokens,
             stats.ttft.as_secs_f64(),
             stats.prefill_tokens_per_s(),
-            rss.map_or("n/a".to_string(), |b| format!("{:.1} MiB", b as f64 / 1048576.0)),
+            rss.map_or("n/a".to_string(), |b| format!(
+                "{:.1} MiB",
+                b as f64 / 1048576.0
+            )),
             model.experts_name(),
             model.dense_format().name(),
             model.isa().name(),

@@ -9,11 +9,14 @@
 //! load error).
 
 use super::load::load_model;
-use crate::load::LoadOptions;
 use crate::engine::{self, EngineConfig, metrics::Metrics};
-use crate::http::admission::{self, AdmissionConfig, MAX_BODY_BYTES_DEFAULT, MAX_PROMPT_BYTES_DEFAULT, TOKENIZE_THREADS_DEFAULT};
+use crate::http::admission::{
+    self, AdmissionConfig, MAX_BODY_BYTES_DEFAULT, MAX_PROMPT_BYTES_DEFAULT,
+    TOKENIZE_THREADS_DEFAULT,
+};
 use crate::http::listener::{MAX_CONNECTIONS_DEFAULT, PeerLimits};
 use crate::http::{self, AppState, Ready, ServerConfig};
+use crate::load::LoadOptions;
 use anyhow::Context;
 use std::io::Write;
 use std::net::{IpAddr, SocketAddr};
@@ -140,16 +143,40 @@ pub struct ServeArgs {
 pub fn run(args: &ServeArgs) -> anyhow::Result<()> {
     anyhow::ensure!(args.max_queue >= 1, "--max-queue must be at least 1");
     anyhow::ensure!(args.max_batch >= 1, "--max-batch must be at least 1");
-    anyhow::ensure!(args.prefill_chunk >= 1, "--prefill-chunk must be at least 1");
-    anyhow::ensure!(args.prefill_budget != Some(0), "--prefill-budget must be at least 1");
-    anyhow::ensure!(args.max_queued_tokens >= 1, "--max-queued-tokens must be at least 1");
-    anyhow::ensure!(args.default_max_tokens >= 1, "--default-max-tokens must be at least 1");
+    anyhow::ensure!(
+        args.prefill_chunk >= 1,
+        "--prefill-chunk must be at least 1"
+    );
+    anyhow::ensure!(
+        args.prefill_budget != Some(0),
+        "--prefill-budget must be at least 1"
+    );
+    anyhow::ensure!(
+        args.max_queued_tokens >= 1,
+        "--max-queued-tokens must be at least 1"
+    );
+    anyhow::ensure!(
+        args.default_max_tokens >= 1,
+        "--default-max-tokens must be at least 1"
+    );
     anyhow::ensure!(args.http_threads >= 1, "--http-threads must be at least 1");
-    anyhow::ensure!(args.tokenize_threads >= 1, "--tokenize-threads must be at least 1");
-    anyhow::ensure!(args.max_connections >= 1, "--max-connections must be at least 1");
-    anyhow::ensure!(args.max_prompt_bytes >= 1, "--max-prompt-bytes must be at least 1");
+    anyhow::ensure!(
+        args.tokenize_threads >= 1,
+        "--tokenize-threads must be at least 1"
+    );
+    anyhow::ensure!(
+        args.max_connections >= 1,
+        "--max-connections must be at least 1"
+    );
+    anyhow::ensure!(
+        args.max_prompt_bytes >= 1,
+        "--max-prompt-bytes must be at least 1"
+    );
     let secs = |v: f64, flag: &str| -> anyhow::Result<std::time::Duration> {
-        anyhow::ensure!(v.is_finite() && v > 0.0 && v <= 86_400.0, "{flag} must be between 0 and 86400 seconds (got {v})");
+        anyhow::ensure!(
+            v.is_finite() && v > 0.0 && v <= 86_400.0,
+            "{flag} must be between 0 and 86400 seconds (got {v})"
+        );
         Ok(std::time::Duration::from_secs_f64(v))
     };
     let admission = AdmissionConfig {
@@ -160,12 +187,20 @@ pub fn run(args: &ServeArgs) -> anyhow::Result<()> {
         tokenize_wait: secs(args.tokenize_wait, "--tokenize-wait")?,
         tokenize_budget_bytes: args.tokenize_budget_bytes.max(1),
     };
-    let peer = PeerLimits { header_timeout: secs(args.header_timeout, "--header-timeout")?, max_connections: args.max_connections };
+    let peer = PeerLimits {
+        header_timeout: secs(args.header_timeout, "--header-timeout")?,
+        max_connections: args.max_connections,
+    };
     let api_key = match &args.api_key_file {
         Some(path) => {
-            let key = std::fs::read_to_string(path).with_context(|| format!("reading the API key file {}", path.display()))?;
+            let key = std::fs::read_to_string(path)
+                .with_context(|| format!("reading the API key file {}", path.display()))?;
             let key = key.trim().to_string();
-            anyhow::ensure!(!key.is_empty(), "the API key file {} is empty", path.display());
+            anyhow::ensure!(
+                !key.is_empty(),
+                "the API key file {} is empty",
+                path.display()
+            );
             Some(key)
         }
         None => None,
@@ -189,8 +224,14 @@ pub fn run(args: &ServeArgs) -> anyhow::Result<()> {
         let well_formed = origin == "*"
             || (origin.starts_with("http://") || origin.starts_with("https://"))
                 && !origin.ends_with('/')
-                && origin.split("://").nth(1).is_some_and(|rest| !rest.is_empty() && !rest.contains('/') && rest.is_ascii());
-        anyhow::ensure!(well_formed, "--cors-allow-origin {origin:?}: expected an origin such as https://app.example (scheme://host[:port], no path) or *");
+                && origin
+                    .split("://")
+                    .nth(1)
+                    .is_some_and(|rest| !rest.is_empty() && !rest.contains('/') && rest.is_ascii());
+        anyhow::ensure!(
+            well_formed,
+            "--cors-allow-origin {origin:?}: expected an origin such as https://app.example (scheme://host[:port], no path) or *"
+        );
     }
     let config = ServerConfig {
         served_model_name,
@@ -212,7 +253,9 @@ pub fn run(args: &ServeArgs) -> anyhow::Result<()> {
 
 async fn serve(args: &ServeArgs, config: ServerConfig) -> anyhow::Result<()> {
     let addr = SocketAddr::new(args.host, args.port);
-    let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("binding {addr}"))?;
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("binding {addr}"))?;
     let local = listener.local_addr().context("reading the bound address")?;
     {
         let mut out = std::io::stdout().lock();
@@ -222,7 +265,10 @@ async fn serve(args: &ServeArgs, config: ServerConfig) -> anyhow::Result<()> {
     // The address comes first (scripts read it to learn the port); the model is not loaded yet,
     // so say what happens next. Later lines ignore write errors: a reader may have stopped
     // after the first line.
-    say(&format!("hostd serve: loading {} (/health answers 503 \"loading\" until the model is ready)", args.load.model.display()));
+    say(&format!(
+        "hostd serve: loading {} (/health answers 503 \"loading\" until the model is ready)",
+        args.load.model.display()
+    ));
     tracing::info!(%local, model = %config.served_model_name, auth = config.api_key.is_some(), "listening");
     let metrics = Arc::new(Metrics::new());
     let state = AppState::new(config, Arc::clone(&metrics));
@@ -247,15 +293,17 @@ async fn serve(args: &ServeArgs, config: ServerConfig) -> anyhow::Result<()> {
     );
     std::thread::Builder::new()
         .name("hostd-load".into())
-        .spawn(move || match load(&load_args, engine_limits, &loader_state) {
-            Ok(()) => drop(failed_tx),
-            Err(e) => {
-                let msg = shared::error_text::chain(e.as_ref());
-                tracing::error!(error = %msg, "model load failed");
-                loader_state.set_failed(msg.clone());
-                let _ = failed_tx.send(msg);
-            }
-        })
+        .spawn(
+            move || match load(&load_args, engine_limits, &loader_state) {
+                Ok(()) => drop(failed_tx),
+                Err(e) => {
+                    let msg = shared::error_text::chain(e.as_ref());
+                    tracing::error!(error = %msg, "model load failed");
+                    loader_state.set_failed(msg.clone());
+                    let _ = failed_tx.send(msg);
+                }
+            },
+        )
         .context("starting the loader thread")?;
 
     let failed = Arc::new(std::sync::Mutex::new(None::<String>));
@@ -297,7 +345,11 @@ async fn serve(args: &ServeArgs, config: ServerConfig) -> anyhow::Result<()> {
 }
 
 /// Loads tokenizer and model, starts the engine and marks the server ready.
-fn load(args: &LoadOptions, limits: (EngineConfig, Option<usize>), state: &AppState) -> anyhow::Result<()> {
+fn load(
+    args: &LoadOptions,
+    limits: (EngineConfig, Option<usize>),
+    state: &AppState,
+) -> anyhow::Result<()> {
     let (mut config, max_context) = limits;
     let tokenizer = crate::load::load_tokenizer(&args.model)?;
     let model = load_model(args)?;
@@ -313,15 +365,47 @@ fn load(args: &LoadOptions, limits: (EngineConfig, Option<usize>), state: &AppSt
     stop_ids.dedup();
     let tokenizer = Arc::new(tokenizer);
     config.max_context = max_context;
-    let EngineConfig { max_batch, max_queue, max_queued_tokens, state_cache_bytes, .. } = config;
+    let EngineConfig {
+        max_batch,
+        max_queue,
+        max_queued_tokens,
+        state_cache_bytes,
+        ..
+    } = config;
     let experts = Some(model.experts_backend());
-    let (engine, _thread) = engine::start(model, Arc::clone(&tokenizer), config, Arc::clone(state.metrics())).context("starting the scheduler")?;
+    let (engine, _thread) = engine::start(
+        model,
+        Arc::clone(&tokenizer),
+        config,
+        Arc::clone(state.metrics()),
+    )
+    .context("starting the scheduler")?;
     let created = http::unix_now();
     let max_token_bytes = admission::max_token_bytes(&tokenizer);
-    let grammars = Arc::new(crate::constraint::Grammars::new(Arc::clone(&tokenizer), stop_ids.clone()));
-    state.set_ready(Ready { engine, tokenizer, stop_ids, created, max_token_bytes, experts, grammars });
-    tracing::info!(max_context, max_batch, max_queue, max_queued_tokens, state_cache_bytes, "model loaded; serving");
-    say(&format!("hostd serve: ready (max context {max_context} tokens, batch {max_batch}, queue {max_queue})"));
+    let grammars = Arc::new(crate::constraint::Grammars::new(
+        Arc::clone(&tokenizer),
+        stop_ids.clone(),
+    ));
+    state.set_ready(Ready {
+        engine,
+        tokenizer,
+        stop_ids,
+        created,
+        max_token_bytes,
+        experts,
+        grammars,
+    });
+    tracing::info!(
+        max_context,
+        max_batch,
+        max_queue,
+        max_queued_tokens,
+        state_cache_bytes,
+        "model loaded; serving"
+    );
+    say(&format!(
+        "hostd serve: ready (max context {max_context} tokens, batch {max_batch}, queue {max_queue})"
+    ));
     Ok(())
 }
 

@@ -3,9 +3,9 @@
 //! release's on-disk layout, after printing its size and the size of the INT8 expert container
 //! `expertd prepare` would make from it.
 
-use sluice_tools::synth::{self, Preset, RuntimeTokenizer, SynthOptions, TokenizerSource};
 use anyhow::Context;
 use indicatif::{ProgressBar, ProgressStyle};
+use sluice_tools::synth::{self, Preset, RuntimeTokenizer, SynthOptions, TokenizerSource};
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -65,14 +65,20 @@ pub fn run(args: &SynthArgs) -> anyhow::Result<()> {
         sizes.dense_bytes_bf16,
         sizes.routed_expert_bytes_bf16
     );
-    eprintln!("  INT8 expert container         {:>9.2} GiB  {container} bytes (expertd prepare)", gib(container));
+    eprintln!(
+        "  INT8 expert container         {:>9.2} GiB  {container} bytes (expertd prepare)",
+        gib(container)
+    );
     if args.dry_run {
         return Ok(());
     }
     let opts = SynthOptions {
         seed: args.seed,
         out: args.out.clone(),
-        tokenizer: args.tokenizer.clone().map_or(TokenizerSource::Asset, TokenizerSource::File),
+        tokenizer: args
+            .tokenizer
+            .clone()
+            .map_or(TokenizerSource::Asset, TokenizerSource::File),
         force: args.force,
         load_tokenizer: runtime_tokenizer,
     };
@@ -105,7 +111,9 @@ impl RuntimeTokenizer for crate::tokenizer::Tokenizer {
 
 /// Loads a written `tokenizer.json` with hostd's tokenizer ([`SynthOptions::load_tokenizer`]).
 pub fn runtime_tokenizer(path: &Path) -> Result<Box<dyn RuntimeTokenizer>, String> {
-    Ok(Box::new(crate::tokenizer::Tokenizer::from_file(path).map_err(|e| e.to_string())?))
+    Ok(Box::new(
+        crate::tokenizer::Tokenizer::from_file(path).map_err(|e| e.to_string())?,
+    ))
 }
 
 fn gib(bytes: u64) -> f64 {
@@ -116,7 +124,12 @@ fn gib(bytes: u64) -> f64 {
 enum Progress {
     Off,
     Bar(ProgressBar),
-    Lines { done: u64, total: u64, next_tenth: u64, start: Instant },
+    Lines {
+        done: u64,
+        total: u64,
+        next_tenth: u64,
+        start: Instant,
+    },
 }
 
 impl Progress {
@@ -125,12 +138,19 @@ impl Progress {
             Progress::Off
         } else if std::io::stderr().is_terminal() {
             let bar = ProgressBar::new(total);
-            let style = ProgressStyle::with_template("{bar:40} {bytes}/{total_bytes} {binary_bytes_per_sec} eta {eta}")
-                .unwrap_or_else(|_| ProgressStyle::default_bar());
+            let style = ProgressStyle::with_template(
+                "{bar:40} {bytes}/{total_bytes} {binary_bytes_per_sec} eta {eta}",
+            )
+            .unwrap_or_else(|_| ProgressStyle::default_bar());
             bar.set_style(style);
             Progress::Bar(bar)
         } else {
-            Progress::Lines { done: 0, total, next_tenth: 1, start: Instant::now() }
+            Progress::Lines {
+                done: 0,
+                total,
+                next_tenth: 1,
+                start: Instant::now(),
+            }
         }
     }
 
@@ -138,7 +158,12 @@ impl Progress {
         match self {
             Progress::Off => {}
             Progress::Bar(bar) => bar.inc(n),
-            Progress::Lines { done, total, next_tenth, start } => {
+            Progress::Lines {
+                done,
+                total,
+                next_tenth,
+                start,
+            } => {
                 *done += n;
                 while *next_tenth <= 10 && *done >= *total / 10 * *next_tenth {
                     eprintln!(
@@ -174,7 +199,11 @@ mod tests {
         std::fs::write(&path, tokenizer::asset_for(&dims).expect("renumbered")).expect("write");
         tokenizer::verify(&path, &dims, runtime_tokenizer).expect("loads with the real ids");
         let tok = crate::tokenizer::Tokenizer::from_file(&path).expect("loads");
-        assert_eq!(tok.encode("<|im_start|>user\nhi<|im_end|>").expect("encode")[0], 248_045);
+        assert_eq!(
+            tok.encode("<|im_start|>user\nhi<|im_end|>")
+                .expect("encode")[0],
+            248_045
+        );
         assert_eq!(tok.token_id("</think>"), Some(248_069));
         assert_eq!(tok.vocab_size(), 248_077);
         // The BPE part is unchanged: "hi" is rank 5834 in the full vocabulary, so it splits here.
@@ -189,7 +218,9 @@ mod tests {
         let path = dir.path().join("tokenizer.json");
         std::fs::write(&path, tokenizer::ASSET).expect("write");
         tokenizer::verify(&path, &dims, runtime_tokenizer).expect("the asset loads");
-        let missing = runtime_tokenizer(&dir.path().join("absent.json")).err().expect("no file");
+        let missing = runtime_tokenizer(&dir.path().join("absent.json"))
+            .err()
+            .expect("no file");
         assert!(missing.contains("absent.json"), "{missing}");
     }
 }

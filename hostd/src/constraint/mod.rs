@@ -92,7 +92,10 @@ pub struct StartOptions {
 impl StartOptions {
     /// Thinking as given, with the default budget: half of `max_tokens` (at least one token).
     pub fn new(reasoning: bool, max_tokens: usize) -> StartOptions {
-        StartOptions { reasoning, reasoning_budget: (max_tokens / 2).max(1) }
+        StartOptions {
+            reasoning,
+            reasoning_budget: (max_tokens / 2).max(1),
+        }
     }
 }
 
@@ -113,7 +116,10 @@ struct Factory {
 
 impl std::fmt::Debug for Grammars {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Grammars").field("eos", &self.eos).field("built", &self.factory.get().is_some()).finish_non_exhaustive()
+        f.debug_struct("Grammars")
+            .field("eos", &self.eos)
+            .field("built", &self.factory.get().is_some())
+            .finish_non_exhaustive()
     }
 }
 
@@ -121,7 +127,11 @@ impl Grammars {
     /// Grammars over `tokenizer`; `eos` are the ids that end a generation (`<|im_end|>`,
     /// `<|endoftext|>`, the model's EOS). Nothing is built until the first [`Grammars::compile`].
     pub fn new(tokenizer: Arc<Tokenizer>, eos: Vec<u32>) -> Grammars {
-        Grammars { tokenizer, eos, factory: OnceLock::new() }
+        Grammars {
+            tokenizer,
+            eos,
+            factory: OnceLock::new(),
+        }
     }
 
     fn factory(&self) -> Result<Arc<Factory>, ConstraintError> {
@@ -129,22 +139,43 @@ impl Grammars {
             .get_or_init(|| {
                 let t0 = std::time::Instant::now();
                 let env = vocab::build(Arc::clone(&self.tokenizer), &self.eos)?;
-                let mut parser = ParserFactory::new_simple(&env).map_err(|e| ConstraintError::Vocabulary { message: e.to_string() })?;
+                let mut parser =
+                    ParserFactory::new_simple(&env).map_err(|e| ConstraintError::Vocabulary {
+                        message: e.to_string(),
+                    })?;
                 parser.quiet();
                 let eos: Arc<[u32]> = env.tok_trie().eos_tokens().into();
                 let think_end = self.tokenizer.think_end_id().ok();
-                tracing::info!(vocab = self.tokenizer.vocab_size(), elapsed_ms = t0.elapsed().as_millis() as u64, "grammar engine ready");
-                Ok(Arc::new(Factory { parser, think_end, eos }))
+                tracing::info!(
+                    vocab = self.tokenizer.vocab_size(),
+                    elapsed_ms = t0.elapsed().as_millis() as u64,
+                    "grammar engine ready"
+                );
+                Ok(Arc::new(Factory {
+                    parser,
+                    think_end,
+                    eos,
+                }))
             })
             .clone()
     }
 
     /// A fresh per-sequence constraint for `spec`. Fails with [`ConstraintError::Grammar`]
     /// naming what the grammar engine refused (an invalid schema, an unsupported keyword).
-    pub fn compile(&self, spec: &ConstraintSpec, start: StartOptions) -> Result<SequenceConstraint, ConstraintError> {
+    pub fn compile(
+        &self,
+        spec: &ConstraintSpec,
+        start: StartOptions,
+    ) -> Result<SequenceConstraint, ConstraintError> {
         let factory = self.factory()?;
         let grammar = TopLevelGrammar::from_lark(answer_grammar(spec)?);
-        let parser = factory.parser.create_parser(grammar).map_err(|e| ConstraintError::Grammar { message: e.to_string() })?;
+        let parser =
+            factory
+                .parser
+                .create_parser(grammar)
+                .map_err(|e| ConstraintError::Grammar {
+                    message: e.to_string(),
+                })?;
         let matcher = Matcher::new(Ok(parser));
         if let Some(message) = matcher.get_error() {
             return Err(ConstraintError::Grammar { message });
@@ -170,7 +201,9 @@ fn answer_grammar(spec: &ConstraintSpec) -> Result<String, ConstraintError> {
         ConstraintSpec::JsonSchema(schema) => json_rule(schema)?,
         ConstraintSpec::Lark(lark) => return Ok(lark.clone()),
     };
-    Ok(format!("start: LEAD? answer\nLEAD: /\\n{{1,2}}/\nanswer: {body}\n"))
+    Ok(format!(
+        "start: LEAD? answer\nLEAD: /\\n{{1,2}}/\nanswer: {body}\n"
+    ))
 }
 
 /// `%json {schema}` with this module's JSON formatting options (bounded whitespace).
@@ -178,10 +211,17 @@ pub(crate) fn json_rule(schema: &Value) -> Result<String, ConstraintError> {
     let mut schema = match schema {
         Value::Object(_) => schema.clone(),
         Value::Bool(true) => serde_json::json!({}),
-        _ => return Err(ConstraintError::Grammar { message: "the schema must be a JSON object".into() }),
+        _ => {
+            return Err(ConstraintError::Grammar {
+                message: "the schema must be a JSON object".into(),
+            });
+        }
     };
     if let Value::Object(m) = &mut schema {
-        m.insert("x-guidance".into(), serde_json::json!({"whitespace_pattern": JSON_WHITESPACE, "lenient": false}));
+        m.insert(
+            "x-guidance".into(),
+            serde_json::json!({"whitespace_pattern": JSON_WHITESPACE, "lenient": false}),
+        );
     }
     Ok(format!("%json {schema}"))
 }
@@ -211,7 +251,9 @@ pub struct SequenceConstraint {
 
 impl std::fmt::Debug for SequenceConstraint {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SequenceConstraint").field("reasoning_left", &self.reasoning_left).finish_non_exhaustive()
+        f.debug_struct("SequenceConstraint")
+            .field("reasoning_left", &self.reasoning_left)
+            .finish_non_exhaustive()
     }
 }
 
@@ -239,7 +281,9 @@ impl Allowed {
 
 impl SequenceConstraint {
     fn matcher_err(&self, what: &str, e: impl std::fmt::Display) -> ConstraintError {
-        ConstraintError::Matcher { message: format!("{what}: {e}") }
+        ConstraintError::Matcher {
+            message: format!("{what}: {e}"),
+        }
     }
 
     /// The tokens allowed now.
@@ -288,7 +332,11 @@ impl SequenceConstraint {
             Allowed::Set(mask) => apply_mask(mask, out),
         };
         if !any {
-            return Err(ConstraintError::Matcher { message: format!("the grammar allows no token of the model's {vocab}-token vocabulary here") });
+            return Err(ConstraintError::Matcher {
+                message: format!(
+                    "the grammar allows no token of the model's {vocab}-token vocabulary here"
+                ),
+            });
         }
         Ok(&self.masked)
     }
@@ -313,7 +361,11 @@ impl SequenceConstraint {
             let e = self.matcher.get_error().unwrap_or_default();
             return Err(self.matcher_err(&format!("after token {id}"), e));
         }
-        Ok(if self.matcher.is_stopped() { Commit::Complete } else { Commit::Continue })
+        Ok(if self.matcher.is_stopped() {
+            Commit::Complete
+        } else {
+            Commit::Continue
+        })
     }
 
     /// Whether the answer so far is a complete sentence of the grammar (an end id may follow).

@@ -7,7 +7,10 @@ use serde_json::json;
 fn tokenizer() -> Arc<Tokenizer> {
     static TOK: OnceLock<Arc<Tokenizer>> = OnceLock::new();
     Arc::clone(TOK.get_or_init(|| {
-        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/fixtures/models/tiny/tokenizer.json");
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../tests/fixtures/models/tiny/tokenizer.json"
+        );
         Arc::new(Tokenizer::from_file(path).expect("tiny tokenizer"))
     }))
 }
@@ -26,7 +29,10 @@ pub(super) fn grammar_set() -> (&'static Grammars, Arc<Tokenizer>) {
     (grammars(), tokenizer())
 }
 
-const NO_THINKING: StartOptions = StartOptions { reasoning: false, reasoning_budget: 0 };
+const NO_THINKING: StartOptions = StartOptions {
+    reasoning: false,
+    reasoning_budget: 0,
+};
 
 fn allowed_ids(a: &Allowed, vocab: usize) -> Vec<u32> {
     (0..vocab as u32).filter(|&id| a.contains(id)).collect()
@@ -36,7 +42,12 @@ fn allowed_ids(a: &Allowed, vocab: usize) -> Vec<u32> {
 /// four, and always after `patience` steps) tries the closing texts in order and commits the
 /// first one's tokens for as long as the mask allows them. Every committed token is checked
 /// against the mask first. Returns the ids (end id excluded) and whether the grammar ended.
-pub(super) fn walk(c: &mut SequenceConstraint, seed: u64, closers: &[&str], patience: usize) -> (Vec<u32>, bool) {
+pub(super) fn walk(
+    c: &mut SequenceConstraint,
+    seed: u64,
+    closers: &[&str],
+    patience: usize,
+) -> (Vec<u32>, bool) {
     let tok = tokenizer();
     let vocab = tok.vocab_size();
     let mut rng = shared::splitmix::SplitMix64::new(seed);
@@ -44,7 +55,11 @@ pub(super) fn walk(c: &mut SequenceConstraint, seed: u64, closers: &[&str], pati
     for step in 0..4000 {
         let allowed = c.allowed().expect("mask");
         let ids = allowed_ids(&allowed, vocab);
-        assert!(!ids.is_empty(), "no token allowed after {:?}", tok.decode(&out));
+        assert!(
+            !ids.is_empty(),
+            "no token allowed after {:?}",
+            tok.decode(&out)
+        );
         let mut plan = vec![ids[rng.below(ids.len())]];
         if rng.below(4) == 0 || step > patience {
             // The first closer the grammar accepts whole, else the one it accepts most of.
@@ -103,18 +118,31 @@ pub(super) fn conforms(v: &Value, s: &Value) -> Result<(), String> {
         }
     }
     if let Some(n) = v.as_f64()
-        && (s.get("minimum").and_then(Value::as_f64).is_some_and(|m| n < m) || s.get("maximum").and_then(Value::as_f64).is_some_and(|m| n > m))
+        && (s
+            .get("minimum")
+            .and_then(Value::as_f64)
+            .is_some_and(|m| n < m)
+            || s.get("maximum")
+                .and_then(Value::as_f64)
+                .is_some_and(|m| n > m))
     {
         return Err(format!("{v} out of range"));
     }
     if let Some(st) = v.as_str()
-        && s.get("maxLength").and_then(Value::as_u64).is_some_and(|m| st.chars().count() as u64 > m)
+        && s.get("maxLength")
+            .and_then(Value::as_u64)
+            .is_some_and(|m| st.chars().count() as u64 > m)
     {
         return Err(format!("{v} too long"));
     }
     if let Some(o) = v.as_object() {
         let props = s.get("properties").and_then(Value::as_object);
-        for r in s.get("required").and_then(Value::as_array).into_iter().flatten() {
+        for r in s
+            .get("required")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+        {
             if !o.contains_key(r.as_str().unwrap_or_default()) {
                 return Err(format!("missing {r}"));
             }
@@ -122,7 +150,9 @@ pub(super) fn conforms(v: &Value, s: &Value) -> Result<(), String> {
         for (k, x) in o {
             match props.and_then(|p| p.get(k)) {
                 Some(ps) => conforms(x, ps)?,
-                None if s.get("additionalProperties") == Some(&Value::Bool(false)) => return Err(format!("extra key {k}")),
+                None if s.get("additionalProperties") == Some(&Value::Bool(false)) => {
+                    return Err(format!("extra key {k}"));
+                }
                 None => {}
             }
         }
@@ -131,7 +161,10 @@ pub(super) fn conforms(v: &Value, s: &Value) -> Result<(), String> {
         for x in a {
             conforms(x, items)?;
         }
-        if s.get("maxItems").and_then(Value::as_u64).is_some_and(|m| a.len() as u64 > m) {
+        if s.get("maxItems")
+            .and_then(Value::as_u64)
+            .is_some_and(|m| a.len() as u64 > m)
+        {
             return Err("too many items".into());
         }
     }
@@ -155,7 +188,11 @@ fn resolve_defs(v: &Value, root: &Value) -> Value {
             let name = m["$ref"].as_str().unwrap().trim_start_matches("#/$defs/");
             resolve_defs(&root["$defs"][name], root)
         }
-        Value::Object(m) => Value::Object(m.iter().map(|(k, x)| (k.clone(), resolve_defs(x, root))).collect()),
+        Value::Object(m) => Value::Object(
+            m.iter()
+                .map(|(k, x)| (k.clone(), resolve_defs(x, root)))
+                .collect(),
+        ),
         other => other.clone(),
     }
 }
@@ -165,13 +202,17 @@ fn json_random_walks_always_conform() {
     let tok = tokenizer();
     for (i, schema) in schemas().into_iter().enumerate() {
         for seed in 0..12u64 {
-            let mut c = grammars().compile(&ConstraintSpec::JsonSchema(schema.clone()), NO_THINKING).expect("compile");
+            let mut c = grammars()
+                .compile(&ConstraintSpec::JsonSchema(schema.clone()), NO_THINKING)
+                .expect("compile");
             let (ids, ended) = walk(&mut c, seed * 7919 + i as u64, JSON_CLOSERS, 60);
             let text = tok.decode(&ids).unwrap();
             assert!(ended, "schema {i} seed {seed}: walk did not end: {text:?}");
-            let v: Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("schema {i} seed {seed}: {e}: {text:?}"));
+            let v: Value = serde_json::from_str(&text)
+                .unwrap_or_else(|e| panic!("schema {i} seed {seed}: {e}: {text:?}"));
             let expanded = resolve_defs(&schema, &schema);
-            conforms(&v, &expanded).unwrap_or_else(|e| panic!("schema {i} seed {seed}: {e}: {text}"));
+            conforms(&v, &expanded)
+                .unwrap_or_else(|e| panic!("schema {i} seed {seed}: {e}: {text}"));
         }
     }
 }
@@ -180,15 +221,27 @@ fn json_random_walks_always_conform() {
 fn json_object_mask_allows_only_an_object_start_and_ends_with_it() {
     let tok = tokenizer();
     let vocab = tok.vocab_size();
-    let mut c = grammars().compile(&ConstraintSpec::JsonObject, NO_THINKING).unwrap();
+    let mut c = grammars()
+        .compile(&ConstraintSpec::JsonObject, NO_THINKING)
+        .unwrap();
     let first = allowed_ids(&c.allowed().unwrap(), vocab);
     assert!(!first.is_empty());
     for id in &first {
         let b = tok.token_bytes(*id).unwrap();
-        assert!(b[0] == b'{' || b[0] == b'\n', "token {:?} may not start a JSON object answer", String::from_utf8_lossy(b));
+        assert!(
+            b[0] == b'{' || b[0] == b'\n',
+            "token {:?} may not start a JSON object answer",
+            String::from_utf8_lossy(b)
+        );
     }
-    assert!(!first.contains(&tok.im_end_id().unwrap()), "an empty answer is not an object");
-    assert!(!first.contains(&tok.think_end_id().unwrap()), "special tokens are not JSON");
+    assert!(
+        !first.contains(&tok.im_end_id().unwrap()),
+        "an empty answer is not an object"
+    );
+    assert!(
+        !first.contains(&tok.think_end_id().unwrap()),
+        "special tokens are not JSON"
+    );
     for id in tok.encode("{\"a\": [1, 2]}").unwrap() {
         assert!(c.allowed().unwrap().contains(id));
         c.commit(id).unwrap();
@@ -205,13 +258,19 @@ fn json_object_mask_allows_only_an_object_start_and_ends_with_it() {
 fn mask_logits_sets_disallowed_to_minus_infinity() {
     let tok = tokenizer();
     let vocab = tok.vocab_size();
-    let mut c = grammars().compile(&ConstraintSpec::JsonObject, NO_THINKING).unwrap();
+    let mut c = grammars()
+        .compile(&ConstraintSpec::JsonObject, NO_THINKING)
+        .unwrap();
     let allowed = c.allowed().unwrap();
     let logits = vec![0.5f32; vocab + 15];
     let masked = c.mask_logits(&logits, vocab).unwrap().to_vec();
     assert_eq!(masked.len(), logits.len());
     for id in 0..vocab as u32 {
-        assert_eq!(masked[id as usize].is_finite(), allowed.contains(id), "id {id}");
+        assert_eq!(
+            masked[id as usize].is_finite(),
+            allowed.contains(id),
+            "id {id}"
+        );
     }
 }
 
@@ -220,10 +279,17 @@ fn reasoning_is_free_until_the_budget_then_think_end_is_forced() {
     let tok = tokenizer();
     let think_end = tok.think_end_id().unwrap();
     let im_end = tok.im_end_id().unwrap();
-    let start = StartOptions { reasoning: true, reasoning_budget: 3 };
-    let mut c = grammars().compile(&ConstraintSpec::JsonObject, start).unwrap();
+    let start = StartOptions {
+        reasoning: true,
+        reasoning_budget: 3,
+    };
+    let mut c = grammars()
+        .compile(&ConstraintSpec::JsonObject, start)
+        .unwrap();
     let a = c.allowed().unwrap();
-    assert!(a.contains(tok.encode("x").unwrap()[0]) && a.contains(think_end) && !a.contains(im_end));
+    assert!(
+        a.contains(tok.encode("x").unwrap()[0]) && a.contains(think_end) && !a.contains(im_end)
+    );
     for t in ["a", "b", "c"].map(|s| tok.encode(s).unwrap()[0]) {
         assert!(c.in_reasoning());
         assert_eq!(c.commit(t).unwrap(), Commit::Continue);
@@ -238,14 +304,20 @@ fn reasoning_is_free_until_the_budget_then_think_end_is_forced() {
     assert!(!c.allowed().unwrap().contains(tok.encode("x").unwrap()[0]));
     assert!(c.allowed().unwrap().contains(tok.encode("{").unwrap()[0]));
     // The model may close the reasoning early too.
-    let mut c = grammars().compile(&ConstraintSpec::JsonObject, start).unwrap();
+    let mut c = grammars()
+        .compile(&ConstraintSpec::JsonObject, start)
+        .unwrap();
     c.commit(think_end).unwrap();
     assert!(!c.in_reasoning());
 }
 
 #[test]
 fn invalid_and_unsupported_schemas_are_grammar_errors() {
-    for bad in [json!("nope"), json!({"type": "object", "properties": {"a": {"$ref": "#/$defs/Missing"}}, "required": ["a"]}), json!({"type": "frobnicate"})] {
+    for bad in [
+        json!("nope"),
+        json!({"type": "object", "properties": {"a": {"$ref": "#/$defs/Missing"}}, "required": ["a"]}),
+        json!({"type": "frobnicate"}),
+    ] {
         match grammars().compile(&ConstraintSpec::JsonSchema(bad.clone()), NO_THINKING) {
             Err(ConstraintError::Grammar { message }) => assert!(!message.is_empty()),
             other => panic!("{bad}: expected a grammar error, got {other:?}"),

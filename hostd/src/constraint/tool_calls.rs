@@ -50,7 +50,11 @@ pub fn is_raw_string(schema: &Value) -> bool {
 
 /// The constraint that makes the answer one call (or, with `parallel`, one or more calls) in
 /// Qwen3.6's XML form, to a tool `choice` allows.
-pub fn tool_call_constraint(tools: &[ToolSpec<'_>], choice: ToolChoice<'_>, parallel: bool) -> Result<ConstraintSpec, ConstraintError> {
+pub fn tool_call_constraint(
+    tools: &[ToolSpec<'_>],
+    choice: ToolChoice<'_>,
+    parallel: bool,
+) -> Result<ConstraintSpec, ConstraintError> {
     let chosen: Vec<&ToolSpec<'_>> = match choice {
         ToolChoice::Required => tools.iter().collect(),
         ToolChoice::Named(name) => tools.iter().filter(|t| t.name == name).collect(),
@@ -64,9 +68,18 @@ pub fn tool_call_constraint(tools: &[ToolSpec<'_>], choice: ToolChoice<'_>, para
     }
     let mut g = String::new();
     g.push_str("start: LEAD? calls\nLEAD: /\\n{1,2}/\n");
-    g.push_str(if parallel { "calls: call (\"\\n\" call)*\n" } else { "calls: call\n" });
+    g.push_str(if parallel {
+        "calls: call (\"\\n\" call)*\n"
+    } else {
+        "calls: call\n"
+    });
     let alts: Vec<String> = (0..chosen.len()).map(|i| format!("fn_{i}")).collect();
-    writeln!(g, "call: <tool_call> \"\\n\" ({}) </tool_call>", alts.join(" | ")).ok();
+    writeln!(
+        g,
+        "call: <tool_call> \"\\n\" ({}) </tool_call>",
+        alts.join(" | ")
+    )
+    .ok();
     for (i, tool) in chosen.iter().enumerate() {
         function_rules(&mut g, i, tool)?;
     }
@@ -75,7 +88,10 @@ pub fn tool_call_constraint(tools: &[ToolSpec<'_>], choice: ToolChoice<'_>, para
 
 /// Rules `fn_I` (the whole `<function=…>` block) and its parameters.
 fn function_rules(g: &mut String, i: usize, tool: &ToolSpec<'_>) -> Result<(), ConstraintError> {
-    let bad = |message: String| ConstraintError::Tool { tool: tool.name.to_string(), message };
+    let bad = |message: String| ConstraintError::Tool {
+        tool: tool.name.to_string(),
+        message,
+    };
     check_name(tool.name).map_err(|m| bad(format!("the name {m}")))?;
     let empty = Map::new();
     let (props, required, defs) = match tool.parameters {
@@ -84,11 +100,15 @@ fn function_rules(g: &mut String, i: usize, tool: &ToolSpec<'_>) -> Result<(), C
             if let Some(t) = schema.get("type")
                 && t != "object"
             {
-                return Err(bad(format!("parameters must be an object schema (type is {t})")));
+                return Err(bad(format!(
+                    "parameters must be an object schema (type is {t})"
+                )));
             }
             for key in ["anyOf", "oneOf", "allOf", "$ref", "patternProperties"] {
                 if schema.contains_key(key) {
-                    return Err(bad(format!("parameters with `{key}` at the top level are not supported")));
+                    return Err(bad(format!(
+                        "parameters with `{key}` at the top level are not supported"
+                    )));
                 }
             }
             let props = match schema.get("properties") {
@@ -96,9 +116,15 @@ fn function_rules(g: &mut String, i: usize, tool: &ToolSpec<'_>) -> Result<(), C
                 Some(Value::Object(p)) => p,
                 Some(_) => return Err(bad("parameters.properties must be an object".into())),
             };
-            let required: Vec<&str> = schema.get("required").and_then(Value::as_array).map(|r| r.iter().filter_map(Value::as_str).collect()).unwrap_or_default();
+            let required: Vec<&str> = schema
+                .get("required")
+                .and_then(Value::as_array)
+                .map(|r| r.iter().filter_map(Value::as_str).collect())
+                .unwrap_or_default();
             if let Some(missing) = required.iter().find(|k| !props.contains_key(**k)) {
-                return Err(bad(format!("required parameter {missing:?} is not in properties")));
+                return Err(bad(format!(
+                    "required parameter {missing:?} is not in properties"
+                )));
             }
             let mut defs = Map::new();
             for key in ["$defs", "definitions"] {
@@ -106,7 +132,11 @@ fn function_rules(g: &mut String, i: usize, tool: &ToolSpec<'_>) -> Result<(), C
                     defs.insert(key.to_string(), d.clone());
                 }
             }
-            (props, required.into_iter().map(str::to_string).collect(), defs)
+            (
+                props,
+                required.into_iter().map(str::to_string).collect(),
+                defs,
+            )
         }
         Some(_) => return Err(bad("parameters must be a JSON object".into())),
     };
@@ -114,10 +144,15 @@ fn function_rules(g: &mut String, i: usize, tool: &ToolSpec<'_>) -> Result<(), C
     for (j, (key, schema)) in props.iter().enumerate() {
         check_name(key).map_err(|m| bad(format!("parameter name {m}")))?;
         let rule = format!("p_{i}_{j}");
-        parts.push(if required.iter().any(|r| r == key) { rule.clone() } else { format!("{rule}?") });
+        parts.push(if required.iter().any(|r| r == key) {
+            rule.clone()
+        } else {
+            format!("{rule}?")
+        });
         let head = lit(&format!("<parameter={key}>\n"));
         if is_raw_string(schema) {
-            let value = raw_string_value(schema).map_err(|m| bad(format!("parameter {key:?}: {m}")))?;
+            let value =
+                raw_string_value(schema).map_err(|m| bad(format!("parameter {key:?}: {m}")))?;
             // One terminal for value and closing tag: lexing is greedy, so a separate closing
             // terminal could never be told apart from text that merely starts like it.
             writeln!(g, "{rule}: {head} S_{i}_{j}\nS_{i}_{j}: {value}").ok();
@@ -178,7 +213,11 @@ fn raw_string_value(schema: &Value) -> Result<String, String> {
         return literal_alts(std::slice::from_ref(c));
     }
     if let Some(e) = schema.get("enum") {
-        return literal_alts(e.as_array().map(Vec::as_slice).ok_or("enum must be an array")?);
+        return literal_alts(
+            e.as_array()
+                .map(Vec::as_slice)
+                .ok_or("enum must be an array")?,
+        );
     }
     if schema.get("pattern").is_some() {
         return Err("`pattern` is not supported on a raw string parameter".into());
@@ -228,7 +267,13 @@ mod tests {
     /// Reads calls back with the production parser (`crate::tool_calls`), which types values by
     /// the tools' schemas: a forced call must parse back whole, with no text around it.
     fn parse_calls(text: &str, tools: &[(&str, Value)]) -> Result<Vec<Call>, String> {
-        let specs = tools.iter().map(|(n, p)| crate::tool_calls::ToolSpec { name: n.to_string(), parameters: Some(p.clone()) }).collect();
+        let specs = tools
+            .iter()
+            .map(|(n, p)| crate::tool_calls::ToolSpec {
+                name: n.to_string(),
+                parameters: Some(p.clone()),
+            })
+            .collect();
         let mut parser = crate::tool_calls::ToolCallParser::new(specs, None);
         let mut events = parser.feed(text);
         events.extend(parser.finish());
@@ -240,25 +285,56 @@ mod tests {
             .into_iter()
             .map(|(name, arguments)| match serde_json::from_str(&arguments) {
                 Ok(Value::Object(args)) => Ok((name, args)),
-                _ => Err(format!("arguments of {name} are not a JSON object: {arguments}")),
+                _ => Err(format!(
+                    "arguments of {name} are not a JSON object: {arguments}"
+                )),
             })
             .collect()
     }
 
     fn check(choice: ToolChoice<'_>, parallel: bool, seeds: std::ops::Range<u64>) {
         let defs = tools();
-        let specs: Vec<ToolSpec<'_>> = defs.iter().map(|(n, p)| ToolSpec { name: n, parameters: Some(p) }).collect();
+        let specs: Vec<ToolSpec<'_>> = defs
+            .iter()
+            .map(|(n, p)| ToolSpec {
+                name: n,
+                parameters: Some(p),
+            })
+            .collect();
         let spec = tool_call_constraint(&specs, choice, parallel).expect("grammar");
         let (g, tok) = grammar_set();
-        let closers = ["<|im_end|>", "\n</parameter>\n", "</function>\n", "</tool_call>", "\"", "}", "]", "1", ","];
+        let closers = [
+            "<|im_end|>",
+            "\n</parameter>\n",
+            "</function>\n",
+            "</tool_call>",
+            "\"",
+            "}",
+            "]",
+            "1",
+            ",",
+        ];
         let mut counts = std::collections::HashMap::new();
         for seed in seeds {
-            let mut c = g.compile(&spec, StartOptions { reasoning: false, reasoning_budget: 0 }).expect("compile");
+            let mut c = g
+                .compile(
+                    &spec,
+                    StartOptions {
+                        reasoning: false,
+                        reasoning_budget: 0,
+                    },
+                )
+                .expect("compile");
             let (ids, ended) = walk(&mut c, seed, &closers, 40);
             let text = tok.decode(&ids).unwrap();
             assert!(ended, "seed {seed}: did not end: {text:?}");
-            let calls = parse_calls(&text, &defs).unwrap_or_else(|e| panic!("seed {seed}: {e}\n{text}"));
-            assert!(parallel || calls.len() == 1, "seed {seed}: {} calls without parallel calls", calls.len());
+            let calls =
+                parse_calls(&text, &defs).unwrap_or_else(|e| panic!("seed {seed}: {e}\n{text}"));
+            assert!(
+                parallel || calls.len() == 1,
+                "seed {seed}: {} calls without parallel calls",
+                calls.len()
+            );
             for (name, args) in calls {
                 if let ToolChoice::Named(n) = choice {
                     assert_eq!(name, n);
@@ -269,12 +345,16 @@ mod tests {
                     expanded["properties"]["filters"] = schema["$defs"]["Filters"].clone();
                 }
                 expanded["additionalProperties"] = json!(false);
-                conforms(&Value::Object(args), &expanded).unwrap_or_else(|e| panic!("seed {seed}: {e}\n{text}"));
+                conforms(&Value::Object(args), &expanded)
+                    .unwrap_or_else(|e| panic!("seed {seed}: {e}\n{text}"));
                 *counts.entry(name).or_insert(0) += 1;
             }
         }
         if choice == ToolChoice::Required {
-            assert!(counts.len() >= 2, "random walks should reach several tools: {counts:?}");
+            assert!(
+                counts.len() >= 2,
+                "random walks should reach several tools: {counts:?}"
+            );
         }
     }
 
@@ -291,31 +371,88 @@ mod tests {
     #[test]
     fn call_tags_are_special_tokens_and_text_cannot_fake_them() {
         let defs = tools();
-        let specs: Vec<ToolSpec<'_>> = defs.iter().map(|(n, p)| ToolSpec { name: n, parameters: Some(p) }).collect();
+        let specs: Vec<ToolSpec<'_>> = defs
+            .iter()
+            .map(|(n, p)| ToolSpec {
+                name: n,
+                parameters: Some(p),
+            })
+            .collect();
         let spec = tool_call_constraint(&specs, ToolChoice::Named("ping"), false).unwrap();
         let (g, tok) = grammar_set();
-        let mut c = g.compile(&spec, StartOptions { reasoning: false, reasoning_budget: 0 }).unwrap();
+        let mut c = g
+            .compile(
+                &spec,
+                StartOptions {
+                    reasoning: false,
+                    reasoning_budget: 0,
+                },
+            )
+            .unwrap();
         let a = c.allowed().unwrap();
         let open = tok.token_id("<tool_call>").unwrap();
         assert!(a.contains(open));
-        assert!(!a.contains(tok.encode("<").unwrap()[0]), "the call must open with the special token");
+        assert!(
+            !a.contains(tok.encode("<").unwrap()[0]),
+            "the call must open with the special token"
+        );
         c.commit(open).unwrap();
         for id in tok.encode("\n<function=ping>\n</function>\n").unwrap() {
             assert!(c.allowed().unwrap().contains(id));
             assert_eq!(c.commit(id).unwrap(), Commit::Continue);
         }
-        assert_eq!(c.commit(tok.token_id("</tool_call>").unwrap()).unwrap(), Commit::Complete);
+        assert_eq!(
+            c.commit(tok.token_id("</tool_call>").unwrap()).unwrap(),
+            Commit::Complete
+        );
     }
 
     #[test]
     fn bad_tools_are_refused_by_name() {
         let p = json!({"type": "object", "properties": {"a": {"type": "string", "pattern": "^x"}}});
-        let e = tool_call_constraint(&[ToolSpec { name: "f", parameters: Some(&p) }], ToolChoice::Required, false).unwrap_err();
-        assert!(matches!(&e, ConstraintError::Tool { tool, .. } if tool == "f"), "{e}");
-        let e = tool_call_constraint(&[ToolSpec { name: "f", parameters: None }], ToolChoice::Named("g"), false).unwrap_err();
+        let e = tool_call_constraint(
+            &[ToolSpec {
+                name: "f",
+                parameters: Some(&p),
+            }],
+            ToolChoice::Required,
+            false,
+        )
+        .unwrap_err();
+        assert!(
+            matches!(&e, ConstraintError::Tool { tool, .. } if tool == "f"),
+            "{e}"
+        );
+        let e = tool_call_constraint(
+            &[ToolSpec {
+                name: "f",
+                parameters: None,
+            }],
+            ToolChoice::Named("g"),
+            false,
+        )
+        .unwrap_err();
         assert!(e.to_string().contains("\"g\""), "{e}");
-        let e = tool_call_constraint(&[ToolSpec { name: "a>b", parameters: None }], ToolChoice::Required, false).unwrap_err();
+        let e = tool_call_constraint(
+            &[ToolSpec {
+                name: "a>b",
+                parameters: None,
+            }],
+            ToolChoice::Required,
+            false,
+        )
+        .unwrap_err();
         assert!(matches!(e, ConstraintError::Tool { .. }));
-        assert!(matches!(tool_call_constraint(&[ToolSpec { name: "f", parameters: None }], ToolChoice::Required, false), Ok(ConstraintSpec::Lark(_))));
+        assert!(matches!(
+            tool_call_constraint(
+                &[ToolSpec {
+                    name: "f",
+                    parameters: None
+                }],
+                ToolChoice::Required,
+                false
+            ),
+            Ok(ConstraintSpec::Lark(_))
+        ));
     }
 }

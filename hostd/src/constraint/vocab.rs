@@ -24,7 +24,9 @@ impl TokenizerEnv for VocabEnv {
         // to the trie's greedy match. An encoding failure (it has none for valid UTF-8) also
         // falls back, so forcing never panics.
         self.trie.tokenize_with_greedy_fallback(s, |text| {
-            self.tokenizer.encode(text).unwrap_or_else(|_| self.trie.greedy_tokenize(text.as_bytes()))
+            self.tokenizer
+                .encode(text)
+                .unwrap_or_else(|_| self.trie.greedy_tokenize(text.as_bytes()))
         })
     }
 }
@@ -55,9 +57,12 @@ pub(super) fn build(tokenizer: Arc<Tokenizer>, eos: &[u32]) -> Result<TokEnv, Co
     let err = |message: String| ConstraintError::Vocabulary { message };
     let im_end = tokenizer.im_end_id().map_err(|e| err(e.to_string()))?;
     let words = token_words(&tokenizer);
-    let vocab_size = u32::try_from(words.len()).map_err(|_| err(format!("{} token ids do not fit in u32", words.len())))?;
+    let vocab_size = u32::try_from(words.len())
+        .map_err(|_| err(format!("{} token ids do not fit in u32", words.len())))?;
     if let Some(&bad) = eos.iter().find(|&&id| id >= vocab_size) {
-        return Err(err(format!("end-of-generation id {bad} is outside the vocabulary ({vocab_size} ids)")));
+        return Err(err(format!(
+            "end-of-generation id {bad} is outside the vocabulary ({vocab_size} ids)"
+        )));
     }
     let mut ends = vec![im_end];
     ends.extend(eos.iter().copied().filter(|&id| id != im_end));

@@ -43,7 +43,12 @@ pub(super) struct Block {
 
 /// Where the block starting at `fed` ends: the next multiple of `chunk`, or the checkpoint, or
 /// the prompt's end, whichever comes first. Depends on nothing but the sequence itself.
-pub(super) fn block_end(fed: usize, prompt_len: usize, chunk: usize, checkpoint: Option<usize>) -> usize {
+pub(super) fn block_end(
+    fed: usize,
+    prompt_len: usize,
+    chunk: usize,
+    checkpoint: Option<usize>,
+) -> usize {
     let chunk = chunk.max(1);
     let mut end = (fed / chunk + 1) * chunk;
     if let Some(c) = checkpoint.filter(|&c| c > fed) {
@@ -68,7 +73,11 @@ pub(super) fn plan(cands: &[Candidate], chunk: usize, budget: usize) -> Vec<Bloc
         let rows = end - c.fed;
         if blocks.is_empty() || used + rows <= budget {
             used += rows;
-            blocks.push(Block { serial: c.serial, start: c.fed, end });
+            blocks.push(Block {
+                serial: c.serial,
+                start: c.fed,
+                end,
+            });
         }
     }
     blocks
@@ -79,7 +88,13 @@ mod tests {
     use super::*;
 
     fn cand(serial: u64, fed: usize, prompt_len: usize) -> Candidate {
-        Candidate { serial, fed, prompt_len, checkpoint: None, skipped: 0 }
+        Candidate {
+            serial,
+            fed,
+            prompt_len,
+            checkpoint: None,
+            skipped: 0,
+        }
     }
 
     #[test]
@@ -98,10 +113,25 @@ mod tests {
         // The long prompt (arrived first) is mid-prefill; a 4-token prompt arrives.
         let cands = [cand(1, 1024, 12_000), cand(2, 0, 4)];
         let p = plan(&cands, 512, 512);
-        assert_eq!(p, vec![Block { serial: 2, start: 0, end: 4 }], "the long block does not fit after the short one");
+        assert_eq!(
+            p,
+            vec![Block {
+                serial: 2,
+                start: 0,
+                end: 4
+            }],
+            "the long block does not fit after the short one"
+        );
         // Alone, the long prompt runs one block per iteration.
         let p = plan(&cands[..1], 512, 512);
-        assert_eq!(p, vec![Block { serial: 1, start: 1024, end: 1536 }]);
+        assert_eq!(
+            p,
+            vec![Block {
+                serial: 1,
+                start: 1024,
+                end: 1536
+            }]
+        );
     }
 
     #[test]
@@ -120,7 +150,14 @@ mod tests {
         let mut long = cand(1, 512, 12_000);
         long.skipped = STARVATION_LIMIT;
         let p = plan(&[long, cand(2, 0, 4)], 512, 512);
-        assert_eq!(p, vec![Block { serial: 1, start: 512, end: 1024 }]);
+        assert_eq!(
+            p,
+            vec![Block {
+                serial: 1,
+                start: 512,
+                end: 1024
+            }]
+        );
     }
 
     #[test]

@@ -156,10 +156,16 @@ impl Failure {
     /// unavailable.
     pub fn of(context: &str, e: &crate::model::ModelError) -> Failure {
         let retry_after_s = match e {
-            crate::model::ModelError::Experts(crate::experts::ExpertError::Unavailable { retry_after_s, .. }) => Some(*retry_after_s),
+            crate::model::ModelError::Experts(crate::experts::ExpertError::Unavailable {
+                retry_after_s,
+                ..
+            }) => Some(*retry_after_s),
             _ => None,
         };
-        Failure { message: format!("{context}: {e}"), retry_after_s }
+        Failure {
+            message: format!("{context}: {e}"),
+            retry_after_s,
+        }
     }
 }
 
@@ -204,10 +210,20 @@ impl EngineHandle {
         // request, so its decrement never runs ahead of this increment.
         let n = req.prompt.len() as u64;
         let limit = self.config.max_queued_tokens as u64;
-        let reserved = self.metrics.queued_tokens.inner().fetch_update(Relaxed, Relaxed, |q| (q == 0 || q.saturating_add(n) <= limit).then(|| q + n));
+        let reserved = self
+            .metrics
+            .queued_tokens
+            .inner()
+            .fetch_update(Relaxed, Relaxed, |q| {
+                (q == 0 || q.saturating_add(n) <= limit).then(|| q + n)
+            });
         if let Err(queued_tokens) = reserved {
             self.metrics.queue_rejected.inc();
-            return Err(SubmitError::QueuedTokensFull { queued_tokens, prompt_tokens: n, max_queued_tokens: self.config.max_queued_tokens });
+            return Err(SubmitError::QueuedTokensFull {
+                queued_tokens,
+                prompt_tokens: n,
+                max_queued_tokens: self.config.max_queued_tokens,
+            });
         }
         self.metrics.queue_depth.inc();
         match self.tx.try_send(req) {
@@ -218,7 +234,9 @@ impl EngineHandle {
                 match e {
                     TrySendError::Full(_) => {
                         self.metrics.queue_rejected.inc();
-                        Err(SubmitError::QueueFull { max_queue: self.config.max_queue })
+                        Err(SubmitError::QueueFull {
+                            max_queue: self.config.max_queue,
+                        })
                     }
                     TrySendError::Disconnected(_) => Err(SubmitError::Stopped),
                 }
@@ -242,8 +260,18 @@ pub fn start(
 ) -> std::io::Result<(EngineHandle, std::thread::JoinHandle<()>)> {
     // `sync_channel(0)` would be a rendezvous channel: the queue always admits at least one.
     let (tx, rx) = std::sync::mpsc::sync_channel(config.max_queue.max(1));
-    let sched = scheduler::Scheduler::new(model, tokenizer, config.clone(), Arc::clone(&metrics), rx);
-    let thread = std::thread::Builder::new().name("hostd-scheduler".into()).spawn(move || sched.run())?;
+    let sched =
+        scheduler::Scheduler::new(model, tokenizer, config.clone(), Arc::clone(&metrics), rx);
+    let thread = std::thread::Builder::new()
+        .name("hostd-scheduler".into())
+        .spawn(move || sched.run())?;
     metrics.model_loaded.set(1);
-    Ok((EngineHandle { tx, metrics, config }, thread))
+    Ok((
+        EngineHandle {
+            tx,
+            metrics,
+            config,
+        },
+        thread,
+    ))
 }

@@ -72,12 +72,22 @@ pub struct OutputText {
 
 /// Special tokens that stay in the text when special tokens are skipped: the reasoning
 /// markers and the tool-call markers that parsers read.
-const KEPT_SPECIAL: &[&str] = &[crate::tokenizer::THINK, crate::tokenizer::THINK_END, "<tool_call>", "</tool_call>"];
+const KEPT_SPECIAL: &[&str] = &[
+    crate::tokenizer::THINK,
+    crate::tokenizer::THINK_END,
+    "<tool_call>",
+    "</tool_call>",
+];
 
 impl OutputText {
     /// `split`: recognise `<think>`/`</think>` (chat); without it every token is text.
     /// `reasoning`: output starts inside a `<think>` block (thinking on).
-    pub fn new(tokenizer: &Tokenizer, stops: &[String], split: bool, reasoning: bool) -> OutputText {
+    pub fn new(
+        tokenizer: &Tokenizer,
+        stops: &[String],
+        split: bool,
+        reasoning: bool,
+    ) -> OutputText {
         let id = |t: &str| if split { tokenizer.token_id(t) } else { None };
         OutputText {
             decoder: tokenizer.incremental_decoder(),
@@ -100,8 +110,16 @@ impl OutputText {
 
     /// Drops the text of special tokens (all but [`KEPT_SPECIAL`]) from now on.
     pub fn skip_special_tokens(mut self, tokenizer: &Tokenizer) -> OutputText {
-        let kept: Vec<u32> = KEPT_SPECIAL.iter().filter_map(|t| tokenizer.token_id(t)).collect();
-        self.skipped = tokenizer.flagged_special_ids().iter().copied().filter(|id| !kept.contains(id)).collect();
+        let kept: Vec<u32> = KEPT_SPECIAL
+            .iter()
+            .filter_map(|t| tokenizer.token_id(t))
+            .collect();
+        self.skipped = tokenizer
+            .flagged_special_ids()
+            .iter()
+            .copied()
+            .filter(|id| !kept.contains(id))
+            .collect();
         self
     }
 
@@ -111,7 +129,12 @@ impl OutputText {
     }
 
     /// Adds one generated id; returns the released text and whether a stop string ended it.
-    pub fn push(&mut self, tokenizer: &Tokenizer, id: u32, lp: Option<TokenLogprob>) -> (Delta, bool) {
+    pub fn push(
+        &mut self,
+        tokenizer: &Tokenizer,
+        id: u32,
+        lp: Option<TokenLogprob>,
+    ) -> (Delta, bool) {
         if let Some(lp) = lp {
             self.pending.push(entry(tokenizer, &lp));
         }
@@ -191,12 +214,26 @@ impl OutputText {
 }
 
 fn top(tokenizer: &Tokenizer, id: u32, logprob: f32) -> TopLogprob {
-    let bytes = tokenizer.token_bytes(id).map(<[u8]>::to_vec).unwrap_or_default();
-    TopLogprob { token: String::from_utf8_lossy(&bytes).into_owned(), logprob, bytes }
+    let bytes = tokenizer
+        .token_bytes(id)
+        .map(<[u8]>::to_vec)
+        .unwrap_or_default();
+    TopLogprob {
+        token: String::from_utf8_lossy(&bytes).into_owned(),
+        logprob,
+        bytes,
+    }
 }
 
 fn entry(tokenizer: &Tokenizer, lp: &TokenLogprob) -> LogprobEntry {
-    LogprobEntry { token: top(tokenizer, lp.id, lp.logprob), top: lp.top.iter().map(|&(id, l)| top(tokenizer, id, l)).collect() }
+    LogprobEntry {
+        token: top(tokenizer, lp.id, lp.logprob),
+        top: lp
+            .top
+            .iter()
+            .map(|&(id, l)| top(tokenizer, id, l))
+            .collect(),
+    }
 }
 
 #[cfg(test)]
@@ -204,7 +241,10 @@ mod tests {
     use super::*;
 
     fn tokenizer() -> Tokenizer {
-        Tokenizer::from_model_dir(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/models/tiny")).expect("fixture tokenizer")
+        Tokenizer::from_model_dir(
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/models/tiny"),
+        )
+        .expect("fixture tokenizer")
     }
 
     /// Feeds `text`'s tokens one by one; returns (reasoning, content, stopped).
@@ -228,19 +268,32 @@ mod tests {
     #[test]
     fn reasoning_then_content_with_leading_newlines_dropped() {
         let got = run("let me think\n</think>\n\nThe answer.", &[], true, true);
-        assert_eq!(got, ("let me think\n".to_string(), "The answer.".to_string(), false));
+        assert_eq!(
+            got,
+            (
+                "let me think\n".to_string(),
+                "The answer.".to_string(),
+                false
+            )
+        );
     }
 
     #[test]
     fn thinking_off_is_all_content_and_raw_text_keeps_everything() {
-        assert_eq!(run("\nHello there", &[], true, false), (String::new(), "Hello there".to_string(), false));
+        assert_eq!(
+            run("\nHello there", &[], true, false),
+            (String::new(), "Hello there".to_string(), false)
+        );
         let raw = run("\nx</think>y", &[], false, false);
         assert_eq!(raw, (String::new(), "\nx</think>y".to_string(), false));
     }
 
     #[test]
     fn model_opened_think_block_is_split_out() {
-        assert_eq!(run("<think>hmm</think>ok", &[], true, false), ("hmm".to_string(), "ok".to_string(), false));
+        assert_eq!(
+            run("<think>hmm</think>ok", &[], true, false),
+            ("hmm".to_string(), "ok".to_string(), false)
+        );
     }
 
     #[test]
@@ -262,7 +315,12 @@ mod tests {
 
     #[test]
     fn stop_string_ends_content_and_is_not_emitted() {
-        let got = run("plan</think>Answer: 42. STOP and more", &["STOP"], true, true);
+        let got = run(
+            "plan</think>Answer: 42. STOP and more",
+            &["STOP"],
+            true,
+            true,
+        );
         assert_eq!(got, ("plan".to_string(), "Answer: 42. ".to_string(), true));
     }
 }

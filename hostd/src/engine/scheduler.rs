@@ -15,9 +15,9 @@ use super::fairness::{self, Candidate};
 use super::metrics::Metrics;
 use super::output::{Delta, OutputText};
 use super::{EngineConfig, Event, FinishReason, GenRequest, Usage};
+use crate::constraint::{Commit, SequenceConstraint};
 use crate::model::batch::{BatchError, BatchItem};
 use crate::model::{Logits, Model, SequenceState};
-use crate::constraint::{Commit, SequenceConstraint};
 use crate::prefix_cache::PrefixCache;
 use crate::sampling::Sampler;
 use crate::tokenizer::Tokenizer;
@@ -98,9 +98,12 @@ impl Scheduler {
         rx: Receiver<GenRequest>,
     ) -> Scheduler {
         let sample_vocab = tokenizer.vocab_size().min(model.config().vocab_size).max(1);
-        let undefined_ids: Vec<u32> =
-            (0..sample_vocab as u32).filter(|&id| tokenizer.token_bytes(id).is_none()).collect();
-        let seed_counter = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64);
+        let undefined_ids: Vec<u32> = (0..sample_vocab as u32)
+            .filter(|&id| tokenizer.token_bytes(id).is_none())
+            .collect();
+        let seed_counter = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64);
         Scheduler {
             cache: PrefixCache::new(config.state_cache_bytes),
             model,
@@ -158,14 +161,27 @@ impl Scheduler {
     }
 
     fn start_sequence(&mut self, req: GenRequest) {
-        let hit = if self.config.state_cache_bytes > 0 { self.cache.lookup(&req.prompt) } else { None };
+        let hit = if self.config.state_cache_bytes > 0 {
+            self.cache.lookup(&req.prompt)
+        } else {
+            None
+        };
         let (cached_tokens, state) = hit.unwrap_or_else(|| (0, self.model.new_state()));
         self.metrics.prompt_tokens.inc_by(req.prompt.len() as u64);
-        self.metrics.cached_prompt_tokens.inc_by(cached_tokens as u64);
+        self.metrics
+            .cached_prompt_tokens
+            .inc_by(cached_tokens as u64);
         tracing::info!(parent: &req.span, prompt_tokens = req.prompt.len(), cached_tokens, "admitted");
-        self.seed_counter = self.seed_counter.wrapping_add(shared::splitmix::GOLDEN_GAMMA);
+        self.seed_counter = self
+            .seed_counter
+            .wrapping_add(shared::splitmix::GOLDEN_GAMMA);
         let sampler = Sampler::new(req.sampling, &req.prompt, self.seed_counter);
-        let mut out = OutputText::new(&self.tokenizer, &req.stop, req.split_reasoning, req.reasoning);
+        let mut out = OutputText::new(
+            &self.tokenizer,
+            &req.stop,
+            req.split_reasoning,
+            req.reasoning,
+        );
         if req.skip_special_tokens {
             out = out.skip_special_tokens(&self.tokenizer);
         }
@@ -177,7 +193,9 @@ impl Scheduler {
             span: req.span,
             // Without a cache there is nothing to snapshot, and prefill blocks stay those of
             // `hostd run` (multiples of `prefill_chunk`).
-            checkpoint: req.checkpoint.filter(|&c| self.config.state_cache_bytes > 0 && c > cached_tokens && c < req.prompt.len()),
+            checkpoint: req.checkpoint.filter(|&c| {
+                self.config.state_cache_bytes > 0 && c > cached_tokens && c < req.prompt.len()
+            }),
             prompt: req.prompt,
             cache_final_state: req.cache_final_state,
             cached_tokens,
@@ -215,16 +233,24 @@ impl Scheduler {
             .seqs
             .iter()
             .filter_map(|s| match s.phase {
-                Phase::Prefill { fed } => {
-                    Some(Candidate { serial: s.serial, fed, prompt_len: s.prompt.len(), checkpoint: s.checkpoint, skipped: s.skipped })
-                }
+                Phase::Prefill { fed } => Some(Candidate {
+                    serial: s.serial,
+                    fed,
+                    prompt_len: s.prompt.len(),
+                    checkpoint: s.checkpoint,
+                    skipped: s.skipped,
+                }),
                 Phase::Decode { .. } => None,
             })
             .collect();
         if cands.is_empty() {
             return;
         }
-        let blocks = fairness::plan(&cands, self.config.prefill_chunk, self.config.prefill_budget.max(1));
+        let blocks = fairness::plan(
+            &cands,
+            self.config.prefill_chunk,
+            self.config.prefill_budget.max(1),
+        );
         for s in &mut self.seqs {
             if matches!(s.phase, Phase::Prefill { .. }) {
                 s.skipped = s.skipped.saturating_add(1);
@@ -232,7 +258,9 @@ impl Scheduler {
         }
         for b in blocks {
             // Earlier blocks may have ended (or failed) sequences, shifting indices.
-            let Some(i) = self.seqs.iter().position(|s| s.serial == b.serial) else { continue };
+            let Some(i) = self.seqs.iter().position(|s| s.serial == b.serial) else {
+                continue;
+            };
             self.seqs[i].skipped = 0;
             self.prefill_block(i, b.end);
         }
@@ -242,10 +270,14 @@ impl Scheduler {
     /// that completes the prompt.
     fn prefill_block(&mut self, i: usize, end: usize) {
         let seq = &mut self.seqs[i];
-        let Phase::Prefill { fed } = seq.phase else { return };
+        let Phase::Prefill { fed } = seq.phase else {
+            return;
+        };
         let end = end.clamp(fed + 1, seq.prompt.len());
         let _enter = seq.span.enter();
-        let result = self.model.forward(&mut seq.state, &seq.prompt[fed..end], Logits::Last, None);
+        let result = self
+            .model
+            .forward(&mut seq.state, &seq.prompt[fed..end], Logits::Last, None);
         self.metrics.prefill_chunks.inc();
         let logits = match result {
             Ok(l) => l,
@@ -259,7 +291,8 @@ impl Scheduler {
         tracing::debug!(fed, end, "prefill block");
         if seq.checkpoint == Some(end) && self.config.state_cache_bytes > 0 {
             let bytes = seq.state.bytes();
-            self.cache.insert(seq.prompt[..end].to_vec(), seq.state.clone(), bytes);
+            self.cache
+                .insert(seq.prompt[..end].to_vec(), seq.state.clone(), bytes);
         }
         if end < seq.prompt.len() {
             seq.phase = Phase::Prefill { fed: end };
@@ -282,13 +315,18 @@ impl Scheduler {
         if feeds.is_empty() {
             return;
         }
-        let idx: Vec<usize> = (0..self.seqs.len()).filter(|&i| matches!(self.seqs[i].phase, Phase::Decode { .. })).collect();
+        let idx: Vec<usize> = (0..self.seqs.len())
+            .filter(|&i| matches!(self.seqs[i].phase, Phase::Decode { .. }))
+            .collect();
         let mut items: Vec<BatchItem<'_>> = self
             .seqs
             .iter_mut()
             .filter(|s| matches!(s.phase, Phase::Decode { .. }))
             .zip(&feeds)
-            .map(|(s, t)| BatchItem { state: &mut s.state, tokens: std::slice::from_ref(t) })
+            .map(|(s, t)| BatchItem {
+                state: &mut s.state,
+                tokens: std::slice::from_ref(t),
+            })
             .collect();
         let result = self.model.forward_batch(&mut items);
         drop(items);
@@ -303,13 +341,22 @@ impl Scheduler {
             }
             Err(BatchError::Item { index, source }) => {
                 let seq = self.seqs.remove(idx[index]);
-                self.exit(seq, Exit::Failed(super::Failure::of("decode step rejected this sequence", &source)));
+                self.exit(
+                    seq,
+                    Exit::Failed(super::Failure::of(
+                        "decode step rejected this sequence",
+                        &source,
+                    )),
+                );
             }
             Err(BatchError::Failed(e)) => {
                 tracing::error!(error = %e, sequences = idx.len(), "batched decode step failed");
                 for &i in idx.iter().rev() {
                     let seq = self.seqs.remove(i);
-                    self.exit(seq, Exit::Failed(super::Failure::of("decode step failed", &e)));
+                    self.exit(
+                        seq,
+                        Exit::Failed(super::Failure::of("decode step failed", &e)),
+                    );
                 }
             }
         }
@@ -336,7 +383,9 @@ impl Scheduler {
         };
         let sampled = match seq.constraint.as_mut() {
             None => Ok(seq.sampler.sample(logits, self.sample_vocab)),
-            Some(c) => c.mask_logits(logits, self.sample_vocab).map(|l| seq.sampler.sample(l, self.sample_vocab)),
+            Some(c) => c
+                .mask_logits(logits, self.sample_vocab)
+                .map(|l| seq.sampler.sample(l, self.sample_vocab)),
         };
         let commit = sampled.and_then(|(id, lp)| match seq.constraint.as_mut() {
             None => Ok((id, lp, Commit::Continue)),
@@ -346,7 +395,13 @@ impl Scheduler {
             Ok(t) => t,
             Err(e) => {
                 let seq = self.seqs.remove(i);
-                self.exit(seq, Exit::Failed(super::Failure { message: e.to_string(), retry_after_s: None }));
+                self.exit(
+                    seq,
+                    Exit::Failed(super::Failure {
+                        message: e.to_string(),
+                        retry_after_s: None,
+                    }),
+                );
                 return;
             }
         };
@@ -372,7 +427,9 @@ impl Scheduler {
                 )
             } else if commit == Commit::Complete {
                 Some(FinishReason::Stop)
-            } else if seq.generated.len() >= seq.max_tokens || seq.state.len() + 1 > self.config.max_context {
+            } else if seq.generated.len() >= seq.max_tokens
+                || seq.state.len() + 1 > self.config.max_context
+            {
                 Some(FinishReason::Length)
             } else {
                 seq.phase = Phase::Decode { next: id };
@@ -389,7 +446,11 @@ impl Scheduler {
     fn exit(&mut self, mut seq: Sequence, how: Exit) {
         let _enter = seq.span.enter();
         let completion_tokens = seq.generated.len() + usize::from(seq.stop_id_sampled);
-        let usage = Usage { prompt_tokens: seq.prompt.len(), completion_tokens, cached_tokens: seq.cached_tokens };
+        let usage = Usage {
+            prompt_tokens: seq.prompt.len(),
+            completion_tokens,
+            cached_tokens: seq.cached_tokens,
+        };
         let state_ok = matches!(how, Exit::Finished(_) | Exit::Cancelled);
         match how {
             Exit::Finished(reason) => {
@@ -406,7 +467,10 @@ impl Scheduler {
             }
             Exit::Cancelled => {
                 self.metrics.cancelled.inc();
-                tracing::info!(completion_tokens = usage.completion_tokens, "client went away; sequence cancelled");
+                tracing::info!(
+                    completion_tokens = usage.completion_tokens,
+                    "client went away; sequence cancelled"
+                );
             }
             Exit::Failed(msg) => {
                 self.metrics.failed.inc();
@@ -415,11 +479,21 @@ impl Scheduler {
             }
         }
         drop(_enter);
-        let complete_prompt = matches!(seq.phase, Phase::Decode { .. }) || seq.state.len() >= seq.prompt.len();
-        if state_ok && seq.cache_final_state && complete_prompt && self.config.state_cache_bytes > 0 && !seq.state.is_empty() {
+        let complete_prompt =
+            matches!(seq.phase, Phase::Decode { .. }) || seq.state.len() >= seq.prompt.len();
+        if state_ok
+            && seq.cache_final_state
+            && complete_prompt
+            && self.config.state_cache_bytes > 0
+            && !seq.state.is_empty()
+        {
             let consumed = seq.state.len();
             let mut tokens = seq.prompt.clone();
-            tokens.extend_from_slice(&seq.generated[..consumed.saturating_sub(seq.prompt.len()).min(seq.generated.len())]);
+            tokens.extend_from_slice(
+                &seq.generated[..consumed
+                    .saturating_sub(seq.prompt.len())
+                    .min(seq.generated.len())],
+            );
             if tokens.len() == consumed {
                 let bytes = seq.state.bytes();
                 self.cache.insert(tokens, seq.state, bytes);
@@ -431,7 +505,8 @@ impl Scheduler {
     fn publish_gauges(&self) {
         let m = &self.metrics;
         m.active_sequences.set(self.seqs.len() as u64);
-        m.active_state_bytes.set(self.seqs.iter().map(|s| s.state.bytes() as u64).sum());
+        m.active_state_bytes
+            .set(self.seqs.iter().map(|s| s.state.bytes() as u64).sum());
         let c = self.cache.stats();
         m.cache_bytes.set(c.bytes as u64);
         m.cache_entries.set(c.entries as u64);

@@ -30,15 +30,27 @@ struct CallCtx<'c, 'm> {
 impl ExpertdClient {
     fn next_step(&self, layer: LayerId) -> u64 {
         let prev = self.last_layer.swap(layer.index(), Ordering::Relaxed);
-        if prev == usize::MAX || layer.index() <= prev { self.step.fetch_add(1, Ordering::Relaxed) + 1 } else { self.step.load(Ordering::Relaxed) }
+        if prev == usize::MAX || layer.index() <= prev {
+            self.step.fetch_add(1, Ordering::Relaxed) + 1
+        } else {
+            self.step.load(Ordering::Relaxed)
+        }
     }
 
     /// One `MoeLayer` call on session `cx.s`, abandoned at `cx.deadline`. When it fails in a
     /// way that leaves the daemon possibly still working on it, its slot is quarantined.
-    fn call_on(&self, cx: CallCtx<'_, '_>, out: &mut [f32], during: &mut dyn FnMut()) -> Result<CallCost, ExpertClientError> {
+    fn call_on(
+        &self,
+        cx: CallCtx<'_, '_>,
+        out: &mut [f32],
+        during: &mut dyn FnMut(),
+    ) -> Result<CallCost, ExpertClientError> {
         // PERF-CRITICAL: one round trip per MoE layer per step.
         let CallCtx { s, call, .. } = cx;
-        let segment = s.segment.as_deref().filter(|seg| s.info.shared_memory && seg.fits(call.n_rows));
+        let segment = s
+            .segment
+            .as_deref()
+            .filter(|seg| s.info.shared_memory && seg.fits(call.n_rows));
         let mut slot = segment.and_then(ClientSegment::try_slot);
         let result = self.call_on_slot(cx, out, segment, slot.as_ref(), during);
         if let (Err(e), Some(slot)) = (&result, slot.as_mut())
@@ -57,17 +69,39 @@ impl ExpertdClient {
         slot: Option<&shm::Slot<'_>>,
         during: &mut dyn FnMut(),
     ) -> Result<CallCost, ExpertClientError> {
-        let CallCtx { s, call, step, deadline } = cx;
+        let CallCtx {
+            s,
+            call,
+            step,
+            deadline,
+        } = cx;
         let n_values = call.n_rows * self.opts.hidden;
         if let (Some(seg), Some(slot)) = (segment, slot)
-            && let Some(ring) = seg.ring().filter(|r| s.info.ring_entries > 0 && call.ids.len() <= r.layout().cells as usize)
+            && let Some(ring) = seg
+                .ring()
+                .filter(|r| s.info.ring_entries > 0 && call.ids.len() <= r.layout().cells as usize)
         {
-            let sub = Submission { op: ring::OP_MOE, seq: 0, layer: call.layer, n_rows: call.n_rows as u32, top_k: call.top_k as u32, step, input_offset: 0, output_offset: 0 };
+            let sub = Submission {
+                op: ring::OP_MOE,
+                seq: 0,
+                layer: call.layer,
+                n_rows: call.n_rows as u32,
+                top_k: call.top_k as u32,
+                step,
+                input_offset: 0,
+                output_offset: 0,
+            };
             // A pending prefetch hint rides with the call when its cells fit; otherwise it goes
             // in the hint entry, after the call (see `prefetch`).
-            let hint = self.pending_hint.lock().unwrap_or_else(PoisonError::into_inner).take();
+            let hint = self
+                .pending_hint
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .take();
             let (riding, apart) = match hint {
-                Some(h) if call.ids.len() + h.1.len() <= ring.layout().cells as usize => (Some(h), None),
+                Some(h) if call.ids.len() + h.1.len() <= ring.layout().cells as usize => {
+                    (Some(h), None)
+                }
                 other => (None, other),
             };
             let riding_ref = riding.as_ref().map(|(l, e)| (*l, e.as_slice()));
@@ -77,15 +111,34 @@ impl ExpertdClient {
                 }
                 during();
             };
-            return self.ring_call(s, seg, slot, &ring, sub, call.x, call.ids, call.weights, riding_ref, out, deadline, &mut during_and_hint);
+            return self.ring_call(
+                s,
+                seg,
+                slot,
+                &ring,
+                sub,
+                call.x,
+                call.ids,
+                call.weights,
+                riding_ref,
+                out,
+                deadline,
+                &mut during_and_hint,
+            );
         }
         let (input, output_shm) = match (segment, slot) {
             (Some(seg), Some(slot)) => {
                 let id = s.link.segment_id;
                 let input = seg.write_input(slot, id, call.x);
-                (moe_layer_request::Input::InputShm(input.into()), Some(pb::ShmSlice::from(seg.output_slice(slot, id, n_values))))
+                (
+                    moe_layer_request::Input::InputShm(input.into()),
+                    Some(pb::ShmSlice::from(seg.output_slice(slot, id, n_values))),
+                )
             }
-            _ => (moe_layer_request::Input::InputInlineF32Le(f32s_to_le_bytes(call.x)), None),
+            _ => (
+                moe_layer_request::Input::InputInlineF32Le(f32s_to_le_bytes(call.x)),
+                None,
+            ),
         };
         let req = pb::MoeLayerRequest {
             session_id: s.info.session_id,
@@ -112,14 +165,22 @@ impl ExpertdClient {
             })
             .ok_or_else(|| self.lost("the client runtime stopped"))??
             .into_inner();
-        let protocol = |reason: &str| ExpertClientError::Protocol { endpoint: self.endpoint.clone(), reason: reason.to_string() };
+        let protocol = |reason: &str| ExpertClientError::Protocol {
+            endpoint: self.endpoint.clone(),
+            reason: reason.to_string(),
+        };
         let cost = CallCost::from(&resp);
         match (resp.output, segment, slot) {
             (Some(moe_layer_response::Output::OutputInlineF32Le(bytes)), _, _) => {
-                le_bytes_into_f32s("output_inline_f32_le", &bytes, out).map_err(|e| protocol(&e.to_string()))?;
+                le_bytes_into_f32s("output_inline_f32_le", &bytes, out)
+                    .map_err(|e| protocol(&e.to_string()))?;
             }
-            (Some(moe_layer_response::Output::OutputShm(_)), Some(seg), Some(slot)) => seg.read_output(slot, out),
-            (Some(moe_layer_response::Output::OutputShm(_)), _, _) => return Err(protocol("shared-memory output for an inline call")),
+            (Some(moe_layer_response::Output::OutputShm(_)), Some(seg), Some(slot)) => {
+                seg.read_output(slot, out)
+            }
+            (Some(moe_layer_response::Output::OutputShm(_)), _, _) => {
+                return Err(protocol("shared-memory output for an inline call"));
+            }
             (None, _, _) => return Err(protocol("the response carries no output")),
         }
         tracing::trace!(
@@ -166,7 +227,9 @@ impl ExpertdClient {
         ring.ring_doorbell();
         during();
         let alive = || ring.daemon_gone().load(Ordering::SeqCst) == 0 && !s.link.watch.is_closed();
-        if !entry.wait_finished(self.opts.ring_spin, RING_SLICE, || alive() && Instant::now() < deadline) {
+        if !entry.wait_finished(self.opts.ring_spin, RING_SLICE, || {
+            alive() && Instant::now() < deadline
+        }) {
             // The daemon went away or ran past the deadline mid-call. This session (and its
             // segment, which the worker might still write into) is abandoned, the slot
             // quarantined by the caller; the next call reconnects.
@@ -180,7 +243,11 @@ impl ExpertdClient {
         if done_seq != sub.seq {
             return Err(ExpertClientError::Protocol {
                 endpoint: self.endpoint.clone(),
-                reason: format!("ring entry {} answered call {done_seq}, expected {}", slot.index(), sub.seq),
+                reason: format!(
+                    "ring entry {} answered call {done_seq}, expected {}",
+                    slot.index(),
+                    sub.seq
+                ),
             });
         }
         if let Some((code, message)) = failure {
@@ -199,17 +266,54 @@ impl ExpertdClient {
     pub fn echo(&self, x: &[f32], out: &mut [f32]) -> Result<(), ExpertClientError> {
         let s = self.session()?;
         let rows = x.len() / self.opts.hidden.max(1);
-        let protocol = |reason: &str| ExpertClientError::Protocol { endpoint: self.endpoint.clone(), reason: reason.to_string() };
+        let protocol = |reason: &str| ExpertClientError::Protocol {
+            endpoint: self.endpoint.clone(),
+            reason: reason.to_string(),
+        };
         if x.len() != out.len() || rows * self.opts.hidden != x.len() || rows == 0 {
-            return Err(protocol("echo needs equal input and output lengths, a positive multiple of hidden"));
+            return Err(protocol(
+                "echo needs equal input and output lengths, a positive multiple of hidden",
+            ));
         }
-        let seg = s.segment.as_deref().filter(|seg| s.info.ring_entries > 0 && seg.fits(rows)).ok_or_else(|| protocol("this session has no call ring"))?;
-        let ring = seg.ring().ok_or_else(|| protocol("this session has no call ring"))?;
-        let slot = seg.try_slot().ok_or_else(|| protocol("no free shared-memory slot"))?;
-        let sub = Submission { op: ring::OP_ECHO, seq: 0, layer: LayerId::new(0), n_rows: rows as u32, top_k: 1, step: 0, input_offset: 0, output_offset: 0 };
+        let seg = s
+            .segment
+            .as_deref()
+            .filter(|seg| s.info.ring_entries > 0 && seg.fits(rows))
+            .ok_or_else(|| protocol("this session has no call ring"))?;
+        let ring = seg
+            .ring()
+            .ok_or_else(|| protocol("this session has no call ring"))?;
+        let slot = seg
+            .try_slot()
+            .ok_or_else(|| protocol("no free shared-memory slot"))?;
+        let sub = Submission {
+            op: ring::OP_ECHO,
+            seq: 0,
+            layer: LayerId::new(0),
+            n_rows: rows as u32,
+            top_k: 1,
+            step: 0,
+            input_offset: 0,
+            output_offset: 0,
+        };
         let deadline = Instant::now() + self.opts.call_timeout;
         let mut slot = slot;
-        let r = self.ring_call(&s, seg, &slot, &ring, sub, x, &[], &[], None, out, deadline, &mut || {}).map(|_| ());
+        let r = self
+            .ring_call(
+                &s,
+                seg,
+                &slot,
+                &ring,
+                sub,
+                x,
+                &[],
+                &[],
+                None,
+                out,
+                deadline,
+                &mut || {},
+            )
+            .map(|_| ());
         if let Err(e) = &r
             && !e.answered_by_daemon()
         {
@@ -222,14 +326,22 @@ impl ExpertdClient {
     /// Prefetch recall for `call`'s layer: how many of its distinct experts the last prediction
     /// for the layer named (profile counters `prefetch.*`).
     pub(super) fn count_recall(&self, call: &MoeCall<'_>, profiler: &Profiler) {
-        let predicted = std::mem::take(&mut self.predicted.lock().unwrap_or_else(PoisonError::into_inner)[call.layer.index()]);
+        let predicted = std::mem::take(
+            &mut self
+                .predicted
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)[call.layer.index()],
+        );
         if predicted.is_empty() {
             return;
         }
         let mut actual = call.ids.to_vec();
         actual.sort_unstable();
         actual.dedup();
-        let found = actual.iter().filter(|e| predicted.binary_search(e).is_ok()).count();
+        let found = actual
+            .iter()
+            .filter(|e| predicted.binary_search(e).is_ok())
+            .count();
         profiler.count("prefetch.actual_experts", actual.len() as u64);
         profiler.count("prefetch.predicted_experts", predicted.len() as u64);
         profiler.count("prefetch.predicted_and_used", found as u64);
@@ -237,7 +349,12 @@ impl ExpertdClient {
 
     /// One layer call with the reconnect policy of the module doc. `during` goes to the ring
     /// call (the caller makes it run-once: a retry may pass it again).
-    pub(super) fn call(&self, call: &MoeCall<'_>, out: &mut [f32], during: &mut dyn FnMut()) -> Result<CallCost, ExpertClientError> {
+    pub(super) fn call(
+        &self,
+        call: &MoeCall<'_>,
+        out: &mut [f32],
+        during: &mut dyn FnMut(),
+    ) -> Result<CallCost, ExpertClientError> {
         let step = self.next_step(call.layer);
         let deadline = Instant::now() + self.opts.call_timeout;
         let mut retried = false;
@@ -249,7 +366,16 @@ impl ExpertdClient {
                     return Err(e);
                 }
             };
-            match self.call_on(CallCtx { s: &s, call, step, deadline }, out, during) {
+            match self.call_on(
+                CallCtx {
+                    s: &s,
+                    call,
+                    step,
+                    deadline,
+                },
+                out,
+                during,
+            ) {
                 Ok(cost) => {
                     self.health.ok();
                     return Ok(cost);
@@ -261,7 +387,13 @@ impl ExpertdClient {
                         self.forget(&s);
                     }
                     self.note_failure(&e);
-                    let never_ran = matches!(&e, ExpertClientError::Status { code: tonic::Code::NotFound, .. });
+                    let never_ran = matches!(
+                        &e,
+                        ExpertClientError::Status {
+                            code: tonic::Code::NotFound,
+                            ..
+                        }
+                    );
                     if never_ran && !retried {
                         retried = true;
                         continue;

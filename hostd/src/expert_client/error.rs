@@ -45,7 +45,9 @@ pub enum ExpertClientError {
         ours: u32,
     },
     /// The daemon serves another container than expected.
-    #[error("expertd at {endpoint} serves container fingerprint {served:#018x}, but this hostd expects {expected:#018x}{hint}")]
+    #[error(
+        "expertd at {endpoint} serves container fingerprint {served:#018x}, but this hostd expects {expected:#018x}{hint}"
+    )]
     FingerprintMismatch {
         /// The daemon's address.
         endpoint: String,
@@ -88,7 +90,9 @@ pub enum ExpertClientError {
     /// The daemon did not answer within the call's deadline (`--expertd-call-timeout`): it is
     /// stopped, overloaded or hung. The call was abandoned with its session; the next call
     /// opens a new one.
-    #[error("expertd at {endpoint} did not answer {what} within {deadline_s} s (--expertd-call-timeout); the daemon is stopped, overloaded or hung, and the call was abandoned")]
+    #[error(
+        "expertd at {endpoint} did not answer {what} within {deadline_s} s (--expertd-call-timeout); the daemon is stopped, overloaded or hung, and the call was abandoned"
+    )]
     DeadlineExceeded {
         /// The daemon's address.
         endpoint: String,
@@ -131,10 +135,27 @@ impl ExpertClientError {
         // expertd tags every status it sends; an untagged failure of these kinds comes from the
         // transport (the connection broke), not from the daemon.
         let from_daemon = proto::convert::is_daemon_status(status);
-        if !from_daemon && matches!(code, Code::Unavailable | Code::Unknown | Code::Cancelled | Code::Internal) {
-            return ExpertClientError::ConnectionLost { endpoint: endpoint.to_string(), message: if message.is_empty() { format!("{code:?}") } else { message } };
+        if !from_daemon
+            && matches!(
+                code,
+                Code::Unavailable | Code::Unknown | Code::Cancelled | Code::Internal
+            )
+        {
+            return ExpertClientError::ConnectionLost {
+                endpoint: endpoint.to_string(),
+                message: if message.is_empty() {
+                    format!("{code:?}")
+                } else {
+                    message
+                },
+            };
         }
-        ExpertClientError::Status { endpoint: endpoint.to_string(), code, message, expert: proto::convert::failed_expert(status) }
+        ExpertClientError::Status {
+            endpoint: endpoint.to_string(),
+            code,
+            message,
+            expert: proto::convert::failed_expert(status),
+        }
     }
 
     /// Whether the session or connection is gone and a new handshake may succeed.
@@ -144,7 +165,9 @@ impl ExpertClientError {
             | ExpertClientError::Connect { .. }
             | ExpertClientError::NotUp { .. }
             | ExpertClientError::DeadlineExceeded { .. } => true,
-            ExpertClientError::Status { code, .. } => matches!(code, Code::NotFound | Code::Unavailable | Code::Unknown),
+            ExpertClientError::Status { code, .. } => {
+                matches!(code, Code::NotFound | Code::Unavailable | Code::Unknown)
+            }
             _ => false,
         }
     }
@@ -154,9 +177,16 @@ impl ExpertClientError {
     /// (`ConnectionRefused`), or the listener's backlog is full because it does not accept yet
     /// (`WouldBlock`, `EAGAIN`). A daemon that is still starting gives these; the client waits.
     pub fn daemon_not_up(&self) -> bool {
-        let ExpertClientError::Connect { reason, .. } = self else { return false };
+        let ExpertClientError::Connect { reason, .. } = self else {
+            return false;
+        };
         os_error_kind(reason).is_some_and(|k| {
-            matches!(k, std::io::ErrorKind::NotFound | std::io::ErrorKind::ConnectionRefused | std::io::ErrorKind::WouldBlock)
+            matches!(
+                k,
+                std::io::ErrorKind::NotFound
+                    | std::io::ErrorKind::ConnectionRefused
+                    | std::io::ErrorKind::WouldBlock
+            )
         })
     }
 
@@ -170,7 +200,14 @@ impl ExpertClientError {
             ExpertClientError::Connect { reason, .. } => os_error_kind(reason).is_none_or(|k| {
                 matches!(
                     k,
-                    K::NotFound | K::ConnectionRefused | K::WouldBlock | K::ConnectionReset | K::ConnectionAborted | K::BrokenPipe | K::Interrupted | K::TimedOut
+                    K::NotFound
+                        | K::ConnectionRefused
+                        | K::WouldBlock
+                        | K::ConnectionReset
+                        | K::ConnectionAborted
+                        | K::BrokenPipe
+                        | K::Interrupted
+                        | K::TimedOut
                 )
             }),
             other => other.needs_reconnect(),
@@ -183,7 +220,11 @@ impl ExpertClientError {
             ExpertClientError::Connect { reason, .. } => reason,
             other => other.to_string(),
         };
-        ExpertClientError::NotUp { endpoint: endpoint.to_string(), waited_s: (waited.as_secs_f64() * 10.0).round() / 10.0, last }
+        ExpertClientError::NotUp {
+            endpoint: endpoint.to_string(),
+            waited_s: (waited.as_secs_f64() * 10.0).round() / 10.0,
+            last,
+        }
     }
 
     /// Whether the daemon itself answered the call with this failure, so its work on the call
@@ -199,8 +240,15 @@ impl ExpertClientError {
     /// daemon that accepted and then did not answer.
     pub fn nobody_listening(&self) -> bool {
         use std::io::ErrorKind as K;
-        let ExpertClientError::Connect { reason, .. } = self else { return false };
-        os_error_kind(reason).is_some_and(|k| matches!(k, K::NotFound | K::ConnectionRefused | K::ConnectionReset | K::BrokenPipe))
+        let ExpertClientError::Connect { reason, .. } = self else {
+            return false;
+        };
+        os_error_kind(reason).is_some_and(|k| {
+            matches!(
+                k,
+                K::NotFound | K::ConnectionRefused | K::ConnectionReset | K::BrokenPipe
+            )
+        })
     }
 
     /// Whether the daemon is (for now) unreachable or too slow, so the same request may succeed
@@ -208,9 +256,14 @@ impl ExpertClientError {
     /// unavailable. Requests failing this way are answered 503 with `Retry-After`.
     pub fn is_unavailable(&self) -> bool {
         match self {
-            ExpertClientError::ConnectionLost { .. } | ExpertClientError::NotUp { .. } | ExpertClientError::DeadlineExceeded { .. } => true,
+            ExpertClientError::ConnectionLost { .. }
+            | ExpertClientError::NotUp { .. }
+            | ExpertClientError::DeadlineExceeded { .. } => true,
             ExpertClientError::Connect { .. } => self.worth_waiting_for(),
-            ExpertClientError::Status { code, .. } => matches!(code, Code::Unavailable | Code::DeadlineExceeded | Code::Aborted),
+            ExpertClientError::Status { code, .. } => matches!(
+                code,
+                Code::Unavailable | Code::DeadlineExceeded | Code::Aborted
+            ),
             _ => false,
         }
     }
@@ -218,12 +271,34 @@ impl ExpertClientError {
     /// As the model's `ExpertError` for a call of `layer`.
     pub fn into_expert_error(self, layer: LayerId) -> ExpertError {
         if self.is_unavailable() {
-            return ExpertError::Unavailable { backend: "expertd", layer, reason: self.to_string(), retry_after_s: RETRY_AFTER_S };
+            return ExpertError::Unavailable {
+                backend: "expertd",
+                layer,
+                reason: self.to_string(),
+                retry_after_s: RETRY_AFTER_S,
+            };
         }
         match self {
-            ExpertClientError::Status { expert: Some((l, e)), .. } => ExpertError::Expert { layer: l, expert: e, reason: self.to_string() },
-            ExpertClientError::Status { code: Code::InvalidArgument, .. } => ExpertError::InvalidCall { layer, reason: self.to_string() },
-            other => ExpertError::Backend { backend: "expertd", layer, reason: other.to_string() },
+            ExpertClientError::Status {
+                expert: Some((l, e)),
+                ..
+            } => ExpertError::Expert {
+                layer: l,
+                expert: e,
+                reason: self.to_string(),
+            },
+            ExpertClientError::Status {
+                code: Code::InvalidArgument,
+                ..
+            } => ExpertError::InvalidCall {
+                layer,
+                reason: self.to_string(),
+            },
+            other => ExpertError::Backend {
+                backend: "expertd",
+                layer,
+                reason: other.to_string(),
+            },
         }
     }
 }
@@ -231,7 +306,12 @@ impl ExpertClientError {
 /// The kind of an OS error from its message: `std::io::Error` displays an OS error as
 /// `"<description> (os error N)"`, and the connection path keeps only that text.
 fn os_error_kind(reason: &str) -> Option<std::io::ErrorKind> {
-    let code = reason.rsplit_once("(os error ")?.1.strip_suffix(')')?.parse::<i32>().ok()?;
+    let code = reason
+        .rsplit_once("(os error ")?
+        .1
+        .strip_suffix(')')?
+        .parse::<i32>()
+        .ok()?;
     Some(std::io::Error::from_raw_os_error(code).kind())
 }
 
@@ -244,63 +324,139 @@ mod tests {
         let mut s2 = tonic::Status::new(Code::DataLoss, "layer 1 expert 2: checksum mismatch");
         proto::convert::mark_daemon_status(&mut s2, Some((LayerId::new(1), ExpertId::new(2))));
         match ExpertClientError::from_status("unix:///x", &s2).into_expert_error(LayerId::new(1)) {
-            ExpertError::Expert { layer, expert, reason } if (layer.get(), expert.get()) == (1, 2) => assert!(reason.contains("checksum"), "{reason}"),
+            ExpertError::Expert {
+                layer,
+                expert,
+                reason,
+            } if (layer.get(), expert.get()) == (1, 2) => {
+                assert!(reason.contains("checksum"), "{reason}")
+            }
             other => panic!("{other:?}"),
         }
-        let e = ExpertClientError::from_status("unix:///x", &tonic::Status::new(Code::NotFound, "unknown session 5"));
+        let e = ExpertClientError::from_status(
+            "unix:///x",
+            &tonic::Status::new(Code::NotFound, "unknown session 5"),
+        );
         assert!(e.needs_reconnect());
-        let e = ExpertClientError::from_status("unix:///x", &tonic::Status::new(Code::Unavailable, "broken pipe"));
-        assert!(matches!(e, ExpertClientError::ConnectionLost { .. }), "{e:?}");
-        let e = ExpertClientError::from_status("unix:///x", &tonic::Status::new(Code::InvalidArgument, "bad"));
+        let e = ExpertClientError::from_status(
+            "unix:///x",
+            &tonic::Status::new(Code::Unavailable, "broken pipe"),
+        );
+        assert!(
+            matches!(e, ExpertClientError::ConnectionLost { .. }),
+            "{e:?}"
+        );
+        let e = ExpertClientError::from_status(
+            "unix:///x",
+            &tonic::Status::new(Code::InvalidArgument, "bad"),
+        );
         assert!(!e.needs_reconnect());
     }
 
     #[test]
     fn an_unreachable_or_slow_daemon_is_a_retryable_unavailability() {
-        let late = ExpertClientError::DeadlineExceeded { endpoint: "unix:///x".into(), what: "the call", deadline_s: 2.0 };
+        let late = ExpertClientError::DeadlineExceeded {
+            endpoint: "unix:///x".into(),
+            what: "the call",
+            deadline_s: 2.0,
+        };
         assert!(late.needs_reconnect() && late.is_unavailable());
         assert!(late.to_string().contains("within 2 s"), "{late}");
         match late.into_expert_error(LayerId::new(3)) {
-            ExpertError::Unavailable { layer, retry_after_s: RETRY_AFTER_S, reason, .. } if layer.get() == 3 => assert!(reason.contains("unix:///x"), "{reason}"),
+            ExpertError::Unavailable {
+                layer,
+                retry_after_s: RETRY_AFTER_S,
+                reason,
+                ..
+            } if layer.get() == 3 => assert!(reason.contains("unix:///x"), "{reason}"),
             other => panic!("{other:?}"),
         }
-        let lost = ExpertClientError::ConnectionLost { endpoint: "unix:///x".into(), message: "reset".into() };
-        assert!(matches!(lost.into_expert_error(LayerId::new(0)), ExpertError::Unavailable { .. }));
-        let bad = ExpertClientError::from_status("unix:///x", &tonic::Status::new(Code::InvalidArgument, "bad"));
+        let lost = ExpertClientError::ConnectionLost {
+            endpoint: "unix:///x".into(),
+            message: "reset".into(),
+        };
+        assert!(matches!(
+            lost.into_expert_error(LayerId::new(0)),
+            ExpertError::Unavailable { .. }
+        ));
+        let bad = ExpertClientError::from_status(
+            "unix:///x",
+            &tonic::Status::new(Code::InvalidArgument, "bad"),
+        );
         assert!(!bad.is_unavailable());
-        assert!(matches!(bad.into_expert_error(LayerId::new(0)), ExpertError::InvalidCall { .. }));
-        let wrong = ExpertClientError::WrongModel { endpoint: "unix:///x".into(), reason: "dims".into() };
-        assert!(!wrong.is_unavailable(), "retrying does not fix a wrong container");
+        assert!(matches!(
+            bad.into_expert_error(LayerId::new(0)),
+            ExpertError::InvalidCall { .. }
+        ));
+        let wrong = ExpertClientError::WrongModel {
+            endpoint: "unix:///x".into(),
+            reason: "dims".into(),
+        };
+        assert!(
+            !wrong.is_unavailable(),
+            "retrying does not fix a wrong container"
+        );
     }
 
     #[test]
     fn a_daemon_still_starting_is_recognised_by_the_os_error() {
         use rustix::io::Errno;
         use std::io::{Error, ErrorKind};
-        let connect = |e: Error| ExpertClientError::Connect { endpoint: "unix:///x".into(), reason: e.to_string() };
+        let connect = |e: Error| ExpertClientError::Connect {
+            endpoint: "unix:///x".into(),
+            reason: e.to_string(),
+        };
         // The codes a connect to a daemon that is not serving yet fails with, as the connection
         // path reports them: the io::Error's text.
-        for (code, kind) in [(Errno::NOENT, ErrorKind::NotFound), (Errno::CONNREFUSED, ErrorKind::ConnectionRefused), (Errno::AGAIN, ErrorKind::WouldBlock)] {
+        for (code, kind) in [
+            (Errno::NOENT, ErrorKind::NotFound),
+            (Errno::CONNREFUSED, ErrorKind::ConnectionRefused),
+            (Errno::AGAIN, ErrorKind::WouldBlock),
+        ] {
             let e = connect(code.into());
             assert_eq!(os_error_kind(&e.to_string()), Some(kind));
             assert!(e.daemon_not_up() && e.worth_waiting_for(), "{e}");
         }
         let denied = connect(Errno::ACCESS.into());
-        assert!(!denied.daemon_not_up() && !denied.worth_waiting_for(), "waiting does not grant permissions");
+        assert!(
+            !denied.daemon_not_up() && !denied.worth_waiting_for(),
+            "waiting does not grant permissions"
+        );
         assert!(!connect(Error::other("the token is not valid header text")).daemon_not_up());
-        assert!(connect(Errno::CONNRESET.into()).worth_waiting_for(), "a daemon restarting");
-        let lost = ExpertClientError::ConnectionLost { endpoint: "unix:///x".into(), message: "reset".into() };
+        assert!(
+            connect(Errno::CONNRESET.into()).worth_waiting_for(),
+            "a daemon restarting"
+        );
+        let lost = ExpertClientError::ConnectionLost {
+            endpoint: "unix:///x".into(),
+            message: "reset".into(),
+        };
         assert!(!lost.daemon_not_up() && lost.worth_waiting_for());
-        let bad = ExpertClientError::from_status("unix:///x", &tonic::Status::new(Code::InvalidArgument, "bad"));
+        let bad = ExpertClientError::from_status(
+            "unix:///x",
+            &tonic::Status::new(Code::InvalidArgument, "bad"),
+        );
         assert!(!bad.worth_waiting_for());
 
-        let e = connect(Errno::NOENT.into()).not_up("unix:///x", std::time::Duration::from_secs(30));
+        let e =
+            connect(Errno::NOENT.into()).not_up("unix:///x", std::time::Duration::from_secs(30));
         let msg = e.to_string();
-        assert!(msg.starts_with("expertd at unix:///x did not come up within 30 s; last error: "), "{msg}");
+        assert!(
+            msg.starts_with("expertd at unix:///x did not come up within 30 s; last error: "),
+            "{msg}"
+        );
         assert!(msg.contains("(os error 2)"), "{msg}");
         assert!(e.needs_reconnect());
-        let e = ExpertClientError::ConnectionLost { endpoint: "unix:///x".into(), message: "reset".into() };
-        let msg = e.not_up("unix:///x", std::time::Duration::from_millis(250)).to_string();
-        assert!(msg.contains("within 0.3 s; last error: expertd at unix:///x went away"), "{msg}");
+        let e = ExpertClientError::ConnectionLost {
+            endpoint: "unix:///x".into(),
+            message: "reset".into(),
+        };
+        let msg = e
+            .not_up("unix:///x", std::time::Duration::from_millis(250))
+            .to_string();
+        assert!(
+            msg.contains("within 0.3 s; last error: expertd at unix:///x went away"),
+            "{msg}"
+        );
     }
 }

@@ -75,7 +75,9 @@ pub struct ExpertHealth {
 
 impl std::fmt::Debug for ExpertHealth {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ExpertHealth").field("report", &self.report()).finish()
+        f.debug_struct("ExpertHealth")
+            .field("report", &self.report())
+            .finish()
     }
 }
 
@@ -90,7 +92,11 @@ impl ExpertHealth {
     pub fn new() -> ExpertHealth {
         ExpertHealth {
             state: AtomicU8::new(Readiness::Ready.code()),
-            detail: Mutex::new(Detail { readiness: Readiness::Ready, reason: None, since: Instant::now() }),
+            detail: Mutex::new(Detail {
+                readiness: Readiness::Ready,
+                reason: None,
+                since: Instant::now(),
+            }),
             restarts: AtomicU64::new(0),
         }
     }
@@ -99,7 +105,9 @@ impl ExpertHealth {
         let mut d = self.detail.lock().unwrap_or_else(PoisonError::into_inner);
         if d.readiness != readiness {
             match &reason {
-                Some(r) => tracing::warn!(state = readiness.as_str(), reason = %r, "expertd health changed"),
+                Some(r) => {
+                    tracing::warn!(state = readiness.as_str(), reason = %r, "expertd health changed")
+                }
                 None => tracing::info!(state = readiness.as_str(), "expertd health changed"),
             }
             d.since = Instant::now();
@@ -134,7 +142,10 @@ impl ExpertHealth {
 
     /// The current state.
     pub fn readiness(&self) -> Readiness {
-        self.detail.lock().unwrap_or_else(PoisonError::into_inner).readiness
+        self.detail
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .readiness
     }
 
     /// A snapshot.
@@ -174,7 +185,11 @@ impl Probe {
         let mut tick = tokio::time::interval(self.every);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let secs = (self.timeout.as_secs_f64() * 10.0).round() / 10.0;
-        let slow = || format!("expertd at {ep} did not answer a health probe within {secs} s: it is stopped, overloaded or hung");
+        let slow = || {
+            format!(
+                "expertd at {ep} did not answer a health probe within {secs} s: it is stopped, overloaded or hung"
+            )
+        };
         loop {
             tick.tick().await;
             if link.as_ref().is_some_and(|l| l.watch.is_closed()) {
@@ -182,13 +197,25 @@ impl Probe {
             }
             let l = match link.take() {
                 Some(l) => l,
-                None => match tokio::time::timeout(self.timeout, transport::connect_within(&self.endpoint, None, self.token.as_deref(), self.timeout)).await {
+                None => match tokio::time::timeout(
+                    self.timeout,
+                    transport::connect_within(
+                        &self.endpoint,
+                        None,
+                        self.token.as_deref(),
+                        self.timeout,
+                    ),
+                )
+                .await
+                {
                     Ok(Ok(l)) => l,
                     Ok(Err(e)) if e.nobody_listening() => {
                         self.health.unavailable(format!("health probe: {e}"));
                         continue;
                     }
-                    Ok(Err(ExpertClientError::Connect { reason, .. })) if reason.contains("(os error 11)") || reason.contains("timed out") => {
+                    Ok(Err(ExpertClientError::Connect { reason, .. }))
+                        if reason.contains("(os error 11)") || reason.contains("timed out") =>
+                    {
                         // The pre-handshake's reply did not come: the daemon accepted (its
                         // listener is in the kernel) but does not run.
                         self.health.degraded(slow());
@@ -205,7 +232,8 @@ impl Probe {
                 },
             };
             let mut client = l.client.clone();
-            match tokio::time::timeout(self.timeout, client.stats(proto::v1::StatsRequest {})).await {
+            match tokio::time::timeout(self.timeout, client.stats(proto::v1::StatsRequest {})).await
+            {
                 Ok(Ok(_)) => {
                     self.health.ok();
                     link = Some(l);
@@ -236,12 +264,20 @@ mod tests {
         h.degraded("expertd at unix:///x did not answer within 2 s".into());
         let r = h.report();
         assert_eq!(r.readiness, Readiness::Degraded);
-        assert!(r.reason.as_deref().is_some_and(|m| m.contains("did not answer")), "{r:?}");
+        assert!(
+            r.reason
+                .as_deref()
+                .is_some_and(|m| m.contains("did not answer")),
+            "{r:?}"
+        );
         h.unavailable("gone".into());
         assert_eq!(h.readiness(), Readiness::Unavailable);
         h.restarted();
         h.ok();
         let r = h.report();
-        assert_eq!((r.readiness, r.reason, r.restarts), (Readiness::Ready, None, 1));
+        assert_eq!(
+            (r.readiness, r.reason, r.restarts),
+            (Readiness::Ready, None, 1)
+        );
     }
 }

@@ -125,7 +125,12 @@ pub struct ClientOptions {
 
 impl ClientOptions {
     /// Options with defaults for a model of these dimensions.
-    pub fn new(endpoint: Endpoint, n_layers: usize, n_experts: usize, hidden: usize) -> ClientOptions {
+    pub fn new(
+        endpoint: Endpoint,
+        n_layers: usize,
+        n_experts: usize,
+        hidden: usize,
+    ) -> ClientOptions {
         ClientOptions {
             endpoint,
             token: None,
@@ -195,7 +200,6 @@ impl std::str::FromStr for Prefetch {
     }
 }
 
-
 /// The expertd backend.
 pub struct ExpertdClient {
     opts: ClientOptions,
@@ -223,26 +227,41 @@ pub struct ExpertdClient {
 
 impl std::fmt::Debug for ExpertdClient {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ExpertdClient").field("endpoint", &self.endpoint).finish()
+        f.debug_struct("ExpertdClient")
+            .field("endpoint", &self.endpoint)
+            .finish()
     }
 }
 
 impl ExpertdClient {
     /// Connects to the daemon (retrying within `connect_timeout`) and checks the handshake.
     /// `daemon` is a private child to keep alive as long as the client.
-    pub fn connect(opts: ClientOptions, daemon: Option<PrivateDaemon>) -> Result<ExpertdClient, ExpertClientError> {
+    pub fn connect(
+        opts: ClientOptions,
+        daemon: Option<PrivateDaemon>,
+    ) -> Result<ExpertdClient, ExpertClientError> {
         let endpoint = opts.endpoint.to_string();
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
             .thread_name("hostd-expertd")
             .enable_all()
             .build()
-            .map_err(|e| ExpertClientError::Connect { endpoint: endpoint.clone(), reason: format!("starting the client runtime: {e}") })?;
+            .map_err(|e| ExpertClientError::Connect {
+                endpoint: endpoint.clone(),
+                reason: format!("starting the client runtime: {e}"),
+            })?;
         let segment_layout = match (&opts.endpoint, opts.shm) {
             (Endpoint::Unix(_), true) => {
                 let shm_err = |e| ExpertClientError::Shm(std::io::Error::other(e));
-                let layout = SlotLayout::new(opts.shm_slots, opts.shm_max_rows, opts.hidden).map_err(shm_err)?;
-                Some(if opts.ring { layout.with_ring(opts.shm_max_rows * opts.ring_top_k.max(1)).map_err(shm_err)? } else { layout })
+                let layout = SlotLayout::new(opts.shm_slots, opts.shm_max_rows, opts.hidden)
+                    .map_err(shm_err)?;
+                Some(if opts.ring {
+                    layout
+                        .with_ring(opts.shm_max_rows * opts.ring_top_k.max(1))
+                        .map_err(shm_err)?
+                } else {
+                    layout
+                })
             }
             _ => None,
         };
@@ -259,7 +278,10 @@ impl ExpertdClient {
             expert_bytes: OnceLock::new(),
             predicted: Mutex::new(vec![Vec::new(); n_layers_for_predictions]),
             pending_hint: Mutex::new(None),
-            health: daemon.as_ref().map_or_else(|| Arc::new(health::ExpertHealth::new()), PrivateDaemon::health),
+            health: daemon.as_ref().map_or_else(
+                || Arc::new(health::ExpertHealth::new()),
+                PrivateDaemon::health,
+            ),
             daemon,
         };
         let s = client.session()?;
@@ -298,7 +320,11 @@ impl ExpertdClient {
 
     /// What the current session's handshake reported, if connected.
     pub fn daemon_info(&self) -> Option<DaemonInfo> {
-        self.session.lock().unwrap_or_else(PoisonError::into_inner).as_ref().map(|s| s.info.clone())
+        self.session
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .as_ref()
+            .map(|s| s.info.clone())
     }
 
     /// Runs `f` on the client runtime and waits for it from this (non-runtime) thread.
@@ -316,14 +342,19 @@ impl ExpertdClient {
 
     /// The error of a call that ran past `deadline` (which was `call_timeout` after it began).
     fn late(&self, _deadline: Instant) -> ExpertClientError {
-        ExpertClientError::DeadlineExceeded { endpoint: self.endpoint.clone(), what: "the call", deadline_s: tenths(self.opts.call_timeout) }
+        ExpertClientError::DeadlineExceeded {
+            endpoint: self.endpoint.clone(),
+            what: "the call",
+            deadline_s: tenths(self.opts.call_timeout),
+        }
     }
 
     fn lost(&self, message: &str) -> ExpertClientError {
-        ExpertClientError::ConnectionLost { endpoint: self.endpoint.clone(), message: message.to_string() }
+        ExpertClientError::ConnectionLost {
+            endpoint: self.endpoint.clone(),
+            message: message.to_string(),
+        }
     }
-
-
 }
 
 impl ExpertdClient {
@@ -331,14 +362,30 @@ impl ExpertdClient {
     /// the entry is reused once the worker has taken the last one; a hint that finds it busy
     /// is dropped.
     fn send_hint_entry(&self, s: &Session, layer: LayerId, experts: &[u32]) {
-        let Some(ring) = s.segment.as_deref().and_then(ClientSegment::ring).filter(|r| s.info.ring_entries == r.layout().entries) else { return };
+        let Some(ring) = s
+            .segment
+            .as_deref()
+            .and_then(ClientSegment::ring)
+            .filter(|r| s.info.ring_entries == r.layout().entries)
+        else {
+            return;
+        };
         let entry = ring.entry(ring.layout().entries - 1);
         match entry.state().load(Ordering::Acquire) {
             ring::STATE_FREE | ring::STATE_DONE | ring::STATE_FAILED => {}
             _ => return,
         }
         let step = self.step.load(Ordering::Relaxed);
-        let sub = Submission { op: ring::OP_PREFETCH, seq: 0, layer, n_rows: 1, top_k: experts.len() as u32, step, input_offset: 0, output_offset: 0 };
+        let sub = Submission {
+            op: ring::OP_PREFETCH,
+            seq: 0,
+            layer,
+            n_rows: 1,
+            top_k: experts.len() as u32,
+            step,
+            input_offset: 0,
+            output_offset: 0,
+        };
         entry.submit(&sub, experts, &vec![0.0f32; experts.len()]);
         ring.ring_doorbell();
     }
@@ -360,7 +407,9 @@ impl ExpertdClient {
             ExpertClientError::DeadlineExceeded { .. } => self.health.degraded(e.to_string()),
             // EAGAIN on connect: the listener's backlog is full, nobody accepts — a daemon that
             // is there but not running (stopped, hung).
-            ExpertClientError::NotUp { last, .. } if last.contains("(os error 11)") => self.health.degraded(e.to_string()),
+            ExpertClientError::NotUp { last, .. } if last.contains("(os error 11)") => {
+                self.health.degraded(e.to_string())
+            }
             e if e.is_unavailable() => self.health.unavailable(e.to_string()),
             _ => {}
         }
@@ -371,7 +420,6 @@ impl ExpertdClient {
 fn tenths(d: Duration) -> f64 {
     (d.as_secs_f64() * 10.0).round() / 10.0
 }
-
 
 impl ExpertBackend for ExpertdClient {
     fn name(&self) -> &'static str {
@@ -384,35 +432,67 @@ impl ExpertBackend for ExpertdClient {
 
     fn wants_prefetch(&self) -> bool {
         // Asked once per layer per token: look at the live session, clone nothing.
-        self.session.lock().unwrap_or_else(PoisonError::into_inner).as_ref().is_some_and(|s| self.hints_on(s))
+        self.session
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .as_ref()
+            .is_some_and(|s| self.hints_on(s))
     }
 
     fn prefetch(&self, layer: LayerId, experts: &[u32], profiler: Option<&Profiler>) {
         // Only on the live session: a hint never waits for a reconnection.
-        let Some(s) = self.session.lock().unwrap_or_else(PoisonError::into_inner).clone().filter(|s| self.hints_on(s)) else { return };
-        if let Some(p) = self.predicted.lock().unwrap_or_else(PoisonError::into_inner).get_mut(layer.index()) {
+        let Some(s) = self
+            .session
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+            .filter(|s| self.hints_on(s))
+        else {
+            return;
+        };
+        if let Some(p) = self
+            .predicted
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get_mut(layer.index())
+        {
             p.clear();
             p.extend_from_slice(experts);
             p.sort_unstable(); // for the recall's binary search
         }
-        let Some(ring) = s.segment.as_deref().and_then(ClientSegment::ring) else { return };
+        let Some(ring) = s.segment.as_deref().and_then(ClientSegment::ring) else {
+            return;
+        };
         let n = experts.len().min(ring.layout().cells as usize);
         if n == 0 {
             return;
         }
         // It rides with the next ring call (the current layer's), so the daemon reads it
         // right behind that call's own misses; a hint not yet sent is replaced.
-        *self.pending_hint.lock().unwrap_or_else(PoisonError::into_inner) = Some((layer, experts[..n].to_vec()));
+        *self
+            .pending_hint
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = Some((layer, experts[..n].to_vec()));
         if let Some(p) = profiler {
             p.count("prefetch.hints", 1);
         }
     }
 
     fn speculative_counters(&self) -> Option<crate::experts::SpeculativeCounters> {
-        let s = self.session.lock().unwrap_or_else(PoisonError::into_inner).clone()?;
+        let s = self
+            .session
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()?;
         let mut client = s.link.client.clone();
-        let stats = self.block_on(async move { client.stats(pb::StatsRequest {}).await.ok() })??.into_inner();
-        stats.prefetch.map(|p| crate::experts::SpeculativeCounters { bytes_read: p.bytes_read, useful_bytes: p.useful_bytes, stale: p.stale })
+        let stats = self
+            .block_on(async move { client.stats(pb::StatsRequest {}).await.ok() })??
+            .into_inner();
+        stats.prefetch.map(|p| crate::experts::SpeculativeCounters {
+            bytes_read: p.bytes_read,
+            useful_bytes: p.useful_bytes,
+            stale: p.stale,
+        })
     }
 
     fn health(&self) -> Option<health::HealthReport> {
@@ -421,7 +501,16 @@ impl ExpertBackend for ExpertdClient {
 
     fn transport(&self) -> Option<String> {
         let info = self.daemon_info()?;
-        Some(if info.ring_entries > 0 { "ring" } else if info.shared_memory { "rpc+shm" } else { "rpc-inline" }.to_string())
+        Some(
+            if info.ring_entries > 0 {
+                "ring"
+            } else if info.shared_memory {
+                "rpc+shm"
+            } else {
+                "rpc-inline"
+            }
+            .to_string(),
+        )
     }
 
     fn io_backend(&self) -> Option<String> {
@@ -432,12 +521,23 @@ impl ExpertBackend for ExpertdClient {
         self.daemon.as_ref().and_then(PrivateDaemon::pid)
     }
 
-    fn moe_layer_profiled(&self, call: &MoeCall<'_>, out: &mut [f32], profiler: Option<&Profiler>) -> Result<(), ExpertError> {
+    fn moe_layer_profiled(
+        &self,
+        call: &MoeCall<'_>,
+        out: &mut [f32],
+        profiler: Option<&Profiler>,
+    ) -> Result<(), ExpertError> {
         self.moe_layer_overlapped(call, out, profiler, &mut || {})
     }
 
     #[tracing::instrument(level = "debug", skip_all, fields(layer_idx = call.layer.get(), n_tokens = call.n_rows))]
-    fn moe_layer_overlapped(&self, call: &MoeCall<'_>, out: &mut [f32], profiler: Option<&Profiler>, during: &mut dyn FnMut()) -> Result<(), ExpertError> {
+    fn moe_layer_overlapped(
+        &self,
+        call: &MoeCall<'_>,
+        out: &mut [f32],
+        profiler: Option<&Profiler>,
+        during: &mut dyn FnMut(),
+    ) -> Result<(), ExpertError> {
         // `during` runs once: inside the ring call after the doorbell, or after the call on
         // the RPC paths, on a failure, or when the call is refused here. `inside_ns` is its
         // time when it ran inside the timed call (the ring), else 0.
@@ -450,7 +550,13 @@ impl ExpertBackend for ExpertdClient {
                 inside_ns.set(t.elapsed().as_nanos() as u64);
             }
         };
-        if let Err(e) = validate_call(call, self.opts.n_layers, self.opts.n_experts, self.opts.hidden, out.len()) {
+        if let Err(e) = validate_call(
+            call,
+            self.opts.n_layers,
+            self.opts.n_experts,
+            self.opts.hidden,
+            out.len(),
+        ) {
             once();
             return Err(e);
         }
@@ -474,7 +580,11 @@ impl ExpertBackend for ExpertdClient {
             p.add("experts.queue", cost.queue_ns, 0);
             p.add("experts.io_wait", cost.io_wait_ns, 0);
             p.add("experts.compute", cost.compute_ns, 0);
-            p.add("experts.ipc", wall.saturating_sub(server.max(overlapped_ns)), 0);
+            p.add(
+                "experts.ipc",
+                wall.saturating_sub(server.max(overlapped_ns)),
+                0,
+            );
             p.count("experts.hits", u64::from(cost.hits));
             p.count("experts.misses", u64::from(cost.misses));
             p.count("experts.bytes_read", cost.bytes_read);
@@ -483,4 +593,3 @@ impl ExpertBackend for ExpertdClient {
         Ok(())
     }
 }
-

@@ -120,7 +120,10 @@ pub struct PrivateDaemon {
 
 impl std::fmt::Debug for PrivateDaemon {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("PrivateDaemon").field("socket", &self.inner.socket).field("pid", &self.inner.pid()).finish()
+        f.debug_struct("PrivateDaemon")
+            .field("socket", &self.inner.socket)
+            .field("pid", &self.inner.pid())
+            .finish()
     }
 }
 
@@ -131,7 +134,10 @@ fn err(msg: String) -> ExpertClientError {
 /// Standard output of a child: hostd's standard error, so the child never writes into hostd's
 /// own output (which may be JSON).
 fn stderr_stdio() -> Stdio {
-    std::io::stderr().as_fd().try_clone_to_owned().map_or_else(|_| Stdio::null(), Stdio::from)
+    std::io::stderr()
+        .as_fd()
+        .try_clone_to_owned()
+        .map_or_else(|_| Stdio::null(), Stdio::from)
 }
 
 impl PrivateDaemon {
@@ -140,10 +146,17 @@ impl PrivateDaemon {
         if let Some(p) = std::env::var_os(EXPERTD_BIN_ENV) {
             return Ok(PathBuf::from(p));
         }
-        let exe = std::env::current_exe().map_err(|e| err(format!("cannot locate this executable: {e}")))?;
-        let bin = exe.parent().map(|d| d.join("expertd")).ok_or_else(|| err("this executable has no directory".into()))?;
+        let exe = std::env::current_exe()
+            .map_err(|e| err(format!("cannot locate this executable: {e}")))?;
+        let bin = exe
+            .parent()
+            .map(|d| d.join("expertd"))
+            .ok_or_else(|| err("this executable has no directory".into()))?;
         if !bin.exists() {
-            return Err(err(format!("{} not found (install expertd next to hostd, set {EXPERTD_BIN_ENV}, or pass --expertd URI)", bin.display())));
+            return Err(err(format!(
+                "{} not found (install expertd next to hostd, set {EXPERTD_BIN_ENV}, or pass --expertd URI)",
+                bin.display()
+            )));
         }
         Ok(bin)
     }
@@ -160,7 +173,11 @@ impl PrivateDaemon {
             .status()
             .map_err(|e| err(format!("running {} prepare: {e}", bin.display())))?;
         if !status.success() {
-            return Err(err(format!("`expertd prepare {} --out {}` failed ({status})", model.display(), container.display())));
+            return Err(err(format!(
+                "`expertd prepare {} --out {}` failed ({status})",
+                model.display(),
+                container.display()
+            )));
         }
         Ok(())
     }
@@ -176,7 +193,9 @@ impl PrivateDaemon {
         // The experts' bytes as expertd counts them (blobs × stride), not the file's length.
         let header = std::fs::File::open(&file)
             .map_err(|e| err(format!("{}: {e}", file.display())))
-            .and_then(|f| shared::container::read_header(&f, &file).map_err(|e| err(e.to_string())))?
+            .and_then(|f| {
+                shared::container::read_header(&f, &file).map_err(|e| err(e.to_string()))
+            })?
             .0;
         let len = header.layout.dims.n_blobs() as u64 * header.layout.blob.stride as u64;
         let (budget, why) = match opts.cache_bytes {
@@ -184,16 +203,32 @@ impl PrivateDaemon {
             None => default_cache_budget(len, opts.host_bytes, available_memory()),
         };
         // Said on stderr whatever the log level: whether the run streams decides its speed.
-        eprintln!("hostd: private expertd cache: {} ({why})", shared::sizes::cache_budget_summary(budget.min(len), len));
+        eprintln!(
+            "hostd: private expertd cache: {} ({why})",
+            shared::sizes::cache_budget_summary(budget.min(len), len)
+        );
         sweep_stale_dirs(&std::env::temp_dir());
         let dir = tempfile::Builder::new()
             .prefix(&format!("{DIR_PREFIX}{}-", std::process::id()))
             .tempdir()
             .map_err(|e| err(format!("temporary directory: {e}")))?;
         let socket = dir.path().join("expertd.sock");
-        let mut args: Vec<OsString> = vec!["serve".into(), "--container".into(), opts.container.clone().into()];
-        args.extend(["--socket".into(), socket.clone().into(), "--socket-mode".into(), "600".into()]);
-        args.extend(["--cache-bytes".into(), budget.to_string().into(), "--exit-on-stdin-eof".into()]);
+        let mut args: Vec<OsString> = vec![
+            "serve".into(),
+            "--container".into(),
+            opts.container.clone().into(),
+        ];
+        args.extend([
+            "--socket".into(),
+            socket.clone().into(),
+            "--socket-mode".into(),
+            "600".into(),
+        ]);
+        args.extend([
+            "--cache-bytes".into(),
+            budget.to_string().into(),
+            "--exit-on-stdin-eof".into(),
+        ]);
         if let Some(t) = opts.threads {
             args.extend(["--threads".into(), t.to_string().into()]);
         }
@@ -207,7 +242,10 @@ impl PrivateDaemon {
             stopping: AtomicBool::new(false),
             health: Arc::new(ExpertHealth::new()),
         });
-        DAEMONS.lock().unwrap_or_else(PoisonError::into_inner).push(Arc::downgrade(&inner));
+        DAEMONS
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(Arc::downgrade(&inner));
         if let Err(e) = inner.spawn_child() {
             inner.shutdown();
             return Err(e);
@@ -221,7 +259,10 @@ impl PrivateDaemon {
                 inner.shutdown();
                 err(format!("starting the supervisor thread: {e}"))
             })?;
-        Ok(PrivateDaemon { inner, supervisor: Some(supervisor) })
+        Ok(PrivateDaemon {
+            inner,
+            supervisor: Some(supervisor),
+        })
     }
 
     /// Where the child listens (the same path across restarts).
@@ -252,7 +293,11 @@ impl Drop for PrivateDaemon {
 
 impl Supervised {
     fn pid(&self) -> Option<u32> {
-        self.child.lock().unwrap_or_else(PoisonError::into_inner).as_ref().map(|r| r.child.id())
+        self.child
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .as_ref()
+            .map(|r| r.child.id())
     }
 
     /// Starts a child (unless stopping) and waits for its socket.
@@ -270,28 +315,43 @@ impl Supervised {
             if std::env::var_os("RUST_LOG").is_none() {
                 cmd.env("RUST_LOG", "warn");
             }
-            cmd.stdin(Stdio::piped()).stdout(stderr_stdio()).stderr(Stdio::inherit());
-            let mut child = cmd.spawn().map_err(|e| err(format!("starting {}: {e}", self.bin.display())))?;
+            cmd.stdin(Stdio::piped())
+                .stdout(stderr_stdio())
+                .stderr(Stdio::inherit());
+            let mut child = cmd
+                .spawn()
+                .map_err(|e| err(format!("starting {}: {e}", self.bin.display())))?;
             let stdin = child.stdin.take();
             let pid = child.id();
-            *slot = Some(Running { child, stdin, started: Instant::now() });
+            *slot = Some(Running {
+                child,
+                stdin,
+                started: Instant::now(),
+            });
             pid
         };
         let deadline = Instant::now() + START_TIMEOUT;
         loop {
             {
                 let mut slot = self.child.lock().unwrap_or_else(PoisonError::into_inner);
-                let Some(r) = slot.as_mut() else { return Err(err("hostd is stopping".into())) };
+                let Some(r) = slot.as_mut() else {
+                    return Err(err("hostd is stopping".into()));
+                };
                 if let Some(status) = r.child.try_wait().map_err(|e| err(e.to_string()))? {
                     *slot = None;
-                    return Err(err(format!("expertd (pid {pid}) exited ({status}) before it was ready; its log is above")));
+                    return Err(err(format!(
+                        "expertd (pid {pid}) exited ({status}) before it was ready; its log is above"
+                    )));
                 }
             }
             if self.socket.exists() {
                 return Ok(());
             }
             if Instant::now() > deadline {
-                return Err(err(format!("expertd did not create {} within {START_TIMEOUT:?}", self.socket.display())));
+                return Err(err(format!(
+                    "expertd did not create {} within {START_TIMEOUT:?}",
+                    self.socket.display()
+                )));
             }
             std::thread::sleep(Duration::from_millis(20));
         }
@@ -301,7 +361,11 @@ impl Supervised {
     /// the directory. Idempotent.
     fn shutdown(&self) {
         self.stopping.store(true, Ordering::SeqCst);
-        let running = self.child.lock().unwrap_or_else(PoisonError::into_inner).take();
+        let running = self
+            .child
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
         if let Some(mut r) = running {
             drop(r.stdin.take());
             let deadline = Instant::now() + DRAIN_TIMEOUT;
@@ -318,7 +382,12 @@ impl Supervised {
                 let _ = r.child.wait();
             }
         }
-        if let Some(dir) = self.dir.lock().unwrap_or_else(PoisonError::into_inner).take() {
+        if let Some(dir) = self
+            .dir
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take()
+        {
             let path = dir.path().to_path_buf();
             if let Err(e) = dir.close() {
                 tracing::warn!(dir = %path.display(), error = %e, "could not remove the private expertd's directory");
@@ -346,14 +415,19 @@ fn supervise(d: &Supervised) {
             }
             status
         };
-        let Some((pid, status, lived)) = exited else { continue };
+        let Some((pid, status, lived)) = exited else {
+            continue;
+        };
         if d.stopping.load(Ordering::SeqCst) {
             return;
         }
         if lived >= STABLE_AFTER {
             backoff = RESTART_BACKOFF_MIN;
         }
-        let what = format!("the private expertd (pid {pid}) exited ({status}) after {:.1} s", lived.as_secs_f64());
+        let what = format!(
+            "the private expertd (pid {pid}) exited ({status}) after {:.1} s",
+            lived.as_secs_f64()
+        );
         eprintln!("hostd: {what}; restarting it in {} ms", backoff.as_millis());
         d.health.unavailable(format!("{what}; restarting"));
         loop {
@@ -367,15 +441,25 @@ fn supervise(d: &Supervised) {
             match result {
                 Ok(()) => {
                     d.health.restarted();
-                    eprintln!("hostd: private expertd restarted (pid {}, ready in {} ms)", d.pid().unwrap_or(0), t.elapsed().as_millis());
+                    eprintln!(
+                        "hostd: private expertd restarted (pid {}, ready in {} ms)",
+                        d.pid().unwrap_or(0),
+                        t.elapsed().as_millis()
+                    );
                     break;
                 }
                 Err(e) => {
                     if d.stopping.load(Ordering::SeqCst) {
                         return;
                     }
-                    d.health.unavailable(format!("{what}; restarting it failed: {e}; retrying in {} ms", backoff.as_millis()));
-                    eprintln!("hostd: restarting the private expertd failed: {e}; retrying in {} ms", backoff.as_millis());
+                    d.health.unavailable(format!(
+                        "{what}; restarting it failed: {e}; retrying in {} ms",
+                        backoff.as_millis()
+                    ));
+                    eprintln!(
+                        "hostd: restarting the private expertd failed: {e}; retrying in {} ms",
+                        backoff.as_millis()
+                    );
                 }
             }
         }
@@ -385,12 +469,21 @@ fn supervise(d: &Supervised) {
 /// Removes private-daemon directories in `tmp` whose owning hostd (the pid in the name) is no
 /// longer running: left behind when that hostd was killed. Only this user's directories.
 pub fn sweep_stale_dirs(tmp: &Path) {
-    let Ok(entries) = std::fs::read_dir(tmp) else { return };
+    let Ok(entries) = std::fs::read_dir(tmp) else {
+        return;
+    };
     // `/proc/self` belongs to this process's user.
-    let Ok(uid) = std::fs::metadata("/proc/self").map(|m| std::os::unix::fs::MetadataExt::uid(&m)) else { return };
+    let Ok(uid) = std::fs::metadata("/proc/self").map(|m| std::os::unix::fs::MetadataExt::uid(&m))
+    else {
+        return;
+    };
     for entry in entries.flatten() {
         let name = entry.file_name();
-        let Some(pid) = name.to_str().and_then(|n| n.strip_prefix(DIR_PREFIX)).and_then(|r| r.split_once('-')).and_then(|(p, _)| p.parse::<u32>().ok())
+        let Some(pid) = name
+            .to_str()
+            .and_then(|n| n.strip_prefix(DIR_PREFIX))
+            .and_then(|r| r.split_once('-'))
+            .and_then(|(p, _)| p.parse::<u32>().ok())
         else {
             continue;
         };
@@ -400,8 +493,12 @@ pub fn sweep_stale_dirs(tmp: &Path) {
         }) == uid;
         if owned && pid != std::process::id() && !Path::new(&format!("/proc/{pid}")).exists() {
             match std::fs::remove_dir_all(entry.path()) {
-                Ok(()) => tracing::info!(dir = %entry.path().display(), "removed a private expertd directory left by a hostd that was killed"),
-                Err(e) => tracing::debug!(dir = %entry.path().display(), error = %e, "could not remove a stale private expertd directory"),
+                Ok(()) => {
+                    tracing::info!(dir = %entry.path().display(), "removed a private expertd directory left by a hostd that was killed")
+                }
+                Err(e) => {
+                    tracing::debug!(dir = %entry.path().display(), error = %e, "could not remove a stale private expertd directory")
+                }
             }
         }
     }
@@ -411,11 +508,20 @@ pub fn sweep_stale_dirs(tmp: &Path) {
 /// when it fits in `available` memory beside `host_bytes` and [`DEFAULT_HEADROOM_BYTES`],
 /// otherwise what is left (at least [`MIN_DEFAULT_CACHE_BYTES`]). Without a memory figure,
 /// the whole container.
-pub fn default_cache_budget(container_bytes: u64, host_bytes: u64, available: Option<u64>) -> (u64, String) {
+pub fn default_cache_budget(
+    container_bytes: u64,
+    host_bytes: u64,
+    available: Option<u64>,
+) -> (u64, String) {
     let Some(available) = available else {
-        return (container_bytes, "default: the whole container; free memory unknown".into());
+        return (
+            container_bytes,
+            "default: the whole container; free memory unknown".into(),
+        );
     };
-    let spare = available.saturating_sub(host_bytes).saturating_sub(DEFAULT_HEADROOM_BYTES);
+    let spare = available
+        .saturating_sub(host_bytes)
+        .saturating_sub(DEFAULT_HEADROOM_BYTES);
     let budget = container_bytes.min(spare.max(MIN_DEFAULT_CACHE_BYTES));
     let why = format!(
         "default: {} available less {} for hostd (dense weights, state cache) and {} headroom; --expertd-cache-bytes to choose",
@@ -431,7 +537,13 @@ pub fn default_cache_budget(container_bytes: u64, host_bytes: u64, available: Op
 /// `memory.max`, or v1 `memory.limit_in_bytes`: a container or systemd limit).
 pub fn available_memory() -> Option<u64> {
     let meminfo = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let kib: u64 = meminfo.lines().find_map(|l| l.strip_prefix("MemAvailable:"))?.split_whitespace().next()?.parse().ok()?;
+    let kib: u64 = meminfo
+        .lines()
+        .find_map(|l| l.strip_prefix("MemAvailable:"))?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()?;
     let mut available = kib * 1024;
     let cgroups = std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
     if let Some(room) = cgroup_room(Path::new("/sys/fs/cgroup"), &cgroups) {
@@ -450,12 +562,25 @@ pub fn cgroup_room(root: &Path, proc_self_cgroup: &str) -> Option<u64> {
     let mut consider = |r: u64| room = Some(room.map_or(r, |x: u64| x.min(r)));
     for line in proc_self_cgroup.lines() {
         let mut parts = line.splitn(3, ':');
-        let (Some(_), Some(controllers), Some(path)) = (parts.next(), parts.next(), parts.next()) else { continue };
+        let (Some(_), Some(controllers), Some(path)) = (parts.next(), parts.next(), parts.next())
+        else {
+            continue;
+        };
         let rel = path.trim().trim_start_matches('/');
         let (base, files) = if controllers.is_empty() {
-            (root.to_path_buf(), ("memory.max", "memory.current", "inactive_file"))
+            (
+                root.to_path_buf(),
+                ("memory.max", "memory.current", "inactive_file"),
+            )
         } else if controllers.split(',').any(|c| c == "memory") {
-            (root.join("memory"), ("memory.limit_in_bytes", "memory.usage_in_bytes", "total_inactive_file"))
+            (
+                root.join("memory"),
+                (
+                    "memory.limit_in_bytes",
+                    "memory.usage_in_bytes",
+                    "total_inactive_file",
+                ),
+            )
         } else {
             continue;
         };
@@ -474,12 +599,21 @@ pub fn cgroup_room(root: &Path, proc_self_cgroup: &str) -> Option<u64> {
 
 /// `limit − (usage − inactive file pages)` of one cgroup directory, if it has a numeric limit
 /// (v2 writes `max` for none; v1 writes a huge number, which leaves the room huge too).
-fn limit_room(dir: &Path, (limit_file, usage_file, inactive_key): (&str, &str, &str)) -> Option<u64> {
+fn limit_room(
+    dir: &Path,
+    (limit_file, usage_file, inactive_key): (&str, &str, &str),
+) -> Option<u64> {
     let read = |f: &str| std::fs::read_to_string(dir.join(f)).ok();
     let limit: u64 = read(limit_file)?.trim().parse().ok()?;
     let usage: u64 = read(usage_file)?.trim().parse().ok()?;
     let inactive: u64 = read("memory.stat")
-        .and_then(|stat| stat.lines().find_map(|l| l.strip_prefix(inactive_key).and_then(|v| v.strip_prefix(' ')).and_then(|v| v.trim().parse().ok())))
+        .and_then(|stat| {
+            stat.lines().find_map(|l| {
+                l.strip_prefix(inactive_key)
+                    .and_then(|v| v.strip_prefix(' '))
+                    .and_then(|v| v.trim().parse().ok())
+            })
+        })
         .unwrap_or(0);
     Some(limit.saturating_sub(usage.saturating_sub(inactive)))
 }
@@ -520,10 +654,16 @@ mod tests {
             ("system.slice/memory.current", "999\n"),
             ("system.slice/app.service/memory.max", "8000\n"),
             ("system.slice/app.service/memory.current", "5000\n"),
-            ("system.slice/app.service/memory.stat", "anon 3000\ninactive_file 1000\nactive_file 1000\n"),
+            (
+                "system.slice/app.service/memory.stat",
+                "anon 3000\ninactive_file 1000\nactive_file 1000\n",
+            ),
         ]);
         // 8000 − (5000 − 1000 inactive) = 4000; the parent has no limit.
-        assert_eq!(super::cgroup_room(t.path(), "0::/system.slice/app.service\n"), Some(4000));
+        assert_eq!(
+            super::cgroup_room(t.path(), "0::/system.slice/app.service\n"),
+            Some(4000)
+        );
         assert_eq!(super::cgroup_room(t.path(), "0::/\n"), None);
     }
 
@@ -532,7 +672,10 @@ mod tests {
         let t = tree(&[
             ("memory/docker/abc/memory.limit_in_bytes", "4096\n"),
             ("memory/docker/abc/memory.usage_in_bytes", "3000\n"),
-            ("memory/docker/abc/memory.stat", "cache 10\ntotal_inactive_file 1000\n"),
+            (
+                "memory/docker/abc/memory.stat",
+                "cache 10\ntotal_inactive_file 1000\n",
+            ),
             ("memory/memory.limit_in_bytes", "9223372036854771712\n"),
             ("memory/memory.usage_in_bytes", "1\n"),
         ]);
@@ -542,8 +685,14 @@ mod tests {
 
     #[test]
     fn short_memory_still_leaves_a_working_cache() {
-        assert_eq!(default_cache_budget(60 * GIB, 5 * GIB, Some(GIB)).0, MIN_DEFAULT_CACHE_BYTES);
-        assert_eq!(default_cache_budget(100 << 20, 5 * GIB, Some(GIB)).0, 100 << 20);
+        assert_eq!(
+            default_cache_budget(60 * GIB, 5 * GIB, Some(GIB)).0,
+            MIN_DEFAULT_CACHE_BYTES
+        );
+        assert_eq!(
+            default_cache_budget(100 << 20, 5 * GIB, Some(GIB)).0,
+            100 << 20
+        );
         assert_eq!(default_cache_budget(60 * GIB, 5 * GIB, None).0, 60 * GIB);
     }
 }

@@ -33,7 +33,10 @@ impl ExpertdClient {
     }
 
     /// [`Self::session`], giving up at `call_deadline` (a call's deadline) if that comes first.
-    pub(super) fn session_by(&self, call_deadline: Option<Instant>) -> Result<Arc<Session>, ExpertClientError> {
+    pub(super) fn session_by(
+        &self,
+        call_deadline: Option<Instant>,
+    ) -> Result<Arc<Session>, ExpertClientError> {
         {
             let mut cur = self.session.lock().unwrap_or_else(PoisonError::into_inner);
             match &*cur {
@@ -49,7 +52,11 @@ impl ExpertdClient {
         // connection, to a daemon that may have been started together with hostd.
         let first = self.expert_bytes.get().is_none();
         let start = Instant::now();
-        let wait = if first { self.opts.connect_timeout } else { self.opts.reconnect_timeout };
+        let wait = if first {
+            self.opts.connect_timeout
+        } else {
+            self.opts.reconnect_timeout
+        };
         let deadline = call_deadline.map_or(start + wait, |d| d.min(start + wait));
         let wait = deadline.saturating_duration_since(start);
         let mut delay = Duration::from_millis(20);
@@ -60,11 +67,14 @@ impl ExpertdClient {
         loop {
             // One attempt never outlasts the wait: a stopped daemon accepts the connection
             // into its backlog and then never answers the pre-handshake.
-            let attempt = deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(10));
+            let attempt = deadline
+                .saturating_duration_since(Instant::now())
+                .max(Duration::from_millis(10));
             match self.open_session(attempt.min(shm::HELLO_REPLY_TIMEOUT)) {
                 Ok(s) => {
                     let s = Arc::new(s);
-                    *self.session.lock().unwrap_or_else(PoisonError::into_inner) = Some(Arc::clone(&s));
+                    *self.session.lock().unwrap_or_else(PoisonError::into_inner) =
+                        Some(Arc::clone(&s));
                     return Ok(s);
                 }
                 Err(e) if e.worth_waiting_for() => {
@@ -94,7 +104,9 @@ impl ExpertdClient {
     fn open_session(&self, timeout: Duration) -> Result<Session, ExpertClientError> {
         let o = &self.opts;
         let segment = match &self.segment_layout {
-            Some(layout) => Some(Arc::new(ClientSegment::create(*layout).map_err(ExpertClientError::Shm)?)),
+            Some(layout) => Some(Arc::new(
+                ClientSegment::create(*layout).map_err(ExpertClientError::Shm)?,
+            )),
             None => None,
         };
         let (endpoint, token) = (o.endpoint.clone(), o.token.clone());
@@ -107,15 +119,31 @@ impl ExpertdClient {
             expected_container_fingerprint: o.expected_fingerprint.as_ref().map_or(0, |f| f.0),
         };
         let ep = self.endpoint.clone();
-        let late = ExpertClientError::DeadlineExceeded { endpoint: ep.clone(), what: "a new connection's handshake", deadline_s: tenths(timeout) };
+        let late = ExpertClientError::DeadlineExceeded {
+            endpoint: ep.clone(),
+            what: "a new connection's handshake",
+            deadline_s: tenths(timeout),
+        };
         let (link, resp) = self
             .block_on(async move {
                 let open = async {
-                    let mut link = transport::connect_within(&endpoint, link_segment, token.as_deref(), timeout + HELLO_MARGIN).await?;
-                    let resp = link.client.handshake(req).await.map_err(|s| ExpertClientError::from_status(&ep, &s))?;
+                    let mut link = transport::connect_within(
+                        &endpoint,
+                        link_segment,
+                        token.as_deref(),
+                        timeout + HELLO_MARGIN,
+                    )
+                    .await?;
+                    let resp = link
+                        .client
+                        .handshake(req)
+                        .await
+                        .map_err(|s| ExpertClientError::from_status(&ep, &s))?;
                     Ok::<_, ExpertClientError>((link, resp.into_inner()))
                 };
-                tokio::time::timeout(timeout, open).await.unwrap_or(Err(late))
+                tokio::time::timeout(timeout, open)
+                    .await
+                    .unwrap_or(Err(late))
             })
             .ok_or_else(|| self.lost("the client runtime stopped"))??;
         self.check_handshake(&resp)?;
@@ -135,14 +163,26 @@ impl ExpertdClient {
             Some(r) if shared_memory && resp.ring_entries == r.entries => r.entries,
             _ => 0,
         };
-        Ok(Session { link, info: DaemonInfo { ring_entries, ..info }, segment })
+        Ok(Session {
+            link,
+            info: DaemonInfo {
+                ring_entries,
+                ..info
+            },
+            segment,
+        })
     }
 
     fn check_handshake(&self, r: &pb::HandshakeResponse) -> Result<(), ExpertClientError> {
         let o = &self.opts;
         let endpoint = self.endpoint.clone();
-        if !(proto::version::OLDEST_DAEMON..=proto::version::CURRENT).contains(&r.protocol_version) {
-            return Err(ExpertClientError::VersionMismatch { endpoint, daemon: r.protocol_version, ours: proto::version::CURRENT });
+        if !(proto::version::OLDEST_DAEMON..=proto::version::CURRENT).contains(&r.protocol_version)
+        {
+            return Err(ExpertClientError::VersionMismatch {
+                endpoint,
+                daemon: r.protocol_version,
+                ours: proto::version::CURRENT,
+            });
         }
         if let Some((expected, hint)) = &o.expected_fingerprint
             && r.container_fingerprint != *expected
@@ -155,7 +195,11 @@ impl ExpertdClient {
             });
         }
         if let (Some(ours), Some(theirs)) = (&o.model_identity, &r.container_identity) {
-            let theirs = ModelIdentity::try_from(theirs).map_err(|e| ExpertClientError::Protocol { endpoint: endpoint.clone(), reason: e.to_string() })?;
+            let theirs =
+                ModelIdentity::try_from(theirs).map_err(|e| ExpertClientError::Protocol {
+                    endpoint: endpoint.clone(),
+                    reason: e.to_string(),
+                })?;
             let what = theirs.differing(ours);
             if !what.is_empty() {
                 return Err(ExpertClientError::WrongModel {
@@ -170,7 +214,11 @@ impl ExpertdClient {
             }
         }
         let dims = r.dims.unwrap_or_default();
-        let theirs = (dims.n_layers as usize, dims.n_experts as usize, dims.hidden_size as usize);
+        let theirs = (
+            dims.n_layers as usize,
+            dims.n_experts as usize,
+            dims.hidden_size as usize,
+        );
         let ours = (o.n_layers, o.n_experts, o.hidden);
         if theirs != ours {
             return Err(ExpertClientError::WrongModel {
@@ -181,7 +229,10 @@ impl ExpertdClient {
                 ),
             });
         }
-        if let Ok(layout) = shared::container::BlobLayout::new(dims.hidden_size as usize, dims.expert_inner_size as usize) {
+        if let Ok(layout) = shared::container::BlobLayout::new(
+            dims.hidden_size as usize,
+            dims.expert_inner_size as usize,
+        ) {
             let _ = self.expert_bytes.set(layout.stride);
         }
         Ok(())
@@ -199,8 +250,15 @@ impl ExpertdClient {
 /// Whether a handshake's daemon streams experts: its cache budget is below the container's
 /// expert bytes (layers × experts × blob stride). Unknown dimensions count as resident.
 fn streams_experts(r: &pb::HandshakeResponse) -> bool {
-    let (Some(dims), Some(limits)) = (r.dims.as_ref(), r.limits.as_ref()) else { return false };
-    let Ok(layout) = shared::container::BlobLayout::new(dims.hidden_size as usize, dims.expert_inner_size as usize) else { return false };
+    let (Some(dims), Some(limits)) = (r.dims.as_ref(), r.limits.as_ref()) else {
+        return false;
+    };
+    let Ok(layout) = shared::container::BlobLayout::new(
+        dims.hidden_size as usize,
+        dims.expert_inner_size as usize,
+    ) else {
+        return false;
+    };
     let experts = u64::from(dims.n_layers) * u64::from(dims.n_experts) * layout.stride as u64;
     limits.cache_budget_bytes < experts
 }

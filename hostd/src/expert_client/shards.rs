@@ -280,11 +280,22 @@ impl ExpertBackend for ShardedExperts {
         "expertd"
     }
 
-    fn moe_layer_profiled(&self, call: &MoeCall<'_>, out: &mut [f32], profiler: Option<&Profiler>) -> Result<(), ExpertError> {
+    fn moe_layer_profiled(
+        &self,
+        call: &MoeCall<'_>,
+        out: &mut [f32],
+        profiler: Option<&Profiler>,
+    ) -> Result<(), ExpertError> {
         self.moe_layer_overlapped(call, out, profiler, &mut || {})
     }
 
-    fn moe_layer_overlapped(&self, call: &MoeCall<'_>, out: &mut [f32], profiler: Option<&Profiler>, during: &mut dyn FnMut()) -> Result<(), ExpertError> {
+    fn moe_layer_overlapped(
+        &self,
+        call: &MoeCall<'_>,
+        out: &mut [f32],
+        profiler: Option<&Profiler>,
+        during: &mut dyn FnMut(),
+    ) -> Result<(), ExpertError> {
         let Some(shard) = self.owner_of(call.layer) else {
             during();
             return Err(ExpertError::InvalidCall {
@@ -293,7 +304,9 @@ impl ExpertBackend for ShardedExperts {
             });
         };
         // The shard's client names its endpoint in every error, and the error names the layer.
-        shard.client.moe_layer_overlapped(call, out, profiler, during)
+        shard
+            .client
+            .moe_layer_overlapped(call, out, profiler, during)
     }
 
     fn expert_bytes(&self) -> Option<usize> {
@@ -334,7 +347,10 @@ impl ExpertBackend for ShardedExperts {
     }
 
     fn speculative_counters(&self) -> Option<SpeculativeCounters> {
-        self.shards.iter().filter_map(|s| s.client.speculative_counters()).reduce(|a, b| a.plus(&b))
+        self.shards
+            .iter()
+            .filter_map(|s| s.client.speculative_counters())
+            .reduce(|a, b| a.plus(&b))
     }
 
     fn health(&self) -> Option<HealthReport> {
@@ -407,11 +423,31 @@ mod tests {
     fn gaps_overlaps_and_ranges_past_the_model_are_named() {
         // (layers, first and second --expertd, what the refusal says)
         let cases = [
-            (40, "unix:///a=0-19", "https://b:1=22-37", "no --expertd serves layers 20-21, 38-39"),
-            (40, "unix:///a=0-21", "https://b:1=20-39", "both --expertd unix:///a and --expertd https://b:1 claim layers 20-21"),
+            (
+                40,
+                "unix:///a=0-19",
+                "https://b:1=22-37",
+                "no --expertd serves layers 20-21, 38-39",
+            ),
+            (
+                40,
+                "unix:///a=0-21",
+                "https://b:1=20-39",
+                "both --expertd unix:///a and --expertd https://b:1 claim layers 20-21",
+            ),
             (4, "unix:///a=0-2", "https://b:1=2-3", "claim layer 2"),
-            (40, "unix:///a=0-19", "https://b:1=20-45", "claims layers 20-45, but the model has 40 MoE layers (0-39)"),
-            (4, "unix:///a", "https://b:1=2-3", "--expertd unix:///a has no layer range"),
+            (
+                40,
+                "unix:///a=0-19",
+                "https://b:1=20-45",
+                "claims layers 20-45, but the model has 40 MoE layers (0-39)",
+            ),
+            (
+                4,
+                "unix:///a",
+                "https://b:1=2-3",
+                "--expertd unix:///a has no layer range",
+            ),
         ];
         for (layers, a, b, says) in cases {
             let e = plan_layers(layers, &[spec(a), spec(b)]).expect_err(says);

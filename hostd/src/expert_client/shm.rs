@@ -23,7 +23,9 @@ use std::time::Duration;
 
 // Activations are copied as little-endian f32 bytes in place.
 #[cfg(target_endian = "big")]
-compile_error!("the expertd shared-memory transport copies little-endian f32 in place; big-endian hosts are unsupported");
+compile_error!(
+    "the expertd shared-memory transport copies little-endian f32 in place; big-endian hosts are unsupported"
+);
 
 /// How long the daemon may take to answer the pre-handshake.
 pub const HELLO_REPLY_TIMEOUT: Duration = Duration::from_secs(10);
@@ -41,7 +43,9 @@ pub struct ClientSegment {
 
 impl std::fmt::Debug for ClientSegment {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ClientSegment").field("layout", &self.layout).finish()
+        f.debug_struct("ClientSegment")
+            .field("layout", &self.layout)
+            .finish()
     }
 }
 
@@ -70,22 +74,39 @@ impl Slot<'_> {
 impl Drop for Slot<'_> {
     fn drop(&mut self) {
         if self.quarantined {
-            self.segment.quarantined.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            self.segment
+                .quarantined
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             return;
         }
-        self.segment.free.lock().unwrap_or_else(PoisonError::into_inner).push(self.index);
+        self.segment
+            .free
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(self.index);
     }
 }
 
 impl ClientSegment {
     /// Creates, sizes, seals and maps a segment for `layout`.
     pub fn create(layout: SlotLayout) -> std::io::Result<ClientSegment> {
-        let fd = rustix::fs::memfd_create("sluice-expertd-activations", MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING)?;
+        let fd = rustix::fs::memfd_create(
+            "sluice-expertd-activations",
+            MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING,
+        )?;
         rustix::fs::ftruncate(&fd, layout.segment_bytes)?;
         rustix::fs::fcntl_add_seals(&fd, SealFlags::SHRINK | SealFlags::GROW | SealFlags::SEAL)?;
         let file = std::fs::File::from(fd.try_clone()?);
-        let map = memmap2::MmapOptions::new().len(layout.segment_bytes as usize).map_raw(&file)?;
-        let segment = ClientSegment { fd, map, layout, free: Mutex::new((0..layout.n_slots).rev().collect()), quarantined: Default::default() };
+        let map = memmap2::MmapOptions::new()
+            .len(layout.segment_bytes as usize)
+            .map_raw(&file)?;
+        let segment = ClientSegment {
+            fd,
+            map,
+            layout,
+            free: Mutex::new((0..layout.n_slots).rev().collect()),
+            quarantined: Default::default(),
+        };
         segment.copy_in(0, &layout.header().encode());
         if let Some(ring) = segment.ring() {
             ring.reset();
@@ -109,8 +130,16 @@ impl ClientSegment {
 
     /// A free slot, if any (calls beyond the slot count travel inline).
     pub fn try_slot(&self) -> Option<Slot<'_>> {
-        let index = self.free.lock().unwrap_or_else(PoisonError::into_inner).pop()?;
-        Some(Slot { segment: self, index, quarantined: false })
+        let index = self
+            .free
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .pop()?;
+        Some(Slot {
+            segment: self,
+            index,
+            quarantined: false,
+        })
     }
 
     /// Slots withheld from reuse because their call was abandoned.
@@ -119,18 +148,36 @@ impl ClientSegment {
     }
 
     fn copy_in(&self, offset: u64, bytes: &[u8]) {
-        assert!(offset + bytes.len() as u64 <= self.layout.segment_bytes, "segment write out of bounds");
+        assert!(
+            offset + bytes.len() as u64 <= self.layout.segment_bytes,
+            "segment write out of bounds"
+        );
         // SAFETY: the range lies inside the mapping (asserted), which lives as long as `self`;
         // the memfd is sealed against shrinking, so no page can disappear. The daemon only
         // touches a slot while the call that lent it is in flight, and this process writes a
         // slot only while it holds the slot, so nobody reads these bytes concurrently.
-        unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), self.map.as_mut_ptr().add(offset as usize), bytes.len()) }
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                bytes.as_ptr(),
+                self.map.as_mut_ptr().add(offset as usize),
+                bytes.len(),
+            )
+        }
     }
 
     fn copy_out(&self, offset: u64, out: &mut [u8]) {
-        assert!(offset + out.len() as u64 <= self.layout.segment_bytes, "segment read out of bounds");
+        assert!(
+            offset + out.len() as u64 <= self.layout.segment_bytes,
+            "segment read out of bounds"
+        );
         // SAFETY: as in `copy_in`; the daemon finished writing before it answered the call.
-        unsafe { std::ptr::copy_nonoverlapping(self.map.as_ptr().add(offset as usize), out.as_mut_ptr(), out.len()) }
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                self.map.as_ptr().add(offset as usize),
+                out.as_mut_ptr(),
+                out.len(),
+            )
+        }
     }
 
     /// Writes a call's activations into `slot`'s input region and returns its descriptor.
@@ -138,18 +185,29 @@ impl ClientSegment {
     pub fn write_input(&self, slot: &Slot<'_>, segment_id: u64, x: &[f32]) -> ShmSlice {
         let offset = self.layout.input_offset(slot.index);
         self.copy_in(offset, bytemuck::cast_slice(x));
-        ShmSlice { segment_id, offset_bytes: offset, length_bytes: x.len() as u64 * 4 }
+        ShmSlice {
+            segment_id,
+            offset_bytes: offset,
+            length_bytes: x.len() as u64 * 4,
+        }
     }
 
     /// The descriptor of `slot`'s output region for `n_values` f32.
     pub fn output_slice(&self, slot: &Slot<'_>, segment_id: u64, n_values: usize) -> ShmSlice {
-        ShmSlice { segment_id, offset_bytes: self.layout.output_offset(slot.index), length_bytes: n_values as u64 * 4 }
+        ShmSlice {
+            segment_id,
+            offset_bytes: self.layout.output_offset(slot.index),
+            length_bytes: n_values as u64 * 4,
+        }
     }
 
     /// Reads a call's output from `slot`'s output region.
     // PERF-CRITICAL: one memcpy of a call's output.
     pub fn read_output(&self, slot: &Slot<'_>, out: &mut [f32]) {
-        self.copy_out(self.layout.output_offset(slot.index), bytemuck::cast_slice_mut(out));
+        self.copy_out(
+            self.layout.output_offset(slot.index),
+            bytemuck::cast_slice_mut(out),
+        );
     }
 
     /// Whether a call of `n_rows` fits a slot.
@@ -160,13 +218,27 @@ impl ClientSegment {
 
 /// Runs the pre-handshake on a freshly connected unix stream: sends the hello frame, with the
 /// segment's memfd attached when there is one, and reads the daemon's reply.
-pub fn send_hello(stream: &mut UnixStream, segment: Option<&ClientSegment>) -> std::io::Result<HelloReply> {
+pub fn send_hello(
+    stream: &mut UnixStream,
+    segment: Option<&ClientSegment>,
+) -> std::io::Result<HelloReply> {
     send_hello_within(stream, segment, HELLO_REPLY_TIMEOUT)
 }
 
 /// [`send_hello`], waiting at most `timeout` (at least 1 ms) for the reply.
-pub fn send_hello_within(stream: &mut UnixStream, segment: Option<&ClientSegment>, timeout: Duration) -> std::io::Result<HelloReply> {
-    let hello = Hello { version: shm_layout::HELLO_VERSION, flags: if segment.is_some() { shm_layout::HELLO_FLAG_SEGMENT } else { 0 } };
+pub fn send_hello_within(
+    stream: &mut UnixStream,
+    segment: Option<&ClientSegment>,
+    timeout: Duration,
+) -> std::io::Result<HelloReply> {
+    let hello = Hello {
+        version: shm_layout::HELLO_VERSION,
+        flags: if segment.is_some() {
+            shm_layout::HELLO_FLAG_SEGMENT
+        } else {
+            0
+        },
+    };
     let frame = hello.encode();
     let mut space = [MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(1))];
     let mut control = SendAncillaryBuffer::new(&mut space);
@@ -174,10 +246,17 @@ pub fn send_hello_within(stream: &mut UnixStream, segment: Option<&ClientSegment
     if let Some(seg) = segment {
         fds = [seg.fd.as_fd()];
         if !control.push(SendAncillaryMessage::ScmRights(&fds)) {
-            return Err(std::io::Error::other("SCM_RIGHTS control message does not fit"));
+            return Err(std::io::Error::other(
+                "SCM_RIGHTS control message does not fit",
+            ));
         }
     }
-    let mut sent = rustix::net::sendmsg(&*stream, &[IoSlice::new(&frame)], &mut control, SendFlags::NOSIGNAL)?;
+    let mut sent = rustix::net::sendmsg(
+        &*stream,
+        &[IoSlice::new(&frame)],
+        &mut control,
+        SendFlags::NOSIGNAL,
+    )?;
     // The descriptor rode on the first bytes; any remainder is plain data.
     while sent < frame.len() {
         sent += rustix::net::send(&*stream, &frame[sent..], SendFlags::NOSIGNAL)?;

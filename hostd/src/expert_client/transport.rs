@@ -63,16 +63,25 @@ impl CaCertificate {
     pub fn read(path: &std::path::Path) -> std::io::Result<CaCertificate> {
         let pem = std::fs::read(path)?;
         if !pem.windows(27).any(|w| w == b"-----BEGIN CERTIFICATE-----") {
-            return Err(std::io::Error::new(std::io::ErrorKind::InvalidData, "no PEM certificate (-----BEGIN CERTIFICATE-----) in it"));
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                "no PEM certificate (-----BEGIN CERTIFICATE-----) in it",
+            ));
         }
-        Ok(CaCertificate { path: path.to_path_buf(), pem: Arc::new(pem) })
+        Ok(CaCertificate {
+            path: path.to_path_buf(),
+            pem: Arc::new(pem),
+        })
     }
 }
 
 impl Endpoint {
     /// Parses `unix:///PATH` (or `unix:PATH`), `https://HOST:PORT` or `http://HOST:PORT`.
     pub fn parse(s: &str) -> Result<Endpoint, String> {
-        if let Some(path) = s.strip_prefix("unix://").or_else(|| s.strip_prefix("unix:")) {
+        if let Some(path) = s
+            .strip_prefix("unix://")
+            .or_else(|| s.strip_prefix("unix:"))
+        {
             if path.is_empty() {
                 return Err(format!("{s:?}: the unix socket path is empty"));
             }
@@ -84,16 +93,33 @@ impl Endpoint {
                 if authority.is_empty() || authority.contains('/') || !authority.contains(':') {
                     return Err(format!("{s:?}: expected {scheme}HOST:PORT"));
                 }
-                return Ok(Endpoint::Tcp { uri: s.to_string(), authority: authority.to_string(), tls, ca: None });
+                return Ok(Endpoint::Tcp {
+                    uri: s.to_string(),
+                    authority: authority.to_string(),
+                    tls,
+                    ca: None,
+                });
             }
         }
-        Err(format!("{s:?}: expected unix:///PATH, https://HOST:PORT or http://HOST:PORT"))
+        Err(format!(
+            "{s:?}: expected unix:///PATH, https://HOST:PORT or http://HOST:PORT"
+        ))
     }
 
     /// This endpoint trusting `ca` (for `https://`; other endpoints are returned unchanged).
     pub fn with_ca(self, ca: Option<CaCertificate>) -> Endpoint {
         match self {
-            Endpoint::Tcp { uri, authority, tls: true, .. } => Endpoint::Tcp { uri, authority, tls: true, ca },
+            Endpoint::Tcp {
+                uri,
+                authority,
+                tls: true,
+                ..
+            } => Endpoint::Tcp {
+                uri,
+                authority,
+                tls: true,
+                ca,
+            },
             other => other,
         }
     }
@@ -115,7 +141,8 @@ pub struct TokenInterceptor(Option<tonic::metadata::MetadataValue<tonic::metadat
 impl Interceptor for TokenInterceptor {
     fn call(&mut self, mut req: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
         if let Some(v) = &self.0 {
-            req.metadata_mut().insert(proto::AUTHORIZATION_HEADER, v.clone());
+            req.metadata_mut()
+                .insert(proto::AUTHORIZATION_HEADER, v.clone());
         }
         Ok(req)
     }
@@ -131,10 +158,15 @@ impl ConnWatch {
     /// Whether the daemon closed the connection (exited, restarted, drained).
     pub fn is_closed(&self) -> bool {
         let mut fds = [PollFd::new(&self.0, PollFlags::RDHUP)];
-        let zero = Timespec { tv_sec: 0, tv_nsec: 0 };
+        let zero = Timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
         match rustix::event::poll(&mut fds, Some(&zero)) {
             Ok(0) => false,
-            Ok(_) => fds[0].revents().intersects(PollFlags::RDHUP | PollFlags::HUP | PollFlags::ERR | PollFlags::NVAL),
+            Ok(_) => fds[0]
+                .revents()
+                .intersects(PollFlags::RDHUP | PollFlags::HUP | PollFlags::ERR | PollFlags::NVAL),
             Err(_) => true,
         }
     }
@@ -166,14 +198,20 @@ impl<IO> tower::Service<Uri> for SingleUse<IO> {
     type Error = std::io::Error;
     type Future = std::future::Ready<Result<TokioIo<IO>, std::io::Error>>;
 
-    fn poll_ready(&mut self, _cx: &mut std::task::Context<'_>) -> std::task::Poll<Result<(), std::io::Error>> {
+    fn poll_ready(
+        &mut self,
+        _cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), std::io::Error>> {
         std::task::Poll::Ready(Ok(()))
     }
 
     fn call(&mut self, _uri: Uri) -> Self::Future {
         let io = self.0.lock().unwrap_or_else(PoisonError::into_inner).take();
         std::future::ready(io.ok_or_else(|| {
-            std::io::Error::new(std::io::ErrorKind::NotConnected, "the expertd connection closed; hostd reconnects with a new session")
+            std::io::Error::new(
+                std::io::ErrorKind::NotConnected,
+                "the expertd connection closed; hostd reconnects with a new session",
+            )
         }))
     }
 }
@@ -183,7 +221,11 @@ fn single_use_channel<IO>(io: IO) -> SingleUse<IO> {
 }
 
 /// Opens one connection to `endpoint` (passing `segment` on a unix socket) and wraps it.
-pub async fn connect(endpoint: &Endpoint, segment: Option<Arc<ClientSegment>>, token: Option<&str>) -> Result<Link, ExpertClientError> {
+pub async fn connect(
+    endpoint: &Endpoint,
+    segment: Option<Arc<ClientSegment>>,
+    token: Option<&str>,
+) -> Result<Link, ExpertClientError> {
     connect_within(endpoint, segment, token, HELLO_REPLY_TIMEOUT).await
 }
 
@@ -196,9 +238,16 @@ pub async fn connect_within(
     hello_timeout: std::time::Duration,
 ) -> Result<Link, ExpertClientError> {
     let ep = endpoint.to_string();
-    let connect_err = |reason: String| ExpertClientError::Connect { endpoint: ep.clone(), reason };
+    let connect_err = |reason: String| ExpertClientError::Connect {
+        endpoint: ep.clone(),
+        reason,
+    };
     let token = match token {
-        Some(t) => Some(format!("Bearer {t}").parse().map_err(|_| connect_err("the token is not valid header text".into()))?),
+        Some(t) => Some(
+            format!("Bearer {t}")
+                .parse()
+                .map_err(|_| connect_err("the token is not valid header text".into()))?,
+        ),
         None => None,
     };
     let (channel, watch, segment_id) = match endpoint {
@@ -216,41 +265,80 @@ pub async fn connect_within(
             if reply.status != shared::shm_layout::REPLY_OK {
                 tracing::warn!(endpoint = %ep, "expertd refused the shared-memory segment (see its log); activations travel inline");
             }
-            let watch = ConnWatch(stream.as_fd().try_clone_to_owned().map_err(|e| connect_err(e.to_string()))?);
-            let stream = tokio::net::UnixStream::from_std(stream).map_err(|e| connect_err(e.to_string()))?;
+            let watch = ConnWatch(
+                stream
+                    .as_fd()
+                    .try_clone_to_owned()
+                    .map_err(|e| connect_err(e.to_string()))?,
+            );
+            let stream =
+                tokio::net::UnixStream::from_std(stream).map_err(|e| connect_err(e.to_string()))?;
             let channel = keepalive(TonicEndpoint::from_static("http://expertd.local"))
                 .connect_with_connector(single_use_channel(stream))
                 .await
                 .map_err(|e| connect_err(e.to_string()))?;
             (channel, watch, reply.segment_id)
         }
-        Endpoint::Tcp { uri, authority, tls, ca } => {
-            let mut tonic_endpoint = keepalive(TonicEndpoint::from_shared(uri.clone()).map_err(|e| connect_err(e.to_string()))?);
+        Endpoint::Tcp {
+            uri,
+            authority,
+            tls,
+            ca,
+        } => {
+            let mut tonic_endpoint = keepalive(
+                TonicEndpoint::from_shared(uri.clone()).map_err(|e| connect_err(e.to_string()))?,
+            );
             if *tls {
                 let Some(ca) = ca else {
                     return Err(connect_err("a https:// endpoint needs the CA that signed the daemon's certificate (--expertd-ca-file)".into()));
                 };
-                let config = tonic::transport::ClientTlsConfig::new().ca_certificate(tonic::transport::Certificate::from_pem(ca.pem.as_slice()));
-                tonic_endpoint = tonic_endpoint.tls_config(config).map_err(|e| connect_err(format!("CA file {}: {}", ca.path.display(), error_chain(&e))))?;
+                let config = tonic::transport::ClientTlsConfig::new()
+                    .ca_certificate(tonic::transport::Certificate::from_pem(ca.pem.as_slice()));
+                tonic_endpoint = tonic_endpoint.tls_config(config).map_err(|e| {
+                    connect_err(format!(
+                        "CA file {}: {}",
+                        ca.path.display(),
+                        error_chain(&e)
+                    ))
+                })?;
             }
-            let stream = tokio::net::TcpStream::connect(authority.as_str()).await.map_err(|e| connect_err(e.to_string()))?;
+            let stream = tokio::net::TcpStream::connect(authority.as_str())
+                .await
+                .map_err(|e| connect_err(e.to_string()))?;
             let _ = stream.set_nodelay(true);
-            let watch = ConnWatch(stream.as_fd().try_clone_to_owned().map_err(|e| connect_err(e.to_string()))?);
-            let channel = tonic_endpoint.connect_with_connector(single_use_channel(stream)).await.map_err(|e| {
-                if *tls {
-                    let trust = ca.as_ref().map_or_else(String::new, |ca| format!(" (trusting {})", ca.path.display()));
-                    ExpertClientError::Tls { endpoint: ep.clone(), reason: format!("{}{trust}", error_chain(&e)) }
-                } else {
-                    connect_err(error_chain(&e))
-                }
-            })?;
+            let watch = ConnWatch(
+                stream
+                    .as_fd()
+                    .try_clone_to_owned()
+                    .map_err(|e| connect_err(e.to_string()))?,
+            );
+            let channel = tonic_endpoint
+                .connect_with_connector(single_use_channel(stream))
+                .await
+                .map_err(|e| {
+                    if *tls {
+                        let trust = ca.as_ref().map_or_else(String::new, |ca| {
+                            format!(" (trusting {})", ca.path.display())
+                        });
+                        ExpertClientError::Tls {
+                            endpoint: ep.clone(),
+                            reason: format!("{}{trust}", error_chain(&e)),
+                        }
+                    } else {
+                        connect_err(error_chain(&e))
+                    }
+                })?;
             (channel, watch, 0)
         }
     };
     let client = ExpertServiceClient::with_interceptor(channel, TokenInterceptor(token))
         .max_decoding_message_size(MAX_MESSAGE_BYTES)
         .max_encoding_message_size(MAX_MESSAGE_BYTES);
-    Ok(Link { client, watch, segment_id })
+    Ok(Link {
+        client,
+        watch,
+        segment_id,
+    })
 }
 
 /// An error and its sources, `outer: inner: …` (tonic's own text is only "transport error").
@@ -266,7 +354,9 @@ fn error_chain(e: &dyn std::error::Error) -> String {
 }
 
 fn keepalive(e: TonicEndpoint) -> TonicEndpoint {
-    e.http2_keep_alive_interval(KEEPALIVE_INTERVAL).keep_alive_timeout(KEEPALIVE_TIMEOUT).keep_alive_while_idle(true)
+    e.http2_keep_alive_interval(KEEPALIVE_INTERVAL)
+        .keep_alive_timeout(KEEPALIVE_TIMEOUT)
+        .keep_alive_while_idle(true)
 }
 
 #[cfg(test)]
@@ -275,14 +365,27 @@ mod tests {
 
     #[test]
     fn endpoints_parse() {
-        assert_eq!(Endpoint::parse("unix:///run/x.sock"), Ok(Endpoint::Unix("/run/x.sock".into())));
+        assert_eq!(
+            Endpoint::parse("unix:///run/x.sock"),
+            Ok(Endpoint::Unix("/run/x.sock".into()))
+        );
         assert_eq!(
             Endpoint::parse("http://127.0.0.1:7070"),
-            Ok(Endpoint::Tcp { uri: "http://127.0.0.1:7070".into(), authority: "127.0.0.1:7070".into(), tls: false, ca: None })
+            Ok(Endpoint::Tcp {
+                uri: "http://127.0.0.1:7070".into(),
+                authority: "127.0.0.1:7070".into(),
+                tls: false,
+                ca: None
+            })
         );
         assert_eq!(
             Endpoint::parse("https://node2:7443"),
-            Ok(Endpoint::Tcp { uri: "https://node2:7443".into(), authority: "node2:7443".into(), tls: true, ca: None })
+            Ok(Endpoint::Tcp {
+                uri: "https://node2:7443".into(),
+                authority: "node2:7443".into(),
+                tls: true,
+                ca: None
+            })
         );
         assert!(Endpoint::parse("https://nohost").is_err());
         assert!(Endpoint::parse("ftp://x:1").is_err());

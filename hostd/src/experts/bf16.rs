@@ -7,11 +7,11 @@
 use super::{ExpertBackend, ExpertError, MoeCall, combine_in_call_order, validate_call};
 use crate::model::ops::silu;
 use crate::model::weights::{MappedCheckpoint, Matrix, WeightsError};
+use crate::profile::Profiler;
 use rayon::prelude::*;
 use shared::ids::{ExpertId, LayerId};
 use shared::kernels::{self, Isa};
 use shared::safetensors_locator::ExpertLocator;
-use crate::profile::Profiler;
 
 /// Gate, up and down matrices of one expert.
 struct ExpertMatrices {
@@ -38,14 +38,27 @@ impl Bf16Experts {
         for layer in LayerId::all(cfg.num_layers) {
             let mut row = Vec::with_capacity(cfg.num_experts);
             for e in ExpertId::all(cfg.num_experts) {
-                let r = locator.expert(layer, e).map_err(|err| WeightsError::Missing(err.to_string()))?;
+                let r = locator
+                    .expert(layer, e)
+                    .map_err(|err| WeightsError::Missing(err.to_string()))?;
                 let name = format!("layer {layer} expert {e}");
-                let m = |b: &shared::safetensors_locator::ByteRange| w.matrix_at(&name, b.shard, b.offset, b.shape[0], b.shape[1]);
-                row.push(ExpertMatrices { gate: m(&r.gate)?, up: m(&r.up)?, down: m(&r.down)? });
+                let m = |b: &shared::safetensors_locator::ByteRange| {
+                    w.matrix_at(&name, b.shard, b.offset, b.shape[0], b.shape[1])
+                };
+                row.push(ExpertMatrices {
+                    gate: m(&r.gate)?,
+                    up: m(&r.up)?,
+                    down: m(&r.down)?,
+                });
             }
             experts.push(row);
         }
-        Ok(Bf16Experts { experts, n_experts: cfg.num_experts, hidden: cfg.hidden_size, isa })
+        Ok(Bf16Experts {
+            experts,
+            n_experts: cfg.num_experts,
+            hidden: cfg.hidden_size,
+            isa,
+        })
     }
 }
 
@@ -55,11 +68,25 @@ impl ExpertBackend for Bf16Experts {
     }
 
     fn expert_bytes(&self) -> Option<usize> {
-        self.experts.first().and_then(|l| l.first()).map(|m| m.gate.bytes() + m.up.bytes() + m.down.bytes())
+        self.experts
+            .first()
+            .and_then(|l| l.first())
+            .map(|m| m.gate.bytes() + m.up.bytes() + m.down.bytes())
     }
 
-    fn moe_layer_profiled(&self, call: &MoeCall<'_>, out: &mut [f32], _profiler: Option<&Profiler>) -> Result<(), ExpertError> {
-        validate_call(call, self.experts.len(), self.n_experts, self.hidden, out.len())?;
+    fn moe_layer_profiled(
+        &self,
+        call: &MoeCall<'_>,
+        out: &mut [f32],
+        _profiler: Option<&Profiler>,
+    ) -> Result<(), ExpertError> {
+        validate_call(
+            call,
+            self.experts.len(),
+            self.n_experts,
+            self.hidden,
+            out.len(),
+        )?;
         let (d, k) = (self.hidden, call.top_k);
         // Group (row, slot) cells by expert.
         let used = shared::moe_combine::cells_by_expert(call.ids, self.n_experts);

@@ -8,13 +8,15 @@
 //! fails verification fails every call that uses it (it is never marked verified).
 
 use super::{ExpertBackend, ExpertError, MoeCall, validate_call};
-use shared::checkpoint::Checkpoint;
+use crate::profile::Profiler;
 use memmap2::Mmap;
-use shared::container::{BlobAt, ContainerError, ContainerFile, ExpertBlob, ModelIdentity, check_blob};
+use shared::checkpoint::Checkpoint;
+use shared::container::{
+    BlobAt, ContainerError, ContainerFile, ExpertBlob, ModelIdentity, check_blob,
+};
 use shared::ids::{ExpertId, LayerId};
 use shared::kernels::int8::Int8Isa;
 use shared::moe_exec::{ExpertMatrices, MoeExec};
-use crate::profile::Profiler;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Instant;
@@ -80,17 +82,35 @@ impl Int8Experts {
             });
         }
         let cfg = &ckpt.config.text;
-        let map_err = |e: std::io::Error| Int8LoadError::Map { path: container.path().display().to_string(), message: e.to_string() };
+        let map_err = |e: std::io::Error| Int8LoadError::Map {
+            path: container.path().display().to_string(),
+            message: e.to_string(),
+        };
         let file = std::fs::File::open(container.path()).map_err(map_err)?;
         // SAFETY: read-only private mapping. As with the checkpoint shards, we rely on nobody
         // rewriting the container while it is served; every blob is still checksummed once in
         // the mapping before its first use, and the length was checked when it was opened.
         let map = unsafe { Mmap::map(&file) }.map_err(map_err)?;
         if (map.len() as u64) < container.header().layout.file_bytes {
-            return Err(Int8LoadError::Map { path: container.path().display().to_string(), message: "file shrank after it was opened".into() });
+            return Err(Int8LoadError::Map {
+                path: container.path().display().to_string(),
+                message: "file shrank after it was opened".into(),
+            });
         }
-        let verified = container.index().iter().map(|_| AtomicBool::new(false)).collect();
-        Ok(Int8Experts { container, map, verified, isa, n_layers: cfg.num_layers, n_experts: cfg.num_experts, hidden: cfg.hidden_size })
+        let verified = container
+            .index()
+            .iter()
+            .map(|_| AtomicBool::new(false))
+            .collect();
+        Ok(Int8Experts {
+            container,
+            map,
+            verified,
+            isa,
+            n_layers: cfg.num_layers,
+            n_experts: cfg.num_experts,
+            hidden: cfg.hidden_size,
+        })
     }
 
     /// (layer, expert)'s matrices in the mapping, verifying the blob on its first use.
@@ -98,15 +118,22 @@ impl Int8Experts {
         let layout = &self.container.header().layout;
         let i = layout.blob_index(layer, expert)?;
         let entry = self.container.index()[i];
-        let at = BlobAt { layer, expert, offset: entry.offset };
-        let start = entry.offset as usize;
-        let bytes = self.map.get(start..start + layout.blob.stride).ok_or(ContainerError::BlobLength {
+        let at = BlobAt {
             layer,
             expert,
             offset: entry.offset,
-            found: self.map.len().saturating_sub(start) as u64,
-            expected: layout.blob.stride as u64,
-        })?;
+        };
+        let start = entry.offset as usize;
+        let bytes =
+            self.map
+                .get(start..start + layout.blob.stride)
+                .ok_or(ContainerError::BlobLength {
+                    layer,
+                    expert,
+                    offset: entry.offset,
+                    found: self.map.len().saturating_sub(start) as u64,
+                    expected: layout.blob.stride as u64,
+                })?;
         if !self.verified[i].load(Ordering::Acquire) {
             // Two threads may both verify the same blob the first time; that is harmless.
             check_blob(bytes, &layout.blob, at, Some(entry.checksum))?;
@@ -125,10 +152,23 @@ impl ExpertBackend for Int8Experts {
         Some(self.container.header().layout.blob.stride)
     }
 
-    fn moe_layer_profiled(&self, call: &MoeCall<'_>, out: &mut [f32], profiler: Option<&Profiler>) -> Result<(), ExpertError> {
+    fn moe_layer_profiled(
+        &self,
+        call: &MoeCall<'_>,
+        out: &mut [f32],
+        profiler: Option<&Profiler>,
+    ) -> Result<(), ExpertError> {
         validate_call(call, self.n_layers, self.n_experts, self.hidden, out.len())?;
         let d = self.hidden;
-        let mut exec = MoeExec::new(call.x, call.ids, call.weights, call.n_rows, call.top_k, d, self.n_experts);
+        let mut exec = MoeExec::new(
+            call.x,
+            call.ids,
+            call.weights,
+            call.n_rows,
+            call.top_k,
+            d,
+            self.n_experts,
+        );
         // Profiling: thread time the workers spend getting blobs (the first-use checksum of a
         // mapped blob; later uses are a lookup). Page faults on the mapping happen while the
         // kernels touch the weights, so they count as compute here (the rest of the wall).
@@ -138,11 +178,20 @@ impl ExpertBackend for Int8Experts {
         let all: Vec<usize> = (0..exec.groups().len()).collect();
         exec.compute(self.isa, &all, |_, e| {
             let t = timing.then(Instant::now);
-            let blob = self.blob(call.layer, e).map_err(|err| ExpertError::Expert { layer: call.layer, expert: e, reason: err.to_string() })?;
+            let blob = self
+                .blob(call.layer, e)
+                .map_err(|err| ExpertError::Expert {
+                    layer: call.layer,
+                    expert: e,
+                    reason: err.to_string(),
+                })?;
             if let Some(t) = t {
                 read_ns.fetch_add(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
             }
-            Ok(ExpertMatrices { gate_up: blob.gate_up, down: blob.down })
+            Ok(ExpertMatrices {
+                gate_up: blob.gate_up,
+                down: blob.down,
+            })
         })?;
         if let (Some(t), Some(p)) = (t_wall, profiler) {
             let wall = t.elapsed().as_nanos() as u64;

@@ -98,7 +98,11 @@ impl SpeculativeCounters {
 
     /// Adds another daemon's counters.
     pub fn plus(&self, o: &SpeculativeCounters) -> SpeculativeCounters {
-        SpeculativeCounters { bytes_read: self.bytes_read + o.bytes_read, useful_bytes: self.useful_bytes + o.useful_bytes, stale: self.stale + o.stale }
+        SpeculativeCounters {
+            bytes_read: self.bytes_read + o.bytes_read,
+            useful_bytes: self.useful_bytes + o.useful_bytes,
+            stale: self.stale + o.stale,
+        }
     }
 }
 
@@ -110,7 +114,12 @@ pub trait ExpertBackend: Send + Sync {
     /// Writes `out[r] = Σ_k weights[r,k] · expert_{ids[r,k]}(x[r])` for every row. When
     /// `profiler` is given, records the call's own figures into it (`experts.*` ops and
     /// counters: daemon queue, IO wait and compute, cache hits); it never changes a result.
-    fn moe_layer_profiled(&self, call: &MoeCall<'_>, out: &mut [f32], profiler: Option<&Profiler>) -> Result<(), ExpertError>;
+    fn moe_layer_profiled(
+        &self,
+        call: &MoeCall<'_>,
+        out: &mut [f32],
+        profiler: Option<&Profiler>,
+    ) -> Result<(), ExpertError>;
     /// [`moe_layer_profiled`](Self::moe_layer_profiled) without a profiler.
     fn moe_layer(&self, call: &MoeCall<'_>, out: &mut [f32]) -> Result<(), ExpertError> {
         self.moe_layer_profiled(call, out, None)
@@ -120,7 +129,13 @@ pub trait ExpertBackend: Send + Sync {
     /// elsewhere (expertd's call ring) runs it while the call is in flight, so the caller's
     /// own independent work (the shared expert) overlaps the daemon's; in process it runs
     /// after the call. `during` must not touch `out`; nothing it does changes the result.
-    fn moe_layer_overlapped(&self, call: &MoeCall<'_>, out: &mut [f32], profiler: Option<&Profiler>, during: &mut dyn FnMut()) -> Result<(), ExpertError> {
+    fn moe_layer_overlapped(
+        &self,
+        call: &MoeCall<'_>,
+        out: &mut [f32],
+        profiler: Option<&Profiler>,
+        during: &mut dyn FnMut(),
+    ) -> Result<(), ExpertError> {
         let r = self.moe_layer_profiled(call, out, profiler);
         during();
         r
@@ -163,7 +178,12 @@ pub trait ExpertBackend: Send + Sync {
 /// Combines per-expert outputs (`(cells, cells.len() × d outputs)` per expert) into the call's
 /// result with the one implementation every backend shares ([`shared::moe_combine`]): each
 /// row's weighted outputs summed in slot order.
-pub fn combine_in_call_order(call: &MoeCall<'_>, d: usize, results: Vec<(Vec<usize>, Vec<f32>)>, out: &mut [f32]) {
+pub fn combine_in_call_order(
+    call: &MoeCall<'_>,
+    d: usize,
+    results: Vec<(Vec<usize>, Vec<f32>)>,
+    out: &mut [f32],
+) {
     let mut slots = vec![0.0f32; call.n_rows * call.top_k * d];
     for (cells, y) in results {
         shared::moe_combine::scatter(&mut slots, d, &cells, &y);
@@ -172,14 +192,33 @@ pub fn combine_in_call_order(call: &MoeCall<'_>, d: usize, results: Vec<(Vec<usi
 }
 
 /// Checks a call's shape and contents against the model's dimensions.
-pub fn validate_call(call: &MoeCall<'_>, n_layers: usize, n_experts: usize, hidden: usize, out_len: usize) -> Result<(), ExpertError> {
-    let bad = |reason: String| Err(ExpertError::InvalidCall { layer: call.layer, reason });
+pub fn validate_call(
+    call: &MoeCall<'_>,
+    n_layers: usize,
+    n_experts: usize,
+    hidden: usize,
+    out_len: usize,
+) -> Result<(), ExpertError> {
+    let bad = |reason: String| {
+        Err(ExpertError::InvalidCall {
+            layer: call.layer,
+            reason,
+        })
+    };
     if call.layer.index() >= n_layers {
         return bad(format!("layer out of range (model has {n_layers})"));
     }
-    shared::moe_exec::validate_routing(call.n_rows, call.top_k, call.ids, call.weights, n_experts).map_err(|reason| ExpertError::InvalidCall { layer: call.layer, reason })?;
+    shared::moe_exec::validate_routing(call.n_rows, call.top_k, call.ids, call.weights, n_experts)
+        .map_err(|reason| ExpertError::InvalidCall {
+            layer: call.layer,
+            reason,
+        })?;
     if call.x.len() != call.n_rows * hidden || out_len != call.n_rows * hidden {
-        return bad(format!("activations ({}) and output ({out_len}) must hold rows × hidden = {} × {hidden}", call.x.len(), call.n_rows));
+        return bad(format!(
+            "activations ({}) and output ({out_len}) must hold rows × hidden = {} × {hidden}",
+            call.x.len(),
+            call.n_rows
+        ));
     }
     Ok(())
 }

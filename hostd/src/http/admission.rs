@@ -98,8 +98,17 @@ impl Admission {
     /// Admission with these limits.
     pub fn new(config: AdmissionConfig) -> Admission {
         let slots = Arc::new(Semaphore::new(config.tokenize_threads.max(1)));
-        let budget_kib = Arc::new(Semaphore::new(config.tokenize_budget_bytes.div_ceil(1024).clamp(1, Semaphore::MAX_PERMITS)));
-        Admission { config, slots, budget_kib }
+        let budget_kib = Arc::new(Semaphore::new(
+            config
+                .tokenize_budget_bytes
+                .div_ceil(1024)
+                .clamp(1, Semaphore::MAX_PERMITS),
+        ));
+        Admission {
+            config,
+            slots,
+            budget_kib,
+        }
     }
 
     /// The limits.
@@ -115,7 +124,10 @@ impl Admission {
     /// the reset can destroy the 413 before a client that is still sending reads it.
     pub async fn read_body(&self, headers: &HeaderMap, mut body: Body) -> Result<Bytes, ApiError> {
         let limit = self.config.max_body_bytes;
-        let declared = headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok());
+        let declared = headers
+            .get(header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<u64>().ok());
         if declared.is_some_and(|n| n > limit as u64) {
             drain(body);
             return Err(ApiError::BodyTooLarge { limit_bytes: limit });
@@ -138,7 +150,9 @@ impl Admission {
             Ok(Bytes::from(buf))
         };
         let result = match tokio::time::timeout(self.config.body_timeout, collect).await {
-            Err(_) => Err(ApiError::BodyTimeout { limit_s: self.config.body_timeout.as_secs().max(1) }),
+            Err(_) => Err(ApiError::BodyTimeout {
+                limit_s: self.config.body_timeout.as_secs().max(1),
+            }),
             Ok(r) => r,
         };
         if matches!(result, Err(ApiError::BodyTooLarge { .. })) {
@@ -167,9 +181,15 @@ impl Admission {
     /// pool's slots and that much of its byte budget are free (a text over the whole budget
     /// waits for all of it); 503 with `Retry-After` when they do not free within
     /// `--tokenize-wait`. After a large text, freed heap is handed back to the system.
-    pub async fn tokenize<T: Send + 'static>(&self, text_bytes: usize, work: impl FnOnce() -> T + Send + 'static) -> Result<T, ApiError> {
+    pub async fn tokenize<T: Send + 'static>(
+        &self,
+        text_bytes: usize,
+        work: impl FnOnce() -> T + Send + 'static,
+    ) -> Result<T, ApiError> {
         let wait = self.config.tokenize_wait;
-        let kib = u32::try_from(text_bytes.div_ceil(1024).max(1)).unwrap_or(u32::MAX).min(self.budget_kib_total());
+        let kib = u32::try_from(text_bytes.div_ceil(1024).max(1))
+            .unwrap_or(u32::MAX)
+            .min(self.budget_kib_total());
         let acquire = async {
             let slot = Arc::clone(&self.slots).acquire_owned().await?;
             let budget = Arc::clone(&self.budget_kib).acquire_many_owned(kib).await?;
@@ -177,7 +197,11 @@ impl Admission {
         };
         let permit = match tokio::time::timeout(wait, acquire).await {
             Ok(Ok(p)) => p,
-            Ok(Err(_)) => return Err(ApiError::Unavailable("The tokeniser pool is closed.".to_string())),
+            Ok(Err(_)) => {
+                return Err(ApiError::Unavailable(
+                    "The tokeniser pool is closed.".to_string(),
+                ));
+            }
             Err(_) => {
                 return Err(ApiError::Busy {
                     message: format!(
@@ -205,7 +229,13 @@ impl Admission {
 
 impl Admission {
     fn budget_kib_total(&self) -> u32 {
-        u32::try_from(self.config.tokenize_budget_bytes.div_ceil(1024).clamp(1, Semaphore::MAX_PERMITS)).unwrap_or(u32::MAX)
+        u32::try_from(
+            self.config
+                .tokenize_budget_bytes
+                .div_ceil(1024)
+                .clamp(1, Semaphore::MAX_PERMITS),
+        )
+        .unwrap_or(u32::MAX)
     }
 }
 
@@ -231,7 +261,12 @@ fn release_free_heap() {}
 /// The longest token of the vocabulary in bytes (special tokens included): no token covers
 /// more of the text than this.
 pub fn max_token_bytes(tokenizer: &Tokenizer) -> usize {
-    (0..tokenizer.vocab_size() as u32).filter_map(|id| tokenizer.token_bytes(id)).map(<[u8]>::len).max().unwrap_or(1).max(1)
+    (0..tokenizer.vocab_size() as u32)
+        .filter_map(|id| tokenizer.token_bytes(id))
+        .map(<[u8]>::len)
+        .max()
+        .unwrap_or(1)
+        .max(1)
 }
 
 /// A lower bound on the tokens of `text_bytes` bytes of text: each token covers at most
@@ -242,7 +277,12 @@ pub fn min_tokens(text_bytes: usize, max_token_bytes: usize) -> usize {
 
 /// 400 `context_length_exceeded` when a prompt of `text_bytes` bytes cannot fit `max_context`
 /// tokens together with at least one completion token, decided without tokenising it.
-pub fn check_fits(text_bytes: usize, max_token_bytes: usize, max_context: usize, param: &'static str) -> Result<(), ApiError> {
+pub fn check_fits(
+    text_bytes: usize,
+    max_token_bytes: usize,
+    max_context: usize,
+    param: &'static str,
+) -> Result<(), ApiError> {
     let at_least = min_tokens(text_bytes, max_token_bytes);
     if at_least >= max_context {
         return Err(ApiError::InvalidRequest {
@@ -267,28 +307,42 @@ mod tests {
         assert_eq!(min_tokens(49, 16), 2);
         assert!(check_fits(48 * 63, 16, 64, "messages").is_ok());
         let e = check_fits(48 * 64, 16, 64, "messages").expect_err("cannot fit");
-        assert_eq!((e.status().as_u16(), e.code()), (400, "context_length_exceeded"));
+        assert_eq!(
+            (e.status().as_u16(), e.code()),
+            (400, "context_length_exceeded")
+        );
     }
 
     #[test]
     fn prompt_cap_names_the_param() {
-        let a = Admission::new(AdmissionConfig { max_prompt_bytes: 4, ..AdmissionConfig::default() });
+        let a = Admission::new(AdmissionConfig {
+            max_prompt_bytes: 4,
+            ..AdmissionConfig::default()
+        });
         assert!(a.check_prompt_bytes("abcd", "messages").is_ok());
-        let e = a.check_prompt_bytes("abcde", "messages[2].content").expect_err("over the cap");
+        let e = a
+            .check_prompt_bytes("abcde", "messages[2].content")
+            .expect_err("over the cap");
         assert_eq!(e.body()["error"]["param"], "messages[2].content");
         assert_eq!(e.code(), "prompt_too_large");
     }
 
     #[tokio::test]
     async fn a_full_pool_answers_busy() {
-        let a =
-            Admission::new(AdmissionConfig { tokenize_threads: 1, tokenize_wait: Duration::from_millis(50), ..AdmissionConfig::default() });
+        let a = Admission::new(AdmissionConfig {
+            tokenize_threads: 1,
+            tokenize_wait: Duration::from_millis(50),
+            ..AdmissionConfig::default()
+        });
         let (tx, rx) = std::sync::mpsc::channel::<()>();
         let a = Arc::new(a);
         let a2 = Arc::clone(&a);
         let held = tokio::spawn(async move { a2.tokenize(10, move || rx.recv().is_ok()).await });
         tokio::time::sleep(Duration::from_millis(20)).await;
-        let e = a.tokenize(10, || 1).await.expect_err("the only slot is taken");
+        let e = a
+            .tokenize(10, || 1)
+            .await
+            .expect_err("the only slot is taken");
         assert_eq!((e.status().as_u16(), e.code()), (503, "server_busy"));
         let _ = tx.send(());
         assert_eq!(held.await.ok().and_then(Result::ok), Some(true));
@@ -309,7 +363,10 @@ mod tests {
         let a2 = Arc::clone(&a);
         let held = tokio::spawn(async move { a2.tokenize(3072, move || rx.recv().is_ok()).await });
         tokio::time::sleep(Duration::from_millis(20)).await;
-        assert_eq!(a.tokenize(3072, || 1).await.map_err(|e| e.code()), Err("server_busy"));
+        assert_eq!(
+            a.tokenize(3072, || 1).await.map_err(|e| e.code()),
+            Err("server_busy")
+        );
         assert_eq!(a.tokenize(1024, || 2).await.ok(), Some(2));
         let _ = tx.send(());
         assert_eq!(held.await.ok().and_then(Result::ok), Some(true));

@@ -68,11 +68,23 @@ impl<T: RequestBody + Send> FromRequest<Arc<AppState>> for Admitted<T> {
         let ready = Arc::clone(app.ready()?);
         let (parts, body) = request.into_parts();
         // `track` gives every request an id before any handler runs (every route is behind it).
-        let request_id = parts.extensions.get::<RequestId>().map(|RequestId(id)| id.clone());
-        debug_assert!(request_id.is_some(), "a route outside the `track` middleware");
+        let request_id = parts
+            .extensions
+            .get::<RequestId>()
+            .map(|RequestId(id)| id.clone());
+        debug_assert!(
+            request_id.is_some(),
+            "a route outside the `track` middleware"
+        );
         let request_id = request_id.unwrap_or_default();
         let req = T::parse(&app.admission.read_body(&parts.headers, body).await?)?;
         params::check_model(req.model(), &app.config.served_model_name)?;
-        Ok(Admitted { app: Arc::clone(app), ready, request_id, received, req })
+        Ok(Admitted {
+            app: Arc::clone(app),
+            ready,
+            request_id,
+            received,
+            req,
+        })
     }
 }

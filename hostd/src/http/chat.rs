@@ -19,12 +19,12 @@
 use super::admitted::Admitted;
 use super::error::ApiError;
 use super::fields::{self, Thinking, ThinkingFields};
+use super::generate::{self, ChatInput, Generation};
 use super::openai::{
     ChatChoice, ChatChunkChoice, ChatCompletion, ChatCompletionChunk, ChatCompletionRequest,
     ChatDelta, ChatLogprobs, ChatMessageOut, FunctionCallOut, FunctionDelta, LogprobContent,
     ToolCallDelta, ToolCallOut, Usage,
 };
-use super::generate::{self, ChatInput, Generation};
 use super::params;
 use super::response_format;
 use super::stream::{self, to_json};
@@ -37,7 +37,13 @@ use axum::response::{IntoResponse, Response};
 
 /// The handler.
 pub async fn chat_completions(
-    Admitted { app, ready, request_id, received, req }: Admitted<ChatCompletionRequest>,
+    Admitted {
+        app,
+        ready,
+        request_id,
+        received,
+        req,
+    }: Admitted<ChatCompletionRequest>,
 ) -> Result<Response, ApiError> {
     params::reject_unsupported_chat(&req)?;
     let n = params::check_n(req.n)?;

@@ -31,7 +31,13 @@ const MAX_LEGACY_LOGPROBS: i64 = 5;
 
 /// The handler.
 pub async fn completions(
-    Admitted { app, ready, request_id, received, req }: Admitted<CompletionRequest>,
+    Admitted {
+        app,
+        ready,
+        request_id,
+        received,
+        req,
+    }: Admitted<CompletionRequest>,
 ) -> Result<Response, ApiError> {
     params::reject_unsupported_completion(&req)?;
     let n = params::check_n(req.n)?;
@@ -39,7 +45,12 @@ pub async fn completions(
     let top = match req.logprobs {
         None => None,
         Some(n) if (0..=MAX_LEGACY_LOGPROBS).contains(&n) => Some(n),
-        Some(n) => return Err(ApiError::invalid(format!("logprobs must be between 0 and 5 (got {n})."), "logprobs")),
+        Some(n) => {
+            return Err(ApiError::invalid(
+                format!("logprobs must be between 0 and 5 (got {n})."),
+                "logprobs",
+            ));
+        }
     };
     let mut sampling = params::sampling_params(&req.sampling(), top.is_some(), top)?;
     sampling.logit_bias = params::logit_bias(req.logit_bias.as_ref(), &ready.tokenizer)?;
@@ -49,7 +60,10 @@ pub async fn completions(
     let max_context = ready.engine.config().max_context;
     let prompt = match params::completion_prompt(req.prompt.as_ref(), &ready.tokenizer)? {
         PromptInput::Ids(_) if suffix.is_some() => {
-            return Err(ApiError::unsupported("suffix (fill-in-the-middle) needs a text prompt, not token ids.", "suffix"));
+            return Err(ApiError::unsupported(
+                "suffix (fill-in-the-middle) needs a text prompt, not token ids.",
+                "suffix",
+            ));
         }
         PromptInput::Ids(ids) => ids,
         PromptInput::Text(text) => {
@@ -69,12 +83,21 @@ pub async fn completions(
                 .await?
                 .map_err(|e| ApiError::Internal(e.to_string()))?;
             if ids.is_empty() {
-                return Err(ApiError::invalid("The prompt is empty: nothing to generate from.", "prompt"));
+                return Err(ApiError::invalid(
+                    "The prompt is empty: nothing to generate from.",
+                    "prompt",
+                ));
             }
             ids
         }
     };
-    let max_tokens = params::budget(prompt.len(), requested, DEFAULT_MAX_TOKENS, max_context, "prompt")?;
+    let max_tokens = params::budget(
+        prompt.len(),
+        requested,
+        DEFAULT_MAX_TOKENS,
+        max_context,
+        "prompt",
+    )?;
     let submission = Submission {
         prompt,
         checkpoint: None,
@@ -94,31 +117,43 @@ pub async fn completions(
         },
     };
     let rxs = generate::submit_choices(&app, &ready, submission, n).await?;
-    let reply = Reply { id: format!("cmpl-{request_id}"), created: unix_now(), model: app.config.served_model_name.clone(), logprobs: top.is_some() };
+    let reply = Reply {
+        id: format!("cmpl-{request_id}"),
+        created: unix_now(),
+        model: app.config.served_model_name.clone(),
+        logprobs: top.is_some(),
+    };
     let choices = stream::Choices::new(rxs);
     if req.stream == Some(true) {
         let include_usage = req.stream_options.as_ref().is_some_and(|o| o.include_usage);
         let mut offsets = vec![0; n];
         let mut usages: Vec<Option<EngineUsage>> = vec![None; n];
-        Ok(stream::sse_choices(choices, Vec::new(), move |index, ev| match ev {
-            Event::Delta(d) => {
-                let lp = reply.logprobs.then(|| legacy_logprobs(&d.logprobs, &mut offsets[index]));
-                if d.content.is_empty() && lp.as_ref().is_none_or(|l| l.tokens.is_empty()) {
-                    return Vec::new();
+        Ok(stream::sse_choices(
+            choices,
+            Vec::new(),
+            move |index, ev| match ev {
+                Event::Delta(d) => {
+                    let lp = reply
+                        .logprobs
+                        .then(|| legacy_logprobs(&d.logprobs, &mut offsets[index]));
+                    if d.content.is_empty() && lp.as_ref().is_none_or(|l| l.tokens.is_empty()) {
+                        return Vec::new();
+                    }
+                    vec![reply.chunk(index, d.content, lp, None, None)]
                 }
-                vec![reply.chunk(index, d.content, lp, None, None)]
-            }
-            Event::Done { reason, usage } => {
-                let mut out = vec![reply.chunk(index, String::new(), None, Some(reason.as_str()), None)];
-                usages[index] = Some(usage);
-                if include_usage && usages.iter().all(Option::is_some) {
-                    let all: Vec<EngineUsage> = usages.iter().flatten().copied().collect();
-                    out.push(reply.usage_chunk(stream::total_usage(&all).into()));
+                Event::Done { reason, usage } => {
+                    let mut out =
+                        vec![reply.chunk(index, String::new(), None, Some(reason.as_str()), None)];
+                    usages[index] = Some(usage);
+                    if include_usage && usages.iter().all(Option::is_some) {
+                        let all: Vec<EngineUsage> = usages.iter().flatten().copied().collect();
+                        out.push(reply.usage_chunk(stream::total_usage(&all).into()));
+                    }
+                    out
                 }
-                out
-            }
-            Event::Failed(_) => Vec::new(),
-        }))
+                Event::Failed(_) => Vec::new(),
+            },
+        ))
     } else {
         let all = stream::collect_choices(choices).await?;
         let usage = stream::total_usage(&all.iter().map(|c| c.usage).collect::<Vec<_>>());
@@ -126,8 +161,15 @@ pub async fn completions(
             .into_iter()
             .enumerate()
             .map(|(index, c)| {
-                let lp = reply.logprobs.then(|| legacy_logprobs(&c.delta.logprobs, &mut 0));
-                CompletionChoice { text: c.delta.content, index, logprobs: lp, finish_reason: Some(c.reason.as_str()) }
+                let lp = reply
+                    .logprobs
+                    .then(|| legacy_logprobs(&c.delta.logprobs, &mut 0));
+                CompletionChoice {
+                    text: c.delta.content,
+                    index,
+                    logprobs: lp,
+                    finish_reason: Some(c.reason.as_str()),
+                }
             })
             .collect();
         let whole = reply.envelope(choices, Some(Usage::from(usage)));
@@ -139,7 +181,12 @@ pub async fn completions(
 fn fim_prompt(tokenizer: &Tokenizer, prefix: &str, suffix: &str) -> Result<String, ApiError> {
     const FIM: [&str; 3] = ["<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>"];
     if let Some(missing) = FIM.iter().find(|t| tokenizer.token_id(t).is_none()) {
-        return Err(ApiError::unsupported(format!("suffix (fill-in-the-middle) needs the token {missing}, which this model's vocabulary lacks."), "suffix"));
+        return Err(ApiError::unsupported(
+            format!(
+                "suffix (fill-in-the-middle) needs the token {missing}, which this model's vocabulary lacks."
+            ),
+            "suffix",
+        ));
     }
     Ok(format!("{}{prefix}{}{suffix}{}", FIM[0], FIM[1], FIM[2]))
 }
@@ -164,8 +211,23 @@ impl Reply {
         }
     }
 
-    fn chunk(&self, index: usize, text: String, logprobs: Option<CompletionLogprobs>, finish: Option<&'static str>, usage: Option<Usage>) -> String {
-        to_json(&self.envelope(vec![CompletionChoice { text, index, logprobs, finish_reason: finish }], usage))
+    fn chunk(
+        &self,
+        index: usize,
+        text: String,
+        logprobs: Option<CompletionLogprobs>,
+        finish: Option<&'static str>,
+        usage: Option<Usage>,
+    ) -> String {
+        to_json(&self.envelope(
+            vec![CompletionChoice {
+                text,
+                index,
+                logprobs,
+                finish_reason: finish,
+            }],
+            usage,
+        ))
     }
 
     fn usage_chunk(&self, usage: Usage) -> String {
@@ -179,7 +241,12 @@ fn legacy_logprobs(entries: &[LogprobEntry], offset: &mut usize) -> CompletionLo
     for e in entries {
         out.tokens.push(e.token.token.clone());
         out.token_logprobs.push(e.token.logprob);
-        out.top_logprobs.push(e.top.iter().map(|t| (t.token.clone(), serde_json::json!(t.logprob))).collect());
+        out.top_logprobs.push(
+            e.top
+                .iter()
+                .map(|t| (t.token.clone(), serde_json::json!(t.logprob)))
+                .collect(),
+        );
         out.text_offset.push(*offset);
         *offset += e.token.token.chars().count();
     }

@@ -71,7 +71,9 @@ pub enum ApiError {
         path: String,
     },
     /// Missing or wrong API key (401).
-    #[error("Incorrect or missing API key. Send it as `Authorization: Bearer <key>` or `x-api-key: <key>`.")]
+    #[error(
+        "Incorrect or missing API key. Send it as `Authorization: Bearer <key>` or `x-api-key: <key>`."
+    )]
     Unauthorized,
     /// The body exceeds the server's limit (413).
     #[error("Request body too large: the limit is {limit_bytes} bytes.")]

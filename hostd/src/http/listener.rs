@@ -40,7 +40,10 @@ pub struct PeerLimits {
 
 impl Default for PeerLimits {
     fn default() -> Self {
-        PeerLimits { header_timeout: HEADER_TIMEOUT_DEFAULT, max_connections: MAX_CONNECTIONS_DEFAULT }
+        PeerLimits {
+            header_timeout: HEADER_TIMEOUT_DEFAULT,
+            max_connections: MAX_CONNECTIONS_DEFAULT,
+        }
     }
 }
 
@@ -82,7 +85,9 @@ pub async fn serve(
             Err(_) => match Arc::clone(&reserve).try_acquire_owned() {
                 Ok(p) => (p, true),
                 Err(_) => {
-                    tracing::debug!("connection refused: --max-connections and the /health reserve are full");
+                    tracing::debug!(
+                        "connection refused: --max-connections and the /health reserve are full"
+                    );
                     continue;
                 }
             },
@@ -91,7 +96,11 @@ pub async fn serve(
         let state = Arc::clone(&state);
         let router = router.clone();
         let mut close = close_rx.clone();
-        let header_timeout = if overflow { limits.header_timeout.min(RESERVE_HEADER_TIMEOUT) } else { limits.header_timeout };
+        let header_timeout = if overflow {
+            limits.header_timeout.min(RESERVE_HEADER_TIMEOUT)
+        } else {
+            limits.header_timeout
+        };
         tokio::spawn(async move {
             state.connections.fetch_add(1, Relaxed);
             let service = hyper::service::service_fn(move |mut req: hyper::Request<Incoming>| {
@@ -101,7 +110,11 @@ pub async fn serve(
                 tower::ServiceExt::oneshot(router.clone(), req.map(Body::new))
             });
             let mut builder = hyper::server::conn::http1::Builder::new();
-            builder.timer(TokioTimer::new()).header_read_timeout(header_timeout).half_close(true).keep_alive(!overflow);
+            builder
+                .timer(TokioTimer::new())
+                .header_read_timeout(header_timeout)
+                .half_close(true)
+                .keep_alive(!overflow);
             let conn = builder.serve_connection(TokioIo::new(stream), service);
             tokio::pin!(conn);
             let result = tokio::select! {

@@ -257,7 +257,11 @@ pub async fn serve(
 
 /// An error of the middleware or a fallback, in Anthropic's shape on Anthropic's routes.
 fn error_response(path: &str, e: ApiError) -> Response {
-    if anthropic::owns(path) { anthropic::error::AnthropicError(e).into_response() } else { e.into_response() }
+    if anthropic::owns(path) {
+        anthropic::error::AnthropicError(e).into_response()
+    } else {
+        e.into_response()
+    }
 }
 
 /// Request id, INFO span, API-key check and request metrics around every handler.
@@ -302,7 +306,11 @@ async fn track(State(app): State<Arc<AppState>>, mut req: Request, next: Next) -
             .scope(id.clone(), next.run(req).instrument(span.clone()))
             .await
     } else {
-        REQUEST_ID.scope(id.clone(), async { error_response(&path, ApiError::Unauthorized) }).await
+        REQUEST_ID
+            .scope(id.clone(), async {
+                error_response(&path, ApiError::Unauthorized)
+            })
+            .await
     };
     let status = resp.status().as_u16();
     app.metrics
@@ -327,18 +335,34 @@ async fn track(State(app): State<Arc<AppState>>, mut req: Request, next: Next) -
 /// Whether the request carries the key, as a bearer token or in `x-api-key`, compared in
 /// constant time (no early exit on the first differing byte).
 fn key_matches(req: &Request, key: &str) -> bool {
-    let same = |token: &str| bool::from(subtle::ConstantTimeEq::ct_eq(token.trim().as_bytes(), key.as_bytes()));
-    let header = |name| req.headers().get(name).and_then(|v: &HeaderValue| v.to_str().ok());
+    let same = |token: &str| {
+        bool::from(subtle::ConstantTimeEq::ct_eq(
+            token.trim().as_bytes(),
+            key.as_bytes(),
+        ))
+    };
+    let header = |name| {
+        req.headers()
+            .get(name)
+            .and_then(|v: &HeaderValue| v.to_str().ok())
+    };
     let bearer = header(header::AUTHORIZATION).and_then(|v| v.strip_prefix("Bearer "));
-    bearer.is_some_and(same) || header(header::HeaderName::from_static("x-api-key")).is_some_and(same)
+    bearer.is_some_and(same)
+        || header(header::HeaderName::from_static("x-api-key")).is_some_and(same)
 }
 
 async fn not_found(req: Request) -> Response {
-    route_error(&req, |method, path| ApiError::RouteNotFound { method, path })
+    route_error(&req, |method, path| ApiError::RouteNotFound {
+        method,
+        path,
+    })
 }
 
 async fn method_not_allowed(req: Request) -> Response {
-    route_error(&req, |method, path| ApiError::MethodNotAllowed { method, path })
+    route_error(&req, |method, path| ApiError::MethodNotAllowed {
+        method,
+        path,
+    })
 }
 
 /// The error for a request no route takes, from its method and path, in its path's shape.
@@ -437,5 +461,9 @@ async fn model_card(
 /// `GET /metrics`: Prometheus text (format 0.0.4).
 async fn metrics(State(app): State<Arc<AppState>>) -> Response {
     let body = app.metrics.render();
-    ([(header::CONTENT_TYPE, crate::engine::metrics::CONTENT_TYPE)], body).into_response()
+    (
+        [(header::CONTENT_TYPE, crate::engine::metrics::CONTENT_TYPE)],
+        body,
+    )
+        .into_response()
 }

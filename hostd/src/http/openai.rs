@@ -230,7 +230,9 @@ impl From<EngineUsage> for Usage {
             prompt_tokens: u.prompt_tokens,
             completion_tokens: u.completion_tokens,
             total_tokens: u.prompt_tokens + u.completion_tokens,
-            prompt_tokens_details: PromptTokensDetails { cached_tokens: u.cached_tokens },
+            prompt_tokens_details: PromptTokensDetails {
+                cached_tokens: u.cached_tokens,
+            },
         }
     }
 }
@@ -248,7 +250,11 @@ pub struct TopLogprobJson {
 
 impl From<&TopLogprob> for TopLogprobJson {
     fn from(t: &TopLogprob) -> Self {
-        TopLogprobJson { token: t.token.clone(), logprob: t.logprob, bytes: t.bytes.clone() }
+        TopLogprobJson {
+            token: t.token.clone(),
+            logprob: t.logprob,
+            bytes: t.bytes.clone(),
+        }
     }
 }
 

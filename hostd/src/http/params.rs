@@ -167,7 +167,10 @@ pub fn stop_list(list: Vec<String>, param: &str) -> Result<Vec<String>, ApiError
         ));
     }
     if list.iter().any(String::is_empty) {
-        return Err(ApiError::invalid("Stop sequences must not be empty.", param));
+        return Err(ApiError::invalid(
+            "Stop sequences must not be empty.",
+            param,
+        ));
     }
     if list.iter().any(|s| s.len() > MAX_STOP_BYTES) {
         return Err(ApiError::invalid(

@@ -7,7 +7,9 @@
 
 use super::AppState;
 use super::error::ApiError;
-use crate::constraint::{ConstraintError, ConstraintSpec, Grammars, SequenceConstraint, StartOptions};
+use crate::constraint::{
+    ConstraintError, ConstraintSpec, Grammars, SequenceConstraint, StartOptions,
+};
 use serde_json::Value;
 use std::sync::Arc;
 
@@ -21,43 +23,88 @@ pub fn constraint_spec(v: Option<&Value>) -> Result<Option<ConstraintSpec>, ApiE
     let obj = match v {
         None | Some(Value::Null) => return Ok(None),
         Some(Value::Object(o)) => o,
-        Some(_) => return Err(ApiError::invalid("response_format must be an object.", PARAM)),
+        Some(_) => {
+            return Err(ApiError::invalid(
+                "response_format must be an object.",
+                PARAM,
+            ));
+        }
     };
     let kind = match obj.get("type") {
         None => return Err(ApiError::missing("response_format.type")),
         Some(Value::String(s)) => s.as_str(),
-        Some(_) => return Err(ApiError::invalid("response_format.type must be a string.", "response_format.type")),
+        Some(_) => {
+            return Err(ApiError::invalid(
+                "response_format.type must be a string.",
+                "response_format.type",
+            ));
+        }
     };
-    let allowed: &[&str] = if kind == "json_schema" { &["type", "json_schema"] } else { &["type"] };
+    let allowed: &[&str] = if kind == "json_schema" {
+        &["type", "json_schema"]
+    } else {
+        &["type"]
+    };
     if let Some(k) = obj.keys().find(|k| !allowed.contains(&k.as_str())) {
-        return Err(ApiError::invalid(format!("Unrecognized field in response_format of type {kind}: {k}"), format!("response_format.{k}")));
+        return Err(ApiError::invalid(
+            format!("Unrecognized field in response_format of type {kind}: {k}"),
+            format!("response_format.{k}"),
+        ));
     }
     match kind {
         "text" => Ok(None),
         "json_object" => Ok(Some(ConstraintSpec::JsonObject)),
         "json_schema" => {
             let js = match obj.get("json_schema") {
-                None | Some(Value::Null) => return Err(ApiError::missing("response_format.json_schema")),
+                None | Some(Value::Null) => {
+                    return Err(ApiError::missing("response_format.json_schema"));
+                }
                 Some(Value::Object(js)) => js,
-                Some(_) => return Err(ApiError::invalid("response_format.json_schema must be an object.", "response_format.json_schema")),
+                Some(_) => {
+                    return Err(ApiError::invalid(
+                        "response_format.json_schema must be an object.",
+                        "response_format.json_schema",
+                    ));
+                }
             };
             if let Some(k) = js.keys().find(|k| !JSON_SCHEMA_KEYS.contains(&k.as_str())) {
-                return Err(ApiError::invalid(format!("Unrecognized field in response_format.json_schema: {k}"), format!("response_format.json_schema.{k}")));
+                return Err(ApiError::invalid(
+                    format!("Unrecognized field in response_format.json_schema: {k}"),
+                    format!("response_format.json_schema.{k}"),
+                ));
             }
-            for (key, ok) in [("name", Value::is_string as fn(&Value) -> bool), ("description", Value::is_string), ("strict", Value::is_boolean)] {
+            for (key, ok) in [
+                ("name", Value::is_string as fn(&Value) -> bool),
+                ("description", Value::is_string),
+                ("strict", Value::is_boolean),
+            ] {
                 if js.get(key).is_some_and(|v| !v.is_null() && !ok(v)) {
-                    let what = if key == "strict" { "a boolean" } else { "a string" };
-                    return Err(ApiError::invalid(format!("response_format.json_schema.{key} must be {what}."), format!("response_format.json_schema.{key}")));
+                    let what = if key == "strict" {
+                        "a boolean"
+                    } else {
+                        "a string"
+                    };
+                    return Err(ApiError::invalid(
+                        format!("response_format.json_schema.{key} must be {what}."),
+                        format!("response_format.json_schema.{key}"),
+                    ));
                 }
             }
             match js.get("schema") {
-                None | Some(Value::Null) => Err(ApiError::missing("response_format.json_schema.schema")),
+                None | Some(Value::Null) => {
+                    Err(ApiError::missing("response_format.json_schema.schema"))
+                }
                 Some(s @ Value::Object(_)) => Ok(Some(ConstraintSpec::JsonSchema(s.clone()))),
-                Some(_) => Err(ApiError::invalid("response_format.json_schema.schema must be a JSON schema object.", "response_format.json_schema.schema")),
+                Some(_) => Err(ApiError::invalid(
+                    "response_format.json_schema.schema must be a JSON schema object.",
+                    "response_format.json_schema.schema",
+                )),
             }
         }
         other => Err(ApiError::invalid(
-            format!("Unsupported response_format type '{other}': expected text, json_object or json_schema."),
+            format!(
+                "Unsupported response_format type '{other}': expected text, json_object or json_schema."
+            ),
             "response_format.type",
         )),
     }
@@ -66,8 +113,12 @@ pub fn constraint_spec(v: Option<&Value>) -> Result<Option<ConstraintSpec>, ApiE
 /// A constraint error as the API reports it: the request's fault (400 naming `param`) or ours.
 pub fn api_error(e: ConstraintError, param: &str) -> ApiError {
     match e {
-        ConstraintError::Grammar { .. } | ConstraintError::Tool { .. } => ApiError::invalid(format!("Invalid {param}: {e}"), param),
-        ConstraintError::Vocabulary { .. } | ConstraintError::Matcher { .. } => ApiError::Internal(e.to_string()),
+        ConstraintError::Grammar { .. } | ConstraintError::Tool { .. } => {
+            ApiError::invalid(format!("Invalid {param}: {e}"), param)
+        }
+        ConstraintError::Vocabulary { .. } | ConstraintError::Matcher { .. } => {
+            ApiError::Internal(e.to_string())
+        }
     }
 }
 
@@ -86,7 +137,11 @@ pub async fn compile(
         ConstraintSpec::Lark(g) => g.len(),
     };
     let grammars = Arc::clone(grammars);
-    app.admission.tokenize(size, move || grammars.compile(&spec, start)).await?.map(Box::new).map_err(|e| api_error(e, param))
+    app.admission
+        .tokenize(size, move || grammars.compile(&spec, start))
+        .await?
+        .map(Box::new)
+        .map_err(|e| api_error(e, param))
 }
 
 #[cfg(test)]
@@ -95,28 +150,57 @@ mod tests {
     use serde_json::json;
 
     fn param(v: Value) -> Option<String> {
-        constraint_spec(Some(&v)).expect_err("should fail").body()["error"]["param"].as_str().map(str::to_string)
+        constraint_spec(Some(&v)).expect_err("should fail").body()["error"]["param"]
+            .as_str()
+            .map(str::to_string)
     }
 
     #[test]
     fn kinds() {
         assert_eq!(constraint_spec(None).unwrap(), None);
-        assert_eq!(constraint_spec(Some(&json!({"type": "text"}))).unwrap(), None);
-        assert_eq!(constraint_spec(Some(&json!({"type": "json_object"}))).unwrap(), Some(ConstraintSpec::JsonObject));
+        assert_eq!(
+            constraint_spec(Some(&json!({"type": "text"}))).unwrap(),
+            None
+        );
+        assert_eq!(
+            constraint_spec(Some(&json!({"type": "json_object"}))).unwrap(),
+            Some(ConstraintSpec::JsonObject)
+        );
         let s = json!({"type": "object", "properties": {"a": {"type": "integer"}}});
         let rf = json!({"type": "json_schema", "json_schema": {"name": "x", "strict": true, "schema": s}});
-        assert_eq!(constraint_spec(Some(&rf)).unwrap(), Some(ConstraintSpec::JsonSchema(s)));
+        assert_eq!(
+            constraint_spec(Some(&rf)).unwrap(),
+            Some(ConstraintSpec::JsonSchema(s))
+        );
     }
 
     #[test]
     fn errors_name_the_field() {
         assert_eq!(param(json!("json")), Some("response_format".into()));
         assert_eq!(param(json!({})), Some("response_format.type".into()));
-        assert_eq!(param(json!({"type": "yaml"})), Some("response_format.type".into()));
-        assert_eq!(param(json!({"type": "json_schema"})), Some("response_format.json_schema".into()));
-        assert_eq!(param(json!({"type": "json_schema", "json_schema": {"name": "x"}})), Some("response_format.json_schema.schema".into()));
-        assert_eq!(param(json!({"type": "json_schema", "json_schema": {"schema": {}, "strict": "yes"}})), Some("response_format.json_schema.strict".into()));
-        assert_eq!(param(json!({"type": "json_schema", "json_schema": {"schema": {}, "colour": 1}})), Some("response_format.json_schema.colour".into()));
-        assert_eq!(param(json!({"type": "json_object", "schema": {}})), Some("response_format.schema".into()));
+        assert_eq!(
+            param(json!({"type": "yaml"})),
+            Some("response_format.type".into())
+        );
+        assert_eq!(
+            param(json!({"type": "json_schema"})),
+            Some("response_format.json_schema".into())
+        );
+        assert_eq!(
+            param(json!({"type": "json_schema", "json_schema": {"name": "x"}})),
+            Some("response_format.json_schema.schema".into())
+        );
+        assert_eq!(
+            param(json!({"type": "json_schema", "json_schema": {"schema": {}, "strict": "yes"}})),
+            Some("response_format.json_schema.strict".into())
+        );
+        assert_eq!(
+            param(json!({"type": "json_schema", "json_schema": {"schema": {}, "colour": 1}})),
+            Some("response_format.json_schema.colour".into())
+        );
+        assert_eq!(
+            param(json!({"type": "json_object", "schema": {}})),
+            Some("response_format.schema".into())
+        );
     }
 }

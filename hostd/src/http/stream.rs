@@ -10,8 +10,8 @@
 
 use super::error::ApiError;
 use crate::engine::{Delta, Event, FinishReason, Usage};
-pub use axum::response::sse::{Event as SseEvent, KeepAlive};
 use axum::response::sse::Sse;
+pub use axum::response::sse::{Event as SseEvent, KeepAlive};
 use axum::response::{IntoResponse, Response};
 use std::collections::VecDeque;
 use std::convert::Infallible;
@@ -289,7 +289,10 @@ mod tests {
     /// closed channel would end it too, as "the engine stopped").
     fn failed(
         detail: &str,
-    ) -> (tokio::sync::mpsc::UnboundedSender<Event>, tokio::sync::mpsc::UnboundedReceiver<Event>) {
+    ) -> (
+        tokio::sync::mpsc::UnboundedSender<Event>,
+        tokio::sync::mpsc::UnboundedReceiver<Event>,
+    ) {
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
         let _ = tx.send(Event::Failed(crate::engine::Failure {
             message: detail.to_string(),

@@ -311,7 +311,10 @@ pub fn tool_choice(
             "required" => ToolChoice::Required,
             other => {
                 return Err(ApiError::invalid(
-                    format!("Invalid tool_choice '{other}': expected {}.", shape.expected),
+                    format!(
+                        "Invalid tool_choice '{other}': expected {}.",
+                        shape.expected
+                    ),
                     "tool_choice",
                 ));
             }
@@ -329,7 +332,10 @@ pub fn tool_choice(
             }
             Some(other) => {
                 return Err(ApiError::unsupported(
-                    format!("tool_choice type '{other}' is not supported{}.", shape.other_types),
+                    format!(
+                        "tool_choice type '{other}' is not supported{}.",
+                        shape.other_types
+                    ),
                     "tool_choice.type",
                 ));
             }

@@ -103,14 +103,26 @@ impl Attention {
     /// Runs `n` new tokens (rows of `x`, already normed) at positions `cache.len()..`, appends
     /// their keys and values to `cache`, and returns the `n × d` mixer output. Op times go to
     /// `prof` when given.
-    pub fn forward(&self, isa: Isa, x: &[f32], n: usize, cache: &mut KvCache, prof: Option<&Profiler>) -> Vec<f32> {
+    pub fn forward(
+        &self,
+        isa: Isa,
+        x: &[f32],
+        n: usize,
+        cache: &mut KvCache,
+        prof: Option<&Profiler>,
+    ) -> Vec<f32> {
         let at = self.layout;
         let (nq, nkv, dh) = (at.n_q_heads, at.n_kv_heads, at.head_dim);
         let start = cache.len;
-        let scope = profile::scope(prof, "attention.qkv_proj", self.q_proj.bytes() + self.k_proj.bytes() + self.v_proj.bytes());
-        let [p, mut k, v]: [Vec<f32>; 3] = linear::project_many(isa, &[&self.q_proj, &self.k_proj, &self.v_proj], x, n)
-            .try_into()
-            .expect("three projections");
+        let scope = profile::scope(
+            prof,
+            "attention.qkv_proj",
+            self.q_proj.bytes() + self.k_proj.bytes() + self.v_proj.bytes(),
+        );
+        let [p, mut k, v]: [Vec<f32>; 3] =
+            linear::project_many(isa, &[&self.q_proj, &self.k_proj, &self.v_proj], x, n)
+                .try_into()
+                .expect("three projections");
         drop(scope);
         let scope = profile::scope(prof, "attention.core", 0);
 

@@ -48,12 +48,20 @@ impl Model {
         if item.tokens.is_empty() {
             return Err(ModelError::Empty);
         }
-        if let Some((index, &id)) = item.tokens.iter().enumerate().find(|(_, id)| **id as usize >= vocab) {
+        if let Some((index, &id)) = item
+            .tokens
+            .iter()
+            .enumerate()
+            .find(|(_, id)| **id as usize >= vocab)
+        {
             return Err(ModelError::TokenOutOfRange { id, index, vocab });
         }
         let needed = item.state.pos + item.tokens.len();
         if needed > self.cfg.max_position_embeddings {
-            return Err(ModelError::ContextExceeded { needed, max: self.cfg.max_position_embeddings });
+            return Err(ModelError::ContextExceeded {
+                needed,
+                max: self.cfg.max_position_embeddings,
+            });
         }
         Ok(())
     }
@@ -62,7 +70,8 @@ impl Model {
     /// of its last new token (`vocab` floats each, in item order).
     pub fn forward_batch(&self, items: &mut [BatchItem<'_>]) -> Result<Vec<Vec<f32>>, BatchError> {
         for (index, item) in items.iter().enumerate() {
-            self.check_item(item).map_err(|source| BatchError::Item { index, source })?;
+            self.check_item(item)
+                .map_err(|source| BatchError::Item { index, source })?;
         }
         if items.is_empty() {
             return Ok(Vec::new());
@@ -103,9 +112,15 @@ impl Model {
                 let (r0, r1) = (starts[k], starts[k + 1]);
                 let x = &a[r0 * d..r1 * d];
                 let out = match (&layer.mixer, &mut item.state.layers[i]) {
-                    (Mixer::Attention(att), LayerState::Kv(cache)) => att.forward(self.isa, x, r1 - r0, cache, prof),
-                    (Mixer::DeltaNet(dn), LayerState::DeltaNet(s)) => dn.forward(self.isa, x, r1 - r0, s, prof),
-                    _ => unreachable!("layer {i}: state kind always matches the mixer (built by new_state)"),
+                    (Mixer::Attention(att), LayerState::Kv(cache)) => {
+                        att.forward(self.isa, x, r1 - r0, cache, prof)
+                    }
+                    (Mixer::DeltaNet(dn), LayerState::DeltaNet(s)) => {
+                        dn.forward(self.isa, x, r1 - r0, s, prof)
+                    }
+                    _ => unreachable!(
+                        "layer {i}: state kind always matches the mixer (built by new_state)"
+                    ),
                 };
                 mixed[r0 * d..r1 * d].copy_from_slice(&out);
             }
@@ -114,8 +129,10 @@ impl Model {
             }
             let mut b = h.clone();
             ops::rms_norm_rows(&mut b, &layer.post_scale, eps);
-            let (moe_out, _routes) =
-                layer.moe.forward(self.isa, self.experts.as_ref(), &b, total, prof).map_err(|e| BatchError::Failed(e.into()))?;
+            let (moe_out, _routes) = layer
+                .moe
+                .forward(self.isa, self.experts.as_ref(), &b, total, prof)
+                .map_err(|e| BatchError::Failed(e.into()))?;
             for (hv, mv) in h.iter_mut().zip(&moe_out) {
                 *hv += mv;
             }
@@ -155,7 +172,9 @@ mod tests {
     }
 
     fn load_dense(preset: &str, dense: DenseFormat) -> Model {
-        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/models").join(preset);
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../tests/fixtures/models")
+            .join(preset);
         let mapped = MappedCheckpoint::open(&dir).expect("fixture opens");
         let isa = Isa::selection().active;
         let experts = Arc::new(Bf16Experts::new(&mapped, isa).expect("experts"));
@@ -168,13 +187,22 @@ mod tests {
     fn check_batch_equals_solo(preset: &str, steps: usize, dense: DenseFormat) {
         let model = load_dense(preset, dense);
         let vocab = model.config().vocab_size as u32;
-        let prompts: Vec<Vec<u32>> =
-            [5usize, 1, 9, 3].iter().enumerate().map(|(s, &n)| (0..n as u32).map(|t| (t * 31 + s as u32 * 7 + 1) % vocab).collect()).collect();
+        let prompts: Vec<Vec<u32>> = [5usize, 1, 9, 3]
+            .iter()
+            .enumerate()
+            .map(|(s, &n)| {
+                (0..n as u32)
+                    .map(|t| (t * 31 + s as u32 * 7 + 1) % vocab)
+                    .collect()
+            })
+            .collect();
         let mut solo: Vec<SequenceState> = Vec::new();
         let mut last: Vec<u32> = Vec::new();
         for p in &prompts {
             let mut st = model.new_state();
-            let logits = model.forward(&mut st, p, Logits::Last, None).expect("prefill");
+            let logits = model
+                .forward(&mut st, p, Logits::Last, None)
+                .expect("prefill");
             last.push(crate::sampling::argmax(&logits));
             solo.push(st);
         }
@@ -182,19 +210,32 @@ mod tests {
         for step in 0..steps {
             // Step 1 also gives sequence 2 a three-token block, as a joining prefill would.
             let feeds: Vec<Vec<u32>> = (0..prompts.len())
-                .map(|k| if step == 1 && k == 2 { vec![last[k], 4, 8] } else { vec![last[k]] })
+                .map(|k| {
+                    if step == 1 && k == 2 {
+                        vec![last[k], 4, 8]
+                    } else {
+                        vec![last[k]]
+                    }
+                })
                 .collect();
             let expect: Vec<Vec<f32>> = solo
                 .iter_mut()
                 .zip(&feeds)
                 .map(|(st, f)| model.forward(st, f, Logits::Last, None).expect("solo step"))
                 .collect();
-            let mut items: Vec<BatchItem<'_>> =
-                batched.iter_mut().zip(&feeds).map(|(state, f)| BatchItem { state, tokens: f }).collect();
+            let mut items: Vec<BatchItem<'_>> = batched
+                .iter_mut()
+                .zip(&feeds)
+                .map(|(state, f)| BatchItem { state, tokens: f })
+                .collect();
             let got = model.forward_batch(&mut items).expect("batched step");
             for (k, (g, e)) in got.iter().zip(&expect).enumerate() {
-                let same = g.len() == e.len() && g.iter().zip(e).all(|(a, b)| a.to_bits() == b.to_bits());
-                assert!(same, "{preset}: step {step}, sequence {k}: batched logits differ from per-sequence forward");
+                let same =
+                    g.len() == e.len() && g.iter().zip(e).all(|(a, b)| a.to_bits() == b.to_bits());
+                assert!(
+                    same,
+                    "{preset}: step {step}, sequence {k}: batched logits differ from per-sequence forward"
+                );
             }
             last = got.iter().map(|l| crate::sampling::argmax(l)).collect();
         }
@@ -223,9 +264,21 @@ mod tests {
         let model = load("tiny");
         let (mut a, mut b) = (model.new_state(), model.new_state());
         let bad = [model.config().vocab_size as u32];
-        let mut items = vec![BatchItem { state: &mut a, tokens: &[1] }, BatchItem { state: &mut b, tokens: &bad }];
+        let mut items = vec![
+            BatchItem {
+                state: &mut a,
+                tokens: &[1],
+            },
+            BatchItem {
+                state: &mut b,
+                tokens: &bad,
+            },
+        ];
         match model.forward_batch(&mut items) {
-            Err(BatchError::Item { index: 1, source: ModelError::TokenOutOfRange { .. } }) => {}
+            Err(BatchError::Item {
+                index: 1,
+                source: ModelError::TokenOutOfRange { .. },
+            }) => {}
             other => panic!("expected an item error for sequence 1, got {other:?}"),
         }
         assert_eq!((a.len(), b.len()), (0, 0));

@@ -67,7 +67,17 @@ pub enum Split {
 ///
 /// Panics if the slices do not match the shapes, or `nq` is not a multiple of `nkv`.
 #[allow(clippy::too_many_arguments)]
-pub fn causal_attention(isa: Isa, heads: Heads, q: &[f32], n: usize, start: usize, k: &[f32], v: &[f32], scale: f32, out: &mut [f32]) {
+pub fn causal_attention(
+    isa: Isa,
+    heads: Heads,
+    q: &[f32],
+    n: usize,
+    start: usize,
+    k: &[f32],
+    v: &[f32],
+    scale: f32,
+    out: &mut [f32],
+) {
     causal_attention_split(isa, heads, q, n, start, k, v, scale, out, Split::Auto);
 }
 
@@ -86,29 +96,59 @@ pub fn causal_attention_split(
     split: Split,
 ) {
     let Heads { nq, nkv, dh } = heads;
-    assert!(nkv > 0 && nq % nkv == 0, "attention: {nq} q heads do not divide into {nkv} kv heads");
-    assert_eq!(q.len(), n * nq * dh, "attention: q is not n ({n}) × {nq} heads × {dh}");
+    assert!(
+        nkv > 0 && nq % nkv == 0,
+        "attention: {nq} q heads do not divide into {nkv} kv heads"
+    );
+    assert_eq!(
+        q.len(),
+        n * nq * dh,
+        "attention: q is not n ({n}) × {nq} heads × {dh}"
+    );
     assert_eq!(out.len(), q.len(), "attention: output is not the size of q");
     let kv_len = (start + n) * nkv * dh;
-    assert!(k.len() >= kv_len && v.len() >= kv_len, "attention: the cache holds fewer than {} positions", start + n);
+    assert!(
+        k.len() >= kv_len && v.len() >= kv_len,
+        "attention: the cache holds fewer than {} positions",
+        start + n
+    );
     if n == 0 {
         return;
     }
-    let ctx = Ctx { isa, heads, q, n, start, k, v, scale };
+    let ctx = Ctx {
+        isa,
+        heads,
+        q,
+        n,
+        start,
+        k,
+        v,
+        scale,
+    };
     let row_blocks = n.div_ceil(ROW_BLOCK);
     let segments = (start + n - 1) / SEGMENT + 1;
     let pairs = nkv * row_blocks;
     let partial_floats = pairs * segments * ROW_BLOCK.min(n) * (nq / nkv) * (dh + 2);
     let split = match split {
-        Split::Auto => segments > 1 && pairs < 2 * rayon::current_num_threads() && partial_floats <= MAX_PARTIAL_FLOATS,
+        Split::Auto => {
+            segments > 1
+                && pairs < 2 * rayon::current_num_threads()
+                && partial_floats <= MAX_PARTIAL_FLOATS
+        }
         Split::Never => false,
         Split::Always => true,
     };
     let blocks: Vec<State> = if split {
         let tasks: Vec<(usize, usize, usize)> = (0..nkv)
-            .flat_map(|g| (0..row_blocks).flat_map(move |rb| (0..ctx.segments_of(rb)).map(move |s| (g, rb, s))))
+            .flat_map(|g| {
+                (0..row_blocks)
+                    .flat_map(move |rb| (0..ctx.segments_of(rb)).map(move |s| (g, rb, s)))
+            })
             .collect();
-        let parts: Vec<State> = tasks.par_iter().map(|&(g, rb, s)| ctx.segment(g, rb, s)).collect();
+        let parts: Vec<State> = tasks
+            .par_iter()
+            .map(|&(g, rb, s)| ctx.segment(g, rb, s))
+            .collect();
         // Per (g, rb), its segments are contiguous in `tasks`, ascending.
         let mut offsets = Vec::with_capacity(pairs);
         let mut at = 0;
@@ -221,7 +261,14 @@ impl Ctx<'_> {
                     st.l[vi] = st.l[vi] * *c + sum;
                     st.m[vi] = m_new;
                 }
-                kernels::scale_axpy_rows_multi_f32(self.isa, &mut st.acc[ri * qpk * dh..][..qpk * dh], &corr, sc, vt, stride);
+                kernels::scale_axpy_rows_multi_f32(
+                    self.isa,
+                    &mut st.acc[ri * qpk * dh..][..qpk * dh],
+                    &corr,
+                    sc,
+                    vt,
+                    stride,
+                );
             }
             a = tile_end;
         }
@@ -240,7 +287,11 @@ struct State {
 
 impl State {
     fn empty(vectors: usize, dh: usize) -> State {
-        State { m: vec![f32::NEG_INFINITY; vectors], l: vec![0.0; vectors], acc: vec![0.0; vectors * dh] }
+        State {
+            m: vec![f32::NEG_INFINITY; vectors],
+            l: vec![0.0; vectors],
+            acc: vec![0.0; vectors * dh],
+        }
     }
 
     /// Folds `other` (a later segment) into `self`, vector by vector; an empty `other` vector
@@ -256,7 +307,14 @@ impl State {
             let (ca, cb) = ((self.m[vi] - m).exp(), (mb - m).exp());
             self.l[vi] = self.l[vi] * ca + lb * cb;
             self.m[vi] = m;
-            kernels::scale_axpy_rows_f32(isa, &mut self.acc[vi * dh..][..dh], ca, &[cb], &other.acc[vi * dh..][..dh], dh);
+            kernels::scale_axpy_rows_f32(
+                isa,
+                &mut self.acc[vi * dh..][..dh],
+                ca,
+                &[cb],
+                &other.acc[vi * dh..][..dh],
+                dh,
+            );
         }
     }
 }

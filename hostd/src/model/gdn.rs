@@ -101,13 +101,32 @@ impl DeltaNet {
     /// and returns the `n × d` mixer output. One token uses the recurrence; more use the
     /// chunked form; a single token runs its whole per-head work in one parallel region
     /// ([`Self::decode_heads`]). Op times go to `prof` when given.
-    pub fn forward(&self, isa: Isa, x: &[f32], n: usize, state: &mut DeltaNetState, prof: Option<&Profiler>) -> Vec<f32> {
-        let in_bytes = self.in_proj_qkv.bytes() + self.in_proj_z.bytes() + self.in_proj_b.bytes() + self.in_proj_a.bytes();
+    pub fn forward(
+        &self,
+        isa: Isa,
+        x: &[f32],
+        n: usize,
+        state: &mut DeltaNetState,
+        prof: Option<&Profiler>,
+    ) -> Vec<f32> {
+        let in_bytes = self.in_proj_qkv.bytes()
+            + self.in_proj_z.bytes()
+            + self.in_proj_b.bytes()
+            + self.in_proj_a.bytes();
         let scope = profile::scope(prof, "deltanet.in_proj", in_bytes);
-        let [xqkv, z, b, a]: [Vec<f32>; 4] =
-            linear::project_many(isa, &[&self.in_proj_qkv, &self.in_proj_z, &self.in_proj_b, &self.in_proj_a], x, n)
-                .try_into()
-                .expect("four projections");
+        let [xqkv, z, b, a]: [Vec<f32>; 4] = linear::project_many(
+            isa,
+            &[
+                &self.in_proj_qkv,
+                &self.in_proj_z,
+                &self.in_proj_b,
+                &self.in_proj_a,
+            ],
+            x,
+            n,
+        )
+        .try_into()
+        .expect("four projections");
         let p = Projected { xqkv, z, b, a };
         drop(scope);
         let o = if n == 1 {
@@ -125,10 +144,22 @@ impl DeltaNet {
     /// `n × value_dim` gated-normed outputs, ready for the out-projection. The model runs it for
     /// `n > 1` only (prefill); with `n = 1` it is the reference [`Self::decode_heads`] is
     /// tested against, and keeps the phased decode's recurrence step ([`decode_step`]) for that.
-    fn mix_rows(&self, isa: Isa, p: &Projected, n: usize, state: &mut DeltaNetState, prof: Option<&Profiler>) -> Vec<f32> {
+    fn mix_rows(
+        &self,
+        isa: Isa,
+        p: &Projected,
+        n: usize,
+        state: &mut DeltaNetState,
+        prof: Option<&Profiler>,
+    ) -> Vec<f32> {
         let Projected { xqkv, z, b, a } = p;
         let dn = self.dn;
-        let (nk, nv, dk, dv) = (dn.n_k_heads, dn.n_v_heads, dn.key_head_dim, dn.value_head_dim);
+        let (nk, nv, dk, dv) = (
+            dn.n_k_heads,
+            dn.n_v_heads,
+            dn.key_head_dim,
+            dn.value_head_dim,
+        );
         let (cdim, kw) = (dn.conv_dim(), dn.conv_kernel);
         let scope = profile::scope(prof, "deltanet.conv_norm_gates", 0);
 
@@ -144,7 +175,9 @@ impl DeltaNet {
                 *out = self.conv_channel(c, |m| ext[(t + m) * cdim + c]);
             }
         });
-        state.conv.copy_from_slice(&ext[n * cdim..(n + hist) * cdim]);
+        state
+            .conv
+            .copy_from_slice(&ext[n * cdim..(n + hist) * cdim]);
 
         // Split and normalise q, k per head; v as is.
         let (ck, cv) = (nk * dk, nv * dv);
@@ -172,7 +205,15 @@ impl DeltaNet {
         }
 
         drop(scope);
-        let scope = profile::scope(prof, if n == 1 { "deltanet.recurrence" } else { "deltanet.chunked" }, 0);
+        let scope = profile::scope(
+            prof,
+            if n == 1 {
+                "deltanet.recurrence"
+            } else {
+                "deltanet.chunked"
+            },
+            0,
+        );
         // Per v head: gather its inputs, run the recurrence, write outputs [t][h][dv].
         let head_out: Vec<Vec<f32>> = state
             .recurrent
@@ -181,11 +222,32 @@ impl DeltaNet {
             .map(|(h, s)| {
                 let kh = h / dn.v_per_k;
                 let gather = |src: &[f32], width: usize, stride: usize, head: usize| -> Vec<f32> {
-                    (0..n).flat_map(|t| src[t * stride + head * width..t * stride + (head + 1) * width].iter().copied()).collect()
+                    (0..n)
+                        .flat_map(|t| {
+                            src[t * stride + head * width..t * stride + (head + 1) * width]
+                                .iter()
+                                .copied()
+                        })
+                        .collect()
                 };
-                let (qh, khv, vh) = (gather(&q, dk, ck, kh), gather(&k, dk, ck, kh), gather(&v, dv, cv, h));
-                let inputs = HeadInputs { q: &qh, k: &khv, v: &vh, beta: &beta[h * n..(h + 1) * n], g: &g[h * n..(h + 1) * n], n };
-                if n == 1 { decode_step(isa, s, &inputs, dk, dv) } else { chunked(s, &inputs, dk, dv) }
+                let (qh, khv, vh) = (
+                    gather(&q, dk, ck, kh),
+                    gather(&k, dk, ck, kh),
+                    gather(&v, dv, cv, h),
+                );
+                let inputs = HeadInputs {
+                    q: &qh,
+                    k: &khv,
+                    v: &vh,
+                    beta: &beta[h * n..(h + 1) * n],
+                    g: &g[h * n..(h + 1) * n],
+                    n,
+                };
+                if n == 1 {
+                    decode_step(isa, s, &inputs, dk, dv)
+                } else {
+                    chunked(s, &inputs, dk, dv)
+                }
             })
             .collect();
 
@@ -221,20 +283,38 @@ impl DeltaNet {
         let (ck, q_mul) = (dn.key_dim(), 1.0 / (dk as f32).sqrt());
         let conv_state = &state.conv;
         // Channel c after the conv: the history rows, then this token's row.
-        let conv = |c: usize| self.conv_channel(c, |m| if m < hist { conv_state[m * cdim + c] } else { xqkv[c] });
+        let conv = |c: usize| {
+            self.conv_channel(c, |m| {
+                if m < hist {
+                    conv_state[m * cdim + c]
+                } else {
+                    xqkv[c]
+                }
+            })
+        };
         let mut o = vec![0.0f32; dn.value_dim()];
-        o.par_chunks_mut(dv).zip(state.recurrent.par_chunks_mut(dk * dv)).enumerate().for_each(|(h, (dst, s))| {
-            let kh = h / vpk;
-            let mut q: Vec<f32> = (kh * dk..(kh + 1) * dk).map(conv).collect();
-            let mut k: Vec<f32> = (ck + kh * dk..ck + (kh + 1) * dk).map(conv).collect();
-            ops::l2_norm(&mut q, 1e-6, q_mul);
-            ops::l2_norm(&mut k, 1e-6, 1.0);
-            let v: Vec<f32> = (2 * ck + h * dv..2 * ck + (h + 1) * dv).map(conv).collect();
-            let (beta, g) = self.gates(h, b[h], a[h]);
-            let inputs = HeadInputs { q: &q, k: &k, v: &v, beta: &[beta], g: &[g], n: 1 };
-            dst.copy_from_slice(&decode_step(isa, s, &inputs, dk, dv));
-            self.gated_norm(dst, &z[h * dv..(h + 1) * dv]);
-        });
+        o.par_chunks_mut(dv)
+            .zip(state.recurrent.par_chunks_mut(dk * dv))
+            .enumerate()
+            .for_each(|(h, (dst, s))| {
+                let kh = h / vpk;
+                let mut q: Vec<f32> = (kh * dk..(kh + 1) * dk).map(conv).collect();
+                let mut k: Vec<f32> = (ck + kh * dk..ck + (kh + 1) * dk).map(conv).collect();
+                ops::l2_norm(&mut q, 1e-6, q_mul);
+                ops::l2_norm(&mut k, 1e-6, 1.0);
+                let v: Vec<f32> = (2 * ck + h * dv..2 * ck + (h + 1) * dv).map(conv).collect();
+                let (beta, g) = self.gates(h, b[h], a[h]);
+                let inputs = HeadInputs {
+                    q: &q,
+                    k: &k,
+                    v: &v,
+                    beta: &[beta],
+                    g: &[g],
+                    n: 1,
+                };
+                dst.copy_from_slice(&decode_step(isa, s, &inputs, dk, dv));
+                self.gated_norm(dst, &z[h * dv..(h + 1) * dv]);
+            });
         if hist > 0 {
             state.conv.copy_within(cdim.., 0);
             state.conv[(hist - 1) * cdim..].copy_from_slice(xqkv);
@@ -255,7 +335,10 @@ impl DeltaNet {
     /// v head `h`'s gates from its `b` and `a` projections: (β = σ(b), g = −exp(A_log)·softplus(a + dt_bias)).
     #[inline]
     fn gates(&self, h: usize, b: f32, a: f32) -> (f32, f32) {
-        (ops::sigmoid(b), self.neg_a[h] * ops::softplus(a + self.dt_bias[h]))
+        (
+            ops::sigmoid(b),
+            self.neg_a[h] * ops::softplus(a + self.dt_bias[h]),
+        )
     }
 
     /// The SiLU-gated RMSNorm of one head's output `x` (in place) with its `z` gate values.
@@ -276,7 +359,11 @@ fn recurrent(s: &mut [f32], x: &HeadInputs<'_>, dk: usize, dv: usize) -> Vec<f32
     let mut out = vec![0.0f32; x.n * dv];
     let mut u = vec![0.0f32; dv];
     for t in 0..x.n {
-        let (q, k, v) = (&x.q[t * dk..(t + 1) * dk], &x.k[t * dk..(t + 1) * dk], &x.v[t * dv..(t + 1) * dv]);
+        let (q, k, v) = (
+            &x.q[t * dk..(t + 1) * dk],
+            &x.k[t * dk..(t + 1) * dk],
+            &x.v[t * dv..(t + 1) * dv],
+        );
         let decay = x.g[t].exp();
         s.iter_mut().for_each(|e| *e *= decay);
         // u = β (v − Sᵀk)
@@ -318,13 +405,20 @@ fn decode_step(isa: Isa, s: &mut [f32], x: &HeadInputs<'_>, dk: usize, dv: usize
     kernels::scale_axpy_rows_f32(isa, &mut sk, 0.0, k, s, dv);
     kernels::scale_axpy_rows_f32(isa, &mut sq, 0.0, q, s, dv);
     let kq = ops::dot(k, q);
-    let u: Vec<f32> = v.iter().zip(&sk).map(|(vj, skj)| x.beta[0] * (vj - decay * skj)).collect();
+    let u: Vec<f32> = v
+        .iter()
+        .zip(&sk)
+        .map(|(vj, skj)| x.beta[0] * (vj - decay * skj))
+        .collect();
     for (i, ki) in k.iter().enumerate() {
         for (sij, uj) in s[i * dv..(i + 1) * dv].iter_mut().zip(&u) {
             *sij = decay * *sij + ki * uj;
         }
     }
-    sq.iter().zip(&u).map(|(sqj, uj)| decay * sqj + kq * uj).collect()
+    sq.iter()
+        .zip(&u)
+        .map(|(sqj, uj)| decay * sqj + kq * uj)
+        .collect()
 }
 
 /// The chunked form (docs/model.md §4.6): mathematically identical to [`recurrent`], with work done as
@@ -350,7 +444,9 @@ fn chunked(s: &mut [f32], x: &HeadInputs<'_>, dk: usize, dv: usize) -> Vec<f32> 
         let mut lmat = vec![0.0f32; l * l];
         for i in 0..l {
             for j in 0..i {
-                lmat[i * l + j] = beta[i] * ops::dot(&k[i * dk..(i + 1) * dk], &k[j * dk..(j + 1) * dk]) * (gamma[i] - gamma[j]).exp();
+                lmat[i * l + j] = beta[i]
+                    * ops::dot(&k[i * dk..(i + 1) * dk], &k[j * dk..(j + 1) * dk])
+                    * (gamma[i] - gamma[j]).exp();
             }
         }
         // Forward substitution with (I + L): U = (I+L)⁻¹(β v), W = (I+L)⁻¹(β e^γ k).
@@ -383,7 +479,10 @@ fn chunked(s: &mut [f32], x: &HeadInputs<'_>, dk: usize, dv: usize) -> Vec<f32> 
         for i in 0..l {
             for r in 0..dk {
                 let wir = w[i * dk + r];
-                for (vc, sc) in vp[i * dv..(i + 1) * dv].iter_mut().zip(&s[r * dv..(r + 1) * dv]) {
+                for (vc, sc) in vp[i * dv..(i + 1) * dv]
+                    .iter_mut()
+                    .zip(&s[r * dv..(r + 1) * dv])
+                {
                     *vc -= wir * sc;
                 }
             }
@@ -399,7 +498,8 @@ fn chunked(s: &mut [f32], x: &HeadInputs<'_>, dk: usize, dv: usize) -> Vec<f32> 
                 }
             }
             for j in 0..=i {
-                let a = ops::dot(&q[i * dk..(i + 1) * dk], &k[j * dk..(j + 1) * dk]) * (gamma[i] - gamma[j]).exp();
+                let a = ops::dot(&q[i * dk..(i + 1) * dk], &k[j * dk..(j + 1) * dk])
+                    * (gamma[i] - gamma[j]).exp();
                 for (oc, vc) in o.iter_mut().zip(&vp[j * dv..(j + 1) * dv]) {
                     *oc += a * vc;
                 }
@@ -413,7 +513,10 @@ fn chunked(s: &mut [f32], x: &HeadInputs<'_>, dk: usize, dv: usize) -> Vec<f32> 
             let f = (last - gamma[j]).exp();
             for r in 0..dk {
                 let kr = k[j * dk + r] * f;
-                for (sc, vc) in s[r * dv..(r + 1) * dv].iter_mut().zip(&vp[j * dv..(j + 1) * dv]) {
+                for (sc, vc) in s[r * dv..(r + 1) * dv]
+                    .iter_mut()
+                    .zip(&vp[j * dv..(j + 1) * dv])
+                {
                     *sc += kr * vc;
                 }
             }
@@ -457,7 +560,10 @@ mod tests {
 
     fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
         assert_eq!(a.len(), b.len());
-        a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
+        a.iter()
+            .zip(b)
+            .map(|(x, y)| (x - y).abs())
+            .fold(0.0, f32::max)
     }
 
     #[test]
@@ -466,7 +572,9 @@ mod tests {
         let n = 40;
         let (q, k, v, beta, g) = inputs(n, dk, dv, 7);
         for isa in shared::kernels::present_or_say(Isa::ALL, |isa| isa.is_available()) {
-            let mut s_ref: Vec<f32> = (0..dk * dv).map(|i| ((i % 11) as f32 - 5.0) * 0.02).collect();
+            let mut s_ref: Vec<f32> = (0..dk * dv)
+                .map(|i| ((i % 11) as f32 - 5.0) * 0.02)
+                .collect();
             let mut s_new = s_ref.clone();
             for t in 0..n {
                 let x = HeadInputs {
@@ -480,7 +588,10 @@ mod tests {
                 let o_ref = recurrent(&mut s_ref, &x, dk, dv);
                 let o_new = decode_step(isa, &mut s_new, &x, dk, dv);
                 let (max_o, max_s) = (max_abs_diff(&o_ref, &o_new), max_abs_diff(&s_ref, &s_new));
-                assert!(max_o < 1e-5 && max_s < 1e-5, "{isa} token {t}: max |Δo| {max_o}, max |ΔS| {max_s}");
+                assert!(
+                    max_o < 1e-5 && max_s < 1e-5,
+                    "{isa} token {t}: max |Δo| {max_o}, max |ΔS| {max_s}"
+                );
             }
         }
     }
@@ -490,14 +601,26 @@ mod tests {
         let (dk, dv) = (16, 24);
         for n in [1, 2, 63, 64, 65, 130] {
             let (q, k, v, beta, g) = inputs(n, dk, dv, n as u32);
-            let x = HeadInputs { q: &q, k: &k, v: &v, beta: &beta, g: &g, n };
+            let x = HeadInputs {
+                q: &q,
+                k: &k,
+                v: &v,
+                beta: &beta,
+                g: &g,
+                n,
+            };
             // Non-zero incoming state, as when a prompt is fed in pieces.
-            let s0: Vec<f32> = (0..dk * dv).map(|i| ((i % 7) as f32 - 3.0) * 0.05).collect();
+            let s0: Vec<f32> = (0..dk * dv)
+                .map(|i| ((i % 7) as f32 - 3.0) * 0.05)
+                .collect();
             let (mut s_rec, mut s_chk) = (s0.clone(), s0);
             let o_rec = recurrent(&mut s_rec, &x, dk, dv);
             let o_chk = chunked(&mut s_chk, &x, dk, dv);
             let (max_o, max_s) = (max_abs_diff(&o_rec, &o_chk), max_abs_diff(&s_rec, &s_chk));
-            assert!(max_o < 1e-5 && max_s < 1e-5, "n={n}: max |Δo| {max_o}, max |ΔS| {max_s}");
+            assert!(
+                max_o < 1e-5 && max_s < 1e-5,
+                "n={n}: max |Δo| {max_o}, max |ΔS| {max_s}"
+            );
         }
     }
 
@@ -505,13 +628,20 @@ mod tests {
     /// projections are never used: the tests feed [`Projected`] directly).
     fn layer(dn: DeltaNetLayout, seed: u32) -> DeltaNet {
         let mut rnd = uniform(seed.wrapping_mul(2654435761).wrapping_add(3));
-        let unused = || Linear::new(super::super::weights::Matrix::from_vec(vec![half::bf16::ZERO; 16], 1, 16), DenseFormat::Bf16);
+        let unused = || {
+            Linear::new(
+                super::super::weights::Matrix::from_vec(vec![half::bf16::ZERO; 16], 1, 16),
+                DenseFormat::Bf16,
+            )
+        };
         DeltaNet {
             in_proj_qkv: unused(),
             in_proj_z: unused(),
             in_proj_b: unused(),
             in_proj_a: unused(),
-            conv: (0..dn.conv_dim() * dn.conv_kernel).map(|_| rnd() * 0.5).collect(),
+            conv: (0..dn.conv_dim() * dn.conv_kernel)
+                .map(|_| rnd() * 0.5)
+                .collect(),
             dt_bias: (0..dn.n_v_heads).map(|_| rnd()).collect(),
             neg_a: (0..dn.n_v_heads).map(|_| -(rnd() * 0.5).exp()).collect(),
             norm: (0..dn.value_head_dim).map(|_| 1.0 + rnd() * 0.1).collect(),
@@ -524,7 +654,14 @@ mod tests {
     #[test]
     fn decode_heads_gives_the_general_paths_bits_token_after_token() {
         for (vpk, kw) in [(2, 4), (1, 4), (3, 2), (2, 1)] {
-            decode_heads_matches(DeltaNetLayout { n_k_heads: 3, n_v_heads: 3 * vpk, key_head_dim: 32, value_head_dim: 48, v_per_k: vpk, conv_kernel: kw });
+            decode_heads_matches(DeltaNetLayout {
+                n_k_heads: 3,
+                n_v_heads: 3 * vpk,
+                key_head_dim: 32,
+                value_head_dim: 48,
+                v_per_k: vpk,
+                conv_kernel: kw,
+            });
         }
     }
 
@@ -536,18 +673,42 @@ mod tests {
         for t in 0..12 {
             // Arbitrary projections for token t (q, k, v, β and g of `inputs` reused as raw values).
             let p = Projected {
-                xqkv: q[t * dn.conv_dim()..(t + 1) * dn.conv_dim()].iter().zip(&k[t * dn.conv_dim()..]).map(|(a, b)| a * 40.0 + b).collect(),
-                z: v[t * dn.value_dim()..(t + 1) * dn.value_dim()].iter().map(|z| z * 3.0).collect(),
-                b: (0..dn.n_v_heads).map(|h| beta[t] * 4.0 - 2.0 + h as f32 * 0.3).collect(),
+                xqkv: q[t * dn.conv_dim()..(t + 1) * dn.conv_dim()]
+                    .iter()
+                    .zip(&k[t * dn.conv_dim()..])
+                    .map(|(a, b)| a * 40.0 + b)
+                    .collect(),
+                z: v[t * dn.value_dim()..(t + 1) * dn.value_dim()]
+                    .iter()
+                    .map(|z| z * 3.0)
+                    .collect(),
+                b: (0..dn.n_v_heads)
+                    .map(|h| beta[t] * 4.0 - 2.0 + h as f32 * 0.3)
+                    .collect(),
                 a: (0..dn.n_v_heads).map(|h| g[t] + h as f32 * 0.2).collect(),
             };
             let o_general = net.mix_rows(isa, &p, 1, &mut s_general, None);
             let o_fused = net.decode_heads(isa, &p, &mut s_fused);
             let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
-            assert_eq!(bits(&o_fused), bits(&o_general), "{dn:?} token {t}: outputs");
-            assert_eq!(bits(&s_fused.recurrent), bits(&s_general.recurrent), "{dn:?} token {t}: recurrent state");
-            assert_eq!(bits(&s_fused.conv), bits(&s_general.conv), "{dn:?} token {t}: conv state");
-            assert!(o_fused.iter().any(|v| v.abs() > 1e-3), "{dn:?} token {t}: the outputs are not trivially zero");
+            assert_eq!(
+                bits(&o_fused),
+                bits(&o_general),
+                "{dn:?} token {t}: outputs"
+            );
+            assert_eq!(
+                bits(&s_fused.recurrent),
+                bits(&s_general.recurrent),
+                "{dn:?} token {t}: recurrent state"
+            );
+            assert_eq!(
+                bits(&s_fused.conv),
+                bits(&s_general.conv),
+                "{dn:?} token {t}: conv state"
+            );
+            assert!(
+                o_fused.iter().any(|v| v.abs() > 1e-3),
+                "{dn:?} token {t}: the outputs are not trivially zero"
+            );
         }
     }
 }

@@ -12,7 +12,9 @@
 use super::ops;
 use super::weights::Matrix;
 use rayon::prelude::*;
-use shared::kernels::int8::{self, Int8Isa, MatrixRef, QuantizedMatrix, ROW_BLOCK, padded_cols, padded_rows};
+use shared::kernels::int8::{
+    self, Int8Isa, MatrixRef, QuantizedMatrix, ROW_BLOCK, padded_cols, padded_rows,
+};
 use shared::kernels::{self, Isa};
 
 /// Storage format of the large dense projections.
@@ -52,7 +54,13 @@ pub struct Linear {
 
 impl std::fmt::Debug for Linear {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Linear[{}×{} {}]", self.rows, self.cols, self.format().name())
+        write!(
+            f,
+            "Linear[{}×{} {}]",
+            self.rows,
+            self.cols,
+            self.format().name()
+        )
     }
 }
 
@@ -66,11 +74,19 @@ impl Linear {
     pub fn new(m: Matrix, format: DenseFormat) -> Linear {
         let (rows, cols) = (m.rows, m.cols);
         match format {
-            DenseFormat::Bf16 => Linear { w: Weights::Bf16(m), rows, cols },
+            DenseFormat::Bf16 => Linear {
+                w: Weights::Bf16(m),
+                rows,
+                cols,
+            },
             DenseFormat::Int8 => {
                 let q = quantize_bf16(&m);
                 m.release_pages();
-                Linear { w: Weights::Int8(q), rows, cols }
+                Linear {
+                    w: Weights::Int8(q),
+                    rows,
+                    cols,
+                }
             }
         }
     }
@@ -109,7 +125,10 @@ fn quantize_bf16(m: &Matrix) -> QuantizedMatrix {
         .map(|c| {
             let r0 = c * QUANT_CHUNK_ROWS;
             let r1 = (r0 + QUANT_CHUNK_ROWS).min(rows);
-            let f: Vec<f32> = m.data()[r0 * cols..r1 * cols].iter().map(|v| v.to_f32()).collect();
+            let f: Vec<f32> = m.data()[r0 * cols..r1 * cols]
+                .iter()
+                .map(|v| v.to_f32())
+                .collect();
             int8::quantize_weights(&f, r1 - r0, cols)
         })
         .collect();
@@ -126,7 +145,13 @@ fn quantize_bf16(m: &Matrix) -> QuantizedMatrix {
         scales.extend_from_slice(&q.scales);
         row_sums.extend_from_slice(&q.row_sums);
     }
-    QuantizedMatrix { rows, cols, packed, scales, row_sums }
+    QuantizedMatrix {
+        rows,
+        cols,
+        packed,
+        scales,
+        row_sums,
+    }
 }
 
 /// Asks for transparent huge pages over a freshly allocated, not yet written buffer (its
@@ -145,7 +170,13 @@ fn advise_huge_pages<T>(v: &Vec<T>) {
             // SAFETY: [aligned, end) lies inside the Vec's own allocation, which stays alive
             // for the call; MADV_HUGEPAGE changes only how the kernel backs those pages, never
             // their contents or protection.
-            let _ = unsafe { rustix::mm::madvise(aligned as *mut std::ffi::c_void, (end - aligned) & !(PAGE - 1), rustix::mm::Advice::LinuxHugepage) };
+            let _ = unsafe {
+                rustix::mm::madvise(
+                    aligned as *mut std::ffi::c_void,
+                    (end - aligned) & !(PAGE - 1),
+                    rustix::mm::Advice::LinuxHugepage,
+                )
+            };
         }
     }
     #[cfg(not(target_os = "linux"))]
@@ -196,10 +227,19 @@ struct Tile<'a> {
 /// results do not depend on the thread count. INT8 matrices share one quantisation of `x`.
 pub fn project_many(isa: Isa, mats: &[&Linear], x: &[f32], n: usize) -> Vec<Vec<f32>> {
     // PERF-CRITICAL: decode runs this a few times per layer per token.
-    let Some(first) = mats.first() else { return Vec::new() };
+    let Some(first) = mats.first() else {
+        return Vec::new();
+    };
     let cols = first.cols;
-    assert!(mats.iter().all(|m| m.cols == cols), "project_many: matrices read inputs of different widths");
-    assert_eq!(x.len(), n * cols, "project_many: input length != n ({n}) · cols ({cols})");
+    assert!(
+        mats.iter().all(|m| m.cols == cols),
+        "project_many: matrices read inputs of different widths"
+    );
+    assert_eq!(
+        x.len(),
+        n * cols,
+        "project_many: input length != n ({n}) · cols ({cols})"
+    );
     let bf16: Option<Vec<&Matrix>> = mats
         .iter()
         .map(|m| match &m.w {
@@ -214,10 +254,19 @@ pub fn project_many(isa: Isa, mats: &[&Linear], x: &[f32], n: usize) -> Vec<Vec<
     let xq = QuantizedInput::new(x, n, cols);
     let mut tiles = Vec::new();
     for (out, m) in mats.iter().enumerate() {
-        let elem = if m.format() == DenseFormat::Int8 { 1 } else { 2 };
+        let elem = if m.format() == DenseFormat::Int8 {
+            1
+        } else {
+            2
+        };
         let tile = ops::tile_rows(m.rows, elem * cols, ROW_BLOCK);
         for r0 in (0..m.rows).step_by(tile.max(1)) {
-            tiles.push(Tile { lin: m, r0, rows: tile.min(m.rows - r0), out });
+            tiles.push(Tile {
+                lin: m,
+                r0,
+                rows: tile.min(m.rows - r0),
+                out,
+            });
         }
     }
     let i8isa = Int8Isa::active();
@@ -237,7 +286,14 @@ pub fn project_many(isa: Isa, mats: &[&Linear], x: &[f32], n: usize) -> Vec<Vec<
                     }
                 }
                 Weights::Int8(q) => {
-                    int8::gemm_w8a8(i8isa, row_slice(q, t.r0, t.rows), &xq.q, &xq.scales, n, &mut y);
+                    int8::gemm_w8a8(
+                        i8isa,
+                        row_slice(q, t.r0, t.rows),
+                        &xq.q,
+                        &xq.scales,
+                        n,
+                        &mut y,
+                    );
                 }
             }
             (t.out, t.r0, y)
@@ -248,7 +304,8 @@ pub fn project_many(isa: Isa, mats: &[&Linear], x: &[f32], n: usize) -> Vec<Vec<
         let rows = mats[o].rows;
         let tile_rows = y.len() / n;
         for t in 0..n {
-            outs[o][t * rows + r0..t * rows + r0 + tile_rows].copy_from_slice(&y[t * tile_rows..(t + 1) * tile_rows]);
+            outs[o][t * rows + r0..t * rows + r0 + tile_rows]
+                .copy_from_slice(&y[t * tile_rows..(t + 1) * tile_rows]);
         }
     }
     outs
@@ -266,7 +323,11 @@ mod tests {
 
     fn matrix(rows: usize, cols: usize, seed: u32) -> Matrix {
         let data = (0..rows * cols)
-            .map(|i| bf16::from_f32((((i as u32).wrapping_mul(2654435761) ^ seed) % 1000) as f32 / 500.0 - 1.0))
+            .map(|i| {
+                bf16::from_f32(
+                    (((i as u32).wrapping_mul(2654435761) ^ seed) % 1000) as f32 / 500.0 - 1.0,
+                )
+            })
             .collect();
         Matrix::from_vec(data, rows, cols)
     }
@@ -296,7 +357,11 @@ mod tests {
             let one = project_many(isa, &[&a, &b, &c], &x[t * 96..(t + 1) * 96], 1);
             for (m, (blk, row)) in block.iter().zip(&one).enumerate() {
                 let rows = row.len();
-                assert_eq!(&blk[t * rows..(t + 1) * rows], &row[..], "matrix {m}, row {t}");
+                assert_eq!(
+                    &blk[t * rows..(t + 1) * rows],
+                    &row[..],
+                    "matrix {m}, row {t}"
+                );
             }
             assert_eq!(project_new(isa, &a, &x[t * 96..(t + 1) * 96], 1), one[0]);
         }

@@ -47,7 +47,9 @@ pub enum ModelError {
         vocab: usize,
     },
     /// The sequence would exceed the configured context.
-    #[error("sequence of {needed} tokens exceeds the model's context of {max} tokens (max_position_embeddings)")]
+    #[error(
+        "sequence of {needed} tokens exceeds the model's context of {max} tokens (max_position_embeddings)"
+    )]
     ContextExceeded {
         /// Tokens the sequence would hold.
         needed: usize,
@@ -58,7 +60,9 @@ pub enum ModelError {
     #[error("empty input: at least one token is required")]
     Empty,
     /// An earlier forward call on this sequence failed midway; its state is unusable.
-    #[error("sequence state is unusable after an earlier failed forward call; start a new sequence")]
+    #[error(
+        "sequence state is unusable after an earlier failed forward call; start a new sequence"
+    )]
     Poisoned,
 }
 
@@ -148,7 +152,12 @@ pub struct Model {
 impl Model {
     /// Loads the dense weights from a mapped checkpoint (the large projections converted to
     /// `dense`); routed experts go through `experts`.
-    pub fn load(w: &MappedCheckpoint, experts: Arc<dyn ExpertBackend>, isa: Isa, dense: DenseFormat) -> Result<Model, ModelError> {
+    pub fn load(
+        w: &MappedCheckpoint,
+        experts: Arc<dyn ExpertBackend>,
+        isa: Isa,
+        dense: DenseFormat,
+    ) -> Result<Model, ModelError> {
         let cfg = w.ckpt.config.text.clone();
         let prefix = w.ckpt.prefix;
         let d = cfg.hidden_size;
@@ -156,8 +165,12 @@ impl Model {
         for (i, ty) in cfg.layer_types.iter().enumerate() {
             let t = LayerTensors::layer(w, i, dense);
             let mixer = match ty {
-                LayerType::FullAttention => Mixer::Attention(Attention::load(&t.module("self_attn"), &cfg)?),
-                LayerType::LinearAttention => Mixer::DeltaNet(DeltaNet::load(&t.module("linear_attn"), &cfg)?),
+                LayerType::FullAttention => {
+                    Mixer::Attention(Attention::load(&t.module("self_attn"), &cfg)?)
+                }
+                LayerType::LinearAttention => {
+                    Mixer::DeltaNet(DeltaNet::load(&t.module("linear_attn"), &cfg)?)
+                }
             };
             layers.push(Layer {
                 input_scale: ops::zero_centred_scale(&t.vector("input_layernorm.weight")?),
@@ -171,12 +184,19 @@ impl Model {
         Ok(Model {
             embed,
             final_scale: ops::zero_centred_scale(&w.vector_f32(&format!("{prefix}norm.weight"))?),
-            lm_head: Linear::new(w.matrix(shared::tensor_spec::LM_HEAD, cfg.vocab_size, d)?, dense),
+            lm_head: Linear::new(
+                w.matrix(shared::tensor_spec::LM_HEAD, cfg.vocab_size, d)?,
+                dense,
+            ),
             dense,
             layers,
             cfg,
             isa,
-            keep_awake: if experts.transport().is_none() { keep_awake::Awake::Spin } else { keep_awake::Awake::Yield },
+            keep_awake: if experts.transport().is_none() {
+                keep_awake::Awake::Spin
+            } else {
+                keep_awake::Awake::Yield
+            },
             experts,
             profiler: None,
         })
@@ -233,7 +253,9 @@ impl Model {
     /// the backend takes hints.
     pub(crate) fn prefetch_next(&self, i: usize, h: &[f32], n: usize) {
         const MAX_ROWS: usize = 8;
-        let Some(next) = self.layers.get(i + 1) else { return };
+        let Some(next) = self.layers.get(i + 1) else {
+            return;
+        };
         if n > MAX_ROWS || !self.experts.wants_prefetch() {
             return;
         }
@@ -255,7 +277,8 @@ impl Model {
                 }
             }
         }
-        self.experts.prefetch(LayerId::from_index(i + 1), &ids, prof);
+        self.experts
+            .prefetch(LayerId::from_index(i + 1), &ids, prof);
     }
 
     /// The expert backend's speculative-read counters, when it has them.
@@ -281,10 +304,16 @@ impl Model {
             .iter()
             .map(|t| match t {
                 LayerType::FullAttention => LayerState::Kv(KvCache::default()),
-                LayerType::LinearAttention => LayerState::DeltaNet(DeltaNetState::new(&self.cfg.delta_net)),
+                LayerType::LinearAttention => {
+                    LayerState::DeltaNet(DeltaNetState::new(&self.cfg.delta_net))
+                }
             })
             .collect();
-        SequenceState { layers, pos: 0, poisoned: false }
+        SequenceState {
+            layers,
+            pos: 0,
+            poisoned: false,
+        }
     }
 
     /// Runs `tokens` (one block) through the model, advancing `state`. Returns the requested
@@ -296,7 +325,9 @@ impl Model {
         want: Logits,
         routes: Option<&mut Vec<Routes>>,
     ) -> Result<Vec<f32>, ModelError> {
-        keep_awake::run(self.keep_awake, || self.forward_pass(state, tokens, want, routes))
+        keep_awake::run(self.keep_awake, || {
+            self.forward_pass(state, tokens, want, routes)
+        })
     }
 
     /// [`forward`](Self::forward) on whichever thread runs it.
@@ -315,12 +346,19 @@ impl Model {
             return Err(ModelError::Empty);
         }
         let (d, vocab) = (self.cfg.hidden_size, self.cfg.vocab_size);
-        if let Some((index, &id)) = tokens.iter().enumerate().find(|(_, id)| **id as usize >= vocab) {
+        if let Some((index, &id)) = tokens
+            .iter()
+            .enumerate()
+            .find(|(_, id)| **id as usize >= vocab)
+        {
             return Err(ModelError::TokenOutOfRange { id, index, vocab });
         }
         let needed = state.pos + n;
         if needed > self.cfg.max_position_embeddings {
-            return Err(ModelError::ContextExceeded { needed, max: self.cfg.max_position_embeddings });
+            return Err(ModelError::ContextExceeded {
+                needed,
+                max: self.cfg.max_position_embeddings,
+            });
         }
         let eps = self.cfg.rms_norm_eps as f32;
         let prof = self.profiler();
@@ -345,9 +383,15 @@ impl Model {
             let mut a = h.clone();
             ops::rms_norm_rows(&mut a, &layer.input_scale, eps);
             let mixed = match (&layer.mixer, ls) {
-                (Mixer::Attention(att), LayerState::Kv(cache)) => att.forward(self.isa, &a, n, cache, prof),
-                (Mixer::DeltaNet(dn), LayerState::DeltaNet(s)) => dn.forward(self.isa, &a, n, s, prof),
-                _ => unreachable!("layer {i}: state kind always matches the mixer (built by new_state)"),
+                (Mixer::Attention(att), LayerState::Kv(cache)) => {
+                    att.forward(self.isa, &a, n, cache, prof)
+                }
+                (Mixer::DeltaNet(dn), LayerState::DeltaNet(s)) => {
+                    dn.forward(self.isa, &a, n, s, prof)
+                }
+                _ => unreachable!(
+                    "layer {i}: state kind always matches the mixer (built by new_state)"
+                ),
             };
             for (hv, mv) in h.iter_mut().zip(&mixed) {
                 *hv += mv;
@@ -355,7 +399,9 @@ impl Model {
             let mut b = h.clone();
             ops::rms_norm_rows(&mut b, &layer.post_scale, eps);
             self.prefetch_next(i, &h, n);
-            let (moe_out, r) = layer.moe.forward(self.isa, self.experts.as_ref(), &b, n, prof)?;
+            let (moe_out, r) = layer
+                .moe
+                .forward(self.isa, self.experts.as_ref(), &b, n, prof)?;
             for (hv, mv) in h.iter_mut().zip(&moe_out) {
                 *hv += mv;
             }

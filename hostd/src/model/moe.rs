@@ -44,7 +44,12 @@ impl Moe {
             shared_gate: t.linear("shared_expert.gate_proj.weight", fs, d)?,
             shared_up: t.linear("shared_expert.up_proj.weight", fs, d)?,
             shared_down: t.linear("shared_expert.down_proj.weight", d, fs)?,
-            shared_expert_gate: t.linear_in(DenseFormat::Bf16, "shared_expert_gate.weight", 1, d)?,
+            shared_expert_gate: t.linear_in(
+                DenseFormat::Bf16,
+                "shared_expert_gate.weight",
+                1,
+                d,
+            )?,
             top_k: cfg.experts_per_token,
             layer: LayerId::from_index(t.layer),
         })
@@ -69,7 +74,11 @@ impl Moe {
             ids.extend_from_slice(chosen);
             weights.extend(chosen.iter().map(|&i| p[i as usize] / sum));
         }
-        Routes { top_k: self.top_k, ids, weights }
+        Routes {
+            top_k: self.top_k,
+            ids,
+            weights,
+        }
     }
 
     /// Full MoE output for `n` rows of `x` (already post-attention-normed): routed experts via
@@ -90,7 +99,14 @@ impl Moe {
         let routes = self.route(isa, x, n);
         drop(scope);
         let mut out = vec![0.0f32; n * d];
-        let call = MoeCall { layer: self.layer, n_rows: n, top_k: self.top_k, x, ids: &routes.ids, weights: &routes.weights };
+        let call = MoeCall {
+            layer: self.layer,
+            n_rows: n,
+            top_k: self.top_k,
+            x,
+            ids: &routes.ids,
+            weights: &routes.weights,
+        };
         // The distinct experts are counted only for the profile (their weight bytes).
         let routed_bytes = prof.map_or(0, |_| {
             let mut distinct = routes.ids.clone();
@@ -111,18 +127,32 @@ impl Moe {
         // moe.routed_experts: the call's wall time on this thread minus the shared expert's
         // (which ran inside it, overlapped or not).
         if let (Some(p), Some(t)) = (prof, t) {
-            p.add("moe.routed_experts", (t.elapsed().as_nanos() as u64).saturating_sub(shared_ns), routed_bytes as u64);
+            p.add(
+                "moe.routed_experts",
+                (t.elapsed().as_nanos() as u64).saturating_sub(shared_ns),
+                routed_bytes as u64,
+            );
         }
         let t = prof.map(|_| Instant::now());
         for t in 0..n {
             let s = ops::sigmoid(gate[t]);
-            for (o, v) in out[t * d..(t + 1) * d].iter_mut().zip(&shared[t * d..(t + 1) * d]) {
+            for (o, v) in out[t * d..(t + 1) * d]
+                .iter_mut()
+                .zip(&shared[t * d..(t + 1) * d])
+            {
                 *o += s * v;
             }
         }
         if let (Some(p), Some(t)) = (prof, t) {
-            let bytes = self.shared_gate.bytes() + self.shared_up.bytes() + self.shared_down.bytes() + self.shared_expert_gate.bytes();
-            p.add("moe.shared_expert", shared_ns + t.elapsed().as_nanos() as u64, bytes as u64);
+            let bytes = self.shared_gate.bytes()
+                + self.shared_up.bytes()
+                + self.shared_down.bytes()
+                + self.shared_expert_gate.bytes();
+            p.add(
+                "moe.shared_expert",
+                shared_ns + t.elapsed().as_nanos() as u64,
+                bytes as u64,
+            );
         }
         Ok((out, routes))
     }
@@ -130,10 +160,14 @@ impl Moe {
     /// The shared expert of `n` rows of `x`, before its gate: (`n × hidden` outputs, `n` gate
     /// logits).
     fn shared_expert(&self, isa: Isa, x: &[f32], n: usize) -> (Vec<f32>, Vec<f32>) {
-        let [mut g, u, gate]: [Vec<f32>; 3] =
-            linear::project_many(isa, &[&self.shared_gate, &self.shared_up, &self.shared_expert_gate], x, n)
-                .try_into()
-                .expect("three projections");
+        let [mut g, u, gate]: [Vec<f32>; 3] = linear::project_many(
+            isa,
+            &[&self.shared_gate, &self.shared_up, &self.shared_expert_gate],
+            x,
+            n,
+        )
+        .try_into()
+        .expect("three projections");
         for (gv, uv) in g.iter_mut().zip(&u) {
             *gv = ops::silu(*gv) * uv;
         }

@@ -101,7 +101,9 @@ const MIN_TILE_WEIGHT_BYTES: usize = 64 << 10;
 /// rounded up to a multiple of `align` (the kernel's row block). One rule for every format.
 pub(super) fn tile_rows(rows: usize, row_bytes: usize, align: usize) -> usize {
     let min_rows = MIN_TILE_WEIGHT_BYTES.div_ceil(row_bytes.max(1));
-    min_rows.max(rows.div_ceil(4 * rayon::current_num_threads())).next_multiple_of(align)
+    min_rows
+        .max(rows.div_ceil(4 * rayon::current_num_threads()))
+        .next_multiple_of(align)
 }
 
 /// Several projections of the same input in ONE parallel region: `x · Wᵢᵀ` for every matrix,
@@ -127,10 +129,20 @@ pub fn project_many(isa: Isa, mats: &[&Matrix], x: &[f32], n: usize) -> Vec<Vec<
     // runs of a few tiles that cannot be split once started (from the model's thread with 2
     // workers, runs of up to two of q_proj's 2 MB tiles), so with tiles of unequal sizes the
     // other threads idle at the end while one finishes a run of big ones.
-    tiles.into_par_iter().with_max_len(1).for_each(|(m, r0, y)| {
-        let rows = y.len();
-        kernels::gemv_bf16(isa, &m.data()[r0 * m.cols..(r0 + rows) * m.cols], rows, m.cols, x, y);
-    });
+    tiles
+        .into_par_iter()
+        .with_max_len(1)
+        .for_each(|(m, r0, y)| {
+            let rows = y.len();
+            kernels::gemv_bf16(
+                isa,
+                &m.data()[r0 * m.cols..(r0 + rows) * m.cols],
+                rows,
+                m.cols,
+                x,
+                y,
+            );
+        });
     outs
 }
 
@@ -165,7 +177,11 @@ mod tests {
         let isa = Isa::active();
         let mk = |rows: usize, cols: usize, seed: u32| {
             let data = (0..rows * cols)
-                .map(|i| half::bf16::from_f32((((i as u32).wrapping_mul(2654435761) ^ seed) % 1000) as f32 / 500.0 - 1.0))
+                .map(|i| {
+                    half::bf16::from_f32(
+                        (((i as u32).wrapping_mul(2654435761) ^ seed) % 1000) as f32 / 500.0 - 1.0,
+                    )
+                })
                 .collect();
             Matrix::from_vec(data, rows, cols)
         };
@@ -184,9 +200,21 @@ mod tests {
         for len in [0usize, 1, 7, 15, 16, 17, 33, 128, 256, 300] {
             let a: Vec<f32> = (0..len).map(|i| (i as f32 * 0.37).sin()).collect();
             let b: Vec<f32> = (0..len).map(|i| (i as f32 * 0.11).cos()).collect();
-            let plain: f64 = a.iter().zip(&b).map(|(x, y)| f64::from(*x) * f64::from(*y)).sum();
-            let scale: f64 = a.iter().zip(&b).map(|(x, y)| f64::from((x * y).abs())).sum::<f64>().max(1e-30);
-            assert!((f64::from(dot(&a, &b)) - plain).abs() <= 1e-6 * scale, "len {len}");
+            let plain: f64 = a
+                .iter()
+                .zip(&b)
+                .map(|(x, y)| f64::from(*x) * f64::from(*y))
+                .sum();
+            let scale: f64 = a
+                .iter()
+                .zip(&b)
+                .map(|(x, y)| f64::from((x * y).abs()))
+                .sum::<f64>()
+                .max(1e-30);
+            assert!(
+                (f64::from(dot(&a, &b)) - plain).abs() <= 1e-6 * scale,
+                "len {len}"
+            );
         }
     }
 

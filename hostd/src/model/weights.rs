@@ -49,7 +49,11 @@ pub enum WeightsError {
 /// Storage of a bf16 matrix: a range of a shared mapping, or an owned aligned copy.
 #[derive(Clone)]
 enum Storage {
-    Mapped { map: Arc<Mmap>, offset: usize, len: usize },
+    Mapped {
+        map: Arc<Mmap>,
+        offset: usize,
+        len: usize,
+    },
     Owned(Arc<Vec<bf16>>),
 }
 
@@ -101,7 +105,9 @@ impl Matrix {
             // MADV_DONTNEED only unmaps pages whose contents are the file's bytes; any later
             // read (of this matrix, or of a neighbour sharing an edge page) faults the same
             // bytes back in from the file. Values seen through existing borrows never change.
-            let _ = unsafe { map.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, *offset, *len) };
+            let _ = unsafe {
+                map.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, *offset, *len)
+            };
         }
     }
 
@@ -118,7 +124,11 @@ impl Matrix {
     /// A matrix over an owned buffer (synthetic weights in tests and tools).
     pub fn from_vec(data: Vec<bf16>, rows: usize, cols: usize) -> Matrix {
         assert_eq!(data.len(), rows * cols, "matrix data length");
-        Matrix { storage: Storage::Owned(Arc::new(data)), rows, cols }
+        Matrix {
+            storage: Storage::Owned(Arc::new(data)),
+            rows,
+            cols,
+        }
     }
 }
 
@@ -135,7 +145,10 @@ impl MappedCheckpoint {
         let ckpt = Checkpoint::open(dir)?;
         let mut maps = Vec::with_capacity(ckpt.shards.len());
         for shard in &ckpt.shards {
-            let map_err = |e: std::io::Error| WeightsError::Map { path: shard.path.display().to_string(), message: e.to_string() };
+            let map_err = |e: std::io::Error| WeightsError::Map {
+                path: shard.path.display().to_string(),
+                message: e.to_string(),
+            };
             let file = std::fs::File::open(&shard.path).map_err(map_err)?;
             // SAFETY: the mapping is read-only and private to this process. Like every mmap-based
             // loader we rely on nobody truncating or rewriting a checkpoint while it is served;
@@ -148,7 +161,9 @@ impl MappedCheckpoint {
     }
 
     fn entry(&self, name: &str) -> Result<&TensorEntry, WeightsError> {
-        self.ckpt.tensor(name).ok_or_else(|| WeightsError::Missing(name.to_string()))
+        self.ckpt
+            .tensor(name)
+            .ok_or_else(|| WeightsError::Missing(name.to_string()))
     }
 
     /// The raw bytes of a tensor.
@@ -158,21 +173,49 @@ impl MappedCheckpoint {
     }
 
     /// Bytes `[offset, offset + len)` of shard `shard`.
-    pub fn range(&self, name: &str, shard: usize, offset: u64, len: u64) -> Result<&[u8], WeightsError> {
+    pub fn range(
+        &self,
+        name: &str,
+        shard: usize,
+        offset: u64,
+        len: u64,
+    ) -> Result<&[u8], WeightsError> {
         let map = &self.maps[shard];
-        let start = usize::try_from(offset).map_err(|_| WeightsError::OutOfMap(name.to_string()))?;
-        let end = start.checked_add(len as usize).ok_or_else(|| WeightsError::OutOfMap(name.to_string()))?;
-        map.get(start..end).ok_or_else(|| WeightsError::OutOfMap(name.to_string()))
+        let start =
+            usize::try_from(offset).map_err(|_| WeightsError::OutOfMap(name.to_string()))?;
+        let end = start
+            .checked_add(len as usize)
+            .ok_or_else(|| WeightsError::OutOfMap(name.to_string()))?;
+        map.get(start..end)
+            .ok_or_else(|| WeightsError::OutOfMap(name.to_string()))
     }
 
     /// A bf16 `[rows, cols]` view of a shard byte range (used for expert slices).
-    pub fn matrix_at(&self, name: &str, shard: usize, offset: u64, rows: usize, cols: usize) -> Result<Matrix, WeightsError> {
+    pub fn matrix_at(
+        &self,
+        name: &str,
+        shard: usize,
+        offset: u64,
+        rows: usize,
+        cols: usize,
+    ) -> Result<Matrix, WeightsError> {
         let len = rows * cols * 2;
         let bytes = self.range(name, shard, offset, len as u64)?;
         if bytes.as_ptr().align_offset(std::mem::align_of::<bf16>()) == 0 {
-            Ok(Matrix { storage: Storage::Mapped { map: self.maps[shard].clone(), offset: offset as usize, len }, rows, cols })
+            Ok(Matrix {
+                storage: Storage::Mapped {
+                    map: self.maps[shard].clone(),
+                    offset: offset as usize,
+                    len,
+                },
+                rows,
+                cols,
+            })
         } else {
-            let owned: Vec<bf16> = bytes.chunks_exact(2).map(|c| bf16::from_le_bytes([c[0], c[1]])).collect();
+            let owned: Vec<bf16> = bytes
+                .chunks_exact(2)
+                .map(|c| bf16::from_le_bytes([c[0], c[1]]))
+                .collect();
             Ok(Matrix::from_vec(owned, rows, cols))
         }
     }
@@ -181,7 +224,11 @@ impl MappedCheckpoint {
     pub fn matrix(&self, name: &str, rows: usize, cols: usize) -> Result<Matrix, WeightsError> {
         let e = self.entry(name)?;
         if e.loc.dtype != Dtype::BF16 {
-            return Err(WeightsError::Dtype { name: name.to_string(), found: e.loc.dtype, wanted: "a BF16 matrix" });
+            return Err(WeightsError::Dtype {
+                name: name.to_string(),
+                found: e.loc.dtype,
+                wanted: "a BF16 matrix",
+            });
         }
         if e.loc.len != (rows * cols * 2) as u64 {
             return Err(WeightsError::OutOfMap(name.to_string()));
@@ -194,9 +241,19 @@ impl MappedCheckpoint {
         let e = self.entry(name)?;
         let bytes = self.bytes(name)?;
         match e.loc.dtype {
-            Dtype::BF16 => Ok(bytes.chunks_exact(2).map(|c| bf16::from_le_bytes([c[0], c[1]]).to_f32()).collect()),
-            Dtype::F32 => Ok(bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()),
-            found => Err(WeightsError::Dtype { name: name.to_string(), found, wanted: "BF16 or F32" }),
+            Dtype::BF16 => Ok(bytes
+                .chunks_exact(2)
+                .map(|c| bf16::from_le_bytes([c[0], c[1]]).to_f32())
+                .collect()),
+            Dtype::F32 => Ok(bytes
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                .collect()),
+            found => Err(WeightsError::Dtype {
+                name: name.to_string(),
+                found,
+                wanted: "BF16 or F32",
+            }),
         }
     }
 }
@@ -216,12 +273,22 @@ pub struct LayerTensors<'a> {
 impl<'a> LayerTensors<'a> {
     /// Layer `layer`'s tensors; its large projections load as `dense`.
     pub fn layer(w: &'a MappedCheckpoint, layer: usize, dense: DenseFormat) -> LayerTensors<'a> {
-        LayerTensors { w, base: format!("{}layers.{layer}.", w.ckpt.prefix), layer, dense }
+        LayerTensors {
+            w,
+            base: format!("{}layers.{layer}.", w.ckpt.prefix),
+            layer,
+            dense,
+        }
     }
 
     /// The tensors of the layer's `module` (`self_attn`, `linear_attn`, `mlp`).
     pub fn module(&self, module: &str) -> LayerTensors<'a> {
-        LayerTensors { w: self.w, base: format!("{}{module}.", self.base), layer: self.layer, dense: self.dense }
+        LayerTensors {
+            w: self.w,
+            base: format!("{}{module}.", self.base),
+            layer: self.layer,
+            dense: self.dense,
+        }
     }
 
     /// `NAME` as a `[rows, cols]` projection in the dense format.
@@ -231,8 +298,17 @@ impl<'a> LayerTensors<'a> {
 
     /// `NAME` as a `[rows, cols]` projection in `format`, whatever the dense format (the
     /// router and the gates stay BF16; see `linear`).
-    pub fn linear_in(&self, format: DenseFormat, name: &str, rows: usize, cols: usize) -> Result<Linear, WeightsError> {
-        Ok(Linear::new(self.w.matrix(&format!("{}{name}", self.base), rows, cols)?, format))
+    pub fn linear_in(
+        &self,
+        format: DenseFormat,
+        name: &str,
+        rows: usize,
+        cols: usize,
+    ) -> Result<Linear, WeightsError> {
+        Ok(Linear::new(
+            self.w.matrix(&format!("{}{name}", self.base), rows, cols)?,
+            format,
+        ))
     }
 
     /// `NAME` (a BF16 or F32 vector) as f32 values.

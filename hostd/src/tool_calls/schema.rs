@@ -13,7 +13,9 @@ use serde_json::Value;
 
 /// The typed value of parameter `key` of a tool whose `parameters` schema is `schema`.
 pub fn typed_value(raw: &str, schema: Option<&Value>, key: &str) -> Value {
-    let prop = schema.and_then(|s| s.get("properties")).and_then(|p| p.get(key));
+    let prop = schema
+        .and_then(|s| s.get("properties"))
+        .and_then(|p| p.get(key));
     // No schema for the key: the template writes strings raw, so the text is a string.
     if prop.is_none_or(is_raw_text) {
         return Value::String(raw.to_string());
@@ -56,7 +58,10 @@ pub fn is_raw_text(prop: &Value) -> bool {
     if !types.is_empty() {
         return types.iter().all(|t| *t == "string");
     }
-    let values: Vec<&Value> = match (prop.get("enum").and_then(Value::as_array), prop.get("const")) {
+    let values: Vec<&Value> = match (
+        prop.get("enum").and_then(Value::as_array),
+        prop.get("const"),
+    ) {
         (Some(list), _) => list.iter().collect(),
         (None, Some(c)) => vec![c],
         (None, None) => return false,
@@ -77,7 +82,12 @@ fn property_types(prop: Option<&Value>) -> Vec<&str> {
     let mut out = Vec::new();
     add(&mut out, prop.get("type"));
     for combo in ["anyOf", "oneOf"] {
-        for member in prop.get(combo).and_then(Value::as_array).into_iter().flatten() {
+        for member in prop
+            .get(combo)
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+        {
             add(&mut out, member.get("type"));
         }
     }
@@ -131,7 +141,11 @@ mod tests {
         assert_eq!(t("seven", "untyped"), json!("seven"));
         // No type but string enum values: raw text, like a string.
         assert_eq!(t("1", "choice"), json!("1"));
-        assert!(is_raw_text(&json!({"enum": ["a"]})) && !is_raw_text(&json!({"enum": [1]})) && !is_raw_text(&json!({"$ref": "#/x"})));
+        assert!(
+            is_raw_text(&json!({"enum": ["a"]}))
+                && !is_raw_text(&json!({"enum": [1]}))
+                && !is_raw_text(&json!({"$ref": "#/x"}))
+        );
         assert_eq!(t("7", "not_in_schema"), json!("7"));
         assert_eq!(typed_value("7", None, "i"), json!("7"));
     }

@@ -18,7 +18,10 @@ fn tools() -> Vec<ToolSpec> {
                 "filters": {"type": "object"}, "paths": {"type": "array"}, "cursor": {"type": "null"}
             }})),
         },
-        ToolSpec { name: "now".into(), parameters: None },
+        ToolSpec {
+            name: "now".into(),
+            parameters: None,
+        },
     ]
 }
 
@@ -66,7 +69,11 @@ fn whole_sample_parses() {
 fn every_split_point_gives_the_same_result() {
     let want = expected_sample();
     for i in (0..=SAMPLE.len()).filter(|&i| SAMPLE.is_char_boundary(i)) {
-        assert_eq!(feed_pieces(&[&SAMPLE[..i], &SAMPLE[i..]], None), want, "split at {i}");
+        assert_eq!(
+            feed_pieces(&[&SAMPLE[..i], &SAMPLE[i..]], None),
+            want,
+            "split at {i}"
+        );
     }
 }
 
@@ -76,10 +83,17 @@ fn char_by_char_and_three_way_splits() {
     let chars: Vec<String> = SAMPLE.chars().map(String::from).collect();
     let pieces: Vec<&str> = chars.iter().map(String::as_str).collect();
     assert_eq!(feed_pieces(&pieces, None), want);
-    let b: Vec<usize> = (0..=SAMPLE.len()).filter(|&i| SAMPLE.is_char_boundary(i)).step_by(7).collect();
+    let b: Vec<usize> = (0..=SAMPLE.len())
+        .filter(|&i| SAMPLE.is_char_boundary(i))
+        .step_by(7)
+        .collect();
     for (n, &i) in b.iter().enumerate() {
         for &j in &b[n..] {
-            assert_eq!(feed_pieces(&[&SAMPLE[..i], &SAMPLE[i..j], &SAMPLE[j..]], None), want, "split at {i}, {j}");
+            assert_eq!(
+                feed_pieces(&[&SAMPLE[..i], &SAMPLE[i..j], &SAMPLE[j..]], None),
+                want,
+                "split at {i}, {j}"
+            );
         }
     }
 }
@@ -92,23 +106,52 @@ fn streamed_events_start_calls_once_and_fragments_concatenate() {
         events.extend(p.feed(&c.to_string()));
     }
     events.extend(p.finish());
-    let starts: Vec<_> = events.iter().filter(|e| matches!(e, ToolEvent::CallStart { .. })).collect();
+    let starts: Vec<_> = events
+        .iter()
+        .filter(|e| matches!(e, ToolEvent::CallStart { .. }))
+        .collect();
     assert_eq!(starts.len(), 2);
     assert_eq!(p.reported_calls(), 2);
     // A call's first fragment comes right after its start and opens the object.
-    let first = events.iter().position(|e| matches!(e, ToolEvent::CallStart { index: 0, .. })).expect("start");
-    assert_eq!(events[first + 1], ToolEvent::Arguments { index: 0, fragment: "{".into() });
+    let first = events
+        .iter()
+        .position(|e| matches!(e, ToolEvent::CallStart { index: 0, .. }))
+        .expect("start");
+    assert_eq!(
+        events[first + 1],
+        ToolEvent::Arguments {
+            index: 0,
+            fragment: "{".into()
+        }
+    );
     // Content never follows the first call here.
-    let last_content = events.iter().rposition(|e| matches!(e, ToolEvent::Content(_))).expect("content");
+    let last_content = events
+        .iter()
+        .rposition(|e| matches!(e, ToolEvent::Content(_)))
+        .expect("content");
     assert!(last_content < first);
 }
 
 #[test]
 fn text_without_calls_is_untouched() {
-    for text in ["plain answer", "  spaced\n\n", "a < b and <tool> but no call", "<tool_cal", "x <tool_call"] {
-        assert_eq!(parse_all(tools(), None, text), (text.to_string(), vec![]), "{text:?}");
+    for text in [
+        "plain answer",
+        "  spaced\n\n",
+        "a < b and <tool> but no call",
+        "<tool_cal",
+        "x <tool_call",
+    ] {
+        assert_eq!(
+            parse_all(tools(), None, text),
+            (text.to_string(), vec![]),
+            "{text:?}"
+        );
         for i in (0..=text.len()).filter(|&i| text.is_char_boundary(i)) {
-            assert_eq!(feed_pieces(&[&text[..i], &text[i..]], None), (text.to_string(), vec![]), "{text:?} at {i}");
+            assert_eq!(
+                feed_pieces(&[&text[..i], &text[i..]], None),
+                (text.to_string(), vec![]),
+                "{text:?} at {i}"
+            );
         }
     }
 }
@@ -123,13 +166,21 @@ fn unknown_functions_and_malformed_headers_stay_content() {
         "<tool_call><function=get\nweather>",
     ];
     for text in cases {
-        assert_eq!(parse_all(tools(), None, text), (text.to_string(), vec![]), "{text:?}");
+        assert_eq!(
+            parse_all(tools(), None, text),
+            (text.to_string(), vec![]),
+            "{text:?}"
+        );
     }
     // A malformed block does not hide a real call after it.
-    let text = "<tool_call>oops</tool_call> then <tool_call>\n<function=now>\n</function>\n</tool_call>";
+    let text =
+        "<tool_call>oops</tool_call> then <tool_call>\n<function=now>\n</function>\n</tool_call>";
     assert_eq!(
         parse_all(tools(), None, text),
-        ("<tool_call>oops</tool_call> then".to_string(), vec![("now".to_string(), "{}".to_string())])
+        (
+            "<tool_call>oops</tool_call> then".to_string(),
+            vec![("now".to_string(), "{}".to_string())]
+        )
     );
 }
 
@@ -139,27 +190,60 @@ fn lenient_inside_a_started_call() {
     let text = "<tool_call>\n<function=get_weather>\nstray <parameter=city>\nOslo\n</parameter>\n</tool_call>\n\nDone.";
     assert_eq!(
         parse_all(tools(), None, text),
-        ("Done.".to_string(), vec![("get_weather".to_string(), r#"{"city":"Oslo"}"#.to_string())])
+        (
+            "Done.".to_string(),
+            vec![("get_weather".to_string(), r#"{"city":"Oslo"}"#.to_string())]
+        )
     );
     let text = "<tool_call>\n<function=now>\n</function>\nAfter.";
-    assert_eq!(parse_all(tools(), None, text), ("After.".to_string(), vec![("now".to_string(), "{}".to_string())]));
+    assert_eq!(
+        parse_all(tools(), None, text),
+        (
+            "After.".to_string(),
+            vec![("now".to_string(), "{}".to_string())]
+        )
+    );
 }
 
 #[test]
 fn a_reply_cut_inside_a_call_closes_it() {
     let text = "<tool_call>\n<function=get_weather>\n<parameter=city>\nBer";
-    assert_eq!(parse_all(tools(), None, text), (String::new(), vec![("get_weather".to_string(), r#"{"city":"Ber"}"#.to_string())]));
+    assert_eq!(
+        parse_all(tools(), None, text),
+        (
+            String::new(),
+            vec![("get_weather".to_string(), r#"{"city":"Ber"}"#.to_string())]
+        )
+    );
     let text = "<tool_call>\n<function=get_weather>\n<parameter=ci";
-    assert_eq!(parse_all(tools(), None, text), (String::new(), vec![("get_weather".to_string(), "{}".to_string())]));
+    assert_eq!(
+        parse_all(tools(), None, text),
+        (
+            String::new(),
+            vec![("get_weather".to_string(), "{}".to_string())]
+        )
+    );
 }
 
 #[test]
 fn untyped_values_and_invalid_json_fall_back_to_strings() {
     let text = "<tool_call>\n<function=get_weather>\n<parameter=days>\nthree\n</parameter>\n<parameter=extra>\n42\n</parameter>\n</function>\n</tool_call>";
-    assert_eq!(parse_all(tools(), None, text).1, vec![("get_weather".to_string(), r#"{"days":"three","extra":"42"}"#.to_string())]);
+    assert_eq!(
+        parse_all(tools(), None, text).1,
+        vec![(
+            "get_weather".to_string(),
+            r#"{"days":"three","extra":"42"}"#.to_string()
+        )]
+    );
     // A string keeps inner and outer whitespace except the template's one newline each side.
     let text = "<tool_call>\n<function=get_weather>\n<parameter=city>\n\n  x  \n\n</parameter>\n</function>\n</tool_call>";
-    assert_eq!(parse_all(tools(), None, text).1, vec![("get_weather".to_string(), r#"{"city":"\n  x  \n"}"#.to_string())]);
+    assert_eq!(
+        parse_all(tools(), None, text).1,
+        vec![(
+            "get_weather".to_string(),
+            r#"{"city":"\n  x  \n"}"#.to_string()
+        )]
+    );
 }
 
 #[test]
@@ -172,5 +256,8 @@ fn max_calls_drops_later_calls() {
 #[test]
 fn whitespace_only_content_around_calls_is_dropped() {
     let text = "\n\n<tool_call>\n<function=now>\n</function>\n</tool_call>\n\n";
-    assert_eq!(parse_all(tools(), None, text), (String::new(), vec![("now".to_string(), "{}".to_string())]));
+    assert_eq!(
+        parse_all(tools(), None, text),
+        (String::new(), vec![("now".to_string(), "{}".to_string())])
+    );
 }

@@ -35,10 +35,14 @@ pub enum ContainerError {
         found: [u8; 8],
     },
     /// The file is one `expertd prepare` has not finished.
-    #[error("unfinished container (magic \"SLUICEPT\" at offset 0): expertd prepare was interrupted; rerun it to finish")]
+    #[error(
+        "unfinished container (magic \"SLUICEPT\" at offset 0): expertd prepare was interrupted; rerun it to finish"
+    )]
     Unfinished,
     /// A known magic with a version this build does not read.
-    #[error("unsupported container version {version} (field version at offset 8, magic \"{magic}\"); this build reads version 1")]
+    #[error(
+        "unsupported container version {version} (field version at offset 8, magic \"{magic}\"); this build reads version 1"
+    )]
     UnsupportedVersion {
         /// The magic found.
         magic: &'static str,
@@ -46,7 +50,9 @@ pub enum ContainerError {
         version: u32,
     },
     /// The header's bytes do not hash to its stored checksum.
-    #[error("header checksum mismatch (field header_checksum at offset {offset}): stored {stored:#018x}, header bytes hash to {computed:#018x}")]
+    #[error(
+        "header checksum mismatch (field header_checksum at offset {offset}): stored {stored:#018x}, header bytes hash to {computed:#018x}"
+    )]
     HeaderChecksum {
         /// Offset of the checksum field.
         offset: u64,
@@ -80,7 +86,9 @@ pub enum ContainerError {
         max: u64,
     },
     /// The quantisation scheme id is not one this build knows.
-    #[error("header field quant_scheme at offset {offset}: \"{found}\" is not a known scheme (expected \"w8-sym-per-row-r16c4\")")]
+    #[error(
+        "header field quant_scheme at offset {offset}: \"{found}\" is not a known scheme (expected \"w8-sym-per-row-r16c4\")"
+    )]
     QuantScheme {
         /// Offset of the field.
         offset: u64,
@@ -112,7 +120,9 @@ pub enum ContainerError {
         what: &'static str,
     },
     /// The file's length disagrees with the header.
-    #[error("file is {found} bytes but header field file_bytes (offset 216) says {expected} (truncated or extended file)")]
+    #[error(
+        "file is {found} bytes but header field file_bytes (offset 216) says {expected} (truncated or extended file)"
+    )]
     FileLength {
         /// Actual length.
         found: u64,
@@ -120,7 +130,9 @@ pub enum ContainerError {
         expected: u64,
     },
     /// The index does not hash to the header's `index_checksum`.
-    #[error("index checksum mismatch: the index at offset {offset} hashes to {computed:#018x}, header field index_checksum (offset 224) says {stored:#018x}")]
+    #[error(
+        "index checksum mismatch: the index at offset {offset} hashes to {computed:#018x}, header field index_checksum (offset 224) says {stored:#018x}"
+    )]
     IndexChecksum {
         /// File offset of the index.
         offset: u64,
@@ -130,7 +142,9 @@ pub enum ContainerError {
         computed: u64,
     },
     /// One index entry disagrees with the layout.
-    #[error("layer {layer} expert {expert}: index entry at file offset {offset}: field {field} is {found}, expected {expected}")]
+    #[error(
+        "layer {layer} expert {expert}: index entry at file offset {offset}: field {field} is {found}, expected {expected}"
+    )]
     IndexEntry {
         /// Layer.
         layer: LayerId,
@@ -152,7 +166,9 @@ pub enum ContainerError {
         offset: u64,
     },
     /// A (layer, expert) outside the container.
-    #[error("layer {layer} expert {expert} out of range (container has {n_layers} layers of {n_experts} experts)")]
+    #[error(
+        "layer {layer} expert {expert} out of range (container has {n_layers} layers of {n_experts} experts)"
+    )]
     OutOfRange {
         /// Requested layer.
         layer: LayerId,
@@ -164,7 +180,9 @@ pub enum ContainerError {
         n_experts: usize,
     },
     /// A blob buffer has the wrong length (short read, truncated file).
-    #[error("layer {layer} expert {expert}: blob at file offset {offset} is {found} bytes, expected {expected} (truncated file?)")]
+    #[error(
+        "layer {layer} expert {expert}: blob at file offset {offset} is {found} bytes, expected {expected} (truncated file?)"
+    )]
     BlobLength {
         /// Layer.
         layer: LayerId,
@@ -198,7 +216,9 @@ pub enum ContainerError {
         index: Option<u64>,
     },
     /// A padding byte after the blob's checksum is not zero.
-    #[error("layer {layer} expert {expert}: blob at file offset {offset}: padding byte at file offset {byte_offset} is not zero")]
+    #[error(
+        "layer {layer} expert {expert}: blob at file offset {offset}: padding byte at file offset {byte_offset} is not zero"
+    )]
     BlobPadding {
         /// Layer.
         layer: LayerId,
@@ -210,7 +230,9 @@ pub enum ContainerError {
         byte_offset: u64,
     },
     /// A part of a blob buffer is not aligned for its element type in memory.
-    #[error("layer {layer} expert {expert}: blob at file offset {offset}: part {part} is not 4-byte aligned in the read buffer")]
+    #[error(
+        "layer {layer} expert {expert}: blob at file offset {offset}: part {part} is not 4-byte aligned in the read buffer"
+    )]
     Misaligned {
         /// Layer.
         layer: LayerId,
@@ -251,12 +273,14 @@ impl ContainerError {
             | ContainerError::QuantScheme { .. }
             | ContainerError::HeaderReserved { .. } => "bad_header",
             ContainerError::Dimension { .. } | ContainerError::Overflow { .. } => "bad_dimensions",
-            ContainerError::IndexChecksum { .. } | ContainerError::IndexEntry { .. } | ContainerError::IndexPadding { .. } => {
-                "bad_index"
-            }
+            ContainerError::IndexChecksum { .. }
+            | ContainerError::IndexEntry { .. }
+            | ContainerError::IndexPadding { .. } => "bad_index",
             ContainerError::OutOfRange { .. } => "out_of_range",
             ContainerError::BlobLength { .. } => "short_blob",
-            ContainerError::BlobChecksum { .. } | ContainerError::BlobPadding { .. } => "blob_checksum",
+            ContainerError::BlobChecksum { .. } | ContainerError::BlobPadding { .. } => {
+                "blob_checksum"
+            }
             ContainerError::Misaligned { .. } => "misaligned",
             ContainerError::EncodeShape { .. } => "encode_shape",
             ContainerError::Identity(_) => "identity",

@@ -32,10 +32,13 @@
 //! them at compile time. Parsing is pure (bytes in, `Header` out) and names the field and its
 //! offset in every error; docs/container-format.md is the normative description.
 
+use super::ContainerError;
 use super::checksum::{checksum, le_u32, le_u64};
 use super::identity::ModelIdentity;
-use super::layout::{ALIGNMENT, ContainerLayout, ExpertDims, HEADER_BYTES, INDEX_ENTRY_BYTES, MAX_DIM, MAX_EXPERTS, MAX_LAYERS};
-use super::ContainerError;
+use super::layout::{
+    ALIGNMENT, ContainerLayout, ExpertDims, HEADER_BYTES, INDEX_ENTRY_BYTES, MAX_DIM, MAX_EXPERTS,
+    MAX_LAYERS,
+};
 use crate::kernels::int8::{COL_GROUP, ROW_BLOCK};
 
 const U32: usize = 4;
@@ -105,7 +108,9 @@ pub const RESERVED_OFFSET: usize = HEADER_CHECKSUM_OFFSET + U64;
 const _: () = {
     assert!(VERSION_OFFSET == 8 && CONFIG_SHA256_OFFSET == 16 && N_LAYERS_OFFSET == 112);
     assert!(QUANT_SCHEME_OFFSET == 128 && ROW_BLOCK_OFFSET == 160 && INDEX_OFFSET_OFFSET == 176);
-    assert!(FILE_BYTES_OFFSET == 216 && INDEX_CHECKSUM_OFFSET == 224 && HEADER_CHECKSUM_OFFSET == 232);
+    assert!(
+        FILE_BYTES_OFFSET == 216 && INDEX_CHECKSUM_OFFSET == 224 && HEADER_CHECKSUM_OFFSET == 232
+    );
     assert!(RESERVED_OFFSET == 240 && RESERVED_OFFSET <= HEADER_BYTES);
     assert!(QUANT_SCHEME.len() < QUANT_SCHEME_BYTES);
 };
@@ -123,7 +128,11 @@ impl VersionedMagic {
     /// Classifies the first 12 bytes; unknown pairs are rejected by name.
     pub fn read(bytes: &[u8]) -> Result<VersionedMagic, ContainerError> {
         if bytes.len() < HEADER_BYTES_OFFSET {
-            return Err(ContainerError::TooShort { what: "header", found: bytes.len() as u64, needed: HEADER_BYTES as u64 });
+            return Err(ContainerError::TooShort {
+                what: "header",
+                found: bytes.len() as u64,
+                needed: HEADER_BYTES as u64,
+            });
         }
         let mut magic = [0u8; 8];
         magic.copy_from_slice(&bytes[MAGIC_OFFSET..VERSION_OFFSET]);
@@ -131,8 +140,14 @@ impl VersionedMagic {
         match (magic, version) {
             (MAGIC_COMPLETE, VERSION_1) => Ok(VersionedMagic::CompleteV1),
             (MAGIC_UNFINISHED, VERSION_1) => Ok(VersionedMagic::UnfinishedV1),
-            (MAGIC_COMPLETE, version) => Err(ContainerError::UnsupportedVersion { magic: "SLUICEXP", version }),
-            (MAGIC_UNFINISHED, version) => Err(ContainerError::UnsupportedVersion { magic: "SLUICEPT", version }),
+            (MAGIC_COMPLETE, version) => Err(ContainerError::UnsupportedVersion {
+                magic: "SLUICEXP",
+                version,
+            }),
+            (MAGIC_UNFINISHED, version) => Err(ContainerError::UnsupportedVersion {
+                magic: "SLUICEPT",
+                version,
+            }),
             (found, _) => Err(ContainerError::NotAContainer { found }),
         }
     }
@@ -181,8 +196,10 @@ impl Header {
         put_u32(&mut out, VERSION_OFFSET, self.magic.version());
         put_u32(&mut out, HEADER_BYTES_OFFSET, HEADER_BYTES as u32);
         out[CONFIG_SHA256_OFFSET..][..SHA256].copy_from_slice(&self.identity.config_sha256);
-        out[EXPERT_TENSORS_SHA256_OFFSET..][..SHA256].copy_from_slice(&self.identity.expert_tensors_sha256);
-        out[EXPERT_SAMPLE_SHA256_OFFSET..][..SHA256].copy_from_slice(&self.identity.expert_sample_sha256);
+        out[EXPERT_TENSORS_SHA256_OFFSET..][..SHA256]
+            .copy_from_slice(&self.identity.expert_tensors_sha256);
+        out[EXPERT_SAMPLE_SHA256_OFFSET..][..SHA256]
+            .copy_from_slice(&self.identity.expert_sample_sha256);
         // The dimensions passed `ExpertDims::new`, so each fits in a u32.
         put_u32(&mut out, N_LAYERS_OFFSET, l.dims.n_layers as u32);
         put_u32(&mut out, N_EXPERTS_OFFSET, l.dims.n_experts as u32);
@@ -197,7 +214,11 @@ impl Header {
         put_u64(&mut out, INDEX_BYTES_OFFSET, l.index_bytes);
         put_u64(&mut out, BLOBS_OFFSET_OFFSET, l.blobs_offset);
         put_u64(&mut out, BLOB_STRIDE_OFFSET, l.blob.stride as u64);
-        put_u64(&mut out, BLOB_CONTENT_BYTES_OFFSET, l.blob.content_bytes as u64);
+        put_u64(
+            &mut out,
+            BLOB_CONTENT_BYTES_OFFSET,
+            l.blob.content_bytes as u64,
+        );
         put_u64(&mut out, FILE_BYTES_OFFSET, l.file_bytes);
         put_u64(&mut out, INDEX_CHECKSUM_OFFSET, self.index_checksum);
         let sum = checksum(&out[..HEADER_CHECKSUM_OFFSET]);
@@ -218,26 +239,57 @@ impl Header {
     pub fn parse(bytes: &[u8]) -> Result<Header, ContainerError> {
         let magic = VersionedMagic::read(bytes)?;
         if bytes.len() < HEADER_BYTES {
-            return Err(ContainerError::TooShort { what: "header", found: bytes.len() as u64, needed: HEADER_BYTES as u64 });
+            return Err(ContainerError::TooShort {
+                what: "header",
+                found: bytes.len() as u64,
+                needed: HEADER_BYTES as u64,
+            });
         }
         let bytes = &bytes[..HEADER_BYTES];
         let stored = le_u64(bytes, HEADER_CHECKSUM_OFFSET);
         let computed = checksum(&bytes[..HEADER_CHECKSUM_OFFSET]);
         if stored != computed {
-            return Err(ContainerError::HeaderChecksum { offset: HEADER_CHECKSUM_OFFSET as u64, stored, computed });
+            return Err(ContainerError::HeaderChecksum {
+                offset: HEADER_CHECKSUM_OFFSET as u64,
+                stored,
+                computed,
+            });
         }
         let exact32 = |field, offset: usize, expected: u64| {
             let found = u64::from(le_u32(bytes, offset));
-            if found == expected { Ok(()) } else { Err(ContainerError::HeaderField { field, offset: offset as u64, found, expected }) }
+            if found == expected {
+                Ok(())
+            } else {
+                Err(ContainerError::HeaderField {
+                    field,
+                    offset: offset as u64,
+                    found,
+                    expected,
+                })
+            }
         };
         let exact64 = |field, offset: usize, expected: u64| {
             let found = le_u64(bytes, offset);
-            if found == expected { Ok(()) } else { Err(ContainerError::HeaderField { field, offset: offset as u64, found, expected }) }
+            if found == expected {
+                Ok(())
+            } else {
+                Err(ContainerError::HeaderField {
+                    field,
+                    offset: offset as u64,
+                    found,
+                    expected,
+                })
+            }
         };
         let capped = |field, offset: usize, max: u64| {
             let found = u64::from(le_u32(bytes, offset));
             if found == 0 || found > max {
-                Err(ContainerError::HeaderLimit { field, offset: offset as u64, found, max })
+                Err(ContainerError::HeaderLimit {
+                    field,
+                    offset: offset as u64,
+                    found,
+                    max,
+                })
             } else {
                 Ok(found as usize)
             }
@@ -262,17 +314,28 @@ impl Header {
         exact32("row_block", ROW_BLOCK_OFFSET, ROW_BLOCK as u64)?;
         exact32("col_group", COL_GROUP_OFFSET, COL_GROUP as u64)?;
         exact32("alignment", ALIGNMENT_OFFSET, ALIGNMENT)?;
-        exact32("index_entry_bytes", INDEX_ENTRY_BYTES_OFFSET, INDEX_ENTRY_BYTES as u64)?;
+        exact32(
+            "index_entry_bytes",
+            INDEX_ENTRY_BYTES_OFFSET,
+            INDEX_ENTRY_BYTES as u64,
+        )?;
         let layout = ContainerLayout::new(dims)?;
         exact64("index_offset", INDEX_OFFSET_OFFSET, layout.index_offset)?;
         exact64("index_bytes", INDEX_BYTES_OFFSET, layout.index_bytes)?;
         exact64("blobs_offset", BLOBS_OFFSET_OFFSET, layout.blobs_offset)?;
         exact64("blob_stride", BLOB_STRIDE_OFFSET, layout.blob.stride as u64)?;
-        exact64("blob_content_bytes", BLOB_CONTENT_BYTES_OFFSET, layout.blob.content_bytes as u64)?;
+        exact64(
+            "blob_content_bytes",
+            BLOB_CONTENT_BYTES_OFFSET,
+            layout.blob.content_bytes as u64,
+        )?;
         exact64("file_bytes", FILE_BYTES_OFFSET, layout.file_bytes)?;
         if let Some(i) = bytes[RESERVED_OFFSET..].iter().position(|&b| b != 0) {
             let offset = RESERVED_OFFSET + i;
-            return Err(ContainerError::HeaderReserved { offset: offset as u64, found: bytes[offset] });
+            return Err(ContainerError::HeaderReserved {
+                offset: offset as u64,
+                found: bytes[offset],
+            });
         }
         let sha = |offset: usize| -> [u8; 32] {
             let mut d = [0u8; 32];

@@ -39,7 +39,11 @@ fn hex(bytes: &[u8]) -> String {
 impl ModelIdentity {
     /// All three digests in full hex, for reports.
     pub fn to_hex(&self) -> [String; 3] {
-        [hex(&self.config_sha256), hex(&self.expert_tensors_sha256), hex(&self.expert_sample_sha256)]
+        [
+            hex(&self.config_sha256),
+            hex(&self.expert_tensors_sha256),
+            hex(&self.expert_sample_sha256),
+        ]
     }
 
     /// Names of the components that differ between `self` and `other`.
@@ -61,15 +65,20 @@ impl ModelIdentity {
     /// expert matrix through the locator.
     pub fn of_checkpoint(ckpt: &Checkpoint) -> Result<ModelIdentity, ContainerError> {
         let config_path = ckpt.dir.join(CONFIG_FILE);
-        let config = std::fs::read(&config_path)
-            .map_err(|e| ContainerError::Io { path: config_path.clone(), message: e.to_string() })?;
+        let config = std::fs::read(&config_path).map_err(|e| ContainerError::Io {
+            path: config_path.clone(),
+            message: e.to_string(),
+        })?;
         let mut h = IdentityHasher::new(&config);
         let cfg = &ckpt.config.text;
         for (layer, layout) in ckpt.expert_layouts.iter().enumerate() {
             for t in tensor_spec::expert_tensors(cfg, ckpt.prefix, layer, *layout) {
-                let entry = ckpt
-                    .tensor(&t.name)
-                    .ok_or_else(|| ContainerError::Identity(format!("tensor {} missing from the checkpoint", t.name)))?;
+                let entry = ckpt.tensor(&t.name).ok_or_else(|| {
+                    ContainerError::Identity(format!(
+                        "tensor {} missing from the checkpoint",
+                        t.name
+                    ))
+                })?;
                 h.tensor_entry(&t.name, entry.loc.dtype, &entry.loc.shape, entry.loc.len);
             }
         }
@@ -77,12 +86,19 @@ impl ModelIdentity {
         let files = ckpt
             .shards
             .iter()
-            .map(|s| File::open(&s.path).map_err(|e| ContainerError::Io { path: s.path.clone(), message: e.to_string() }))
+            .map(|s| {
+                File::open(&s.path).map_err(|e| ContainerError::Io {
+                    path: s.path.clone(),
+                    message: e.to_string(),
+                })
+            })
             .collect::<Result<Vec<File>, ContainerError>>()?;
         let mut buf = [0u8; SAMPLE_BYTES as usize];
         for layer in LayerId::all(cfg.num_layers) {
             for expert in ExpertId::all(cfg.num_experts) {
-                let r = locator.expert(layer, expert).map_err(|e| ContainerError::Identity(e.to_string()))?;
+                let r = locator
+                    .expert(layer, expert)
+                    .map_err(|e| ContainerError::Identity(e.to_string()))?;
                 for range in [&r.gate, &r.up, &r.down] {
                     let n = sample(&files, range, &mut buf)?;
                     h.sample(&buf[..n]);
@@ -95,12 +111,15 @@ impl ModelIdentity {
 
 /// Reads the first ≤ [`SAMPLE_BYTES`] of `range` into `buf`; returns the bytes read.
 fn sample(files: &[File], range: &ByteRange, buf: &mut [u8]) -> Result<usize, ContainerError> {
-    let file = files
-        .get(range.shard)
-        .ok_or_else(|| ContainerError::Identity(format!("shard index {} out of range", range.shard)))?;
+    let file = files.get(range.shard).ok_or_else(|| {
+        ContainerError::Identity(format!("shard index {} out of range", range.shard))
+    })?;
     let n = range.len.min(SAMPLE_BYTES) as usize;
     file.read_exact_at(&mut buf[..n], range.offset)
-        .map_err(|e| ContainerError::Io { path: range.file.clone(), message: e.to_string() })?;
+        .map_err(|e| ContainerError::Io {
+            path: range.file.clone(),
+            message: e.to_string(),
+        })?;
     Ok(n)
 }
 
@@ -127,7 +146,11 @@ pub struct IdentityHasher {
 impl IdentityHasher {
     /// Starts an identity for a model whose `config.json` has these bytes.
     pub fn new(config_json: &[u8]) -> IdentityHasher {
-        IdentityHasher { config_sha256: Sha256::digest(config_json).into(), tensors: Sha256::new(), samples: Sha256::new() }
+        IdentityHasher {
+            config_sha256: Sha256::digest(config_json).into(),
+            tensors: Sha256::new(),
+            samples: Sha256::new(),
+        }
     }
 
     /// Adds one expert tensor's header entry (call in canonical order).

@@ -6,10 +6,10 @@
 //! lengths the dimensions imply, which makes blobs contiguous, ordered and non-overlapping by
 //! construction. Pure: bytes in, entries or errors out.
 
+use super::ContainerError;
 use super::checksum::{checksum, le_u64};
 use super::header::Header;
 use super::layout::{ContainerLayout, INDEX_ENTRY_BYTES};
-use super::ContainerError;
 
 /// Where one expert's blob is and what it must hash to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -34,7 +34,11 @@ pub fn region_bytes(layout: &ContainerLayout) -> usize {
 ///
 /// Panics if `checksums.len()` is not the layout's blob count (a writer bug, not bad input).
 pub fn encode_index(layout: &ContainerLayout, checksums: &[u64]) -> Vec<u8> {
-    assert_eq!(checksums.len(), layout.dims.n_blobs(), "one checksum per (layer, expert)");
+    assert_eq!(
+        checksums.len(),
+        layout.dims.n_blobs(),
+        "one checksum per (layer, expert)"
+    );
     let mut out = vec![0u8; region_bytes(layout)];
     for (i, &sum) in checksums.iter().enumerate() {
         let e = &mut out[i * INDEX_ENTRY_BYTES..(i + 1) * INDEX_ENTRY_BYTES];
@@ -57,7 +61,11 @@ pub fn check_index(header: &Header, region: &[u8]) -> (Vec<IndexEntry>, Vec<Cont
     let layout = &header.layout;
     let need = region_bytes(layout);
     if region.len() < need {
-        let e = ContainerError::TooShort { what: "index", found: region.len() as u64, needed: need as u64 };
+        let e = ContainerError::TooShort {
+            what: "index",
+            found: region.len() as u64,
+            needed: need as u64,
+        };
         return (Vec::new(), vec![e]);
     }
     let mut problems = Vec::new();
@@ -71,23 +79,37 @@ pub fn check_index(header: &Header, region: &[u8]) -> (Vec<IndexEntry>, Vec<Cont
         };
         let (layer, expert) = layout.blob_ids(i);
         let entry_offset = layout.index_entry_offset(i);
-        for (field, found, expected) in
-            [("offset", entry.offset, layout.blob_offset_at(i)), ("length", entry.length, layout.blob.stride as u64)]
-        {
+        for (field, found, expected) in [
+            ("offset", entry.offset, layout.blob_offset_at(i)),
+            ("length", entry.length, layout.blob.stride as u64),
+        ] {
             if found != expected {
-                problems.push(ContainerError::IndexEntry { layer, expert, offset: entry_offset, field, found, expected });
+                problems.push(ContainerError::IndexEntry {
+                    layer,
+                    expert,
+                    offset: entry_offset,
+                    field,
+                    found,
+                    expected,
+                });
             }
         }
         entries.push(entry);
     }
     let pad_start = layout.index_bytes as usize;
     if let Some(i) = region[pad_start..need].iter().position(|&b| b != 0) {
-        problems.push(ContainerError::IndexPadding { offset: layout.index_offset + (pad_start + i) as u64 });
+        problems.push(ContainerError::IndexPadding {
+            offset: layout.index_offset + (pad_start + i) as u64,
+        });
     }
     // Last, so that `parse_index` reports the more specific problem when there is one.
     let computed = index_checksum(layout, region);
     if computed != header.index_checksum {
-        problems.push(ContainerError::IndexChecksum { offset: layout.index_offset, stored: header.index_checksum, computed });
+        problems.push(ContainerError::IndexChecksum {
+            offset: layout.index_offset,
+            stored: header.index_checksum,
+            computed,
+        });
     }
     (entries, problems)
 }
@@ -95,5 +117,9 @@ pub fn check_index(header: &Header, region: &[u8]) -> (Vec<IndexEntry>, Vec<Cont
 /// The entries of a valid index, or the first problem.
 pub fn parse_index(header: &Header, region: &[u8]) -> Result<Vec<IndexEntry>, ContainerError> {
     let (entries, mut problems) = check_index(header, region);
-    if problems.is_empty() { Ok(entries) } else { Err(problems.swap_remove(0)) }
+    if problems.is_empty() {
+        Ok(entries)
+    } else {
+        Err(problems.swap_remove(0))
+    }
 }

@@ -44,7 +44,12 @@ pub struct ExpertDims {
 
 impl ExpertDims {
     /// Dimensions checked against the caps (each in `1..=max`).
-    pub fn new(n_layers: usize, n_experts: usize, hidden: usize, inner: usize) -> Result<ExpertDims, ContainerError> {
+    pub fn new(
+        n_layers: usize,
+        n_experts: usize,
+        hidden: usize,
+        inner: usize,
+    ) -> Result<ExpertDims, ContainerError> {
         for (field, found, max) in [
             ("n_layers", n_layers, MAX_LAYERS),
             ("n_experts", n_experts, MAX_EXPERTS),
@@ -52,15 +57,29 @@ impl ExpertDims {
             ("expert_inner", inner, MAX_DIM),
         ] {
             if found == 0 || found as u64 > max {
-                return Err(ContainerError::Dimension { field, found: found as u64, max });
+                return Err(ContainerError::Dimension {
+                    field,
+                    found: found as u64,
+                    max,
+                });
             }
         }
-        Ok(ExpertDims { n_layers, n_experts, hidden, inner })
+        Ok(ExpertDims {
+            n_layers,
+            n_experts,
+            hidden,
+            inner,
+        })
     }
 
     /// The routed-expert dimensions of a model configuration.
     pub fn from_config(cfg: &TextConfig) -> Result<ExpertDims, ContainerError> {
-        ExpertDims::new(cfg.num_layers, cfg.num_experts, cfg.hidden_size, cfg.moe_intermediate_size)
+        ExpertDims::new(
+            cfg.num_layers,
+            cfg.num_experts,
+            cfg.hidden_size,
+            cfg.moe_intermediate_size,
+        )
     }
 
     /// Blobs in the container (`n_layers · n_experts`; cannot overflow under the caps).
@@ -134,10 +153,18 @@ impl BlobLayout {
     /// The blob layout for hidden width `hidden` (d) and expert inner width `inner` (f).
     pub fn new(hidden: usize, inner: usize) -> Result<BlobLayout, ContainerError> {
         if hidden == 0 || hidden as u64 > MAX_DIM {
-            return Err(ContainerError::Dimension { field: "hidden", found: hidden as u64, max: MAX_DIM });
+            return Err(ContainerError::Dimension {
+                field: "hidden",
+                found: hidden as u64,
+                max: MAX_DIM,
+            });
         }
         if inner == 0 || inner as u64 > MAX_DIM {
-            return Err(ContainerError::Dimension { field: "expert_inner", found: inner as u64, max: MAX_DIM });
+            return Err(ContainerError::Dimension {
+                field: "expert_inner",
+                found: inner as u64,
+                max: MAX_DIM,
+            });
         }
         let gate_up_rows = inner.checked_mul(2).ok_or(overflow("2f"))?;
         let (pr_gu, pc_gu) = (padded_rows(gate_up_rows), padded_cols(hidden));
@@ -156,11 +183,18 @@ impl BlobLayout {
         let gate_up_row_sums = next(pr_gu.checked_mul(4), "gate_up row sums")?;
         let down_row_sums = next(pr_dn.checked_mul(4), "down row sums")?;
         // The checksum is a u64 and the parts end on 4-byte multiples; keep it 8-aligned.
-        let checksum_offset = align_up(cursor as u64, 8).ok_or(overflow("checksum offset"))? as usize;
-        let content_bytes = checksum_offset.checked_add(CHECKSUM_BYTES).ok_or(overflow("blob content"))?;
+        let checksum_offset =
+            align_up(cursor as u64, 8).ok_or(overflow("checksum offset"))? as usize;
+        let content_bytes = checksum_offset
+            .checked_add(CHECKSUM_BYTES)
+            .ok_or(overflow("blob content"))?;
         let stride = align_up(content_bytes as u64, ALIGNMENT).ok_or(overflow("blob stride"))?;
         if stride > MAX_BLOB_BYTES {
-            return Err(ContainerError::Dimension { field: "blob_stride", found: stride, max: MAX_BLOB_BYTES });
+            return Err(ContainerError::Dimension {
+                field: "blob_stride",
+                found: stride,
+                max: MAX_BLOB_BYTES,
+            });
         }
         Ok(BlobLayout {
             gate_up_rows,
@@ -214,12 +248,27 @@ impl ContainerLayout {
         let blob = BlobLayout::new(dims.hidden, dims.inner)?;
         let n_blobs = dims.n_blobs() as u64;
         let index_offset = HEADER_BYTES as u64;
-        let index_bytes = n_blobs.checked_mul(INDEX_ENTRY_BYTES as u64).ok_or(overflow("index bytes"))?;
-        let index_end = index_offset.checked_add(index_bytes).ok_or(overflow("index end"))?;
+        let index_bytes = n_blobs
+            .checked_mul(INDEX_ENTRY_BYTES as u64)
+            .ok_or(overflow("index bytes"))?;
+        let index_end = index_offset
+            .checked_add(index_bytes)
+            .ok_or(overflow("index end"))?;
         let blobs_offset = align_up(index_end, ALIGNMENT).ok_or(overflow("blobs offset"))?;
-        let blob_bytes = n_blobs.checked_mul(blob.stride as u64).ok_or(overflow("blob region"))?;
-        let file_bytes = blobs_offset.checked_add(blob_bytes).ok_or(overflow("file bytes"))?;
-        Ok(ContainerLayout { dims, blob, index_offset, index_bytes, blobs_offset, file_bytes })
+        let blob_bytes = n_blobs
+            .checked_mul(blob.stride as u64)
+            .ok_or(overflow("blob region"))?;
+        let file_bytes = blobs_offset
+            .checked_add(blob_bytes)
+            .ok_or(overflow("file bytes"))?;
+        Ok(ContainerLayout {
+            dims,
+            blob,
+            index_offset,
+            index_bytes,
+            blobs_offset,
+            file_bytes,
+        })
     }
 
     /// Position of (layer, expert) in index and blob order, or `OutOfRange`.
@@ -238,7 +287,10 @@ impl ContainerLayout {
     /// The (layer, expert) at position `i` of index and blob order (`i` below `n_blobs`).
     pub fn blob_ids(&self, i: usize) -> (LayerId, ExpertId) {
         assert!(i < self.dims.n_blobs());
-        (LayerId::from_index(i / self.dims.n_experts), ExpertId::from_index(i % self.dims.n_experts))
+        (
+            LayerId::from_index(i / self.dims.n_experts),
+            ExpertId::from_index(i % self.dims.n_experts),
+        )
     }
 
     /// File offset of blob number `i` (in (layer, expert) order). `i` must be below `n_blobs`;

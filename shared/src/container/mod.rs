@@ -16,9 +16,9 @@ pub mod identity;
 pub mod index;
 pub mod layout;
 mod reader;
-pub mod writer;
 #[cfg(test)]
 mod tests;
+pub mod writer;
 
 pub use blob::{BlobAt, ExpertBlob, check_blob};
 pub use error::ContainerError;
@@ -31,7 +31,9 @@ pub use reader::{ContainerFile, read_full_at, read_header};
 // The f32 and i32 parts of a blob are viewed in place, which is only correct on a
 // little-endian host (every target sluice runs on).
 #[cfg(target_endian = "big")]
-compile_error!("shared::container views little-endian f32/i32 blob parts in place; big-endian hosts are unsupported");
+compile_error!(
+    "shared::container views little-endian f32/i32 blob parts in place; big-endian hosts are unsupported"
+);
 
 /// File name of a complete container inside its directory.
 pub const CONTAINER_FILE: &str = "experts.sluice";

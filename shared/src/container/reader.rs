@@ -24,7 +24,10 @@ pub struct ContainerFile {
 }
 
 fn io_err(path: &Path, e: std::io::Error) -> ContainerError {
-    ContainerError::Io { path: path.to_path_buf(), message: e.to_string() }
+    ContainerError::Io {
+        path: path.to_path_buf(),
+        message: e.to_string(),
+    }
 }
 
 pub use crate::checkpoint::read_full_at;
@@ -54,13 +57,22 @@ impl ContainerFile {
             return Err(ContainerError::Unfinished);
         }
         if file_len != header.layout.file_bytes {
-            return Err(ContainerError::FileLength { found: file_len, expected: header.layout.file_bytes });
+            return Err(ContainerError::FileLength {
+                found: file_len,
+                expected: header.layout.file_bytes,
+            });
         }
         let mut region = vec![0u8; index::region_bytes(&header.layout)];
-        let got = read_full_at(&file, &mut region, header.layout.index_offset).map_err(|e| io_err(path, e))?;
+        let got = read_full_at(&file, &mut region, header.layout.index_offset)
+            .map_err(|e| io_err(path, e))?;
         region.truncate(got);
         let index = index::parse_index(&header, &region)?;
-        Ok(ContainerFile { path: path.to_path_buf(), file, header, index })
+        Ok(ContainerFile {
+            path: path.to_path_buf(),
+            file,
+            header,
+            index,
+        })
     }
 
     /// The validated header.
@@ -80,13 +92,22 @@ impl ContainerFile {
 
     /// Reads (layer, expert)'s blob into `buf` (resized to the blob stride), verifies it against
     /// its trailer and the index, and views its two matrices.
-    pub fn read_expert<'b>(&self, layer: LayerId, expert: ExpertId, buf: &'b mut Vec<u8>) -> Result<ExpertBlob<'b>, ContainerError> {
+    pub fn read_expert<'b>(
+        &self,
+        layer: LayerId,
+        expert: ExpertId,
+        buf: &'b mut Vec<u8>,
+    ) -> Result<ExpertBlob<'b>, ContainerError> {
         let layout = &self.header.layout;
         let i = layout.blob_index(layer, expert)?;
         let entry = self.index[i];
         buf.resize(layout.blob.stride, 0);
         let got = read_full_at(&self.file, buf, entry.offset).map_err(|e| io_err(&self.path, e))?;
-        let at = BlobAt { layer, expert, offset: entry.offset };
+        let at = BlobAt {
+            layer,
+            expert,
+            offset: entry.offset,
+        };
         ExpertBlob::parse(&buf[..got], &layout.blob, at, entry.checksum)
     }
 }

@@ -3,23 +3,34 @@
 //!
 //! Every multi-byte value is written with explicit `to_le_bytes`.
 
+use super::ContainerError;
 use super::checksum::checksum;
 use super::header::{Header, VersionedMagic};
 use super::identity::ModelIdentity;
 use super::index;
 use super::layout::{BlobLayout, ContainerLayout, Part};
-use super::ContainerError;
 use crate::kernels::int8::MatrixRef;
 
 fn shape(what: &'static str, found: usize, expected: usize) -> Result<(), ContainerError> {
     if found == expected {
         Ok(())
     } else {
-        Err(ContainerError::EncodeShape { what, found: found as u64, expected: expected as u64 })
+        Err(ContainerError::EncodeShape {
+            what,
+            found: found as u64,
+            expected: expected as u64,
+        })
     }
 }
 
-fn check_matrix(m: &MatrixRef<'_>, rows: usize, cols: usize, packed: Part, scales: Part, names: [&'static str; 5]) -> Result<(), ContainerError> {
+fn check_matrix(
+    m: &MatrixRef<'_>,
+    rows: usize,
+    cols: usize,
+    packed: Part,
+    scales: Part,
+    names: [&'static str; 5],
+) -> Result<(), ContainerError> {
     shape(names[0], m.rows, rows)?;
     shape(names[1], m.cols, cols)?;
     shape(names[2], m.packed.len(), packed.len)?;
@@ -30,7 +41,12 @@ fn check_matrix(m: &MatrixRef<'_>, rows: usize, cols: usize, packed: Part, scale
 /// Writes one expert's blob into `out` (exactly `layout.stride` bytes): the packed matrices,
 /// scales and row sums at their layout offsets, zeros everywhere else, and the checksum
 /// trailer. Returns the checksum (what the index stores).
-pub fn encode_blob(layout: &BlobLayout, gate_up: &MatrixRef<'_>, down: &MatrixRef<'_>, out: &mut [u8]) -> Result<u64, ContainerError> {
+pub fn encode_blob(
+    layout: &BlobLayout,
+    gate_up: &MatrixRef<'_>,
+    down: &MatrixRef<'_>,
+    out: &mut [u8],
+) -> Result<u64, ContainerError> {
     shape("blob buffer bytes", out.len(), layout.stride)?;
     check_matrix(
         gate_up,
@@ -38,7 +54,13 @@ pub fn encode_blob(layout: &BlobLayout, gate_up: &MatrixRef<'_>, down: &MatrixRe
         layout.gate_up_cols,
         layout.gate_up_packed,
         layout.gate_up_scales,
-        ["gate_up rows", "gate_up cols", "gate_up packed bytes", "gate_up scales", "gate_up row sums"],
+        [
+            "gate_up rows",
+            "gate_up cols",
+            "gate_up packed bytes",
+            "gate_up scales",
+            "gate_up row sums",
+        ],
     )?;
     check_matrix(
         down,
@@ -46,7 +68,13 @@ pub fn encode_blob(layout: &BlobLayout, gate_up: &MatrixRef<'_>, down: &MatrixRe
         layout.down_cols,
         layout.down_packed,
         layout.down_scales,
-        ["down rows", "down cols", "down packed bytes", "down scales", "down row sums"],
+        [
+            "down rows",
+            "down cols",
+            "down packed bytes",
+            "down scales",
+            "down row sums",
+        ],
     )?;
     out.fill(0);
     out[layout.gate_up_packed.range()].copy_from_slice(bytemuck::cast_slice(gate_up.packed));
@@ -72,7 +100,12 @@ pub fn encode_blob(layout: &BlobLayout, gate_up: &MatrixRef<'_>, down: &MatrixRe
 
 /// The header of a file being written: magic "SLUICEPT", `index_checksum` 0.
 pub fn unfinished_header(identity: ModelIdentity, layout: ContainerLayout) -> Header {
-    Header { magic: VersionedMagic::UnfinishedV1, identity, layout, index_checksum: 0 }
+    Header {
+        magic: VersionedMagic::UnfinishedV1,
+        identity,
+        layout,
+        index_checksum: 0,
+    }
 }
 
 /// The index region and the complete header for the given blob checksums (in (layer, expert)
@@ -81,8 +114,20 @@ pub fn unfinished_header(identity: ModelIdentity, layout: ContainerLayout) -> He
 /// # Panics
 ///
 /// Panics if `checksums.len()` is not the layout's blob count.
-pub fn finish(identity: ModelIdentity, layout: ContainerLayout, checksums: &[u64]) -> (Vec<u8>, Header) {
+pub fn finish(
+    identity: ModelIdentity,
+    layout: ContainerLayout,
+    checksums: &[u64],
+) -> (Vec<u8>, Header) {
     let region = index::encode_index(&layout, checksums);
     let index_checksum = index::index_checksum(&layout, &region);
-    (region, Header { magic: VersionedMagic::CompleteV1, identity, layout, index_checksum })
+    (
+        region,
+        Header {
+            magic: VersionedMagic::CompleteV1,
+            identity,
+            layout,
+            index_checksum,
+        },
+    )
 }

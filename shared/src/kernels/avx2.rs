@@ -45,7 +45,15 @@ const GEMM_TOKENS: usize = 4;
 /// `r < rows`, `y.add(t · ldy + r)` must be valid for writes and not accessed by anyone else
 /// during the call.
 #[target_feature(enable = "avx2,fma")]
-pub(super) unsafe fn gemm(w: &[bf16], rows: usize, cols: usize, x: &[f32], n: usize, y: *mut f32, ldy: usize) {
+pub(super) unsafe fn gemm(
+    w: &[bf16],
+    rows: usize,
+    cols: usize,
+    x: &[f32],
+    n: usize,
+    y: *mut f32,
+    ldy: usize,
+) {
     // SAFETY: this function's features are Avx2's; the rest of the contract is the caller's.
     unsafe { tiling::gemm::<Avx2, GEMV_ROWS, GEMM_ROWS, GEMM_TOKENS>(w, rows, cols, x, n, y, ldy) }
 }
@@ -109,7 +117,9 @@ impl Bf16Tile for Avx2 {
                 let mut buf = [0u16; LANES];
                 // SAFETY: the `tail` u16 at row r, column k are in bounds (k + tail == cols), and
                 // `buf` has room for them.
-                unsafe { std::ptr::copy_nonoverlapping(w.add(r * cols + k), buf.as_mut_ptr(), tail) };
+                unsafe {
+                    std::ptr::copy_nonoverlapping(w.add(r * cols + k), buf.as_mut_ptr(), tail)
+                };
                 // SAFETY: `buf` is 16 readable bytes.
                 *v = widen(unsafe { _mm_loadu_si128(buf.as_ptr().cast()) });
             }

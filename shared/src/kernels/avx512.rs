@@ -48,9 +48,19 @@ const GEMM_TOKENS: usize = 4;
 /// `r < rows`, `y.add(t · ldy + r)` must be valid for writes and not accessed by anyone else
 /// during the call.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma")]
-pub(super) unsafe fn gemm(w: &[bf16], rows: usize, cols: usize, x: &[f32], n: usize, y: *mut f32, ldy: usize) {
+pub(super) unsafe fn gemm(
+    w: &[bf16],
+    rows: usize,
+    cols: usize,
+    x: &[f32],
+    n: usize,
+    y: *mut f32,
+    ldy: usize,
+) {
     // SAFETY: this function's features are Avx512's; the rest of the contract is the caller's.
-    unsafe { tiling::gemm::<Avx512, GEMV_ROWS, GEMM_ROWS, GEMM_TOKENS>(w, rows, cols, x, n, y, ldy) }
+    unsafe {
+        tiling::gemm::<Avx512, GEMV_ROWS, GEMM_ROWS, GEMM_TOKENS>(w, rows, cols, x, n, y, ldy)
+    }
 }
 
 /// The Avx512 microkernel ([`Bf16Tile::tile`]), for [`tiling::gemm`].

@@ -34,8 +34,9 @@ pub fn measure_read_bandwidth_gbps(bytes: usize, threads: usize) -> f64 {
     let steps = (bytes / 8 / step_words).max(1);
     let buf: Vec<u64> = (0..steps * step_words).map(|i| i as u64).collect();
     let barrier = Barrier::new(threads);
-    let read_share =
-        |thread: usize, step: usize| sum_words(&buf[step * step_words + thread * share_words..][..share_words]);
+    let read_share = |thread: usize, step: usize| {
+        sum_words(&buf[step * step_words + thread * share_words..][..share_words])
+    };
     let mut best = Duration::MAX;
     let mut sink = 0u64;
     std::thread::scope(|scope| {
@@ -83,7 +84,10 @@ fn sum_words(words: &[u64]) -> u64 {
             *a = a.wrapping_add(v);
         }
     }
-    let tail = chunks.remainder().iter().fold(0u64, |s, &v| s.wrapping_add(v));
+    let tail = chunks
+        .remainder()
+        .iter()
+        .fold(0u64, |s, &v| s.wrapping_add(v));
     acc.iter().fold(tail, |s, &a| s.wrapping_add(a))
 }
 
@@ -106,7 +110,13 @@ unsafe fn sum_words_avx512(words: &[u64]) -> u64 {
             *a = _mm512_add_epi64(*a, v);
         }
     }
-    let vec_sum = _mm512_add_epi64(_mm512_add_epi64(acc[0], acc[1]), _mm512_add_epi64(acc[2], acc[3]));
-    let tail = chunks.remainder().iter().fold(0u64, |s, &v| s.wrapping_add(v));
+    let vec_sum = _mm512_add_epi64(
+        _mm512_add_epi64(acc[0], acc[1]),
+        _mm512_add_epi64(acc[2], acc[3]),
+    );
+    let tail = chunks
+        .remainder()
+        .iter()
+        .fold(0u64, |s, &v| s.wrapping_add(v));
     tail.wrapping_add(_mm512_reduce_add_epi64(vec_sum) as u64)
 }

@@ -50,7 +50,10 @@ impl Isa {
         match self {
             Isa::Scalar => true,
             #[cfg(target_arch = "x86_64")]
-            Isa::Avx2 => std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma"),
+            Isa::Avx2 => {
+                std::arch::is_x86_feature_detected!("avx2")
+                    && std::arch::is_x86_feature_detected!("fma")
+            }
             #[cfg(target_arch = "x86_64")]
             Isa::Avx512 => {
                 std::arch::is_x86_feature_detected!("avx512f")
@@ -100,7 +103,9 @@ impl KernelIsa for Isa {
     /// Parses a name as [`Isa::name`] writes it, ignoring case and surrounding whitespace.
     fn from_name(name: &str) -> Option<Isa> {
         let name = name.trim();
-        Isa::ALL.into_iter().find(|isa| isa.name().eq_ignore_ascii_case(name))
+        Isa::ALL
+            .into_iter()
+            .find(|isa| isa.name().eq_ignore_ascii_case(name))
     }
 }
 
@@ -159,7 +164,11 @@ impl<I: KernelIsa> Selection<I> {
                 None => (detected, Some(OverrideProblem::Unrecognized(v.to_owned()))),
             },
         };
-        Selection { active, detected, override_problem }
+        Selection {
+            active,
+            detected,
+            override_problem,
+        }
     }
 
     /// [`Selection::resolve`] on the process's [`ISA_ENV_VAR`], for the enums' cached
@@ -176,7 +185,11 @@ impl<I: KernelIsa> Selection<I> {
                 "{ISA_ENV_VAR}={isa} requested, but this CPU supports at most {detected}{kernels}; using {active}"
             ),
             OverrideProblem::Unrecognized(v) => {
-                format!("{ISA_ENV_VAR}={v:?} is not one of {}; {} {active}", I::NAMES, I::USING)
+                format!(
+                    "{ISA_ENV_VAR}={v:?} is not one of {}; {} {active}",
+                    I::NAMES,
+                    I::USING
+                )
             }
         })
     }

@@ -33,8 +33,13 @@ mod tests;
 mod tiling;
 pub mod vecf32;
 
-pub use dispatch::{ISA_ENV_VAR, Isa, IsaOverrideProblem, IsaSelection, KernelIsa, OverrideProblem, Selection};
-pub use vecf32::{dot_rows_f32, dot_rows_multi_f32, scale_axpy_rows_f32, scale_axpy_rows_multi_f32, softmax_tile_f32};
+pub use dispatch::{
+    ISA_ENV_VAR, Isa, IsaOverrideProblem, IsaSelection, KernelIsa, OverrideProblem, Selection,
+};
+pub use vecf32::{
+    dot_rows_f32, dot_rows_multi_f32, scale_axpy_rows_f32, scale_axpy_rows_multi_f32,
+    softmax_tile_f32,
+};
 
 use half::bf16;
 use rayon::prelude::*;
@@ -46,7 +51,10 @@ pub const PAR_MIN_TASK_WEIGHT_BYTES: usize = 64 << 10;
 /// The instruction sets of `all` this CPU has, in order, printing a line for each one it lacks:
 /// how the kernel tests and benchmarks say which kernels they skip.
 #[doc(hidden)]
-pub fn present_or_say<I: Copy + std::fmt::Display>(all: impl IntoIterator<Item = I>, is_available: impl Fn(&I) -> bool) -> Vec<I> {
+pub fn present_or_say<I: Copy + std::fmt::Display>(
+    all: impl IntoIterator<Item = I>,
+    is_available: impl Fn(&I) -> bool,
+) -> Vec<I> {
     all.into_iter()
         .filter(|isa| {
             let ok = is_available(isa);
@@ -81,7 +89,15 @@ pub fn gemv_bf16(isa: Isa, w: &[bf16], rows: usize, cols: usize, x: &[f32], y: &
 ///
 /// Panics if `w.len() != rows · cols`, `x.len() != n · cols` or `y.len() != n · rows`, or if
 /// `isa` is not available on this CPU.
-pub fn gemm_bf16(isa: Isa, w: &[bf16], rows: usize, cols: usize, x: &[f32], n: usize, y: &mut [f32]) {
+pub fn gemm_bf16(
+    isa: Isa,
+    w: &[bf16],
+    rows: usize,
+    cols: usize,
+    x: &[f32],
+    n: usize,
+    y: &mut [f32],
+) {
     check_shapes(isa, w, rows, cols, x, n, y);
     // SAFETY: shapes and ISA availability were just checked; y is exclusively borrowed and holds
     // n · rows elements, so y.add(t · rows + r) is writable for t < n, r < rows.
@@ -105,7 +121,15 @@ pub fn par_gemv_bf16(isa: Isa, w: &[bf16], rows: usize, cols: usize, x: &[f32], 
 /// # Panics
 ///
 /// As [`gemm_bf16`].
-pub fn par_gemm_bf16(isa: Isa, w: &[bf16], rows: usize, cols: usize, x: &[f32], n: usize, y: &mut [f32]) {
+pub fn par_gemm_bf16(
+    isa: Isa,
+    w: &[bf16],
+    rows: usize,
+    cols: usize,
+    x: &[f32],
+    n: usize,
+    y: &mut [f32],
+) {
     par_gemm_tiled(isa, w, rows, cols, x, n, y, par_tile_rows(rows, cols));
 }
 
@@ -138,15 +162,17 @@ fn par_gemm_tiled(
         return;
     }
     let out = SharedOut(y.as_mut_ptr());
-    (0..rows.div_ceil(tile_rows)).into_par_iter().for_each(|tile| {
-        let r0 = tile * tile_rows;
-        let r1 = rows.min(r0 + tile_rows);
-        let w_tile = &w[r0 * cols..r1 * cols];
-        // SAFETY: shapes and ISA were checked above. This task writes y[t · rows + r] only for
-        // r in r0..r1, a range no other task shares, and t < n, all inside y, which stays
-        // exclusively borrowed until `for_each` has joined every task.
-        unsafe { gemm_raw(isa, w_tile, r1 - r0, cols, x, n, out.get().add(r0), rows) };
-    });
+    (0..rows.div_ceil(tile_rows))
+        .into_par_iter()
+        .for_each(|tile| {
+            let r0 = tile * tile_rows;
+            let r1 = rows.min(r0 + tile_rows);
+            let w_tile = &w[r0 * cols..r1 * cols];
+            // SAFETY: shapes and ISA were checked above. This task writes y[t · rows + r] only for
+            // r in r0..r1, a range no other task shares, and t < n, all inside y, which stays
+            // exclusively borrowed until `for_each` has joined every task.
+            unsafe { gemm_raw(isa, w_tile, r1 - r0, cols, x, n, out.get().add(r0), rows) };
+        });
 }
 
 /// The output pointer shared by the rayon tasks of [`par_gemm_tiled`], each writing its own
@@ -169,17 +195,34 @@ impl SharedOut {
 
 /// Panics unless `isa` runs on this CPU and the slices match `rows`, `cols` and `n`.
 fn check_shapes(isa: Isa, w: &[bf16], rows: usize, cols: usize, x: &[f32], n: usize, y: &[f32]) {
-    assert!(isa.is_available(), "kernels: ISA {isa} is not available on this CPU");
-    let w_len = rows.checked_mul(cols).expect("kernels: rows · cols overflows usize");
+    assert!(
+        isa.is_available(),
+        "kernels: ISA {isa} is not available on this CPU"
+    );
+    let w_len = rows
+        .checked_mul(cols)
+        .expect("kernels: rows · cols overflows usize");
     assert_eq!(
         w.len(),
         w_len,
         "kernels: weight length != rows ({rows}) · cols ({cols})"
     );
-    let x_len = n.checked_mul(cols).expect("kernels: n · cols overflows usize");
-    assert_eq!(x.len(), x_len, "kernels: activation length != n ({n}) · cols ({cols})");
-    let y_len = n.checked_mul(rows).expect("kernels: n · rows overflows usize");
-    assert_eq!(y.len(), y_len, "kernels: output length != n ({n}) · rows ({rows})");
+    let x_len = n
+        .checked_mul(cols)
+        .expect("kernels: n · cols overflows usize");
+    assert_eq!(
+        x.len(),
+        x_len,
+        "kernels: activation length != n ({n}) · cols ({cols})"
+    );
+    let y_len = n
+        .checked_mul(rows)
+        .expect("kernels: n · rows overflows usize");
+    assert_eq!(
+        y.len(),
+        y_len,
+        "kernels: output length != n ({n}) · rows ({rows})"
+    );
 }
 
 /// Dispatches to `isa`'s kernel: `y[t·ldy + r] = Σ_j w[r·cols + j] · x[t·cols + j]`.
@@ -190,7 +233,16 @@ fn check_shapes(isa: Isa, w: &[bf16], rows: usize, cols: usize, x: &[f32], n: us
 /// and `r < rows`, `y.add(t · ldy + r)` is valid for writes and not accessed by anyone else
 /// during the call.
 #[allow(clippy::too_many_arguments)]
-unsafe fn gemm_raw(isa: Isa, w: &[bf16], rows: usize, cols: usize, x: &[f32], n: usize, y: *mut f32, ldy: usize) {
+unsafe fn gemm_raw(
+    isa: Isa,
+    w: &[bf16],
+    rows: usize,
+    cols: usize,
+    x: &[f32],
+    n: usize,
+    y: *mut f32,
+    ldy: usize,
+) {
     match isa {
         // SAFETY: the caller's contract is the scalar kernel's.
         Isa::Scalar => unsafe { scalar::gemm(w, rows, cols, x, n, y, ldy) },

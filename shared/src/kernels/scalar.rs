@@ -14,7 +14,11 @@ use half::bf16;
 ///
 /// Panics if `w` and `x` differ in length.
 pub(super) fn dot(w: &[bf16], x: &[f32]) -> f32 {
-    assert_eq!(w.len(), x.len(), "dot: weight row and activation row differ in length");
+    assert_eq!(
+        w.len(),
+        x.len(),
+        "dot: weight row and activation row differ in length"
+    );
     let mut sum = 0.0f64;
     for (&wj, &xj) in w.iter().zip(x) {
         sum += f64::from(wj.to_f32()) * f64::from(xj);
@@ -30,7 +34,15 @@ pub(super) fn dot(w: &[bf16], x: &[f32]) -> f32 {
 /// `w.len() == rows · cols` and `x.len() == n · cols` (checked); for every `t < n` and
 /// `r < rows`, `y.add(t · ldy + r)` must be valid for writes and not accessed by anyone else
 /// during the call.
-pub(super) unsafe fn gemm(w: &[bf16], rows: usize, cols: usize, x: &[f32], n: usize, y: *mut f32, ldy: usize) {
+pub(super) unsafe fn gemm(
+    w: &[bf16],
+    rows: usize,
+    cols: usize,
+    x: &[f32],
+    n: usize,
+    y: *mut f32,
+    ldy: usize,
+) {
     assert_eq!(w.len(), rows * cols);
     assert_eq!(x.len(), n * cols);
     for t in 0..n {

@@ -87,7 +87,9 @@ impl Data {
             Data::Positive => uniform(rng, 0.5, 1.0),
             Data::Large => sign(rng) * uniform(rng, large.0, large.1),
             Data::Small => sign(rng) * uniform(rng, small.0, small.1),
-            Data::Wide => sign(rng) * uniform(rng, 1.0, 2.0) * 2f64.powi(uniform(rng, -40.0, 40.0) as i32),
+            Data::Wide => {
+                sign(rng) * uniform(rng, 1.0, 2.0) * 2f64.powi(uniform(rng, -40.0, 40.0) as i32)
+            }
             Data::Zeros => [0.0, -0.0, unit, -unit][(rng.next_u64() % 4) as usize],
         }
     }
@@ -113,8 +115,23 @@ struct Case {
 
 impl Case {
     /// `rows × cols` weights, `n` tokens, the slices at `(w_off, x_off)`.
-    fn new(rows: usize, cols: usize, n: usize, (w_off, x_off): (usize, usize), data: Data, seed: u64) -> Case {
-        Case { rows, cols, n, w_off, x_off, data, seed }
+    fn new(
+        rows: usize,
+        cols: usize,
+        n: usize,
+        (w_off, x_off): (usize, usize),
+        data: Data,
+        seed: u64,
+    ) -> Case {
+        Case {
+            rows,
+            cols,
+            n,
+            w_off,
+            x_off,
+            data,
+            seed,
+        }
     }
 }
 
@@ -200,7 +217,14 @@ fn check(isa: Isa, case: Case) {
 
     for t in 0..n {
         let mut y_row = vec![f32::NAN; rows];
-        gemv_bf16(isa, inputs.w(), rows, cols, &inputs.x()[t * cols..][..cols], &mut y_row);
+        gemv_bf16(
+            isa,
+            inputs.w(),
+            rows,
+            cols,
+            &inputs.x()[t * cols..][..cols],
+            &mut y_row,
+        );
         assert_bitwise(
             &format!("{isa} gemv on token {t} vs gemm row"),
             &case,
@@ -211,8 +235,22 @@ fn check(isa: Isa, case: Case) {
 
     for tile_rows in [1, 3, 8, 13] {
         let mut y_par = vec![f32::NAN; n * rows];
-        par_gemm_tiled(isa, inputs.w(), rows, cols, inputs.x(), n, &mut y_par, tile_rows);
-        assert_bitwise(&format!("{isa} parallel, {tile_rows}-row tiles"), &case, &y_par, &y);
+        par_gemm_tiled(
+            isa,
+            inputs.w(),
+            rows,
+            cols,
+            inputs.x(),
+            n,
+            &mut y_par,
+            tile_rows,
+        );
+        assert_bitwise(
+            &format!("{isa} parallel, {tile_rows}-row tiles"),
+            &case,
+            &y_par,
+            &y,
+        );
     }
     let mut y_par = vec![f32::NAN; n * rows];
     par_gemm_bf16(isa, inputs.w(), rows, cols, inputs.x(), n, &mut y_par);
@@ -264,7 +302,10 @@ fn odd_shapes_match_scalar_and_invariants_hold() {
             for cols in ODD_COLS {
                 for n in 1..=9 {
                     let (w_off, x_off) = ((index % 4) as usize, ((index / 4) % 4) as usize);
-                    check(isa, Case::new(rows, cols, n, (w_off, x_off), Data::Signed, index));
+                    check(
+                        isa,
+                        Case::new(rows, cols, n, (w_off, x_off), Data::Signed, index),
+                    );
                     index += 1;
                 }
             }
@@ -280,7 +321,10 @@ fn misaligned_offsets_match_scalar() {
             for x_off in 0..=3 {
                 for (rows, cols, n) in [(17, 65, 3), (9, 2051, 5)] {
                     let seed = (w_off * 4 + x_off) as u64;
-                    check(isa, Case::new(rows, cols, n, (w_off, x_off), Data::Signed, seed));
+                    check(
+                        isa,
+                        Case::new(rows, cols, n, (w_off, x_off), Data::Signed, seed),
+                    );
                 }
             }
         }
@@ -330,12 +374,17 @@ fn par_wrappers_match_single_threaded() {
             let case = Case::new(rows, cols, n, (3, 1), Data::Signed, 99);
             let inputs = Inputs::new(case);
             let y = gemm(isa, &inputs);
-            assert!(par_tile_rows(rows, cols) < rows, "the shape must split: {case:?}");
+            assert!(
+                par_tile_rows(rows, cols) < rows,
+                "the shape must split: {case:?}"
+            );
             let mut y_par = vec![f32::NAN; n * rows];
             pool.install(|| par_gemm_bf16(isa, inputs.w(), rows, cols, inputs.x(), n, &mut y_par));
             assert_bitwise(&format!("{isa} par_gemm_bf16"), &case, &y_par, &y);
             let mut y_par = vec![f32::NAN; rows];
-            pool.install(|| par_gemv_bf16(isa, inputs.w(), rows, cols, &inputs.x()[..cols], &mut y_par));
+            pool.install(|| {
+                par_gemv_bf16(isa, inputs.w(), rows, cols, &inputs.x()[..cols], &mut y_par)
+            });
             assert_bitwise(&format!("{isa} par_gemv_bf16"), &case, &y_par, &y[..rows]);
         }
     }
@@ -389,14 +438,23 @@ fn shape_mismatch_panics() {
 #[test]
 fn isa_detection_is_consistent() {
     check_detection(&Isa::ALL, Isa::detect(), Isa::active(), Isa::is_available);
-    check_detection(&Int8Isa::ALL, Int8Isa::detect(), Int8Isa::active(), Int8Isa::is_available);
+    check_detection(
+        &Int8Isa::ALL,
+        Int8Isa::detect(),
+        Int8Isa::active(),
+        Int8Isa::is_available,
+    );
 }
 
 /// Checks one family's detection, `all` from least to most capable.
 fn check_detection<I: KernelIsa>(all: &[I], detected: I, active: I, is_available: fn(I) -> bool) {
     assert!(is_available(detected) && is_available(active));
     assert!(active <= detected);
-    assert!(is_available(all[0]), "{} (scalar) is always available", all[0]);
+    assert!(
+        is_available(all[0]),
+        "{} (scalar) is always available",
+        all[0]
+    );
     for &isa in all {
         assert_eq!(I::from_name(&isa.to_string()), Some(isa));
         if isa <= detected {
@@ -407,9 +465,22 @@ fn check_detection<I: KernelIsa>(all: &[I], detected: I, active: I, is_available
 }
 
 /// `SLUICE_KERNEL_ISA` resolved against a detected set: `active` and the problem, if any.
-fn check_resolve<I: KernelIsa>(value: Option<&str>, detected: I, active: I, problem: Option<OverrideProblem<I>>) {
+fn check_resolve<I: KernelIsa>(
+    value: Option<&str>,
+    detected: I,
+    active: I,
+    problem: Option<OverrideProblem<I>>,
+) {
     let sel = Selection::resolve(value, detected);
-    assert_eq!(sel, Selection { active, detected, override_problem: problem }, "{value:?} on {detected}");
+    assert_eq!(
+        sel,
+        Selection {
+            active,
+            detected,
+            override_problem: problem
+        },
+        "{value:?} on {detected}"
+    );
     assert_eq!(sel.warning().is_some(), sel.override_problem.is_some());
 }
 
@@ -426,10 +497,25 @@ fn check_resolution<I: KernelIsa>([scalar, avx2, top]: [I; 3], top_names: &[&str
     }
     for &name in top_names {
         check_resolve(Some(name), top, top, None);
-        check_resolve(Some(name), avx2, avx2, Some(OverrideProblem::Unsupported(top)));
+        check_resolve(
+            Some(name),
+            avx2,
+            avx2,
+            Some(OverrideProblem::Unsupported(top)),
+        );
     }
-    check_resolve(Some("avx2"), scalar, scalar, Some(OverrideProblem::Unsupported(avx2)));
-    check_resolve(Some("neon"), avx2, avx2, Some(OverrideProblem::Unrecognized("neon".into())));
+    check_resolve(
+        Some("avx2"),
+        scalar,
+        scalar,
+        Some(OverrideProblem::Unsupported(avx2)),
+    );
+    check_resolve(
+        Some("neon"),
+        avx2,
+        avx2,
+        Some(OverrideProblem::Unrecognized("neon".into())),
+    );
 }
 
 /// Both families; `avx512` pins the int8 kernels to AVX-512 VNNI too.
@@ -438,14 +524,18 @@ fn isa_override_resolution() {
     check_resolution(Isa::ALL, &["avx512"]);
     check_resolution(Int8Isa::ALL, &["avx512", "avx512vnni"]);
     let warning = IsaSelection::resolve(Some("avx512"), Isa::Avx2).warning();
-    let expected = "SLUICE_KERNEL_ISA=avx512 requested, but this CPU supports at most avx2; using avx2";
+    let expected =
+        "SLUICE_KERNEL_ISA=avx512 requested, but this CPU supports at most avx2; using avx2";
     assert_eq!(warning.as_deref(), Some(expected));
     let warning = Int8IsaSelection::resolve(Some("avx512"), Int8Isa::Avx2).warning();
     let expected = "SLUICE_KERNEL_ISA=avx512vnni requested, but this CPU supports at most avx2 for int8 kernels; using avx2";
     assert_eq!(warning.as_deref(), Some(expected));
     // The unrecognised-value warnings, word for word as each family has always logged them.
     let warning = IsaSelection::resolve(Some("neon"), Isa::Avx2).warning();
-    assert_eq!(warning.as_deref(), Some("SLUICE_KERNEL_ISA=\"neon\" is not one of scalar, avx2, avx512; using avx2"));
+    assert_eq!(
+        warning.as_deref(),
+        Some("SLUICE_KERNEL_ISA=\"neon\" is not one of scalar, avx2, avx512; using avx2")
+    );
     let warning = Int8IsaSelection::resolve(Some("neon"), Int8Isa::Avx2).warning();
     let expected = "SLUICE_KERNEL_ISA=\"neon\" is not one of scalar, avx2, avx512, avx512vnni; int8 kernels use avx2";
     assert_eq!(warning.as_deref(), Some(expected));
@@ -456,6 +546,9 @@ fn isa_override_resolution() {
 fn bandwidth_probe_smoke() {
     for threads in [0, 1, 2] {
         let gbps = bandwidth::measure_read_bandwidth_gbps(1 << 20, threads);
-        assert!(gbps.is_finite() && gbps > 0.1, "{threads} threads: {gbps} GB/s");
+        assert!(
+            gbps.is_finite() && gbps > 0.1,
+            "{threads} threads: {gbps} GB/s"
+        );
     }
 }

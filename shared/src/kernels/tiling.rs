@@ -65,7 +65,12 @@ pub(super) trait Bf16Tile {
 /// (checked). For every `t < n` and `r < rows`, `y.add(t · ldy + r)` must be valid for writes
 /// and not accessed by anyone else during the call.
 #[inline(always)]
-pub(super) unsafe fn gemm<K: Bf16Tile, const GEMV_ROWS: usize, const GEMM_ROWS: usize, const GEMM_TOKENS: usize>(
+pub(super) unsafe fn gemm<
+    K: Bf16Tile,
+    const GEMV_ROWS: usize,
+    const GEMM_ROWS: usize,
+    const GEMM_TOKENS: usize,
+>(
     w: &[bf16],
     rows: usize,
     cols: usize,
@@ -84,8 +89,10 @@ pub(super) unsafe fn gemm<K: Bf16Tile, const GEMV_ROWS: usize, const GEMM_ROWS: 
         unsafe { row_range::<K, GEMV_ROWS, 1, true>(w, 0, rows, cols, x, y, ldy) };
         return;
     }
-    let panel_rows = (PANEL_WEIGHT_BYTES / (2 * cols.max(1))).max(GEMM_ROWS) / GEMM_ROWS * GEMM_ROWS;
-    let chunk_tokens = (CHUNK_ACTIVATION_BYTES / (4 * cols.max(1))).max(GEMM_TOKENS) / GEMM_TOKENS * GEMM_TOKENS;
+    let panel_rows =
+        (PANEL_WEIGHT_BYTES / (2 * cols.max(1))).max(GEMM_ROWS) / GEMM_ROWS * GEMM_ROWS;
+    let chunk_tokens =
+        (CHUNK_ACTIVATION_BYTES / (4 * cols.max(1))).max(GEMM_TOKENS) / GEMM_TOKENS * GEMM_TOKENS;
     for t_chunk in (0..n).step_by(chunk_tokens) {
         let t_chunk_end = n.min(t_chunk + chunk_tokens);
         for r_panel in (0..rows).step_by(panel_rows) {
@@ -136,12 +143,28 @@ unsafe fn row_range<K: Bf16Tile, const R: usize, const T: usize, const PREFETCH:
     let mut r = r_begin;
     while r + R <= r_end {
         // SAFETY: rows r..r + R are below r_end; the rest is this function's contract.
-        unsafe { K::tile::<R, T, PREFETCH>(Tile { w: w.wrapping_add(r * cols), cols, x, y: y.wrapping_add(r), ldy }) };
+        unsafe {
+            K::tile::<R, T, PREFETCH>(Tile {
+                w: w.wrapping_add(r * cols),
+                cols,
+                x,
+                y: y.wrapping_add(r),
+                ldy,
+            })
+        };
         r += R;
     }
     while r < r_end {
         // SAFETY: as above, for the single row r.
-        unsafe { K::tile::<1, T, PREFETCH>(Tile { w: w.wrapping_add(r * cols), cols, x, y: y.wrapping_add(r), ldy }) };
+        unsafe {
+            K::tile::<1, T, PREFETCH>(Tile {
+                w: w.wrapping_add(r * cols),
+                cols,
+                x,
+                y: y.wrapping_add(r),
+                ldy,
+            })
+        };
         r += 1;
     }
 }

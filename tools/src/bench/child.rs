@@ -12,7 +12,10 @@ use std::time::Instant;
 
 /// The largest `*.safetensors` file of the model (the storage probe for configs without a container).
 fn largest_shard(model: &Path) -> Result<PathBuf, BenchError> {
-    let io = |e| BenchError::Io { what: format!("reading {}", model.display()), source: e };
+    let io = |e| BenchError::Io {
+        what: format!("reading {}", model.display()),
+        source: e,
+    };
     std::fs::read_dir(model)
         .map_err(io)?
         .filter_map(Result::ok)
@@ -31,46 +34,88 @@ pub(super) fn probe_file(args: &BenchArgs, c: &Config) -> Result<PathBuf, BenchE
 }
 
 /// Spawns one child run, writing its report to `out`, and returns its record.
-pub(super) fn one_run(args: &BenchArgs, c: &Config, label: &str, out: &Path) -> Result<Value, BenchError> {
-    if args.cold && c.flags.iter().any(|f| f == "--expertd" || f.starts_with("--expertd=")) {
+pub(super) fn one_run(
+    args: &BenchArgs,
+    c: &Config,
+    label: &str,
+    out: &Path,
+) -> Result<Value, BenchError> {
+    if args.cold
+        && c.flags
+            .iter()
+            .any(|f| f == "--expertd" || f.starts_with("--expertd="))
+    {
         return Err(BenchError::Usage(format!(
             "config {}: --cold needs a private expertd per run; a running daemon (--expertd URI) keeps its cache across the page-cache drop",
             c.name
         )));
     }
-    let loadavg_before = std::fs::read_to_string("/proc/loadavg").ok().map(|s| s.trim().to_string());
+    let loadavg_before = std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .map(|s| s.trim().to_string());
     let drop = args.cold.then(storage::drop_caches);
     // A cold run's own storage probe, after the drop and just before the child starts (O_DIRECT:
     // it leaves the page cache as the drop left it).
     let disk_probe = match args.cold && args.odirect_bytes > 0 {
-        true => storage::read_bandwidth(&probe_file(args, c)?, args.odirect_bytes, args.odirect_readers),
+        true => storage::read_bandwidth(
+            &probe_file(args, c)?,
+            args.odirect_bytes,
+            args.odirect_readers,
+        ),
         false => Value::Null,
     };
     let mut cmd = Command::new(&c.exe);
     cmd.arg("profile")
         .arg("--model")
         .arg(&args.model)
-        .args(["--prompt-tokens", &args.prompt_tokens.to_string(), "--decode-steps", &args.new_tokens.to_string()])
+        .args([
+            "--prompt-tokens",
+            &args.prompt_tokens.to_string(),
+            "--decode-steps",
+            &args.new_tokens.to_string(),
+        ])
         .args(["--bandwidth-bytes", "0", "--out"])
         .arg(out);
     if let Some(chunk) = args.prefill_chunk {
         cmd.args(["--prefill-chunk", &chunk.to_string()]);
     }
-    if let Some(t) = args.threads.filter(|_| !c.flags.iter().any(|f| f == "--threads" || f.starts_with("--threads="))) {
+    if let Some(t) = args.threads.filter(|_| {
+        !c.flags
+            .iter()
+            .any(|f| f == "--threads" || f.starts_with("--threads="))
+    }) {
         cmd.args(["--threads", &t.to_string()]);
     }
     if args.cold {
         cmd.arg("--no-warmup");
     }
-    cmd.envs(c.env.iter().map(|(k, v)| (k, v))).args(&c.flags).stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::inherit());
+    cmd.envs(c.env.iter().map(|(k, v)| (k, v)))
+        .args(&c.flags)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit());
     let t = Instant::now();
-    let status = cmd.status().map_err(|e| BenchError::Io { what: format!("starting {}", c.exe.display()), source: e })?;
+    let status = cmd.status().map_err(|e| BenchError::Io {
+        what: format!("starting {}", c.exe.display()),
+        source: e,
+    })?;
     let child_wall_s = t.elapsed().as_secs_f64();
     if !status.success() {
-        return Err(BenchError::Child { config: c.name.clone(), round: label.to_string(), flags: c.flags.join(" "), status });
+        return Err(BenchError::Child {
+            config: c.name.clone(),
+            round: label.to_string(),
+            flags: c.flags.join(" "),
+            status,
+        });
     }
-    let bytes = std::fs::read(out).map_err(|e| BenchError::Io { what: format!("reading {}", out.display()), source: e })?;
-    let p: Value = serde_json::from_slice(&bytes).map_err(|e| BenchError::Report { path: out.to_path_buf(), source: e })?;
+    let bytes = std::fs::read(out).map_err(|e| BenchError::Io {
+        what: format!("reading {}", out.display()),
+        source: e,
+    })?;
+    let p: Value = serde_json::from_slice(&bytes).map_err(|e| BenchError::Report {
+        path: out.to_path_buf(),
+        source: e,
+    })?;
     let hostd_reads = p["process"]["hostd"]["read_bytes_total"].as_u64();
     let expertd = &p["process"]["expertd"];
     let cache = &p["expert_cache"]["decode"];
@@ -141,10 +186,18 @@ struct ColdEvidence {
 fn cold_verdict(drop: &Result<(), String>, e: &ColdEvidence) -> (bool, String) {
     let total = e.hostd_reads.unwrap_or(0) + e.expertd_reads.unwrap_or(0);
     if let Err(err) = drop {
-        return (false, format!("page cache not dropped ({err}): dense weights, and experts unless read with O_DIRECT, may have been cached"));
+        return (
+            false,
+            format!(
+                "page cache not dropped ({err}): dense weights, and experts unless read with O_DIRECT, may have been cached"
+            ),
+        );
     }
     if e.hostd_reads.is_none() && e.expertd_reads.is_none() {
-        return (false, "/proc/PID/io read_bytes unreadable: no evidence of physical reads".into());
+        return (
+            false,
+            "/proc/PID/io read_bytes unreadable: no evidence of physical reads".into(),
+        );
     }
     if total == 0 {
         return (false, "no physical reads counted (hostd and expertd read_bytes are 0): everything came from memory".into());
@@ -155,19 +208,31 @@ fn cold_verdict(drop: &Result<(), String>, e: &ColdEvidence) -> (bool, String) {
             (phys, logical) => {
                 return (
                     false,
-                    format!("expertd's physical decode reads ({phys:?} bytes) do not cover its cache's miss reads ({logical:?} bytes): some misses were served from memory"),
+                    format!(
+                        "expertd's physical decode reads ({phys:?} bytes) do not cover its cache's miss reads ({logical:?} bytes): some misses were served from memory"
+                    ),
                 );
             }
         }
     }
-    (true, format!("page cache dropped before the run; {total} bytes read from storage (hostd {:?}, expertd {:?})", e.hostd_reads, e.expertd_reads))
+    (
+        true,
+        format!(
+            "page cache dropped before the run; {total} bytes read from storage (hostd {:?}, expertd {:?})",
+            e.hostd_reads, e.expertd_reads
+        ),
+    )
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn evidence(hostd: Option<u64>, expertd: Option<u64>, decode: Option<(u64, u64)>) -> ColdEvidence {
+    fn evidence(
+        hostd: Option<u64>,
+        expertd: Option<u64>,
+        decode: Option<(u64, u64)>,
+    ) -> ColdEvidence {
         ColdEvidence {
             hostd_reads: hostd,
             expertd_reads: expertd,
@@ -180,12 +245,33 @@ mod tests {
     #[test]
     fn cold_is_claimed_only_with_evidence() {
         let ok = Ok(());
-        assert!(cold_verdict(&ok, &evidence(Some(10), None, None)).0, "dropped, and reads counted");
-        assert!(!cold_verdict(&Err("EACCES".into()), &evidence(Some(10), None, None)).0, "drop failed");
-        assert!(!cold_verdict(&ok, &evidence(None, None, None)).0, "no counters");
-        assert!(!cold_verdict(&ok, &evidence(Some(0), None, None)).0, "nothing read");
-        assert!(cold_verdict(&ok, &evidence(Some(1), Some(100), Some((100, 100)))).0, "every miss a physical read");
-        assert!(!cold_verdict(&ok, &evidence(Some(1), Some(100), Some((50, 100)))).0, "some misses from memory");
-        assert!(!cold_verdict(&ok, &evidence(Some(1), Some(100), Some((0, 0)))).0, "no misses at all");
+        assert!(
+            cold_verdict(&ok, &evidence(Some(10), None, None)).0,
+            "dropped, and reads counted"
+        );
+        assert!(
+            !cold_verdict(&Err("EACCES".into()), &evidence(Some(10), None, None)).0,
+            "drop failed"
+        );
+        assert!(
+            !cold_verdict(&ok, &evidence(None, None, None)).0,
+            "no counters"
+        );
+        assert!(
+            !cold_verdict(&ok, &evidence(Some(0), None, None)).0,
+            "nothing read"
+        );
+        assert!(
+            cold_verdict(&ok, &evidence(Some(1), Some(100), Some((100, 100)))).0,
+            "every miss a physical read"
+        );
+        assert!(
+            !cold_verdict(&ok, &evidence(Some(1), Some(100), Some((50, 100)))).0,
+            "some misses from memory"
+        );
+        assert!(
+            !cold_verdict(&ok, &evidence(Some(1), Some(100), Some((0, 0)))).0,
+            "no misses at all"
+        );
     }
 }

@@ -31,7 +31,11 @@ pub(super) fn notes() -> Vec<&'static str> {
 pub(super) fn phase_notes<'a>(runs: impl IntoIterator<Item = &'a Value>) -> Map<String, Value> {
     let mut notes = Map::new();
     for r in runs {
-        for (k, v) in r["profile"]["decode_phase_notes"].as_object().into_iter().flatten() {
+        for (k, v) in r["profile"]["decode_phase_notes"]
+            .as_object()
+            .into_iter()
+            .flatten()
+        {
             notes.entry(k.clone()).or_insert_with(|| v.clone());
         }
     }
@@ -46,7 +50,11 @@ pub(super) fn add_fractions(r: &mut Value, dram_gbps: f64, disk_gbps: Option<f64
     let tps = r["decode_tokens_per_s"].as_f64().unwrap_or(0.0);
     let weights = r["weight_bytes_per_decode_token"].as_f64().unwrap_or(0.0);
     let dram = (dram_gbps > 0.0).then(|| weights * tps / (dram_gbps * 1e9));
-    let disk = r["disk_bytes_per_decode_token"].as_f64().filter(|b| *b > 0.0).zip(disk_gbps).map(|(b, g)| b * tps / (g * 1e9));
+    let disk = r["disk_bytes_per_decode_token"]
+        .as_f64()
+        .filter(|b| *b > 0.0)
+        .zip(disk_gbps)
+        .map(|(b, g)| b * tps / (g * 1e9));
     r["dram_fraction"] = json!(dram);
     r["disk_fraction"] = json!(disk);
 }
@@ -75,7 +83,10 @@ fn metrics(phases: &Map<String, Value>) -> Vec<(String, String)> {
     .map(|k| (k.to_string(), format!("/{k}")))
     .collect();
     for k in phases.keys().map(String::as_str).chain(["wall"]) {
-        m.push((format!("phase_ms_per_token.{k}"), format!("/decode_phases_ms_per_token/{k}")));
+        m.push((
+            format!("phase_ms_per_token.{k}"),
+            format!("/decode_phases_ms_per_token/{k}"),
+        ));
     }
     m
 }
@@ -84,19 +95,36 @@ fn metrics(phases: &Map<String, Value>) -> Vec<(String, String)> {
 pub(super) fn summarize(runs: &[Value], phases: &Map<String, Value>) -> Value {
     let mut out = Map::new();
     for (name, ptr) in metrics(phases) {
-        let mut v: Vec<f64> = runs.iter().filter_map(|r| r.pointer(&ptr).and_then(Value::as_f64)).collect();
+        let mut v: Vec<f64> = runs
+            .iter()
+            .filter_map(|r| r.pointer(&ptr).and_then(Value::as_f64))
+            .collect();
         v.sort_by(f64::total_cmp);
         let s = if v.is_empty() {
             Value::Null
         } else {
-            let median = if v.len() % 2 == 1 { v[v.len() / 2] } else { (v[v.len() / 2 - 1] + v[v.len() / 2]) / 2.0 };
+            let median = if v.len() % 2 == 1 {
+                v[v.len() / 2]
+            } else {
+                (v[v.len() / 2 - 1] + v[v.len() / 2]) / 2.0
+            };
             json!({"median": median, "min": v[0], "max": v[v.len() - 1], "n": v.len()})
         };
         out.insert(name, s);
     }
-    let cold: Vec<&Value> = runs.iter().filter_map(|r| r["cold"]["cold_proven"].as_bool().map(|_| &r["cold"]["cold_proven"])).collect();
+    let cold: Vec<&Value> = runs
+        .iter()
+        .filter_map(|r| {
+            r["cold"]["cold_proven"]
+                .as_bool()
+                .map(|_| &r["cold"]["cold_proven"])
+        })
+        .collect();
     if !cold.is_empty() {
-        out.insert("cold_proven_runs".into(), json!(cold.iter().filter(|v| v.as_bool() == Some(true)).count()));
+        out.insert(
+            "cold_proven_runs".into(),
+            json!(cold.iter().filter(|v| v.as_bool() == Some(true)).count()),
+        );
     }
     Value::Object(out)
 }
@@ -104,45 +132,113 @@ pub(super) fn summarize(runs: &[Value], phases: &Map<String, Value>) -> Value {
 /// Prints the report as a table: machine and rooflines, then each config's medians.
 pub fn print_table(r: &Value) {
     let f = |v: &Value| v.as_f64();
-    println!("{} | commit {} | {} | {} cores, threads {}", r["date"].as_str().unwrap_or("?"), r["commit"].as_str().unwrap_or("?"), r["cpu"].as_str().unwrap_or("?"), r["cores"], r["threads"]);
-    let dram: Vec<String> = r["bandwidth"]["dram"].as_array().into_iter().flatten().map(|d| format!("{} {:.1}", d["when"].as_str().unwrap_or("?"), f(&d["gbps"]).unwrap_or(0.0))).collect();
+    println!(
+        "{} | commit {} | {} | {} cores, threads {}",
+        r["date"].as_str().unwrap_or("?"),
+        r["commit"].as_str().unwrap_or("?"),
+        r["cpu"].as_str().unwrap_or("?"),
+        r["cores"],
+        r["threads"]
+    );
+    let dram: Vec<String> = r["bandwidth"]["dram"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|d| {
+            format!(
+                "{} {:.1}",
+                d["when"].as_str().unwrap_or("?"),
+                f(&d["gbps"]).unwrap_or(0.0)
+            )
+        })
+        .collect();
     println!("DRAM read GB/s: {}", dram.join(", "));
     for s in r["bandwidth"]["storage"].as_array().into_iter().flatten() {
-        println!("storage read GB/s: {} ({}) {}", f(&s["gbps"]).map_or("n/a".into(), |g| format!("{g:.2}")), s["mode"].as_str().unwrap_or("?"), s["file"].as_str().unwrap_or("?"));
+        println!(
+            "storage read GB/s: {} ({}) {}",
+            f(&s["gbps"]).map_or("n/a".into(), |g| format!("{g:.2}")),
+            s["mode"].as_str().unwrap_or("?"),
+            s["file"].as_str().unwrap_or("?")
+        );
     }
-    println!("prompt {} tokens, {} new tokens, {} runs/config, cold {}", r["prompt_tokens"], r["new_tokens"], r["runs_per_config"], r["cold"]);
-    let cell = |s: &Value, scale: f64, prec: usize| match (f(&s["median"]), f(&s["min"]), f(&s["max"])) {
-        (Some(m), Some(lo), Some(hi)) => format!("{:.p$} [{:.p$}-{:.p$}]", m * scale, lo * scale, hi * scale, p = prec),
-        _ => "-".into(),
-    };
+    println!(
+        "prompt {} tokens, {} new tokens, {} runs/config, cold {}",
+        r["prompt_tokens"], r["new_tokens"], r["runs_per_config"], r["cold"]
+    );
+    let cell =
+        |s: &Value, scale: f64, prec: usize| match (f(&s["median"]), f(&s["min"]), f(&s["max"])) {
+            (Some(m), Some(lo), Some(hi)) => format!(
+                "{:.p$} [{:.p$}-{:.p$}]",
+                m * scale,
+                lo * scale,
+                hi * scale,
+                p = prec
+            ),
+            _ => "-".into(),
+        };
     let rows: [(&str, &str, f64, usize); 10] = [
         ("TTFT s", "ttft_s", 1.0, 3),
         ("prefill tok/s", "prefill_tokens_per_s", 1.0, 1),
         ("decode tok/s", "decode_tokens_per_s", 1.0, 2),
-        ("hostd RSS GiB", "hostd_vm_hwm_bytes", 1.0 / (1u64 << 30) as f64, 2),
-        ("expertd RSS GiB", "expertd_vm_hwm_bytes", 1.0 / (1u64 << 30) as f64, 2),
+        (
+            "hostd RSS GiB",
+            "hostd_vm_hwm_bytes",
+            1.0 / (1u64 << 30) as f64,
+            2,
+        ),
+        (
+            "expertd RSS GiB",
+            "expertd_vm_hwm_bytes",
+            1.0 / (1u64 << 30) as f64,
+            2,
+        ),
         ("disk MB/token", "disk_bytes_per_decode_token", 1e-6, 2),
         ("weights MB/token", "weight_bytes_per_decode_token", 1e-6, 1),
         ("hit rate", "hit_rate", 1.0, 3),
         ("DRAM fraction", "dram_fraction", 1.0, 3),
         ("disk fraction", "disk_fraction", 1.0, 3),
     ];
-    let phases: Vec<&str> = r["decode_phase_notes"].as_object().into_iter().flatten().map(|(k, _)| k.as_str()).chain(["wall"]).collect();
+    let phases: Vec<&str> = r["decode_phase_notes"]
+        .as_object()
+        .into_iter()
+        .flatten()
+        .map(|(k, _)| k.as_str())
+        .chain(["wall"])
+        .collect();
     for c in r["configs"].as_array().into_iter().flatten() {
         let s = &c["summary"];
-        let flags = c["flags"].as_array().into_iter().flatten().filter_map(Value::as_str).collect::<Vec<_>>().join(" ");
-        println!("\n== {} ({flags}) — median [min-max]", c["name"].as_str().unwrap_or("?"));
+        let flags = c["flags"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(Value::as_str)
+            .collect::<Vec<_>>()
+            .join(" ");
+        println!(
+            "\n== {} ({flags}) — median [min-max]",
+            c["name"].as_str().unwrap_or("?")
+        );
         for (label, key, scale, prec) in rows {
             println!("  {label:<18} {}", cell(&s[key], scale, prec));
         }
         println!("  decode phases, ms/token (median [min-max]):");
         for k in &phases {
-            println!("    {k:<22} {}", cell(&s[format!("phase_ms_per_token.{k}")], 1.0, 3));
+            println!(
+                "    {k:<22} {}",
+                cell(&s[format!("phase_ms_per_token.{k}")], 1.0, 3)
+            );
         }
         if let Some(n) = s["cold_proven_runs"].as_u64() {
-            println!("  cold proven in {n} of {} runs", c["runs"].as_array().map_or(0, Vec::len));
+            println!(
+                "  cold proven in {n} of {} runs",
+                c["runs"].as_array().map_or(0, Vec::len)
+            );
             for run in c["runs"].as_array().into_iter().flatten() {
-                println!("    run {}: {}", run["round"].as_str().unwrap_or("?"), run["cold"]["reason"].as_str().unwrap_or("?"));
+                println!(
+                    "    run {}: {}",
+                    run["round"].as_str().unwrap_or("?"),
+                    run["cold"]["reason"].as_str().unwrap_or("?")
+                );
             }
         }
     }
@@ -171,7 +267,10 @@ mod tests {
         let phases = phase_notes(&runs);
         assert_eq!(phases.keys().collect::<Vec<_>>(), ["attention"]);
         let s = summarize(&runs, &phases);
-        assert_eq!(s["decode_tokens_per_s"], json!({"median": 2.0, "min": 1.0, "max": 3.0, "n": 3}));
+        assert_eq!(
+            s["decode_tokens_per_s"],
+            json!({"median": 2.0, "min": 1.0, "max": 3.0, "n": 3})
+        );
         assert_eq!(s["phase_ms_per_token.attention"]["median"], json!(4.0));
         assert_eq!(s["phase_ms_per_token.wall"]["n"], json!(3));
         assert!(s["ttft_s"].is_null(), "no run reported it");
@@ -181,7 +280,10 @@ mod tests {
     fn fractions_divide_by_the_rooflines() {
         let mut r = json!({"decode_tokens_per_s": 10.0, "weight_bytes_per_decode_token": 1e9, "disk_bytes_per_decode_token": 1e8});
         add_fractions(&mut r, 20.0, Some(2.0));
-        assert_eq!((r["dram_fraction"].as_f64(), r["disk_fraction"].as_f64()), (Some(0.5), Some(0.5)));
+        assert_eq!(
+            (r["dram_fraction"].as_f64(), r["disk_fraction"].as_f64()),
+            (Some(0.5), Some(0.5))
+        );
         add_fractions(&mut r, 0.0, None);
         assert!(r["dram_fraction"].is_null() && r["disk_fraction"].is_null());
     }

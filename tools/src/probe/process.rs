@@ -19,7 +19,11 @@ pub struct Reads {
 impl Reads {
     /// Reads both counters now.
     pub fn now(daemon: Option<u32>) -> Reads {
-        Reads { hostd: read_bytes(None), expertd: daemon.and_then(|p| read_bytes(Some(p))), daemon: daemon.is_some() }
+        Reads {
+            hostd: read_bytes(None),
+            expertd: daemon.and_then(|p| read_bytes(Some(p))),
+            daemon: daemon.is_some(),
+        }
     }
 
     /// Bytes read by each process between `self` and `later`, as JSON (null where unreadable).
@@ -27,7 +31,11 @@ impl Reads {
         let d = |a: Option<u64>, b: Option<u64>| a.zip(b).map(|(a, b)| b.saturating_sub(a));
         let (h, e) = (d(self.hostd, later.hostd), d(self.expertd, later.expertd));
         // With a daemon whose counter could not be read the total is unknown, not hostd's alone.
-        let total = if self.daemon && e.is_none() { None } else { h.map(|h| h + e.unwrap_or(0)) };
+        let total = if self.daemon && e.is_none() {
+            None
+        } else {
+            h.map(|h| h + e.unwrap_or(0))
+        };
         json!({"hostd": h, "expertd": e, "total": total})
     }
 }
@@ -58,8 +66,16 @@ impl DeviceBusy {
 
     /// Parses a block `stat` line: field 3 is sectors read, field 10 is `io_ticks`.
     fn parse(device: String, stat: &str) -> Option<DeviceBusy> {
-        let f: Vec<u64> = stat.split_whitespace().map(str::parse).collect::<Result<_, _>>().ok()?;
-        Some(DeviceBusy { device, read_sectors: *f.get(2)?, io_ticks_ms: *f.get(9)? })
+        let f: Vec<u64> = stat
+            .split_whitespace()
+            .map(str::parse)
+            .collect::<Result<_, _>>()
+            .ok()?;
+        Some(DeviceBusy {
+            device,
+            read_sectors: *f.get(2)?,
+            io_ticks_ms: *f.get(9)?,
+        })
     }
 
     /// Busy milliseconds and bytes read between `self` and `later`, and the busy share of
@@ -84,10 +100,20 @@ mod tests {
         let line = "   51190     1180  6512834    22580   101877    83620  3598600   153080        0    93504   181788        0        0        0        0     1711      681\n";
         let d = DeviceBusy::parse("253:0".into(), line).expect("parsed");
         assert_eq!((d.read_sectors, d.io_ticks_ms), (6512834, 93504));
-        let later = DeviceBusy { io_ticks_ms: 93504 + 800, read_sectors: 6512834 + 2048, ..d.clone() };
+        let later = DeviceBusy {
+            io_ticks_ms: 93504 + 800,
+            read_sectors: 6512834 + 2048,
+            ..d.clone()
+        };
         let j = d.delta_json(&later, 1.0);
-        assert_eq!((j["busy_ms"].as_u64(), j["read_bytes"].as_u64()), (Some(800), Some(2048 * 512)));
+        assert_eq!(
+            (j["busy_ms"].as_u64(), j["read_bytes"].as_u64()),
+            (Some(800), Some(2048 * 512))
+        );
         assert!((j["busy_fraction"].as_f64().expect("fraction") - 0.8).abs() < 1e-12);
-        assert!(DeviceBusy::parse("1:2".into(), "1 2").is_none(), "too few fields");
+        assert!(
+            DeviceBusy::parse("1:2".into(), "1 2").is_none(),
+            "too few fields"
+        );
     }
 }

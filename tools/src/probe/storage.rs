@@ -20,14 +20,19 @@ pub fn read_bandwidth(path: &Path, max_bytes: u64, readers: usize) -> Value {
     let readers = readers.max(1);
     let len = match std::fs::metadata(path) {
         Ok(m) => m.len(),
-        Err(e) => return json!({"file": path.display().to_string(), "gbps": null, "error": e.to_string()}),
+        Err(e) => {
+            return json!({"file": path.display().to_string(), "gbps": null, "error": e.to_string()});
+        }
     };
     // Whole CHUNK-sized, CHUNK-aligned slots anywhere in the file, visited in a shuffled order
     // (the decode reads scattered expert blobs, not one front-to-back stream), until
     // `max_bytes`; the readers share one queue of slots, so `readers` reads are outstanding.
     let slots = (len / CHUNK as u64) as usize;
     let take = ((max_bytes / CHUNK as u64) as usize).min(slots);
-    let direct = std::fs::OpenOptions::new().read(true).custom_flags(rustix::fs::OFlags::DIRECT.bits() as i32).open(path);
+    let direct = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(rustix::fs::OFlags::DIRECT.bits() as i32)
+        .open(path);
     let (file, mode) = match direct {
         Ok(f) => (f, "O_DIRECT".to_string()),
         Err(e) => match File::open(path) {
@@ -35,9 +40,16 @@ pub fn read_bandwidth(path: &Path, max_bytes: u64, readers: usize) -> Value {
             // (pages that are mapped or dirty may stay cached, so this can overstate the disk).
             Ok(f) => {
                 let _ = rustix::fs::fadvise(&f, 0, None, rustix::fs::Advice::DontNeed);
-                (f, format!("buffered after POSIX_FADV_DONTNEED (O_DIRECT refused: {e}); may include page-cache hits"))
+                (
+                    f,
+                    format!(
+                        "buffered after POSIX_FADV_DONTNEED (O_DIRECT refused: {e}); may include page-cache hits"
+                    ),
+                )
             }
-            Err(e) => return json!({"file": path.display().to_string(), "gbps": null, "error": e.to_string()}),
+            Err(e) => {
+                return json!({"file": path.display().to_string(), "gbps": null, "error": e.to_string()});
+            }
         },
     };
     if take == 0 {
@@ -58,9 +70,15 @@ pub fn read_bandwidth(path: &Path, max_bytes: u64, readers: usize) -> Value {
                     while let Some(&slot) = order.get(next.fetch_add(1, Ordering::Relaxed)) {
                         let mut done = 0;
                         while done < CHUNK {
-                            let n = file.read_at(&mut buf[done..], slot as u64 * CHUNK as u64 + done as u64)?;
+                            let n = file.read_at(
+                                &mut buf[done..],
+                                slot as u64 * CHUNK as u64 + done as u64,
+                            )?;
                             if n == 0 {
-                                return Err(std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "short read"));
+                                return Err(std::io::Error::new(
+                                    std::io::ErrorKind::UnexpectedEof,
+                                    "short read",
+                                ));
                             }
                             done += n;
                         }
@@ -69,7 +87,10 @@ pub fn read_bandwidth(path: &Path, max_bytes: u64, readers: usize) -> Value {
                 })
             })
             .collect();
-        handles.into_iter().try_for_each(|h| h.join().unwrap_or_else(|_| Err(std::io::Error::other("reader panicked"))))
+        handles.into_iter().try_for_each(|h| {
+            h.join()
+                .unwrap_or_else(|_| Err(std::io::Error::other("reader panicked")))
+        })
     });
     let secs = t.elapsed().as_secs_f64();
     match result {
@@ -86,7 +107,9 @@ pub fn read_bandwidth(path: &Path, max_bytes: u64, readers: usize) -> Value {
                 CHUNK >> 20
             ),
         }),
-        Err(e) => json!({"file": path.display().to_string(), "gbps": null, "mode": mode, "error": e.to_string()}),
+        Err(e) => {
+            json!({"file": path.display().to_string(), "gbps": null, "mode": mode, "error": e.to_string()})
+        }
     }
 }
 
@@ -112,7 +135,8 @@ pub fn dram(bytes: usize, threads: usize, when: &str) -> Value {
 /// `sync`, then drops the page cache, dentries and inodes; `Err` says why it could not.
 pub fn drop_caches() -> Result<(), String> {
     rustix::fs::sync();
-    std::fs::write("/proc/sys/vm/drop_caches", "3\n").map_err(|e| format!("writing 3 to /proc/sys/vm/drop_caches: {e}"))
+    std::fs::write("/proc/sys/vm/drop_caches", "3\n")
+        .map_err(|e| format!("writing 3 to /proc/sys/vm/drop_caches: {e}"))
 }
 
 #[cfg(test)]
@@ -129,7 +153,11 @@ mod tests {
         assert!(order.iter().all(|&s| s < 1000));
         // Not the first 300 slots in order: the sample reaches the far end of the file.
         assert!(order.iter().any(|&s| s >= 700) && order.windows(2).any(|w| w[0] > w[1]));
-        assert_eq!(shuffled_slots(5, 10, 1).len(), 5, "never more slots than the file has");
+        assert_eq!(
+            shuffled_slots(5, 10, 1).len(),
+            5,
+            "never more slots than the file has"
+        );
     }
 
     #[test]

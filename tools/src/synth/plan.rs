@@ -100,19 +100,28 @@ impl Plan {
     /// Bytes of the INT8 expert container `expertd prepare` makes from this checkpoint (header,
     /// index and one aligned blob per routed expert; `shared::container`'s layout arithmetic).
     pub fn int8_container_bytes(&self) -> Result<u64, SynthError> {
-        let dims = ExpertDims::from_config(&self.config).map_err(|e| SynthError::Internal(e.to_string()))?;
-        Ok(ContainerLayout::new(dims).map_err(|e| SynthError::Internal(e.to_string()))?.file_bytes)
+        let dims = ExpertDims::from_config(&self.config)
+            .map_err(|e| SynthError::Internal(e.to_string()))?;
+        Ok(ContainerLayout::new(dims)
+            .map_err(|e| SynthError::Internal(e.to_string()))?
+            .file_bytes)
     }
     /// Tensor name → shard file name.
     pub fn weight_map(&self) -> BTreeMap<String, String> {
         self.shards
             .iter()
-            .flat_map(|s| s.tensors.iter().map(|t| (t.name.clone(), s.file_name.clone())))
+            .flat_map(|s| {
+                s.tensors
+                    .iter()
+                    .map(|t| (t.name.clone(), s.file_name.clone()))
+            })
             .collect()
     }
     /// Index of the shard holding `name`.
     pub fn shard_of(&self, name: &str) -> Option<usize> {
-        self.shards.iter().position(|s| s.tensors.iter().any(|t| t.name == name))
+        self.shards
+            .iter()
+            .position(|s| s.tensors.iter().any(|t| t.name == name))
     }
     /// `model.safetensors.index.json` content.
     pub fn index_json(&self) -> Value {
@@ -125,7 +134,11 @@ impl Plan {
 
 /// Computes the plan for `preset` with `layers` decoder layers and `experts` routed experts per
 /// layer (defaults: the preset's; top-k stays the preset's).
-pub fn plan(preset: Preset, layers: Option<usize>, experts: Option<usize>) -> Result<Plan, SynthError> {
+pub fn plan(
+    preset: Preset,
+    layers: Option<usize>,
+    experts: Option<usize>,
+) -> Result<Plan, SynthError> {
     let mut dims = preset.dims();
     let layers = layers.unwrap_or(dims.default_layers);
     check_layers(layers)?;
@@ -145,7 +158,10 @@ pub fn plan(preset: Preset, layers: Option<usize>, experts: Option<usize>) -> Re
         let bytes = t.canonical_bytes();
         let current = groups.last().map_or(&[][..], |g| &g[..]);
         // A layer's fused down_proj never shares a file with its gate_up_proj.
-        let partner = t.name.strip_suffix(".down_proj").map(|base| format!("{base}.gate_up_proj"));
+        let partner = t
+            .name
+            .strip_suffix(".down_proj")
+            .map(|base| format!("{base}.gate_up_proj"));
         let split_pair = partner.is_some_and(|p| current.iter().any(|(c, _)| c.name == p));
         if !current.is_empty() && (split_pair || group_bytes + bytes > SHARD_CAP_BYTES) {
             groups.push(Vec::new());
@@ -162,7 +178,14 @@ pub fn plan(preset: Preset, layers: Option<usize>, experts: Option<usize>) -> Re
         .enumerate()
         .map(|(k, g)| shard_plan(format!("model-{:05}-of-{n:05}.safetensors", k + 1), g))
         .collect::<Result<Vec<_>, _>>()?;
-    Ok(Plan { preset, dims, layers, config_json, config, shards })
+    Ok(Plan {
+        preset,
+        dims,
+        layers,
+        config_json,
+        config,
+        shards,
+    })
 }
 
 /// Dense and fused expert tensors, grouped by layer: embedding, then per layer its dense
@@ -170,19 +193,29 @@ pub fn plan(preset: Preset, layers: Option<usize>, experts: Option<usize>) -> Re
 fn tensors_in_layer_order(cfg: &TextConfig) -> Result<Vec<ExpectedTensor>, SynthError> {
     let dense = tensor_spec::dense_tensors(cfg, PREFIX_RELEASE);
     let layer_prefix = format!("{PREFIX_RELEASE}layers.");
-    let (layered, global): (Vec<_>, Vec<_>) = dense.into_iter().partition(|t| t.name.starts_with(&layer_prefix));
+    let (layered, global): (Vec<_>, Vec<_>) = dense
+        .into_iter()
+        .partition(|t| t.name.starts_with(&layer_prefix));
     let mut out = Vec::new();
     let mut rest = global.into_iter();
     out.extend(rest.next()); // embed_tokens
     for layer in 0..cfg.num_layers {
         let p = format!("{layer_prefix}{layer}.");
         out.extend(layered.iter().filter(|t| t.name.starts_with(&p)).cloned());
-        out.extend(tensor_spec::expert_tensors(cfg, PREFIX_RELEASE, layer, ExpertLayout::Fused));
+        out.extend(tensor_spec::expert_tensors(
+            cfg,
+            PREFIX_RELEASE,
+            layer,
+            ExpertLayout::Fused,
+        ));
     }
     out.extend(rest);
     let want = tensor_spec::dense_tensors(cfg, PREFIX_RELEASE).len() + 2 * cfg.num_layers;
     if out.len() != want {
-        return Err(SynthError::Internal(format!("ordered {} tensors, expected {want}", out.len())));
+        return Err(SynthError::Internal(format!(
+            "ordered {} tensors, expected {want}",
+            out.len()
+        )));
     }
     Ok(out)
 }
@@ -194,10 +227,16 @@ fn init_for(t: &ExpectedTensor, cfg: &TextConfig, dims: &Dims) -> Result<Init, S
     let d = cfg.hidden_size;
     let dn = cfg.delta_net;
     let at = cfg.attention;
-    let padded = |std: f32| Init::Normal { std, live: (dims.defined_tokens() * d) as u64, pad_scale: PAD_SCALE };
+    let padded = |std: f32| Init::Normal {
+        std,
+        live: (dims.defined_tokens() * d) as u64,
+        pad_scale: PAD_SCALE,
+    };
     // Zero-centred RMSNorm weights (effective scale 1 + w).
     let zero_centred = Init::Uniform { lo: -0.2, hi: 0.2 };
-    let suffix = name.rsplit_once("layers.").map_or(name, |(_, s)| s.split_once('.').map_or(s, |(_, s)| s));
+    let suffix = name
+        .rsplit_once("layers.")
+        .map_or(name, |(_, s)| s.split_once('.').map_or(s, |(_, s)| s));
     let init = if name == tensor_spec::LM_HEAD {
         padded(3.0 * inv_sqrt(d))
     } else if name.ends_with("embed_tokens.weight") {
@@ -210,9 +249,9 @@ fn init_for(t: &ExpectedTensor, cfg: &TextConfig, dims: &Dims) -> Result<Init, S
             | "post_attention_layernorm.weight"
             | "self_attn.q_norm.weight"
             | "self_attn.k_norm.weight" => zero_centred,
-            "linear_attn.in_proj_qkv.weight" | "linear_attn.in_proj_z.weight" | "linear_attn.in_proj_b.weight" => {
-                Init::normal(inv_sqrt(d))
-            }
+            "linear_attn.in_proj_qkv.weight"
+            | "linear_attn.in_proj_z.weight"
+            | "linear_attn.in_proj_b.weight" => Init::normal(inv_sqrt(d)),
             "linear_attn.in_proj_a.weight" => Init::normal(0.5 * inv_sqrt(d)),
             "linear_attn.conv1d.weight" => Init::Uniform { lo: -0.6, hi: 0.6 },
             "linear_attn.dt_bias" => Init::DtBias { lo: 1e-3, hi: 1e-1 },
@@ -227,10 +266,18 @@ fn init_for(t: &ExpectedTensor, cfg: &TextConfig, dims: &Dims) -> Result<Init, S
             "mlp.gate.weight" => Init::normal(2.0 * inv_sqrt(d)),
             "mlp.experts.gate_up_proj" => Init::normal(inv_sqrt(d)),
             "mlp.experts.down_proj" => Init::normal(1.5 * inv_sqrt(cfg.moe_intermediate_size)),
-            "mlp.shared_expert.gate_proj.weight" | "mlp.shared_expert.up_proj.weight" => Init::normal(inv_sqrt(d)),
-            "mlp.shared_expert.down_proj.weight" => Init::normal(inv_sqrt(cfg.shared_expert_intermediate_size)),
+            "mlp.shared_expert.gate_proj.weight" | "mlp.shared_expert.up_proj.weight" => {
+                Init::normal(inv_sqrt(d))
+            }
+            "mlp.shared_expert.down_proj.weight" => {
+                Init::normal(inv_sqrt(cfg.shared_expert_intermediate_size))
+            }
             "mlp.shared_expert_gate.weight" => Init::normal(inv_sqrt(d)),
-            _ => return Err(SynthError::Internal(format!("no initialiser for tensor {name}"))),
+            _ => {
+                return Err(SynthError::Internal(format!(
+                    "no initialiser for tensor {name}"
+                )));
+            }
         }
     };
     Ok(init)
@@ -238,19 +285,34 @@ fn init_for(t: &ExpectedTensor, cfg: &TextConfig, dims: &Dims) -> Result<Init, S
 
 /// Lays out one shard (safetensors order: larger dtypes first, then by name) and renders its
 /// header.
-fn shard_plan(file_name: String, mut group: Vec<(ExpectedTensor, Init)>) -> Result<ShardPlan, SynthError> {
+fn shard_plan(
+    file_name: String,
+    mut group: Vec<(ExpectedTensor, Init)>,
+) -> Result<ShardPlan, SynthError> {
     group.sort_by(|(a, _), (b, _)| {
-        elem_bytes(b.canonical).cmp(&elem_bytes(a.canonical)).then_with(|| a.name.cmp(&b.name))
+        elem_bytes(b.canonical)
+            .cmp(&elem_bytes(a.canonical))
+            .then_with(|| a.name.cmp(&b.name))
     });
     let mut offset = 0u64;
     let mut tensors = Vec::with_capacity(group.len());
     for (t, init) in group {
         let end = offset + t.canonical_bytes();
-        tensors.push(PlannedTensor { name: t.name, shape: t.shape, dtype: t.canonical, init, data_offsets: (offset, end) });
+        tensors.push(PlannedTensor {
+            name: t.name,
+            shape: t.shape,
+            dtype: t.canonical,
+            init,
+            data_offsets: (offset, end),
+        });
         offset = end;
     }
     let header = render_header(&tensors)?;
-    Ok(ShardPlan { file_name, header, tensors })
+    Ok(ShardPlan {
+        file_name,
+        header,
+        tensors,
+    })
 }
 
 fn dtype_name(dtype: Dtype) -> Result<&'static str, SynthError> {
@@ -265,7 +327,8 @@ fn dtype_name(dtype: Dtype) -> Result<&'static str, SynthError> {
 fn render_header(tensors: &[PlannedTensor]) -> Result<Vec<u8>, SynthError> {
     let mut json = String::from(r#"{"__metadata__":{"format":"pt"}"#);
     for t in tensors {
-        let name = serde_json::to_string(&t.name).map_err(|e| SynthError::Internal(e.to_string()))?;
+        let name =
+            serde_json::to_string(&t.name).map_err(|e| SynthError::Internal(e.to_string()))?;
         let shape: Vec<String> = t.shape.iter().map(usize::to_string).collect();
         json.push_str(&format!(
             r#",{name}:{{"dtype":"{}","shape":[{}],"data_offsets":[{},{}]}}"#,

@@ -169,13 +169,24 @@ const VIDEO_PAD: u32 = 13;
 
 /// The layer types: layer i is full attention iff i % 4 == 3 (the release's pattern).
 pub fn layer_types(layers: usize) -> Vec<&'static str> {
-    (0..layers).map(|i| if i % 4 == 3 { "full_attention" } else { "linear_attention" }).collect()
+    (0..layers)
+        .map(|i| {
+            if i % 4 == 3 {
+                "full_attention"
+            } else {
+                "linear_attention"
+            }
+        })
+        .collect()
 }
 
 /// Checks a layer count: at least one full-attention layer (so at least 4), at most `MAX_LAYERS`.
 pub fn check_layers(layers: usize) -> Result<(), SynthError> {
     if !(4..=MAX_LAYERS).contains(&layers) {
-        return Err(SynthError::Layers { layers, max: MAX_LAYERS });
+        return Err(SynthError::Layers {
+            layers,
+            max: MAX_LAYERS,
+        });
     }
     Ok(())
 }
@@ -184,7 +195,12 @@ pub fn check_layers(layers: usize) -> Result<(), SynthError> {
 /// top-k (so every token finds its k experts), at most [`MAX_EXPERTS`].
 pub fn check_experts(preset: Preset, dims: &Dims, experts: usize) -> Result<(), SynthError> {
     if experts < dims.top_k || experts > MAX_EXPERTS {
-        return Err(SynthError::Experts { experts, preset, top_k: dims.top_k, max: MAX_EXPERTS });
+        return Err(SynthError::Experts {
+            experts,
+            preset,
+            top_k: dims.top_k,
+            max: MAX_EXPERTS,
+        });
     }
     Ok(())
 }
@@ -313,7 +329,11 @@ mod tests {
         for p in [Preset::Tiny, Preset::Small, Preset::Realdim] {
             let d = p.dims();
             assert!(d.vocab_size >= d.defined_tokens(), "{p}");
-            assert_eq!(d.mrope_section.iter().sum::<usize>() * 2, d.head_dim / 4, "{p}: mrope covers the rotary dims");
+            assert_eq!(
+                d.mrope_section.iter().sum::<usize>() * 2,
+                d.head_dim / 4,
+                "{p}: mrope covers the rotary dims"
+            );
             assert_eq!(d.n_q_heads % d.n_kv_heads, 0, "{p}");
             assert_eq!(d.lin_v_heads % d.lin_k_heads, 0, "{p}");
             assert!(d.top_k <= d.experts, "{p}");
@@ -331,7 +351,11 @@ mod tests {
         assert!(check_experts(Preset::Realdim, &d, MAX_EXPERTS).is_ok());
         assert!(matches!(
             check_experts(Preset::Realdim, &d, 7),
-            Err(SynthError::Experts { experts: 7, top_k: 8, .. })
+            Err(SynthError::Experts {
+                experts: 7,
+                top_k: 8,
+                ..
+            })
         ));
         assert!(check_experts(Preset::Realdim, &d, MAX_EXPERTS + 1).is_err());
         assert_eq!(layer_types(8)[3], "full_attention");

@@ -41,7 +41,8 @@ pub enum TokenizerSource {
 }
 
 fn parse(text: &str, source: &str) -> Result<Value, SynthError> {
-    serde_json::from_str(text).map_err(|e| SynthError::Tokenizer(format!("{source}: not JSON: {e}")))
+    serde_json::from_str(text)
+        .map_err(|e| SynthError::Tokenizer(format!("{source}: not JSON: {e}")))
 }
 
 fn added_tokens<'a>(v: &'a Value, source: &str) -> Result<&'a Vec<Value>, SynthError> {
@@ -55,13 +56,22 @@ pub fn special_tokens() -> Result<Vec<String>, SynthError> {
     let v = parse(ASSET, "tokenizer asset")?;
     let mut specials: Vec<(u64, String)> = added_tokens(&v, "tokenizer asset")?
         .iter()
-        .filter_map(|t| Some((t.get("id")?.as_u64()?, t.get("content")?.as_str()?.to_string())))
+        .filter_map(|t| {
+            Some((
+                t.get("id")?.as_u64()?,
+                t.get("content")?.as_str()?.to_string(),
+            ))
+        })
         .collect();
     specials.sort();
     let ids: Vec<u64> = specials.iter().map(|(id, _)| *id).collect();
-    let want: Vec<u64> = (0..u64::from(N_SPECIALS)).map(|k| u64::from(ASSET_RANKS) + k).collect();
+    let want: Vec<u64> = (0..u64::from(N_SPECIALS))
+        .map(|k| u64::from(ASSET_RANKS) + k)
+        .collect();
     if ids != want {
-        return Err(SynthError::Tokenizer(format!("tokenizer asset: specials at {ids:?}, expected {want:?}")));
+        return Err(SynthError::Tokenizer(format!(
+            "tokenizer asset: specials at {ids:?}, expected {want:?}"
+        )));
     }
     Ok(specials.into_iter().map(|(_, s)| s).collect())
 }
@@ -75,11 +85,20 @@ pub fn asset_for(dims: &Dims) -> Result<String, SynthError> {
     let mut v = parse(ASSET, "tokenizer asset")?;
     let shift = u64::from(dims.bpe_ranks - ASSET_RANKS);
     let bad = |what: &str| SynthError::Tokenizer(format!("tokenizer asset: {what}"));
-    let tokens = v.get_mut("added_tokens").and_then(Value::as_array_mut).ok_or_else(|| bad("no added_tokens array"))?;
+    let tokens = v
+        .get_mut("added_tokens")
+        .and_then(Value::as_array_mut)
+        .ok_or_else(|| bad("no added_tokens array"))?;
     let mut moved = Vec::with_capacity(tokens.len());
     for t in tokens {
-        let id = t.get("id").and_then(Value::as_u64).ok_or_else(|| bad("an added token has no id"))?;
-        let content = t.get("content").and_then(Value::as_str).ok_or_else(|| bad("an added token has no content"))?;
+        let id = t
+            .get("id")
+            .and_then(Value::as_u64)
+            .ok_or_else(|| bad("an added token has no id"))?;
+        let content = t
+            .get("content")
+            .and_then(Value::as_str)
+            .ok_or_else(|| bad("an added token has no content"))?;
         moved.push((content.to_string(), id + shift));
         t["id"] = Value::from(id + shift);
     }
@@ -102,7 +121,10 @@ pub fn asset_for(dims: &Dims) -> Result<String, SynthError> {
 /// (`dims.bpe_ranks + k`) and returns its text.
 pub fn read_external(path: &Path, dims: &Dims) -> Result<String, SynthError> {
     let source = path.display().to_string();
-    let text = std::fs::read_to_string(path).map_err(|e| SynthError::Io { path: path.to_path_buf(), message: e.to_string() })?;
+    let text = std::fs::read_to_string(path).map_err(|e| SynthError::Io {
+        path: path.to_path_buf(),
+        message: e.to_string(),
+    })?;
     let v = parse(&text, &source)?;
     let have: std::collections::HashMap<&str, u64> = added_tokens(&v, &source)?
         .iter()
@@ -113,9 +135,15 @@ pub fn read_external(path: &Path, dims: &Dims) -> Result<String, SynthError> {
         match have.get(s.as_str()) {
             Some(&id) if id == want => {}
             Some(&id) => {
-                return Err(SynthError::Tokenizer(format!("{source}: special {s} has id {id}, expected {want}")));
+                return Err(SynthError::Tokenizer(format!(
+                    "{source}: special {s} has id {id}, expected {want}"
+                )));
             }
-            None => return Err(SynthError::Tokenizer(format!("{source}: special {s} (id {want}) is missing"))),
+            None => {
+                return Err(SynthError::Tokenizer(format!(
+                    "{source}: special {s} (id {want}) is missing"
+                )));
+            }
         }
     }
     Ok(text)
@@ -125,12 +153,19 @@ pub fn read_external(path: &Path, dims: &Dims) -> Result<String, SynthError> {
 /// chat-control ids and that every id fits in the embedding.
 pub fn verify(path: &Path, dims: &Dims, load: LoadTokenizer) -> Result<(), SynthError> {
     let tok = load(path).map_err(SynthError::Tokenizer)?;
-    let checks = [("<|im_start|>", IM_START), (IM_END_TEXT, IM_END), (ENDOFTEXT_TEXT, ENDOFTEXT)];
+    let checks = [
+        ("<|im_start|>", IM_START),
+        (IM_END_TEXT, IM_END),
+        (ENDOFTEXT_TEXT, ENDOFTEXT),
+    ];
     for (text, k) in checks {
         let ids = tok.encode(text).map_err(SynthError::Tokenizer)?;
         let want = dims.special_id(k);
         if ids != [want] {
-            return Err(SynthError::Tokenizer(format!("{}: {text} encodes to {ids:?}, expected [{want}]", path.display())));
+            return Err(SynthError::Tokenizer(format!(
+                "{}: {text} encodes to {ids:?}, expected [{want}]",
+                path.display()
+            )));
         }
     }
     if tok.vocab_size() > dims.vocab_size {

@@ -12,8 +12,8 @@ use safetensors::Dtype;
 const TASK_ELEMS: usize = 1 << 16;
 const SQRT_3: f32 = 1.732_050_8;
 
-pub use shared::splitmix::mix64;
 use shared::splitmix::GOLDEN_GAMMA as GOLDEN;
+pub use shared::splitmix::mix64;
 
 /// The stream key of one tensor: FNV-1a of its name, mixed with the seed.
 pub fn tensor_key(seed: u64, name: &str) -> u64 {
@@ -75,18 +75,30 @@ pub enum Init {
 impl Init {
     /// A bell-shaped init without padding rows.
     pub fn normal(std: f32) -> Init {
-        Init::Normal { std, live: u64::MAX, pad_scale: 1.0 }
+        Init::Normal {
+            std,
+            live: u64::MAX,
+            pad_scale: 1.0,
+        }
     }
 
     /// Element `i` of the stream `key`, before rounding.
     pub fn value(&self, key: u64, i: u64) -> f32 {
         let b = bits(key, i);
         match *self {
-            Init::Normal { std, live, pad_scale } => {
+            Init::Normal {
+                std,
+                live,
+                pad_scale,
+            } => {
                 let s = (b & 0xFFFF) + ((b >> 16) & 0xFFFF) + ((b >> 32) & 0xFFFF) + (b >> 48);
                 // Sum of four uniforms (x + 0.5) / 65536: mean 2, variance 1/3.
                 let z = ((s as f32 + 2.0) * (1.0 / 65_536.0) - 2.0) * SQRT_3;
-                if i < live { z * std } else { z * std * pad_scale }
+                if i < live {
+                    z * std
+                } else {
+                    z * std * pad_scale
+                }
             }
             Init::Uniform { lo, hi } => lo + (hi - lo) * unit(b),
             Init::LnUniform { lo, hi } => (lo + (hi - lo) * unit(b)).ln(),
@@ -113,18 +125,27 @@ pub fn elem_bytes(dtype: Dtype) -> usize {
 pub fn fill(init: &Init, key: u64, dtype: Dtype, first: u64, out: &mut [u8]) {
     let size = elem_bytes(dtype);
     debug_assert_eq!(out.len() % size, 0);
-    out.par_chunks_mut(TASK_ELEMS * size).enumerate().for_each(|(task, chunk)| {
-        let base = first + (task * TASK_ELEMS) as u64;
-        if dtype == Dtype::F32 {
-            for (j, dst) in chunk.chunks_exact_mut(4).enumerate() {
-                dst.copy_from_slice(&init.value_bf16(key, base + j as u64).to_f32().to_le_bytes());
+    out.par_chunks_mut(TASK_ELEMS * size)
+        .enumerate()
+        .for_each(|(task, chunk)| {
+            let base = first + (task * TASK_ELEMS) as u64;
+            if dtype == Dtype::F32 {
+                for (j, dst) in chunk.chunks_exact_mut(4).enumerate() {
+                    dst.copy_from_slice(
+                        &init.value_bf16(key, base + j as u64).to_f32().to_le_bytes(),
+                    );
+                }
+            } else {
+                for (j, dst) in chunk.chunks_exact_mut(2).enumerate() {
+                    dst.copy_from_slice(
+                        &init
+                            .value_bf16(key, base + j as u64)
+                            .to_bits()
+                            .to_le_bytes(),
+                    );
+                }
             }
-        } else {
-            for (j, dst) in chunk.chunks_exact_mut(2).enumerate() {
-                dst.copy_from_slice(&init.value_bf16(key, base + j as u64).to_bits().to_le_bytes());
-            }
-        }
-    });
+        });
 }
 
 #[cfg(test)]
@@ -151,7 +172,11 @@ mod tests {
 
     #[test]
     fn padding_elements_are_scaled() {
-        let init = Init::Normal { std: 1.0, live: 100, pad_scale: 0.01 };
+        let init = Init::Normal {
+            std: 1.0,
+            live: 100,
+            pad_scale: 0.01,
+        };
         let key = tensor_key(1, "emb");
         for i in 100..1000 {
             assert!(init.value(key, i).abs() <= 0.0347);
@@ -180,16 +205,29 @@ mod tests {
         let mut pieces = vec![0u8; n * 4];
         let split = 12_345;
         fill(&init, key, Dtype::F32, 0, &mut pieces[..split * 4]);
-        fill(&init, key, Dtype::F32, split as u64, &mut pieces[split * 4..]);
+        fill(
+            &init,
+            key,
+            Dtype::F32,
+            split as u64,
+            &mut pieces[split * 4..],
+        );
         assert_eq!(whole, pieces);
         for c in whole.chunks_exact(4) {
             let v = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
-            assert_eq!(bf16::from_f32(v).to_f32(), v, "F32 values are exactly representable in bf16");
+            assert_eq!(
+                bf16::from_f32(v).to_f32(),
+                v,
+                "F32 values are exactly representable in bf16"
+            );
         }
         let mut b = vec![0u8; 64];
         fill(&init, key, Dtype::BF16, 5, &mut b);
         for (j, c) in b.chunks_exact(2).enumerate() {
-            assert_eq!(u16::from_le_bytes([c[0], c[1]]), init.value_bf16(key, 5 + j as u64).to_bits());
+            assert_eq!(
+                u16::from_le_bytes([c[0], c[1]]),
+                init.value_bf16(key, 5 + j as u64).to_bits()
+            );
         }
     }
 

@@ -3,11 +3,11 @@
 //! drains the previous chunk (two buffers in flight, 16 MiB in all), into `DIR.tmp-<pid>`,
 //! validated with `Checkpoint::open` and renamed to `DIR` at the end.
 
+use super::SynthError;
 use super::plan::{Plan, ShardPlan};
 use super::preset::{generation_config_json, tokenizer_config_json};
 use super::tokenizer::{self, LoadTokenizer, TokenizerSource};
 use super::values::{elem_bytes, fill, tensor_key};
-use super::SynthError;
 use shared::checkpoint::{CONFIG_FILE, Checkpoint, INDEX_FILE};
 use std::fs::{self, File};
 use std::io::{BufWriter, Write};
@@ -47,12 +47,19 @@ pub struct Summary {
 }
 
 fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> SynthError + '_ {
-    move |e| SynthError::Io { path: path.to_path_buf(), message: e.to_string() }
+    move |e| SynthError::Io {
+        path: path.to_path_buf(),
+        message: e.to_string(),
+    }
 }
 
 /// Writes the checkpoint `plan` describes into `opts.out`. `progress` receives the number of
 /// shard bytes written since its previous call.
-pub fn synthesize(plan: &Plan, opts: &SynthOptions, progress: &mut dyn FnMut(u64)) -> Result<Summary, SynthError> {
+pub fn synthesize(
+    plan: &Plan,
+    opts: &SynthOptions,
+    progress: &mut dyn FnMut(u64),
+) -> Result<Summary, SynthError> {
     let out = &opts.out;
     let existing = match fs::metadata(out) {
         Ok(m) if !m.is_dir() => return Err(SynthError::OutNotDir(out.clone())),
@@ -77,8 +84,14 @@ pub fn synthesize(plan: &Plan, opts: &SynthOptions, progress: &mut dyn FnMut(u64
             tokenizer::read_external(path, &plan.dims)?
         }
     };
-    let name = out.file_name().ok_or_else(|| SynthError::OutNotDir(out.clone()))?;
-    let tmp = out.with_file_name(format!("{}.tmp-{}", name.to_string_lossy(), std::process::id()));
+    let name = out
+        .file_name()
+        .ok_or_else(|| SynthError::OutNotDir(out.clone()))?;
+    let tmp = out.with_file_name(format!(
+        "{}.tmp-{}",
+        name.to_string_lossy(),
+        std::process::id()
+    ));
     if let Some(parent) = out.parent().filter(|p| !p.as_os_str().is_empty()) {
         fs::create_dir_all(parent).map_err(io_err(parent))?;
     }
@@ -89,10 +102,18 @@ pub fn synthesize(plan: &Plan, opts: &SynthOptions, progress: &mut dyn FnMut(u64
     let written = write_all(plan, opts, &tokenizer_text, &tmp, progress);
     let result = written.and_then(|summary| {
         if existing {
-            if opts.force { fs::remove_dir_all(out) } else { fs::remove_dir(out) }.map_err(io_err(out))?;
+            if opts.force {
+                fs::remove_dir_all(out)
+            } else {
+                fs::remove_dir(out)
+            }
+            .map_err(io_err(out))?;
         }
         fs::rename(&tmp, out).map_err(io_err(out))?;
-        Ok(Summary { dir: out.clone(), ..summary })
+        Ok(Summary {
+            dir: out.clone(),
+            ..summary
+        })
     });
     if result.is_err() {
         let _ = fs::remove_dir_all(&tmp);
@@ -102,7 +123,8 @@ pub fn synthesize(plan: &Plan, opts: &SynthOptions, progress: &mut dyn FnMut(u64
 
 fn write_json(dir: &Path, file: &str, value: &serde_json::Value) -> Result<(), SynthError> {
     let path = dir.join(file);
-    let mut text = serde_json::to_string_pretty(value).map_err(|e| SynthError::Internal(e.to_string()))?;
+    let mut text =
+        serde_json::to_string_pretty(value).map_err(|e| SynthError::Internal(e.to_string()))?;
     text.push('\n');
     fs::write(&path, text).map_err(io_err(&path))
 }
@@ -115,9 +137,17 @@ fn write_all(
     progress: &mut dyn FnMut(u64),
 ) -> Result<Summary, SynthError> {
     write_json(dir, CONFIG_FILE, &plan.config_json)?;
-    write_json(dir, "generation_config.json", &generation_config_json(&plan.dims))?;
+    write_json(
+        dir,
+        "generation_config.json",
+        &generation_config_json(&plan.dims),
+    )?;
     let specials = tokenizer::special_tokens()?;
-    write_json(dir, "tokenizer_config.json", &tokenizer_config_json(&plan.dims, &specials))?;
+    write_json(
+        dir,
+        "tokenizer_config.json",
+        &tokenizer_config_json(&plan.dims, &specials),
+    )?;
     let tok_path = dir.join("tokenizer.json");
     fs::write(&tok_path, tokenizer_text).map_err(io_err(&tok_path))?;
     tokenizer::verify(&tok_path, &plan.dims, opts.load_tokenizer)?;
@@ -126,7 +156,8 @@ fn write_all(
         write_shard(&dir.join(&shard.file_name), shard, opts.seed, progress)?;
     }
     // Header-only validation: exactly what every loader runs first.
-    Checkpoint::open(dir).map_err(|e| SynthError::Internal(format!("written checkpoint fails validation: {e}")))?;
+    Checkpoint::open(dir)
+        .map_err(|e| SynthError::Internal(format!("written checkpoint fails validation: {e}")))?;
     Ok(Summary {
         dir: dir.to_path_buf(),
         shards: plan.shards.len(),
@@ -136,7 +167,12 @@ fn write_all(
 }
 
 /// Streams one shard: header, then every tensor's values chunk by chunk.
-fn write_shard(path: &Path, shard: &ShardPlan, seed: u64, progress: &mut dyn FnMut(u64)) -> Result<(), SynthError> {
+fn write_shard(
+    path: &Path,
+    shard: &ShardPlan,
+    seed: u64,
+    progress: &mut dyn FnMut(u64),
+) -> Result<(), SynthError> {
     let file = File::create(path).map_err(io_err(path))?;
     let mut w = BufWriter::with_capacity(1 << 20, file);
     w.write_all(&shard.header).map_err(io_err(path))?;
@@ -144,7 +180,9 @@ fn write_shard(path: &Path, shard: &ShardPlan, seed: u64, progress: &mut dyn FnM
     let (full_tx, full_rx) = sync_channel::<(Vec<u8>, usize)>(2);
     let (empty_tx, empty_rx) = sync_channel::<Vec<u8>>(2);
     for _ in 0..2 {
-        empty_tx.send(vec![0u8; CHUNK_BYTES]).map_err(|e| SynthError::Internal(e.to_string()))?;
+        empty_tx
+            .send(vec![0u8; CHUNK_BYTES])
+            .map_err(|e| SynthError::Internal(e.to_string()))?;
     }
     std::thread::scope(|scope| {
         let writer = scope.spawn(move || -> std::io::Result<File> {
@@ -164,7 +202,9 @@ fn write_shard(path: &Path, shard: &ShardPlan, seed: u64, progress: &mut dyn FnM
             while first < numel {
                 let n = (numel - first).min((CHUNK_BYTES / size) as u64);
                 // A closed channel means the writer stopped on an error; join reports it.
-                let Ok(mut buf) = empty_rx.recv() else { break 'tensors };
+                let Ok(mut buf) = empty_rx.recv() else {
+                    break 'tensors;
+                };
                 let len = n as usize * size;
                 fill(&t.init, key, t.dtype, first, &mut buf[..len]);
                 if full_tx.send((buf, len)).is_err() {
@@ -181,7 +221,11 @@ fn write_shard(path: &Path, shard: &ShardPlan, seed: u64, progress: &mut dyn FnM
             .map_err(io_err(path))?;
         let len = file.metadata().map_err(io_err(path))?.len();
         if len != shard.file_len() {
-            return Err(SynthError::Internal(format!("{}: wrote {len} bytes, planned {}", path.display(), shard.file_len())));
+            return Err(SynthError::Internal(format!(
+                "{}: wrote {len} bytes, planned {}",
+                path.display(),
+                shard.file_len()
+            )));
         }
         Ok(())
     })

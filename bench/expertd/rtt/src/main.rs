@@ -15,22 +15,42 @@ use std::time::Instant;
 /// `expertd-rtt stats /PATH/TO/SOCKET`: the daemon's Stats RPC (cache counters) as one JSON line.
 fn stats(socket: &str) {
     let socket = std::path::PathBuf::from(socket);
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
     let s = rt.block_on(async move {
         let channel = tonic::transport::Endpoint::from_static("http://expertd.stats")
             .connect_with_connector(tower::service_fn(move |_| {
                 let socket = socket.clone();
-                async move { Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(tokio::net::UnixStream::connect(socket).await?)) }
+                async move {
+                    Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(
+                        tokio::net::UnixStream::connect(socket).await?,
+                    ))
+                }
             }))
             .await
             .expect("connect");
         let mut c = proto::v1::expert_service_client::ExpertServiceClient::new(channel);
-        c.stats(proto::v1::StatsRequest {}).await.expect("stats").into_inner()
+        c.stats(proto::v1::StatsRequest {})
+            .await
+            .expect("stats")
+            .into_inner()
     });
     let c = s.cache.expect("cache stats");
     println!(
         "{{\"budget_bytes\":{},\"resident_bytes\":{},\"resident_experts\":{},\"leases_held\":{},\"hits\":{},\"misses\":{},\"evictions\":{},\"bytes_read\":{},\"sessions_open\":{},\"transient_uses\":{},\"open_sessions\":{}}}",
-        c.budget_bytes, c.resident_bytes, c.resident_experts, c.leases_held, c.hits, c.misses, c.evictions, c.bytes_read, c.sessions_open, c.transient_uses, s.sessions.len()
+        c.budget_bytes,
+        c.resident_bytes,
+        c.resident_experts,
+        c.leases_held,
+        c.hits,
+        c.misses,
+        c.evictions,
+        c.bytes_read,
+        c.sessions_open,
+        c.transient_uses,
+        s.sessions.len()
     );
 }
 
@@ -40,7 +60,9 @@ fn main() {
         return stats(&a[2]);
     }
     if a.len() < 7 {
-        eprintln!("usage: expertd-rtt URI N_LAYERS N_EXPERTS HIDDEN TOP_K CALLS [--no-shm] [--token-file F]");
+        eprintln!(
+            "usage: expertd-rtt URI N_LAYERS N_EXPERTS HIDDEN TOP_K CALLS [--no-shm] [--token-file F]"
+        );
         std::process::exit(2);
     }
     let uri = &a[1];
@@ -69,7 +91,14 @@ fn main() {
     let ids: Vec<u32> = (0..top_k as u32).collect();
     let w = vec![1.0 / top_k as f32; top_k];
     let mut out = vec![0.0f32; hidden];
-    let call = MoeCall { layer: shared::ids::LayerId::new(0), n_rows: 1, top_k, x: &x, ids: &ids, weights: &w };
+    let call = MoeCall {
+        layer: shared::ids::LayerId::new(0),
+        n_rows: 1,
+        top_k,
+        x: &x,
+        ids: &ids,
+        weights: &w,
+    };
     for _ in 0..200 {
         client.moe_layer(&call, &mut out).expect("warm-up call");
     }
@@ -86,6 +115,14 @@ fn main() {
     let q = |p: f64| us[((us.len() - 1) as f64 * p).round() as usize];
     println!(
         "{{\"uri\":\"{uri}\",\"shared_memory\":{},\"kernel_isa\":\"{}\",\"io\":\"{}\",\"hidden\":{hidden},\"top_k\":{top_k},\"calls\":{calls},\"median_us\":{:.2},\"p10_us\":{:.2},\"p90_us\":{:.2},\"p99_us\":{:.2},\"mean_us\":{:.2},\"calls_per_s\":{:.1}}}",
-        info.shared_memory, info.kernel_isa, info.io_backend, q(0.5), q(0.1), q(0.9), q(0.99), mean, calls as f64 / total
+        info.shared_memory,
+        info.kernel_isa,
+        info.io_backend,
+        q(0.5),
+        q(0.1),
+        q(0.9),
+        q(0.99),
+        mean,
+        calls as f64 / total
     );
 }

@@ -75,13 +75,21 @@ static ALLOC: Capped = Capped;
 fn grow(extra: usize, size: usize) {
     let live = LIVE.fetch_add(extra, Ordering::Relaxed) + extra;
     if size > SINGLE_CAP || live > LIVE_CAP {
-        let msg: &[u8] = if size > SINGLE_CAP { b"\nfuzz-stable: FINDING: one allocation over 256 MiB\n" } else { b"\nfuzz-stable: FINDING: over 1 GiB live\n" };
+        let msg: &[u8] = if size > SINGLE_CAP {
+            b"\nfuzz-stable: FINDING: one allocation over 256 MiB\n"
+        } else {
+            b"\nfuzz-stable: FINDING: over 1 GiB live\n"
+        };
         // Plain system calls from here on (rustix passes the path and buffers as they are):
         // nothing may allocate.
         let _ = rustix::io::write(std::io::stderr(), msg);
         if let Ok(guard) = CRASH_FILE.try_lock()
             && let Some(path) = guard.as_ref()
-            && let Ok(fd) = rustix::fs::open(path.as_c_str(), OFlags::WRONLY | OFlags::CREATE | OFlags::TRUNC, Mode::from_raw_mode(0o644))
+            && let Ok(fd) = rustix::fs::open(
+                path.as_c_str(),
+                OFlags::WRONLY | OFlags::CREATE | OFlags::TRUNC,
+                Mode::from_raw_mode(0o644),
+            )
         {
             let len = CURRENT_LEN.load(Ordering::Relaxed);
             let input: &[u8] = if len == 0 {
@@ -97,10 +105,31 @@ fn grow(extra: usize, size: usize) {
     }
 }
 
-const INTERESTING: [u64; 14] = [0, 1, 2, 0x7f, 0x80, 0xff, 0x100, 4096, 0x7fff_ffff, 0x8000_0000, 0xffff_ffff, 1 << 32, i64::MAX as u64, u64::MAX];
+const INTERESTING: [u64; 14] = [
+    0,
+    1,
+    2,
+    0x7f,
+    0x80,
+    0xff,
+    0x100,
+    4096,
+    0x7fff_ffff,
+    0x8000_0000,
+    0xffff_ffff,
+    1 << 32,
+    i64::MAX as u64,
+    u64::MAX,
+];
 
 /// One random edit of `v` (`pool` for splices, `dict` for tokens).
-fn mutate_once(rng: &mut SplitMix64, v: &mut Vec<u8>, pool: &[Vec<u8>], dict: &[&str], max_len: usize) {
+fn mutate_once(
+    rng: &mut SplitMix64,
+    v: &mut Vec<u8>,
+    pool: &[Vec<u8>],
+    dict: &[&str],
+    max_len: usize,
+) {
     let len = v.len();
     match rng.below(12) {
         0 if len > 0 => {
@@ -119,7 +148,9 @@ fn mutate_once(rng: &mut SplitMix64, v: &mut Vec<u8>, pool: &[Vec<u8>], dict: &[
             // An interesting integer (or the input's own length, ± 1) at a random position.
             let w = [1usize, 2, 4, 8][rng.below(4)];
             let value = match rng.below(4) {
-                0 => (len as u64).wrapping_add(rng.below(3) as u64).wrapping_sub(1),
+                0 => (len as u64)
+                    .wrapping_add(rng.below(3) as u64)
+                    .wrapping_sub(1),
                 _ => INTERESTING[rng.below(INTERESTING.len())],
             };
             let i = rng.below(len);
@@ -132,7 +163,11 @@ fn mutate_once(rng: &mut SplitMix64, v: &mut Vec<u8>, pool: &[Vec<u8>], dict: &[
             let i = rng.below(len - 3);
             let x = u32::from_le_bytes(v[i..i + 4].try_into().expect("4 bytes"));
             let d = rng.below(33) as u32;
-            let x = if rng.below(2) == 0 { x.wrapping_add(d) } else { x.wrapping_sub(d) };
+            let x = if rng.below(2) == 0 {
+                x.wrapping_add(d)
+            } else {
+                x.wrapping_sub(d)
+            };
             v[i..i + 4].copy_from_slice(&x.to_le_bytes());
         }
         6 if len > 0 => {
@@ -179,7 +214,11 @@ fn mutate_once(rng: &mut SplitMix64, v: &mut Vec<u8>, pool: &[Vec<u8>], dict: &[
         }
         _ if len > 0 => {
             let n = rng.below(len);
-            if rng.below(2) == 0 { v.truncate(n) } else { v.resize(len + 1 + rng.below(64), 0) }
+            if rng.below(2) == 0 {
+                v.truncate(n)
+            } else {
+                v.resize(len + 1 + rng.below(64), 0)
+            }
         }
         _ => v.push(rng.next_u64() as u8),
     }
@@ -209,7 +248,9 @@ fn execute(target: Target, input: &[u8]) -> Result<String, String> {
 }
 
 fn save_crash(dir: &Path, name: &str, input: &[u8]) -> PathBuf {
-    let hash = input.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3));
+    let hash = input.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| {
+        (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
+    });
     let path = dir.join(format!("{name}-crash-{hash:016x}"));
     let _ = std::fs::create_dir_all(dir);
     let _ = std::fs::write(&path, input);
@@ -217,9 +258,15 @@ fn save_crash(dir: &Path, name: &str, input: &[u8]) -> PathBuf {
 }
 
 fn load_dir(dir: &Path) -> Vec<Vec<u8>> {
-    let mut files: Vec<PathBuf> = std::fs::read_dir(dir).map(|d| d.filter_map(|e| e.ok().map(|e| e.path())).collect()).unwrap_or_default();
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+        .map(|d| d.filter_map(|e| e.ok().map(|e| e.path())).collect())
+        .unwrap_or_default();
     files.sort();
-    files.iter().filter(|p| p.is_file()).filter_map(|p| std::fs::read(p).ok()).collect()
+    files
+        .iter()
+        .filter(|p| p.is_file())
+        .filter_map(|p| std::fs::read(p).ok())
+        .collect()
 }
 
 struct Options {
@@ -235,7 +282,13 @@ struct Options {
 
 fn fuzz(name: &str, target: Target, o: &Options, rng: &mut SplitMix64) -> Report {
     let mut r = Report::default();
-    *CRASH_FILE.lock().expect("crash path") = std::ffi::CString::new(o.crashes.join(format!("{name}-alloc")).as_os_str().as_encoded_bytes()).ok();
+    *CRASH_FILE.lock().expect("crash path") = std::ffi::CString::new(
+        o.crashes
+            .join(format!("{name}-alloc"))
+            .as_os_str()
+            .as_encoded_bytes(),
+    )
+    .ok();
     let _ = std::fs::create_dir_all(&o.crashes);
     let mut pool: Vec<Vec<u8>> = seeds(name).into_iter().map(|(_, b)| b).collect();
     pool.extend(load_dir(&o.corpus.join(name)));
@@ -285,7 +338,10 @@ fn parse_args() -> Result<Options, String> {
     let mut o = Options {
         seconds: 10.0,
         targets: Vec::new(),
-        seed: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.as_nanos() as u64) | 1,
+        seed: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(1, |d| d.as_nanos() as u64)
+            | 1,
         max_len: 16384,
         corpus: root.join("corpus"),
         crashes: root.join("..").join("target").join("fuzz-crashes"),
@@ -296,10 +352,23 @@ fn parse_args() -> Result<Options, String> {
     while let Some(a) = args.next() {
         let mut value = |what: &str| args.next().ok_or(format!("{a} needs {what}"));
         match a.as_str() {
-            "--seconds" => o.seconds = value("a number")?.parse().map_err(|e| format!("--seconds: {e}"))?,
+            "--seconds" => {
+                o.seconds = value("a number")?
+                    .parse()
+                    .map_err(|e| format!("--seconds: {e}"))?
+            }
             "--target" => o.targets.push(value("a target name")?),
-            "--seed" => o.seed = value("a number")?.parse::<u64>().map_err(|e| format!("--seed: {e}"))? | 1,
-            "--max-len" => o.max_len = value("a number")?.parse().map_err(|e| format!("--max-len: {e}"))?,
+            "--seed" => {
+                o.seed = value("a number")?
+                    .parse::<u64>()
+                    .map_err(|e| format!("--seed: {e}"))?
+                    | 1
+            }
+            "--max-len" => {
+                o.max_len = value("a number")?
+                    .parse()
+                    .map_err(|e| format!("--max-len: {e}"))?
+            }
             "--corpus" => o.corpus = value("a folder")?.into(),
             "--crashes" => o.crashes = value("a folder")?.into(),
             "--write-seeds" => o.write_seeds = true,
@@ -309,7 +378,10 @@ fn parse_args() -> Result<Options, String> {
     }
     for t in &o.targets {
         if !targets().iter().any(|(n, _)| n == t) {
-            return Err(format!("unknown target {t} (targets: {})", targets().iter().map(|t| t.0).collect::<Vec<_>>().join(", ")));
+            return Err(format!(
+                "unknown target {t} (targets: {})",
+                targets().iter().map(|t| t.0).collect::<Vec<_>>().join(", ")
+            ));
         }
     }
     Ok(o)
@@ -322,14 +394,25 @@ fn main() {
     });
     let default_hook = std::panic::take_hook();
     std::panic::set_hook(Box::new(move |info| {
-        let loc = info.location().map(|l| format!(" at {}:{}", l.file(), l.line())).unwrap_or_default();
-        let msg = info.payload().downcast_ref::<String>().cloned().or_else(|| info.payload().downcast_ref::<&str>().map(|s| s.to_string()));
-        PANIC_MESSAGE.with(|m| *m.borrow_mut() = format!("{}{loc}", msg.unwrap_or_else(|| "panic".into())));
+        let loc = info
+            .location()
+            .map(|l| format!(" at {}:{}", l.file(), l.line()))
+            .unwrap_or_default();
+        let msg = info
+            .payload()
+            .downcast_ref::<String>()
+            .cloned()
+            .or_else(|| info.payload().downcast_ref::<&str>().map(|s| s.to_string()));
+        PANIC_MESSAGE
+            .with(|m| *m.borrow_mut() = format!("{}{loc}", msg.unwrap_or_else(|| "panic".into())));
         if std::env::var_os("FUZZ_STABLE_BACKTRACE").is_some() {
             default_hook(info);
         }
     }));
-    let chosen: Vec<(&str, Target)> = targets().into_iter().filter(|(n, _)| o.targets.is_empty() || o.targets.iter().any(|t| t == n)).collect();
+    let chosen: Vec<(&str, Target)> = targets()
+        .into_iter()
+        .filter(|(n, _)| o.targets.is_empty() || o.targets.iter().any(|t| t == n))
+        .collect();
     if o.write_seeds {
         for (name, _) in &chosen {
             let dir = o.corpus.join(name);
@@ -341,11 +424,18 @@ fn main() {
             if !dict.is_empty() {
                 let dicts = o.corpus.join("..").join("dicts");
                 std::fs::create_dir_all(&dicts).expect("dict folder");
-                let text: String = dict.iter().map(|t| format!("\"{}\"\n", t.replace('\\', "\\\\").replace('"', "\\\""))).collect();
+                let text: String = dict
+                    .iter()
+                    .map(|t| format!("\"{}\"\n", t.replace('\\', "\\\\").replace('"', "\\\"")))
+                    .collect();
                 std::fs::write(dicts.join(format!("{name}.dict")), text).expect("write dict");
             }
         }
-        println!("fuzz-stable: wrote the seeds of {} targets under {}", chosen.len(), o.corpus.display());
+        println!(
+            "fuzz-stable: wrote the seeds of {} targets under {}",
+            chosen.len(),
+            o.corpus.display()
+        );
         return;
     }
     if !o.files.is_empty() {
@@ -366,7 +456,10 @@ fn main() {
         }
         std::process::exit(i32::from(failed));
     }
-    println!("fuzz-stable: seed {}, {} s per target, max input {} bytes", o.seed, o.seconds, o.max_len);
+    println!(
+        "fuzz-stable: seed {}, {} s per target, max input {} bytes",
+        o.seed, o.seconds, o.max_len
+    );
     let mut rng = SplitMix64::new(o.seed);
     let mut failed = false;
     for (name, target) in chosen {
@@ -382,7 +475,11 @@ fn main() {
             if r.crash.is_some() { "FINDING" } else { "ok" }
         );
         if let Some((path, msg)) = r.crash {
-            println!("  panic: {msg}\n  input saved to {}\n  reproduce: fuzz-stable --target {name} {}", path.display(), path.display());
+            println!(
+                "  panic: {msg}\n  input saved to {}\n  reproduce: fuzz-stable --target {name} {}",
+                path.display(),
+                path.display()
+            );
             failed = true;
         }
     }

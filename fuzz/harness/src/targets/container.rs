@@ -15,7 +15,9 @@ use shared::container::header::{HEADER_CHECKSUM_OFFSET, VersionedMagic};
 use shared::container::index::{check_index, encode_index, parse_index, region_bytes};
 use shared::container::layout::{ALIGNMENT, HEADER_BYTES, INDEX_ENTRY_BYTES};
 use shared::container::writer::encode_blob;
-use shared::container::{BlobAt, BlobLayout, ContainerLayout, ExpertBlob, ExpertDims, Header, ModelIdentity, check_blob};
+use shared::container::{
+    BlobAt, BlobLayout, ContainerLayout, ExpertBlob, ExpertDims, Header, ModelIdentity, check_blob,
+};
 use shared::ids::{ExpertId, LayerId};
 
 /// Picks the part from the first byte: 0 raw header, 1 header from dimensions, 2 index, 3 blob.
@@ -34,21 +36,42 @@ pub fn run(data: &[u8]) -> Outcome {
 fn reseal_header(bytes: &mut [u8]) {
     if bytes.len() >= HEADER_BYTES {
         let sum = checksum(&bytes[..HEADER_CHECKSUM_OFFSET]);
-        bytes[HEADER_CHECKSUM_OFFSET..HEADER_CHECKSUM_OFFSET + 8].copy_from_slice(&sum.to_le_bytes());
+        bytes[HEADER_CHECKSUM_OFFSET..HEADER_CHECKSUM_OFFSET + 8]
+            .copy_from_slice(&sum.to_le_bytes());
     }
 }
 
 /// What every accepted header must satisfy.
 fn check_header(h: &Header, bytes: &[u8]) {
-    assert_eq!(h.encode(), bytes[..HEADER_BYTES], "an accepted header does not re-encode to its bytes");
+    assert_eq!(
+        h.encode(),
+        bytes[..HEADER_BYTES],
+        "an accepted header does not re-encode to its bytes"
+    );
     let l = &h.layout;
-    assert_eq!(ContainerLayout::new(l.dims).as_ref(), Ok(l), "layout is not the one its dimensions imply");
+    assert_eq!(
+        ContainerLayout::new(l.dims).as_ref(),
+        Ok(l),
+        "layout is not the one its dimensions imply"
+    );
     assert_eq!(l.index_offset, HEADER_BYTES as u64);
-    assert_eq!(l.index_bytes, l.dims.n_blobs() as u64 * INDEX_ENTRY_BYTES as u64);
-    assert!(l.blobs_offset >= l.index_offset + l.index_bytes && l.blobs_offset.is_multiple_of(ALIGNMENT));
-    assert!((l.blob.stride as u64).is_multiple_of(ALIGNMENT) && l.blob.content_bytes <= l.blob.stride);
+    assert_eq!(
+        l.index_bytes,
+        l.dims.n_blobs() as u64 * INDEX_ENTRY_BYTES as u64
+    );
+    assert!(
+        l.blobs_offset >= l.index_offset + l.index_bytes
+            && l.blobs_offset.is_multiple_of(ALIGNMENT)
+    );
+    assert!(
+        (l.blob.stride as u64).is_multiple_of(ALIGNMENT) && l.blob.content_bytes <= l.blob.stride
+    );
     let last = l.blob_offset_at(l.dims.n_blobs() - 1);
-    assert_eq!(last + l.blob.stride as u64, l.file_bytes, "blobs do not end the file");
+    assert_eq!(
+        last + l.blob.stride as u64,
+        l.file_bytes,
+        "blobs do not end the file"
+    );
 }
 
 fn raw_header(mode: u8, rest: &[u8]) -> Outcome {
@@ -80,16 +103,30 @@ fn identity(input: &mut Input<'_>) -> ModelIdentity {
         d[..8].copy_from_slice(&input.u64().to_le_bytes());
         d
     };
-    ModelIdentity { config_sha256: digest(), expert_tensors_sha256: digest(), expert_sample_sha256: digest() }
+    ModelIdentity {
+        config_sha256: digest(),
+        expert_tensors_sha256: digest(),
+        expert_sample_sha256: digest(),
+    }
 }
 
 /// Dimensions: small ones usually, raw u32s (caps, overflow) when the mode says so.
 fn dims(mode: u8, input: &mut Input<'_>) -> ExpertDims {
     if mode & 0x40 != 0 {
         let mut raw = || input.u32() as usize;
-        ExpertDims { n_layers: raw(), n_experts: raw(), hidden: raw(), inner: raw() }
+        ExpertDims {
+            n_layers: raw(),
+            n_experts: raw(),
+            hidden: raw(),
+            inner: raw(),
+        }
     } else {
-        ExpertDims { n_layers: input.small(4), n_experts: input.small(16), hidden: input.small(64), inner: input.small(64) }
+        ExpertDims {
+            n_layers: input.small(4),
+            n_experts: input.small(16),
+            hidden: input.small(64),
+            inner: input.small(64),
+        }
     }
 }
 
@@ -98,10 +135,23 @@ fn built_header(mode: u8, mut input: Input<'_>) -> Outcome {
         Ok(l) => l,
         Err(e) => return class("dims", &e),
     };
-    let magic = if mode & 0x80 != 0 { VersionedMagic::CompleteV1 } else { VersionedMagic::UnfinishedV1 };
-    let header = Header { magic, identity: identity(&mut input), layout, index_checksum: input.u64() };
+    let magic = if mode & 0x80 != 0 {
+        VersionedMagic::CompleteV1
+    } else {
+        VersionedMagic::UnfinishedV1
+    };
+    let header = Header {
+        magic,
+        identity: identity(&mut input),
+        layout,
+        index_checksum: input.u64(),
+    };
     let mut bytes = header.encode();
-    assert_eq!(Header::parse(&bytes), Ok(header), "a written header does not parse back to itself");
+    assert_eq!(
+        Header::parse(&bytes),
+        Ok(header),
+        "a written header does not parse back to itself"
+    );
     // Then corrupt it: (position, xor) pairs from the rest of the input.
     let patches = input.rest();
     for p in patches.chunks_exact(3).take(8) {
@@ -112,7 +162,12 @@ fn built_header(mode: u8, mut input: Input<'_>) -> Outcome {
 }
 
 fn index(mode: u8, mut input: Input<'_>) -> Outcome {
-    let dims = ExpertDims { n_layers: input.small(4), n_experts: input.small(16), hidden: input.small(8), inner: input.small(8) };
+    let dims = ExpertDims {
+        n_layers: input.small(4),
+        n_experts: input.small(16),
+        hidden: input.small(8),
+        inner: input.small(8),
+    };
     let layout = ContainerLayout::new(dims).expect("small dimensions are valid");
     let stored = input.u64();
     let mut region = input.rest().to_vec();
@@ -124,19 +179,36 @@ fn index(mode: u8, mut input: Input<'_>) -> Outcome {
     } else {
         stored
     };
-    let header = Header { magic: VersionedMagic::CompleteV1, identity: ModelIdentity::default_for_fuzz(), layout, index_checksum };
+    let header = Header {
+        magic: VersionedMagic::CompleteV1,
+        identity: ModelIdentity::default_for_fuzz(),
+        layout,
+        index_checksum,
+    };
     let (entries, problems) = check_index(&header, &region);
     let parsed = parse_index(&header, &region);
-    assert_eq!(parsed.is_ok(), problems.is_empty(), "check_index and parse_index disagree");
+    assert_eq!(
+        parsed.is_ok(),
+        problems.is_empty(),
+        "check_index and parse_index disagree"
+    );
     match parsed {
         Ok(got) => {
             assert_eq!(got, entries);
             assert_eq!(got.len(), dims.n_blobs());
             for (i, e) in got.iter().enumerate() {
-                assert_eq!((e.offset, e.length), (layout.blob_offset_at(i), layout.blob.stride as u64), "entry {i}");
+                assert_eq!(
+                    (e.offset, e.length),
+                    (layout.blob_offset_at(i), layout.blob.stride as u64),
+                    "entry {i}"
+                );
             }
             let sums: Vec<u64> = got.iter().map(|e| e.checksum).collect();
-            assert_eq!(encode_index(&layout, &sums), region[..region_bytes(&layout)], "an accepted index does not re-encode to its bytes");
+            assert_eq!(
+                encode_index(&layout, &sums),
+                region[..region_bytes(&layout)],
+                "an accepted index does not re-encode to its bytes"
+            );
             "ok:index".into()
         }
         Err(e) => class("index", &e),
@@ -150,7 +222,11 @@ fn blob(mode: u8, mut input: Input<'_>) -> Outcome {
     };
     let expected = input.u64();
     let rest = input.rest();
-    let len = if mode & 0x10 != 0 { layout.stride } else { rest.len() };
+    let len = if mode & 0x10 != 0 {
+        layout.stride
+    } else {
+        rest.len()
+    };
     let mut buf = Aligned::new(rest, len);
     if mode & 0x20 != 0 && len >= layout.content_bytes {
         let b = buf.bytes_mut();
@@ -158,20 +234,59 @@ fn blob(mode: u8, mut input: Input<'_>) -> Outcome {
         b[layout.checksum_offset..layout.content_bytes].copy_from_slice(&sum.to_le_bytes());
     }
     let bytes = buf.bytes();
-    let at = BlobAt { layer: LayerId::new(0), expert: ExpertId::new(0), offset: 0 };
-    let index = if mode & 0x40 != 0 { Some(expected) } else { None };
+    let at = BlobAt {
+        layer: LayerId::new(0),
+        expert: ExpertId::new(0),
+        offset: 0,
+    };
+    let index = if mode & 0x40 != 0 {
+        Some(expected)
+    } else {
+        None
+    };
     let sum = match check_blob(bytes, &layout, at, index) {
         Ok(s) => s,
         Err(e) => return class("blob", &e),
     };
-    let view = ExpertBlob::view_verified(bytes, &layout, at).expect("a checked, aligned blob views");
-    assert_eq!((view.gate_up.rows, view.gate_up.cols, view.down.rows, view.down.cols), (layout.gate_up_rows, layout.gate_up_cols, layout.down_rows, layout.down_cols));
+    let view =
+        ExpertBlob::view_verified(bytes, &layout, at).expect("a checked, aligned blob views");
+    assert_eq!(
+        (
+            view.gate_up.rows,
+            view.gate_up.cols,
+            view.down.rows,
+            view.down.cols
+        ),
+        (
+            layout.gate_up_rows,
+            layout.gate_up_cols,
+            layout.down_rows,
+            layout.down_cols
+        )
+    );
     let mut again = vec![0u8; layout.stride];
-    encode_blob(&layout, &view.gate_up, &view.down, &mut again).expect("an accepted blob's matrices have the layout's shapes");
-    for part in [layout.gate_up_packed, layout.down_packed, layout.gate_up_scales, layout.down_scales, layout.gate_up_row_sums, layout.down_row_sums] {
-        assert_eq!(again[part.range()], bytes[part.range()], "blob part at {} does not re-encode", part.offset);
+    encode_blob(&layout, &view.gate_up, &view.down, &mut again)
+        .expect("an accepted blob's matrices have the layout's shapes");
+    for part in [
+        layout.gate_up_packed,
+        layout.down_packed,
+        layout.gate_up_scales,
+        layout.down_scales,
+        layout.gate_up_row_sums,
+        layout.down_row_sums,
+    ] {
+        assert_eq!(
+            again[part.range()],
+            bytes[part.range()],
+            "blob part at {} does not re-encode",
+            part.offset
+        );
     }
-    assert_eq!(again[layout.content_bytes..], bytes[layout.content_bytes..], "blob padding");
+    assert_eq!(
+        again[layout.content_bytes..],
+        bytes[layout.content_bytes..],
+        "blob padding"
+    );
     // Bytes between the parts are covered by the checksum but not required to be zero: an
     // accepted blob may differ from what the writer would write there. Counted, not fatal.
     if again[..layout.checksum_offset] == bytes[..layout.checksum_offset] {
@@ -193,6 +308,10 @@ trait FuzzIdentity {
 
 impl FuzzIdentity for ModelIdentity {
     fn default_for_fuzz() -> ModelIdentity {
-        ModelIdentity { config_sha256: [1; 32], expert_tensors_sha256: [2; 32], expert_sample_sha256: [3; 32] }
+        ModelIdentity {
+            config_sha256: [1; 32],
+            expert_tensors_sha256: [2; 32],
+            expert_sample_sha256: [3; 32],
+        }
     }
 }

@@ -24,7 +24,8 @@ const MAX_CONTEXT: usize = 4096;
 fn tokenizer() -> &'static Tokenizer {
     static TOKENIZER: OnceLock<Tokenizer> = OnceLock::new();
     TOKENIZER.get_or_init(|| {
-        let dir = std::env::temp_dir().join(format!("sluice-fuzz-tokenizer-{}", std::process::id()));
+        let dir =
+            std::env::temp_dir().join(format!("sluice-fuzz-tokenizer-{}", std::process::id()));
         std::fs::create_dir_all(&dir).expect("temp dir");
         let path = dir.join("tokenizer.json");
         std::fs::write(&path, sluice_tools::synth::tokenizer::ASSET).expect("write tokenizer");
@@ -36,13 +37,22 @@ fn tokenizer() -> &'static Tokenizer {
 
 /// First byte: even → chat completions, odd → completions; the rest is the body.
 pub fn run(data: &[u8]) -> Outcome {
-    let Some((&which, body)) = data.split_first() else { return "empty".into() };
-    let result = if which % 2 == 0 { chat(body) } else { completion(body) };
+    let Some((&which, body)) = data.split_first() else {
+        return "empty".into();
+    };
+    let result = if which % 2 == 0 {
+        chat(body)
+    } else {
+        completion(body)
+    };
     match result {
         Ok(what) => format!("ok:{what}"),
         Err(e) => {
             let status = e.status().as_u16();
-            assert!((400..500).contains(&status), "a request body caused a {status}: {e:?}");
+            assert!(
+                (400..500).contains(&status),
+                "a request body caused a {status}: {e:?}"
+            );
             let body = e.body();
             let message = body["error"]["message"].as_str().unwrap_or_default();
             assert!(!message.is_empty(), "error without a message: {body}");
@@ -50,7 +60,9 @@ pub fn run(data: &[u8]) -> Outcome {
             // fuzzer invents without end), so that the outcome counts kinds of refusal.
             let param = match e.code() {
                 "unsupported_parameter" => "-",
-                _ => body["error"]["param"].as_str().map_or("-", |p| p.split('[').next().unwrap_or(p)),
+                _ => body["error"]["param"]
+                    .as_str()
+                    .map_or("-", |p| p.split('[').next().unwrap_or(p)),
             };
             format!("{status}:{}:{param}", e.code())
         }
@@ -62,7 +74,11 @@ fn chat(body: &[u8]) -> Result<&'static str, ApiError> {
     params::check_model(req.model.as_deref(), SERVED)?;
     params::reject_unsupported_chat(&req)?;
     params::check_n(req.n)?;
-    let messages = params::chat_messages(req.messages.as_deref().ok_or_else(|| ApiError::missing("messages"))?)?;
+    let messages = params::chat_messages(
+        req.messages
+            .as_deref()
+            .ok_or_else(|| ApiError::missing("messages"))?,
+    )?;
     let logprobs = req.logprobs.unwrap_or(false);
     let sampling = params::sampling_params(&req.sampling(), logprobs, req.top_logprobs)?;
     assert!(sampling.validate().is_ok());
@@ -80,9 +96,15 @@ fn chat(body: &[u8]) -> Result<&'static str, ApiError> {
         preserve_thinking: kwargs.preserve_thinking.unwrap_or(false),
     };
     let text = chat_template::render(&messages, &opts)?;
-    let prompt = tokenizer().encode(&text).map_err(|e| ApiError::Internal(e.to_string()))?;
+    let prompt = tokenizer()
+        .encode(&text)
+        .map_err(|e| ApiError::Internal(e.to_string()))?;
     let budget = params::budget(prompt.len(), requested, 1024, MAX_CONTEXT, "messages")?;
-    assert!(budget >= 1 && prompt.len() + budget <= MAX_CONTEXT, "budget {budget} for {} prompt tokens", prompt.len());
+    assert!(
+        budget >= 1 && prompt.len() + budget <= MAX_CONTEXT,
+        "budget {budget} for {} prompt tokens",
+        prompt.len()
+    );
     Ok("chat")
 }
 
@@ -95,7 +117,12 @@ fn completion(body: &[u8]) -> Result<&'static str, ApiError> {
     let top = match req.logprobs {
         None => None,
         Some(n) if (0..=5).contains(&n) => Some(n),
-        Some(n) => return Err(ApiError::invalid(format!("logprobs must be between 0 and 5 (got {n})."), "logprobs")),
+        Some(n) => {
+            return Err(ApiError::invalid(
+                format!("logprobs must be between 0 and 5 (got {n})."),
+                "logprobs",
+            ));
+        }
     };
     let sampling = params::sampling_params(&req.sampling(), top.is_some(), top)?;
     assert!(sampling.validate().is_ok());
@@ -107,7 +134,9 @@ fn completion(body: &[u8]) -> Result<&'static str, ApiError> {
     // refusal of text that tokenises to nothing.
     let prompt = match params::completion_prompt(req.prompt.as_ref(), t)? {
         params::PromptInput::Ids(ids) => ids,
-        params::PromptInput::Text(text) => t.encode(&text).map_err(|e| ApiError::invalid(e.to_string(), "prompt"))?,
+        params::PromptInput::Text(text) => t
+            .encode(&text)
+            .map_err(|e| ApiError::invalid(e.to_string(), "prompt"))?,
     };
     if prompt.is_empty() {
         return Err(ApiError::invalid("prompt tokenises to nothing.", "prompt"));

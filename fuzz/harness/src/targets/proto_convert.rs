@@ -22,7 +22,9 @@ pub fn run(data: &[u8]) -> Outcome {
     let which = input.u8();
     let bytes = input.rest();
     match which % 6 {
-        0 => decode::<v1::HandshakeRequest>(bytes, "handshake", |r| identity(r.model_identity.as_ref())),
+        0 => decode::<v1::HandshakeRequest>(bytes, "handshake", |r| {
+            identity(r.model_identity.as_ref())
+        }),
         1 => decode::<v1::MoeLayerRequest>(bytes, "moe", moe_request),
         2 => decode::<v1::HandshakeResponse>(bytes, "handshake-reply", handshake_response),
         3 => decode::<v1::MoeLayerResponse>(bytes, "moe-reply", moe_response),
@@ -31,7 +33,11 @@ pub fn run(data: &[u8]) -> Outcome {
     }
 }
 
-fn decode<M: Message + Default>(bytes: &[u8], what: &str, then: impl FnOnce(&M) -> Outcome) -> Outcome {
+fn decode<M: Message + Default>(
+    bytes: &[u8],
+    what: &str,
+    then: impl FnOnce(&M) -> Outcome,
+) -> Outcome {
     let m = match M::decode(bytes) {
         Ok(m) => m,
         Err(e) => return class(what, &e.to_string().split(':').next().unwrap_or_default()),
@@ -39,15 +45,25 @@ fn decode<M: Message + Default>(bytes: &[u8], what: &str, then: impl FnOnce(&M) 
     // Compared as bytes: a float field may hold a NaN, which is not equal to itself.
     let canonical = m.encode_to_vec();
     let again = M::decode(canonical.as_slice()).expect("a re-encoded message decodes");
-    assert_eq!(again.encode_to_vec(), canonical, "{what}: decode(encode(m)) is not m");
+    assert_eq!(
+        again.encode_to_vec(),
+        canonical,
+        "{what}: decode(encode(m)) is not m"
+    );
     format!("{what}:{}", then(&m))
 }
 
 fn identity(id: Option<&v1::ModelIdentity>) -> Outcome {
-    let Some(id) = id else { return "no-identity".into() };
+    let Some(id) = id else {
+        return "no-identity".into();
+    };
     match ModelIdentity::try_from(id) {
         Ok(ours) => {
-            assert_eq!(&v1::ModelIdentity::from(&ours), id, "identity does not convert back");
+            assert_eq!(
+                &v1::ModelIdentity::from(&ours),
+                id,
+                "identity does not convert back"
+            );
             "ok-identity".into()
         }
         Err(e) => class("identity", &e),
@@ -79,7 +95,12 @@ fn f32_bytes(field: &'static str, bytes: &[u8]) -> Outcome {
             assert_eq!(f32s_to_le_bytes(&v), bytes, "f32 bytes do not round-trip");
             let mut exact = vec![0f32; v.len()];
             le_bytes_into_f32s(field, bytes, &mut exact).expect("same length");
-            assert!(exact.iter().zip(&v).all(|(a, b)| a.to_bits() == b.to_bits()));
+            assert!(
+                exact
+                    .iter()
+                    .zip(&v)
+                    .all(|(a, b)| a.to_bits() == b.to_bits())
+            );
             "ok-f32".into()
         }
         Err(e) => {
@@ -91,20 +112,33 @@ fn f32_bytes(field: &'static str, bytes: &[u8]) -> Outcome {
 
 fn moe_request(r: &v1::MoeLayerRequest) -> Outcome {
     // A container of 16 experts per layer, as the daemon's call executor would check against.
-    let routing = match validate_routing(r.n_tokens as usize, r.top_k as usize, &r.expert_ids, &r.weights, 16) {
+    let routing = match validate_routing(
+        r.n_tokens as usize,
+        r.top_k as usize,
+        &r.expert_ids,
+        &r.weights,
+        16,
+    ) {
         Ok(()) => {
             assert_eq!(r.expert_ids.len(), r.n_tokens as usize * r.top_k as usize);
-            assert!(r.expert_ids.iter().all(|&e| e < 16) && r.weights.iter().all(|w| w.is_finite()));
+            assert!(
+                r.expert_ids.iter().all(|&e| e < 16) && r.weights.iter().all(|w| w.is_finite())
+            );
             "ok-routing".to_string()
         }
         Err(_) => "bad-routing".to_string(),
     };
     let input = match &r.input {
-        Some(v1::moe_layer_request::Input::InputInlineF32Le(b)) => f32_bytes("input_inline_f32_le", b),
+        Some(v1::moe_layer_request::Input::InputInlineF32Le(b)) => {
+            f32_bytes("input_inline_f32_le", b)
+        }
         Some(v1::moe_layer_request::Input::InputShm(s)) => slice("input_shm", s),
         None => "no-input".into(),
     };
-    let output = r.output_shm.as_ref().map_or("inline".into(), |s| slice("output_shm", s));
+    let output = r
+        .output_shm
+        .as_ref()
+        .map_or("inline".into(), |s| slice("output_shm", s));
     format!("{routing}/{input}/{output}")
 }
 
@@ -113,7 +147,10 @@ fn handshake_response(r: &v1::HandshakeResponse) -> Outcome {
     let dims = r.dims.unwrap_or_default();
     let layout = match BlobLayout::new(dims.hidden_size as usize, dims.expert_inner_size as usize) {
         Ok(l) => {
-            assert!(l.content_bytes <= l.stride && l.stride as u64 <= shared::container::layout::MAX_BLOB_BYTES);
+            assert!(
+                l.content_bytes <= l.stride
+                    && l.stride as u64 <= shared::container::layout::MAX_BLOB_BYTES
+            );
             "ok-dims".to_string()
         }
         Err(e) => class("dims", &e),
@@ -123,7 +160,9 @@ fn handshake_response(r: &v1::HandshakeResponse) -> Outcome {
 
 fn moe_response(r: &v1::MoeLayerResponse) -> Outcome {
     match &r.output {
-        Some(v1::moe_layer_response::Output::OutputInlineF32Le(b)) => f32_bytes("output_inline_f32_le", b),
+        Some(v1::moe_layer_response::Output::OutputInlineF32Le(b)) => {
+            f32_bytes("output_inline_f32_le", b)
+        }
         Some(v1::moe_layer_response::Output::OutputShm(s)) => slice("output_shm", s),
         None => "no-output".into(),
     }

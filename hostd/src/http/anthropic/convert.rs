@@ -239,7 +239,10 @@ fn inline_system(i: usize, m: &Value, check: CheckBytes) -> Result<String, ApiEr
                 let bat = format!("{at}.content[{j}]");
                 let bo = object(b, &bat)?;
                 if string(bo, "type", &bat)? != "text" {
-                    return Err(ApiError::unsupported("A system message may hold only text blocks.", format!("{bat}.type")));
+                    return Err(ApiError::unsupported(
+                        "A system message may hold only text blocks.",
+                        format!("{bat}.type"),
+                    ));
                 }
                 only_keys(bo, &["type", "text", "cache_control", "citations"], &bat)?;
                 let t = string(bo, "text", &bat)?;
@@ -249,7 +252,10 @@ fn inline_system(i: usize, m: &Value, check: CheckBytes) -> Result<String, ApiEr
             Ok(texts.join("\n"))
         }
         None | Some(Value::Null) => Err(ApiError::missing(&format!("{at}.content"))),
-        Some(_) => Err(ApiError::invalid("content must be a string or an array of text blocks.", format!("{at}.content"))),
+        Some(_) => Err(ApiError::invalid(
+            "content must be a string or an array of text blocks.",
+            format!("{at}.content"),
+        )),
     }
 }
 
@@ -463,7 +469,9 @@ fn tool_result_content(v: Option<&Value>, at: &str, check: CheckBytes) -> Result
     let text = match v {
         None | Some(Value::Null) => String::new(),
         Some(Value::String(s)) => s.clone(),
-        Some(Value::Array(blocks)) => text_blocks(blocks, &format!("{at}.content"), "tool_result content")?.join("\n"),
+        Some(Value::Array(blocks)) => {
+            text_blocks(blocks, &format!("{at}.content"), "tool_result content")?.join("\n")
+        }
         Some(_) => {
             return Err(ApiError::invalid(
                 format!("{at}.content must be a string or a list of text blocks."),

@@ -132,7 +132,11 @@ mod tests {
             "overloaded_error",
         );
         check(ApiError::Unavailable("loading".into()), 503, "api_error");
-        check(ApiError::BodyTimeout { limit_s: 1 }, 408, "invalid_request_error");
+        check(
+            ApiError::BodyTimeout { limit_s: 1 },
+            408,
+            "invalid_request_error",
+        );
         let e = ApiError::QueuedTokensFull {
             queued_tokens: 9,
             prompt_tokens: 2,

@@ -316,8 +316,8 @@ impl Blocks {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::http::test_support::{delta, sse_events};
     use crate::engine::{Delta, Usage as EngineUsage};
+    use crate::http::test_support::{delta, sse_events};
 
     fn reply(display_thinking: bool) -> Reply {
         let tools = super::super::tools::tool_request(None, None).expect("no tools");

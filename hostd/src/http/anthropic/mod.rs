@@ -72,12 +72,21 @@ fn conversation(app: &AppState, c: Conversation) -> Result<Checked, ApiError> {
 }
 
 fn options(thinking: Thinking) -> ChatOptions {
-    ChatOptions { enable_thinking: thinking.enabled, ..ChatOptions::default() }
+    ChatOptions {
+        enable_thinking: thinking.enabled,
+        ..ChatOptions::default()
+    }
 }
 
 /// `POST /v1/messages`.
 pub async fn messages(
-    Admitted { app, ready, request_id, received, req }: Admitted<MessagesRequest>,
+    Admitted {
+        app,
+        ready,
+        request_id,
+        received,
+        req,
+    }: Admitted<MessagesRequest>,
 ) -> Result<Response, AnthropicError> {
     let max_tokens = params::max_tokens(
         Some(
@@ -141,7 +150,9 @@ pub async fn messages(
 /// `POST /v1/messages/count_tokens`: the prompt's tokens as `/v1/messages` would render them
 /// (system, tools, messages, thinking switch, generation prompt), without generating.
 pub async fn count_tokens(
-    Admitted { app, ready, req, .. }: Admitted<CountTokensRequest>,
+    Admitted {
+        app, ready, req, ..
+    }: Admitted<CountTokensRequest>,
 ) -> Result<Response, AnthropicError> {
     let Checked {
         messages,

@@ -13,8 +13,8 @@
 //! `"custom"`) are accepted: server tools (web search, bash, text editor, …) are refused naming
 //! `tools[i].type`.
 
-use crate::http::json::{object, only_keys, string};
 use crate::http::error::ApiError;
+use crate::http::json::{object, only_keys, string};
 use crate::http::tools::{ToolChoice, ToolRequest, check_name};
 use crate::tool_calls::ToolSpec;
 use serde_json::{Map, Value, json};

@@ -420,9 +420,9 @@ fn framing(seq: Arc<AtomicU64>, base: ResponseObject) -> Framing {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::http::test_support::{delta, sse_events};
     use crate::engine::{Delta, Usage};
     use crate::http::responses::input;
+    use crate::http::test_support::{delta, sse_events};
 
     fn reply(tools: Value) -> Reply {
         let tokenizer = Tokenizer::from_model_dir(

@@ -317,7 +317,9 @@ pub fn tool_request(
     for (i, t) in list.iter().enumerate() {
         let at = format!("tools[{i}]");
         let obj = object(t, &at)?;
-        require_type(obj, &at, "function", |other| format!("Tool type '{other}' is not supported: only function tools."))?;
+        require_type(obj, &at, "function", |other| {
+            format!("Tool type '{other}' is not supported: only function tools.")
+        })?;
         let name = string(obj, "name", &at)?;
         check_name(name, &format!("{at}.name"))?;
         if specs.iter().any(|s| s.name == name) {

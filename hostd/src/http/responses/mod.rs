@@ -78,7 +78,13 @@ fn not_found(id: &str) -> ApiError {
 
 /// `POST /v1/responses`.
 pub async fn create(
-    Admitted { app, ready, request_id, received, req }: Admitted<CreateRequest>,
+    Admitted {
+        app,
+        ready,
+        request_id,
+        received,
+        req,
+    }: Admitted<CreateRequest>,
 ) -> Result<Response, ApiError> {
     fields::check_extra(
         &req.extra,
@@ -142,7 +148,10 @@ pub async fn create(
     let input = ChatInput {
         messages,
         tools: tools.definitions.clone(),
-        opts: ChatOptions { enable_thinking: thinking.enabled, ..ChatOptions::default() },
+        opts: ChatOptions {
+            enable_thinking: thinking.enabled,
+            ..ChatOptions::default()
+        },
     };
     let generation = Generation {
         request_id: request_id.clone(),
@@ -157,8 +166,8 @@ pub async fn create(
     };
     let (mut rxs, _prompt_tokens) =
         generate::submit_chat(&app, &ready, input, max_tokens, 1, generation)
-        .await
-        .map_err(rename_messages)?;
+            .await
+            .map_err(rename_messages)?;
     let rx = rxs.remove(0);
 
     let store = req.store.unwrap_or(true);

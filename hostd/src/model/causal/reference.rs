@@ -8,7 +8,15 @@ use rayon::prelude::*;
 
 /// Same contract as [`super::causal_attention`], returning the `[n][nq][dh]` output.
 #[allow(clippy::too_many_arguments)]
-pub fn naive(heads: Heads, q: &[f32], n: usize, start: usize, k: &[f32], v: &[f32], scale: f32) -> Vec<f32> {
+pub fn naive(
+    heads: Heads,
+    q: &[f32],
+    n: usize,
+    start: usize,
+    k: &[f32],
+    v: &[f32],
+    scale: f32,
+) -> Vec<f32> {
     let Heads { nq, nkv, dh } = heads;
     let mut o = vec![0.0f32; n * nq * dh];
     o.par_chunks_mut(dh).enumerate().for_each(|(idx, out)| {
@@ -16,8 +24,9 @@ pub fn naive(heads: Heads, q: &[f32], n: usize, start: usize, k: &[f32], v: &[f3
         let g = h / (nq / nkv);
         let qv = &q[idx * dh..(idx + 1) * dh];
         let visible = start + t + 1;
-        let mut scores: Vec<f32> =
-            (0..visible).map(|tau| ops::dot(qv, &k[(tau * nkv + g) * dh..(tau * nkv + g + 1) * dh]) * scale).collect();
+        let mut scores: Vec<f32> = (0..visible)
+            .map(|tau| ops::dot(qv, &k[(tau * nkv + g) * dh..(tau * nkv + g + 1) * dh]) * scale)
+            .collect();
         ops::softmax(&mut scores);
         for (tau, s) in scores.iter().enumerate() {
             let vv = &v[(tau * nkv + g) * dh..(tau * nkv + g + 1) * dh];

@@ -51,7 +51,9 @@ impl Int8Tile for Avx2 {
 
     #[inline]
     unsafe fn sums<'a>(m: &MatrixRef<'a>, r0: usize) -> &'a [i32; ROW_BLOCK] {
-        m.row_sums[r0..r0 + ROW_BLOCK].try_into().expect("16 row sums")
+        m.row_sums[r0..r0 + ROW_BLOCK]
+            .try_into()
+            .expect("16 row sums")
     }
 
     /// [`MAX_TOKENS`] tokens while that many remain, then one at a time.
@@ -78,7 +80,16 @@ impl Int8Tile for Avx2 {
 #[target_feature(enable = "avx2")]
 #[inline]
 unsafe fn block<const T: usize>(tile: Tile<'_, &[i32; ROW_BLOCK]>, sink: &mut Sink<'_>) -> usize {
-    let Tile { m, w, x, pc, groups, sums, t0, r0 } = tile;
+    let Tile {
+        m,
+        w,
+        x,
+        pc,
+        groups,
+        sums,
+        t0,
+        r0,
+    } = tile;
     let mut acc = [[_mm256_setzero_si256(); 4]; T];
     for g in 0..groups {
         let chunk = w.wrapping_add(g * CHUNK);
@@ -107,7 +118,9 @@ unsafe fn block<const T: usize>(tile: Tile<'_, &[i32; ROW_BLOCK]>, sink: &mut Si
         let mut out = [0i32; ROW_BLOCK];
         for (r, o) in out.iter_mut().enumerate() {
             // Wrapping, like the AVX-512 lanes; exact for well-formed matrices (`MAX_COLS`).
-            *o = halves[2 * r].wrapping_add(halves[2 * r + 1]).wrapping_sub(sums[r].wrapping_mul(128));
+            *o = halves[2 * r]
+                .wrapping_add(halves[2 * r + 1])
+                .wrapping_sub(sums[r].wrapping_mul(128));
         }
         sink.put(m, t0 + t, r0, &out);
     }

@@ -85,8 +85,20 @@ impl Int8Tile for Avx512Vnni {
 /// block), `tile.x` for `(T − 1) · pc + groups · 4` bytes.
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
 #[inline]
-unsafe fn block<const T: usize, const U: usize>(tile: Tile<'_, __m512i>, sink: &mut Sink<'_>) -> usize {
-    let Tile { m, w, x, pc, groups, sums: correction, t0, r0 } = tile;
+unsafe fn block<const T: usize, const U: usize>(
+    tile: Tile<'_, __m512i>,
+    sink: &mut Sink<'_>,
+) -> usize {
+    let Tile {
+        m,
+        w,
+        x,
+        pc,
+        groups,
+        sums: correction,
+        t0,
+        r0,
+    } = tile;
     let mut acc = [[_mm512_setzero_si512(); T]; U];
     let mut g = 0;
     while g + U <= groups {
@@ -108,7 +120,9 @@ unsafe fn block<const T: usize, const U: usize>(tile: Tile<'_, __m512i>, sink: &
         }
         let mut out = [0i32; ROW_BLOCK];
         // SAFETY: out holds 16 i32, one zmm.
-        unsafe { _mm512_storeu_si512(out.as_mut_ptr().cast(), _mm512_sub_epi32(total, correction)) };
+        unsafe {
+            _mm512_storeu_si512(out.as_mut_ptr().cast(), _mm512_sub_epi32(total, correction))
+        };
         sink.put(m, t0 + t, r0, &out);
     }
     T
@@ -122,7 +136,13 @@ unsafe fn block<const T: usize, const U: usize>(tile: Tile<'_, __m512i>, sink: &
 /// `(T − 1) · pc + (g + 1) · 4` bytes.
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
 #[inline]
-unsafe fn step<const T: usize>(w: *const i8, x: *const u8, pc: usize, g: usize, acc: &mut [__m512i; T]) {
+unsafe fn step<const T: usize>(
+    w: *const i8,
+    x: *const u8,
+    pc: usize,
+    g: usize,
+    acc: &mut [__m512i; T],
+) {
     _mm_prefetch::<_MM_HINT_T1>(w.wrapping_add(g * CHUNK + PREFETCH_BYTES));
     // SAFETY: the chunk at g · 64 is in bounds (this function's contract).
     let wv = unsafe { _mm512_loadu_si512(w.add(g * CHUNK).cast()) };

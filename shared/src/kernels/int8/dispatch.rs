@@ -68,7 +68,11 @@ impl Int8Isa {
 
     /// The most capable instruction set this CPU supports, ignoring `SLUICE_KERNEL_ISA`.
     pub fn detect() -> Int8Isa {
-        Int8Isa::ALL.into_iter().rev().find(|isa| isa.is_available()).unwrap_or(Int8Isa::Scalar)
+        Int8Isa::ALL
+            .into_iter()
+            .rev()
+            .find(|isa| isa.is_available())
+            .unwrap_or(Int8Isa::Scalar)
     }
 
     /// The instruction set the process uses: [`Int8Isa::detect`], unless `SLUICE_KERNEL_ISA`
@@ -103,7 +107,9 @@ impl KernelIsa for Int8Isa {
         if name.eq_ignore_ascii_case("avx512") {
             return Some(Int8Isa::Avx512Vnni);
         }
-        Int8Isa::ALL.into_iter().find(|isa| isa.name().eq_ignore_ascii_case(name))
+        Int8Isa::ALL
+            .into_iter()
+            .find(|isa| isa.name().eq_ignore_ascii_case(name))
     }
 }
 

@@ -105,11 +105,27 @@ pub fn expert_forward(
     scratch: &mut ExpertScratch,
 ) {
     let d = gate_up.cols;
-    assert!(gate_up.rows.is_multiple_of(2), "int8 expert: gate_up has an odd row count ({})", gate_up.rows);
+    assert!(
+        gate_up.rows.is_multiple_of(2),
+        "int8 expert: gate_up has an odd row count ({})",
+        gate_up.rows
+    );
     let f = gate_up.rows / 2;
-    assert_eq!((down.rows, down.cols), (d, f), "int8 expert: down is not [d = {d}, f = {f}]");
-    assert_eq!(x.len(), n * d, "int8 expert: input length != n ({n}) · d ({d})");
-    assert_eq!(out.len(), n * d, "int8 expert: output length != n ({n}) · d ({d})");
+    assert_eq!(
+        (down.rows, down.cols),
+        (d, f),
+        "int8 expert: down is not [d = {d}, f = {f}]"
+    );
+    assert_eq!(
+        x.len(),
+        n * d,
+        "int8 expert: input length != n ({n}) · d ({d})"
+    );
+    assert_eq!(
+        out.len(),
+        n * d,
+        "int8 expert: output length != n ({n}) · d ({d})"
+    );
     let b = scratch.buffers(n, d, f);
     quantize_activations(x, n, d, b.x_q, b.x_scales);
     gemm_w8a8(isa, gate_up, b.x_q, b.x_scales, n, b.gate_up);

@@ -47,8 +47,8 @@ mod tiling;
 pub use dispatch::{Int8Isa, Int8IsaOverrideProblem, Int8IsaSelection};
 pub use expert::{ExpertScratch, expert_forward, silu_mul};
 pub use pack::{
-    COL_GROUP, MAX_COLS, MatrixError, MatrixRef, QuantizedMatrix, ROW_BLOCK, pack_r16c4, packed_index, padded_cols,
-    padded_rows, unpack_r16c4,
+    COL_GROUP, MAX_COLS, MatrixError, MatrixRef, QuantizedMatrix, ROW_BLOCK, pack_r16c4,
+    packed_index, padded_cols, padded_rows, unpack_r16c4,
 };
 pub use quant::{quantize_activations, quantize_weights};
 
@@ -74,10 +74,26 @@ pub fn gemv_w8a8(isa: Int8Isa, m: MatrixRef<'_>, x_q: &[u8], x_scale: f32, y: &m
 ///
 /// Panics if `m`'s slices do not match its shape, `x_q.len() != n · padded_cols(m.cols)`,
 /// `x_scales.len() != n`, `y.len() != n · m.rows`, or `isa` is not available on this CPU.
-pub fn gemm_w8a8(isa: Int8Isa, m: MatrixRef<'_>, x_q: &[u8], x_scales: &[f32], n: usize, y: &mut [f32]) {
+pub fn gemm_w8a8(
+    isa: Int8Isa,
+    m: MatrixRef<'_>,
+    x_q: &[u8],
+    x_scales: &[f32],
+    n: usize,
+    y: &mut [f32],
+) {
     check_shapes(isa, &m, x_q, n);
-    assert_eq!(x_scales.len(), n, "int8: activation scales length != n ({n})");
-    assert_eq!(y.len(), n * m.rows, "int8: output length != n ({n}) · rows ({})", m.rows);
+    assert_eq!(
+        x_scales.len(),
+        n,
+        "int8: activation scales length != n ({n})"
+    );
+    assert_eq!(
+        y.len(),
+        n * m.rows,
+        "int8: output length != n ({n}) · rows ({})",
+        m.rows
+    );
     // SAFETY: check_shapes passed.
     unsafe { run(isa, m, x_q, n, &mut Sink::Dequant { y, x_scales }) };
 }
@@ -90,17 +106,32 @@ pub fn gemm_w8a8(isa: Int8Isa, m: MatrixRef<'_>, x_q: &[u8], x_scales: &[f32], n
 /// As [`gemm_w8a8`], with `acc.len() != n · m.rows` in place of the output check.
 pub fn gemm_w8a8_i32(isa: Int8Isa, m: MatrixRef<'_>, x_q: &[u8], n: usize, acc: &mut [i32]) {
     check_shapes(isa, &m, x_q, n);
-    assert_eq!(acc.len(), n * m.rows, "int8: accumulator length != n ({n}) · rows ({})", m.rows);
+    assert_eq!(
+        acc.len(),
+        n * m.rows,
+        "int8: accumulator length != n ({n}) · rows ({})",
+        m.rows
+    );
     // SAFETY: check_shapes passed.
     unsafe { run(isa, m, x_q, n, &mut Sink::Acc(acc)) };
 }
 
 /// Panics unless `isa` runs here, `m` is well-formed and `x_q` holds `n` padded rows.
 fn check_shapes(isa: Int8Isa, m: &MatrixRef<'_>, x_q: &[u8], n: usize) {
-    assert!(isa.is_available(), "int8: ISA {isa} is not available on this CPU");
+    assert!(
+        isa.is_available(),
+        "int8: ISA {isa} is not available on this CPU"
+    );
     m.assert_shape();
-    let x_len = n.checked_mul(m.padded_cols()).expect("int8: n · padded cols overflows usize");
-    assert_eq!(x_q.len(), x_len, "int8: quantised activation length != n ({n}) · padded cols ({})", m.padded_cols());
+    let x_len = n
+        .checked_mul(m.padded_cols())
+        .expect("int8: n · padded cols overflows usize");
+    assert_eq!(
+        x_q.len(),
+        x_len,
+        "int8: quantised activation length != n ({n}) · padded cols ({})",
+        m.padded_cols()
+    );
 }
 
 /// Dispatches to `isa`'s kernel.
@@ -119,7 +150,9 @@ unsafe fn run(isa: Int8Isa, m: MatrixRef<'_>, x_q: &[u8], n: usize, sink: &mut S
         #[cfg(target_arch = "x86_64")]
         Int8Isa::Avx512Vnni => unsafe { avx512_vnni::gemm(m, x_q, n, sink) },
         #[cfg(not(target_arch = "x86_64"))]
-        Int8Isa::Avx2 | Int8Isa::Avx512Vnni => unreachable!("int8: {isa} is never available off x86_64"),
+        Int8Isa::Avx2 | Int8Isa::Avx512Vnni => {
+            unreachable!("int8: {isa} is never available off x86_64")
+        }
     }
 }
 

@@ -52,7 +52,11 @@ pub fn packed_index(r: usize, c: usize, cols: usize) -> usize {
 ///
 /// Panics if `q.len() != rows · cols`.
 pub fn pack_r16c4(q: &[i8], rows: usize, cols: usize) -> Vec<i8> {
-    assert_eq!(q.len(), rows * cols, "int8: quantised length != rows ({rows}) · cols ({cols})");
+    assert_eq!(
+        q.len(),
+        rows * cols,
+        "int8: quantised length != rows ({rows}) · cols ({cols})"
+    );
     let pc = padded_cols(cols);
     let mut packed = vec![0i8; padded_rows(rows) * pc];
     for (r, row) in q.chunks_exact(cols.max(1)).take(rows).enumerate() {
@@ -69,7 +73,11 @@ pub fn pack_r16c4(q: &[i8], rows: usize, cols: usize) -> Vec<i8> {
 ///
 /// Panics if `packed.len() != padded_rows(rows) · padded_cols(cols)`.
 pub fn unpack_r16c4(packed: &[i8], rows: usize, cols: usize) -> Vec<i8> {
-    assert_eq!(packed.len(), padded_rows(rows) * padded_cols(cols), "int8: packed length mismatch");
+    assert_eq!(
+        packed.len(),
+        padded_rows(rows) * padded_cols(cols),
+        "int8: packed length mismatch"
+    );
     let mut q = Vec::with_capacity(rows * cols);
     for r in 0..rows {
         q.extend((0..cols).map(|c| packed[packed_index(r, c, cols)]));
@@ -163,17 +171,29 @@ impl QuantizedMatrix {
     ///
     /// Panics if `q.len() != rows · cols`, `scales.len() != rows` or `cols > MAX_COLS`.
     pub fn from_quantized(q: &[i8], rows: usize, cols: usize, scales: &[f32]) -> QuantizedMatrix {
-        assert!(cols <= MAX_COLS, "int8: {cols} columns exceed MAX_COLS ({MAX_COLS})");
+        assert!(
+            cols <= MAX_COLS,
+            "int8: {cols} columns exceed MAX_COLS ({MAX_COLS})"
+        );
         assert_eq!(scales.len(), rows, "int8: scales length != rows ({rows})");
         let packed = pack_r16c4(q, rows, cols);
         let pr = padded_rows(rows);
         let mut padded_scales = vec![0.0f32; pr];
         padded_scales[..rows].copy_from_slice(scales);
         let mut row_sums = vec![0i32; pr];
-        for (sum, row) in row_sums.iter_mut().zip(q.chunks_exact(cols.max(1)).take(rows)) {
+        for (sum, row) in row_sums
+            .iter_mut()
+            .zip(q.chunks_exact(cols.max(1)).take(rows))
+        {
             *sum = row.iter().map(|&v| i32::from(v)).sum();
         }
-        QuantizedMatrix { rows, cols, packed, scales: padded_scales, row_sums }
+        QuantizedMatrix {
+            rows,
+            cols,
+            packed,
+            scales: padded_scales,
+            row_sums,
+        }
     }
 
     /// The borrowed view the kernels take.
@@ -243,7 +263,13 @@ impl MatrixRef<'_> {
         ];
         for (what, got, want) in lengths {
             if got != want {
-                return Err(MatrixError::Length { rows: self.rows, cols: self.cols, what, got, want });
+                return Err(MatrixError::Length {
+                    rows: self.rows,
+                    cols: self.cols,
+                    what,
+                    got,
+                    want,
+                });
             }
         }
         Ok(())
@@ -269,7 +295,11 @@ impl MatrixRef<'_> {
                 return Err(MatrixError::Padding { row: r });
             }
             if sum != self.row_sums[r] {
-                return Err(MatrixError::RowSum { row: r, stored: self.row_sums[r], actual: sum });
+                return Err(MatrixError::RowSum {
+                    row: r,
+                    stored: self.row_sums[r],
+                    actual: sum,
+                });
             }
         }
         Ok(())

@@ -22,7 +22,11 @@ use super::pack::{MAX_COLS, QuantizedMatrix, padded_cols};
 /// back. `(0.0, 0.0)` for an all-zero row.
 pub(super) fn row_params(row: &[f32]) -> (f32, f32) {
     let max_abs = row.iter().fold(0.0f32, |m, &v| m.max(v.abs()));
-    if max_abs == 0.0 { (0.0, 0.0) } else { (127.0f32 / max_abs, max_abs / 127.0f32) }
+    if max_abs == 0.0 {
+        (0.0, 0.0)
+    } else {
+        (127.0f32 / max_abs, max_abs / 127.0f32)
+    }
 }
 
 /// One value: `(v · inv).round_ties_even().clamp(-127.0, 127.0) as i8`, bit for bit.
@@ -48,12 +52,23 @@ pub(super) fn quantize_value(v: f32, inv: f32) -> i8 {
 ///
 /// Panics if `w.len() != rows · cols` or `cols > MAX_COLS`.
 pub fn quantize_weights(w: &[f32], rows: usize, cols: usize) -> QuantizedMatrix {
-    assert_eq!(w.len(), rows * cols, "int8: weight length != rows ({rows}) · cols ({cols})");
-    assert!(cols <= MAX_COLS, "int8: {cols} columns exceed MAX_COLS ({MAX_COLS})");
+    assert_eq!(
+        w.len(),
+        rows * cols,
+        "int8: weight length != rows ({rows}) · cols ({cols})"
+    );
+    assert!(
+        cols <= MAX_COLS,
+        "int8: {cols} columns exceed MAX_COLS ({MAX_COLS})"
+    );
     let mut q = vec![0i8; rows * cols];
     let mut scales = vec![0.0f32; rows];
     if cols > 0 {
-        for ((row, q_row), scale) in w.chunks_exact(cols).zip(q.chunks_exact_mut(cols)).zip(&mut scales) {
+        for ((row, q_row), scale) in w
+            .chunks_exact(cols)
+            .zip(q.chunks_exact_mut(cols))
+            .zip(&mut scales)
+        {
             let (inv, s) = row_params(row);
             for (qv, &v) in q_row.iter_mut().zip(row) {
                 *qv = quantize_value(v, inv);
@@ -73,16 +88,38 @@ pub fn quantize_weights(w: &[f32], rows: usize, cols: usize) -> QuantizedMatrix 
 ///
 /// Panics if `x.len() != n · cols`, `q_out.len() != n · padded_cols(cols)` or
 /// `scales_out.len() != n`.
-pub fn quantize_activations(x: &[f32], n: usize, cols: usize, q_out: &mut [u8], scales_out: &mut [f32]) {
+pub fn quantize_activations(
+    x: &[f32],
+    n: usize,
+    cols: usize,
+    q_out: &mut [u8],
+    scales_out: &mut [f32],
+) {
     let pc = padded_cols(cols);
-    assert_eq!(x.len(), n * cols, "int8: activation length != n ({n}) · cols ({cols})");
-    assert_eq!(q_out.len(), n * pc, "int8: quantised activation length != n ({n}) · padded cols ({pc})");
-    assert_eq!(scales_out.len(), n, "int8: activation scales length != n ({n})");
+    assert_eq!(
+        x.len(),
+        n * cols,
+        "int8: activation length != n ({n}) · cols ({cols})"
+    );
+    assert_eq!(
+        q_out.len(),
+        n * pc,
+        "int8: quantised activation length != n ({n}) · padded cols ({pc})"
+    );
+    assert_eq!(
+        scales_out.len(),
+        n,
+        "int8: activation scales length != n ({n})"
+    );
     if pc == 0 {
         scales_out.fill(0.0);
         return;
     }
-    for ((t, q_row), scale) in q_out.chunks_exact_mut(pc).enumerate().zip(scales_out.iter_mut()) {
+    for ((t, q_row), scale) in q_out
+        .chunks_exact_mut(pc)
+        .enumerate()
+        .zip(scales_out.iter_mut())
+    {
         let row = &x[t * cols..][..cols];
         let (inv, s) = row_params(row);
         for (qv, &v) in q_row.iter_mut().zip(row) {

@@ -9,7 +9,9 @@ use super::{MatrixRef, ROW_BLOCK, Sink};
 
 /// `Σ_c w[r][c] · (x_q[c] − 128)` over the real columns, in i32 (exact: see `MAX_COLS`).
 pub(super) fn dot(m: &MatrixRef<'_>, r: usize, x_q: &[u8]) -> i32 {
-    (0..m.cols).map(|c| i32::from(m.get(r, c)) * (i32::from(x_q[c]) - 128)).sum()
+    (0..m.cols)
+        .map(|c| i32::from(m.get(r, c)) * (i32::from(x_q[c]) - 128))
+        .sum()
 }
 
 /// Every token `t < n` against every row, handed to `sink` one 16-row block at a time. Shapes

@@ -37,7 +37,9 @@ fn reference_acc(q: &[i8], rows: usize, cols: usize, x_q: &[u8], n: usize) -> Ve
     let mut acc = Vec::with_capacity(n * rows);
     for t in 0..n {
         for r in 0..rows {
-            let s: i64 = (0..cols).map(|c| i64::from(q[r * cols + c]) * (i64::from(x_q[t * pc + c]) - 128)).sum();
+            let s: i64 = (0..cols)
+                .map(|c| i64::from(q[r * cols + c]) * (i64::from(x_q[t * pc + c]) - 128))
+                .sum();
             acc.push(i32::try_from(s).expect("reference accumulator fits i32"));
         }
     }
@@ -88,17 +90,31 @@ impl Shifted {
 /// Runs `m` against `x_q` on every ISA and checks: the scalar accumulators equal `want`; every
 /// SIMD ISA's accumulators equal the scalar ones and its f32 outputs are bitwise equal; each
 /// GEMM row equals GEMV on that token. Returns the scalar f32 outputs.
-fn check_all_isas(what: &str, m: MatrixRef<'_>, x_q: &[u8], x_scales: &[f32], n: usize, want: &[i32]) -> Vec<f32> {
+fn check_all_isas(
+    what: &str,
+    m: MatrixRef<'_>,
+    x_q: &[u8],
+    x_scales: &[f32],
+    n: usize,
+    want: &[i32],
+) -> Vec<f32> {
     let rows = m.rows;
     let pc = m.padded_cols();
     let mut acc_ref = vec![0i32; n * rows];
     gemm_w8a8_i32(Int8Isa::Scalar, m, x_q, n, &mut acc_ref);
-    assert_eq!(acc_ref, want, "{what}: scalar accumulators differ from the reference");
+    assert_eq!(
+        acc_ref, want,
+        "{what}: scalar accumulators differ from the reference"
+    );
     let mut y_ref = vec![f32::NAN; n * rows];
     gemm_w8a8(Int8Isa::Scalar, m, x_q, x_scales, n, &mut y_ref);
     for (i, (&y, &a)) in y_ref.iter().zip(&acc_ref).enumerate() {
         let want = a as f32 * m.scales[i % rows] * x_scales[i / rows];
-        assert_eq!(y.to_bits(), want.to_bits(), "{what}: scalar dequantisation at {i}");
+        assert_eq!(
+            y.to_bits(),
+            want.to_bits(),
+            "{what}: scalar dequantisation at {i}"
+        );
     }
     for isa in isas() {
         let mut acc = vec![i32::MIN; n * rows];
@@ -118,7 +134,11 @@ fn check_all_isas(what: &str, m: MatrixRef<'_>, x_q: &[u8], x_scales: &[f32], n:
         for t in 0..n {
             let mut y1 = vec![f32::NAN; rows];
             gemv_w8a8(isa, m, &x_q[t * pc..][..pc], x_scales[t], &mut y1);
-            assert_bitwise(&format!("{what}: {isa} gemv token {t}"), &y1, &y_ref[t * rows..][..rows]);
+            assert_bitwise(
+                &format!("{what}: {isa} gemv token {t}"),
+                &y1,
+                &y_ref[t * rows..][..rows],
+            );
         }
     }
     y_ref
@@ -179,13 +199,33 @@ fn packed_index_follows_the_documented_loop() {
         let q: Vec<i8> = (0..rows * cols).map(|i| (i % 251) as i8).collect();
         let packed = pack_r16c4(&q, rows, cols);
         for (i, &(r, c)) in expected.iter().enumerate() {
-            let want = if r < rows && c < cols { q[r * cols + c] } else { 0 };
+            let want = if r < rows && c < cols {
+                q[r * cols + c]
+            } else {
+                0
+            };
             assert_eq!(packed[i], want, "{rows}×{cols} byte {i}");
         }
         assert_eq!(unpack_r16c4(&packed, rows, cols), q);
     }
-    assert_eq!((padded_rows(0), padded_rows(1), padded_rows(16), padded_rows(17)), (0, 16, 16, 32));
-    assert_eq!((padded_cols(0), padded_cols(1), padded_cols(4), padded_cols(5)), (0, 4, 4, 8));
+    assert_eq!(
+        (
+            padded_rows(0),
+            padded_rows(1),
+            padded_rows(16),
+            padded_rows(17)
+        ),
+        (0, 16, 16, 32)
+    );
+    assert_eq!(
+        (
+            padded_cols(0),
+            padded_cols(1),
+            padded_cols(4),
+            padded_cols(5)
+        ),
+        (0, 4, 4, 8)
+    );
 }
 
 /// The quantisation formula, its layout invariants and the round-trip bound.
@@ -203,7 +243,9 @@ fn quantisation_round_trip_and_invariants() {
             w[2 * cols..3 * cols].iter_mut().for_each(|v| *v *= 1e-20); // a tiny row
         }
         let m = quantize_weights(&w, rows, cols);
-        m.as_ref().verify().expect("quantize_weights output is well-formed");
+        m.as_ref()
+            .verify()
+            .expect("quantize_weights output is well-formed");
         let q = unpack_r16c4(&m.packed, rows, cols);
         let deq = m.dequantize();
         for r in 0..rows {
@@ -214,19 +256,31 @@ fn quantisation_round_trip_and_invariants() {
             let sum: i32 = q[r * cols..][..cols].iter().map(|&v| i32::from(v)).sum();
             assert_eq!(m.row_sums[r], sum, "row {r} sum");
             if max_abs == 0.0 {
-                assert!(q[r * cols..][..cols].iter().all(|&v| v == 0), "zero row {r}");
+                assert!(
+                    q[r * cols..][..cols].iter().all(|&v| v == 0),
+                    "zero row {r}"
+                );
                 continue;
             }
-            let qmax = (0..cols).map(|c| q[r * cols + c].unsigned_abs()).max().unwrap();
+            let qmax = (0..cols)
+                .map(|c| q[r * cols + c].unsigned_abs())
+                .max()
+                .unwrap();
             assert_eq!(qmax, 127, "row {r}: the largest |w| maps to ±127");
             for c in 0..cols {
                 let (v, d) = (row[c], deq[r * cols + c]);
                 assert!((-127..=127).contains(&q[r * cols + c]));
                 let err = (f64::from(v) - f64::from(d)).abs();
-                assert!(err <= f64::from(scale) * (0.5 + 1e-4), "({r}, {c}): w {v}, deq {d}, scale {scale}");
+                assert!(
+                    err <= f64::from(scale) * (0.5 + 1e-4),
+                    "({r}, {c}): w {v}, deq {d}, scale {scale}"
+                );
             }
         }
-        assert!(m.scales[rows..].iter().all(|&s| s == 0.0) && m.row_sums[rows..].iter().all(|&s| s == 0));
+        assert!(
+            m.scales[rows..].iter().all(|&s| s == 0.0)
+                && m.row_sums[rows..].iter().all(|&s| s == 0)
+        );
     }
     // The formula exactly as specified, on hand-picked values: ties round to even.
     let m = quantize_weights(&[127.0, 0.5, 1.5, 2.5, -0.5, -126.5], 1, 6);
@@ -239,7 +293,16 @@ fn quantisation_round_trip_and_invariants() {
 #[test]
 fn quantize_value_matches_the_formula() {
     let formula = |v: f32, inv: f32| (v * inv).round_ties_even().clamp(-127.0, 127.0) as i8;
-    let mut values = vec![0.0f32, -0.0, f32::NAN, f32::INFINITY, f32::NEG_INFINITY, f32::MAX, f32::MIN, 1e-45];
+    let mut values = vec![
+        0.0f32,
+        -0.0,
+        f32::NAN,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        f32::MAX,
+        f32::MIN,
+        1e-45,
+    ];
     for k in -130i32..=130 {
         let k = k as f32;
         for d in [0.0f32, 0.5, -0.5, 0.25, 0.75] {
@@ -251,7 +314,11 @@ fn quantize_value_matches_the_formula() {
     values.extend((0..1_000_000).map(|_| uniform(&mut rng, -300.0, 300.0)));
     for &v in &values {
         for inv in [1.0f32, 0.5, 127.0 / 3.0, 1e30, 0.0] {
-            assert_eq!(quantize_value(v, inv), formula(v, inv), "v {v:e}, inv {inv:e}");
+            assert_eq!(
+                quantize_value(v, inv),
+                formula(v, inv),
+                "v {v:e}, inv {inv:e}"
+            );
         }
     }
 }
@@ -268,9 +335,16 @@ fn activation_quantisation_matches_weights_and_pads_with_zero() {
         let m = quantize_weights(&x, n, cols);
         let q = unpack_r16c4(&m.packed, n, cols);
         for t in 0..n {
-            assert_eq!(scales[t], m.scales[t], "cols {cols} row {t}: same scale as the weight formula");
+            assert_eq!(
+                scales[t], m.scales[t],
+                "cols {cols} row {t}: same scale as the weight formula"
+            );
             for c in 0..pc {
-                let want = if c < cols { (i16::from(q[t * cols + c]) + 128) as u8 } else { 128 };
+                let want = if c < cols {
+                    (i16::from(q[t * cols + c]) + 128) as u8
+                } else {
+                    128
+                };
                 assert_eq!(x_q[t * pc + c], want, "cols {cols} ({t}, {c})");
                 assert!(x_q[t * pc + c] >= 1);
             }
@@ -287,7 +361,11 @@ fn accumulators_bit_identical_on_odd_shapes() {
         for cols in ODD_COLS {
             let (m, q) = random_matrix(&mut rng, rows, cols);
             let big = rows * cols > 100_000;
-            let ns: &[usize] = if big { &[1, 2, 5, 8, 9] } else { &[1, 2, 3, 4, 5, 6, 7, 8, 9] };
+            let ns: &[usize] = if big {
+                &[1, 2, 5, 8, 9]
+            } else {
+                &[1, 2, 3, 4, 5, 6, 7, 8, 9]
+            };
             for &n in ns {
                 let (mut x_q, mut scales) = random_activations(&mut rng, n, cols);
                 if n >= 3 {
@@ -297,7 +375,14 @@ fn accumulators_bit_identical_on_odd_shapes() {
                     scales[1] = 0.0;
                 }
                 let want = reference_acc(&q, rows, cols, &x_q, n);
-                check_all_isas(&format!("{rows}×{cols} n {n}"), m.as_ref(), &x_q, &scales, n, &want);
+                check_all_isas(
+                    &format!("{rows}×{cols} n {n}"),
+                    m.as_ref(),
+                    &x_q,
+                    &scales,
+                    n,
+                    &want,
+                );
             }
         }
     }
@@ -318,7 +403,14 @@ fn misaligned_offsets_bit_identical() {
             let mut s_buf = vec![0.0f32; off % 3];
             s_buf.extend_from_slice(&scales);
             let what = format!("{rows}×{cols} n {n} offset {off}");
-            let y = check_all_isas(&what, shifted.as_ref(), &x_buf[off..], &s_buf[off % 3..], n, &want);
+            let y = check_all_isas(
+                &what,
+                shifted.as_ref(),
+                &x_buf[off..],
+                &s_buf[off % 3..],
+                n,
+                &want,
+            );
             assert_bitwise(&what, &y, &aligned);
         }
     }
@@ -337,7 +429,10 @@ fn extremes_do_not_overflow_or_saturate() {
         let mut q = vec![127i8; rows * cols];
         q[cols..2 * cols].fill(-127);
         q[2 * cols..3 * cols].fill(-128);
-        q[3 * cols..4 * cols].iter_mut().enumerate().for_each(|(c, v)| *v = if c % 2 == 0 { 127 } else { -127 });
+        q[3 * cols..4 * cols]
+            .iter_mut()
+            .enumerate()
+            .for_each(|(c, v)| *v = if c % 2 == 0 { 127 } else { -127 });
         let m = QuantizedMatrix::from_quantized(&q, rows, cols, &vec![1.0; rows]);
         m.as_ref().verify().expect("well-formed");
         // Activation bytes: all 255 (+127), all 1 (−127), all 0 (−128), all 128 (0).
@@ -351,17 +446,43 @@ fn extremes_do_not_overflow_or_saturate() {
         let c = cols as i64;
         let alternating = |x: i64| if cols % 2 == 1 { 127 * x } else { 0 };
         let expected: [[i64; 4]; 4] = [
-            [127 * 127 * c, -127 * 127 * c, -128 * 127 * c, alternating(127)],
-            [-127 * 127 * c, 127 * 127 * c, 128 * 127 * c, alternating(-127)],
-            [-128 * 127 * c, 128 * 127 * c, 128 * 128 * c, alternating(-128)],
+            [
+                127 * 127 * c,
+                -127 * 127 * c,
+                -128 * 127 * c,
+                alternating(127),
+            ],
+            [
+                -127 * 127 * c,
+                127 * 127 * c,
+                128 * 127 * c,
+                alternating(-127),
+            ],
+            [
+                -128 * 127 * c,
+                128 * 127 * c,
+                128 * 128 * c,
+                alternating(-128),
+            ],
             [0, 0, 0, 0],
         ];
         for (t, row) in expected.iter().enumerate() {
             for (r, &e) in row.iter().enumerate() {
-                assert_eq!(i64::from(want[t * rows + r]), e, "cols {cols}: closed form, token {t} row {r}");
+                assert_eq!(
+                    i64::from(want[t * rows + r]),
+                    e,
+                    "cols {cols}: closed form, token {t} row {r}"
+                );
             }
         }
-        check_all_isas(&format!("extremes cols {cols}"), m.as_ref(), &x_q, &scales, n, &want);
+        check_all_isas(
+            &format!("extremes cols {cols}"),
+            m.as_ref(),
+            &x_q,
+            &scales,
+            n,
+            &want,
+        );
     }
 }
 
@@ -380,7 +501,14 @@ fn zero_rows_give_zero() {
     let (x_q, scales) = quantize(&x, n, cols);
     assert_eq!(scales[2], 0.0);
     let q = unpack_r16c4(&m.packed, rows, cols);
-    let y = check_all_isas("zero rows", m.as_ref(), &x_q, &scales, n, &reference_acc(&q, rows, cols, &x_q, n));
+    let y = check_all_isas(
+        "zero rows",
+        m.as_ref(),
+        &x_q,
+        &scales,
+        n,
+        &reference_acc(&q, rows, cols, &x_q, n),
+    );
     for t in 0..n {
         for r in 0..rows {
             if t == 2 || r == 5 || r == 32 {
@@ -411,36 +539,74 @@ fn malformed_matrices_are_rejected() {
     good.verify().expect("well-formed");
     let mut bad_sum = m.clone();
     bad_sum.row_sums[3] += 1;
-    assert!(matches!(bad_sum.as_ref().verify(), Err(MatrixError::RowSum { row: 3, .. })));
+    assert!(matches!(
+        bad_sum.as_ref().verify(),
+        Err(MatrixError::RowSum { row: 3, .. })
+    ));
     let mut bad_pad = m.clone();
     bad_pad.packed[packed_index(2, 7, 6)] = 1;
-    assert!(matches!(bad_pad.as_ref().verify(), Err(MatrixError::Padding { row: 2 })));
+    assert!(matches!(
+        bad_pad.as_ref().verify(),
+        Err(MatrixError::Padding { row: 2 })
+    ));
     let mut bad_row_pad = m.clone();
     bad_row_pad.scales[20] = 1.0;
-    assert!(matches!(bad_row_pad.as_ref().verify(), Err(MatrixError::Padding { row: 20 })));
-    let short = MatrixRef { packed: &m.packed[1..], ..good };
-    assert!(matches!(short.verify(), Err(MatrixError::Length { what: "packed", .. })));
+    assert!(matches!(
+        bad_row_pad.as_ref().verify(),
+        Err(MatrixError::Padding { row: 20 })
+    ));
+    let short = MatrixRef {
+        packed: &m.packed[1..],
+        ..good
+    };
+    assert!(matches!(
+        short.verify(),
+        Err(MatrixError::Length { what: "packed", .. })
+    ));
 
     let panics = |f: &dyn Fn()| catch_unwind(AssertUnwindSafe(f)).is_err();
     let x_q = vec![128u8; 2 * 8];
     let mut y = vec![0.0f32; 2 * 17];
     for isa in isas() {
-        assert!(panics(&|| gemm_w8a8(isa, short, &x_q, &[1.0; 2], 2, &mut y.clone())), "{isa}: short packed");
-        assert!(panics(&|| gemm_w8a8(isa, good, &x_q[1..], &[1.0; 2], 2, &mut y.clone())), "{isa}: short x");
-        assert!(panics(&|| gemm_w8a8(isa, good, &x_q, &[1.0; 1], 2, &mut y.clone())), "{isa}: short scales");
-        assert!(panics(&|| gemm_w8a8(isa, good, &x_q, &[1.0; 2], 2, &mut y[1..].to_vec())), "{isa}: short y");
-        assert!(panics(&|| gemv_w8a8(isa, good, &x_q, 1.0, &mut y[..17].to_vec())), "{isa}: gemv long x");
+        assert!(
+            panics(&|| gemm_w8a8(isa, short, &x_q, &[1.0; 2], 2, &mut y.clone())),
+            "{isa}: short packed"
+        );
+        assert!(
+            panics(&|| gemm_w8a8(isa, good, &x_q[1..], &[1.0; 2], 2, &mut y.clone())),
+            "{isa}: short x"
+        );
+        assert!(
+            panics(&|| gemm_w8a8(isa, good, &x_q, &[1.0; 1], 2, &mut y.clone())),
+            "{isa}: short scales"
+        );
+        assert!(
+            panics(&|| gemm_w8a8(isa, good, &x_q, &[1.0; 2], 2, &mut y[1..].to_vec())),
+            "{isa}: short y"
+        );
+        assert!(
+            panics(&|| gemv_w8a8(isa, good, &x_q, 1.0, &mut y[..17].to_vec())),
+            "{isa}: gemv long x"
+        );
     }
     gemm_w8a8(Int8Isa::Scalar, good, &x_q, &[1.0; 2], 2, &mut y);
     for isa in Int8Isa::ALL.into_iter().filter(|isa| !isa.is_available()) {
-        assert!(panics(&|| gemm_w8a8(isa, good, &x_q, &[1.0; 2], 2, &mut y.clone())), "{isa} unavailable");
+        assert!(
+            panics(&|| gemm_w8a8(isa, good, &x_q, &[1.0; 2], 2, &mut y.clone())),
+            "{isa} unavailable"
+        );
     }
 }
 
 /// What `expert_forward` should compute, in f64 from the dequantised weights and the
 /// unquantised input, with a worst-case error bound per output element (see
 /// [`expert_forward_within_budget`]). Returns `(reference, bound)`, each `[n, d]`.
-fn expert_reference(gu: &QuantizedMatrix, down: &QuantizedMatrix, x: &[f32], n: usize) -> (Vec<f64>, Vec<f64>) {
+fn expert_reference(
+    gu: &QuantizedMatrix,
+    down: &QuantizedMatrix,
+    x: &[f32],
+    n: usize,
+) -> (Vec<f64>, Vec<f64>) {
     // f32 rounding slack of each dequantisation (`acc as f32 * sw * sx`: three roundings) and
     // of the quantiser's `inv`/`scale` (see `quantisation_round_trip_and_invariants`).
     const DEQ_REL: f64 = 3.0 * 6e-8;
@@ -456,7 +622,11 @@ fn expert_reference(gu: &QuantizedMatrix, down: &QuantizedMatrix, x: &[f32], n: 
         let (mut gu_ref, mut gu_err) = (vec![0.0f64; 2 * f], vec![0.0f64; 2 * f]);
         for j in 0..2 * f {
             let row = &wgu[j * d..][..d];
-            gu_ref[j] = row.iter().zip(xt).map(|(&w, &v)| f64::from(w) * f64::from(v)).sum();
+            gu_ref[j] = row
+                .iter()
+                .zip(xt)
+                .map(|(&w, &v)| f64::from(w) * f64::from(v))
+                .sum();
             let abs: f64 = row.iter().map(|&w| f64::from(w).abs()).sum();
             gu_err[j] = sx * HALF_STEP * abs * (1.0 + DEQ_REL) + DEQ_REL * gu_ref[j].abs();
         }
@@ -467,15 +637,26 @@ fn expert_reference(gu: &QuantizedMatrix, down: &QuantizedMatrix, x: &[f32], n: 
         for j in 0..f {
             let (g, u, eg, eu) = (gu_ref[j], gu_ref[f + j], gu_err[j], gu_err[f + j]);
             h_ref[j] = silu(g) * u;
-            h_err[j] = 1.1 * eg * (u.abs() + eu) + silu(g).abs() * eu + 1e-6 * (h_ref[j].abs() + 1e-30);
+            h_err[j] =
+                1.1 * eg * (u.abs() + eu) + silu(g).abs() * eu + 1e-6 * (h_ref[j].abs() + 1e-30);
         }
         // Stage 3: h's quantisation step, from the largest |h| the kernel can have seen.
-        let h_max = (0..f).map(|j| h_ref[j].abs() + h_err[j]).fold(0.0f64, f64::max);
+        let h_max = (0..f)
+            .map(|j| h_ref[j].abs() + h_err[j])
+            .fold(0.0f64, f64::max);
         let sh = h_max / 127.0;
         for r in 0..d {
             let row = &wd[r * f..][..f];
-            let o: f64 = row.iter().zip(&h_ref).map(|(&w, &h)| f64::from(w) * h).sum();
-            let e: f64 = row.iter().zip(&h_err).map(|(&w, &eh)| f64::from(w).abs() * (eh + sh * HALF_STEP)).sum();
+            let o: f64 = row
+                .iter()
+                .zip(&h_ref)
+                .map(|(&w, &h)| f64::from(w) * h)
+                .sum();
+            let e: f64 = row
+                .iter()
+                .zip(&h_err)
+                .map(|(&w, &eh)| f64::from(w).abs() * (eh + sh * HALF_STEP))
+                .sum();
             out[t * d + r] = o;
             bound[t * d + r] = e * (1.0 + DEQ_REL) + DEQ_REL * o.abs() + 1e-30;
         }
@@ -510,28 +691,65 @@ fn expert_forward_within_budget() {
         }
         let mut scratch = ExpertScratch::new();
         let mut out_ref = vec![f32::NAN; n * d];
-        expert_forward(Int8Isa::Scalar, gu.as_ref(), down.as_ref(), &x, n, &mut out_ref, &mut scratch);
+        expert_forward(
+            Int8Isa::Scalar,
+            gu.as_ref(),
+            down.as_ref(),
+            &x,
+            n,
+            &mut out_ref,
+            &mut scratch,
+        );
         let what = format!("expert d {d} f {f} n {n}");
         for isa in isas() {
             let mut out = vec![f32::NAN; n * d];
-            expert_forward(isa, gu.as_ref(), down.as_ref(), &x, n, &mut out, &mut scratch);
+            expert_forward(
+                isa,
+                gu.as_ref(),
+                down.as_ref(),
+                &x,
+                n,
+                &mut out,
+                &mut scratch,
+            );
             assert_bitwise(&format!("{what}: {isa} batch"), &out, &out_ref);
             for t in 0..n {
                 let mut one = vec![f32::NAN; d];
-                expert_forward(isa, gu.as_ref(), down.as_ref(), &x[t * d..][..d], 1, &mut one, &mut scratch);
-                assert_bitwise(&format!("{what}: {isa} token {t}"), &one, &out_ref[t * d..][..d]);
+                expert_forward(
+                    isa,
+                    gu.as_ref(),
+                    down.as_ref(),
+                    &x[t * d..][..d],
+                    1,
+                    &mut one,
+                    &mut scratch,
+                );
+                assert_bitwise(
+                    &format!("{what}: {isa} token {t}"),
+                    &one,
+                    &out_ref[t * d..][..d],
+                );
             }
         }
         let (reference, bound) = expert_reference(&gu, &down, &x, n);
         let (mut err2, mut ref2) = (0.0f64, 0.0f64);
         for i in 0..n * d {
             let err = (f64::from(out_ref[i]) - reference[i]).abs();
-            assert!(err <= bound[i], "{what}: element {i}: {} vs {}, bound {}", out_ref[i], reference[i], bound[i]);
+            assert!(
+                err <= bound[i],
+                "{what}: element {i}: {} vs {}, bound {}",
+                out_ref[i],
+                reference[i],
+                bound[i]
+            );
             err2 += err * err;
             ref2 += reference[i] * reference[i];
         }
         if n > 2 {
-            assert!(out_ref[d..2 * d].iter().all(|&v| v.to_bits() == 0), "{what}: zero token gives +0.0");
+            assert!(
+                out_ref[d..2 * d].iter().all(|&v| v.to_bits() == 0),
+                "{what}: zero token gives +0.0"
+            );
         }
         let rel_rms = (err2 / ref2).sqrt();
         println!("{what}: relative RMS error {rel_rms:.4}");
@@ -545,10 +763,19 @@ fn expert_shape_mismatch_panics() {
     let down = quantize_weights(&[0.5; 8 * 2], 8, 2);
     let odd = quantize_weights(&[0.5; 3 * 8], 3, 8);
     let panics = |f: &dyn Fn()| catch_unwind(AssertUnwindSafe(f)).is_err();
-    let run = |gu: &QuantizedMatrix, down: &QuantizedMatrix, x: &[f32], n: usize, out_len: usize| {
-        let mut out = vec![0.0; out_len];
-        expert_forward(Int8Isa::Scalar, gu.as_ref(), down.as_ref(), x, n, &mut out, &mut ExpertScratch::new());
-    };
+    let run =
+        |gu: &QuantizedMatrix, down: &QuantizedMatrix, x: &[f32], n: usize, out_len: usize| {
+            let mut out = vec![0.0; out_len];
+            expert_forward(
+                Int8Isa::Scalar,
+                gu.as_ref(),
+                down.as_ref(),
+                x,
+                n,
+                &mut out,
+                &mut ExpertScratch::new(),
+            );
+        };
     run(&gu, &down, &[1.0; 16], 2, 16);
     assert!(panics(&|| run(&odd, &down, &[1.0; 8], 1, 8)), "odd gate_up");
     assert!(panics(&|| run(&gu, &gu, &[1.0; 8], 1, 8)), "down shape");
@@ -558,14 +785,30 @@ fn expert_shape_mismatch_panics() {
 
 #[test]
 fn scratch_does_not_grow_after_warm_up() {
-    let gu = quantize_weights(&uniform_vec(&mut SplitMix64::new(12), 2 * 8 * 20, -1.0, 1.0), 16, 20);
-    let down = quantize_weights(&uniform_vec(&mut SplitMix64::new(13), 20 * 8, -1.0, 1.0), 20, 8);
+    let gu = quantize_weights(
+        &uniform_vec(&mut SplitMix64::new(12), 2 * 8 * 20, -1.0, 1.0),
+        16,
+        20,
+    );
+    let down = quantize_weights(
+        &uniform_vec(&mut SplitMix64::new(13), 20 * 8, -1.0, 1.0),
+        20,
+        8,
+    );
     let mut scratch = ExpertScratch::with_capacity(4, 20, 8);
     let before = scratch.capacities();
     let x = vec![0.25f32; 4 * 20];
     for n in [4, 1, 3] {
         let mut out = vec![0.0; n * 20];
-        expert_forward(Int8Isa::active(), gu.as_ref(), down.as_ref(), &x[..n * 20], n, &mut out, &mut scratch);
+        expert_forward(
+            Int8Isa::active(),
+            gu.as_ref(),
+            down.as_ref(),
+            &x[..n * 20],
+            n,
+            &mut out,
+            &mut scratch,
+        );
     }
     assert_eq!(scratch.capacities(), before);
 }

@@ -74,7 +74,12 @@ pub(super) trait Int8Tile {
 /// The CPU must support `K`'s ISA. `m.packed.len() == padded_rows · padded_cols`,
 /// `m.row_sums.len() == padded_rows` and `x_q.len() >= n · padded_cols`.
 #[inline(always)]
-pub(super) unsafe fn gemm<K: Int8Tile>(m: MatrixRef<'_>, x_q: &[u8], n: usize, sink: &mut Sink<'_>) {
+pub(super) unsafe fn gemm<K: Int8Tile>(
+    m: MatrixRef<'_>,
+    x_q: &[u8],
+    n: usize,
+    sink: &mut Sink<'_>,
+) {
     let pc = m.padded_cols();
     let groups = pc / COL_GROUP;
     for rb in 0..m.padded_rows() / ROW_BLOCK {
@@ -84,7 +89,16 @@ pub(super) unsafe fn gemm<K: Int8Tile>(m: MatrixRef<'_>, x_q: &[u8], n: usize, s
         let sums = unsafe { K::sums(&m, r0) };
         let mut t = 0;
         while t < n {
-            let tile = Tile { m: &m, w, x: x_q[t * pc..].as_ptr(), pc, groups, sums, t0: t, r0 };
+            let tile = Tile {
+                m: &m,
+                w,
+                x: x_q[t * pc..].as_ptr(),
+                pc,
+                groups,
+                sums,
+                t0: t,
+                r0,
+            };
             // SAFETY: w points at this block's 16 · pc bytes; x at tokens t.. of x_q, of which
             // n − t remain, each pc bytes long.
             t += unsafe { K::tile(tile, n - t, sink) };

@@ -89,7 +89,10 @@ unsafe fn dot_n<const R: usize>(x: *const f32, r: [*const f32; R], len: usize) -
     }
     let mut out = [0.0f32; R];
     for ((o, a), &rk) in out.iter_mut().zip(&acc).zip(&r) {
-        let mut s = hsum(_mm256_add_ps(_mm256_add_ps(a[0], a[1]), _mm256_add_ps(a[2], a[3])));
+        let mut s = hsum(_mm256_add_ps(
+            _mm256_add_ps(a[0], a[1]),
+            _mm256_add_ps(a[2], a[3]),
+        ));
         for t in j..len {
             // SAFETY: t < len.
             s += unsafe { *x.add(t) * *rk.add(t) };
@@ -106,7 +109,13 @@ unsafe fn dot_n<const R: usize>(x: *const f32, r: [*const f32; R], len: usize) -
 /// AVX2 and FMA are available; for every `i < w.len()`, `rows[i·stride ..][.. acc.len()]` is
 /// in bounds (checked by the caller).
 #[target_feature(enable = "avx2,fma")]
-pub(super) unsafe fn scale_axpy_rows(acc: &mut [f32], acc_scale: f32, w: &[f32], rows: &[f32], stride: usize) {
+pub(super) unsafe fn scale_axpy_rows(
+    acc: &mut [f32],
+    acc_scale: f32,
+    w: &[f32],
+    rows: &[f32],
+    stride: usize,
+) {
     let len = acc.len();
     let (ap, rp) = (acc.as_mut_ptr(), rows.as_ptr());
     let scale = _mm256_set1_ps(acc_scale);
@@ -138,7 +147,11 @@ pub(super) unsafe fn scale_axpy_rows(acc: &mut [f32], acc_scale: f32, w: &[f32],
         let mut v = _mm256_mul_ps(unsafe { _mm256_loadu_ps(ap.add(j)) }, scale);
         for (i, &wi) in w.iter().enumerate() {
             // SAFETY: row i is in bounds for len elements.
-            v = _mm256_fmadd_ps(_mm256_set1_ps(wi), unsafe { _mm256_loadu_ps(rp.add(i * stride + j)) }, v);
+            v = _mm256_fmadd_ps(
+                _mm256_set1_ps(wi),
+                unsafe { _mm256_loadu_ps(rp.add(i * stride + j)) },
+                v,
+            );
         }
         // SAFETY: as above.
         unsafe { _mm256_storeu_ps(ap.add(j), v) };
@@ -149,7 +162,11 @@ pub(super) unsafe fn scale_axpy_rows(acc: &mut [f32], acc_scale: f32, w: &[f32],
         let mut v = _mm_mul_ss(_mm_set_ss(unsafe { *ap.add(t) }), _mm_set_ss(acc_scale));
         for (i, &wi) in w.iter().enumerate() {
             // SAFETY: row i is in bounds for len elements.
-            v = _mm_fmadd_ss(_mm_set_ss(wi), _mm_set_ss(unsafe { *rp.add(i * stride + t) }), v);
+            v = _mm_fmadd_ss(
+                _mm_set_ss(wi),
+                _mm_set_ss(unsafe { *rp.add(i * stride + t) }),
+                v,
+            );
         }
         // SAFETY: t < len.
         unsafe { *ap.add(t) = _mm_cvtss_f32(v) };

@@ -54,7 +54,8 @@ pub(super) unsafe fn dot_rows(x: &[f32], rows: &[f32], stride: usize, out: &mut 
     let n = out.len();
     let mut i = 0;
     while i + DOT_ROWS <= n {
-        let ptrs: [*const f32; DOT_ROWS] = std::array::from_fn(|k| rp.wrapping_add((i + k) * stride));
+        let ptrs: [*const f32; DOT_ROWS] =
+            std::array::from_fn(|k| rp.wrapping_add((i + k) * stride));
         // SAFETY: rows i .. i + 4 are in bounds by the caller's contract.
         let r = unsafe { dot_n::<DOT_ROWS>(xp, ptrs, len) };
         out[i..i + DOT_ROWS].copy_from_slice(&r);
@@ -74,7 +75,11 @@ pub(super) unsafe fn dot_rows(x: &[f32], rows: &[f32], stride: usize, out: &mut 
 /// AVX-512 F/BW/VL and FMA; `x` and every `r[k]` are readable for `len` f32.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma")]
 #[inline]
-pub(super) unsafe fn dot_n<const R: usize>(x: *const f32, r: [*const f32; R], len: usize) -> [f32; R] {
+pub(super) unsafe fn dot_n<const R: usize>(
+    x: *const f32,
+    r: [*const f32; R],
+    len: usize,
+) -> [f32; R] {
     // SAFETY: forwarded contract.
     let acc = unsafe { dot_acc::<R>(x, r, len) };
     let mut out = [0.0f32; R];
@@ -91,7 +96,11 @@ pub(super) unsafe fn dot_n<const R: usize>(x: *const f32, r: [*const f32; R], le
 /// As [`dot_n`].
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma")]
 #[inline]
-pub(super) unsafe fn dot_acc<const R: usize>(x: *const f32, r: [*const f32; R], len: usize) -> [__m512; R] {
+pub(super) unsafe fn dot_acc<const R: usize>(
+    x: *const f32,
+    r: [*const f32; R],
+    len: usize,
+) -> [__m512; R] {
     let mut acc = [_mm512_setzero_ps(); R];
     let full = len - len % LANES;
     let mut j = 0;
@@ -126,7 +135,13 @@ pub(super) unsafe fn dot_acc<const R: usize>(x: *const f32, r: [*const f32; R], 
 /// AVX-512 F/BW/VL, AVX2 and FMA are available; `w` is not empty, and for every `i < w.len()`,
 /// `rows[i·stride ..][.. acc.len()]` is in bounds (checked by the caller).
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma")]
-pub(super) unsafe fn scale_axpy_rows(acc: &mut [f32], acc_scale: f32, w: &[f32], rows: &[f32], stride: usize) {
+pub(super) unsafe fn scale_axpy_rows(
+    acc: &mut [f32],
+    acc_scale: f32,
+    w: &[f32],
+    rows: &[f32],
+    stride: usize,
+) {
     let len = acc.len();
     let (ap, rp) = (acc.as_mut_ptr(), rows.as_ptr());
     let mut j = 0;
@@ -144,7 +159,10 @@ pub(super) unsafe fn scale_axpy_rows(acc: &mut [f32], acc_scale: f32, w: &[f32],
     if j < len {
         let mask = tail_mask(len - j);
         // SAFETY: masked loads and stores touch only the len - j elements in bounds.
-        let mut v = _mm512_mul_ps(unsafe { _mm512_maskz_loadu_ps(mask, ap.add(j)) }, _mm512_set1_ps(acc_scale));
+        let mut v = _mm512_mul_ps(
+            unsafe { _mm512_maskz_loadu_ps(mask, ap.add(j)) },
+            _mm512_set1_ps(acc_scale),
+        );
         for (i, &wi) in w.iter().enumerate() {
             // SAFETY: as above, for row i.
             let rv = unsafe { _mm512_maskz_loadu_ps(mask, rp.add(i * stride + j)) };
@@ -162,7 +180,13 @@ pub(super) unsafe fn scale_axpy_rows(acc: &mut [f32], acc_scale: f32, w: &[f32],
 /// AVX-512; `a` is writable and every row readable for `16 · V` f32.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma")]
 #[inline]
-unsafe fn axpy_block<const V: usize>(a: *mut f32, acc_scale: f32, w: &[f32], rows: *const f32, stride: usize) {
+unsafe fn axpy_block<const V: usize>(
+    a: *mut f32,
+    acc_scale: f32,
+    w: &[f32],
+    rows: *const f32,
+    stride: usize,
+) {
     let scale = _mm512_set1_ps(acc_scale);
     let mut v = [_mm512_setzero_ps(); V];
     for (k, x) in v.iter_mut().enumerate() {
@@ -199,7 +223,11 @@ pub(super) unsafe fn softmax_tile(s: &mut [f32], scale: f32, m: f32) -> (f32, f3
     let mut mx = _mm512_set1_ps(m);
     let mut j = 0;
     while j < len {
-        let mask = if len - j >= LANES { u16::MAX } else { tail_mask(len - j) };
+        let mask = if len - j >= LANES {
+            u16::MAX
+        } else {
+            tail_mask(len - j)
+        };
         // SAFETY: the masked load and store touch only elements j .. len of s.
         let x = _mm512_mul_ps(unsafe { _mm512_maskz_loadu_ps(mask, p.add(j)) }, sv);
         // SAFETY: as above.
@@ -212,9 +240,16 @@ pub(super) unsafe fn softmax_tile(s: &mut [f32], scale: f32, m: f32) -> (f32, f3
     let mut acc = _mm512_setzero_ps();
     let mut j = 0;
     while j < len {
-        let mask = if len - j >= LANES { u16::MAX } else { tail_mask(len - j) };
+        let mask = if len - j >= LANES {
+            u16::MAX
+        } else {
+            tail_mask(len - j)
+        };
         // SAFETY: as above.
-        let e = exp(_mm512_sub_ps(unsafe { _mm512_maskz_loadu_ps(mask, p.add(j)) }, mv));
+        let e = exp(_mm512_sub_ps(
+            unsafe { _mm512_maskz_loadu_ps(mask, p.add(j)) },
+            mv,
+        ));
         // SAFETY: as above.
         unsafe { _mm512_mask_storeu_ps(p.add(j), mask, e) };
         acc = _mm512_mask_add_ps(acc, mask, acc, e);
@@ -235,13 +270,22 @@ fn exp(x: __m512) -> __m512 {
     let t = _mm512_add_ps(_mm512_mul_ps(xc, _mm512_set1_ps(LOG2E)), round);
     let n = _mm512_sub_ps(t, round);
     let ni = _mm512_sub_epi32(_mm512_castps_si512(t), _mm512_castps_si512(round));
-    let r = _mm512_sub_ps(_mm512_sub_ps(xc, _mm512_mul_ps(n, _mm512_set1_ps(LN2_HI))), _mm512_mul_ps(n, _mm512_set1_ps(LN2_LO)));
+    let r = _mm512_sub_ps(
+        _mm512_sub_ps(xc, _mm512_mul_ps(n, _mm512_set1_ps(LN2_HI))),
+        _mm512_mul_ps(n, _mm512_set1_ps(LN2_LO)),
+    );
     let mut y = _mm512_set1_ps(EXP_P[0]);
     for &c in &EXP_P[1..] {
         y = _mm512_add_ps(_mm512_mul_ps(y, r), _mm512_set1_ps(c));
     }
-    let y = _mm512_add_ps(_mm512_add_ps(_mm512_mul_ps(y, _mm512_mul_ps(r, r)), r), _mm512_set1_ps(1.0));
-    let pow2 = _mm512_castsi512_ps(_mm512_slli_epi32::<23>(_mm512_add_epi32(ni, _mm512_set1_epi32(127))));
+    let y = _mm512_add_ps(
+        _mm512_add_ps(_mm512_mul_ps(y, _mm512_mul_ps(r, r)), r),
+        _mm512_set1_ps(1.0),
+    );
+    let pow2 = _mm512_castsi512_ps(_mm512_slli_epi32::<23>(_mm512_add_epi32(
+        ni,
+        _mm512_set1_epi32(127),
+    )));
     let y = _mm512_mul_ps(y, pow2);
     let under = _mm512_cmp_ps_mask::<_CMP_LT_OQ>(x, lo);
     _mm512_mask_mov_ps(y, under, _mm512_setzero_ps())
@@ -272,7 +316,14 @@ const AXPY_V: usize = 2;
 /// AVX-512 F/BW/VL, AVX2 and FMA are available; `xs` holds `nx · len` f32, `out` `nx · n`, and
 /// for every `i < n`, `rows[i·stride ..][.. len]` is in bounds (checked by the caller).
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma")]
-pub(super) unsafe fn dot_rows_multi(len: usize, xs: &[f32], rows: &[f32], stride: usize, out: &mut [f32], n: usize) {
+pub(super) unsafe fn dot_rows_multi(
+    len: usize,
+    xs: &[f32],
+    rows: &[f32],
+    stride: usize,
+    out: &mut [f32],
+    n: usize,
+) {
     let nx = out.len() / n.max(1);
     let rp = rows.as_ptr();
     let mut v = 0;
@@ -280,8 +331,10 @@ pub(super) unsafe fn dot_rows_multi(len: usize, xs: &[f32], rows: &[f32], stride
         let xp: [*const f32; TILE_X] = std::array::from_fn(|a| xs[(v + a) * len..].as_ptr());
         let mut i = 0;
         while i + TILE_R <= n {
-            let r: [*const f32; TILE_R] = std::array::from_fn(|b| rp.wrapping_add((i + b) * stride));
-            let next: [*const f32; TILE_R] = std::array::from_fn(|b| rp.wrapping_add((i + TILE_R + b) * stride));
+            let r: [*const f32; TILE_R] =
+                std::array::from_fn(|b| rp.wrapping_add((i + b) * stride));
+            let next: [*const f32; TILE_R] =
+                std::array::from_fn(|b| rp.wrapping_add((i + TILE_R + b) * stride));
             // SAFETY: query vectors v .. v + TILE_X and rows i .. i + TILE_R are in bounds.
             let z = unsafe { dot_tile(xp, r, next, len) };
             for a in 0..TILE_X {
@@ -319,7 +372,12 @@ const fn hsum16_lane(k: usize) -> usize {
 /// AVX-512; every `x[a]` and `r[b]` is readable for `len` f32.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma")]
 #[inline]
-unsafe fn dot_tile(x: [*const f32; TILE_X], r: [*const f32; TILE_R], next: [*const f32; TILE_R], len: usize) -> [f32; 16] {
+unsafe fn dot_tile(
+    x: [*const f32; TILE_X],
+    r: [*const f32; TILE_R],
+    next: [*const f32; TILE_R],
+    len: usize,
+) -> [f32; 16] {
     let mut acc = [[_mm512_setzero_ps(); TILE_X]; TILE_R];
     let full = len - len % LANES;
     let mut j = 0;
@@ -343,7 +401,8 @@ unsafe fn dot_tile(x: [*const f32; TILE_X], r: [*const f32; TILE_R], next: [*con
     if j < len {
         let mask = tail_mask(len - j);
         // SAFETY: masked-off lanes are not read; the len - j selected f32 are in bounds.
-        let xv: [__m512; TILE_X] = std::array::from_fn(|a| unsafe { _mm512_maskz_loadu_ps(mask, x[a].add(j)) });
+        let xv: [__m512; TILE_X] =
+            std::array::from_fn(|a| unsafe { _mm512_maskz_loadu_ps(mask, x[a].add(j)) });
         for (acc_b, &rb) in acc.iter_mut().zip(&r) {
             // SAFETY: as above.
             let rv = unsafe { _mm512_maskz_loadu_ps(mask, rb.add(j)) };
@@ -368,20 +427,32 @@ fn hsum16(v: [__m512; 16]) -> __m512 {
     // a[m]: lanes 0..8 = v[2m][i] + v[2m][i+8], lanes 8..16 the same for v[2m+1].
     let a: [__m512; 8] = std::array::from_fn(|m| {
         let (x, y) = (v[2 * m], v[2 * m + 1]);
-        _mm512_add_ps(_mm512_shuffle_f32x4::<0b01_00_01_00>(x, y), _mm512_shuffle_f32x4::<0b11_10_11_10>(x, y))
+        _mm512_add_ps(
+            _mm512_shuffle_f32x4::<0b01_00_01_00>(x, y),
+            _mm512_shuffle_f32x4::<0b11_10_11_10>(x, y),
+        )
     });
     // b[m]: quarter q = (a[i] + a[i+4], i < 4) of v[4m + q].
     let b: [__m512; 4] = std::array::from_fn(|m| {
         let (x, y) = (a[2 * m], a[2 * m + 1]);
-        _mm512_add_ps(_mm512_shuffle_f32x4::<0b10_00_10_00>(x, y), _mm512_shuffle_f32x4::<0b11_01_11_01>(x, y))
+        _mm512_add_ps(
+            _mm512_shuffle_f32x4::<0b10_00_10_00>(x, y),
+            _mm512_shuffle_f32x4::<0b11_01_11_01>(x, y),
+        )
     });
     // c[m]: quarter q = (c0, c1) of v[q], then of v[4 + q] (m = 0), or of v[8 + q], v[12 + q].
     let c: [__m512; 2] = std::array::from_fn(|m| {
         let (x, y) = (b[2 * m], b[2 * m + 1]);
-        _mm512_add_ps(_mm512_shuffle_ps::<0b01_00_01_00>(x, y), _mm512_shuffle_ps::<0b11_10_11_10>(x, y))
+        _mm512_add_ps(
+            _mm512_shuffle_ps::<0b01_00_01_00>(x, y),
+            _mm512_shuffle_ps::<0b11_10_11_10>(x, y),
+        )
     });
     // Quarter q = c0 + c1 of v[q], v[4 + q], v[8 + q], v[12 + q].
-    _mm512_add_ps(_mm512_shuffle_ps::<0b10_00_10_00>(c[0], c[1]), _mm512_shuffle_ps::<0b11_01_11_01>(c[0], c[1]))
+    _mm512_add_ps(
+        _mm512_shuffle_ps::<0b10_00_10_00>(c[0], c[1]),
+        _mm512_shuffle_ps::<0b11_01_11_01>(c[0], c[1]),
+    )
 }
 
 /// See `super::scale_axpy_rows_multi_f32`: 8 accumulator vectors × 32 elements at a time, so
@@ -393,7 +464,15 @@ fn hsum16(v: [__m512; 16]) -> __m512 {
 /// AVX-512 F/BW/VL, AVX2 and FMA are available; `n > 0`; `acc` holds `scales.len() · len` f32,
 /// `w` `scales.len() · n`, and for every `i < n`, `rows[i·stride ..][.. len]` is in bounds.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma")]
-pub(super) unsafe fn scale_axpy_rows_multi(acc: &mut [f32], len: usize, scales: &[f32], w: &[f32], n: usize, rows: &[f32], stride: usize) {
+pub(super) unsafe fn scale_axpy_rows_multi(
+    acc: &mut [f32],
+    len: usize,
+    scales: &[f32],
+    w: &[f32],
+    n: usize,
+    rows: &[f32],
+    stride: usize,
+) {
     let nx = scales.len();
     let block = AXPY_V * LANES;
     let full = len - len % block;
@@ -404,21 +483,47 @@ pub(super) unsafe fn scale_axpy_rows_multi(acc: &mut [f32], len: usize, scales: 
         while j < full {
             // SAFETY: vectors v .. v + AXPY_X of acc and every row hold j + block <= len
             // elements (block = AXPY_V · 16).
-            unsafe { axpy_tile(ap.add(j), len, &scales[v..v + AXPY_X], &w[v * n..(v + AXPY_X) * n], n, rows.as_ptr().add(j), stride) };
+            unsafe {
+                axpy_tile(
+                    ap.add(j),
+                    len,
+                    &scales[v..v + AXPY_X],
+                    &w[v * n..(v + AXPY_X) * n],
+                    n,
+                    rows.as_ptr().add(j),
+                    stride,
+                )
+            };
             j += block;
         }
         if j < len {
             for a in 0..AXPY_X {
                 let wa = &w[(v + a) * n..][..n];
                 // SAFETY: forwarded contract, for elements j .. len of vector v + a.
-                unsafe { scale_axpy_rows(&mut acc[(v + a) * len + j..(v + a + 1) * len], scales[v + a], wa, &rows[j..], stride) };
+                unsafe {
+                    scale_axpy_rows(
+                        &mut acc[(v + a) * len + j..(v + a + 1) * len],
+                        scales[v + a],
+                        wa,
+                        &rows[j..],
+                        stride,
+                    )
+                };
             }
         }
         v += AXPY_X;
     }
     for u in v..nx {
         // SAFETY: forwarded contract, for vector u alone.
-        unsafe { scale_axpy_rows(&mut acc[u * len..][..len], scales[u], &w[u * n..][..n], rows, stride) };
+        unsafe {
+            scale_axpy_rows(
+                &mut acc[u * len..][..len],
+                scales[u],
+                &w[u * n..][..n],
+                rows,
+                stride,
+            )
+        };
     }
 }
 
@@ -431,7 +536,15 @@ pub(super) unsafe fn scale_axpy_rows_multi(acc: &mut [f32], len: usize, scales: 
 /// `16 · AXPY_V` f32.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma")]
 #[inline]
-unsafe fn axpy_tile(a: *mut f32, len: usize, scales: &[f32], w: &[f32], n: usize, rows: *const f32, stride: usize) {
+unsafe fn axpy_tile(
+    a: *mut f32,
+    len: usize,
+    scales: &[f32],
+    w: &[f32],
+    n: usize,
+    rows: *const f32,
+    stride: usize,
+) {
     let mut v = [[_mm512_setzero_ps(); AXPY_V]; AXPY_X];
     for (x, vx) in v.iter_mut().enumerate() {
         let s = _mm512_set1_ps(scales[x]);
@@ -440,7 +553,10 @@ unsafe fn axpy_tile(a: *mut f32, len: usize, scales: &[f32], w: &[f32], n: usize
             *e = _mm512_mul_ps(unsafe { _mm512_loadu_ps(a.add(x * len + k * LANES)) }, s);
         }
     }
-    assert!(w.len() >= AXPY_X * n, "kernels: weights for {AXPY_X} vectors of {n}");
+    assert!(
+        w.len() >= AXPY_X * n,
+        "kernels: weights for {AXPY_X} vectors of {n}"
+    );
     let wp = w.as_ptr();
     // PERF-CRITICAL: attention's probability-weighted sum of values at long context. Raw
     // pointers: bounds checks here cost as many instructions as the FMAs.
@@ -448,7 +564,8 @@ unsafe fn axpy_tile(a: *mut f32, len: usize, scales: &[f32], w: &[f32], n: usize
         // SAFETY: row i is readable for 16 · AXPY_V elements.
         let row = unsafe { rows.add(i * stride) };
         // SAFETY: as above.
-        let rv: [__m512; AXPY_V] = std::array::from_fn(|k| unsafe { _mm512_loadu_ps(row.add(k * LANES)) });
+        let rv: [__m512; AXPY_V] =
+            std::array::from_fn(|k| unsafe { _mm512_loadu_ps(row.add(k * LANES)) });
         for (x, vx) in v.iter_mut().enumerate() {
             // SAFETY: x · n + i < AXPY_X · n <= w.len() (asserted above).
             let wv = _mm512_set1_ps(unsafe { *wp.add(x * n + i) });

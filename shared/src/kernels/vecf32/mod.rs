@@ -61,7 +61,14 @@ pub fn dot_rows_f32(isa: Isa, x: &[f32], rows: &[f32], stride: usize, out: &mut 
 ///
 /// Panics if `stride < acc.len()` with more than one row, if `rows` is too short for
 /// `w.len()` rows, or if `isa` is not available on this CPU.
-pub fn scale_axpy_rows_f32(isa: Isa, acc: &mut [f32], acc_scale: f32, w: &[f32], rows: &[f32], stride: usize) {
+pub fn scale_axpy_rows_f32(
+    isa: Isa,
+    acc: &mut [f32],
+    acc_scale: f32,
+    w: &[f32],
+    rows: &[f32],
+    stride: usize,
+) {
     check_rows(isa, acc.len(), rows, stride, w.len());
     if w.is_empty() {
         // No rows: only the scale (one multiply per element, the same bits on every ISA). The
@@ -92,12 +99,25 @@ pub fn scale_axpy_rows_f32(isa: Isa, acc: &mut [f32], acc_scale: f32, w: &[f32],
 /// # Panics
 ///
 /// As [`dot_rows_f32`], and if `out.len()` is not a multiple of `n` or `xs.len() != nx · len`.
-pub fn dot_rows_multi_f32(isa: Isa, len: usize, xs: &[f32], rows: &[f32], stride: usize, out: &mut [f32], n: usize) {
+pub fn dot_rows_multi_f32(
+    isa: Isa,
+    len: usize,
+    xs: &[f32],
+    rows: &[f32],
+    stride: usize,
+    out: &mut [f32],
+    n: usize,
+) {
     check_rows(isa, len, rows, stride, n);
     if n == 0 {
         return;
     }
-    assert!(out.len().is_multiple_of(n) && xs.len() == out.len() / n * len, "kernels: {} query floats of {len} for {} outputs of {n} rows", xs.len(), out.len());
+    assert!(
+        out.len().is_multiple_of(n) && xs.len() == out.len() / n * len,
+        "kernels: {} query floats of {len} for {} outputs of {n} rows",
+        xs.len(),
+        out.len()
+    );
     match isa {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: the ISA and the shapes were checked above.
@@ -119,12 +139,24 @@ pub fn dot_rows_multi_f32(isa: Isa, len: usize, xs: &[f32], rows: &[f32], stride
 /// # Panics
 ///
 /// As [`scale_axpy_rows_f32`], and if `acc` or `w` do not divide into `scales.len()` parts.
-pub fn scale_axpy_rows_multi_f32(isa: Isa, acc: &mut [f32], scales: &[f32], w: &[f32], rows: &[f32], stride: usize) {
+pub fn scale_axpy_rows_multi_f32(
+    isa: Isa,
+    acc: &mut [f32],
+    scales: &[f32],
+    w: &[f32],
+    rows: &[f32],
+    stride: usize,
+) {
     let nx = scales.len();
     if nx == 0 {
         return;
     }
-    assert!(acc.len().is_multiple_of(nx) && w.len().is_multiple_of(nx), "kernels: {} accumulator floats and {} weights for {nx} vectors", acc.len(), w.len());
+    assert!(
+        acc.len().is_multiple_of(nx) && w.len().is_multiple_of(nx),
+        "kernels: {} accumulator floats and {} weights for {nx} vectors",
+        acc.len(),
+        w.len()
+    );
     let (len, n) = (acc.len() / nx, w.len() / nx);
     check_rows(isa, len, rows, stride, n);
     if n == 0 {
@@ -137,10 +169,19 @@ pub fn scale_axpy_rows_multi_f32(isa: Isa, acc: &mut [f32], scales: &[f32], w: &
     match isa {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: the ISA and the shapes were checked above.
-        Isa::Avx512 => unsafe { avx512::scale_axpy_rows_multi(acc, len, scales, w, n, rows, stride) },
+        Isa::Avx512 => unsafe {
+            avx512::scale_axpy_rows_multi(acc, len, scales, w, n, rows, stride)
+        },
         _ => {
             for (x, &s) in scales.iter().enumerate() {
-                scale_axpy_rows_f32(isa, &mut acc[x * len..][..len], s, &w[x * n..][..n], rows, stride);
+                scale_axpy_rows_f32(
+                    isa,
+                    &mut acc[x * len..][..len],
+                    s,
+                    &w[x * n..][..n],
+                    rows,
+                    stride,
+                );
             }
         }
     }
@@ -157,7 +198,10 @@ pub fn scale_axpy_rows_multi_f32(isa: Isa, acc: &mut [f32], scales: &[f32], w: &
 /// ISA (up to the sign of a zero maximum, and NaN scores: AVX-512's max keeps a NaN that
 /// `f32::max` drops), whatever else the caller computes.
 pub fn softmax_tile_f32(isa: Isa, s: &mut [f32], scale: f32, m: f32) -> (f32, f32) {
-    assert!(isa.is_available(), "kernels: ISA {isa} is not available on this CPU");
+    assert!(
+        isa.is_available(),
+        "kernels: ISA {isa} is not available on this CPU"
+    );
     match isa {
         Isa::Scalar => scalar::softmax_tile(s, scale, m),
         #[cfg(target_arch = "x86_64")]
@@ -182,11 +226,24 @@ pub fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
 
 /// Panics unless `isa` runs here and `n` rows of `len` elements, `stride` apart, fit `rows`.
 fn check_rows(isa: Isa, len: usize, rows: &[f32], stride: usize, n: usize) {
-    assert!(isa.is_available(), "kernels: ISA {isa} is not available on this CPU");
+    assert!(
+        isa.is_available(),
+        "kernels: ISA {isa} is not available on this CPU"
+    );
     if n == 0 {
         return;
     }
-    assert!(n == 1 || stride >= len, "kernels: row stride {stride} is shorter than the row length {len}");
-    let needed = (n - 1).checked_mul(stride).and_then(|v| v.checked_add(len)).expect("kernels: rows overflow usize");
-    assert!(rows.len() >= needed, "kernels: {n} rows of {len} with stride {stride} need {needed} elements, got {}", rows.len());
+    assert!(
+        n == 1 || stride >= len,
+        "kernels: row stride {stride} is shorter than the row length {len}"
+    );
+    let needed = (n - 1)
+        .checked_mul(stride)
+        .and_then(|v| v.checked_add(len))
+        .expect("kernels: rows overflow usize");
+    assert!(
+        rows.len() >= needed,
+        "kernels: {n} rows of {len} with stride {stride} need {needed} elements, got {}",
+        rows.len()
+    );
 }

@@ -35,7 +35,13 @@ pub(super) fn dot(a: &[f32], b: &[f32]) -> f32 {
 }
 
 /// See `super::scale_axpy_rows_f32`; shapes were checked by the caller.
-pub(super) fn scale_axpy_rows(acc: &mut [f32], acc_scale: f32, w: &[f32], rows: &[f32], stride: usize) {
+pub(super) fn scale_axpy_rows(
+    acc: &mut [f32],
+    acc_scale: f32,
+    w: &[f32],
+    rows: &[f32],
+    stride: usize,
+) {
     for a in acc.iter_mut() {
         *a *= acc_scale;
     }
@@ -59,7 +65,14 @@ pub(super) const LOG2E: f32 = std::f32::consts::LOG2_E;
 pub(super) const LN2_HI: f32 = 0.693_359_4;
 pub(super) const LN2_LO: f32 = -2.121_944_4e-4;
 /// Cephes' `expf` minimax polynomial on `[−ln2/2, ln2/2]`, highest degree first.
-pub(super) const EXP_P: [f32; 6] = [1.987_569_1e-4, 1.398_199_9e-3, 8.333_452e-3, 4.166_579_6e-2, 0.166_666_66, 0.5];
+pub(super) const EXP_P: [f32; 6] = [
+    1.987_569_1e-4,
+    1.398_199_9e-3,
+    8.333_452e-3,
+    4.166_579_6e-2,
+    0.166_666_66,
+    0.5,
+];
 
 /// `eˣ` by range reduction `x = n·ln2 + r` and a degree-7 polynomial in `r`, with separate
 /// multiplies and adds (no FMA) so that every ISA computes the same bits. 0 for

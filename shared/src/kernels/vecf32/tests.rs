@@ -13,7 +13,8 @@ const LENS: [usize; 14] = [1, 7, 8, 9, 15, 16, 17, 31, 32, 33, 63, 100, 256, 259
 fn values(n: usize, seed: u64) -> Vec<f32> {
     (0..n as u64)
         .map(|i| {
-            let z = (i ^ seed.wrapping_mul(0x9E37_79B9_7F4A_7C15)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+            let z =
+                (i ^ seed.wrapping_mul(0x9E37_79B9_7F4A_7C15)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
             ((z >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
         })
         .collect()
@@ -35,9 +36,20 @@ fn dot_rows_match_f64_reference_on_odd_lengths_and_strides() {
             dot_rows_f32(isa, &x, &rows, stride, &mut out);
             for (i, got) in out.iter().enumerate() {
                 let r = &rows[i * stride..][..len];
-                let exact: f64 = x.iter().zip(r).map(|(a, b)| f64::from(*a) * f64::from(*b)).sum();
-                let mag: f64 = x.iter().zip(r).map(|(a, b)| (f64::from(*a) * f64::from(*b)).abs()).sum();
-                assert!((f64::from(*got) - exact).abs() <= 1e-6 * mag + 1e-30, "{isa} len {len} row {i}: {got} vs {exact}");
+                let exact: f64 = x
+                    .iter()
+                    .zip(r)
+                    .map(|(a, b)| f64::from(*a) * f64::from(*b))
+                    .sum();
+                let mag: f64 = x
+                    .iter()
+                    .zip(r)
+                    .map(|(a, b)| (f64::from(*a) * f64::from(*b)).abs())
+                    .sum();
+                assert!(
+                    (f64::from(*got) - exact).abs() <= 1e-6 * mag + 1e-30,
+                    "{isa} len {len} row {i}: {got} vs {exact}"
+                );
             }
         }
     }
@@ -55,7 +67,11 @@ fn a_rows_dot_product_is_the_same_bits_in_any_call() {
             for i in 0..n {
                 let mut one = [0.0f32];
                 dot_rows_f32(isa, &x, &rows[i * len..], len, &mut one);
-                assert_eq!(one[0].to_bits(), all[i].to_bits(), "{isa} len {len} row {i}");
+                assert_eq!(
+                    one[0].to_bits(),
+                    all[i].to_bits(),
+                    "{isa} len {len} row {i}"
+                );
             }
         }
     }
@@ -73,15 +89,29 @@ fn weighted_sum_matches_reference_and_splits_bitwise() {
             scale_axpy_rows_f32(isa, &mut acc, 0.75, &w, &rows, stride);
             for j in 0..len {
                 let exact = f64::from(start[j]) * 0.75
-                    + (0..n).map(|i| f64::from(w[i]) * f64::from(rows[i * stride + j])).sum::<f64>();
-                let mag = f64::from(start[j]).abs() + (0..n).map(|i| (f64::from(w[i]) * f64::from(rows[i * stride + j])).abs()).sum::<f64>();
-                assert!((f64::from(acc[j]) - exact).abs() <= 1e-6 * mag + 1e-30, "{isa} len {len} elem {j}");
+                    + (0..n)
+                        .map(|i| f64::from(w[i]) * f64::from(rows[i * stride + j]))
+                        .sum::<f64>();
+                let mag = f64::from(start[j]).abs()
+                    + (0..n)
+                        .map(|i| (f64::from(w[i]) * f64::from(rows[i * stride + j])).abs())
+                        .sum::<f64>();
+                assert!(
+                    (f64::from(acc[j]) - exact).abs() <= 1e-6 * mag + 1e-30,
+                    "{isa} len {len} elem {j}"
+                );
             }
             let mut split = start.clone();
             scale_axpy_rows_f32(isa, &mut split, 0.75, &w[..4], &rows, stride);
             scale_axpy_rows_f32(isa, &mut split, 1.0, &w[4..], &rows[4 * stride..], stride);
-            let same = split.iter().zip(&acc).all(|(a, b)| a.to_bits() == b.to_bits());
-            assert!(same, "{isa} len {len}: a weighted sum split over two calls differs from one call");
+            let same = split
+                .iter()
+                .zip(&acc)
+                .all(|(a, b)| a.to_bits() == b.to_bits());
+            assert!(
+                same,
+                "{isa} len {len}: a weighted sum split over two calls differs from one call"
+            );
         }
     }
 }
@@ -100,7 +130,10 @@ fn avx512_weighted_sum_gives_the_avx2_bits() {
         let (mut a2, mut a5) = (start.clone(), start);
         scale_axpy_rows_f32(Isa::Avx2, &mut a2, 0.5, &w, &rows, stride);
         scale_axpy_rows_f32(Isa::Avx512, &mut a5, 0.5, &w, &rows, stride);
-        assert!(a2.iter().zip(&a5).all(|(a, b)| a.to_bits() == b.to_bits()), "len {len}");
+        assert!(
+            a2.iter().zip(&a5).all(|(a, b)| a.to_bits() == b.to_bits()),
+            "len {len}"
+        );
     }
 }
 
@@ -123,12 +156,31 @@ fn multi_vector_kernels_give_each_vector_the_single_kernels_bits() {
                     for x in 0..nx {
                         let mut one = vec![0.0f32; n];
                         dot_rows_f32(isa, &xs[x * len..][..len], &rows, stride, &mut one);
-                        let same = one.iter().zip(&multi[x * n..][..n]).all(|(a, b)| a.to_bits() == b.to_bits());
-                        assert!(same, "{isa} len {len} nx {nx} n {n}: dot products of vector {x}");
+                        let same = one
+                            .iter()
+                            .zip(&multi[x * n..][..n])
+                            .all(|(a, b)| a.to_bits() == b.to_bits());
+                        assert!(
+                            same,
+                            "{isa} len {len} nx {nx} n {n}: dot products of vector {x}"
+                        );
                         let mut a1 = start[x * len..][..len].to_vec();
-                        scale_axpy_rows_f32(isa, &mut a1, scales[x], &w[x * n..][..n], &rows, stride);
-                        let same = a1.iter().zip(&acc[x * len..][..len]).all(|(a, b)| a.to_bits() == b.to_bits());
-                        assert!(same, "{isa} len {len} nx {nx} n {n}: weighted sum of vector {x}");
+                        scale_axpy_rows_f32(
+                            isa,
+                            &mut a1,
+                            scales[x],
+                            &w[x * n..][..n],
+                            &rows,
+                            stride,
+                        );
+                        let same = a1
+                            .iter()
+                            .zip(&acc[x * len..][..len])
+                            .all(|(a, b)| a.to_bits() == b.to_bits());
+                        assert!(
+                            same,
+                            "{isa} len {len} nx {nx} n {n}: weighted sum of vector {x}"
+                        );
                     }
                 }
             }
@@ -152,7 +204,12 @@ fn polynomial_exp_is_within_its_stated_error_of_f64_exp() {
         }
     }
     println!("exp: max relative error {:e} at {}", worst.0, worst.1);
-    assert!(worst.0 <= EXP_MAX_REL_ERR, "exp: relative error {:e} at {}", worst.0, worst.1);
+    assert!(
+        worst.0 <= EXP_MAX_REL_ERR,
+        "exp: relative error {:e} at {}",
+        worst.0,
+        worst.1
+    );
     assert_eq!(scalar::exp(0.0), 1.0);
     assert_eq!(scalar::exp(-0.0), 1.0);
     assert_eq!(scalar::exp(-88.0), 0.0);
@@ -180,15 +237,28 @@ fn softmax_tile_matches_f64_and_gives_the_same_bits_on_every_isa() {
                 // The kernel's own f32 difference: exp's error, not the subtraction's rounding.
                 let e = f64::from(r * 0.0625 - m_exact).exp();
                 sum_exact += e;
-                assert!((f64::from(*p) - e).abs() <= EXP_MAX_REL_ERR * e + 1e-38, "len {len} m {m}: {p} vs {e}");
+                assert!(
+                    (f64::from(*p) - e).abs() <= EXP_MAX_REL_ERR * e + 1e-38,
+                    "len {len} m {m}: {p} vs {e}"
+                );
             }
             // (An absolute floor for the terms exp flushes to 0: below e^-87.3 each.)
-            assert!((f64::from(sum_want) - sum_exact).abs() <= 1e-6 * sum_exact + 1e-36, "len {len} m {m}: sum");
+            assert!(
+                (f64::from(sum_want) - sum_exact).abs() <= 1e-6 * sum_exact + 1e-36,
+                "len {len} m {m}: sum"
+            );
             for isa in available() {
                 let mut got = raw.clone();
                 let (m_got, sum_got) = softmax_tile_f32(isa, &mut got, 0.0625, m);
-                let same = got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits());
-                assert!(same && m_got.to_bits() == m_want.to_bits() && sum_got.to_bits() == sum_want.to_bits(), "{isa} len {len} m {m}");
+                let same = got
+                    .iter()
+                    .zip(&want)
+                    .all(|(a, b)| a.to_bits() == b.to_bits());
+                assert!(
+                    same && m_got.to_bits() == m_want.to_bits()
+                        && sum_got.to_bits() == sum_want.to_bits(),
+                    "{isa} len {len} m {m}"
+                );
             }
         }
     }
@@ -201,13 +271,27 @@ fn with_no_rows_the_weighted_sums_only_scale() {
             let acc0 = values(len, 20);
             let mut acc = acc0.clone();
             scale_axpy_rows_f32(isa, &mut acc, 0.5, &[], &[], len);
-            assert!(acc.iter().zip(&acc0).all(|(a, b)| a.to_bits() == (b * 0.5).to_bits()), "{isa} len {len}");
+            assert!(
+                acc.iter()
+                    .zip(&acc0)
+                    .all(|(a, b)| a.to_bits() == (b * 0.5).to_bits()),
+                "{isa} len {len}"
+            );
             let acc0 = values(9 * len, 21);
             let mut acc = acc0.clone();
             let scales: Vec<f32> = (0..9).map(|x| 0.25 * x as f32).collect();
             scale_axpy_rows_multi_f32(isa, &mut acc, &scales, &[], &[], len);
-            let want: Vec<f32> = acc0.iter().enumerate().map(|(i, v)| v * scales[i / len]).collect();
-            assert!(acc.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()), "{isa} multi len {len}");
+            let want: Vec<f32> = acc0
+                .iter()
+                .enumerate()
+                .map(|(i, v)| v * scales[i / len])
+                .collect();
+            assert!(
+                acc.iter()
+                    .zip(&want)
+                    .all(|(a, b)| a.to_bits() == b.to_bits()),
+                "{isa} multi len {len}"
+            );
         }
     }
 }
