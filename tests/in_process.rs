@@ -68,7 +68,7 @@ impl InProcessDaemon {
                 .thread_name("expertd-rt")
                 // Every runtime thread (workers and the blocking pool) logs to this daemon's buffer.
                 .on_thread_start(move || {
-                    std::mem::forget(tracing::dispatcher::set_default(&dispatch))
+                    std::mem::forget(tracing::dispatcher::set_default(&dispatch));
                 })
                 .enable_all()
                 .build()

@@ -27,7 +27,7 @@ pub fn presets() -> Vec<String> {
     let dir = workspace_root().join("tests/fixtures/models");
     let mut out: Vec<String> = std::fs::read_dir(&dir)
         .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
-        .filter_map(|e| e.ok())
+        .filter_map(Result::ok)
         .filter(|e| e.path().join("config.json").exists())
         .map(|e| e.file_name().to_string_lossy().into_owned())
         .collect();

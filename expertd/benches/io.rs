@@ -108,7 +108,7 @@ fn bench_io(c: &mut Criterion) {
                     }
                     read_batch(&*cold, &mut buf, &all[cursor..cursor + n]);
                     cursor += n;
-                })
+                });
             });
         }
         group.finish();
@@ -122,7 +122,7 @@ fn bench_io(c: &mut Criterion) {
         for n in BATCHES {
             group.throughput(Throughput::Bytes((n * stride) as u64));
             group.bench_function(BenchmarkId::from_parameter(n), |b| {
-                b.iter(|| read_batch(&*warm, &mut buf, &set[..n]))
+                b.iter(|| read_batch(&*warm, &mut buf, &set[..n]));
             });
         }
         group.finish();
@@ -139,7 +139,7 @@ fn bench_io(c: &mut Criterion) {
     let mut group = c.benchmark_group("verify_only");
     group.throughput(Throughput::Bytes(stride as u64));
     group.bench_function("check_blob", |b| {
-        b.iter(|| index.verify(l0, e0, entry, &buf).expect("valid blob"))
+        b.iter(|| index.verify(l0, e0, entry, &buf).expect("valid blob"));
     });
     group.finish();
 }

@@ -22,7 +22,7 @@ pub fn init_tracing_with_default(default: &str) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
     // Colour only on a terminal: redirected logs stay plain text.
-    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let ansi = IsTerminal::is_terminal(&std::io::stderr());
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
@@ -216,9 +216,8 @@ pub fn verify(args: &VerifyArgs) -> anyhow::Result<bool> {
     };
     let mut progress = Progress::new();
     // The blob region's size is only known after the header; a bar over the file length is close.
-    let file_len = std::fs::metadata(args.dir.join(shared::container::CONTAINER_FILE))
-        .map(|m| m.len())
-        .unwrap_or(0);
+    let file_len =
+        std::fs::metadata(args.dir.join(shared::container::CONTAINER_FILE)).map_or(0, |m| m.len());
     progress.start(file_len);
     let report = verify::verify(&opts, &|n| progress.inc(n))?;
     progress.finish();
@@ -579,7 +578,7 @@ pub fn serve(args: &ServeArgs) -> anyhow::Result<()> {
         prefetch_cap_bytes: args.prefetch_cap_bytes,
         no_prefetch: args.no_prefetch,
         overlap: !args.no_overlap,
-        ring_spin: std::time::Duration::from_micros(args.ring_spin_us),
+        ring_spin: Duration::from_micros(args.ring_spin_us),
         pool_awake: !args.no_keep_awake,
         ..ServeConfig::new(args.container.clone(), cache_bytes)
     };
@@ -667,7 +666,7 @@ fn memory_budget(args: &ServeArgs) -> anyhow::Result<u64> {
             "no --cache-bytes: budget derived from the memory limit (limit - limit/16 - overhead {overhead})"
         ),
         (Budget::Fits(b), Some(l)) => {
-            tracing::info!(cache_bytes = b, limit_bytes = l.bytes, limit_file = %l.file.display(), overhead_bytes = overhead.total(), "cache budget fits the memory limit")
+            tracing::info!(cache_bytes = b, limit_bytes = l.bytes, limit_file = %l.file.display(), overhead_bytes = overhead.total(), "cache budget fits the memory limit");
         }
         _ => {}
     }

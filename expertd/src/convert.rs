@@ -19,13 +19,13 @@ use std::fs::File;
 use std::os::unix::fs::FileExt;
 
 /// The checkpoint's shard files, opened once and read with `pread` from any thread.
-pub struct ShardFiles {
+pub(crate) struct ShardFiles {
     files: Vec<File>,
 }
 
 impl ShardFiles {
     /// Opens every shard of `ckpt` read-only.
-    pub fn open(ckpt: &Checkpoint) -> Result<ShardFiles, PrepareError> {
+    pub(crate) fn open(ckpt: &Checkpoint) -> Result<ShardFiles, PrepareError> {
         let files = ckpt
             .shards
             .iter()
@@ -78,7 +78,7 @@ impl ShardFiles {
 }
 
 /// One converted expert, ready to be written at its offset.
-pub struct ConvertedExpert {
+pub(crate) struct ConvertedExpert {
     /// The blob, `layout.stride` bytes, checksum trailer included.
     pub blob: Vec<u8>,
     /// Its checksum (what the index stores).
@@ -91,7 +91,7 @@ pub struct ConvertedExpert {
 
 /// Converts (layer, expert): gate and up are quantised as one `[2f × d]` matrix (gate rows
 /// first), down as `[d × f]`.
-pub fn convert_expert(
+pub(crate) fn convert_expert(
     locator: &ExpertLocator<'_>,
     files: &ShardFiles,
     layout: &BlobLayout,

@@ -46,6 +46,9 @@ pub const DEFAULT_MAX_ROWS: u32 = 8192;
 /// Default compute lanes (calls computing at once; each uses the whole thread pool).
 pub const DEFAULT_COMPUTE_LANES: usize = 2;
 pub use proto::MAX_MESSAGE_BYTES;
+
+mod accept;
+use accept::{Conn, accept_loop};
 /// HTTP/2 keepalive: a silent TCP peer is pinged this often …
 pub const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(10);
 /// … and its connection (and sessions) dropped when a ping goes unanswered this long.
@@ -99,7 +102,7 @@ pub struct ServeConfig {
     pub overlap: bool,
     /// How long a call ring's worker polls for the next call (yielding its core to any other
     /// runnable thread) before it sleeps on the doorbell.
-    pub ring_spin: std::time::Duration,
+    pub ring_spin: Duration,
     /// Keep the compute pool's threads awake (yielding their cores between checks for work)
     /// through a ring worker's burst of calls, instead of letting them sleep between calls.
     pub pool_awake: bool,
@@ -152,7 +155,7 @@ impl ServeConfig {
         if self.compute_lanes == 0 {
             return bad("--compute-lanes must be at least 1".into());
         }
-        if self.auth_token.as_ref().is_some_and(|t| t.is_empty()) {
+        if self.auth_token.as_ref().is_some_and(String::is_empty) {
             return bad("the auth token file is empty".into());
         }
         if let Some(tls) = &self.tls {
@@ -380,7 +383,7 @@ struct Banner {
     header: shared::container::Header,
     isa: Int8Isa,
     io: String,
-    io_kind: crate::io::IoKind,
+    io_kind: IoKind,
     o_direct: bool,
     budget_bytes: u64,
     slots: u64,
@@ -662,176 +665,4 @@ pub async fn run(
 ) -> Result<(), ServeError> {
     config.check_listener(&listener)?;
     Prepared::new(config)?.serve(listener, shutdown).await
-}
-
-/// Accepts connections until told to stop; each one is checked (and, on a unix socket,
-/// pre-handshaken) on its own task so a slow client cannot hold up the others.
-async fn accept_loop(
-    listener: Listener,
-    state: Arc<ServiceState>,
-    tx: mpsc::Sender<std::io::Result<Conn>>,
-    mut stop: watch::Receiver<bool>,
-) {
-    static NEXT_CONN: AtomicU64 = AtomicU64::new(1);
-    loop {
-        let accepted = tokio::select! {
-            _ = stop.changed() => return,
-            a = accept_one(&listener) => a,
-        };
-        let (io, peer) = match accepted {
-            Ok(x) => x,
-            Err(e) => {
-                tracing::warn!(error = %e, "accept failed");
-                // Out of descriptors and similar: do not spin.
-                tokio::time::sleep(Duration::from_millis(50)).await;
-                continue;
-            }
-        };
-        let conn_id = NEXT_CONN.fetch_add(1, Ordering::Relaxed);
-        let (state, tx) = (Arc::clone(&state), tx.clone());
-        tokio::spawn(async move {
-            let allowed = match &peer {
-                Peer::Unix { uid, gid, .. } => state.auth.unix_peer_allowed(*uid, *gid),
-                Peer::Tcp(_) => true,
-            };
-            let (io, segment) = match io {
-                Accepted::Tcp(s) => {
-                    let _ = s.set_nodelay(true);
-                    (ConnIo::Tcp(s), None)
-                }
-                Accepted::Unix(mut s) => match crate::shm::negotiate(&mut s, conn_id).await {
-                    Ok(n) => (
-                        ConnIo::Unix(PrefixedStream::new(n.prefix, s)),
-                        if allowed { n.segment } else { None },
-                    ),
-                    Err(e) => {
-                        tracing::warn!(error = %crate::logsafe::text(&e.to_string()), %peer, "connection dropped during the pre-handshake");
-                        return;
-                    }
-                },
-            };
-            if !allowed {
-                tracing::warn!(%peer, "peer not in --allow-uid/--allow-gid; its calls will be refused");
-            }
-            tracing::debug!(conn_id, %peer, shm = segment.is_some(), "connection accepted");
-            state.connection_opened();
-            let conn = Conn {
-                io,
-                info: ConnInfo {
-                    conn_id,
-                    peer,
-                    allowed,
-                    segment,
-                },
-                state,
-            };
-            let _ = tx.send(Ok(conn)).await;
-        });
-    }
-}
-
-enum Accepted {
-    Unix(tokio::net::UnixStream),
-    Tcp(TcpStream),
-}
-
-async fn accept_one(listener: &Listener) -> std::io::Result<(Accepted, Peer)> {
-    match listener {
-        Listener::Unix(l) => {
-            let (s, _) = l.accept().await?;
-            let cred = s.peer_cred()?;
-            let peer = Peer::Unix {
-                uid: cred.uid(),
-                gid: cred.gid(),
-                pid: cred.pid(),
-            };
-            Ok((Accepted::Unix(s), peer))
-        }
-        Listener::Tcp(l) => {
-            let (s, addr) = l.accept().await?;
-            Ok((Accepted::Tcp(s), Peer::Tcp(Some(addr))))
-        }
-    }
-}
-
-enum ConnIo {
-    Unix(PrefixedStream),
-    Tcp(TcpStream),
-}
-
-/// One accepted connection as tonic serves it. Dropping it (the connection ended) closes the
-/// sessions opened on it and releases their leases.
-struct Conn {
-    io: ConnIo,
-    info: ConnInfo,
-    state: Arc<ServiceState>,
-}
-
-impl Drop for Conn {
-    fn drop(&mut self) {
-        tracing::debug!(conn_id = self.info.conn_id, peer = %self.info.peer, "connection closed");
-        self.state.connection_closed(self.info.conn_id);
-    }
-}
-
-impl Connected for Conn {
-    type ConnectInfo = ConnInfo;
-
-    fn connect_info(&self) -> ConnInfo {
-        self.info.clone()
-    }
-}
-
-impl AsyncRead for Conn {
-    fn poll_read(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<std::io::Result<()>> {
-        match &mut self.io {
-            ConnIo::Unix(s) => Pin::new(s).poll_read(cx, buf),
-            ConnIo::Tcp(s) => Pin::new(s).poll_read(cx, buf),
-        }
-    }
-}
-
-impl AsyncWrite for Conn {
-    fn poll_write(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<std::io::Result<usize>> {
-        match &mut self.io {
-            ConnIo::Unix(s) => Pin::new(s).poll_write(cx, buf),
-            ConnIo::Tcp(s) => Pin::new(s).poll_write(cx, buf),
-        }
-    }
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        match &mut self.io {
-            ConnIo::Unix(s) => Pin::new(s).poll_flush(cx),
-            ConnIo::Tcp(s) => Pin::new(s).poll_flush(cx),
-        }
-    }
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        match &mut self.io {
-            ConnIo::Unix(s) => Pin::new(s).poll_shutdown(cx),
-            ConnIo::Tcp(s) => Pin::new(s).poll_shutdown(cx),
-        }
-    }
-    fn poll_write_vectored(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[std::io::IoSlice<'_>],
-    ) -> Poll<std::io::Result<usize>> {
-        match &mut self.io {
-            ConnIo::Unix(s) => Pin::new(s).poll_write_vectored(cx, bufs),
-            ConnIo::Tcp(s) => Pin::new(s).poll_write_vectored(cx, bufs),
-        }
-    }
-    fn is_write_vectored(&self) -> bool {
-        match &self.io {
-            ConnIo::Unix(s) => s.is_write_vectored(),
-            ConnIo::Tcp(s) => s.is_write_vectored(),
-        }
-    }
 }

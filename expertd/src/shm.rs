@@ -184,7 +184,7 @@ impl Segment {
                 self.map.as_ptr().add(range.start),
                 out.as_mut_ptr(),
                 out.len(),
-            )
+            );
         }
     }
 
@@ -210,7 +210,7 @@ impl Segment {
                 bytes.as_ptr(),
                 self.map.as_mut_ptr().add(range.start),
                 bytes.len(),
-            )
+            );
         }
     }
 }
@@ -251,7 +251,7 @@ async fn recv_with_fds(
         });
         match got {
             Ok(n) => return Ok(n),
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
             Err(e) => return Err(e),
         }
     }

@@ -267,14 +267,14 @@ impl Sampler {
             cand.truncate(p.top_k);
         }
         cand.sort_unstable_by(order);
-        let total: f64 = cand.iter().map(|c| c.0 as f64).sum();
+        let total: f64 = cand.iter().map(|c| f64::from(c.0)).sum();
         if p.top_p < 1.0 {
             let mut acc = 0.0f64;
             let keep = cand
                 .iter()
                 .position(|c| {
-                    acc += c.0 as f64 / total;
-                    acc >= p.top_p as f64
+                    acc += f64::from(c.0) / total;
+                    acc >= f64::from(p.top_p)
                 })
                 .map_or(cand.len(), |i| i + 1);
             cand.truncate(keep.max(1));
@@ -284,10 +284,10 @@ impl Sampler {
             let keep = cand.iter().take_while(|c| c.0 >= floor).count();
             cand.truncate(keep.max(1));
         }
-        let total: f64 = cand.iter().map(|c| c.0 as f64).sum();
+        let total: f64 = cand.iter().map(|c| f64::from(c.0)).sum();
         let mut u = self.rng.next_f64() * total;
         for c in &cand {
-            u -= c.0 as f64;
+            u -= f64::from(c.0);
             if u < 0.0 {
                 return c.1;
             }
@@ -320,9 +320,9 @@ pub fn argmax_allowed(x: &[f32], allowed: Option<&[bool]>) -> u32 {
 /// Log-softmax value of `id` and the `top` most likely ids over `row`.
 pub fn logprobs_of(row: &[f32], id: u32, top: usize) -> TokenLogprob {
     let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let sum: f64 = row.iter().map(|v| ((v - max) as f64).exp()).sum();
-    let log_z = max as f64 + sum.ln();
-    let lp = |i: u32| (row[i as usize] as f64 - log_z) as f32;
+    let sum: f64 = row.iter().map(|v| f64::from(v - max).exp()).sum();
+    let log_z = f64::from(max) + sum.ln();
+    let lp = |i: u32| (f64::from(row[i as usize]) - log_z) as f32;
     let mut best: Vec<u32> = Vec::new();
     if top > 0 {
         let mut ids: Vec<u32> = (0..row.len() as u32).collect();

@@ -13,6 +13,7 @@ pub mod convert;
     clippy::pedantic,
     missing_docs,
     unreachable_pub,
+    unused_qualifications,
     rustdoc::all
 )]
 pub mod v1 {

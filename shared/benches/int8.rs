@@ -185,7 +185,7 @@ fn layer_iter<'a>(
                 experts.par_iter().with_max_len(1).for_each(|e| {
                     let i = rayon::current_thread_index().expect("inside the pool");
                     run(e, &mut workers[i].lock().expect("worker"));
-                })
+                });
             });
         }
         next = (next + EXPERTS_PER_ITER) % POOL_EXPERTS;
@@ -267,7 +267,7 @@ fn bench_int8(c: &mut Criterion) {
                         n,
                         &mut w.y[..n * D],
                         &mut w.scratch,
-                    )
+                    );
                 };
                 cases.push(Case {
                     group: format!("int8_expert/n{n}"),

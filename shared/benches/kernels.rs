@@ -93,7 +93,7 @@ impl WeightPool {
 }
 
 fn isas() -> Vec<Isa> {
-    shared::kernels::present_or_say(Isa::ALL, |isa| isa.is_available())
+    kernels::present_or_say(Isa::ALL, |isa| isa.is_available())
 }
 
 fn pools() -> Vec<(usize, rayon::ThreadPool)> {
@@ -184,8 +184,8 @@ fn bench_shape(
                         shape,
                         x,
                         &mut y,
-                    )
-                })
+                    );
+                });
             });
         }
     }

@@ -61,7 +61,10 @@ fn run_in<R: Send>(
     awake: Awake,
     f: impl FnOnce() -> R + Send,
 ) -> R {
-    let threads = pool.map_or_else(rayon::current_num_threads, |p| p.current_num_threads());
+    let threads = pool.map_or_else(
+        rayon::current_num_threads,
+        rayon::ThreadPool::current_num_threads,
+    );
     let nested = pool.map_or_else(
         || rayon::current_thread_index().is_some(),
         |p| p.current_thread_index().is_some(),
@@ -201,7 +204,7 @@ mod tests {
         } else {
             None
         };
-        let start = std::time::Instant::now();
+        let start = Instant::now();
         loop {
             let calls = AtomicUsize::new(0);
             let (idx, sum) = run(Awake::Spin, || {
@@ -224,7 +227,7 @@ mod tests {
                 start.elapsed().as_secs() < 60,
                 "never ran on pool thread 0 in 60 s"
             );
-            std::thread::sleep(std::time::Duration::from_millis(5));
+            std::thread::sleep(Duration::from_millis(5));
         }
         // Off: in place, off the pool.
         assert_eq!(run(Awake::Off, rayon::current_thread_index), None);
@@ -264,7 +267,7 @@ mod tests {
             let ran_on: Vec<Option<usize>> = (0..64)
                 .into_par_iter()
                 .map(|_| {
-                    std::thread::sleep(std::time::Duration::from_micros(300));
+                    std::thread::sleep(Duration::from_micros(300));
                     rayon::current_thread_index()
                 })
                 .collect();
@@ -334,7 +337,7 @@ mod tests {
             tx.send((caught.is_err(), after)).expect("send");
         });
         let (panicked, after) = rx
-            .recv_timeout(std::time::Duration::from_secs(60))
+            .recv_timeout(Duration::from_secs(60))
             .expect("the pool is stuck: a spinner outlived its pass");
         assert!(panicked, "the panic reaches the caller");
         assert_eq!(after, 499_500);

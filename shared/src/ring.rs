@@ -194,12 +194,14 @@ impl RingView {
         unsafe { self.base.add((self.layout.offset + ring_offset) as usize) }
     }
 
+    #[expect(clippy::cast_ptr_alignment, reason = "4-aligned: see the SAFETY note")]
     fn u32_at(&self, ring_offset: u64) -> &AtomicU32 {
         // SAFETY: inside the mapping (see `ptr`), 4-aligned (field offsets are multiples of 4
         // from 64-aligned starts), and only ever accessed atomically by this code.
         unsafe { &*(self.ptr(ring_offset) as *const AtomicU32) }
     }
 
+    #[expect(clippy::cast_ptr_alignment, reason = "8-aligned: see the SAFETY note")]
     fn u64_at(&self, ring_offset: u64) -> &AtomicU64 {
         // SAFETY: as `u32_at`; u64 fields sit at multiples of 8.
         unsafe { &*(self.ptr(ring_offset) as *const AtomicU64) }
@@ -369,14 +371,14 @@ impl Entry<'_> {
         // (asserted), which lie inside the ring; the sources hold the lengths copied.
         unsafe {
             let (id_cells, weight_cells) = (self.cells_ptr(false), self.cells_ptr(true));
-            std::ptr::copy_nonoverlapping(ids.as_ptr() as *const u8, id_cells, ids.len() * 4);
+            std::ptr::copy_nonoverlapping(ids.as_ptr().cast::<u8>(), id_cells, ids.len() * 4);
             std::ptr::copy_nonoverlapping(
-                hint.as_ptr() as *const u8,
+                hint.as_ptr().cast::<u8>(),
                 id_cells.add(ids.len() * 4),
                 hint.len() * 4,
             );
             std::ptr::copy_nonoverlapping(
-                weights.as_ptr() as *const u8,
+                weights.as_ptr().cast::<u8>(),
                 weight_cells,
                 weights.len() * 4,
             );
@@ -428,12 +430,12 @@ impl Entry<'_> {
         unsafe {
             std::ptr::copy_nonoverlapping(
                 self.cells_ptr(false),
-                ids.as_mut_ptr() as *mut u8,
+                ids.as_mut_ptr().cast::<u8>(),
                 n * 4,
             );
             std::ptr::copy_nonoverlapping(
                 self.cells_ptr(true),
-                weights.as_mut_ptr() as *mut u8,
+                weights.as_mut_ptr().cast::<u8>(),
                 n * 4,
             );
         }
@@ -464,7 +466,7 @@ impl Entry<'_> {
                 message.as_ptr(),
                 self.ring.ptr(self.at + ENTRY_HEADER_BYTES),
                 n,
-            )
+            );
         };
         self.u32(F_ERROR_LEN).store(n as u32, Ordering::Relaxed);
         self.u32(F_STATUS).store(code, Ordering::Relaxed);
@@ -500,7 +502,7 @@ impl Entry<'_> {
                     self.ring.ptr(self.at + ENTRY_HEADER_BYTES),
                     buf.as_mut_ptr(),
                     n,
-                )
+                );
             };
             (
                 self.u32(F_STATUS).load(r),
@@ -620,7 +622,7 @@ mod tests {
         // alive as long as the view (moving the Vec does not move its heap allocation); the
         // tests only use fields, which need 4/8 alignment (64 is required for real segments
         // only).
-        let ring = unsafe { RingView::new(buf.as_mut_ptr() as *mut u8, layout) };
+        let ring = unsafe { RingView::new(buf.as_mut_ptr().cast::<u8>(), layout) };
         ring.reset();
         (buf, ring)
     }
@@ -763,7 +765,7 @@ mod tests {
             "a call without a hint must not inherit the last one's"
         );
         let full = std::panic::catch_unwind(|| {
-            e.submit_with_hint(&sub, &[7, 4], &[0.75, 0.25], LayerId::new(3), &[1, 6, 0, 5])
+            e.submit_with_hint(&sub, &[7, 4], &[0.75, 0.25], LayerId::new(3), &[1, 6, 0, 5]);
         });
         assert!(
             full.is_err(),

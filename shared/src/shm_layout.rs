@@ -162,6 +162,10 @@ fn reserved_zero(what: &'static str, b: &[u8], range: Range<usize>) -> Result<()
 }
 
 /// `Err(Magic)` unless `b` (at least 8 bytes) starts with `magic`.
+#[expect(
+    clippy::trivially_copy_pass_by_ref,
+    reason = "the error names the expected magic as a &'static str"
+)]
 fn check_magic(
     what: &'static str,
     b: &[u8],
@@ -181,6 +185,10 @@ fn check_magic(
 }
 
 /// `Err(FrameLength)` unless `b` is exactly `len` bytes, then [`check_magic`].
+#[expect(
+    clippy::trivially_copy_pass_by_ref,
+    reason = "passed on to check_magic"
+)]
 fn check_frame(
     what: &'static str,
     b: &[u8],

@@ -56,8 +56,11 @@ impl ModelSizes {
         let n_layers = cfg.num_layers as u64;
         let routed_expert_params = expert_params * cfg.num_experts as u64 * n_layers;
         let dense = tensor_spec::dense_tensors(cfg, PREFIX_RELEASE);
-        let dense_bytes_bf16: u64 = dense.iter().map(|t| t.canonical_bytes()).sum();
-        let dense_params: u64 = dense.iter().map(|t| t.numel()).sum();
+        let dense_bytes_bf16: u64 = dense
+            .iter()
+            .map(tensor_spec::ExpectedTensor::canonical_bytes)
+            .sum();
+        let dense_params: u64 = dense.iter().map(tensor_spec::ExpectedTensor::numel).sum();
         let embedding_bytes_bf16 = cfg.vocab_size as u64 * d * BF16_BYTES;
         let expert_bytes_bf16 = expert_params * BF16_BYTES;
         let decode_bytes_per_token = dense_bytes_bf16 - embedding_bytes_bf16

@@ -104,7 +104,7 @@ fn wrong_shape() {
             let n = t.shape[0];
             t.shape = vec![2, n / 2];
             Some(t)
-        })
+        });
     });
     match &err {
         CheckpointError::WrongShape {

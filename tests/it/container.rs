@@ -544,7 +544,7 @@ fn another_models_container_is_refused_and_a_rerun_is_up_to_date() {
 /// fused original (the identity differs: tensor names are part of it).
 #[test]
 fn per_expert_layout_converts_to_the_same_blobs() {
-    let original = tests::model_dir("tiny");
+    let original = model_dir("tiny");
     let split = tests::copy_model(&original);
     tests::split_experts(split.path());
     let (a, b) = (
@@ -553,8 +553,8 @@ fn per_expert_layout_converts_to_the_same_blobs() {
     );
     tests::prepare_container(&original, a.path());
     tests::prepare_container(split.path(), b.path());
-    let fa = shared::container::ContainerFile::open(a.path()).expect("fused container");
-    let fb = shared::container::ContainerFile::open(b.path()).expect("per-expert container");
+    let fa = ContainerFile::open(a.path()).expect("fused container");
+    let fb = ContainerFile::open(b.path()).expect("per-expert container");
     let blobs_at = fa.index()[0].offset as usize;
     assert_eq!(blobs_at, fb.index()[0].offset as usize);
     let bytes_a = std::fs::read(a.path().join("experts.sluice")).expect("read");

@@ -411,7 +411,7 @@ fn a_call_abandoned_mid_compute_never_lends_its_slot_to_a_later_call() {
             Some(2000),
         ];
         for offset_us in offsets {
-            let (tx, rx) = std::sync::mpsc::channel();
+            let (tx, rx) = mpsc::channel();
             let c = Arc::clone(&client);
             let x = xa.clone();
             if offset_us.is_none() {

@@ -329,7 +329,7 @@ fn a_unix_client_uses_the_ring_by_default_and_both_paths_agree() {
         let prof = hostd::profile::Profiler::new();
         let pause = Duration::from_millis(300);
         c.moe_layer_overlapped(&call, &mut out, Some(&prof), &mut || {
-            std::thread::sleep(pause)
+            std::thread::sleep(pause);
         })
         .expect("profiled call");
         let ipc = prof.take().get("experts.ipc").map_or(0, |s| s.ns);
@@ -616,7 +616,7 @@ fn malformed_ring_entries_fail_that_call_and_the_worker_keeps_serving() {
     let mut ring_out = vec![0.0f32; x.len()];
     seg.read_output(&slot, &mut ring_out);
     let rpc = client(&socket, false);
-    let call = hostd::experts::MoeCall {
+    let call = MoeCall {
         layer: LayerId::new(0),
         n_rows: 2,
         top_k: 2,
@@ -625,7 +625,7 @@ fn malformed_ring_entries_fail_that_call_and_the_worker_keeps_serving() {
         weights: &w,
     };
     let mut rpc_out = vec![0.0f32; x.len()];
-    hostd::experts::ExpertBackend::moe_layer(&rpc, &call, &mut rpc_out).expect("rpc call");
+    ExpertBackend::moe_layer(&rpc, &call, &mut rpc_out).expect("rpc call");
     assert_eq!(bits(&ring_out), bits(&rpc_out));
     assert_eq!(bits(&hinted_out), bits(&rpc_out), "a call carrying a hint");
     // Echo through the raw entry too.

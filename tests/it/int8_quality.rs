@@ -120,7 +120,7 @@ fn agreement(what: &str, experts: ExpertsKind, dense: DenseKind) -> (Tally, Tall
                 for (a, b) in o.iter().zip(t) {
                     let d = (a - b).abs();
                     max_diff = max_diff.max(d);
-                    sum_diff += d as f64;
+                    sum_diff += f64::from(d);
                     n_diff += 1;
                 }
             }

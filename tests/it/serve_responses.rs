@@ -112,7 +112,7 @@ fn fold(evs: &[(String, Value)]) -> (Value, Vec<Value>) {
                 output[i]["arguments"] = json!(args);
             }
             "response.function_call_arguments.done" => {
-                assert_eq!(data["arguments"], output[i]["arguments"])
+                assert_eq!(data["arguments"], output[i]["arguments"]);
             }
             "response.output_item.done" => {
                 let mut item = data["item"].clone();

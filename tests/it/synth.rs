@@ -155,7 +155,7 @@ fn existing_output_needs_force_and_bad_flags_fail() {
     assert!(!dir.join("keep.txt").exists() && dir.join("config.json").exists());
     let leftovers: Vec<_> = std::fs::read_dir(tmp.path())
         .expect("read")
-        .filter_map(|e| e.ok())
+        .filter_map(Result::ok)
         .filter(|e| e.file_name().to_string_lossy().contains(".tmp-"))
         .collect();
     assert!(

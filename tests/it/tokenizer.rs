@@ -35,7 +35,7 @@ static BUILD_LOCK: Mutex<()> = Mutex::new(());
 /// `<workspace>/target/oracle/qwen36-tokenizer.json`, built there by `tests/oracle/build_tokenizer.py` if missing.
 /// The script writes to a temporary file and renames it, so concurrent builders never expose a partial
 /// file; within this process a mutex avoids building twice. Panics with the script's stderr if it fails.
-pub fn real_tokenizer_json() -> PathBuf {
+pub(crate) fn real_tokenizer_json() -> PathBuf {
     if let Some(p) = std::env::var_os("SLUICE_QWEN_TOKENIZER") {
         let p = PathBuf::from(p);
         assert!(
@@ -55,7 +55,9 @@ fn oracle_tokenizer_json(ranks: Option<u32>) -> PathBuf {
         Some(n) => format!("qwen36-tokenizer-r{n}.json"),
     };
     let path = workspace_root().join("target/oracle").join(name);
-    let _guard = BUILD_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    let _guard = BUILD_LOCK
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     if path.is_file() {
         return path;
     }

@@ -141,7 +141,7 @@ pub fn run(args: &BenchArgs, own_exe: PathBuf) -> Result<Value, BenchError> {
             what: "creating a temporary directory".into(),
             source: e,
         })?;
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let cores = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
     let threads = args.threads.unwrap_or(cores);
 
     eprintln!("bench: DRAM read bandwidth probe (start)");

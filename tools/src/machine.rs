@@ -33,8 +33,10 @@ fn command_line(cmd: &mut Command) -> String {
     cmd.output()
         .ok()
         .filter(|o| o.status.success())
-        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
-        .unwrap_or_else(|| "unknown".into())
+        .map_or_else(
+            || "unknown".into(),
+            |o| String::from_utf8_lossy(&o.stdout).trim().to_string(),
+        )
 }
 
 /// The machine's memory (`MemTotal` of /proc/meminfo), in bytes.

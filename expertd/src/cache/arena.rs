@@ -45,7 +45,11 @@ unsafe impl Sync for Arena {}
 impl Arena {
     /// Reserves `n_slots + n_transient` slots of `slot_bytes` (a positive multiple of
     /// [`SLOT_ALIGN`], checked by the caller). Commits no memory: see the module doc.
-    pub fn new(slot_bytes: usize, n_slots: u32, n_transient: u32) -> Result<Arena, CacheError> {
+    pub(super) fn new(
+        slot_bytes: usize,
+        n_slots: u32,
+        n_transient: u32,
+    ) -> Result<Arena, CacheError> {
         assert!(slot_bytes > 0 && slot_bytes.is_multiple_of(SLOT_ALIGN));
         let n = u64::from(n_slots) + u64::from(n_transient);
         let bytes = n
@@ -83,13 +87,13 @@ impl Arena {
     }
 
     /// Start of resident slot `slot` (< `n_slots`).
-    pub fn slot_ptr(&self, slot: u32) -> NonNull<u8> {
+    pub(super) fn slot_ptr(&self, slot: u32) -> NonNull<u8> {
         assert!(slot < self.n_slots, "slot {slot} of {}", self.n_slots);
         self.at(slot as usize)
     }
 
     /// Start of transient buffer `buffer` (< `n_transient`).
-    pub fn transient_ptr(&self, buffer: u32) -> NonNull<u8> {
+    pub(super) fn transient_ptr(&self, buffer: u32) -> NonNull<u8> {
         assert!(
             buffer < self.n_transient,
             "transient buffer {buffer} of {}",
@@ -105,34 +109,34 @@ impl Arena {
     }
 
     /// Resident slots.
-    pub fn n_slots(&self) -> u32 {
+    pub(super) fn n_slots(&self) -> u32 {
         self.n_slots
     }
 
     /// Transient buffers.
-    pub fn n_transient(&self) -> u32 {
+    pub(super) fn n_transient(&self) -> u32 {
         self.n_transient
     }
 
     /// Bytes of one slot.
-    pub fn slot_bytes(&self) -> usize {
+    pub(super) fn slot_bytes(&self) -> usize {
         self.slot_bytes
     }
 
     /// Bytes reserved: resident slots plus the transient pool (address space; what is
     /// resident is only what has been written).
-    pub fn total_bytes(&self) -> u64 {
+    pub(super) fn total_bytes(&self) -> u64 {
         self.bytes as u64
     }
 
     /// The whole mapping as `(start, len)`, for residency checks in tests.
     #[cfg(test)]
-    pub fn span(&self) -> (NonNull<u8>, usize) {
+    pub(super) fn span(&self) -> (NonNull<u8>, usize) {
         (self.ptr, self.bytes)
     }
 
     /// Whether `MADV_HUGEPAGE` was accepted for the arena.
-    pub fn huge_pages(&self) -> bool {
+    pub(super) fn huge_pages(&self) -> bool {
         self.huge_pages
     }
 }

@@ -509,7 +509,7 @@ impl Planner {
             // A read in flight is pinned by its call, whose release turns it into `Failed`
             // before unpinning; `Free` slots have no pins.
             FillState::Filling | FillState::Free => {
-                invariant!(false, "slot {s} unpinned while {:?}", slot.fill)
+                invariant!(false, "slot {s} unpinned while {:?}", slot.fill);
             }
         }
     }
@@ -683,19 +683,19 @@ pub(super) struct View<'a> {
 
 impl View<'_> {
     /// The byte budget.
-    pub fn budget_bytes(&self) -> u64 {
+    pub(super) fn budget_bytes(&self) -> u64 {
         self.planner.budget_bytes
     }
     /// Bytes of one slot.
-    pub fn slot_bytes(&self) -> u64 {
+    pub(super) fn slot_bytes(&self) -> u64 {
         self.planner.slot_bytes
     }
     /// Transient buffers.
-    pub fn n_transient(&self) -> u32 {
+    pub(super) fn n_transient(&self) -> u32 {
         self.planner.n_transient
     }
     /// Per slot: (key, fill, pins, count, last_use, evict_key).
-    pub fn slots(
+    pub(super) fn slots(
         &self,
     ) -> impl Iterator<
         Item = (
@@ -713,34 +713,36 @@ impl View<'_> {
             .map(|s| (s.key, s.fill, s.pins, s.count, s.last_use, s.evict_key))
     }
     /// The free-slot stack.
-    pub fn free(&self) -> &[u32] {
+    pub(super) fn free(&self) -> &[u32] {
         &self.planner.free
     }
     /// The eviction order.
-    pub fn evictable(&self) -> &BTreeSet<EvictKey> {
+    pub(super) fn evictable(&self) -> &BTreeSet<EvictKey> {
         &self.planner.evictable
     }
     /// The key index.
-    pub fn index(&self) -> &HashMap<ExpertKey, u32> {
+    pub(super) fn index(&self) -> &HashMap<ExpertKey, u32> {
         &self.planner.index
     }
     /// Per layer: the slots holding its experts.
-    pub fn layer_slots(&self) -> impl Iterator<Item = (LayerId, &BTreeSet<u32>)> + '_ {
+    pub(super) fn layer_slots(&self) -> impl Iterator<Item = (LayerId, &BTreeSet<u32>)> + '_ {
         self.planner.layers.iter().map(|(l, s)| (*l, &s.slots))
     }
     /// The free transient buffers.
-    pub fn transient_free(&self) -> &[u32] {
+    pub(super) fn transient_free(&self) -> &[u32] {
         &self.planner.transient_free
     }
     /// Per live call: (id, session, orphaned, placements).
-    pub fn calls(&self) -> impl Iterator<Item = (CallId, SessionId, bool, &[Placement])> + '_ {
+    pub(super) fn calls(
+        &self,
+    ) -> impl Iterator<Item = (CallId, SessionId, bool, &[Placement])> + '_ {
         self.planner
             .calls
             .iter()
             .map(|(id, r)| (*id, r.session, r.orphaned, r.placements.as_slice()))
     }
     /// Per open session: (id, stats, live call ids).
-    pub fn sessions(
+    pub(super) fn sessions(
         &self,
     ) -> impl Iterator<Item = (SessionId, &SessionStats, &BTreeSet<CallId>)> + '_ {
         self.planner
@@ -749,11 +751,11 @@ impl View<'_> {
             .map(|(id, s)| (*id, &s.stats, &s.calls))
     }
     /// Cumulative counters of closed sessions.
-    pub fn closed(&self) -> &SessionStats {
+    pub(super) fn closed(&self) -> &SessionStats {
         &self.planner.closed
     }
     /// The global counters.
-    pub fn counters(&self) -> &Counters {
+    pub(super) fn counters(&self) -> &Counters {
         &self.planner.counters
     }
 }

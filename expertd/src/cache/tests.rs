@@ -610,7 +610,7 @@ fn concurrent_calls_replay_exactly() {
         };
         let c = cache(config);
         let buf = SharedBuf::default();
-        c.start_trace(crate::trace::TraceWriter::new(Box::new(buf.clone())))
+        c.start_trace(TraceWriter::new(Box::new(buf.clone())))
             .expect("trace");
         thread::scope(|s| {
             for t in 0..4u64 {
@@ -655,8 +655,8 @@ fn concurrent_calls_replay_exactly() {
         let stats = c.stats();
         let text = lock(&buf.0).clone();
         let trace = Trace::read(&text[..]).expect("parse trace");
-        let again = c.start_trace(crate::trace::TraceWriter::new(Box::new(std::io::sink())));
-        assert!(matches!(again, Err(crate::trace::TraceError::CacheStarted)));
+        let again = c.start_trace(TraceWriter::new(Box::new(std::io::sink())));
+        assert!(matches!(again, Err(TraceError::CacheStarted)));
         let r = replay(&trace, &ReplayConfig::recorded(&trace.header)).expect("replay");
         let check = r.check.clone().expect("recorded configuration is checked");
         assert!(check.matches, "{policy}: {check:?}");
@@ -669,7 +669,7 @@ fn concurrent_calls_replay_exactly() {
 fn refused_calls_replay_exactly_and_as_what_if() {
     let c = cache(lru_config(2, 0));
     let buf = SharedBuf::default();
-    c.start_trace(crate::trace::TraceWriter::new(Box::new(buf.clone())))
+    c.start_trace(TraceWriter::new(Box::new(buf.clone())))
         .expect("trace");
     let held = acquire_filled(&c, 1, &[A, B]);
     assert!(matches!(

@@ -503,9 +503,7 @@ pub(crate) fn retryable(errno: i32) -> bool {
 #[repr(C, align(4096))]
 struct Page([u8; BLOCK_BYTES]);
 
-const _: () = assert!(
-    std::mem::size_of::<Page>() == BLOCK_BYTES && std::mem::align_of::<Page>() == BLOCK_BYTES
-);
+const _: () = assert!(size_of::<Page>() == BLOCK_BYTES && align_of::<Page>() == BLOCK_BYTES);
 
 /// A zeroed, [`BLOCK_BYTES`]-aligned byte buffer, for tests, benchmarks and probes (the
 /// daemon's buffers come from the cache arena). Split it into blob-stride chunks with

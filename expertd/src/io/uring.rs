@@ -275,7 +275,7 @@ impl UringSource {
         }
     }
 
-    fn os_error(&self, reqs: &[ReadRequest<'_>], op: &Op, errno: i32) -> IoError {
+    fn os_error(reqs: &[ReadRequest<'_>], op: &Op, errno: i32) -> IoError {
         let r = &reqs[op.req];
         IoError::Os {
             layer: r.layer,
@@ -360,7 +360,7 @@ impl UringSource {
                         op.retries += 1;
                         queue.push_back(k);
                     } else {
-                        results[op.req] = Err(self.os_error(reqs, op, -res));
+                        results[op.req] = Err(Self::os_error(reqs, op, -res));
                     }
                 } else if res == 0 {
                     let r = &reqs[op.req];
@@ -389,7 +389,7 @@ impl UringSource {
         guard.drain();
         for (k, op) in ops.iter().enumerate() {
             if op.in_flight || queue.contains(&k) {
-                results[op.req] = Err(self.os_error(reqs, op, errno));
+                results[op.req] = Err(Self::os_error(reqs, op, errno));
             }
         }
         for k in finished {
@@ -434,7 +434,7 @@ impl ExpertSource for UringSource {
             Ok(ring) => ring,
             Err(e) => {
                 for op in &ops {
-                    results[op.req] = Err(self.os_error(reqs, op, errno_of(&e)));
+                    results[op.req] = Err(Self::os_error(reqs, op, errno_of(&e)));
                 }
                 return results;
             }

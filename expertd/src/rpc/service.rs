@@ -317,7 +317,7 @@ impl ExpertdService {
             ) {
                 Ok(()) => ring_entries = ring.layout().entries,
                 Err(e) => {
-                    tracing::warn!(session = session.id, error = %e, "could not start the call-ring worker; MoeLayer RPCs only")
+                    tracing::warn!(session = session.id, error = %e, "could not start the call-ring worker; MoeLayer RPCs only");
                 }
             }
         }

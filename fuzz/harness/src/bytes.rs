@@ -79,7 +79,7 @@ impl Aligned {
 
     /// The start of the buffer, for views that address it by offset.
     pub fn as_mut_ptr(&mut self) -> *mut u8 {
-        self.words.as_mut_ptr() as *mut u8
+        self.words.as_mut_ptr().cast::<u8>()
     }
 }
 

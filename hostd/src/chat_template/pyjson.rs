@@ -18,7 +18,7 @@ pub fn tojson(value: &Value) -> String {
 
 /// Python `str(value)` of a parsed JSON value: strings raw, `True`/`False`/`None`, numbers as
 /// Python prints them; arrays and objects (which the template never passes here) as `tojson`.
-pub fn py_str(value: &Value) -> String {
+pub(super) fn py_str(value: &Value) -> String {
     match value {
         Value::String(s) => s.clone(),
         Value::Bool(true) => "True".to_string(),
@@ -94,7 +94,7 @@ fn number(n: &Number) -> String {
 
 /// Python's `repr(float)`: the shortest digits that round-trip, in fixed notation when the
 /// decimal exponent is in −4…15 (with `.0` for whole numbers), else `d.ddde±XX`.
-pub fn py_float_repr(x: f64) -> String {
+pub(super) fn py_float_repr(x: f64) -> String {
     if x.is_nan() {
         return "nan".to_string();
     }

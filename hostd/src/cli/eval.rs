@@ -70,8 +70,7 @@ pub fn run(args: &EvalArgs) -> anyhow::Result<()> {
     for (i, p) in prompts.iter().enumerate() {
         let name = p["name"]
             .as_str()
-            .map(str::to_string)
-            .unwrap_or_else(|| format!("prompt{i}"));
+            .map_or_else(|| format!("prompt{i}"), str::to_string);
         let ids: Vec<u32> = serde_json::from_value(p["input_ids"].clone())
             .with_context(|| format!("prompt {name:?}: input_ids must be a list of token ids"))?;
         let r = eval_prompt(&model, &ids, args.new_tokens, args.prefill_chunk)

@@ -280,7 +280,7 @@ impl Allowed {
 }
 
 impl SequenceConstraint {
-    fn matcher_err(&self, what: &str, e: impl std::fmt::Display) -> ConstraintError {
+    fn matcher_err(what: &str, e: impl std::fmt::Display) -> ConstraintError {
         ConstraintError::Matcher {
             message: format!("{what}: {e}"),
         }
@@ -294,7 +294,7 @@ impl SequenceConstraint {
             // Once the grammar has ended, only an end id may follow.
             None => match self.matcher.compute_mask_or_eos() {
                 Ok(m) => Ok(Allowed::Set(m)),
-                Err(e) => Err(self.matcher_err("computing the token mask", e)),
+                Err(e) => Err(Self::matcher_err("computing the token mask", e)),
             },
         }
     }
@@ -355,11 +355,14 @@ impl SequenceConstraint {
             return Ok(Commit::End);
         }
         if let Err(e) = self.matcher.consume_token(id) {
-            return Err(self.matcher_err(&format!("token {id} was not accepted"), e));
+            return Err(Self::matcher_err(
+                &format!("token {id} was not accepted"),
+                e,
+            ));
         }
         if self.matcher.is_error() {
             let e = self.matcher.get_error().unwrap_or_default();
-            return Err(self.matcher_err(&format!("after token {id}"), e));
+            return Err(Self::matcher_err(&format!("after token {id}"), e));
         }
         Ok(if self.matcher.is_stopped() {
             Commit::Complete

@@ -73,7 +73,7 @@ impl TypedMetric for Histogram {
 }
 
 impl EncodeMetric for Histogram {
-    fn encode(&self, mut encoder: MetricEncoder) -> std::fmt::Result {
+    fn encode(&self, mut encoder: MetricEncoder<'_>) -> std::fmt::Result {
         // One load per bucket; the count is their sum, so it always equals the `+Inf` bucket.
         let bounds = LATENCY_BUCKETS_S.iter().copied().chain([f64::INFINITY]);
         let buckets: Vec<(f64, u64)> = bounds
@@ -127,7 +127,7 @@ impl TypedMetric for PerEndpoint {
 }
 
 impl EncodeMetric for PerEndpoint {
-    fn encode(&self, mut encoder: MetricEncoder) -> std::fmt::Result {
+    fn encode(&self, mut encoder: MetricEncoder<'_>) -> std::fmt::Result {
         for (endpoint, h) in ENDPOINTS.iter().copied().zip(self.0.iter()) {
             let labels = EndpointLabel { endpoint };
             h.encode(encoder.encode_family(&labels)?)?;

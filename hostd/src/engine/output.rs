@@ -250,7 +250,7 @@ mod tests {
     /// Feeds `text`'s tokens one by one; returns (reasoning, content, stopped).
     fn run(text: &str, stops: &[&str], split: bool, reasoning: bool) -> (String, String, bool) {
         let tok = tokenizer();
-        let stops: Vec<String> = stops.iter().map(|s| s.to_string()).collect();
+        let stops: Vec<String> = stops.iter().map(ToString::to_string).collect();
         let mut out = OutputText::new(&tok, &stops, split, reasoning);
         let (mut r, mut c) = (String::new(), String::new());
         for id in tok.encode(text).expect("encode") {

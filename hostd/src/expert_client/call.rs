@@ -176,7 +176,7 @@ impl ExpertdClient {
                     .map_err(|e| protocol(&e.to_string()))?;
             }
             (Some(moe_layer_response::Output::OutputShm(_)), Some(seg), Some(slot)) => {
-                seg.read_output(slot, out)
+                seg.read_output(slot, out);
             }
             (Some(moe_layer_response::Output::OutputShm(_)), _, _) => {
                 return Err(protocol("shared-memory output for an inline call"));

@@ -329,7 +329,7 @@ mod tests {
                 expert,
                 reason,
             } if (layer.get(), expert.get()) == (1, 2) => {
-                assert!(reason.contains("checksum"), "{reason}")
+                assert!(reason.contains("checksum"), "{reason}");
             }
             other => panic!("{other:?}"),
         }

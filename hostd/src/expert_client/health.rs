@@ -106,7 +106,7 @@ impl ExpertHealth {
         if d.readiness != readiness {
             match &reason {
                 Some(r) => {
-                    tracing::warn!(state = readiness.as_str(), reason = %r, "expertd health changed")
+                    tracing::warn!(state = readiness.as_str(), reason = %r, "expertd health changed");
                 }
                 None => tracing::info!(state = readiness.as_str(), "expertd health changed"),
             }

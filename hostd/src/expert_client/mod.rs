@@ -330,7 +330,7 @@ impl ExpertdClient {
     /// Runs `f` on the client runtime and waits for it from this (non-runtime) thread.
     fn block_on<F, T>(&self, f: F) -> Option<T>
     where
-        F: std::future::Future<Output = T> + Send + 'static,
+        F: Future<Output = T> + Send + 'static,
         T: Send + 'static,
     {
         let (tx, rx) = std::sync::mpsc::sync_channel(1);
@@ -408,7 +408,7 @@ impl ExpertdClient {
             // EAGAIN on connect: the listener's backlog is full, nobody accepts — a daemon that
             // is there but not running (stopped, hung).
             ExpertClientError::NotUp { last, .. } if last.contains("(os error 11)") => {
-                self.health.degraded(e.to_string())
+                self.health.degraded(e.to_string());
             }
             e if e.is_unavailable() => self.health.unavailable(e.to_string()),
             _ => {}

@@ -494,10 +494,10 @@ pub fn sweep_stale_dirs(tmp: &Path) {
         if owned && pid != std::process::id() && !Path::new(&format!("/proc/{pid}")).exists() {
             match std::fs::remove_dir_all(entry.path()) {
                 Ok(()) => {
-                    tracing::info!(dir = %entry.path().display(), "removed a private expertd directory left by a hostd that was killed")
+                    tracing::info!(dir = %entry.path().display(), "removed a private expertd directory left by a hostd that was killed");
                 }
                 Err(e) => {
-                    tracing::debug!(dir = %entry.path().display(), error = %e, "could not remove a stale private expertd directory")
+                    tracing::debug!(dir = %entry.path().display(), error = %e, "could not remove a stale private expertd directory");
                 }
             }
         }

@@ -161,7 +161,7 @@ impl ClientSegment {
                 bytes.as_ptr(),
                 self.map.as_mut_ptr().add(offset as usize),
                 bytes.len(),
-            )
+            );
         }
     }
 
@@ -176,7 +176,7 @@ impl ClientSegment {
                 self.map.as_ptr().add(offset as usize),
                 out.as_mut_ptr(),
                 out.len(),
-            )
+            );
         }
     }
 

@@ -41,7 +41,7 @@ fn drain(mut body: Body) {
         let discard = async {
             let mut seen = 0usize;
             while let Some(Ok(frame)) = body.frame().await {
-                seen += frame.data_ref().map_or(0, |d| d.len());
+                seen += frame.data_ref().map_or(0, Bytes::len);
                 if seen > DRAIN_MAX_BYTES {
                     break;
                 }

@@ -36,7 +36,7 @@ use crate::tool_calls::{ToolCallParser, ToolEvent};
 use axum::response::{IntoResponse, Response};
 
 /// The handler.
-pub async fn chat_completions(
+pub(super) async fn chat_completions(
     Admitted {
         app,
         ready,

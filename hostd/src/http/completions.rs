@@ -30,7 +30,7 @@ const DEFAULT_MAX_TOKENS: usize = 16;
 const MAX_LEGACY_LOGPROBS: i64 = 5;
 
 /// The handler.
-pub async fn completions(
+pub(super) async fn completions(
     Admitted {
         app,
         ready,

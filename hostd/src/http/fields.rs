@@ -427,7 +427,7 @@ pub fn thinking(f: &ThinkingFields<'_>, default: bool) -> Result<Thinking, ApiEr
                 match (k.as_str(), v) {
                     (_, Value::Null) => {}
                     ("effort", Value::String(e)) => {
-                        set(effort(e, "reasoning.effort")?, "reasoning.effort")?
+                        set(effort(e, "reasoning.effort")?, "reasoning.effort")?;
                     }
                     ("enabled", Value::Bool(b)) => set(*b, "reasoning.enabled")?,
                     ("exclude", Value::Bool(b)) => shown = shown && !b,

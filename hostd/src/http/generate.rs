@@ -25,7 +25,7 @@ use tokio::sync::mpsc::UnboundedReceiver;
 
 /// A rendered and tokenised chat prompt.
 #[derive(Debug)]
-pub struct ChatPrompt {
+pub(super) struct ChatPrompt {
     /// The prompt's ids.
     pub ids: Vec<u32>,
     /// Where the prefix cache should keep a state (see the module doc).
@@ -34,7 +34,7 @@ pub struct ChatPrompt {
 
 /// A conversation to render: its messages, the tool definitions as the client sent them, and
 /// the template's switches.
-pub struct ChatInput {
+pub(super) struct ChatInput {
     /// The messages.
     pub messages: Vec<ChatMessage>,
     /// The tool definitions.
@@ -46,7 +46,7 @@ pub struct ChatInput {
 /// Renders `input`, checks the prompt against the byte cap and the context (a 400 naming
 /// `messages`), and tokenises it in the bounded pool. `with_checkpoint`: also find the
 /// prefix-cache checkpoint (generation needs it; counting tokens does not).
-pub async fn tokenize_chat(
+pub(super) async fn tokenize_chat(
     app: &AppState,
     ready: &Ready,
     input: ChatInput,
@@ -70,7 +70,7 @@ pub async fn tokenize_chat(
         .tokenize(text.len(), move || {
             let ids = tokenizer.encode(&text)?;
             let checkpoint = if with_checkpoint {
-                checkpoint(&tokenizer, &messages, &tools, &opts, &ids)
+                checkpoint(&tokenizer, &messages, &tools, opts, &ids)
             } else {
                 None
             };
@@ -86,12 +86,12 @@ fn checkpoint(
     tokenizer: &Tokenizer,
     messages: &[ChatMessage],
     tools: &[Value],
-    opts: &ChatOptions,
+    opts: ChatOptions,
     prompt: &[u32],
 ) -> Option<usize> {
     let no_gen = ChatOptions {
         add_generation_prompt: false,
-        ..*opts
+        ..opts
     };
     let mut text = chat_template::render_with_tools(messages, tools, &no_gen).ok()?;
     text.push_str("<|im_start|>assistant\n");
@@ -101,7 +101,7 @@ fn checkpoint(
 
 /// What a handler settled about its generation, whatever its API; the prompt and the budget
 /// travel beside it.
-pub struct Generation {
+pub(super) struct Generation {
     /// The request's id (logs, metrics, response ids); choice `i > 0` runs as `{request_id}-{i}`.
     pub request_id: String,
     /// When the HTTP request arrived.
@@ -128,7 +128,7 @@ pub struct Generation {
 /// the context) and submits `choices` sequences with [`submit_choices`], splitting reasoning
 /// from the answer; returns one event receiver per choice (dropping one cancels its
 /// generation) and the prompt's token count.
-pub async fn submit_chat(
+pub(super) async fn submit_chat(
     app: &AppState,
     ready: &Ready,
     input: ChatInput,
@@ -159,7 +159,7 @@ pub async fn submit_chat(
 
 /// One generation request as the engine takes it, its budget already fitted to the context;
 /// [`submit_choices`] submits it once per choice.
-pub struct Submission {
+pub(super) struct Submission {
     /// The prompt's ids.
     pub prompt: Vec<u32>,
     /// Where the prefix cache should keep a state.
@@ -178,7 +178,7 @@ pub struct Submission {
 /// own state), then submits one sequence per choice with its own seed. Returns the event
 /// receivers in choice order; if a later choice is refused (queue full), dropping the earlier
 /// receivers cancels those.
-pub async fn submit_choices(
+pub(super) async fn submit_choices(
     app: &AppState,
     ready: &Ready,
     s: Submission,

@@ -57,7 +57,7 @@ pub async fn serve(
     listener: tokio::net::TcpListener,
     state: Arc<AppState>,
     router: Router,
-    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+    shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let limits = state.config.peer.clone();
     let main = Arc::new(Semaphore::new(limits.max_connections.max(1)));

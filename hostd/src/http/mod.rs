@@ -249,7 +249,7 @@ fn cors_layer(origins: &[String]) -> Option<tower_http::cors::CorsLayer> {
 pub async fn serve(
     listener: tokio::net::TcpListener,
     state: Arc<AppState>,
-    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+    shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let app = router(Arc::clone(&state));
     listener::serve(listener, state, app, shutdown).await
@@ -320,7 +320,7 @@ async fn track(State(app): State<Arc<AppState>>, mut req: Request, next: Next) -
             status,
             took_ms = start.elapsed().as_millis() as u64,
             "response"
-        )
+        );
     });
     if let Ok(v) = HeaderValue::from_str(&id) {
         if anthropic::owns(&path) {

@@ -221,8 +221,8 @@ pub fn budget(
     }
 }
 
-fn present(v: &Option<Value>) -> bool {
-    v.as_ref().is_some_and(|v| !v.is_null())
+fn present(v: Option<&Value>) -> bool {
+    v.is_some_and(|v| !v.is_null())
 }
 
 /// Refuses the chat options this server does not implement, naming each (the tool fields are
@@ -249,7 +249,7 @@ pub fn reject_unsupported_chat(r: &ChatCompletionRequest) -> Result<(), ApiError
         ),
     ];
     for (v, param, msg) in plain {
-        if present(v) {
+        if present(v.as_ref()) {
             return Err(ApiError::unsupported(msg, param));
         }
     }

@@ -11,7 +11,7 @@
 use super::error::ApiError;
 use crate::engine::{Delta, Event, FinishReason, Usage};
 use axum::response::sse::Sse;
-pub use axum::response::sse::{Event as SseEvent, KeepAlive};
+pub(super) use axum::response::sse::{Event as SseEvent, KeepAlive};
 use axum::response::{IntoResponse, Response};
 use std::collections::VecDeque;
 use std::convert::Infallible;
@@ -19,7 +19,7 @@ use std::task::Poll;
 use tokio::sync::mpsc::UnboundedReceiver;
 
 /// The event receivers of a request's choices, read as one stream of `(choice, event)`.
-pub struct Choices {
+pub(super) struct Choices {
     /// `None` once the choice delivered its terminal event.
     rxs: Vec<Option<UnboundedReceiver<Event>>>,
     /// Where the next poll starts, so a busy choice cannot starve the others.
@@ -28,7 +28,7 @@ pub struct Choices {
 
 impl Choices {
     /// The receivers of choices 0, 1, ….
-    pub fn new(rxs: Vec<UnboundedReceiver<Event>>) -> Choices {
+    pub(super) fn new(rxs: Vec<UnboundedReceiver<Event>>) -> Choices {
         Choices {
             rxs: rxs.into_iter().map(Some).collect(),
             next: 0,
@@ -37,7 +37,7 @@ impl Choices {
 
     /// The next event of any choice; `(i, None)` when choice `i`'s channel closed without a
     /// terminal event; `None` when every choice has ended.
-    pub async fn recv(&mut self) -> Option<(usize, Option<Event>)> {
+    pub(super) async fn recv(&mut self) -> Option<(usize, Option<Event>)> {
         std::future::poll_fn(|cx| {
             let n = self.rxs.len();
             let mut open = false;
@@ -70,7 +70,7 @@ impl Choices {
 
 /// Token counts of a reply with several choices: the prompt (and its cached part) once, as
 /// choice 0 saw it, and the completion tokens of all choices together.
-pub fn total_usage(usages: &[Usage]) -> Usage {
+pub(super) fn total_usage(usages: &[Usage]) -> Usage {
     let first = usages.first().copied().unwrap_or(Usage {
         prompt_tokens: 0,
         completion_tokens: 0,
@@ -95,7 +95,7 @@ pub struct Collected {
 
 /// Waits for the generation to end and folds its deltas (the single-choice form, for endpoints
 /// without `n`: the Anthropic messages endpoint).
-pub async fn collect(rx: UnboundedReceiver<Event>) -> Result<Collected, ApiError> {
+pub(super) async fn collect(rx: UnboundedReceiver<Event>) -> Result<Collected, ApiError> {
     let mut all = collect_choices(Choices::new(vec![rx])).await?;
     all.pop().ok_or_else(stopped)
 }
@@ -105,7 +105,7 @@ fn stopped() -> ApiError {
 }
 
 /// Waits for every choice to end and folds each one's deltas; the first failure fails all.
-pub async fn collect_choices(mut choices: Choices) -> Result<Vec<Collected>, ApiError> {
+pub(super) async fn collect_choices(mut choices: Choices) -> Result<Vec<Collected>, ApiError> {
     let n = choices.rxs.len();
     let mut deltas: Vec<Delta> = (0..n).map(|_| Delta::default()).collect();
     let mut done: Vec<Option<(FinishReason, Usage)>> = vec![None; n];
@@ -136,11 +136,11 @@ pub async fn collect_choices(mut choices: Choices) -> Result<Vec<Collected>, Api
 }
 
 /// Turns a failure (and the request id) into the frames the client gets.
-pub type FailureFrames = Box<dyn Fn(&ApiError, Option<&str>) -> Vec<SseEvent> + Send>;
+pub(super) type FailureFrames = Box<dyn Fn(&ApiError, Option<&str>) -> Vec<SseEvent> + Send>;
 
 /// How a stream frames what is not an engine delta: the payloads sent for a failure, those
 /// sent after every choice has ended, and the keep-alive sent while nothing else is.
-pub struct Framing {
+pub(super) struct Framing {
     /// The frames a failure becomes (the error already logged).
     pub failure: FailureFrames,
     /// Frames after a normal end (OpenAI's `[DONE]`).
@@ -152,7 +152,7 @@ pub struct Framing {
 impl Framing {
     /// OpenAI's framing: data-only frames, the error object as data, `[DONE]` after the end
     /// (a failure included), comment keep-alives.
-    pub fn openai() -> Framing {
+    pub(super) fn openai() -> Framing {
         Framing {
             failure: Box::new(|e, request_id| {
                 vec![
@@ -196,7 +196,7 @@ impl<F> StreamState<F> {
     dead_code,
     reason = "the single-choice form for endpoints without `n`; the chat and completion handlers use `sse_choices`"
 )]
-pub fn sse<F>(rx: UnboundedReceiver<Event>, first: Vec<String>, mut format: F) -> Response
+pub(super) fn sse<F>(rx: UnboundedReceiver<Event>, first: Vec<String>, mut format: F) -> Response
 where
     F: FnMut(Event) -> Vec<String> + Send + 'static,
 {
@@ -205,7 +205,7 @@ where
 
 /// [`sse`] for several choices: `format(choice, event)`; `[DONE]` once every choice has ended
 /// (after the last one's `Done`), or right after the first failure.
-pub fn sse_choices<F>(rx: Choices, first: Vec<String>, mut format: F) -> Response
+pub(super) fn sse_choices<F>(rx: Choices, first: Vec<String>, mut format: F) -> Response
 where
     F: FnMut(usize, Event) -> Vec<String> + Send + 'static,
 {
@@ -228,7 +228,12 @@ where
 /// event but a failure, which becomes `framing.failure`'s frames (and ends the reply);
 /// `framing.done` follows once every choice has ended. The body owns the event receivers, so a
 /// client that goes away cancels the generation.
-pub fn sse_framed<F>(rx: Choices, first: Vec<SseEvent>, format: F, framing: Framing) -> Response
+pub(super) fn sse_framed<F>(
+    rx: Choices,
+    first: Vec<SseEvent>,
+    format: F,
+    framing: Framing,
+) -> Response
 where
     F: FnMut(usize, Event) -> Vec<SseEvent> + Send + 'static,
 {
@@ -272,7 +277,7 @@ where
 }
 
 /// Serialises a response object; these types always serialise.
-pub fn to_json<T: serde::Serialize>(v: &T) -> String {
+pub(super) fn to_json<T: serde::Serialize>(v: &T) -> String {
     serde_json::to_string(v).unwrap_or_else(|e| {
         ApiError::Internal(format!("serialising a chunk: {e}"))
             .body()
@@ -291,7 +296,7 @@ mod tests {
         detail: &str,
     ) -> (
         tokio::sync::mpsc::UnboundedSender<Event>,
-        tokio::sync::mpsc::UnboundedReceiver<Event>,
+        UnboundedReceiver<Event>,
     ) {
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
         let _ = tx.send(Event::Failed(crate::engine::Failure {

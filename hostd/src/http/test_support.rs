@@ -9,12 +9,12 @@ use serde_json::Value;
 use tokio::sync::mpsc::UnboundedReceiver;
 
 /// A prompt-size check with no cap.
-pub fn no_cap(_: &str, _: &str) -> Result<(), ApiError> {
+pub(super) fn no_cap(_: &str, _: &str) -> Result<(), ApiError> {
     Ok(())
 }
 
 /// A prompt of 11 tokens plus 1 asked for, over a context of 10 (`messages`).
-pub fn context_length_error() -> ApiError {
+pub(super) fn context_length_error() -> ApiError {
     ApiError::ContextLength {
         max_context: 10,
         requested: 12,
@@ -25,7 +25,7 @@ pub fn context_length_error() -> ApiError {
 }
 
 /// The `param` an error names (empty when none).
-pub fn param_of(e: ApiError) -> String {
+pub(super) fn param_of(e: ApiError) -> String {
     e.body()["error"]["param"]
         .as_str()
         .unwrap_or_default()
@@ -33,7 +33,7 @@ pub fn param_of(e: ApiError) -> String {
 }
 
 /// A delta of reasoning and answer text without logprobs.
-pub fn delta(reasoning: &str, content: &str) -> Event {
+pub(super) fn delta(reasoning: &str, content: &str) -> Event {
     Event::Delta(Delta {
         reasoning: reasoning.into(),
         content: content.into(),
@@ -43,7 +43,7 @@ pub fn delta(reasoning: &str, content: &str) -> Event {
 
 /// Feeds `evs` to the reply `stream` builds and returns its SSE events as (event name, data)
 /// pairs, skipping frames without data.
-pub async fn sse_events(
+pub(super) async fn sse_events(
     evs: Vec<Event>,
     stream: impl FnOnce(UnboundedReceiver<Event>) -> Response,
 ) -> Vec<(String, Value)> {

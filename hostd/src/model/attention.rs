@@ -49,7 +49,7 @@ impl Rope {
         let inv_freq = (0..rotary_dims / 2)
             .map(|j| {
                 let exponent = (2 * j) as f32 / rotary_dims as f32;
-                (1.0 / theta.powf(exponent as f64)) as f32
+                (1.0 / theta.powf(f64::from(exponent))) as f32
             })
             .collect();
         Rope { inv_freq }

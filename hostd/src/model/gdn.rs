@@ -571,7 +571,7 @@ mod tests {
         let (dk, dv) = (128, 128);
         let n = 40;
         let (q, k, v, beta, g) = inputs(n, dk, dv, 7);
-        for isa in shared::kernels::present_or_say(Isa::ALL, |isa| isa.is_available()) {
+        for isa in kernels::present_or_say(Isa::ALL, |isa| isa.is_available()) {
             let mut s_ref: Vec<f32> = (0..dk * dv)
                 .map(|i| ((i % 11) as f32 - 5.0) * 0.02)
                 .collect();

@@ -164,7 +164,7 @@ fn advise_huge_pages<T>(v: &Vec<T>) {
     {
         const PAGE: usize = 4096;
         let start = v.as_ptr() as usize;
-        let end = start + v.capacity() * std::mem::size_of::<T>();
+        let end = start + v.capacity() * size_of::<T>();
         let aligned = start.next_multiple_of(PAGE);
         if end > aligned + (2 << 20) {
             // SAFETY: [aligned, end) lies inside the Vec's own allocation, which stays alive

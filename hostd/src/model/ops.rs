@@ -66,7 +66,7 @@ pub fn l2_norm(x: &mut [f32], eps: f32, mul: f32) {
 pub fn dot(a: &[f32], b: &[f32]) -> f32 {
     // PERF-CRITICAL: attention scores and DeltaNet chunk products in prefill.
     debug_assert_eq!(a.len(), b.len());
-    shared::kernels::vecf32::dot_f32(a, b)
+    kernels::vecf32::dot_f32(a, b)
 }
 
 /// Numerically stable softmax in place.

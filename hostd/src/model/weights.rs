@@ -201,7 +201,7 @@ impl MappedCheckpoint {
     ) -> Result<Matrix, WeightsError> {
         let len = rows * cols * 2;
         let bytes = self.range(name, shard, offset, len as u64)?;
-        if bytes.as_ptr().align_offset(std::mem::align_of::<bf16>()) == 0 {
+        if bytes.as_ptr().align_offset(align_of::<bf16>()) == 0 {
             Ok(Matrix {
                 storage: Storage::Mapped {
                     map: self.maps[shard].clone(),

@@ -238,7 +238,7 @@ fn validation_names_the_field() {
 
 /// Feeds `pieces` and returns (emitted pieces, stopped, flushed rest).
 fn run_stop(stops: &[&str], pieces: &[&str]) -> (Vec<String>, bool, String) {
-    let stops: Vec<String> = stops.iter().map(|s| s.to_string()).collect();
+    let stops: Vec<String> = stops.iter().map(ToString::to_string).collect();
     let mut m = StopMatcher::new(&stops);
     let mut out = Vec::new();
     for p in pieces {
@@ -314,7 +314,7 @@ fn no_stops_passes_through() {
 fn matched_stop_is_named_by_index() {
     let stops: Vec<String> = ["", "xyz", "b", "bc"]
         .iter()
-        .map(|s| s.to_string())
+        .map(ToString::to_string)
         .collect();
     let mut m = StopMatcher::new(&stops);
     assert!(!m.push("a").stopped);

@@ -333,14 +333,14 @@ fn each_field_is_validated_by_name() {
         ("col_group", 164, |b| put32(b, COL_GROUP_OFFSET, 8)),
         ("alignment", 168, |b| put32(b, ALIGNMENT_OFFSET, 512)),
         ("index_entry_bytes", 172, |b| {
-            put32(b, INDEX_ENTRY_BYTES_OFFSET, 16)
+            put32(b, INDEX_ENTRY_BYTES_OFFSET, 16);
         }),
         ("index_offset", 176, |b| put64(b, INDEX_OFFSET_OFFSET, 0)),
         ("index_bytes", 184, |b| put64(b, INDEX_BYTES_OFFSET, 145)),
         ("blobs_offset", 192, |b| put64(b, BLOBS_OFFSET_OFFSET, 4096)),
         ("blob_stride", 200, |b| put64(b, BLOB_STRIDE_OFFSET, 8192)),
         ("blob_content_bytes", 208, |b| {
-            put64(b, BLOB_CONTENT_BYTES_OFFSET, 448)
+            put64(b, BLOB_CONTENT_BYTES_OFFSET, 448);
         }),
         ("file_bytes", 216, |b| put64(b, FILE_BYTES_OFFSET, u64::MAX)),
         // More layers than the derived fields describe: caught at the first derived field.

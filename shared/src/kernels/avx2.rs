@@ -118,7 +118,7 @@ impl Bf16Tile for Avx2 {
                 // SAFETY: the `tail` u16 at row r, column k are in bounds (k + tail == cols), and
                 // `buf` has room for them.
                 unsafe {
-                    std::ptr::copy_nonoverlapping(w.add(r * cols + k), buf.as_mut_ptr(), tail)
+                    std::ptr::copy_nonoverlapping(w.add(r * cols + k), buf.as_mut_ptr(), tail);
                 };
                 // SAFETY: `buf` is 16 readable bytes.
                 *v = widen(unsafe { _mm_loadu_si128(buf.as_ptr().cast()) });

@@ -59,7 +59,7 @@ pub(super) unsafe fn gemm(
 ) {
     // SAFETY: this function's features are Avx512's; the rest of the contract is the caller's.
     unsafe {
-        tiling::gemm::<Avx512, GEMV_ROWS, GEMM_ROWS, GEMM_TOKENS>(w, rows, cols, x, n, y, ldy)
+        tiling::gemm::<Avx512, GEMV_ROWS, GEMM_ROWS, GEMM_TOKENS>(w, rows, cols, x, n, y, ldy);
     }
 }
 

@@ -97,7 +97,7 @@ impl Data {
 
 /// The SIMD instruction sets this CPU has; prints the ones it lacks.
 fn simd_isas() -> Vec<Isa> {
-    crate::kernels::present_or_say([Isa::Avx2, Isa::Avx512], |isa| isa.is_available())
+    present_or_say([Isa::Avx2, Isa::Avx512], |isa| isa.is_available())
 }
 
 /// One case: `rows × cols` weights starting `w_off` elements into their buffer, `n × cols`
@@ -383,7 +383,7 @@ fn par_wrappers_match_single_threaded() {
             assert_bitwise(&format!("{isa} par_gemm_bf16"), &case, &y_par, &y);
             let mut y_par = vec![f32::NAN; rows];
             pool.install(|| {
-                par_gemv_bf16(isa, inputs.w(), rows, cols, &inputs.x()[..cols], &mut y_par)
+                par_gemv_bf16(isa, inputs.w(), rows, cols, &inputs.x()[..cols], &mut y_par);
             });
             assert_bitwise(&format!("{isa} par_gemv_bf16"), &case, &y_par, &y[..rows]);
         }

@@ -150,7 +150,7 @@ unsafe fn row_range<K: Bf16Tile, const R: usize, const T: usize, const PREFETCH:
                 x,
                 y: y.wrapping_add(r),
                 ldy,
-            })
+            });
         };
         r += R;
     }
@@ -163,7 +163,7 @@ unsafe fn row_range<K: Bf16Tile, const R: usize, const T: usize, const PREFETCH:
                 x,
                 y: y.wrapping_add(r),
                 ldy,
-            })
+            });
         };
         r += 1;
     }

@@ -130,7 +130,7 @@ pub(super) fn one_run(
                 has_expertd: expertd["pid"].as_u64().is_some(),
             };
             let (proven, reason) = cold_verdict(d, &evidence);
-            json!({"requested": true, "drop_caches": d.as_ref().map_or_else(|e| e.clone(), |()| "ok".into()), "cold_proven": proven, "reason": reason})
+            json!({"requested": true, "drop_caches": d.as_ref().map_or_else(Clone::clone, |()| "ok".into()), "cold_proven": proven, "reason": reason})
         }
     };
     Ok(json!({

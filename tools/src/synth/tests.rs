@@ -78,7 +78,7 @@ fn headers_parse_and_tile_the_data() {
             assert_eq!(name, &t.name);
             assert_eq!(loc.offset, s.header.len() as u64 + t.data_offsets.0);
             assert_eq!(
-                loc.offset % crate::synth::values::elem_bytes(t.dtype) as u64,
+                loc.offset % values::elem_bytes(t.dtype) as u64,
                 0,
                 "{name} aligned"
             );

@@ -155,8 +155,12 @@ mod tests {
     fn stats(init: &Init, n: u64) -> (f64, f64, f32, f32) {
         let key = tensor_key(7, "t");
         let vals: Vec<f32> = (0..n).map(|i| init.value_bf16(key, i).to_f32()).collect();
-        let mean = vals.iter().map(|&v| v as f64).sum::<f64>() / n as f64;
-        let var = vals.iter().map(|&v| (v as f64 - mean).powi(2)).sum::<f64>() / n as f64;
+        let mean = vals.iter().map(|&v| f64::from(v)).sum::<f64>() / n as f64;
+        let var = vals
+            .iter()
+            .map(|&v| (f64::from(v) - mean).powi(2))
+            .sum::<f64>()
+            / n as f64;
         let min = vals.iter().copied().fold(f32::INFINITY, f32::min);
         let max = vals.iter().copied().fold(f32::NEG_INFINITY, f32::max);
         (mean, var.sqrt(), min, max)

@@ -192,7 +192,7 @@ fn write_shard(
                     break;
                 }
             }
-            w.into_inner().map_err(|e| e.into_error())
+            w.into_inner().map_err(std::io::IntoInnerError::into_error)
         });
         'tensors: for t in &shard.tensors {
             let key = tensor_key(seed, &t.name);

@@ -215,9 +215,9 @@ fn mutate_once(
         _ if len > 0 => {
             let n = rng.below(len);
             if rng.below(2) == 0 {
-                v.truncate(n)
+                v.truncate(n);
             } else {
-                v.resize(len + 1 + rng.below(64), 0)
+                v.resize(len + 1 + rng.below(64), 0);
             }
         }
         _ => v.push(rng.next_u64() as u8),
@@ -355,19 +355,19 @@ fn parse_args() -> Result<Options, String> {
             "--seconds" => {
                 o.seconds = value("a number")?
                     .parse()
-                    .map_err(|e| format!("--seconds: {e}"))?
+                    .map_err(|e| format!("--seconds: {e}"))?;
             }
             "--target" => o.targets.push(value("a target name")?),
             "--seed" => {
                 o.seed = value("a number")?
                     .parse::<u64>()
                     .map_err(|e| format!("--seed: {e}"))?
-                    | 1
+                    | 1;
             }
             "--max-len" => {
                 o.max_len = value("a number")?
                     .parse()
-                    .map_err(|e| format!("--max-len: {e}"))?
+                    .map_err(|e| format!("--max-len: {e}"))?;
             }
             "--corpus" => o.corpus = value("a folder")?.into(),
             "--crashes" => o.crashes = value("a folder")?.into(),
@@ -402,7 +402,11 @@ fn main() {
             .payload()
             .downcast_ref::<String>()
             .cloned()
-            .or_else(|| info.payload().downcast_ref::<&str>().map(|s| s.to_string()));
+            .or_else(|| {
+                info.payload()
+                    .downcast_ref::<&str>()
+                    .map(ToString::to_string)
+            });
         PANIC_MESSAGE
             .with(|m| *m.borrow_mut() = format!("{}{loc}", msg.unwrap_or_else(|| "panic".into())));
         if std::env::var_os("FUZZ_STABLE_BACKTRACE").is_some() {

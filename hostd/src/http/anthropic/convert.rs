@@ -123,7 +123,7 @@ pub fn refuse_set(fields: &[(Option<&Value>, &str, &str)]) -> Result<(), ApiErro
 }
 
 /// The text of `system`: a string, or text blocks joined by newlines.
-pub fn system(v: Option<&Value>, check: CheckBytes) -> Result<Option<String>, ApiError> {
+pub fn system(v: Option<&Value>, check: CheckBytes<'_>) -> Result<Option<String>, ApiError> {
     let text = match v {
         None | Some(Value::Null) => return Ok(None),
         Some(Value::String(s)) => s.clone(),
@@ -169,7 +169,7 @@ impl Turn {
 pub fn messages(
     system: Option<String>,
     messages: &[Value],
-    check: CheckBytes,
+    check: CheckBytes<'_>,
 ) -> Result<Vec<ChatMessage>, ApiError> {
     if messages.is_empty() {
         return Err(ApiError::invalid(
@@ -224,7 +224,7 @@ pub fn messages(
 }
 
 /// The text of a `system` message inside `messages`: a string or text blocks.
-fn inline_system(i: usize, m: &Value, check: CheckBytes) -> Result<String, ApiError> {
+fn inline_system(i: usize, m: &Value, check: CheckBytes<'_>) -> Result<String, ApiError> {
     let at = format!("messages[{i}]");
     let obj = object(m, &at)?;
     only_keys(obj, &["role", "content"], &at)?;
@@ -264,7 +264,7 @@ fn inline_system(i: usize, m: &Value, check: CheckBytes) -> Result<String, ApiEr
 fn message(
     i: usize,
     m: &Value,
-    check: CheckBytes,
+    check: CheckBytes<'_>,
     tool_use_ids: &mut Vec<String>,
 ) -> Result<Vec<Turn>, ApiError> {
     let at = format!("messages[{i}]");
@@ -333,7 +333,7 @@ fn block(
     turns: &mut Vec<Turn>,
     at: &str,
     b: &Value,
-    check: CheckBytes,
+    check: CheckBytes<'_>,
     tool_use_ids: &mut Vec<String>,
 ) -> Result<(), ApiError> {
     let obj = object(b, at)?;
@@ -465,7 +465,11 @@ fn block(
 }
 
 /// A `tool_result`'s `content`: absent, a string, or text blocks (joined by newlines).
-fn tool_result_content(v: Option<&Value>, at: &str, check: CheckBytes) -> Result<String, ApiError> {
+fn tool_result_content(
+    v: Option<&Value>,
+    at: &str,
+    check: CheckBytes<'_>,
+) -> Result<String, ApiError> {
     let text = match v {
         None | Some(Value::Null) => String::new(),
         Some(Value::String(s)) => s.clone(),

@@ -46,7 +46,7 @@ struct Checked {
 
 /// Checks the conversation and converts it to template messages, the thinking switch and the
 /// tool request.
-fn conversation(app: &AppState, c: Conversation) -> Result<Checked, ApiError> {
+fn conversation(app: &AppState, c: Conversation<'_>) -> Result<Checked, ApiError> {
     let tools = tools::tool_request(c.tools, c.tool_choice)?;
     convert::output_config(c.output_config)?;
     convert::refuse_set(&[(c.mcp_servers, "mcp_servers", "MCP servers")])?;

@@ -57,7 +57,7 @@ impl Conversation {
     }
 
     /// Appends `items` (the request's `input`).
-    pub fn extend(&mut self, input: &Value, check: CheckBytes) -> Result<(), ApiError> {
+    pub fn extend(&mut self, input: &Value, check: CheckBytes<'_>) -> Result<(), ApiError> {
         match input {
             Value::String(s) => {
                 check(s, "input")?;
@@ -84,7 +84,7 @@ impl Conversation {
         Ok(())
     }
 
-    fn item(&mut self, at: &str, item: &Value, check: CheckBytes) -> Result<(), ApiError> {
+    fn item(&mut self, at: &str, item: &Value, check: CheckBytes<'_>) -> Result<(), ApiError> {
         let obj = object(item, at)?;
         let kind = match obj.get("type") {
             None | Some(Value::Null) => "message",
@@ -117,14 +117,11 @@ impl Conversation {
                 check_name(name, &format!("{at}.name"))?;
                 let arguments = string(obj, "arguments", at)?;
                 check(arguments, &format!("{at}.arguments"))?;
-                let arguments = match serde_json::from_str::<Value>(arguments) {
-                    Ok(Value::Object(m)) => m,
-                    _ => {
-                        return Err(ApiError::invalid(
-                            format!("{at}.arguments must be the text of a JSON object."),
-                            format!("{at}.arguments"),
-                        ));
-                    }
+                let Ok(Value::Object(arguments)) = serde_json::from_str::<Value>(arguments) else {
+                    return Err(ApiError::invalid(
+                        format!("{at}.arguments must be the text of a JSON object."),
+                        format!("{at}.arguments"),
+                    ));
                 };
                 self.call_ids.push(call_id.to_string());
                 self.assistant(false)
@@ -178,7 +175,7 @@ impl Conversation {
         &mut self,
         at: &str,
         obj: &Map<String, Value>,
-        check: CheckBytes,
+        check: CheckBytes<'_>,
     ) -> Result<(), ApiError> {
         let role = match string(obj, "role", at)? {
             "user" => Role::User,
@@ -311,7 +308,7 @@ pub fn tool_request(
     choice: Option<&Value>,
     parallel: Option<bool>,
 ) -> Result<ToolRequest, ApiError> {
-    let list = crate::http::tools::tool_list(tools)?;
+    let list = tools::tool_list(tools)?;
     let mut definitions = Vec::with_capacity(list.len());
     let mut specs: Vec<ToolSpec> = Vec::with_capacity(list.len());
     for (i, t) in list.iter().enumerate() {

@@ -60,7 +60,7 @@ impl Int8Tile for Avx2 {
     #[target_feature(enable = "avx2")]
     #[inline]
     unsafe fn tile(tile: Tile<'_, &[i32; ROW_BLOCK]>, left: usize, sink: &mut Sink<'_>) -> usize {
-        // SAFETY (both arms): the caller's contract, for T <= left tokens.
+        // SAFETY: (both arms) the caller's contract, for T <= left tokens.
         unsafe {
             if left >= MAX_TOKENS {
                 block::<MAX_TOKENS>(tile, sink)

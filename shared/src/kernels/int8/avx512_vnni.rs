@@ -60,7 +60,7 @@ impl Int8Tile for Avx512Vnni {
     #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
     #[inline]
     unsafe fn tile(tile: Tile<'_, __m512i>, left: usize, sink: &mut Sink<'_>) -> usize {
-        // SAFETY (every arm): the caller's contract, for T <= left tokens.
+        // SAFETY: (every arm) the caller's contract, for T <= left tokens.
         unsafe {
             match left {
                 1 => block::<1, 4>(tile, sink),
@@ -121,7 +121,7 @@ unsafe fn block<const T: usize, const U: usize>(
         let mut out = [0i32; ROW_BLOCK];
         // SAFETY: out holds 16 i32, one zmm.
         unsafe {
-            _mm512_storeu_si512(out.as_mut_ptr().cast(), _mm512_sub_epi32(total, correction))
+            _mm512_storeu_si512(out.as_mut_ptr().cast(), _mm512_sub_epi32(total, correction));
         };
         sink.put(m, t0 + t, r0, &out);
     }

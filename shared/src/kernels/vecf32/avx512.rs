@@ -492,7 +492,7 @@ pub(super) unsafe fn scale_axpy_rows_multi(
                     n,
                     rows.as_ptr().add(j),
                     stride,
-                )
+                );
             };
             j += block;
         }
@@ -507,7 +507,7 @@ pub(super) unsafe fn scale_axpy_rows_multi(
                         wa,
                         &rows[j..],
                         stride,
-                    )
+                    );
                 };
             }
         }
@@ -522,7 +522,7 @@ pub(super) unsafe fn scale_axpy_rows_multi(
                 &w[u * n..][..n],
                 rows,
                 stride,
-            )
+            );
         };
     }
 }

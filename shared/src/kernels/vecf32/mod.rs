@@ -170,7 +170,7 @@ pub fn scale_axpy_rows_multi_f32(
         #[cfg(target_arch = "x86_64")]
         // SAFETY: the ISA and the shapes were checked above.
         Isa::Avx512 => unsafe {
-            avx512::scale_axpy_rows_multi(acc, len, scales, w, n, rows, stride)
+            avx512::scale_axpy_rows_multi(acc, len, scales, w, n, rows, stride);
         },
         _ => {
             for (x, &s) in scales.iter().enumerate() {
