@@ -4,9 +4,11 @@
 //! generator is seeded from the request's `seed`, so the same seed and the same logits give the
 //! same ids. The pipeline, in order: padding rows (ids ≥ the tokenizer's vocabulary) are cut
 //! off; repetition penalty (prompt and output tokens), then presence and frequency penalties
-//! (output tokens), then `logit_bias` (added per id) adjust logits; temperature 0 picks the argmax (lowest id on ties); otherwise
-//! logits are divided by the temperature, turned into probabilities, filtered by top-k, top-p and
-//! min-p, and one id is drawn. Log-probabilities reported to clients come from the raw model
+//! (output tokens), then `logit_bias` (added per id) adjust logits; a temperature below
+//! [`MIN_SAMPLING_TEMPERATURE`] (0 included) picks the argmax (lowest id on ties); otherwise logits
+//! are divided by the temperature, turned into probabilities, filtered by top-k, top-p and min-p,
+//! and one id is drawn. Every parameter that passes [`SamplingParams::validate`] gives an id for
+//! every row of logits, NaN and infinities included (property-tested over the whole f32 range). Log-probabilities reported to clients come from the raw model
 //! distribution (before penalties and temperature), as vLLM reports them by default.
 //!
 //! Not here: detokenisation and the reasoning/content split (`engine::output`).
@@ -15,6 +17,11 @@ use std::collections::HashMap;
 
 /// Upper bound on `top_logprobs` (OpenAI's limit).
 pub const MAX_TOP_LOGPROBS: usize = 20;
+/// Temperatures in `[0, MIN_SAMPLING_TEMPERATURE)` are greedy. Dividing logits by a temperature
+/// that small would overflow (1e-40, a subnormal, makes `1/t` infinite and every probability NaN);
+/// at 1e-5 a logit gap of 0.001 already becomes e^-100, so nothing but the argmax could be drawn
+/// anyway. vLLM treats temperatures below the same 1e-5 as greedy.
+pub const MIN_SAMPLING_TEMPERATURE: f32 = 1e-5;
 /// Upper bound on the number of stop strings (OpenAI's limit).
 pub const MAX_STOP_STRINGS: usize = 4;
 
@@ -31,7 +38,8 @@ pub struct SamplingError {
 /// How to pick each token of one request.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SamplingParams {
-    /// 0 is greedy; otherwise logits are divided by it. Range `[0, 2]`.
+    /// Below [`MIN_SAMPLING_TEMPERATURE`] (0 included) greedy; otherwise logits are divided by
+    /// it. Range `[0, 2]`.
     pub temperature: f32,
     /// Nucleus mass kept, `(0, 1]`; 1 disables.
     pub top_p: f32,
@@ -128,9 +136,10 @@ impl SamplingParams {
         Ok(())
     }
 
-    /// True when the argmax decides (temperature 0 or top-k 1).
+    /// True when the argmax decides (a temperature below [`MIN_SAMPLING_TEMPERATURE`], or
+    /// top-k 1).
     pub fn is_greedy(&self) -> bool {
-        self.temperature == 0.0 || self.top_k == 1
+        self.temperature < MIN_SAMPLING_TEMPERATURE || self.top_k == 1
     }
 }
 
@@ -260,6 +269,11 @@ impl Sampler {
             if e > 0.0 {
                 cand.push((e, i as u32));
             }
+        }
+        if cand.is_empty() {
+            // Unreachable for a validated temperature (the maximum's own term is e^0 = 1), kept
+            // so that no parameter can leave the draw without a candidate.
+            return argmax(row);
         }
         let order = |a: &(f32, u32), b: &(f32, u32)| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1));
         if p.top_k > 0 && p.top_k < cand.len() {
@@ -441,3 +455,6 @@ impl StopMatcher {
 
 #[cfg(test)]
 mod tests;
+
+#[cfg(test)]
+mod props;
