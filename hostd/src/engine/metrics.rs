@@ -184,6 +184,8 @@ pub struct Metrics {
     pub finished: Counter,
     /// Generations that failed inside the model.
     pub failed: Counter,
+    /// Scheduler iterations that panicked (their sequences failed, the engine went on).
+    pub engine_panics: Counter,
     /// Batched decode steps run.
     pub decode_steps: Counter,
     /// Sequences summed over decode steps (mean batch = this / `decode_steps`).
@@ -307,6 +309,12 @@ impl Metrics {
                 &mut r,
                 "hostd_sequences_failed",
                 "Generations that failed in the model",
+                c(),
+            ),
+            engine_panics: add(
+                &mut r,
+                "hostd_engine_panics",
+                "Scheduler iterations that panicked; their sequences failed and the engine went on",
                 c(),
             ),
             decode_steps: add(

@@ -20,6 +20,7 @@ use crate::sampling::SamplingParams;
 use crate::tokenizer::Tokenizer;
 use metrics::Metrics;
 use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::mpsc::{SyncSender, TrySendError};
 use std::time::Instant;
@@ -201,6 +202,17 @@ pub struct EngineHandle {
     tx: SyncSender<GenRequest>,
     metrics: Arc<Metrics>,
     config: EngineConfig,
+    /// True while the scheduler thread runs; cleared when it returns or unwinds.
+    running: Arc<AtomicBool>,
+}
+
+/// Clears the engine's `running` flag when the scheduler thread ends, however it ends.
+struct RunningGuard(Arc<AtomicBool>);
+
+impl Drop for RunningGuard {
+    fn drop(&mut self) {
+        self.0.store(false, Relaxed);
+    }
 }
 
 impl EngineHandle {
@@ -244,6 +256,12 @@ impl EngineHandle {
         }
     }
 
+    /// Whether the scheduler thread still runs: false means every request would fail, which
+    /// `/health` reports.
+    pub fn is_running(&self) -> bool {
+        self.running.load(Relaxed)
+    }
+
     /// The limits the engine runs with.
     pub fn config(&self) -> &EngineConfig {
         &self.config
@@ -262,15 +280,21 @@ pub fn start(
     let (tx, rx) = std::sync::mpsc::sync_channel(config.max_queue.max(1));
     let sched =
         scheduler::Scheduler::new(model, tokenizer, config.clone(), Arc::clone(&metrics), rx);
+    let running = Arc::new(AtomicBool::new(true));
+    let guard = RunningGuard(Arc::clone(&running));
     let thread = std::thread::Builder::new()
         .name("hostd-scheduler".into())
-        .spawn(move || sched.run())?;
+        .spawn(move || {
+            let _guard = guard;
+            sched.run();
+        })?;
     metrics.model_loaded.set(1);
     Ok((
         EngineHandle {
             tx,
             metrics,
             config,
+            running,
         },
         thread,
     ))

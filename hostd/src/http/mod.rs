@@ -62,8 +62,10 @@ use tracing::Instrument;
 pub struct ServerConfig {
     /// The name clients pass as `model`.
     pub served_model_name: String,
-    /// When set, `/v1/*` requires `Authorization: Bearer <key>` or `x-api-key: <key>`.
-    pub api_key: Option<String>,
+    /// When not empty, `/v1/*` requires one of these keys as `Authorization: Bearer <key>` or
+    /// `x-api-key: <key>`. Each key is its own principal: what one stores (Responses API
+    /// objects) another cannot read, continue or delete.
+    pub api_keys: Vec<String>,
     /// Body, prompt and tokeniser limits.
     pub admission: AdmissionConfig,
     /// Connection limits and timeouts.
@@ -160,6 +162,12 @@ impl AppState {
         format!("{:08x}{n:08x}", self.id_salt & 0xffff_ffff)
     }
 }
+
+/// Who sent a `/v1/*` request: the index of the API key it presented in
+/// [`ServerConfig::api_keys`], or `None` when the server has no keys (every caller is the same
+/// principal). Set by the request middleware on every request it lets through to `/v1/*`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Principal(pub Option<usize>);
 
 /// The request id of one request (from `x-request-id` when the client sent a sane one).
 #[derive(Debug, Clone)]
@@ -283,10 +291,15 @@ async fn track(State(app): State<Arc<AppState>>, mut req: Request, next: Next) -
     let span =
         tracing::info_span!("request", request_id = %id, method = %req.method(), path = %path);
     req.extensions_mut().insert(RequestId(id.clone()));
-    let authorized = match &app.config.api_key {
-        Some(key) if path.starts_with("/v1/") => key_matches(&req, key),
-        _ => true,
+    let principal = if app.config.api_keys.is_empty() || !path.starts_with("/v1/") {
+        Some(Principal(None))
+    } else {
+        matching_key(&req, &app.config.api_keys).map(|i| Principal(Some(i)))
     };
+    let authorized = principal.is_some();
+    if let Some(p) = principal {
+        req.extensions_mut().insert(p);
+    }
     // A connection beyond --max-connections may only ask for /health.
     let overflow = req.extensions().get::<listener::Overflow>().is_some() && path != "/health";
     let mut resp = if overflow {
@@ -332,23 +345,27 @@ async fn track(State(app): State<Arc<AppState>>, mut req: Request, next: Next) -
     resp
 }
 
-/// Whether the request carries the key, as a bearer token or in `x-api-key`, compared in
-/// constant time (no early exit on the first differing byte).
-fn key_matches(req: &Request, key: &str) -> bool {
-    let same = |token: &str| {
-        bool::from(subtle::ConstantTimeEq::ct_eq(
-            token.trim().as_bytes(),
-            key.as_bytes(),
-        ))
-    };
+/// The index of the key the request carries, as a bearer token or in `x-api-key`. Each
+/// comparison is constant-time (no early exit on the first differing byte), and every key is
+/// compared, so the time taken does not say which key nearly matched.
+fn matching_key(req: &Request, keys: &[String]) -> Option<usize> {
     let header = |name| {
         req.headers()
             .get(name)
             .and_then(|v: &HeaderValue| v.to_str().ok())
     };
     let bearer = header(header::AUTHORIZATION).and_then(|v| v.strip_prefix("Bearer "));
-    bearer.is_some_and(same)
-        || header(header::HeaderName::from_static("x-api-key")).is_some_and(same)
+    let x_api_key = header(header::HeaderName::from_static("x-api-key"));
+    let mut found = None;
+    for token in [bearer, x_api_key].into_iter().flatten() {
+        for (i, key) in keys.iter().enumerate() {
+            let same = subtle::ConstantTimeEq::ct_eq(token.trim().as_bytes(), key.as_bytes());
+            if bool::from(same) && found.is_none() {
+                found = Some(i);
+            }
+        }
+    }
+    found
 }
 
 async fn not_found(req: Request) -> Response {
@@ -375,7 +392,8 @@ fn route_error(req: &Request, error: fn(String, String) -> ApiError) -> Response
 /// the expertd backend, 503 `degraded` (connected, not answering in time) or `unavailable`
 /// (gone, restarting) while requests would fail, with the reason under `experts`: a readiness
 /// probe stops routing to this server until the daemon is back (`/health` itself still answers
-/// at once, so a liveness check on it does not restart a healthy hostd).
+/// at once, so a liveness check on it does not restart a healthy hostd). 503 `stopped` if the
+/// generation engine's thread has ended (every request would fail).
 async fn health(State(app): State<Arc<AppState>>) -> Response {
     let m = &app.metrics;
     match (app.ready.get(), app.failed.get()) {
@@ -386,6 +404,7 @@ async fn health(State(app): State<Arc<AppState>>) -> Response {
                 .as_ref()
                 .and_then(|e| e.health().map(|h| (e.name(), h)));
             let (code, status) = match experts.as_ref().map(|(_, h)| h.readiness) {
+                _ if !r.engine.is_running() => (StatusCode::SERVICE_UNAVAILABLE, "stopped"),
                 None | Some(crate::expert_client::health::Readiness::Ready) => {
                     (StatusCode::OK, "ready")
                 }

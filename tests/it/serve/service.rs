@@ -224,6 +224,7 @@ const METRIC_FAMILIES: &[(&str, &str)] = &[
     ("hostd_sequences_cancelled", "counter"),
     ("hostd_sequences_finished", "counter"),
     ("hostd_sequences_failed", "counter"),
+    ("hostd_engine_panics", "counter"),
     ("hostd_decode_steps", "counter"),
     ("hostd_decode_rows", "counter"),
     ("hostd_prefill_chunks", "counter"),
