@@ -23,6 +23,7 @@ mod serve_anthropic;
 mod serve_anthropic_tools;
 mod serve_fairness;
 mod serve_fields;
+mod serve_hostile;
 mod serve_limits;
 mod serve_responses;
 mod serve_structured;

@@ -71,7 +71,9 @@ pub struct ServeArgs {
     /// Same as `--default-thinking off` (kept for existing scripts).
     #[arg(long, env = "SLUICE_NO_THINK", hide = true)]
     pub no_think: bool,
-    /// File holding the API key that /v1/* requests must send as `Authorization: Bearer KEY`.
+    /// File holding the API keys that /v1/* requests must send as `Authorization: Bearer KEY`:
+    /// one key per line (blank lines and lines starting with `#` are skipped). Each key is its
+    /// own principal: stored Responses API objects are visible only to the key that made them.
     #[arg(long, env = "SLUICE_API_KEY_FILE")]
     pub api_key_file: Option<PathBuf>,
     /// A browser origin (`https://app.example`) allowed to call the API cross-origin; repeat for
@@ -191,22 +193,22 @@ pub fn run(args: &ServeArgs) -> anyhow::Result<()> {
         header_timeout: secs(args.header_timeout, "--header-timeout")?,
         max_connections: args.max_connections,
     };
-    let api_key = match &args.api_key_file {
+    let api_keys = match &args.api_key_file {
         Some(path) => {
-            let key = std::fs::read_to_string(path)
+            let text = std::fs::read_to_string(path)
                 .with_context(|| format!("reading the API key file {}", path.display()))?;
-            let key = key.trim().to_string();
+            let keys = parse_api_keys(&text);
             anyhow::ensure!(
-                !key.is_empty(),
-                "the API key file {} is empty",
+                !keys.is_empty(),
+                "the API key file {} holds no key (one per line)",
                 path.display()
             );
-            Some(key)
+            keys
         }
-        None => None,
+        None => Vec::new(),
     };
     anyhow::ensure!(
-        args.host.is_loopback() || api_key.is_some(),
+        args.host.is_loopback() || !api_keys.is_empty(),
         "binding {} (not loopback) requires an API key: pass --api-key-file FILE, or bind 127.0.0.1",
         args.host
     );
@@ -235,7 +237,7 @@ pub fn run(args: &ServeArgs) -> anyhow::Result<()> {
     }
     let config = ServerConfig {
         served_model_name,
-        api_key,
+        api_keys,
         admission,
         peer,
         default_max_tokens: args.default_max_tokens,
@@ -269,7 +271,7 @@ async fn serve(args: &ServeArgs, config: ServerConfig) -> anyhow::Result<()> {
         "hostd serve: loading {} (/health answers 503 \"loading\" until the model is ready)",
         args.load.model.display()
     ));
-    tracing::info!(%local, model = %config.served_model_name, auth = config.api_key.is_some(), "listening");
+    tracing::info!(%local, model = %config.served_model_name, auth_keys = config.api_keys.len(), "listening");
     let metrics = Arc::new(Metrics::new());
     let state = AppState::new(config, Arc::clone(&metrics));
 
@@ -435,5 +437,29 @@ async fn signal() {
     tokio::select! {
         _ = ctrl_c => {}
         _ = term => {}
+    }
+}
+
+/// The keys of an API key file: one per line, trimmed; blank lines and `#` comments skipped.
+fn parse_api_keys(text: &str) -> Vec<String> {
+    text.lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .map(str::to_string)
+        .collect()
+}
+
+#[cfg(test)]
+mod key_file_tests {
+    use super::parse_api_keys;
+
+    #[test]
+    fn one_key_per_line_comments_and_blanks_skipped() {
+        assert_eq!(parse_api_keys("k1\n"), ["k1"]);
+        assert_eq!(
+            parse_api_keys("# team a\n  alpha  \n\n#beta\nbeta\r\n"),
+            ["alpha", "beta"]
+        );
+        assert!(parse_api_keys("\n # none\n").is_empty());
     }
 }

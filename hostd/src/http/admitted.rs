@@ -13,7 +13,7 @@ use super::anthropic::wire::{CountTokensRequest, MessagesRequest};
 use super::error::ApiError;
 use super::openai::{ChatCompletionRequest, CompletionRequest};
 use super::responses::wire::CreateRequest;
-use super::{AppState, Ready, RequestId, fields, params};
+use super::{AppState, Principal, Ready, RequestId, fields, params};
 use axum::extract::{FromRequest, Request};
 use axum::response::IntoResponse;
 use std::sync::Arc;
@@ -56,6 +56,8 @@ pub struct Admitted<T> {
     pub request_id: String,
     /// When the request arrived (before its body was read).
     pub received: Instant,
+    /// Who sent it (the API key it presented).
+    pub principal: Principal,
     /// The parsed body.
     pub req: T,
 }
@@ -77,6 +79,13 @@ impl<T: RequestBody + Send> FromRequest<Arc<AppState>> for Admitted<T> {
             "a route outside the `track` middleware"
         );
         let request_id = request_id.unwrap_or_default();
+        let principal = parts.extensions.get::<Principal>().copied();
+        debug_assert!(
+            principal.is_some(),
+            "a /v1/ route outside the `track` middleware"
+        );
+        // Without the middleware there is no key to scope by: the keyless principal.
+        let principal = principal.unwrap_or(Principal(None));
         let req = T::parse(&app.admission.read_body(&parts.headers, body).await?)?;
         params::check_model(req.model(), &app.config.served_model_name)?;
         Ok(Admitted {
@@ -84,6 +93,7 @@ impl<T: RequestBody + Send> FromRequest<Arc<AppState>> for Admitted<T> {
             ready,
             request_id,
             received,
+            principal,
             req,
         })
     }

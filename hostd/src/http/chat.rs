@@ -43,6 +43,7 @@ pub(super) async fn chat_completions(
         request_id,
         received,
         req,
+        ..
     }: Admitted<ChatCompletionRequest>,
 ) -> Result<Response, ApiError> {
     params::reject_unsupported_chat(&req)?;

@@ -37,6 +37,7 @@ pub(super) async fn completions(
         request_id,
         received,
         req,
+        ..
     }: Admitted<CompletionRequest>,
 ) -> Result<Response, ApiError> {
     params::reject_unsupported_completion(&req)?;

@@ -86,6 +86,7 @@ pub async fn messages(
         request_id,
         received,
         req,
+        ..
     }: Admitted<MessagesRequest>,
 ) -> Result<Response, AnthropicError> {
     let max_tokens = params::max_tokens(

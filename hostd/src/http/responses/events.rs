@@ -34,6 +34,8 @@ pub struct Save {
     pub app: Arc<AppState>,
     /// The conversation the response answered (without `instructions`).
     pub conversation: Conversation,
+    /// The principal (API key) the response belongs to.
+    pub owner: crate::http::Principal,
 }
 
 impl Save {
@@ -54,7 +56,9 @@ impl Save {
             conversation: conversation.messages,
             call_ids: conversation.call_ids,
         };
-        self.app.responses.insert(r.id.clone(), stored);
+        if !self.app.responses.insert(r.id.clone(), self.owner, stored) {
+            tracing::error!(id = %r.id, "a response id was already stored; not stored again");
+        }
     }
 }
 

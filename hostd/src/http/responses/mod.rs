@@ -24,8 +24,9 @@ use super::admitted::Admitted;
 use super::error::ApiError;
 use super::fields::{self, ThinkingFields};
 use super::generate::{self, ChatInput, Generation};
-use super::{AppState, params, unix_now};
+use super::{AppState, Principal, params, unix_now};
 use crate::chat_template::ChatOptions;
+use axum::Extension;
 use axum::extract::{Path, State};
 use axum::response::{IntoResponse, Response};
 use events::{Reply, Save};
@@ -83,6 +84,7 @@ pub async fn create(
         ready,
         request_id,
         received,
+        principal,
         req,
     }: Admitted<CreateRequest>,
 ) -> Result<Response, ApiError> {
@@ -120,14 +122,14 @@ pub async fn create(
     let mut conversation = match req.previous_response_id.as_deref() {
         None => Conversation::default(),
         Some(id) => {
-            let prev = app
-                .responses
-                .get(id)
-                .ok_or_else(|| ApiError::InvalidRequest {
-                    message: format!("Previous response with id '{id}' not found."),
-                    param: Some("previous_response_id".to_string()),
-                    code: "previous_response_not_found",
-                })?;
+            let prev =
+                app.responses
+                    .get(id, principal)
+                    .ok_or_else(|| ApiError::InvalidRequest {
+                        message: format!("Previous response with id '{id}' not found."),
+                        param: Some("previous_response_id".to_string()),
+                        code: "previous_response_not_found",
+                    })?;
             Conversation {
                 messages: prev.conversation,
                 call_ids: prev.call_ids,
@@ -172,7 +174,7 @@ pub async fn create(
 
     let store = req.store.unwrap_or(true);
     let base = ResponseObject {
-        id: format!("resp_{request_id}"),
+        id: store::new_response_id(),
         object: "response",
         created_at: unix_now(),
         status: "in_progress",
@@ -217,6 +219,7 @@ pub async fn create(
         save: store.then(|| Save {
             app: Arc::clone(&app),
             conversation,
+            owner: principal,
         }),
     };
     if req.stream == Some(true) {
@@ -230,18 +233,23 @@ pub async fn create(
 /// `GET /v1/responses/{id}`: a stored response.
 pub async fn retrieve(
     State(app): State<Arc<AppState>>,
+    Extension(principal): Extension<Principal>,
     Path(id): Path<String>,
 ) -> Result<Response, ApiError> {
-    let stored = app.responses.get(&id).ok_or_else(|| not_found(&id))?;
+    let stored = app
+        .responses
+        .get(&id, principal)
+        .ok_or_else(|| not_found(&id))?;
     Ok(axum::Json(stored.response).into_response())
 }
 
 /// `DELETE /v1/responses/{id}`: forgets a stored response.
 pub async fn delete(
     State(app): State<Arc<AppState>>,
+    Extension(principal): Extension<Principal>,
     Path(id): Path<String>,
 ) -> Result<Response, ApiError> {
-    if !app.responses.delete(&id) {
+    if !app.responses.delete(&id, principal) {
         return Err(not_found(&id));
     }
     Ok(
