@@ -92,14 +92,23 @@ impl Segment {
     /// Checks and maps a received descriptor: a regular file (memfd) whose size is within the
     /// layout's limits and sealed against shrinking (so no access to the mapping can fault),
     /// whose header agrees with its size.
+    ///
+    /// The seal is checked *before* the size is read: a seal can never be removed, so once
+    /// `F_SEAL_SHRINK` is seen the size read afterwards is a floor for as long as the mapping
+    /// lives. In the other order a client still holding the fd could shrink and seal between the
+    /// two reads, and the daemon would map the old size and take SIGBUS past the new end.
     pub fn from_fd(id: u64, fd: OwnedFd) -> Result<Segment, ShmError> {
+        Segment::from_fd_observed(id, fd, |_| {})
+    }
+
+    /// [`Segment::from_fd`], calling `after_seal_check` between the seal check and the size read
+    /// (where a racing client would act; the tests put a shrink there).
+    fn from_fd_observed(
+        id: u64,
+        fd: OwnedFd,
+        after_seal_check: impl FnOnce(&OwnedFd),
+    ) -> Result<Segment, ShmError> {
         let refused = |what: String| ShmError::Refused(what);
-        let stat = rustix::fs::fstat(&fd).map_err(|e| refused(format!("fstat: {e}")))?;
-        if rustix::fs::FileType::from_raw_mode(stat.st_mode) != rustix::fs::FileType::RegularFile {
-            return Err(refused("not a regular file (expected a memfd)".into()));
-        }
-        let len = u64::try_from(stat.st_size)
-            .map_err(|_| refused(format!("negative size {}", stat.st_size)))?;
         let seals = rustix::fs::fcntl_get_seals(&fd)
             .map_err(|e| refused(format!("not a sealable memfd: {e}")))?;
         if !seals.contains(SealFlags::SHRINK) {
@@ -107,6 +116,13 @@ impl Segment {
                 "the memfd is not sealed against shrinking (F_SEAL_SHRINK)".into(),
             ));
         }
+        after_seal_check(&fd);
+        let stat = rustix::fs::fstat(&fd).map_err(|e| refused(format!("fstat: {e}")))?;
+        if rustix::fs::FileType::from_raw_mode(stat.st_mode) != rustix::fs::FileType::RegularFile {
+            return Err(refused("not a regular file (expected a memfd)".into()));
+        }
+        let len = u64::try_from(stat.st_size)
+            .map_err(|_| refused(format!("negative size {}", stat.st_size)))?;
         if !(shm_layout::MIN_SEGMENT_BYTES..=shm_layout::MAX_SEGMENT_BYTES).contains(&len) {
             return Err(ShmLayoutError::SegmentSize {
                 found: len,
@@ -261,7 +277,13 @@ async fn recv_with_fds(
 /// hello magic, reads the frame (and its memfd), maps the segment as `segment_id` and replies;
 /// otherwise returns the bytes read so HTTP/2 can start from them. A refused segment is logged
 /// and reported in the reply; the connection then carries activations inline.
-pub async fn negotiate(stream: &mut UnixStream, segment_id: u64) -> Result<Negotiated, ShmError> {
+/// `accept_segment` false (a peer outside the allow lists): a descriptor the peer sends is closed
+/// unread (never `fstat`ed, sealed-checked or mapped) and the reply says refused.
+pub async fn negotiate(
+    stream: &mut UnixStream,
+    segment_id: u64,
+    accept_segment: bool,
+) -> Result<Negotiated, ShmError> {
     let mut buf = [0u8; shm_layout::HELLO_BYTES];
     let mut fds = Vec::new();
     let mut got = 0;
@@ -302,7 +324,10 @@ pub async fn negotiate(stream: &mut UnixStream, segment_id: u64) -> Result<Negot
     let hello = Hello::parse(&buf)?;
     let mut segment = None;
     let mut status = shm_layout::REPLY_OK;
-    if hello.has_segment() {
+    if hello.has_segment() && !accept_segment {
+        drop(std::mem::take(&mut fds));
+        status = shm_layout::REPLY_SEGMENT_REFUSED;
+    } else if hello.has_segment() {
         let mapped = match fds.drain(..).next() {
             Some(fd) => Segment::from_fd(segment_id, fd),
             None => Err(ShmError::NoDescriptor),
@@ -390,5 +415,106 @@ impl AsyncWrite for PrefixedStream {
     }
     fn is_write_vectored(&self) -> bool {
         self.inner.is_write_vectored()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rustix::fs::MemfdFlags;
+
+    const BIG: u64 = 1 << 20;
+
+    /// An unsealed memfd of `len` bytes with a valid segment header, as a client makes one.
+    fn memfd(len: u64) -> OwnedFd {
+        let fd =
+            rustix::fs::memfd_create("shm-test", MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING)
+                .expect("memfd_create");
+        rustix::fs::ftruncate(&fd, len).expect("ftruncate");
+        let header = SegmentHeader::new(len).encode();
+        rustix::io::pwrite(&fd, &header, 0).expect("write the header");
+        fd
+    }
+
+    #[test]
+    fn a_shrink_and_seal_racing_the_checks_never_leaves_a_mapping_past_the_end() {
+        // The hostile client sends the fd unsealed at full size and, between the daemon's seal
+        // check and its size read, shrinks the file and seals it. Sealing is checked first, so
+        // the daemon saw no seal and refuses; had it read the size first it would now map 1 MiB
+        // of a file that holds a few KiB.
+        let small = shm_layout::MIN_SEGMENT_BYTES;
+        let got = Segment::from_fd_observed(1, memfd(BIG), |fd| {
+            rustix::fs::ftruncate(fd, small).expect("shrink");
+            rustix::fs::fcntl_add_seals(fd, SealFlags::SHRINK).expect("seal");
+        });
+        match got {
+            Err(ShmError::Refused(why)) => assert!(why.contains("F_SEAL_SHRINK"), "{why}"),
+            Ok(s) => panic!("mapped {} bytes of a {small}-byte file", s.len_bytes()),
+            Err(e) => panic!("refused for another reason: {e}"),
+        }
+        // Sealed before it is sent: the size can no longer drop, whatever the client tries.
+        let fd = memfd(BIG);
+        rustix::fs::fcntl_add_seals(&fd, SealFlags::SHRINK).expect("seal");
+        let segment = Segment::from_fd_observed(2, fd, |fd| {
+            assert!(
+                rustix::fs::ftruncate(fd, small).is_err(),
+                "a sealed memfd shrank"
+            );
+        })
+        .expect("a sealed memfd maps");
+        assert_eq!(segment.len_bytes(), BIG);
+    }
+
+    /// Sends the pre-handshake hello with `fd` over `client` (as hostd's client does) and
+    /// returns the daemon's reply status, with what `negotiate` made of it.
+    fn hello_with(fd: &OwnedFd, accept_segment: bool) -> (u32, Option<std::sync::Arc<Segment>>) {
+        use rustix::net::{SendAncillaryBuffer, SendAncillaryMessage, SendFlags};
+        use std::io::Read;
+        let (mut client, server) = std::os::unix::net::UnixStream::pair().expect("socketpair");
+        let hello = Hello {
+            version: shm_layout::HELLO_VERSION,
+            flags: shm_layout::HELLO_FLAG_SEGMENT,
+        };
+        let frame = hello.encode();
+        let mut space = [MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(1))];
+        let mut control = SendAncillaryBuffer::new(&mut space);
+        let fds = [fd.as_fd()];
+        assert!(control.push(SendAncillaryMessage::ScmRights(&fds)));
+        let sent = rustix::net::sendmsg(
+            &client,
+            &[std::io::IoSlice::new(&frame)],
+            &mut control,
+            SendFlags::empty(),
+        )
+        .expect("sendmsg");
+        assert_eq!(sent, frame.len());
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        let negotiated = rt.block_on(async {
+            server.set_nonblocking(true).expect("nonblocking");
+            let mut s = UnixStream::from_std(server).expect("tokio stream");
+            negotiate(&mut s, 7, accept_segment)
+                .await
+                .expect("negotiate")
+        });
+        let mut reply = [0u8; shm_layout::REPLY_BYTES];
+        client.read_exact(&mut reply).expect("reply");
+        let reply = HelloReply::parse(&reply).expect("a well-formed reply");
+        (reply.status, negotiated.segment)
+    }
+
+    #[test]
+    fn a_peer_outside_the_allow_lists_never_gets_its_descriptor_mapped() {
+        let fd = memfd(BIG);
+        rustix::fs::fcntl_add_seals(&fd, SealFlags::SHRINK).expect("seal");
+        let (status, segment) = hello_with(&fd, false);
+        assert_eq!(status, shm_layout::REPLY_SEGMENT_REFUSED);
+        assert!(segment.is_none(), "a disallowed peer's segment was mapped");
+        // The same descriptor from an allowed peer is mapped: the refusal above is the flag's.
+        let (status, segment) = hello_with(&fd, true);
+        assert_eq!(status, shm_layout::REPLY_OK);
+        assert_eq!(segment.expect("mapped").len_bytes(), BIG);
     }
 }

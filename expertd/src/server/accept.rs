@@ -39,16 +39,17 @@ pub(super) async fn accept_loop(
                     let _ = s.set_nodelay(true);
                     (ConnIo::Tcp(s), None)
                 }
-                Accepted::Unix(mut s) => match crate::shm::negotiate(&mut s, conn_id).await {
-                    Ok(n) => (
-                        ConnIo::Unix(PrefixedStream::new(n.prefix, s)),
-                        if allowed { n.segment } else { None },
-                    ),
-                    Err(e) => {
-                        tracing::warn!(error = %crate::logsafe::text(&e.to_string()), %peer, "connection dropped during the pre-handshake");
-                        return;
+                // Authorization comes first: a peer outside the allow lists never gets its
+                // descriptor examined or mapped.
+                Accepted::Unix(mut s) => {
+                    match crate::shm::negotiate(&mut s, conn_id, allowed).await {
+                        Ok(n) => (ConnIo::Unix(PrefixedStream::new(n.prefix, s)), n.segment),
+                        Err(e) => {
+                            tracing::warn!(error = %crate::logsafe::text(&e.to_string()), %peer, "connection dropped during the pre-handshake");
+                            return;
+                        }
                     }
-                },
+                }
             };
             if !allowed {
                 tracing::warn!(%peer, "peer not in --allow-uid/--allow-gid; its calls will be refused");
