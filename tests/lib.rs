@@ -54,6 +54,17 @@ pub fn reference(preset: &str) -> serde_json::Value {
     serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
+/// The `addr=HOST:PORT` field of the first log line that contains `marker`: a daemon told to
+/// listen on port 0 logs the address it bound (expertd's "listening on TCP" and "metrics on
+/// http://…" lines), which is how a test learns its port without racing other tests for one.
+pub fn logged_addr(log: &str, marker: &str) -> Option<std::net::SocketAddr> {
+    log.lines().filter(|l| l.contains(marker)).find_map(|l| {
+        l.split_whitespace()
+            .find_map(|w| w.strip_prefix("addr="))
+            .and_then(|a| a.parse().ok())
+    })
+}
+
 /// Path of a workspace binary built alongside the test executable (`target/<profile>/NAME`).
 pub fn workspace_bin(name: &str) -> PathBuf {
     let exe = std::env::current_exe().expect("test executable path");

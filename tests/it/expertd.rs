@@ -3,8 +3,8 @@
 //! token, with a private child daemon, with a budget that forces evictions every step and one
 //! that holds everything, with io_uring and with pread — writes logits byte-equal to the
 //! in-process INT8 backend's; concurrent clients get what they get alone; a killed hostd's
-//! session and leases are gone within a second; a daemon restart fails the call in flight
-//! clearly and the client reconnects; every malformed call gets its own status and the daemon
+//! session and leases are gone promptly (EOF, not keepalive); a daemon restart fails the call in
+//! flight clearly and the client reconnects; every malformed call gets its own status and the daemon
 //! keeps serving; a corrupted blob is DATA_LOSS for that expert. Those last two run the server
 //! in this process ([`InProcessDaemon`], configured here by [`whole_container`]); the rest run
 //! the `expertd serve` binary ([`Daemon`]).
@@ -38,14 +38,6 @@ pub(crate) struct Daemon {
     /// Serving TLS on the port (`--tls-cert` among the extra flags).
     tls: bool,
     _dir: tempfile::TempDir,
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .expect("bind")
-        .local_addr()
-        .expect("addr")
-        .port()
 }
 
 impl Daemon {
@@ -84,21 +76,26 @@ impl Daemon {
                 (Some(s), None)
             }
             Some(token) => {
-                let p = free_port();
+                // Port 0: the daemon binds a free port and logs it, so parallel tests cannot
+                // race for a port picked here and released before the daemon binds it.
                 cmd.arg("--listen")
-                    .arg(format!("127.0.0.1:{p}"))
+                    .arg("127.0.0.1:0")
                     .arg("--auth-token-file")
                     .arg(token);
                 if !extra.contains(&"--tls-cert") {
                     cmd.arg("--insecure");
                 }
-                (None, Some(p))
+                (None, Some(0))
             }
         };
         let mut process = Spawned::spawn(&mut cmd, &log);
-        process.wait_ready(Duration::from_secs(30), |_| match (&socket, port) {
+        let mut port = port;
+        process.wait_ready(Duration::from_secs(30), |log| match (&socket, port) {
             (Some(s), _) => std::os::unix::net::UnixStream::connect(s).is_ok(),
-            (None, Some(p)) => std::net::TcpStream::connect(("127.0.0.1", p)).is_ok(),
+            (None, Some(_)) => {
+                port = tests::logged_addr(log, "listening on TCP").map(|a| a.port());
+                port.is_some_and(|p| std::net::TcpStream::connect(("127.0.0.1", p)).is_ok())
+            }
             (None, None) => unreachable!(),
         });
         Daemon {

@@ -486,11 +486,6 @@ fn metrics_endpoint_and_expertd_stats_parse_and_per_session_counters_add_up_to_p
         .expect("chmod work dir");
     let container = work.path().join("container");
     prepare_container(&model_dir("tiny"), &container);
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .expect("bind")
-        .local_addr()
-        .expect("addr")
-        .port();
     let socket = work.path().join("expertd.sock");
     let log = work.path().join("expertd.log");
     let mut daemon = Spawned::spawn(
@@ -502,14 +497,18 @@ fn metrics_endpoint_and_expertd_stats_parse_and_per_session_counters_add_up_to_p
                 "--socket",
             ])
             .arg(&socket)
+            // Port 0: the daemon binds a free port and logs it (no race with parallel tests).
             .args(["--socket-mode", "666", "--no-prefetch", "--metrics-listen"])
-            .arg(format!("127.0.0.1:{port}"))
+            .arg("127.0.0.1:0")
             .arg("--cache-bytes")
             .arg((3 * blob_stride(&container)).to_string()),
         &log,
     );
-    daemon.wait_ready(Duration::from_secs(30), |_| {
+    let mut port = 0;
+    daemon.wait_ready(Duration::from_secs(30), |log| {
+        port = tests::logged_addr(log, "metrics on http://").map_or(0, |a| a.port());
         std::os::unix::net::UnixStream::connect(&socket).is_ok()
+            && port != 0
             && std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
     });
 

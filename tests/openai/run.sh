@@ -49,4 +49,4 @@ done
 [ "$ready" = 1 ] || { cat "$log/stderr" >&2; echo "tests/openai/run.sh: $addr/health never became ready" >&2; exit 1; }
 
 export SLUICE_BASE_URL="$addr/v1" SLUICE_MODEL_NAME=sluice-test
-python3 -m pytest -q tests/openai "$@"
+python3 -m pytest -q -rs tests/openai "$@"

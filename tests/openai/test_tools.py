@@ -78,10 +78,16 @@ def test_agent_loop_history_round_trip(client, model):
     messages.append({"role": "user", "content": "And tomorrow?"})
     third = client.chat.completions.create(model=model, messages=messages, tools=[WEATHER], max_tokens=4, temperature=0)
     check_reply_shape(third.choices[0])
-    # An empty tool_calls list in history is accepted too.
-    messages.append({"role": "assistant", "content": "ok", "tool_calls": []})
-    messages.append({"role": "user", "content": "thanks"})
-    client.chat.completions.create(model=model, messages=messages, tools=[WEATHER], max_tokens=2)
+    # An empty tool_calls list in history is accepted, and means the same as none: the same
+    # prompt (token count) and, greedy, the same reply as the turn written without the field.
+    tail = [{"role": "user", "content": "thanks"}]
+    empty = messages + [{"role": "assistant", "content": "ok", "tool_calls": []}] + tail
+    absent = messages + [{"role": "assistant", "content": "ok"}] + tail
+    with_empty = client.chat.completions.create(model=model, messages=empty, tools=[WEATHER], max_tokens=2, temperature=0)
+    without = client.chat.completions.create(model=model, messages=absent, tools=[WEATHER], max_tokens=2, temperature=0)
+    check_reply_shape(with_empty.choices[0])
+    assert with_empty.usage.prompt_tokens == without.usage.prompt_tokens
+    assert with_empty.choices[0].message == without.choices[0].message
 
 
 def test_streamed_reply_accumulates_like_the_whole_one(client, model):

@@ -3,8 +3,15 @@
 
 use super::*;
 
+/// How long a killed client's session and leases may outlive it (see the test below).
+const CLEANUP_BOUND: Duration = Duration::from_secs(10);
+
 #[test]
-fn a_killed_hostd_leaves_no_session_and_no_lease_within_a_second() {
+/// The daemon learns of the kill from the closed socket, typically within milliseconds. The bound
+/// is 10 s so that a loaded 2-core box cannot fail it, and still half the keepalive timeout
+/// (`expertd::server::KEEPALIVE_TIMEOUT`, 20 s): passing shows the close was noticed by EOF, not by
+/// a keepalive probe; a leaked session or lease never clears and fails it.
+fn a_killed_hostd_leaves_no_session_and_no_lease_promptly() {
     let (work, container) = work_with_container("tiny");
     let daemon = Daemon::unix(&container, 2 * blob_stride(&container), &[]);
     let socket = daemon.socket.clone().expect("socket");
@@ -51,8 +58,8 @@ fn a_killed_hostd_leaves_no_session_and_no_lease_within_a_second() {
                 break;
             }
             assert!(
-                killed.elapsed() < Duration::from_secs(1),
-                "after 1 s: sessions {:?}, cache {cache:?}",
+                killed.elapsed() < CLEANUP_BOUND,
+                "after {CLEANUP_BOUND:?}: sessions {:?}, cache {cache:?}",
                 s.sessions
             );
             tokio::time::sleep(Duration::from_millis(10)).await;
