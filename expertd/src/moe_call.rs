@@ -333,7 +333,8 @@ impl CallExecutor {
 
     /// Runs one validated call: `out[r] = Σ_k weights[r,k] · expert_{ids[r,k]}(x[r])`.
     /// `x` and `out` hold `n_rows × hidden` values; a non-finite value in `x` fails the call
-    /// (`Invalid`, naming the row) before any lease is taken. Blocks (reads and compute); run it off the
+    /// (`Invalid`, naming the row) before any lease is taken, and so does a non-finite output
+    /// (finite activations too large for the arithmetic) after the compute. Blocks (reads and compute); run it off the
     /// async runtime. Every lease is released when this returns, on success or failure.
     pub fn run(
         &self,
@@ -431,6 +432,17 @@ impl CallExecutor {
         }
         // Each row's weighted outputs summed in call order: independent of waves and cache state.
         exec.finish(out);
+        // Finite activations can still overflow the experts' arithmetic (3e38 in every column:
+        // the dequantised products pass f32::MAX). Such an output is refused, never returned as
+        // a result: one more vectorised pass, over `out`.
+        if let Some((row, column, value)) = shared::moe_exec::first_non_finite(out, self.hidden()) {
+            return Err(CallError::Invalid {
+                layer: spec.layer,
+                reason: format!(
+                    "the output of row {row} is not finite ({value} at column {column}): its activations are finite but too large for the experts' arithmetic"
+                ),
+            });
+        }
         cost.bytes_read = u64::from(cost.misses) * self.header.layout.blob.stride as u64;
         Ok(cost)
     }

@@ -89,15 +89,16 @@ impl Daemon {
             }
         };
         let mut process = Spawned::spawn(&mut cmd, &log);
-        let mut port = port;
+        let mut bound = None;
         process.wait_ready(Duration::from_secs(30), |log| match (&socket, port) {
             (Some(s), _) => std::os::unix::net::UnixStream::connect(s).is_ok(),
             (None, Some(_)) => {
-                port = tests::logged_addr(log, "listening on TCP").map(|a| a.port());
-                port.is_some_and(|p| std::net::TcpStream::connect(("127.0.0.1", p)).is_ok())
+                bound = tests::logged_addr(log, "listening on TCP").map(|a| a.port());
+                bound.is_some_and(|p| std::net::TcpStream::connect(("127.0.0.1", p)).is_ok())
             }
             (None, None) => unreachable!(),
         });
+        let port = port.and(bound);
         Daemon {
             process,
             socket,

@@ -42,7 +42,7 @@ fn a_temperature_whose_inverse_overflows_is_greedy_and_the_server_keeps_serving(
     assert_eq!(health.status, 200, "{}", health.text());
     assert_eq!(health.json()["status"], "ready");
     assert_eq!(
-        s.metric("hostd_engine_panics"),
+        s.metric("hostd_engine_panics_total"),
         0.0,
         "nothing panicked on the way"
     );

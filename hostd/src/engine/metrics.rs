@@ -482,9 +482,9 @@ mod tests {
                 "# TYPE hostd_request_duration_seconds histogram\n",
             ],
         );
-        // One HELP and one TYPE per family (25); no OpenMetrics `# EOF`.
-        assert_eq!(text.matches("# HELP ").count(), 25, "{text}");
-        assert_eq!(text.matches("# TYPE ").count(), 25, "{text}");
+        // One HELP and one TYPE per family (26); no OpenMetrics `# EOF`.
+        assert_eq!(text.matches("# HELP ").count(), 26, "{text}");
+        assert_eq!(text.matches("# TYPE ").count(), 26, "{text}");
         assert!(!text.contains("# EOF"), "{text}");
     }
 }

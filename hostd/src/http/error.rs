@@ -255,11 +255,16 @@ impl ApiError {
     }
 
     /// The message the client sees: a 500's says only that the server failed and names the
-    /// request id; every other error's is its sentence.
+    /// request id, and an unavailable expert backend's only that, with the wait (the daemon's
+    /// address and the cause are for the log); every other error's is its sentence.
     pub fn client_message(&self, request_id: Option<&str>) -> String {
         match self {
             ApiError::Internal(_) => format!(
                 "The server had an error while processing your request (request id {}); its log has the details.",
+                request_id.unwrap_or("unknown")
+            ),
+            ApiError::ExpertsUnavailable { retry_after_s, .. } => format!(
+                "The expert backend is unavailable; retry after {retry_after_s} s (request id {}; the server's log names the cause).",
                 request_id.unwrap_or("unknown")
             ),
             _ => self.to_string(),
@@ -278,10 +283,15 @@ impl ApiError {
         }
     }
 
-    /// Writes a 500's detail to the log (in the current span, which carries the request id).
+    /// Writes the detail a client does not see to the log (in the current span, which carries
+    /// the request id): a 500's, and an unavailable expert backend's.
     pub fn log_internal(&self) {
-        if let ApiError::Internal(detail) = self {
-            tracing::error!(detail = %detail, "internal error");
+        match self {
+            ApiError::Internal(detail) => tracing::error!(detail = %detail, "internal error"),
+            ApiError::ExpertsUnavailable { message, .. } => {
+                tracing::warn!(detail = %message, "expert backend unavailable");
+            }
+            _ => {}
         }
     }
 }

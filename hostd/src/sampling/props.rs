@@ -157,17 +157,18 @@ fn every_accepted_value_of_every_knob_samples_without_panicking() {
 fn random_combinations_of_all_knobs_sample_without_panicking() {
     let mut rng = SplitMix64::new(0xc0ffee);
     let edges = edge_values();
+    // One value in eight is an edge case; the rest are uniform in (0, 1], inside every knob's
+    // range, so that about half of the combinations pass validation and are exercised.
     let pick = |rng: &mut SplitMix64| {
-        if rng.next_u64().is_multiple_of(2) {
+        if rng.next_u64().is_multiple_of(8) {
             edges[(rng.next_u64() % edges.len() as u64) as usize]
         } else {
-            // Uniform in [-2.5, 2.5]: mostly inside the accepted ranges.
-            (rng.next_f64() * 5.0 - 2.5) as f32
+            (1.0 - rng.next_f64()) as f32
         }
     };
     let rows = rows();
     let mut accepted = 0usize;
-    for _ in 0..20_000 {
+    for _ in 0..8_000 {
         let mut p = base();
         for (_, set) in knobs() {
             let v = pick(&mut rng);
@@ -183,7 +184,7 @@ fn random_combinations_of_all_knobs_sample_without_panicking() {
         }
     }
     assert!(
-        accepted > 500,
+        accepted > 2_000,
         "only {accepted} accepted combinations were exercised"
     );
 }

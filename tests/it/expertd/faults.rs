@@ -157,6 +157,16 @@ fn malformed_calls_get_specific_statuses_and_the_daemon_keeps_serving() {
             ),
             ("no input", pb::MoeLayerRequest { input: None, ..valid_call(sid) }, Code::InvalidArgument, "no activations"),
             (
+                // Finite, but the experts' sums overflow: refused, not returned as NaN (issue 37).
+                "huge finite activations",
+                pb::MoeLayerRequest {
+                    input: Some(Input::InputInlineF32Le(proto::convert::f32s_to_le_bytes(&vec![3e38; 2 * HIDDEN_TINY]))),
+                    ..valid_call(sid)
+                },
+                Code::InvalidArgument,
+                "output of row 0 is not finite",
+            ),
+            (
                 "shared memory without a segment",
                 pb::MoeLayerRequest {
                     input: Some(Input::InputShm(pb::ShmSlice { segment_id: 1, offset_bytes: 64, length_bytes: 512, dtype: pb::Dtype::F32 as i32 })),
