@@ -62,6 +62,8 @@ impl Daemon {
         let dir = tempfile::tempdir().expect("tempdir");
         let log = dir.path().join("expertd.log");
         let mut cmd = Command::new(workspace_bin("expertd"));
+        // INFO whatever the test's own RUST_LOG: the TCP port is read from the INFO line.
+        cmd.env("RUST_LOG", "info");
         cmd.arg("serve")
             .arg("--container")
             .arg(container)

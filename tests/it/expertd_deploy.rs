@@ -490,6 +490,8 @@ fn metrics_endpoint_and_expertd_stats_parse_and_per_session_counters_add_up_to_p
     let log = work.path().join("expertd.log");
     let mut daemon = Spawned::spawn(
         Command::new(workspace_bin("expertd"))
+            // INFO whatever the test's RUST_LOG: the metrics port is read from the INFO line.
+            .env("RUST_LOG", "info")
             .args([
                 "serve",
                 "--container",

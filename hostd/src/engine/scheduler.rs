@@ -233,7 +233,9 @@ impl Scheduler {
                 retry_after_s: None,
             }));
         }
-        self.cache = PrefixCache::new(self.config.state_cache_bytes);
+        // Emptied, not replaced: its hit/miss/eviction totals feed Prometheus counters, which
+        // must not go backwards.
+        self.cache.clear();
         self.publish_gauges();
     }
 

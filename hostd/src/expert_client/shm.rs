@@ -73,7 +73,9 @@ impl Slot<'_> {
 
 impl Drop for Slot<'_> {
     fn drop(&mut self) {
-        if self.quarantined {
+        // A slot dropped by a panic's unwind may belong to a call the daemon is still
+        // computing: it is quarantined like an abandoned call's, never lent again.
+        if self.quarantined || std::thread::panicking() {
             self.segment
                 .quarantined
                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed);

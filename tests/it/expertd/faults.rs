@@ -203,6 +203,24 @@ fn malformed_calls_get_specific_statuses_and_the_daemon_keeps_serving() {
             "not allowed",
         );
     });
+    // Its shared-memory segment is refused unread: the allow lists are applied before the
+    // pre-handshake looks at a descriptor (issue 37 (b)). The same hello to a daemon without
+    // allow lists is accepted, so the refusal is the allow list's.
+    let layout = shared::shm_layout::SlotLayout::new(2, 4, HIDDEN_TINY).expect("layout");
+    let seg = hostd::expert_client::shm::ClientSegment::create(layout).expect("segment");
+    let hello = |socket: &Path| {
+        let mut s = std::os::unix::net::UnixStream::connect(socket).expect("connect");
+        hostd::expert_client::shm::send_hello(&mut s, Some(&seg))
+            .expect("hello")
+            .status
+    };
+    assert_eq!(
+        hello(restricted.socket()),
+        shared::shm_layout::REPLY_SEGMENT_REFUSED,
+        "a disallowed peer's segment was accepted"
+    );
+    let open = InProcessDaemon::unix(whole_container(&container));
+    assert_eq!(hello(open.socket()), shared::shm_layout::REPLY_OK);
 
     // TCP needs the bearer token.
     let tcp = InProcessDaemon::tcp(ServeConfig {
