@@ -334,8 +334,9 @@ impl CallExecutor {
     /// Runs one validated call: `out[r] = Σ_k weights[r,k] · expert_{ids[r,k]}(x[r])`.
     /// `x` and `out` hold `n_rows × hidden` values; a non-finite value in `x` fails the call
     /// (`Invalid`, naming the row) before any lease is taken, and so does a non-finite output
-    /// (finite activations too large for the arithmetic) after the compute. Blocks (reads and compute); run it off the
-    /// async runtime. Every lease is released when this returns, on success or failure.
+    /// (finite activations too large for the arithmetic) after the compute. Blocks (reads and
+    /// compute); run it off the async runtime. Every lease is released when this returns, on
+    /// success or failure.
     pub fn run(
         &self,
         spec: &CallSpec<'_>,

@@ -325,7 +325,7 @@ pub async fn negotiate(
     let mut segment = None;
     let mut status = shm_layout::REPLY_OK;
     if hello.has_segment() && !accept_segment {
-        drop(std::mem::take(&mut fds));
+        // The descriptor is never looked at; it closes with `fds`.
         status = shm_layout::REPLY_SEGMENT_REFUSED;
     } else if hello.has_segment() {
         let mapped = match fds.drain(..).next() {

@@ -8,8 +8,9 @@
 //! [`MIN_SAMPLING_TEMPERATURE`] (0 included) picks the argmax (lowest id on ties); otherwise logits
 //! are divided by the temperature, turned into probabilities, filtered by top-k, top-p and min-p,
 //! and one id is drawn. Every parameter that passes [`SamplingParams::validate`] gives an id for
-//! every row of logits, NaN and infinities included (property-tested over the whole f32 range). Log-probabilities reported to clients come from the raw model
-//! distribution (before penalties and temperature), as vLLM reports them by default.
+//! every row of logits, NaN and infinities included (property-tested over the whole f32 range).
+//! Log-probabilities reported to clients come from the raw model distribution (before penalties
+//! and temperature), as vLLM reports them by default.
 //!
 //! Not here: detokenisation and the reasoning/content split (`engine::output`).
 

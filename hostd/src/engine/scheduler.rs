@@ -177,7 +177,7 @@ impl Scheduler {
     /// Runs until every handle is dropped and no sequence is left.
     ///
     /// A panic inside an iteration (a bug that one request's input reached) fails the sequences
-    /// running then, drops the prefix cache (a half-run iteration may have been inserting into
+    /// running then, empties the prefix cache (a half-run iteration may have been inserting into
     /// it), and the loop goes on serving: one bad request never stops the server. More than
     /// [`PANIC_BUDGET`] panics within [`PANIC_WINDOW`] mean the engine itself is broken, and the
     /// process exits with [`EXIT_ENGINE_PANICS`] so that its supervisor restarts it, rather than
@@ -215,7 +215,7 @@ impl Scheduler {
 
     /// After a panic in [`Self::iteration`]: fails every running sequence with a 500 (a request
     /// that was being admitted lost its channel in the unwind, which its handler reports the
-    /// same way), and starts the prefix cache afresh.
+    /// same way) through the one exit path, and empties the prefix cache.
     fn recover(&mut self, what: &str) {
         self.metrics.engine_panics.inc();
         tracing::error!(
@@ -224,14 +224,13 @@ impl Scheduler {
             "the scheduler panicked; failing the running sequences and going on"
         );
         for seq in std::mem::take(&mut self.seqs) {
-            self.metrics.failed.inc();
-            tracing::error!(parent: &seq.span, "sequence failed: the scheduler panicked");
-            let _ = seq.events.send(Event::Failed(super::Failure {
+            let failure = super::Failure {
                 message: "internal error: the generation engine failed while running this \
                           request; it was dropped and the engine went on"
                     .to_string(),
                 retry_after_s: None,
-            }));
+            };
+            self.exit(seq, Exit::Failed(failure));
         }
         // Emptied, not replaced: its hit/miss/eviction totals feed Prometheus counters, which
         // must not go backwards.

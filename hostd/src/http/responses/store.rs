@@ -124,7 +124,6 @@ impl Store {
             .inner
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        inner.evict(now);
         if inner.by_id.contains_key(&id) {
             return false;
         }
