@@ -283,12 +283,20 @@ pub fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
 
 /// Runs `expertd prepare MODEL --out OUT` (the built binary) and panics with its output on failure.
 pub fn prepare_container(model: &Path, out: &Path) {
+    prepare_container_as(model, out, "int8");
+}
+
+/// `expertd prepare MODEL --out OUT --format FORMAT` (`int8`, `q4k`, `q4k-q6k`), which must
+/// succeed.
+pub fn prepare_container_as(model: &Path, out: &Path, format: &str) {
     let o = Command::new(workspace_bin("expertd"))
         .args([
             "prepare",
             model.to_str().expect("utf-8 path"),
             "--out",
             out.to_str().expect("utf-8 path"),
+            "--format",
+            format,
         ])
         .output()
         .expect("spawn expertd");

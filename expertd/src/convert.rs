@@ -1,6 +1,7 @@
 //! Converting one routed expert: pread its BF16 gate, up and down ranges from the checkpoint,
-//! widen to f32, quantise with `shared::kernels::int8::quantize_weights`, encode the container
-//! blob, and measure the dequantisation error.
+//! widen to f32, quantise in the container's format (`shared::kernels::int8::quantize_weights`
+//! or `shared::kernels::kquant::quantize_matrix`), encode the container blob, and measure the
+//! dequantisation error.
 //!
 //! Owns no file layout and no resume logic (that is `prepare`); holds one expert in memory at a
 //! time (about 40 MiB at the real dimensions), never a whole fused tensor.
@@ -11,9 +12,11 @@ use half::bf16;
 use safetensors::Dtype;
 use shared::checkpoint::Checkpoint;
 use shared::container::BlobLayout;
-use shared::container::writer::encode_blob;
+use shared::container::writer::encode_expert;
 use shared::ids::{ExpertId, LayerId};
+use shared::kernels::ExpertMatrices;
 use shared::kernels::int8::quantize_weights;
+use shared::kernels::kquant::{self, KMatrix};
 use shared::safetensors_locator::{ByteRange, ExpertLocator};
 use std::fs::File;
 use std::os::unix::fs::FileExt;
@@ -113,12 +116,26 @@ pub(crate) fn convert_expert(
             reason: format!("shapes do not match the config's d = {d}, f = {f}"),
         });
     }
-    let q_gate_up = quantize_weights(&gate_up, 2 * f, d);
-    let q_down = quantize_weights(&down, d, f);
     let mut blob = vec![0u8; layout.stride];
-    let checksum = encode_blob(layout, &q_gate_up.as_ref(), &q_down.as_ref(), &mut blob)?;
-    let deq_gate_up = q_gate_up.dequantize();
-    let deq_down = q_down.dequantize();
+    let (checksum, deq_gate_up, deq_down) = if let Some((gu, dn)) = layout.format.kquant() {
+        let q_gate_up = kquant::quantize_matrix(gu, &gate_up, 2 * f, d);
+        let q_down = kquant::quantize_matrix(dn, &down, d, f);
+        let m = ExpertMatrices::KQuant {
+            gate_up: q_gate_up.as_ref(),
+            down: q_down.as_ref(),
+        };
+        let checksum = encode_expert(layout, &m, &mut blob)?;
+        (checksum, dequantize(&q_gate_up), dequantize(&q_down))
+    } else {
+        let q_gate_up = quantize_weights(&gate_up, 2 * f, d);
+        let q_down = quantize_weights(&down, d, f);
+        let m = ExpertMatrices::Int8 {
+            gate_up: q_gate_up.as_ref(),
+            down: q_down.as_ref(),
+        };
+        let checksum = encode_expert(layout, &m, &mut blob)?;
+        (checksum, q_gate_up.dequantize(), q_down.dequantize())
+    };
     let split = f * d;
     let stats = ErrorStats {
         gate: KindStats::of_matrix(
@@ -143,4 +160,16 @@ pub(crate) fn convert_expert(
         stats,
         source_bytes: ranges.total_bytes(),
     })
+}
+
+/// Every row of a k-quant matrix dequantised, row-major `[rows, cols]`.
+fn dequantize(m: &KMatrix) -> Vec<f32> {
+    let rb = m.as_ref().row_bytes();
+    let mut out = vec![0.0f32; m.rows * m.cols];
+    if m.cols > 0 {
+        for (row, bytes) in out.chunks_exact_mut(m.cols).zip(m.data.chunks_exact(rb)) {
+            kquant::dequantize_row(m.kind, bytes, m.cols, row);
+        }
+    }
+    out
 }

@@ -644,10 +644,7 @@ fn view_lease<'a>(
         offset: 0,
     };
     match ExpertBlob::view_verified(lease.bytes(), layout, at) {
-        Ok(blob) => Ok(ExpertMatrices {
-            gate_up: blob.gate_up,
-            down: blob.down,
-        }),
+        Ok(blob) => Ok(blob),
         Err(e) => {
             let part = if let ContainerError::Misaligned { part, .. } = e {
                 part

@@ -12,8 +12,9 @@ use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 use shared::checkpoint::{Checkpoint, CheckpointError};
 use shared::container::{
-    BlobAt, CONTAINER_FILE, ContainerError, ContainerFile, ContainerLayout, ExpertDims, Header,
-    ModelIdentity, PARTIAL_FILE, check_blob, read_full_at, read_header, writer,
+    BlobAt, CONTAINER_FILE, ContainerError, ContainerFile, ContainerLayout, ExpertDims,
+    ExpertFormat, Header, ModelIdentity, PARTIAL_FILE, check_blob, read_full_at, read_header,
+    writer,
 };
 use shared::ids::{ExpertId, LayerId};
 use shared::safetensors_locator::{ExpertLocator, LocateError};
@@ -37,6 +38,8 @@ pub struct PrepareOptions {
     pub out: PathBuf,
     /// Sleep after each blob written (tests use it to interrupt a run midway).
     pub throttle: Duration,
+    /// How to quantise the experts.
+    pub format: ExpertFormat,
 }
 
 /// Why `prepare` stopped.
@@ -85,6 +88,18 @@ pub enum PrepareError {
         ours: Box<ModelIdentity>,
         /// Which components differ.
         differing: String,
+    },
+    /// The output directory holds a container of this model in another expert format.
+    #[error(
+        "{path} holds this model's experts in format {found}, not {wanted}; remove it or choose another --out"
+    )]
+    OtherFormat {
+        /// The existing file.
+        path: PathBuf,
+        /// Its format.
+        found: ExpertFormat,
+        /// The format asked for.
+        wanted: ExpertFormat,
     },
     /// The output directory holds an `experts.sluice` that cannot be read.
     #[error("{path} exists but is not a usable container ({source}); remove it to prepare again")]
@@ -195,13 +210,14 @@ pub fn prepare(
 ) -> Result<PrepareOutcome, PrepareError> {
     let start = Instant::now();
     let ckpt = Checkpoint::open(&opts.model)?;
-    let layout = ContainerLayout::new(ExpertDims::from_config(&ckpt.config.text)?)?;
+    let layout =
+        ContainerLayout::new(ExpertDims::from_config(&ckpt.config.text)?.with_format(opts.format))?;
     let identity = ModelIdentity::of_checkpoint(&ckpt)?;
     std::fs::create_dir_all(&opts.out).map_err(|e| PrepareError::io(&opts.out, e))?;
 
     let final_path = opts.out.join(CONTAINER_FILE);
     if final_path.exists() {
-        return up_to_date(&final_path, identity);
+        return up_to_date(&final_path, identity, opts.format);
     }
     let partial_path = opts.out.join(PARTIAL_FILE);
     let stats_path = opts.out.join(STATS_FILE);
@@ -312,7 +328,11 @@ pub fn prepare(
 }
 
 /// An existing `experts.sluice`: up to date when it is a valid container of this model.
-fn up_to_date(path: &Path, ours: ModelIdentity) -> Result<PrepareOutcome, PrepareError> {
+fn up_to_date(
+    path: &Path,
+    ours: ModelIdentity,
+    format: ExpertFormat,
+) -> Result<PrepareOutcome, PrepareError> {
     let unreadable = |source| PrepareError::ExistingUnreadable {
         path: path.to_path_buf(),
         source,
@@ -321,6 +341,13 @@ fn up_to_date(path: &Path, ours: ModelIdentity) -> Result<PrepareOutcome, Prepar
     let (header, _) = read_header(&file, path).map_err(unreadable)?;
     if header.identity != ours {
         return Err(different(path, header.identity, ours));
+    }
+    if header.layout.dims.format != format {
+        return Err(PrepareError::OtherFormat {
+            path: path.to_path_buf(),
+            found: header.layout.dims.format,
+            wanted: format,
+        });
     }
     let container = ContainerFile::open_file(path).map_err(unreadable)?;
     Ok(PrepareOutcome::UpToDate {
@@ -442,8 +469,9 @@ pub fn report_json(opts: &PrepareOptions, s: &PrepareSummary) -> serde_json::Val
     serde_json::json!({
         "model": opts.model.display().to_string(),
         "container": s.path.display().to_string(),
-        "format_version": 1,
-        "quant_scheme": shared::container::header::QUANT_SCHEME,
+        "format_version": l.dims.format.version(),
+        "expert_format": l.dims.format.name(),
+        "quant_scheme": l.dims.format.scheme(),
         "identity": { "config_sha256": config, "expert_tensors_sha256": tensors, "expert_sample_sha256": sample },
         "fingerprint": format!("{:#018x}", s.header.fingerprint()),
         "dims": { "n_layers": l.dims.n_layers, "n_experts": l.dims.n_experts, "hidden": l.dims.hidden, "expert_inner": l.dims.inner },

@@ -9,10 +9,9 @@ use rayon::prelude::*;
 use shared::checkpoint::Checkpoint;
 use shared::container::{
     BlobAt, CONTAINER_FILE, ContainerError, ExpertBlob, ExpertDims, Header, ModelIdentity,
-    VersionedMagic, check_blob, index, read_full_at, read_header,
+    check_blob, index, read_full_at, read_header,
 };
 use shared::ids::{ExpertId, LayerId};
-use shared::kernels::int8::MatrixError;
 use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -34,7 +33,8 @@ pub enum Problem {
     /// A format problem (header field, index entry, blob).
     #[error(transparent)]
     Container(#[from] ContainerError),
-    /// A blob whose checksum is right but whose matrix breaks the R16C4 invariants.
+    /// A blob whose checksum is right but whose matrix breaks its format's invariants (R16C4
+    /// padding and row sums; finite k-quant super-scales).
     #[error("layer {layer} expert {expert}: blob at file offset {offset}: {part}: {error}")]
     Matrix {
         /// Layer.
@@ -46,7 +46,7 @@ pub enum Problem {
         /// `gate_up` or `down`.
         part: &'static str,
         /// The broken invariant.
-        error: MatrixError,
+        error: String,
     },
     /// The container was made from another model than `--model`.
     #[error(
@@ -139,7 +139,7 @@ pub fn verify(
         }
     };
     report.header = Some(header);
-    if header.magic == VersionedMagic::UnfinishedV1 {
+    if header.magic.is_unfinished() {
         report.problems.push(ContainerError::Unfinished.into());
     }
     let layout = header.layout;
@@ -154,7 +154,7 @@ pub fn verify(
     }
     // An unfinished file has no index yet: its blobs are checked against their own trailers.
     let mut entries = Vec::new();
-    if header.magic == VersionedMagic::CompleteV1 {
+    if !header.magic.is_unfinished() {
         let mut region = vec![0u8; index::region_bytes(&layout)];
         let got = read_full_at(&file, &mut region, layout.index_offset).map_err(|e| {
             ContainerError::Io {
@@ -217,7 +217,8 @@ pub fn verify(
     if let Some(model) = &opts.model {
         match identity_of(model) {
             Ok((identity, dims)) => {
-                let matches = identity == header.identity && dims == layout.dims;
+                let matches = identity == header.identity
+                    && dims.with_format(layout.dims.format) == layout.dims;
                 report.identity_checked = Some(matches);
                 if !matches {
                     report.problems.push(Problem::Identity {
@@ -238,7 +239,7 @@ pub fn verify(
     Ok(report)
 }
 
-/// Checks the R16C4 invariants of a blob whose checksum already verified.
+/// Checks the format invariants of a blob whose checksum already verified.
 fn deep_check(buf: &[u8], layout: &shared::container::BlobLayout, at: BlobAt) -> Vec<Problem> {
     let mut problems = Vec::new();
     // The checksum was verified just before; pass the trailer so `parse` accepts it.
@@ -249,8 +250,17 @@ fn deep_check(buf: &[u8], layout: &shared::container::BlobLayout, at: BlobAt) ->
     );
     match ExpertBlob::parse(buf, layout, at, trailer) {
         Ok(blob) => {
-            for (part, m) in [("gate_up", blob.gate_up), ("down", blob.down)] {
-                if let Err(error) = m.verify() {
+            let checks = match blob {
+                ExpertBlob::Int8 { gate_up, down } => [
+                    ("gate_up", gate_up.verify().map_err(|e| e.to_string())),
+                    ("down", down.verify().map_err(|e| e.to_string())),
+                ],
+                ExpertBlob::KQuant { gate_up, down } => {
+                    [("gate_up", gate_up.verify()), ("down", down.verify())]
+                }
+            };
+            for (part, result) in checks {
+                if let Err(error) = result {
                     problems.push(Problem::Matrix {
                         layer: at.layer,
                         expert: at.expert,

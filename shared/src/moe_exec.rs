@@ -1,6 +1,6 @@
 //! The one executor of a routed-expert call, shared by hostd's in-process INT8 backend and
 //! expertd: validate the routing, group the call's cells by expert, gather each expert's input
-//! rows, run the W8A8 expert kernel, scatter the outputs into per-cell slots and sum each row's
+//! rows, run the expert kernel of the weights' format, scatter the outputs into per-cell slots and sum each row's
 //! slots in call order ([`crate::moe_combine`]).
 //!
 //! Where the weights come from is the caller's business (a memory-mapped container, a cache
@@ -10,18 +10,11 @@
 //! produced by the same single-threaded kernel and the final sum runs in call order.
 
 use crate::ids::ExpertId;
-use crate::kernels::int8::{ExpertScratch, Int8Isa, MatrixRef, expert_forward};
+pub use crate::kernels::ExpertMatrices;
+use crate::kernels::int8::Int8Isa;
+use crate::kernels::{AnyExpertScratch, expert_forward_any};
 use crate::moe_combine;
 use rayon::prelude::*;
-
-/// One expert's two matrices, as the kernel consumes them.
-#[derive(Debug, Clone, Copy)]
-pub struct ExpertMatrices<'a> {
-    /// Fused gate and up projection.
-    pub gate_up: MatrixRef<'a>,
-    /// Down projection.
-    pub down: MatrixRef<'a>,
-}
 
 /// Checks a call's routing: `1 ≤ top_k ≤ n_experts`, `ids` and `weights` both `n_rows × top_k`,
 /// every id `< n_experts` and not repeated within its row, every weight finite. Returns the
@@ -138,21 +131,21 @@ impl<'a> MoeExec<'a> {
     {
         // PERF-CRITICAL: every expert of every MoE call.
         let (x, d, k, groups) = (self.x, self.d, self.top_k, &self.groups);
-        let run = |scratch: &mut ExpertScratch, g: usize| -> Result<(usize, Vec<f32>), E> {
+        let run = |scratch: &mut AnyExpertScratch, g: usize| -> Result<(usize, Vec<f32>), E> {
             let (e, cells) = &groups[g];
             let m = matrices(g, *e)?;
             let xs = moe_combine::gather(x, d, k, cells);
             let mut y = vec![0.0f32; cells.len() * d];
-            expert_forward(isa, m.gate_up, m.down, &xs, cells.len(), &mut y, scratch);
+            expert_forward_any(isa, m, &xs, cells.len(), &mut y, scratch);
             Ok((g, y))
         };
         let results: Vec<(usize, Vec<f32>)> = if which.len() == 1 {
             // One expert: no fork/join (the kernel itself is single-threaded).
-            vec![run(&mut ExpertScratch::new(), which[0])?]
+            vec![run(&mut AnyExpertScratch::new(), which[0])?]
         } else {
             which
                 .par_iter()
-                .map_init(ExpertScratch::new, |s, &g| run(s, g))
+                .map_init(AnyExpertScratch::new, |s, &g| run(s, g))
                 .collect::<Result<_, E>>()?
         };
         for (g, y) in results {

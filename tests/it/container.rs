@@ -178,7 +178,10 @@ fn container_weights_equal_quantize_weights_of_the_checkpoint() {
             let want_gu = quantize_weights(&gate_up, 2 * f, d);
             let want_dn = quantize_weights(&read_range(&r.down), d, f);
             let blob = c.read_expert(layer, e, &mut buf).expect("read expert");
-            let (got_gu, got_dn) = (owned(blob.gate_up), owned(blob.down));
+            let (got_gu, got_dn) = {
+                let (gu, dn) = blob.int8().expect("an INT8 container");
+                (owned(gu), owned(dn))
+            };
             assert_eq!(
                 got_gu, want_gu,
                 "{preset} layer {layer} expert {e}: gate_up"

@@ -8,7 +8,10 @@ use hostd::load::{DenseKind, ExpertsKind, LoadOptions, load_model};
 use hostd::model::Logits;
 use hostd::sampling::argmax;
 use serde_json::{Value, json};
-use tests::{model_dir, prepare_container, presets, read_logits, reference, reference_dir};
+use tests::{
+    model_dir, prepare_container, prepare_container_as, presets, read_logits, reference,
+    reference_dir,
+};
 
 /// Required top-1 agreement with the fp32 reference on the trained fixture (the issue's target).
 ///
@@ -40,12 +43,32 @@ struct Tally {
     /// The largest reference top-1/top-2 logit gap at a position where the tested path picked
     /// another token: how decisive a decision INT8 has overturned.
     worst_flipped_gap: f32,
+    /// Σ over positions of KL(reference ‖ tested) of the next-token distributions, in nats.
+    kl_sum: f64,
 }
 
 impl Tally {
     fn share(&self) -> f64 {
         self.agree as f64 / self.total as f64
     }
+
+    /// Mean KL(reference ‖ tested) per position.
+    fn mean_kl(&self) -> f64 {
+        self.kl_sum / self.total as f64
+    }
+}
+
+/// KL(softmax(p) ‖ softmax(q)) in nats, computed in f64.
+fn kl(p: &[f32], q: &[f32]) -> f64 {
+    let log_softmax = |x: &[f32]| -> Vec<f64> {
+        let m = x
+            .iter()
+            .fold(f64::NEG_INFINITY, |a, &v| a.max(f64::from(v)));
+        let z: f64 = x.iter().map(|&v| (f64::from(v) - m).exp()).sum();
+        x.iter().map(|&v| f64::from(v) - m - z.ln()).collect()
+    };
+    let (lp, lq) = (log_softmax(p), log_softmax(q));
+    lp.iter().zip(&lq).map(|(a, b)| a.exp() * (a - b)).sum()
 }
 
 /// The reference's top-1 minus top-2 logit.
@@ -68,13 +91,15 @@ fn is_trained(reference: &Value) -> bool {
 
 /// Measures one configuration against the reference on every fixture and returns the top-1
 /// agreement of the random-weight presets and of the trained ones (the per-preset report is printed).
-fn agreement(what: &str, experts: ExpertsKind, dense: DenseKind) -> (Tally, Tally) {
+/// `format` is the container's expert format when `experts` is [`ExpertsKind::Int8`] (the
+/// in-process container backend).
+fn agreement(what: &str, experts: ExpertsKind, dense: DenseKind, format: &str) -> (Tally, Tally) {
     let mut report = Vec::new();
     let (mut random, mut trained) = (Tally::default(), Tally::default());
     for preset in presets() {
         let container = tempfile::tempdir().expect("tempdir");
         if experts == ExpertsKind::Int8 {
-            prepare_container(&model_dir(&preset), container.path());
+            prepare_container_as(&model_dir(&preset), container.path(), format);
         }
         let args = LoadOptions {
             model: model_dir(&preset),
@@ -111,6 +136,7 @@ fn agreement(what: &str, experts: ExpertsKind, dense: DenseKind) -> (Tally, Tall
             let mut prompt_agree = 0usize;
             for (o, t) in ours.chunks_exact(vocab).zip(theirs.chunks_exact(vocab)) {
                 tally.total += 1;
+                tally.kl_sum += kl(t, o);
                 if argmax(o) == argmax(t) {
                     tally.agree += 1;
                     prompt_agree += 1;
@@ -140,10 +166,11 @@ fn agreement(what: &str, experts: ExpertsKind, dense: DenseKind) -> (Tally, Tall
             }));
         }
         println!(
-            "{what} {preset}: top-1 agreement {}/{} = {:.2}% (per prompt {}), largest reference top-1 gap overturned {:.3}, max |Δlogit| {max_diff:.4}, mean |Δlogit| {:.5}, greedy agreement {}",
+            "{what} {preset}: top-1 agreement {}/{} = {:.2}%, mean KL {:.3e} (per prompt {}), largest reference top-1 gap overturned {:.3}, max |Δlogit| {max_diff:.4}, mean |Δlogit| {:.5}, greedy agreement {}",
             tally.agree,
             tally.total,
             100.0 * tally.share(),
+            tally.mean_kl(),
             greedy_agreement
                 .iter()
                 .map(|g| format!("{}/{}", g["top1_agreeing_positions"], g["positions"]))
@@ -163,6 +190,7 @@ fn agreement(what: &str, experts: ExpertsKind, dense: DenseKind) -> (Tally, Tall
             "trained": is_trained(&reference),
             "positions": tally.total,
             "top1_agreement": tally.share(),
+            "mean_kl_reference_to_tested": tally.mean_kl(),
             "largest_overturned_reference_gap": tally.worst_flipped_gap,
             "max_abs_logit_diff": max_diff,
             "mean_abs_logit_diff": sum_diff / n_diff as f64,
@@ -175,6 +203,7 @@ fn agreement(what: &str, experts: ExpertsKind, dense: DenseKind) -> (Tally, Tall
         };
         group.agree += tally.agree;
         group.total += tally.total;
+        group.kl_sum += tally.kl_sum;
         group.worst_flipped_gap = group.worst_flipped_gap.max(tally.worst_flipped_gap);
     }
     for (name, t) in [
@@ -182,10 +211,11 @@ fn agreement(what: &str, experts: ExpertsKind, dense: DenseKind) -> (Tally, Tall
         ("trained presets", trained),
     ] {
         println!(
-            "{what}, {name}: top-1 agreement {}/{} = {:.2}%",
+            "{what}, {name}: top-1 agreement {}/{} = {:.2}%, mean KL {:.3e}",
             t.agree,
             t.total,
-            100.0 * t.share()
+            100.0 * t.share(),
+            t.mean_kl()
         );
     }
     println!(
@@ -207,7 +237,7 @@ fn assert_agreement(
     min_trained: f64,
     min_random: f64,
 ) {
-    let (random, trained) = agreement(what, experts, dense);
+    let (random, trained) = agreement(what, experts, dense, "int8");
     assert!(
         trained.share() >= min_trained,
         "{what}: top-1 agreement on the trained fixture {:.4} below {min_trained}",
@@ -251,6 +281,57 @@ fn all_int8_agrees_with_the_fp32_reference() {
         MIN_TOP1_AGREEMENT_DENSE_TRAINED,
         MIN_TOP1_AGREEMENT_DENSE_RANDOM,
     );
+}
+
+/// The 4-bit expert formats against the fp32 reference, measured beside INT8 in one run, with
+/// BF16 and with INT8 dense weights (docs/results/kquant-experts.md has the table).
+///
+/// Issue 36's bar — on the trained fixture, top-1 agreement ≥ 0.95 at every position and mean
+/// KL(reference ‖ tested) ≤ 0.01 — is held for `q4k-q6k` with BF16 dense (measured 0.957 and
+/// 8.2e-3). The other 4-bit rows do not reach it on this fixture (`q4k`, BF16 dense: 0.921 and
+/// 1.46e-2); their floors sit just under the measured figures so that a regression fails. The
+/// random-weight presets' flat logits make top-1 mostly a count of ties (see
+/// `MIN_TOP1_AGREEMENT`); their floors only catch a broken path (agreement collapses to a few
+/// percent).
+#[test]
+fn kquant_experts_agree_with_the_fp32_reference() {
+    // (format, dense, trained top-1 floor, trained mean-KL ceiling, random-presets top-1 floor)
+    let table = [
+        ("int8", DenseKind::Bf16, 0.98, 1e-3, 0.955),
+        ("int8", DenseKind::Int8, 0.96, 3e-3, 0.83),
+        ("q4k", DenseKind::Bf16, 0.91, 0.016, 0.62),
+        ("q4k", DenseKind::Int8, 0.90, 0.018, 0.58),
+        ("q4k-q6k", DenseKind::Bf16, 0.95, 0.01, 0.65),
+        ("q4k-q6k", DenseKind::Int8, 0.92, 0.011, 0.64),
+    ];
+    let mut rows = Vec::new();
+    for (format, dense, min_top1, max_kl, min_random) in table {
+        let what = format!("{format} experts, {dense:?} dense");
+        let (random, trained) = agreement(&what, ExpertsKind::Int8, dense, format);
+        rows.push((what, random, trained, min_top1, max_kl, min_random));
+    }
+    for (what, random, trained, ..) in &rows {
+        println!(
+            "SUMMARY {what}: trained top-1 {:.4} mean KL {:.3e}; random presets top-1 {:.4} mean KL {:.3e}",
+            trained.share(),
+            trained.mean_kl(),
+            random.share(),
+            random.mean_kl()
+        );
+    }
+    for (what, random, trained, min_top1, max_kl, min_random) in &rows {
+        assert!(
+            trained.share() >= *min_top1 && trained.mean_kl() <= *max_kl,
+            "{what}: trained top-1 {:.4} (floor {min_top1}), mean KL {:.3e} (ceiling {max_kl})",
+            trained.share(),
+            trained.mean_kl()
+        );
+        assert!(
+            random.share() >= *min_random,
+            "{what}: random presets top-1 {:.4} (floor {min_random})",
+            random.share()
+        );
+    }
 }
 
 #[test]

@@ -16,6 +16,7 @@ mod expertd_startup;
 mod first_hour;
 mod inspect;
 mod int8_quality;
+mod kquant_experts;
 mod locator;
 mod parity;
 mod serve;

@@ -28,8 +28,7 @@ use rustix::io::Errno;
 use shared::container::index::{parse_index, region_bytes};
 use shared::container::layout::{ALIGNMENT, HEADER_BYTES};
 use shared::container::{
-    BlobAt, CONTAINER_FILE, ContainerError, ContainerFile, Header, IndexEntry, VersionedMagic,
-    check_blob,
+    BlobAt, CONTAINER_FILE, ContainerError, ContainerFile, Header, IndexEntry, check_blob,
 };
 use shared::ids::{ExpertId, LayerId};
 use std::fs::File;
@@ -333,7 +332,7 @@ impl ContainerIndex {
     /// Validates a whole container held in memory, as [`ContainerIndex::open`] does a file.
     pub fn from_bytes(bytes: &[u8]) -> Result<ContainerIndex, ContainerError> {
         let header = Header::parse(&bytes[..bytes.len().min(HEADER_BYTES)])?;
-        if header.magic == VersionedMagic::UnfinishedV1 {
+        if header.magic.is_unfinished() {
             return Err(ContainerError::Unfinished);
         }
         let layout = &header.layout;

@@ -333,6 +333,7 @@ impl ExpertdService {
                 n_experts: dims.n_experts as u32,
                 hidden_size: dims.hidden as u32,
                 expert_inner_size: dims.inner as u32,
+                expert_format: dims.format.name().to_string(),
             }),
             kernel_isa: executor.isa().name().to_string(),
             io_backend: st.config.io_backend.clone(),

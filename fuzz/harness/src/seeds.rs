@@ -5,7 +5,7 @@
 use prost::Message;
 use proto::v1;
 use shared::container::writer::finish;
-use shared::container::{ContainerLayout, ExpertDims, ModelIdentity};
+use shared::container::{ContainerLayout, ExpertDims, ExpertFormat, ModelIdentity};
 use shared::ids::LayerId;
 use shared::ring::{self, RingLayout, RingView, Submission};
 use shared::shm_layout::{
@@ -156,6 +156,7 @@ fn container() -> Vec<Vec<u8>> {
         n_experts: 3,
         hidden: 16,
         inner: 8,
+        format: ExpertFormat::Int8,
     })
     .expect("layout");
     let sums: Vec<u64> = (0..6).map(|i| 0x1234_5678 * (i + 1)).collect();
@@ -179,6 +180,7 @@ fn container() -> Vec<Vec<u8>> {
             n_experts: 2,
             hidden: 1,
             inner: 1,
+            format: ExpertFormat::Int8,
         })
         .expect("layout"),
         &[7, 9],
@@ -375,6 +377,7 @@ fn proto() -> Vec<Vec<u8>> {
             n_experts: 8,
             hidden_size: 64,
             expert_inner_size: 32,
+            expert_format: "int8".into(),
         }),
         ..Default::default()
     };

@@ -213,7 +213,7 @@ impl ExpertdClient {
                 });
             }
         }
-        let dims = r.dims.unwrap_or_default();
+        let dims = r.dims.clone().unwrap_or_default();
         let theirs = (
             dims.n_layers as usize,
             dims.n_experts as usize,
@@ -229,10 +229,7 @@ impl ExpertdClient {
                 ),
             });
         }
-        if let Ok(layout) = shared::container::BlobLayout::new(
-            dims.hidden_size as usize,
-            dims.expert_inner_size as usize,
-        ) {
+        if let Some(layout) = blob_layout(&dims) {
             let _ = self.expert_bytes.set(layout.stride);
         }
         Ok(())
@@ -247,16 +244,30 @@ impl ExpertdClient {
     }
 }
 
+/// The blob layout of the daemon's container: its dimensions in its expert format (an empty
+/// format is a daemon from before format v2: INT8). `None` for a format this build does not
+/// know or impossible dimensions.
+fn blob_layout(dims: &pb::ModelDims) -> Option<shared::container::BlobLayout> {
+    let format = if dims.expert_format.is_empty() {
+        shared::container::ExpertFormat::Int8
+    } else {
+        shared::container::ExpertFormat::from_name(&dims.expert_format)?
+    };
+    shared::container::BlobLayout::with_format(
+        dims.hidden_size as usize,
+        dims.expert_inner_size as usize,
+        format,
+    )
+    .ok()
+}
+
 /// Whether a handshake's daemon streams experts: its cache budget is below the container's
 /// expert bytes (layers × experts × blob stride). Unknown dimensions count as resident.
 fn streams_experts(r: &pb::HandshakeResponse) -> bool {
     let (Some(dims), Some(limits)) = (r.dims.as_ref(), r.limits.as_ref()) else {
         return false;
     };
-    let Ok(layout) = shared::container::BlobLayout::new(
-        dims.hidden_size as usize,
-        dims.expert_inner_size as usize,
-    ) else {
+    let Some(layout) = blob_layout(dims) else {
         return false;
     };
     let experts = u64::from(dims.n_layers) * u64::from(dims.n_experts) * layout.stride as u64;

@@ -16,7 +16,7 @@ use shared::container::{
 };
 use shared::ids::{ExpertId, LayerId};
 use shared::kernels::int8::Int8Isa;
-use shared::moe_exec::{ExpertMatrices, MoeExec};
+use shared::moe_exec::MoeExec;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Instant;
@@ -188,10 +188,7 @@ impl ExpertBackend for Int8Experts {
             if let Some(t) = t {
                 read_ns.fetch_add(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
             }
-            Ok(ExpertMatrices {
-                gate_up: blob.gate_up,
-                down: blob.down,
-            })
+            Ok(blob)
         })?;
         if let (Some(t), Some(p)) = (t_wall, profiler) {
             let wall = t.elapsed().as_nanos() as u64;

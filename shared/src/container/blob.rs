@@ -1,6 +1,7 @@
 //! One expert blob read back: [`check_blob`] verifies a blob buffer (length, checksum against
-//! its trailer and the index, zero padding) and [`ExpertBlob::parse`] then views its parts as
-//! the int8 kernel's [`MatrixRef`]s, in place, with alignment checks.
+//! its trailer and the index, zero padding) and [`ExpertBlob::parse`] then views its parts in
+//! place as the kernels' matrices ([`ExpertMatrices`]: INT8 [`MatrixRef`]s with alignment
+//! checks, or k-quant [`KMatrixRef`]s).
 //!
 //! Pure and allocation-free, errors included: this runs once per expert read in the daemon.
 
@@ -8,7 +9,9 @@ use super::ContainerError;
 use super::checksum::{checksum, le_u64};
 use super::layout::{BlobLayout, CHECKSUM_BYTES, Part};
 use crate::ids::{ExpertId, LayerId};
+use crate::kernels::ExpertMatrices;
 use crate::kernels::int8::MatrixRef;
+use crate::kernels::kquant::KMatrixRef;
 
 /// Which blob a buffer holds, for error messages.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -70,15 +73,9 @@ pub fn check_blob(
 }
 
 /// The two matrices of one expert, borrowed from a verified blob buffer.
-#[derive(Clone, Copy)]
-pub struct ExpertBlob<'a> {
-    /// Gate and up projections as one `[2f × d]` matrix, gate rows first.
-    pub gate_up: MatrixRef<'a>,
-    /// Down projection, `[d × f]`.
-    pub down: MatrixRef<'a>,
-}
+pub type ExpertBlob<'a> = ExpertMatrices<'a>;
 
-impl<'a> ExpertBlob<'a> {
+impl<'a> ExpertMatrices<'a> {
     /// Verifies `bytes` (see [`check_blob`], with the index's `expected_checksum`) and views its
     /// parts. The f32 and i32 parts must be 4-byte aligned in memory: they are 64-byte aligned
     /// relative to the blob start, so any buffer aligned to 4 (every heap allocation) works.
@@ -114,6 +111,22 @@ impl<'a> ExpertBlob<'a> {
                 expected: layout.stride as u64,
             });
         }
+        if let Some((gu, dn)) = layout.format.kquant() {
+            return Ok(ExpertMatrices::KQuant {
+                gate_up: KMatrixRef {
+                    kind: gu,
+                    rows: layout.gate_up_rows,
+                    cols: layout.gate_up_cols,
+                    data: &bytes[layout.gate_up_packed.range()],
+                },
+                down: KMatrixRef {
+                    kind: dn,
+                    rows: layout.down_rows,
+                    cols: layout.down_cols,
+                    data: &bytes[layout.down_packed.range()],
+                },
+            });
+        }
         let gate_up = [
             layout.gate_up_packed,
             layout.gate_up_scales,
@@ -134,7 +147,7 @@ impl<'a> ExpertBlob<'a> {
             down,
             ["down scales", "down row sums"],
         )?;
-        Ok(ExpertBlob { gate_up, down })
+        Ok(ExpertMatrices::Int8 { gate_up, down })
     }
 }
 

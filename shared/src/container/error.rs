@@ -87,7 +87,7 @@ pub enum ContainerError {
     },
     /// The quantisation scheme id is not one this build knows.
     #[error(
-        "header field quant_scheme at offset {offset}: \"{found}\" is not a known scheme (expected \"w8-sym-per-row-r16c4\")"
+        "header field quant_scheme at offset {offset}: \"{found}\" is not a scheme of this format version (v1: \"w8-sym-per-row-r16c4\"; v2: \"ggml-q4k\", \"ggml-q4k-gate-up-q6k-down\")"
     )]
     QuantScheme {
         /// Offset of the field.

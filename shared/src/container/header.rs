@@ -3,7 +3,7 @@
 //! ```text
 //! offset  size  field                  value / meaning
 //!      0     8  magic                  "SLUICEXP" (complete) or "SLUICEPT" (unfinished)
-//!      8     4  version                u32 = 1
+//!      8     4  version                u32 = 1 (INT8) or 2 (k-quant formats)
 //!     12     4  header_bytes           u32 = 4096
 //!     16    32  config_sha256          SHA-256 of config.json's bytes
 //!     48    32  expert_tensors_sha256  SHA-256 of the expert tensors' header entries
@@ -12,13 +12,13 @@
 //!    116     4  n_experts              u32, 1..=65536
 //!    120     4  hidden                 u32 d, 1..=65536
 //!    124     4  expert_inner           u32 f, 1..=65536
-//!    128    32  quant_scheme           ASCII NUL-padded "w8-sym-per-row-r16c4"
-//!    160     4  row_block              u32 = 16
-//!    164     4  col_group              u32 = 4
+//!    128    32  quant_scheme           ASCII NUL-padded, `ExpertFormat::scheme` ("w8-sym-per-row-r16c4" in v1)
+//!    160     4  row_block              u32 = 16 (v1) or 1 (v2)
+//!    164     4  col_group              u32 = 4 (v1) or 256 (v2)
 //!    168     4  alignment              u32 = 4096
-//!    172     4  index_entry_bytes      u32 = 24
+//!    172     4  index_entry_bytes      u32 = 24 (v1) or 32 (v2)
 //!    176     8  index_offset           u64 = 4096
-//!    184     8  index_bytes            u64 = n_layers · n_experts · 24
+//!    184     8  index_bytes            u64 = n_layers · n_experts · index_entry_bytes
 //!    192     8  blobs_offset           u64 = align4096(index_offset + index_bytes)
 //!    200     8  blob_stride            u64 = align4096(blob_content_bytes)
 //!    208     8  blob_content_bytes     u64
@@ -34,12 +34,13 @@
 
 use super::ContainerError;
 use super::checksum::{checksum, le_u32, le_u64};
+use super::format::ExpertFormat;
 use super::identity::ModelIdentity;
 use super::layout::{
-    ALIGNMENT, ContainerLayout, ExpertDims, HEADER_BYTES, INDEX_ENTRY_BYTES, MAX_DIM, MAX_EXPERTS,
-    MAX_LAYERS,
+    ALIGNMENT, ContainerLayout, ExpertDims, HEADER_BYTES, MAX_DIM, MAX_EXPERTS, MAX_LAYERS,
 };
 use crate::kernels::int8::{COL_GROUP, ROW_BLOCK};
+use crate::kernels::kquant::QK_K;
 
 const U32: usize = 4;
 const U64: usize = 8;
@@ -49,10 +50,12 @@ const SHA256: usize = 32;
 pub const MAGIC_COMPLETE: [u8; 8] = *b"SLUICEXP";
 /// Magic of a container `expertd prepare` has not finished.
 pub const MAGIC_UNFINISHED: [u8; 8] = *b"SLUICEPT";
-/// The format version this build writes and reads.
+/// The INT8 format version.
 pub const VERSION_1: u32 = 1;
+/// The k-quant format version.
+pub const VERSION_2: u32 = 2;
 /// The only quantisation scheme of version 1.
-pub const QUANT_SCHEME: &str = "w8-sym-per-row-r16c4";
+pub const QUANT_SCHEME: &str = ExpertFormat::Int8.scheme();
 /// Bytes reserved for the quantisation scheme id.
 pub const QUANT_SCHEME_BYTES: usize = 32;
 
@@ -122,6 +125,10 @@ pub enum VersionedMagic {
     CompleteV1,
     /// `("SLUICEPT", 1)`: a version-1 file `prepare` is still writing (or was interrupted in).
     UnfinishedV1,
+    /// `("SLUICEXP", 2)`: a complete version-2 (k-quant) container.
+    CompleteV2,
+    /// `("SLUICEPT", 2)`: an unfinished version-2 file.
+    UnfinishedV2,
 }
 
 impl VersionedMagic {
@@ -140,6 +147,8 @@ impl VersionedMagic {
         match (magic, version) {
             (MAGIC_COMPLETE, VERSION_1) => Ok(VersionedMagic::CompleteV1),
             (MAGIC_UNFINISHED, VERSION_1) => Ok(VersionedMagic::UnfinishedV1),
+            (MAGIC_COMPLETE, VERSION_2) => Ok(VersionedMagic::CompleteV2),
+            (MAGIC_UNFINISHED, VERSION_2) => Ok(VersionedMagic::UnfinishedV2),
             (MAGIC_COMPLETE, version) => Err(ContainerError::UnsupportedVersion {
                 magic: "SLUICEXP",
                 version,
@@ -154,15 +163,37 @@ impl VersionedMagic {
 
     /// The magic bytes.
     pub fn magic(self) -> [u8; 8] {
-        match self {
-            VersionedMagic::CompleteV1 => MAGIC_COMPLETE,
-            VersionedMagic::UnfinishedV1 => MAGIC_UNFINISHED,
+        if self.is_unfinished() {
+            MAGIC_UNFINISHED
+        } else {
+            MAGIC_COMPLETE
         }
     }
 
     /// The version number.
     pub fn version(self) -> u32 {
-        VERSION_1
+        match self {
+            VersionedMagic::CompleteV1 | VersionedMagic::UnfinishedV1 => VERSION_1,
+            VersionedMagic::CompleteV2 | VersionedMagic::UnfinishedV2 => VERSION_2,
+        }
+    }
+
+    /// Whether this is the magic of a file `prepare` has not finished.
+    pub fn is_unfinished(self) -> bool {
+        matches!(
+            self,
+            VersionedMagic::UnfinishedV1 | VersionedMagic::UnfinishedV2
+        )
+    }
+
+    /// The complete (or unfinished) magic of the version that holds `format`.
+    pub fn for_format(format: ExpertFormat, complete: bool) -> VersionedMagic {
+        match (format.version(), complete) {
+            (VERSION_1, true) => VersionedMagic::CompleteV1,
+            (VERSION_1, false) => VersionedMagic::UnfinishedV1,
+            (_, true) => VersionedMagic::CompleteV2,
+            (_, false) => VersionedMagic::UnfinishedV2,
+        }
     }
 }
 
@@ -177,6 +208,16 @@ pub struct Header {
     pub layout: ContainerLayout,
     /// xxh3-64 of the index entries (0 in an unfinished file).
     pub index_checksum: u64,
+}
+
+/// The header's `(row_block, col_group)` for a format: R16C4's `(16, 4)` for INT8; `(1, 256)`
+/// for k-quants (whole rows of 256-weight blocks).
+fn blocking(format: ExpertFormat) -> (u32, u32) {
+    if format.version() == VERSION_1 {
+        (ROW_BLOCK as u32, COL_GROUP as u32)
+    } else {
+        (1, QK_K as u32)
+    }
 }
 
 fn put_u32(out: &mut [u8], offset: usize, v: u32) {
@@ -205,11 +246,17 @@ impl Header {
         put_u32(&mut out, N_EXPERTS_OFFSET, l.dims.n_experts as u32);
         put_u32(&mut out, HIDDEN_OFFSET, l.dims.hidden as u32);
         put_u32(&mut out, EXPERT_INNER_OFFSET, l.dims.inner as u32);
-        out[QUANT_SCHEME_OFFSET..][..QUANT_SCHEME.len()].copy_from_slice(QUANT_SCHEME.as_bytes());
-        put_u32(&mut out, ROW_BLOCK_OFFSET, ROW_BLOCK as u32);
-        put_u32(&mut out, COL_GROUP_OFFSET, COL_GROUP as u32);
+        let scheme = l.dims.format.scheme();
+        out[QUANT_SCHEME_OFFSET..][..scheme.len()].copy_from_slice(scheme.as_bytes());
+        let (row_block, col_group) = blocking(l.dims.format);
+        put_u32(&mut out, ROW_BLOCK_OFFSET, row_block);
+        put_u32(&mut out, COL_GROUP_OFFSET, col_group);
         put_u32(&mut out, ALIGNMENT_OFFSET, ALIGNMENT as u32);
-        put_u32(&mut out, INDEX_ENTRY_BYTES_OFFSET, INDEX_ENTRY_BYTES as u32);
+        put_u32(
+            &mut out,
+            INDEX_ENTRY_BYTES_OFFSET,
+            l.dims.index_entry_bytes() as u32,
+        );
         put_u64(&mut out, INDEX_OFFSET_OFFSET, l.index_offset);
         put_u64(&mut out, INDEX_BYTES_OFFSET, l.index_bytes);
         put_u64(&mut out, BLOBS_OFFSET_OFFSET, l.blobs_offset);
@@ -295,29 +342,29 @@ impl Header {
             }
         };
         exact32("header_bytes", HEADER_BYTES_OFFSET, HEADER_BYTES as u64)?;
+        let scheme = &bytes[QUANT_SCHEME_OFFSET..ROW_BLOCK_OFFSET];
+        let end = scheme.iter().position(|&b| b == 0).unwrap_or(scheme.len());
+        let format = ExpertFormat::from_scheme(&scheme[..end])
+            .filter(|f| f.version() == magic.version() && scheme[end..].iter().all(|&b| b == 0))
+            .ok_or_else(|| ContainerError::QuantScheme {
+                offset: QUANT_SCHEME_OFFSET as u64,
+                found: scheme[..end].escape_ascii().to_string(),
+            })?;
         let dims = ExpertDims {
             n_layers: capped("n_layers", N_LAYERS_OFFSET, MAX_LAYERS)?,
             n_experts: capped("n_experts", N_EXPERTS_OFFSET, MAX_EXPERTS)?,
             hidden: capped("hidden", HIDDEN_OFFSET, MAX_DIM)?,
             inner: capped("expert_inner", EXPERT_INNER_OFFSET, MAX_DIM)?,
+            format,
         };
-        let scheme = &bytes[QUANT_SCHEME_OFFSET..ROW_BLOCK_OFFSET];
-        let mut expected_scheme = [0u8; QUANT_SCHEME_BYTES];
-        expected_scheme[..QUANT_SCHEME.len()].copy_from_slice(QUANT_SCHEME.as_bytes());
-        if scheme != expected_scheme {
-            let end = scheme.iter().position(|&b| b == 0).unwrap_or(scheme.len());
-            return Err(ContainerError::QuantScheme {
-                offset: QUANT_SCHEME_OFFSET as u64,
-                found: scheme[..end].escape_ascii().to_string(),
-            });
-        }
-        exact32("row_block", ROW_BLOCK_OFFSET, ROW_BLOCK as u64)?;
-        exact32("col_group", COL_GROUP_OFFSET, COL_GROUP as u64)?;
+        let (row_block, col_group) = blocking(format);
+        exact32("row_block", ROW_BLOCK_OFFSET, u64::from(row_block))?;
+        exact32("col_group", COL_GROUP_OFFSET, u64::from(col_group))?;
         exact32("alignment", ALIGNMENT_OFFSET, ALIGNMENT)?;
         exact32(
             "index_entry_bytes",
             INDEX_ENTRY_BYTES_OFFSET,
-            INDEX_ENTRY_BYTES as u64,
+            dims.index_entry_bytes() as u64,
         )?;
         let layout = ContainerLayout::new(dims)?;
         exact64("index_offset", INDEX_OFFSET_OFFSET, layout.index_offset)?;

@@ -1,15 +1,16 @@
-//! The expert index: one 24-byte entry (offset, length, checksum) per (layer, expert), right
-//! after the header, zero-padded to the first blob; its xxh3-64 is the header's
-//! `index_checksum`.
+//! The expert index: one entry per (layer, expert) — offset, length, checksum (24 bytes in v1),
+//! then in v2 the expert's format code and a reserved zero (32 bytes) — right after the header,
+//! zero-padded to the first blob; its xxh3-64 is the header's `index_checksum`.
 //!
 //! Entries are redundant with the layout by design: a reader demands exactly the offsets and
 //! lengths the dimensions imply, which makes blobs contiguous, ordered and non-overlapping by
 //! construction. Pure: bytes in, entries or errors out.
 
 use super::ContainerError;
+use super::checksum::le_u32;
 use super::checksum::{checksum, le_u64};
 use super::header::Header;
-use super::layout::{ContainerLayout, INDEX_ENTRY_BYTES};
+use super::layout::ContainerLayout;
 
 /// Where one expert's blob is and what it must hash to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -40,11 +41,15 @@ pub fn encode_index(layout: &ContainerLayout, checksums: &[u64]) -> Vec<u8> {
         "one checksum per (layer, expert)"
     );
     let mut out = vec![0u8; region_bytes(layout)];
+    let entry_bytes = layout.dims.index_entry_bytes();
     for (i, &sum) in checksums.iter().enumerate() {
-        let e = &mut out[i * INDEX_ENTRY_BYTES..(i + 1) * INDEX_ENTRY_BYTES];
+        let e = &mut out[i * entry_bytes..(i + 1) * entry_bytes];
         e[0..8].copy_from_slice(&layout.blob_offset_at(i).to_le_bytes());
         e[8..16].copy_from_slice(&(layout.blob.stride as u64).to_le_bytes());
         e[16..24].copy_from_slice(&sum.to_le_bytes());
+        if entry_bytes > 24 {
+            e[24..28].copy_from_slice(&layout.dims.format.index_code().to_le_bytes());
+        }
     }
     out
 }
@@ -70,8 +75,9 @@ pub fn check_index(header: &Header, region: &[u8]) -> (Vec<IndexEntry>, Vec<Cont
     }
     let mut problems = Vec::new();
     let mut entries = Vec::with_capacity(layout.dims.n_blobs());
+    let entry_bytes = layout.dims.index_entry_bytes();
     for i in 0..layout.dims.n_blobs() {
-        let at = i * INDEX_ENTRY_BYTES;
+        let at = i * entry_bytes;
         let entry = IndexEntry {
             offset: le_u64(region, at),
             length: le_u64(region, at + 8),
@@ -79,9 +85,22 @@ pub fn check_index(header: &Header, region: &[u8]) -> (Vec<IndexEntry>, Vec<Cont
         };
         let (layer, expert) = layout.blob_ids(i);
         let entry_offset = layout.index_entry_offset(i);
+        // v2: the expert's format code, then a reserved zero. Every expert of a container is in
+        // the header's format (the layout is a function of it); the code is checked so that a
+        // reader never applies one format's kernel to another's bytes.
+        let (format, reserved) = if entry_bytes > 24 {
+            (
+                u64::from(le_u32(region, at + 24)),
+                u64::from(le_u32(region, at + 28)),
+            )
+        } else {
+            (0, 0)
+        };
         for (field, found, expected) in [
             ("offset", entry.offset, layout.blob_offset_at(i)),
             ("length", entry.length, layout.blob.stride as u64),
+            ("format", format, u64::from(layout.dims.format.index_code())),
+            ("reserved", reserved, 0),
         ] {
             if found != expected {
                 problems.push(ContainerError::IndexEntry {

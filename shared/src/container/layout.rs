@@ -6,9 +6,11 @@
 //! trusts a file — the header parser compares what a file says against these values.
 
 use super::ContainerError;
+use super::format::ExpertFormat;
 use crate::config::TextConfig;
 use crate::ids::{ExpertId, LayerId};
 use crate::kernels::int8::{padded_cols, padded_rows};
+use crate::kernels::kquant;
 
 /// Alignment of the index, of every blob and of every blob's length (the direct-IO block size).
 pub const ALIGNMENT: u64 = 4096;
@@ -18,8 +20,11 @@ pub const PART_ALIGN: usize = 64;
 pub const CHECKSUM_BYTES: usize = 8;
 /// Bytes of the fixed header region at offset 0.
 pub const HEADER_BYTES: usize = 4096;
-/// Bytes of one index entry (offset, length, checksum; three u64).
+/// Bytes of one v1 index entry (offset, length, checksum; three u64).
 pub const INDEX_ENTRY_BYTES: usize = 24;
+/// Bytes of one v2 index entry (offset, length, checksum; then the expert's format code, u32,
+/// and a reserved zero u32).
+pub const INDEX_ENTRY_BYTES_V2: usize = 32;
 /// Largest `n_layers` a container may declare.
 pub const MAX_LAYERS: u64 = 4096;
 /// Largest `n_experts` (per layer) a container may declare.
@@ -29,7 +34,7 @@ pub const MAX_DIM: u64 = 65_536;
 /// Largest blob (stride) accepted: 1 GiB, far above the real 3 MiB, far below address-space trouble.
 pub const MAX_BLOB_BYTES: u64 = 1 << 30;
 
-/// The four numbers that determine a container's whole layout.
+/// The four numbers and the format that determine a container's whole layout.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ExpertDims {
     /// Decoder layers (each has one routed-expert set).
@@ -40,6 +45,8 @@ pub struct ExpertDims {
     pub hidden: usize,
     /// One expert's inner width `f` (gate/up output rows, down input).
     pub inner: usize,
+    /// How every expert is quantised ([`ExpertFormat::Int8`] from [`ExpertDims::new`]).
+    pub format: ExpertFormat,
 }
 
 impl ExpertDims {
@@ -69,7 +76,23 @@ impl ExpertDims {
             n_experts,
             hidden,
             inner,
+            format: ExpertFormat::Int8,
         })
+    }
+
+    /// The same dimensions holding experts in `format`.
+    #[must_use]
+    pub fn with_format(self, format: ExpertFormat) -> ExpertDims {
+        ExpertDims { format, ..self }
+    }
+
+    /// Bytes of one index entry for this format's version.
+    pub fn index_entry_bytes(&self) -> usize {
+        if self.format.version() == 1 {
+            INDEX_ENTRY_BYTES
+        } else {
+            INDEX_ENTRY_BYTES_V2
+        }
     }
 
     /// The routed-expert dimensions of a model configuration.
@@ -111,6 +134,8 @@ impl Part {
 /// The byte offsets of each part inside one expert blob, for given `d` and `f`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct BlobLayout {
+    /// The expert format the parts are laid out for.
+    pub format: ExpertFormat,
     /// Logical rows of the fused gate+up matrix, `2f`.
     pub gate_up_rows: usize,
     /// Logical columns of the gate+up matrix, `d`.
@@ -119,17 +144,20 @@ pub struct BlobLayout {
     pub down_rows: usize,
     /// Logical columns of the down matrix, `f`.
     pub down_cols: usize,
-    /// gate_up packed int8, `padded_rows(2f) × padded_cols(d)` bytes, R16C4.
+    /// gate_up weights: INT8, `padded_rows(2f) × padded_cols(d)` bytes, R16C4; k-quant,
+    /// `2f × row_bytes(kind, d)` bytes of blocks, row-major.
     pub gate_up_packed: Part,
-    /// down packed int8, `padded_rows(d) × padded_cols(f)` bytes, R16C4.
+    /// down weights: INT8, `padded_rows(d) × padded_cols(f)` bytes, R16C4; k-quant,
+    /// `d × row_bytes(kind, f)` bytes of blocks.
     pub down_packed: Part,
-    /// gate_up scales, `padded_rows(2f)` f32.
+    /// gate_up scales, `padded_rows(2f)` f32 (INT8 only; empty for k-quants, whose scales are
+    /// inside the blocks).
     pub gate_up_scales: Part,
-    /// down scales, `padded_rows(d)` f32.
+    /// down scales, `padded_rows(d)` f32 (INT8 only).
     pub down_scales: Part,
-    /// gate_up row sums, `padded_rows(2f)` i32.
+    /// gate_up row sums, `padded_rows(2f)` i32 (INT8 only).
     pub gate_up_row_sums: Part,
-    /// down row sums, `padded_rows(d)` i32.
+    /// down row sums, `padded_rows(d)` i32 (INT8 only).
     pub down_row_sums: Part,
     /// Offset of the u64 checksum (= bytes the checksum covers).
     pub checksum_offset: usize,
@@ -150,8 +178,17 @@ pub fn align_up(n: u64, align: u64) -> Option<u64> {
 }
 
 impl BlobLayout {
-    /// The blob layout for hidden width `hidden` (d) and expert inner width `inner` (f).
+    /// The INT8 blob layout for hidden width `hidden` (d) and expert inner width `inner` (f).
     pub fn new(hidden: usize, inner: usize) -> Result<BlobLayout, ContainerError> {
+        BlobLayout::with_format(hidden, inner, ExpertFormat::Int8)
+    }
+
+    /// The blob layout of `format` for hidden width `hidden` (d) and inner width `inner` (f).
+    pub fn with_format(
+        hidden: usize,
+        inner: usize,
+        format: ExpertFormat,
+    ) -> Result<BlobLayout, ContainerError> {
         if hidden == 0 || hidden as u64 > MAX_DIM {
             return Err(ContainerError::Dimension {
                 field: "hidden",
@@ -176,12 +213,37 @@ impl BlobLayout {
             cursor = offset.checked_add(len).ok_or(overflow(what))?;
             Ok(Part { offset, len })
         };
-        let gate_up_packed = next(pr_gu.checked_mul(pc_gu), "gate_up packed")?;
-        let down_packed = next(pr_dn.checked_mul(pc_dn), "down packed")?;
-        let gate_up_scales = next(pr_gu.checked_mul(4), "gate_up scales")?;
-        let down_scales = next(pr_dn.checked_mul(4), "down scales")?;
-        let gate_up_row_sums = next(pr_gu.checked_mul(4), "gate_up row sums")?;
-        let down_row_sums = next(pr_dn.checked_mul(4), "down row sums")?;
+        let (
+            gate_up_packed,
+            down_packed,
+            gate_up_scales,
+            down_scales,
+            gate_up_row_sums,
+            down_row_sums,
+        );
+        if let Some((gu, dn)) = format.kquant() {
+            gate_up_packed = next(
+                gate_up_rows.checked_mul(kquant::row_bytes(gu, hidden)),
+                "gate_up blocks",
+            )?;
+            down_packed = next(
+                hidden.checked_mul(kquant::row_bytes(dn, inner)),
+                "down blocks",
+            )?;
+            let empty = Part {
+                offset: down_packed.end(),
+                len: 0,
+            };
+            (gate_up_scales, down_scales, gate_up_row_sums, down_row_sums) =
+                (empty, empty, empty, empty);
+        } else {
+            gate_up_packed = next(pr_gu.checked_mul(pc_gu), "gate_up packed")?;
+            down_packed = next(pr_dn.checked_mul(pc_dn), "down packed")?;
+            gate_up_scales = next(pr_gu.checked_mul(4), "gate_up scales")?;
+            down_scales = next(pr_dn.checked_mul(4), "down scales")?;
+            gate_up_row_sums = next(pr_gu.checked_mul(4), "gate_up row sums")?;
+            down_row_sums = next(pr_dn.checked_mul(4), "down row sums")?;
+        }
         // The checksum is a u64 and the parts end on 4-byte multiples; keep it 8-aligned.
         let checksum_offset =
             align_up(cursor as u64, 8).ok_or(overflow("checksum offset"))? as usize;
@@ -197,6 +259,7 @@ impl BlobLayout {
             });
         }
         Ok(BlobLayout {
+            format,
             gate_up_rows,
             gate_up_cols: hidden,
             down_rows: hidden,
@@ -244,12 +307,13 @@ pub struct ContainerLayout {
 impl ContainerLayout {
     /// The layout of a container with these dimensions.
     pub fn new(dims: ExpertDims) -> Result<ContainerLayout, ContainerError> {
-        let dims = ExpertDims::new(dims.n_layers, dims.n_experts, dims.hidden, dims.inner)?;
-        let blob = BlobLayout::new(dims.hidden, dims.inner)?;
+        let dims_checked = ExpertDims::new(dims.n_layers, dims.n_experts, dims.hidden, dims.inner)?;
+        let dims = dims_checked.with_format(dims.format);
+        let blob = BlobLayout::with_format(dims.hidden, dims.inner, dims.format)?;
         let n_blobs = dims.n_blobs() as u64;
         let index_offset = HEADER_BYTES as u64;
         let index_bytes = n_blobs
-            .checked_mul(INDEX_ENTRY_BYTES as u64)
+            .checked_mul(dims.index_entry_bytes() as u64)
             .ok_or(overflow("index bytes"))?;
         let index_end = index_offset
             .checked_add(index_bytes)
@@ -307,7 +371,7 @@ impl ContainerLayout {
 
     /// File offset of index entry number `i`.
     pub fn index_entry_offset(&self, i: usize) -> u64 {
-        self.index_offset + (i * INDEX_ENTRY_BYTES) as u64
+        self.index_offset + (i * self.dims.index_entry_bytes()) as u64
     }
 
     /// Bytes of one whole layer's blobs.

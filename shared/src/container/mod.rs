@@ -1,4 +1,5 @@
-//! The expert container `experts.sluice`: one file holding every routed expert as INT8
+//! The expert container `experts.sluice`: one file holding every routed expert, as INT8 (v1)
+//! or in k-quant blocks (v2)
 //! (docs/container-format.md is the normative description; `header` repeats its byte map).
 //!
 //! Owns the format: layout arithmetic (`layout`), header and index encoding and validation
@@ -11,6 +12,7 @@
 mod blob;
 pub mod checksum;
 mod error;
+pub mod format;
 pub mod header;
 pub mod identity;
 pub mod index;
@@ -18,10 +20,13 @@ pub mod layout;
 mod reader;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_kquant;
 pub mod writer;
 
 pub use blob::{BlobAt, ExpertBlob, check_blob};
 pub use error::ContainerError;
+pub use format::ExpertFormat;
 pub use header::{Header, VersionedMagic};
 pub use identity::ModelIdentity;
 pub use index::IndexEntry;

@@ -6,7 +6,7 @@
 //! io_uring reads live in expertd and reuse the pure [`super::ExpertBlob::parse`].
 
 use super::blob::{BlobAt, ExpertBlob};
-use super::header::{Header, VersionedMagic};
+use super::header::Header;
 use super::index::{self, IndexEntry};
 use super::layout::HEADER_BYTES;
 use super::{CONTAINER_FILE, ContainerError};
@@ -48,12 +48,12 @@ impl ContainerFile {
         ContainerFile::open_file(&dir.join(CONTAINER_FILE))
     }
 
-    /// Opens a container file by path: the header must be a complete v1 header, the file
+    /// Opens a container file by path: the header must be a complete (v1 or v2) header, the file
     /// exactly `file_bytes` long, and the index valid.
     pub fn open_file(path: &Path) -> Result<ContainerFile, ContainerError> {
         let file = File::open(path).map_err(|e| io_err(path, e))?;
         let (header, file_len) = read_header(&file, path)?;
-        if header.magic == VersionedMagic::UnfinishedV1 {
+        if header.magic.is_unfinished() {
             return Err(ContainerError::Unfinished);
         }
         if file_len != header.layout.file_bytes {

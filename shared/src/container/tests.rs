@@ -262,12 +262,12 @@ fn magic_and_version_are_read_together() {
             found: *b"XLUICEXP"
         }
     );
-    let e = check(|b| put32(b, VERSION_OFFSET, 2), false);
+    let e = check(|b| put32(b, VERSION_OFFSET, 3), false);
     assert_eq!(
         e,
         ContainerError::UnsupportedVersion {
             magic: "SLUICEXP",
-            version: 2
+            version: 3
         }
     );
     // A safetensors file starts with its header length, not a magic.
@@ -421,14 +421,15 @@ fn blob_round_trips_through_parse() {
         &sum.to_le_bytes()
     );
     let parsed = ExpertBlob::parse(&bytes, &layout, AT, sum).expect("valid blob");
-    for (got, want) in [(parsed.gate_up, gu.as_ref()), (parsed.down, dn.as_ref())] {
+    let (p_gu, p_dn) = parsed.int8().expect("an INT8 blob");
+    for (got, want) in [(p_gu, gu.as_ref()), (p_dn, dn.as_ref())] {
         assert_eq!((got.rows, got.cols), (want.rows, want.cols));
         assert_eq!(got.packed, want.packed);
         assert_eq!(got.scales, want.scales);
         assert_eq!(got.row_sums, want.row_sums);
         got.verify().expect("R16C4 invariants hold");
     }
-    assert_eq!(parsed.gate_up.dequantize(), gu.dequantize());
+    assert_eq!(p_gu.dequantize(), gu.dequantize());
 }
 
 #[test]
@@ -492,9 +493,7 @@ fn misaligned_buffer_is_an_error_not_ub() {
     let mut shifted = vec![0u8; layout.stride + 1];
     // Heap allocations are at least 4-aligned, so offset 1 is not.
     shifted[1..].copy_from_slice(&bytes);
-    let e = ExpertBlob::parse(&shifted[1..], &layout, AT, sum)
-        .err()
-        .expect("misaligned");
+    let e = ExpertBlob::parse(&shifted[1..], &layout, AT, sum).expect_err("misaligned");
     assert_eq!(
         e,
         ContainerError::Misaligned {

@@ -25,7 +25,9 @@ mod avx2;
 mod avx512;
 pub mod bandwidth;
 mod dispatch;
+mod expert;
 pub mod int8;
+pub mod kquant;
 mod scalar;
 #[cfg(test)]
 mod tests;
@@ -36,6 +38,7 @@ pub mod vecf32;
 pub use dispatch::{
     ISA_ENV_VAR, Isa, IsaOverrideProblem, IsaSelection, KernelIsa, OverrideProblem, Selection,
 };
+pub use expert::{AnyExpertScratch, ExpertMatrices, expert_forward_any};
 pub use vecf32::{
     dot_rows_f32, dot_rows_multi_f32, scale_axpy_rows_f32, scale_axpy_rows_multi_f32,
     softmax_tile_f32,

@@ -13,14 +13,16 @@ use crate::{Outcome, class};
 use shared::container::checksum::checksum;
 use shared::container::header::{HEADER_CHECKSUM_OFFSET, VersionedMagic};
 use shared::container::index::{check_index, encode_index, parse_index, region_bytes};
-use shared::container::layout::{ALIGNMENT, HEADER_BYTES, INDEX_ENTRY_BYTES};
-use shared::container::writer::encode_blob;
+use shared::container::layout::{ALIGNMENT, HEADER_BYTES};
+use shared::container::writer::encode_expert;
 use shared::container::{
-    BlobAt, BlobLayout, ContainerLayout, ExpertBlob, ExpertDims, Header, ModelIdentity, check_blob,
+    BlobAt, BlobLayout, ContainerLayout, ExpertBlob, ExpertDims, ExpertFormat, Header,
+    ModelIdentity, check_blob,
 };
 use shared::ids::{ExpertId, LayerId};
 
-/// Picks the part from the first byte: 0 raw header, 1 header from dimensions, 2 index, 3 blob.
+/// Picks the part from the first byte: 0 raw header, 1 header from dimensions, 2 index, 3 blob
+/// (`mode % 4`); bit 0x08 picks a k-quant expert format where the part has one.
 pub fn run(data: &[u8]) -> Outcome {
     let mut input = Input::new(data);
     let mode = input.u8();
@@ -57,7 +59,7 @@ fn check_header(h: &Header, bytes: &[u8]) {
     assert_eq!(l.index_offset, HEADER_BYTES as u64);
     assert_eq!(
         l.index_bytes,
-        l.dims.n_blobs() as u64 * INDEX_ENTRY_BYTES as u64
+        l.dims.n_blobs() as u64 * l.dims.index_entry_bytes() as u64
     );
     assert!(
         l.blobs_offset >= l.index_offset + l.index_bytes
@@ -110,8 +112,19 @@ fn identity(input: &mut Input<'_>) -> ModelIdentity {
     }
 }
 
+/// The expert format: INT8 unless mode bit 0x08 is set, then a k-quant format chosen by the
+/// next byte.
+fn format(mode: u8, input: &mut Input<'_>) -> ExpertFormat {
+    if mode & 0x08 != 0 {
+        ExpertFormat::ALL[1 + usize::from(input.u8() & 1)]
+    } else {
+        ExpertFormat::Int8
+    }
+}
+
 /// Dimensions: small ones usually, raw u32s (caps, overflow) when the mode says so.
 fn dims(mode: u8, input: &mut Input<'_>) -> ExpertDims {
+    let format = format(mode, input);
     if mode & 0x40 != 0 {
         let mut raw = || input.u32() as usize;
         ExpertDims {
@@ -119,6 +132,7 @@ fn dims(mode: u8, input: &mut Input<'_>) -> ExpertDims {
             n_experts: raw(),
             hidden: raw(),
             inner: raw(),
+            format,
         }
     } else {
         ExpertDims {
@@ -126,6 +140,7 @@ fn dims(mode: u8, input: &mut Input<'_>) -> ExpertDims {
             n_experts: input.small(16),
             hidden: input.small(64),
             inner: input.small(64),
+            format,
         }
     }
 }
@@ -135,11 +150,7 @@ fn built_header(mode: u8, mut input: Input<'_>) -> Outcome {
         Ok(l) => l,
         Err(e) => return class("dims", &e),
     };
-    let magic = if mode & 0x80 != 0 {
-        VersionedMagic::CompleteV1
-    } else {
-        VersionedMagic::UnfinishedV1
-    };
+    let magic = VersionedMagic::for_format(layout.dims.format, mode & 0x80 != 0);
     let header = Header {
         magic,
         identity: identity(&mut input),
@@ -162,11 +173,13 @@ fn built_header(mode: u8, mut input: Input<'_>) -> Outcome {
 }
 
 fn index(mode: u8, mut input: Input<'_>) -> Outcome {
+    let format = format(mode, &mut input);
     let dims = ExpertDims {
         n_layers: input.small(4),
         n_experts: input.small(16),
         hidden: input.small(8),
         inner: input.small(8),
+        format,
     };
     let layout = ContainerLayout::new(dims).expect("small dimensions are valid");
     let stored = input.u64();
@@ -180,7 +193,7 @@ fn index(mode: u8, mut input: Input<'_>) -> Outcome {
         stored
     };
     let header = Header {
-        magic: VersionedMagic::CompleteV1,
+        magic: VersionedMagic::for_format(layout.dims.format, true),
         identity: ModelIdentity::default_for_fuzz(),
         layout,
         index_checksum,
@@ -216,7 +229,8 @@ fn index(mode: u8, mut input: Input<'_>) -> Outcome {
 }
 
 fn blob(mode: u8, mut input: Input<'_>) -> Outcome {
-    let layout = match BlobLayout::new(input.small(64), input.small(64)) {
+    let format = format(mode, &mut input);
+    let layout = match BlobLayout::with_format(input.small(64), input.small(64), format) {
         Ok(l) => l,
         Err(e) => return class("blob-layout", &e),
     };
@@ -251,21 +265,14 @@ fn blob(mode: u8, mut input: Input<'_>) -> Outcome {
     let view =
         ExpertBlob::view_verified(bytes, &layout, at).expect("a checked, aligned blob views");
     assert_eq!(
-        (
-            view.gate_up.rows,
-            view.gate_up.cols,
-            view.down.rows,
-            view.down.cols
-        ),
-        (
-            layout.gate_up_rows,
-            layout.gate_up_cols,
-            layout.down_rows,
-            layout.down_cols
-        )
+        view.shapes(),
+        [
+            (layout.gate_up_rows, layout.gate_up_cols),
+            (layout.down_rows, layout.down_cols)
+        ]
     );
     let mut again = vec![0u8; layout.stride];
-    encode_blob(&layout, &view.gate_up, &view.down, &mut again)
+    encode_expert(&layout, &view, &mut again)
         .expect("an accepted blob's matrices have the layout's shapes");
     for part in [
         layout.gate_up_packed,

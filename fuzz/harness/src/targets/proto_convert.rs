@@ -13,7 +13,7 @@ use crate::{Outcome, class};
 use prost::Message;
 use proto::convert::{self, f32s_to_le_bytes, le_bytes_into_f32s, le_bytes_to_f32s};
 use proto::v1;
-use shared::container::{BlobLayout, ModelIdentity};
+use shared::container::{BlobLayout, ExpertFormat, ModelIdentity};
 use shared::moe_exec::validate_routing;
 
 /// Picks the message from the first byte; the rest is its protobuf encoding.
@@ -144,8 +144,20 @@ fn moe_request(r: &v1::MoeLayerRequest) -> Outcome {
 
 fn handshake_response(r: &v1::HandshakeResponse) -> Outcome {
     let id = identity(r.container_identity.as_ref());
-    let dims = r.dims.unwrap_or_default();
-    let layout = match BlobLayout::new(dims.hidden_size as usize, dims.expert_inner_size as usize) {
+    let dims = r.dims.clone().unwrap_or_default();
+    let format = if dims.expert_format.is_empty() {
+        Some(ExpertFormat::Int8)
+    } else {
+        ExpertFormat::from_name(&dims.expert_format)
+    };
+    let Some(format) = format else {
+        return format!("{id}/unknown-format");
+    };
+    let layout = match BlobLayout::with_format(
+        dims.hidden_size as usize,
+        dims.expert_inner_size as usize,
+        format,
+    ) {
         Ok(l) => {
             assert!(
                 l.content_bytes <= l.stride

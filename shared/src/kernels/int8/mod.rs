@@ -51,6 +51,7 @@ pub use pack::{
     packed_index, padded_cols, padded_rows, unpack_r16c4,
 };
 pub use quant::{quantize_activations, quantize_weights};
+pub(crate) use quant::{quantize_value, row_params};
 
 /// `y = dequant(W · x)` for one quantised activation row:
 /// `y[r] = acc[r] as f32 * m.scales[r] * x_scale` (see the module docs). Single-threaded and

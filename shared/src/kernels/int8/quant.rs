@@ -20,7 +20,7 @@ use super::pack::{MAX_COLS, QuantizedMatrix, padded_cols};
 
 /// `(inv, scale)` for a row: `inv` multiplies values into the int8 range, `scale` maps them
 /// back. `(0.0, 0.0)` for an all-zero row.
-pub(super) fn row_params(row: &[f32]) -> (f32, f32) {
+pub(crate) fn row_params(row: &[f32]) -> (f32, f32) {
     let max_abs = row.iter().fold(0.0f32, |m, &v| m.max(v.abs()));
     if max_abs == 0.0 {
         (0.0, 0.0)
@@ -39,7 +39,7 @@ pub(super) fn row_params(row: &[f32]) -> (f32, f32) {
 /// element (x86_64's baseline has no `roundss`) and lets the loops vectorise; the test
 /// `quantize_value_matches_the_formula` checks it against the formula as written.
 #[inline]
-pub(super) fn quantize_value(v: f32, inv: f32) -> i8 {
+pub(crate) fn quantize_value(v: f32, inv: f32) -> i8 {
     const ROUND: f32 = 12_582_912.0; // 1.5 · 2²³
     let y = (v * inv).clamp(-127.0, 127.0);
     ((y + ROUND) - ROUND) as i8
