@@ -108,6 +108,23 @@ pub(crate) fn convert_expert(
     files.read_bf16(&ranges.up, "up", layer, expert, &mut gate_up)?;
     let mut down = Vec::with_capacity(d * f);
     files.read_bf16(&ranges.down, "down", layer, expert, &mut down)?;
+    // A NaN or infinite weight has no quantised value (the INT8 scale and the k-quant fits
+    // would silently absorb it): refuse it, naming the tensor and the element.
+    for (what, w, cols) in [("gate/up", &gate_up, d), ("down", &down, f)] {
+        if let Some(i) = w.iter().position(|v| !v.is_finite()) {
+            return Err(PrepareError::Source {
+                layer,
+                expert,
+                what,
+                reason: format!(
+                    "weight [{}, {}] is {} (not finite)",
+                    i / cols.max(1),
+                    i % cols.max(1),
+                    w[i]
+                ),
+            });
+        }
+    }
     if gate_up.len() != 2 * f * d || down.len() != d * f {
         return Err(PrepareError::Source {
             layer,
@@ -120,6 +137,16 @@ pub(crate) fn convert_expert(
     let (checksum, deq_gate_up, deq_down) = if let Some((gu, dn)) = layout.format.kquant() {
         let q_gate_up = kquant::quantize_matrix(gu, &gate_up, 2 * f, d);
         let q_down = kquant::quantize_matrix(dn, &down, d, f);
+        // A sub-block whose range or minimum is too large for an f16 super-scale (about 4e6 for
+        // a Q4_K min, 6e7 for a range) makes an infinite scale: refuse it, naming the expert.
+        for (what, m) in [("gate/up", &q_gate_up), ("down", &q_down)] {
+            m.as_ref().verify().map_err(|reason| PrepareError::Source {
+                layer,
+                expert,
+                what,
+                reason: format!("not representable as {}: {reason}", m.kind.name()),
+            })?;
+        }
         let m = ExpertMatrices::KQuant {
             gate_up: q_gate_up.as_ref(),
             down: q_down.as_ref(),

@@ -2,7 +2,7 @@
 
 use clap::{Parser, Subcommand};
 
-/// sluice expert daemon: builds, checks and serves the INT8 expert container.
+/// sluice expert daemon: builds, checks and serves the expert container (INT8 or 4-bit).
 #[derive(Parser)]
 #[command(name = "expertd", version)]
 struct Cli {

@@ -199,6 +199,9 @@ pub enum PrepareOutcome {
 struct PartialStats {
     /// The full-hex identity the statistics belong to.
     identity: [String; 3],
+    /// The expert format they were measured in (absent in files from before format v2: INT8).
+    #[serde(default)]
+    format: String,
     /// Layer → statistics.
     layers: BTreeMap<usize, ErrorStats>,
 }
@@ -229,11 +232,12 @@ pub fn prepare(
     let n_layers = layout.dims.n_layers;
     let mut checksums = vec![0u64; layout.dims.n_blobs()];
     let mut saved = if resumable {
-        load_stats(&stats_path, identity)
+        load_stats(&stats_path, identity, opts.format)
     } else {
         PartialStats::default()
     };
     saved.identity = identity.to_hex();
+    saved.format = opts.format.name().to_string();
     let mut todo = Vec::new();
     if resumable {
         on_event(PrepareEvent::Resuming { n_layers });
@@ -368,7 +372,7 @@ fn different(path: &Path, found: ModelIdentity, ours: ModelIdentity) -> PrepareE
 
 /// Opens (or creates) the partial file at its final length. Returns whether its contents can
 /// be resumed from: a readable header of this model and these dimensions. A partial file of
-/// another model is refused; an unreadable one is started over.
+/// another model or in another expert format is refused; an unreadable one is started over.
 fn open_partial(
     path: &Path,
     identity: ModelIdentity,
@@ -387,6 +391,14 @@ fn open_partial(
         match read_header(&file, path) {
             Ok((h, _)) if h.identity != identity => {
                 return Err(different(path, h.identity, identity));
+            }
+            Ok((h, _)) if h.layout.dims.format != layout.dims.format => {
+                // Never wipe another format's half-done work: say so and let the user choose.
+                return Err(PrepareError::OtherFormat {
+                    path: path.to_path_buf(),
+                    found: h.layout.dims.format,
+                    wanted: layout.dims.format,
+                });
             }
             Ok((h, _)) => resumable = h.layout == *layout,
             Err(_) => {}
@@ -432,12 +444,15 @@ fn check_layer(
     Ok(true)
 }
 
-fn load_stats(path: &Path, identity: ModelIdentity) -> PartialStats {
+fn load_stats(path: &Path, identity: ModelIdentity, format: ExpertFormat) -> PartialStats {
     let parsed: Option<PartialStats> = std::fs::read(path)
         .ok()
         .and_then(|b| serde_json::from_slice(&b).ok());
+    let same_format = |s: &PartialStats| {
+        s.format == format.name() || (s.format.is_empty() && format == ExpertFormat::Int8)
+    };
     match parsed {
-        Some(s) if s.identity == identity.to_hex() => s,
+        Some(s) if s.identity == identity.to_hex() && same_format(&s) => s,
         _ => PartialStats::default(),
     }
 }

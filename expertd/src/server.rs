@@ -563,6 +563,7 @@ impl Prepared {
             n_layers = dims.n_layers,
             n_experts = dims.n_experts,
             hidden = dims.hidden,
+            expert_format = %dims.format,
             "expertd serving"
         );
         tracing::info!(

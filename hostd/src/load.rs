@@ -33,7 +33,8 @@ use std::time::Duration;
 pub enum ExpertsKind {
     /// Straight from the checkpoint's BF16 weights, in-process (the reference).
     Bf16,
-    /// W8A8 kernels on the INT8 container (`--container DIR`, made by `expertd prepare`),
+    /// The container's kernels (W8A8 for an INT8 container, Q4_K/Q6_K for a 4-bit one) on the
+    /// container at `--container DIR` (made by `expertd prepare [--format F]`),
     /// in-process with plain reads.
     Int8,
     /// The same W8A8 experts computed by expertd: the daemon at `--expertd URI`, or without it
@@ -473,7 +474,7 @@ pub fn load_model(args: &LoadOptions, client_name: &str) -> Result<Model, LoadEr
             if let Some(warning) = selection.warning() {
                 tracing::warn!("{warning}");
             }
-            tracing::info!(isa = selection.active.name(), container = %dir.display(), "int8 experts");
+            tracing::info!(isa = selection.active.name(), container = %dir.display(), "container experts");
             Arc::new(Int8Experts::open(dir, &mapped.ckpt, selection.active)?)
         }
         ExpertsKind::Expertd => expertd_backend(args, &mapped, client_name)?,

@@ -319,6 +319,17 @@ fn kquant_experts_agree_with_the_fp32_reference() {
             random.mean_kl()
         );
     }
+    // The 4-bit rows measured the 4-bit path: their error is well above INT8's with the same
+    // dense weights (rows 0 and 1 are INT8 with BF16 and INT8 dense).
+    for (i, (what, _, trained, ..)) in rows.iter().enumerate().skip(2) {
+        let int8 = &rows[i % 2].2;
+        assert!(
+            trained.mean_kl() > 3.0 * int8.mean_kl(),
+            "{what}: mean KL {:.3e} is not above INT8's {:.3e}: was the 4-bit container used?",
+            trained.mean_kl(),
+            int8.mean_kl()
+        );
+    }
     for (what, random, trained, min_top1, max_kl, min_random) in &rows {
         assert!(
             trained.share() >= *min_top1 && trained.mean_kl() <= *max_kl,

@@ -6,7 +6,9 @@
 //! INT8's; the real shapes' sizes are unit-tested in `shared::container`.)
 
 use super::expertd::{Daemon, blob_stride, container_bytes, eval, prompts_file};
-use std::process::Command;
+use shared::container::{CONTAINER_FILE, ContainerFile, PARTIAL_FILE};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
 use tests::{model_dir, prepare_container_as, workspace_bin};
 
 #[test]
@@ -55,6 +57,8 @@ fn kquant_containers_stream_and_reside_bit_identically_in_process_and_through_ex
             ("full budget", container_bytes(&container)),
         ] {
             let d = Daemon::unix(&container, budget, &[]);
+            let log = d.log_text();
+            assert!(log.contains(&format!("expert_format={format}")), "{log}");
             let ring = eval(
                 preset,
                 &prompts,
@@ -76,7 +80,71 @@ fn kquant_containers_stream_and_reside_bit_identically_in_process_and_through_ex
 }
 
 #[test]
-fn prepare_refuses_to_mix_formats_in_one_directory_and_resumes_in_the_new_one() {
+fn an_interrupted_q4k_prepare_is_not_wiped_by_another_format_and_resumes_byte_identically() {
+    let model = model_dir("small");
+    let work = tempfile::tempdir().expect("tempdir");
+    let reference = work.path().join("ref");
+    prepare_container_as(&model, &reference, "q4k");
+    let want = std::fs::read(reference.join(CONTAINER_FILE)).expect("reference");
+    let out = work.path().join("c");
+    let partial = out.join(PARTIAL_FILE);
+    let mut child = Command::new(workspace_bin("expertd"))
+        .arg("prepare")
+        .arg(&model)
+        .arg("--out")
+        .arg(&out)
+        .args(["--format", "q4k", "--throttle-ms", "40"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn expertd");
+    // Kill it once a few blobs are written (the unfinished header is first, then blobs).
+    let first_blob_trailer = {
+        let c = ContainerFile::open(&reference).expect("reference opens");
+        let l = c.header().layout;
+        (l.blob_offset_at(2) + l.blob.checksum_offset as u64) as usize
+    };
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while std::fs::read(&partial).ok().is_none_or(|b| {
+        b.len() < want.len() || b[first_blob_trailer..][..8] != want[first_blob_trailer..][..8]
+    }) {
+        assert!(Instant::now() < deadline, "prepare never wrote blob 2");
+        assert!(
+            child.try_wait().expect("poll").is_none(),
+            "prepare finished too soon"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    child.kill().expect("SIGKILL");
+    child.wait().expect("reap");
+    let before = std::fs::read(&partial).expect("partial");
+    let o = Command::new(workspace_bin("expertd"))
+        .arg("prepare")
+        .arg(&model)
+        .arg("--out")
+        .arg(&out)
+        .args(["--format", "int8"])
+        .output()
+        .expect("spawn");
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        !o.status.success() && err.contains("format q4k, not int8"),
+        "{err}"
+    );
+    assert_eq!(
+        std::fs::read(&partial).expect("partial kept"),
+        before,
+        "partial untouched"
+    );
+    prepare_container_as(&model, &out, "q4k");
+    assert!(
+        std::fs::read(out.join(CONTAINER_FILE)).expect("final") == want,
+        "a resumed q4k prepare writes the uninterrupted run's bytes"
+    );
+}
+
+#[test]
+fn prepare_refuses_to_mix_formats_in_one_directory() {
     let work = tempfile::tempdir().expect("tempdir");
     let dir = work.path().join("c");
     prepare_container_as(&model_dir("tiny"), &dir, "q4k");

@@ -1,4 +1,4 @@
-//! The in-process INT8 expert backend: memory-maps the INT8 container (the page cache is the
+//! The in-process container expert backend (INT8 or 4-bit, as the container holds): memory-maps the container (the page cache is the
 //! only cache; io_uring, O_DIRECT and the leased, byte-budgeted cache are expertd's job),
 //! verifies each expert blob's checksum the first time it is used, and runs the W8A8 kernels
 //! straight from the mapping afterwards.
@@ -37,7 +37,7 @@ pub enum Int8LoadError {
     },
     /// The container was prepared from another model.
     #[error(
-        "container {container} was prepared from a different model ({what} differ): container identity {theirs}, model {model} identity {ours}; run `expertd prepare {model} --out DIR` again"
+        "container {container} was prepared from a different model ({what} differ): container identity {theirs}, model {model} identity {ours}; run `expertd prepare {model} --out DIR [--format FORMAT]` again"
     )]
     WrongModel {
         /// The container file.
@@ -144,8 +144,9 @@ impl Int8Experts {
 }
 
 impl ExpertBackend for Int8Experts {
+    /// The container's expert format: `int8`, `q4k` or `q4k-q6k`.
     fn name(&self) -> &'static str {
-        "int8"
+        self.container.header().layout.dims.format.name()
     }
 
     fn expert_bytes(&self) -> Option<usize> {

@@ -41,7 +41,7 @@ pub enum ContainerError {
     Unfinished,
     /// A known magic with a version this build does not read.
     #[error(
-        "unsupported container version {version} (field version at offset 8, magic \"{magic}\"); this build reads version 1"
+        "unsupported container version {version} (field version at offset 8, magic \"{magic}\"); this build reads versions 1 and 2"
     )]
     UnsupportedVersion {
         /// The magic found.

@@ -281,8 +281,9 @@ impl Header {
 
     /// Parses and validates the first [`HEADER_BYTES`] of a container (complete or unfinished;
     /// the caller decides which it accepts). Checks, in order: magic and version, the header
-    /// checksum, each count against its cap, each derived field against the layout the
-    /// dimensions imply, the quantisation scheme, and that the reserved bytes are zero.
+    /// checksum, the quantisation scheme (one of the version's), each count against its cap,
+    /// each derived field against the layout the dimensions and the format imply, and that the
+    /// reserved bytes are zero.
     pub fn parse(bytes: &[u8]) -> Result<Header, ContainerError> {
         let magic = VersionedMagic::read(bytes)?;
         if bytes.len() < HEADER_BYTES {

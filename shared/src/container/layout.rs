@@ -296,7 +296,8 @@ pub struct ContainerLayout {
     pub blob: BlobLayout,
     /// File offset of the index (right after the header).
     pub index_offset: u64,
-    /// Bytes of index entries (`n_blobs · 24`), without padding.
+    /// Bytes of index entries (`n_blobs · index_entry_bytes`: 24 in v1, 32 in v2), without
+    /// padding.
     pub index_bytes: u64,
     /// File offset of blob (0, 0): the index's end rounded up to [`ALIGNMENT`].
     pub blobs_offset: u64,

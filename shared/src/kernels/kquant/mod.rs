@@ -59,8 +59,10 @@ pub const Q4K_BLOCK_BYTES: usize = 144;
 /// Bytes of a Q6_K block: 128 of low nibbles, 64 of high 2-bit pairs, 16 i8 scales, `d` (f16).
 pub const Q6K_BLOCK_BYTES: usize = 210;
 
-/// The largest `cols` a k-quant matrix may have: keeps every i32 sum exact (a Q6_K super-block
-/// contributes at most 16 · 127 · 16 · 32 · 128 < 2²⁸ to `a`, and sums never span blocks).
+/// The largest `cols` a k-quant matrix may have (the container's dimension cap, with room).
+/// Every i32 sum is exact whatever `cols` is, since sums never span blocks: per block a Q4_K
+/// `a` is at most 8 · 63 · 32 · 15 · 128 < 2²⁵ and a Q6_K `a` at most 16 · 128 · 16 · 32 · 128
+/// < 2²⁸ (sub-scales reach −128, codes −32..31, activations −128..127).
 pub const MAX_K_COLS: usize = 1 << 20;
 
 /// A k-quant block format.
