@@ -16,7 +16,7 @@ use shared::container::writer::encode_expert;
 use shared::ids::{ExpertId, LayerId};
 use shared::kernels::ExpertMatrices;
 use shared::kernels::int8::quantize_weights;
-use shared::kernels::kquant::{self, KMatrix};
+use shared::kernels::kquant;
 use shared::safetensors_locator::{ByteRange, ExpertLocator};
 use std::fs::File;
 use std::os::unix::fs::FileExt;
@@ -152,7 +152,7 @@ pub(crate) fn convert_expert(
             down: q_down.as_ref(),
         };
         let checksum = encode_expert(layout, &m, &mut blob)?;
-        (checksum, dequantize(&q_gate_up), dequantize(&q_down))
+        (checksum, q_gate_up.dequantize(), q_down.dequantize())
     } else {
         let q_gate_up = quantize_weights(&gate_up, 2 * f, d);
         let q_down = quantize_weights(&down, d, f);
@@ -187,16 +187,4 @@ pub(crate) fn convert_expert(
         stats,
         source_bytes: ranges.total_bytes(),
     })
-}
-
-/// Every row of a k-quant matrix dequantised, row-major `[rows, cols]`.
-fn dequantize(m: &KMatrix) -> Vec<f32> {
-    let rb = m.as_ref().row_bytes();
-    let mut out = vec![0.0f32; m.rows * m.cols];
-    if m.cols > 0 {
-        for (row, bytes) in out.chunks_exact_mut(m.cols).zip(m.data.chunks_exact(rb)) {
-            kquant::dequantize_row(m.kind, bytes, m.cols, row);
-        }
-    }
-    out
 }

@@ -248,11 +248,7 @@ impl ExpertdClient {
 /// format is a daemon from before format v2: INT8). `None` for a format this build does not
 /// know or impossible dimensions.
 fn blob_layout(dims: &pb::ModelDims) -> Option<shared::container::BlobLayout> {
-    let format = if dims.expert_format.is_empty() {
-        shared::container::ExpertFormat::Int8
-    } else {
-        shared::container::ExpertFormat::from_name(&dims.expert_format)?
-    };
+    let format = shared::container::ExpertFormat::from_wire(&dims.expert_format)?;
     shared::container::BlobLayout::with_format(
         dims.hidden_size as usize,
         dims.expert_inner_size as usize,

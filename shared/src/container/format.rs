@@ -89,6 +89,16 @@ impl ExpertFormat {
         ExpertFormat::ALL.into_iter().find(|f| f.name() == name)
     }
 
+    /// The format a handshake's `expert_format` names: empty (a daemon from before format v2)
+    /// is INT8; `None` for a name this build does not know.
+    pub fn from_wire(name: &str) -> Option<ExpertFormat> {
+        if name.is_empty() {
+            Some(ExpertFormat::Int8)
+        } else {
+            ExpertFormat::from_name(name)
+        }
+    }
+
     /// Approximate bits per weight of the expert matrices (gate and up are twice down's size).
     pub fn bits_per_weight(self) -> f64 {
         match self.kquant() {

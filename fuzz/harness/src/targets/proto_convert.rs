@@ -145,12 +145,7 @@ fn moe_request(r: &v1::MoeLayerRequest) -> Outcome {
 fn handshake_response(r: &v1::HandshakeResponse) -> Outcome {
     let id = identity(r.container_identity.as_ref());
     let dims = r.dims.clone().unwrap_or_default();
-    let format = if dims.expert_format.is_empty() {
-        Some(ExpertFormat::Int8)
-    } else {
-        ExpertFormat::from_name(&dims.expert_format)
-    };
-    let Some(format) = format else {
+    let Some(format) = ExpertFormat::from_wire(&dims.expert_format) else {
         return format!("{id}/unknown-format");
     };
     let layout = match BlobLayout::with_format(

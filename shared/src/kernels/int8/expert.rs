@@ -82,6 +82,20 @@ pub fn silu_mul(g: f32, u: f32) -> f32 {
     g / (1.0 + (-g).exp()) * u
 }
 
+/// `h[t][i] = silu_mul(gate_up[t][i], gate_up[t][f + i])` for every row `t` of `gate_up`
+/// (`[n, 2f]`, gate then up) into `h` (`[n, f]`): the step between the two projections of
+/// every expert, whatever its weight format.
+pub(crate) fn silu_mul_rows(gate_up: &[f32], f: usize, h: &mut [f32]) {
+    if f > 0 {
+        for (h_row, gu_row) in h.chunks_exact_mut(f).zip(gate_up.chunks_exact(2 * f)) {
+            let (g, u) = gu_row.split_at(f);
+            for ((hv, &gv), &uv) in h_row.iter_mut().zip(g).zip(u) {
+                *hv = silu_mul(gv, uv);
+            }
+        }
+    }
+}
+
 /// One expert for `n` tokens: quantise each row of `x` ([`quantize_activations`]), compute
 /// `[g | u] = gate_up · x` ([`gemm_w8a8`]), `h = silu_mul(g, u)` per element, quantise each
 /// row of `h`, and `out = down · h`. Single-threaded; allocates only to grow `scratch`.
@@ -129,14 +143,7 @@ pub fn expert_forward(
     let b = scratch.buffers(n, d, f);
     quantize_activations(x, n, d, b.x_q, b.x_scales);
     gemm_w8a8(isa, gate_up, b.x_q, b.x_scales, n, b.gate_up);
-    if f > 0 {
-        for (h_row, gu_row) in b.h.chunks_exact_mut(f).zip(b.gate_up.chunks_exact(2 * f)) {
-            let (g, u) = gu_row.split_at(f);
-            for ((hv, &gv), &uv) in h_row.iter_mut().zip(g).zip(u) {
-                *hv = silu_mul(gv, uv);
-            }
-        }
-    }
+    silu_mul_rows(b.gate_up, f, b.h);
     quantize_activations(b.h, n, f, b.h_q, b.h_scales);
     gemm_w8a8(isa, down, b.h_q, b.h_scales, n, out);
 }

@@ -45,6 +45,7 @@ mod tests;
 mod tiling;
 
 pub use dispatch::{Int8Isa, Int8IsaOverrideProblem, Int8IsaSelection};
+pub(crate) use expert::silu_mul_rows;
 pub use expert::{ExpertScratch, expert_forward, silu_mul};
 pub use pack::{
     COL_GROUP, MAX_COLS, MatrixError, MatrixRef, QuantizedMatrix, ROW_BLOCK, pack_r16c4,

@@ -3,7 +3,7 @@
 //! one i32 sum per 16 values so the kernels can apply Q4_K mins and the Q6_K offset per
 //! sub-block without touching the values again.
 
-use super::{KMatrixRef, SUM_GROUP, padded_k};
+use super::{SUM_GROUP, padded_k};
 use crate::kernels::int8::{quantize_value, row_params};
 
 /// Quantised activations borrowed: `n` rows of `padded_k(cols)` values.
@@ -59,7 +59,7 @@ pub struct KActs {
 }
 
 impl KActs {
-    /// Quantises `n` rows of `cols` values for a matrix like `m` and borrows the result.
+    /// Quantises `n` rows of `cols` values and borrows the result.
     pub fn quantize(&mut self, x: &[f32], n: usize, cols: usize) -> KActsRef<'_> {
         let pk = padded_k(cols);
         fn take<T: Copy + Default>(v: &mut Vec<T>, len: usize) -> &mut [T] {
@@ -77,11 +77,6 @@ impl KActs {
             sums: &self.sums[..n * (pk / SUM_GROUP)],
             scales: &self.scales[..n],
         }
-    }
-
-    /// Quantises `x` (`n` rows of `m.cols`) for `m`.
-    pub fn quantize_for(&mut self, m: &KMatrixRef<'_>, x: &[f32], n: usize) -> KActsRef<'_> {
-        self.quantize(x, n, m.cols)
     }
 }
 

@@ -4,7 +4,7 @@
 //! across ISAs.
 
 use super::{KActs, KMatrixRef, gemm_k};
-use crate::kernels::int8::{Int8Isa, silu_mul};
+use crate::kernels::int8::{Int8Isa, silu_mul_rows};
 
 /// The buffers [`expert_forward_k`] works in, kept by the caller (one per worker thread).
 #[derive(Debug, Default, Clone)]
@@ -61,14 +61,7 @@ pub fn expert_forward_k(
     let xa = scratch.x.quantize(x, n, d);
     gemm_k(isa, gate_up, xa, n, gu);
     let h = &mut scratch.h[..n * f];
-    if f > 0 {
-        for (h_row, gu_row) in h.chunks_exact_mut(f).zip(gu.chunks_exact(2 * f)) {
-            let (g, u) = gu_row.split_at(f);
-            for ((hv, &gv), &uv) in h_row.iter_mut().zip(g).zip(u) {
-                *hv = silu_mul(gv, uv);
-            }
-        }
-    }
+    silu_mul_rows(gu, f, h);
     let ha = scratch.h_q.quantize(h, n, f);
     gemm_k(isa, down, ha, n, out);
 }

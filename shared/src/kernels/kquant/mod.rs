@@ -195,6 +195,21 @@ pub struct KMatrix {
 }
 
 impl KMatrix {
+    /// Every row dequantised, row-major `[rows, cols]` (reports and tests).
+    pub fn dequantize(&self) -> Vec<f32> {
+        let rb = row_bytes(self.kind, self.cols);
+        let mut out = vec![0.0f32; self.rows * self.cols];
+        if self.cols > 0 {
+            for (row, bytes) in out
+                .chunks_exact_mut(self.cols)
+                .zip(self.data.chunks_exact(rb))
+            {
+                dequantize_row(self.kind, bytes, self.cols, row);
+            }
+        }
+        out
+    }
+
     /// Borrows it.
     pub fn as_ref(&self) -> KMatrixRef<'_> {
         KMatrixRef {
