@@ -476,6 +476,16 @@ pub struct ServeArgs {
     /// open; a handshake past it gets RESOURCE_EXHAUSTED.
     #[arg(long, env = "EXPERTD_MAX_SESSIONS_PER_UID", default_value_t = crate::server::DEFAULT_MAX_SESSIONS_PER_UID)]
     pub max_sessions_per_uid: u32,
+    /// Connections one unix uid (for TCP, one client address) may hold open at once; more are
+    /// closed as they are accepted, before anything they send is read.
+    #[arg(long, env = "EXPERTD_MAX_CONNECTIONS_PER_UID", default_value_t = crate::server::DEFAULT_MAX_CONNECTIONS_PER_UID)]
+    pub max_connections_per_uid: u32,
+    /// Largest shared-memory segment a connection may pass, in bytes; larger ones are refused
+    /// (the connection then carries activations inline). Default: room for 4 slots of 2048 rows
+    /// of the container's hidden size and a ring of 16 experts per row (hostd's defaults twice
+    /// over).
+    #[arg(long, env = "EXPERTD_MAX_SEGMENT_BYTES")]
+    pub max_segment_bytes: Option<u64>,
     /// Largest n_tokens of one call.
     #[arg(long, env = "EXPERTD_MAX_ROWS_PER_CALL", default_value_t = crate::server::DEFAULT_MAX_ROWS)]
     pub max_rows_per_call: u32,
@@ -485,9 +495,10 @@ pub struct ServeArgs {
     /// Compute threads (0: one per core).
     #[arg(long, env = "EXPERTD_THREADS", default_value_t = 0)]
     pub threads: usize,
-    /// Speculative bytes read per client session and step (token) on prefetch hints; 0: eight
-    /// blobs per layer (8 × layers × blob size: one top-8 token's worth), shared across the
-    /// layers. Clients send hints when this daemon streams (hostd `--expertd-prefetch auto`, the
+    /// Speculative bytes one client session may read on prefetch hints ahead of its demand
+    /// calls: a bucket of this size that each demand call of the session refills by 1/layers of
+    /// it (so one token's calls refill it whole, and hints alone cannot read more); 0: eight
+    /// blobs per layer (8 × layers × blob size: one top-8 token's worth). Clients send hints when this daemon streams (hostd `--expertd-prefetch auto`, the
     /// default) or with `--expertd-prefetch on`.
     #[arg(long, env = "EXPERTD_PREFETCH_CAP_BYTES", default_value_t = 0)]
     pub prefetch_cap_bytes: u64,
@@ -601,6 +612,8 @@ pub fn serve(args: &ServeArgs) -> anyhow::Result<()> {
         max_queued_calls_per_session: args.max_queued_calls,
         max_sessions_per_connection: args.max_sessions_per_connection,
         max_sessions_per_uid: args.max_sessions_per_uid,
+        max_connections_per_uid: args.max_connections_per_uid,
+        max_segment_bytes: args.max_segment_bytes,
         max_rows_per_call: args.max_rows_per_call,
         compute_lanes: args.compute_lanes,
         threads: args.threads,
@@ -673,14 +686,14 @@ fn memory_budget(args: &ServeArgs) -> anyhow::Result<u64> {
     let transient = args
         .transient_slots
         .map_or((dims.n_experts.min(32) as u64) * lanes, u64::from);
-    let overhead = Overhead::estimate(
-        blob,
-        transient,
-        lanes,
-        u64::from(args.max_rows_per_call),
-        dims.hidden as u64,
-        dims.inner as u64,
+    let calls = crate::call_memory::CallMemory::new(
+        dims.hidden,
+        dims.inner,
+        args.threads,
+        args.max_rows_per_call as usize,
+        dims.n_experts,
     );
+    let overhead = Overhead::estimate(blob, transient, lanes, calls.max_call_bytes());
     let requested = args
         .cache_bytes
         .map(|b| crate::server::clamp_budget(b, dims.n_blobs() as u64, blob));

@@ -8,6 +8,7 @@
 //! `shared::container`; this crate owns the file IO around it and the command line.
 
 pub mod cache;
+pub mod call_memory;
 pub mod cli;
 mod convert;
 pub mod io;

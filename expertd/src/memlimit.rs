@@ -78,9 +78,11 @@ fn ancestors(dir: &Path, root: &Path) -> Vec<PathBuf> {
 }
 
 /// The daemon's memory next to its cache, estimated from its configuration:
-/// `base + transient_slots × blob + lanes × max_rows × (4 × hidden + 2 × inner) × 4 B`
-/// (per compute lane, a call's input and output activations in both wire and f32 form, and its
-/// gate/up intermediate, at the largest call allowed).
+/// `base + transient_slots × blob + lanes × max_call_bytes`, where `max_call_bytes` is the most
+/// one call may make the daemon hold (`crate::call_memory`: a call of `--max-rows-per-call`
+/// rows at top-8, its activations in wire and f32 form, one output row per routed cell and the
+/// compute threads' expert buffers). Admission refuses a call past that bound, so the estimate
+/// is a ceiling the calls cannot push through.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Overhead {
     /// [`BASE_OVERHEAD_BYTES`].
@@ -92,19 +94,18 @@ pub struct Overhead {
 }
 
 impl Overhead {
-    /// The estimate for a container's dimensions and the serve flags.
+    /// The estimate for a container's blob size and the serve flags; `max_call_bytes` from
+    /// [`crate::call_memory::CallMemory::max_call_bytes`].
     pub fn estimate(
         blob_bytes: u64,
         transient_slots: u64,
         lanes: u64,
-        max_rows: u64,
-        hidden: u64,
-        inner: u64,
+        max_call_bytes: u64,
     ) -> Overhead {
         Overhead {
             base: BASE_OVERHEAD_BYTES,
             transient: transient_slots * blob_bytes,
-            calls: lanes * max_rows * (4 * hidden + 2 * inner) * 4,
+            calls: lanes.saturating_mul(max_call_bytes),
         }
     }
 
@@ -273,7 +274,7 @@ mod tests {
 
     #[test]
     fn a_budget_is_checked_against_the_limit_or_derived_from_it() {
-        let o = Overhead::estimate(1 << 20, 4, 2, 8, 64, 32);
+        let o = Overhead::estimate(1 << 20, 4, 2, 8 * (4 * 64 + 2 * 32) * 4);
         let limit = CgroupLimit {
             bytes: 256 * MIB,
             file: "/x/memory.max".into(),

@@ -45,6 +45,22 @@ pub enum CallError {
     /// Reading an expert failed (checksum mismatch, short read, device error).
     #[error(transparent)]
     Io(#[from] IoError),
+    /// The call's buffers would exceed what the daemon allows one call (`crate::call_memory`).
+    #[error(
+        "call for layer {layer} refused: n_tokens {n_rows} × top_k {top_k} needs about {needed} B of buffers in the daemon, which allows one call {allowed} B (its --max-rows-per-call at top_k 8); send fewer rows per call"
+    )]
+    TooLarge {
+        /// Layer of the call.
+        layer: LayerId,
+        /// Rows.
+        n_rows: usize,
+        /// Experts per row.
+        top_k: usize,
+        /// The call's bound.
+        needed: u64,
+        /// The most one call may take.
+        allowed: u64,
+    },
     /// A verified blob could not be viewed as matrices (an internal inconsistency).
     #[error("layer {layer} expert {expert}: blob part {part} is misaligned in the cache buffer")]
     Misaligned {
@@ -85,6 +101,8 @@ pub struct CallExecutor {
     header: Header,
     pool: rayon::ThreadPool,
     max_rows: usize,
+    /// What a call may make the daemon hold (checked before its buffers exist).
+    memory: crate::call_memory::CallMemory,
     /// Most experts one wave of a call leases at once: half of what the cache can ever lend
     /// (resident slots + transient buffers), so a call whose experts exceed the cache (a long
     /// prefill under a small budget) runs in waves instead of failing, and concurrent calls
@@ -133,6 +151,14 @@ impl CallExecutor {
             .map_err(std::io::Error::other)?;
         let st = cache.stats();
         let wave_experts = (((st.n_slots + st.transient_slots) / 2).max(1)) as usize;
+        let dims = header.layout.dims;
+        let memory = crate::call_memory::CallMemory::new(
+            dims.hidden,
+            dims.inner,
+            pool.current_num_threads(),
+            max_rows,
+            dims.n_experts,
+        );
         Ok(CallExecutor {
             cache,
             source,
@@ -140,6 +166,7 @@ impl CallExecutor {
             header,
             pool,
             max_rows,
+            memory,
             wave_experts,
             demand_reads: AtomicU32::new(0),
             demand_progress: Default::default(),
@@ -241,9 +268,10 @@ impl CallExecutor {
     /// Records that `spec`'s call starts (only once a speculative reader holds hints that
     /// may ask: a daemon no client sends hints to takes no lock here).
     fn note_demand_start(&self, spec: &CallSpec<'_>) {
-        if !self.prefetcher.get().is_some_and(|p| p.has_hints()) {
+        let Some(p) = self.prefetcher.get().filter(|p| p.has_hints()) else {
             return;
-        }
+        };
+        p.note_demand_call(spec.session);
         let mut progress = self
             .demand_progress
             .lock()
@@ -284,6 +312,23 @@ impl CallExecutor {
         self.max_rows
     }
 
+    /// What one call may make the daemon hold.
+    pub fn call_memory(&self) -> &crate::call_memory::CallMemory {
+        &self.memory
+    }
+
+    /// Checks a call's shape against what one call may make the daemon hold (`n_rows` within
+    /// `1..=max_rows`, then the buffers' bound), before any buffer of that size exists.
+    pub fn check_shape(
+        &self,
+        layer: LayerId,
+        n_rows: usize,
+        top_k: usize,
+    ) -> Result<(), CallError> {
+        self.check_rows(layer, n_rows)?;
+        self.memory.check(layer, n_rows, top_k)
+    }
+
     /// Elements per activation row.
     pub fn hidden(&self) -> usize {
         self.header.layout.dims.hidden
@@ -301,7 +346,8 @@ impl CallExecutor {
     }
 
     /// Checks a call's routing against the container: layer and expert ranges, lengths,
-    /// duplicates within a row, finite weights, the row limit. Cheap; run before queueing.
+    /// duplicates within a row, finite weights, the row limit and the call's memory bound.
+    /// Cheap; run before queueing.
     pub fn validate(&self, spec: &CallSpec<'_>) -> Result<(), CallError> {
         let dims = &self.header.layout.dims;
         let bad = |reason: String| {
@@ -316,7 +362,7 @@ impl CallExecutor {
                 spec.layer, dims.n_layers
             ));
         }
-        self.check_rows(spec.layer, spec.n_rows)?;
+        self.check_shape(spec.layer, spec.n_rows, spec.top_k)?;
         shared::moe_exec::validate_routing(
             spec.n_rows,
             spec.top_k,

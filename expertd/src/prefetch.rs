@@ -5,7 +5,10 @@
 //!
 //! Rules (each from measured prior art: uncapped speculation halved throughput elsewhere):
 //! demand reads go first — before each speculative read the thread waits while any call's
-//! demand reads are in flight; speculation is capped per client step (token); a speculative
+//! demand reads are in flight; speculation is capped per session in bytes by a bucket that only
+//! the session's own demand calls refill (one layer's share of the per-token cap per call, never
+//! above the cap), so hints alone — whatever step numbers they carry — cannot read more than one
+//! token's worth and evict other sessions' experts; a speculative
 //! read never takes a transient buffer and never a leased slot (the cache's own rules: leased
 //! slots are never victims), and evicts only the policy's victim; a hint that finds the queue
 //! full is dropped, never waited for; what is left of a hint once the hinted layer's own call
@@ -82,8 +85,12 @@ pub struct Prefetcher {
     speculative: Mutex<HashSet<ExpertKey>>,
     /// Counters.
     pub counters: PrefetchCounters,
-    /// Speculative bytes allowed per (session, step).
+    /// Speculative bytes one session may have in hand: one token's worth.
     cap_bytes_per_step: u64,
+    /// What one demand call of a session adds to its bucket: the cap over the layers.
+    refill_per_call: u64,
+    /// Per session, the speculative bytes it may still read (absent: a full bucket).
+    buckets: Mutex<HashMap<u64, u64>>,
 }
 
 impl Prefetcher {
@@ -94,11 +101,16 @@ impl Prefetcher {
         cap_bytes_per_step: u64,
     ) -> std::io::Result<Arc<Prefetcher>> {
         let (tx, rx) = std::sync::mpsc::sync_channel(QUEUE);
+        let header = executor.header();
+        let refill_per_call = (cap_bytes_per_step / header.layout.dims.n_layers.max(1) as u64)
+            .max(header.layout.blob.stride as u64);
         let p = Arc::new(Prefetcher {
             tx,
             speculative: Mutex::new(HashSet::new()),
             counters: PrefetchCounters::default(),
             cap_bytes_per_step,
+            refill_per_call,
+            buckets: Mutex::new(HashMap::new()),
         });
         let (weak_executor, weak_p) = (Arc::downgrade(executor), Arc::downgrade(&p));
         std::thread::Builder::new()
@@ -115,6 +127,40 @@ impl Prefetcher {
                 self.counters.dropped_hints.fetch_add(1, Ordering::Relaxed)
             }
         };
+    }
+
+    /// A demand call of `session` started: its speculative bucket gains one layer's share of
+    /// the per-token cap (never above the cap).
+    pub fn note_demand_call(&self, session: u64) {
+        let mut buckets = self.buckets.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(b) = buckets.get_mut(&session) {
+            *b = (*b + self.refill_per_call).min(self.cap_bytes_per_step);
+            if *b == self.cap_bytes_per_step {
+                buckets.remove(&session); // absent means full
+            }
+        }
+    }
+
+    /// Bytes `session` may still read speculatively.
+    fn available(&self, session: u64) -> u64 {
+        self.buckets
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(&session)
+            .copied()
+            .unwrap_or(self.cap_bytes_per_step)
+    }
+
+    /// Takes `bytes` read speculatively for `session` out of its bucket.
+    fn spend(&self, session: u64, bytes: u64) {
+        let mut buckets = self.buckets.lock().unwrap_or_else(PoisonError::into_inner);
+        if buckets.len() > 4096 && !buckets.contains_key(&session) {
+            // Sessions that stopped hinting long ago; a bucket forgotten is a full one, which a
+            // session earns back in one token of demand calls anyway.
+            buckets.clear();
+        }
+        let b = buckets.entry(session).or_insert(self.cap_bytes_per_step);
+        *b = b.saturating_sub(bytes);
     }
 
     /// Whether any hint was queued yet (until one is, no call needs its start recorded).
@@ -170,21 +216,12 @@ impl Prefetcher {
 }
 
 fn run(rx: Receiver<Hint>, executor: Weak<CallExecutor>, p: Weak<Prefetcher>) {
-    // Per session: (the step its budget is for, speculative bytes spent in it). A session
-    // that sends a new step number gets a new budget, but only one per step it moves on, and
-    // other sessions' hints never reset it.
-    let mut spent: HashMap<u64, (u64, u64)> = HashMap::new();
     while let Ok(hint) = rx.recv() {
         let (Some(executor), Some(p)) = (executor.upgrade(), p.upgrade()) else {
             return;
         };
-        if spent.len() > 1024 {
-            spent.clear();
-        }
-        let budget = spent.entry(hint.session).or_insert((hint.step, 0));
-        if budget.0 != hint.step {
-            *budget = (hint.step, 0);
-        }
+        // What the session may read now: its bucket, refilled only by its demand calls.
+        let available = p.available(hint.session);
         let stride = executor.header().layout.blob.stride as u64;
         let c = &p.counters;
         let mut wanted = Vec::with_capacity(hint.experts.len());
@@ -192,7 +229,7 @@ fn run(rx: Receiver<Hint>, executor: Weak<CallExecutor>, p: Weak<Prefetcher>) {
             let key = ExpertKey::new(hint.layer, ExpertId::new(e));
             if executor.cache().contains(key) {
                 c.already_resident.fetch_add(1, Ordering::Relaxed);
-            } else if budget.1 + stride * (wanted.len() as u64 + 1) > p.cap_bytes_per_step {
+            } else if stride * (wanted.len() as u64 + 1) > available {
                 c.capped.fetch_add(1, Ordering::Relaxed);
             } else if !wanted.contains(&key) {
                 wanted.push(key);
@@ -223,7 +260,7 @@ fn run(rx: Receiver<Hint>, executor: Weak<CallExecutor>, p: Weak<Prefetcher>) {
             for (&key, outcome) in batch.iter().zip(&read) {
                 match outcome {
                     Some(true) => {
-                        budget.1 += stride;
+                        p.spend(hint.session, stride);
                         c.reads.fetch_add(1, Ordering::Relaxed);
                         c.bytes_read.fetch_add(stride, Ordering::Relaxed);
                     }
@@ -243,7 +280,10 @@ fn run(rx: Receiver<Hint>, executor: Weak<CallExecutor>, p: Weak<Prefetcher>) {
 /// meanwhile (nothing read); `None` skipped — only a transient buffer or nothing was free,
 /// or the read failed.
 fn read_batch(executor: &CallExecutor, keys: &[ExpertKey], step: u64) -> Vec<Option<bool>> {
+    // Opened per batch and released after it (the cache requires open sessions).
+    executor.cache().open_session(PREFETCH_SESSION);
     let Ok(mut acquired) = executor.cache().acquire_at(PREFETCH_SESSION, step, keys) else {
+        executor.cache().release_session(PREFETCH_SESSION);
         return vec![None; keys.len()];
     };
     let mut outcome: Vec<Option<bool>> = acquired

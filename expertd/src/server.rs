@@ -41,6 +41,8 @@ pub const DEFAULT_MAX_SESSIONS_PER_CONNECTION: u32 = 64;
 /// Default cap on sessions one peer (unix uid, or TCP address) holds open over all its
 /// connections.
 pub const DEFAULT_MAX_SESSIONS_PER_UID: u32 = 256;
+/// Default cap on connections one peer (unix uid, or TCP address) holds open at once.
+pub const DEFAULT_MAX_CONNECTIONS_PER_UID: u32 = 64;
 /// Default largest `n_tokens` of one call.
 pub const DEFAULT_MAX_ROWS: u32 = 8192;
 /// Default compute lanes (calls computing at once; each uses the whole thread pool).
@@ -53,6 +55,10 @@ use accept::{Conn, accept_loop};
 pub const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(10);
 /// … and its connection (and sessions) dropped when a ping goes unanswered this long.
 pub const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(20);
+/// HTTP/2 streams (requests in progress) one connection may have open: a session's queued calls
+/// ([`DEFAULT_MAX_QUEUED_CALLS`]) for a few sessions, plus stats and health. Each stream's request
+/// may be decoded (up to the message cap) before its session is checked.
+pub const MAX_STREAMS_PER_CONNECTION: u32 = 32;
 /// A TCP client that has not finished its TLS handshake within this is dropped.
 pub const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -87,6 +93,11 @@ pub struct ServeConfig {
     pub max_sessions_per_connection: u32,
     /// Cap on sessions one peer (unix uid, or TCP address) holds open.
     pub max_sessions_per_uid: u32,
+    /// Cap on connections one peer (unix uid, or TCP address) holds open.
+    pub max_connections_per_uid: u32,
+    /// Largest shared-memory segment mapped for one connection (`None`: derived from the
+    /// container's hidden size, [`crate::shm::SegmentPolicy::derived`]).
+    pub max_segment_bytes: Option<u64>,
     /// Largest `n_tokens` of one call.
     pub max_rows_per_call: u32,
     /// Calls computing at once.
@@ -126,6 +137,8 @@ impl ServeConfig {
             max_queued_calls_per_session: DEFAULT_MAX_QUEUED_CALLS,
             max_sessions_per_connection: DEFAULT_MAX_SESSIONS_PER_CONNECTION,
             max_sessions_per_uid: DEFAULT_MAX_SESSIONS_PER_UID,
+            max_connections_per_uid: DEFAULT_MAX_CONNECTIONS_PER_UID,
+            max_segment_bytes: None,
             max_rows_per_call: DEFAULT_MAX_ROWS,
             compute_lanes: DEFAULT_COMPUTE_LANES,
             threads: 0,
@@ -148,6 +161,9 @@ impl ServeConfig {
         }
         if self.max_sessions_per_uid == 0 {
             return bad("--max-sessions-per-uid must be at least 1".into());
+        }
+        if self.max_connections_per_uid == 0 {
+            return bad("--max-connections-per-uid must be at least 1".into());
         }
         if self.max_rows_per_call == 0 {
             return bad("--max-rows-per-call must be at least 1".into());
@@ -437,6 +453,8 @@ impl Prepared {
             transient_slots,
         };
         let cache = ExpertCache::new(cache_config, header.layout.blob.stride)?;
+        // Sessions are opened in the cache at handshake; a call of a closed one is refused.
+        cache.require_open_sessions();
         if let Some(path) = &config.route_trace {
             let writer = TraceWriter::create(path)
                 .map_err(|e| ServeError::Trace(format!("{}: {e}", path.display())))?;
@@ -499,7 +517,7 @@ impl Prepared {
                 per_connection: config.max_sessions_per_connection,
                 per_peer: config.max_sessions_per_uid,
             },
-            max_message_bytes: MAX_MESSAGE_BYTES as u64,
+            max_message_bytes: executor.call_memory().max_message_bytes() as u64,
             container_path: config
                 .container_dir
                 .join(shared::container::CONTAINER_FILE)
@@ -508,6 +526,16 @@ impl Prepared {
             io_backend: banner.io.clone(),
             ring_spin: config.ring_spin,
             pool_awake: config.pool_awake,
+            segment: config.max_segment_bytes.map_or_else(
+                || {
+                    crate::shm::SegmentPolicy::derived(
+                        header.layout.dims.hidden,
+                        config.max_rows_per_call as usize,
+                    )
+                },
+                |max_bytes| crate::shm::SegmentPolicy { max_bytes },
+            ),
+            max_connections_per_peer: config.max_connections_per_uid,
         };
         let auth = Auth::new(
             config.auth_token.clone(),
@@ -602,8 +630,10 @@ impl Prepared {
                 Ok(req)
             },
         );
+        // A request larger than the largest admissible call is refused from its length prefix,
+        // before its body is buffered or decoded.
         let service = ExpertServiceServer::new(ExpertdService::new(Arc::clone(&state)))
-            .max_decoding_message_size(MAX_MESSAGE_BYTES)
+            .max_decoding_message_size(state.config.max_message_bytes as usize)
             .max_encoding_message_size(MAX_MESSAGE_BYTES);
 
         let (stop_tx, stop_rx) = watch::channel(false);
@@ -631,6 +661,7 @@ impl Prepared {
         let served = builder
             .http2_keepalive_interval(Some(KEEPALIVE_INTERVAL))
             .http2_keepalive_timeout(Some(KEEPALIVE_TIMEOUT))
+            .max_concurrent_streams(Some(MAX_STREAMS_PER_CONNECTION))
             .add_service(health_service)
             .add_service(service)
             .serve_with_incoming_shutdown(incoming, signal)

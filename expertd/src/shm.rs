@@ -64,6 +64,56 @@ pub enum ShmError {
     /// A slice that is misaligned or out of the segment.
     #[error("shared-memory slice: {0}")]
     Slice(ShmLayoutError),
+    /// A segment larger than this daemon maps for one connection.
+    #[error(
+        "segment of {found} B refused: this daemon maps at most {max} B per connection (expertd serve --max-segment-bytes)"
+    )]
+    TooLarge {
+        /// The segment's size.
+        found: u64,
+        /// The cap.
+        max: u64,
+    },
+    /// A segment whose pages the client has not allocated: the daemon's writes would allocate
+    /// them and charge them to the daemon's memory.
+    #[error(
+        "segment refused: its bytes from offset {hole} are not allocated (of {len}); the client must write every page of the memfd before passing it, so that its pages are allocated and charged to the client"
+    )]
+    NotAllocated {
+        /// Offset of the first unallocated byte.
+        hole: u64,
+        /// The segment's size.
+        len: u64,
+    },
+}
+
+/// What a connection's segment may be: checked before it is mapped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SegmentPolicy {
+    /// The largest segment mapped, in bytes (`expertd serve --max-segment-bytes`).
+    pub max_bytes: u64,
+}
+
+impl SegmentPolicy {
+    /// Slots for the default cap: twice hostd's default of two.
+    pub const DEFAULT_SLOTS: usize = 4;
+    /// Rows per slot for the default cap: twice hostd's default of 1024.
+    pub const DEFAULT_ROWS: usize = 2048;
+    /// Experts per row the default cap's ring holds (twice the model's 8).
+    pub const DEFAULT_TOP_K: usize = 16;
+
+    /// The default cap for activations of `hidden` values and calls of at most `max_rows` rows:
+    /// the segment of [`DEFAULT_SLOTS`](Self::DEFAULT_SLOTS) slots of up to
+    /// [`DEFAULT_ROWS`](Self::DEFAULT_ROWS) rows with a ring of
+    /// [`DEFAULT_TOP_K`](Self::DEFAULT_TOP_K) experts per row: room for hostd's defaults twice
+    /// over, a small multiple of what a client can use, never the 64 GiB the layout allows.
+    pub fn derived(hidden: usize, max_rows: usize) -> SegmentPolicy {
+        let rows = Self::DEFAULT_ROWS.min(max_rows.max(1));
+        let max_bytes = shm_layout::SlotLayout::new(Self::DEFAULT_SLOTS, rows, hidden.max(1))
+            .and_then(|l| l.with_ring(rows * Self::DEFAULT_TOP_K))
+            .map_or(shm_layout::MAX_SEGMENT_BYTES, |l| l.segment_bytes);
+        SegmentPolicy { max_bytes }
+    }
 }
 
 /// A client's memfd, mapped shared and read-write. Owns the fd and the mapping; both are
@@ -97,8 +147,13 @@ impl Segment {
     /// `F_SEAL_SHRINK` is seen the size read afterwards is a floor for as long as the mapping
     /// lives. In the other order a client still holding the fd could shrink and seal between the
     /// two reads, and the daemon would map the old size and take SIGBUS past the new end.
-    pub fn from_fd(id: u64, fd: OwnedFd) -> Result<Segment, ShmError> {
-        Segment::from_fd_observed(id, fd, |_| {})
+    ///
+    /// The segment must be within `policy`'s size cap and wholly allocated by the client (no
+    /// hole, by `SEEK_HOLE`): pages the client allocated are charged to the client's memory, so
+    /// a client cannot make the daemon's writes allocate (and its cgroup pay for) a large,
+    /// untouched segment.
+    pub fn from_fd(id: u64, fd: OwnedFd, policy: SegmentPolicy) -> Result<Segment, ShmError> {
+        Segment::from_fd_observed(id, fd, policy, |_| {})
     }
 
     /// [`Segment::from_fd`], calling `after_seal_check` between the seal check and the size read
@@ -106,6 +161,7 @@ impl Segment {
     fn from_fd_observed(
         id: u64,
         fd: OwnedFd,
+        policy: SegmentPolicy,
         after_seal_check: impl FnOnce(&OwnedFd),
     ) -> Result<Segment, ShmError> {
         let refused = |what: String| ShmError::Refused(what);
@@ -130,6 +186,18 @@ impl Segment {
                 max: shm_layout::MAX_SEGMENT_BYTES,
             }
             .into());
+        }
+        if len > policy.max_bytes {
+            return Err(ShmError::TooLarge {
+                found: len,
+                max: policy.max_bytes,
+            });
+        }
+        // The first hole at or after 0 is the end of the file when every page is allocated.
+        let hole = rustix::fs::seek(&fd, rustix::fs::SeekFrom::Hole(0))
+            .map_err(|e| refused(format!("SEEK_HOLE: {e}")))?;
+        if hole < len {
+            return Err(ShmError::NotAllocated { hole, len });
         }
         let file = std::fs::File::from(fd.try_clone().map_err(ShmError::Io)?);
         let map = memmap2::MmapOptions::new()
@@ -283,6 +351,7 @@ pub async fn negotiate(
     stream: &mut UnixStream,
     segment_id: u64,
     accept_segment: bool,
+    policy: SegmentPolicy,
 ) -> Result<Negotiated, ShmError> {
     let mut buf = [0u8; shm_layout::HELLO_BYTES];
     let mut fds = Vec::new();
@@ -329,7 +398,7 @@ pub async fn negotiate(
         status = shm_layout::REPLY_SEGMENT_REFUSED;
     } else if hello.has_segment() {
         let mapped = match fds.drain(..).next() {
-            Some(fd) => Segment::from_fd(segment_id, fd),
+            Some(fd) => Segment::from_fd(segment_id, fd, policy),
             None => Err(ShmError::NoDescriptor),
         };
         match mapped {
@@ -424,9 +493,21 @@ mod tests {
     use rustix::fs::MemfdFlags;
 
     const BIG: u64 = 1 << 20;
+    /// A cap well above [`BIG`].
+    const POLICY: SegmentPolicy = SegmentPolicy { max_bytes: 4 * BIG };
 
-    /// An unsealed memfd of `len` bytes with a valid segment header, as a client makes one.
+    /// An unsealed memfd of `len` bytes with a valid segment header, every page written, as a
+    /// client makes one.
     fn memfd(len: u64) -> OwnedFd {
+        let fd = sparse_memfd(len);
+        let zeros = vec![0u8; len as usize - shm_layout::SEGMENT_HEADER_BYTES];
+        rustix::io::pwrite(&fd, &zeros, shm_layout::SEGMENT_HEADER_BYTES as u64)
+            .expect("write the rest");
+        fd
+    }
+
+    /// [`memfd`] without the rest: only the header's page is written.
+    fn sparse_memfd(len: u64) -> OwnedFd {
         let fd =
             rustix::fs::memfd_create("shm-test", MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING)
                 .expect("memfd_create");
@@ -436,6 +517,44 @@ mod tests {
         fd
     }
 
+    fn sealed(fd: OwnedFd) -> OwnedFd {
+        rustix::fs::fcntl_add_seals(&fd, SealFlags::SHRINK | SealFlags::GROW).expect("seal");
+        fd
+    }
+
+    #[test]
+    fn a_segment_over_the_cap_or_not_allocated_by_the_client_is_refused() {
+        // Over the cap: refused by size, before anything is mapped.
+        let policy = SegmentPolicy { max_bytes: BIG };
+        match Segment::from_fd(1, sealed(memfd(2 * BIG)), policy) {
+            Err(ShmError::TooLarge { found, max }) => assert_eq!((found, max), (2 * BIG, BIG)),
+            other => panic!("a segment over the cap: {other:?}"),
+        }
+        // At the cap and allocated: mapped.
+        let s = Segment::from_fd(2, sealed(memfd(BIG)), policy).expect("allocated segment");
+        assert_eq!(s.len_bytes(), BIG);
+        // Sparse (the client wrote only its header): the daemon's writes would allocate the
+        // rest in the daemon's cgroup, so it is refused, naming the first unallocated byte.
+        match Segment::from_fd(3, sealed(sparse_memfd(BIG)), policy) {
+            Err(e @ ShmError::NotAllocated { hole, len }) => {
+                assert_eq!((hole, len), (4096, BIG), "{e}");
+                assert!(e.to_string().contains("write every page"), "{e}");
+            }
+            other => panic!("a sparse segment: {other:?}"),
+        }
+        // The derived cap fits hostd's default segment (2 slots × 1024 rows, ring of top-8)
+        // at the real hidden size, and is far below the layout's 64 GiB.
+        let hostd_default = shm_layout::SlotLayout::new(2, 1024, 2048)
+            .and_then(|l| l.with_ring(1024 * 8))
+            .expect("layout")
+            .segment_bytes;
+        let derived = SegmentPolicy::derived(2048, 8192).max_bytes;
+        assert!(
+            hostd_default <= derived && derived <= 160 << 20,
+            "{hostd_default} {derived}"
+        );
+    }
+
     #[test]
     fn a_shrink_and_seal_racing_the_checks_never_leaves_a_mapping_past_the_end() {
         // The hostile client sends the fd unsealed at full size and, between the daemon's seal
@@ -443,7 +562,7 @@ mod tests {
         // the daemon saw no seal and refuses; had it read the size first it would now map 1 MiB
         // of a file that holds a few KiB.
         let small = shm_layout::MIN_SEGMENT_BYTES;
-        let got = Segment::from_fd_observed(1, memfd(BIG), |fd| {
+        let got = Segment::from_fd_observed(1, memfd(BIG), POLICY, |fd| {
             rustix::fs::ftruncate(fd, small).expect("shrink");
             rustix::fs::fcntl_add_seals(fd, SealFlags::SHRINK).expect("seal");
         });
@@ -455,7 +574,7 @@ mod tests {
         // Sealed before it is sent: the size can no longer drop, whatever the client tries.
         let fd = memfd(BIG);
         rustix::fs::fcntl_add_seals(&fd, SealFlags::SHRINK).expect("seal");
-        let segment = Segment::from_fd_observed(2, fd, |fd| {
+        let segment = Segment::from_fd_observed(2, fd, POLICY, |fd| {
             assert!(
                 rustix::fs::ftruncate(fd, small).is_err(),
                 "a sealed memfd shrank"
@@ -495,7 +614,7 @@ mod tests {
         let negotiated = rt.block_on(async {
             server.set_nonblocking(true).expect("nonblocking");
             let mut s = UnixStream::from_std(server).expect("tokio stream");
-            negotiate(&mut s, 7, accept_segment)
+            negotiate(&mut s, 7, accept_segment, POLICY)
                 .await
                 .expect("negotiate")
         });

@@ -139,19 +139,28 @@ impl<'a> MoeExec<'a> {
             expert_forward_any(isa, m, &xs, cells.len(), &mut y, scratch);
             Ok((g, y))
         };
-        let results: Vec<(usize, Vec<f32>)> = if which.len() == 1 {
+        if which.len() == 1 {
             // One expert: no fork/join (the kernel itself is single-threaded).
-            vec![run(&mut AnyExpertScratch::new(), which[0])?]
-        } else {
-            which
-                .par_iter()
-                .map_init(AnyExpertScratch::new, |s, &g| run(s, g))
-                .collect::<Result<_, E>>()?
-        };
-        for (g, y) in results {
+            let (g, y) = run(&mut AnyExpertScratch::new(), which[0])?;
             moe_combine::scatter(&mut self.slots, d, &groups[g].1, &y);
+            return Ok(());
         }
-        Ok(())
+        // Each expert's outputs go to their slots as soon as it is done, so at most one
+        // expert's buffers per thread are alive at once (not every expert's of the wave): the
+        // bound a daemon admits calls against. Each cell has one expert, so the order of the
+        // scatters changes no value.
+        let slots = std::sync::Mutex::new(&mut self.slots);
+        which
+            .par_iter()
+            .map_init(AnyExpertScratch::new, |s, &g| run(s, g))
+            .try_for_each(|r| {
+                let (g, y) = r?;
+                let mut slots = slots
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
+                moe_combine::scatter(&mut slots, d, &groups[g].1, &y);
+                Ok(())
+            })
     }
 
     /// Writes `out[r] = Σ_k weights[r,k] · y[r,k]`, summed in call order. Every group must

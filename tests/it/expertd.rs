@@ -256,6 +256,11 @@ pub(crate) async fn raw_unix(socket: &Path) -> ExpertServiceClient<Channel> {
 
 /// One HTTP/2 connection (no shared-memory pre-handshake) to the daemon's unix socket.
 pub(crate) async fn unix_channel(socket: &Path) -> Channel {
+    try_unix_channel(socket).await.expect("connect")
+}
+
+/// [`unix_channel`], with the error when the connection fails.
+pub(crate) async fn try_unix_channel(socket: &Path) -> Result<Channel, tonic::transport::Error> {
     let socket = socket.to_path_buf();
     tonic::transport::Endpoint::from_static("http://expertd.test")
         .connect_with_connector(tower::service_fn(move |_| {
@@ -267,7 +272,6 @@ pub(crate) async fn unix_channel(socket: &Path) -> Channel {
             }
         }))
         .await
-        .expect("connect")
 }
 
 pub(crate) fn handshake_request(identity: Option<&ModelIdentity>) -> pb::HandshakeRequest {

@@ -226,13 +226,13 @@ fn ready_is_notified_only_once_the_daemon_can_serve_and_stopping_on_sigterm() {
 
 /// A memory cgroup under this process's own (v2 `memory.max` or v1 `memory.limit_in_bytes`),
 /// removed when dropped; `None` with the reason when cgroups cannot be made here.
-struct Cgroup {
-    dir: PathBuf,
+pub(crate) struct Cgroup {
+    pub(crate) dir: PathBuf,
     v2: bool,
 }
 
 impl Cgroup {
-    fn make(name: &str, limit: u64) -> Result<Cgroup, String> {
+    pub(crate) fn make(name: &str, limit: u64) -> Result<Cgroup, String> {
         let own = std::fs::read_to_string("/proc/self/cgroup")
             .map_err(|e| format!("/proc/self/cgroup: {e}"))?;
         let root = Path::new("/sys/fs/cgroup");
@@ -267,7 +267,7 @@ impl Cgroup {
     }
 
     /// A command that runs `program args…` inside this cgroup.
-    fn command(&self, program: &Path) -> Command {
+    pub(crate) fn command(&self, program: &Path) -> Command {
         let mut cmd = Command::new("sh");
         cmd.arg("-c")
             .arg("echo $$ > \"$1/cgroup.procs\" && shift && exec \"$@\"")
@@ -278,7 +278,7 @@ impl Cgroup {
     }
 
     /// The cgroup's peak usage (v2 `memory.peak`, v1 `memory.max_usage_in_bytes`), if reported.
-    fn peak(&self) -> Option<u64> {
+    pub(crate) fn peak(&self) -> Option<u64> {
         let f = if self.v2 {
             "memory.peak"
         } else {

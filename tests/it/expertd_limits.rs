@@ -4,7 +4,8 @@
 //! escape sequence is logged escaped, on one line; NaN and infinite activations are refused
 //! with INVALID_ARGUMENT naming the layer and the row, on the `MoeLayer` RPC and on the
 //! shared-memory call ring, and the session keeps serving; gRPC health on TCP needs the bearer
-//! token, while on the unix socket it stays open. Each test runs the server in this process on a
+//! token, while on the unix socket it stays open; a flood of connections past the per-uid cap is
+//! closed as accepted. Each test runs the server in this process on a
 //! temporary socket ([`InProcessDaemon`]) and reads its log from there.
 
 use super::expertd::{
@@ -103,6 +104,74 @@ fn a_session_flood_is_refused_past_the_caps_and_a_dropped_connection_frees_its_s
         .filter(|l| l.contains("handshake refused") && l.contains("session_cap"))
         .count();
     assert_eq!(logged, 6, "cap refusals are logged, rate-limited:\n{log}");
+}
+
+#[test]
+fn a_connection_flood_is_closed_past_the_per_uid_cap_before_anything_is_read() {
+    let (_work, container) = tiny_container();
+    let daemon = InProcessDaemon::unix(ServeConfig {
+        max_connections_per_uid: 4,
+        ..whole_container(&container)
+    });
+    let socket = daemon.socket();
+    rt().block_on(async {
+        // Four connections that never send a byte hold the uid's four places.
+        let mut held = Vec::new();
+        for _ in 0..4 {
+            held.push(
+                tokio::net::UnixStream::connect(socket)
+                    .await
+                    .expect("connect"),
+            );
+        }
+        // The fifth is accepted by the kernel and closed by the daemon at once: end of stream,
+        // however long it waits, and its hello (with or without a segment) is never read.
+        for _ in 0..20 {
+            let mut extra = tokio::net::UnixStream::connect(socket)
+                .await
+                .expect("connect");
+            let mut buf = [0u8; 1];
+            let n = tokio::time::timeout(
+                Duration::from_secs(2),
+                tokio::io::AsyncReadExt::read(&mut extra, &mut buf),
+            )
+            .await
+            .expect("a refused connection is closed at once, not left waiting");
+            assert_eq!(
+                n.ok(),
+                Some(0),
+                "the daemon sent bytes to a refused connection"
+            );
+        }
+        // One place freed: a full client connects and works.
+        drop(held.pop());
+        let t = Instant::now();
+        loop {
+            let status = match super::expertd::try_unix_channel(socket).await {
+                Ok(ch) => pb::expert_service_client::ExpertServiceClient::new(ch)
+                    .handshake(named("after the flood"))
+                    .await
+                    .map(|_| ())
+                    .map_err(|e| e.to_string()),
+                Err(e) => Err(e.to_string()),
+            };
+            match status {
+                Ok(()) => break,
+                Err(e) => assert!(
+                    t.elapsed() < Duration::from_secs(5),
+                    "no room 5 s after a connection closed: {e}"
+                ),
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    });
+    // 20 refusals: logged at the 1st, 2nd, 4th, 8th and 16th.
+    let log = daemon.log_text();
+    let logged = log
+        .lines()
+        .filter(|l| l.contains("connection refused") && l.contains("--max-connections-per-uid"))
+        .count();
+    assert_eq!(logged, 5, "cap refusals are logged, rate-limited:\n{log}");
 }
 
 #[test]

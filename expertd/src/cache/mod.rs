@@ -39,6 +39,8 @@ pub mod stats;
 mod sync;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_sessions;
 
 pub use arena::SLOT_ALIGN;
 pub use lease::{Acquired, Lease};
@@ -127,6 +129,14 @@ pub enum CacheError {
         /// The repeated key.
         key: ExpertKey,
     },
+    /// A call of a session the cache does not hold open (never opened, or already released):
+    /// refused once [`ExpertCache::require_open_sessions`] is on, so a call that outlives its
+    /// session cannot bring the session back.
+    #[error("session {session} is not open in the cache (closed, or never opened)")]
+    UnknownSession {
+        /// The session id.
+        session: u64,
+    },
     /// Every slot is leased and the transient pool cannot serve the remaining misses.
     #[error(
         "cache exhausted: layer {layer} call has {misses} misses, {slots_available} of {n_slots} slots can take one, and {transient_free} of {transient_slots} transient buffers are free"
@@ -168,6 +178,7 @@ impl CacheError {
             CacheError::EmptyCall => "empty_call",
             CacheError::MixedLayers { .. } => "mixed_layers",
             CacheError::DuplicateKey { .. } => "duplicate_key",
+            CacheError::UnknownSession { .. } => "unknown_session",
             CacheError::Exhausted { .. } => "exhausted",
             CacheError::FillFailed { .. } => "fill_failed",
             CacheError::FillTimeout { .. } => "fill_timeout",
@@ -342,6 +353,20 @@ impl ExpertCache {
             transient: plan.transient,
             evictions: plan.evictions,
         })
+    }
+
+    /// From now on, calls are leased only for sessions opened with
+    /// [`open_session`](Self::open_session) and not yet released; any other session's acquire
+    /// fails with [`CacheError::UnknownSession`] and changes nothing. The daemon turns this on,
+    /// so that a call queued when its session closed can never re-create the session's entry
+    /// (which nobody would release). Tests and the trace replay leave sessions implicit.
+    pub fn require_open_sessions(&self) {
+        lock(&self.shared.state).planner.require_open_sessions();
+    }
+
+    /// Opens `session` (idempotent): its calls may lease from now until it is released.
+    pub fn open_session(&self, session: SessionId) {
+        lock(&self.shared.state).planner.open_session(session);
     }
 
     /// Closes `session` (the client disappeared): it holds no leases afterwards and its

@@ -157,6 +157,8 @@ pub struct Planner {
     tick: u64,
     journal: Option<Vec<TraceEvent>>,
     started: bool,
+    /// Sessions must be opened before their calls ([`Planner::open_session`]).
+    explicit_sessions: bool,
 }
 
 /// Keys of one call: all of one layer, distinct, at least one. Returns the layer.
@@ -216,6 +218,7 @@ impl Planner {
             tick: 0,
             journal: None,
             started: false,
+            explicit_sessions: false,
         }
     }
 
@@ -278,6 +281,9 @@ impl Planner {
         keys: &[ExpertKey],
     ) -> Result<Plan, CacheError> {
         let layer = validate(keys)?;
+        if self.explicit_sessions && !self.sessions.contains_key(&session) {
+            return Err(CacheError::UnknownSession { session: session.0 });
+        }
         self.started = true;
         let sess = self.sessions.entry(session).or_default();
         let inferred = match sess.last_layer {
@@ -586,6 +592,17 @@ impl Planner {
             })
         });
         n_unfilled
+    }
+
+    /// Requires sessions to be opened before their calls (see
+    /// `ExpertCache::require_open_sessions`).
+    pub fn require_open_sessions(&mut self) {
+        self.explicit_sessions = true;
+    }
+
+    /// Opens `session` (idempotent).
+    pub fn open_session(&mut self, session: SessionId) {
+        self.sessions.entry(session).or_default();
     }
 
     /// Closes `session`: its cumulative counters move to the closed totals and the leases of

@@ -143,6 +143,6 @@ pub struct CacheStats {
     pub leases_orphaned: u64,
     /// Transient buffers in use.
     pub transient_in_use: u64,
-    /// Sessions with an entry (seen by an acquire and not closed).
+    /// Sessions with an entry (opened, or seen by an acquire, and not closed).
     pub sessions_open: u64,
 }

@@ -29,6 +29,9 @@ use std::time::{Duration, Instant};
 /// decoding client never pays the worker's wake-up. The poll yields the core every few hundred
 /// spins, so the client's threads still get it.
 pub const DEFAULT_WORKER_SPIN: Duration = Duration::from_millis(5);
+/// Rows of call buffers a ring worker keeps between calls (a decode step's rows for a few
+/// sequences); buffers grown past it by a larger call are freed after that call.
+const KEEP_ROWS: usize = 64;
 /// Longest sleep between checks that the session is still open.
 const WORKER_SLICE: Duration = Duration::from_millis(100);
 
@@ -173,6 +176,7 @@ impl Worker {
                     ))
                 });
         self.state.ring_calls.fetch_sub(1, Ordering::AcqRel);
+        self.trim();
         // Echoes and hints are not MoE calls: only those count in the session's figures.
         let counted = sub.op == ring::OP_MOE;
         match result {
@@ -193,6 +197,25 @@ impl Worker {
                 tracing::debug!(session = self.session.id, error = %crate::logsafe::text(&e.to_string()), error_type = e.error_type(), "ring call failed");
                 fail(&entry, sub.seq, e);
             }
+        }
+    }
+
+    /// Frees the call buffers after a large call (a prefill block), keeping a decode step's
+    /// worth: an idle session holds kilobytes, not its largest call's buffers.
+    fn trim(&mut self) {
+        let keep_values = KEEP_ROWS * self.state.executor.hidden();
+        let keep_cells = KEEP_ROWS * crate::call_memory::BUDGETED_TOP_K * 2;
+        if self.x.capacity() > keep_values {
+            self.x = Vec::new();
+        }
+        if self.out.capacity() > keep_values {
+            self.out = Vec::new();
+        }
+        if self.ids.capacity() > keep_cells {
+            self.ids = Vec::new();
+        }
+        if self.weights.capacity() > keep_cells {
+            self.weights = Vec::new();
         }
     }
 
@@ -269,7 +292,11 @@ impl Worker {
             return self.hint(entry, sub).map(|()| CallCost::default());
         }
         let (n_rows, top_k, d) = (sub.n_rows as usize, sub.top_k as usize, executor.hidden());
-        executor.check_rows(sub.layer, n_rows)?;
+        if sub.op == ring::OP_MOE {
+            executor.check_shape(sub.layer, n_rows, top_k)?;
+        } else {
+            executor.check_rows(sub.layer, n_rows)?;
+        }
         let n_values = n_rows * d;
         let input = self.range(sub.input_offset, n_values)?;
         let output = self.range(sub.output_offset, n_values)?;

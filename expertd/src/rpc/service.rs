@@ -114,6 +114,10 @@ pub struct ServiceConfig {
     pub ring_spin: std::time::Duration,
     /// Whether a ring worker keeps the compute pool awake (yielding) through a burst of calls.
     pub pool_awake: bool,
+    /// What a connection's shared-memory segment may be.
+    pub segment: crate::shm::SegmentPolicy,
+    /// Connections one peer (unix uid, or TCP address) may hold open at once.
+    pub max_connections_per_peer: u32,
 }
 
 /// The daemon's state shared by every connection and call.
@@ -140,6 +144,32 @@ pub struct ServiceState {
     pub ring_calls: AtomicU32,
     /// Handshakes refused so far because a session cap was reached (for log rate limiting).
     pub session_cap_refusals: AtomicU64,
+    /// Open connections per peer, for `max_connections_per_peer`.
+    connections_by_peer: std::sync::Mutex<std::collections::HashMap<PeerKey, u32>>,
+    /// Connections refused so far because their peer held its cap (for log rate limiting).
+    pub connection_cap_refusals: AtomicU64,
+}
+
+/// One of a peer's open connections, counted against its cap until dropped.
+pub struct PeerConnection {
+    state: Arc<ServiceState>,
+    key: PeerKey,
+}
+
+impl Drop for PeerConnection {
+    fn drop(&mut self) {
+        let mut by_peer = self
+            .state
+            .connections_by_peer
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(n) = by_peer.get_mut(&self.key) {
+            *n -= 1;
+            if *n == 0 {
+                by_peer.remove(&self.key);
+            }
+        }
+    }
 }
 
 impl ServiceState {
@@ -163,7 +193,40 @@ impl ServiceState {
             fingerprint,
             ring_calls: AtomicU32::new(0),
             session_cap_refusals: AtomicU64::new(0),
+            connections_by_peer: Default::default(),
+            connection_cap_refusals: AtomicU64::new(0),
         }
+    }
+
+    /// Counts a new connection of `peer` against its cap, before anything of it is read:
+    /// `None` (the connection is to be closed at once) when the peer already holds
+    /// `max_connections_per_peer` connections.
+    pub fn admit_connection(self: &Arc<Self>, peer: &Peer) -> Option<PeerConnection> {
+        let key = peer.key();
+        let mut by_peer = self
+            .connections_by_peer
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let n = by_peer.entry(key).or_insert(0);
+        if *n >= self.config.max_connections_per_peer {
+            self.connection_cap_refusals.fetch_add(1, Ordering::Relaxed);
+            return None;
+        }
+        *n += 1;
+        Some(PeerConnection {
+            state: Arc::clone(self),
+            key,
+        })
+    }
+
+    /// Connections `peer` holds open now.
+    pub fn peer_connections(&self, peer: &Peer) -> u32 {
+        self.connections_by_peer
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .get(&peer.key())
+            .copied()
+            .unwrap_or(0)
     }
 
     /// A connection opened.
@@ -303,6 +366,18 @@ impl ExpertdService {
             transport,
             st.config.session_caps,
         )?;
+        // The session exists in the cache from here until it closes; a call of it that is
+        // still queued when it closes is refused there, never re-creating it.
+        let cache_session = crate::cache::SessionId(session.id);
+        st.executor.cache().open_session(cache_session);
+        if session.is_closed() {
+            // Closed meanwhile (its connection went away): the close may have released the
+            // cache's entry before it was opened here.
+            st.executor.cache().release_session(cache_session);
+            return Err(RpcError::UnknownSession {
+                session: session.id,
+            });
+        }
         // A version-3 client's segment may carry a call ring: serve it from its own worker.
         let mut ring_entries = 0;
         if r.protocol_version >= proto::version::CALL_RING

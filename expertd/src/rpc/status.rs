@@ -137,6 +137,7 @@ impl RpcError {
             RpcError::Call(CallError::Invalid { .. }) => Code::InvalidArgument,
             RpcError::Call(CallError::Cache(c)) => match c {
                 CacheError::Exhausted { .. } => Code::ResourceExhausted,
+                CacheError::UnknownSession { .. } => Code::NotFound,
                 CacheError::FillFailed { .. } | CacheError::FillTimeout { .. } => Code::Unavailable,
                 CacheError::SlotBytes { .. }
                 | CacheError::ArenaAlloc { .. }
@@ -150,6 +151,7 @@ impl RpcError {
                 IoError::Unaligned { .. } | IoError::OutOfRange { .. } => Code::Internal,
             },
             RpcError::Call(CallError::Misaligned { .. }) => Code::Internal,
+            RpcError::Call(CallError::TooLarge { .. }) => Code::ResourceExhausted,
             RpcError::UnknownSession { .. } => Code::NotFound,
             RpcError::SessionBusy { .. } | RpcError::TooManySessions(_) => Code::ResourceExhausted,
             RpcError::ShuttingDown => Code::Unavailable,
@@ -175,6 +177,7 @@ impl RpcError {
             RpcError::Call(CallError::Cache(c)) => c.error_type(),
             RpcError::Call(CallError::Io(io)) => io.error_type(),
             RpcError::Call(CallError::Misaligned { .. }) => "misaligned",
+            RpcError::Call(CallError::TooLarge { .. }) => "call_too_large",
             RpcError::UnknownSession { .. } => "unknown_session",
             RpcError::SessionBusy { .. } => "session_busy",
             RpcError::TooManySessions(_) => "session_cap",

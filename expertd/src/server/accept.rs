@@ -28,6 +28,16 @@ pub(super) async fn accept_loop(
             }
         };
         let conn_id = NEXT_CONN.fetch_add(1, Ordering::Relaxed);
+        // Counted against the peer's cap before a byte of it is read (a flood of connections,
+        // each passing a segment, is refused here, never mapped).
+        let Some(slot) = state.admit_connection(&peer) else {
+            let refused = state.connection_cap_refusals.load(Ordering::Relaxed);
+            if refused.is_power_of_two() {
+                tracing::warn!(%peer, limit = state.config.max_connections_per_peer, refused, "connection refused: the peer holds --max-connections-per-uid connections already");
+            }
+            drop(io);
+            continue;
+        };
         let (state, tx) = (Arc::clone(&state), tx.clone());
         tokio::spawn(async move {
             let allowed = match &peer {
@@ -42,7 +52,8 @@ pub(super) async fn accept_loop(
                 // Authorization comes first: a peer outside the allow lists never gets its
                 // descriptor examined or mapped.
                 Accepted::Unix(mut s) => {
-                    match crate::shm::negotiate(&mut s, conn_id, allowed).await {
+                    let policy = state.config.segment;
+                    match crate::shm::negotiate(&mut s, conn_id, allowed, policy).await {
                         Ok(n) => (ConnIo::Unix(PrefixedStream::new(n.prefix, s)), n.segment),
                         Err(e) => {
                             tracing::warn!(error = %crate::logsafe::text(&e.to_string()), %peer, "connection dropped during the pre-handshake");
@@ -65,6 +76,7 @@ pub(super) async fn accept_loop(
                     segment,
                 },
                 state,
+                _slot: slot,
             };
             let _ = tx.send(Ok(conn)).await;
         });
@@ -106,6 +118,8 @@ pub(super) struct Conn {
     io: ConnIo,
     info: ConnInfo,
     state: Arc<ServiceState>,
+    /// The peer's count of open connections, released when this drops.
+    _slot: crate::rpc::service::PeerConnection,
 }
 
 impl Drop for Conn {

@@ -1,5 +1,5 @@
 //! hostd's side of the shared-memory transport: [`ClientSegment`] creates an anonymous memfd
-//! (never a file anyone can open by name), sizes it for `n_slots` calls of `max_rows` rows,
+//! (never a file anyone can open by name), sizes and allocates it for `n_slots` calls of `max_rows` rows,
 //! seals it against shrinking and growing (so the daemon's mapping can never fault), maps it,
 //! and lends out slots; [`send_hello`] passes it to the daemon with SCM_RIGHTS in the
 //! pre-handshake. Each session gets a fresh segment, so nothing a daemon-side call of an
@@ -102,6 +102,15 @@ impl ClientSegment {
         let map = memmap2::MmapOptions::new()
             .len(layout.segment_bytes as usize)
             .map_raw(&file)?;
+        // Every page written here, so it is allocated and charged to this process: the daemon
+        // refuses a segment with holes, whose pages its own writes would allocate in its memory.
+        // (`fallocate` alone is not enough: shmem reports fallocated, never-written pages as
+        // holes.)
+        // SAFETY: the mapping is `segment_bytes` long, freshly created, read-write and not yet
+        // shared with anyone (the fd has not been sent), so nothing else accesses it.
+        unsafe {
+            std::ptr::write_bytes(map.as_mut_ptr(), 0, layout.segment_bytes as usize);
+        }
         let segment = ClientSegment {
             fd,
             map,

@@ -8,7 +8,7 @@
 
 use crate::bytes::Input;
 use crate::{Outcome, class};
-use expertd::shm::Segment;
+use expertd::shm::{Segment, SegmentPolicy};
 use rustix::fs::{MemfdFlags, SealFlags};
 use shared::shm_layout::{
     HELLO_BYTES, Hello, HelloReply, MIN_SEGMENT_BYTES, REPLY_BYTES, SEGMENT_HEADER_BYTES,
@@ -123,7 +123,15 @@ fn memfd(mode: u8, mut input: Input<'_>) -> Outcome {
         rustix::fs::fcntl_add_seals(&file, SealFlags::SHRINK | SealFlags::GROW)
             .expect("seal memfd");
     }
-    let segment = match Segment::from_fd(7, file.into()) {
+    // Bit 0x80: a cap of 8 KiB, so the size refusal is reached too.
+    let policy = SegmentPolicy {
+        max_bytes: if mode & 0x80 != 0 {
+            8192
+        } else {
+            shared::shm_layout::MAX_SEGMENT_BYTES
+        },
+    };
+    let segment = match Segment::from_fd(7, file.into(), policy) {
         Ok(s) => s,
         Err(e) => return class("segment", &e),
     };
