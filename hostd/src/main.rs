@@ -66,7 +66,12 @@ fn main() -> std::process::ExitCode {
         Err(e) => {
             // The whole context chain on one line (what failed, then why), each cause once.
             eprintln!("error: {}", shared::error_text::chain(e.as_ref()));
-            std::process::ExitCode::FAILURE
+            if e.downcast_ref::<hostd::engine::EngineFatal>().is_some() {
+                // EX_SOFTWARE: a supervisor restarts hostd.
+                std::process::ExitCode::from(hostd::engine::EngineFatal::EXIT_CODE)
+            } else {
+                std::process::ExitCode::FAILURE
+            }
         }
     }
 }

@@ -277,6 +277,8 @@ async fn serve(args: &ServeArgs, config: ServerConfig) -> anyhow::Result<()> {
 
     // Load on a plain thread: mapping and validating a checkpoint blocks for a while.
     let (failed_tx, failed_rx) = tokio::sync::oneshot::channel::<String>();
+    // The engine stopping for good (its scheduler kept panicking) shuts the server down too.
+    let (fatal_tx, fatal_rx) = tokio::sync::oneshot::channel::<engine::EngineFatal>();
     let loader_state = Arc::clone(&state);
     let mut load_args = args.load.clone();
     load_args.host_extra_bytes = args.state_cache_bytes as u64;
@@ -296,7 +298,7 @@ async fn serve(args: &ServeArgs, config: ServerConfig) -> anyhow::Result<()> {
     std::thread::Builder::new()
         .name("hostd-load".into())
         .spawn(
-            move || match load(&load_args, engine_limits, &loader_state) {
+            move || match load(&load_args, engine_limits, &loader_state, fatal_tx) {
                 Ok(()) => drop(failed_tx),
                 Err(e) => {
                     let msg = shared::error_text::chain(e.as_ref());
@@ -310,6 +312,8 @@ async fn serve(args: &ServeArgs, config: ServerConfig) -> anyhow::Result<()> {
 
     let failed = Arc::new(std::sync::Mutex::new(None::<String>));
     let failed_w = Arc::clone(&failed);
+    let fatal = Arc::new(std::sync::Mutex::new(None::<engine::EngineFatal>));
+    let fatal_w = Arc::clone(&fatal);
     let stopping = Arc::new(tokio::sync::Notify::new());
     let stopping_w = Arc::clone(&stopping);
     let shutdown = async move {
@@ -324,9 +328,22 @@ async fn serve(args: &ServeArgs, config: ServerConfig) -> anyhow::Result<()> {
                 Err(_) => std::future::pending::<()>().await,
             }
         };
+        let engine_fatal = async {
+            match fatal_rx.await {
+                Ok(e) => {
+                    tracing::error!(error = %e, grace_s = SHUTDOWN_GRACE.as_secs(), "shutting down: the generation engine stopped");
+                    if let Ok(mut f) = fatal_w.lock() {
+                        *f = Some(e);
+                    }
+                }
+                // The engine never failed (or never started): never resolve.
+                Err(_) => std::future::pending::<()>().await,
+            }
+        };
         tokio::select! {
             _ = signal() => tracing::info!(grace_s = SHUTDOWN_GRACE.as_secs(), "shutting down; in-flight requests may finish"),
             _ = load_failed => {}
+            _ = engine_fatal => {}
         }
         stopping_w.notify_one();
     };
@@ -343,6 +360,9 @@ async fn serve(args: &ServeArgs, config: ServerConfig) -> anyhow::Result<()> {
     if let Some(msg) = failed.lock().ok().and_then(|f| f.clone()) {
         anyhow::bail!("the model could not be loaded: {msg}");
     }
+    if let Some(e) = fatal.lock().ok().and_then(|mut f| f.take()) {
+        return Err(e.into());
+    }
     Ok(())
 }
 
@@ -351,6 +371,7 @@ fn load(
     args: &LoadOptions,
     limits: (EngineConfig, Option<usize>),
     state: &AppState,
+    on_fatal: tokio::sync::oneshot::Sender<engine::EngineFatal>,
 ) -> anyhow::Result<()> {
     let (mut config, max_context) = limits;
     let tokenizer = crate::load::load_tokenizer(&args.model)?;
@@ -380,6 +401,9 @@ fn load(
         Arc::clone(&tokenizer),
         config,
         Arc::clone(state.metrics()),
+        move |e| {
+            let _ = on_fatal.send(e);
+        },
     )
     .context("starting the scheduler")?;
     let created = http::unix_now();

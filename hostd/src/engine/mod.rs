@@ -268,13 +268,26 @@ impl EngineHandle {
     }
 }
 
+/// The engine stopped for good (its scheduler kept panicking): `hostd serve` drains and exits
+/// with [`EngineFatal::EXIT_CODE`] so that a supervisor restarts it.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}; exiting with status 70 for a supervisor to restart hostd")]
+pub struct EngineFatal(pub String);
+
+impl EngineFatal {
+    /// The process's exit status (EX_SOFTWARE).
+    pub const EXIT_CODE: u8 = scheduler::EXIT_ENGINE_PANICS;
+}
+
 /// Starts the scheduler thread, which owns `model` until every [`EngineHandle`] is dropped
-/// and the running sequences have finished. Returns the handle and the thread.
+/// and the running sequences have finished. Returns the handle and the thread. `on_fatal` is
+/// called (on the scheduler thread) with the reason if the engine stops for good.
 pub fn start(
     model: Model,
     tokenizer: Arc<Tokenizer>,
     config: EngineConfig,
     metrics: Arc<Metrics>,
+    on_fatal: impl FnOnce(EngineFatal) + Send + 'static,
 ) -> std::io::Result<(EngineHandle, std::thread::JoinHandle<()>)> {
     // `sync_channel(0)` would be a rendezvous channel: the queue always admits at least one.
     let (tx, rx) = std::sync::mpsc::sync_channel(config.max_queue.max(1));
@@ -286,7 +299,9 @@ pub fn start(
         .name("hostd-scheduler".into())
         .spawn(move || {
             let _guard = guard;
-            sched.run();
+            if let Some(reason) = sched.run() {
+                on_fatal(EngineFatal(reason));
+            }
         })?;
     metrics.model_loaded.set(1);
     Ok((

@@ -34,7 +34,7 @@ const PANIC_BUDGET: usize = 3;
 const PANIC_WINDOW: Duration = Duration::from_secs(60);
 /// hostd's exit status when the scheduler panicked more than [`PANIC_BUDGET`] times in
 /// [`PANIC_WINDOW`] (EX_SOFTWARE, an internal software error).
-pub(crate) const EXIT_ENGINE_PANICS: i32 = 70;
+pub(super) const EXIT_ENGINE_PANICS: u8 = 70;
 
 /// How [`supervise`] ended.
 #[derive(Debug, PartialEq, Eq)]
@@ -180,9 +180,10 @@ impl Scheduler {
     /// running then, empties the prefix cache (a half-run iteration may have been inserting into
     /// it), and the loop goes on serving: one bad request never stops the server. More than
     /// [`PANIC_BUDGET`] panics within [`PANIC_WINDOW`] mean the engine itself is broken, and the
-    /// process exits with [`EXIT_ENGINE_PANICS`] so that its supervisor restarts it, rather than
-    /// answering every later request with an error.
-    pub(super) fn run(mut self) {
+    /// engine stops and returns the reason: `hostd serve` then drains and exits with
+    /// [`EXIT_ENGINE_PANICS`] so that its supervisor restarts it, rather than answering every
+    /// later request with an error.
+    pub(super) fn run(mut self) -> Option<String> {
         let ended = supervise(
             &mut self,
             Scheduler::iteration,
@@ -194,11 +195,15 @@ impl Scheduler {
             tracing::error!(
                 panics,
                 window_s = PANIC_WINDOW.as_secs(),
-                "the scheduler keeps panicking; exiting so that a supervisor restarts hostd"
+                "the scheduler keeps panicking; stopping so that a supervisor restarts hostd"
             );
-            std::process::exit(EXIT_ENGINE_PANICS);
+            return Some(format!(
+                "the generation engine panicked {panics} times within {} s",
+                PANIC_WINDOW.as_secs()
+            ));
         }
         tracing::info!("scheduler stopped");
+        None
     }
 
     /// One iteration of the loop; false once the queue is closed and nothing is left to do.
