@@ -171,6 +171,12 @@ fn a_stopped_daemon_fails_requests_with_503_within_the_deadline_and_generation_r
             .is_some_and(|r| r.contains("expertd")),
         "{seen}"
     );
+    // /health needs no key: it never shows the daemon's address.
+    let reason = seen["experts"]["reason"].as_str().unwrap_or_default();
+    assert!(
+        !reason.contains("unix://") && !reason.contains(".sock"),
+        "/health shows the daemon's socket: {reason}"
+    );
     println!(
         "stopped: in-flight stream failed after {in_flight_s:.2} s, a new request after {new_s:.2} s; /health {seen}"
     );

@@ -422,10 +422,13 @@ async fn health(State(app): State<Arc<AppState>>) -> Response {
                 "max_connections": app.config.peer.max_connections,
             });
             if let Some((backend, h)) = experts {
+                // /health needs no key: the reason says what is wrong in general terms; the
+                // detail (the daemon's address, the error) is in hostd's log.
+                let reason = h.reason.as_ref().map(|_| public_reason(h.readiness));
                 body["experts"] = json!({
                     "backend": backend,
                     "status": h.readiness.as_str(),
-                    "reason": h.reason,
+                    "reason": reason,
                     "for_s": h.for_s,
                     "restarts": h.restarts,
                 });
@@ -442,6 +445,20 @@ async fn health(State(app): State<Arc<AppState>>) -> Response {
             axum::Json(json!({ "status": "loading" })),
         )
             .into_response(),
+    }
+}
+
+/// What `/health` says about an expert daemon that is not ready.
+fn public_reason(readiness: crate::expert_client::health::Readiness) -> &'static str {
+    use crate::expert_client::health::Readiness;
+    match readiness {
+        Readiness::Ready => "expertd is answering",
+        Readiness::Degraded => {
+            "expertd is connected but not answering within the call deadline (the detail is in hostd's log)"
+        }
+        Readiness::Unavailable => {
+            "expertd cannot be reached; hostd keeps reconnecting (the detail is in hostd's log)"
+        }
     }
 }
 
