@@ -1,8 +1,8 @@
 //! `hostd serve` under hostile or careless peers (issue 14): large prompts are refused before
 //! any tokenisation with RSS barely moving and `/health` answering throughout; half-open and
 //! idle connections are closed by the header timeout while the server keeps serving; a slow
-//! body gets 408; connections beyond the cap may only ask `/health`; a half-closed request gets
-//! its response. The real binary on the `tiny` fixture, over raw sockets; every wait bounded.
+//! body gets 408; connections beyond the cap may only ask `/health`; a non-streaming client that
+//! hangs up (or half-closes) mid-generation cancels its generation at once. The real binary on the `tiny` fixture, over raw sockets; every wait bounded.
 
 use serde_json::{Value, json};
 use std::io::{Read, Write};
@@ -323,7 +323,7 @@ fn half_open_and_idle_connections_are_closed_while_the_server_serves() {
 }
 
 #[test]
-fn slow_bodies_time_out_and_half_closed_requests_are_answered() {
+fn slow_bodies_time_out_and_a_client_that_hangs_up_cancels_its_generation() {
     let s = Server::start(&["--body-timeout", "1"]);
     let t = Instant::now();
     let (status, body, _) = s.exchange(
@@ -338,15 +338,55 @@ fn slow_bodies_time_out_and_half_closed_requests_are_answered() {
     );
     assert!(t.elapsed() < Duration::from_secs(15), "{:?}", t.elapsed());
 
-    // The client shuts its write side after sending: the reply still comes.
-    let (status, body, _) = s.exchange("GET /health HTTP/1.1", b"", true);
-    assert_eq!(status, 200, "{body}");
-    let chat = chat_body("hi", 2);
-    let head = format!(
-        "POST /v1/chat/completions HTTP/1.1\r\nContent-Type: application/json\r\nContent-Length: {}",
-        chat.len()
-    );
-    let (status, body, _) = s.exchange(&head, &chat, true);
+    // A non-streaming request whose generation would run for a long time (EOS ignored, a
+    // large budget); the client hangs up (full close, then a half-close) once it runs.
+    for shutdown in [Shutdown::Both, Shutdown::Write] {
+        let chat = json!({ "model": "tiny", "messages": [{ "role": "user", "content": "hi" }],
+            "max_tokens": 100_000, "ignore_eos": true, "temperature": 0 })
+        .to_string();
+        let mut c = s.connect();
+        c.write_all(
+            format!(
+                "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{chat}",
+                chat.len()
+            )
+            .as_bytes(),
+        )
+        .expect("request");
+        let active = |s: &Server| s.health()["active_sequences"].as_u64();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while active(&s) != Some(1) {
+            assert!(Instant::now() < deadline, "{}", s.health());
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        std::thread::sleep(Duration::from_millis(300));
+        assert_eq!(
+            active(&s),
+            Some(1),
+            "the generation ended early: {}",
+            s.health()
+        );
+        let hung_up = Instant::now();
+        c.shutdown(shutdown).expect("hang up");
+        if shutdown == Shutdown::Both {
+            drop(c);
+        }
+        while active(&s) != Some(0) {
+            assert!(
+                hung_up.elapsed() < Duration::from_secs(3),
+                "{shutdown:?}: the generation still runs {:?} after its client hung up: {}",
+                hung_up.elapsed(),
+                s.health()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        eprintln!(
+            "{shutdown:?}: generation cancelled {:.0} ms after the client hung up",
+            hung_up.elapsed().as_secs_f64() * 1e3
+        );
+    }
+    // The server keeps serving.
+    let (status, body, _) = s.post("/v1/chat/completions", &chat_body("hi", 2));
     assert_eq!(
         (status, body["object"].as_str()),
         (200, Some("chat.completion")),

@@ -1,7 +1,12 @@
 //! The accept loop of `hostd serve`, with peer limits from hyper's own HTTP/1 connection
 //! settings: a header read timeout (which hyper also runs while a keep-alive connection waits
-//! for its next request, so it is the idle timeout too), half-closed requests answered, and a
-//! cap on open connections.
+//! for its next request, so it is the idle timeout too), a cap on open connections, and a
+//! peer's end of stream taken as its disconnect: hyper closes the connection on a read EOF while
+//! a request is pending, which drops the handler and with it the request's generation (a
+//! non-streaming client that hangs up stops costing compute). A client that half-closes after
+//! sending its request is therefore treated as gone, as Go's `net/http` and uvicorn do: over
+//! TCP a half-close and a close look the same until something is written, and HTTP/1.1 gives a
+//! server nothing to write before the response.
 //!
 //! Beyond `--max-connections`, up to [`HEALTH_RESERVE`] more connections are accepted in a
 //! restricted mode: a short header timeout, no keep-alive, and only `GET /health` answered
@@ -113,7 +118,7 @@ pub async fn serve(
             builder
                 .timer(TokioTimer::new())
                 .header_read_timeout(header_timeout)
-                .half_close(true)
+                .half_close(false)
                 .keep_alive(!overflow);
             let conn = builder.serve_connection(TokioIo::new(stream), service);
             tokio::pin!(conn);
