@@ -22,5 +22,7 @@ pub mod safetensors_header;
 pub mod safetensors_locator;
 pub mod shm_layout;
 pub mod sizes;
+#[doc(hidden)]
+pub mod skip;
 pub mod splitmix;
 pub mod tensor_spec;

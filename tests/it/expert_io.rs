@@ -25,11 +25,12 @@ fn sources(dir: &Path) -> Vec<(Box<dyn ExpertSource>, SourceInfo)> {
     if info.kind == IoKind::Uring {
         out.push((uring, info));
     } else {
-        println!(
-            "SKIP io_uring cases: {}",
+        shared::skip::skip(
+            "io_uring",
+            "the io_uring cases",
             info.fallback_reason
                 .as_deref()
-                .unwrap_or("io_uring not in use")
+                .unwrap_or("io_uring not in use"),
         );
     }
     for (_, info) in &out {

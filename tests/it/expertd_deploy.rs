@@ -315,8 +315,12 @@ fn in_a_memory_cgroup_expertd_refuses_a_budget_that_cannot_fit_and_a_derived_one
     ) {
         Ok(cg) => cg,
         Err(why) => {
-            eprintln!(
-                "SKIPPED (loudly): cannot make a memory cgroup on this machine ({why}); the budget-against-limit test needs root and a writable cgroup hierarchy"
+            shared::skip::skip(
+                "cgroup",
+                "the budget-against-limit test",
+                &format!(
+                    "cannot make a memory cgroup here ({why}; it needs root and a writable cgroup hierarchy)"
+                ),
             );
             return;
         }

@@ -87,8 +87,12 @@ fn in_a_256_mib_cgroup_clients_cannot_make_expertd_hold_more_than_it_derived() {
     ) {
         Ok(cg) => cg,
         Err(why) => {
-            eprintln!(
-                "SKIPPED (loudly): cannot make a memory cgroup on this machine ({why}); the hostile-memory probes need root and a writable cgroup hierarchy"
+            shared::skip::skip(
+                "cgroup",
+                "the hostile-memory probes",
+                &format!(
+                    "cannot make a memory cgroup here ({why}; it needs root and a writable cgroup hierarchy)"
+                ),
             );
             return;
         }

@@ -51,8 +51,9 @@ use rayon::prelude::*;
 /// (streaming them from DRAM takes several microseconds) dwarfs rayon's per-task overhead.
 pub const PAR_MIN_TASK_WEIGHT_BYTES: usize = 64 << 10;
 
-/// The instruction sets of `all` this CPU has, in order, printing a line for each one it lacks:
-/// how the kernel tests and benchmarks say which kernels they skip.
+/// The instruction sets of `all` this CPU has, in order, skipping each one it lacks with
+/// [`crate::skip::skip`] (a failure when the run declared it present): how the kernel tests and
+/// benchmarks say which kernels they skip.
 #[doc(hidden)]
 pub fn present_or_say<I: Copy + std::fmt::Display>(
     all: impl IntoIterator<Item = I>,
@@ -62,7 +63,12 @@ pub fn present_or_say<I: Copy + std::fmt::Display>(
         .filter(|isa| {
             let ok = is_available(isa);
             if !ok {
-                println!("skipping {isa}: not available on this CPU");
+                let name = isa.to_string();
+                crate::skip::skip(
+                    crate::skip::isa_capability(&name),
+                    &format!("the {name} kernels"),
+                    "this CPU lacks it",
+                );
             }
             ok
         })

@@ -119,7 +119,11 @@ fn weighted_sum_matches_reference_and_splits_bitwise() {
 #[test]
 fn avx512_weighted_sum_gives_the_avx2_bits() {
     if !Isa::Avx512.is_available() {
-        println!("skipping: AVX-512 not available on this CPU");
+        crate::skip::skip(
+            "avx512",
+            "avx512_weighted_sum_gives_the_avx2_bits",
+            "this CPU lacks AVX-512",
+        );
         return;
     }
     for len in LENS {
