@@ -178,27 +178,22 @@ impl CallExecutor {
         })
     }
 
-    /// Leases one wave's experts, waiting (bounded by [`WAVE_WAIT_LIMIT`]) while other calls
-    /// hold every slot and transient buffer; a refused acquire changes nothing in the cache.
+    /// Leases one wave's experts, waiting (bounded by [`WAVE_WAIT_LIMIT`], woken by each
+    /// release of leases) while other calls hold every slot and transient buffer; a refused
+    /// acquire changes nothing in the cache.
     fn acquire_wave(
         &self,
         spec: &CallSpec<'_>,
         keys: &[ExpertKey],
     ) -> Result<crate::cache::Acquired, CallError> {
-        let deadline = Instant::now() + WAVE_WAIT_LIMIT;
-        let mut pause = std::time::Duration::from_micros(200);
-        loop {
-            match self
-                .cache
-                .acquire_at(SessionId(spec.session), spec.step, keys)
-            {
-                Err(CacheError::Exhausted { .. }) if Instant::now() < deadline => {
-                    std::thread::sleep(pause);
-                    pause = (pause * 2).min(std::time::Duration::from_millis(20));
-                }
-                other => return other.map_err(CallError::from),
-            }
-        }
+        self.cache
+            .acquire_within(
+                SessionId(spec.session),
+                spec.step,
+                keys,
+                Instant::now() + WAVE_WAIT_LIMIT,
+            )
+            .map_err(CallError::from)
     }
 
     /// Runs `f` (a ring worker's burst of calls) with the compute pool's threads kept awake,

@@ -46,9 +46,13 @@ impl Drop for CallHandle {
         let mut st = lock(&self.shared.state);
         let abandoned = st.planner.release(self.call);
         let wake = abandoned > 0 && st.waiters > 0;
+        let wake_acquires = st.release_waiters > 0;
         drop(st);
         if wake {
             self.shared.filled.notify_all();
+        }
+        if wake_acquires {
+            self.shared.released.notify_all();
         }
     }
 }

@@ -41,6 +41,8 @@ mod sync;
 mod tests;
 #[cfg(test)]
 mod tests_sessions;
+#[cfg(test)]
+mod tests_waits;
 
 pub use arena::SLOT_ALIGN;
 pub use lease::{Acquired, Lease};
@@ -191,6 +193,8 @@ pub(crate) struct State {
     pub(crate) planner: Planner,
     /// Threads blocked on `Shared::filled`; lets fills skip the wake-up when nobody waits.
     pub(crate) waiters: u32,
+    /// Threads blocked on `Shared::released` (an acquire waiting for leases to be released).
+    pub(crate) release_waiters: u32,
 }
 
 /// The cache's shared state; leases keep it (and so the arena) alive.
@@ -202,6 +206,8 @@ pub(crate) struct Shared {
     pub(crate) state: Mutex<State>,
     /// Signalled when a read into a slot completes or is abandoned while someone waits.
     pub(crate) filled: Condvar,
+    /// Signalled when a call's leases are released while an acquire waits for room.
+    pub(crate) released: Condvar,
     arena: Arena,
     config: CacheConfig,
     /// The route trace, while tracing. Lock order: `trace` before `state`, never the reverse.
@@ -261,11 +267,13 @@ impl ExpertCache {
         let state = Mutex::new(State {
             planner,
             waiters: 0,
+            release_waiters: 0,
         });
         Ok(ExpertCache {
             shared: Arc::new(Shared {
                 state,
                 filled: Condvar::new(),
+                released: Condvar::new(),
                 arena,
                 config,
                 trace: Mutex::new(None),
@@ -293,17 +301,57 @@ impl ExpertCache {
         self.acquire_inner(session, Some(step), keys)
     }
 
-    // PERF-CRITICAL: once per MoE layer per step. The one global lock is held only for the
-    // planner's map and tree updates (O(k log n) for k keys); no IO, no waiting, no logging.
+    /// [`acquire_at`](Self::acquire_at), but while every slot and transient buffer the call
+    /// needs is leased by other calls ([`CacheError::Exhausted`]) it waits until `deadline` for
+    /// leases to be released, woken by each release (no polling); a refusal changes nothing but
+    /// the `exhausted` counter (once per attempt).
+    pub fn acquire_within(
+        &self,
+        session: SessionId,
+        step: u64,
+        keys: &[ExpertKey],
+        deadline: std::time::Instant,
+    ) -> Result<Acquired, CacheError> {
+        self.acquire_waiting(session, Some(step), keys, Some(deadline))
+    }
+
     fn acquire_inner(
         &self,
         session: SessionId,
         step: Option<u64>,
         keys: &[ExpertKey],
     ) -> Result<Acquired, CacheError> {
+        self.acquire_waiting(session, step, keys, None)
+    }
+
+    // PERF-CRITICAL: once per MoE layer per step. The one global lock is held only for the
+    // planner's map and tree updates (O(k log n) for k keys); no IO, no logging; a wait for
+    // released leases sleeps on `released`, which releases the lock.
+    fn acquire_waiting(
+        &self,
+        session: SessionId,
+        step: Option<u64>,
+        keys: &[ExpertKey],
+        deadline: Option<std::time::Instant>,
+    ) -> Result<Acquired, CacheError> {
         let (plan, journal_len) = {
             let mut st = lock(&self.shared.state);
-            let plan = st.planner.acquire(session, step, keys);
+            let mut plan = st.planner.acquire(session, step, keys);
+            while let (Err(CacheError::Exhausted { .. }), Some(deadline)) = (&plan, deadline) {
+                let now = std::time::Instant::now();
+                if now >= deadline {
+                    break;
+                }
+                st.release_waiters += 1;
+                st = self
+                    .shared
+                    .released
+                    .wait_timeout(st, deadline - now)
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .0;
+                st.release_waiters -= 1;
+                plan = st.planner.acquire(session, step, keys);
+            }
             (plan, st.planner.journal_len())
         };
         if journal_len >= AUTO_FLUSH_EVENTS {
