@@ -242,7 +242,8 @@ impl Segment {
         Some(unsafe { RingView::new(self.map.as_mut_ptr(), layout) })
     }
 
-    /// Checks a request's slice against this segment and returns its byte range.
+    /// Checks a request's slice against this segment and returns its byte range: inside the
+    /// segment, past the header and before the call ring (if any).
     pub fn range(&self, slice: &ShmSlice) -> Result<Range<usize>, ShmError> {
         if slice.segment_id != self.id {
             return Err(ShmError::WrongSegment {
@@ -250,7 +251,10 @@ impl Segment {
                 expected: self.id,
             });
         }
-        slice.range_in(self.len).map_err(ShmError::Slice)
+        let data_end = self.ring.map_or(self.len, |r| r.offset);
+        slice
+            .range_in_data(self.len, data_end)
+            .map_err(ShmError::Slice)
     }
 
     fn copy_out(&self, range: Range<usize>, out: &mut [u8]) {
@@ -260,15 +264,11 @@ impl Segment {
         );
         // SAFETY: `range` lies inside the mapping (asserted), which stays mapped while `self`
         // lives, and the memfd is sealed against shrinking, so every page stays backed and the
-        // read cannot fault. The client may write these bytes concurrently; we copy raw bytes
-        // once (no reference into the mapping escapes), so a racing client can only garble its
-        // own activations, never our memory.
+        // read cannot fault. The client may write these bytes concurrently: the copy is atomic
+        // loads (`shared::shm_copy`), so a racing client can only garble its own activations,
+        // never our memory, and the race is not undefined behaviour.
         unsafe {
-            std::ptr::copy_nonoverlapping(
-                self.map.as_ptr().add(range.start),
-                out.as_mut_ptr(),
-                out.len(),
-            );
+            shared::shm_copy::load_from_shared(self.map.as_ptr().add(range.start), out);
         }
     }
 
@@ -287,14 +287,10 @@ impl Segment {
             "segment copy out of bounds"
         );
         // SAFETY: the destination lies inside the live, shrink-sealed mapping (asserted above),
-        // `bytes` is our own buffer and cannot overlap it, and writing raw bytes to memory the
-        // client may read concurrently is sound for us (no Rust reference into the mapping).
+        // `bytes` is our own buffer and cannot overlap it, and the stores are atomic
+        // (`shared::shm_copy`), so a client reading or writing them concurrently is no data race.
         unsafe {
-            std::ptr::copy_nonoverlapping(
-                bytes.as_ptr(),
-                self.map.as_mut_ptr().add(range.start),
-                bytes.len(),
-            );
+            shared::shm_copy::store_to_shared(self.map.as_mut_ptr().add(range.start), bytes);
         }
     }
 }

@@ -20,6 +20,7 @@ pub mod procfs;
 pub mod ring;
 pub mod safetensors_header;
 pub mod safetensors_locator;
+pub mod shm_copy;
 pub mod shm_layout;
 pub mod sizes;
 #[doc(hidden)]

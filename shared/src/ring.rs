@@ -369,20 +369,16 @@ impl Entry<'_> {
         self.u32(F_HINT_N).store(hint.len() as u32, r);
         // SAFETY: the call's and the hint's cells together fit the entry's cell areas
         // (asserted), which lie inside the ring; the sources hold the lengths copied.
+        // The copies are atomic stores (`crate::shm_copy`): the daemon maps the same bytes.
         unsafe {
             let (id_cells, weight_cells) = (self.cells_ptr(false), self.cells_ptr(true));
-            std::ptr::copy_nonoverlapping(ids.as_ptr().cast::<u8>(), id_cells, ids.len() * 4);
-            std::ptr::copy_nonoverlapping(
-                hint.as_ptr().cast::<u8>(),
+            crate::shm_copy::store_to_shared(id_cells, bytemuck::cast_slice(ids));
+            crate::shm_copy::store_to_shared(
                 id_cells.add(ids.len() * 4),
-                hint.len() * 4,
+                bytemuck::cast_slice(hint),
             );
-            std::ptr::copy_nonoverlapping(
-                weights.as_ptr().cast::<u8>(),
-                weight_cells,
-                weights.len() * 4,
-            );
-            std::ptr::write_bytes(weight_cells.add(weights.len() * 4), 0, hint.len() * 4);
+            crate::shm_copy::store_to_shared(weight_cells, bytemuck::cast_slice(weights));
+            crate::shm_copy::zero_shared(weight_cells.add(weights.len() * 4), hint.len() * 4);
         }
         self.state().store(STATE_SUBMITTED, Ordering::SeqCst);
     }
@@ -427,16 +423,15 @@ impl Entry<'_> {
         ids.resize(n, 0);
         weights.resize(n, 0.0);
         // SAFETY: `n` cells fit both areas (asserted) and the destinations hold `n` elements.
+        // The client may write the cells meanwhile: the loads are atomic (`crate::shm_copy`).
         unsafe {
-            std::ptr::copy_nonoverlapping(
+            crate::shm_copy::load_from_shared(
                 self.cells_ptr(false),
-                ids.as_mut_ptr().cast::<u8>(),
-                n * 4,
+                bytemuck::cast_slice_mut(ids.as_mut_slice()),
             );
-            std::ptr::copy_nonoverlapping(
+            crate::shm_copy::load_from_shared(
                 self.cells_ptr(true),
-                weights.as_mut_ptr().cast::<u8>(),
-                n * 4,
+                bytemuck::cast_slice_mut(weights.as_mut_slice()),
             );
         }
     }
@@ -462,10 +457,9 @@ impl Entry<'_> {
         }
         // SAFETY: `n` ≤ ERROR_BYTES bytes, the size of the entry's error area.
         unsafe {
-            std::ptr::copy_nonoverlapping(
-                message.as_ptr(),
+            crate::shm_copy::store_to_shared(
                 self.ring.ptr(self.at + ENTRY_HEADER_BYTES),
-                n,
+                &message.as_bytes()[..n],
             );
         };
         self.u32(F_ERROR_LEN).store(n as u32, Ordering::Relaxed);
@@ -498,10 +492,9 @@ impl Entry<'_> {
             let mut buf = vec![0u8; n];
             // SAFETY: `n` ≤ ERROR_BYTES, the size of the entry's error area.
             unsafe {
-                std::ptr::copy_nonoverlapping(
+                crate::shm_copy::load_from_shared(
                     self.ring.ptr(self.at + ENTRY_HEADER_BYTES),
-                    buf.as_mut_ptr(),
-                    n,
+                    &mut buf,
                 );
             };
             (

@@ -126,6 +126,18 @@ pub enum ShmLayoutError {
         /// The segment size.
         segment_bytes: u64,
     },
+    /// A slice that reaches into the segment's call ring (its control words and cells).
+    #[error(
+        "slice [{offset_bytes}, +{length_bytes}) reaches into the call ring at offset {ring_offset}: activations must lie between the segment header and the ring"
+    )]
+    SliceIntoRing {
+        /// The slice offset.
+        offset_bytes: u64,
+        /// The slice length.
+        length_bytes: u64,
+        /// Where the ring starts.
+        ring_offset: u64,
+    },
     /// A slot layout that does not fit the arithmetic.
     #[error("slot layout overflows: {n_slots} slots of {max_rows} rows × {hidden} f32")]
     SlotOverflow {
@@ -421,6 +433,26 @@ pub struct ShmSlice {
 }
 
 impl ShmSlice {
+    /// The slice as a byte range of a segment of `segment_bytes` whose data (the slots) ends at
+    /// `data_end` (the ring's offset, or `segment_bytes` without a ring), after checking
+    /// alignment and bounds with checked arithmetic: a slice lies between the header and the
+    /// ring, so a call's output can never overwrite the ring's control words.
+    pub fn range_in_data(
+        &self,
+        segment_bytes: u64,
+        data_end: u64,
+    ) -> Result<Range<usize>, ShmLayoutError> {
+        let range = self.range_in(segment_bytes)?;
+        if range.end as u64 > data_end {
+            return Err(ShmLayoutError::SliceIntoRing {
+                offset_bytes: self.offset_bytes,
+                length_bytes: self.length_bytes,
+                ring_offset: data_end,
+            });
+        }
+        Ok(range)
+    }
+
     /// The slice as a byte range of a segment of `segment_bytes`, after checking alignment
     /// and bounds with checked arithmetic.
     pub fn range_in(&self, segment_bytes: u64) -> Result<Range<usize>, ShmLayoutError> {

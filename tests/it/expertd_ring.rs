@@ -528,6 +528,18 @@ fn malformed_ring_entries_fail_that_call_and_the_worker_keeps_serving() {
             "multiple of 64",
         ),
         (
+            // The last 64 bytes before the ring: the output would overwrite its control words.
+            "output over the ring",
+            Submission {
+                output_offset: seg.layout().ring.expect("ring").offset - 64,
+                ..valid
+            },
+            ids.clone(),
+            w.clone(),
+            Code::InvalidArgument,
+            "reaches into the call ring",
+        ),
+        (
             "hint for a layer out of range",
             Submission {
                 op: OP_PREFETCH,

@@ -9,6 +9,7 @@ mod expertd;
 mod expertd_deploy;
 mod expertd_faults;
 mod expertd_hint_flood;
+mod expertd_hostile;
 mod expertd_limits;
 mod expertd_memory;
 mod expertd_ring;

@@ -167,12 +167,10 @@ impl ClientSegment {
         // the memfd is sealed against shrinking, so no page can disappear. The daemon only
         // touches a slot while the call that lent it is in flight, and this process writes a
         // slot only while it holds the slot, so nobody reads these bytes concurrently.
+        // The stores are atomic (`shared::shm_copy`): a misbehaving daemon writing the same
+        // bytes cannot make this a data race.
         unsafe {
-            std::ptr::copy_nonoverlapping(
-                bytes.as_ptr(),
-                self.map.as_mut_ptr().add(offset as usize),
-                bytes.len(),
-            );
+            shared::shm_copy::store_to_shared(self.map.as_mut_ptr().add(offset as usize), bytes);
         }
     }
 
@@ -183,11 +181,7 @@ impl ClientSegment {
         );
         // SAFETY: as in `copy_in`; the daemon finished writing before it answered the call.
         unsafe {
-            std::ptr::copy_nonoverlapping(
-                self.map.as_ptr().add(offset as usize),
-                out.as_mut_ptr(),
-                out.len(),
-            );
+            shared::shm_copy::load_from_shared(self.map.as_ptr().add(offset as usize), out);
         }
     }
 

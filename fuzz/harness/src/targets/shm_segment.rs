@@ -154,7 +154,12 @@ fn memfd(mode: u8, mut input: Input<'_>) -> Outcome {
         let got = segment.range(&slice).ok();
         assert_eq!(
             got,
-            slice.range_in(bytes.len() as u64).ok(),
+            slice
+                .range_in_data(
+                    bytes.len() as u64,
+                    header.ring.map_or(bytes.len() as u64, |r| r.offset)
+                )
+                .ok(),
             "segment range disagrees with the layout"
         );
         if let Some(r) = got {
