@@ -3,7 +3,9 @@
 //! deadline, `/health` turns non-200 and back, and generation resumes with the same greedy
 //! text; a killed private daemon is reaped and restarted within seconds, the next request
 //! succeeds, and hostd's exit leaves no child and no directory; a call abandoned mid-compute
-//! never lets its slot's late output reach a later call.
+//! never lets its slot's late output reach a later call; a container whose blobs are corrupt
+//! turns `/health` to 503 `failing` while requests fail, and it stays so while the daemon's
+//! probes succeed.
 
 use crate::expertd::{Daemon, HIDDEN_TINY, activations, container_bytes};
 use crate::serve::{Lines, Server, check_error, open_long_stream, user};
@@ -34,6 +36,60 @@ fn greedy(s: &Server, prompt: &str) -> Value {
 fn health(s: &Server) -> (u16, Value) {
     let r = s.request("GET", "/health", &[], None);
     (r.status, r.json())
+}
+
+#[test]
+fn a_corrupt_container_turns_health_to_failing_while_requests_fail() {
+    let (_work, container) = tiny_container();
+    // Every expert of layer 0 corrupt: every request routes through one of them.
+    let c = shared::container::ContainerFile::open(&container).expect("container");
+    let dims = c.header().layout.dims;
+    let offsets: Vec<u64> = c.index()[..dims.n_experts]
+        .iter()
+        .map(|e| e.offset)
+        .collect();
+    drop(c);
+    let file = container.join(shared::container::CONTAINER_FILE);
+    let mut bytes = std::fs::read(&file).expect("read");
+    for at in offsets {
+        bytes[at as usize + 100] ^= 0x40;
+    }
+    std::fs::write(&file, bytes).expect("write");
+    let daemon = Daemon::unix(&container, container_bytes(&container), &[]);
+    let s = Server::start(
+        "tiny",
+        &[
+            "--experts",
+            "expertd",
+            "--expertd",
+            &daemon.uri(),
+            "--container",
+            container.to_str().expect("utf-8"),
+            "--expertd-health-interval",
+            "0.2",
+        ],
+    );
+    assert_eq!(health(&s).0, 200, "ready before any request");
+    let r = s.post(
+        "/v1/chat/completions",
+        &json!({ "model": s.name, "messages": user("hi"), "max_tokens": 4, "temperature": 0 }),
+    );
+    assert!(
+        r.status >= 500,
+        "a request through corrupt experts: {}",
+        r.status
+    );
+    // The daemon's probes succeed meanwhile (every 0.2 s); /health still says what requests get.
+    std::thread::sleep(Duration::from_secs(1));
+    let (code, h) = health(&s);
+    assert_eq!(
+        (code, h["status"].as_str(), h["experts"]["status"].as_str()),
+        (503, Some("failing"), Some("failing")),
+        "{h}"
+    );
+    let reason = h["experts"]["reason"].as_str().unwrap_or_default();
+    assert!(reason.contains("corrupt"), "{h}");
+    assert!(!reason.contains(".sock"), "{h}");
 }
 
 /// How an open SSE stream went on after a fault.

@@ -6,8 +6,12 @@
 //!
 //! States: `ready` (the last call or probe was answered in time); `degraded` (the daemon is
 //! connected but did not answer in time: stopped, overloaded or hung); `unavailable` (no
-//! connection: the daemon is gone, restarting, or refuses). The state changes as soon as one
-//! observation says so; the reason names the address and what was seen.
+//! connection: the daemon is gone, restarting, or refuses); `failing` (the daemon answers, but
+//! it reported a corrupt expert: calls routed to it fail). The state changes as soon as one
+//! observation says so — except `failing`, which holds for [`FAILING_HOLD`] after the last
+//! data-loss failure whatever succeeds meanwhile (probes and calls to other experts do), since
+//! requests that route to the corrupt expert keep failing. The reason names the address and
+//! what was seen.
 
 use super::error::ExpertClientError;
 use super::transport::{self, Endpoint, Link};
@@ -22,9 +26,14 @@ pub enum Readiness {
     Ready,
     /// Connected, but calls or probes are not answered in time.
     Degraded,
+    /// Answering, but calls that route to a corrupt expert fail (DATA_LOSS).
+    Failing,
     /// Not reachable (gone, restarting, refusing).
     Unavailable,
 }
+
+/// How long `failing` holds after the last data-loss failure.
+pub const FAILING_HOLD: Duration = Duration::from_secs(60);
 
 impl Readiness {
     /// The word `/health` reports.
@@ -32,15 +41,18 @@ impl Readiness {
         match self {
             Readiness::Ready => "ready",
             Readiness::Degraded => "degraded",
+            Readiness::Failing => "failing",
             Readiness::Unavailable => "unavailable",
         }
     }
 
-    fn code(self) -> u8 {
+    /// Severity: a larger code is worse (shards report their worst).
+    pub fn code(self) -> u8 {
         match self {
             Readiness::Ready => 0,
             Readiness::Degraded => 1,
-            Readiness::Unavailable => 2,
+            Readiness::Failing => 2,
+            Readiness::Unavailable => 3,
         }
     }
 }
@@ -62,6 +74,8 @@ struct Detail {
     readiness: Readiness,
     reason: Option<String>,
     since: Instant,
+    /// While `failing`: until when it holds.
+    failing_until: Option<Instant>,
 }
 
 /// The shared readiness record.
@@ -71,6 +85,8 @@ pub struct ExpertHealth {
     state: AtomicU8,
     detail: Mutex<Detail>,
     restarts: AtomicU64,
+    /// [`FAILING_HOLD`], shorter in tests.
+    failing_hold: Duration,
 }
 
 impl std::fmt::Debug for ExpertHealth {
@@ -96,13 +112,34 @@ impl ExpertHealth {
                 readiness: Readiness::Ready,
                 reason: None,
                 since: Instant::now(),
+                failing_until: None,
             }),
             restarts: AtomicU64::new(0),
+            failing_hold: FAILING_HOLD,
+        }
+    }
+
+    /// [`ExpertHealth::new`] with `failing` holding for `hold` (tests).
+    pub fn with_failing_hold(hold: Duration) -> ExpertHealth {
+        ExpertHealth {
+            failing_hold: hold,
+            ..ExpertHealth::new()
         }
     }
 
     fn set(&self, readiness: Readiness, reason: Option<String>) {
         let mut d = self.detail.lock().unwrap_or_else(PoisonError::into_inner);
+        // `failing` holds against successes and slowness: requests routed to the corrupt
+        // expert still fail. Only a worse state (unreachable) replaces it meanwhile.
+        if d.readiness == Readiness::Failing
+            && readiness != Readiness::Failing
+            && readiness.code() < Readiness::Failing.code()
+            && d.failing_until.is_some_and(|t| Instant::now() < t)
+        {
+            return;
+        }
+        d.failing_until =
+            (readiness == Readiness::Failing).then(|| Instant::now() + self.failing_hold);
         if d.readiness != readiness {
             match &reason {
                 Some(r) => {
@@ -128,6 +165,11 @@ impl ExpertHealth {
     /// Connected, but not answered in time.
     pub fn degraded(&self, reason: String) {
         self.set(Readiness::Degraded, Some(reason));
+    }
+
+    /// The daemon reported a corrupt expert (DATA_LOSS): `failing` for [`FAILING_HOLD`].
+    pub fn data_loss(&self, reason: String) {
+        self.set(Readiness::Failing, Some(reason));
     }
 
     /// Not reachable.
@@ -279,5 +321,24 @@ mod tests {
             (r.readiness, r.reason, r.restarts),
             (Readiness::Ready, None, 1)
         );
+    }
+
+    #[test]
+    fn failing_holds_against_successes_until_its_hold_passes() {
+        let h = ExpertHealth::with_failing_hold(Duration::from_millis(200));
+        h.data_loss("layer 0 expert 1: checksum mismatch".into());
+        assert_eq!(h.readiness(), Readiness::Failing);
+        // A probe and calls to other experts succeed, a call is slow: still failing.
+        h.ok();
+        h.degraded("slow".into());
+        assert_eq!(h.readiness(), Readiness::Failing);
+        assert!(h.report().reason.is_some_and(|r| r.contains("checksum")));
+        // The daemon going away is worse, and replaces it.
+        h.unavailable("gone".into());
+        assert_eq!(h.readiness(), Readiness::Unavailable);
+        h.data_loss("again".into());
+        std::thread::sleep(Duration::from_millis(250));
+        h.ok();
+        assert_eq!(h.readiness(), Readiness::Ready, "the hold passed");
     }
 }

@@ -411,6 +411,11 @@ impl ExpertdClient {
                 self.health.degraded(e.to_string());
             }
             e if e.is_unavailable() => self.health.unavailable(e.to_string()),
+            // A corrupt expert: requests routed to it fail until the container is repaired.
+            ExpertClientError::Status {
+                code: tonic::Code::DataLoss,
+                ..
+            } => self.health.data_loss(e.to_string()),
             _ => {}
         }
     }

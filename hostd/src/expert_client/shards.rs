@@ -359,11 +359,7 @@ impl ExpertBackend for ShardedExperts {
             .iter()
             .filter_map(|s| s.client.health())
             .collect();
-        let worst = |r: &HealthReport| match r.readiness {
-            Readiness::Ready => 0,
-            Readiness::Degraded => 1,
-            Readiness::Unavailable => 2,
-        };
+        let worst = |r: &HealthReport| r.readiness.code();
         let top = reports.iter().max_by_key(|r| worst(r))?;
         // Every shard that is not ready, by its own reason (each names its endpoint).
         let reasons: Vec<String> = reports

@@ -390,7 +390,8 @@ fn route_error(req: &Request, error: fn(String, String) -> ApiError) -> Response
 
 /// `GET /health`: 200 `ready` with queue counters once the model is loaded, else 503. With
 /// the expertd backend, 503 `degraded` (connected, not answering in time) or `unavailable`
-/// (gone, restarting) while requests would fail, with the reason under `experts`: a readiness
+/// (gone, restarting) or `failing` (a corrupt expert: requests routed to it fail) while requests
+/// would fail, with the reason under `experts`: a readiness
 /// probe stops routing to this server until the daemon is back (`/health` itself still answers
 /// at once, so a liveness check on it does not restart a healthy hostd). 503 `stopped` if the
 /// generation engine's thread has ended (every request would fail).
@@ -455,6 +456,9 @@ fn public_reason(readiness: crate::expert_client::health::Readiness) -> &'static
         Readiness::Ready => "expertd is answering",
         Readiness::Degraded => {
             "expertd is connected but not answering within the call deadline (the detail is in hostd's log)"
+        }
+        Readiness::Failing => {
+            "expertd answers, but it reported a corrupt expert and requests routed to it fail (`expertd verify --deep` names it; the detail is in hostd's log)"
         }
         Readiness::Unavailable => {
             "expertd cannot be reached; hostd keeps reconnecting (the detail is in hostd's log)"
