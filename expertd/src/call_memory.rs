@@ -10,17 +10,19 @@
 //!   input, the f32 output, the response bytes): `16·n·d` bytes;
 //! - routing and per-cell outputs: ids, weights and the per-expert cell lists (16 B per cell) and
 //!   one output row per cell (`4·d` B per cell, `shared::moe_exec`'s slots): `n·k·(4d + 16)`;
-//! - per compute thread, one expert's gathered rows and outputs (`8·d` B per row; an expert gets
-//!   at most one cell per row) and its kernel scratch (quantised rows, gate/up, the activation
-//!   and its quantised form: under `d + 13·f + 64` B per row): `T·n·(9d + 13f + 64)`;
+//! - per compute thread at work, one expert's gathered rows and outputs (`8·d` B per row; an
+//!   expert gets at most one cell per row) and its kernel scratch (quantised rows, gate/up, the
+//!   activation and its quantised form: under `d + 13·f + 64` B per row), for at most
+//!   `min(T, k)` full-size experts at once (a row's `k` cells go to `k` experts, so only `k`
+//!   experts can have `n` cells): `min(T, k)·n·(9d + 13f + 64)`;
 //! - 64 KiB of small things.
 
 use crate::moe_call::CallError;
 use shared::ids::LayerId;
 
 /// Experts per row the budget is sized for (the model's top-8): a lane's share is the bound of a
-/// call of `--max-rows-per-call` rows at this `top_k`. Calls with more experts per row are
-/// admitted as long as their rows are fewer in proportion.
+/// call of `--max-rows-per-call` rows at this `top_k`. A call with more experts per row is
+/// admitted when its own bound fits that share (it has fewer rows).
 pub const BUDGETED_TOP_K: usize = 8;
 
 /// Bytes of small per-call state counted on top of the shape's terms.
@@ -83,7 +85,7 @@ impl CallMemory {
                 .saturating_add(64),
         );
         io.saturating_add(cells)
-            .saturating_add(per_thread.saturating_mul(t))
+            .saturating_add(per_thread.saturating_mul(t.min(k.max(1))))
             .saturating_add(FIXED_BYTES)
     }
 
@@ -160,6 +162,17 @@ mod tests {
             (1_000_000_000..1_500_000_000).contains(&m.max_call_bytes()),
             "{}",
             m.max_call_bytes()
+        );
+        // Threads past top-k add nothing: only k experts can hold every row at once.
+        let many = CallMemory::new(2048, 512, 64, 8192, 256);
+        assert_eq!(
+            many.max_call_bytes(),
+            CallMemory::new(2048, 512, 8, 8192, 256).max_call_bytes()
+        );
+        assert!(
+            many.max_call_bytes() < 3_000_000_000,
+            "{}",
+            many.max_call_bytes()
         );
         // The message cap: 64 MiB of inline activations plus the cells, under the protocol cap.
         assert!(m.max_message_bytes() > 8192 * 2048 * 4);

@@ -263,10 +263,9 @@ impl CallExecutor {
     /// Records that `spec`'s call starts (only once a speculative reader holds hints that
     /// may ask: a daemon no client sends hints to takes no lock here).
     fn note_demand_start(&self, spec: &CallSpec<'_>) {
-        let Some(p) = self.prefetcher.get().filter(|p| p.has_hints()) else {
+        if !self.prefetcher.get().is_some_and(|p| p.has_hints()) {
             return;
-        };
-        p.note_demand_call(spec.session);
+        }
         let mut progress = self
             .demand_progress
             .lock()
@@ -405,6 +404,12 @@ impl CallExecutor {
             .then(|| OffPoolCall::new(&self.off_pool_calls, &self.off_pool_started));
         self.note_demand_start(spec);
         let r = self.run_inner(spec, x, out, &mut hint);
+        if r.is_ok()
+            && let Some(p) = self.prefetcher.get()
+        {
+            // Speculation is earned by completed calls (the hint bucket, `crate::prefetch`).
+            p.note_demand_call(spec.session);
+        }
         self.send_hint(&mut hint);
         r
     }

@@ -89,7 +89,7 @@ pub struct Prefetcher {
     cap_bytes_per_step: u64,
     /// What one demand call of a session adds to its bucket: the cap over the layers.
     refill_per_call: u64,
-    /// Per session, the speculative bytes it may still read (absent: a full bucket).
+    /// Per session, the speculative bytes it may still read (absent: none).
     buckets: Mutex<HashMap<u64, u64>>,
 }
 
@@ -129,16 +129,18 @@ impl Prefetcher {
         };
     }
 
-    /// A demand call of `session` started: its speculative bucket gains one layer's share of
-    /// the per-token cap (never above the cap).
+    /// A demand call of `session` completed: its speculative bucket gains one layer's share of
+    /// the per-token cap (never above the cap). A session starts with an empty bucket, so its
+    /// speculation never runs ahead of the calls it has made.
     pub fn note_demand_call(&self, session: u64) {
         let mut buckets = self.buckets.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(b) = buckets.get_mut(&session) {
-            *b = (*b + self.refill_per_call).min(self.cap_bytes_per_step);
-            if *b == self.cap_bytes_per_step {
-                buckets.remove(&session); // absent means full
-            }
+        if buckets.len() >= 4096 && !buckets.contains_key(&session) {
+            // Closed sessions' buckets: forgetting them empties them, the safe direction (a live
+            // session refills in one token of calls).
+            buckets.clear();
         }
+        let b = buckets.entry(session).or_insert(0);
+        *b = (*b + self.refill_per_call).min(self.cap_bytes_per_step);
     }
 
     /// Bytes `session` may still read speculatively.
@@ -148,19 +150,15 @@ impl Prefetcher {
             .unwrap_or_else(PoisonError::into_inner)
             .get(&session)
             .copied()
-            .unwrap_or(self.cap_bytes_per_step)
+            .unwrap_or(0)
     }
 
     /// Takes `bytes` read speculatively for `session` out of its bucket.
     fn spend(&self, session: u64, bytes: u64) {
         let mut buckets = self.buckets.lock().unwrap_or_else(PoisonError::into_inner);
-        if buckets.len() > 4096 && !buckets.contains_key(&session) {
-            // Sessions that stopped hinting long ago; a bucket forgotten is a full one, which a
-            // session earns back in one token of demand calls anyway.
-            buckets.clear();
+        if let Some(b) = buckets.get_mut(&session) {
+            *b = b.saturating_sub(bytes);
         }
-        let b = buckets.entry(session).or_insert(self.cap_bytes_per_step);
-        *b = b.saturating_sub(bytes);
     }
 
     /// Whether any hint was queued yet (until one is, no call needs its start recorded).

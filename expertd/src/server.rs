@@ -527,12 +527,7 @@ impl Prepared {
             ring_spin: config.ring_spin,
             pool_awake: config.pool_awake,
             segment: config.max_segment_bytes.map_or_else(
-                || {
-                    crate::shm::SegmentPolicy::derived(
-                        header.layout.dims.hidden,
-                        config.max_rows_per_call as usize,
-                    )
-                },
+                || crate::shm::SegmentPolicy::derived(header.layout.dims.hidden),
                 |max_bytes| crate::shm::SegmentPolicy { max_bytes },
             ),
             max_connections_per_peer: config.max_connections_per_uid,

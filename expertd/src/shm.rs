@@ -102,13 +102,15 @@ impl SegmentPolicy {
     /// Experts per row the default cap's ring holds (twice the model's 8).
     pub const DEFAULT_TOP_K: usize = 16;
 
-    /// The default cap for activations of `hidden` values and calls of at most `max_rows` rows:
+    /// The default cap for activations of `hidden` values:
     /// the segment of [`DEFAULT_SLOTS`](Self::DEFAULT_SLOTS) slots of up to
     /// [`DEFAULT_ROWS`](Self::DEFAULT_ROWS) rows with a ring of
     /// [`DEFAULT_TOP_K`](Self::DEFAULT_TOP_K) experts per row: room for hostd's defaults twice
     /// over, a small multiple of what a client can use, never the 64 GiB the layout allows.
-    pub fn derived(hidden: usize, max_rows: usize) -> SegmentPolicy {
-        let rows = Self::DEFAULT_ROWS.min(max_rows.max(1));
+    pub fn derived(hidden: usize) -> SegmentPolicy {
+        // Not tied to --max-rows-per-call: a client sizes its segment before it learns the
+        // daemon's limits, and calls past them travel inline anyway.
+        let rows = Self::DEFAULT_ROWS;
         let max_bytes = shm_layout::SlotLayout::new(Self::DEFAULT_SLOTS, rows, hidden.max(1))
             .and_then(|l| l.with_ring(rows * Self::DEFAULT_TOP_K))
             .map_or(shm_layout::MAX_SEGMENT_BYTES, |l| l.segment_bytes);
@@ -544,7 +546,7 @@ mod tests {
             .and_then(|l| l.with_ring(1024 * 8))
             .expect("layout")
             .segment_bytes;
-        let derived = SegmentPolicy::derived(2048, 8192).max_bytes;
+        let derived = SegmentPolicy::derived(2048).max_bytes;
         assert!(
             hostd_default <= derived && derived <= 160 << 20,
             "{hostd_default} {derived}"

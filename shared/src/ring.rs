@@ -457,7 +457,7 @@ impl Entry<'_> {
         }
         // SAFETY: `n` ≤ ERROR_BYTES bytes, the size of the entry's error area.
         unsafe {
-            crate::shm_copy::store_to_shared(
+            crate::shm_copy::store_bytes_to_shared(
                 self.ring.ptr(self.at + ENTRY_HEADER_BYTES),
                 &message.as_bytes()[..n],
             );
@@ -492,7 +492,7 @@ impl Entry<'_> {
             let mut buf = vec![0u8; n];
             // SAFETY: `n` ≤ ERROR_BYTES, the size of the entry's error area.
             unsafe {
-                crate::shm_copy::load_from_shared(
+                crate::shm_copy::load_bytes_from_shared(
                     self.ring.ptr(self.at + ENTRY_HEADER_BYTES),
                     &mut buf,
                 );

@@ -1,8 +1,9 @@
-//! A prefetch-hint flood (issue 37): a session that sends nothing but hints, each with a fresh
-//! step number, used to get a fresh speculative budget per hint and read the whole container
-//! into the cache, evicting another session's experts. Speculation is now a per-session byte
-//! bucket that only the session's own demand calls refill: the flood reads at most one token's
-//! worth, and the victim's calls keep hitting (misses per call unchanged, 0).
+//! A prefetch-hint flood (issue 37): a session that sends hints, each with a fresh step number,
+//! used to get a fresh speculative budget per hint and read the whole container into the cache,
+//! evicting another session's experts. Speculation is now a per-session byte bucket that starts
+//! empty and only the session's own completed calls refill: after one token's calls (one per
+//! layer) the flood reads at most one token's worth, and the victim's calls keep hitting
+//! (misses per call unchanged, 0).
 
 use super::expertd::{activations, blob_stride, handshake_request, raw_unix, rt};
 use hostd::expert_client::shm::ClientSegment;
@@ -71,7 +72,7 @@ fn a_hint_flood_with_fresh_steps_reads_one_token_worth_and_evicts_no_other_sessi
         .and_then(|l| l.with_ring(8))
         .expect("layout");
     let seg = Arc::new(ClientSegment::create(layout).expect("segment"));
-    let link = rt.block_on(async {
+    let (link, hostile_id) = rt.block_on(async {
         let mut link = transport::connect(&Endpoint::Unix(socket.clone()), Some(seg.clone()), None)
             .await
             .expect("connect");
@@ -82,7 +83,24 @@ fn a_hint_flood_with_fresh_steps_reads_one_token_worth_and_evicts_no_other_sessi
             .expect("hostile handshake")
             .into_inner();
         assert_eq!(hs.ring_entries, 2);
-        link
+        (link, hs.session_id)
+    });
+    // One token's demand calls of the hostile session (one per layer, one expert each): they
+    // earn it one token's worth of speculation, 8 experts per layer.
+    rt.block_on(async {
+        let mut c = link.client.clone();
+        for layer in 0..LAYERS as u32 {
+            c.moe_layer(pb::MoeLayerRequest {
+                session_id: hostile_id,
+                layer_idx: layer,
+                top_k: 1,
+                expert_ids: vec![31],
+                weights: vec![1.0],
+                ..victim_call(hostile_id)
+            })
+            .await
+            .expect("the hostile session's own call");
+        }
     });
     let ring = seg.ring().expect("ring");
     let entry = ring.entry(1);

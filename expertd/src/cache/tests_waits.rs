@@ -52,8 +52,9 @@ fn a_waiting_acquire_is_woken_by_the_release_and_gives_up_at_its_deadline() {
         let (got, waited) = waiter.join().expect("waiter");
         assert_eq!(got.ok(), Some(1), "the waiter leases the freed slot");
         assert!(waited >= Duration::from_millis(200), "{waited:?}");
+        // Woken by the release, far before its 20 s deadline (2 s: room for a loaded machine).
         assert!(
-            released.elapsed() < Duration::from_millis(100),
+            released.elapsed() < Duration::from_secs(2),
             "woken {:?} after the release",
             released.elapsed()
         );

@@ -300,10 +300,9 @@ impl Worker {
         let n_values = n_rows * d;
         let input = self.range(sub.input_offset, n_values)?;
         let output = self.range(sub.output_offset, n_values)?;
-        self.x.resize(n_values, 0.0);
-        self.out.resize(n_values, 0.0);
         match sub.op {
             ring::OP_ECHO => {
+                self.x.resize(n_values, 0.0);
                 self.segment.read_f32s(input, &mut self.x);
                 self.segment.write_f32s(output, &self.x);
                 Ok(CallCost::default())
@@ -345,6 +344,10 @@ impl Worker {
                         session: self.session.id,
                     });
                 }
+                // The call's buffers grow only now, holding a lane: a call waiting in the queue
+                // holds its cells, not its activations (the budget counts lanes × one call).
+                self.x.resize(n_values, 0.0);
+                self.out.resize(n_values, 0.0);
                 self.segment.read_f32s(input, &mut self.x);
                 let cost = executor.run_hinted(&spec, &self.x, &mut self.out, hint)?;
                 self.segment.write_f32s(output, &self.out);

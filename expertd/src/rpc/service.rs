@@ -270,7 +270,8 @@ fn conn_of<T>(req: &Request<T>) -> Result<ConnInfo, RpcError> {
 
 /// Where a call's activations come from.
 enum Input {
-    Inline(Vec<f32>),
+    /// The request's little-endian bytes (converted once the call holds a lane).
+    Inline(Vec<u8>),
     Shm(Arc<Segment>, Range<usize>),
 }
 
@@ -469,10 +470,7 @@ impl ExpertdService {
                         bytes.len()
                     )));
                 }
-                let mut x = vec![0.0f32; n_values];
-                convert::le_bytes_into_f32s(field, &bytes, &mut x)
-                    .map_err(|e| RpcError::BadRequest(e.to_string()))?;
-                Input::Inline(x)
+                Input::Inline(bytes)
             }
             Some(pb::moe_layer_request::Input::InputShm(slice)) => {
                 let (seg, range) = shm_target(conn, "input_shm", &slice, needed)?;
@@ -509,14 +507,16 @@ impl ExpertdService {
         let job = tokio::task::spawn_blocking(move || {
             let _permit = permit;
             let _in_flight = in_flight;
-            let x = match input {
-                Input::Inline(x) => x,
-                Input::Shm(seg, range) => {
-                    let mut x = vec![0.0f32; n_values];
-                    seg.read_f32s(range, &mut x);
-                    x
+            // The f32 buffers exist only now, holding a lane: the budget counts lanes × one call.
+            let mut x = vec![0.0f32; n_values];
+            match input {
+                Input::Inline(bytes) => {
+                    convert::le_bytes_into_f32s("input_inline_f32_le", &bytes, &mut x)
+                        .map_err(|e| RpcError::BadRequest(e.to_string()))?;
+                    drop(bytes);
                 }
-            };
+                Input::Shm(seg, range) => seg.read_f32s(range, &mut x),
+            }
             let mut out = vec![0.0f32; n_values];
             let spec = CallSpec {
                 session: session_id,

@@ -212,6 +212,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/models", get(models))
         .route("/v1/models/{*id}", get(model_card))
         .route("/health", get(health))
+        .route("/health/live", get(live))
         .route("/metrics", get(metrics))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
@@ -301,7 +302,8 @@ async fn track(State(app): State<Arc<AppState>>, mut req: Request, next: Next) -
         req.extensions_mut().insert(p);
     }
     // A connection beyond --max-connections may only ask for /health.
-    let overflow = req.extensions().get::<listener::Overflow>().is_some() && path != "/health";
+    let overflow = req.extensions().get::<listener::Overflow>().is_some()
+        && !matches!(path.as_str(), "/health" | "/health/live");
     let mut resp = if overflow {
         let message = format!(
             "The server has {} connections open (--max-connections).",
@@ -447,6 +449,21 @@ async fn health(State(app): State<Arc<AppState>>) -> Response {
         )
             .into_response(),
     }
+}
+
+/// `GET /health/live`: a liveness probe's answer. 200 while this process serves and its
+/// generation engine runs (or the model is still loading) — also while the expert daemon is
+/// away or reports a corrupt expert, which a restart of hostd would not fix; 503 only if the
+/// engine's thread has ended. `/health` is the readiness answer: 503 whenever requests would
+/// fail.
+async fn live(State(app): State<Arc<AppState>>) -> Response {
+    let stopped = app.ready.get().is_some_and(|r| !r.engine.is_running());
+    let (code, status) = if stopped {
+        (StatusCode::SERVICE_UNAVAILABLE, "stopped")
+    } else {
+        (StatusCode::OK, "alive")
+    };
+    (code, axum::Json(json!({ "status": status }))).into_response()
 }
 
 /// What `/health` says about an expert daemon that is not ready.
