@@ -154,12 +154,12 @@ fn memfd(mode: u8, mut input: Input<'_>) -> Outcome {
         let got = segment.range(&slice).ok();
         assert_eq!(
             got,
+            // The rule, stated here on its own: inside the segment past the header
+            // (`range_in`), and ending before the ring when there is one.
             slice
-                .range_in_data(
-                    bytes.len() as u64,
-                    header.ring.map_or(bytes.len() as u64, |r| r.offset)
-                )
-                .ok(),
+                .range_in(bytes.len() as u64)
+                .ok()
+                .filter(|r| header.ring.is_none_or(|ring| r.end as u64 <= ring.offset)),
             "segment range disagrees with the layout"
         );
         if let Some(r) = got {
