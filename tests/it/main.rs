@@ -29,6 +29,7 @@ mod serve_fairness;
 mod serve_fields;
 mod serve_hostile;
 mod serve_limits;
+mod serve_prefix;
 mod serve_responses;
 mod serve_structured;
 mod synth;

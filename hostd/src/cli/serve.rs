@@ -62,6 +62,13 @@ pub struct ServeArgs {
     /// Byte budget of the prefix cache of conversation states (0 disables reuse).
     #[arg(long, env = "SLUICE_STATE_CACHE_BYTES", default_value_t = 1 << 30)]
     pub state_cache_bytes: usize,
+    /// The prefix cache also keeps a checkpoint every this many prompt tokens, so an edited
+    /// history re-prefills at most this many tokens before the edit (0: only at the chat
+    /// template's marks: the end of the first message and the last assistant header). A
+    /// multiple of --prefill-chunk, so it adds no prefill calls. Default: the first multiple
+    /// of --prefill-chunk from 2048 (docs/prefix-cache.md says why).
+    #[arg(long, env = "SLUICE_PREFIX_CHECKPOINT_EVERY")]
+    pub prefix_checkpoint_every: Option<usize>,
     /// Whether a chat request that does not say thinks first: `on` (Qwen3.6's own default) puts
     /// the reasoning in `reasoning_content` before the answer in `content`; `off` answers at
     /// once, for clients that show only `content`. A request overrides it with
@@ -141,6 +148,11 @@ pub struct ServeArgs {
     pub http_threads: usize,
 }
 
+/// The prefix cache's checkpoint interval in tokens before rounding up to a multiple of
+/// `--prefill-chunk` (docs/prefix-cache.md: the measured cost of a checkpoint against the
+/// prefill it saves).
+const DEFAULT_CHECKPOINT_EVERY: usize = 2048;
+
 /// Runs `hostd serve` until a signal (or a failed model load).
 pub fn run(args: &ServeArgs) -> anyhow::Result<()> {
     anyhow::ensure!(args.max_queue >= 1, "--max-queue must be at least 1");
@@ -148,6 +160,13 @@ pub fn run(args: &ServeArgs) -> anyhow::Result<()> {
     anyhow::ensure!(
         args.prefill_chunk >= 1,
         "--prefill-chunk must be at least 1"
+    );
+    anyhow::ensure!(
+        args.prefix_checkpoint_every
+            .is_none_or(|n| n % args.prefill_chunk == 0),
+        "--prefix-checkpoint-every ({}) must be a multiple of --prefill-chunk ({})",
+        args.prefix_checkpoint_every.unwrap_or_default(),
+        args.prefill_chunk
     );
     anyhow::ensure!(
         args.prefill_budget != Some(0),
@@ -289,6 +308,9 @@ async fn serve(args: &ServeArgs, config: ServerConfig) -> anyhow::Result<()> {
             max_queued_tokens: args.max_queued_tokens,
             max_batch: args.max_batch,
             state_cache_bytes: args.state_cache_bytes,
+            checkpoint_every: args.prefix_checkpoint_every.unwrap_or(
+                DEFAULT_CHECKPOINT_EVERY.div_ceil(args.prefill_chunk) * args.prefill_chunk,
+            ),
             prefill_chunk: args.prefill_chunk,
             prefill_budget: args.prefill_budget.unwrap_or(args.prefill_chunk),
             max_context: 0,

@@ -194,8 +194,10 @@ pub struct Metrics {
     pub prefill_chunks: Counter,
     /// Prefix-cache bytes held.
     pub cache_bytes: Gauge,
-    /// Prefix-cache entries held.
+    /// Prefix-cache checkpoints held.
     pub cache_entries: Gauge,
+    /// Shared key/value blocks the prefix cache holds.
+    pub cache_blocks: Gauge,
     /// Prefix-cache lookups that found a prefix (the cache's own count, stored).
     pub cache_hits: Counter,
     /// Prefix-cache lookups that found none (the cache's own count, stored).
@@ -333,13 +335,19 @@ impl Metrics {
             cache_bytes: add(
                 &mut r,
                 "hostd_state_cache_bytes",
-                "Bytes of conversation states held by the prefix cache",
+                "Bytes held by the prefix cache (shared key/value blocks and checkpoints)",
                 g(),
             ),
             cache_entries: add(
                 &mut r,
                 "hostd_state_cache_entries",
-                "Conversation states held by the prefix cache",
+                "Checkpointed sequence states held by the prefix cache",
+                g(),
+            ),
+            cache_blocks: add(
+                &mut r,
+                "hostd_state_cache_blocks",
+                "Key/value blocks of 256 positions the prefix cache's checkpoints share",
                 g(),
             ),
             cache_hits: add(

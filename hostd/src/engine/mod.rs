@@ -11,6 +11,7 @@
 //! Not here: HTTP, JSON and the OpenAI shapes (`http/`); the sampling math (`sampling`).
 
 mod fairness;
+mod marks;
 pub mod metrics;
 pub mod output;
 mod scheduler;
@@ -46,6 +47,9 @@ pub struct EngineConfig {
     pub max_batch: usize,
     /// Byte budget of the prefix cache (0 disables it).
     pub state_cache_bytes: usize,
+    /// The prefix cache keeps a checkpoint every this many prompt tokens (0: only at the chat
+    /// template's marks; see `marks`). A multiple of `prefill_chunk` adds no prefill calls.
+    pub checkpoint_every: usize,
     /// Prompt rows per prefill forward call; prefill is cancellable between calls. Blocks end
     /// at multiples of it, whatever else runs.
     pub prefill_chunk: usize,
@@ -65,9 +69,6 @@ pub struct GenRequest {
     pub span: tracing::Span,
     /// Prompt ids (non-empty, shorter than the context).
     pub prompt: Vec<u32>,
-    /// Prompt position whose state is worth caching for follow-up turns (chat: just after
-    /// `<|im_start|>assistant\n`, where the next turn's prompt diverges).
-    pub checkpoint: Option<usize>,
     /// Also cache the final state (prompt + output), for completions that continue the text.
     pub cache_final_state: bool,
     /// How tokens are picked.

@@ -12,13 +12,15 @@
 //! positions (multiples of `prefill_chunk` and the checkpoint), whatever else is queued.
 
 use super::fairness::{self, Candidate};
+use super::marks::MarkRule;
 use super::metrics::Metrics;
 use super::output::{Delta, OutputText};
 use super::{EngineConfig, Event, FinishReason, GenRequest, Usage};
 use crate::constraint::{Commit, SequenceConstraint};
 use crate::model::batch::{BatchError, BatchItem};
+use crate::model::snapshot::{KvRows, RecurrentSnapshot};
 use crate::model::{Logits, Model, SequenceState};
-use crate::prefix_cache::PrefixCache;
+use crate::prefix_cache::{self, PrefixCache};
 use crate::sampling::Sampler;
 use crate::tokenizer::Tokenizer;
 use std::panic::{AssertUnwindSafe, catch_unwind};
@@ -97,7 +99,11 @@ struct Sequence {
     request_id: String,
     span: tracing::Span,
     prompt: Vec<u32>,
-    checkpoint: Option<usize>,
+    /// Where prefill blocks end besides the multiples of `prefill_chunk` (`marks`), after the
+    /// cached prefix.
+    boundaries: Vec<usize>,
+    /// The boundaries whose state goes into the prefix cache.
+    checkpoints: Vec<usize>,
     cache_final_state: bool,
     cached_tokens: usize,
     state: SequenceState,
@@ -130,7 +136,9 @@ pub(super) struct Scheduler {
     config: EngineConfig,
     metrics: Arc<Metrics>,
     rx: Receiver<GenRequest>,
-    cache: PrefixCache<SequenceState>,
+    cache: PrefixCache<KvRows, RecurrentSnapshot>,
+    /// Where prompts' blocks end and which states are kept (empty without a cache).
+    marks: MarkRule,
     seqs: Vec<Sequence>,
     /// Ids ≥ this are padding rows of the embedding and never sampled.
     sample_vocab: usize,
@@ -160,7 +168,12 @@ impl Scheduler {
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_nanos() as u64);
         Scheduler {
-            cache: PrefixCache::new(config.state_cache_bytes),
+            cache: PrefixCache::new(config.state_cache_bytes, prefix_cache::BLOCK_TOKENS),
+            marks: if config.state_cache_bytes > 0 {
+                MarkRule::new(&tokenizer, config.checkpoint_every)
+            } else {
+                MarkRule::default()
+            },
             model,
             tokenizer,
             config,
@@ -272,7 +285,11 @@ impl Scheduler {
 
     fn start_sequence(&mut self, req: GenRequest) {
         let hit = if self.config.state_cache_bytes > 0 {
-            self.cache.lookup(&req.prompt)
+            self.cache.lookup(&req.prompt).and_then(|h| {
+                let state = SequenceState::resume(&h.parts, h.recurrent);
+                debug_assert!(state.is_some(), "a cached checkpoint's parts do not fit");
+                state.map(|s| (h.tokens, s))
+            })
         } else {
             None
         };
@@ -295,17 +312,25 @@ impl Scheduler {
         if req.skip_special_tokens {
             out = out.skip_special_tokens(&self.tokenizer);
         }
+        let marks = self.marks.marks(&req.prompt);
         self.next_serial += 1;
         self.seqs.push(Sequence {
             serial: self.next_serial,
             skipped: 0,
             request_id: req.request_id,
             span: req.span,
-            // Without a cache there is nothing to snapshot, and prefill blocks stay those of
+            // Without a cache the rule has no marks, and prefill blocks stay those of
             // `hostd run` (multiples of `prefill_chunk`).
-            checkpoint: req.checkpoint.filter(|&c| {
-                self.config.state_cache_bytes > 0 && c > cached_tokens && c < req.prompt.len()
-            }),
+            boundaries: marks
+                .boundaries
+                .into_iter()
+                .filter(|&c| c > cached_tokens)
+                .collect(),
+            checkpoints: marks
+                .checkpoints
+                .into_iter()
+                .filter(|&c| c > cached_tokens)
+                .collect(),
             prompt: req.prompt,
             cache_final_state: req.cache_final_state,
             cached_tokens,
@@ -347,7 +372,7 @@ impl Scheduler {
                     serial: s.serial,
                     fed,
                     prompt_len: s.prompt.len(),
-                    checkpoint: s.checkpoint,
+                    checkpoint: s.boundaries.iter().copied().find(|&b| b > fed),
                     skipped: s.skipped,
                 }),
                 Phase::Decode { .. } => None,
@@ -399,10 +424,13 @@ impl Scheduler {
             }
         };
         tracing::debug!(fed, end, "prefill block");
-        if seq.checkpoint == Some(end) && self.config.state_cache_bytes > 0 {
-            let bytes = seq.state.bytes();
-            self.cache
-                .insert(seq.prompt[..end].to_vec(), seq.state.clone(), bytes);
+        if seq.checkpoints.contains(&end) {
+            let state = &seq.state;
+            self.cache.insert(
+                &seq.prompt[..end],
+                |range| state.kv_rows(range),
+                || state.recurrent_snapshot(),
+            );
         }
         if end < seq.prompt.len() {
             seq.phase = Phase::Prefill { fed: end };
@@ -605,8 +633,12 @@ impl Scheduler {
                     .min(seq.generated.len())],
             );
             if tokens.len() == consumed {
-                let bytes = seq.state.bytes();
-                self.cache.insert(tokens, seq.state, bytes);
+                let state = &seq.state;
+                self.cache.insert(
+                    &tokens,
+                    |range| state.kv_rows(range),
+                    || state.recurrent_snapshot(),
+                );
             }
         }
         tracing::debug!(request_id = %seq.request_id, "sequence state freed");
@@ -620,6 +652,7 @@ impl Scheduler {
         let c = self.cache.stats();
         m.cache_bytes.set(c.bytes as u64);
         m.cache_entries.set(c.entries as u64);
+        m.cache_blocks.set(c.blocks as u64);
         // The cache counts these itself; the counters mirror its totals.
         m.cache_hits.inner().store(c.hits, Relaxed);
         m.cache_misses.inner().store(c.misses, Relaxed);

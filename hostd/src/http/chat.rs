@@ -12,7 +12,7 @@
 //! server's `--default-thinking` (on unless set off); the reply carries the reasoning in
 //! `reasoning_content` (unless `include_reasoning: false`) and the answer in `content`. With
 //! `n > 1` each choice is its own sequence in the scheduler's batch, with its own seed. Rendering
-//! and tokenising (with the prefix-cache checkpoint) are shared with the Anthropic endpoint
+//! and tokenising are shared with the Anthropic endpoint
 //! (`generate.rs`), and so is the submission (one sequence per choice, each with its own
 //! grammar state).
 

@@ -101,7 +101,6 @@ pub(super) async fn completions(
     )?;
     let submission = Submission {
         prompt,
-        checkpoint: None,
         cache_final_state: true,
         max_tokens,
         split_reasoning: false,

@@ -1,14 +1,13 @@
 //! The steps every chat-style endpoint (OpenAI chat completions, Anthropic messages) shares
 //! between a validated conversation and the engine: render the chat template, check the
-//! prompt's size, tokenise in the bounded pool (with the prefix-cache checkpoint), fit the
+//! prompt's size, tokenise in the bounded pool, fit the
 //! completion budget to the context, and submit to the scheduler ([`submit_chat`]: the OpenAI
 //! handler's `n` choices, the Anthropic and Responses handlers' one). [`submit_choices`] is the
 //! last step, also used by legacy completions: one grammar state and one seed per choice. What
 //! every handler settles about its output travels as one [`Generation`].
 //!
-//! The prompt's checkpoint for the prefix cache is the end of `<|im_start|>assistant\n`: a
-//! follow-up turn's prompt repeats everything up to there (the template drops earlier turns'
-//! reasoning, so it diverges right after).
+//! Where the prefix cache keeps states is the engine's business (`engine::marks`, from the
+//! prompt's tokens alone).
 
 use super::admission;
 use super::error::ApiError;
@@ -17,7 +16,6 @@ use crate::chat_template::{self, ChatMessage, ChatOptions};
 use crate::constraint::{ConstraintSpec, StartOptions};
 use crate::engine::{Event, GenRequest};
 use crate::sampling::SamplingParams;
-use crate::tokenizer::Tokenizer;
 use serde_json::Value;
 use std::sync::Arc;
 use std::time::Instant;
@@ -28,8 +26,6 @@ use tokio::sync::mpsc::UnboundedReceiver;
 pub(super) struct ChatPrompt {
     /// The prompt's ids.
     pub ids: Vec<u32>,
-    /// Where the prefix cache should keep a state (see the module doc).
-    pub checkpoint: Option<usize>,
 }
 
 /// A conversation to render: its messages, the tool definitions as the client sent them, and
@@ -44,13 +40,11 @@ pub(super) struct ChatInput {
 }
 
 /// Renders `input`, checks the prompt against the byte cap and the context (a 400 naming
-/// `messages`), and tokenises it in the bounded pool. `with_checkpoint`: also find the
-/// prefix-cache checkpoint (generation needs it; counting tokens does not).
+/// `messages`), and tokenises it in the bounded pool.
 pub(super) async fn tokenize_chat(
     app: &AppState,
     ready: &Ready,
     input: ChatInput,
-    with_checkpoint: bool,
 ) -> Result<ChatPrompt, ApiError> {
     let ChatInput {
         messages,
@@ -69,34 +63,10 @@ pub(super) async fn tokenize_chat(
     app.admission
         .tokenize(text.len(), move || {
             let ids = tokenizer.encode(&text)?;
-            let checkpoint = if with_checkpoint {
-                checkpoint(&tokenizer, &messages, &tools, opts, &ids)
-            } else {
-                None
-            };
-            Ok::<_, crate::tokenizer::TokenizerError>(ChatPrompt { ids, checkpoint })
+            Ok::<_, crate::tokenizer::TokenizerError>(ChatPrompt { ids })
         })
         .await?
         .map_err(|e| ApiError::Internal(e.to_string()))
-}
-
-/// Token count of the prompt up to and including `<|im_start|>assistant\n`, when the prompt's
-/// tokens really start with that prefix's tokens (tokenisation is checked, not assumed).
-fn checkpoint(
-    tokenizer: &Tokenizer,
-    messages: &[ChatMessage],
-    tools: &[Value],
-    opts: ChatOptions,
-    prompt: &[u32],
-) -> Option<usize> {
-    let no_gen = ChatOptions {
-        add_generation_prompt: false,
-        ..opts
-    };
-    let mut text = chat_template::render_with_tools(messages, tools, &no_gen).ok()?;
-    text.push_str("<|im_start|>assistant\n");
-    let prefix = tokenizer.encode(&text).ok()?;
-    (prefix.len() < prompt.len() && prompt.starts_with(&prefix)).then_some(prefix.len())
 }
 
 /// What a handler settled about its generation, whatever its API; the prompt and the budget
@@ -123,7 +93,7 @@ pub(super) struct Generation {
     pub constraint_param: &'static str,
 }
 
-/// Renders and tokenises `input` with its checkpoint ([`tokenize_chat`]), fits the budget to
+/// Renders and tokenises `input` ([`tokenize_chat`]), fits the budget to
 /// the context (a 400 naming `messages`; `max_tokens: None` takes the server default clipped to
 /// the context) and submits `choices` sequences with [`submit_choices`], splitting reasoning
 /// from the answer; returns one event receiver per choice (dropping one cancels its
@@ -136,7 +106,7 @@ pub(super) async fn submit_chat(
     choices: usize,
     generation: Generation,
 ) -> Result<(Vec<UnboundedReceiver<Event>>, usize), ApiError> {
-    let prompt = tokenize_chat(app, ready, input, true).await?;
+    let prompt = tokenize_chat(app, ready, input).await?;
     let prompt_tokens = prompt.ids.len();
     let max_tokens = params::budget(
         prompt_tokens,
@@ -147,7 +117,6 @@ pub(super) async fn submit_chat(
     )?;
     let submission = Submission {
         prompt: prompt.ids,
-        checkpoint: prompt.checkpoint,
         cache_final_state: false,
         max_tokens,
         split_reasoning: true,
@@ -162,8 +131,6 @@ pub(super) async fn submit_chat(
 pub(super) struct Submission {
     /// The prompt's ids.
     pub prompt: Vec<u32>,
-    /// Where the prefix cache should keep a state.
-    pub checkpoint: Option<usize>,
     /// Keep the final state (prompt + output) in the prefix cache.
     pub cache_final_state: bool,
     /// The fitted completion budget.
@@ -217,7 +184,6 @@ pub(super) async fn submit_choices(
             },
             span: tracing::Span::current(),
             prompt: s.prompt.clone(),
-            checkpoint: s.checkpoint,
             cache_final_state: s.cache_final_state,
             sampling,
             max_tokens: s.max_tokens,

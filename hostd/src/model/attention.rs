@@ -35,6 +35,46 @@ impl KvCache {
     pub fn bytes(&self) -> usize {
         (self.k.capacity() + self.v.capacity()) * 4
     }
+
+    /// Keys and values of positions `range` (each `range.len() × row_width` floats).
+    pub fn rows(&self, range: std::ops::Range<usize>) -> (&[f32], &[f32]) {
+        assert!(
+            range.end <= self.len,
+            "rows {range:?} past the cache's {}",
+            self.len
+        );
+        let w = self.row_width();
+        (
+            &self.k[range.start * w..range.end * w],
+            &self.v[range.start * w..range.end * w],
+        )
+    }
+
+    /// A cache holding `len` positions whose rows are the concatenation of `parts` (key and
+    /// value slices of equal length, whole rows).
+    pub fn from_rows<'a>(
+        len: usize,
+        parts: impl Iterator<Item = (&'a [f32], &'a [f32])>,
+    ) -> KvCache {
+        let mut cache = KvCache::default();
+        for (k, v) in parts {
+            cache.k.extend_from_slice(k);
+            cache.v.extend_from_slice(v);
+        }
+        assert_eq!(cache.k.len(), cache.v.len(), "key and value rows differ");
+        cache.len = len;
+        assert!(
+            len == 0 || cache.k.len() % len == 0,
+            "{} floats are not {len} whole rows",
+            cache.k.len()
+        );
+        cache
+    }
+
+    /// Floats per position (`n_kv_heads × head_dim`), 0 while empty.
+    fn row_width(&self) -> usize {
+        self.k.len().checked_div(self.len).unwrap_or(0)
+    }
 }
 
 /// RoPE inverse frequencies for the rotary dims, computed as transformers does (fp32 table).

@@ -160,25 +160,15 @@ impl Model {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::experts::bf16::Bf16Experts;
     use crate::model::Logits;
     use crate::model::linear::DenseFormat;
-    use crate::model::weights::MappedCheckpoint;
-    use shared::kernels::Isa;
-    use std::sync::Arc;
 
     fn load(preset: &str) -> Model {
         load_dense(preset, DenseFormat::Bf16)
     }
 
     fn load_dense(preset: &str, dense: DenseFormat) -> Model {
-        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("../tests/fixtures/models")
-            .join(preset);
-        let mapped = MappedCheckpoint::open(&dir).expect("fixture opens");
-        let isa = Isa::selection().active;
-        let experts = Arc::new(Bf16Experts::new(&mapped, isa).expect("experts"));
-        Model::load(&mapped, experts, isa, dense).expect("model loads")
+        crate::model::fixture_model(preset, dense)
     }
 
     /// Prompts of different lengths, prefilled per sequence, then `steps` decode steps in which

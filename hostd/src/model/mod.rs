@@ -13,6 +13,7 @@ pub use shared::keep_awake;
 pub mod linear;
 pub mod moe;
 pub mod ops;
+pub mod snapshot;
 pub mod weights;
 
 use crate::experts::{ExpertBackend, ExpertError};
@@ -421,4 +422,16 @@ impl Model {
         let m = rows.len() / d;
         Ok(linear::project_new(self.isa, &self.lm_head, rows, m))
     }
+}
+
+/// A model from `tests/fixtures/models/{preset}` with BF16 experts in process, for unit tests.
+#[cfg(test)]
+pub(crate) fn fixture_model(preset: &str, dense: DenseFormat) -> Model {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../tests/fixtures/models")
+        .join(preset);
+    let mapped = MappedCheckpoint::open(&dir).expect("fixture opens");
+    let isa = Isa::selection().active;
+    let experts = Arc::new(crate::experts::bf16::Bf16Experts::new(&mapped, isa).expect("experts"));
+    Model::load(&mapped, experts, isa, dense).expect("model loads")
 }

@@ -230,6 +230,7 @@ const METRIC_FAMILIES: &[(&str, &str)] = &[
     ("hostd_prefill_chunks", "counter"),
     ("hostd_state_cache_bytes", "gauge"),
     ("hostd_state_cache_entries", "gauge"),
+    ("hostd_state_cache_blocks", "gauge"),
     ("hostd_state_cache_hits", "counter"),
     ("hostd_state_cache_misses", "counter"),
     ("hostd_state_cache_evictions", "counter"),

@@ -165,7 +165,7 @@ pub async fn count_tokens(
         tools: tools.definitions,
         opts: options(thinking),
     };
-    let prompt = generate::tokenize_chat(&app, &ready, input, false).await?;
+    let prompt = generate::tokenize_chat(&app, &ready, input).await?;
     Ok(axum::Json(TokenCount {
         input_tokens: prompt.ids.len(),
     })
