@@ -14,6 +14,7 @@ pub mod http;
 pub mod load;
 pub mod model;
 pub mod prefix_cache;
+pub mod prefix_store;
 pub mod profile;
 pub mod sampling;
 pub mod tokenizer;

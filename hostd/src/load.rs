@@ -194,6 +194,10 @@ pub struct LoadOptions {
     /// cache of conversation states), kept out of a private daemon's default cache budget.
     #[arg(skip)]
     pub host_extra_bytes: u64,
+    /// Compute the checkpoint's digest at load ([`Model::state_identity`]; set by `hostd
+    /// serve` when it keeps sequence states on disk).
+    #[arg(skip)]
+    pub weights_digest: bool,
 }
 
 /// Why a model did not load. Each message names the flag or file at fault; a wrapped error's
@@ -482,6 +486,9 @@ pub fn load_model(args: &LoadOptions, client_name: &str) -> Result<Model, LoadEr
     let dense: DenseFormat = args.dense.into();
     let t = std::time::Instant::now();
     let mut model = Model::load(&mapped, experts, isa, dense)?;
+    if args.weights_digest {
+        model.set_weights_digest(mapped.digest()?);
+    }
     match args.keep_awake {
         KeepAwake::Auto => {}
         KeepAwake::Spin => model.set_keep_awake(Awake::Spin),

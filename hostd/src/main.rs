@@ -24,7 +24,7 @@ enum Command {
     /// Write a deterministic random-weight checkpoint in the release layout (tiny, small, realdim).
     Synth(hostd::cli::synth::SynthArgs),
     /// OpenAI-compatible HTTP server (chat and text completions, SSE, continuous batching).
-    Serve(hostd::cli::serve::ServeArgs),
+    Serve(Box<hostd::cli::serve::ServeArgs>),
     /// Benchmark: per-op prefill and decode time, bytes streamed and GB/s vs DRAM bandwidth.
     Profile(hostd::cli::profile::ProfileArgs),
     /// Benchmark configurations end to end: one fresh process per run, TTFT, decode speed and

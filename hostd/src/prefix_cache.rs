@@ -19,9 +19,10 @@
 //!
 //! A checkpoint serves a prompt when all of its tokens are a proper prefix of the prompt (at
 //! least one prompt token is left to run: the next logits come from a forward call); the
-//! longest one wins. The cache is bounded by bytes (blocks and checkpoints together) and
-//! evicts the least recently used checkpoint first, then the blocks nothing refers to any
-//! more. Pure bookkeeping: no model, no IO, no locks; the scheduler thread owns the one
+//! longest one wins. The cache is bounded by bytes (blocks and checkpoints together). It evicts
+//! checkpoints inserted as `evict_first` (the periodic ones, useful only after an edit) before
+//! the others, least recently used first within each class, then the blocks nothing refers to
+//! any more: a long prefill's periodic checkpoints never push out the system prompt's. Pure bookkeeping: no model, no IO, no locks; the scheduler thread owns the one
 //! instance. The parts are generic ([`Part`]), so the bookkeeping is tested without a model.
 
 use std::collections::HashMap;
@@ -103,6 +104,7 @@ struct Checkpoint<K, R> {
     recurrent: R,
     bytes: usize,
     last_used: u64,
+    evict_first: bool,
 }
 
 /// A byte-bounded cache of checkpointed states sharing their key/value blocks.
@@ -243,12 +245,14 @@ impl<K: Part, R: Part> PrefixCache<K, R> {
     /// `recurrent()` the recurrent part. Returns whether the checkpoint is held afterwards (an
     /// existing one is only marked recently used). Not stored: empty tokens, a checkpoint
     /// larger than the whole budget, or a chain whose key collides with another prefix's.
-    /// Least recently used checkpoints are evicted until the budget holds.
+    /// Checkpoints are evicted until the budget holds (`evict_first` ones first, see the
+    /// module doc).
     pub fn insert(
         &mut self,
         tokens: &[u32],
         mut kv: impl FnMut(Range<usize>) -> K,
         recurrent: impl FnOnce() -> R,
+        evict_first: bool,
     ) -> bool {
         if tokens.is_empty() || self.capacity_bytes == 0 {
             return false;
@@ -271,6 +275,7 @@ impl<K: Part, R: Part> PrefixCache<K, R> {
                 let c = self.checkpoints.get_mut(id).expect("indexed checkpoint");
                 if c.depth == depth && c.tail_tokens == tail_tokens {
                     c.last_used = self.clock;
+                    c.evict_first &= evict_first;
                     return true;
                 }
             }
@@ -319,6 +324,7 @@ impl<K: Part, R: Part> PrefixCache<K, R> {
                 recurrent,
                 bytes,
                 last_used: self.clock,
+                evict_first,
             },
         );
         self.by_key.entry(keys[depth]).or_default().push(id);
@@ -340,7 +346,7 @@ impl<K: Part, R: Part> PrefixCache<K, R> {
             let Some(id) = self
                 .checkpoints
                 .iter()
-                .min_by_key(|(_, c)| c.last_used)
+                .min_by_key(|(_, c)| (!c.evict_first, c.last_used))
                 .map(|(&id, _)| id)
             else {
                 break;

@@ -110,6 +110,7 @@ fn agreement(what: &str, experts: ExpertsKind, dense: DenseKind, format: &str) -
             expertd: Default::default(),
             dense,
             host_extra_bytes: 0,
+            weights_digest: false,
         };
         let model = load_model(&args, "test").expect("model loads");
         let vocab = model.config().vocab_size;
@@ -358,6 +359,7 @@ fn a_corrupt_blob_fails_the_forward_pass_naming_layer_and_expert() {
         expertd: Default::default(),
         dense: Default::default(),
         host_extra_bytes: 0,
+        weights_digest: false,
     };
     // Flip one byte inside the first blob's packed weights (layer 0, expert 0).
     let file = container.path().join("experts.sluice");
@@ -393,6 +395,7 @@ fn a_container_from_another_model_is_refused() {
         expertd: Default::default(),
         dense: Default::default(),
         host_extra_bytes: 0,
+        weights_digest: false,
     };
     let err = load_model(&args, "test")
         .err()

@@ -24,6 +24,7 @@ fn load(preset: &str) -> Model {
         expertd: Default::default(),
         dense: Default::default(),
         host_extra_bytes: 0,
+        weights_digest: false,
     };
     load_model(&args, "test").expect("fixture model loads")
 }
@@ -168,6 +169,7 @@ fn bad_inputs_are_clear_errors() {
             expertd: Default::default(),
             dense: Default::default(),
             host_extra_bytes: 0,
+            weights_digest: false,
         },
         "test",
     )

@@ -69,6 +69,16 @@ pub struct ServeArgs {
     /// of --prefill-chunk from 2048 (docs/prefix-cache.md says why).
     #[arg(long, env = "SLUICE_PREFIX_CHECKPOINT_EVERY")]
     pub prefix_checkpoint_every: Option<usize>,
+    /// Also save the states a restarted server resumes from (the end of a conversation's
+    /// first message, its last assistant header, completions' final states) in this
+    /// directory, written in the background; several hostd processes may share it. A state
+    /// saved by another model, weights, container, dense format, ISA or build is never used.
+    #[arg(long, env = "SLUICE_PREFIX_CACHE_DIR")]
+    pub prefix_cache_dir: Option<PathBuf>,
+    /// Bytes the --prefix-cache-dir directory may hold; the least recently used states are
+    /// deleted to make room.
+    #[arg(long, env = "SLUICE_PREFIX_CACHE_DISK_BYTES", default_value_t = 16 << 30)]
+    pub prefix_cache_disk_bytes: u64,
     /// Whether a chat request that does not say thinks first: `on` (Qwen3.6's own default) puts
     /// the reasoning in `reasoning_content` before the answer in `content`; `off` answers at
     /// once, for clients that show only `content`. A request overrides it with
@@ -167,6 +177,10 @@ pub fn run(args: &ServeArgs) -> anyhow::Result<()> {
         "--prefix-checkpoint-every ({}) must be a multiple of --prefill-chunk ({})",
         args.prefix_checkpoint_every.unwrap_or_default(),
         args.prefill_chunk
+    );
+    anyhow::ensure!(
+        args.prefix_cache_dir.is_none() || args.state_cache_bytes > 0,
+        "--prefix-cache-dir needs the prefix cache (--state-cache-bytes above 0)"
     );
     anyhow::ensure!(
         args.prefill_budget != Some(0),
@@ -300,7 +314,14 @@ async fn serve(args: &ServeArgs, config: ServerConfig) -> anyhow::Result<()> {
     let (fatal_tx, fatal_rx) = tokio::sync::oneshot::channel::<engine::EngineFatal>();
     let loader_state = Arc::clone(&state);
     let mut load_args = args.load.clone();
-    load_args.host_extra_bytes = args.state_cache_bytes as u64;
+    // The prefix cache, plus the states waiting to be saved (a quarter of it).
+    load_args.host_extra_bytes = args.state_cache_bytes as u64
+        + if args.prefix_cache_dir.is_some() {
+            args.state_cache_bytes as u64 / 4
+        } else {
+            0
+        };
+    load_args.weights_digest = args.prefix_cache_dir.is_some();
     // `max_context` is resolved against the model once it is loaded.
     let engine_limits = (
         EngineConfig {
@@ -308,6 +329,10 @@ async fn serve(args: &ServeArgs, config: ServerConfig) -> anyhow::Result<()> {
             max_queued_tokens: args.max_queued_tokens,
             max_batch: args.max_batch,
             state_cache_bytes: args.state_cache_bytes,
+            state_dir: args
+                .prefix_cache_dir
+                .clone()
+                .map(|d| (d, args.prefix_cache_disk_bytes)),
             checkpoint_every: args.prefix_checkpoint_every.unwrap_or(
                 DEFAULT_CHECKPOINT_EVERY.div_ceil(args.prefill_chunk) * args.prefill_chunk,
             ),
@@ -417,12 +442,36 @@ fn load(
         state_cache_bytes,
         ..
     } = config;
+    let store = match &config.state_dir {
+        None => None,
+        Some((dir, cap)) => {
+            let identity = model.state_identity().context(
+                "--prefix-cache-dir: cannot tell what computes this model's states (the expert daemon did not report its container)",
+            )?;
+            let layout = crate::prefix_store::file::Layout::of(&model);
+            let stats = state.metrics().store_stats();
+            // Saves wait in memory up to a quarter of the prefix cache's budget (one always).
+            let max_pending = config.state_cache_bytes / 4;
+            let store = crate::prefix_store::PrefixStore::open(
+                dir,
+                *cap,
+                identity,
+                layout,
+                max_context,
+                max_pending,
+                stats,
+            )
+            .with_context(|| format!("--prefix-cache-dir {}", dir.display()))?;
+            Some(store)
+        }
+    };
     let experts = Some(model.experts_backend());
     let (engine, _thread) = engine::start(
         model,
         Arc::clone(&tokenizer),
         config,
         Arc::clone(state.metrics()),
+        store,
         move |e| {
             let _ = on_fatal.send(e);
         },

@@ -39,6 +39,10 @@ pub(super) struct Marks {
     pub boundaries: Vec<usize>,
     /// The boundaries whose state the prefix cache keeps.
     pub checkpoints: Vec<usize>,
+    /// The checkpoints also saved to disk, when a state directory is configured: the
+    /// first-message end and the last assistant header (the ones a restarted server or another
+    /// conversation resumes from; periodic checkpoints stay in memory).
+    pub persist: Vec<usize>,
 }
 
 impl MarkRule {
@@ -88,11 +92,13 @@ impl MarkRule {
                 .take_while(|&p| p < prompt.len())
                 .collect()
         };
-        let mut checkpoints: Vec<usize> = first_end
+        let mut persist: Vec<usize> = first_end
             .into_iter()
             .chain(headers.last().copied())
-            .chain(periodic.iter().copied())
             .collect();
+        persist.sort_unstable();
+        persist.dedup();
+        let mut checkpoints: Vec<usize> = persist.iter().chain(&periodic).copied().collect();
         checkpoints.sort_unstable();
         checkpoints.dedup();
         let mut boundaries: Vec<usize> = checkpoints.iter().chain(&headers).copied().collect();
@@ -101,6 +107,7 @@ impl MarkRule {
         Marks {
             boundaries,
             checkpoints,
+            persist,
         }
     }
 }
@@ -145,6 +152,7 @@ mod tests {
         let m = rule(10).marks(&p);
         assert_eq!(m.boundaries, [8, 10, 18, 20, 30, 32]);
         assert_eq!(m.checkpoints, [8, 10, 20, 30, 32]);
+        assert_eq!(m.persist, [8, 32], "periodic checkpoints stay in memory");
     }
 
     #[test]

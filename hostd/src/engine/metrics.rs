@@ -204,6 +204,18 @@ pub struct Metrics {
     pub cache_misses: Counter,
     /// Prefix-cache entries evicted (the cache's own count, stored).
     pub cache_evictions: Counter,
+    /// Sequence states written to the state directory (shared with the store's writer).
+    pub disk_saved: Counter,
+    /// Sequence states resumed from the state directory.
+    pub disk_loaded: Counter,
+    /// State files refused (corrupt, truncated, another identity or layout).
+    pub disk_refused: Counter,
+    /// Saves skipped (the writer busy, or a state over the directory's cap).
+    pub disk_skipped: Counter,
+    /// State files deleted to stay within the directory's cap.
+    pub disk_evicted: Counter,
+    /// Bytes of state files in the directory.
+    pub disk_bytes: Gauge,
     /// 1 once the model is loaded and the scheduler runs.
     pub model_loaded: Gauge,
 }
@@ -215,6 +227,18 @@ impl Default for Metrics {
 }
 
 impl Metrics {
+    /// The state directory's counters, shared with it (`prefix_store`).
+    pub fn store_stats(&self) -> crate::prefix_store::StoreStats {
+        crate::prefix_store::StoreStats {
+            saved: self.disk_saved.clone(),
+            loaded: self.disk_loaded.clone(),
+            refused: self.disk_refused.clone(),
+            skipped: self.disk_skipped.clone(),
+            evicted: self.disk_evicted.clone(),
+            disk_bytes: self.disk_bytes.clone(),
+        }
+    }
+
     /// All zero, registered in the order `/metrics` lists them.
     pub fn new() -> Metrics {
         let mut r = Registry::default();
@@ -368,6 +392,42 @@ impl Metrics {
                 "Prefix-cache entries evicted to stay in budget",
                 c(),
             ),
+            disk_saved: add(
+                &mut r,
+                "hostd_state_disk_saved",
+                "Sequence states written to --prefix-cache-dir",
+                c(),
+            ),
+            disk_loaded: add(
+                &mut r,
+                "hostd_state_disk_loaded",
+                "Sequence states resumed from --prefix-cache-dir",
+                c(),
+            ),
+            disk_refused: add(
+                &mut r,
+                "hostd_state_disk_refused",
+                "State files refused: corrupt, truncated, or saved under another model identity",
+                c(),
+            ),
+            disk_skipped: add(
+                &mut r,
+                "hostd_state_disk_skipped",
+                "State saves skipped because the writer was busy or the state exceeded the cap",
+                c(),
+            ),
+            disk_evicted: add(
+                &mut r,
+                "hostd_state_disk_evicted",
+                "State files deleted to stay within --prefix-cache-disk-bytes",
+                c(),
+            ),
+            disk_bytes: add(
+                &mut r,
+                "hostd_state_disk_bytes",
+                "Bytes of state files in --prefix-cache-dir",
+                g(),
+            ),
             model_loaded: add(
                 &mut r,
                 "hostd_model_loaded",
@@ -490,9 +550,9 @@ mod tests {
                 "# TYPE hostd_request_duration_seconds histogram\n",
             ],
         );
-        // One HELP and one TYPE per family (26); no OpenMetrics `# EOF`.
-        assert_eq!(text.matches("# HELP ").count(), 26, "{text}");
-        assert_eq!(text.matches("# TYPE ").count(), 26, "{text}");
+        // One HELP and one TYPE per family (33); no OpenMetrics `# EOF`.
+        assert_eq!(text.matches("# HELP ").count(), 33, "{text}");
+        assert_eq!(text.matches("# TYPE ").count(), 33, "{text}");
         assert!(!text.contains("# EOF"), "{text}");
     }
 }

@@ -47,6 +47,9 @@ pub struct EngineConfig {
     pub max_batch: usize,
     /// Byte budget of the prefix cache (0 disables it).
     pub state_cache_bytes: usize,
+    /// Directory where chosen checkpoints are also saved, to outlive the process
+    /// (`crate::prefix_store`), and the bytes it may hold.
+    pub state_dir: Option<(std::path::PathBuf, u64)>,
     /// The prefix cache keeps a checkpoint every this many prompt tokens (0: only at the chat
     /// template's marks; see `marks`). A multiple of `prefill_chunk` adds no prefill calls.
     pub checkpoint_every: usize,
@@ -288,12 +291,19 @@ pub fn start(
     tokenizer: Arc<Tokenizer>,
     config: EngineConfig,
     metrics: Arc<Metrics>,
+    store: Option<crate::prefix_store::PrefixStore>,
     on_fatal: impl FnOnce(EngineFatal) + Send + 'static,
 ) -> std::io::Result<(EngineHandle, std::thread::JoinHandle<()>)> {
     // `sync_channel(0)` would be a rendezvous channel: the queue always admits at least one.
     let (tx, rx) = std::sync::mpsc::sync_channel(config.max_queue.max(1));
-    let sched =
-        scheduler::Scheduler::new(model, tokenizer, config.clone(), Arc::clone(&metrics), rx);
+    let sched = scheduler::Scheduler::new(
+        model,
+        tokenizer,
+        config.clone(),
+        Arc::clone(&metrics),
+        rx,
+        store,
+    );
     let running = Arc::new(AtomicBool::new(true));
     let guard = RunningGuard(Arc::clone(&running));
     let thread = std::thread::Builder::new()

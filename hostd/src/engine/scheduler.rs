@@ -21,6 +21,7 @@ use crate::model::batch::{BatchError, BatchItem};
 use crate::model::snapshot::{KvRows, RecurrentSnapshot};
 use crate::model::{Logits, Model, SequenceState};
 use crate::prefix_cache::{self, PrefixCache};
+use crate::prefix_store::PrefixStore;
 use crate::sampling::Sampler;
 use crate::tokenizer::Tokenizer;
 use std::panic::{AssertUnwindSafe, catch_unwind};
@@ -104,6 +105,8 @@ struct Sequence {
     boundaries: Vec<usize>,
     /// The boundaries whose state goes into the prefix cache.
     checkpoints: Vec<usize>,
+    /// The checkpoints also saved to the state directory.
+    persist: Vec<usize>,
     cache_final_state: bool,
     cached_tokens: usize,
     state: SequenceState,
@@ -139,6 +142,8 @@ pub(super) struct Scheduler {
     cache: PrefixCache<KvRows, RecurrentSnapshot>,
     /// Where prompts' blocks end and which states are kept (empty without a cache).
     marks: MarkRule,
+    /// The state directory (`--prefix-cache-dir`), if any.
+    store: Option<PrefixStore>,
     seqs: Vec<Sequence>,
     /// Ids ≥ this are padding rows of the embedding and never sampled.
     sample_vocab: usize,
@@ -159,6 +164,7 @@ impl Scheduler {
         config: EngineConfig,
         metrics: Arc<Metrics>,
         rx: Receiver<GenRequest>,
+        store: Option<PrefixStore>,
     ) -> Scheduler {
         let sample_vocab = tokenizer.vocab_size().min(model.config().vocab_size).max(1);
         let undefined_ids: Vec<u32> = (0..sample_vocab as u32)
@@ -179,6 +185,7 @@ impl Scheduler {
             config,
             metrics,
             rx,
+            store,
             seqs: Vec::new(),
             sample_vocab,
             undefined_ids,
@@ -293,7 +300,11 @@ impl Scheduler {
         } else {
             None
         };
-        let (cached_tokens, state) = hit.unwrap_or_else(|| (0, self.model.new_state()));
+        let (cached_tokens, state) =
+            match self.resume_from_disk(&req.prompt, hit.as_ref().map_or(0, |h| h.0)) {
+                Some(found) => found,
+                None => hit.unwrap_or_else(|| (0, self.model.new_state())),
+            };
         self.metrics.prompt_tokens.inc_by(req.prompt.len() as u64);
         self.metrics
             .cached_prompt_tokens
@@ -331,6 +342,11 @@ impl Scheduler {
                 .into_iter()
                 .filter(|&c| c > cached_tokens)
                 .collect(),
+            persist: marks
+                .persist
+                .into_iter()
+                .filter(|&c| c > cached_tokens)
+                .collect(),
             prompt: req.prompt,
             cache_final_state: req.cache_final_state,
             cached_tokens,
@@ -347,6 +363,28 @@ impl Scheduler {
             last_token_at: None,
             events: req.events,
         });
+    }
+
+    /// A saved state from the state directory covering more of `prompt` than `longer_than`
+    /// tokens, put into the prefix cache too (so later prompts share its blocks) and resumed.
+    fn resume_from_disk(
+        &mut self,
+        prompt: &[u32],
+        longer_than: usize,
+    ) -> Option<(usize, SequenceState)> {
+        let saved = self.store.as_mut()?.find(prompt, longer_than)?;
+        let state = SequenceState::resume(&[&saved.kv], &saved.recurrent)?;
+        self.cache.insert(
+            &saved.tokens,
+            |range| saved.kv.slice(range),
+            || saved.recurrent.clone(),
+            false,
+        );
+        tracing::info!(
+            tokens = saved.tokens.len(),
+            "resumed a sequence state from the state directory"
+        );
+        Some((saved.tokens.len(), state))
     }
 
     /// Sequences whose client disconnected stop here, before any more compute is spent.
@@ -426,11 +464,16 @@ impl Scheduler {
         tracing::debug!(fed, end, "prefill block");
         if seq.checkpoints.contains(&end) {
             let state = &seq.state;
+            let mark = seq.persist.contains(&end);
             self.cache.insert(
                 &seq.prompt[..end],
                 |range| state.kv_rows(range),
                 || state.recurrent_snapshot(),
+                !mark,
             );
+            if mark {
+                persist(self.store.as_mut(), &seq.prompt[..end], state);
+            }
         }
         if end < seq.prompt.len() {
             seq.phase = Phase::Prefill { fed: end };
@@ -638,7 +681,9 @@ impl Scheduler {
                     &tokens,
                     |range| state.kv_rows(range),
                     || state.recurrent_snapshot(),
+                    false,
                 );
+                persist(self.store.as_mut(), &tokens, state);
             }
         }
         tracing::debug!(request_id = %seq.request_id, "sequence state freed");
@@ -657,6 +702,20 @@ impl Scheduler {
         m.cache_hits.inner().store(c.hits, Relaxed);
         m.cache_misses.inner().store(c.misses, Relaxed);
         m.cache_evictions.inner().store(c.evictions, Relaxed);
+    }
+}
+
+/// Queues the state that consumed `tokens` for the state directory's writer, when there is one
+/// and it takes it (a copy of the state is made only then).
+fn persist(store: Option<&mut PrefixStore>, tokens: &[u32], state: &SequenceState) {
+    if let Some(store) = store
+        && store.wants(tokens, state.bytes())
+    {
+        store.save(
+            tokens,
+            state.kv_rows(0..tokens.len()),
+            state.recurrent_snapshot(),
+        );
     }
 }
 

@@ -431,6 +431,11 @@ impl ExpertBackend for ExpertdClient {
         "expertd"
     }
 
+    fn results_identity(&self) -> Option<String> {
+        self.daemon_info()
+            .map(|i| format!("container {:#018x}", i.fingerprint))
+    }
+
     fn expert_bytes(&self) -> Option<usize> {
         self.expert_bytes.get().copied()
     }

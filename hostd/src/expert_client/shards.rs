@@ -280,6 +280,22 @@ impl ExpertBackend for ShardedExperts {
         "expertd"
     }
 
+    /// Every shard serves the same container (checked at connect); a shard not connected
+    /// leaves it unknown.
+    fn results_identity(&self) -> Option<String> {
+        let ids: Vec<Option<String>> = self
+            .shards
+            .iter()
+            .map(|s| s.client.results_identity())
+            .collect();
+        match ids.first() {
+            Some(Some(first)) if ids.iter().all(|i| i.as_ref() == Some(first)) => {
+                Some(first.clone())
+            }
+            _ => None,
+        }
+    }
+
     fn moe_layer_profiled(
         &self,
         call: &MoeCall<'_>,

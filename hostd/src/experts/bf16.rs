@@ -67,6 +67,10 @@ impl ExpertBackend for Bf16Experts {
         "bf16"
     }
 
+    fn results_identity(&self) -> Option<String> {
+        Some("bf16".to_string())
+    }
+
     fn expert_bytes(&self) -> Option<usize> {
         self.experts
             .first()

@@ -149,6 +149,15 @@ impl ExpertBackend for Int8Experts {
         self.container.header().layout.dims.format.name()
     }
 
+    fn results_identity(&self) -> Option<String> {
+        // The fingerprint covers the header, the expert format included; expertd serving the
+        // same container gives the same results, so it says the same.
+        Some(format!(
+            "container {:#018x}",
+            self.container.header().fingerprint()
+        ))
+    }
+
     fn expert_bytes(&self) -> Option<usize> {
         Some(self.container.header().layout.blob.stride)
     }

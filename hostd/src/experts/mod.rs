@@ -140,6 +140,10 @@ pub trait ExpertBackend: Send + Sync {
         during();
         r
     }
+    /// What determines this backend's results, for the identity of saved sequence states:
+    /// `bf16` (the checkpoint's experts), or the container's fingerprint. `None`
+    /// when it cannot say (a daemon not connected).
+    fn results_identity(&self) -> Option<String>;
     /// Weight bytes this backend streams per expert it computes (for profiling), if known.
     fn expert_bytes(&self) -> Option<usize> {
         None

@@ -37,6 +37,22 @@ impl DeltaNetState {
     pub fn bytes(&self) -> usize {
         (self.conv.len() + self.recurrent.len()) * 4
     }
+
+    /// The conv rows and the recurrent state, as [`Self::from_parts`] takes them.
+    pub fn parts(&self) -> (&[f32], &[f32]) {
+        (&self.conv, &self.recurrent)
+    }
+
+    /// A state from its parts (a saved one); `None` unless their lengths are those of
+    /// `like` (the layer's layout).
+    pub fn from_parts(
+        like: &DeltaNetState,
+        conv: Vec<f32>,
+        recurrent: Vec<f32>,
+    ) -> Option<DeltaNetState> {
+        (conv.len() == like.conv.len() && recurrent.len() == like.recurrent.len())
+            .then_some(DeltaNetState { conv, recurrent })
+    }
 }
 
 /// Weights of one Gated DeltaNet layer.

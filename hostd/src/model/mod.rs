@@ -148,6 +148,8 @@ pub struct Model {
     /// when the experts are computed in this process, yield their cores between checks when a
     /// daemon computes them (its threads may need the cores while we wait for it).
     keep_awake: keep_awake::Awake,
+    /// The checkpoint's digest, when the loader computed it.
+    weights_digest: Option<[u8; 32]>,
 }
 
 impl Model {
@@ -200,7 +202,37 @@ impl Model {
             },
             experts,
             profiler: None,
+            weights_digest: None,
         })
+    }
+
+    /// Records the checkpoint's digest ([`MappedCheckpoint::digest`]) for
+    /// [`Self::state_identity`].
+    pub fn set_weights_digest(&mut self, digest: [u8; 32]) {
+        self.weights_digest = Some(digest);
+    }
+
+    /// What a sequence state's numbers depend on besides its tokens: the checkpoint's digest,
+    /// the dense format, the expert backend's results (its container, or BF16 in process),
+    /// the kernel ISA and this build's version. A state saved under another identity is never
+    /// resumed. `None` without a digest or when the backend cannot say what computes its
+    /// results (a daemon not connected).
+    pub fn state_identity(&self) -> Option<[u8; 32]> {
+        use sha2::{Digest, Sha256};
+        let experts = self.experts.results_identity()?;
+        let mut h = Sha256::new();
+        for part in [
+            "sluice sequence state v1",
+            env!("CARGO_PKG_VERSION"),
+            self.isa.name(),
+            self.dense.name(),
+            &experts,
+        ] {
+            h.update((part.len() as u64).to_le_bytes());
+            h.update(part.as_bytes());
+        }
+        h.update(self.weights_digest?);
+        Some(h.finalize().into())
     }
 
     /// What forward passes do with the compute pool's idle threads ([`keep_awake`]); the

@@ -33,6 +33,45 @@ impl KvRows {
             .map(|(k, v)| (k.len() + v.len()) * 4)
             .sum()
     }
+
+    /// The rows of positions `range` (relative to this part's first row).
+    pub fn slice(&self, range: Range<usize>) -> KvRows {
+        let width = |k: &Vec<f32>| k.len().checked_div(self.rows).unwrap_or(0);
+        let layers = self
+            .layers
+            .iter()
+            .map(|(k, v)| {
+                let w = width(k);
+                (
+                    k[range.start * w..range.end * w].to_vec(),
+                    v[range.start * w..range.end * w].to_vec(),
+                )
+            })
+            .collect();
+        KvRows {
+            layers,
+            rows: range.len(),
+        }
+    }
+
+    /// `(keys, values)` per attention layer.
+    pub fn layers(&self) -> &[(Vec<f32>, Vec<f32>)] {
+        &self.layers
+    }
+
+    /// Rows from their layers (a saved state); `None` unless every layer holds `rows` rows
+    /// of `width` floats in both keys and values.
+    pub fn from_layers(
+        layers: Vec<(Vec<f32>, Vec<f32>)>,
+        rows: usize,
+        width: usize,
+    ) -> Option<KvRows> {
+        let whole = rows.checked_mul(width)?;
+        layers
+            .iter()
+            .all(|(k, v)| k.len() == whole && v.len() == whole)
+            .then_some(KvRows { layers, rows })
+    }
 }
 
 /// The conv and recurrent state of every DeltaNet layer at one position (`None` at the
@@ -52,6 +91,16 @@ impl RecurrentSnapshot {
     /// Bytes of DeltaNet state held.
     pub fn bytes(&self) -> usize {
         self.layers.iter().flatten().map(DeltaNetState::bytes).sum()
+    }
+
+    /// Per layer: the DeltaNet state, `None` at an attention layer.
+    pub fn layers(&self) -> &[Option<DeltaNetState>] {
+        &self.layers
+    }
+
+    /// A snapshot from its layers (a saved state) at position `pos`.
+    pub fn from_layers(layers: Vec<Option<DeltaNetState>>, pos: usize) -> RecurrentSnapshot {
+        RecurrentSnapshot { layers, pos }
     }
 }
 

@@ -160,6 +160,43 @@ impl MappedCheckpoint {
         Ok(MappedCheckpoint { ckpt, maps })
     }
 
+    /// A digest of the checkpoint's contents, cheap to compute: SHA-256 over `config.json`,
+    /// each shard's length and safetensors header (every tensor's name, dtype, shape and
+    /// offsets) and 4 KiB samples of its data every 64 MiB and at its end. Two checkpoints
+    /// with the same layout but other weights (another seed, another fine-tune) differ in the
+    /// samples. What a saved sequence state is checked against (with the formats that shape
+    /// the numbers): a state from other weights is never resumed.
+    pub fn digest(&self) -> Result<[u8; 32], WeightsError> {
+        use sha2::{Digest, Sha256};
+        const SAMPLE: usize = 4096;
+        const STRIDE: usize = 64 << 20;
+        let config = self.ckpt.dir.join(shared::checkpoint::CONFIG_FILE);
+        let config = std::fs::read(&config).map_err(|e| WeightsError::Map {
+            path: config.display().to_string(),
+            message: e.to_string(),
+        })?;
+        let mut h = Sha256::new();
+        h.update(b"sluice checkpoint digest v1");
+        h.update((config.len() as u64).to_le_bytes());
+        h.update(&config);
+        for (shard, map) in self.ckpt.shards.iter().zip(&self.maps) {
+            let header_len = map.get(..8).map_or(0, |b| {
+                u64::from_le_bytes(b.try_into().expect("8 bytes")) as usize
+            });
+            let data_start = (8 + header_len).min(map.len());
+            h.update(shard.file_name.as_bytes());
+            h.update((map.len() as u64).to_le_bytes());
+            h.update(&map[..data_start]);
+            let mut at = data_start;
+            while at < map.len() {
+                h.update(&map[at..(at + SAMPLE).min(map.len())]);
+                at += STRIDE;
+            }
+            h.update(&map[map.len().saturating_sub(SAMPLE)..]);
+        }
+        Ok(h.finalize().into())
+    }
+
     fn entry(&self, name: &str) -> Result<&TensorEntry, WeightsError> {
         self.ckpt
             .tensor(name)

@@ -25,7 +25,7 @@ impl Part for Rec {
 type Cache = PrefixCache<Rows, Rec>;
 
 fn put(c: &mut Cache, tokens: &[u32]) -> bool {
-    c.insert(tokens, Rows, || Rec(tokens.len()))
+    c.insert(tokens, Rows, || Rec(tokens.len()), false)
 }
 
 /// The tokens a lookup covers, after checking that its parts cover `0..tokens` in order and
@@ -90,6 +90,7 @@ fn checkpoints_on_one_prefix_share_its_blocks() {
             Rows(r)
         },
         || Rec(13),
+        false,
     );
     assert_eq!(asked, [0..4, 4..8, 8..12, 12..13]);
     asked.clear();
@@ -100,6 +101,7 @@ fn checkpoints_on_one_prefix_share_its_blocks() {
             Rows(r)
         },
         || Rec(10),
+        false,
     );
     assert_eq!(asked, vec![8..10], "the shared blocks are not copied again");
     let s = c.stats();
@@ -162,7 +164,8 @@ fn reinserting_touches_and_oversized_or_disabled_store_nothing() {
             asked += 1;
             Rows(r)
         },
-        || Rec(6)
+        || Rec(6),
+        false
     ));
     assert_eq!(
         (asked, c.stats()),
@@ -238,4 +241,37 @@ fn random_workload_keeps_every_invariant() {
         }
     }
     assert!(c.stats().evictions > 0 && c.stats().hits > 0);
+}
+
+#[test]
+fn periodic_checkpoints_go_before_the_others() {
+    let ckpt = 1000 + 20 + 8 + ENTRY_OVERHEAD;
+    // Room for three checkpoints of 2 tokens at depth 0, not four.
+    let mut c = Cache::new(3 * ckpt + 10, 4);
+    let (a, b, d, e) = (seq(3, 1), seq(3, 2), seq(3, 3), seq(3, 4));
+    put(&mut c, &a[..2]); // the system prompt's: oldest, kept
+    c.insert(&b[..2], Rows, || Rec(2), true);
+    c.insert(&d[..2], Rows, || Rec(2), true);
+    put(&mut c, &e[..2]);
+    assert_eq!(
+        hit(&mut c, &a),
+        Some(2),
+        "the oldest survives: it is not periodic"
+    );
+    assert_eq!(
+        hit(&mut c, &b),
+        None,
+        "the least recently used periodic one went"
+    );
+    assert_eq!(hit(&mut c, &d), Some(2));
+    // Inserting a periodic checkpoint again as a mark promotes it.
+    assert!(c.insert(&d[..2], Rows, || Rec(2), false));
+    put(&mut c, &b[..2]);
+    assert_eq!(
+        hit(&mut c, &e),
+        None,
+        "with no periodic one left, plain LRU"
+    );
+    assert_eq!(hit(&mut c, &a), Some(2));
+    assert_eq!(hit(&mut c, &d), Some(2));
 }

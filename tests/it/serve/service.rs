@@ -234,6 +234,12 @@ const METRIC_FAMILIES: &[(&str, &str)] = &[
     ("hostd_state_cache_hits", "counter"),
     ("hostd_state_cache_misses", "counter"),
     ("hostd_state_cache_evictions", "counter"),
+    ("hostd_state_disk_saved", "counter"),
+    ("hostd_state_disk_loaded", "counter"),
+    ("hostd_state_disk_refused", "counter"),
+    ("hostd_state_disk_skipped", "counter"),
+    ("hostd_state_disk_evicted", "counter"),
+    ("hostd_state_disk_bytes", "gauge"),
     ("hostd_model_loaded", "gauge"),
 ];
 
