@@ -10,7 +10,9 @@
 //!   header, a stream that ends before the header is complete — is left in the content, verbatim.
 //! - Once a call has started it is committed: text between parameters that is not a tag is
 //!   dropped; a missing `</function>` or `</tool_call>` is tolerated; a reply that ends inside a
-//!   call (the token budget ran out) closes it with what was read, so its arguments stay valid JSON.
+//!   call (the token budget ran out) closes it with what was read, so its arguments stay valid JSON;
+//!   a value cut short is kept only when its text is a whole value of its type (a raw string's
+//!   prefix is; half-written JSON is not, and is left out rather than passed off as a string).
 //! - A parameter's value is the text between `<parameter=KEY>` and `</parameter>` with one
 //!   leading and one trailing newline removed (the template puts them there). Only
 //!   `</parameter>` ends a value.
@@ -146,8 +148,15 @@ impl ToolCallParser {
             }
             State::Function { call } => self.args(&call, "}"),
             State::Param { mut call, key } => {
-                let raw = std::mem::take(&mut self.buf);
-                self.param(&mut call, &key, &raw);
+                // Cut short inside a value: kept only if what was written is a whole value
+                // of the parameter's type (issue 39 (d)), else left out of the arguments.
+                let mut raw = std::mem::take(&mut self.buf);
+                raw.truncate(raw.len() - partial_suffix(&raw, &format!("\n{PARAM_CLOSE}")));
+                let raw = raw.strip_prefix('\n').unwrap_or(&raw);
+                let schema = self.tools[call.tool].parameters.as_ref();
+                if let Some(value) = schema::typed_value_if_complete(raw, schema, &key) {
+                    self.push_param(&mut call, &key, &value);
+                }
                 self.args(&call, "}");
             }
         }
@@ -309,6 +318,11 @@ impl ToolCallParser {
         let raw = raw.strip_prefix('\n').unwrap_or(raw);
         let raw = raw.strip_suffix('\n').unwrap_or(raw);
         let value = typed_value(raw, self.tools[call.tool].parameters.as_ref(), key);
+        self.push_param(call, key, &value);
+    }
+
+    /// Appends `"key":value` to the call's arguments.
+    fn push_param(&mut self, call: &mut Call, key: &str, value: &Value) {
         let sep = if call.params > 0 { "," } else { "" };
         let key_json = serde_json::to_string(key).unwrap_or_default();
         let value_json = serde_json::to_string(&value).unwrap_or_default();

@@ -404,15 +404,6 @@ fn health_models_and_error_shapes() {
         ),
         "tools[0].type"
     );
-    let weather = json!([{ "type": "function", "function": { "name": "get_weather" } }]);
-    // A forced call (constrained decoding) cannot also follow a response_format.
-    let both = ok(
-        json!({ "tools": weather, "tool_choice": "required", "response_format": { "type": "json_object" } }),
-    );
-    assert_eq!(
-        check_error(&chat(&both), 400, "unsupported_parameter"),
-        "response_format"
-    );
     // Unknown fields are accepted (field policy: `docs/api.md`); known-unsupported ones are not.
     assert_eq!(chat(&ok(json!({ "frobnicate": true }))).status, 200);
     assert_eq!(

@@ -227,15 +227,21 @@ fn forced_tool_calls_are_valid_with_random_weights() {
             "properties": {"zone": {"type": "string", "enum": ["UTC", "CET"]}}, "required": ["zone"]}}}
     ]);
     let named = json!({"type": "function", "function": {"name": "get_time"}});
-    for (choice, thinking, seed) in [
-        (json!("required"), false, 1),
-        (json!("required"), true, 2),
-        (named.clone(), false, 3),
-        (named, true, 4),
+    // The last two also carry a response format: the forced call is written (issue 39 (b);
+    // it was a 400, which broke the Agents SDK's `output_type` with `tool_choice="required"`).
+    let format = json!({"type": "json_schema", "json_schema": {"name": "a", "schema": schema()}});
+    for (choice, thinking, seed, response_format) in [
+        (json!("required"), false, 1, Value::Null),
+        (json!("required"), true, 2, Value::Null),
+        (named.clone(), false, 3, Value::Null),
+        (named.clone(), true, 4, Value::Null),
+        (json!("required"), false, 5, format.clone()),
+        (named, false, 6, json!({"type": "json_object"})),
     ] {
         let r = s.chat(json!({
             "model": s.name, "messages": user("Weather in Oslo?"), "tools": tools, "tool_choice": choice,
-            "parallel_tool_calls": false, "max_tokens": 400, "temperature": 1, "seed": seed, "chat_template_kwargs": {"enable_thinking": thinking}
+            "parallel_tool_calls": false, "max_tokens": 400, "temperature": 1, "seed": seed, "chat_template_kwargs": {"enable_thinking": thinking},
+            "response_format": response_format
         }));
         let c = &r["choices"][0];
         assert_eq!(c["finish_reason"], "tool_calls", "{r}");

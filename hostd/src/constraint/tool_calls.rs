@@ -14,8 +14,8 @@
 //! `<tool_call>` and `</tool_call>` are single special tokens. Parameters come in the order of
 //! the tool's `properties`; required ones must appear, optional ones may. A parameter whose schema
 //! names no type but `string` ([`is_raw_string`]) has raw text as its value (no quotes,
-//! never containing `</parameter>`; `enum`, `const`, `minLength` and `maxLength` are enforced,
-//! `pattern` is refused); any other parameter's value is JSON conforming to its schema (with the
+//! never containing `</parameter>`, never starting with a line break; `enum`, `const`,
+//! `minLength`, `maxLength` and `pattern` are enforced); any other parameter's value is JSON conforming to its schema (with the
 //! tool's `$defs` / `definitions` in scope). With parallel calls allowed, one or more calls
 //! follow each other separated by `\n`.
 
@@ -219,16 +219,50 @@ fn raw_string_value(schema: &Value) -> Result<String, String> {
                 .ok_or("enum must be an array")?,
         );
     }
-    if schema.get("pattern").is_some() {
-        return Err("`pattern` is not supported on a raw string parameter".into());
-    }
+    let pattern = match schema.get("pattern") {
+        None => String::new(),
+        Some(Value::String(p)) => format!(" & /{}/", pattern_regex(p)),
+        Some(_) => return Err("`pattern` must be a string".into()),
+    };
     let min = schema.get("minLength").and_then(Value::as_u64).unwrap_or(0);
     let max = schema.get("maxLength").and_then(Value::as_u64);
     // Text (valid UTF-8: the complement alone would also admit invalid bytes) of the allowed
-    // length that does not contain the closing tag.
+    // length, matching the pattern, that does not contain the closing tag and does not start
+    // with a line break (the parser removes only the template's own; a model's extra one
+    // would stay in the value).
     let max = max.map_or(String::new(), |m| m.to_string());
-    let body = format!(r"(/(?s:.{{{min},{max}}})/ & ~/(?s:.*)<\/parameter>(?s:.*)/)");
+    let body = format!(
+        r"(/(?s:.{{{min},{max}}})/{pattern} & ~/(?s:.*)<\/parameter>(?s:.*)/ & ~/\n(?s:.*)/)"
+    );
     Ok(format!("{body} {end}"))
+}
+
+/// A JSON-schema `pattern` (a search, anchored only by its own `^`/`$`) as the body of a Lark
+/// regex terminal that must match the whole value.
+fn pattern_regex(pattern: &str) -> String {
+    let (start, rest) = match pattern.strip_prefix('^') {
+        Some(r) => ("", r),
+        None => ("(?s:.*)", pattern),
+    };
+    // A trailing `$` anchors unless it is escaped (an odd number of backslashes before it).
+    let escapes = rest
+        .strip_suffix('$')
+        .map(|r| r.chars().rev().take_while(|&c| c == '\\').count());
+    let (body, end) = match escapes {
+        Some(n) if n % 2 == 0 => (&rest[..rest.len() - 1], ""),
+        _ => (rest, "(?s:.*)"),
+    };
+    // `/` ends the terminal: escape the unescaped ones.
+    let mut escaped = String::with_capacity(body.len());
+    let mut backslash = false;
+    for c in body.chars() {
+        if c == '/' && !backslash {
+            escaped.push('\\');
+        }
+        backslash = c == '\\' && !backslash;
+        escaped.push(c);
+    }
+    format!("{start}(?:{escaped}){end}")
 }
 
 #[cfg(test)]
@@ -407,9 +441,106 @@ mod tests {
         );
     }
 
+    /// Issue 39 (a), (c), (e): string parameters with a `pattern`, nullable strings
+    /// (`["string", "null"]`, `anyOf`) and plain ones reach the caller as the grammar wrote
+    /// them: the pattern holds over the whole value, a nullable string comes back without
+    /// quotes, and no raw value starts with a line break.
+    #[test]
+    fn patterns_and_nullable_strings_parse_back_as_written() {
+        let defs = vec![(
+            "f",
+            json!({"type": "object", "properties": {
+                "code": {"type": "string", "pattern": "^[a-z]{3}-[0-9]{2}$"},
+                "note": {"type": "string", "pattern": "ab", "maxLength": 12},
+                "path": {"type": "string", "pattern": "^/tmp/[a-z]+$", "maxLength": 12},
+                "opt": {"type": ["string", "null"], "maxLength": 8},
+                "opt2": {"anyOf": [{"type": "string", "maxLength": 8}, {"type": "null"}]},
+                "text": {"type": "string", "maxLength": 8}
+            }, "required": ["code", "note", "path", "opt", "opt2", "text"]}),
+        )];
+        let specs = [ToolSpec {
+            name: "f",
+            parameters: Some(&defs[0].1),
+        }];
+        let spec = tool_call_constraint(&specs, ToolChoice::Required, false).expect("grammar");
+        let (g, tok) = grammar_set();
+        let closers = [
+            "\n</parameter>\n",
+            "</function>\n",
+            "</tool_call>",
+            "\"",
+            "b",
+        ];
+        let mut strings = 0;
+        for seed in 0..12 {
+            let mut c = g
+                .compile(
+                    &spec,
+                    StartOptions {
+                        reasoning: false,
+                        reasoning_budget: 0,
+                    },
+                )
+                .expect("compile");
+            let (ids, ended) = walk(&mut c, seed, &closers, 40);
+            let text = tok.decode(&ids).unwrap();
+            assert!(ended, "seed {seed}: did not end: {text:?}");
+            let calls =
+                parse_calls(&text, &defs).unwrap_or_else(|e| panic!("seed {seed}: {e}\n{text}"));
+            let args = &calls[0].1;
+            let s = |k: &str| {
+                args[k]
+                    .as_str()
+                    .unwrap_or_else(|| panic!("seed {seed}: {k} = {}", args[k]))
+            };
+            let code = s("code").as_bytes();
+            assert!(
+                code.len() == 6
+                    && code[..3].iter().all(u8::is_ascii_lowercase)
+                    && code[3] == b'-'
+                    && code[4..].iter().all(u8::is_ascii_digit),
+                "seed {seed}: code {:?}",
+                s("code")
+            );
+            assert!(
+                s("note").contains("ab") && s("note").chars().count() <= 12,
+                "seed {seed}: note {:?}",
+                s("note")
+            );
+            let path = s("path");
+            assert!(
+                path.len() > 5
+                    && path.starts_with("/tmp/")
+                    && path[5..].bytes().all(|b| b.is_ascii_lowercase()),
+                "seed {seed}: path {path:?}"
+            );
+            for k in ["opt", "opt2"] {
+                if let Some(v) = args[k].as_str() {
+                    assert!(
+                        !v.starts_with('"'),
+                        "seed {seed}: {k} came back quoted: {v:?}"
+                    );
+                    strings += 1;
+                } else {
+                    assert!(args[k].is_null(), "seed {seed}: {k} = {}", args[k]);
+                }
+            }
+            for k in ["code", "note", "path", "text"] {
+                assert!(
+                    !s(k).starts_with('\n'),
+                    "seed {seed}: {k} starts with a line break"
+                );
+            }
+        }
+        assert!(
+            strings > 0,
+            "the walks should write some nullable strings as strings"
+        );
+    }
+
     #[test]
     fn bad_tools_are_refused_by_name() {
-        let p = json!({"type": "object", "properties": {"a": {"type": "string", "pattern": "^x"}}});
+        let p = json!({"type": "object", "properties": {"a": {"type": "string", "pattern": 5}}});
         let e = tool_call_constraint(
             &[ToolSpec {
                 name: "f",

@@ -137,17 +137,17 @@ pub fn forced_constraint(req: &ToolRequest) -> Result<Option<ConstraintSpec>, Ap
 
 /// The grammar a reply follows and the field its errors name: a forced tool call's
 /// ([`forced_constraint`], `tool_choice`), else the request's own output format `format`
-/// (`format_param`: `response_format`, `text.format`); both at once is refused.
+/// (`format_param`: `response_format`, `text.format`). With both, the forced call wins: a
+/// forced turn's reply is the call and has no text for the format to shape; the format
+/// applies to the turns after it, where the client's tool_choice is no longer forced. That is
+/// how OpenAI takes the combination, and what the OpenAI Agents SDK sends for an agent with an
+/// `output_type` and `tool_choice="required"`.
 pub fn output_constraint(
     req: &ToolRequest,
     format: Option<ConstraintSpec>,
     format_param: &'static str,
 ) -> Result<(Option<ConstraintSpec>, &'static str), ApiError> {
     match forced_constraint(req)? {
-        Some(_) if format.is_some() => Err(ApiError::unsupported(
-            format!("{format_param} cannot be combined with a forced tool_choice."),
-            format_param,
-        )),
         Some(forced) => Ok((Some(forced), "tool_choice")),
         None => Ok((format, format_param)),
     }
@@ -239,10 +239,77 @@ fn tool_spec(i: usize, tool: &Value) -> Result<ToolSpec, ApiError> {
         }
     };
     check_name(&name, &at(".function.name"))?;
+    if let Some(p) = f.get("parameters") {
+        check_schema_types(p, &at(".function.parameters"))?;
+    }
     Ok(ToolSpec {
         name,
         parameters: f.get("parameters").filter(|p| p.is_object()).cloned(),
     })
+}
+
+/// JSON Schema's type names.
+const SCHEMA_TYPES: [&str; 7] = [
+    "string", "number", "integer", "boolean", "object", "array", "null",
+];
+
+/// Checks every `type` in a tool's parameter schema (at `param`) names a JSON Schema type, so a
+/// malformed schema (`"type": "strin"`) gets the same 400 under `tool_choice: "auto"` as when
+/// the call is forced and its grammar is built from the schema. Walks the schema positions only
+/// (a property *named* `type` is not a type).
+pub fn check_schema_types(schema: &Value, param: &str) -> Result<(), ApiError> {
+    let Value::Object(obj) = schema else {
+        return Ok(());
+    };
+    let ok = match obj.get("type") {
+        None => true,
+        Some(Value::String(t)) => SCHEMA_TYPES.contains(&t.as_str()),
+        Some(Value::Array(ts)) => ts
+            .iter()
+            .all(|t| t.as_str().is_some_and(|t| SCHEMA_TYPES.contains(&t))),
+        Some(_) => false,
+    };
+    if !ok {
+        return Err(ApiError::invalid(
+            format!(
+                "Invalid schema: type {} is not one of {}.",
+                obj["type"],
+                SCHEMA_TYPES.join(", ")
+            ),
+            format!("{param}.type"),
+        ));
+    }
+    for key in ["properties", "patternProperties", "$defs", "definitions"] {
+        if let Some(Value::Object(m)) = obj.get(key) {
+            for (k, sub) in m {
+                check_schema_types(sub, &format!("{param}.{key}.{k}"))?;
+            }
+        }
+    }
+    for key in ["anyOf", "oneOf", "allOf", "prefixItems", "items"] {
+        match obj.get(key) {
+            Some(Value::Array(list)) => {
+                for (i, sub) in list.iter().enumerate() {
+                    check_schema_types(sub, &format!("{param}.{key}[{i}]"))?;
+                }
+            }
+            Some(sub) => check_schema_types(sub, &format!("{param}.{key}"))?,
+            None => {}
+        }
+    }
+    for key in [
+        "additionalProperties",
+        "not",
+        "if",
+        "then",
+        "else",
+        "contains",
+    ] {
+        if let Some(sub) = obj.get(key) {
+            check_schema_types(sub, &format!("{param}.{key}"))?;
+        }
+    }
+    Ok(())
 }
 
 /// Names go into the prompt as `<function=NAME>`: 1–128 of `A-Z a-z 0-9 _ - . :`.
@@ -477,6 +544,54 @@ mod tests {
                 .unwrap_or_default()
                 .to_string(),
         )
+    }
+
+    /// Issue 39 (e): a schema with a misspelt type is refused under `auto` too, naming where;
+    /// a property named `type` is not a type; and a forced choice with a response format is
+    /// taken, the forced call winning (issue 39 (b)).
+    #[test]
+    fn malformed_schemas_are_refused_whatever_the_choice_and_forced_calls_take_a_format() {
+        let tool = |props: Value| json!({"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": props}}});
+        for choice in ["auto", "none", "required"] {
+            let bad = req(
+                json!({"tools": [tool(json!({"a": {"type": "strin"}}))], "tool_choice": choice}),
+            );
+            assert_eq!(
+                param_of(tool_request(&bad).unwrap_err()),
+                (
+                    400,
+                    "tools[0].function.parameters.properties.a.type".to_string()
+                ),
+                "{choice}"
+            );
+        }
+        let nested = req(
+            json!({"tools": [tool(json!({"a": {"type": "array", "items": {"anyOf": [{"type": "string"}, {"type": ["null", "int"]}]}}}))]}),
+        );
+        assert_eq!(
+            param_of(tool_request(&nested).unwrap_err()).1,
+            "tools[0].function.parameters.properties.a.items.anyOf[1].type"
+        );
+        let named_type = req(
+            json!({"tools": [tool(json!({"type": {"type": "string"}, "n": {"type": ["integer", "null"]}}))]}),
+        );
+        assert!(tool_request(&named_type).is_ok());
+        let forced = tool_request(&req(
+            json!({"tools": [weather()], "tool_choice": "required"}),
+        ))
+        .unwrap();
+        let format = Some(ConstraintSpec::Lark("start: \"x\"".into()));
+        let (spec, param) = output_constraint(&forced, format.clone(), "response_format").unwrap();
+        assert_eq!(param, "tool_choice");
+        assert!(
+            spec.is_some() && spec != format,
+            "the forced call's grammar, not the format"
+        );
+        let auto = tool_request(&req(json!({"tools": [weather()]}))).unwrap();
+        assert_eq!(
+            output_constraint(&auto, format.clone(), "response_format").unwrap(),
+            (format, "response_format")
+        );
     }
 
     #[test]

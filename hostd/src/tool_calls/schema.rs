@@ -6,7 +6,8 @@
 //! `enum`/`const` values ([`is_raw_text`]), or no schema for the key → the raw text as a string.
 //! Otherwise the text, trimmed, is parsed as JSON and kept when its kind is one of the types (any
 //! kind when the schema names no type; `integer` needs an integral number); `True`/`False` (any case) count as booleans and
-//! `None` as null, as the template writes Python values that way. Anything else falls back to the
+//! `None` as null, as the template writes Python values that way. A JSON string counts as a
+//! `string` (a nullable string written as JSON, as forced calls do). Anything else falls back to the
 //! raw string.
 
 use serde_json::Value;
@@ -35,6 +36,31 @@ pub fn typed_value(raw: &str, schema: Option<&Value>, key: &str) -> Value {
     }
 }
 
+/// [`typed_value`] of a value whose text may be cut short (the reply ended inside it): the
+/// typed value when the text is a whole value of the parameter's type (or the parameter is raw
+/// text, where any prefix is a string), `None` when it is not, so the caller drops it rather
+/// than report half-written JSON as a string.
+pub(super) fn typed_value_if_complete(
+    raw: &str,
+    schema: Option<&Value>,
+    key: &str,
+) -> Option<Value> {
+    let prop = schema
+        .and_then(|s| s.get("properties"))
+        .and_then(|p| p.get(key));
+    if prop.is_none_or(is_raw_text) {
+        return Some(Value::String(raw.to_string()));
+    }
+    let v = typed_value(raw, schema, key);
+    let parsed = serde_json::from_str::<Value>(raw.trim()).is_ok();
+    // A string that did not parse is the raw text: whole only where the schema allows a
+    // string written raw, and not when it opened a JSON string it never closed.
+    let whole = !v.is_string()
+        || parsed
+        || (property_types(prop).contains(&"string") && !raw.trim_start().starts_with('"'));
+    whole.then_some(v)
+}
+
 fn kind_matches(v: &Value, ty: &str) -> bool {
     match ty {
         "integer" => v.as_i64().is_some() || v.as_u64().is_some(),
@@ -43,6 +69,9 @@ fn kind_matches(v: &Value, ty: &str) -> bool {
         "object" => v.is_object(),
         "array" => v.is_array(),
         "null" => v.is_null(),
+        // A JSON string where the schema also allows others (`["string", "null"]`): how a
+        // forced call writes it (`"text"`), and how a model may quote it.
+        "string" => v.is_string(),
         _ => false,
     }
 }
@@ -109,6 +138,7 @@ mod tests {
             "a": {"type": "array"},
             "z": {"type": "null"},
             "sn": {"type": ["string", "null"]},
+            "osn": {"anyOf": [{"type": "string"}, {"type": "null"}]},
             "any": {"anyOf": [{"type": "integer"}, {"type": "string"}]},
             "untyped": {"description": "no type"},
             "choice": {"enum": ["1", "b"]}
@@ -134,6 +164,10 @@ mod tests {
         assert_eq!(t("None", "z"), json!(null));
         assert_eq!(t("null", "sn"), json!(null));
         assert_eq!(t("hello", "sn"), json!("hello"));
+        // Written as JSON (a forced call does): the string, not its quotes.
+        assert_eq!(t("\"lace ycriq\"", "sn"), json!("lace ycriq"));
+        assert_eq!(t("\"x\"", "osn"), json!("x"));
+        assert_eq!(t("\"7\"", "any"), json!("7"));
         assert_eq!(t("7", "any"), json!(7));
         assert_eq!(t("seven", "any"), json!("seven"));
         // No type named: any JSON value (as the grammar of a forced call writes it), else raw.
@@ -147,6 +181,17 @@ mod tests {
                 && !is_raw_text(&json!({"$ref": "#/x"}))
         );
         assert_eq!(t("7", "not_in_schema"), json!("7"));
+        // Cut short (issue 39 (d)): half-written JSON is not a value; raw text still is.
+        let cut = |raw: &str, key: &str| typed_value_if_complete(raw, Some(&s), key);
+        assert_eq!(cut("[1, \"x", "a"), None);
+        assert_eq!(cut("{\"k\": ", "o"), None);
+        assert_eq!(cut("[1]", "a"), Some(json!([1])));
+        assert_eq!(cut("\"lace yc", "sn"), None);
+        assert_eq!(cut("lace yc", "sn"), Some(json!("lace yc")));
+        assert_eq!(cut("\"done\"", "sn"), Some(json!("done")));
+        assert_eq!(cut("any text", "s"), Some(json!("any text")));
+        assert_eq!(cut("4", "i"), Some(json!(4)));
+        assert_eq!(cut("[tr", "untyped"), None);
         assert_eq!(typed_value("7", None, "i"), json!("7"));
     }
 }

@@ -223,6 +223,26 @@ fn a_reply_cut_inside_a_call_closes_it() {
             vec![("get_weather".to_string(), "{}".to_string())]
         )
     );
+    // Issue 39 (d): half-written JSON is left out, not passed off as a string; a whole value
+    // before it stays, and a string cut inside its closing tag keeps only its text.
+    let text = "<tool_call>\n<function=search>\n<parameter=limit>\n5\n</parameter>\n<parameter=paths>\n[\"a\", \"b";
+    assert_eq!(
+        parse_all(tools(), None, text).1,
+        vec![("search".to_string(), r#"{"limit":5}"#.to_string())]
+    );
+    let text = "<tool_call>\n<function=search>\n<parameter=paths>\n[\"a\"]\n</param";
+    assert_eq!(
+        parse_all(tools(), None, text).1,
+        vec![("search".to_string(), r#"{"paths":["a"]}"#.to_string())]
+    );
+    let text = "<tool_call>\n<function=get_weather>\n<parameter=city>\nBerlin\n</para";
+    assert_eq!(
+        parse_all(tools(), None, text).1,
+        vec![(
+            "get_weather".to_string(),
+            r#"{"city":"Berlin"}"#.to_string()
+        )]
+    );
 }
 
 #[test]

@@ -120,6 +120,10 @@ fn tool(i: usize, t: &Value) -> Result<(Value, ToolSpec), ApiError> {
             format!("{at}.input_schema.type"),
         ));
     }
+    crate::http::tools::check_schema_types(
+        &Value::Object(schema.clone()),
+        &format!("{at}.input_schema"),
+    )?;
     let mut function = Map::new();
     function.insert("name".into(), json!(name));
     if let Some(d) = description {

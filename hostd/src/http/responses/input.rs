@@ -335,6 +335,9 @@ pub fn tool_request(
             ],
         )?;
         let parameters = obj.get("parameters").filter(|p| p.is_object()).cloned();
+        if let Some(p) = &parameters {
+            tools::check_schema_types(p, &format!("{at}.parameters"))?;
+        }
         let mut function = Map::new();
         function.insert("name".into(), json!(name));
         if let Some(d) = obj.get("description").filter(|d| d.is_string()) {
