@@ -86,8 +86,12 @@ pub fn generate_greedy(
     let mut state = model.new_state();
     let chunk = opts.prefill_chunk.max(1);
     let mut logits = Vec::new();
-    for block in prompt.chunks(chunk) {
-        logits = model.forward(&mut state, block, Logits::Last, None)?;
+    // The server's block rule (`engine::block_end`), so both give the same logits.
+    let mut fed = 0;
+    while fed < prompt.len() {
+        let end = crate::engine::block_end(fed, prompt.len(), chunk, None);
+        logits = model.forward(&mut state, &prompt[fed..end], Logits::Last, None)?;
+        fed = end;
     }
     let prefill_time = start.elapsed();
     let mut out = Vec::new();

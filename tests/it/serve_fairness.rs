@@ -109,6 +109,32 @@ fn a_short_request_finishes_while_a_long_prompt_is_prefilled_and_its_output_is_u
     assert_eq!(tokens(&solo_short).as_array().map(Vec::len), Some(4));
 }
 
+/// Issue 39 item 3: a long prompt prefilled beside a decoding stream rides in the stream's
+/// forward passes (mixed steps, 64-row blocks), and its output, tokens and log-probabilities,
+/// equals its solo run's (512-row blocks) bit for bit: the pace does not show.
+#[test]
+fn a_prompt_prefilled_beside_a_decoding_stream_rides_its_steps_and_equals_its_solo_run() {
+    let s = start("small", &["--state-cache-bytes", "0"]);
+    let long = prompt_ids("small", 1500, 3);
+    let solo = complete(&s, &greedy(&long, 3)).json();
+    assert_eq!(s.metric("hostd_mixed_steps_total"), 0.0);
+    let blocks0 = s.metric("hostd_prefill_chunks_total");
+    let stream = crate::serve::open_long_stream(&s, 2);
+    let busy = complete(&s, &greedy(&long, 3)).json();
+    drop(stream);
+    assert_eq!(
+        busy["choices"][0]["logprobs"], solo["choices"][0]["logprobs"],
+        "the prompt's output changed when it was prefilled beside a decoding stream"
+    );
+    // 1500 rows in blocks of 64: 24 blocks, each in a step with the stream's row.
+    let blocks = s.metric("hostd_prefill_chunks_total") - blocks0;
+    let mixed = s.metric("hostd_mixed_steps_total");
+    assert!(
+        blocks >= 24.0 && mixed >= 24.0,
+        "{blocks} blocks, {mixed} mixed steps"
+    );
+}
+
 #[test]
 fn the_queue_limit_counts_prompt_tokens() {
     let s = start("tiny", &["--max-batch", "1", "--max-queued-tokens", "40"]);

@@ -64,9 +64,9 @@ pub struct ServeArgs {
     pub state_cache_bytes: usize,
     /// The prefix cache also keeps a checkpoint every this many prompt tokens, so an edited
     /// history re-prefills at most this many tokens before the edit (0: only at the chat
-    /// template's marks: the end of the first message and the last assistant header). A
-    /// multiple of --prefill-chunk, so it adds no prefill calls. Default: the first multiple
-    /// of --prefill-chunk from 2048 (docs/prefix-cache.md says why).
+    /// template's marks: the end of the first message and the last assistant header). Each
+    /// checkpoint ends a prefill block, so it may add a forward call. Default: the first
+    /// multiple of --prefill-chunk from 2048 (docs/prefix-cache.md says why).
     #[arg(long, env = "SLUICE_PREFIX_CHECKPOINT_EVERY")]
     pub prefix_checkpoint_every: Option<usize>,
     /// Also save the states a restarted server resumes from (the end of a conversation's
@@ -170,13 +170,6 @@ pub fn run(args: &ServeArgs) -> anyhow::Result<()> {
     anyhow::ensure!(
         args.prefill_chunk >= 1,
         "--prefill-chunk must be at least 1"
-    );
-    anyhow::ensure!(
-        args.prefix_checkpoint_every
-            .is_none_or(|n| n % args.prefill_chunk == 0),
-        "--prefix-checkpoint-every ({}) must be a multiple of --prefill-chunk ({})",
-        args.prefix_checkpoint_every.unwrap_or_default(),
-        args.prefill_chunk
     );
     anyhow::ensure!(
         args.prefix_cache_dir.is_none() || args.state_cache_bytes > 0,

@@ -1,16 +1,75 @@
-//! Which prefill blocks the scheduler runs in one iteration (between two decode steps), so a
-//! long prompt cannot hold other sequences' first tokens or their decoding hostage.
+//! Which prefill blocks the scheduler runs in one step, and how prefill shares the time with
+//! decoding, so a long prompt cannot hold other sequences' first tokens or their decoding
+//! hostage.
 //!
-//! Policy, per iteration: every prefilling sequence may run at most one block (the per-request
-//! chunk budget: `prefill_chunk` rows, fewer up to its checkpoint or its prompt's end); the
-//! blocks run shortest-remaining-prompt first while their rows fit the iteration's token budget
-//! (the first block always runs, so a budget smaller than a block still makes progress); a
-//! sequence passed over [`STARVATION_LIMIT`] iterations in a row goes first, so a long prompt
-//! keeps progressing under a stream of short ones. Block *boundaries* never depend on the plan
-//! (they are multiples of `prefill_chunk` and the checkpoint), only the order and the pace do,
-//! so a sequence's output is the same whatever else is queued.
+//! Policy, per step: every prefilling sequence may run at most one block; the blocks run
+//! shortest-remaining-prompt first while their rows fit the step's token budget (the first block
+//! always runs, so a budget smaller than a block still makes progress); a sequence passed over
+//! [`STARVATION_LIMIT`] steps in a row goes first, so a long prompt keeps progressing under a
+//! stream of short ones. The blocks ride in the same forward pass as the decoding sequences'
+//! rows. While any sequence decodes, blocks are one [`pace_unit`] long and a step carries
+//! prefill blocks only while prefill has had at most [`PREFILL_SHARE`] of the time ([`Pace`]);
+//! so a decoding stream keeps at least about half its solo speed beside a long prefill. With
+//! nothing decoding, blocks are `prefill_chunk` long and run back to back.
 //!
-//! Pure functions only; the scheduler applies the plan to the model.
+//! **The output does not depend on the pace.** A block ends at its start plus `rows`, at the
+//! sequence's next boundary (a prefix-cache mark), or at the prompt's end ([`block_end`]). When
+//! `prefill_chunk` is a multiple of the DeltaNet chunk (64), the pace unit is 64, and a block
+//! that ends on the 64-grid counted from its start changes no bit of the result compared with a
+//! longer block (every other op is row-wise; `model::snapshot` tests it), so blocks of 64 and of
+//! `prefill_chunk` give the same logits. Otherwise the pace unit is `prefill_chunk` itself and
+//! blocks never change size.
+//!
+//! Pure functions and counters only; the scheduler applies the plan to the model.
+
+use std::time::Duration;
+
+/// The DeltaNet chunk length: blocks that end on this grid from their start do not change bits.
+const GRID: usize = 64;
+
+/// At most this share of the time goes to steps carrying prefill blocks while sequences decode.
+pub(super) const PREFILL_SHARE: f64 = 0.5;
+
+/// The block length while sequences decode: 64 when `prefill_chunk` is on the 64-grid (any
+/// multiple then gives the same bits), else `prefill_chunk` (blocks never change size).
+pub(super) fn pace_unit(prefill_chunk: usize) -> usize {
+    if prefill_chunk >= GRID && prefill_chunk.is_multiple_of(GRID) {
+        GRID
+    } else {
+        prefill_chunk.max(1)
+    }
+}
+
+/// The time steps with and without prefill took since sequences started decoding beside a
+/// prefill: a step carries prefill blocks only while their share stays within
+/// [`PREFILL_SHARE`].
+#[derive(Debug, Default)]
+pub(super) struct Pace {
+    prefill: Duration,
+    decode: Duration,
+}
+
+impl Pace {
+    /// Whether this step may carry prefill blocks.
+    pub(super) fn prefill_turn(&self) -> bool {
+        let total = self.prefill + self.decode;
+        total.is_zero() || self.prefill.as_secs_f64() <= PREFILL_SHARE * total.as_secs_f64()
+    }
+
+    /// A step that took `took`, with prefill blocks in it or not.
+    pub(super) fn record(&mut self, with_prefill: bool, took: Duration) {
+        if with_prefill {
+            self.prefill += took;
+        } else {
+            self.decode += took;
+        }
+    }
+
+    /// Nothing decodes: the next decoding period starts afresh.
+    pub(super) fn reset(&mut self) {
+        *self = Pace::default();
+    }
+}
 
 /// Iterations a prefilling sequence may be passed over in a row before it goes first.
 pub(super) const STARVATION_LIMIT: u32 = 2;
@@ -41,20 +100,23 @@ pub(super) struct Block {
     pub end: usize,
 }
 
-/// Where the block starting at `fed` ends: the next multiple of `chunk`, or the checkpoint, or
-/// the prompt's end, whichever comes first. Depends on nothing but the sequence itself.
-pub(super) fn block_end(
+/// Where the block starting at `fed` ends: `rows` later, or at the checkpoint (the next
+/// boundary), or at the prompt's end, whichever comes first; and never one row short of that
+/// stop, which would leave a 1-row block (one token takes the DeltaNet's recurrent form, not
+/// the chunked one, so its bits would depend on the pace). Depends on nothing but the sequence
+/// and the pace (see the module doc for why the pace changes no bit). `hostd run` prefills
+/// with the same rule, so its logits equal the server's.
+pub(crate) fn block_end(
     fed: usize,
     prompt_len: usize,
-    chunk: usize,
+    rows: usize,
     checkpoint: Option<usize>,
 ) -> usize {
-    let chunk = chunk.max(1);
-    let mut end = (fed / chunk + 1) * chunk;
-    if let Some(c) = checkpoint.filter(|&c| c > fed) {
-        end = end.min(c);
-    }
-    end.min(prompt_len)
+    let stop = checkpoint
+        .filter(|&c| c > fed)
+        .map_or(prompt_len, |c| c.min(prompt_len));
+    let end = fed + rows.max(1);
+    if end + 1 >= stop { stop } else { end }
 }
 
 /// The blocks of one iteration, in the order to run them (at most one per candidate). Callers
@@ -102,10 +164,16 @@ mod tests {
         assert_eq!(block_end(0, 1000, 512, None), 512);
         assert_eq!(block_end(512, 1000, 512, None), 1000);
         assert_eq!(block_end(0, 1000, 512, Some(300)), 300);
-        assert_eq!(block_end(300, 1000, 512, Some(300)), 512);
-        // A cache hit that starts mid-chunk realigns to the chunk grid.
-        assert_eq!(block_end(700, 5000, 512, None), 1024);
+        assert_eq!(block_end(300, 1000, 512, Some(300)), 812);
+        // A block starts wherever the last one (or the cache hit) ended.
+        assert_eq!(block_end(700, 5000, 512, None), 1212);
+        assert_eq!(block_end(700, 5000, 64, Some(720)), 720);
         assert_eq!(block_end(0, 10, 0, None), 1);
+        // Never a 1-row block before the stop: the pace would show in the bits.
+        assert_eq!(block_end(0, 65, 64, None), 65);
+        assert_eq!(block_end(0, 66, 64, None), 64);
+        assert_eq!(block_end(0, 1000, 64, Some(65)), 65);
+        assert_eq!(block_end(64, 65, 64, None), 65);
     }
 
     #[test]
@@ -180,6 +248,27 @@ mod tests {
         }
         // At least one block every STARVATION_LIMIT + 1 iterations.
         assert!(iterations <= 12_000usize.div_ceil(chunk) as u64 * u64::from(STARVATION_LIMIT + 1));
+    }
+
+    #[test]
+    fn the_pace_unit_and_the_share() {
+        assert_eq!(pace_unit(512), 64);
+        assert_eq!(pace_unit(64), 64);
+        assert_eq!(pace_unit(16), 16, "off the grid: blocks never change size");
+        assert_eq!(pace_unit(100), 100);
+        let mut p = Pace::default();
+        assert!(p.prefill_turn(), "the first step may prefill");
+        p.record(true, Duration::from_millis(300));
+        assert!(
+            !p.prefill_turn(),
+            "then decode until prefill is within its share"
+        );
+        p.record(false, Duration::from_millis(200));
+        assert!(!p.prefill_turn());
+        p.record(false, Duration::from_millis(100));
+        assert!(p.prefill_turn());
+        p.reset();
+        assert!(p.prefill_turn());
     }
 
     #[test]

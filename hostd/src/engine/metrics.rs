@@ -192,6 +192,8 @@ pub struct Metrics {
     pub decode_rows: Counter,
     /// Prefill forward calls run.
     pub prefill_chunks: Counter,
+    /// Forward passes that carried prefill blocks and decode rows together.
+    pub mixed_steps: Counter,
     /// Prefix-cache bytes held.
     pub cache_bytes: Gauge,
     /// Prefix-cache checkpoints held.
@@ -355,7 +357,13 @@ impl Metrics {
                 "Sequences summed over decode passes",
                 c(),
             ),
-            prefill_chunks: add(&mut r, "hostd_prefill_chunks", "Prefill forward calls", c()),
+            prefill_chunks: add(&mut r, "hostd_prefill_chunks", "Prefill blocks run", c()),
+            mixed_steps: add(
+                &mut r,
+                "hostd_mixed_steps",
+                "Forward passes that carried prefill blocks and decode rows together",
+                c(),
+            ),
             cache_bytes: add(
                 &mut r,
                 "hostd_state_cache_bytes",
@@ -550,9 +558,9 @@ mod tests {
                 "# TYPE hostd_request_duration_seconds histogram\n",
             ],
         );
-        // One HELP and one TYPE per family (33); no OpenMetrics `# EOF`.
-        assert_eq!(text.matches("# HELP ").count(), 33, "{text}");
-        assert_eq!(text.matches("# TYPE ").count(), 33, "{text}");
+        // One HELP and one TYPE per family (34); no OpenMetrics `# EOF`.
+        assert_eq!(text.matches("# HELP ").count(), 34, "{text}");
+        assert_eq!(text.matches("# TYPE ").count(), 34, "{text}");
         assert!(!text.contains("# EOF"), "{text}");
     }
 }

@@ -11,6 +11,7 @@
 //! Not here: HTTP, JSON and the OpenAI shapes (`http/`); the sampling math (`sampling`).
 
 mod fairness;
+pub(crate) use fairness::block_end;
 mod marks;
 pub mod metrics;
 pub mod output;
@@ -51,10 +52,10 @@ pub struct EngineConfig {
     /// (`crate::prefix_store`), and the bytes it may hold.
     pub state_dir: Option<(std::path::PathBuf, u64)>,
     /// The prefix cache keeps a checkpoint every this many prompt tokens (0: only at the chat
-    /// template's marks; see `marks`). A multiple of `prefill_chunk` adds no prefill calls.
+    /// template's marks; see `marks`).
     pub checkpoint_every: usize,
-    /// Prompt rows per prefill forward call; prefill is cancellable between calls. Blocks end
-    /// at multiples of it, whatever else runs.
+    /// Prompt rows per prefill forward call while nothing decodes (one pace unit while
+    /// something does; `fairness`); prefill is cancellable between calls.
     pub prefill_chunk: usize,
     /// Prompt rows prefilled per scheduler iteration across all sequences, between two decode
     /// steps (at least one block always runs).

@@ -1,15 +1,15 @@
 //! The scheduler loop: the only thread that touches the model.
 //!
 //! Each iteration: admit queued requests while fewer than `max_batch` sequences run (looking up
-//! the prefix cache), drop sequences whose client went away, run this iteration's prefill blocks
-//! (at most one per prefilling sequence, shortest remaining prompt first, within the
-//! `prefill_budget` token budget; see `fairness`), then one decode step that feeds the last
-//! token of every decoding sequence through a single batched forward pass. So a long prompt
-//! delays a short one's first token, and every decoding sequence's next token, by at most about
-//! one block. A sequence's output depends only on its own
-//! prompt, parameters and (for prefix hits) the cached state, never on what else runs: batched
-//! rows equal per-sequence rows bit for bit (`model::batch`), and prefill blocks end at fixed
-//! positions (multiples of `prefill_chunk` and the checkpoint), whatever else is queued.
+//! the prefix cache and the state directory), drop sequences whose client went away, then one
+//! forward pass that carries this step's prefill blocks (at most one per prefilling sequence,
+//! shortest remaining prompt first, within the step's token budget) together with the next
+//! token of every decoding sequence: one expert call per layer for both. While sequences
+//! decode, blocks are short and prefill gets at most half the time (`fairness`), so a long
+//! prompt slows a decoding stream to no less than about half its speed. A sequence's output
+//! depends only on its own prompt, parameters and (for prefix hits) the cached state, never on
+//! what else runs: batched rows equal per-sequence rows bit for bit (`model::batch`), and a
+//! prompt's blocks end on a grid that makes the pace invisible in the bits (`fairness`).
 
 use super::fairness::{self, Candidate};
 use super::marks::MarkRule;
@@ -19,7 +19,7 @@ use super::{EngineConfig, Event, FinishReason, GenRequest, Usage};
 use crate::constraint::{Commit, SequenceConstraint};
 use crate::model::batch::{BatchError, BatchItem};
 use crate::model::snapshot::{KvRows, RecurrentSnapshot};
-use crate::model::{Logits, Model, SequenceState};
+use crate::model::{Model, SequenceState};
 use crate::prefix_cache::{self, PrefixCache};
 use crate::prefix_store::PrefixStore;
 use crate::sampling::Sampler;
@@ -125,6 +125,15 @@ struct Sequence {
     events: UnboundedSender<Event>,
 }
 
+/// What one sequence feeds in a step.
+#[derive(Debug, Clone, Copy)]
+enum Feed {
+    /// Prompt tokens `start..end`.
+    Prompt { start: usize, end: usize },
+    /// The token sampled last.
+    Token(u32),
+}
+
 /// How a sequence left the running set.
 enum Exit {
     Finished(FinishReason),
@@ -154,6 +163,8 @@ pub(super) struct Scheduler {
     seed_counter: u64,
     /// The next sequence's `serial`.
     next_serial: u64,
+    /// How prefill and decode share the time while sequences decode.
+    pace: fairness::Pace,
 }
 
 impl Scheduler {
@@ -191,6 +202,7 @@ impl Scheduler {
             undefined_ids,
             seed_counter,
             next_serial: 0,
+            pace: fairness::Pace::default(),
         }
     }
 
@@ -232,8 +244,7 @@ impl Scheduler {
             return false;
         }
         self.drop_cancelled();
-        self.prefill_step();
-        self.decode_step();
+        self.step();
         self.publish_gauges();
         true
     }
@@ -400,8 +411,18 @@ impl Scheduler {
         }
     }
 
-    /// This iteration's prefill blocks, as `fairness::plan` orders them.
-    fn prefill_step(&mut self) {
+    /// One forward pass: this iteration's prefill blocks (as `fairness::plan` orders them) and
+    /// the next token of every decoding sequence, in one batched call, so a prefill block and
+    /// the decode rows share one expert call per layer. While sequences decode, prefill blocks
+    /// are one pace unit long and run in at most `fairness::PREFILL_SHARE` of the time (the
+    /// other steps decode only); with nothing decoding, blocks are `prefill_chunk` long and run
+    /// back to back. Block boundaries stay where `fairness::block_end` puts them whatever the
+    /// pace, so the output does not depend on the load.
+    fn step(&mut self) {
+        let decoding = self
+            .seqs
+            .iter()
+            .any(|s| matches!(s.phase, Phase::Decode { .. }));
         let cands: Vec<Candidate> = self
             .seqs
             .iter()
@@ -416,52 +437,140 @@ impl Scheduler {
                 Phase::Decode { .. } => None,
             })
             .collect();
-        if cands.is_empty() {
-            return;
-        }
-        let blocks = fairness::plan(
-            &cands,
-            self.config.prefill_chunk,
-            self.config.prefill_budget.max(1),
-        );
+        let pace = &mut self.pace;
+        let (rows, budget) = if decoding {
+            let unit = fairness::pace_unit(self.config.prefill_chunk);
+            (unit, unit)
+        } else {
+            (self.config.prefill_chunk, self.config.prefill_budget.max(1))
+        };
+        let blocks = if cands.is_empty() || (decoding && !pace.prefill_turn()) {
+            Vec::new()
+        } else {
+            fairness::plan(&cands, rows, budget)
+        };
         for s in &mut self.seqs {
             if matches!(s.phase, Phase::Prefill { .. }) {
                 s.skipped = s.skipped.saturating_add(1);
             }
         }
-        for b in blocks {
-            // Earlier blocks may have ended (or failed) sequences, shifting indices.
-            let Some(i) = self.seqs.iter().position(|s| s.serial == b.serial) else {
-                continue;
+        // Which sequence each item is, and what it feeds.
+        let mut plan: Vec<(usize, Feed)> = Vec::new();
+        for b in &blocks {
+            if let Some(i) = self.seqs.iter().position(|s| s.serial == b.serial) {
+                self.seqs[i].skipped = 0;
+                let end = b.end.clamp(b.start + 1, self.seqs[i].prompt.len());
+                plan.push((
+                    i,
+                    Feed::Prompt {
+                        start: b.start,
+                        end,
+                    },
+                ));
+            }
+        }
+        for (i, s) in self.seqs.iter().enumerate() {
+            if let Phase::Decode { next } = s.phase {
+                plan.push((i, Feed::Token(next)));
+            }
+        }
+        if plan.is_empty() {
+            return;
+        }
+        let started = Instant::now();
+        let mut order: Vec<usize> = (0..plan.len()).collect();
+        order.sort_by_key(|&k| plan[k].0);
+        let mut items: Vec<BatchItem<'_>> = Vec::with_capacity(plan.len());
+        let mut slots: Vec<Option<BatchItem<'_>>> = (0..plan.len()).map(|_| None).collect();
+        let mut seqs = self.seqs.iter_mut().enumerate();
+        for &k in &order {
+            let (i, feed) = &plan[k];
+            let seq = loop {
+                let (j, s) = seqs.next().expect("planned sequences exist");
+                if j == *i {
+                    break s;
+                }
             };
-            self.seqs[i].skipped = 0;
-            self.prefill_block(i, b.end);
+            let Sequence { state, prompt, .. } = seq;
+            slots[k] = Some(BatchItem {
+                state,
+                tokens: match feed {
+                    Feed::Prompt { start, end } => &prompt[*start..*end],
+                    Feed::Token(t) => std::slice::from_ref(t),
+                },
+            });
+        }
+        items.extend(slots.into_iter().map(|s| s.expect("every item placed")));
+        let result = self.model.forward_batch(&mut items);
+        drop(items);
+        let n_blocks = plan
+            .iter()
+            .filter(|(_, f)| matches!(f, Feed::Prompt { .. }))
+            .count();
+        let n_decode = plan.len() - n_blocks;
+        self.metrics.prefill_chunks.inc_by(n_blocks as u64);
+        if n_decode > 0 {
+            self.metrics.decode_steps.inc();
+            self.metrics.decode_rows.inc_by(n_decode as u64);
+            if n_blocks > 0 {
+                self.metrics.mixed_steps.inc();
+            }
+        }
+        if decoding {
+            self.pace.record(n_blocks > 0, started.elapsed());
+        } else {
+            self.pace.reset();
+        }
+        match result {
+            Ok(all) => {
+                // Highest sequence index first, so removals do not shift pending indices.
+                let mut done: Vec<(usize, Feed, Vec<f32>)> = plan
+                    .into_iter()
+                    .zip(all)
+                    .map(|((i, f), l)| (i, f, l))
+                    .collect();
+                done.sort_by_key(|d| std::cmp::Reverse(d.0));
+                for (i, feed, logits) in done {
+                    match feed {
+                        Feed::Prompt { start, end } => self.prefill_done(i, start, end, &logits),
+                        Feed::Token(_) => self.take_token(i, &logits),
+                    }
+                }
+            }
+            Err(BatchError::Item { index, source }) => {
+                let seq = self.seqs.remove(plan[index].0);
+                self.exit(
+                    seq,
+                    Exit::Failed(super::Failure::of(
+                        "this sequence's input was refused",
+                        &source,
+                    )),
+                );
+            }
+            Err(BatchError::Failed(e)) => {
+                tracing::error!(error = %e, sequences = plan.len(), "batched forward pass failed");
+                let mut idx: Vec<usize> = plan.iter().map(|(i, _)| *i).collect();
+                idx.sort_unstable();
+                idx.dedup();
+                for &i in idx.iter().rev() {
+                    let seq = self.seqs.remove(i);
+                    self.exit(
+                        seq,
+                        Exit::Failed(super::Failure::of("forward pass failed", &e)),
+                    );
+                }
+            }
         }
     }
 
-    /// Feeds the prompt tokens from sequence `i`'s `fed` to `end`; samples the first token when
-    /// that completes the prompt.
-    fn prefill_block(&mut self, i: usize, end: usize) {
+    /// After prompt tokens `start..end` of sequence `i` went in: keeps a checkpoint there if one
+    /// is due, and samples the first token when that completed the prompt.
+    fn prefill_done(&mut self, i: usize, start: usize, end: usize, logits: &[f32]) {
         let seq = &mut self.seqs[i];
-        let Phase::Prefill { fed } = seq.phase else {
-            return;
-        };
-        let end = end.clamp(fed + 1, seq.prompt.len());
-        let _enter = seq.span.enter();
-        let result = self
-            .model
-            .forward(&mut seq.state, &seq.prompt[fed..end], Logits::Last, None);
-        self.metrics.prefill_chunks.inc();
-        let logits = match result {
-            Ok(l) => l,
-            Err(e) => {
-                drop(_enter);
-                let seq = self.seqs.remove(i);
-                self.exit(seq, Exit::Failed(super::Failure::of("prefill failed", &e)));
-                return;
-            }
-        };
-        tracing::debug!(fed, end, "prefill block");
+        {
+            let _enter = seq.span.enter();
+            tracing::debug!(fed = start, end, "prefill block");
+        }
         if seq.checkpoints.contains(&end) {
             let state = &seq.state;
             let mark = seq.persist.contains(&end);
@@ -479,68 +588,7 @@ impl Scheduler {
             seq.phase = Phase::Prefill { fed: end };
             return;
         }
-        drop(_enter);
-        self.take_token(i, &logits);
-    }
-
-    /// Feeds every decoding sequence's last token through one batched forward pass.
-    fn decode_step(&mut self) {
-        let feeds: Vec<u32> = self
-            .seqs
-            .iter()
-            .filter_map(|s| match s.phase {
-                Phase::Decode { next } => Some(next),
-                Phase::Prefill { .. } => None,
-            })
-            .collect();
-        if feeds.is_empty() {
-            return;
-        }
-        let idx: Vec<usize> = (0..self.seqs.len())
-            .filter(|&i| matches!(self.seqs[i].phase, Phase::Decode { .. }))
-            .collect();
-        let mut items: Vec<BatchItem<'_>> = self
-            .seqs
-            .iter_mut()
-            .filter(|s| matches!(s.phase, Phase::Decode { .. }))
-            .zip(&feeds)
-            .map(|(s, t)| BatchItem {
-                state: &mut s.state,
-                tokens: std::slice::from_ref(t),
-            })
-            .collect();
-        let result = self.model.forward_batch(&mut items);
-        drop(items);
-        self.metrics.decode_steps.inc();
-        self.metrics.decode_rows.inc_by(feeds.len() as u64);
-        match result {
-            Ok(all) => {
-                // Walk backwards so removals inside `take_token` do not shift pending indices.
-                for (&i, logits) in idx.iter().zip(&all).rev() {
-                    self.take_token(i, logits);
-                }
-            }
-            Err(BatchError::Item { index, source }) => {
-                let seq = self.seqs.remove(idx[index]);
-                self.exit(
-                    seq,
-                    Exit::Failed(super::Failure::of(
-                        "decode step rejected this sequence",
-                        &source,
-                    )),
-                );
-            }
-            Err(BatchError::Failed(e)) => {
-                tracing::error!(error = %e, sequences = idx.len(), "batched decode step failed");
-                for &i in idx.iter().rev() {
-                    let seq = self.seqs.remove(i);
-                    self.exit(
-                        seq,
-                        Exit::Failed(super::Failure::of("decode step failed", &e)),
-                    );
-                }
-            }
-        }
+        self.take_token(i, logits);
     }
 
     /// Samples from `logits` for sequence `i`, reports the token, and ends the sequence when a

@@ -228,6 +228,36 @@ mod tests {
         }
     }
 
+    /// The rule the scheduler's free prefill pace rests on (`engine::fairness`): splitting a
+    /// block at multiples of the DeltaNet chunk (64) counted from the block's start does not
+    /// change a bit, whatever the sizes of the pieces (1-row pieces excepted: one token takes
+    /// the recurrent form).
+    #[test]
+    fn blocks_split_on_the_chunk_grid_give_the_same_logits() {
+        for dense in [DenseFormat::Bf16, DenseFormat::Int8] {
+            let model = crate::model::fixture_model("tiny", dense);
+            let vocab = model.config().vocab_size as u32;
+            let prompt: Vec<u32> = (0..294u32).map(|t| (t * 29 + 5) % vocab).collect();
+            // A mark at 37: the grid restarts there (37 + 64 j). 294 = 37 + 4·64 + 1: the last
+            // block takes the odd row (`engine::block_end` never leaves a 1-row block).
+            let splits: [&[usize]; 4] = [
+                &[37, 294],
+                &[37, 101, 165, 229, 294],
+                &[37, 229, 294],
+                &[37, 165, 294],
+            ];
+            let mut want = None;
+            for ends in splits {
+                let mut st = model.new_state();
+                let got = bits(&feed(&model, &mut st, &prompt, ends));
+                match &want {
+                    None => want = Some(got),
+                    Some(w) => assert_eq!(&got, w, "{dense:?}: blocks ending at {ends:?} differ"),
+                }
+            }
+        }
+    }
+
     #[test]
     fn parts_that_do_not_cover_the_snapshot_are_refused() {
         let model = crate::model::fixture_model("tiny", DenseFormat::Bf16);

@@ -228,6 +228,7 @@ const METRIC_FAMILIES: &[(&str, &str)] = &[
     ("hostd_decode_steps", "counter"),
     ("hostd_decode_rows", "counter"),
     ("hostd_prefill_chunks", "counter"),
+    ("hostd_mixed_steps", "counter"),
     ("hostd_state_cache_bytes", "gauge"),
     ("hostd_state_cache_entries", "gauge"),
     ("hostd_state_cache_blocks", "gauge"),
