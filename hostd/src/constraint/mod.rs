@@ -197,8 +197,8 @@ impl Grammars {
 /// The Lark grammar of a whole answer: up to two leading newlines, then what `spec` asks for.
 fn answer_grammar(spec: &ConstraintSpec) -> Result<String, ConstraintError> {
     let body = match spec {
-        ConstraintSpec::JsonObject => json_rule(&serde_json::json!({"type": "object"}))?,
-        ConstraintSpec::JsonSchema(schema) => json_rule(schema)?,
+        ConstraintSpec::JsonObject => json_rule(&serde_json::json!({"type": "object"}), false)?,
+        ConstraintSpec::JsonSchema(schema) => json_rule(schema, false)?,
         ConstraintSpec::Lark(lark) => return Ok(lark.clone()),
     };
     Ok(format!(
@@ -207,7 +207,12 @@ fn answer_grammar(spec: &ConstraintSpec) -> Result<String, ConstraintError> {
 }
 
 /// `%json {schema}` with this module's JSON formatting options (bounded whitespace).
-pub(crate) fn json_rule(schema: &Value) -> Result<String, ConstraintError> {
+/// `lenient`: keywords the grammar cannot enforce (`propertyNames`, unknown `format`s) are
+/// ignored rather than refused. A response format is strict: the client asked for that shape.
+/// A tool's parameters are lenient: clients send schemas written for providers that do not
+/// enforce them (Claude Code's tools use `propertyNames`), and refusing one would refuse the
+/// whole request; the call still follows every keyword the grammar knows.
+pub(crate) fn json_rule(schema: &Value, lenient: bool) -> Result<String, ConstraintError> {
     let mut schema = match schema {
         Value::Object(_) => schema.clone(),
         Value::Bool(true) => serde_json::json!({}),
@@ -220,7 +225,7 @@ pub(crate) fn json_rule(schema: &Value) -> Result<String, ConstraintError> {
     if let Value::Object(m) = &mut schema {
         m.insert(
             "x-guidance".into(),
-            serde_json::json!({"whitespace_pattern": JSON_WHITESPACE, "lenient": false}),
+            serde_json::json!({"whitespace_pattern": JSON_WHITESPACE, "lenient": lenient}),
         );
     }
     Ok(format!("%json {schema}"))

@@ -163,7 +163,7 @@ fn function_rules(g: &mut String, i: usize, tool: &ToolSpec<'_>) -> Result<(), C
                     m.entry(k.clone()).or_insert_with(|| v.clone());
                 }
             }
-            let json = json_rule(&s).map_err(|e| bad(format!("parameter {key:?}: {e}")))?;
+            let json = json_rule(&s, true).map_err(|e| bad(format!("parameter {key:?}: {e}")))?;
             writeln!(g, "{rule}: {head} v_{i}_{j} {}", lit("\n</parameter>\n")).ok();
             writeln!(g, "v_{i}_{j}: {json}").ok();
         }
@@ -536,6 +536,36 @@ mod tests {
             strings > 0,
             "the walks should write some nullable strings as strings"
         );
+    }
+
+    /// Found with Claude Code (issue 39 item 4): its TaskCreate tool has an object parameter
+    /// with `propertyNames`, which the grammar cannot enforce; a forced call must still be
+    /// written (the keyword is ignored), not refuse the whole request.
+    #[test]
+    fn keywords_the_grammar_cannot_enforce_do_not_refuse_a_tool() {
+        let p = json!({"type": "object", "properties": {
+            "metadata": {"type": "object", "propertyNames": {"type": "string"}, "additionalProperties": {}},
+            "when": {"type": "string", "format": "no-such-format"},
+            "n": {"type": "integer", "format": "int64"}
+        }});
+        let spec = tool_call_constraint(
+            &[ToolSpec {
+                name: "TaskCreate",
+                parameters: Some(&p),
+            }],
+            ToolChoice::Required,
+            false,
+        )
+        .expect("grammar");
+        let (g, _) = grammar_set();
+        g.compile(
+            &spec,
+            StartOptions {
+                reasoning: false,
+                reasoning_budget: 0,
+            },
+        )
+        .expect("compiles");
     }
 
     #[test]
