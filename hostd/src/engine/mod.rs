@@ -16,6 +16,7 @@ mod marks;
 pub mod metrics;
 pub mod output;
 mod scheduler;
+mod supervise;
 
 use crate::model::Model;
 use crate::sampling::SamplingParams;
@@ -281,7 +282,7 @@ pub struct EngineFatal(pub String);
 
 impl EngineFatal {
     /// The process's exit status (EX_SOFTWARE).
-    pub const EXIT_CODE: u8 = scheduler::EXIT_ENGINE_PANICS;
+    pub const EXIT_CODE: u8 = supervise::EXIT_ENGINE_PANICS;
 }
 
 /// Starts the scheduler thread, which owns `model` until every [`EngineHandle`] is dropped
