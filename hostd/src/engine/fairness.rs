@@ -56,18 +56,18 @@ impl Pace {
         total.is_zero() || self.prefill.as_secs_f64() <= PREFILL_SHARE * total.as_secs_f64()
     }
 
-    /// A step that took `took`, with prefill blocks in it or not.
-    pub(super) fn record(&mut self, with_prefill: bool, took: Duration) {
-        if with_prefill {
+    /// A step that took `took`: it counts only while sequences decode and a prompt waits for
+    /// prefill (`contended`), with prefill blocks in it or not. Any other step starts the
+    /// accounting afresh, so time spent decoding with no prompt waiting is not banked as
+    /// prefill credit for the next long prompt.
+    pub(super) fn record(&mut self, contended: bool, with_prefill: bool, took: Duration) {
+        if !contended {
+            *self = Pace::default();
+        } else if with_prefill {
             self.prefill += took;
         } else {
             self.decode += took;
         }
-    }
-
-    /// Nothing decodes: the next decoding period starts afresh.
-    pub(super) fn reset(&mut self) {
-        *self = Pace::default();
     }
 }
 
@@ -258,17 +258,21 @@ mod tests {
         assert_eq!(pace_unit(100), 100);
         let mut p = Pace::default();
         assert!(p.prefill_turn(), "the first step may prefill");
-        p.record(true, Duration::from_millis(300));
+        p.record(true, true, Duration::from_millis(300));
         assert!(
             !p.prefill_turn(),
             "then decode until prefill is within its share"
         );
-        p.record(false, Duration::from_millis(200));
+        p.record(true, false, Duration::from_millis(200));
         assert!(!p.prefill_turn());
-        p.record(false, Duration::from_millis(100));
+        p.record(true, false, Duration::from_millis(100));
         assert!(p.prefill_turn());
-        p.reset();
+        // Decoding with no prompt waiting banks nothing: a prompt arriving after ten minutes
+        // of decoding still gets only its share.
+        p.record(false, false, Duration::from_secs(600));
         assert!(p.prefill_turn());
+        p.record(true, true, Duration::from_millis(300));
+        assert!(!p.prefill_turn(), "no credit from the uncontended decoding");
     }
 
     #[test]

@@ -462,11 +462,8 @@ impl Scheduler {
                 self.metrics.mixed_steps.inc();
             }
         }
-        if decoding {
-            self.pace.record(n_blocks > 0, started.elapsed());
-        } else {
-            self.pace.reset();
-        }
+        let contended = decoding && !cands.is_empty();
+        self.pace.record(contended, n_blocks > 0, started.elapsed());
         match result {
             Ok(all) => {
                 // Highest sequence index first, so removals do not shift pending indices.
