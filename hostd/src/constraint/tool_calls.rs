@@ -326,6 +326,31 @@ mod tests {
             .collect()
     }
 
+    /// One random walk of seed `seed` through the forced-call grammar `spec` (thinking off),
+    /// which must end; returns its text and the calls it parses back to.
+    fn forced_walk(
+        spec: &ConstraintSpec,
+        defs: &[(&str, Value)],
+        seed: u64,
+        closers: &[&str],
+    ) -> (String, Vec<Call>) {
+        let (g, tok) = grammar_set();
+        let mut c = g
+            .compile(
+                spec,
+                StartOptions {
+                    reasoning: false,
+                    reasoning_budget: 0,
+                },
+            )
+            .expect("compile");
+        let (ids, ended) = walk(&mut c, seed, closers, 40);
+        let text = tok.decode(&ids).unwrap();
+        assert!(ended, "seed {seed}: did not end: {text:?}");
+        let calls = parse_calls(&text, defs).unwrap_or_else(|e| panic!("seed {seed}: {e}\n{text}"));
+        (text, calls)
+    }
+
     fn check(choice: ToolChoice<'_>, parallel: bool, seeds: std::ops::Range<u64>) {
         let defs = tools();
         let specs: Vec<ToolSpec<'_>> = defs
@@ -336,7 +361,6 @@ mod tests {
             })
             .collect();
         let spec = tool_call_constraint(&specs, choice, parallel).expect("grammar");
-        let (g, tok) = grammar_set();
         let closers = [
             "<|im_end|>",
             "\n</parameter>\n",
@@ -350,20 +374,7 @@ mod tests {
         ];
         let mut counts = std::collections::HashMap::new();
         for seed in seeds {
-            let mut c = g
-                .compile(
-                    &spec,
-                    StartOptions {
-                        reasoning: false,
-                        reasoning_budget: 0,
-                    },
-                )
-                .expect("compile");
-            let (ids, ended) = walk(&mut c, seed, &closers, 40);
-            let text = tok.decode(&ids).unwrap();
-            assert!(ended, "seed {seed}: did not end: {text:?}");
-            let calls =
-                parse_calls(&text, &defs).unwrap_or_else(|e| panic!("seed {seed}: {e}\n{text}"));
+            let (text, calls) = forced_walk(&spec, &defs, seed, &closers);
             assert!(
                 parallel || calls.len() == 1,
                 "seed {seed}: {} calls without parallel calls",
@@ -463,7 +474,6 @@ mod tests {
             parameters: Some(&defs[0].1),
         }];
         let spec = tool_call_constraint(&specs, ToolChoice::Required, false).expect("grammar");
-        let (g, tok) = grammar_set();
         let closers = [
             "\n</parameter>\n",
             "</function>\n",
@@ -473,20 +483,7 @@ mod tests {
         ];
         let mut strings = 0;
         for seed in 0..12 {
-            let mut c = g
-                .compile(
-                    &spec,
-                    StartOptions {
-                        reasoning: false,
-                        reasoning_budget: 0,
-                    },
-                )
-                .expect("compile");
-            let (ids, ended) = walk(&mut c, seed, &closers, 40);
-            let text = tok.decode(&ids).unwrap();
-            assert!(ended, "seed {seed}: did not end: {text:?}");
-            let calls =
-                parse_calls(&text, &defs).unwrap_or_else(|e| panic!("seed {seed}: {e}\n{text}"));
+            let (_, calls) = forced_walk(&spec, &defs, seed, &closers);
             let args = &calls[0].1;
             let s = |k: &str| {
                 args[k]
