@@ -314,6 +314,7 @@ pub struct ReplayArgs {
     pub policy: Vec<crate::cache::PolicyKind>,
     /// Cache budgets in bytes (repeat or comma-separate for a table); default: the trace's.
     #[arg(
+        value_parser = shared::byte_size::parse_bytes,
         long = "cache-bytes",
         value_delimiter = ',',
         env = "EXPERTD_REPLAY_CACHE_BYTES"
@@ -323,7 +324,7 @@ pub struct ReplayArgs {
     #[arg(long, env = "EXPERTD_REPLAY_HALVING_PERIOD")]
     pub halving_period: Option<u64>,
     /// Bytes of one cache slot (the blob stride); default: the trace's.
-    #[arg(long, env = "EXPERTD_REPLAY_SLOT_BYTES")]
+    #[arg(long, env = "EXPERTD_REPLAY_SLOT_BYTES", value_parser = shared::byte_size::parse_bytes)]
     pub slot_bytes: Option<u64>,
     /// Transient buffers; default: the trace's.
     #[arg(long, env = "EXPERTD_REPLAY_TRANSIENT_SLOTS")]
@@ -435,10 +436,10 @@ pub struct ServeArgs {
         requires = "listen"
     )]
     pub insecure: bool,
-    /// Byte budget of the expert cache (resident experts). Checked at start against this
+    /// Byte budget of the expert cache (resident experts), in bytes or as 16GiB / 16G. Checked at start against this
     /// process's cgroup memory limit (MemoryMax=) plus the daemon's overhead; when left out, a
     /// budget that fits the limit is derived.
-    #[arg(long, env = "EXPERTD_CACHE_BYTES")]
+    #[arg(long, env = "EXPERTD_CACHE_BYTES", value_parser = shared::byte_size::parse_bytes)]
     pub cache_bytes: Option<u64>,
     /// Serve Prometheus metrics (`GET /metrics`) on HOST:PORT or on a unix socket path.
     #[arg(long, env = "EXPERTD_METRICS_LISTEN")]
@@ -484,7 +485,7 @@ pub struct ServeArgs {
     /// (the connection then carries activations inline). Default: room for 4 slots of 2048 rows
     /// of the container's hidden size and a ring of 16 experts per row (hostd's defaults twice
     /// over).
-    #[arg(long, env = "EXPERTD_MAX_SEGMENT_BYTES")]
+    #[arg(long, env = "EXPERTD_MAX_SEGMENT_BYTES", value_parser = shared::byte_size::parse_bytes)]
     pub max_segment_bytes: Option<u64>,
     /// Largest n_tokens of one call.
     #[arg(long, env = "EXPERTD_MAX_ROWS_PER_CALL", default_value_t = crate::server::DEFAULT_MAX_ROWS)]
@@ -500,7 +501,12 @@ pub struct ServeArgs {
     /// it (so one token's calls refill it whole, and hints alone cannot read more); 0: eight
     /// blobs per layer (8 × layers × blob size: one top-8 token's worth). Clients send hints when this daemon streams (hostd `--expertd-prefetch auto`, the
     /// default) or with `--expertd-prefetch on`.
-    #[arg(long, env = "EXPERTD_PREFETCH_CAP_BYTES", default_value_t = 0)]
+    #[arg(
+        long,
+        env = "EXPERTD_PREFETCH_CAP_BYTES",
+        default_value_t = 0,
+        value_parser = shared::byte_size::parse_bytes,
+    )]
     pub prefetch_cap_bytes: u64,
     /// Ignore prefetch hints (no speculative reads).
     #[arg(long, env = "EXPERTD_NO_PREFETCH")]

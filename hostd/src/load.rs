@@ -86,9 +86,14 @@ pub struct ExpertdOptions {
     /// default: the header of `--container DIR` when given).
     #[arg(long = "expertd-fingerprint", env = "SLUICE_EXPERTD_FINGERPRINT")]
     pub expertd_fingerprint: Option<String>,
-    /// Cache budget in bytes of the private expertd (default: the whole container if it fits in
-    /// free memory beside the dense weights and 1 GiB headroom, else what is left; printed at start).
-    #[arg(long = "expertd-cache-bytes", env = "SLUICE_EXPERTD_CACHE_BYTES")]
+    /// Cache budget of the private expertd, in bytes or as 16GiB / 16G (default: the whole
+    /// container if it fits in free memory beside the dense weights and 1 GiB headroom, else what
+    /// is left; printed at start).
+    #[arg(
+        long = "expertd-cache-bytes",
+        env = "SLUICE_EXPERTD_CACHE_BYTES",
+        value_parser = shared::byte_size::parse_bytes,
+    )]
     pub expertd_cache_bytes: Option<u64>,
     /// Send activations inline even over a unix socket (no shared memory).
     #[arg(long = "expertd-no-shm", env = "SLUICE_EXPERTD_NO_SHM")]

@@ -6,6 +6,7 @@
 //! payload) and the container, and hand the bytes to the pure parsers here; `procfs` reads this
 //! or another process's figures from /proc.
 
+pub mod byte_size;
 pub mod call_cost;
 pub mod checkpoint;
 pub mod config;

@@ -68,7 +68,7 @@ fn an_error_says_each_cause_once() {
     ]);
     assert!(!o.status.success());
     assert_eq!(
-        stderr(&o).matches("No such file or directory").count(),
+        stderr(&o).matches("no expert container at").count(),
         1,
         "{}",
         stderr(&o)
@@ -317,4 +317,299 @@ fn help_and_version_describe_the_binaries_as_they_are() {
         );
         assert_ne!(env!("CARGO_PKG_VERSION"), "0.0.0");
     }
+}
+
+/// Exits of `cmd` within `secs`, else kills it and fails.
+fn output_within(mut cmd: Command, secs: u64) -> Output {
+    let child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let (tx, rx) = mpsc::channel();
+    let pid = child.id();
+    std::thread::spawn(move || {
+        let _ = tx.send(child.wait_with_output());
+    });
+    match rx.recv_timeout(Duration::from_secs(secs)) {
+        Ok(out) => out.expect("output"),
+        Err(_) => {
+            let _ = Command::new("kill")
+                .args(["-KILL", &pid.to_string()])
+                .status();
+            panic!("{cmd:?} did not exit within {secs} s");
+        }
+    }
+}
+
+#[test]
+fn size_flags_take_units() {
+    let (work, container) = work_with_container("tiny");
+    let socket = work.path().join("s.sock");
+    // 1KiB parses to 1024 bytes, which holds no expert: refused, naming the bytes it read.
+    let o = expertd(&[
+        "serve",
+        "--container",
+        container.to_str().expect("utf-8"),
+        "--socket",
+        socket.to_str().expect("utf-8"),
+        "--cache-bytes",
+        "1KiB",
+    ]);
+    assert!(
+        stderr(&o).contains("--cache-bytes 1024 holds no expert"),
+        "{}",
+        stderr(&o)
+    );
+    let o = hostd(&["serve", "--model", "x", "--state-cache-bytes", "2XB"]);
+    assert!(!o.status.success());
+    assert!(
+        stderr(&o).contains("`2XB`") && stderr(&o).contains("16GiB"),
+        "{}",
+        stderr(&o)
+    );
+}
+
+#[test]
+fn a_missing_daemon_is_announced_at_once() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let uri = format!("unix://{}", dir.path().join("none.sock").display());
+    let mut child = Killed(
+        Command::new(workspace_bin("hostd"))
+            .args(["run", "--model", model_dir("tiny").to_str().expect("utf-8")])
+            .args(["--expertd", &uri, "--prompt", "hi", "--max-new-tokens", "1"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn hostd"),
+    );
+    let err = child.stderr.take().expect("stderr");
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(err).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut seen = Vec::new();
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match rx.recv_timeout(left) {
+            Ok(line) if line.contains("waiting up to 30 s for expertd at ") => {
+                assert!(line.contains("there is no socket file at"), "{line}");
+                assert!(
+                    line.contains("expertd serve --container DIR --socket"),
+                    "{line}"
+                );
+                break;
+            }
+            Ok(line) => seen.push(line),
+            Err(_) => panic!("no waiting notice within 10 s; stderr so far: {seen:?}"),
+        }
+    }
+}
+
+#[test]
+fn a_socket_uri_with_two_slashes_is_refused_at_once() {
+    let mut cmd = Command::new(workspace_bin("hostd"));
+    cmd.args(["run", "--model", model_dir("tiny").to_str().expect("utf-8")])
+        .args(["--expertd", "unix://tmp/x.sock", "--prompt", "hi"]);
+    let o = output_within(cmd, 10);
+    assert!(!o.status.success());
+    assert!(
+        stderr(&o).contains("did you mean unix:///tmp/x.sock?"),
+        "{}",
+        stderr(&o)
+    );
+}
+
+#[test]
+fn a_missing_container_says_how_to_make_one() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let missing = dir.path().join("experts");
+    let missing = missing.to_str().expect("utf-8");
+    let mut cmd = Command::new(workspace_bin("hostd"));
+    cmd.args(["run", "--model", model_dir("tiny").to_str().expect("utf-8")])
+        .args([
+            "--experts",
+            "int8",
+            "--container",
+            missing,
+            "--prompt",
+            "hi",
+        ]);
+    let o = output_within(cmd, 30);
+    let want = format!("make one with `expertd prepare MODEL_DIR --out {missing}`");
+    assert!(
+        !o.status.success() && stderr(&o).contains(&want),
+        "{}",
+        stderr(&o)
+    );
+    std::fs::create_dir(missing).expect("mkdir");
+    let socket = dir.path().join("s.sock");
+    let o = expertd(&[
+        "serve",
+        "--container",
+        missing,
+        "--socket",
+        socket.to_str().expect("utf-8"),
+    ]);
+    assert!(
+        !o.status.success() && stderr(&o).contains(&want),
+        "{}",
+        stderr(&o)
+    );
+}
+
+#[test]
+fn a_container_of_another_model_leads_with_the_reason() {
+    let (_work, container) = work_with_container("tiny");
+    let mut cmd = Command::new(workspace_bin("hostd"));
+    cmd.args([
+        "run",
+        "--model",
+        model_dir("small").to_str().expect("utf-8"),
+    ])
+    .args(["--experts", "int8", "--container"])
+    .arg(&container)
+    .args(["--prompt", "hi"]);
+    let o = output_within(cmd, 60);
+    let err = stderr(&o);
+    assert!(!o.status.success());
+    let reason = err
+        .find("prepared from a different model than")
+        .expect(&err);
+    let fix = err
+        .find("make one for it with `expertd prepare")
+        .expect(&err);
+    // No hex digest before the fix, and none longer than 12 digits anywhere.
+    let hex_run = |s: &str| {
+        s.split(|c: char| !c.is_ascii_hexdigit())
+            .map(str::len)
+            .max()
+            .unwrap_or(0)
+    };
+    assert!(reason < fix && hex_run(&err[..fix]) < 12, "{err}");
+    assert!(hex_run(&err) <= 12, "{err}");
+}
+
+/// A directory's `NAME.tmp-*` entries.
+fn partials(parent: &Path, name: &str) -> Vec<String> {
+    std::fs::read_dir(parent)
+        .expect("read_dir")
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .filter(|n| n.starts_with(&format!("{name}.tmp-")))
+        .collect()
+}
+
+/// Starts a realdim synth into `out` and waits until its partial directory holds shard bytes.
+fn synth_under_way(out: &Path) -> Killed {
+    let child = Killed(
+        Command::new(workspace_bin("hostd"))
+            .args(["synth", "--preset", "realdim", "--layers", "4", "--out"])
+            .arg(out)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn synth"),
+    );
+    let tmp = out.with_file_name(format!("m.tmp-{}", child.id()));
+    tests::wait_for(
+        "the synth's first shard bytes",
+        Duration::from_secs(30),
+        || {
+            std::fs::read_dir(&tmp).is_ok_and(|d| {
+                d.filter_map(Result::ok)
+                    .any(|e| e.metadata().is_ok_and(|m| m.len() > (1 << 20)))
+            })
+        },
+    );
+    child
+}
+
+#[test]
+fn an_interrupted_synth_leaves_no_partial_directory() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let out = dir.path().join("m");
+    let mut child = synth_under_way(&out);
+    let status = Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status();
+    assert!(status.is_ok_and(|s| s.success()));
+    let err = child.stderr.take().expect("stderr");
+    let status = child.wait().expect("wait");
+    assert_eq!(status.code(), Some(130), "Ctrl-C exit status");
+    let mut text = String::new();
+    std::io::Read::read_to_string(&mut BufReader::new(err), &mut text).expect("stderr");
+    assert!(
+        text.contains("interrupted; removed the partial checkpoint"),
+        "{text}"
+    );
+    assert!(partials(dir.path(), "m").is_empty() && !out.exists());
+
+    // A synth killed outright cannot clean up; the next one removes what it left, and says so.
+    let mut child = synth_under_way(&out);
+    child.kill().expect("kill");
+    child.wait().expect("wait");
+    assert_eq!(partials(dir.path(), "m").len(), 1);
+    let o = hostd(&[
+        "synth",
+        "--preset",
+        "tiny",
+        "--out",
+        out.to_str().expect("utf-8"),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("left by an interrupted synth"),
+        "{}",
+        stderr(&o)
+    );
+    assert!(partials(dir.path(), "m").is_empty() && out.join("config.json").exists());
+}
+
+#[test]
+fn missing_system_packages_are_named_before_anything_compiles() {
+    // A PATH with everything scripts/prereqs looks for except systemd-analyze.
+    let bin = tempfile::tempdir().expect("tempdir");
+    for tool in [
+        "bash",
+        "python3",
+        "cc",
+        "c++",
+        "openssl",
+        "systemd-socket-activate",
+    ] {
+        if let Ok(o) = Command::new("bash")
+            .args(["-c", &format!("command -v {tool}")])
+            .output()
+            && o.status.success()
+        {
+            let path = String::from_utf8_lossy(&o.stdout).trim().to_string();
+            std::os::unix::fs::symlink(path, bin.path().join(tool)).expect("symlink");
+        }
+    }
+    let script = tests::workspace_root().join("scripts/prereqs");
+    let mut cmd = Command::new(bin.path().join("bash"));
+    cmd.arg(&script).arg("test").env("PATH", bin.path());
+    let o = output_within(cmd, 10);
+    assert!(!o.status.success());
+    assert!(
+        stderr(&o).contains("apt-get install -y") && stderr(&o).contains("systemd"),
+        "{}",
+        stderr(&o)
+    );
+    // With the machine's own PATH (CI installs every package) it passes and prints nothing.
+    let o = output_within(
+        {
+            let mut c = Command::new(&script);
+            c.arg("test");
+            c
+        },
+        10,
+    );
+    assert!(o.status.success() && o.stderr.is_empty(), "{}", stderr(&o));
 }

@@ -61,6 +61,15 @@ done
 [ "$ready" = 1 ] || { cat "$log/out" "$log/err" >&2; fail "the block's hostd serve on port $port never became ready"; }
 grep -q "expertd serving" "$log/err" || { cat "$log/err" >&2; fail "the block's expertd did not log that it serves"; }
 grep -q " new (" "$log/err" || { cat "$log/err" >&2; fail "the block's hostd run reported no generation"; }
+# The curl block that follows it, as written, against that server: the model name it uses must
+# be the one the ready line prints, and with thinking off the reply has content.
+talk="$(awk '/^## Share one expert daemon/{s=1} s&&/^```sh$/{n++; if(n==2){c=1;next}} c&&/^```$/{exit} c{print}' README.md)"
+[[ $talk == curl* ]] || fail "no curl block after the shared-daemon block"
+named="$(sed -n 's/^hostd serve: ready (model "\([^"]*\)".*/\1/p' "$log/out")"
+[[ $talk == *"\"model\": \"$named\""* ]] || fail "the README's curl names another model than the ready line's \"$named\""
+reply="$(bash -e -c "$talk")" || fail "the README's curl block failed"
+python3 -c 'import json,sys; m=json.loads(sys.argv[1])["choices"][0]["message"]; sys.exit(0 if m.get("content") else 1)' "$reply" ||
+    fail "the README's curl got no content: $reply"
 
 # The "Scale out" block, after stopping the first block's programs: a unix daemon and a TCP+TLS
 # daemon (certificates made by the block with openssl) each serving half the layers, and one

@@ -81,7 +81,7 @@ pub struct BenchArgs {
     #[arg(long = "expertd")]
     pub expertd_uri: Option<String>,
     /// Private expertd cache budget of the `default` configuration.
-    #[arg(long)]
+    #[arg(long, value_parser = shared::byte_size::parse_bytes)]
     pub expertd_cache_bytes: Option<u64>,
     /// Compute threads of every run (unless its config sets --threads); also the DRAM probe's.
     #[arg(long)]
@@ -110,10 +110,10 @@ pub struct BenchArgs {
     #[arg(long)]
     pub json: Option<PathBuf>,
     /// Buffer bytes of the DRAM read bandwidth probe.
-    #[arg(long, default_value_t = 1 << 30)]
+    #[arg(long, default_value_t = 1 << 30, value_parser = shared::byte_size::parse_bytes_usize)]
     pub bandwidth_bytes: usize,
     /// Bytes the O_DIRECT probe reads from each container (0: no storage probe).
-    #[arg(long, default_value_t = 2 << 30)]
+    #[arg(long, default_value_t = 2 << 30, value_parser = shared::byte_size::parse_bytes)]
     pub odirect_bytes: u64,
     /// Parallel readers of the O_DIRECT probe.
     #[arg(long, default_value_t = 8)]

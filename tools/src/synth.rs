@@ -47,6 +47,9 @@ pub enum SynthError {
         /// The largest accepted.
         max: usize,
     },
+    /// A signal asked the write to stop; the partial directory was removed.
+    #[error("interrupted; removed the partial checkpoint {0}")]
+    Interrupted(PathBuf),
     /// The output directory exists and is not empty.
     #[error("{0} exists and is not empty; pass --force to replace it")]
     OutExists(PathBuf),

@@ -335,8 +335,8 @@ impl ExpertdService {
                 return Err(RpcError::IdentityMismatch {
                     container: st.config.container_path.clone(),
                     what: what.join(", "),
-                    theirs: header.identity.to_hex().join("/"),
-                    ours: ours.to_hex().join("/"),
+                    theirs: header.identity.short_hex(),
+                    ours: ours.short_hex(),
                 });
             }
         }

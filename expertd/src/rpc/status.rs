@@ -64,7 +64,7 @@ pub enum RpcError {
     },
     /// The container was prepared from another model than the client's.
     #[error(
-        "container {container} was prepared from a different model ({what} differ): container identity {theirs}, client model identity {ours}"
+        "container {container} was prepared from a different model than the client's ({what} differ; identities: container {theirs}, client model {ours})"
     )]
     IdentityMismatch {
         /// The container path.

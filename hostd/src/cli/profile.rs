@@ -47,7 +47,7 @@ pub struct ProfileArgs {
     #[arg(long, default_value_t = 32)]
     pub decode_steps: usize,
     /// Bytes of the buffer the DRAM bandwidth probe streams (0: no probe).
-    #[arg(long, default_value_t = 1 << 30)]
+    #[arg(long, default_value_t = 1 << 30, value_parser = shared::byte_size::parse_bytes_usize)]
     pub bandwidth_bytes: usize,
     /// Skip the warm-up pass (a cold run: weights and experts are read during the measurement).
     #[arg(long)]

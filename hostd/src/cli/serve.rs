@@ -59,8 +59,14 @@ pub struct ServeArgs {
     /// Sequences generated concurrently (one batched forward pass per decode step).
     #[arg(long, env = "SLUICE_MAX_BATCH", default_value_t = 4)]
     pub max_batch: usize,
-    /// Byte budget of the prefix cache of conversation states (0 disables reuse).
-    #[arg(long, env = "SLUICE_STATE_CACHE_BYTES", default_value_t = 1 << 30)]
+    /// Byte budget of the prefix cache of conversation states, in bytes or as 1GiB / 1G (0
+    /// disables reuse).
+    #[arg(
+        long,
+        env = "SLUICE_STATE_CACHE_BYTES",
+        default_value_t = 1 << 30,
+        value_parser = shared::byte_size::parse_bytes_usize,
+    )]
     pub state_cache_bytes: usize,
     /// The prefix cache also keeps a checkpoint every this many prompt tokens, so an edited
     /// history re-prefills at most this many tokens before the edit (0: only at the chat
@@ -77,7 +83,12 @@ pub struct ServeArgs {
     pub prefix_cache_dir: Option<PathBuf>,
     /// Bytes the --prefix-cache-dir directory may hold; the least recently used states are
     /// deleted to make room.
-    #[arg(long, env = "SLUICE_PREFIX_CACHE_DISK_BYTES", default_value_t = 16 << 30)]
+    #[arg(
+        long,
+        env = "SLUICE_PREFIX_CACHE_DISK_BYTES",
+        default_value_t = 16 << 30,
+        value_parser = shared::byte_size::parse_bytes,
+    )]
     pub prefix_cache_disk_bytes: u64,
     /// Whether a chat request that does not say thinks first: `on` (Qwen3.6's own default) puts
     /// the reasoning in `reasoning_content` before the answer in `content`; `off` answers at
@@ -122,12 +133,22 @@ pub struct ServeArgs {
     pub default_max_tokens: usize,
     /// Largest accepted request body in bytes (larger ones get 413, refused from
     /// Content-Length or as soon as the bytes received pass it).
-    #[arg(long, env = "SLUICE_MAX_BODY_BYTES", default_value_t = MAX_BODY_BYTES_DEFAULT)]
+    #[arg(
+        long,
+        env = "SLUICE_MAX_BODY_BYTES",
+        default_value_t = MAX_BODY_BYTES_DEFAULT,
+        value_parser = shared::byte_size::parse_bytes_usize,
+    )]
     pub max_body_bytes: usize,
     /// Largest message content, and largest rendered prompt, in bytes; larger ones get 400
     /// (`prompt_too_large`) before any tokenisation. Tokenising costs roughly 100× the text in
     /// memory, so this and --tokenize-threads bound that cost.
-    #[arg(long, env = "SLUICE_MAX_PROMPT_BYTES", default_value_t = MAX_PROMPT_BYTES_DEFAULT)]
+    #[arg(
+        long,
+        env = "SLUICE_MAX_PROMPT_BYTES",
+        default_value_t = MAX_PROMPT_BYTES_DEFAULT,
+        value_parser = shared::byte_size::parse_bytes_usize,
+    )]
     pub max_prompt_bytes: usize,
     /// Prompts tokenised at once, off the HTTP threads; a request waits up to --tokenize-wait
     /// for a slot, then gets 503 with Retry-After.
@@ -136,7 +157,12 @@ pub struct ServeArgs {
     /// Bytes of prompt text tokenised at once over all --tokenize-threads (a larger prompt
     /// waits for the whole budget). Tokenising costs roughly 100-250× the text in transient
     /// memory, so this bounds that memory.
-    #[arg(long, env = "SLUICE_TOKENIZE_BUDGET_BYTES", default_value_t = MAX_PROMPT_BYTES_DEFAULT)]
+    #[arg(
+        long,
+        env = "SLUICE_TOKENIZE_BUDGET_BYTES",
+        default_value_t = MAX_PROMPT_BYTES_DEFAULT,
+        value_parser = shared::byte_size::parse_bytes_usize,
+    )]
     pub tokenize_budget_bytes: usize,
     /// Seconds a request may wait for a tokeniser slot.
     #[arg(long, env = "SLUICE_TOKENIZE_WAIT", default_value_t = admission::TOKENIZE_WAIT_DEFAULT.as_secs_f64())]
@@ -494,7 +520,9 @@ fn load(
         "model loaded; serving"
     );
     say(&format!(
-        "hostd serve: ready (max context {max_context} tokens, batch {max_batch}, queue {max_queue})"
+        "hostd serve: ready (model {:?}, max context {max_context} tokens, batch {max_batch}, \
+         queue {max_queue})",
+        state.served_model_name()
     ));
     Ok(())
 }

@@ -8,6 +8,8 @@ use indicatif::{ProgressBar, ProgressStyle};
 use sluice_tools::synth::{self, Preset, RuntimeTokenizer, SynthOptions, TokenizerSource};
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
 use std::time::Instant;
 
 /// Flags of `hostd synth`.
@@ -81,11 +83,24 @@ pub fn run(args: &SynthArgs) -> anyhow::Result<()> {
             .map_or(TokenizerSource::Asset, TokenizerSource::File),
         force: args.force,
         load_tokenizer: runtime_tokenizer,
+        cancel: Arc::new(AtomicBool::new(false)),
     };
+    // Ctrl-C (or a service stop) ends the write between chunks and removes `DIR.tmp-<pid>`;
+    // a second signal while cleaning up is ignored by the flag, not fatal.
+    for signal in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        signal_hook::flag::register(signal, Arc::clone(&opts.cancel))
+            .context("installing the interrupt handler")?;
+    }
     let start = Instant::now();
     let mut reporter = Progress::new(args.preset == Preset::Realdim, total);
-    let summary = synth::synthesize(&plan, &opts, &mut |n| reporter.add(n))
-        .with_context(|| format!("writing {}", args.out.display()))?;
+    let summary = match synth::synthesize(&plan, &opts, &mut |n| reporter.add(n)) {
+        Err(e @ synth::SynthError::Interrupted(_)) => {
+            reporter.finish();
+            eprintln!("hostd synth: {e}");
+            std::process::exit(130);
+        }
+        other => other.with_context(|| format!("writing {}", args.out.display()))?,
+    };
     reporter.finish();
     eprintln!(
         "wrote {}: {} shards, {} tensors, {} bytes in {:.1} s",

@@ -10,6 +10,7 @@ use shared::container::ModelIdentity;
 use shm::ClientSegment;
 use std::sync::{Arc, PoisonError};
 use std::time::{Duration, Instant};
+use transport::Endpoint;
 use transport::Link;
 
 /// The pre-handshake's own read timeout runs this much past a connection attempt's deadline,
@@ -64,6 +65,7 @@ impl ExpertdClient {
         // load the last, shortest attempt can time out before it even connects, and it must
         // not hide why the daemon was not up.
         let mut last_not_up: Option<ExpertClientError> = None;
+        let mut announced = false;
         loop {
             // One attempt never outlasts the wait: a stopped daemon accepts the connection
             // into its backlog and then never answers the pre-handshake.
@@ -89,6 +91,11 @@ impl ExpertdClient {
                         });
                     }
                     tracing::debug!(error = %e, ?delay, "expertd not reachable yet; retrying");
+                    if first && !announced && e.daemon_not_up() {
+                        // Say at once what hostd waits for, not only when the wait runs out.
+                        announced = true;
+                        eprintln!("hostd: {}", waiting_notice(&self.opts.endpoint, wait, &e));
+                    }
                     if !timed_out {
                         last_not_up = Some(e);
                     }
@@ -205,10 +212,10 @@ impl ExpertdClient {
                 return Err(ExpertClientError::WrongModel {
                     endpoint,
                     reason: format!(
-                        "its container was prepared from a different model ({} differ): container identity {}, this model's identity {}",
+                        "its container was prepared from a different model than this one ({} differ); serve a container made by `expertd prepare` from this model (identities: container {}, this model {})",
                         what.join(", "),
-                        theirs.to_hex().join("/"),
-                        ours.to_hex().join("/")
+                        theirs.short_hex(),
+                        ours.short_hex()
                     ),
                 });
             }
@@ -268,4 +275,76 @@ fn streams_experts(r: &pb::HandshakeResponse) -> bool {
     };
     let experts = u64::from(dims.n_layers) * u64::from(dims.n_experts) * layout.stride as u64;
     limits.cache_budget_bytes < experts
+}
+
+/// The line hostd prints when its first connection to a daemon fails because nothing is there
+/// yet: what it waits for, for how long, and what would make the daemon appear.
+pub(super) fn waiting_notice(endpoint: &Endpoint, wait: Duration, e: &ExpertClientError) -> String {
+    let secs = wait.as_secs_f64().round();
+    let why = match (endpoint, e) {
+        (Endpoint::Unix(path), ExpertClientError::Connect { reason, .. })
+            if reason.contains("(os error 2)") =>
+        {
+            format!("there is no socket file at {}", path.display())
+        }
+        (Endpoint::Unix(path), ExpertClientError::Connect { reason, .. })
+            if reason.contains("(os error 111)") =>
+        {
+            format!(
+                "nothing accepts connections on {} (a daemon that exited leaves its socket file)",
+                path.display()
+            )
+        }
+        (Endpoint::Tcp { authority, .. }, _) => format!("nothing answers at {authority} yet"),
+        (_, other) => other.to_string(),
+    };
+    let start = match endpoint {
+        Endpoint::Unix(path) => format!(
+            "start one with `expertd serve --container DIR --socket {}`, or leave out --expertd \
+             and hostd starts a private daemon on --container DIR",
+            path.display()
+        ),
+        Endpoint::Tcp { uri, .. } => {
+            format!("is `expertd serve --container DIR --listen HOST:PORT` running for {uri}?")
+        }
+    };
+    format!("waiting up to {secs} s for expertd at {endpoint}: {why}; {start}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::PathBuf;
+
+    fn connect(reason: std::io::Error) -> ExpertClientError {
+        ExpertClientError::Connect {
+            endpoint: "unix:///run/x.sock".into(),
+            reason: reason.to_string(),
+        }
+    }
+
+    #[test]
+    fn the_waiting_notice_says_what_is_missing_and_how_to_start_it() {
+        let unix = Endpoint::Unix(PathBuf::from("/run/x.sock"));
+        let missing = connect(std::io::Error::from_raw_os_error(2));
+        let line = waiting_notice(&unix, Duration::from_secs(30), &missing);
+        assert!(
+            line.starts_with("waiting up to 30 s for expertd at unix:///run/x.sock"),
+            "{line}"
+        );
+        assert!(
+            line.contains("there is no socket file at /run/x.sock"),
+            "{line}"
+        );
+        assert!(
+            line.contains("expertd serve --container DIR --socket /run/x.sock"),
+            "{line}"
+        );
+        let refused = connect(std::io::Error::from_raw_os_error(111));
+        let line = waiting_notice(&unix, Duration::from_secs(30), &refused);
+        assert!(
+            line.contains("nothing accepts connections on /run/x.sock"),
+            "{line}"
+        );
+    }
 }

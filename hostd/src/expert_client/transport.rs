@@ -78,6 +78,16 @@ impl CaCertificate {
 impl Endpoint {
     /// Parses `unix:///PATH` (or `unix:PATH`), `https://HOST:PORT` or `http://HOST:PORT`.
     pub fn parse(s: &str) -> Result<Endpoint, String> {
+        if let Some(path) = s.strip_prefix("unix://")
+            && !path.is_empty()
+            && !path.starts_with('/')
+        {
+            // `unix://tmp/x.sock` is a typo for `unix:///tmp/x.sock`, not a relative path.
+            return Err(format!(
+                "{s:?}: a unix socket URI is `unix://` followed by an absolute path (three \
+                 slashes): did you mean unix:///{path}? (`unix:{path}` names a relative path)"
+            ));
+        }
         if let Some(path) = s
             .strip_prefix("unix://")
             .or_else(|| s.strip_prefix("unix:"))
@@ -391,5 +401,11 @@ mod tests {
         assert!(Endpoint::parse("ftp://x:1").is_err());
         assert!(Endpoint::parse("http://nohost").is_err());
         assert!(Endpoint::parse("unix://").is_err());
+        let typo = Endpoint::parse("unix://tmp/x.sock").expect_err("relative after unix://");
+        assert!(typo.contains("did you mean unix:///tmp/x.sock?"), "{typo}");
+        assert_eq!(
+            Endpoint::parse("unix:tmp/x.sock"),
+            Ok(Endpoint::Unix(PathBuf::from("tmp/x.sock")))
+        );
     }
 }

@@ -37,7 +37,7 @@ pub enum Int8LoadError {
     },
     /// The container was prepared from another model.
     #[error(
-        "container {container} was prepared from a different model ({what} differ): container identity {theirs}, model {model} identity {ours}; run `expertd prepare {model} --out DIR [--format FORMAT]` again"
+        "container {container} was prepared from a different model than {model} ({what} differ); make one for it with `expertd prepare {model} --out DIR [--format FORMAT]` (identities: container {theirs}, model {ours})"
     )]
     WrongModel {
         /// The container file.
@@ -77,8 +77,8 @@ impl Int8Experts {
                 container: container.path().display().to_string(),
                 model: ckpt.dir.display().to_string(),
                 what: what.join(", "),
-                theirs: theirs.to_hex().join("/"),
-                ours: ours.to_hex().join("/"),
+                theirs: theirs.short_hex(),
+                ours: ours.short_hex(),
             });
         }
         let cfg = &ckpt.config.text;

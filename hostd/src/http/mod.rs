@@ -135,6 +135,12 @@ impl AppState {
         })
     }
 
+    /// The model name requests must use (`--served-model-name`, else the checkpoint
+    /// directory's name).
+    pub fn served_model_name(&self) -> &str {
+        &self.config.served_model_name
+    }
+
     /// Switches the server to serving (called once, after the model loaded).
     pub fn set_ready(&self, ready: Ready) {
         let _ = self.ready.set(Arc::new(ready));

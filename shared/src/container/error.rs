@@ -18,6 +18,16 @@ pub enum ContainerError {
         /// The OS error.
         message: String,
     },
+    /// There is no container file where one was looked for.
+    #[error(
+        "no expert container at {}: make one with `expertd prepare MODEL_DIR --out {}`",
+        path.display(),
+        path.parent().map_or_else(|| ".".into(), |d| d.display().to_string())
+    )]
+    Missing {
+        /// The container file looked for.
+        path: PathBuf,
+    },
     /// A region is shorter than its fixed size.
     #[error("{what} is {found} bytes, at least {needed} needed (truncated file?)")]
     TooShort {
@@ -263,6 +273,7 @@ impl ContainerError {
     pub fn error_type(&self) -> &'static str {
         match self {
             ContainerError::Io { .. } => "io",
+            ContainerError::Missing { .. } => "missing",
             ContainerError::TooShort { .. } | ContainerError::FileLength { .. } => "truncated",
             ContainerError::NotAContainer { .. } => "not_a_container",
             ContainerError::Unfinished => "unfinished",

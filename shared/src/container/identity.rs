@@ -46,6 +46,12 @@ impl ModelIdentity {
         ]
     }
 
+    /// The three digests' first 12 hex digits, `/`-joined: enough to tell two identities
+    /// apart in an error message without a screenful of hex.
+    pub fn short_hex(&self) -> String {
+        self.to_hex().map(|h| h[..12].to_string()).join("/")
+    }
+
     /// Names of the components that differ between `self` and `other`.
     pub fn differing(&self, other: &ModelIdentity) -> Vec<&'static str> {
         let mut out = Vec::new();

@@ -51,7 +51,12 @@ impl ContainerFile {
     /// Opens a container file by path: the header must be a complete (v1 or v2) header, the file
     /// exactly `file_bytes` long, and the index valid.
     pub fn open_file(path: &Path) -> Result<ContainerFile, ContainerError> {
-        let file = File::open(path).map_err(|e| io_err(path, e))?;
+        let file = File::open(path).map_err(|e| match e.kind() {
+            std::io::ErrorKind::NotFound => ContainerError::Missing {
+                path: path.to_path_buf(),
+            },
+            _ => io_err(path, e),
+        })?;
         let (header, file_len) = read_header(&file, path)?;
         if header.magic.is_unfinished() {
             return Err(ContainerError::Unfinished);

@@ -12,6 +12,8 @@ use shared::checkpoint::{CONFIG_FILE, Checkpoint, INDEX_FILE};
 use std::fs::{self, File};
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::sync_channel;
 
 /// Bytes generated per chunk (one of two buffers).
@@ -31,6 +33,9 @@ pub struct SynthOptions {
     /// Loads the written `tokenizer.json` with the runtime's tokenizer, to check it before any
     /// shard is written.
     pub load_tokenizer: LoadTokenizer,
+    /// Set (by a signal handler) to stop between chunks: the partial `DIR.tmp-<pid>` is then
+    /// removed and the write fails with [`SynthError::Interrupted`].
+    pub cancel: Arc<AtomicBool>,
 }
 
 /// What was written.
@@ -98,8 +103,16 @@ pub fn synthesize(
     if tmp.exists() {
         fs::remove_dir_all(&tmp).map_err(io_err(&tmp))?;
     }
+    for stale in stale_partials(out) {
+        if fs::remove_dir_all(&stale).is_ok() {
+            eprintln!("removed {}, left by an interrupted synth", stale.display());
+        }
+    }
     fs::create_dir(&tmp).map_err(io_err(&tmp))?;
-    let written = write_all(plan, opts, &tokenizer_text, &tmp, progress);
+    let written = write_all(plan, opts, &tokenizer_text, &tmp, progress).map_err(|e| match e {
+        SynthError::Interrupted(_) => SynthError::Interrupted(tmp.clone()),
+        other => other,
+    });
     let result = written.and_then(|summary| {
         if existing {
             if opts.force {
@@ -119,6 +132,41 @@ pub fn synthesize(
         let _ = fs::remove_dir_all(&tmp);
     }
     result
+}
+
+/// `DIR.tmp-<pid>` directories next to `out` whose process is gone (a synth that was killed
+/// before it could clean up). Linux only (`/proc/<pid>`); elsewhere none are found.
+fn stale_partials(out: &Path) -> Vec<PathBuf> {
+    let (Some(name), parent) = (out.file_name(), out.parent()) else {
+        return Vec::new();
+    };
+    let parent = parent
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let prefix = format!("{}.tmp-", name.to_string_lossy());
+    let Ok(entries) = fs::read_dir(parent) else {
+        return Vec::new();
+    };
+    if !Path::new("/proc/self").exists() {
+        return Vec::new();
+    }
+    entries
+        .filter_map(Result::ok)
+        .filter(|e| {
+            let file_name = e.file_name();
+            let Some(pid) = file_name
+                .to_str()
+                .and_then(|n| n.strip_prefix(&prefix))
+                .and_then(|p| p.parse::<u32>().ok())
+            else {
+                return false;
+            };
+            pid != std::process::id()
+                && !Path::new(&format!("/proc/{pid}")).exists()
+                && e.file_type().is_ok_and(|t| t.is_dir())
+        })
+        .map(|e| e.path())
+        .collect()
 }
 
 fn write_json(dir: &Path, file: &str, value: &serde_json::Value) -> Result<(), SynthError> {
@@ -153,7 +201,7 @@ fn write_all(
     tokenizer::verify(&tok_path, &plan.dims, opts.load_tokenizer)?;
     write_json(dir, INDEX_FILE, &plan.index_json())?;
     for shard in &plan.shards {
-        write_shard(&dir.join(&shard.file_name), shard, opts.seed, progress)?;
+        write_shard(&dir.join(&shard.file_name), shard, opts, progress)?;
     }
     // Header-only validation: exactly what every loader runs first.
     Checkpoint::open(dir)
@@ -170,9 +218,11 @@ fn write_all(
 fn write_shard(
     path: &Path,
     shard: &ShardPlan,
-    seed: u64,
+    opts: &SynthOptions,
     progress: &mut dyn FnMut(u64),
 ) -> Result<(), SynthError> {
+    let seed = opts.seed;
+    let mut interrupted = false;
     let file = File::create(path).map_err(io_err(path))?;
     let mut w = BufWriter::with_capacity(1 << 20, file);
     w.write_all(&shard.header).map_err(io_err(path))?;
@@ -200,6 +250,10 @@ fn write_shard(
             let numel = t.numel();
             let mut first = 0u64;
             while first < numel {
+                if opts.cancel.load(Ordering::Relaxed) {
+                    interrupted = true;
+                    break 'tensors;
+                }
                 let n = (numel - first).min((CHUNK_BYTES / size) as u64);
                 // A closed channel means the writer stopped on an error; join reports it.
                 let Ok(mut buf) = empty_rx.recv() else {
@@ -219,6 +273,9 @@ fn write_shard(
             .join()
             .map_err(|_| SynthError::Internal("shard writer thread panicked".into()))?
             .map_err(io_err(path))?;
+        if interrupted {
+            return Err(SynthError::Interrupted(path.to_path_buf()));
+        }
         let len = file.metadata().map_err(io_err(path))?.len();
         if len != shard.file_len() {
             return Err(SynthError::Internal(format!(
