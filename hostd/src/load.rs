@@ -24,6 +24,7 @@ use shared::container::ContainerError;
 use shared::container::ModelIdentity;
 use shared::kernels::Isa;
 use shared::kernels::int8::Int8Isa;
+use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -490,7 +491,22 @@ pub fn load_model(args: &LoadOptions, client_name: &str) -> Result<Model, LoadEr
     };
     let dense: DenseFormat = args.dense.into();
     let t = std::time::Instant::now();
-    let mut model = Model::load(&mapped, experts, isa, dense)?;
+    // A bar on a terminal only: logs and pipes get the "model loaded" line as before.
+    let bar = if std::io::stderr().is_terminal() {
+        let bar = indicatif::ProgressBar::new(mapped.ckpt.config.text.num_layers as u64);
+        bar.set_style(
+            indicatif::ProgressStyle::with_template(
+                "loading layers {bar:40} {pos}/{len} {elapsed}",
+            )
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+        );
+        bar
+    } else {
+        indicatif::ProgressBar::hidden()
+    };
+    let loaded = Model::load_with_progress(&mapped, experts, isa, dense, &mut |_| bar.inc(1));
+    bar.finish_and_clear();
+    let mut model = loaded?;
     if args.weights_digest {
         model.set_weights_digest(mapped.digest()?);
     }

@@ -32,6 +32,7 @@ mod serve_limits;
 mod serve_prefix;
 mod serve_responses;
 mod serve_structured;
+mod serve_web;
 mod synth;
 mod tidy;
 mod tokenizer;

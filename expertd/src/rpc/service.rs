@@ -630,6 +630,7 @@ impl ServiceState {
             open_connections: st.open_connections.load(Ordering::Relaxed),
             draining: st.draining.load(Ordering::Acquire),
             uptime_ns: st.started.elapsed().as_nanos() as u64,
+            rss_bytes: shared::procfs::vm_rss_bytes(None).unwrap_or(0),
             prefetch: st.executor.prefetcher().map(|p| {
                 loaded!(
                     pb::PrefetchStats,

@@ -108,6 +108,10 @@ pub struct ServeArgs {
     /// several, or `*` for any. Default: none (no CORS headers; preflights get 405).
     #[arg(long = "cors-allow-origin", value_name = "ORIGIN")]
     pub cors_allow_origin: Vec<String>,
+    /// Do not serve the web page (chat and live expert-cache panel) at `/`; the API and
+    /// `/v1/live` stay.
+    #[arg(long, env = "SLUICE_NO_WEB_PAGE")]
+    pub no_web_page: bool,
     /// Context limit in tokens (prompt + completion); default and maximum: the model's
     /// max_position_embeddings.
     #[arg(long, env = "SLUICE_MAX_CONTEXT")]
@@ -295,6 +299,7 @@ pub fn run(args: &ServeArgs) -> anyhow::Result<()> {
         default_max_tokens: args.default_max_tokens,
         enable_thinking: args.default_thinking == Thinking::On && !args.no_think,
         cors_allow_origins: args.cors_allow_origin.clone(),
+        web_page: !args.no_web_page,
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(args.http_threads)
@@ -485,6 +490,7 @@ fn load(
         }
     };
     let experts = Some(model.experts_backend());
+    let heat = Some(model.routing_heat());
     let (engine, _thread) = engine::start(
         model,
         Arc::clone(&tokenizer),
@@ -510,6 +516,7 @@ fn load(
         max_token_bytes,
         experts,
         grammars,
+        heat,
     });
     tracing::info!(
         max_context,

@@ -54,6 +54,12 @@ impl Histogram {
         }))
     }
 
+    /// Observations so far and the sum of their durations in nanoseconds.
+    pub fn totals(&self) -> (u64, u64) {
+        let count = self.0.counts.iter().map(|c| c.load(Relaxed)).sum();
+        (count, self.0.sum_ns.load(Relaxed))
+    }
+
     /// Records one duration.
     pub fn observe(&self, d: Duration) {
         let s = d.as_secs_f64();

@@ -221,6 +221,8 @@ pub struct ExpertdClient {
     pending_hint: Mutex<Option<(LayerId, Vec<u32>)>>,
     /// Readiness, shared with the probe task, the private daemon's supervisor and `/health`.
     health: Arc<health::ExpertHealth>,
+    /// This client's hits and misses per layer, as its calls' answers report them.
+    layer_counters: crate::experts::view::LayerCounters,
     /// Declared last: dropped after the connection, so the child sees its client leave first.
     daemon: Option<PrivateDaemon>,
 }
@@ -277,6 +279,7 @@ impl ExpertdClient {
             last_layer: AtomicUsize::new(usize::MAX),
             expert_bytes: OnceLock::new(),
             predicted: Mutex::new(vec![Vec::new(); n_layers_for_predictions]),
+            layer_counters: crate::experts::view::LayerCounters::new(n_layers_for_predictions),
             pending_hint: Mutex::new(None),
             health: daemon.as_ref().map_or_else(
                 || Arc::new(health::ExpertHealth::new()),
@@ -509,6 +512,31 @@ impl ExpertBackend for ExpertdClient {
         Some(self.health.report())
     }
 
+    fn cache_view(&self) -> Option<crate::experts::view::CacheView> {
+        let (layer_hits, layer_misses) = self.layer_counters.snapshot();
+        let session = self
+            .session
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        // A daemon that is down or slow leaves the per-layer counts without its own view.
+        let daemon = session.and_then(|s| {
+            let mut client = s.link.client.clone();
+            let stats = self.block_on(async move {
+                tokio::time::timeout(Duration::from_secs(2), client.stats(pb::StatsRequest {}))
+                    .await
+                    .ok()?
+                    .ok()
+            })??;
+            Some((self.endpoint.as_str(), stats.into_inner()).into())
+        });
+        Some(crate::experts::view::CacheView {
+            layer_hits,
+            layer_misses,
+            daemons: daemon.into_iter().collect(),
+        })
+    }
+
     fn transport(&self) -> Option<String> {
         let info = self.daemon_info()?;
         Some(
@@ -580,6 +608,11 @@ impl ExpertBackend for ExpertdClient {
         // Not run inside the call (an RPC path, a failure): run now, outside the timed window.
         once();
         let cost = result.map_err(|e| e.into_expert_error(call.layer))?;
+        self.layer_counters.add(
+            call.layer.index(),
+            u64::from(cost.hits),
+            u64::from(cost.misses),
+        );
         if let Some(p) = profiler {
             // The call's client wall time, split into the daemon's reported queue, IO wait and
             // compute; the rest (encode, transport both ways, decode, a retry) is IPC. With

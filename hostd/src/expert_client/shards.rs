@@ -369,6 +369,13 @@ impl ExpertBackend for ShardedExperts {
             .reduce(|a, b| a.plus(&b))
     }
 
+    fn cache_view(&self) -> Option<crate::experts::view::CacheView> {
+        self.shards
+            .iter()
+            .filter_map(|s| s.client.cache_view())
+            .reduce(crate::experts::view::CacheView::merge)
+    }
+
     fn health(&self) -> Option<HealthReport> {
         let reports: Vec<HealthReport> = self
             .shards

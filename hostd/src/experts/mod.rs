@@ -8,6 +8,7 @@
 
 pub mod bf16;
 pub mod int8;
+pub mod view;
 
 use crate::profile::Profiler;
 use shared::ids::{ExpertId, LayerId};
@@ -175,6 +176,11 @@ pub trait ExpertBackend: Send + Sync {
     }
     /// Readiness of a remote backend (`None`: in process, always ready).
     fn health(&self) -> Option<crate::expert_client::health::HealthReport> {
+        None
+    }
+    /// A remote backend's cache for the live panel: this process's per-layer hits and misses
+    /// and its daemon(s)' `Stats` (`None`: in process, no cache). Blocks on the daemon.
+    fn cache_view(&self) -> Option<view::CacheView> {
         None
     }
 }

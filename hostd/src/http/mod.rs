@@ -30,6 +30,7 @@ pub mod fields;
 mod generate;
 mod json;
 pub mod listener;
+mod live;
 pub mod openai;
 pub mod params;
 pub mod response_format;
@@ -38,6 +39,7 @@ mod stream;
 #[cfg(test)]
 mod test_support;
 pub mod tools;
+mod web;
 
 use crate::engine::EngineHandle;
 use crate::engine::metrics::Metrics;
@@ -76,6 +78,8 @@ pub struct ServerConfig {
     pub enable_thinking: bool,
     /// Origins allowed cross-origin (`--cors-allow-origin`; `*` for any); empty: no CORS.
     pub cors_allow_origins: Vec<String>,
+    /// Serve the web page at `/` (`hostd serve --no-web-page` turns it off).
+    pub web_page: bool,
 }
 
 /// What exists once the model is loaded.
@@ -94,6 +98,8 @@ pub struct Ready {
     pub experts: Option<Arc<dyn crate::experts::ExpertBackend>>,
     /// Constrained decoding over this tokenizer (built on the first constrained request).
     pub grammars: Arc<crate::constraint::Grammars>,
+    /// The model's routing counts (the live panel's heat map).
+    pub heat: Option<Arc<crate::model::heat::RoutingHeat>>,
 }
 
 /// State shared by every handler.
@@ -220,6 +226,15 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/health", get(health))
         .route("/health/live", get(live))
         .route("/metrics", get(metrics))
+        .route("/v1/live", get(live::live));
+    let router = if state.config.web_page {
+        router
+            .route("/", get(web::page))
+            .route("/favicon.ico", get(web::favicon))
+    } else {
+        router
+    };
+    let router = router
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(middleware::from_fn_with_state(Arc::clone(&state), track))
@@ -422,6 +437,7 @@ async fn health(State(app): State<Arc<AppState>>) -> Response {
             let mut body = json!({
                 "status": status,
                 "model": app.config.served_model_name,
+                "api_key_required": !app.config.api_keys.is_empty(),
                 "queue_depth": m.queue_depth.get(),
                 "max_queue": c.max_queue,
                 "active_sequences": m.active_sequences.get(),

@@ -129,10 +129,11 @@ impl Model {
             }
             let mut b = h.clone();
             ops::rms_norm_rows(&mut b, &layer.post_scale, eps);
-            let (moe_out, _routes) = layer
+            let (moe_out, routes) = layer
                 .moe
                 .forward(self.isa, self.experts.as_ref(), &b, total, prof)
                 .map_err(|e| BatchError::Failed(e.into()))?;
+            self.heat.record(i, &routes.ids);
             for (hv, mv) in h.iter_mut().zip(&moe_out) {
                 *hv += mv;
             }

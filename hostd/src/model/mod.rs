@@ -9,6 +9,7 @@ pub mod attention;
 pub mod batch;
 pub mod causal;
 pub mod gdn;
+pub mod heat;
 pub use shared::keep_awake;
 pub mod linear;
 pub mod moe;
@@ -150,6 +151,8 @@ pub struct Model {
     keep_awake: keep_awake::Awake,
     /// The checkpoint's digest, when the loader computed it.
     weights_digest: Option<[u8; 32]>,
+    /// How often each layer routed to each expert (the live panel's heat map).
+    heat: Arc<heat::RoutingHeat>,
 }
 
 impl Model {
@@ -160,6 +163,17 @@ impl Model {
         experts: Arc<dyn ExpertBackend>,
         isa: Isa,
         dense: DenseFormat,
+    ) -> Result<Model, ModelError> {
+        Model::load_with_progress(w, experts, isa, dense, &mut |_| {})
+    }
+
+    /// [`Self::load`], calling `layer_done(i)` after layer `i` is loaded (a progress bar).
+    pub fn load_with_progress(
+        w: &MappedCheckpoint,
+        experts: Arc<dyn ExpertBackend>,
+        isa: Isa,
+        dense: DenseFormat,
+        layer_done: &mut dyn FnMut(usize),
     ) -> Result<Model, ModelError> {
         let cfg = w.ckpt.config.text.clone();
         let prefix = w.ckpt.prefix;
@@ -181,9 +195,11 @@ impl Model {
                 mixer,
                 moe: Moe::load(&t.module("mlp"), &cfg)?,
             });
+            layer_done(i);
         }
         let embed = w.matrix(&format!("{prefix}embed_tokens.weight"), cfg.vocab_size, d)?;
         embed.advise_random_rows();
+        let (layers_n, experts_n) = (layers.len(), cfg.num_experts);
         Ok(Model {
             embed,
             final_scale: ops::zero_centred_scale(&w.vector_f32(&format!("{prefix}norm.weight"))?),
@@ -203,6 +219,7 @@ impl Model {
             experts,
             profiler: None,
             weights_digest: None,
+            heat: Arc::new(heat::RoutingHeat::new(layers_n, experts_n)),
         })
     }
 
@@ -312,6 +329,11 @@ impl Model {
         }
         self.experts
             .prefetch(LayerId::from_index(i + 1), &ids, prof);
+    }
+
+    /// Routing counts per layer and expert since load (shared; the live panel reads them).
+    pub fn routing_heat(&self) -> Arc<heat::RoutingHeat> {
+        Arc::clone(&self.heat)
     }
 
     /// The expert backend's speculative-read counters, when it has them.
@@ -435,6 +457,7 @@ impl Model {
             let (moe_out, r) = layer
                 .moe
                 .forward(self.isa, self.experts.as_ref(), &b, n, prof)?;
+            self.heat.record(i, &r.ids);
             for (hv, mv) in h.iter_mut().zip(&moe_out) {
                 *hv += mv;
             }
