@@ -602,14 +602,4 @@ fn missing_system_packages_are_named_before_anything_compiles() {
         "{}",
         stderr(&o)
     );
-    // With the machine's own PATH (CI installs every package) it passes and prints nothing.
-    let o = output_within(
-        {
-            let mut c = Command::new(&script);
-            c.arg("test");
-            c
-        },
-        10,
-    );
-    assert!(o.status.success() && o.stderr.is_empty(), "{}", stderr(&o));
 }

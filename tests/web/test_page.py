@@ -5,6 +5,7 @@ console must stay free of errors. Run by tests/web/run.sh, which starts the serv
 
 import json
 import os
+import shutil
 import tempfile
 import time
 import urllib.request
@@ -27,7 +28,7 @@ def browser():
     if not URL:
         pytest.fail("SLUICE_WEB_URL is not set: run tests/web/run.sh")
     opts = webdriver.ChromeOptions()
-    opts.binary_location = "/usr/bin/chromium"
+    opts.binary_location = shutil.which("chromium") or "/usr/bin/chromium"
     profile = tempfile.mkdtemp(prefix="sluice-chromium-")
     for arg in (
         "--headless=new",
@@ -44,7 +45,8 @@ def browser():
     ):
         opts.add_argument(arg)
     opts.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    driver = webdriver.Chrome(service=Service("/usr/bin/chromedriver"), options=opts)
+    driver = webdriver.Chrome(
+        service=Service(shutil.which("chromedriver") or "/usr/bin/chromedriver"), options=opts)
     driver.set_script_timeout(10)
     yield driver
     driver.quit()
@@ -117,6 +119,9 @@ def test_chat_streams_stops_and_the_live_panel_moves(browser):
     assert text(d, "live-toks") not in ("–", "0.0")
     assert d.find_elements(By.CSS_SELECTOR, "#sessions tbody tr"), "the daemon's sessions"
     assert "/" in text(d, "live-cache") and "MiB" in text(d, "live-cache")
+    # The private daemon started cold: its first reads show as misses and disk reads.
+    assert int(d.find_element(By.ID, "misses").get_attribute("data-sum")) > 0
+    assert text(d, "live-rss").count("MiB") == 2, text(d, "live-rss")
     shot(d, "03-live-panel.png")
 
     d.find_element(By.ID, "stop").click()

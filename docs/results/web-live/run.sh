@@ -8,7 +8,7 @@ cd "$(dirname "$0")/../../.."
 OUT=docs/results/web-live
 M=${M:-/tmp/rd40}
 I8=${I8:-/tmp/rd40c}
-ROUNDS=${ROUNDS:-6}
+ROUNDS=${ROUNDS:-8}
 N=${N:-64}
 { date -u; git rev-parse HEAD; lscpu | grep 'Model name'; nproc; cat /proc/loadavg; } > $OUT/meta.txt
 cat $M/*.safetensors $I8/experts.sluice > /dev/null

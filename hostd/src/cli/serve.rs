@@ -387,6 +387,7 @@ async fn serve(args: &ServeArgs, config: ServerConfig) -> anyhow::Result<()> {
     let fatal_w = Arc::clone(&fatal);
     let stopping = Arc::new(tokio::sync::Notify::new());
     let stopping_w = Arc::clone(&stopping);
+    let feeds = Arc::clone(&state);
     let shutdown = async move {
         let load_failed = async {
             match failed_rx.await {
@@ -417,6 +418,7 @@ async fn serve(args: &ServeArgs, config: ServerConfig) -> anyhow::Result<()> {
             _ = engine_fatal => {}
         }
         stopping_w.notify_one();
+        feeds.close_feeds();
     };
     // Graceful shutdown waits for open streams; a long generation must not hold the process.
     let grace = async move {

@@ -86,9 +86,10 @@ pub fn run(args: &SynthArgs) -> anyhow::Result<()> {
         cancel: Arc::new(AtomicBool::new(false)),
     };
     // Ctrl-C (or a service stop) ends the write between chunks and removes `DIR.tmp-<pid>`;
-    // a second signal while cleaning up is ignored by the flag, not fatal.
+    // a second one exits at once (the next synth removes what is left).
     for signal in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
-        signal_hook::flag::register(signal, Arc::clone(&opts.cancel))
+        signal_hook::flag::register_conditional_shutdown(signal, 130, Arc::clone(&opts.cancel))
+            .and_then(|_| signal_hook::flag::register(signal, Arc::clone(&opts.cancel)))
             .context("installing the interrupt handler")?;
     }
     let start = Instant::now();

@@ -521,6 +521,7 @@ impl ExpertBackend for ExpertdClient {
             .clone();
         // A daemon that is down or slow leaves the per-layer counts without its own view.
         let daemon = session.and_then(|s| {
+            let own = s.info.session_id;
             let mut client = s.link.client.clone();
             let stats = self.block_on(async move {
                 tokio::time::timeout(Duration::from_secs(2), client.stats(pb::StatsRequest {}))
@@ -528,7 +529,11 @@ impl ExpertBackend for ExpertdClient {
                     .ok()?
                     .ok()
             })??;
-            Some((self.endpoint.as_str(), stats.into_inner()).into())
+            Some(crate::experts::view::DaemonView::from_stats(
+                &self.endpoint,
+                own,
+                stats.into_inner(),
+            ))
         });
         Some(crate::experts::view::CacheView {
             layer_hits,

@@ -32,6 +32,8 @@ pub struct DaemonView {
     pub bytes_read: u64,
     /// The daemon's resident set size (`None`: it did not say).
     pub rss_bytes: Option<u64>,
+    /// Bytes read for this client's own session (`None`: the session was not in the list).
+    pub own_bytes_read: Option<u64>,
     /// Every open session.
     pub sessions: Vec<SessionView>,
 }
@@ -102,10 +104,17 @@ impl CacheView {
     }
 }
 
-impl From<(&str, proto::v1::StatsResponse)> for DaemonView {
-    fn from((endpoint, s): (&str, proto::v1::StatsResponse)) -> DaemonView {
+impl DaemonView {
+    /// A daemon's `Stats` answer as seen by the client whose session is `own_session`.
+    pub fn from_stats(endpoint: &str, own_session: u64, s: proto::v1::StatsResponse) -> DaemonView {
         let c = s.cache.unwrap_or_default();
+        let own_bytes_read = s
+            .sessions
+            .iter()
+            .find(|x| x.session_id == own_session)
+            .map(|x| x.bytes_read);
         DaemonView {
+            own_bytes_read,
             endpoint: endpoint.to_string(),
             budget_bytes: c.budget_bytes,
             resident_bytes: c.resident_bytes,

@@ -8,7 +8,7 @@
 //! nothing and an open one a snapshot per interval (docs/web.md has the measured cost).
 
 use super::{AppState, Ready};
-use crate::experts::view::CacheView;
+use crate::experts::view::{CacheView, DaemonView};
 use axum::extract::{Query, State};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
@@ -90,10 +90,12 @@ struct Daemon {
 
 #[derive(Debug, Serialize)]
 struct Disk {
-    /// The daemons' container reads when there is a daemon, else this process's physical reads
-    /// (`/proc/self/io` `read_bytes`: in-process experts read through the page cache).
+    /// The daemons' container reads (all their clients') when there is a daemon, else this
+    /// process's physical reads (`/proc/self/io` `read_bytes`: in-process experts read through
+    /// the page cache).
     read_bytes_per_s: f64,
-    /// The same bytes over the tokens generated in the interval (`None`: none generated).
+    /// The reads for this process (its own daemon session's, else its physical reads) over the
+    /// tokens it generated in the interval (`None`: none generated).
     read_bytes_per_token: Option<f64>,
 }
 
@@ -106,19 +108,33 @@ struct Sample {
     routed: Vec<u64>,
     cache: Option<CacheView>,
     read_bytes: u64,
-    /// Whether `read_bytes` is the daemons' (else this process's): a frame between samples of
-    /// different sources (a daemon that stopped answering) reports no reads rather than a
-    /// difference of unrelated counters.
-    daemon_reads: bool,
+}
+
+fn daemons_of(s: &Sample) -> &[DaemonView] {
+    s.cache.as_ref().map_or(&[][..], |c| c.daemons.as_slice())
+}
+
+/// Bytes read between two samples: per daemon (by endpoint) when there are daemons, only
+/// those in both samples (a daemon that missed a `Stats` call is skipped rather than showing
+/// its whole counter as one interval's reads); else this process's physical reads. `pick`
+/// chooses the daemon counter (all sessions' reads or this client's own).
+fn reads_between(before: &Sample, now: &Sample, pick: fn(&DaemonView) -> Option<u64>) -> u64 {
+    let (b, n) = (daemons_of(before), daemons_of(now));
+    if n.is_empty() && b.is_empty() {
+        return now.read_bytes.saturating_sub(before.read_bytes);
+    }
+    n.iter()
+        .filter_map(|d| {
+            let prev = b.iter().find(|p| p.endpoint == d.endpoint)?;
+            Some(pick(d)?.saturating_sub(pick(prev)?))
+        })
+        .sum()
 }
 
 fn sample(app: &AppState, ready: &Ready) -> Sample {
     let m = app.metrics();
     let cache = ready.experts.as_ref().and_then(|e| e.cache_view());
-    let (read_bytes, daemon_reads) = match &cache {
-        Some(c) if !c.daemons.is_empty() => (c.daemons.iter().map(|d| d.bytes_read).sum(), true),
-        _ => (shared::procfs::read_bytes(None).unwrap_or(0), false),
-    };
+    let read_bytes = shared::procfs::read_bytes(None).unwrap_or(0);
     Sample {
         at: Instant::now(),
         generated: m.generation_tokens.get(),
@@ -127,7 +143,6 @@ fn sample(app: &AppState, ready: &Ready) -> Sample {
         routed: ready.heat.as_ref().map_or_else(Vec::new, |h| h.snapshot()),
         cache,
         read_bytes,
-        daemon_reads,
     }
 }
 
@@ -143,11 +158,8 @@ fn frame(app: &AppState, ready: &Ready, before: &Sample, now: &Sample) -> Frame 
     let generated = now.generated.saturating_sub(before.generated);
     let ttft_n = now.ttft.0.saturating_sub(before.ttft.0);
     let ttft_ns = now.ttft.1.saturating_sub(before.ttft.1);
-    let read = if now.daemon_reads == before.daemon_reads {
-        now.read_bytes.saturating_sub(before.read_bytes)
-    } else {
-        0
-    };
+    let read = reads_between(before, now, |d| Some(d.bytes_read));
+    let own_read = reads_between(before, now, |d| d.own_bytes_read);
     let m = app.metrics();
     let (layers, experts) = ready
         .heat
@@ -207,7 +219,7 @@ fn frame(app: &AppState, ready: &Ready, before: &Sample, now: &Sample) -> Frame 
         }),
         disk: Disk {
             read_bytes_per_s: read as f64 / secs,
-            read_bytes_per_token: (generated > 0).then(|| read as f64 / generated as f64),
+            read_bytes_per_token: (generated > 0).then(|| own_read as f64 / generated as f64),
         },
     }
 }
@@ -231,16 +243,24 @@ pub(super) async fn live(
     let mut ticker = tokio::time::interval(every);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     ticker.tick().await;
+    let closing = app.closing.subscribe();
     let events = stream::unfold(
-        (first, ticker, app, ready),
-        move |(before, mut ticker, app, ready)| async move {
-            ticker.tick().await;
+        (first, ticker, app, ready, closing),
+        move |(before, mut ticker, app, ready, mut closing)| async move {
+            if *closing.borrow() {
+                return None;
+            }
+            tokio::select! {
+                _ = ticker.tick() => {}
+                // Shutting down (or the sender is gone): the feed ends.
+                _ = closing.changed() => return None,
+            }
             let now = take(Arc::clone(&app), Arc::clone(&ready)).await?;
             let f = frame(&app, &ready, &before, &now);
             let data = serde_json::to_string(&f).unwrap_or_else(|_| "{}".into());
             Some((
                 Ok::<_, Infallible>(Event::default().data(data)),
-                (now, ticker, app, ready),
+                (now, ticker, app, ready, closing),
             ))
         },
     );

@@ -119,6 +119,9 @@ pub struct AppState {
     connections: AtomicUsize,
     /// Stored responses of the Responses API (`previous_response_id`, `GET /v1/responses/{id}`).
     responses: responses::store::Store,
+    /// Set when the server starts shutting down: open `/v1/live` feeds end, so a page left
+    /// open does not hold the graceful shutdown for its whole grace period.
+    closing: tokio::sync::watch::Sender<bool>,
 }
 
 impl AppState {
@@ -138,7 +141,13 @@ impl AppState {
             admission,
             connections: AtomicUsize::new(0),
             responses: responses::store::Store::default(),
+            closing: tokio::sync::watch::Sender::new(false),
         })
+    }
+
+    /// Ends every open `/v1/live` feed (the server is shutting down).
+    pub fn close_feeds(&self) {
+        self.closing.send_replace(true);
     }
 
     /// The model name requests must use (`--served-model-name`, else the checkpoint

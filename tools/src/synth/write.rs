@@ -16,6 +16,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::sync_channel;
 
+/// The lock file a writer holds inside its partial directory (`DIR.tmp-<pid>/`).
+const LOCK_FILE: &str = ".synth-lock";
+
 /// Bytes generated per chunk (one of two buffers).
 const CHUNK_BYTES: usize = 8 << 20;
 
@@ -109,6 +112,14 @@ pub fn synthesize(
         }
     }
     fs::create_dir(&tmp).map_err(io_err(&tmp))?;
+    // Held until the rename: a later synth removes a partial directory only if it can take
+    // this lock, i.e. only once its writer is gone (however it ended).
+    let lock_path = tmp.join(LOCK_FILE);
+    let lock = File::create(&lock_path).map_err(io_err(&lock_path))?;
+    lock.try_lock().map_err(|e| SynthError::Io {
+        path: lock_path.clone(),
+        message: e.to_string(),
+    })?;
     let written = write_all(plan, opts, &tokenizer_text, &tmp, progress).map_err(|e| match e {
         SynthError::Interrupted(_) => SynthError::Interrupted(tmp.clone()),
         other => other,
@@ -122,6 +133,7 @@ pub fn synthesize(
             }
             .map_err(io_err(out))?;
         }
+        fs::remove_file(&lock_path).map_err(io_err(&lock_path))?;
         fs::rename(&tmp, out).map_err(io_err(out))?;
         Ok(Summary {
             dir: out.clone(),
@@ -131,11 +143,13 @@ pub fn synthesize(
     if result.is_err() {
         let _ = fs::remove_dir_all(&tmp);
     }
+    drop(lock);
     result
 }
 
-/// `DIR.tmp-<pid>` directories next to `out` whose process is gone (a synth that was killed
-/// before it could clean up). Linux only (`/proc/<pid>`); elsewhere none are found.
+/// `DIR.tmp-<pid>` directories next to `out` whose writer is gone: their lock file can be
+/// locked (a synth killed before it could clean up). A directory without the lock file is not
+/// a synth's, or is one just starting: it is left alone.
 fn stale_partials(out: &Path) -> Vec<PathBuf> {
     let (Some(name), parent) = (out.file_name(), out.parent()) else {
         return Vec::new();
@@ -147,23 +161,15 @@ fn stale_partials(out: &Path) -> Vec<PathBuf> {
     let Ok(entries) = fs::read_dir(parent) else {
         return Vec::new();
     };
-    if !Path::new("/proc/self").exists() {
-        return Vec::new();
-    }
     entries
         .filter_map(Result::ok)
         .filter(|e| {
             let file_name = e.file_name();
-            let Some(pid) = file_name
+            let ours = file_name
                 .to_str()
                 .and_then(|n| n.strip_prefix(&prefix))
-                .and_then(|p| p.parse::<u32>().ok())
-            else {
-                return false;
-            };
-            pid != std::process::id()
-                && !Path::new(&format!("/proc/{pid}")).exists()
-                && e.file_type().is_ok_and(|t| t.is_dir())
+                .is_some_and(|pid| !pid.is_empty() && pid.bytes().all(|b| b.is_ascii_digit()));
+            ours && File::open(e.path().join(LOCK_FILE)).is_ok_and(|f| f.try_lock().is_ok())
         })
         .map(|e| e.path())
         .collect()
