@@ -255,8 +255,14 @@ pub(super) async fn live(
                 // Shutting down (or the sender is gone): the feed ends.
                 _ = closing.changed() => return None,
             }
-            let now = take(Arc::clone(&app), Arc::clone(&ready)).await?;
+            let mut now = take(Arc::clone(&app), Arc::clone(&ready)).await?;
             let f = frame(&app, &ready, &before, &now);
+            // The histogram's count and sum are read one after the other; while no first
+            // token was counted, keep the old pair, so a sum that ran ahead of its count is
+            // taken with that count in a later frame instead of dropped.
+            if now.ttft.0 == before.ttft.0 {
+                now.ttft = before.ttft;
+            }
             let data = serde_json::to_string(&f).unwrap_or_else(|_| "{}".into());
             Some((
                 Ok::<_, Infallible>(Event::default().data(data)),

@@ -76,9 +76,19 @@ pub struct PrefixStore {
     pending: Arc<AtomicUsize>,
     max_pending_bytes: usize,
     stats: StoreStats,
+    /// The directory's modification time at the last full scan, and when that scan was: a
+    /// file renamed in or deleted (by this process's writer or another hostd) changes the
+    /// time, so an admission rescans only then, not with a readdir and a stat per file every
+    /// time; and at least every [`RESCAN_AFTER`], since a directory's time is coarse (a jiffy)
+    /// and two changes within one tick look like one.
+    scanned_at: Option<(SystemTime, std::time::Instant)>,
+    /// Full scans so far (tests check that an unchanged directory is not read again).
+    scans: usize,
 }
 
 const SUFFIX: &str = ".state";
+/// The longest an unchanged-looking directory goes without a full scan.
+const RESCAN_AFTER: std::time::Duration = std::time::Duration::from_secs(2);
 const LOCK: &str = ".lock";
 
 fn hex(bytes: &[u8]) -> String {
@@ -124,6 +134,8 @@ impl PrefixStore {
             pending,
             max_pending_bytes,
             stats,
+            scanned_at: None,
+            scans: 0,
         };
         store.rescan();
         tracing::info!(
@@ -188,9 +200,19 @@ impl PrefixStore {
 
     /// Reads the directory: indexes files not seen before (their heads), forgets vanished ones.
     fn rescan(&mut self) {
+        // Taken before reading: a change during the scan makes the next call scan again.
+        let mtime = std::fs::metadata(&self.dir).and_then(|m| m.modified()).ok();
+        if let (Some(now), Some((then, at))) = (mtime, self.scanned_at)
+            && now == then
+            && at.elapsed() < RESCAN_AFTER
+        {
+            return;
+        }
         let Ok(entries) = std::fs::read_dir(&self.dir) else {
             return;
         };
+        self.scans += 1;
+        self.scanned_at = mtime.map(|m| (m, std::time::Instant::now()));
         let mut present = HashSet::new();
         let mut bytes = 0;
         for e in entries.flatten() {

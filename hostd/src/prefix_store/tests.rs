@@ -216,3 +216,28 @@ fn the_directory_stays_within_its_cap_and_evicts_the_least_recently_used() {
         "a state over the cap is not written"
     );
 }
+
+#[test]
+fn an_unchanged_directory_is_not_read_again_and_a_new_file_is_seen() {
+    let model = model();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut a = open(&model, dir.path(), 1 << 30, ID);
+    let p = prompt(&model, 40, 1);
+    save(&model, &mut a, &p);
+    // A second hostd sharing the directory.
+    let mut b = open(&model, dir.path(), 1 << 30, ID);
+    let scans = b.scans;
+    let longer = |t: &[u32]| t.iter().copied().chain([1, 2, 3]).collect::<Vec<u32>>();
+    assert!(b.find(&longer(&p), 0).is_some());
+    assert!(b.find(&longer(&p), 0).is_some());
+    assert_eq!(b.scans, scans, "an unchanged directory is not read again");
+    // The other one saves a state: the directory changes and the next lookup sees the file.
+    std::thread::sleep(Duration::from_millis(20));
+    let q = prompt(&model, 40, 2);
+    save(&model, &mut a, &q);
+    assert!(
+        b.find(&longer(&q), 0).is_some(),
+        "a file another process wrote is found"
+    );
+    assert_eq!(b.scans, scans + 1);
+}
