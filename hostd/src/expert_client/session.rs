@@ -91,8 +91,10 @@ impl ExpertdClient {
                         });
                     }
                     tracing::debug!(error = %e, ?delay, "expertd not reachable yet; retrying");
-                    if first && !announced && e.daemon_not_up() {
-                        // Say at once what hostd waits for, not only when the wait runs out.
+                    if first && !announced && self.daemon.is_none() && e.daemon_not_up() {
+                        // Say at once what hostd waits for, not only when the wait runs out
+                        // (not for its own private daemon, which it has just started and whose
+                        // socket it waited for: advice to start one would mislead).
                         announced = true;
                         eprintln!("hostd: {}", waiting_notice(&self.opts.endpoint, wait, &e));
                     }
