@@ -14,26 +14,9 @@ use tests::{Killed, Spawned, copy_model, hostd, model_dir, work_with_container, 
 /// Runs `expertd ARGS…`, which must exit within 30 s (a daemon that starts serving where it
 /// should have refused is killed and fails the test instead of hanging it).
 fn expertd(args: &[&str]) -> Output {
-    let mut child = Command::new(workspace_bin("expertd"))
-        .args(args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn expertd");
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while child.try_wait().expect("try_wait").is_none() {
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let out = child.wait_with_output().expect("output");
-            panic!(
-                "expertd {args:?} did not exit: {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    child.wait_with_output().expect("output")
+    let mut cmd = Command::new(workspace_bin("expertd"));
+    cmd.args(args);
+    output_within(cmd, 30)
 }
 
 fn stderr(o: &Output) -> String {
@@ -112,7 +95,8 @@ fn a_missing_model_directory_is_named_as_such() {
 fn a_cache_budget_that_holds_no_expert_is_refused() {
     let (work, container) = work_with_container("tiny");
     let socket = work.path().join("s.sock");
-    for budget in ["0", "1000"] {
+    // Given and as read (size flags take units: 1KiB is 1024 bytes).
+    for (budget, bytes) in [("0", "0"), ("1000", "1000"), ("1KiB", "1024")] {
         let o = expertd(&[
             "serve",
             "--container",
@@ -128,7 +112,7 @@ fn a_cache_budget_that_holds_no_expert_is_refused() {
         );
         assert!(
             stderr(&o).contains(&format!(
-                "--cache-bytes {budget} holds no expert: one expert blob is "
+                "--cache-bytes {bytes} holds no expert: one expert blob is "
             )),
             "{}",
             stderr(&o)
@@ -319,49 +303,33 @@ fn help_and_version_describe_the_binaries_as_they_are() {
     }
 }
 
-/// Exits of `cmd` within `secs`, else kills it and fails.
+/// Runs `cmd`, which must exit within `secs`; else it is killed and the test fails with its
+/// stderr.
 fn output_within(mut cmd: Command, secs: u64) -> Output {
-    let child = cmd
+    let mut child = cmd
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .expect("spawn");
-    let (tx, rx) = mpsc::channel();
-    let pid = child.id();
-    std::thread::spawn(move || {
-        let _ = tx.send(child.wait_with_output());
-    });
-    match rx.recv_timeout(Duration::from_secs(secs)) {
-        Ok(out) => out.expect("output"),
-        Err(_) => {
-            let _ = Command::new("kill")
-                .args(["-KILL", &pid.to_string()])
-                .status();
-            panic!("{cmd:?} did not exit within {secs} s");
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    while child.try_wait().expect("try_wait").is_none() {
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let out = child.wait_with_output().expect("output");
+            panic!(
+                "{cmd:?} did not exit within {secs} s: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
         }
+        std::thread::sleep(Duration::from_millis(20));
     }
+    child.wait_with_output().expect("output")
 }
 
 #[test]
 fn size_flags_take_units() {
-    let (work, container) = work_with_container("tiny");
-    let socket = work.path().join("s.sock");
-    // 1KiB parses to 1024 bytes, which holds no expert: refused, naming the bytes it read.
-    let o = expertd(&[
-        "serve",
-        "--container",
-        container.to_str().expect("utf-8"),
-        "--socket",
-        socket.to_str().expect("utf-8"),
-        "--cache-bytes",
-        "1KiB",
-    ]);
-    assert!(
-        stderr(&o).contains("--cache-bytes 1024 holds no expert"),
-        "{}",
-        stderr(&o)
-    );
+    // expertd reads `--cache-bytes 1KiB` as 1024: see a_cache_budget_that_holds_no_expert_is_refused.
     let o = hostd(&["serve", "--model", "x", "--state-cache-bytes", "2XB"]);
     assert!(!o.status.success());
     assert!(

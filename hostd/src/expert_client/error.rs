@@ -305,7 +305,7 @@ impl ExpertClientError {
 
 /// The kind of an OS error from its message: `std::io::Error` displays an OS error as
 /// `"<description> (os error N)"`, and the connection path keeps only that text.
-fn os_error_kind(reason: &str) -> Option<std::io::ErrorKind> {
+pub(super) fn os_error_kind(reason: &str) -> Option<std::io::ErrorKind> {
     let code = reason
         .rsplit_once("(os error ")?
         .1

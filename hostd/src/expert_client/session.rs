@@ -285,12 +285,13 @@ pub(super) fn waiting_notice(endpoint: &Endpoint, wait: Duration, e: &ExpertClie
     let secs = wait.as_secs_f64().round();
     let why = match (endpoint, e) {
         (Endpoint::Unix(path), ExpertClientError::Connect { reason, .. })
-            if reason.contains("(os error 2)") =>
+            if super::error::os_error_kind(reason) == Some(std::io::ErrorKind::NotFound) =>
         {
             format!("there is no socket file at {}", path.display())
         }
         (Endpoint::Unix(path), ExpertClientError::Connect { reason, .. })
-            if reason.contains("(os error 111)") =>
+            if super::error::os_error_kind(reason)
+                == Some(std::io::ErrorKind::ConnectionRefused) =>
         {
             format!(
                 "nothing accepts connections on {} (a daemon that exited leaves its socket file)",
