@@ -13,6 +13,7 @@ pub mod generate;
 pub mod http;
 pub mod load;
 pub mod model;
+pub mod plan;
 pub mod prefix_cache;
 pub mod prefix_store;
 pub mod profile;

@@ -15,6 +15,9 @@ struct Cli {
 enum Command {
     /// Validate a model directory and report its layers, tensors and memory arithmetic.
     Inspect(hostd::cli::inspect::InspectArgs),
+    /// Size this machine for a checkpoint: resident or streaming per expert format, the cache
+    /// budget, the expected decode tok/s and the commands to run (measures for a few seconds).
+    Plan(hostd::cli::plan::PlanArgs),
     /// Read UTF-8 text on stdin and print its token ids.
     Tokenize(hostd::cli::tokenize::TokenizeArgs),
     /// Generate a reply to one prompt (greedy), streaming text, then report speed and memory.
@@ -49,6 +52,7 @@ fn main() -> std::process::ExitCode {
     }
     let result = match command {
         Command::Inspect(args) => hostd::cli::inspect::run(&args),
+        Command::Plan(args) => hostd::cli::plan::run(&args),
         Command::Tokenize(args) => hostd::cli::tokenize::run(&args),
         Command::Run(args) => hostd::cli::run::run(&args),
         Command::Eval(args) => hostd::cli::eval::run(&args),

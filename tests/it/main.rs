@@ -22,6 +22,7 @@ mod int8_quality;
 mod kquant_experts;
 mod locator;
 mod parity;
+mod plan;
 mod serve;
 mod serve_anthropic;
 mod serve_anthropic_tools;

@@ -558,8 +558,26 @@ pub fn available_memory() -> Option<u64> {
 /// Room is the limit less the usage, where page cache the kernel can drop (`inactive_file`
 /// in `memory.stat`) does not count as used. None when no limit is set.
 pub fn cgroup_room(root: &Path, proc_self_cgroup: &str) -> Option<u64> {
-    let mut room: Option<u64> = None;
-    let mut consider = |r: u64| room = Some(room.map_or(r, |x: u64| x.min(r)));
+    cgroup_memory(root, proc_self_cgroup).map(|c| c.room)
+}
+
+/// The memory limit that leaves the least room, of a cgroup and its ancestors.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CgroupMemory {
+    /// The limit (`memory.max` or `memory.limit_in_bytes`).
+    pub limit: u64,
+    /// The limit less the usage that cannot be dropped.
+    pub room: u64,
+}
+
+/// [`cgroup_room`] with the limit it came from.
+pub fn cgroup_memory(root: &Path, proc_self_cgroup: &str) -> Option<CgroupMemory> {
+    let mut best: Option<CgroupMemory> = None;
+    let mut consider = |c: CgroupMemory| {
+        if best.is_none_or(|b| c.room < b.room) {
+            best = Some(c);
+        }
+    };
     for line in proc_self_cgroup.lines() {
         let mut parts = line.splitn(3, ':');
         let (Some(_), Some(controllers), Some(path)) = (parts.next(), parts.next(), parts.next())
@@ -586,15 +604,15 @@ pub fn cgroup_room(root: &Path, proc_self_cgroup: &str) -> Option<u64> {
         };
         let mut dir = base.join(rel);
         loop {
-            if let Some(r) = limit_room(&dir, files) {
-                consider(r);
+            if let Some(c) = limit_room(&dir, files) {
+                consider(c);
             }
             if dir == base || !dir.pop() || !dir.starts_with(&base) {
                 break;
             }
         }
     }
-    room
+    best
 }
 
 /// `limit − (usage − inactive file pages)` of one cgroup directory, if it has a numeric limit
@@ -602,7 +620,7 @@ pub fn cgroup_room(root: &Path, proc_self_cgroup: &str) -> Option<u64> {
 fn limit_room(
     dir: &Path,
     (limit_file, usage_file, inactive_key): (&str, &str, &str),
-) -> Option<u64> {
+) -> Option<CgroupMemory> {
     let read = |f: &str| std::fs::read_to_string(dir.join(f)).ok();
     let limit: u64 = read(limit_file)?.trim().parse().ok()?;
     let usage: u64 = read(usage_file)?.trim().parse().ok()?;
@@ -615,7 +633,10 @@ fn limit_room(
             })
         })
         .unwrap_or(0);
-    Some(limit.saturating_sub(usage.saturating_sub(inactive)))
+    Some(CgroupMemory {
+        limit,
+        room: limit.saturating_sub(usage.saturating_sub(inactive)),
+    })
 }
 
 #[cfg(test)]

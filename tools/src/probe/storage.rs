@@ -17,6 +17,17 @@ const ALIGN: usize = 4096;
 
 /// The result of a storage probe, as JSON: GB/s (10⁹ B/s) or null, and how it was measured.
 pub fn read_bandwidth(path: &Path, max_bytes: u64, readers: usize) -> Value {
+    read_bandwidth_seeded(path, max_bytes, readers, None)
+}
+
+/// [`read_bandwidth`] with the shuffle's seed given (default: the file's length), so that
+/// repeated probes of one file read different offsets.
+pub fn read_bandwidth_seeded(
+    path: &Path,
+    max_bytes: u64,
+    readers: usize,
+    seed: Option<u64>,
+) -> Value {
     let readers = readers.max(1);
     let len = match std::fs::metadata(path) {
         Ok(m) => m.len(),
@@ -55,7 +66,7 @@ pub fn read_bandwidth(path: &Path, max_bytes: u64, readers: usize) -> Value {
     if take == 0 {
         return json!({"file": path.display().to_string(), "gbps": null, "error": format!("file shorter than one {} MiB read", CHUNK >> 20)});
     }
-    let order = shuffled_slots(slots, take, len);
+    let order = shuffled_slots(slots, take, seed.unwrap_or(len));
     let total = (take * CHUNK) as u64;
     let next = AtomicUsize::new(0);
     let t = Instant::now();
