@@ -115,7 +115,7 @@ pub fn disk_bandwidth(file: &Path, max_bytes: u64) -> Result<Disk, String> {
     let (mut mode, mut bytes) = (String::new(), 0);
     let len = std::fs::metadata(file).map_or(0, |m| m.len());
     // A warm-up read, not counted: on this project's VM the first read after a quiet spell is
-    // the slowest of a run (1.27–1.44 GB/s against 1.5–2.1 for the next ones), while a decode
+    // the slowest of a run (1.27–1.44 GB/s against 1.43–2.1 for the next ones, 5 runs of 6), while a decode
     // keeps the disk busy.
     let _ = sluice_tools::probe::storage::read_bandwidth_seeded(
         file,

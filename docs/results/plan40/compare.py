@@ -1,0 +1,57 @@
+"""Compares hostd plan's predicted decode tok/s with what hostd bench measured (run.sh's output):
+writes plan40.json beside the inputs and prints a Markdown table."""
+import json
+import sys
+from pathlib import Path
+
+out = Path(sys.argv[1])
+plans = {k: json.loads((out / f"plan-{k}.json").read_text()) for k in ("resident", "streaming")}
+benches = {k: json.loads((out / f"{k}.json").read_text()) for k in ("resident", "streaming")}
+# bench config name -> (which plan, format, routing model that applies to random weights)
+pairs = {
+    "int8": ("resident", "int8", "trained"),
+    "q4k": ("resident", "q4k", "trained"),
+    "q4k-stream": ("streaming", "q4k", "no-locality"),
+    "int8-stream": ("streaming", "int8", "no-locality"),
+}
+rows = []
+for bench_name, bench in benches.items():
+    for c in bench["configs"]:
+        plan_name, fmt, routing = pairs[c["name"]]
+        plan = plans[plan_name]
+        f = next(f for f in plan["formats"] if f["format"] == fmt)
+        i = next(i for i, h in enumerate(f["hit_rates"]) if h["routing"] == routing)
+        pred = f["decode_tok_s"][i]
+        s = c["summary"]
+        measured = s["decode_tokens_per_s"]["median"]
+        disk = s.get("disk_bytes_per_decode_token", {}).get("median")
+        rows.append({
+            "config": c["name"],
+            "flags": c["flags"],
+            "plan_mode": f["mode"],
+            "plan_cache_bytes": f["cache_bytes"],
+            "plan_hit_rate": f["hit_rates"][i]["decode_hit_rate"],
+            "plan_disk_bytes_per_token": f["disk_bytes_per_token"][i],
+            "plan_dram_gbps": plan["machine"]["dram_gbps"],
+            "plan_disk_gbps": plan["machine"]["disk"]["gbps"],
+            "predicted_tok_s": pred,
+            "measured_decode_tok_s": s["decode_tokens_per_s"],
+            "measured_disk_bytes_per_decode_token": disk,
+            "error": pred["point"] / measured - 1.0,
+            "measured_in_range": pred["low"] <= measured <= pred["high"],
+        })
+doc = {
+    "what": "hostd plan's decode tok/s prediction (point and range) against hostd bench's median of 3 fresh processes; error = predicted point / measured - 1",
+    "rows": rows,
+}
+(out / "plan40.json").write_text(json.dumps(doc, indent=1) + "\n")
+print("| config | plan | predicted tok/s (range) | measured median [min–max] | error | in range |")
+print("|---|---|---:|---:|---:|---|")
+for r in rows:
+    p, m = r["predicted_tok_s"], r["measured_decode_tok_s"]
+    mode = r["plan_mode"]
+    if mode == "streaming":
+        mode += f", cache {r['plan_cache_bytes'] / 2**20:.0f} MiB, hit {100 * r['plan_hit_rate']:.0f}%"
+    print(f"| {r['config']} | {mode} | {p['point']:.2f} ({p['low']:.2f}–{p['high']:.2f}) | "
+          f"{m['median']:.2f} [{m['min']:.2f}–{m['max']:.2f}] | {100 * r['error']:+.0f}% | "
+          f"{'yes' if r['measured_in_range'] else 'no'} |")
