@@ -80,10 +80,11 @@ fn a_plan_covers_every_format_and_says_what_to_run() {
 }
 
 #[test]
-fn before_the_download_a_24_gib_machine_holds_the_real_models_q4k_experts_and_streams_int8() {
-    // The real Qwen3.6-35B-A3B config alone (--config-only): in 24 GiB the 60 GiB of INT8
-    // experts stream, the 16.9 GiB of Q4_K experts stay resident beside hostd's 4.4 GiB; the disk
-    // is probed with a scratch file in the container's directory.
+fn before_the_download_a_22_gib_machine_holds_the_real_models_q4k_experts_and_streams_int8() {
+    // The real Qwen3.6-35B-A3B config alone (--config-only): in 22 GiB the 30.3 GiB of INT8
+    // experts and the 19.5 GiB of Q4_K/Q6_K ones stream, the 16.9 GiB of Q4_K experts stay
+    // resident beside hostd's 3.5 GiB; the disk is probed with a scratch file in the container's
+    // directory.
     let config = tests::workspace_root().join("tests/fixtures/configs/qwen3.6-35b-a3b.config.json");
     let work = tempfile::tempdir().expect("tempdir");
     let dir = work.path().join("c");
@@ -94,14 +95,14 @@ fn before_the_download_a_24_gib_machine_holds_the_real_models_q4k_experts_and_st
         "--container",
         dir.to_str().expect("utf-8"),
         "--memory",
-        "24GiB",
+        "22GiB",
         "--probe-bytes",
         "64MiB",
         "--json",
     ]);
     assert!(o.status.success(), "{}", stderr(&o));
     let v = plan_json(&o);
-    assert_eq!(v["machine"]["usable_bytes"].as_u64(), Some(24 << 30));
+    assert_eq!(v["machine"]["usable_bytes"].as_u64(), Some(22 << 30));
     assert!(
         v["machine"]["disk"]["gbps"].as_f64().expect("disk probed") > 0.0,
         "{v}"
@@ -113,6 +114,7 @@ fn before_the_download_a_24_gib_machine_holds_the_real_models_q4k_experts_and_st
     let formats = v["formats"].as_array().expect("formats");
     assert_eq!(formats[0]["mode"], "streaming", "int8: {}", formats[0]);
     assert_eq!(formats[1]["mode"], "resident", "q4k: {}", formats[1]);
+    assert_eq!(formats[2]["mode"], "streaming", "q4k-q6k: {}", formats[2]);
     for f in formats.iter().filter(|f| f["mode"] == "streaming") {
         let routings: Vec<&str> = f["hit_rates"]
             .as_array()
@@ -165,6 +167,76 @@ fn before_the_download_a_24_gib_machine_holds_the_real_models_q4k_experts_and_st
     );
 }
 
+/// `hostd plan --config-only REAL_CONFIG --memory M --json` in a scratch container directory.
+fn real_plan(memory: &str) -> serde_json::Value {
+    let config = tests::workspace_root().join("tests/fixtures/configs/qwen3.6-35b-a3b.config.json");
+    let work = tempfile::tempdir().expect("tempdir");
+    let o = hostd(&[
+        "plan",
+        "--config-only",
+        config.to_str().expect("utf-8"),
+        "--container",
+        work.path().join("c").to_str().expect("utf-8"),
+        "--memory",
+        memory,
+        "--probe-bytes",
+        "64MiB",
+        "--json",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    plan_json(&o)
+}
+
+#[test]
+fn the_no_locality_hit_rate_is_zero_below_one_tokens_experts_and_near_the_share_above() {
+    // 5.5 GiB leaves the INT8 cache 0.74 GiB: 250 slots, fewer than the 40 × 8 = 320 experts one
+    // token routes, so LRU over routes without locality keeps nothing from token to token.
+    let small = real_plan("5.5GiB");
+    let int8 = &small["formats"][0];
+    let slots = int8["cache_bytes"].as_u64().expect("cache")
+        / small["facts"]["formats"][0]["slot_bytes"]
+            .as_u64()
+            .expect("slot");
+    assert!(slots < 320, "{slots} slots");
+    assert_eq!(int8["hit_rates"][0]["routing"], "no-locality");
+    assert_eq!(
+        int8["hit_rates"][0]["decode_hit_rate"].as_f64(),
+        Some(0.0),
+        "{int8}"
+    );
+    // 10.8 GiB: a 6 GiB cache, 2,000 slots (20% of the experts): the rate approaches the share.
+    let large = real_plan("10.8GiB");
+    let int8 = &large["formats"][0];
+    let share = int8["cache_share"].as_f64().expect("share");
+    let hit = int8["hit_rates"][0]["decode_hit_rate"]
+        .as_f64()
+        .expect("rate");
+    assert!(
+        share > 0.15 && hit > share - 0.03 && hit <= share + 0.01,
+        "{hit} at share {share}"
+    );
+    // The commands stream through a private expertd with the planned budget, checked cold.
+    let rec = large["recommended"].as_str().expect("recommended");
+    let f = large["formats"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|f| f["format"] == rec)
+        .unwrap();
+    let flags = format!(
+        "--experts expertd --container {}",
+        large["container"]["dir"].as_str().unwrap()
+    );
+    let budget = format!("--expertd-cache-bytes {}", f["cache_bytes"]);
+    let serve = large["commands"][1].as_str().unwrap();
+    let bench = large["commands"][2].as_str().unwrap();
+    assert!(serve.contains(&flags) && serve.contains(&budget), "{serve}");
+    assert!(
+        bench.contains(" --cold ") && bench.contains(&flags) && bench.contains(&budget),
+        "{bench}"
+    );
+}
+
 #[test]
 fn a_wrong_or_missing_model_path_is_named() {
     let o = hostd(&["plan", "/nonexistent/model"]);
@@ -202,7 +274,8 @@ fn too_little_memory_is_refused_with_what_hostd_needs() {
 }
 
 #[test]
-fn in_a_cgroup_smaller_than_hostd_needs_the_plan_names_the_limit() {
+fn in_a_cgroup_smaller_than_the_dense_weights_the_plan_names_the_limit() {
+    // The real model's INT8 dense weights are 1.83 GiB; the cgroup allows 600 MiB.
     let cg = match Cgroup::make(
         &format!("sluice-test-plan-{}", std::process::id()),
         600 * MIB,
@@ -219,15 +292,22 @@ fn in_a_cgroup_smaller_than_hostd_needs_the_plan_names_the_limit() {
             return;
         }
     };
+    let config = tests::workspace_root().join("tests/fixtures/configs/qwen3.6-35b-a3b.config.json");
+    let work = tempfile::tempdir().expect("tempdir");
     let o = cg
         .command(&workspace_bin("hostd"))
-        .args(["plan", &tiny(), "--probe-bytes", "64MiB"])
+        .args(["plan", "--config-only"])
+        .arg(&config)
+        .arg("--container")
+        .arg(work.path().join("c"))
+        .args(["--probe-bytes", "64MiB"])
         .output()
         .expect("spawn hostd plan");
     assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
     let e = stderr(&o);
     assert!(
-        e.contains("this process's cgroup allows 600.0 MiB in all: raise its memory limit"),
+        e.contains("(less than the INT8 dense weights alone, 1.83 GiB)")
+            && e.contains("this process's cgroup allows 600.0 MiB in all: raise its memory limit"),
         "{e}"
     );
 }

@@ -82,12 +82,12 @@ grep -q 'transport="tcp+tls"' "$log/err2" || { cat "$log/err2" >&2; fail "the sc
 grep -q " new (" "$log/err2" || { cat "$log/err2" >&2; fail "the scale-out block's hostd run reported no generation"; }
 
 # "Run the real model": its first block plans from the real config alone (the path in the README
-# is a placeholder; the repo's copy of that config.json stands in), here with a 24 GiB machine.
+# is a placeholder; the repo's copy of that config.json stands in), here with a 22 GiB machine.
 plan_block="$(awk '/^## Run the real model/{s=1} s&&/^   ```sh$/{c=1;next} c&&/^   ```$/{exit} c{print}' README.md)"
 [[ $plan_block == *"hostd plan --config-only /path/to/Qwen3.6-35B-A3B/config.json --container /data/qwen36-experts"* ]] ||
     fail "the README's 'Run the real model' block no longer plans with --config-only first"
 target/release/hostd plan --config-only tests/fixtures/configs/qwen3.6-35b-a3b.config.json \
-    --container "$log/experts" --memory 24GiB --probe-bytes 64MiB >"$log/plan" 2>&1 ||
+    --container "$log/experts" --memory 22GiB --probe-bytes 64MiB >"$log/plan" 2>&1 ||
     { cat "$log/plan" >&2; fail "the README's hostd plan --config-only failed"; }
-grep -q "^recommended: q4k experts, resident" "$log/plan" || { cat "$log/plan" >&2; fail "hostd plan did not recommend resident q4k experts for the real model in 24 GiB"; }
+grep -q "^recommended: q4k experts, resident" "$log/plan" || { cat "$log/plan" >&2; fail "hostd plan did not recommend resident q4k experts for the real model in 22 GiB"; }
 echo "tests/readme/check.sh: README commands ran as written" >&2

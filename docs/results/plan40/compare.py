@@ -25,6 +25,14 @@ for bench_name, bench in benches.items():
         s = c["summary"]
         measured = s["decode_tokens_per_s"]["median"]
         disk = s.get("disk_bytes_per_decode_token", {}).get("median")
+        # hostd's memory for the bench's context (prompt + new tokens), as the plan computes it
+        # for its own --context; expertd's: the cache plus its overhead (streaming only).
+        facts = plan["facts"]
+        context = bench["prompt_tokens"] + bench["new_tokens"]
+        host = (facts["dense_resident_bytes"] + facts["kv_bytes_per_token"] * context
+                + facts["linear_state_bytes"] + plan.get("host_runtime_bytes", 0))
+        expertd = (f["cache_bytes"] + plan.get("expertd_overhead_bytes", {}).get(fmt, 0)
+                   if f["mode"] == "streaming" else None)
         rows.append({
             "config": c["name"],
             "flags": c["flags"],
@@ -38,6 +46,10 @@ for bench_name, bench in benches.items():
             "measured_decode_tok_s": s["decode_tokens_per_s"],
             "measured_disk_bytes_per_decode_token": disk,
             "error": pred["point"] / measured - 1.0,
+            "plan_hostd_bytes_at_bench_context": host,
+            "measured_hostd_vm_hwm_bytes": s["hostd_vm_hwm_bytes"]["median"],
+            "plan_expertd_bytes": expertd,
+            "measured_expertd_vm_hwm_bytes": s.get("expertd_vm_hwm_bytes", {}).get("median"),
             "measured_in_range": pred["low"] <= measured <= pred["high"],
         })
 doc = {
@@ -45,8 +57,8 @@ doc = {
     "rows": rows,
 }
 (out / "plan40.json").write_text(json.dumps(doc, indent=1) + "\n")
-print("| config | plan | predicted tok/s (range) | measured median [min–max] | error | in range |")
-print("|---|---|---:|---:|---:|---|")
+print("| config | plan | predicted tok/s (range) | measured median [min–max] | error | in range | hostd GiB plan / peak RSS | expertd GiB plan / peak RSS |")
+print("|---|---|---:|---:|---:|---|---:|---:|")
 for r in rows:
     p, m = r["predicted_tok_s"], r["measured_decode_tok_s"]
     mode = r["plan_mode"]
@@ -54,4 +66,7 @@ for r in rows:
         mode += f", cache {r['plan_cache_bytes'] / 2**20:.0f} MiB, hit {100 * r['plan_hit_rate']:.0f}%"
     print(f"| {r['config']} | {mode} | {p['point']:.2f} ({p['low']:.2f}–{p['high']:.2f}) | "
           f"{m['median']:.2f} [{m['min']:.2f}–{m['max']:.2f}] | {100 * r['error']:+.0f}% | "
-          f"{'yes' if r['measured_in_range'] else 'no'} |")
+          f"{'yes' if r['measured_in_range'] else 'no'} | "
+          f"{r['plan_hostd_bytes_at_bench_context'] / 2**30:.2f} / {r['measured_hostd_vm_hwm_bytes'] / 2**30:.2f} | "
+          + (f"{r['plan_expertd_bytes'] / 2**30:.2f} / {r['measured_expertd_vm_hwm_bytes'] / 2**30:.2f} |"
+             if r["plan_expertd_bytes"] is not None else "– |"))

@@ -84,9 +84,11 @@ pub fn run(args: &PlanArgs) -> anyhow::Result<()> {
     };
     // A config.json file stands for its directory in the commands and the default container.
     let model_dir = if args.model.is_file() {
-        args.model
-            .parent()
-            .map_or_else(|| PathBuf::from("."), Path::to_path_buf)
+        // `config.json` alone has the parent "": the current directory.
+        match args.model.parent() {
+            Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+            _ => PathBuf::from("."),
+        }
     } else {
         args.model.clone()
     };
@@ -127,17 +129,23 @@ pub fn run(args: &PlanArgs) -> anyhow::Result<()> {
             })
             .fold(0.0, f64::max)
     });
+    // The disk the experts will be read from: the container's, else the model's when the
+    // container will be written to the same filesystem (or the disk is all we have).
+    let new_dir = container_dir(facts.formats[0].format);
     let probe_file = existing
         .as_ref()
         .map(|(dir, _)| dir.join(shared::container::CONTAINER_FILE))
-        .or_else(|| machine::largest_shard(&model_dir));
+        .or_else(|| {
+            machine::largest_shard(&model_dir)
+                .filter(|shard| machine::same_filesystem(shard, &new_dir) != Some(false))
+        });
     let disk: Result<Disk, String> =
         step(
             "measuring the disk's O_DIRECT read bandwidth",
             || match &probe_file {
                 Some(file) => machine::disk_bandwidth(file, args.probe_bytes),
                 None => machine::scratch_disk_bandwidth(
-                    &container_dir(facts.formats[0].format),
+                    &new_dir,
                     args.probe_bytes.min(machine::SCRATCH_PROBE_BYTES),
                 ),
             },
@@ -154,7 +162,10 @@ pub fn run(args: &PlanArgs) -> anyhow::Result<()> {
     let fits: Vec<_> = facts
         .formats
         .iter()
-        .map(|f| plan::fit(usable, host, f.container_bytes))
+        .map(|f| {
+            let daemon = plan::expertd_overhead(facts.experts, f.slot_bytes);
+            plan::fit(usable, host, f.container_bytes, daemon)
+        })
         .collect();
     // The no-locality hit rates: one replay per streaming format, by the daemon's planner.
     let workload = Workload::for_model(facts.layers, facts.experts, facts.top_k);
@@ -183,16 +194,19 @@ pub fn run(args: &PlanArgs) -> anyhow::Result<()> {
                     Err(e) => replay_error = Some(e.to_string()),
                 }
                 }
-                let trained = if mode == "resident" {
-                    1.0
+                rates_of.push(if mode == "resident" {
+                    HitRate {
+                        routing: "resident",
+                        decode_hit_rate: 1.0,
+                        how: "every expert in memory".into(),
+                    }
                 } else {
-                    hits::trained_hit_rate(share)
-                };
-                rates_of.push(HitRate {
-                routing: "trained",
-                decode_hit_rate: trained,
-                how: "published LRU curve of a trained model (Qwen3-30B-A3B, kekzl/imp #1374), at the cached share".into(),
-            });
+                    HitRate {
+                        routing: "trained",
+                        decode_hit_rate: hits::trained_hit_rate(share),
+                        how: "published LRU curve of a trained model (Qwen3-30B-A3B, kekzl/imp #1374), at the cached share".into(),
+                    }
+                });
                 plans.push(plan::plan_format(&facts, f, (mode, cache), rates_of, rates));
             }
         },
@@ -207,8 +221,16 @@ pub fn run(args: &PlanArgs) -> anyhow::Result<()> {
     let target = chosen.map(|p| Target::check(&container_dir(p.format)));
     let mut problems = Vec::new();
     if chosen.is_none() {
+        let below_dense = if usable < facts.dense_resident_bytes {
+            format!(
+                " (less than the INT8 dense weights alone, {})",
+                human_bytes(facts.dense_resident_bytes)
+            )
+        } else {
+            String::new()
+        };
         problems.push(format!(
-            "nothing fits in {}: hostd alone needs {} (INT8 dense weights {}, KV for {} tokens, DeltaNet state, runtime) plus {} headroom and a cache of at least {}{}",
+            "nothing fits in {}{below_dense}: hostd alone needs {} (INT8 dense weights {}, KV for {} tokens, DeltaNet state, runtime) plus {} headroom and a cache of at least {}{}",
             human_bytes(usable),
             human_bytes(host),
             human_bytes(facts.dense_resident_bytes),
@@ -268,6 +290,12 @@ pub fn run(args: &PlanArgs) -> anyhow::Result<()> {
                 "disk_error": disk.as_ref().err(),
             },
             "host_bytes": host,
+            "host_runtime_bytes": plan::HOST_RUNTIME_BYTES,
+            "expertd_overhead_bytes": facts
+                .formats
+                .iter()
+                .map(|f| (f.format, plan::expertd_overhead(facts.experts, f.slot_bytes)))
+                .collect::<std::collections::BTreeMap<_, _>>(),
             "context_tokens": args.context,
             "efficiency": { "low": plan::DRAM_EFFICIENCY.0, "point": plan::DRAM_EFFICIENCY.1, "high": plan::DRAM_EFFICIENCY.2 },
             "formats": plans,

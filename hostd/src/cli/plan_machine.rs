@@ -245,6 +245,20 @@ impl Target {
     }
 }
 
+/// Whether `file` and `dir` (or `dir`'s nearest existing ancestor) are on one filesystem; `None`
+/// when either cannot be examined.
+pub fn same_filesystem(file: &Path, dir: &Path) -> Option<bool> {
+    use std::os::unix::fs::MetadataExt;
+    let mut at = dir.to_path_buf();
+    while !at.exists() {
+        if !at.pop() || at.as_os_str().is_empty() {
+            at = PathBuf::from(".");
+            break;
+        }
+    }
+    Some(std::fs::metadata(file).ok()?.dev() == std::fs::metadata(&at).ok()?.dev())
+}
+
 /// The largest `*.safetensors` file of a model directory: what the disk probe reads when there
 /// is no container yet (the container is normally written to the same disk).
 pub fn largest_shard(model: &Path) -> Option<PathBuf> {

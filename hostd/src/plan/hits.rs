@@ -98,7 +98,7 @@ pub fn write_trace(out: &mut impl Write, w: &Workload, measured: bool) -> std::i
     writeln!(
         out,
         r#"{{"ev":"header","format":"sluice-route-trace","version":1,"policy":"lru","budget_bytes":4096,"slot_bytes":4096,"slots":1,"transient_slots":{}}}"#,
-        w.experts.min(32) * 2
+        w.experts.min(32) as u64 * super::EXPERTD_LANES
     )?;
     let mut rng = SplitMix64::new(w.seed);
     let mut pick = |n: usize, k: usize| -> Vec<usize> {
@@ -181,7 +181,7 @@ pub fn no_locality(
     Ok(misses[1]
         .iter()
         .zip(&misses[0])
-        .map(|(all, prefix)| 1.0 - (all - prefix) as f64 / keys)
+        .map(|(all, prefix)| 1.0 - all.saturating_sub(*prefix) as f64 / keys)
         .collect())
 }
 

@@ -30,14 +30,18 @@ use shared::tensor_spec::{self, PREFIX_RELEASE};
 /// Measured at 40 layers on the project's VM, INT8 dense: 0.78–0.89 over the headline runs,
 /// 0.62–0.80 over the k-quant A/B in a slow hour (`docs/results/kquant-experts.md`).
 pub const DRAM_EFFICIENCY: (f64, f64, f64) = (0.65, 0.80, 0.90);
-/// What hostd holds beside its dense weights: tokenizer, activations, scratch, the mapped
-/// embedding rows it touched, allocator slack. Measured: hostd's RSS less its INT8 dense weights
+/// What hostd holds beside its INT8 projections: tokenizer, activations, scratch, the mapped
+/// embedding rows it touched, allocator slack. Measured: hostd's RSS less its INT8 projections
 /// at 40 layers with a private expertd (`headline40-intel.md`: 3.08 GiB − 1.79 GiB).
 pub const HOST_RUNTIME_BYTES: u64 = 1_300 << 20;
 /// Room left free for the rest of the machine (the private daemon's default, too).
 pub const HEADROOM_BYTES: u64 = crate::expert_client::private::DEFAULT_HEADROOM_BYTES;
-/// What expertd holds beside its cache: call memory, transient buffers, its own runtime.
-pub const EXPERTD_RUNTIME_BYTES: u64 = 256 << 20;
+/// expertd's fixed runtime, as its own overhead estimate counts it (`expertd::memlimit`'s
+/// `BASE_OVERHEAD_BYTES`); [`expertd_overhead`] adds its transient buffers.
+pub const EXPERTD_BASE_BYTES: u64 = 96 << 20;
+/// The private daemon's compute lanes (expertd's default), each with `min(experts, 32)`
+/// transient buffers (its `--transient-slots` default).
+pub const EXPERTD_LANES: u64 = 2;
 /// The smallest cache worth running with: below this, use a bigger machine or a smaller format.
 pub const MIN_CACHE_BYTES: u64 = 256 << 20;
 
@@ -50,8 +54,12 @@ pub struct ModelFacts {
     pub experts: usize,
     /// Experts each token routes to in every layer.
     pub top_k: usize,
-    /// Dense weights hostd holds with `--dense int8` (INT8 projections, the rest as stored).
+    /// Dense weights hostd holds in its own memory with `--dense int8`: the INT8 projections
+    /// and the small tensors as stored. The embedding table stays mapped from the checkpoint
+    /// and only the rows a prompt touches become resident, so it is not counted.
     pub dense_resident_bytes: u64,
+    /// The embedding table (BF16), mapped from the checkpoint.
+    pub embedding_bytes: u64,
     /// Dense weight bytes one decode token reads with `--dense int8` (all but the embedding
     /// table, plus one embedding row).
     pub dense_bytes_per_token: u64,
@@ -83,6 +91,7 @@ impl ModelFacts {
     pub fn from_config(cfg: &TextConfig) -> Result<ModelFacts, shared::container::ContainerError> {
         let sizes = ModelSizes::from_config(cfg);
         let (resident, per_token) = dense_bytes(cfg, DenseFormat::Int8);
+        let embedding = sizes.embedding_bytes_bf16;
         let dims = ExpertDims::from_config(cfg)?;
         let params = 3 * cfg.hidden_size as u64 * cfg.moe_intermediate_size as u64;
         let mut formats = Vec::new();
@@ -101,7 +110,8 @@ impl ModelFacts {
             layers: cfg.num_layers,
             experts: cfg.num_experts,
             top_k: cfg.experts_per_token,
-            dense_resident_bytes: resident,
+            dense_resident_bytes: resident - embedding,
+            embedding_bytes: embedding,
             dense_bytes_per_token: per_token,
             kv_bytes_per_token: sizes.runtime_kv_bytes_per_token,
             linear_state_bytes: sizes.runtime_linear_state_bytes_per_sequence,
@@ -109,8 +119,8 @@ impl ModelFacts {
         })
     }
 
-    /// hostd's memory for one sequence of `context` tokens: dense weights, KV and DeltaNet state,
-    /// and [`HOST_RUNTIME_BYTES`].
+    /// hostd's memory for one sequence of `context` tokens: dense weights (without the mapped
+    /// embedding table), KV and DeltaNet state, and [`HOST_RUNTIME_BYTES`].
     pub fn host_bytes(&self, context: u64) -> u64 {
         self.dense_resident_bytes
             + self.kv_bytes_per_token * context
@@ -208,7 +218,7 @@ pub struct FormatPlan {
     /// The format's name.
     pub format: &'static str,
     /// `resident` (every expert in memory), `streaming` (a cache, misses read from disk) or
-    /// `does-not-fit` (not even the dense weights and a minimal cache fit).
+    /// `does-not-fit` (not even the dense weights and a minimal cache fit; no speeds then).
     pub mode: &'static str,
     /// The expert cache budget to give: the container when resident.
     pub cache_bytes: u64,
@@ -222,16 +232,27 @@ pub struct FormatPlan {
     pub disk_bytes_per_token: Vec<f64>,
 }
 
+/// What a private expertd holds beside its cache, by its own estimate: its runtime and its
+/// transient buffers (`min(experts, 32)` per lane, [`EXPERTD_LANES`] lanes, one slot each).
+pub fn expertd_overhead(experts: usize, slot_bytes: u64) -> u64 {
+    EXPERTD_BASE_BYTES + EXPERTD_LANES * experts.min(32) as u64 * slot_bytes
+}
+
 /// Where memory stands for one format: `(mode, cache budget)`. Resident when the container, the
 /// host and [`HEADROOM_BYTES`] fit in `available`; else streaming with what is left after the
-/// host, expertd's runtime and the headroom, when that is at least [`MIN_CACHE_BYTES`].
-pub fn fit(available: u64, host_bytes: u64, container_bytes: u64) -> (&'static str, u64) {
+/// host, expertd's overhead and the headroom, when that is at least [`MIN_CACHE_BYTES`].
+pub fn fit(
+    available: u64,
+    host_bytes: u64,
+    container_bytes: u64,
+    expertd_overhead: u64,
+) -> (&'static str, u64) {
     if host_bytes + container_bytes + HEADROOM_BYTES <= available {
         return ("resident", container_bytes);
     }
     let spare = available
         .saturating_sub(host_bytes)
-        .saturating_sub(EXPERTD_RUNTIME_BYTES)
+        .saturating_sub(expertd_overhead)
         .saturating_sub(HEADROOM_BYTES);
     if spare >= MIN_CACHE_BYTES {
         ("streaming", spare.min(container_bytes))
@@ -251,6 +272,7 @@ pub fn plan_format(
     let token_bytes = facts.dense_bytes_per_token + f.expert_bytes_per_token;
     let (decode, disk): (Vec<Option<TokPerSec>>, Vec<f64>) = hit_rates
         .iter()
+        .filter(|_| mode != "does-not-fit")
         .map(|h| {
             let miss = if mode == "resident" {
                 0.0
@@ -272,7 +294,9 @@ pub fn plan_format(
 }
 
 /// The format to recommend: the most exact one that runs resident (`int8`, then `q4k-q6k`, then
-/// `q4k`), else the fastest streaming one by its first (most pessimistic) prediction.
+/// `q4k`), else the fastest streaming one by its most pessimistic prediction (the lowest point
+/// over the hit-rate models); when a streaming format has no prediction (the disk unmeasured),
+/// the one that reads the fewest bytes per token at its lowest hit rate.
 pub fn recommend(plans: &[FormatPlan]) -> Option<&FormatPlan> {
     let by_quality = ["int8", "q4k-q6k", "q4k"];
     for name in by_quality {
@@ -283,19 +307,26 @@ pub fn recommend(plans: &[FormatPlan]) -> Option<&FormatPlan> {
             return Some(p);
         }
     }
-    plans
-        .iter()
-        .filter(|p| p.mode == "streaming")
-        .max_by(|a, b| {
-            let key = |p: &FormatPlan| {
-                p.decode_tok_s
-                    .first()
-                    .copied()
-                    .flatten()
-                    .map_or(0.0, |t| t.point)
-            };
-            key(a).total_cmp(&key(b))
+    let streaming = || plans.iter().filter(|p| p.mode == "streaming");
+    let pessimistic = |p: &FormatPlan| {
+        p.decode_tok_s
+            .iter()
+            .map(|t| t.map(|t| t.point))
+            .collect::<Option<Vec<f64>>>()
+            .and_then(|v| v.into_iter().reduce(f64::min))
+    };
+    if streaming().all(|p| pessimistic(p).is_some()) {
+        streaming().max_by(|a, b| {
+            pessimistic(a)
+                .unwrap_or(0.0)
+                .total_cmp(&pessimistic(b).unwrap_or(0.0))
         })
+    } else {
+        streaming().min_by(|a, b| {
+            let most = |p: &FormatPlan| p.disk_bytes_per_token.iter().copied().fold(0.0, f64::max);
+            most(a).total_cmp(&most(b))
+        })
+    }
 }
 
 #[cfg(test)]
