@@ -28,19 +28,26 @@ fn tiny() -> String {
     model_dir("tiny").display().to_string()
 }
 
+/// `hostd plan TINY --container DIR --probe-bytes 64MiB EXTRA…`.
+fn plan_tiny(dir: &Path, extra: &[&str]) -> Output {
+    let mut args = vec![
+        "plan".to_string(),
+        tiny(),
+        "--container".into(),
+        dir.display().to_string(),
+        "--probe-bytes".into(),
+        "64MiB".into(),
+    ];
+    args.extend(extra.iter().map(|s| (*s).to_string()));
+    let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+    hostd(&refs)
+}
+
 #[test]
 fn a_plan_covers_every_format_and_says_what_to_run() {
     let work = tempfile::tempdir().expect("tempdir");
     let dir = work.path().join("c");
-    let o = hostd(&[
-        "plan",
-        &tiny(),
-        "--container",
-        dir.to_str().expect("utf-8"),
-        "--probe-bytes",
-        "64MiB",
-        "--json",
-    ]);
+    let o = plan_tiny(&dir, &["--json"]);
     assert!(o.status.success(), "{}", stderr(&o));
     let v = plan_json(&o);
     let formats: Vec<&str> = v["formats"]
@@ -85,23 +92,9 @@ fn before_the_download_a_22_gib_machine_holds_the_real_models_q4k_experts_and_st
     // experts and the 19.5 GiB of Q4_K/Q6_K ones stream, the 16.9 GiB of Q4_K experts stay
     // resident beside hostd's 3.5 GiB; the disk is probed with a scratch file in the container's
     // directory.
-    let config = tests::workspace_root().join("tests/fixtures/configs/qwen3.6-35b-a3b.config.json");
     let work = tempfile::tempdir().expect("tempdir");
     let dir = work.path().join("c");
-    let o = hostd(&[
-        "plan",
-        "--config-only",
-        config.to_str().expect("utf-8"),
-        "--container",
-        dir.to_str().expect("utf-8"),
-        "--memory",
-        "22GiB",
-        "--probe-bytes",
-        "64MiB",
-        "--json",
-    ]);
-    assert!(o.status.success(), "{}", stderr(&o));
-    let v = plan_json(&o);
+    let v = real_plan("22GiB", &dir);
     assert_eq!(v["machine"]["usable_bytes"].as_u64(), Some(22 << 30));
     assert!(
         v["machine"]["disk"]["gbps"].as_f64().expect("disk probed") > 0.0,
@@ -153,7 +146,7 @@ fn before_the_download_a_22_gib_machine_holds_the_real_models_q4k_experts_and_st
         v["commands"][0],
         format!(
             "expertd prepare {} --out {} --format q4k",
-            config.parent().unwrap().display(),
+            real_config().parent().unwrap().display(),
             dir.display()
         )
     );
@@ -167,16 +160,20 @@ fn before_the_download_a_22_gib_machine_holds_the_real_models_q4k_experts_and_st
     );
 }
 
-/// `hostd plan --config-only REAL_CONFIG --memory M --json` in a scratch container directory.
-fn real_plan(memory: &str) -> serde_json::Value {
-    let config = tests::workspace_root().join("tests/fixtures/configs/qwen3.6-35b-a3b.config.json");
-    let work = tempfile::tempdir().expect("tempdir");
+/// The real Qwen3.6-35B-A3B config.json (committed).
+fn real_config() -> std::path::PathBuf {
+    tests::workspace_root().join("tests/fixtures/configs/qwen3.6-35b-a3b.config.json")
+}
+
+/// `hostd plan --config-only REAL_CONFIG --container DIR --memory M --json`, which must succeed.
+fn real_plan(memory: &str, dir: &Path) -> serde_json::Value {
+    let config = real_config();
     let o = hostd(&[
         "plan",
         "--config-only",
         config.to_str().expect("utf-8"),
         "--container",
-        work.path().join("c").to_str().expect("utf-8"),
+        dir.to_str().expect("utf-8"),
         "--memory",
         memory,
         "--probe-bytes",
@@ -191,7 +188,8 @@ fn real_plan(memory: &str) -> serde_json::Value {
 fn the_no_locality_hit_rate_is_zero_below_one_tokens_experts_and_near_the_share_above() {
     // 5.5 GiB leaves the INT8 cache 0.74 GiB: 250 slots, fewer than the 40 × 8 = 320 experts one
     // token routes, so LRU over routes without locality keeps nothing from token to token.
-    let small = real_plan("5.5GiB");
+    let work = tempfile::tempdir().expect("tempdir");
+    let small = real_plan("5.5GiB", &work.path().join("c"));
     let int8 = &small["formats"][0];
     let slots = int8["cache_bytes"].as_u64().expect("cache")
         / small["facts"]["formats"][0]["slot_bytes"]
@@ -205,7 +203,7 @@ fn the_no_locality_hit_rate_is_zero_below_one_tokens_experts_and_near_the_share_
         "{int8}"
     );
     // 10.8 GiB: a 6 GiB cache, 2,000 slots (20% of the experts): the rate approaches the share.
-    let large = real_plan("10.8GiB");
+    let large = real_plan("10.8GiB", &work.path().join("c"));
     let int8 = &large["formats"][0];
     let share = int8["cache_share"].as_f64().expect("share");
     let hit = int8["hit_rates"][0]["decode_hit_rate"]
@@ -292,12 +290,11 @@ fn in_a_cgroup_smaller_than_the_dense_weights_the_plan_names_the_limit() {
             return;
         }
     };
-    let config = tests::workspace_root().join("tests/fixtures/configs/qwen3.6-35b-a3b.config.json");
     let work = tempfile::tempdir().expect("tempdir");
     let o = cg
         .command(&workspace_bin("hostd"))
         .args(["plan", "--config-only"])
-        .arg(&config)
+        .arg(real_config())
         .arg("--container")
         .arg(work.path().join("c"))
         .args(["--probe-bytes", "64MiB"])
@@ -357,14 +354,7 @@ fn a_container_directory_on_a_read_only_disk_is_refused_with_the_reason() {
         }
     };
     let dir = ro.path().join("experts");
-    let o = hostd(&[
-        "plan",
-        &tiny(),
-        "--container",
-        dir.to_str().expect("utf-8"),
-        "--probe-bytes",
-        "64MiB",
-    ]);
+    let o = plan_tiny(&dir, &[]);
     assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
     let e = stderr(&o);
     assert!(

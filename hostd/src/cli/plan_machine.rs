@@ -157,13 +157,7 @@ pub const SCRATCH_PROBE_BYTES: u64 = 256 << 20;
 /// to a scratch file in `dir`'s nearest existing ancestor, flushes it to the disk (`fsync`, so
 /// the reads cannot be served from dirty pages), probes it like [`disk_bandwidth`] and removes it.
 pub fn scratch_disk_bandwidth(dir: &Path, bytes: u64) -> Result<Disk, String> {
-    let mut at = dir.to_path_buf();
-    while !at.is_dir() {
-        if !at.pop() || at.as_os_str().is_empty() {
-            at = PathBuf::from(".");
-            break;
-        }
-    }
+    let at = nearest_existing_dir(dir);
     let mut file = tempfile::Builder::new()
         .prefix(".sluice-plan-probe-")
         .tempfile_in(&at)
@@ -207,13 +201,7 @@ impl Target {
     /// Checks `dir` (which may not exist yet: its nearest existing ancestor is checked).
     pub fn check(dir: &Path) -> Target {
         let exists = dir.join(shared::container::CONTAINER_FILE).is_file();
-        let mut probe = dir.to_path_buf();
-        while !probe.exists() {
-            if !probe.pop() || probe.as_os_str().is_empty() {
-                probe = PathBuf::from(".");
-                break;
-            }
-        }
+        let probe = nearest_existing_dir(dir);
         let (free_bytes, unwritable) = match rustix::fs::statvfs(&probe) {
             Ok(st) => {
                 let ro = st
@@ -249,14 +237,20 @@ impl Target {
 /// when either cannot be examined.
 pub fn same_filesystem(file: &Path, dir: &Path) -> Option<bool> {
     use std::os::unix::fs::MetadataExt;
+    let at = nearest_existing_dir(dir);
+    Some(std::fs::metadata(file).ok()?.dev() == std::fs::metadata(&at).ok()?.dev())
+}
+
+/// `dir` if it is a directory, else its nearest ancestor that is (`.` for a relative path with
+/// none): where a container that does not exist yet would be created.
+fn nearest_existing_dir(dir: &Path) -> PathBuf {
     let mut at = dir.to_path_buf();
-    while !at.exists() {
+    while !at.is_dir() {
         if !at.pop() || at.as_os_str().is_empty() {
-            at = PathBuf::from(".");
-            break;
+            return PathBuf::from(".");
         }
     }
-    Some(std::fs::metadata(file).ok()?.dev() == std::fs::metadata(&at).ok()?.dev())
+    at
 }
 
 /// The largest `*.safetensors` file of a model directory: what the disk probe reads when there
