@@ -365,7 +365,7 @@ fn expertd_backend(
                 model: args.model.clone(),
                 container: dir.clone(),
                 cache_bytes: e.expertd_cache_bytes,
-                host_bytes: shared::sizes::ModelSizes::from_config(cfg).dense_bytes_bf16
+                host_bytes: crate::plan::host_weight_bytes(cfg, args.dense.into())
                     + args.host_extra_bytes,
                 threads: args.threads,
                 extra_args: e.expertd_daemon_args.clone(),

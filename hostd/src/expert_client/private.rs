@@ -81,8 +81,9 @@ pub struct PrivateOptions {
     pub container: PathBuf,
     /// The cache budget (default: [`default_cache_budget`] from free memory).
     pub cache_bytes: Option<u64>,
-    /// Bytes hostd itself will still allocate after the daemon starts (its dense weights, and
-    /// `hostd serve`'s prefix cache), kept out of the default budget.
+    /// Bytes hostd itself will still allocate after the daemon starts (its dense weights and
+    /// runtime, `crate::plan::host_weight_bytes`, and `hostd serve`'s prefix cache), kept out
+    /// of the default budget.
     pub host_bytes: u64,
     /// The daemon's compute threads (default: one per core).
     pub threads: Option<usize>,
@@ -524,7 +525,7 @@ pub fn default_cache_budget(
         .saturating_sub(DEFAULT_HEADROOM_BYTES);
     let budget = container_bytes.min(spare.max(MIN_DEFAULT_CACHE_BYTES));
     let why = format!(
-        "default: {} available less {} for hostd (dense weights, state cache) and {} headroom; --expertd-cache-bytes to choose",
+        "default: {} available less {} for hostd (dense weights, runtime, state cache) and {} headroom; --expertd-cache-bytes to choose",
         human_bytes(available),
         human_bytes(host_bytes),
         human_bytes(DEFAULT_HEADROOM_BYTES)

@@ -90,7 +90,7 @@ impl ModelFacts {
     /// Everything from the configuration; `Err` names a dimension no container can hold.
     pub fn from_config(cfg: &TextConfig) -> Result<ModelFacts, shared::container::ContainerError> {
         let sizes = ModelSizes::from_config(cfg);
-        let (resident, per_token) = dense_bytes(cfg, DenseFormat::Int8);
+        let (_, per_token) = dense_bytes(cfg, DenseFormat::Int8);
         let embedding = sizes.embedding_bytes_bf16;
         let dims = ExpertDims::from_config(cfg)?;
         let params = 3 * cfg.hidden_size as u64 * cfg.moe_intermediate_size as u64;
@@ -110,7 +110,7 @@ impl ModelFacts {
             layers: cfg.num_layers,
             experts: cfg.num_experts,
             top_k: cfg.experts_per_token,
-            dense_resident_bytes: resident - embedding,
+            dense_resident_bytes: host_weight_bytes(cfg, DenseFormat::Int8) - HOST_RUNTIME_BYTES,
             embedding_bytes: embedding,
             dense_bytes_per_token: per_token,
             kv_bytes_per_token: sizes.runtime_kv_bytes_per_token,
@@ -149,6 +149,16 @@ pub fn dense_bytes(cfg: &TextConfig, format: DenseFormat) -> (u64, u64) {
     }
     let row = cfg.hidden_size as u64 * shared::sizes::BF16_BYTES;
     (resident, resident - embedding + row)
+}
+
+/// What hostd holds before any KV cache: its dense weights in `format` without the embedding
+/// table (which stays mapped from the checkpoint; a prompt makes only its rows resident) and
+/// [`HOST_RUNTIME_BYTES`]. With BF16 the weights are the mapped checkpoint pages, every one of
+/// which a decode step reads. The plan's hostd figure and a private daemon's default cache
+/// budget both leave hostd this much.
+pub fn host_weight_bytes(cfg: &TextConfig, format: DenseFormat) -> u64 {
+    let (resident, _) = dense_bytes(cfg, format);
+    resident - ModelSizes::from_config(cfg).embedding_bytes_bf16 + HOST_RUNTIME_BYTES
 }
 
 /// Whether `--dense int8` stores this dense tensor in INT8.

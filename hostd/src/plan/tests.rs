@@ -113,6 +113,17 @@ fn hostd_memory_leaves_out_the_mapped_embedding_table() {
         "planned {planned} GiB"
     );
     assert_eq!(facts.embedding_bytes, 248_320 * 2048 * 2);
+    // A private daemon's default budget leaves hostd the same, per dense format: INT8 about
+    // 1.8 GiB of projections less than BF16's mapped 3.6 GiB (both without the embedding).
+    let int8 = host_weight_bytes(&cfg, DenseFormat::Int8);
+    let bf16 = host_weight_bytes(&cfg, DenseFormat::Bf16);
+    assert_eq!(int8, facts.dense_resident_bytes + HOST_RUNTIME_BYTES);
+    let sizes = ModelSizes::from_config(&cfg);
+    assert_eq!(
+        bf16,
+        sizes.dense_bytes_bf16 - sizes.embedding_bytes_bf16 + HOST_RUNTIME_BYTES
+    );
+    assert!(bf16 > int8 + (1_700 << 20), "{bf16} vs {int8}");
 }
 
 #[test]
