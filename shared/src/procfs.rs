@@ -1,6 +1,7 @@
 //! Process figures from Linux's /proc, for reports and tests: resident set (`VmRSS`), its peak
 //! (`VmHWM`) and physical storage reads (`read_bytes` of /proc/PID/io: bytes the process caused
-//! to be fetched from the block layer, page-cache hits not included). Every reader returns
+//! to be fetched from the block layer, page-cache hits not included), and the machine's memory
+//! (/proc/meminfo). Every reader returns
 //! `None` when the file or the field cannot be read (no /proc, a process that is gone).
 
 /// `pid`'s /proc directory (`/proc/self` for this process).
@@ -12,6 +13,16 @@ fn dir(pid: Option<u32>) -> String {
 pub fn status_bytes(pid: Option<u32>, field: &str) -> Option<u64> {
     let status = std::fs::read_to_string(format!("{}/status", dir(pid))).ok()?;
     let value = status
+        .lines()
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))?;
+    let kib: u64 = value.split_whitespace().next()?.parse().ok()?;
+    Some(kib * 1024)
+}
+
+/// A `kB` field of /proc/meminfo (`"MemTotal"`, `"MemAvailable"`, …) in bytes.
+pub fn meminfo_bytes(field: &str) -> Option<u64> {
+    let meminfo = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let value = meminfo
         .lines()
         .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))?;
     let kib: u64 = value.split_whitespace().next()?.parse().ok()?;

@@ -41,15 +41,7 @@ fn command_line(cmd: &mut Command) -> String {
 
 /// The machine's memory (`MemTotal` of /proc/meminfo), in bytes.
 pub fn mem_total_bytes() -> Option<u64> {
-    let s = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let kib: u64 = s
-        .lines()
-        .find_map(|l| l.strip_prefix("MemTotal:"))?
-        .split_whitespace()
-        .next()?
-        .parse()
-        .ok()?;
-    Some(kib * 1024)
+    shared::procfs::meminfo_bytes("MemTotal")
 }
 
 /// `{"path", "sha256"}` of a file (an executable): what identifies the code that ran, whatever

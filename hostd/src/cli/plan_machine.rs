@@ -25,17 +25,11 @@ pub struct Memory {
 impl Memory {
     /// Reads `/proc/meminfo` and the cgroup files; `Err` when `/proc/meminfo` cannot be read.
     pub fn measure() -> Result<Memory, String> {
-        let meminfo =
-            std::fs::read_to_string("/proc/meminfo").map_err(|e| format!("/proc/meminfo: {e}"))?;
-        let field = |name: &str| -> Result<u64, String> {
-            meminfo
-                .lines()
-                .find_map(|l| l.strip_prefix(name))
-                .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
-                .map(|kib| kib * 1024)
-                .ok_or_else(|| format!("/proc/meminfo has no {name}"))
+        let field = |name: &str| {
+            shared::procfs::meminfo_bytes(name)
+                .ok_or_else(|| format!("/proc/meminfo has no readable {name}"))
         };
-        let (total, available) = (field("MemTotal:")?, field("MemAvailable:")?);
+        let (total, available) = (field("MemTotal")?, field("MemAvailable")?);
         let cgroups = std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
         let cg: Option<CgroupMemory> = cgroup_memory(Path::new("/sys/fs/cgroup"), &cgroups)
             // v1 writes a huge number for "no limit".

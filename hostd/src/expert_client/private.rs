@@ -537,15 +537,7 @@ pub fn default_cache_budget(
 /// room left under the memory limits of this process's cgroup and its ancestors (v2
 /// `memory.max`, or v1 `memory.limit_in_bytes`: a container or systemd limit).
 pub fn available_memory() -> Option<u64> {
-    let meminfo = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let kib: u64 = meminfo
-        .lines()
-        .find_map(|l| l.strip_prefix("MemAvailable:"))?
-        .split_whitespace()
-        .next()?
-        .parse()
-        .ok()?;
-    let mut available = kib * 1024;
+    let mut available = shared::procfs::meminfo_bytes("MemAvailable")?;
     let cgroups = std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
     if let Some(room) = cgroup_room(Path::new("/sys/fs/cgroup"), &cgroups) {
         available = available.min(room);
