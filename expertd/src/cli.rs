@@ -519,7 +519,7 @@ pub struct ServeArgs {
     /// ends, before it sleeps on the futex (the poll yields the core to any other runnable
     /// thread, so a client sharing the cores loses little to it). Waking a sleeping worker costs
     /// tens of µs on a virtual machine, more than the poll; 0 sleeps at once.
-    #[arg(long, env = "EXPERTD_RING_SPIN_US", default_value_t = crate::rpc::ring::DEFAULT_WORKER_SPIN.as_micros() as u64)]
+    #[arg(long, env = "EXPERTD_RING_SPIN_US", default_value_t = crate::call::ring_worker::DEFAULT_WORKER_SPIN.as_micros() as u64)]
     pub ring_spin_us: u64,
     /// Let the compute threads sleep between a session's calls instead of keeping them awake
     /// (yielding their cores to any other runnable thread) while its ring worker polls for the

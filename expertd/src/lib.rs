@@ -1,13 +1,15 @@
 //! expertd, the sluice expert daemon, as a library. Today: `prepare` converts a BF16
 //! checkpoint's routed experts into the INT8 container `experts.sluice` (one expert at a time,
 //! resumable), `verify` checks one, and `serve` ([`run`]) serves the experts over gRPC to hostd
-//! processes: `rpc` (the service and its status mapping), `moe_call` (one call: leases, reads,
-//! kernels), `session` (sessions and fairness), `shm` (shared-memory activations).
+//! processes: `rpc` (the service and its status mapping), `call` (the one pipeline every MoE
+//! call passes, and the call ring's worker), `moe_call` (one call: leases, reads, kernels),
+//! `session` (sessions and fairness), `shm` (shared-memory activations).
 //!
 //! The container format itself (layout, header, index, blobs, identity) is
 //! `shared::container`; this crate owns the file IO around it and the command line.
 
 pub mod cache;
+pub mod call;
 pub mod call_memory;
 pub mod cli;
 mod convert;

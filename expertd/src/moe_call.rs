@@ -100,9 +100,8 @@ pub struct CallExecutor {
     isa: Int8Isa,
     header: Header,
     pool: rayon::ThreadPool,
-    max_rows: usize,
-    /// What a call may make the daemon hold (checked before its buffers exist).
-    memory: crate::call_memory::CallMemory,
+    /// What a call may be and hold (checked before its buffers exist).
+    limits: crate::call::CallLimits,
     /// Most experts one wave of a call leases at once: half of what the cache can ever lend
     /// (resident slots + transient buffers), so a call whose experts exceed the cache (a long
     /// prefill under a small budget) runs in waves instead of failing, and concurrent calls
@@ -152,21 +151,26 @@ impl CallExecutor {
         let st = cache.stats();
         let wave_experts = (((st.n_slots + st.transient_slots) / 2).max(1)) as usize;
         let dims = header.layout.dims;
-        let memory = crate::call_memory::CallMemory::new(
-            dims.hidden,
-            dims.inner,
-            pool.current_num_threads(),
+        let limits = crate::call::CallLimits {
+            n_layers: dims.n_layers,
+            n_experts: dims.n_experts,
+            hidden: dims.hidden,
             max_rows,
-            dims.n_experts,
-        );
+            memory: crate::call_memory::CallMemory::new(
+                dims.hidden,
+                dims.inner,
+                pool.current_num_threads(),
+                max_rows,
+                dims.n_experts,
+            ),
+        };
         Ok(CallExecutor {
             cache,
             source,
             isa,
             header,
             pool,
-            max_rows,
-            memory,
+            limits,
             wave_experts,
             demand_reads: AtomicU32::new(0),
             demand_progress: Default::default(),
@@ -303,72 +307,22 @@ impl CallExecutor {
 
     /// The largest `n_rows` a call may have.
     pub fn max_rows(&self) -> usize {
-        self.max_rows
+        self.limits.max_rows
     }
 
     /// What one call may make the daemon hold.
     pub fn call_memory(&self) -> &crate::call_memory::CallMemory {
-        &self.memory
+        &self.limits.memory
     }
 
-    /// Checks a call's shape against what one call may make the daemon hold (`n_rows` within
-    /// `1..=max_rows`, then the buffers' bound), before any buffer of that size exists.
-    pub fn check_shape(
-        &self,
-        layer: LayerId,
-        n_rows: usize,
-        top_k: usize,
-    ) -> Result<(), CallError> {
-        self.check_rows(layer, n_rows)?;
-        self.memory.check(layer, n_rows, top_k)
+    /// What a call may be (rows, layer, routing, memory), checked before it queues.
+    pub fn limits(&self) -> &crate::call::CallLimits {
+        &self.limits
     }
 
     /// Elements per activation row.
     pub fn hidden(&self) -> usize {
-        self.header.layout.dims.hidden
-    }
-
-    /// Checks a call's row count: `1..=max_rows` (before any buffer of that size is touched).
-    pub fn check_rows(&self, layer: LayerId, n_rows: usize) -> Result<(), CallError> {
-        if n_rows == 0 || n_rows > self.max_rows {
-            return Err(CallError::Invalid {
-                layer,
-                reason: format!("n_tokens {n_rows} must be in 1..={}", self.max_rows),
-            });
-        }
-        Ok(())
-    }
-
-    /// Checks a call's routing against the container: layer and expert ranges, lengths,
-    /// duplicates within a row, finite weights, the row limit and the call's memory bound.
-    /// Cheap; run before queueing.
-    pub fn validate(&self, spec: &CallSpec<'_>) -> Result<(), CallError> {
-        let dims = &self.header.layout.dims;
-        let bad = |reason: String| {
-            Err(CallError::Invalid {
-                layer: spec.layer,
-                reason,
-            })
-        };
-        if spec.layer.index() >= dims.n_layers {
-            return bad(format!(
-                "layer {} out of range (container has {} layers)",
-                spec.layer, dims.n_layers
-            ));
-        }
-        self.check_shape(spec.layer, spec.n_rows, spec.top_k)?;
-        shared::moe_exec::validate_routing(
-            spec.n_rows,
-            spec.top_k,
-            spec.ids,
-            spec.weights,
-            dims.n_experts,
-        )
-        .map_err(|reason| CallError::Invalid {
-            layer: spec.layer,
-            reason,
-        })?;
-        Ok(())
+        self.limits.hidden
     }
 
     /// Runs one validated call: `out[r] = Σ_k weights[r,k] · expert_{ids[r,k]}(x[r])`.

@@ -145,7 +145,7 @@ impl ServeConfig {
             prefetch_cap_bytes: 0,
             no_prefetch: false,
             overlap: true,
-            ring_spin: crate::rpc::ring::DEFAULT_WORKER_SPIN,
+            ring_spin: crate::call::ring_worker::DEFAULT_WORKER_SPIN,
             pool_awake: true,
         }
     }
@@ -524,8 +524,10 @@ impl Prepared {
                 .display()
                 .to_string(),
             io_backend: banner.io.clone(),
-            ring_spin: config.ring_spin,
-            pool_awake: config.pool_awake,
+            ring: crate::call::RingConfig {
+                spin: config.ring_spin,
+                pool_awake: config.pool_awake,
+            },
             segment: config.max_segment_bytes.map_or_else(
                 || crate::shm::SegmentPolicy::derived(header.layout.dims.hidden),
                 |max_bytes| crate::shm::SegmentPolicy { max_bytes },
@@ -640,7 +642,7 @@ impl Prepared {
         let drain_state = Arc::clone(&state);
         let signal = async move {
             shutdown.await;
-            drain_state.draining.store(true, Ordering::Release);
+            drain_state.pipeline.start_draining();
             let _ = stop_tx.send(true);
             health
                 .set_not_serving::<ExpertServiceServer<ExpertdService>>()
@@ -663,9 +665,9 @@ impl Prepared {
             .await;
         accept.abort();
         let _ = accept.await;
-        // Calls on call-ring workers are not HTTP/2 streams: wait for them too (bounded).
+        // Calls on call-ring workers are not HTTP/2 streams: wait for every admitted call (bounded).
         let deadline = std::time::Instant::now() + RING_DRAIN_LIMIT;
-        while state.ring_calls.load(Ordering::Acquire) > 0 && std::time::Instant::now() < deadline {
+        while state.pipeline.running() > 0 && std::time::Instant::now() < deadline {
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
         let trace = executor.cache().finish_trace();

@@ -118,6 +118,35 @@ impl SegmentPolicy {
     }
 }
 
+/// Where a segment's slices may lie: its id, its length, and the end of its data area (the
+/// call ring's offset, or the length when it has no ring). Plain values, so that checking a
+/// slice needs no mapping (the ring fuzz target checks entries against the same bounds).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SegmentBounds {
+    /// The segment's id.
+    pub id: u64,
+    /// Its length in bytes.
+    pub len: u64,
+    /// Where its data area ends.
+    pub data_end: u64,
+}
+
+impl SegmentBounds {
+    /// Checks a request's slice and returns its byte range: this segment's, inside it, past the
+    /// header and ending before the call ring (if any).
+    pub fn range(&self, slice: &ShmSlice) -> Result<Range<usize>, ShmError> {
+        if slice.segment_id != self.id {
+            return Err(ShmError::WrongSegment {
+                found: slice.segment_id,
+                expected: self.id,
+            });
+        }
+        slice
+            .range_in_data(self.len, self.data_end)
+            .map_err(ShmError::Slice)
+    }
+}
+
 /// A client's memfd, mapped shared and read-write. Owns the fd and the mapping; both are
 /// released when the last `Arc<Segment>` (held by the connection and by in-flight calls) drops.
 pub struct Segment {
@@ -244,19 +273,19 @@ impl Segment {
         Some(unsafe { RingView::new(self.map.as_mut_ptr(), layout) })
     }
 
-    /// Checks a request's slice against this segment and returns its byte range: inside the
-    /// segment, past the header and before the call ring (if any).
-    pub fn range(&self, slice: &ShmSlice) -> Result<Range<usize>, ShmError> {
-        if slice.segment_id != self.id {
-            return Err(ShmError::WrongSegment {
-                found: slice.segment_id,
-                expected: self.id,
-            });
+    /// Where this segment's slices may lie.
+    pub fn bounds(&self) -> SegmentBounds {
+        SegmentBounds {
+            id: self.id,
+            len: self.len,
+            data_end: self.ring.map_or(self.len, |r| r.offset),
         }
-        let data_end = self.ring.map_or(self.len, |r| r.offset);
-        slice
-            .range_in_data(self.len, data_end)
-            .map_err(ShmError::Slice)
+    }
+
+    /// Checks a request's slice against this segment and returns its byte range
+    /// ([`SegmentBounds::range`]).
+    pub fn range(&self, slice: &ShmSlice) -> Result<Range<usize>, ShmError> {
+        self.bounds().range(slice)
     }
 
     fn copy_out(&self, range: Range<usize>, out: &mut [u8]) {

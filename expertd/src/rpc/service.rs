@@ -1,16 +1,18 @@
-//! `expertd.v1.ExpertService`: decodes each request, checks the caller (`super::auth`), the
-//! session and the transport descriptors, admits the call into its session's bound and the fair
-//! queue, runs it on a blocking thread through the call executor, and encodes the result. Errors are
-//! [`RpcError`]s, turned into statuses by `super::status` only.
+//! `expertd.v1.ExpertService`: checks the caller (`super::auth`) and the session, decodes each
+//! request and says where its bytes live (inline or the connection's segment), and hands MoE
+//! calls to the one call pipeline (`crate::call`), running the compute stage on a blocking
+//! thread; then encodes the result. Errors are [`RpcError`]s, turned into statuses by
+//! `super::status` only.
 //!
-//! Owns the per-daemon [`ServiceState`] (call executor, sessions, fair queue, draining flag) and the
-//! per-connection [`ConnInfo`] that the server attaches to every request.
+//! Owns the per-daemon [`ServiceState`] (the call pipeline, sessions, limits, access rules) and
+//! the per-connection [`ConnInfo`] that the server attaches to every request.
 
 use super::auth::Auth;
 use super::status::RpcError;
+use crate::call::{CallBuffers, CallIo, CallPipeline, RingConfig};
 use crate::logsafe;
 use crate::moe_call::{CallExecutor, CallSpec};
-use crate::session::{FairQueue, PeerKey, Session, SessionCaps, Sessions, TransportKind};
+use crate::session::{PeerKey, Session, SessionCaps, Sessions, TransportKind};
 use crate::shm::Segment;
 use proto::convert::{self, f32s_to_le_bytes};
 use proto::v1::expert_service_server::ExpertService;
@@ -21,7 +23,7 @@ use shared::ids::LayerId;
 use std::net::SocketAddr;
 use std::ops::Range;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::Instant;
 use tonic::{Request, Response, Status};
 use tracing::Instrument;
@@ -110,10 +112,8 @@ pub struct ServiceConfig {
     pub container_path: String,
     /// How experts are read, for the handshake (`SourceInfo`'s rendering).
     pub io_backend: String,
-    /// How long a call ring's worker polls for the next call before sleeping.
-    pub ring_spin: std::time::Duration,
-    /// Whether a ring worker keeps the compute pool awake (yielding) through a burst of calls.
-    pub pool_awake: bool,
+    /// How call rings' workers wait for work.
+    pub ring: RingConfig,
     /// What a connection's shared-memory segment may be.
     pub segment: crate::shm::SegmentPolicy,
     /// Connections one peer (unix uid, or TCP address) may hold open at once.
@@ -122,26 +122,20 @@ pub struct ServiceConfig {
 
 /// The daemon's state shared by every connection and call.
 pub struct ServiceState {
-    /// The call executor (cache, source, kernels).
-    pub executor: Arc<CallExecutor>,
+    /// The call pipeline every MoE call passes (executor, fair queue, draining flag).
+    pub pipeline: Arc<CallPipeline>,
     /// Open sessions.
     pub sessions: Sessions,
-    /// The fair queue in front of the compute lanes.
-    pub queue: Arc<FairQueue>,
     /// Limits and facts.
     pub config: ServiceConfig,
     /// Access rules.
     pub auth: Auth,
-    /// Set when shutdown begins: new handshakes and calls are refused.
-    pub draining: AtomicBool,
     /// Connections open now.
     pub open_connections: AtomicU32,
     /// When serving started.
     pub started: Instant,
     /// The container fingerprint, computed once.
     pub fingerprint: u64,
-    /// Calls running on call-ring workers now (a draining daemon waits for them).
-    pub ring_calls: AtomicU32,
     /// Handshakes refused so far because a session cap was reached (for log rate limiting).
     pub session_cap_refusals: AtomicU64,
     /// Open connections per peer, for `max_connections_per_peer`.
@@ -182,20 +176,31 @@ impl ServiceState {
     ) -> ServiceState {
         let fingerprint = executor.header().fingerprint();
         ServiceState {
-            executor,
+            pipeline: Arc::new(CallPipeline::new(
+                executor,
+                lanes,
+                config.max_queued_calls_per_session,
+            )),
             sessions: Sessions::new(),
-            queue: FairQueue::new(lanes),
             config,
             auth,
-            draining: AtomicBool::new(false),
             open_connections: AtomicU32::new(0),
             started: Instant::now(),
             fingerprint,
-            ring_calls: AtomicU32::new(0),
             session_cap_refusals: AtomicU64::new(0),
             connections_by_peer: Default::default(),
             connection_cap_refusals: AtomicU64::new(0),
         }
+    }
+
+    /// The call executor (cache, source, kernels).
+    pub fn executor(&self) -> &Arc<CallExecutor> {
+        self.pipeline.executor()
+    }
+
+    /// Whether shutdown began (new handshakes and calls are refused).
+    pub fn is_draining(&self) -> bool {
+        self.pipeline.is_draining()
     }
 
     /// Counts a new connection of `peer` against its cap, before anything of it is read:
@@ -240,7 +245,7 @@ impl ServiceState {
         self.open_connections.fetch_sub(1, Ordering::Relaxed);
         for s in self.sessions.close_connection(conn_id) {
             let orphaned = self
-                .executor
+                .executor()
                 .cache()
                 .release_session(crate::cache::SessionId(s.id))
                 .map_or(0, |st| st.leases_held);
@@ -281,6 +286,41 @@ enum Output {
     Shm(Arc<Segment>, Range<usize>, pb::ShmSlice),
 }
 
+/// The RPC's side of the call pipeline: activations inline or in the segment, the output into
+/// the response or the segment.
+struct RpcIo {
+    input: Input,
+    output: Output,
+    /// The response's output field, once written.
+    wire: Option<pb::moe_layer_response::Output>,
+}
+
+impl CallIo for RpcIo {
+    fn read_input(&mut self, x: &mut [f32]) -> Result<(), RpcError> {
+        match std::mem::replace(&mut self.input, Input::Inline(Vec::new())) {
+            Input::Inline(bytes) => convert::le_bytes_into_f32s("input_inline_f32_le", &bytes, x)
+                .map_err(|e| RpcError::BadRequest(e.to_string())),
+            Input::Shm(seg, range) => {
+                seg.read_f32s(range, x);
+                Ok(())
+            }
+        }
+    }
+
+    fn write_output(&mut self, out: &[f32]) -> Result<(), RpcError> {
+        self.wire = Some(match &self.output {
+            Output::Inline => {
+                pb::moe_layer_response::Output::OutputInlineF32Le(f32s_to_le_bytes(out))
+            }
+            Output::Shm(seg, range, slice) => {
+                seg.write_f32s(range.clone(), out);
+                pb::moe_layer_response::Output::OutputShm(*slice)
+            }
+        });
+        Ok(())
+    }
+}
+
 fn shm_target(
     conn: &ConnInfo,
     field: &'static str,
@@ -302,6 +342,58 @@ fn shm_target(
     Ok((segment, start..start + needed as usize))
 }
 
+/// Where a `MoeLayer` call of `n_values` activations reads and writes: the request's inline bytes
+/// (exactly `4 · n_values`) or a slice of the connection's segment, and the response or a
+/// segment slice.
+fn rpc_io(
+    conn: &ConnInfo,
+    input: Option<pb::moe_layer_request::Input>,
+    output_shm: Option<&pb::ShmSlice>,
+    n_values: usize,
+) -> Result<RpcIo, RpcError> {
+    let needed = n_values as u64 * 4;
+    let input = match input {
+        Some(pb::moe_layer_request::Input::InputInlineF32Le(bytes)) => {
+            let field = "input_inline_f32_le";
+            if (bytes.len() as u64) < needed {
+                return Err(RpcError::BufferTooSmall {
+                    field,
+                    found_bytes: bytes.len() as u64,
+                    needed_bytes: needed,
+                });
+            }
+            if bytes.len() as u64 != needed {
+                return Err(RpcError::BadRequest(format!(
+                    "{field} holds {} bytes, expected exactly {needed}",
+                    bytes.len()
+                )));
+            }
+            Input::Inline(bytes)
+        }
+        Some(pb::moe_layer_request::Input::InputShm(slice)) => {
+            let (seg, range) = shm_target(conn, "input_shm", &slice, needed)?;
+            Input::Shm(seg, range)
+        }
+        None => {
+            return Err(RpcError::BadRequest(
+                "the request carries no activations (set input_inline_f32_le or input_shm)".into(),
+            ));
+        }
+    };
+    let output = match output_shm {
+        Some(slice) => {
+            let (seg, range) = shm_target(conn, "output_shm", slice, needed)?;
+            Output::Shm(seg, range, *slice)
+        }
+        None => Output::Inline,
+    };
+    Ok(RpcIo {
+        input,
+        output,
+        wire: None,
+    })
+}
+
 impl ExpertdService {
     async fn handshake_inner(
         &self,
@@ -309,9 +401,7 @@ impl ExpertdService {
         r: pb::HandshakeRequest,
     ) -> Result<pb::HandshakeResponse, RpcError> {
         let st = &self.state;
-        if st.draining.load(Ordering::Acquire) {
-            return Err(RpcError::ShuttingDown);
-        }
+        st.pipeline.check_open()?;
         let (oldest, current) = (proto::version::OLDEST_SUPPORTED, proto::version::CURRENT);
         if !(oldest..=current).contains(&r.protocol_version) {
             return Err(RpcError::VersionMismatch {
@@ -326,7 +416,7 @@ impl ExpertdService {
                 r.client_name.len()
             )));
         }
-        let header = st.executor.header();
+        let header = st.executor().header();
         if let Some(id) = &r.model_identity {
             let ours = ModelIdentity::try_from(id)
                 .map_err(|e| RpcError::BadRequest(format!("model_identity.{e}")))?;
@@ -370,11 +460,11 @@ impl ExpertdService {
         // The session exists in the cache from here until it closes; a call of it that is
         // still queued when it closes is refused there, never re-creating it.
         let cache_session = crate::cache::SessionId(session.id);
-        st.executor.cache().open_session(cache_session);
+        st.executor().cache().open_session(cache_session);
         if session.is_closed() {
             // Closed meanwhile (its connection went away): the close may have released the
             // cache's entry before it was opened here.
-            st.executor.cache().release_session(cache_session);
+            st.executor().cache().release_session(cache_session);
             return Err(RpcError::UnknownSession {
                 session: session.id,
             });
@@ -385,8 +475,9 @@ impl ExpertdService {
             && let Some(segment) = &conn.segment
             && let Some(ring) = segment.take_ring()
         {
-            match super::ring::spawn(
-                Arc::clone(&self.state),
+            match crate::call::ring_worker::spawn(
+                Arc::clone(&st.pipeline),
+                st.config.ring,
                 Arc::clone(&session),
                 Arc::clone(segment),
                 ring,
@@ -399,7 +490,7 @@ impl ExpertdService {
         }
         tracing::info!(session = session.id, client_name = %logsafe::name(&session.client_name), peer = %session.peer, client_pid = r.client_pid, ?transport, ring_entries, "session opened");
         let dims = &header.layout.dims;
-        let executor = &st.executor;
+        let executor = st.executor();
         Ok(pb::HandshakeResponse {
             protocol_version: current,
             container_fingerprint: st.fingerprint,
@@ -415,7 +506,7 @@ impl ExpertdService {
             io_backend: st.config.io_backend.clone(),
             limits: Some(pb::Limits {
                 max_rows_per_call: executor.max_rows() as u32,
-                max_queued_calls_per_session: st.config.max_queued_calls_per_session,
+                max_queued_calls_per_session: st.pipeline.max_queued_calls_per_session(),
                 cache_budget_bytes: executor.cache().config().budget_bytes,
                 max_message_bytes: st.config.max_message_bytes,
             }),
@@ -436,88 +527,26 @@ impl ExpertdService {
         session: &Arc<Session>,
         r: pb::MoeLayerRequest,
     ) -> Result<(pb::MoeLayerResponse, CallCost), RpcError> {
-        let st = &self.state;
-        if st.draining.load(Ordering::Acquire) {
-            return Err(RpcError::ShuttingDown);
-        }
-        let executor = &st.executor;
-        let (n_rows, top_k, d) = (r.n_tokens as usize, r.top_k as usize, executor.hidden());
-        let spec = CallSpec {
-            session: session.id,
-            step: r.step,
-            layer: LayerId::new(r.layer_idx),
+        let pipeline = &self.state.pipeline;
+        let (n_rows, top_k) = (r.n_tokens as usize, r.top_k as usize);
+        let (session_id, step, layer) = (session.id, r.step, LayerId::new(r.layer_idx));
+        let call = pipeline.executor().limits().validate(CallSpec {
+            session: session_id,
+            step,
+            layer,
             n_rows,
             top_k,
             ids: &r.expert_ids,
             weights: &r.weights,
-        };
-        executor.validate(&spec)?;
-        let n_values = n_rows * d;
-        let needed = n_values as u64 * 4;
-        let input = match r.input {
-            Some(pb::moe_layer_request::Input::InputInlineF32Le(bytes)) => {
-                let field = "input_inline_f32_le";
-                if (bytes.len() as u64) < needed {
-                    return Err(RpcError::BufferTooSmall {
-                        field,
-                        found_bytes: bytes.len() as u64,
-                        needed_bytes: needed,
-                    });
-                }
-                if bytes.len() as u64 != needed {
-                    return Err(RpcError::BadRequest(format!(
-                        "{field} holds {} bytes, expected exactly {needed}",
-                        bytes.len()
-                    )));
-                }
-                Input::Inline(bytes)
-            }
-            Some(pb::moe_layer_request::Input::InputShm(slice)) => {
-                let (seg, range) = shm_target(conn, "input_shm", &slice, needed)?;
-                Input::Shm(seg, range)
-            }
-            None => {
-                return Err(RpcError::BadRequest(
-                    "the request carries no activations (set input_inline_f32_le or input_shm)"
-                        .into(),
-                ));
-            }
-        };
-        let output = match &r.output_shm {
-            Some(slice) => {
-                let (seg, range) = shm_target(conn, "output_shm", slice, needed)?;
-                Output::Shm(seg, range, *slice)
-            }
-            None => Output::Inline,
-        };
-        let limit = st.config.max_queued_calls_per_session;
-        let in_flight = session.try_enter(limit).ok_or(RpcError::SessionBusy {
-            session: session.id,
-            limit,
         })?;
-        let t_queue = Instant::now();
-        let permit = st.queue.acquire(session.id).await;
-        let queue_ns = t_queue.elapsed().as_nanos() as u64;
-
-        let executor = Arc::clone(executor);
-        let (session_id, step, layer) = (session.id, r.step, LayerId::new(r.layer_idx));
+        let admitted = pipeline.admit(session, &call)?;
+        let n_values = n_rows * pipeline.executor().hidden();
+        let mut io = rpc_io(conn, r.input, r.output_shm.as_ref(), n_values)?;
+        let laned = admitted.lane().await;
         let (ids, weights) = (r.expert_ids, r.weights);
         // The blocking job owns the lane and the in-flight slot: if the client goes away and
         // this future is dropped, both are held until the call really ends.
         let job = tokio::task::spawn_blocking(move || {
-            let _permit = permit;
-            let _in_flight = in_flight;
-            // The f32 buffers exist only now, holding a lane: the budget counts lanes × one call.
-            let mut x = vec![0.0f32; n_values];
-            match input {
-                Input::Inline(bytes) => {
-                    convert::le_bytes_into_f32s("input_inline_f32_le", &bytes, &mut x)
-                        .map_err(|e| RpcError::BadRequest(e.to_string()))?;
-                    drop(bytes);
-                }
-                Input::Shm(seg, range) => seg.read_f32s(range, &mut x),
-            }
-            let mut out = vec![0.0f32; n_values];
             let spec = CallSpec {
                 session: session_id,
                 step,
@@ -527,25 +556,17 @@ impl ExpertdService {
                 ids: &ids,
                 weights: &weights,
             };
-            let cost = executor.run(&spec, &x, &mut out)?;
-            let wire = match output {
-                Output::Inline => {
-                    pb::moe_layer_response::Output::OutputInlineF32Le(f32s_to_le_bytes(&out))
-                }
-                Output::Shm(seg, range, slice) => {
-                    seg.write_f32s(range, &out);
-                    pb::moe_layer_response::Output::OutputShm(slice)
-                }
-            };
-            // The route trace (when recording) is written here, after the call, off its path.
-            let _ = executor.cache().flush_trace();
+            let cost = laned.run(&spec, &mut io, &mut CallBuffers::default(), None)?;
+            let wire = io
+                .wire
+                .take()
+                .ok_or_else(|| RpcError::Internal("the call wrote no output".into()))?;
             Ok::<_, RpcError>((cost, wire))
         });
         let (cost, wire) = job
             .await
             .map_err(|e| RpcError::Internal(format!("the call's compute task failed: {e}")))??;
-        let counters = cost.with_queue_ns(queue_ns);
-        Ok((convert::moe_layer_response(wire, &counters), counters))
+        Ok((convert::moe_layer_response(wire, &cost), cost))
     }
 
     fn stats_inner(&self) -> pb::StatsResponse {
@@ -566,7 +587,7 @@ impl ServiceState {
     /// sessions included), the prefetcher. The Prometheus endpoint renders the same snapshot.
     pub fn stats(&self) -> pb::StatsResponse {
         let st = self;
-        let cache = st.executor.cache();
+        let cache = st.executor().cache();
         let c = cache.stats();
         let sessions = st
             .sessions
@@ -628,10 +649,10 @@ impl ServiceState {
             }),
             sessions,
             open_connections: st.open_connections.load(Ordering::Relaxed),
-            draining: st.draining.load(Ordering::Acquire),
+            draining: st.is_draining(),
             uptime_ns: st.started.elapsed().as_nanos() as u64,
             rss_bytes: shared::procfs::vm_rss_bytes(None).unwrap_or(0),
-            prefetch: st.executor.prefetcher().map(|p| {
+            prefetch: st.executor().prefetcher().map(|p| {
                 loaded!(
                     pb::PrefetchStats,
                     p.counters,
@@ -730,7 +751,7 @@ impl ExpertService for ExpertdService {
             .close(id, conn.conn_id)
             .ok_or(RpcError::UnknownSession { session: id })?;
         self.state
-            .executor
+            .executor()
             .cache()
             .release_session(crate::cache::SessionId(s.id));
         tracing::info!(session = s.id, client_name = %logsafe::name(&s.client_name), "session closed by its client");

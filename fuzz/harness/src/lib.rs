@@ -23,8 +23,8 @@ pub type Outcome = String;
 pub type Target = fn(&[u8]) -> Outcome;
 
 /// Every target, by the name its corpus folder (`fuzz/corpus/<name>/`) and its cargo-fuzz
-/// binary (`fuzz/libfuzzer/fuzz_targets/<name>.rs`) carry. `shm_segment` needs the `daemon`
-/// feature and `http_params` the `http` feature (both default).
+/// binary (`fuzz/libfuzzer/fuzz_targets/<name>.rs`) carry. `shm_segment` and `shm_ring` need
+/// the `daemon` feature and `http_params` the `http` feature (both default).
 pub fn targets() -> Vec<(&'static str, Target)> {
     let mut t: Vec<(&'static str, Target)> = vec![
         ("safetensors_header", targets::safetensors_header::run),
@@ -32,6 +32,7 @@ pub fn targets() -> Vec<(&'static str, Target)> {
     ];
     #[cfg(feature = "daemon")]
     t.push(("shm_segment", targets::shm_segment::run));
+    #[cfg(feature = "daemon")]
     t.push(("shm_ring", targets::shm_ring::run));
     t.push(("proto_convert", targets::proto_convert::run));
     #[cfg(feature = "http")]

@@ -5,6 +5,7 @@ pub mod container;
 pub mod http_params;
 pub mod proto_convert;
 pub mod safetensors_header;
+#[cfg(feature = "daemon")]
 pub mod shm_ring;
 #[cfg(feature = "daemon")]
 pub mod shm_segment;

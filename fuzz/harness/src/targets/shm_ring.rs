@@ -1,42 +1,46 @@
-//! The MoE-call ring as the daemon reads it (`shared::ring`, driven like
-//! `expertd/src/rpc/ring.rs`'s worker): a segment whose header announces a ring, with every
-//! byte after the header taken from the input, so that entries hold arbitrary states, counts,
-//! offsets, ids and weights. For each entry the target claims it and applies the worker's
-//! checks in the worker's order (row count, input and output slices, cells and a carried
-//! prefetch hint's cells against the entry's capacity, the carried hint, then routing;
-//! prefetch hints: layer, one row, expert count), then
-//! publishes a completion or a failure and reads it back as the client would.
+//! The MoE-call ring as the daemon reads it (`shared::ring`): a segment whose header announces
+//! a ring, with every byte after the header taken from the input, so that entries hold
+//! arbitrary states, counts, offsets, ids and weights. For each entry the target claims it and
+//! decodes it with the ring worker's own decoder (`expertd::call::ring_entry::decode`, the
+//! same function `expertd/src/call/ring_worker.rs` calls, so the target follows any change to
+//! the checks), then publishes a completion or a failure and reads it back as the client would.
 //!
-//! Contract: no panic and no access outside the segment whatever the entries hold; a call
-//! that passes the checks names only in-segment slices and valid experts; a published result
-//! reads back as written (a failure message cut to the error area on a character boundary).
+//! Contract, stated here independently of the decoder: no panic and no access outside the
+//! segment whatever the entries hold; a call that decodes names only slices inside the
+//! segment's data area (past the header, before the ring) of exactly its rows' bytes, only
+//! experts of the layer, finite weights, a layer in range and a row count within the limit,
+//! at most the entry's cells; a published result reads back as written (a failure message cut
+//! to the error area on a character boundary).
 
 use crate::bytes::{Aligned, Input};
 use crate::{Outcome, class};
+use expertd::call::CallLimits;
+use expertd::call::ring_entry::{self, RingCall};
+use expertd::call_memory::CallMemory;
+use expertd::shm::SegmentBounds;
 use shared::call_cost::CallCost;
-use shared::moe_exec::validate_routing;
 use shared::ring::{self, ERROR_BYTES, RingLayout, RingView};
-use shared::shm_layout::{SEGMENT_HEADER_BYTES, SLICE_ALIGN, SegmentHeader, ShmSlice};
+use shared::shm_layout::{SEGMENT_HEADER_BYTES, SLICE_ALIGN, SegmentHeader};
+use std::ops::Range;
 use std::sync::atomic::Ordering;
-
-/// The daemon's view of the container and its limits, picked by the input.
-struct Dims {
-    n_layers: u32,
-    n_experts: usize,
-    hidden: usize,
-    max_rows: usize,
-}
 
 /// Builds the segment (structured header unless the mode asks for raw bytes), parses it as
 /// `Segment::from_fd` does, then serves every entry once.
 pub fn run(data: &[u8]) -> Outcome {
     let mut input = Input::new(data);
     let mode = input.u8();
-    let dims = Dims {
-        n_layers: input.small(4) as u32,
-        n_experts: input.small(16),
-        hidden: input.small(8),
-        max_rows: input.small(8),
+    let (n_layers, n_experts, hidden, max_rows) = (
+        input.small(4),
+        input.small(16),
+        input.small(8),
+        input.small(8),
+    );
+    let limits = CallLimits {
+        n_layers,
+        n_experts,
+        hidden,
+        max_rows,
+        memory: CallMemory::new(hidden, 2 * hidden, 1, max_rows, n_experts),
     };
     let message_len = input.u8() as usize * 2;
     let layout = RingLayout {
@@ -100,7 +104,7 @@ pub fn run(data: &[u8]) -> Outcome {
             continue;
         };
         assert!(entry.claim().is_none(), "an entry was claimed twice");
-        let checked = serve(&view, &entry, &sub, &dims, len);
+        let checked = serve(&view, &entry, &sub, &limits, len);
         match &checked {
             Ok(()) => {
                 let c = CallCost {
@@ -145,87 +149,93 @@ pub fn run(data: &[u8]) -> Outcome {
     outcomes.join("|")
 }
 
-/// The worker's checks for one claimed call; `Err` names the first that failed.
+/// Decodes one claimed entry as the worker does and checks what it accepted against the
+/// contract; `Err` names the refusal's class.
 fn serve(
     view: &RingView,
     entry: &ring::Entry<'_>,
     sub: &ring::Submission,
-    dims: &Dims,
+    limits: &CallLimits,
     len: u64,
 ) -> Result<(), String> {
-    let capacity = view.layout().cells as usize;
+    let layout = view.layout();
+    let capacity = layout.cells as usize;
+    let bounds = SegmentBounds {
+        id: 1,
+        len,
+        data_end: layout.offset,
+    };
     let (mut ids, mut weights) = (Vec::new(), Vec::new());
-    if sub.op == ring::OP_PREFETCH {
-        let n = sub.top_k as usize;
-        if sub.layer.get() >= dims.n_layers
-            || sub.n_rows != 1
-            || n == 0
-            || n > dims.n_experts.min(capacity)
-        {
-            return Err("hint-shape".into());
-        }
-        entry.read_cells(n, &mut ids, &mut weights);
-        assert_eq!(ids.len(), n);
-        if ids.iter().any(|&e| e as usize >= dims.n_experts) {
-            return Err("hint-expert".into());
-        }
-        return Ok(());
-    }
-    let (n_rows, top_k) = (sub.n_rows as usize, sub.top_k as usize);
-    if n_rows == 0 || n_rows > dims.max_rows {
-        return Err("rows".into());
-    }
-    let n_bytes = (n_rows * dims.hidden) as u64 * 4;
-    for offset in [sub.input_offset, sub.output_offset] {
-        let slice = ShmSlice {
-            segment_id: 1,
-            offset_bytes: offset,
-            length_bytes: n_bytes,
-        };
-        let r = slice.range_in(len).map_err(|e| class("slice", &e))?;
-        assert!(
-            r.end as u64 <= len && r.len() as u64 == n_bytes,
-            "slice {r:?} for {n_bytes} bytes in {len}"
-        );
-    }
-    match sub.op {
-        ring::OP_ECHO => Ok(()),
-        ring::OP_MOE => {
-            let cells = n_rows
-                .checked_mul(top_k)
-                .filter(|&c| c <= capacity)
-                .ok_or("cells")?;
-            let (hint_layer, hint_n) = entry.hint();
-            let total = cells
-                .checked_add(hint_n as usize)
-                .filter(|&c| c <= capacity)
-                .ok_or("hint-cells")?;
-            entry.read_cells(total, &mut ids, &mut weights);
-            if hint_n > 0 {
-                ring::check_hint(
-                    hint_layer,
-                    &ids[cells..],
-                    dims.n_layers as usize,
-                    dims.n_experts,
-                )
-                .map_err(|_| "carried-hint".to_string())?;
-                assert!(
-                    hint_layer.get() < dims.n_layers
-                        && ids[cells..].iter().all(|&e| (e as usize) < dims.n_experts)
-                );
-            }
-            let (ids, weights) = (&ids[..cells], &weights[..cells]);
-            if sub.layer.get() >= dims.n_layers {
-                return Err("layer".into());
-            }
-            validate_routing(n_rows, top_k, ids, weights, dims.n_experts)
-                .map_err(|_| "routing".to_string())?;
+    let call = ring_entry::decode(
+        entry,
+        sub,
+        capacity,
+        &bounds,
+        limits,
+        7,
+        &mut ids,
+        &mut weights,
+    )
+    .map_err(|e| class("refused", &e))?;
+    let experts_ok = |experts: &[u32]| {
+        !experts.is_empty() && experts.iter().all(|&e| (e as usize) < limits.n_experts)
+    };
+    let slice_ok = |r: &Range<usize>, n_rows: usize| {
+        r.start >= SEGMENT_HEADER_BYTES
+            && (r.start as u64).is_multiple_of(SLICE_ALIGN)
+            && r.end as u64 <= layout.offset
+            && r.len() == n_rows * limits.hidden * 4
+    };
+    match call {
+        RingCall::Prefetch { layer, experts } => {
+            assert_eq!(sub.op, ring::OP_PREFETCH);
             assert!(
-                ids.iter().all(|&e| (e as usize) < dims.n_experts)
-                    && weights.iter().all(|w| w.is_finite())
+                (layer.get() as usize) < limits.n_layers
+                    && sub.n_rows == 1
+                    && experts.len() <= capacity.min(limits.n_experts)
+                    && experts_ok(experts),
+                "accepted hint: layer {layer}, {experts:?}"
             );
-            Ok(())
         }
-        _ => Err("op".into()),
+        RingCall::Echo {
+            n_rows,
+            input,
+            output,
+        } => {
+            assert_eq!(sub.op, ring::OP_ECHO);
+            assert!((1..=limits.max_rows).contains(&n_rows) && n_rows == sub.n_rows as usize);
+            assert!(
+                slice_ok(&input, n_rows) && slice_ok(&output, n_rows),
+                "echo {input:?} {output:?} in {len}"
+            );
+        }
+        RingCall::Moe {
+            call,
+            hint,
+            input,
+            output,
+        } => {
+            assert_eq!(sub.op, ring::OP_MOE);
+            let spec = call.spec();
+            let n = spec.n_rows;
+            assert!((1..=limits.max_rows).contains(&n) && n == sub.n_rows as usize);
+            assert!((spec.layer.get() as usize) < limits.n_layers && spec.layer == sub.layer);
+            assert_eq!(spec.ids.len(), n * spec.top_k);
+            assert!(spec.ids.len() + hint.map_or(0, |(_, e)| e.len()) <= capacity);
+            assert!(
+                experts_ok(spec.ids) && spec.weights.iter().all(|w| w.is_finite()),
+                "accepted routing {:?} {:?}",
+                spec.ids,
+                spec.weights
+            );
+            if let Some((layer, experts)) = hint {
+                assert!((layer.get() as usize) < limits.n_layers && experts_ok(experts));
+            }
+            assert!(
+                slice_ok(&input, n) && slice_ok(&output, n),
+                "call {input:?} {output:?} in {len}"
+            );
+        }
     }
+    Ok(())
 }

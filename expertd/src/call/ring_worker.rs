@@ -1,8 +1,9 @@
 //! The daemon's side of the MoE-call ring (`shared::ring`): one worker thread per session whose
 //! connection passed a segment with a ring. The worker takes calls straight out of shared
-//! memory and runs them through the same call executor, session bound, fair queue and status mapping
-//! as the `MoeLayer` RPC — no tokio, no HTTP/2, no protobuf, no hand-off before the compute
-//! pool. The RPC stays for everything else (handshake, stats, health, TCP, old clients).
+//! memory, decodes each entry ([`super::ring_entry::decode`]) and runs it through the same call
+//! pipeline as the `MoeLayer` RPC (`super`) — no tokio, no HTTP/2, no protobuf, no hand-off
+//! before the compute pool. The RPC stays for everything else (handshake, stats, health, TCP,
+//! old clients).
 //!
 //! Every value the client wrote is copied out of shared memory before it is checked, so a
 //! client that keeps writing cannot change a call after validation. A malformed entry fails
@@ -10,18 +11,16 @@
 //! ends when its session closes (the connection went away, or `CloseSession`), marking the
 //! ring `daemon_gone` and failing whatever was still submitted, so the client stops waiting.
 
-use super::service::ServiceState;
-use super::status::RpcError;
-use crate::moe_call::CallSpec;
+use super::ring_entry::{self, RingCall};
+use super::{CallBuffers, CallPipeline, SegmentIo};
+use crate::rpc::RpcError;
 use crate::session::Session;
 use crate::shm::Segment;
 use shared::call_cost::CallCost;
-use shared::ids::LayerId;
 use shared::ring::{self, Entry, RingView, Submission};
-use shared::shm_layout::ShmSlice;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// How long the worker polls for the next submission before sleeping on the doorbell, by
 /// default (`expertd serve --ring-spin-us`): longer than the gap between two MoE calls of a
@@ -35,9 +34,19 @@ const KEEP_ROWS: usize = 64;
 /// Longest sleep between checks that the session is still open.
 const WORKER_SLICE: Duration = Duration::from_millis(100);
 
+/// How ring workers wait for work.
+#[derive(Debug, Clone, Copy)]
+pub struct RingConfig {
+    /// How long a worker polls for the next call before sleeping (`--ring-spin-us`).
+    pub spin: Duration,
+    /// Whether a worker keeps the compute pool awake (yielding) through a burst of calls.
+    pub pool_awake: bool,
+}
+
 /// Starts the worker for `session` on `segment`'s ring.
 pub fn spawn(
-    state: Arc<ServiceState>,
+    pipeline: Arc<CallPipeline>,
+    config: RingConfig,
     session: Arc<Session>,
     segment: Arc<Segment>,
     ring: RingView,
@@ -46,14 +55,14 @@ pub fn spawn(
         .name(format!("expertd-ring-{}", session.id))
         .spawn(move || {
             let worker = Worker {
-                state,
+                pipeline,
+                config,
                 session,
                 segment,
                 ring,
                 ids: Vec::new(),
                 weights: Vec::new(),
-                x: Vec::new(),
-                out: Vec::new(),
+                buffers: CallBuffers::default(),
             };
             worker.serve();
         })?;
@@ -61,15 +70,15 @@ pub fn spawn(
 }
 
 struct Worker {
-    state: Arc<ServiceState>,
+    pipeline: Arc<CallPipeline>,
+    config: RingConfig,
     session: Arc<Session>,
     /// Keeps the mapping the ring lives in alive for as long as the worker runs.
     segment: Arc<Segment>,
     ring: RingView,
     ids: Vec<u32>,
     weights: Vec<f32>,
-    x: Vec<f32>,
-    out: Vec<f32>,
+    buffers: CallBuffers,
 }
 
 impl Worker {
@@ -99,8 +108,8 @@ impl Worker {
         let _gone = Gone(self.ring);
         while !self.session.is_closed() {
             if let Some((i, sub)) = self.claim_next(&mut next) {
-                if self.state.config.pool_awake {
-                    let executor = Arc::clone(&self.state.executor);
+                if self.config.pool_awake {
+                    let executor = Arc::clone(self.pipeline.executor());
                     executor.with_pool_awake(|| self.burst(i, sub, &mut next));
                 } else {
                     self.burst(i, sub, &mut next);
@@ -138,7 +147,7 @@ impl Worker {
     /// (another session's, or a gRPC call), handing pool thread 0 back: the poll itself never
     /// takes other pool work, so no other session's call waits behind this session's next one.
     fn burst(&mut self, i: u32, sub: Submission, next: &mut u32) {
-        let executor = Arc::clone(&self.state.executor);
+        let executor = Arc::clone(self.pipeline.executor());
         let on_pool = rayon::current_thread_index().is_some();
         let mark = executor.off_pool_mark();
         let give_back = || on_pool && executor.contended_since(mark);
@@ -154,7 +163,7 @@ impl Worker {
                 self.run(i, sub);
                 continue;
             }
-            let arrived = ring::spin_until(self.state.config.ring_spin, || {
+            let arrived = ring::spin_until(self.config.spin, || {
                 self.any_submitted() || self.session.is_closed() || give_back()
             });
             if !arrived {
@@ -166,8 +175,7 @@ impl Worker {
     fn run(&mut self, i: u32, sub: Submission) {
         let ring = self.ring;
         let entry = ring.entry(i);
-        // Counted while it runs, so a draining daemon waits for it before exiting.
-        self.state.ring_calls.fetch_add(1, Ordering::AcqRel);
+        let moe = sub.op == ring::OP_MOE;
         let result =
             std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.call(&entry, &sub)))
                 .unwrap_or_else(|_| {
@@ -175,13 +183,11 @@ impl Worker {
                         "the call panicked in the daemon (a bug; see its log)".into(),
                     ))
                 });
-        self.state.ring_calls.fetch_sub(1, Ordering::AcqRel);
         self.trim();
         // Echoes and hints are not MoE calls: only those count in the session's figures.
-        let counted = sub.op == ring::OP_MOE;
         match result {
             Ok(c) => {
-                if counted {
+                if moe {
                     self.session.record(Ok(&c));
                     self.session
                         .counters
@@ -191,7 +197,7 @@ impl Worker {
                 entry.complete(sub.seq, &c);
             }
             Err(e) => {
-                if counted {
+                if moe {
                     self.session.record(Err(()));
                 }
                 tracing::debug!(session = self.session.id, error = %crate::logsafe::text(&e.to_string()), error_type = e.error_type(), "ring call failed");
@@ -203,14 +209,9 @@ impl Worker {
     /// Frees the call buffers after a large call (a prefill block), keeping a decode step's
     /// worth: an idle session holds kilobytes, not its largest call's buffers.
     fn trim(&mut self) {
-        let keep_values = KEEP_ROWS * self.state.executor.hidden();
+        self.buffers
+            .trim(KEEP_ROWS * self.pipeline.executor().hidden());
         let keep_cells = KEEP_ROWS * crate::call_memory::BUDGETED_TOP_K * 2;
-        if self.x.capacity() > keep_values {
-            self.x = Vec::new();
-        }
-        if self.out.capacity() > keep_values {
-            self.out = Vec::new();
-        }
         if self.ids.capacity() > keep_cells {
             self.ids = Vec::new();
         }
@@ -219,148 +220,69 @@ impl Worker {
         }
     }
 
-    /// A prefetch hint: `top_k` predicted experts of `layer` (one row). Validated like a call's
-    /// routing, queued for the speculative reader (dropped when its queue is full, and a no-op
-    /// when the daemon runs none), and completed at once.
-    fn hint(&mut self, entry: &Entry<'_>, sub: &Submission) -> Result<(), RpcError> {
-        let executor = &self.state.executor;
-        let dims = executor.header().layout.dims;
-        let n = sub.top_k as usize;
-        if sub.n_rows != 1 || n > self.ring.layout().cells as usize {
-            return Err(RpcError::BadRequest(format!(
-                "prefetch hint: rows {} (must be 1), experts {n} (at most {} cells)",
-                sub.n_rows,
-                self.ring.layout().cells
-            )));
-        }
-        entry.read_cells(n, &mut self.ids, &mut self.weights);
-        ring::check_hint(sub.layer, &self.ids, dims.n_layers, dims.n_experts)
-            .map_err(|e| RpcError::BadRequest(format!("prefetch hint: {e}")))?;
-        if let Some(p) = executor.prefetcher() {
-            p.hint(crate::prefetch::Hint {
-                session: self.session.id,
-                step: sub.step,
-                layer: sub.layer,
-                experts: self.ids.clone(),
-            });
-        }
-        Ok(())
-    }
-
-    /// The prefetch hint a MoE call carries in its cells after `cells` (already copied into
-    /// `self.ids`), checked like a hint entry: a layer and experts in range. `None` when it
-    /// carries none.
-    fn carried_hint(
-        &self,
-        sub: &Submission,
-        layer: LayerId,
-        cells: usize,
-    ) -> Result<Option<crate::prefetch::Hint>, RpcError> {
-        let experts = &self.ids[cells..];
-        if experts.is_empty() {
-            return Ok(None);
-        }
-        let dims = self.state.executor.header().layout.dims;
-        ring::check_hint(layer, experts, dims.n_layers, dims.n_experts)
-            .map_err(|e| RpcError::BadRequest(format!("the call's prefetch hint: {e}")))?;
-        Ok(Some(crate::prefetch::Hint {
-            session: self.session.id,
-            step: sub.step,
-            layer,
-            experts: experts.to_vec(),
-        }))
-    }
-
-    /// A byte range of this connection's segment for `n_values` f32 at `offset`.
-    fn range(&self, offset: u64, n_values: usize) -> Result<std::ops::Range<usize>, RpcError> {
-        let slice = ShmSlice {
-            segment_id: self.segment.id(),
-            offset_bytes: offset,
-            length_bytes: n_values as u64 * 4,
-        };
-        Ok(self.segment.range(&slice)?)
-    }
-
+    /// Decodes the entry and runs it through the pipeline.
     fn call(&mut self, entry: &Entry<'_>, sub: &Submission) -> Result<CallCost, RpcError> {
         // PERF-CRITICAL: one MoE layer call per entry.
-        let st = Arc::clone(&self.state);
-        if st.draining.load(Ordering::Acquire) {
-            return Err(RpcError::ShuttingDown);
-        }
-        let executor = &st.executor;
-        if sub.op == ring::OP_PREFETCH {
-            return self.hint(entry, sub).map(|()| CallCost::default());
-        }
-        let (n_rows, top_k, d) = (sub.n_rows as usize, sub.top_k as usize, executor.hidden());
-        if sub.op == ring::OP_MOE {
-            executor.check_shape(sub.layer, n_rows, top_k)?;
-        } else {
-            executor.check_rows(sub.layer, n_rows)?;
-        }
-        let n_values = n_rows * d;
-        let input = self.range(sub.input_offset, n_values)?;
-        let output = self.range(sub.output_offset, n_values)?;
-        match sub.op {
-            ring::OP_ECHO => {
-                self.x.resize(n_values, 0.0);
-                self.segment.read_f32s(input, &mut self.x);
-                self.segment.write_f32s(output, &self.x);
-                Ok(CallCost::default())
-            }
-            ring::OP_MOE => {
-                let capacity = self.ring.layout().cells as usize;
-                let cells = n_rows.checked_mul(top_k).filter(|&c| c <= capacity).ok_or_else(|| {
-                    RpcError::BadRequest(format!("n_tokens × top_k = {n_rows} × {top_k} exceeds the ring entry's {capacity} cells"))
-                })?;
-                // A prefetch hint may ride after the call's cells (`Entry::submit_with_hint`).
-                let (hint_layer, hint_n) = entry.hint();
-                let total = cells.checked_add(hint_n as usize).filter(|&c| c <= capacity).ok_or_else(|| {
-                    RpcError::BadRequest(format!("the call's {cells} cells and its prefetch hint's {hint_n} exceed the ring entry's {capacity} cells"))
-                })?;
-                entry.read_cells(total, &mut self.ids, &mut self.weights);
-                let hint = self.carried_hint(sub, hint_layer, cells)?;
-                let spec = CallSpec {
-                    session: self.session.id,
-                    step: sub.step,
-                    layer: sub.layer,
-                    n_rows,
-                    top_k,
-                    ids: &self.ids[..cells],
-                    weights: &self.weights[..cells],
-                };
-                executor.validate(&spec)?;
-                let limit = st.config.max_queued_calls_per_session;
-                let _in_flight = self.session.try_enter(limit).ok_or(RpcError::SessionBusy {
-                    session: self.session.id,
-                    limit,
-                })?;
-                let t_queue = Instant::now();
-                let _permit = st.queue.acquire_blocking(self.session.id);
-                let queue_ns = t_queue.elapsed().as_nanos() as u64;
-                // The session may have closed while this call queued: its leases would then
-                // outlive it in the cache.
-                if self.session.is_closed() {
-                    return Err(RpcError::UnknownSession {
+        let pipeline = Arc::clone(&self.pipeline);
+        pipeline.check_open()?;
+        let executor = pipeline.executor();
+        let capacity = self.ring.layout().cells as usize;
+        let call = ring_entry::decode(
+            entry,
+            sub,
+            capacity,
+            &self.segment.bounds(),
+            executor.limits(),
+            self.session.id,
+            &mut self.ids,
+            &mut self.weights,
+        )?;
+        match call {
+            RingCall::Prefetch { layer, experts } => {
+                if let Some(p) = executor.prefetcher() {
+                    p.hint(crate::prefetch::Hint {
                         session: self.session.id,
+                        step: sub.step,
+                        layer,
+                        experts: experts.to_vec(),
                     });
                 }
-                // The call's buffers grow only now, holding a lane: a call waiting in the queue
-                // holds its cells, not its activations (the budget counts lanes × one call).
-                self.x.resize(n_values, 0.0);
-                self.out.resize(n_values, 0.0);
-                self.segment.read_f32s(input, &mut self.x);
-                let cost = executor.run_hinted(&spec, &self.x, &mut self.out, hint)?;
-                self.segment.write_f32s(output, &self.out);
-                // The route trace (when recording) is written here, after the call.
-                let _ = executor.cache().flush_trace();
-                Ok(cost.with_queue_ns(queue_ns))
+                Ok(CallCost::default())
             }
-            op => Err(RpcError::BadRequest(format!(
-                "unknown ring op {op} (expected {} = moe, {} = echo or {} = prefetch)",
-                ring::OP_MOE,
-                ring::OP_ECHO,
-                ring::OP_PREFETCH
-            ))),
+            RingCall::Echo {
+                n_rows,
+                input,
+                output,
+            } => {
+                let x = self.buffers.input(n_rows * executor.hidden());
+                self.segment.read_f32s(input, x);
+                self.segment.write_f32s(output, x);
+                Ok(CallCost::default())
+            }
+            RingCall::Moe {
+                call,
+                hint,
+                input,
+                output,
+            } => {
+                let hint = hint.map(|(layer, experts)| crate::prefetch::Hint {
+                    session: self.session.id,
+                    step: sub.step,
+                    layer,
+                    experts: experts.to_vec(),
+                });
+                let mut io = SegmentIo {
+                    segment: &self.segment,
+                    input,
+                    output,
+                };
+                pipeline.admit(&self.session, &call)?.lane_blocking().run(
+                    call.spec(),
+                    &mut io,
+                    &mut self.buffers,
+                    hint,
+                )
+            }
         }
     }
 }
