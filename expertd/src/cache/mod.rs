@@ -33,6 +33,8 @@
 mod arena;
 mod invariants;
 pub mod lease;
+#[cfg(all(test, sluice_loom))]
+mod loom_model;
 pub mod planner;
 pub mod policy;
 pub mod stats;
