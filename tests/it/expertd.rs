@@ -52,7 +52,7 @@ impl Daemon {
 
     /// `socket_at`: serve on this unix socket path instead of a fresh one. On TCP the daemon
     /// serves TLS when `extra` has `--tls-cert`/`--tls-key`, plain TCP (`--insecure`) otherwise.
-    fn start_at(
+    pub(crate) fn start_at(
         container: &Path,
         cache_bytes: u64,
         tcp_token: Option<&Path>,

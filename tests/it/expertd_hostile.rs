@@ -362,3 +362,142 @@ fn hostile_clients_leave_the_daemon_alive_and_other_sessions_bit_identical() {
     assert!(!log.contains("panicked"), "the daemon panicked:\n{log}");
     assert!(daemon.stop().success(), "the daemon did not exit cleanly");
 }
+
+/// A real `hostd eval` running as a uid outside `--allow-uid` (a stranger on a socket whose
+/// mode lets it connect), then a flood of connections past `--max-connections-per-uid`, while
+/// a victim (uid 0, allowed) keeps calling: the stranger gets PERMISSION_DENIED and opens no
+/// session, the flood's surplus connections are closed at accept, and afterwards the daemon
+/// holds the victim's connection and session alone, with its output bit-identical throughout.
+#[test]
+fn a_stranger_and_a_connection_flood_leave_the_victim_untouched() {
+    use std::os::unix::fs::PermissionsExt;
+    use std::os::unix::process::CommandExt;
+    let (work, container) = work_with_container("tiny");
+    // Everyone may reach the socket (mode 666 in a 0777 directory): only --allow-uid decides.
+    let dir = work.path().join("open");
+    std::fs::create_dir(&dir).expect("dir");
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).expect("chmod");
+    for p in [work.path(), container.as_path()] {
+        std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    }
+    const CAP: usize = 8;
+    let cap = CAP.to_string();
+    let daemon = Daemon::start_at(
+        &container,
+        6 * blob_stride(&container),
+        None,
+        &[
+            "--allow-uid",
+            "0",
+            "--socket-mode",
+            "666",
+            "--max-connections-per-uid",
+            &cap,
+        ],
+        Some(&dir.join("expertd.sock")),
+    );
+    let socket = daemon.socket.clone().expect("unix daemon");
+    let rt = rt();
+    let mut victim = rt.block_on(raw_unix(&socket));
+    let vid = rt
+        .block_on(victim.handshake(handshake_request(None)))
+        .expect("victim handshake")
+        .into_inner()
+        .session_id;
+    let call =
+        |victim: &mut pb::expert_service_client::ExpertServiceClient<tonic::transport::Channel>| {
+            output(
+                rt.block_on(victim.moe_layer(victim_call(vid)))
+                    .expect("the victim's call")
+                    .into_inner(),
+            )
+        };
+    let baseline = call(&mut victim);
+
+    // The stranger: hostd as uid 65534, with its shared-memory segment and all.
+    let prompts = super::expertd::prompts_file("tiny", &dir, 1);
+    let out = std::process::Command::new(tests::workspace_bin("hostd"))
+        .arg("eval")
+        .arg("--model")
+        .arg(tests::model_dir("tiny"))
+        .arg("--prompts")
+        .arg(&prompts)
+        .args(["--new-tokens", "2", "--threads", "1", "--out"])
+        .arg(dir.join("stranger.json"))
+        .arg("--expertd")
+        .arg(format!("unix://{}", socket.display()))
+        .uid(65534)
+        .gid(65534)
+        .output()
+        .expect("spawn hostd as uid 65534");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success(),
+        "a uid outside --allow-uid ran: {err}"
+    );
+    assert!(
+        err.contains("not allowed")
+            || err.contains("PermissionDenied")
+            || err.contains("permission"),
+        "the stranger's error does not say why: {err}"
+    );
+    assert_eq!(call(&mut victim), baseline);
+
+    // The flood: the victim's uid opens far more connections than its cap allows.
+    let flood: Vec<_> = (0..4 * CAP)
+        .filter_map(|_| std::os::unix::net::UnixStream::connect(&socket).ok())
+        .collect();
+    let refused = flood
+        .iter()
+        .filter(|s| {
+            // A refused connection is closed at accept: reading it gives EOF (or a reset) at
+            // once; an accepted one waits for the client's hello (the read times out).
+            s.set_read_timeout(Some(Duration::from_millis(500)))
+                .expect("timeout");
+            match (&**s).read(&mut [0u8; 1]) {
+                Ok(n) => n == 0,
+                Err(e) => !matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ),
+            }
+        })
+        .count();
+    assert!(
+        refused >= 4 * CAP - CAP,
+        "{refused} of {} flood connections closed; the cap is {CAP} with the victim's one",
+        4 * CAP
+    );
+    assert_eq!(call(&mut victim), baseline);
+    drop(flood);
+
+    // Counters back: the victim's connection and session alone; the stranger opened none.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let st = rt
+            .block_on(victim.stats(pb::StatsRequest {}))
+            .expect("stats")
+            .into_inner();
+        let stranger = st.peers.iter().find(|p| p.peer_key == "uid:65534");
+        assert!(
+            stranger.is_none_or(|p| p.sessions_opened == 0),
+            "the stranger opened a session: {stranger:?}"
+        );
+        if st.open_connections == 1 && st.sessions.len() == 1 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "not back 10 s after the flood: {} connections, {} sessions",
+            st.open_connections,
+            st.sessions.len()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(call(&mut victim), baseline);
+    drop(victim);
+    drop(rt);
+    let log = daemon.log_text();
+    assert!(!log.contains("panicked"), "the daemon panicked:\n{log}");
+    assert!(daemon.stop().success(), "the daemon did not exit cleanly");
+}
