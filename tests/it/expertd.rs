@@ -118,6 +118,20 @@ impl Daemon {
         self.process.log_text()
     }
 
+    /// The daemon's process id.
+    pub(crate) fn pid(&self) -> u32 {
+        self.process.id()
+    }
+
+    /// How many of the daemon's mappings are clients' shared-memory segments (memfds).
+    pub(crate) fn segment_mappings(&self) -> usize {
+        std::fs::read_to_string(format!("/proc/{}/maps", self.pid()))
+            .expect("the daemon's maps")
+            .lines()
+            .filter(|l| l.contains("/memfd:"))
+            .count()
+    }
+
     pub(crate) fn uri(&self) -> String {
         match (&self.socket, self.port) {
             (Some(s), _) => format!("unix://{}", s.display()),

@@ -10,7 +10,7 @@
 //!
 //! Afterwards the daemon is alive and answers, the victim's output never changed, and the
 //! counters are back: one open session (the victim's) in the cache and the session table, no
-//! lease held. In CI this runs in a few seconds; `SLUICE_HOSTILE_SECONDS=N` stretches the ring
+//! lease held, no client segment still mapped. In CI this runs in a few seconds; `SLUICE_HOSTILE_SECONDS=N` stretches the ring
 //! phase (the soak, `scripts/bench-hostile`).
 
 use super::expertd::{Daemon, activations, blob_stride, handshake_request, raw_unix, rt};
@@ -337,13 +337,19 @@ fn hostile_clients_leave_the_daemon_alive_and_other_sessions_bit_identical() {
             .expect("stats")
             .into_inner();
         let cache = st.cache.expect("cache stats");
-        let back = cache.sessions_open == 1 && cache.leases_held == 0 && st.sessions.len() == 1;
+        // The victim calls inline: no client's segment stays mapped once its connection closed.
+        let mapped = daemon.segment_mappings();
+        let back = cache.sessions_open == 1
+            && cache.leases_held == 0
+            && st.sessions.len() == 1
+            && mapped == 0;
         if back {
             break;
         }
         assert!(
             Instant::now() < deadline,
-            "counters not back 10 s after the attacks: cache sessions {} leases {}, sessions {:?}",
+            "counters not back 10 s after the attacks: cache sessions {} leases {}, sessions {:?}, \
+             segment mappings {mapped}",
             cache.sessions_open,
             cache.leases_held,
             st.sessions.iter().map(|s| s.session_id).collect::<Vec<_>>()
