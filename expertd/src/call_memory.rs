@@ -121,6 +121,15 @@ impl CallMemory {
             .min(proto::MAX_MESSAGE_BYTES)
     }
 
+    /// The default cap on bytes of decoded `MoeLayer` requests waiting for a lane, over every
+    /// connection (`--max-queued-bytes`): two of the largest requests per compute lane, so
+    /// that every lane has its next call decoded and waiting while one runs.
+    pub fn default_queued_bytes(&self, lanes: usize) -> u64 {
+        (self.max_message_bytes() as u64)
+            .saturating_mul(2)
+            .saturating_mul(lanes.max(1) as u64)
+    }
+
     /// Refuses a call whose bound exceeds [`max_call_bytes`](Self::max_call_bytes), before any
     /// buffer of its size exists.
     pub fn check(&self, layer: LayerId, n_rows: usize, top_k: usize) -> Result<(), CallError> {

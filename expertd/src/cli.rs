@@ -487,6 +487,12 @@ pub struct ServeArgs {
     /// over).
     #[arg(long, env = "EXPERTD_MAX_SEGMENT_BYTES", value_parser = shared::byte_size::parse_bytes)]
     pub max_segment_bytes: Option<u64>,
+    /// Most bytes of decoded `MoeLayer` requests that may wait for a compute lane at once, over
+    /// every connection; a request past it is refused (RESOURCE_EXHAUSTED) instead of queued.
+    /// Counted in the memory overhead. Default: two of the largest admissible requests per
+    /// compute lane. (Calls on the shared-memory ring hold no request while they wait.)
+    #[arg(long, env = "EXPERTD_MAX_QUEUED_BYTES", value_parser = shared::byte_size::parse_bytes)]
+    pub max_queued_bytes: Option<u64>,
     /// Largest n_tokens of one call.
     #[arg(long, env = "EXPERTD_MAX_ROWS_PER_CALL", default_value_t = crate::server::DEFAULT_MAX_ROWS)]
     pub max_rows_per_call: u32,
@@ -620,6 +626,7 @@ pub fn serve(args: &ServeArgs) -> anyhow::Result<()> {
         max_sessions_per_uid: args.max_sessions_per_uid,
         max_connections_per_uid: args.max_connections_per_uid,
         max_segment_bytes: args.max_segment_bytes,
+        max_queued_bytes: args.max_queued_bytes,
         max_rows_per_call: args.max_rows_per_call,
         compute_lanes: args.compute_lanes,
         threads: args.threads,
@@ -699,7 +706,10 @@ fn memory_budget(args: &ServeArgs) -> anyhow::Result<u64> {
         args.max_rows_per_call as usize,
         dims.n_experts,
     );
-    let overhead = Overhead::estimate(blob, transient, lanes, calls.max_call_bytes());
+    let queued = args
+        .max_queued_bytes
+        .unwrap_or_else(|| calls.default_queued_bytes(lanes as usize));
+    let overhead = Overhead::estimate(blob, transient, lanes, calls.max_call_bytes(), queued);
     let requested = args
         .cache_bytes
         .map(|b| crate::server::clamp_budget(b, dims.n_blobs() as u64, blob));

@@ -78,11 +78,13 @@ fn ancestors(dir: &Path, root: &Path) -> Vec<PathBuf> {
 }
 
 /// The daemon's memory next to its cache, estimated from its configuration:
-/// `base + transient_slots × blob + lanes × max_call_bytes`, where `max_call_bytes` is the most
+/// `base + transient_slots × blob + lanes × max_call_bytes + max_queued_bytes`, where `max_call_bytes` is the most
 /// one call may make the daemon hold (`crate::call_memory`: a call of `--max-rows-per-call`
 /// rows at top-8, its activations in wire and f32 form, one output row per routed cell and the
 /// compute threads' expert buffers). Admission refuses a call past that bound, so the estimate
-/// is a ceiling the calls cannot push through.
+/// is a ceiling the calls cannot push through. `max_queued_bytes` caps the decoded `MoeLayer`
+/// requests waiting for a lane over every connection (`--max-queued-bytes`; a request past it
+/// is refused, not queued).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Overhead {
     /// [`BASE_OVERHEAD_BYTES`].
@@ -91,6 +93,8 @@ pub struct Overhead {
     pub transient: u64,
     /// Call buffers over all compute lanes.
     pub calls: u64,
+    /// Decoded requests waiting for a lane.
+    pub queued: u64,
 }
 
 impl Overhead {
@@ -101,17 +105,22 @@ impl Overhead {
         transient_slots: u64,
         lanes: u64,
         max_call_bytes: u64,
+        max_queued_bytes: u64,
     ) -> Overhead {
         Overhead {
             base: BASE_OVERHEAD_BYTES,
             transient: transient_slots * blob_bytes,
             calls: lanes.saturating_mul(max_call_bytes),
+            queued: max_queued_bytes,
         }
     }
 
     /// The sum.
     pub fn total(&self) -> u64 {
-        self.base + self.transient + self.calls
+        self.base
+            .saturating_add(self.transient)
+            .saturating_add(self.calls)
+            .saturating_add(self.queued)
     }
 }
 
@@ -119,11 +128,12 @@ impl std::fmt::Display for Overhead {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "{} B (runtime {} B + transient pool {} B + call buffers {} B)",
+            "{} B (runtime {} B + transient pool {} B + call buffers {} B + queued requests {} B)",
             self.total(),
             self.base,
             self.transient,
-            self.calls
+            self.calls,
+            self.queued
         )
     }
 }
@@ -274,7 +284,7 @@ mod tests {
 
     #[test]
     fn a_budget_is_checked_against_the_limit_or_derived_from_it() {
-        let o = Overhead::estimate(1 << 20, 4, 2, 8 * (4 * 64 + 2 * 32) * 4);
+        let o = Overhead::estimate(1 << 20, 4, 2, 8 * (4 * 64 + 2 * 32) * 4, 0);
         let limit = CgroupLimit {
             bytes: 256 * MIB,
             file: "/x/memory.max".into(),

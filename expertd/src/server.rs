@@ -98,6 +98,9 @@ pub struct ServeConfig {
     /// Largest shared-memory segment mapped for one connection (`None`: derived from the
     /// container's hidden size, [`crate::shm::SegmentPolicy::derived`]).
     pub max_segment_bytes: Option<u64>,
+    /// Most bytes of decoded `MoeLayer` requests waiting for a lane (default: two of the
+    /// largest admissible requests per lane, `CallMemory::default_queued_bytes`).
+    pub max_queued_bytes: Option<u64>,
     /// Largest `n_tokens` of one call.
     pub max_rows_per_call: u32,
     /// Calls computing at once.
@@ -139,6 +142,7 @@ impl ServeConfig {
             max_sessions_per_uid: DEFAULT_MAX_SESSIONS_PER_UID,
             max_connections_per_uid: DEFAULT_MAX_CONNECTIONS_PER_UID,
             max_segment_bytes: None,
+            max_queued_bytes: None,
             max_rows_per_call: DEFAULT_MAX_ROWS,
             compute_lanes: DEFAULT_COMPUTE_LANES,
             threads: 0,
@@ -533,6 +537,11 @@ impl Prepared {
                 |max_bytes| crate::shm::SegmentPolicy { max_bytes },
             ),
             max_connections_per_peer: config.max_connections_per_uid,
+            max_queued_bytes: config.max_queued_bytes.unwrap_or_else(|| {
+                executor
+                    .call_memory()
+                    .default_queued_bytes(config.compute_lanes)
+            }),
         };
         let auth = Auth::new(
             config.auth_token.clone(),

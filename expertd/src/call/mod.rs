@@ -4,7 +4,9 @@
 //! 1. **draining**: a daemon shutting down refuses it ([`CallPipeline::check_open`]);
 //! 2. **validate**: shape, then routing, against the container ([`CallLimits::validate`]), before
 //!    anything of the call's size exists; it gives the [`Validated`] call that admission takes;
-//! 3. **session bound**: at most `--max-queued-calls` of one session queued or running;
+//! 3. **session bound**: at most `--max-queued-calls` of one session queued or running, and the
+//!    decoded request it holds (an RPC's; a ring call holds none) within the daemon's cap on
+//!    bytes waiting for a lane (`--max-queued-bytes`, counted until the call gets its lane);
 //! 4. **fair lane**: the session's turn at a compute lane (`crate::session::FairQueue`);
 //! 5. **session still open**: a session closed while its call queued is refused, so its leases
 //!    never outlive it (the cache refuses a closed session again before every wave);
@@ -32,7 +34,7 @@ use crate::shm::Segment;
 use shared::call_cost::CallCost;
 use std::ops::Range;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::time::Instant;
 
 /// The daemon's call pipeline: the executor, the fair queue in front of its lanes, and the
@@ -44,15 +46,21 @@ pub struct CallPipeline {
     max_queued_calls_per_session: u32,
     /// Calls admitted and not yet finished, on either transport.
     running: AtomicU32,
+    /// Bytes of decoded requests that admitted calls hold while they wait for a lane.
+    queued_bytes: AtomicU64,
+    /// The cap on `queued_bytes`.
+    max_queued_bytes: u64,
 }
 
 impl CallPipeline {
     /// A pipeline over `executor` with `lanes` compute lanes, admitting at most
-    /// `max_queued_calls_per_session` calls of one session at once.
+    /// `max_queued_calls_per_session` calls of one session at once and at most
+    /// `max_queued_bytes` of decoded requests waiting for a lane.
     pub fn new(
         executor: Arc<CallExecutor>,
         lanes: usize,
         max_queued_calls_per_session: u32,
+        max_queued_bytes: u64,
     ) -> CallPipeline {
         CallPipeline {
             executor,
@@ -60,7 +68,14 @@ impl CallPipeline {
             draining: AtomicBool::new(false),
             max_queued_calls_per_session,
             running: AtomicU32::new(0),
+            queued_bytes: AtomicU64::new(0),
+            max_queued_bytes,
         }
+    }
+
+    /// Bytes of decoded requests waiting for a lane now.
+    pub fn queued_bytes(&self) -> u64 {
+        self.queued_bytes.load(Ordering::Acquire)
     }
 
     /// The call executor.
@@ -96,12 +111,13 @@ impl CallPipeline {
         self.running.load(Ordering::Acquire)
     }
 
-    /// Stages 1 and 3 for `call` (validated: stage 2), a call of `session`: draining, then the
-    /// session's bound.
+    /// Stages 1 and 3 for `call` (validated: stage 2), a call of `session` whose decoded request
+    /// holds `held_bytes` while it waits: draining, the session's bound, the queue's byte cap.
     pub fn admit(
         self: &Arc<Self>,
         session: &Arc<Session>,
         call: &Validated<'_>,
+        held_bytes: u64,
     ) -> Result<Admitted, RpcError> {
         // Counted before the draining check: a drain that sets the flag and then sees no call
         // running cannot miss one that passed the check.
@@ -112,14 +128,56 @@ impl CallPipeline {
             session: session.id,
             limit,
         })?;
+        let held = self.hold(held_bytes)?;
         let spec = call.spec();
         Ok(Admitted {
+            _held: held,
             shape: (spec.layer, spec.n_rows, spec.top_k, spec.ids.len()),
             running,
             session: Arc::clone(session),
             in_flight,
             since: Instant::now(),
         })
+    }
+}
+
+impl CallPipeline {
+    /// Counts `bytes` against the cap on queued requests until the guard drops.
+    fn hold(self: &Arc<Self>, bytes: u64) -> Result<Held, RpcError> {
+        if bytes == 0 {
+            return Ok(Held(None));
+        }
+        let mut now = self.queued_bytes.load(Ordering::Acquire);
+        loop {
+            let next = now.saturating_add(bytes);
+            if next > self.max_queued_bytes {
+                return Err(RpcError::QueueFull {
+                    held_bytes: bytes,
+                    queued_bytes: now,
+                    cap_bytes: self.max_queued_bytes,
+                });
+            }
+            match self.queued_bytes.compare_exchange_weak(
+                now,
+                next,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => return Ok(Held(Some((Arc::clone(self), bytes)))),
+                Err(seen) => now = seen,
+            }
+        }
+    }
+}
+
+/// Bytes counted in [`CallPipeline::queued_bytes`] until dropped (when the call gets its lane).
+struct Held(Option<(Arc<CallPipeline>, u64)>);
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        if let Some((pipeline, bytes)) = self.0.take() {
+            pipeline.queued_bytes.fetch_sub(bytes, Ordering::AcqRel);
+        }
     }
 }
 
@@ -144,6 +202,8 @@ type Shape = (shared::ids::LayerId, usize, usize, usize);
 
 /// A call that passed stages 1–3 and holds a place in its session's bound.
 pub struct Admitted {
+    /// The decoded request's bytes, counted until the call gets its lane.
+    _held: Held,
     shape: Shape,
     running: Running,
     session: Arc<Session>,

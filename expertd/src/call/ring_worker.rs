@@ -276,12 +276,10 @@ impl Worker {
                     input,
                     output,
                 };
-                pipeline.admit(&self.session, &call)?.lane_blocking().run(
-                    call.spec(),
-                    &mut io,
-                    &mut self.buffers,
-                    hint,
-                )
+                pipeline
+                    .admit(&self.session, &call, 0)?
+                    .lane_blocking()
+                    .run(call.spec(), &mut io, &mut self.buffers, hint)
             }
         }
     }

@@ -118,6 +118,8 @@ pub struct ServiceConfig {
     pub segment: crate::shm::SegmentPolicy,
     /// Connections one peer (unix uid, or TCP address) may hold open at once.
     pub max_connections_per_peer: u32,
+    /// Bytes of decoded `MoeLayer` requests that may wait for a lane, over every connection.
+    pub max_queued_bytes: u64,
 }
 
 /// The daemon's state shared by every connection and call.
@@ -180,6 +182,7 @@ impl ServiceState {
                 executor,
                 lanes,
                 config.max_queued_calls_per_session,
+                config.max_queued_bytes,
             )),
             sessions: Sessions::new(),
             config,
@@ -539,7 +542,14 @@ impl ExpertdService {
             ids: &r.expert_ids,
             weights: &r.weights,
         })?;
-        let admitted = pipeline.admit(session, &call)?;
+        // What this decoded request holds while it waits for a lane (counted against the
+        // daemon's cap on queued requests; a call on the ring holds none).
+        let held = 4 * (r.expert_ids.len() + r.weights.len()) as u64
+            + match &r.input {
+                Some(pb::moe_layer_request::Input::InputInlineF32Le(b)) => b.len() as u64,
+                _ => 0,
+            };
+        let admitted = pipeline.admit(session, &call, held)?;
         let n_values = n_rows * pipeline.executor().hidden();
         let mut io = rpc_io(conn, r.input, r.output_shm.as_ref(), n_values)?;
         let laned = admitted.lane().await;

@@ -6,7 +6,7 @@
 //! | malformed call: lengths, ranges, duplicates, non-finite weights or activations (naming layer and row), bad slices, buffer too small, bad wire values | `INVALID_ARGUMENT` |
 //! | protocol version, container identity or fingerprint mismatch; shared memory on a connection without a segment | `FAILED_PRECONDITION` |
 //! | unknown session (never opened, closed, or opened on another connection) | `NOT_FOUND` |
-//! | session at its bound on calls in flight; connection or peer at its cap of open sessions (naming the flag); cache exhausted (every slot and transient buffer leased) | `RESOURCE_EXHAUSTED` |
+//! | session at its bound on calls in flight; the daemon's queue of decoded requests at its byte cap; connection or peer at its cap of open sessions (naming the flag); cache exhausted (every slot and transient buffer leased) | `RESOURCE_EXHAUSTED` |
 //! | blob checksum or padding mismatch, container file shorter than its blobs | `DATA_LOSS` |
 //! | draining for shutdown; device read error; another call's read of a shared expert failed | `UNAVAILABLE` |
 //! | unix peer not in `--allow-uid` / `--allow-gid` | `PERMISSION_DENIED` |
@@ -47,6 +47,18 @@ pub enum RpcError {
     /// A handshake over the connection's or the peer's cap of open sessions.
     #[error(transparent)]
     TooManySessions(#[from] CapReached),
+    /// Admitting the call would pass the daemon's cap on decoded requests waiting for a lane.
+    #[error(
+        "expertd's queue already holds {queued_bytes} B of decoded requests waiting for a compute lane; this call's {held_bytes} B would pass its cap of {cap_bytes} B (--max-queued-bytes); retry when calls finish, or use the shared-memory ring"
+    )]
+    QueueFull {
+        /// What this call's decoded request holds.
+        held_bytes: u64,
+        /// What queued calls hold now.
+        queued_bytes: u64,
+        /// The cap.
+        cap_bytes: u64,
+    },
     /// The daemon is draining for shutdown.
     #[error("expertd is shutting down and accepts no new calls")]
     ShuttingDown,
@@ -153,7 +165,9 @@ impl RpcError {
             RpcError::Call(CallError::Misaligned { .. }) => Code::Internal,
             RpcError::Call(CallError::TooLarge { .. }) => Code::ResourceExhausted,
             RpcError::UnknownSession { .. } => Code::NotFound,
-            RpcError::SessionBusy { .. } | RpcError::TooManySessions(_) => Code::ResourceExhausted,
+            RpcError::SessionBusy { .. }
+            | RpcError::TooManySessions(_)
+            | RpcError::QueueFull { .. } => Code::ResourceExhausted,
             RpcError::ShuttingDown => Code::Unavailable,
             RpcError::VersionMismatch { .. }
             | RpcError::IdentityMismatch { .. }
@@ -180,6 +194,7 @@ impl RpcError {
             RpcError::Call(CallError::TooLarge { .. }) => "call_too_large",
             RpcError::UnknownSession { .. } => "unknown_session",
             RpcError::SessionBusy { .. } => "session_busy",
+            RpcError::QueueFull { .. } => "queue_full",
             RpcError::TooManySessions(_) => "session_cap",
             RpcError::ShuttingDown => "shutting_down",
             RpcError::VersionMismatch { .. } => "version_mismatch",
