@@ -182,7 +182,9 @@ impl Segment {
     /// The segment must be within `policy`'s size cap and wholly allocated by the client (no
     /// hole, by `SEEK_HOLE`): pages the client allocated are charged to the client's memory, so
     /// a client cannot make the daemon's writes allocate (and its cgroup pay for) a large,
-    /// untouched segment.
+    /// untouched segment. Once mapped, the daemon seals the file with `F_SEAL_FUTURE_WRITE`
+    /// (checking for holes only after that), so the client cannot punch pages out later either
+    /// (a memfd already sealed with `F_SEAL_SEAL` is refused: it could not be protected).
     pub fn from_fd(id: u64, fd: OwnedFd, policy: SegmentPolicy) -> Result<Segment, ShmError> {
         Segment::from_fd_observed(id, fd, policy, |_| {})
     }
@@ -224,17 +226,29 @@ impl Segment {
                 max: policy.max_bytes,
             });
         }
-        // The first hole at or after 0 is the end of the file when every page is allocated.
-        let hole = rustix::fs::seek(&fd, rustix::fs::SeekFrom::Hole(0))
-            .map_err(|e| refused(format!("SEEK_HOLE: {e}")))?;
-        if hole < len {
-            return Err(ShmError::NotAllocated { hole, len });
-        }
         let file = std::fs::File::from(fd.try_clone().map_err(ShmError::Io)?);
         let map = memmap2::MmapOptions::new()
             .len(len as usize)
             .map_raw(&file)
             .map_err(ShmError::Io)?;
+        // Mapped: now nobody may punch a page out of the file any more (`fallocate` and
+        // `MADV_REMOVE` need no new mapping, but shmem refuses both once this seal is set), so
+        // every page the daemon writes stays the client's allocated page. Existing mappings,
+        // the client's and this one, stay writable; new writable mappings and `write(2)` are
+        // refused from here on.
+        rustix::fs::fcntl_add_seals(&fd, SealFlags::FUTURE_WRITE).map_err(|e| {
+            refused(format!(
+                "could not seal it against writes through new mappings (F_SEAL_FUTURE_WRITE: {e}); \
+                 leave F_SEAL_SEAL off so that the daemon can add it"
+            ))
+        })?;
+        // The first hole at or after 0 is the end of the file when every page is allocated;
+        // checked after the seal, so no hole can appear once the check has passed.
+        let hole = rustix::fs::seek(&fd, rustix::fs::SeekFrom::Hole(0))
+            .map_err(|e| refused(format!("SEEK_HOLE: {e}")))?;
+        if hole < len {
+            return Err(ShmError::NotAllocated { hole, len });
+        }
         let mut segment = Segment {
             id,
             len,
@@ -609,6 +623,46 @@ mod tests {
         })
         .expect("a sealed memfd maps");
         assert_eq!(segment.len_bytes(), BIG);
+    }
+
+    #[test]
+    fn a_mapped_segment_can_no_longer_have_pages_punched_out() {
+        // The client keeps its own descriptor of the memfd it passes.
+        let fd = sealed(memfd(BIG));
+        let client = fd.try_clone().expect("dup");
+        let punch = |fd: &OwnedFd| {
+            rustix::fs::fallocate(
+                fd,
+                rustix::fs::FallocateFlags::PUNCH_HOLE | rustix::fs::FallocateFlags::KEEP_SIZE,
+                4096,
+                64 << 10,
+            )
+        };
+        // Before the daemon maps it, the client could punch pages out (the daemon's writes
+        // would then allocate them again, in the daemon's memory) ...
+        let spare = sealed(memfd(BIG));
+        punch(&spare).expect("an unmapped memfd's pages can be punched out");
+        // ... once mapped, it cannot: the daemon sealed it against writes through new mappings.
+        let segment = Segment::from_fd(1, fd, POLICY).expect("mapped");
+        assert!(
+            punch(&client).is_err(),
+            "a client punched pages out of a mapped segment"
+        );
+        let hole = rustix::fs::seek(&client, rustix::fs::SeekFrom::Hole(0)).expect("SEEK_HOLE");
+        assert_eq!(hole, segment.len_bytes(), "a hole appeared at {hole}");
+        // The daemon's own mapping still writes.
+        segment.write_f32s(4096..4104, &[1.0, 2.0]);
+        let mut back = [0.0f32; 2];
+        segment.read_f32s(4096..4104, &mut back);
+        assert_eq!(back, [1.0, 2.0]);
+
+        // A memfd the client sealed against further seals cannot be protected: refused.
+        let locked = memfd(BIG);
+        rustix::fs::fcntl_add_seals(&locked, SealFlags::SHRINK | SealFlags::SEAL).expect("seal");
+        match Segment::from_fd(2, locked, POLICY) {
+            Err(ShmError::Refused(why)) => assert!(why.contains("F_SEAL_SEAL"), "{why}"),
+            other => panic!("a memfd sealed with F_SEAL_SEAL: {other:?}"),
+        }
     }
 
     /// Sends the pre-handshake hello with `fd` over `client` (as hostd's client does) and

@@ -2,7 +2,8 @@
 //! `tiny` container through a small cache, while a victim session keeps calling and checks
 //! every output bit for bit against its first one:
 //! - a client that races shrink-and-seal against the pre-handshake, thousands of times (each
-//!   segment is refused or mapped at a size that can never fault: the daemon never takes SIGBUS);
+//!   segment is refused or mapped at a size that can never fault: the daemon never takes SIGBUS;
+//!   a mapped one can no longer have pages punched out);
 //! - a ring client whose threads rewrite its entries' fields, state words, cells and
 //!   activations at random while the daemon takes and runs them (ops, layers, rows, offsets,
 //!   sequence numbers that wrap or go backwards);
@@ -110,11 +111,23 @@ fn shrink_and_seal_race(socket: &Path, rng: &mut SplitMix64) -> Option<u32> {
         .expect("timeout");
     let mut reply = [0u8; shm_layout::REPLY_BYTES];
     stream.read_exact(&mut reply).ok()?;
-    Some(
-        shm_layout::HelloReply::parse(&reply)
-            .expect("a well-formed reply")
-            .status,
-    )
+    let status = shm_layout::HelloReply::parse(&reply)
+        .expect("a well-formed reply")
+        .status;
+    if status == shm_layout::REPLY_OK {
+        // Mapped: the client can no longer punch pages out for the daemon's writes to refill.
+        let punched = rustix::fs::fallocate(
+            &fd,
+            rustix::fs::FallocateFlags::PUNCH_HOLE | rustix::fs::FallocateFlags::KEEP_SIZE,
+            0,
+            4096,
+        );
+        assert!(
+            punched.is_err(),
+            "a client punched a page out of a mapped segment"
+        );
+    }
+    Some(status)
 }
 
 /// A ring client's session whose threads scribble over its own entries, cells and slots for

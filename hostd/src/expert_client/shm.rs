@@ -97,7 +97,10 @@ impl ClientSegment {
             MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING,
         )?;
         rustix::fs::ftruncate(&fd, layout.segment_bytes)?;
-        rustix::fs::fcntl_add_seals(&fd, SealFlags::SHRINK | SealFlags::GROW | SealFlags::SEAL)?;
+        // No `F_SEAL_SEAL`: the daemon adds `F_SEAL_FUTURE_WRITE` once it has mapped the
+        // segment, so that no page can be punched out of it afterwards (it refuses a segment it
+        // cannot seal). This process maps the segment once, below, before sending it.
+        rustix::fs::fcntl_add_seals(&fd, SealFlags::SHRINK | SealFlags::GROW)?;
         let file = std::fs::File::from(fd.try_clone()?);
         let map = memmap2::MmapOptions::new()
             .len(layout.segment_bytes as usize)
