@@ -11,11 +11,13 @@
 //! 5. **session still open**: a session closed while its call queued is refused, so its leases
 //!    never outlive it (the cache refuses a closed session again before every wave);
 //! 6. **copy in**, **execute**, **copy out** through the transport's [`CallIo`];
-//! 7. **trace**: the route trace, when recording, written after the call.
+//! 7. **trace**: the route trace, when recording, written once the result is delivered
+//!    ([`CallPipeline::after_delivery`]), so its file IO is never on a call's path.
 //!
 //! Types enforce the order: only a [`Validated`] call (2) can be admitted, [`CallPipeline::admit`]
-//! (1, 3) gives an [`Admitted`] call, only that can wait for a lane (4: [`Admitted::lane`] on the async runtime, [`Admitted::lane_blocking`] on
-//! a ring worker), and only a [`Laned`] call can run (5–7: [`Laned::run`]). The transports are
+//! (1, 3) gives an [`Admitted`] call, only that can wait for a lane (4: [`Admitted::lane`] on the
+//! async runtime, [`Admitted::lane_blocking`] on a ring worker), and only a [`Laned`] call can run
+//! (5–6: [`Laned::run`]); the transport calls [`CallPipeline::after_delivery`] (7). The transports are
 //! adapters for where the bytes live: `crate::rpc::service` decodes a protobuf request,
 //! [`ring_worker`] a ring entry ([`ring_entry::decode`], which the fuzz target calls too).
 
@@ -104,6 +106,13 @@ impl CallPipeline {
             return Err(RpcError::ShuttingDown);
         }
         Ok(())
+    }
+
+    /// Stage 7, once a call's result is delivered (or its failure): writes what the route trace
+    /// journaled (when recording), so that the file IO never delays a call's result.
+    pub fn after_delivery(&self) {
+        // A write error sticks to the writer; `finish_trace` reports it at shutdown.
+        let _ = self.executor.cache().flush_trace();
     }
 
     /// Calls admitted and not yet finished (a draining daemon waits for them).
@@ -247,10 +256,10 @@ pub struct Laned {
 }
 
 impl Laned {
-    /// Stages 5–7 for `spec`, the call that was validated and admitted (its shape is checked
-    /// against the admitted one): refuses the call if its session closed while it queued, then copies the
-    /// activations in through `io`, runs the call (with `hint` for the speculative reader),
-    /// copies the output out and writes the route trace. The call's f32 buffers grow only here,
+    /// Stages 5–6 for `spec`, the call that was validated and admitted (its shape is checked
+    /// against the admitted one): refuses the call if its session closed while it queued, then
+    /// copies the activations in through `io`, runs the call (with `hint` for the speculative
+    /// reader) and copies the output out. The call's f32 buffers grow only here,
     /// holding a lane: a queued call holds its routing, not its activations (the memory budget
     /// counts lanes × one call). Releases the lane and the session's place when it returns.
     pub fn run(
@@ -280,8 +289,6 @@ impl Laned {
         io.read_input(&mut buffers.x)?;
         let cost = executor.run_hinted(spec, &buffers.x, &mut buffers.out, hint)?;
         io.write_output(&buffers.out)?;
-        // The route trace (when recording) is written here, after the call, off its path.
-        let _ = executor.cache().flush_trace();
         Ok(cost.with_queue_ns(self.queue_ns))
     }
 }
