@@ -316,6 +316,21 @@ pub fn work_with_container(preset: &str) -> (tempfile::TempDir, PathBuf) {
     (work, container)
 }
 
+/// Flips one bit (`^= 0x40`) at `at` bytes into each of the container's blobs `blobs` (index
+/// positions: layer × experts + expert) in `container`'s file, so that each fails its checksum.
+pub fn corrupt_blobs(container: &Path, blobs: &[usize], at: u64) {
+    let offsets: Vec<u64> = {
+        let c = shared::container::ContainerFile::open(container).expect("container");
+        blobs.iter().map(|&i| c.index()[i].offset).collect()
+    };
+    let file = container.join(shared::container::CONTAINER_FILE);
+    let mut bytes = std::fs::read(&file).expect("read the container");
+    for offset in offsets {
+        bytes[(offset + at) as usize] ^= 0x40;
+    }
+    std::fs::write(&file, bytes).expect("write the container");
+}
+
 /// Polls `ok` every 10 ms until it holds; panics naming `what` after `limit`.
 pub fn wait_for(what: &str, limit: Duration, mut ok: impl FnMut() -> bool) {
     let deadline = Instant::now() + limit;

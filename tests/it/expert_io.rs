@@ -8,7 +8,7 @@ use expertd::io::{
     AlignedBuf, ExpertSource, Fault, FaultySource, IoError, IoKind, ReadRequest, SourceInfo,
     open_source,
 };
-use shared::container::{CONTAINER_FILE, ContainerError, ContainerFile};
+use shared::container::{ContainerError, ContainerFile};
 use shared::ids::{ExpertId, LayerId};
 use std::path::Path;
 use tests::{model_dir, prepare_container};
@@ -115,10 +115,7 @@ fn corrupt_blob_on_disk_is_data_loss_for_that_expert_only() {
     let entry = file.index()[layer as usize * 16 + expert as usize];
     let healthy = [(2, 4), (2, 6), (0, 0)].map(|(l, e)| (l, e, reference(&file, l, e)));
     drop(file);
-    let path = dir.path().join(CONTAINER_FILE);
-    let mut bytes = std::fs::read(&path).expect("read container");
-    bytes[entry.offset as usize + 1000] ^= 0x40;
-    std::fs::write(&path, &bytes).expect("write container");
+    tests::corrupt_blobs(dir.path(), &[layer as usize * 16 + expert as usize], 1000);
     for (source, info) in sources(dir.path()) {
         let batch = [(2, 4), (layer, expert), (2, 6), (0, 0)];
         let results = read(&*source, &batch);

@@ -264,6 +264,38 @@ pub(crate) fn rt() -> tokio::runtime::Runtime {
 }
 
 /// A plain gRPC client (no shared-memory pre-handshake) on the daemon's unix socket.
+/// A shared-memory client as hostd connects one: `seg` passed in the pre-handshake on a new
+/// connection to `socket`, then a handshake with `req`. The link (its `segment_id` is 0 when the
+/// daemon refused the segment) and the handshake's answer.
+pub(crate) async fn ring_client(
+    socket: &Path,
+    seg: &std::sync::Arc<hostd::expert_client::shm::ClientSegment>,
+    req: pb::HandshakeRequest,
+) -> (hostd::expert_client::transport::Link, pb::HandshakeResponse) {
+    let mut link = hostd::expert_client::transport::connect(
+        &Endpoint::Unix(socket.to_path_buf()),
+        Some(std::sync::Arc::clone(seg)),
+        None,
+    )
+    .await
+    .expect("connect");
+    let hs = link
+        .client
+        .handshake(req)
+        .await
+        .expect("handshake")
+        .into_inner();
+    (link, hs)
+}
+
+/// The inline output bytes of a `MoeLayer` answer.
+pub(crate) fn output(r: pb::MoeLayerResponse) -> Vec<u8> {
+    match r.output {
+        Some(pb::moe_layer_response::Output::OutputInlineF32Le(b)) => b,
+        other => panic!("no inline output: {other:?}"),
+    }
+}
+
 pub(crate) async fn raw_unix(socket: &Path) -> ExpertServiceClient<Channel> {
     ExpertServiceClient::new(unix_channel(socket).await)
 }

@@ -42,19 +42,13 @@ fn health(s: &Server) -> (u16, Value) {
 fn a_corrupt_container_turns_health_to_failing_while_requests_fail() {
     let (_work, container) = tiny_container();
     // Every expert of layer 0 corrupt: every request routes through one of them.
-    let c = shared::container::ContainerFile::open(&container).expect("container");
-    let dims = c.header().layout.dims;
-    let offsets: Vec<u64> = c.index()[..dims.n_experts]
-        .iter()
-        .map(|e| e.offset)
-        .collect();
-    drop(c);
-    let file = container.join(shared::container::CONTAINER_FILE);
-    let mut bytes = std::fs::read(&file).expect("read");
-    for at in offsets {
-        bytes[at as usize + 100] ^= 0x40;
-    }
-    std::fs::write(&file, bytes).expect("write");
+    let n_experts = shared::container::ContainerFile::open(&container)
+        .expect("container")
+        .header()
+        .layout
+        .dims
+        .n_experts;
+    tests::corrupt_blobs(&container, &(0..n_experts).collect::<Vec<_>>(), 100);
     let daemon = Daemon::unix(&container, container_bytes(&container), &[]);
     let s = Server::start(
         "tiny",

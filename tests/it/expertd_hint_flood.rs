@@ -7,7 +7,6 @@
 
 use super::expertd::{activations, blob_stride, handshake_request, raw_unix, rt};
 use hostd::expert_client::shm::ClientSegment;
-use hostd::expert_client::{Endpoint, transport};
 use proto::v1::{self as pb, moe_layer_request::Input};
 use shared::ids::LayerId;
 use shared::ring::{self, OP_PREFETCH, Submission};
@@ -72,19 +71,13 @@ fn a_hint_flood_with_fresh_steps_reads_one_token_worth_and_evicts_no_other_sessi
         .and_then(|l| l.with_ring(8))
         .expect("layout");
     let seg = Arc::new(ClientSegment::create(layout).expect("segment"));
-    let (link, hostile_id) = rt.block_on(async {
-        let mut link = transport::connect(&Endpoint::Unix(socket.clone()), Some(seg.clone()), None)
-            .await
-            .expect("connect");
-        let hs = link
-            .client
-            .handshake(handshake_request(None))
-            .await
-            .expect("hostile handshake")
-            .into_inner();
-        assert_eq!(hs.ring_entries, 2);
-        (link, hs.session_id)
-    });
+    let (link, hs) = rt.block_on(super::expertd::ring_client(
+        &socket,
+        &seg,
+        handshake_request(None),
+    ));
+    assert_eq!(hs.ring_entries, 2);
+    let hostile_id = hs.session_id;
     // One token's demand calls of the hostile session (one per layer, one expert each): they
     // earn it one token's worth of speculation, 8 experts per layer.
     rt.block_on(async {

@@ -14,9 +14,10 @@
 //! lease held, no client segment still mapped. In CI this runs in a few seconds; `SLUICE_HOSTILE_SECONDS=N` stretches the ring
 //! phase (the soak, `scripts/bench-hostile`).
 
-use super::expertd::{Daemon, activations, blob_stride, handshake_request, raw_unix, rt};
+use super::expertd::{
+    Daemon, activations, blob_stride, handshake_request, output, raw_unix, ring_client, rt,
+};
 use hostd::expert_client::shm::ClientSegment;
-use hostd::expert_client::{Endpoint, transport};
 use proto::v1::{self as pb, moe_layer_request::Input};
 use rustix::fs::{MemfdFlags, SealFlags};
 use rustix::net::{SendAncillaryBuffer, SendAncillaryMessage, SendFlags};
@@ -54,13 +55,6 @@ fn victim_call(session_id: u64) -> pb::MoeLayerRequest {
             &activations(3, HIDDEN),
         ))),
         output_shm: None,
-    }
-}
-
-fn output(r: pb::MoeLayerResponse) -> Vec<u8> {
-    match r.output {
-        Some(pb::moe_layer_response::Output::OutputInlineF32Le(b)) => b,
-        other => panic!("no inline output: {other:?}"),
     }
 }
 
@@ -138,23 +132,8 @@ fn ring_scribbler(socket: &Path, run_for: Duration, seed: u64) -> u64 {
         .expect("layout");
     let seg = Arc::new(ClientSegment::create(layout).expect("segment"));
     let rt = rt();
-    let link = rt.block_on(async {
-        let mut link = transport::connect(
-            &Endpoint::Unix(socket.to_path_buf()),
-            Some(seg.clone()),
-            None,
-        )
-        .await
-        .expect("connect");
-        let hs = link
-            .client
-            .handshake(handshake_request(None))
-            .await
-            .expect("hostile handshake")
-            .into_inner();
-        assert_eq!(hs.ring_entries, 3, "the hostile session serves a ring");
-        link
-    });
+    let (link, hs) = rt.block_on(ring_client(socket, &seg, handshake_request(None)));
+    assert_eq!(hs.ring_entries, 3, "the hostile session serves a ring");
     let ring_view = seg.ring().expect("ring");
     let ring_layout = *ring_view.layout();
     let segment_id = link.segment_id;

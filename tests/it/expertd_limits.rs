@@ -9,12 +9,11 @@
 //! temporary socket ([`InProcessDaemon`]) and reads its log from there.
 
 use super::expertd::{
-    HIDDEN_TINY, activations, check_status, handshake_request, raw_unix, rt, unix_channel,
-    valid_call, whole_container,
+    HIDDEN_TINY, activations, check_status, handshake_request, raw_unix, ring_client, rt,
+    unix_channel, valid_call, whole_container,
 };
 use expertd::server::ServeConfig;
 use hostd::expert_client::shm::ClientSegment;
-use hostd::expert_client::{Endpoint, transport};
 use proto::v1::{self as pb, moe_layer_request::Input};
 use shared::ids::LayerId;
 use shared::ring::{self, OP_MOE, Submission};
@@ -298,22 +297,7 @@ fn nan_and_infinite_activations_are_refused_naming_layer_and_row_on_the_rpc_and_
         .and_then(|l| l.with_ring(8))
         .expect("layout");
     let seg = Arc::new(ClientSegment::create(layout).expect("segment"));
-    let (link, hs) = rt().block_on(async {
-        let mut link = transport::connect(
-            &Endpoint::Unix(socket.to_path_buf()),
-            Some(Arc::clone(&seg)),
-            None,
-        )
-        .await
-        .expect("connect");
-        let hs = link
-            .client
-            .handshake(named("nan ring"))
-            .await
-            .expect("handshake")
-            .into_inner();
-        (link, hs)
-    });
+    let (link, hs) = rt().block_on(ring_client(socket, &seg, named("nan ring")));
     assert_eq!(hs.ring_entries, 3, "the session serves a call ring");
     for (i, (bad, row, col)) in cases.into_iter().enumerate() {
         let (code, message) = ring_call(

@@ -8,10 +8,9 @@
 //! each probe the daemon lives, another session's result is bit-identical to before, and the
 //! daemon's peak RSS stays within what it derived (budget + overhead), under the limit.
 
-use super::expertd::{activations, handshake_request, rt, unix_channel};
+use super::expertd::{activations, handshake_request, output, rt, unix_channel};
 use super::expertd_deploy::Cgroup;
 use hostd::expert_client::shm::ClientSegment;
-use hostd::expert_client::{Endpoint, transport};
 use proto::v1::expert_service_client::ExpertServiceClient;
 use proto::v1::{self as pb, moe_layer_request::Input};
 use shared::shm_layout::SlotLayout;
@@ -67,13 +66,6 @@ fn call(session_id: u64, n: usize, top_k: usize) -> pb::MoeLayerRequest {
             &activations(n, HIDDEN),
         ))),
         output_shm: None,
-    }
-}
-
-fn output(r: pb::MoeLayerResponse) -> Vec<u8> {
-    match r.output {
-        Some(pb::moe_layer_response::Output::OutputInlineF32Le(b)) => b,
-        other => panic!("no inline output: {other:?}"),
     }
 }
 
@@ -244,19 +236,18 @@ fn in_a_256_mib_cgroup_clients_cannot_make_expertd_hold_more_than_it_derived() {
     let huge = SlotLayout::new(2, 1 << 20, HIDDEN).expect("layout");
     assert!(huge.segment_bytes >= 512 * MIB);
     let seg = Arc::new(ClientSegment::create(huge).expect("segment"));
-    rt().block_on(async {
-        let mut link = transport::connect(&Endpoint::Unix(socket.clone()), Some(seg), None)
-            .await
-            .expect("connect");
-        assert_eq!(link.segment_id, 0, "a 512 MiB segment was mapped");
-        let hs = link
-            .client
-            .handshake(handshake_request(None))
-            .await
-            .expect("the connection still serves")
-            .into_inner();
-        assert_eq!(hs.shm_segment_bytes, 0);
-    });
+    let (link, hs) = rt().block_on(super::expertd::ring_client(
+        &socket,
+        &seg,
+        handshake_request(None),
+    ));
+    assert_eq!(link.segment_id, 0, "a 512 MiB segment was mapped");
+    assert_eq!(
+        hs.shm_segment_bytes, 0,
+        "the connection still serves, inline"
+    );
+    // The connection closes here, before the daemon is stopped (it drains open connections).
+    drop(link);
     let text = daemon.log_text();
     assert!(
         text.contains("expertd serve --max-segment-bytes"),

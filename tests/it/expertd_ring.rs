@@ -12,7 +12,7 @@ use super::expertd::{
     rt, tiny_call, whole_container,
 };
 use hostd::expert_client::shm::ClientSegment;
-use hostd::expert_client::{ClientOptions, Endpoint, ExpertdClient, transport};
+use hostd::expert_client::{ClientOptions, Endpoint, ExpertdClient};
 use hostd::experts::{ExpertBackend, MoeCall};
 use proto::v1 as pb;
 use shared::ids::LayerId;
@@ -355,27 +355,12 @@ fn malformed_ring_entries_fail_that_call_and_the_worker_keeps_serving() {
         .and_then(|l| l.with_ring(8))
         .expect("layout");
     let seg = Arc::new(ClientSegment::create(layout).expect("segment"));
-    let (link, hs) = rt().block_on(async {
-        let mut link = transport::connect(
-            &Endpoint::Unix(socket.clone()),
-            Some(Arc::clone(&seg)),
-            None,
-        )
-        .await
-        .expect("connect");
-        let req = pb::HandshakeRequest {
-            protocol_version: proto::version::CURRENT,
-            client_name: "raw ring".into(),
-            ..Default::default()
-        };
-        let hs = link
-            .client
-            .handshake(req)
-            .await
-            .expect("handshake")
-            .into_inner();
-        (link, hs)
-    });
+    let req = pb::HandshakeRequest {
+        protocol_version: proto::version::CURRENT,
+        client_name: "raw ring".into(),
+        ..Default::default()
+    };
+    let (link, hs) = rt().block_on(super::expertd::ring_client(&socket, &seg, req));
     assert_eq!(hs.ring_entries, 3);
     let ring = seg.ring().expect("ring");
     let slot = seg.try_slot().expect("slot");

@@ -362,13 +362,7 @@ fn a_corrupt_blob_fails_the_forward_pass_naming_layer_and_expert() {
         weights_digest: false,
     };
     // Flip one byte inside the first blob's packed weights (layer 0, expert 0).
-    let file = container.path().join("experts.sluice");
-    let reader = shared::container::ContainerFile::open(container.path()).expect("valid container");
-    let at = reader.index()[0].offset as usize + 100;
-    drop(reader);
-    let mut bytes = std::fs::read(&file).expect("read container");
-    bytes[at] ^= 0x40;
-    std::fs::write(&file, bytes).expect("write container");
+    tests::corrupt_blobs(container.path(), &[0], 100);
     let model = load_model(&args, "test").expect("header and index are intact, so the model loads");
     // Route every expert of layer 0 by feeding enough tokens that expert 0 is chosen somewhere.
     let ids: Vec<u32> = (0..64).collect();

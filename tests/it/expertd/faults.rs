@@ -302,11 +302,7 @@ fn malformed_calls_get_specific_statuses_and_the_daemon_keeps_serving() {
 fn a_corrupted_blob_is_data_loss_for_that_expert_only() {
     let (_work, container) = work_with_container("tiny");
     // Flip one byte of layer 0 expert 1's packed weights.
-    let at = ContainerFile::open(&container).expect("container").index()[1].offset as usize + 100;
-    let file = container.join(shared::container::CONTAINER_FILE);
-    let mut bytes = std::fs::read(&file).expect("read");
-    bytes[at] ^= 0x40;
-    std::fs::write(&file, bytes).expect("write");
+    tests::corrupt_blobs(&container, &[1], 100);
     let daemon = InProcessDaemon::unix(whole_container(&container));
     rt().block_on(async {
         let mut c = raw_unix(daemon.socket()).await;
