@@ -1,8 +1,8 @@
 //! The shared-memory call ring between hostd and expertd (`shared::ring`,
-//! `expertd/src/rpc/ring.rs`): a unix client with shared memory sends its MoE calls through the
-//! ring by default, and `hostd eval` writes byte-equal logits through the ring, through the
-//! `MoeLayer` RPC and in process, at a budget that evicts every step and at one that holds
-//! everything, with prefetch hints on and off; the echo op returns its input; and every
+//! `expertd/src/call/ring_worker.rs`): a unix client with shared memory sends its MoE calls
+//! through the ring by default, and `hostd eval` writes byte-equal logits through the ring,
+//! through the `MoeLayer` RPC and in process, at a budget that evicts every step and at one that
+//! holds everything, with prefetch hints on and off; the echo op returns its input; and every
 //! malformed ring entry fails that call with its own status while the worker keeps serving. The
 //! tests of single calls run the server in this process ([`InProcessDaemon`]); those with
 //! `hostd eval` run the `expertd serve` binary.
