@@ -29,6 +29,7 @@ pub mod shm;
 pub mod stats_client;
 pub mod systemd;
 pub mod trace;
+pub mod trace_flusher;
 pub mod verify;
 
 pub use server::run;

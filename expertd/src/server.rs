@@ -395,6 +395,8 @@ pub struct Prepared {
     executor: Arc<CallExecutor>,
     state: Arc<ServiceState>,
     banner: Banner,
+    /// Writes the route trace while one is recorded.
+    trace_flusher: Option<crate::trace_flusher::TraceFlusher>,
 }
 
 /// What the ready line says.
@@ -554,11 +556,24 @@ impl Prepared {
             service_config,
             auth,
         ));
+        // The trace's file IO runs on a thread of its own, never on a call's path.
+        let trace_flusher = match &config.route_trace {
+            Some(_) => Some(
+                crate::trace_flusher::TraceFlusher::start(executor.cache().clone()).map_err(
+                    |source| ServeError::Io {
+                        what: "starting the route trace's writer thread".into(),
+                        source,
+                    },
+                )?,
+            ),
+            None => None,
+        };
         Ok(Prepared {
             config,
             executor,
             state,
             banner,
+            trace_flusher,
         })
     }
 
@@ -586,6 +601,7 @@ impl Prepared {
             executor,
             state,
             banner: b,
+            trace_flusher,
         } = self;
         let tcp = matches!(listener, Listener::Tcp(_));
         config.check_listener(&listener)?;
@@ -678,6 +694,9 @@ impl Prepared {
         let deadline = std::time::Instant::now() + RING_DRAIN_LIMIT;
         while state.pipeline.running() > 0 && std::time::Instant::now() < deadline {
             tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        if let Some(f) = trace_flusher {
+            f.stop();
         }
         let trace = executor.cache().finish_trace();
         served?;

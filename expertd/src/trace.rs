@@ -199,6 +199,16 @@ pub enum TraceError {
     /// A trace was asked of a cache that has already processed calls, or is already tracing.
     #[error("a route trace must start before the cache's first call, and only once")]
     CacheStarted,
+    /// The writer fell behind the calls and journaled events were dropped; the trace is
+    /// incomplete.
+    #[error(
+        "the route trace lost {events} events: its file was written slower than calls journaled them (it stalled for more than {} events); the trace is incomplete",
+        crate::cache::MAX_JOURNAL_EVENTS
+    )]
+    Dropped {
+        /// Events dropped.
+        events: u64,
+    },
     /// An earlier write to the trace failed; the trace is incomplete.
     #[error("an earlier write to the route trace failed ({0}); the trace is incomplete")]
     Broken(String),

@@ -16,6 +16,7 @@ mod expertd_ring;
 mod expertd_rss;
 mod expertd_shards;
 mod expertd_startup;
+mod expertd_trace_stall;
 mod first_hour;
 mod inspect;
 mod int8_quality;

@@ -59,9 +59,12 @@ use serde::{Deserialize, Serialize};
 use shared::ids::{ExpertId, LayerId};
 use sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError, TryLockError};
 
-/// Journaled events after which an acquire writes them to the trace itself, so that a server
-/// that forgets [`ExpertCache::flush_trace`] does not grow the journal without bound.
-const AUTO_FLUSH_EVENTS: usize = 4096;
+/// Most route-trace events the journal holds between two [`ExpertCache::flush_trace`]s (the
+/// daemon's writer thread flushes every 50 ms). An acquire never writes the trace itself: when
+/// the writer falls this far behind (a stalled file), the journal is dropped and counted, and
+/// [`ExpertCache::finish_trace`] reports the trace incomplete, so neither a call nor the memory
+/// waits on the trace.
+pub const MAX_JOURNAL_EVENTS: usize = 1 << 16;
 
 /// One routed expert of one MoE layer: the cache's key.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -197,6 +200,8 @@ pub(crate) struct State {
     pub(crate) waiters: u32,
     /// Threads blocked on `Shared::released` (an acquire waiting for leases to be released).
     pub(crate) release_waiters: u32,
+    /// Route-trace events dropped because the journal reached [`MAX_JOURNAL_EVENTS`].
+    pub(crate) trace_dropped: u64,
 }
 
 /// The cache's shared state; leases keep it (and so the arena) alive.
@@ -270,6 +275,7 @@ impl ExpertCache {
             planner,
             waiters: 0,
             release_waiters: 0,
+            trace_dropped: 0,
         });
         Ok(ExpertCache {
             shared: Arc::new(Shared {
@@ -336,7 +342,7 @@ impl ExpertCache {
         keys: &[ExpertKey],
         deadline: Option<std::time::Instant>,
     ) -> Result<Acquired, CacheError> {
-        let (plan, journal_len) = {
+        let plan = {
             let mut st = lock(&self.shared.state);
             let mut plan = st.planner.acquire(session, step, keys);
             while let (Err(CacheError::Exhausted { .. }), Some(deadline)) = (&plan, deadline) {
@@ -354,12 +360,14 @@ impl ExpertCache {
                 st.release_waiters -= 1;
                 plan = st.planner.acquire(session, step, keys);
             }
-            (plan, st.planner.journal_len())
+            if st.planner.journal_len() >= MAX_JOURNAL_EVENTS {
+                // The writer fell behind: drop, count, never wait for it (no IO here).
+                let mut dropped = Vec::new();
+                st.planner.take_journal(&mut dropped);
+                st.trace_dropped += dropped.len() as u64;
+            }
+            plan
         };
-        if journal_len >= AUTO_FLUSH_EVENTS {
-            // A failure sticks to the writer and is reported by the next `flush_trace`.
-            let _ = self.flush_trace();
-        }
         let plan = plan?;
         let handle = Arc::new(CallHandle {
             shared: Arc::clone(&self.shared),
@@ -514,8 +522,9 @@ impl ExpertCache {
     }
 
     /// Writes the events journaled so far to the trace (buffered). Cheap when nothing is
-    /// pending; returns at once if another thread is writing. Call it after each layer call,
-    /// outside any latency-critical section. An earlier write failure is reported again.
+    /// pending; returns at once if another thread is writing. Call it off the call path (the
+    /// daemon's writer thread, `crate::trace_flusher`); the journal holds at most
+    /// [`MAX_JOURNAL_EVENTS`] between two calls. An earlier write failure is reported again.
     pub fn flush_trace(&self) -> Result<(), TraceError> {
         let mut trace = match self.shared.trace.try_lock() {
             Ok(t) => t,
@@ -546,10 +555,14 @@ impl ExpertCache {
         let mut events = Vec::new();
         st.planner.take_journal(&mut events);
         st.planner.set_journal(false);
+        let dropped = std::mem::take(&mut st.trace_dropped);
         drop(st);
         w.check_ok()?;
         w.write_events(&events)?;
         w.flush()?;
+        if dropped > 0 {
+            return Err(TraceError::Dropped { events: dropped });
+        }
         Ok(())
     }
 }

@@ -11,13 +11,13 @@
 //! 5. **session still open**: a session closed while its call queued is refused, so its leases
 //!    never outlive it (the cache refuses a closed session again before every wave);
 //! 6. **copy in**, **execute**, **copy out** through the transport's [`CallIo`];
-//! 7. **trace**: the route trace, when recording, written once the result is delivered
-//!    ([`CallPipeline::after_delivery`]), so its file IO is never on a call's path.
+//! 7. **trace**: the cache journals the call's route-trace events in memory (when recording);
+//!    `crate::trace_flusher`'s thread writes them to the file, never a call's thread.
 //!
 //! Types enforce the order: only a [`Validated`] call (2) can be admitted, [`CallPipeline::admit`]
 //! (1, 3) gives an [`Admitted`] call, only that can wait for a lane (4: [`Admitted::lane`] on the
 //! async runtime, [`Admitted::lane_blocking`] on a ring worker), and only a [`Laned`] call can run
-//! (5–6: [`Laned::run`]); the transport calls [`CallPipeline::after_delivery`] (7). The transports are
+//! (5–6: [`Laned::run`]). The transports are
 //! adapters for where the bytes live: `crate::rpc::service` decodes a protobuf request,
 //! [`ring_worker`] a ring entry ([`ring_entry::decode`], which the fuzz target calls too).
 
@@ -106,13 +106,6 @@ impl CallPipeline {
             return Err(RpcError::ShuttingDown);
         }
         Ok(())
-    }
-
-    /// Stage 7, once a call's result is delivered (or its failure): writes what the route trace
-    /// journaled (when recording), so that the file IO never delays a call's result.
-    pub fn after_delivery(&self) {
-        // A write error sticks to the writer; `finish_trace` reports it at shutdown.
-        let _ = self.executor.cache().flush_trace();
     }
 
     /// Calls admitted and not yet finished (a draining daemon waits for them).

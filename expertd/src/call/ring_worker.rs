@@ -204,9 +204,6 @@ impl Worker {
                 fail(&entry, sub.seq, e);
             }
         }
-        if moe {
-            self.pipeline.after_delivery();
-        }
     }
 
     /// Frees the call buffers after a large call (a prefill block), keeping a decode step's

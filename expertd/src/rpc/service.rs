@@ -573,11 +573,8 @@ impl ExpertdService {
                 .ok_or_else(|| RpcError::Internal("the call wrote no output".into()))?;
             Ok::<_, RpcError>((cost, wire))
         });
-        let result = job.await;
-        // Stage 7 off the response's path: the trace's file IO on a blocking thread of its own.
-        let after = Arc::clone(pipeline);
-        drop(tokio::task::spawn_blocking(move || after.after_delivery()));
-        let (cost, wire) = result
+        let (cost, wire) = job
+            .await
             .map_err(|e| RpcError::Internal(format!("the call's compute task failed: {e}")))??;
         Ok((convert::moe_layer_response(wire, &cost), cost))
     }
