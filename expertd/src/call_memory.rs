@@ -122,12 +122,11 @@ impl CallMemory {
     }
 
     /// The default cap on bytes of decoded `MoeLayer` requests waiting for a lane, over every
-    /// connection (`--max-queued-bytes`): two of the largest requests per compute lane, so
-    /// that every lane has its next call decoded and waiting while one runs.
+    /// connection (`--max-queued-bytes`): one of the largest requests per compute lane, so
+    /// that every lane can have its next call decoded and waiting while one runs (many more
+    /// small decode calls fit; calls on the shared-memory ring hold none).
     pub fn default_queued_bytes(&self, lanes: usize) -> u64 {
-        (self.max_message_bytes() as u64)
-            .saturating_mul(2)
-            .saturating_mul(lanes.max(1) as u64)
+        (self.max_message_bytes() as u64).saturating_mul(lanes.max(1) as u64)
     }
 
     /// Refuses a call whose bound exceeds [`max_call_bytes`](Self::max_call_bytes), before any

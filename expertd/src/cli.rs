@@ -489,8 +489,9 @@ pub struct ServeArgs {
     pub max_segment_bytes: Option<u64>,
     /// Most bytes of decoded `MoeLayer` requests that may wait for a compute lane at once, over
     /// every connection; a request past it is refused (RESOURCE_EXHAUSTED) instead of queued.
-    /// Counted in the memory overhead. Default: two of the largest admissible requests per
-    /// compute lane. (Calls on the shared-memory ring hold no request while they wait.)
+    /// Counted in the memory overhead. Default: one of the largest admissible requests per
+    /// compute lane; below that, the largest requests are refused whatever the queue holds.
+    /// (Calls on the shared-memory ring hold no request while they wait.)
     #[arg(long, env = "EXPERTD_MAX_QUEUED_BYTES", value_parser = shared::byte_size::parse_bytes)]
     pub max_queued_bytes: Option<u64>,
     /// Largest n_tokens of one call.

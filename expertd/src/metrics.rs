@@ -342,6 +342,18 @@ pub fn render(stats: &pb::StatsResponse) -> String {
             u64::from(stats.draining),
         ),
         (
+            "expertd_queued_request_bytes",
+            Kind::Gauge,
+            "Bytes of decoded MoeLayer requests waiting for a compute lane (--max-queued-bytes caps it)",
+            stats.queued_request_bytes,
+        ),
+        (
+            "expertd_queue_full_refusals",
+            Kind::Counter,
+            "MoeLayer calls refused because the queue's byte cap was reached",
+            stats.queue_full_refusals,
+        ),
+        (
             "expertd_uptime_seconds",
             Kind::Gauge,
             "Seconds since the daemon started serving",

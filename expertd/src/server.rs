@@ -98,7 +98,7 @@ pub struct ServeConfig {
     /// Largest shared-memory segment mapped for one connection (`None`: derived from the
     /// container's hidden size, [`crate::shm::SegmentPolicy::derived`]).
     pub max_segment_bytes: Option<u64>,
-    /// Most bytes of decoded `MoeLayer` requests waiting for a lane (default: two of the
+    /// Most bytes of decoded `MoeLayer` requests waiting for a lane (default: one of the
     /// largest admissible requests per lane, `CallMemory::default_queued_bytes`).
     pub max_queued_bytes: Option<u64>,
     /// Largest `n_tokens` of one call.
@@ -545,6 +545,13 @@ impl Prepared {
                     .default_queued_bytes(config.compute_lanes)
             }),
         };
+        if service_config.max_queued_bytes < service_config.max_message_bytes {
+            tracing::warn!(
+                max_queued_bytes = service_config.max_queued_bytes,
+                max_message_bytes = service_config.max_message_bytes,
+                "--max-queued-bytes is below the largest admissible MoeLayer request: RPC calls larger than it are refused whatever the queue holds"
+            );
+        }
         let auth = Auth::new(
             config.auth_token.clone(),
             config.allow_uids.clone(),

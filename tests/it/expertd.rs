@@ -263,7 +263,6 @@ pub(crate) fn rt() -> tokio::runtime::Runtime {
         .expect("runtime")
 }
 
-/// A plain gRPC client (no shared-memory pre-handshake) on the daemon's unix socket.
 /// A shared-memory client as hostd connects one: `seg` passed in the pre-handshake on a new
 /// connection to `socket`, then a handshake with `req`. The link (its `segment_id` is 0 when the
 /// daemon refused the segment) and the handshake's answer.
@@ -296,6 +295,7 @@ pub(crate) fn output(r: pb::MoeLayerResponse) -> Vec<u8> {
     }
 }
 
+/// A plain gRPC client (no shared-memory pre-handshake) on the daemon's unix socket.
 pub(crate) async fn raw_unix(socket: &Path) -> ExpertServiceClient<Channel> {
     ExpertServiceClient::new(unix_channel(socket).await)
 }

@@ -517,7 +517,20 @@ fn decoded_requests_waiting_for_a_lane_are_capped_in_bytes_over_every_connection
         }
         eprintln!("concurrent: {ok} answered, {full} refused for the queue's cap");
         assert!(ok > 0);
-        // Every admitted call gave its bytes back: sequential calls within the cap all pass.
+        // Eight callers on one lane queue more than three calls at once: the cap refused some.
+        assert!(
+            full > 0,
+            "160 concurrent calls on one lane never met a cap of three"
+        );
+        // Every admitted call gave its bytes back: nothing queued, the refusals counted, and
+        // sequential calls within the cap all pass.
+        let st = c
+            .stats(pb::StatsRequest {})
+            .await
+            .expect("stats")
+            .into_inner();
+        assert_eq!(st.queued_request_bytes, 0, "bytes still counted as queued");
+        assert_eq!(st.queue_full_refusals, full as u64 + 1);
         for _ in 0..50 {
             c.moe_layer(valid_call(sid))
                 .await

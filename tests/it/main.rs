@@ -4,6 +4,7 @@ mod bad_input;
 mod bench;
 mod cache_replay;
 mod container;
+mod engine_panics;
 mod expert_io;
 mod expertd;
 mod expertd_deploy;

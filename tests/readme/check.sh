@@ -86,8 +86,14 @@ grep -q " new (" "$log/err2" || { cat "$log/err2" >&2; fail "the scale-out block
 plan_block="$(awk '/^## Run the real model/{s=1} s&&/^   ```sh$/{c=1;next} c&&/^   ```$/{exit} c{print}' README.md)"
 [[ $plan_block == *"hostd plan --config-only /path/to/Qwen3.6-35B-A3B/config.json --container /data/qwen36-experts"* ]] ||
     fail "the README's 'Run the real model' block no longer plans with --config-only first"
-target/release/hostd plan --config-only tests/fixtures/configs/qwen3.6-35b-a3b.config.json \
-    --container "$log/experts" --memory 22GiB --probe-bytes 64MiB >"$log/plan" 2>&1 ||
-    { cat "$log/plan" >&2; fail "the README's hostd plan --config-only failed"; }
+# It plans a 17 GiB container in a temp dir: on a machine with less free disk there, the plan
+# still prints in full and ends with its "problem: … free" line and status 1 — the one failure
+# accepted here, since it is about this machine's disk, not the plan.
+if ! target/release/hostd plan --config-only tests/fixtures/configs/qwen3.6-35b-a3b.config.json \
+    --container "$log/experts" --memory 22GiB --probe-bytes 64MiB >"$log/plan" 2>&1; then
+    grep -q "^problem: the q4k container needs .* free; pass --container DIR on a disk with room" "$log/plan" ||
+        { cat "$log/plan" >&2; fail "the README's hostd plan --config-only failed"; }
+    echo "tests/readme/check.sh: hostd plan reported too little free disk under $log (accepted)"
+fi
 grep -q "^recommended: q4k experts, resident" "$log/plan" || { cat "$log/plan" >&2; fail "hostd plan did not recommend resident q4k experts for the real model in 22 GiB"; }
 echo "tests/readme/check.sh: README commands ran as written" >&2

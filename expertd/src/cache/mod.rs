@@ -342,6 +342,8 @@ impl ExpertCache {
         keys: &[ExpertKey],
         deadline: Option<std::time::Instant>,
     ) -> Result<Acquired, CacheError> {
+        // Journal events dropped below (freed after the lock is released).
+        let mut dropped = Vec::new();
         let plan = {
             let mut st = lock(&self.shared.state);
             let mut plan = st.planner.acquire(session, step, keys);
@@ -362,12 +364,12 @@ impl ExpertCache {
             }
             if st.planner.journal_len() >= MAX_JOURNAL_EVENTS {
                 // The writer fell behind: drop, count, never wait for it (no IO here).
-                let mut dropped = Vec::new();
                 st.planner.take_journal(&mut dropped);
                 st.trace_dropped += dropped.len() as u64;
             }
             plan
         };
+        drop(dropped);
         let plan = plan?;
         let handle = Arc::new(CallHandle {
             shared: Arc::clone(&self.shared),

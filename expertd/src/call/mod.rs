@@ -52,6 +52,8 @@ pub struct CallPipeline {
     queued_bytes: AtomicU64,
     /// The cap on `queued_bytes`.
     max_queued_bytes: u64,
+    /// Calls refused because of that cap, since start.
+    queue_full_refusals: AtomicU64,
 }
 
 impl CallPipeline {
@@ -72,12 +74,18 @@ impl CallPipeline {
             running: AtomicU32::new(0),
             queued_bytes: AtomicU64::new(0),
             max_queued_bytes,
+            queue_full_refusals: AtomicU64::new(0),
         }
     }
 
     /// Bytes of decoded requests waiting for a lane now.
     pub fn queued_bytes(&self) -> u64 {
         self.queued_bytes.load(Ordering::Acquire)
+    }
+
+    /// Calls refused so far because of the cap on queued bytes.
+    pub fn queue_full_refusals(&self) -> u64 {
+        self.queue_full_refusals.load(Ordering::Relaxed)
     }
 
     /// The call executor.
@@ -92,12 +100,15 @@ impl CallPipeline {
 
     /// Shutdown began: every later call and handshake is refused.
     pub fn start_draining(&self) {
-        self.draining.store(true, Ordering::Release);
+        // SeqCst with `running` (here and in `Running::new`): the drain stores the flag then
+        // reads the count, a call adds to the count then reads the flag; with acquire/release
+        // alone both could read the old value and the drain would miss the call.
+        self.draining.store(true, Ordering::SeqCst);
     }
 
     /// Whether shutdown began.
     pub fn is_draining(&self) -> bool {
-        self.draining.load(Ordering::Acquire)
+        self.draining.load(Ordering::SeqCst)
     }
 
     /// Stage 1: refuses everything once the daemon drains.
@@ -108,9 +119,16 @@ impl CallPipeline {
         Ok(())
     }
 
-    /// Calls admitted and not yet finished (a draining daemon waits for them).
+    /// Calls admitted and not yet finished, and ring entries being served (a draining daemon
+    /// waits for them).
     pub fn running(&self) -> u32 {
-        self.running.load(Ordering::Acquire)
+        self.running.load(Ordering::SeqCst)
+    }
+
+    /// Counts a ring entry in [`running`](Self::running) from its claim until its result is
+    /// published (echoes and hints too), so that a drain waits for it.
+    pub fn track(self: &Arc<Self>) -> Running {
+        Running::new(self)
     }
 
     /// Stages 1 and 3 for `call` (validated: stage 2), a call of `session` whose decoded request
@@ -151,8 +169,16 @@ impl CallPipeline {
         }
         let mut now = self.queued_bytes.load(Ordering::Acquire);
         loop {
+            if bytes > self.max_queued_bytes {
+                self.queue_full_refusals.fetch_add(1, Ordering::Relaxed);
+                return Err(RpcError::OverQueueCap {
+                    held_bytes: bytes,
+                    cap_bytes: self.max_queued_bytes,
+                });
+            }
             let next = now.saturating_add(bytes);
             if next > self.max_queued_bytes {
+                self.queue_full_refusals.fetch_add(1, Ordering::Relaxed);
                 return Err(RpcError::QueueFull {
                     held_bytes: bytes,
                     queued_bytes: now,
@@ -184,18 +210,18 @@ impl Drop for Held {
 }
 
 /// Counts a call in [`CallPipeline::running`] until dropped.
-struct Running(Arc<CallPipeline>);
+pub struct Running(Arc<CallPipeline>);
 
 impl Running {
     fn new(pipeline: &Arc<CallPipeline>) -> Running {
-        pipeline.running.fetch_add(1, Ordering::AcqRel);
+        pipeline.running.fetch_add(1, Ordering::SeqCst);
         Running(Arc::clone(pipeline))
     }
 }
 
 impl Drop for Running {
     fn drop(&mut self) {
-        self.0.running.fetch_sub(1, Ordering::AcqRel);
+        self.0.running.fetch_sub(1, Ordering::SeqCst);
     }
 }
 

@@ -176,6 +176,8 @@ impl Worker {
         let ring = self.ring;
         let entry = ring.entry(i);
         let moe = sub.op == ring::OP_MOE;
+        // Counted from the claim until the result is published: a drain waits for it.
+        let _running = self.pipeline.track();
         let result =
             std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.call(&entry, &sub)))
                 .unwrap_or_else(|_| {

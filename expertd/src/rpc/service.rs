@@ -531,6 +531,7 @@ impl ExpertdService {
         r: pb::MoeLayerRequest,
     ) -> Result<(pb::MoeLayerResponse, CallCost), RpcError> {
         let pipeline = &self.state.pipeline;
+        pipeline.check_open()?;
         let (n_rows, top_k) = (r.n_tokens as usize, r.top_k as usize);
         let (session_id, step, layer) = (session.id, r.step, LayerId::new(r.layer_idx));
         let call = pipeline.executor().limits().validate(CallSpec {
@@ -549,9 +550,11 @@ impl ExpertdService {
                 Some(pb::moe_layer_request::Input::InputInlineF32Le(b)) => b.len() as u64,
                 _ => 0,
             };
-        let admitted = pipeline.admit(session, &call, held)?;
+        // Where the bytes live is checked before admission, as on the ring (`rpc_io` allocates
+        // nothing: it checks the inline length or the slices).
         let n_values = n_rows * pipeline.executor().hidden();
         let mut io = rpc_io(conn, r.input, r.output_shm.as_ref(), n_values)?;
+        let admitted = pipeline.admit(session, &call, held)?;
         let laned = admitted.lane().await;
         let (ids, weights) = (r.expert_ids, r.weights);
         // The blocking job owns the lane and the in-flight slot: if the client goes away and
@@ -662,6 +665,8 @@ impl ServiceState {
             draining: st.is_draining(),
             uptime_ns: st.started.elapsed().as_nanos() as u64,
             rss_bytes: shared::procfs::vm_rss_bytes(None).unwrap_or(0),
+            queued_request_bytes: st.pipeline.queued_bytes(),
+            queue_full_refusals: st.pipeline.queue_full_refusals(),
             prefetch: st.executor().prefetcher().map(|p| {
                 loaded!(
                     pb::PrefetchStats,

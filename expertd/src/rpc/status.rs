@@ -59,6 +59,16 @@ pub enum RpcError {
         /// The cap.
         cap_bytes: u64,
     },
+    /// The call's decoded request alone is larger than the cap on queued requests.
+    #[error(
+        "this call's decoded request holds {held_bytes} B, more than expertd's cap of {cap_bytes} B on requests waiting for a compute lane (--max-queued-bytes); send fewer rows per call, or use the shared-memory ring"
+    )]
+    OverQueueCap {
+        /// What this call's decoded request holds.
+        held_bytes: u64,
+        /// The cap.
+        cap_bytes: u64,
+    },
     /// The daemon is draining for shutdown.
     #[error("expertd is shutting down and accepts no new calls")]
     ShuttingDown,
@@ -167,7 +177,8 @@ impl RpcError {
             RpcError::UnknownSession { .. } => Code::NotFound,
             RpcError::SessionBusy { .. }
             | RpcError::TooManySessions(_)
-            | RpcError::QueueFull { .. } => Code::ResourceExhausted,
+            | RpcError::QueueFull { .. }
+            | RpcError::OverQueueCap { .. } => Code::ResourceExhausted,
             RpcError::ShuttingDown => Code::Unavailable,
             RpcError::VersionMismatch { .. }
             | RpcError::IdentityMismatch { .. }
@@ -195,6 +206,7 @@ impl RpcError {
             RpcError::UnknownSession { .. } => "unknown_session",
             RpcError::SessionBusy { .. } => "session_busy",
             RpcError::QueueFull { .. } => "queue_full",
+            RpcError::OverQueueCap { .. } => "over_queue_cap",
             RpcError::TooManySessions(_) => "session_cap",
             RpcError::ShuttingDown => "shutting_down",
             RpcError::VersionMismatch { .. } => "version_mismatch",
