@@ -44,6 +44,8 @@ mod tests;
 #[cfg(test)]
 mod tests_sessions;
 #[cfg(test)]
+mod tests_trace;
+#[cfg(test)]
 mod tests_waits;
 
 pub use arena::SLOT_ALIGN;
