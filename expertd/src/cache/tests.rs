@@ -588,7 +588,7 @@ fn concurrent_miss_whose_read_fails() {
 
 /// A `Write` into shared memory, to read back what the trace writer wrote.
 #[derive(Clone, Default)]
-struct SharedBuf(Arc<Mutex<Vec<u8>>>);
+pub(super) struct SharedBuf(pub(super) Arc<Mutex<Vec<u8>>>);
 
 impl std::io::Write for SharedBuf {
     fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {

@@ -1,23 +1,10 @@
 //! The route-trace journal when nobody writes it: capped, and the trace reported incomplete.
 
+use super::tests::SharedBuf;
 use super::*;
 use crate::trace::{TraceError, TraceWriter};
 
 const SLOT: usize = 4096;
-
-/// A trace writer into memory that the test reads back.
-#[derive(Clone, Default)]
-struct Buf(Arc<Mutex<Vec<u8>>>);
-
-impl std::io::Write for Buf {
-    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
-        lock(&self.0).extend_from_slice(b);
-        Ok(b.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
 
 #[test]
 fn a_journal_nobody_writes_is_capped_and_the_trace_reported_incomplete() {
@@ -32,7 +19,7 @@ fn a_journal_nobody_writes_is_capped_and_the_trace_reported_incomplete() {
         SLOT,
     )
     .expect("cache");
-    let buf = Buf::default();
+    let buf = SharedBuf::default();
     c.start_trace(TraceWriter::new(Box::new(buf.clone())))
         .expect("trace");
     let key = ExpertKey::new(LayerId::new(0), ExpertId::new(1));
