@@ -8,6 +8,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     tonic_prost_build::configure()
         .build_client(true)
         .build_server(true)
+        // prost's codec plus a scan of each `MoeLayerRequest` before it is decoded.
+        .codec_path("crate::codec::CheckedCodec")
         .compile_fds(fds)?;
     Ok(())
 }

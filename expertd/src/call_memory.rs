@@ -121,12 +121,15 @@ impl CallMemory {
             .min(proto::MAX_MESSAGE_BYTES)
     }
 
-    /// The default cap on bytes of decoded `MoeLayer` requests waiting for a lane, over every
-    /// connection (`--max-queued-bytes`): one of the largest requests per compute lane, so
-    /// that every lane can have its next call decoded and waiting while one runs (many more
-    /// small decode calls fit; calls on the shared-memory ring hold none).
+    /// The default cap on bytes of requests arriving or decoded and waiting for a lane, over
+    /// every connection (`--max-queued-bytes`): one of the largest requests per compute lane,
+    /// so that every lane can have its next call decoded and waiting while one runs, plus one
+    /// more arriving (counted as its wire bytes and what they may decode to,
+    /// `crate::rpc::intake`). Many more small calls fit; calls on the shared-memory ring hold
+    /// none.
     pub fn default_queued_bytes(&self, lanes: usize) -> u64 {
-        (self.max_message_bytes() as u64).saturating_mul(lanes.max(1) as u64)
+        let arriving = 1 + proto::codec::DECODED_PER_WIRE_BYTE;
+        (self.max_message_bytes() as u64).saturating_mul(lanes.max(1) as u64 + arriving)
     }
 
     /// Refuses a call whose bound exceeds [`max_call_bytes`](Self::max_call_bytes), before any

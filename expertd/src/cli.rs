@@ -487,13 +487,18 @@ pub struct ServeArgs {
     /// over).
     #[arg(long, env = "EXPERTD_MAX_SEGMENT_BYTES", value_parser = shared::byte_size::parse_bytes)]
     pub max_segment_bytes: Option<u64>,
-    /// Most bytes of decoded `MoeLayer` requests that may wait for a compute lane at once, over
-    /// every connection; a request past it is refused (RESOURCE_EXHAUSTED) instead of queued.
-    /// Counted in the memory overhead. Default: one of the largest admissible requests per
-    /// compute lane; below that, the largest requests are refused whatever the queue holds.
-    /// (Calls on the shared-memory ring hold no request while they wait.)
+    /// Most bytes of gRPC requests arriving (counted from each message's length prefix as its
+    /// wire bytes plus twice that for what it may decode to) or decoded and waiting for a
+    /// compute lane, over every connection; a request past it is refused (RESOURCE_EXHAUSTED)
+    /// instead of buffered or queued. Counted in the memory overhead. Default: one of the
+    /// largest admissible requests per compute lane plus one arriving. (Calls on the
+    /// shared-memory ring hold no request.)
     #[arg(long, env = "EXPERTD_MAX_QUEUED_BYTES", value_parser = shared::byte_size::parse_bytes)]
     pub max_queued_bytes: Option<u64>,
+    /// Seconds a gRPC request's body may take to arrive; a slower one is refused
+    /// (DEADLINE_EXCEEDED) and what it held released.
+    #[arg(long, env = "EXPERTD_REQUEST_ARRIVAL_TIMEOUT_SECS", default_value_t = crate::server::DEFAULT_REQUEST_ARRIVAL_LIMIT.as_secs(), value_parser = clap::value_parser!(u64).range(1..))]
+    pub request_arrival_timeout_secs: u64,
     /// Largest n_tokens of one call.
     #[arg(long, env = "EXPERTD_MAX_ROWS_PER_CALL", default_value_t = crate::server::DEFAULT_MAX_ROWS)]
     pub max_rows_per_call: u32,
@@ -628,6 +633,7 @@ pub fn serve(args: &ServeArgs) -> anyhow::Result<()> {
         max_connections_per_uid: args.max_connections_per_uid,
         max_segment_bytes: args.max_segment_bytes,
         max_queued_bytes: args.max_queued_bytes,
+        request_arrival_limit: Duration::from_secs(args.request_arrival_timeout_secs),
         max_rows_per_call: args.max_rows_per_call,
         compute_lanes: args.compute_lanes,
         threads: args.threads,

@@ -82,9 +82,9 @@ fn ancestors(dir: &Path, root: &Path) -> Vec<PathBuf> {
 /// one call may make the daemon hold (`crate::call_memory`: a call of `--max-rows-per-call`
 /// rows at top-8, its activations in wire and f32 form, one output row per routed cell and the
 /// compute threads' expert buffers). Admission refuses a call past that bound, so the estimate
-/// is a ceiling the calls cannot push through. `max_queued_bytes` caps the decoded `MoeLayer`
-/// requests waiting for a lane over every connection (`--max-queued-bytes`; a request past it
-/// is refused, not queued).
+/// is a ceiling the calls cannot push through. `max_queued_bytes` caps the gRPC requests
+/// arriving (`crate::rpc::intake`) or decoded and waiting for a lane over every connection
+/// (`--max-queued-bytes`; a request past it is refused, not buffered or queued).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Overhead {
     /// [`BASE_OVERHEAD_BYTES`].

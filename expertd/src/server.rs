@@ -47,6 +47,9 @@ pub const DEFAULT_MAX_CONNECTIONS_PER_UID: u32 = 64;
 pub const DEFAULT_MAX_ROWS: u32 = 8192;
 /// Default compute lanes (calls computing at once; each uses the whole thread pool).
 pub const DEFAULT_COMPUTE_LANES: usize = 2;
+/// Default time a request's body may take to arrive (`crate::rpc::intake`): the largest
+/// admissible request is tens of MiB, seconds even on a slow network.
+pub const DEFAULT_REQUEST_ARRIVAL_LIMIT: Duration = Duration::from_secs(30);
 pub use proto::MAX_MESSAGE_BYTES;
 
 mod accept;
@@ -56,8 +59,8 @@ pub const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(10);
 /// … and its connection (and sessions) dropped when a ping goes unanswered this long.
 pub const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(20);
 /// HTTP/2 streams (requests in progress) one connection may have open: a session's queued calls
-/// ([`DEFAULT_MAX_QUEUED_CALLS`]) for a few sessions, plus stats and health. Each stream's request
-/// may be decoded (up to the message cap) before its session is checked.
+/// ([`DEFAULT_MAX_QUEUED_CALLS`]) for a few sessions, plus stats and health. What their bodies
+/// hold while they arrive counts against `--max-queued-bytes` (`crate::rpc::intake`).
 pub const MAX_STREAMS_PER_CONNECTION: u32 = 32;
 /// A TCP client that has not finished its TLS handshake within this is dropped.
 pub const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -98,9 +101,11 @@ pub struct ServeConfig {
     /// Largest shared-memory segment mapped for one connection (`None`: derived from the
     /// container's hidden size, [`crate::shm::SegmentPolicy::derived`]).
     pub max_segment_bytes: Option<u64>,
-    /// Most bytes of decoded `MoeLayer` requests waiting for a lane (default: one of the
-    /// largest admissible requests per lane, `CallMemory::default_queued_bytes`).
+    /// Most bytes of requests arriving or decoded and waiting for a lane (default:
+    /// `CallMemory::default_queued_bytes`).
     pub max_queued_bytes: Option<u64>,
+    /// How long a request's body may take to arrive before it is refused.
+    pub request_arrival_limit: Duration,
     /// Largest `n_tokens` of one call.
     pub max_rows_per_call: u32,
     /// Calls computing at once.
@@ -143,6 +148,7 @@ impl ServeConfig {
             max_connections_per_uid: DEFAULT_MAX_CONNECTIONS_PER_UID,
             max_segment_bytes: None,
             max_queued_bytes: None,
+            request_arrival_limit: DEFAULT_REQUEST_ARRIVAL_LIMIT,
             max_rows_per_call: DEFAULT_MAX_ROWS,
             compute_lanes: DEFAULT_COMPUTE_LANES,
             threads: 0,
@@ -174,6 +180,9 @@ impl ServeConfig {
         }
         if self.compute_lanes == 0 {
             return bad("--compute-lanes must be at least 1".into());
+        }
+        if self.request_arrival_limit.is_zero() {
+            return bad("--request-arrival-timeout-secs must be at least 1".into());
         }
         if self.auth_token.as_ref().is_some_and(String::is_empty) {
             return bad("the auth token file is empty".into());
@@ -544,12 +553,16 @@ impl Prepared {
                     .call_memory()
                     .default_queued_bytes(config.compute_lanes)
             }),
+            request_arrival_limit: config.request_arrival_limit,
         };
-        if service_config.max_queued_bytes < service_config.max_message_bytes {
+        let largest_arriving = service_config
+            .max_message_bytes
+            .saturating_mul(1 + proto::codec::DECODED_PER_WIRE_BYTE);
+        if service_config.max_queued_bytes < largest_arriving {
             tracing::warn!(
                 max_queued_bytes = service_config.max_queued_bytes,
-                max_message_bytes = service_config.max_message_bytes,
-                "--max-queued-bytes is below the largest admissible MoeLayer request: RPC calls larger than it are refused whatever the queue holds"
+                largest_arriving,
+                "--max-queued-bytes is below what the largest admissible MoeLayer request is counted as while it arrives (its wire bytes and what they may decode to): RPC calls that large are refused whatever the queue holds"
             );
         }
         let auth = Auth::new(
@@ -688,6 +701,7 @@ impl Prepared {
                 .map_err(|e| tls.error(&e))?;
         }
         let served = builder
+            .layer(crate::rpc::intake::IntakeLayer::new(Arc::clone(&state)))
             .http2_keepalive_interval(Some(KEEPALIVE_INTERVAL))
             .http2_keepalive_timeout(Some(KEEPALIVE_TIMEOUT))
             .max_concurrent_streams(Some(MAX_STREAMS_PER_CONNECTION))

@@ -5,6 +5,7 @@
 //! Only this crate names generated types' construction details; expertd and hostd convert at
 //! their boundary with [`convert`]. Nothing here does IO.
 
+pub mod codec;
 pub mod convert;
 
 /// Generated from `expertd/v1/expert.proto` (package `expertd.v1`).

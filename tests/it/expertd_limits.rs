@@ -428,25 +428,21 @@ fn grpc_health_on_tcp_requires_the_token_and_stays_open_on_the_unix_socket() {
     });
 }
 
-/// What [`valid_call`]'s decoded request holds while it waits for a lane: its ids, weights and
-/// inline activations.
-fn held_bytes(r: &pb::MoeLayerRequest) -> u64 {
-    let input = match &r.input {
-        Some(Input::InputInlineF32Le(b)) => b.len(),
-        _ => 0,
-    };
-    (4 * (r.expert_ids.len() + r.weights.len()) + input) as u64
+/// What a request is counted as while it arrives (expertd's `rpc::intake`): its wire bytes and
+/// twice that for what they may decode to.
+fn arriving_bytes(r: &pb::MoeLayerRequest) -> u64 {
+    3 * prost::Message::encoded_len(r) as u64
 }
 
-/// Decoded `MoeLayer` requests waiting for a lane are capped in bytes over every connection
+/// `MoeLayer` requests arriving or waiting for a lane are capped in bytes over every connection
 /// (`--max-queued-bytes`): a request larger than the cap is refused with RESOURCE_EXHAUSTED
 /// naming the flag, concurrent calls from several connections past it are refused, never
-/// queued, and every admitted call gives its bytes back when it gets its lane (afterwards,
-/// calls that fit are admitted again, one after another, as often as wanted).
+/// buffered or queued, and every admitted call gives its bytes back when it gets its lane
+/// (afterwards, calls that fit are admitted again, one after another, as often as wanted).
 #[test]
 fn decoded_requests_waiting_for_a_lane_are_capped_in_bytes_over_every_connection() {
     let (_work, container) = tiny_container();
-    let one = held_bytes(&valid_call(0));
+    let one = arriving_bytes(&valid_call(0));
     let daemon = InProcessDaemon::unix(ServeConfig {
         max_queued_bytes: Some(3 * one),
         compute_lanes: 1,
@@ -474,7 +470,7 @@ fn decoded_requests_waiting_for_a_lane_are_capped_in_bytes_over_every_connection
             ))),
             ..valid_call(sid)
         };
-        assert!(held_bytes(&big) > 3 * one);
+        assert!(arriving_bytes(&big) > 3 * one);
         check_status(
             "a request past the queue's byte cap",
             c.moe_layer(big).await,

@@ -7,6 +7,7 @@ mod container;
 mod engine_panics;
 mod expert_io;
 mod expertd;
+mod expertd_arrival;
 mod expertd_deploy;
 mod expertd_faults;
 mod expertd_hint_flood;

@@ -133,11 +133,14 @@ impl CallPipeline {
 
     /// Stages 1 and 3 for `call` (validated: stage 2), a call of `session` whose decoded request
     /// holds `held_bytes` while it waits: draining, the session's bound, the queue's byte cap.
+    /// `arrival` is what the request was counted as while it arrived (`crate::rpc::intake`;
+    /// none on the ring): the call keeps `held_bytes` of it, topped up if it holds more.
     pub fn admit(
         self: &Arc<Self>,
         session: &Arc<Session>,
         call: &Validated<'_>,
         held_bytes: u64,
+        arrival: Held,
     ) -> Result<Admitted, RpcError> {
         // Counted before the draining check: a drain that sets the flag and then sees no call
         // running cannot miss one that passed the check.
@@ -148,7 +151,12 @@ impl CallPipeline {
             session: session.id,
             limit,
         })?;
-        let held = self.hold(held_bytes)?;
+        let mut held = arrival;
+        if held_bytes > held.bytes {
+            held.absorb(self.reserve(held_bytes - held.bytes)?);
+        } else {
+            held.shrink_to(held_bytes);
+        }
         let spec = call.spec();
         Ok(Admitted {
             _held: held,
@@ -162,10 +170,11 @@ impl CallPipeline {
 }
 
 impl CallPipeline {
-    /// Counts `bytes` against the cap on queued requests until the guard drops.
-    fn hold(self: &Arc<Self>, bytes: u64) -> Result<Held, RpcError> {
+    /// Counts `bytes` against the cap on queued requests until the guard drops (a request
+    /// arriving, from its length prefix, or a decoded one waiting for a lane).
+    pub fn reserve(self: &Arc<Self>, bytes: u64) -> Result<Held, RpcError> {
         if bytes == 0 {
-            return Ok(Held(None));
+            return Ok(Held::default());
         }
         let mut now = self.queued_bytes.load(Ordering::Acquire);
         loop {
@@ -191,21 +200,55 @@ impl CallPipeline {
                 Ordering::AcqRel,
                 Ordering::Acquire,
             ) {
-                Ok(_) => return Ok(Held(Some((Arc::clone(self), bytes)))),
+                Ok(_) => {
+                    return Ok(Held {
+                        pipeline: Some(Arc::clone(self)),
+                        bytes,
+                    });
+                }
                 Err(seen) => now = seen,
             }
         }
     }
 }
 
-/// Bytes counted in [`CallPipeline::queued_bytes`] until dropped (when the call gets its lane).
-struct Held(Option<(Arc<CallPipeline>, u64)>);
+/// Bytes counted in [`CallPipeline::queued_bytes`] until dropped (when the call gets its lane,
+/// or the request is refused or goes away).
+#[derive(Default)]
+pub struct Held {
+    pipeline: Option<Arc<CallPipeline>>,
+    bytes: u64,
+}
+
+impl Held {
+    /// The bytes counted.
+    pub fn bytes(&self) -> u64 {
+        self.bytes
+    }
+
+    /// Takes `other`'s bytes into this guard (both count against the same pipeline).
+    pub fn absorb(&mut self, mut other: Held) {
+        if let Some(p) = other.pipeline.take() {
+            self.pipeline.get_or_insert(p);
+            self.bytes += std::mem::take(&mut other.bytes);
+        }
+    }
+
+    /// Gives back all but `bytes` of what is counted.
+    pub fn shrink_to(&mut self, bytes: u64) {
+        if let Some(p) = &self.pipeline
+            && bytes < self.bytes
+        {
+            p.queued_bytes
+                .fetch_sub(self.bytes - bytes, Ordering::AcqRel);
+            self.bytes = bytes;
+        }
+    }
+}
 
 impl Drop for Held {
     fn drop(&mut self) {
-        if let Some((pipeline, bytes)) = self.0.take() {
-            pipeline.queued_bytes.fetch_sub(bytes, Ordering::AcqRel);
-        }
+        self.shrink_to(0);
     }
 }
 

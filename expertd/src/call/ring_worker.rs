@@ -279,7 +279,7 @@ impl Worker {
                     output,
                 };
                 pipeline
-                    .admit(&self.session, &call, 0)?
+                    .admit(&self.session, &call, 0, super::Held::default())?
                     .lane_blocking()
                     .run(call.spec(), &mut io, &mut self.buffers, hint)
             }

@@ -118,8 +118,11 @@ pub struct ServiceConfig {
     pub segment: crate::shm::SegmentPolicy,
     /// Connections one peer (unix uid, or TCP address) may hold open at once.
     pub max_connections_per_peer: u32,
-    /// Bytes of decoded `MoeLayer` requests that may wait for a lane, over every connection.
+    /// Bytes of requests arriving (`super::intake`) or decoded and waiting for a lane, over
+    /// every connection.
     pub max_queued_bytes: u64,
+    /// How long a request's body may take to arrive.
+    pub request_arrival_limit: std::time::Duration,
 }
 
 /// The daemon's state shared by every connection and call.
@@ -529,6 +532,7 @@ impl ExpertdService {
         conn: &ConnInfo,
         session: &Arc<Session>,
         r: pb::MoeLayerRequest,
+        arrival: crate::call::Held,
     ) -> Result<(pb::MoeLayerResponse, CallCost), RpcError> {
         let pipeline = &self.state.pipeline;
         pipeline.check_open()?;
@@ -554,7 +558,7 @@ impl ExpertdService {
         // nothing: it checks the inline length or the slices).
         let n_values = n_rows * pipeline.executor().hidden();
         let mut io = rpc_io(conn, r.input, r.output_shm.as_ref(), n_values)?;
-        let admitted = pipeline.admit(session, &call, held)?;
+        let admitted = pipeline.admit(session, &call, held, arrival)?;
         let laned = admitted.lane().await;
         let (ids, weights) = (r.expert_ids, r.weights);
         // The blocking job owns the lane and the in-flight slot: if the client goes away and
@@ -717,6 +721,11 @@ impl ExpertService for ExpertdService {
     ) -> Result<Response<pb::MoeLayerResponse>, Status> {
         let conn = conn_of(&request)?;
         self.state.auth.check(&conn, request.metadata())?;
+        let arrival = request
+            .extensions()
+            .get::<super::intake::ArrivalHold>()
+            .map(super::intake::ArrivalHold::take)
+            .unwrap_or_default();
         let r = request.into_inner();
         let session = self.state.sessions.get(r.session_id, conn.conn_id).ok_or(
             RpcError::UnknownSession {
@@ -731,7 +740,7 @@ impl ExpertService for ExpertdService {
             n_tokens = r.n_tokens
         );
         let result = self
-            .moe_layer_inner(&conn, &session, r)
+            .moe_layer_inner(&conn, &session, r, arrival)
             .instrument(span)
             .await;
         session.record(result.as_ref().map(|(_, c)| c).map_err(|_| ()));

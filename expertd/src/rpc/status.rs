@@ -47,9 +47,10 @@ pub enum RpcError {
     /// A handshake over the connection's or the peer's cap of open sessions.
     #[error(transparent)]
     TooManySessions(#[from] CapReached),
-    /// Admitting the call would pass the daemon's cap on decoded requests waiting for a lane.
+    /// Counting the request (arriving, or decoded and waiting for a lane) would pass the
+    /// daemon's cap.
     #[error(
-        "expertd's queue already holds {queued_bytes} B of decoded requests waiting for a compute lane; this call's {held_bytes} B would pass its cap of {cap_bytes} B (--max-queued-bytes); retry when calls finish, or use the shared-memory ring"
+        "expertd already holds {queued_bytes} B of requests arriving or waiting for a compute lane; this request's {held_bytes} B would pass its cap of {cap_bytes} B (--max-queued-bytes); retry when calls finish, or use the shared-memory ring"
     )]
     QueueFull {
         /// What this call's decoded request holds.
@@ -59,9 +60,9 @@ pub enum RpcError {
         /// The cap.
         cap_bytes: u64,
     },
-    /// The call's decoded request alone is larger than the cap on queued requests.
+    /// The request alone counts for more than the cap on queued requests.
     #[error(
-        "this call's decoded request holds {held_bytes} B, more than expertd's cap of {cap_bytes} B on requests waiting for a compute lane (--max-queued-bytes); send fewer rows per call, or use the shared-memory ring"
+        "this request is counted as {held_bytes} B (while it arrives: its wire bytes and what they may decode to; while it waits: its decoded form), more than expertd's cap of {cap_bytes} B on requests arriving or waiting for a compute lane (--max-queued-bytes); send fewer rows per call, or use the shared-memory ring"
     )]
     OverQueueCap {
         /// What this call's decoded request holds.

@@ -184,7 +184,9 @@ fn malformed_calls_get_specific_statuses_and_the_daemon_keeps_serving() {
         assert!(matches!(ok.output, Some(pb::moe_layer_response::Output::OutputInlineF32Le(ref b)) if b.len() == 2 * HIDDEN_TINY * 4));
         let s = c.stats(pb::StatsRequest {}).await.expect("stats").into_inner();
         assert_eq!(s.sessions.len(), 1);
-        assert!(s.sessions[0].failed_calls >= 11 && s.sessions[0].calls == 1, "{:?}", s.sessions[0]);
+        // Ids and weights unequal in number are refused by the codec's scan, before decoding,
+        // so before the session is looked up: those two are not the session's failures.
+        assert!(s.sessions[0].failed_calls >= 9 && s.sessions[0].calls == 1, "{:?}", s.sessions[0]);
         c.close_session(pb::CloseSessionRequest { session_id: sid }).await.expect("close");
         check_status("closed session", c.moe_layer(valid_call(sid)).await, Code::NotFound, "unknown session");
     });
