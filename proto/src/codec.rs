@@ -87,36 +87,36 @@ pub struct RequestCounts {
 }
 
 /// Counts the repeated fields of an encoded `MoeLayerRequest` and refuses one whose ids and
-/// weights differ in number; a malformed encoding is left to prost to name.
+/// weights differ in number, or that it cannot walk (a truncated field, a group: nothing a
+/// proto3 encoder writes), since it could not bound what such a message decodes to.
 pub fn scan_moe_layer_request(mut b: &[u8]) -> Result<RequestCounts, String> {
+    let malformed = |what: &str| format!("MoeLayer request: {what}; refused before decoding");
     let mut c = RequestCounts::default();
     while !b.is_empty() {
-        let Some(key) = varint(&mut b) else { break };
+        let key = varint(&mut b).ok_or_else(|| malformed("a field key is truncated"))?;
         let (field, wire) = (key >> 3, key & 7);
         match wire {
             0 => {
-                if varint(&mut b).is_none() {
-                    break;
-                }
+                varint(&mut b).ok_or_else(|| malformed("a varint is truncated"))?;
                 if field == 7 {
                     c.expert_ids += 1;
                 }
             }
             1 | 5 => {
                 let n = if wire == 1 { 8 } else { 4 };
-                if b.len() < n {
-                    break;
-                }
-                b = &b[n..];
+                b = b
+                    .get(n..)
+                    .ok_or_else(|| malformed("a fixed-width field is truncated"))?;
                 if field == 8 && wire == 5 {
                     c.weights += 1;
                 }
             }
             2 => {
-                let Some(len) = varint(&mut b) else { break };
-                let Some(payload) = usize::try_from(len).ok().and_then(|l| b.get(..l)) else {
-                    break;
-                };
+                let len = varint(&mut b).ok_or_else(|| malformed("a length is truncated"))?;
+                let payload = usize::try_from(len)
+                    .ok()
+                    .and_then(|l| b.get(..l))
+                    .ok_or_else(|| malformed("a field runs past the message"))?;
                 match field {
                     // A packed varint field: one element per byte without the continuation bit.
                     7 => c.expert_ids += payload.iter().filter(|&&x| x < 0x80).count() as u64,
@@ -126,7 +126,7 @@ pub fn scan_moe_layer_request(mut b: &[u8]) -> Result<RequestCounts, String> {
                 }
                 b = &b[payload.len()..];
             }
-            _ => break,
+            _ => return Err(malformed(&format!("field {field} has wire type {wire}"))),
         }
     }
     if c.expert_ids != c.weights {
@@ -208,11 +208,53 @@ mod tests {
         assert_eq!(decoded.expert_ids.len(), 3);
     }
 
+    /// Mutated encodings: whenever prost decodes one, the scan either counts exactly what
+    /// prost decoded, or refuses it because those counts differ.
     #[test]
-    fn a_truncated_message_is_left_to_prost() {
-        let bytes = request(vec![1, 2], vec![0.5, 0.5], 16);
-        for cut in 0..bytes.len() {
-            let _ = scan_moe_layer_request(&bytes[..cut]);
+    fn the_scan_agrees_with_prost_on_mutated_messages() {
+        let base = request(vec![1, 200, 3, 70_000], vec![0.5, 0.5, 0.25, 0.75], 24);
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        let (mut agreed, mut refused) = (0, 0);
+        for _ in 0..200_000 {
+            let mut m = base.clone();
+            for _ in 0..1 + next() % 3 {
+                let at = (next() % m.len() as u64) as usize;
+                match next() % 3 {
+                    0 => m[at] = next() as u8,
+                    1 => m.truncate(at),
+                    _ => m.insert(at, next() as u8),
+                }
+                if m.is_empty() {
+                    break;
+                }
+            }
+            let Ok(decoded) = MoeLayerRequest::decode(m.as_slice()) else {
+                continue;
+            };
+            let (ids, weights) = (
+                decoded.expert_ids.len() as u64,
+                decoded.weights.len() as u64,
+            );
+            match scan_moe_layer_request(&m) {
+                Ok(c) => {
+                    assert_eq!((c.expert_ids, c.weights), (ids, weights), "{m:?}");
+                    agreed += 1;
+                }
+                Err(e) => {
+                    assert!(ids != weights || e.contains("wire type"), "{e}: {m:?}");
+                    refused += 1;
+                }
+            }
         }
+        assert!(
+            agreed > 1000 && refused > 100,
+            "{agreed} agreed, {refused} refused"
+        );
     }
 }
