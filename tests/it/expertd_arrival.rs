@@ -19,8 +19,9 @@ const CONNECTIONS: usize = 3;
 const STREAMS: usize = 32;
 
 /// A `MoeLayer` stream whose 5-byte prefix declares `declared` bytes, of which 1 KiB is sent;
-/// the body is left open. Returns the stream's grpc-status once the daemon answers.
-async fn stalled_upload(
+/// the body is left open. Returns the stream's grpc-status once the daemon answers (its task
+/// runs on the caller's runtime).
+pub(crate) async fn stalled_upload(
     client: h2::client::SendRequest<Bytes>,
     declared: u32,
 ) -> (
@@ -58,7 +59,7 @@ async fn stalled_upload(
     (client, answer)
 }
 
-async fn h2_connection(socket: &Path) -> h2::client::SendRequest<Bytes> {
+pub(crate) async fn h2_connection(socket: &Path) -> h2::client::SendRequest<Bytes> {
     let io = tokio::net::UnixStream::connect(socket)
         .await
         .expect("connect");

@@ -7,7 +7,10 @@
 //! - a ring client whose threads rewrite its entries' fields, state words, cells and
 //!   activations at random while the daemon takes and runs them (ops, layers, rows, offsets,
 //!   sequence numbers that wrap or go backwards);
-//! - sessions whose connection closes in the middle of a call.
+//! - sessions whose connection closes in the middle of a call;
+//! - raw HTTP/2 streams that declare a `MoeLayer` message of up to the largest admissible size
+//!   and never finish it (`super::expertd_arrival`): refused at their length prefix or cut off at
+//!   the arrival limit (1 s here), one round per 20 s of the ring phase.
 //!
 //! Afterwards the daemon is alive and answers, the victim's output never changed, and the
 //! counters are back: one open session (the victim's) in the cache and the session table, no
@@ -229,7 +232,12 @@ fn ring_scribbler(socket: &Path, run_for: Duration, seed: u64) -> u64 {
 fn hostile_clients_leave_the_daemon_alive_and_other_sessions_bit_identical() {
     let (_work, container) = work_with_container("tiny");
     // Six experts resident: the victim's calls evict and read every time.
-    let daemon = Daemon::unix(&container, 6 * blob_stride(&container), &[]);
+    // A short arrival limit, so that the stalled uploads of phase 4 are cut off within a round.
+    let daemon = Daemon::unix(
+        &container,
+        6 * blob_stride(&container),
+        &["--request-arrival-timeout-secs", "1"],
+    );
     let socket = daemon.socket.clone().expect("unix daemon");
     let ring_seconds: u64 = std::env::var("SLUICE_HOSTILE_SECONDS")
         .ok()
@@ -238,11 +246,11 @@ fn hostile_clients_leave_the_daemon_alive_and_other_sessions_bit_identical() {
 
     let rt = rt();
     let mut victim = rt.block_on(raw_unix(&socket));
-    let vid = rt
+    let hs = rt
         .block_on(victim.handshake(handshake_request(None)))
         .expect("victim handshake")
-        .into_inner()
-        .session_id;
+        .into_inner();
+    let (vid, largest) = (hs.session_id, hs.limits.expect("limits").max_message_bytes);
     let baseline = output(
         rt.block_on(victim.moe_layer(victim_call(vid)))
             .expect("victim")
@@ -313,6 +321,49 @@ fn hostile_clients_leave_the_daemon_alive_and_other_sessions_bit_identical() {
                 // `c` drops here: the connection closes, mid-call or just after.
             });
         }
+        // 4. Stalled uploads: streams that declare a message of up to the largest admissible
+        // size and never finish it, refused at their prefix or cut off at the arrival limit.
+        let rounds = (ring_seconds / 20).max(1);
+        let stalled_rt = super::expertd::rt();
+        let (mut exhausted, mut cut_off) = (0, 0);
+        for _ in 0..rounds {
+            let codes = stalled_rt.block_on(async {
+                let mut answers = Vec::new();
+                let mut clients = Vec::new();
+                for _ in 0..2 {
+                    let mut client = super::expertd_arrival::h2_connection(&socket).await;
+                    for _ in 0..32 {
+                        let declared = 1024 + below(&mut rng, largest) as u32;
+                        let (c, answer) =
+                            super::expertd_arrival::stalled_upload(client, declared).await;
+                        client = c;
+                        answers.push(answer);
+                    }
+                    clients.push(client);
+                }
+                let mut codes = Vec::new();
+                for a in answers {
+                    let code = tokio::time::timeout(Duration::from_secs(10), a)
+                        .await
+                        .expect("a stalled upload was never answered")
+                        .expect("task");
+                    codes.push(code);
+                }
+                codes
+            });
+            for code in codes {
+                match code.map(tonic::Code::from) {
+                    Some(tonic::Code::ResourceExhausted) => exhausted += 1,
+                    Some(tonic::Code::DeadlineExceeded) => cut_off += 1,
+                    other => panic!("a stalled upload got {other:?}"),
+                }
+            }
+        }
+        eprintln!(
+            "stalled uploads: {rounds} rounds of 64 streams, {exhausted} refused at their prefix, \
+             {cut_off} cut off at the arrival limit"
+        );
+        assert!(exhausted > 0 && cut_off > 0);
         done.store(true, Ordering::Relaxed);
     });
     eprintln!(
