@@ -110,6 +110,7 @@ fn a_scheduler_panic_fails_its_request_and_one_too_many_stops_the_engine() {
         prefill_chunk: 64,
         prefill_budget: 64,
         max_context: 256,
+        fault_panic_in_step: false,
     };
     let (fatal_tx, fatal_rx) = std::sync::mpsc::channel::<EngineFatal>();
     let (handle, thread) = engine::start(

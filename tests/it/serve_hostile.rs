@@ -1,7 +1,8 @@
 //! `hostd serve` against hostile HTTP requests (issue 37): a request whose parameters pass
 //! validation but once broke the math must neither take the server down nor get a wrong answer,
 //! and `/health` must say what the next request would get; one API key must not reach what
-//! another stored.
+//! another stored; a scheduler that keeps panicking makes the process exit 70 for its
+//! supervisor instead of living on as a server that answers nothing.
 
 use crate::serve::{Response, Server, check_error, user};
 use serde_json::{Value, json};
@@ -114,4 +115,40 @@ fn stored_responses_are_unguessable_and_belong_to_the_key_that_made_them() {
     assert_eq!(get("alpha-key", &a).status, 200);
     assert_eq!(delete("alpha-key", &a).status, 200);
     check_error(&get("alpha-key", &a), 404, "response_not_found");
+}
+
+/// A real `hostd serve` whose every generation step panics (the hidden fault-injection flag
+/// `--fault-panic-in-step`): while the panic budget lasts (3 within 60 s), each request fails
+/// with a 500 and the server goes on; the next panic stops the engine, and the process drains
+/// and exits with status 70 (EX_SOFTWARE) for its supervisor, within seconds, never living on
+/// with `/health` ready.
+#[test]
+fn a_scheduler_that_keeps_panicking_makes_hostd_exit_70_for_its_supervisor() {
+    let mut s = Server::start("tiny", &["--fault-panic-in-step"]);
+    for i in 0..3 {
+        let r = s.post("/v1/chat/completions", &body(&s, 0.0));
+        check_error(&r, 500, "internal_error");
+        let health = s.request("GET", "/health", &[], None);
+        assert_eq!(
+            health.status, 200,
+            "the engine still serves after panic {i}"
+        );
+    }
+    // The fourth panic spends the budget: this request fails too (or finds the server gone).
+    let last = body(&s, 0.0).to_string();
+    if let Ok(r) = s.try_request("POST", "/v1/chat/completions", &[], Some(&last)) {
+        assert!(matches!(r.status, 500 | 503), "{}: {}", r.status, r.text());
+    }
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    let status = loop {
+        if let Some(status) = s.child.0.try_wait().expect("try_wait") {
+            break status;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "hostd still running 20 s after its engine stopped"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    assert_eq!(status.code(), Some(70), "{status:?}");
 }

@@ -90,6 +90,10 @@ pub struct ServeArgs {
         value_parser = shared::byte_size::parse_bytes,
     )]
     pub prefix_cache_disk_bytes: u64,
+    /// Fault injection for tests: every generation step panics (the scheduler's supervision
+    /// then fails the request, and past its panic budget hostd exits with status 70).
+    #[arg(long, hide = true)]
+    pub fault_panic_in_step: bool,
     /// Whether a chat request that does not say thinks first: `on` (Qwen3.6's own default) puts
     /// the reasoning in `reasoning_content` before the answer in `content`; `off` answers at
     /// once, for clients that show only `content`. A request overrides it with
@@ -329,6 +333,11 @@ async fn serve(args: &ServeArgs, config: ServerConfig) -> anyhow::Result<()> {
         args.load.model.display()
     ));
     tracing::info!(%local, model = %config.served_model_name, auth_keys = config.api_keys.len(), "listening");
+    if args.fault_panic_in_step {
+        tracing::warn!(
+            "--fault-panic-in-step: every generation step panics (fault injection for tests)"
+        );
+    }
     let metrics = Arc::new(Metrics::new());
     let state = AppState::new(config, Arc::clone(&metrics));
 
@@ -363,6 +372,7 @@ async fn serve(args: &ServeArgs, config: ServerConfig) -> anyhow::Result<()> {
             prefill_chunk: args.prefill_chunk,
             prefill_budget: args.prefill_budget.unwrap_or(args.prefill_chunk),
             max_context: 0,
+            fault_panic_in_step: args.fault_panic_in_step,
         },
         args.max_context,
     );

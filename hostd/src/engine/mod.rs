@@ -63,6 +63,10 @@ pub struct EngineConfig {
     pub prefill_budget: usize,
     /// Most tokens a sequence may hold (prompt + generated).
     pub max_context: usize,
+    /// Fault injection (`hostd serve --fault-panic-in-step`, hidden from `--help`): every
+    /// generation step that has a sequence panics, so that tests can drive the panic
+    /// supervision end to end in a real process (failed requests, then exit status 70).
+    pub fault_panic_in_step: bool,
 }
 
 /// One generation request, already tokenised and validated.

@@ -365,6 +365,9 @@ impl Scheduler {
     /// back to back. Block boundaries stay where `fairness::block_end` puts them whatever the
     /// pace, so the output does not depend on the load.
     fn step(&mut self) {
+        if self.config.fault_panic_in_step && !self.seqs.is_empty() {
+            panic!("--fault-panic-in-step: a deliberate panic in the generation step");
+        }
         let decoding = self
             .seqs
             .iter()
