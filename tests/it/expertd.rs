@@ -300,6 +300,18 @@ pub(crate) async fn raw_unix(socket: &Path) -> ExpertServiceClient<Channel> {
     ExpertServiceClient::new(unix_channel(socket).await)
 }
 
+/// [`raw_unix`] with a session opened by a plain handshake: the client and the session id.
+pub(crate) async fn raw_session(socket: &Path) -> (ExpertServiceClient<Channel>, u64) {
+    let mut c = raw_unix(socket).await;
+    let sid = c
+        .handshake(handshake_request(None))
+        .await
+        .expect("handshake")
+        .into_inner()
+        .session_id;
+    (c, sid)
+}
+
 /// One HTTP/2 connection (no shared-memory pre-handshake) to the daemon's unix socket.
 pub(crate) async fn unix_channel(socket: &Path) -> Channel {
     try_unix_channel(socket).await.expect("connect")

@@ -9,7 +9,7 @@
 //! per-peer counters and the daemon totals (two uids, one session closed).
 
 use super::expertd::{
-    activations, blob_stride, eval, handshake_request, prompts_file, raw_unix, rt,
+    activations, blob_stride, eval, handshake_request, prompts_file, raw_session, raw_unix, rt,
 };
 use proto::v1::{self as pb, moe_layer_request::Input};
 use std::os::unix::fs::PermissionsExt;
@@ -188,13 +188,7 @@ fn ready_is_notified_only_once_the_daemon_can_serve_and_stopping_on_sigterm() {
         .clone();
     assert!(ready.contains("STATUS=serving"), "{ready}");
     rt().block_on(async {
-        let mut c = raw_unix(&socket).await;
-        let session = c
-            .handshake(handshake_request(None))
-            .await
-            .expect("handshake right after READY=1")
-            .into_inner()
-            .session_id;
+        let (mut c, session) = raw_session(&socket).await;
         let call = pb::MoeLayerRequest {
             session_id: session,
             request_id: 1,

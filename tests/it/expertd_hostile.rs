@@ -18,7 +18,8 @@
 //! phase (the soak, `scripts/bench-hostile`).
 
 use super::expertd::{
-    Daemon, activations, blob_stride, handshake_request, output, raw_unix, ring_client, rt,
+    Daemon, activations, blob_stride, handshake_request, output, raw_session, raw_unix,
+    ring_client, rt,
 };
 use hostd::expert_client::shm::ClientSegment;
 use proto::v1::{self as pb, moe_layer_request::Input};
@@ -298,13 +299,7 @@ fn hostile_clients_leave_the_daemon_alive_and_other_sessions_bit_identical() {
         let dropped_rt = super::expertd::rt();
         for i in 0..20 {
             dropped_rt.block_on(async {
-                let mut c = raw_unix(&socket).await;
-                let sid = c
-                    .handshake(handshake_request(None))
-                    .await
-                    .expect("handshake")
-                    .into_inner()
-                    .session_id;
+                let (mut c, sid) = raw_session(&socket).await;
                 let n = 512;
                 let req = pb::MoeLayerRequest {
                     n_tokens: n as u32,

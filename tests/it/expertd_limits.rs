@@ -9,8 +9,8 @@
 //! temporary socket ([`InProcessDaemon`]) and reads its log from there.
 
 use super::expertd::{
-    HIDDEN_TINY, activations, check_status, handshake_request, raw_unix, ring_client, rt,
-    unix_channel, valid_call, whole_container,
+    HIDDEN_TINY, activations, check_status, handshake_request, raw_session, raw_unix, ring_client,
+    rt, unix_channel, valid_call, whole_container,
 };
 use expertd::server::ServeConfig;
 use hostd::expert_client::shm::ClientSegment;
@@ -450,13 +450,7 @@ fn decoded_requests_waiting_for_a_lane_are_capped_in_bytes_over_every_connection
     });
     let socket = daemon.socket().to_path_buf();
     rt().block_on(async {
-        let mut c = raw_unix(&socket).await;
-        let sid = c
-            .handshake(handshake_request(None))
-            .await
-            .expect("handshake")
-            .into_inner()
-            .session_id;
+        let (mut c, sid) = raw_session(&socket).await;
         c.moe_layer(valid_call(sid))
             .await
             .expect("a call within the cap");
@@ -484,13 +478,7 @@ fn decoded_requests_waiting_for_a_lane_are_capped_in_bytes_over_every_connection
         for _ in 0..8 {
             let socket = socket.clone();
             tasks.push(tokio::spawn(async move {
-                let mut c = raw_unix(&socket).await;
-                let sid = c
-                    .handshake(handshake_request(None))
-                    .await
-                    .expect("handshake")
-                    .into_inner()
-                    .session_id;
+                let (mut c, sid) = raw_session(&socket).await;
                 let (mut ok, mut full) = (0, 0);
                 for _ in 0..20 {
                     match c.moe_layer(valid_call(sid)).await {

@@ -3,7 +3,7 @@
 //! pipe is full. Calls keep completing (each within a bound far below the stall), and once the
 //! reader drains the FIFO and the daemon stops, the trace holds every call.
 
-use super::expertd::{handshake_request, raw_unix, rt, valid_call, whole_container};
+use super::expertd::{raw_session, rt, valid_call, whole_container};
 use expertd::server::ServeConfig;
 use std::io::Read;
 use std::time::{Duration, Instant};
@@ -38,13 +38,7 @@ fn a_stalled_route_trace_never_stalls_a_call() {
         ..whole_container(&container)
     });
     let slowest = rt().block_on(async {
-        let mut c = raw_unix(daemon.socket()).await;
-        let sid = c
-            .handshake(handshake_request(None))
-            .await
-            .expect("handshake")
-            .into_inner()
-            .session_id;
+        let (mut c, sid) = raw_session(daemon.socket()).await;
         let mut slowest = Duration::ZERO;
         for i in 0..CALLS {
             let t = Instant::now();

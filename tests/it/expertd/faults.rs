@@ -307,13 +307,7 @@ fn a_corrupted_blob_is_data_loss_for_that_expert_only() {
     tests::corrupt_blobs(&container, &[1], 100);
     let daemon = InProcessDaemon::unix(whole_container(&container));
     rt().block_on(async {
-        let mut c = raw_unix(daemon.socket()).await;
-        let sid = c
-            .handshake(handshake_request(None))
-            .await
-            .expect("handshake")
-            .into_inner()
-            .session_id;
+        let (mut c, sid) = raw_session(daemon.socket()).await;
         let s = c
             .moe_layer(valid_call(sid))
             .await
