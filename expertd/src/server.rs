@@ -47,6 +47,9 @@ pub const DEFAULT_MAX_CONNECTIONS_PER_UID: u32 = 64;
 pub const DEFAULT_MAX_ROWS: u32 = 8192;
 /// Default compute lanes (calls computing at once; each uses the whole thread pool).
 pub const DEFAULT_COMPUTE_LANES: usize = 2;
+/// The largest `grpc.health.v1` request decoded (a service name): health requests are not
+/// counted against `--max-queued-bytes` (any unix peer may send them), so their size is capped.
+pub const MAX_HEALTH_MESSAGE_BYTES: usize = 1024;
 /// Default time a request's body may take to arrive (`crate::rpc::intake`): the largest
 /// admissible request is tens of MiB, seconds even on a slow network.
 pub const DEFAULT_REQUEST_ARRIVAL_LIMIT: Duration = Duration::from_secs(30);
@@ -659,6 +662,7 @@ impl Prepared {
         );
         tracing::debug!(identity = %b.header.identity, reader = %b.io, "container and reader details");
         let (health, health_service) = tonic_health::server::health_reporter();
+        let health_service = health_service.max_decoding_message_size(MAX_HEALTH_MESSAGE_BYTES);
         health
             .set_serving::<ExpertServiceServer<ExpertdService>>()
             .await;

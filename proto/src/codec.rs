@@ -7,7 +7,9 @@
 //! without allocating and refuses one whose `expert_ids` and `weights` differ in count (which
 //! validation refuses anyway, after decoding). Each weight is 4 bytes on the wire and each id
 //! at least 1, so an accepted request decodes to at most `8/5` of its wire size: the daemon
-//! counts a request arriving as its wire bytes plus [`DECODED_PER_WIRE_BYTE`] times that.
+//! counts a request arriving as its wire bytes plus [`DECODED_PER_WIRE_BYTE`] times that. The
+//! decoder then reserves exactly the scanned counts before prost merges into them, so the
+//! vectors never grow by doubling past that bound.
 
 use crate::v1::MoeLayerRequest;
 use std::any::TypeId;
@@ -65,7 +67,15 @@ impl<U: prost::Message + Default + 'static> Decoder for CheckedDecoder<U> {
                     "MoeLayer request: the message is not contiguous in the decode buffer",
                 ));
             }
-            scan_moe_layer_request(buf.chunk()).map_err(Status::invalid_argument)?;
+            let counts = scan_moe_layer_request(buf.chunk()).map_err(Status::invalid_argument)?;
+            let mut request = MoeLayerRequest::default();
+            // Counts bounded by the message's length (at least a byte per id, 4 per weight).
+            request.expert_ids.reserve_exact(counts.expert_ids as usize);
+            request.weights.reserve_exact(counts.weights as usize);
+            prost::Message::merge(&mut request, buf)
+                .map_err(|e| Status::internal(format!("MoeLayer request: {e}")))?;
+            let any: Box<dyn std::any::Any> = Box::new(request);
+            return Ok(any.downcast::<U>().ok().map(|u| *u));
         }
         self.0.decode(buf)
     }

@@ -8,9 +8,10 @@
 //!   activations at random while the daemon takes and runs them (ops, layers, rows, offsets,
 //!   sequence numbers that wrap or go backwards);
 //! - sessions whose connection closes in the middle of a call;
-//! - raw HTTP/2 streams that declare a `MoeLayer` message of up to the largest admissible size
-//!   and never finish it (`super::expertd_arrival`): refused at their length prefix or cut off at
-//!   the arrival limit (1 s here), one round per 20 s of the ring phase.
+//! - raw HTTP/2 streams, from another uid, that declare a `MoeLayer` message of up to the
+//!   largest admissible size and never finish it (`super::expertd_arrival`): refused at their
+//!   length prefix or cut off at the arrival limit (1 s here); after the ring phase, one round
+//!   per 20 s of it (at least one).
 //!
 //! Afterwards the daemon is alive and answers, the victim's output never changed, and the
 //! counters are back: one open session (the victim's) in the cache and the session table, no
@@ -316,49 +317,40 @@ fn hostile_clients_leave_the_daemon_alive_and_other_sessions_bit_identical() {
                 // `c` drops here: the connection closes, mid-call or just after.
             });
         }
-        // 4. Stalled uploads: streams that declare a message of up to the largest admissible
-        // size and never finish it, refused at their prefix or cut off at the arrival limit.
-        let rounds = (ring_seconds / 20).max(1);
-        let stalled_rt = super::expertd::rt();
-        let (mut exhausted, mut cut_off) = (0, 0);
-        for _ in 0..rounds {
-            let codes = stalled_rt.block_on(async {
-                let mut answers = Vec::new();
-                let mut clients = Vec::new();
-                for _ in 0..2 {
-                    let mut client = super::expertd_arrival::h2_connection(&socket).await;
-                    for _ in 0..32 {
-                        let declared = 1024 + below(&mut rng, largest) as u32;
-                        let (c, answer) =
-                            super::expertd_arrival::stalled_upload(client, declared).await;
-                        client = c;
-                        answers.push(answer);
+        // 4. Stalled uploads, from another uid: streams that declare a message of up to the
+        // largest admissible size and never finish it, refused at their prefix or cut off at
+        // the arrival limit; the stranger's share of the cap leaves the victim room.
+        if super::expertd_arrival::can_be_stranger("the hostile suite's stalled uploads") {
+            super::expertd_arrival::open_to_everyone(&socket);
+            let rounds = (ring_seconds / 20).max(1);
+            let (mut exhausted, mut cut_off) = (0, 0);
+            for round in 0..rounds {
+                let (opened, _) = std::sync::mpsc::channel();
+                let sock = socket.clone();
+                let mut sizes = SplitMix64::new(43 + round);
+                let codes = super::expertd_arrival::as_stranger(move || {
+                    let declared = move || 1 + below(&mut sizes, largest) as u32;
+                    super::expertd::rt().block_on(super::expertd_arrival::stalled_uploads(
+                        &sock, 2, declared, opened,
+                    ))
+                })
+                .join()
+                .expect("the stranger's thread");
+                for code in codes {
+                    match code.map(tonic::Code::from) {
+                        Some(tonic::Code::ResourceExhausted) => exhausted += 1,
+                        Some(tonic::Code::DeadlineExceeded) => cut_off += 1,
+                        other => panic!("a stalled upload got {other:?}"),
                     }
-                    clients.push(client);
-                }
-                let mut codes = Vec::new();
-                for a in answers {
-                    let code = tokio::time::timeout(Duration::from_secs(10), a)
-                        .await
-                        .expect("a stalled upload was never answered")
-                        .expect("task");
-                    codes.push(code);
-                }
-                codes
-            });
-            for code in codes {
-                match code.map(tonic::Code::from) {
-                    Some(tonic::Code::ResourceExhausted) => exhausted += 1,
-                    Some(tonic::Code::DeadlineExceeded) => cut_off += 1,
-                    other => panic!("a stalled upload got {other:?}"),
                 }
             }
+            eprintln!(
+                "stalled uploads (uid {}): {rounds} rounds of 64 streams, {exhausted} refused at \
+                 their prefix, {cut_off} cut off at the arrival limit",
+                super::expertd_arrival::STRANGER
+            );
+            assert!(exhausted > 0 && cut_off > 0);
         }
-        eprintln!(
-            "stalled uploads: {rounds} rounds of 64 streams, {exhausted} refused at their prefix, \
-             {cut_off} cut off at the arrival limit"
-        );
-        assert!(exhausted > 0 && cut_off > 0);
         done.store(true, Ordering::Relaxed);
     });
     eprintln!(

@@ -428,10 +428,16 @@ fn grpc_health_on_tcp_requires_the_token_and_stays_open_on_the_unix_socket() {
     });
 }
 
-/// What a request is counted as while it arrives (expertd's `rpc::intake`): its wire bytes and
-/// twice that for what they may decode to.
-fn arriving_bytes(r: &pb::MoeLayerRequest) -> u64 {
-    3 * prost::Message::encoded_len(r) as u64
+/// What [`valid_call`]'s decoded request holds while it waits for a lane: its ids, weights and
+/// inline activations (it is under expertd's `UNCOUNTED_MESSAGE_BYTES`, so it is not counted
+/// while it arrives).
+fn held_bytes(r: &pb::MoeLayerRequest) -> u64 {
+    let input = match &r.input {
+        Some(Input::InputInlineF32Le(b)) => b.len(),
+        _ => 0,
+    };
+    assert!(prost::Message::encoded_len(r) as u64 <= expertd::rpc::intake::UNCOUNTED_MESSAGE_BYTES);
+    (4 * (r.expert_ids.len() + r.weights.len()) + input) as u64
 }
 
 /// `MoeLayer` requests arriving or waiting for a lane are capped in bytes over every connection
@@ -442,7 +448,7 @@ fn arriving_bytes(r: &pb::MoeLayerRequest) -> u64 {
 #[test]
 fn decoded_requests_waiting_for_a_lane_are_capped_in_bytes_over_every_connection() {
     let (_work, container) = tiny_container();
-    let one = arriving_bytes(&valid_call(0));
+    let one = held_bytes(&valid_call(0));
     let daemon = InProcessDaemon::unix(ServeConfig {
         max_queued_bytes: Some(3 * one),
         compute_lanes: 1,
@@ -464,7 +470,7 @@ fn decoded_requests_waiting_for_a_lane_are_capped_in_bytes_over_every_connection
             ))),
             ..valid_call(sid)
         };
-        assert!(arriving_bytes(&big) > 3 * one);
+        assert!(held_bytes(&big) > 3 * one);
         check_status(
             "a request past the queue's byte cap",
             c.moe_layer(big).await,

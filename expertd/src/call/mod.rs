@@ -22,10 +22,12 @@
 //! [`ring_worker`] a ring entry ([`ring_entry::decode`], which the fuzz target calls too).
 
 pub mod limits;
+pub mod queued;
 pub mod ring_entry;
 pub mod ring_worker;
 
 pub use limits::{CallLimits, Validated};
+pub use queued::Held;
 pub use ring_worker::RingConfig;
 
 use crate::moe_call::{CallExecutor, CallSpec};
@@ -36,7 +38,7 @@ use crate::shm::Segment;
 use shared::call_cost::CallCost;
 use std::ops::Range;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::Instant;
 
 /// The daemon's call pipeline: the executor, the fair queue in front of its lanes, and the
@@ -48,12 +50,8 @@ pub struct CallPipeline {
     max_queued_calls_per_session: u32,
     /// Calls admitted and not yet finished, on either transport.
     running: AtomicU32,
-    /// Bytes of decoded requests that admitted calls hold while they wait for a lane.
-    queued_bytes: AtomicU64,
-    /// The cap on `queued_bytes`.
-    max_queued_bytes: u64,
-    /// Calls refused because of that cap, since start.
-    queue_full_refusals: AtomicU64,
+    /// Bytes of requests arriving or decoded and waiting for a lane.
+    queued: Arc<queued::QueuedBytes>,
 }
 
 impl CallPipeline {
@@ -72,20 +70,25 @@ impl CallPipeline {
             draining: AtomicBool::new(false),
             max_queued_calls_per_session,
             running: AtomicU32::new(0),
-            queued_bytes: AtomicU64::new(0),
-            max_queued_bytes,
-            queue_full_refusals: AtomicU64::new(0),
+            queued: queued::QueuedBytes::new(max_queued_bytes),
         }
     }
 
-    /// Bytes of decoded requests waiting for a lane now.
+    /// Bytes of requests arriving or decoded and waiting for a lane now.
     pub fn queued_bytes(&self) -> u64 {
-        self.queued_bytes.load(Ordering::Acquire)
+        self.queued.level()
     }
 
-    /// Calls refused so far because of the cap on queued bytes.
+    /// Requests refused so far because of the cap on queued bytes or a peer's share of it.
     pub fn queue_full_refusals(&self) -> u64 {
-        self.queue_full_refusals.load(Ordering::Relaxed)
+        self.queued.refusals()
+    }
+
+    /// Counts `bytes` of a request from `peer` against the cap on queued bytes until the
+    /// guard drops (a request arriving, from its length prefix, or a decoded one waiting for a
+    /// lane).
+    pub fn reserve(&self, bytes: u64, peer: crate::session::PeerKey) -> Result<Held, RpcError> {
+        self.queued.reserve(bytes, peer)
     }
 
     /// The call executor.
@@ -152,8 +155,8 @@ impl CallPipeline {
             limit,
         })?;
         let mut held = arrival;
-        if held_bytes > held.bytes {
-            held.absorb(self.reserve(held_bytes - held.bytes)?);
+        if held_bytes > held.bytes() {
+            held.absorb(self.reserve(held_bytes - held.bytes(), session.peer_key)?);
         } else {
             held.shrink_to(held_bytes);
         }
@@ -166,89 +169,6 @@ impl CallPipeline {
             in_flight,
             since: Instant::now(),
         })
-    }
-}
-
-impl CallPipeline {
-    /// Counts `bytes` against the cap on queued requests until the guard drops (a request
-    /// arriving, from its length prefix, or a decoded one waiting for a lane).
-    pub fn reserve(self: &Arc<Self>, bytes: u64) -> Result<Held, RpcError> {
-        if bytes == 0 {
-            return Ok(Held::default());
-        }
-        let mut now = self.queued_bytes.load(Ordering::Acquire);
-        loop {
-            if bytes > self.max_queued_bytes {
-                self.queue_full_refusals.fetch_add(1, Ordering::Relaxed);
-                return Err(RpcError::OverQueueCap {
-                    held_bytes: bytes,
-                    cap_bytes: self.max_queued_bytes,
-                });
-            }
-            let next = now.saturating_add(bytes);
-            if next > self.max_queued_bytes {
-                self.queue_full_refusals.fetch_add(1, Ordering::Relaxed);
-                return Err(RpcError::QueueFull {
-                    held_bytes: bytes,
-                    queued_bytes: now,
-                    cap_bytes: self.max_queued_bytes,
-                });
-            }
-            match self.queued_bytes.compare_exchange_weak(
-                now,
-                next,
-                Ordering::AcqRel,
-                Ordering::Acquire,
-            ) {
-                Ok(_) => {
-                    return Ok(Held {
-                        pipeline: Some(Arc::clone(self)),
-                        bytes,
-                    });
-                }
-                Err(seen) => now = seen,
-            }
-        }
-    }
-}
-
-/// Bytes counted in [`CallPipeline::queued_bytes`] until dropped (when the call gets its lane,
-/// or the request is refused or goes away).
-#[derive(Default)]
-pub struct Held {
-    pipeline: Option<Arc<CallPipeline>>,
-    bytes: u64,
-}
-
-impl Held {
-    /// The bytes counted.
-    pub fn bytes(&self) -> u64 {
-        self.bytes
-    }
-
-    /// Takes `other`'s bytes into this guard (both count against the same pipeline).
-    pub fn absorb(&mut self, mut other: Held) {
-        if let Some(p) = other.pipeline.take() {
-            self.pipeline.get_or_insert(p);
-            self.bytes += std::mem::take(&mut other.bytes);
-        }
-    }
-
-    /// Gives back all but `bytes` of what is counted.
-    pub fn shrink_to(&mut self, bytes: u64) {
-        if let Some(p) = &self.pipeline
-            && bytes < self.bytes
-        {
-            p.queued_bytes
-                .fetch_sub(self.bytes - bytes, Ordering::AcqRel);
-            self.bytes = bytes;
-        }
-    }
-}
-
-impl Drop for Held {
-    fn drop(&mut self) {
-        self.shrink_to(0);
     }
 }
 

@@ -1,11 +1,17 @@
 //! What the gRPC server holds of requests still arriving: every request is authorized from its
-//! headers before a byte of its body is read, and each message in it is counted against the
-//! daemon's cap on queued request bytes (`--max-queued-bytes`) from its 5-byte length prefix,
-//! before tonic buffers it — as its wire bytes plus what they may decode to
-//! ([`proto::codec::DECODED_PER_WIRE_BYTE`], which the codec's scan enforces). A message that
-//! does not fit is refused (RESOURCE_EXHAUSTED, `queue_full`) at its prefix; a body that has not
-//! fully arrived within `--request-arrival-timeout-secs` of its first poll is refused
-//! (DEADLINE_EXCEEDED), so a client that uploads slowly or never finishes cannot hold the cap.
+//! headers before a byte of its body is read, and each `ExpertService` message larger than
+//! [`UNCOUNTED_MESSAGE_BYTES`] is counted against the daemon's cap on queued request bytes
+//! (`--max-queued-bytes`, and its peer's share of it: `crate::call::queued`) from its 5-byte
+//! length prefix, before tonic buffers it — as its wire bytes plus what they may decode to
+//! ([`proto::codec::DECODED_PER_WIRE_BYTE`], which the codec enforces). A message that does not
+//! fit is refused (RESOURCE_EXHAUSTED) at its prefix; a body that has not fully arrived within
+//! `--request-arrival-timeout-secs` of its first poll is refused (DEADLINE_EXCEEDED), and its
+//! count released, so a client that uploads slowly or never finishes holds its share of the
+//! cap for that long at most. Health requests are not counted: their decode cap is
+//! [`crate::server::MAX_HEALTH_MESSAGE_BYTES`]. Small messages (handshakes, closes, stats,
+//! small calls) are not counted while they arrive, so they are never refused for the cap
+//! there; what they can hold is bounded by the streams per connection and the connections per
+//! peer (a `MoeLayer` call is still counted at admission).
 //!
 //! The count moves with the request: a `MoeLayer` call takes it over at admission (shrunk to
 //! what the decoded request holds, `crate::call::CallPipeline::admit`) and gives it back when it
@@ -23,8 +29,12 @@ use tonic::Status;
 use tonic::body::Body;
 use tonic::codegen::{Bytes, http};
 
-/// The `grpc.health.v1` service's path prefix: its own access rule (`Auth::check_health`).
+/// The `grpc.health.v1` service's path prefix: its own access rule (`Auth::check_health`),
+/// and its own small decode cap instead of a count.
 const HEALTH_PREFIX: &str = "/grpc.health.v1.Health/";
+
+/// Messages up to this size are not counted while they arrive.
+pub const UNCOUNTED_MESSAGE_BYTES: u64 = 4096;
 
 /// The tower layer that puts [`IntakeService`] in front of every gRPC service.
 #[derive(Clone)]
@@ -106,6 +116,12 @@ where
         }
         let hold = ArrivalHold::default();
         req.extensions_mut().insert(hold.clone());
+        // `authorize` found the connection's info.
+        let peer = ConnInfo::of(req.extensions())
+            .map_or(crate::session::PeerKey::Unknown, |c| c.peer.key());
+        if req.uri().path().starts_with(HEALTH_PREFIX) {
+            return futures_util::future::Either::Right(self.inner.call(req));
+        }
         let state = Arc::clone(&self.state);
         let req = req.map(|body| {
             Body::new(Arriving {
@@ -115,6 +131,7 @@ where
                     buf: [0; 5],
                 },
                 hold,
+                peer,
                 deadline: None,
                 state,
             })
@@ -159,6 +176,8 @@ struct Arriving {
     inner: Body,
     framing: Framing,
     hold: ArrivalHold,
+    /// Whose share of the cap the messages count against.
+    peer: crate::session::PeerKey,
     /// Set at the first poll: the whole body must have arrived by then.
     deadline: Option<Pin<Box<tokio::time::Sleep>>>,
     state: Arc<ServiceState>,
@@ -175,6 +194,11 @@ impl Arriving {
                     *have += n;
                     data = &data[n..];
                     if *have == 5 {
+                        if buf[0] != 0 {
+                            return Err(Status::invalid_argument(
+                                "expertd accepts no compressed gRPC messages",
+                            ));
+                        }
                         let len = u64::from(u32::from_be_bytes([buf[1], buf[2], buf[3], buf[4]]));
                         self.count(len)?;
                         self.framing = Framing::Message { left: len };
@@ -197,13 +221,17 @@ impl Arriving {
     }
 
     /// Counts a message of `len` wire bytes; one over the message cap is left to tonic, which
-    /// refuses it from the same prefix before buffering it.
+    /// refuses it from the same prefix before buffering it, and a small one is not counted.
     fn count(&mut self, len: u64) -> Result<(), Status> {
-        if len > self.state.config.max_message_bytes {
+        if len > self.state.config.max_message_bytes || len <= UNCOUNTED_MESSAGE_BYTES {
             return Ok(());
         }
         let bytes = len.saturating_mul(1 + proto::codec::DECODED_PER_WIRE_BYTE);
-        let held = self.state.pipeline.reserve(bytes).map_err(Status::from)?;
+        let held = self
+            .state
+            .pipeline
+            .reserve(bytes, self.peer)
+            .map_err(Status::from)?;
         self.hold.add(held);
         Ok(())
     }
@@ -223,6 +251,7 @@ impl HttpBody for Arriving {
             .deadline
             .get_or_insert_with(|| Box::pin(tokio::time::sleep(limit)));
         if deadline.as_mut().poll(cx).is_ready() {
+            tracing::debug!(peer = ?this.peer, limit_s = limit.as_secs(), "request cut off: its body did not arrive in time");
             return Poll::Ready(Some(Err(arrival_timeout(limit))));
         }
         let frame = ready!(Pin::new(&mut this.inner).poll_frame(cx));

@@ -60,9 +60,23 @@ pub enum RpcError {
         /// The cap.
         cap_bytes: u64,
     },
-    /// The request alone counts for more than the cap on queued requests.
+    /// Counting the request would pass its peer's share of the cap (`crate::call::queued`).
     #[error(
-        "this request is counted as {held_bytes} B (while it arrives: its wire bytes and what they may decode to; while it waits: its decoded form), more than expertd's cap of {cap_bytes} B on requests arriving or waiting for a compute lane (--max-queued-bytes); send fewer rows per call, or use the shared-memory ring"
+        "{peer} already holds {peer_bytes} B of requests arriving or waiting for a compute lane; this request's {held_bytes} B would pass one peer's share of {share_bytes} B (three quarters of --max-queued-bytes, so that other clients always find room); retry when its calls finish, or use the shared-memory ring"
+    )]
+    PeerQueueFull {
+        /// The peer (`uid:N` or `tcp:ADDR`).
+        peer: String,
+        /// What this request is counted as.
+        held_bytes: u64,
+        /// What the peer's requests hold now.
+        peer_bytes: u64,
+        /// One peer's share.
+        share_bytes: u64,
+    },
+    /// The request alone counts for more than one peer's share of the cap on queued requests.
+    #[error(
+        "this request is counted as {held_bytes} B (while it arrives: its wire bytes and what they may decode to; while it waits: its decoded form), more than one peer's share of {cap_bytes} B of the cap on requests arriving or waiting for a compute lane (three quarters of --max-queued-bytes); send fewer rows per call, or use the shared-memory ring"
     )]
     OverQueueCap {
         /// What this call's decoded request holds.
@@ -179,6 +193,7 @@ impl RpcError {
             RpcError::SessionBusy { .. }
             | RpcError::TooManySessions(_)
             | RpcError::QueueFull { .. }
+            | RpcError::PeerQueueFull { .. }
             | RpcError::OverQueueCap { .. } => Code::ResourceExhausted,
             RpcError::ShuttingDown => Code::Unavailable,
             RpcError::VersionMismatch { .. }
@@ -207,6 +222,7 @@ impl RpcError {
             RpcError::UnknownSession { .. } => "unknown_session",
             RpcError::SessionBusy { .. } => "session_busy",
             RpcError::QueueFull { .. } => "queue_full",
+            RpcError::PeerQueueFull { .. } => "peer_queue_full",
             RpcError::OverQueueCap { .. } => "over_queue_cap",
             RpcError::TooManySessions(_) => "session_cap",
             RpcError::ShuttingDown => "shutting_down",
