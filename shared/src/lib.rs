@@ -12,6 +12,7 @@ pub mod checkpoint;
 pub mod config;
 pub mod container;
 pub mod error_text;
+pub mod gguf;
 pub mod ids;
 pub mod keep_awake;
 pub mod kernels;

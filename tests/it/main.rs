@@ -20,6 +20,7 @@ mod expertd_shards;
 mod expertd_startup;
 mod expertd_trace_stall;
 mod first_hour;
+mod gguf;
 mod inspect;
 mod int8_quality;
 mod kquant_experts;

@@ -29,6 +29,7 @@ pub fn targets() -> Vec<(&'static str, Target)> {
     let mut t: Vec<(&'static str, Target)> = vec![
         ("safetensors_header", targets::safetensors_header::run),
         ("container", targets::container::run),
+        ("gguf", targets::gguf::run),
     ];
     #[cfg(feature = "daemon")]
     t.push(("shm_segment", targets::shm_segment::run));

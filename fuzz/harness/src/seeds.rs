@@ -20,6 +20,7 @@ pub fn seeds(target: &str) -> Vec<(String, Vec<u8>)> {
     let list: Vec<Vec<u8>> = match target {
         "safetensors_header" => safetensors(),
         "container" => container(),
+        "gguf" => gguf(),
         "shm_segment" => shm_segment(),
         "shm_ring" => shm_ring(),
         "proto_convert" => proto(),
@@ -111,6 +112,62 @@ pub fn dictionary(target: &str) -> &'static [&'static str] {
         ],
         _ => &[],
     }
+}
+
+fn gguf() -> Vec<Vec<u8>> {
+    use shared::gguf::{GgmlType, GgufWriter, Value, WriteTensor};
+    let ty = |n| GgmlType::from_name(n).expect("type");
+    let f32s = [0u8; 16];
+    let q8 = [1u8; 34];
+    let q4k = [2u8; 144];
+    let full = GgufWriter::new()
+        .kv("general.architecture", Value::String("qwen35moe".into()))
+        .kv("qwen35moe.block_count", Value::U32(2))
+        .kv("f", Value::F32(0.5))
+        .kv("b", Value::Bool(true))
+        .kv(
+            "toks",
+            Value::Array(
+                8,
+                vec![Value::String("a".into()), Value::String("b".into())],
+            ),
+        )
+        .kv("ids", Value::Array(5, vec![Value::I32(1)]))
+        .to_bytes(&[
+            WriteTensor {
+                name: "w",
+                dims: &[2, 2],
+                ty: ty("F32"),
+                data: &f32s,
+            },
+            WriteTensor {
+                name: "q",
+                dims: &[32],
+                ty: ty("Q8_0"),
+                data: &q8,
+            },
+            WriteTensor {
+                name: "k",
+                dims: &[256, 1],
+                ty: ty("Q4_K"),
+                data: &q4k,
+            },
+        ])
+        .expect("write");
+    let packed = GgufWriter::new()
+        .kv("general.alignment", Value::U32(1))
+        .to_bytes(&[WriteTensor {
+            name: "w",
+            dims: &[4],
+            ty: ty("F32"),
+            data: &f32s,
+        }])
+        .expect("write");
+    vec![
+        GgufWriter::new().to_bytes(&[]).expect("write"),
+        full,
+        packed,
+    ]
 }
 
 fn st_file(header: &str, payload: usize) -> Vec<u8> {

@@ -1,6 +1,7 @@
 //! One module per parser boundary; each exposes `run(&[u8]) -> Outcome`.
 
 pub mod container;
+pub mod gguf;
 #[cfg(feature = "http")]
 pub mod http_params;
 pub mod proto_convert;
