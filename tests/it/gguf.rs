@@ -1,10 +1,11 @@
 //! sluice's GGUF reader (`shared::gguf`) against a file written by llama.cpp's own Python
 //! package (`gguf` on PyPI, `tests/oracle/make_gguf.py`), and what that package's reader finds
 //! in it (`pygguf.json`): every metadata key with its type and value, every tensor's ggml
-//! shape, type, absolute offset and size, and the ggml type-size table.
+//! shape, type, absolute offset and size, its dequantized values bit for bit (every type
+//! `shared::gguf::dequantize` reads), and the ggml type-size table.
 
 use serde_json::Value as Json;
-use shared::gguf::{GGML_TYPES, Value, parse};
+use shared::gguf::{DEQUANTIZED, GGML_TYPES, Value, dequantize, parse};
 use std::path::PathBuf;
 
 fn fixture(name: &str) -> PathBuf {
@@ -95,6 +96,37 @@ fn a_gguf_written_by_llama_cpps_python_package_reads_as_its_own_reader_says() {
             t.name
         );
         assert_eq!(t.len, w["n_bytes"].as_u64().expect("n_bytes"), "{}", t.name);
+        // Dequantized bit for bit as the package does.
+        let want: Vec<u32> = w["dequant_bits"]
+            .as_array()
+            .expect("bits")
+            .iter()
+            .map(|b| b.as_u64().expect("u64") as u32)
+            .collect();
+        let mut got = vec![0f32; want.len()];
+        dequantize(
+            t.ty,
+            &bytes[t.offset as usize..(t.offset + t.len) as usize],
+            &mut got,
+        )
+        .unwrap_or_else(|e| panic!("{}: {e}", t.name));
+        let got: Vec<u32> = got.iter().map(|v| v.to_bits()).collect();
+        let diff = got.iter().zip(&want).filter(|(a, b)| a != b).count();
+        assert_eq!(
+            diff,
+            0,
+            "{} ({}): {diff} of {} values differ",
+            t.name,
+            t.ty.name,
+            want.len()
+        );
+    }
+    // Every type dequantize reads is in the fixture.
+    for ty in DEQUANTIZED {
+        assert!(
+            g.tensors.iter().any(|t| t.ty.name == *ty),
+            "no {ty} tensor in the fixture"
+        );
     }
 
     // The type table: every type the package knows, with its id, block and size (Q8_1 aside:

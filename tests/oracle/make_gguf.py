@@ -1,7 +1,7 @@
 """Writes tests/fixtures/gguf/pygguf.gguf with the PyPI `gguf` package (llama.cpp's own Python
 writer), an independent check of sluice's GGUF reader (shared/src/gguf), and pygguf.json: what
 the same package's reader finds in it (metadata with types, tensors with ggml shapes, types,
-absolute offsets and sizes) and its table of ggml type sizes.
+absolute offsets and sizes) and its table of ggml type sizes, and its dequantization of every tensor.
 
     python3 -m venv /tmp/ggufenv && /tmp/ggufenv/bin/pip install gguf==0.19.0
     /tmp/ggufenv/bin/python tests/oracle/make_gguf.py
@@ -15,6 +15,8 @@ import numpy as np
 
 OUT = pathlib.Path(__file__).resolve().parents[1] / "fixtures" / "gguf"
 T = gguf.GGMLQuantizationType
+# Byte offsets of each block's f16 scale (and min) fields.
+SCALES = {T.Q8_0: [0], T.Q4_0: [0], T.Q5_0: [0], T.Q4_1: [0, 2], T.Q5_1: [0, 2], T.Q4_K: [0, 2], T.Q5_K: [0, 2], T.Q6_K: [208]}
 
 
 def main():
@@ -39,16 +41,26 @@ def main():
     w.add_array("test.floats", [0.5, -1.25])
     w.add_tensor("token_embd.weight", rng.standard_normal((4, 64)).astype(np.float32))
     w.add_tensor("output_norm.weight", rng.standard_normal(64).astype(np.float16))
-    # Quantized tensors as raw bytes: shape (rows, bytes per row).
+    bf16 = (rng.standard_normal((2, 32)).astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)
+    w.add_tensor("blk.0.attn_norm.weight", bf16.view(np.uint8), raw_dtype=T.BF16)
+    # Quantized tensors as random bytes, shape (rows, bytes per row), with their f16 scales
+    # (and mins) set to small finite values.
     for name, ty, rows, cols in [
         ("blk.0.ffn_down_exps.weight", T.Q8_0, 3, 64),
         ("blk.0.ffn_gate_exps.weight", T.Q4_K, 2, 256),
         ("blk.0.ffn_up_exps.weight", T.Q6_K, 2, 512),
         ("blk.1.ffn_gate_exps.weight", T.Q5_K, 1, 256),
+        ("blk.1.q4_0.weight", T.Q4_0, 2, 64),
+        ("blk.1.q4_1.weight", T.Q4_1, 2, 64),
+        ("blk.1.q5_0.weight", T.Q5_0, 2, 64),
+        ("blk.1.q5_1.weight", T.Q5_1, 2, 64),
     ]:
         block, size = gguf.GGML_QUANT_SIZES[ty]
-        raw = rng.integers(0, 256, size=(rows, cols // block * size), dtype=np.uint8)
-        w.add_tensor(name, raw, raw_dtype=ty)
+        raw = rng.integers(0, 256, size=(rows, cols // block, size), dtype=np.uint8)
+        for at in SCALES[ty]:
+            scale = rng.uniform(0.001, 0.1, size=raw.shape[:2]).astype(np.float16)
+            raw[:, :, at:at + 2] = scale.view(np.uint8).reshape(rows, cols // block, 2)
+        w.add_tensor(name, raw.reshape(rows, -1), raw_dtype=ty)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -77,6 +89,8 @@ def main():
             "type": T(t.tensor_type).name,
             "offset": int(t.data_offset),
             "n_bytes": int(t.n_bytes),
+            # The package's own dequantization, as f32 bit patterns.
+            "dequant_bits": gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float32).reshape(-1).view(np.uint32).tolist(),
         }
         for t in r.tensors
     ]

@@ -8,11 +8,13 @@
 //! what a hostile file's counts make them allocate; ours is about 400 lines, checks every count
 //! against the bytes that remain before allocating, and names the tensor or key that failed.
 
+mod dequant;
 mod parse;
 #[cfg(test)]
 mod tests;
 mod write;
 
+pub use dequant::{DEQUANTIZED, dequantize};
 pub use parse::{GgufError, MAX_ARRAY_ELEMENTS, MAX_STRING_BYTES, parse};
 pub use write::{GgufWriter, WriteTensor};
 
