@@ -9,8 +9,8 @@ use super::{
 
 /// Longest metadata string accepted (a chat template is kilobytes; a token, bytes).
 pub const MAX_STRING_BYTES: u64 = 64 << 20;
-/// Most array elements over all the metadata (the Qwen3.6 vocabulary's three arrays hold about
-/// half a million): bounds what a file's counts make the reader hold (128 MiB of values).
+/// Most array elements over all the metadata (the Qwen3.6 vocabulary's tokens, token types and
+/// merges hold about 744 thousand): bounds what a file's counts make the reader hold (128 MiB of values).
 pub const MAX_ARRAY_ELEMENTS: u64 = 1 << 22;
 
 /// Why a GGUF file cannot be used. Each names the key or tensor and the offset where it can.
@@ -58,14 +58,6 @@ pub enum GgufError {
         /// The type code.
         ty: u32,
     },
-    /// A value that its type does not allow (a bool other than 0 or 1).
-    #[error("metadata key {key:?}: {why}")]
-    BadValue {
-        /// The key.
-        key: String,
-        /// What is wrong.
-        why: String,
-    },
     /// A key given twice.
     #[error("metadata key {0:?} appears twice")]
     DuplicateKey(String),
@@ -93,6 +85,8 @@ const MIN_KV_BYTES: u64 = 8 + 4 + 1;
 struct Cursor<'a> {
     b: &'a [u8],
     pos: usize,
+    /// The whole file's length (`b` may be its first bytes only).
+    file_len: u64,
 }
 
 impl<'a> Cursor<'a> {
@@ -134,12 +128,20 @@ impl<'a> Cursor<'a> {
         what: &dyn Fn() -> String,
     ) -> Result<u64, GgufError> {
         let n = self.u64(what)?;
-        let room = (self.left() / min_bytes.max(1)).min(limit);
+        let in_file = self.file_len.saturating_sub(self.pos as u64);
+        let room = (in_file / min_bytes.max(1)).min(limit);
         if n > room {
             return Err(GgufError::TooMany {
                 what: what(),
                 count: n,
                 room,
+            });
+        }
+        // It fits the file but not the bytes given: read more of the file.
+        if n > self.left() / min_bytes.max(1) {
+            return Err(GgufError::Truncated {
+                what: what(),
+                offset: self.pos as u64,
             });
         }
         Ok(n)
@@ -160,7 +162,13 @@ impl<'a> Cursor<'a> {
 /// infos; typically the whole file, mapped) and its length `file_len` (tensor data must lie
 /// inside it).
 pub fn parse(bytes: &[u8], file_len: u64) -> Result<Gguf, GgufError> {
-    let mut c = Cursor { b: bytes, pos: 0 };
+    let mut c = Cursor {
+        b: bytes,
+        pos: 0,
+        file_len: file_len.max(bytes.len() as u64),
+    };
+    let mut keys = std::collections::HashSet::new();
+    let mut names = std::collections::HashSet::new();
     let magic = c.array::<4>(&|| "the magic".into())?;
     if magic != MAGIC {
         return Err(GgufError::NotGguf(magic));
@@ -176,7 +184,7 @@ pub fn parse(bytes: &[u8], file_len: u64) -> Result<Gguf, GgufError> {
     let mut elements = 0u64;
     for i in 0..n_kv {
         let key = c.string(1 << 16, &|| format!("metadata key {i}"))?;
-        if metadata.iter().any(|(k, _)| *k == key) {
+        if !keys.insert(key.clone()) {
             return Err(GgufError::DuplicateKey(key));
         }
         let ty = c.u32(&|| format!("the type of metadata key {key:?}"))?;
@@ -228,7 +236,7 @@ pub fn parse(bytes: &[u8], file_len: u64) -> Result<Gguf, GgufError> {
         }
         let ty = c.u32(&what("type"))?;
         let offset = c.u64(&what("offset"))?;
-        if infos.iter().any(|(n, ..)| *n == name) {
+        if !names.insert(name.clone()) {
             return Err(GgufError::DuplicateTensor(name));
         }
         infos.push((name, dims, ty, offset));
@@ -288,7 +296,13 @@ fn locate(
             format!("ggml type {ty} is unknown or removed"),
         ));
     };
-    if dims.iter().any(|&d| d > i64::MAX as u64) {
+    // The element count, whatever the byte size (a zero dimension makes that 0), must fit
+    // ggml's int64, as ggml checks.
+    let elements = dims
+        .iter()
+        .try_fold(1u64, |a, &d| a.checked_mul(d))
+        .filter(|&e| i64::try_from(e).is_ok());
+    if dims.iter().any(|&d| i64::try_from(d).is_err()) || elements.is_none() {
         return Err(tensor_error(
             &name,
             format!("dimensions {dims:?} exceed ggml's int64"),
@@ -361,16 +375,8 @@ fn read_value(
         4 => Value::U32(u32::from_le_bytes(c.array(&what)?)),
         5 => Value::I32(i32::from_le_bytes(c.array(&what)?)),
         6 => Value::F32(f32::from_le_bytes(c.array(&what)?)),
-        7 => match c.array::<1>(&what)?[0] {
-            0 => Value::Bool(false),
-            1 => Value::Bool(true),
-            b => {
-                return Err(GgufError::BadValue {
-                    key: key.to_string(),
-                    why: format!("a BOOL holds byte {b}, not 0 or 1"),
-                });
-            }
-        },
+        // Any byte but 0 is true, as llama.cpp reads it.
+        7 => Value::Bool(c.array::<1>(&what)?[0] != 0),
         8 => Value::String(c.string(MAX_STRING_BYTES, &what)?),
         9 if top => {
             let elem = c.u32(&what)?;

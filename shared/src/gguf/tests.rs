@@ -211,17 +211,30 @@ fn each_bad_field_is_refused_with_its_name() {
     check(b, "not a whole number of Q8_0 blocks");
     // A size that overflows.
     let mut b = bytes.clone();
-    b[ndims + 12..ndims + 20].copy_from_slice(&(1u64 << 62).to_le_bytes());
+    // (32 × (2^58 − 1) elements fit int64; 34 bytes per 32 of them do not.)
+    b[ndims + 12..ndims + 20].copy_from_slice(&((1u64 << 58) - 1).to_le_bytes());
     check(b, "overflows");
     // A bool of 2, a bad alignment, duplicate keys and tensors, a nested array.
     let flag = at(&bytes, b"flag") + 4 + 4;
     let mut b = bytes.clone();
     b[flag] = 2;
-    check(b, "BOOL holds byte 2");
-    let odd = GgufWriter::new()
-        .kv("general.alignment", Value::U32(48))
+    let g = parse(&b, len).expect("any nonzero byte is true, as llama.cpp reads it");
+    assert_eq!(g.get("flag"), Some(&Value::Bool(true)));
+    // More elements than ggml's int64, in a tensor of zero bytes (a zero dimension).
+    let mut b = bytes.clone();
+    b[ndims..ndims + 4].copy_from_slice(&4u32.to_le_bytes());
+    let dims: Vec<u8> = [32u64, 1 << 30, 1 << 29, 0]
+        .iter()
+        .flat_map(|d| d.to_le_bytes())
+        .collect();
+    b.splice(ndims + 4..ndims + 20, dims);
+    check(b, "exceed ggml's int64");
+    let mut odd = GgufWriter::new()
+        .kv("general.alignment", Value::U32(32))
         .to_bytes(&[])
         .expect("write");
+    let v = at(&odd, b"general.alignment") + "general.alignment".len() + 4;
+    odd[v..v + 4].copy_from_slice(&48u32.to_le_bytes());
     check(odd, "general.alignment");
     let dup = GgufWriter::new()
         .kv("k", Value::U8(1))
@@ -284,4 +297,70 @@ fn the_type_table_has_unique_ids_and_names() {
         Some((12, 144))
     );
     assert!(GgmlType::from_id(4).is_none());
+}
+
+#[test]
+fn version_2_names_of_63_bytes_and_zero_dimension_tensors_are_read() {
+    let t = [0u8; 4];
+    let long = "n".repeat(MAX_NAME_BYTES);
+    let mut bytes = GgufWriter::new()
+        .to_bytes(&[
+            WriteTensor {
+                name: &long,
+                dims: &[1],
+                ty: ty("F32"),
+                data: &t,
+            },
+            WriteTensor {
+                name: "scalar",
+                dims: &[],
+                ty: ty("F32"),
+                data: &t,
+            },
+            WriteTensor {
+                name: "empty",
+                dims: &[0, 5],
+                ty: ty("Q8_0"),
+                data: &[],
+            },
+        ])
+        .expect("write");
+    bytes[4] = 2;
+    let g = parse(&bytes, bytes.len() as u64).expect("version 2");
+    assert_eq!(g.version, 2);
+    assert_eq!(g.tensor("scalar").map(|t| t.len), Some(4));
+    assert_eq!(g.tensor("empty").map(|t| t.len), Some(0));
+    let longer = "n".repeat(MAX_NAME_BYTES + 1);
+    let bytes = GgufWriter::new()
+        .to_bytes(&[WriteTensor {
+            name: &longer,
+            dims: &[1],
+            ty: ty("F32"),
+            data: &t,
+        }])
+        .expect("write");
+    let e = parse(&bytes, bytes.len() as u64).expect_err("64-byte name");
+    assert!(e.to_string().contains("more than 63"), "{e}");
+}
+
+#[test]
+fn a_prefix_too_short_for_the_metadata_is_truncated_not_corrupt() {
+    let bytes = sample(None);
+    // The tokens array's count fits the file but not the first bytes given.
+    let key = at(&bytes, b"tokenizer.ggml.tokens") + "tokenizer.ggml.tokens".len();
+    let cut = key + 4 + 8 + 3;
+    let e = parse(&bytes[..cut], bytes.len() as u64).expect_err("prefix");
+    assert!(matches!(e, GgufError::Truncated { .. }), "{e}");
+    // The array limit over all the metadata.
+    let many = Value::Array(0, vec![Value::U8(1); MAX_ARRAY_ELEMENTS as usize / 2 + 1]);
+    let b = GgufWriter::new()
+        .kv("a", many.clone())
+        .kv("b", many)
+        .to_bytes(&[])
+        .expect("write");
+    let e = parse(&b, b.len() as u64).expect_err("past the array limit");
+    assert!(
+        matches!(e, GgufError::TooMany { ref what, .. } if what.contains("\"b\"")),
+        "{e}"
+    );
 }

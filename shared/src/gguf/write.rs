@@ -37,8 +37,12 @@ impl GgufWriter {
     /// The file's bytes with `tensors`; refuses a tensor whose data is not its dimensions' size.
     pub fn to_bytes(&self, tensors: &[WriteTensor<'_>]) -> Result<Vec<u8>, String> {
         let alignment = match self.metadata.iter().find(|(k, _)| k == "general.alignment") {
-            Some((_, Value::U32(a))) => u64::from(*a),
-            Some((_, v)) => return Err(format!("general.alignment must be a UINT32, not {v:?}")),
+            Some((_, Value::U32(a))) if a.is_power_of_two() => u64::from(*a),
+            Some((_, v)) => {
+                return Err(format!(
+                    "general.alignment must be a UINT32 power of two, not {v:?}"
+                ));
+            }
             None => DEFAULT_ALIGNMENT,
         };
         let mut out = Vec::new();
@@ -55,9 +59,10 @@ impl GgufWriter {
         let mut offsets = Vec::with_capacity(tensors.len());
         for t in tensors {
             let inner = t.dims.first().copied().unwrap_or(1);
-            let elements: u64 = t.dims.iter().product();
+            let elements = t.dims.iter().try_fold(1u64, |a, &d| a.checked_mul(d));
             if inner % t.ty.block != 0
-                || elements / t.ty.block * t.ty.block_bytes != t.data.len() as u64
+                || elements.and_then(|e| (e / t.ty.block).checked_mul(t.ty.block_bytes))
+                    != Some(t.data.len() as u64)
             {
                 return Err(format!(
                     "tensor {}: {} bytes are not {:?} of {}",
