@@ -2,8 +2,9 @@
 //! `--allow-gid` (when either is given), TCP peers by a bearer token compared in constant time.
 //! The decision for a unix peer is made once, when the connection is accepted, and travels in
 //! [`super::ConnInfo`]; the token is checked on every request, because HTTP/2 metadata is per
-//! request. gRPC health is checked here too (`Auth::check_health`): the token on TCP, nothing
-//! more on a unix socket. Status codes come from `super::status`.
+//! request. gRPC health has its own rule (`Auth::check_health`): the token on TCP, nothing
+//! more on a unix socket. Both are applied in one place, `super::intake`, before a request's
+//! body is read. Status codes come from `super::status`.
 
 use super::status::RpcError;
 use super::{ConnInfo, Peer};
