@@ -33,7 +33,8 @@ pub fn init_tracing_with_default(default: &str) {
 /// Flags of `expertd prepare`.
 #[derive(clap::Args, Debug)]
 pub struct PrepareArgs {
-    /// The BF16 checkpoint directory (config.json + safetensors).
+    /// The BF16 checkpoint directory (config.json + safetensors), or a `qwen35moe` GGUF file
+    /// (its routed experts' blocks are copied where the format allows, docs/gguf.md).
     #[arg(env = "EXPERTD_MODEL_DIR")]
     pub model: PathBuf,
     /// Directory to write `experts.sluice` (and `prepare-report.json`) into; created if missing.
@@ -47,9 +48,11 @@ pub struct PrepareArgs {
         hide = true
     )]
     pub throttle_ms: u64,
-    /// How to quantise the routed experts (docs/container-format.md).
-    #[arg(long, value_enum, default_value_t = FormatArg::Int8, env = "EXPERTD_PREPARE_FORMAT")]
-    pub format: FormatArg,
+    /// How to quantise the routed experts (docs/container-format.md). Default: `int8` for a
+    /// checkpoint; for a GGUF, the format nearest its experts' types (Q4_K gate/up → `q4k`,
+    /// or `q4k-q6k` when any down tensor has more than 5 bits; gate/up above 5 bits → `int8`).
+    #[arg(long, value_enum, env = "EXPERTD_PREPARE_FORMAT")]
+    pub format: Option<FormatArg>,
 }
 
 /// The values of `expertd prepare --format`.
@@ -81,7 +84,8 @@ pub struct VerifyArgs {
     /// The container directory (holding `experts.sluice`).
     #[arg(env = "EXPERTD_CONTAINER_DIR")]
     pub dir: PathBuf,
-    /// Also check that the container was made from this checkpoint (identity and dimensions).
+    /// Also check that the container was made from this checkpoint or GGUF file (identity and
+    /// dimensions).
     #[arg(long, env = "EXPERTD_MODEL_DIR")]
     pub model: Option<PathBuf>,
     /// Also check every matrix's zero padding and row sums (reads every value; slower).
@@ -137,7 +141,7 @@ pub fn prepare(args: &PrepareArgs) -> anyhow::Result<()> {
         model: args.model.clone(),
         out: args.out.clone(),
         throttle: Duration::from_millis(args.throttle_ms),
-        format: args.format.into(),
+        format: args.format.map(Into::into),
     };
     let mut progress = Progress::new();
     let start = Instant::now();
@@ -154,13 +158,21 @@ pub fn prepare(args: &PrepareArgs) -> anyhow::Result<()> {
             };
             progress.line(&format!("  layer {layer}: {verdict}"));
         }
+        PrepareEvent::Requantizing(r) => progress.line(&format!(
+            "warning: {} is {}, not the container's {} for its matrix: requantizing it \
+             (dequantized, then quantized to {}; the loss is in prepare-report.json)",
+            r.tensor(),
+            r.from,
+            r.to,
+            r.to
+        )),
         PrepareEvent::Converting {
             n_layers,
             n_kept,
             source_bytes,
         } => {
             progress.line(&format!(
-                "converting {n_layers} layers ({:.2} GiB of BF16){}",
+                "converting {n_layers} layers ({:.2} GiB of source weights){}",
                 source_bytes as f64 / f64::from(1u32 << 30),
                 if n_kept > 0 {
                     format!("; {n_kept} layers kept from the interrupted run")

@@ -13,6 +13,7 @@ pub mod call;
 pub mod call_memory;
 pub mod cli;
 mod convert;
+mod convert_gguf;
 pub mod io;
 pub mod logsafe;
 pub mod memlimit;

@@ -1,21 +1,25 @@
-//! `expertd prepare`: writes `DIR/experts.sluice` from a BF16 checkpoint, resumably
-//! (docs/container-format.md, "Writing and resuming").
+//! `expertd prepare`: writes `DIR/experts.sluice` from a BF16 checkpoint or a `qwen35moe`
+//! GGUF, resumably (docs/container-format.md, "Writing and resuming"; docs/gguf.md).
 //!
 //! The file is written as `DIR/experts.sluice.partial`, whose every offset follows from the
 //! dimensions; a rerun keeps each layer whose blobs all verify and converts the rest again.
 //! Header and index are written last, then fsync and an atomic rename. Owns the file IO and the
-//! resume decisions; the per-expert work is `convert`, the format is `shared::container`.
+//! resume decisions; the per-expert work is `convert` (checkpoints) and `convert_gguf`, the format is
+//! `shared::container`.
 
-use crate::convert::{ShardFiles, convert_expert};
+use crate::convert::{ConvertedExpert, ShardFiles, convert_expert};
+use crate::convert_gguf::GgufSource;
+pub use crate::convert_gguf::Requantized;
 use crate::quant_error::{ErrorStats, merge_layers};
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 use shared::checkpoint::{Checkpoint, CheckpointError};
 use shared::container::{
-    BlobAt, CONTAINER_FILE, ContainerError, ContainerFile, ContainerLayout, ExpertDims,
+    BlobAt, BlobLayout, CONTAINER_FILE, ContainerError, ContainerFile, ContainerLayout, ExpertDims,
     ExpertFormat, Header, ModelIdentity, PARTIAL_FILE, check_blob, read_full_at, read_header,
     writer,
 };
+use shared::gguf::{OpenError, is_gguf_path};
 use shared::ids::{ExpertId, LayerId};
 use shared::safetensors_locator::{ExpertLocator, LocateError};
 use std::collections::BTreeMap;
@@ -32,14 +36,15 @@ pub const REPORT_FILE: &str = "prepare-report.json";
 /// What `prepare` needs.
 #[derive(Debug, Clone)]
 pub struct PrepareOptions {
-    /// The BF16 checkpoint directory.
+    /// The BF16 checkpoint directory, or a `qwen35moe` GGUF file.
     pub model: PathBuf,
     /// The container directory (created if missing).
     pub out: PathBuf,
     /// Sleep after each blob written (tests use it to interrupt a run midway).
     pub throttle: Duration,
-    /// How to quantise the experts.
-    pub format: ExpertFormat,
+    /// How to quantise the experts; `None`: INT8 for a checkpoint, the format nearest the
+    /// experts' own types for a GGUF.
+    pub format: Option<ExpertFormat>,
 }
 
 /// Why `prepare` stopped.
@@ -51,6 +56,9 @@ pub enum PrepareError {
     /// The locator could not place an expert.
     #[error(transparent)]
     Locate(#[from] LocateError),
+    /// The GGUF file is unusable.
+    #[error(transparent)]
+    Gguf(#[from] OpenError),
     /// A container-format error (dimensions, encoding, identity reads).
     #[error(transparent)]
     Container(#[from] ContainerError),
@@ -136,20 +144,23 @@ pub enum PrepareEvent {
         /// Whether it is kept (all blobs valid and its statistics recorded).
         kept: bool,
     },
+    /// A GGUF tensor whose blocks are not the container's format for its matrix: its values
+    /// are dequantized and quantized again (reported before conversion starts, once per tensor).
+    Requantizing(Requantized),
     /// Conversion starts.
     Converting {
         /// Layers to convert.
         n_layers: usize,
         /// Layers kept from a previous run.
         n_kept: usize,
-        /// BF16 bytes that will be read.
+        /// Source bytes (BF16 or GGUF blocks) that will be read.
         source_bytes: u64,
     },
     /// One expert's blob was written.
     ExpertWritten {
         /// Its layer.
         layer: LayerId,
-        /// BF16 bytes it was converted from.
+        /// Source bytes it was converted from.
         source_bytes: u64,
     },
     /// A layer is complete.
@@ -178,6 +189,47 @@ pub struct PrepareSummary {
     pub stats: ErrorStats,
     /// Wall time of this run.
     pub elapsed: Duration,
+    /// What was read: `"checkpoint"` or `"gguf"`.
+    pub source: &'static str,
+    /// The GGUF tensors whose values were requantized (empty for a checkpoint).
+    pub requantized: Vec<Requantized>,
+}
+
+/// Where the experts come from.
+enum Source<'a> {
+    /// A BF16 safetensors checkpoint.
+    Checkpoint {
+        locator: ExpertLocator<'a>,
+        files: ShardFiles,
+    },
+    /// A GGUF file.
+    Gguf(&'a GgufSource),
+}
+
+impl Source<'_> {
+    fn convert(
+        &self,
+        layout: &BlobLayout,
+        layer: LayerId,
+        expert: ExpertId,
+    ) -> Result<ConvertedExpert, PrepareError> {
+        match self {
+            Source::Checkpoint { locator, files } => {
+                convert_expert(locator, files, layout, layer, expert)
+            }
+            Source::Gguf(g) => g.convert(layout, layer, expert),
+        }
+    }
+
+    /// Source bytes of one expert of `layer`.
+    fn expert_bytes(&self, layer: LayerId) -> Result<u64, PrepareError> {
+        Ok(match self {
+            Source::Checkpoint { locator, .. } => {
+                locator.expert(layer, ExpertId::new(0))?.total_bytes()
+            }
+            Source::Gguf(g) => g.experts.expert_bytes(layer.index()),
+        })
+    }
 }
 
 /// What `prepare` did.
@@ -212,15 +264,37 @@ pub fn prepare(
     on_event: &mut dyn FnMut(PrepareEvent),
 ) -> Result<PrepareOutcome, PrepareError> {
     let start = Instant::now();
-    let ckpt = Checkpoint::open(&opts.model)?;
-    let layout =
-        ContainerLayout::new(ExpertDims::from_config(&ckpt.config.text)?.with_format(opts.format))?;
-    let identity = ModelIdentity::of_checkpoint(&ckpt)?;
+    let (ckpt, gguf) = if is_gguf_path(&opts.model) {
+        (None, Some(GgufSource::open(&opts.model)?))
+    } else {
+        (Some(Checkpoint::open(&opts.model)?), None)
+    };
+    let (dims, identity, format) = match (&ckpt, &gguf) {
+        (Some(c), _) => (
+            ExpertDims::from_config(&c.config.text)?,
+            ModelIdentity::of_checkpoint(c)?,
+            opts.format.unwrap_or_default(),
+        ),
+        (None, Some(g)) => {
+            let e = &g.experts;
+            (
+                ExpertDims::new(e.n_layers, e.n_experts, e.hidden, e.inner)?,
+                ModelIdentity::of_gguf(&g.file, e)?,
+                opts.format.unwrap_or_else(|| g.natural_format()),
+            )
+        }
+        (None, None) => unreachable!("one source is opened"),
+    };
+    let layout = ContainerLayout::new(dims.with_format(format))?;
+    let requantized = gguf
+        .as_ref()
+        .map(|g| g.requantized(format))
+        .unwrap_or_default();
     std::fs::create_dir_all(&opts.out).map_err(|e| PrepareError::io(&opts.out, e))?;
 
     let final_path = opts.out.join(CONTAINER_FILE);
     if final_path.exists() {
-        return up_to_date(&final_path, identity, opts.format);
+        return up_to_date(&final_path, identity, format);
     }
     let partial_path = opts.out.join(PARTIAL_FILE);
     let stats_path = opts.out.join(STATS_FILE);
@@ -232,12 +306,12 @@ pub fn prepare(
     let n_layers = layout.dims.n_layers;
     let mut checksums = vec![0u64; layout.dims.n_blobs()];
     let mut saved = if resumable {
-        load_stats(&stats_path, identity, opts.format)
+        load_stats(&stats_path, identity, format)
     } else {
         PartialStats::default()
     };
     saved.identity = identity.to_hex();
-    saved.format = opts.format.name().to_string();
+    saved.format = format.name().to_string();
     let mut todo = Vec::new();
     if resumable {
         on_event(PrepareEvent::Resuming { n_layers });
@@ -256,16 +330,26 @@ pub fn prepare(
     }
     let layers_kept = n_layers - todo.len();
 
-    let locator = ExpertLocator::new(&ckpt);
-    let files = ShardFiles::open(&ckpt)?;
-    let per_expert: u64 = locator
-        .expert(LayerId::new(0), ExpertId::new(0))?
-        .total_bytes();
+    let source = match (&ckpt, &gguf) {
+        (Some(c), _) => Source::Checkpoint {
+            locator: ExpertLocator::new(c),
+            files: ShardFiles::open(c)?,
+        },
+        (None, Some(g)) => Source::Gguf(g),
+        (None, None) => unreachable!("one source is opened"),
+    };
     let n_experts = layout.dims.n_experts;
+    let mut source_bytes = 0u64;
+    for &layer in &todo {
+        source_bytes += source.expert_bytes(layer)? * n_experts as u64;
+    }
+    for r in &requantized {
+        on_event(PrepareEvent::Requantizing(*r));
+    }
     on_event(PrepareEvent::Converting {
         n_layers: todo.len(),
         n_kept: layers_kept,
-        source_bytes: per_expert * (todo.len() * n_experts) as u64,
+        source_bytes,
     });
     // Experts are converted in parallel in chunks of one per thread, then written in order, so
     // memory stays at a few experts whatever the model size.
@@ -278,7 +362,7 @@ pub fn prepare(
                 .collect();
             let converted = experts
                 .par_iter()
-                .map(|&e| convert_expert(&locator, &files, &layout.blob, layer, e))
+                .map(|&e| source.convert(&layout.blob, layer, e))
                 .collect::<Result<Vec<_>, _>>()?;
             for (&expert, c) in experts.iter().zip(&converted) {
                 let i = layout.blob_index(layer, expert)?;
@@ -320,6 +404,8 @@ pub fn prepare(
         stats: merge_layers(&layer_stats),
         layer_stats,
         elapsed: start.elapsed(),
+        source: if gguf.is_some() { "gguf" } else { "checkpoint" },
+        requantized,
     };
     write_json_atomic(&opts.out.join(REPORT_FILE), &report_json(opts, &summary))?;
     std::fs::rename(&partial_path, &final_path).map_err(|e| PrepareError::io(&final_path, e))?;
@@ -483,6 +569,8 @@ pub fn report_json(opts: &PrepareOptions, s: &PrepareSummary) -> serde_json::Val
     let [config, tensors, sample] = s.header.identity.to_hex();
     serde_json::json!({
         "model": opts.model.display().to_string(),
+        "source": s.source,
+        "requantized": s.requantized.iter().map(|r| serde_json::json!({ "tensor": r.tensor(), "from": r.from, "to": r.to })).collect::<Vec<_>>(),
         "container": s.path.display().to_string(),
         "format_version": l.dims.format.version(),
         "expert_format": l.dims.format.name(),

@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 pub struct VerifyOptions {
     /// The container directory.
     pub dir: PathBuf,
-    /// A checkpoint to compare the identity and dimensions with.
+    /// A checkpoint (or GGUF file) to compare the identity and dimensions with.
     pub model: Option<PathBuf>,
     /// Also check every matrix's padding and row sums (reads every value; slower).
     pub deep: bool,
@@ -276,8 +276,16 @@ fn deep_check(buf: &[u8], layout: &shared::container::BlobLayout, at: BlobAt) ->
     problems
 }
 
-/// The identity and expert dimensions of a checkpoint.
+/// The identity and expert dimensions of a checkpoint or a GGUF file.
 fn identity_of(model: &Path) -> Result<(ModelIdentity, ExpertDims), String> {
+    if shared::gguf::is_gguf_path(model) {
+        let g = crate::convert_gguf::GgufSource::open(model).map_err(|e| e.to_string())?;
+        let e = &g.experts;
+        let dims = ExpertDims::new(e.n_layers, e.n_experts, e.hidden, e.inner)
+            .map_err(|e| e.to_string())?;
+        let identity = ModelIdentity::of_gguf(&g.file, e).map_err(|e| e.to_string())?;
+        return Ok((identity, dims));
+    }
     let ckpt = Checkpoint::open(model).map_err(|e| e.to_string())?;
     let dims = ExpertDims::from_config(&ckpt.config.text).map_err(|e| e.to_string())?;
     let identity = ModelIdentity::of_checkpoint(&ckpt).map_err(|e| e.to_string())?;

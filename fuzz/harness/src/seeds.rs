@@ -163,10 +163,40 @@ fn gguf() -> Vec<Vec<u8>> {
             data: &f32s,
         }])
         .expect("write");
+    // The smallest file with routed experts: one layer, two experts of hidden 2, inner 1.
+    let w8 = [0u8; 16];
+    let experts = GgufWriter::new()
+        .kv("general.architecture", Value::String("qwen35moe".into()))
+        .kv("qwen35moe.block_count", Value::U32(1))
+        .kv("qwen35moe.expert_count", Value::U32(2))
+        .kv("qwen35moe.embedding_length", Value::U32(2))
+        .kv("qwen35moe.expert_feed_forward_length", Value::U32(1))
+        .to_bytes(&[
+            WriteTensor {
+                name: "blk.0.ffn_gate_exps.weight",
+                dims: &[2, 1, 2],
+                ty: ty("F32"),
+                data: &w8,
+            },
+            WriteTensor {
+                name: "blk.0.ffn_up_exps.weight",
+                dims: &[2, 1, 2],
+                ty: ty("F32"),
+                data: &w8,
+            },
+            WriteTensor {
+                name: "blk.0.ffn_down_exps.weight",
+                dims: &[1, 2, 2],
+                ty: ty("F32"),
+                data: &w8,
+            },
+        ])
+        .expect("write");
     vec![
         GgufWriter::new().to_bytes(&[]).expect("write"),
         full,
         packed,
+        experts,
     ]
 }
 

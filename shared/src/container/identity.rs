@@ -9,6 +9,7 @@
 
 use super::ContainerError;
 use crate::checkpoint::{CONFIG_FILE, Checkpoint};
+use crate::gguf::{GgufExperts, GgufFile};
 use crate::ids::{ExpertId, LayerId};
 use crate::safetensors_locator::{ByteRange, ExpertLocator};
 use crate::tensor_spec;
@@ -115,6 +116,36 @@ impl ModelIdentity {
     }
 }
 
+impl ModelIdentity {
+    /// The identity of a GGUF's routed experts: the "config" digest is over the file's whole
+    /// header (metadata and tensor table), the tensor digest over every expert tensor's name,
+    /// ggml type, shape and bytes, the sample over the first [`SAMPLE_BYTES`] of every expert's
+    /// gate, up and down slice — 3 · L · E small reads, as for a checkpoint.
+    pub fn of_gguf(f: &GgufFile, experts: &GgufExperts) -> Result<ModelIdentity, ContainerError> {
+        let mut h = IdentityHasher::new(&f.header_bytes);
+        for t in experts.tensors() {
+            h.tensor_entry_named(
+                &t.name,
+                t.ty.name,
+                &t.dims,
+                t.total_bytes(experts.n_experts),
+            );
+        }
+        for layer in &experts.layers {
+            for expert in 0..experts.n_experts {
+                for t in [&layer.gate, &layer.up, &layer.down] {
+                    let (offset, len) = t.expert_range(expert);
+                    let bytes = f
+                        .read(offset, len.min(SAMPLE_BYTES), &t.name)
+                        .map_err(|e| ContainerError::Identity(e.to_string()))?;
+                    h.sample(&bytes);
+                }
+            }
+        }
+        Ok(h.finish())
+    }
+}
+
 /// Reads the first ≤ [`SAMPLE_BYTES`] of `range` into `buf`; returns the bytes read.
 fn sample(files: &[File], range: &ByteRange, buf: &mut [u8]) -> Result<usize, ContainerError> {
     let file = files.get(range.shard).ok_or_else(|| {
@@ -161,14 +192,19 @@ impl IdentityHasher {
 
     /// Adds one expert tensor's header entry (call in canonical order).
     pub fn tensor_entry(&mut self, name: &str, dtype: Dtype, shape: &[usize], byte_len: u64) {
-        let dtype = format!("{dtype:?}");
+        let shape: Vec<u64> = shape.iter().map(|&d| d as u64).collect();
+        self.tensor_entry_named(name, &format!("{dtype:?}"), &shape, byte_len);
+    }
+
+    /// Adds one expert tensor's entry with its element type by name (`BF16`, or a GGUF's `Q4_K`).
+    pub fn tensor_entry_named(&mut self, name: &str, dtype: &str, shape: &[u64], byte_len: u64) {
         self.tensors.update((name.len() as u32).to_le_bytes());
         self.tensors.update(name.as_bytes());
         self.tensors.update((dtype.len() as u32).to_le_bytes());
         self.tensors.update(dtype.as_bytes());
         self.tensors.update((shape.len() as u32).to_le_bytes());
         for &dim in shape {
-            self.tensors.update((dim as u64).to_le_bytes());
+            self.tensors.update(dim.to_le_bytes());
         }
         self.tensors.update(byte_len.to_le_bytes());
     }

@@ -9,12 +9,18 @@
 //! against the bytes that remain before allocating, and names the tensor or key that failed.
 
 mod dequant;
+mod experts;
+mod file;
 mod parse;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_experts;
 mod write;
 
 pub use dequant::{DEQUANTIZED, dequantize};
+pub use experts::{ARCHITECTURE, ExpertTensor, GgufExperts, LayerExperts};
+pub use file::{GgufFile, OpenError, is_gguf_path};
 pub use parse::{GgufError, MAX_ARRAY_ELEMENTS, MAX_STRING_BYTES, parse};
 pub use write::{GgufWriter, WriteTensor};
 

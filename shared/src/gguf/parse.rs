@@ -67,6 +67,14 @@ pub enum GgufError {
     /// A tensor name given twice.
     #[error("tensor {0:?} appears twice")]
     DuplicateTensor(String),
+    /// A metadata value the model needs that is missing or out of range.
+    #[error("metadata key {key:?}: {why}")]
+    Metadata {
+        /// The key.
+        key: String,
+        /// What is wrong.
+        why: String,
+    },
     /// Something wrong with one tensor's info.
     #[error("tensor {tensor:?}: {why}")]
     Tensor {

@@ -2,10 +2,11 @@
 //! tensor names unique, names at most 63 bytes, every tensor's bytes inside the file, aligned
 //! from the data section's start, apart from every other tensor's and exactly its dimensions'
 //! size in its type; and our writer, given what was read, writes a file that reads back the
-//! same.
+//! same. For a file that [`GgufExperts::locate`] accepts: every expert's range lies inside
+//! its tensor, and the experts tile the tensor exactly.
 
 use crate::{Outcome, class};
-use shared::gguf::{GgufWriter, MAX_NAME_BYTES, WriteTensor, parse};
+use shared::gguf::{GgufExperts, GgufWriter, MAX_NAME_BYTES, WriteTensor, parse};
 
 /// Parses `data` as a GGUF file of `data.len()` bytes and checks what it returns.
 pub fn run(data: &[u8]) -> Outcome {
@@ -62,6 +63,23 @@ pub fn run(data: &[u8]) -> Outcome {
             "duplicate key {k:?}"
         );
     }
+    let experts = match GgufExperts::locate(&g) {
+        Ok(x) => {
+            for t in x.tensors() {
+                let info = g.tensor(&t.name).expect("located tensors exist");
+                let (last, len) = t.expert_range(x.n_experts - 1);
+                assert_eq!(t.offset, info.offset, "{t:?}");
+                assert_eq!(
+                    last + len,
+                    info.offset + info.len,
+                    "{t:?} experts do not tile it"
+                );
+                assert_eq!(len * x.n_experts as u64, info.len, "{t:?}");
+            }
+            "experts"
+        }
+        Err(_) => "no-experts",
+    };
     // Our writer, given what was read, writes a file that reads back the same: written again,
     // it gives the same bytes (so NaN payloads count too), and its tensors hold the same data.
     // (Not for files whose rewrite would be large: tensors past 64 MiB, or an alignment that
@@ -87,7 +105,11 @@ pub fn run(data: &[u8]) -> Outcome {
             data[b.offset as usize..(b.offset + b.len) as usize]
         );
     }
-    format!("ok:{}:{}", g.metadata.len().min(4), g.tensors.len().min(4))
+    format!(
+        "ok:{}:{}:{experts}",
+        g.metadata.len().min(4),
+        g.tensors.len().min(4)
+    )
 }
 
 /// `g` (read from `data`) written by our writer.

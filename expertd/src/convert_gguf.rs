@@ -1,0 +1,223 @@
+//! Converting one routed expert from a `qwen35moe` GGUF: pread its gate, up and down slices,
+//! and either copy their blocks into the blob unchanged (when the tensor's ggml type is the
+//! container's block format for that matrix: `Q4_K` or `Q6_K`) or dequantize them
+//! (`shared::gguf::dequantize`, bit-identical to ggml) and quantize to the container's format.
+//! Which format a GGUF gets by default, and which tensors that requantizes, is decided here too.
+//!
+//! Owns no file layout and no resume logic (that is `prepare`); holds one expert in memory.
+
+use crate::convert::ConvertedExpert;
+use crate::prepare::PrepareError;
+use crate::quant_error::{ErrorStats, KindStats};
+use shared::container::format::{GGML_TYPE_Q4_K, GGML_TYPE_Q6_K};
+use shared::container::writer::encode_expert;
+use shared::container::{BlobLayout, ExpertFormat};
+use shared::gguf::{ExpertTensor, GgmlType, GgufExperts, GgufFile, OpenError, dequantize};
+use shared::ids::{ExpertId, LayerId};
+use shared::kernels::ExpertMatrices;
+use shared::kernels::int8::quantize_weights;
+use shared::kernels::kquant::{self, KMatrix, KQuantKind};
+use std::path::Path;
+
+/// Bits per weight up to which a GGUF matrix goes to `Q4_K` by default (`Q4_0`, `Q4_1`,
+/// `Q4_K`); above it gate/up go to INT8 and down to `Q6_K` (or INT8 with gate/up).
+const Q4K_MAX_BITS: f64 = 5.0;
+
+/// A GGUF opened for `prepare`.
+pub(crate) struct GgufSource {
+    /// The file.
+    pub file: GgufFile,
+    /// Where its experts are.
+    pub experts: GgufExperts,
+}
+
+/// One tensor whose type is not the container's for its matrix, so its values are requantized.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Requantized {
+    /// The layer.
+    pub layer: LayerId,
+    /// `gate`, `up` or `down`.
+    pub part: &'static str,
+    /// The GGUF's ggml type.
+    pub from: &'static str,
+    /// The container's format for the matrix (`Q4_K`, `Q6_K`, `INT8`).
+    pub to: &'static str,
+}
+
+impl Requantized {
+    /// The tensor's name in the GGUF.
+    pub fn tensor(&self) -> String {
+        format!("blk.{}.ffn_{}_exps.weight", self.layer, self.part)
+    }
+}
+
+fn bits(ty: GgmlType) -> f64 {
+    (ty.block_bytes * 8) as f64 / ty.block as f64
+}
+
+fn ggml_id(kind: KQuantKind) -> u32 {
+    u32::from(match kind {
+        KQuantKind::Q4K => GGML_TYPE_Q4_K,
+        KQuantKind::Q6K => GGML_TYPE_Q6_K,
+    })
+}
+
+impl GgufSource {
+    /// Opens `path` and locates its routed experts.
+    pub(crate) fn open(path: &Path) -> Result<GgufSource, PrepareError> {
+        let file = GgufFile::open(path)?;
+        let experts = GgufExperts::locate(&file.gguf).map_err(|source| OpenError::Parse {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        Ok(GgufSource { file, experts })
+    }
+
+    /// The format that keeps the most of the file's blocks as they are without losing bits:
+    /// gate/up at ≤ 5 bits per weight everywhere → `Q4_K`, with down in `Q4_K` when it is that
+    /// small everywhere too and in `Q6_K` otherwise; gate/up above 5 bits anywhere → INT8.
+    pub(crate) fn natural_format(&self) -> ExpertFormat {
+        let small = |t: &ExpertTensor| bits(t.ty) <= Q4K_MAX_BITS;
+        let layers = &self.experts.layers;
+        if !layers.iter().all(|l| small(&l.gate) && small(&l.up)) {
+            ExpertFormat::Int8
+        } else if layers.iter().all(|l| small(&l.down)) {
+            ExpertFormat::Q4K
+        } else {
+            ExpertFormat::Q4KQ6K
+        }
+    }
+
+    /// Every tensor whose blocks cannot be copied into a container of `format`.
+    pub(crate) fn requantized(&self, format: ExpertFormat) -> Vec<Requantized> {
+        let mut out = Vec::new();
+        for (i, l) in self.experts.layers.iter().enumerate() {
+            let kinds = format.kquant();
+            for (part, t, kind) in [
+                ("gate", &l.gate, kinds.map(|k| k.0)),
+                ("up", &l.up, kinds.map(|k| k.0)),
+                ("down", &l.down, kinds.map(|k| k.1)),
+            ] {
+                if kind.map(ggml_id) != Some(t.ty.id) {
+                    out.push(Requantized {
+                        layer: LayerId::from_index(i),
+                        part,
+                        from: t.ty.name,
+                        to: kind.map_or("INT8", KQuantKind::name),
+                    });
+                }
+            }
+        }
+        out
+    }
+
+    /// Reads one expert's slice of `t` and dequantizes it; refuses a non-finite value, naming
+    /// the tensor, the expert and the element.
+    fn read(
+        &self,
+        t: &ExpertTensor,
+        layer: LayerId,
+        expert: ExpertId,
+    ) -> Result<(Vec<u8>, Vec<f32>), PrepareError> {
+        let (offset, len) = t.expert_range(expert.index());
+        let raw = self
+            .file
+            .read(offset, len, &format!("{} expert {expert}", t.name))?;
+        let mut values = vec![0f32; t.rows * t.cols];
+        let source = |reason: String| PrepareError::Source {
+            layer,
+            expert,
+            what: "gguf",
+            reason: format!("{}: {reason}", t.name),
+        };
+        dequantize(t.ty, &raw, &mut values).map_err(source)?;
+        if let Some(i) = values.iter().position(|v| !v.is_finite()) {
+            return Err(source(format!(
+                "weight [{}, {}] of {} is {} (not finite)",
+                i / t.cols,
+                i % t.cols,
+                t.ty.name,
+                values[i]
+            )));
+        }
+        Ok((raw, values))
+    }
+
+    /// Converts (layer, expert) into a blob of `layout`'s format.
+    pub(crate) fn convert(
+        &self,
+        layout: &BlobLayout,
+        layer: LayerId,
+        expert: ExpertId,
+    ) -> Result<ConvertedExpert, PrepareError> {
+        let l = &self.experts.layers[layer.index()];
+        let (f, d) = (layout.down_cols, layout.down_rows);
+        let (gate_raw, gate) = self.read(&l.gate, layer, expert)?;
+        let (up_raw, up) = self.read(&l.up, layer, expert)?;
+        let (down_raw, down) = self.read(&l.down, layer, expert)?;
+        let source_bytes = (gate_raw.len() + up_raw.len() + down_raw.len()) as u64;
+        let gate_up: Vec<f32> = gate.into_iter().chain(up).collect();
+        let mut blob = vec![0u8; layout.stride];
+        let (checksum, deq_gate_up, deq_down) = if let Some((gu, dn)) = layout.format.kquant() {
+            // Row by row the k-quants are independent, so a matrix may be half copied blocks and
+            // half requantized rows (gate copied, up requantized).
+            let part = |t: &ExpertTensor, raw: Vec<u8>, values: &[f32], kind: KQuantKind| {
+                if t.ty.id == ggml_id(kind) {
+                    raw
+                } else {
+                    kquant::quantize_matrix(kind, values, t.rows, t.cols).data
+                }
+            };
+            let mut gu_data = part(&l.gate, gate_raw, &gate_up[..f * d], gu);
+            gu_data.extend(part(&l.up, up_raw, &gate_up[f * d..], gu));
+            let q_gate_up = KMatrix {
+                kind: gu,
+                rows: 2 * f,
+                cols: d,
+                data: gu_data,
+            };
+            let q_down = KMatrix {
+                kind: dn,
+                rows: d,
+                cols: f,
+                data: part(&l.down, down_raw, &down, dn),
+            };
+            for (what, m) in [("gate/up", &q_gate_up), ("down", &q_down)] {
+                m.as_ref().verify().map_err(|reason| PrepareError::Source {
+                    layer,
+                    expert,
+                    what,
+                    reason: format!("not representable as {}: {reason}", m.kind.name()),
+                })?;
+            }
+            let m = ExpertMatrices::KQuant {
+                gate_up: q_gate_up.as_ref(),
+                down: q_down.as_ref(),
+            };
+            let checksum = encode_expert(layout, &m, &mut blob)?;
+            (checksum, q_gate_up.dequantize(), q_down.dequantize())
+        } else {
+            let q_gate_up = quantize_weights(&gate_up, 2 * f, d);
+            let q_down = quantize_weights(&down, d, f);
+            let m = ExpertMatrices::Int8 {
+                gate_up: q_gate_up.as_ref(),
+                down: q_down.as_ref(),
+            };
+            let checksum = encode_expert(layout, &m, &mut blob)?;
+            (checksum, q_gate_up.dequantize(), q_down.dequantize())
+        };
+        let split = f * d;
+        let (li, ei) = (layer.index(), expert.index());
+        let stats = ErrorStats {
+            gate: KindStats::of_matrix(&gate_up[..split], &deq_gate_up[..split], d, li, ei),
+            up: KindStats::of_matrix(&gate_up[split..], &deq_gate_up[split..], d, li, ei),
+            down: KindStats::of_matrix(&down, &deq_down, f, li, ei),
+        };
+        Ok(ConvertedExpert {
+            blob,
+            checksum,
+            stats,
+            source_bytes,
+        })
+    }
+}
