@@ -36,7 +36,7 @@ pub(crate) struct GgufSource {
 pub struct Requantized {
     /// The layer.
     pub layer: LayerId,
-    /// `gate`, `up` or `down`.
+    /// `gate`, `up`, `down`, or `gate_up` for a fused gate/up tensor.
     pub part: &'static str,
     /// The GGUF's ggml type.
     pub from: &'static str,
@@ -98,10 +98,12 @@ impl GgufSource {
                 ("up", &l.up, kinds.map(|k| k.0)),
                 ("down", &l.down, kinds.map(|k| k.1)),
             ] {
-                if kind.map(ggml_id) != Some(t.ty.id) {
+                // A fused gate/up tensor is reported once, as gate_up.
+                let fused = t.name.ends_with("ffn_gate_up_exps.weight");
+                if kind.map(ggml_id) != Some(t.ty.id) && !(fused && part == "up") {
                     out.push(Requantized {
                         layer: LayerId::from_index(i),
-                        part,
+                        part: if fused { "gate_up" } else { part },
                         from: t.ty.name,
                         to: kind.map_or("INT8", KQuantKind::name),
                     });

@@ -78,7 +78,9 @@ fn encode(name: &str, w: &[f32], rows: usize, cols: usize) -> Vec<u8> {
 /// Writes the test GGUF to `path`: the metadata `GgufExperts::locate` reads (with one MTP
 /// layer, not stored, as `--no-mtp` conversions of an MTP config still declare), a dense tensor,
 /// and the three expert tensors of every layer.
-fn write_gguf(path: &Path, layers: &[[&str; 3]]) {
+/// With `fused`, gate and up are one `ffn_gate_up_exps` tensor (llama.cpp's converter with
+/// `--fuse-gate-up-exps`), holding the same weights.
+fn write_gguf(path: &Path, layers: &[[&str; 3]], fused: bool) {
     let mut rng = SplitMix64::new(38);
     let mut data: Vec<(String, Vec<u64>, GgmlType, Vec<u8>)> = Vec::new();
     let embd: Vec<f32> = (0..HIDDEN * 8)
@@ -91,23 +93,43 @@ fn write_gguf(path: &Path, layers: &[[&str; 3]]) {
         embd.iter().flat_map(|x| x.to_le_bytes()).collect(),
     ));
     for (layer, types) in layers.iter().enumerate() {
+        // Per part, each expert's encoded matrix (gate, up, down; the same draws either way).
+        let mut parts: Vec<Vec<Vec<u8>>> = Vec::new();
         for (part, name) in ["gate", "up", "down"].iter().zip(types) {
             let (rows, cols) = if *part == "down" {
                 (HIDDEN, INNER)
             } else {
                 (INNER, HIDDEN)
             };
-            let mut bytes = Vec::new();
-            for _ in 0..EXPERTS {
-                let w: Vec<f32> = (0..rows * cols)
-                    .map(|_| ((rng.next_f64() - 0.5) * 0.2) as f32)
-                    .collect();
-                bytes.extend(encode(name, &w, rows, cols));
+            let experts = (0..EXPERTS)
+                .map(|_| {
+                    let w: Vec<f32> = (0..rows * cols)
+                        .map(|_| ((rng.next_f64() - 0.5) * 0.2) as f32)
+                        .collect();
+                    encode(name, &w, rows, cols)
+                })
+                .collect();
+            parts.push(experts);
+            if fused && *part != "down" {
+                continue;
             }
             data.push((
                 format!("blk.{layer}.ffn_{part}_exps.weight"),
                 vec![cols as u64, rows as u64, EXPERTS as u64],
                 ty(name),
+                parts.last().expect("pushed").concat(),
+            ));
+        }
+        if fused {
+            assert_eq!(types[0], types[1], "a fused gate/up tensor has one type");
+            let bytes = (0..EXPERTS)
+                .flat_map(|e| [parts[0][e].clone(), parts[1][e].clone()])
+                .collect::<Vec<_>>()
+                .concat();
+            data.push((
+                format!("blk.{layer}.ffn_gate_up_exps.weight"),
+                vec![HIDDEN as u64, 2 * INNER as u64, EXPERTS as u64],
+                ty(types[0]),
                 bytes,
             ));
         }
@@ -177,7 +199,7 @@ fn expected(ty: GgmlType, bytes: &[u8], kind: KQuantKind, rows: usize, cols: usi
 fn a_gguf_prepares_into_its_own_blocks_and_requantizes_only_what_it_must() {
     let work = tempfile::tempdir().expect("tempdir");
     let gguf_path = work.path().join("model.gguf");
-    write_gguf(&gguf_path, &LAYERS);
+    write_gguf(&gguf_path, &LAYERS, false);
     let out = work.path().join("c");
     let o = expertd(&["prepare", s(&gguf_path), "--out", s(&out)]);
     let log = text(&o);
@@ -277,7 +299,7 @@ fn the_default_format_follows_the_files_types() {
         ([["Q8_0", "Q8_0", "Q6_K"]; 2], "int8", 6),
     ] {
         let path = work.path().join(format!("{format}.gguf"));
-        write_gguf(&path, &types);
+        write_gguf(&path, &types, false);
         let out = work.path().join(format);
         let o = expertd(&["prepare", s(&path), "--out", s(&out)]);
         assert!(o.status.success(), "{}", text(&o));
@@ -296,7 +318,7 @@ fn the_default_format_follows_the_files_types() {
 fn a_killed_gguf_prepare_resumes_to_the_same_bytes_and_a_truncated_gguf_is_refused_by_name() {
     let work = tempfile::tempdir().expect("tempdir");
     let gguf_path = work.path().join("model.gguf");
-    write_gguf(&gguf_path, &LAYERS);
+    write_gguf(&gguf_path, &LAYERS, false);
     let reference = work.path().join("ref");
     let o = expertd(&["prepare", s(&gguf_path), "--out", s(&reference)]);
     assert!(o.status.success(), "{}", text(&o));
@@ -366,5 +388,36 @@ fn a_killed_gguf_prepare_resumes_to_the_same_bytes_and_a_truncated_gguf_is_refus
         text(&o).contains("blk.2.ffn_down_exps.weight"),
         "{}",
         text(&o)
+    );
+}
+
+#[test]
+fn a_fused_gate_up_gguf_gives_the_same_blobs_as_the_split_one() {
+    let work = tempfile::tempdir().expect("tempdir");
+    let layers = [["Q4_K", "Q4_K", "Q6_K"], ["Q4_0", "Q4_0", "Q4_K"]];
+    let mut blobs = Vec::new();
+    for fused in [false, true] {
+        let path = work.path().join(format!("fused-{fused}.gguf"));
+        write_gguf(&path, &layers, fused);
+        let out = work.path().join(format!("c-{fused}"));
+        let o = expertd(&["prepare", s(&path), "--out", s(&out)]);
+        assert!(o.status.success(), "{}", text(&o));
+        let want = if fused {
+            "warning: blk.1.ffn_gate_up_exps.weight is Q4_0"
+        } else {
+            "warning: blk.1.ffn_up_exps.weight is Q4_0"
+        };
+        assert!(text(&o).contains(want), "{}", text(&o));
+        let c = ContainerFile::open(&out).expect("container");
+        let layout = c.header().layout;
+        let bytes = std::fs::read(out.join(CONTAINER_FILE)).expect("read");
+        let first = layout
+            .blob_offset(LayerId::new(0), ExpertId::new(0))
+            .expect("in range") as usize;
+        blobs.push(bytes[first..].to_vec());
+    }
+    assert!(
+        blobs[0] == blobs[1],
+        "fused and split GGUFs gave different blobs"
     );
 }

@@ -123,13 +123,13 @@ impl ModelIdentity {
     /// gate, up and down slice — 3 · L · E small reads, as for a checkpoint.
     pub fn of_gguf(f: &GgufFile, experts: &GgufExperts) -> Result<ModelIdentity, ContainerError> {
         let mut h = IdentityHasher::new(&f.header_bytes);
+        let mut last: Option<&str> = None;
         for t in experts.tensors() {
-            h.tensor_entry_named(
-                &t.name,
-                t.ty.name,
-                &t.dims,
-                t.total_bytes(experts.n_experts),
-            );
+            // A fused gate/up tensor is two views of one tensor: hashed once.
+            if last != Some(t.name.as_str()) {
+                h.tensor_entry_named(&t.name, t.ty.name, &t.dims, t.tensor_bytes);
+            }
+            last = Some(&t.name);
         }
         for layer in &experts.layers {
             for expert in 0..experts.n_experts {

@@ -27,6 +27,11 @@ pub struct ExpertTensor {
     pub offset: u64,
     /// Bytes of one expert's matrix.
     pub expert_bytes: u64,
+    /// Bytes from one expert's matrix to the next's (`expert_bytes`, or twice it in a fused
+    /// gate/up tensor).
+    pub expert_stride: u64,
+    /// Bytes of the whole tensor in the file.
+    pub tensor_bytes: u64,
     /// The tensor's shape as the file gives it (for the identity).
     pub dims: Vec<u64>,
 }
@@ -35,14 +40,9 @@ impl ExpertTensor {
     /// The absolute byte range `(offset, len)` of `expert`'s matrix.
     pub fn expert_range(&self, expert: usize) -> (u64, u64) {
         (
-            self.offset + expert as u64 * self.expert_bytes,
+            self.offset + expert as u64 * self.expert_stride,
             self.expert_bytes,
         )
-    }
-
-    /// The tensor's total bytes (every expert).
-    pub fn total_bytes(&self, n_experts: usize) -> u64 {
-        self.expert_bytes * n_experts as u64
     }
 }
 
@@ -130,15 +130,6 @@ impl GgufExperts {
         let inner = count(g, &key("expert_feed_forward_length"), MAX)?;
         let mut layers = Vec::with_capacity(n_layers);
         for layer in 0..n_layers {
-            let fused = format!("blk.{layer}.ffn_gate_up_exps.weight");
-            if g.tensor(&fused).is_some() {
-                return Err(GgufError::Tensor {
-                    tensor: fused,
-                    why: "fused gate/up expert tensors are not supported yet (gate and up as \
-                          separate ffn_gate_exps / ffn_up_exps tensors are)"
-                        .into(),
-                });
-            }
             let find = |part: &str, rows: usize, cols: usize| {
                 let name = format!("blk.{layer}.ffn_{part}_exps.weight");
                 let t = g.tensor(&name).ok_or_else(|| GgufError::Tensor {
@@ -147,9 +138,27 @@ impl GgufExperts {
                 })?;
                 expert_tensor(t, rows, cols, n_experts)
             };
+            let fused = format!("blk.{layer}.ffn_gate_up_exps.weight");
+            let (gate, up) = match g.tensor(&fused) {
+                Some(t) => {
+                    let both = expert_tensor(t, 2 * inner, hidden, n_experts)?;
+                    let half = both.expert_bytes / 2;
+                    let gate = ExpertTensor {
+                        rows: inner,
+                        expert_bytes: half,
+                        ..both.clone()
+                    };
+                    let up = ExpertTensor {
+                        offset: both.offset + half,
+                        ..gate.clone()
+                    };
+                    (gate, up)
+                }
+                None => (find("gate", inner, hidden)?, find("up", inner, hidden)?),
+            };
             layers.push(LayerExperts {
-                gate: find("gate", inner, hidden)?,
-                up: find("up", inner, hidden)?,
+                gate,
+                up,
                 down: find("down", hidden, inner)?,
             });
         }
@@ -162,7 +171,8 @@ impl GgufExperts {
         })
     }
 
-    /// Every expert tensor, layer by layer, gate, up, down.
+    /// Every expert matrix view, layer by layer, gate, up, down (a fused gate/up tensor is
+    /// two views of one tensor).
     pub fn tensors(&self) -> impl Iterator<Item = &ExpertTensor> {
         self.layers.iter().flat_map(|l| [&l.gate, &l.up, &l.down])
     }
@@ -220,6 +230,8 @@ fn expert_tensor(
         cols,
         offset: t.offset,
         expert_bytes,
+        expert_stride: expert_bytes,
+        tensor_bytes: t.len,
         dims: t.dims.clone(),
     })
 }

@@ -172,12 +172,45 @@ fn each_wrong_file_is_refused_naming_what_is_wrong() {
     let mut m = Model::new();
     m.tensors.push((
         "blk.0.ffn_gate_up_exps.weight".into(),
-        vec![H, 2 * F, E],
+        vec![H, F, E],
         "F32",
-        vec![0; 4 * 48],
+        vec![0; 4 * 24],
     ));
     let t = err_text(&m);
-    assert!(t.contains("ffn_gate_up_exps") && t.contains("fused"), "{t}");
+    assert!(
+        t.contains("blk.0.ffn_gate_up_exps.weight") && t.contains("shape"),
+        "{t}"
+    );
+}
+
+#[test]
+fn a_fused_gate_up_tensor_is_read_as_each_experts_gate_rows_then_its_up_rows() {
+    // Expert e of the fused tensor: gate rows then up rows, each F × H weights; weight i of the
+    // whole tensor is i.
+    let mut m = Model::new();
+    m.tensors.retain(|t| t.0.contains("down"));
+    let n = H * 2 * F * E;
+    m.tensors.push((
+        "blk.0.ffn_gate_up_exps.weight".into(),
+        vec![H, 2 * F, E],
+        "F32",
+        (0..n).flat_map(|i| (i as f32).to_le_bytes()).collect(),
+    ));
+    let b = m.bytes();
+    let x = GgufExperts::locate(&parse(&b, b.len() as u64).expect("parses")).expect("locates");
+    let first = |t: &ExpertTensor, e: usize| {
+        let (at, len) = t.expert_range(e);
+        assert_eq!(len, F * H * 4);
+        f32::from_le_bytes(b[at as usize..][..4].try_into().expect("4"))
+    };
+    let l = &x.layers[0];
+    for e in 0..E as usize {
+        let base = (e as u64 * 2 * F * H) as f32;
+        assert_eq!(first(&l.gate, e), base, "gate of expert {e}");
+        assert_eq!(first(&l.up, e), base + (F * H) as f32, "up of expert {e}");
+    }
+    assert_eq!(l.gate.name, l.up.name);
+    assert_eq!(l.gate.tensor_bytes, n * 4);
 }
 
 #[test]
