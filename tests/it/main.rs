@@ -21,6 +21,7 @@ mod expertd_startup;
 mod expertd_trace_stall;
 mod first_hour;
 mod gguf;
+mod gguf_llamacpp;
 mod gguf_prepare;
 mod inspect;
 mod int8_quality;

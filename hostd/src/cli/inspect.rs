@@ -1,5 +1,6 @@
-//! `hostd inspect MODEL [--json] [--config-only]`: validates a model directory and reports its
-//! layers, experts, memory arithmetic and shards.
+//! `hostd inspect MODEL [--json] [--config-only]`: validates a model directory (or a
+//! `qwen35moe` GGUF file) and reports its layers, experts, memory arithmetic and shards (or the
+//! GGUF's tensor types).
 //!
 //! The `--json` form is a stable interface: keys are only ever added. Every byte figure comes
 //! from `shared::sizes` (config arithmetic) or the checkpoint inventory (bytes on disk).
@@ -14,8 +15,8 @@ use std::path::PathBuf;
 /// Flags of `hostd inspect`.
 #[derive(clap::Args, Debug)]
 pub struct InspectArgs {
-    /// Model directory (config.json, model.safetensors.index.json and shards); with
-    /// `--config-only`, a directory or the config.json file itself.
+    /// Model directory (config.json, model.safetensors.index.json and shards), or a GGUF file;
+    /// with `--config-only`, a directory or the config.json file itself.
     pub model: PathBuf,
     /// Print the report as JSON (a stable interface).
     #[arg(long)]
@@ -27,7 +28,9 @@ pub struct InspectArgs {
 
 /// Runs `hostd inspect`.
 pub fn run(args: &InspectArgs) -> anyhow::Result<()> {
-    let report = if args.config_only {
+    let report = if !args.config_only && shared::gguf::is_gguf_path(&args.model) {
+        gguf_report(&args.model)?
+    } else if args.config_only {
         let config = if args.model.is_file() {
             let text = std::fs::read_to_string(&args.model)
                 .with_context(|| format!("reading {}", args.model.display()))?;
@@ -118,6 +121,51 @@ pub fn checkpoint_report(ckpt: &Checkpoint) -> Value {
     report
 }
 
+/// The report for a GGUF file: the config report of its metadata plus its tensors' types.
+pub fn gguf_report(path: &std::path::Path) -> anyhow::Result<Value> {
+    let f = shared::gguf::GgufFile::open(path)?;
+    let g = &f.gguf;
+    let config = shared::gguf::model_config(g)
+        .with_context(|| format!("{}: not a usable qwen35moe model", path.display()))?;
+    let experts = shared::gguf::GgufExperts::locate(g)?;
+    let mut report = config_report(&config);
+    let mut dense: std::collections::BTreeMap<&str, u64> = Default::default();
+    let expert_names: std::collections::HashSet<&str> =
+        experts.tensors().map(|t| t.name.as_str()).collect();
+    let mut dense_bytes = 0;
+    for t in &g.tensors {
+        if !expert_names.contains(t.name.as_str()) {
+            *dense.entry(t.ty.name).or_default() += 1;
+            dense_bytes += t.len;
+        }
+    }
+    let routed: u64 = experts
+        .tensors()
+        .map(|t| t.expert_bytes * experts.n_experts as u64)
+        .sum();
+    let text = |k: &str| g.get(k).and_then(|v| v.as_str()).map(str::to_string);
+    let extra = json!({
+        "gguf": {
+            "file": path.display().to_string(),
+            "bytes": f.len,
+            "version": g.version,
+            "tensors": g.tensors.len(),
+            "name": text("general.name"),
+            "tokenizer_model": text("tokenizer.ggml.model"),
+            "tokenizer_pre": text("tokenizer.ggml.pre"),
+            "has_chat_template": g.get("tokenizer.chat_template").is_some(),
+            "expert_types": experts.layers.iter().map(|l| [l.gate.ty.name, l.up.ty.name, l.down.ty.name]).collect::<Vec<_>>(),
+            "routed_expert_bytes": routed,
+            "other_tensor_types": dense,
+            "other_tensor_bytes": dense_bytes,
+        }
+    });
+    if let (Value::Object(r), Value::Object(e)) = (&mut report, extra) {
+        r.extend(e);
+    }
+    Ok(report)
+}
+
 fn human(r: &Value) -> String {
     let n = |k: &str| r[k].as_u64().unwrap_or(0);
     let mut out = String::new();
@@ -192,6 +240,63 @@ fn human(r: &Value) -> String {
         bytes(n("linear_state_bytes_per_sequence")),
         bytes(n("runtime_linear_state_bytes_per_sequence"))
     ));
+    if let Some(gg) = r["gguf"].as_object() {
+        line(format!(
+            "gguf           {} (v{}, {} tensors, {})",
+            gg["file"].as_str().unwrap_or("?"),
+            gg["version"],
+            gg["tensors"],
+            bytes(gg["bytes"].as_u64().unwrap_or(0))
+        ));
+        // Runs of layers with the same (gate, up, down) types.
+        let types: Vec<String> = gg["expert_types"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|t| {
+                let t: Vec<&str> = t
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter_map(Value::as_str)
+                    .collect();
+                t.join("/")
+            })
+            .collect();
+        let mut start = 0;
+        for i in 1..=types.len() {
+            if i == types.len() || types[i] != types[start] {
+                line(format!(
+                    "experts        layers {start}-{}: gate/up/down {}",
+                    i - 1,
+                    types[start]
+                ));
+                start = i;
+            }
+        }
+        let other: Vec<String> = gg["other_tensor_types"]
+            .as_object()
+            .into_iter()
+            .flatten()
+            .map(|(k, v)| format!("{v} {k}"))
+            .collect();
+        line(format!(
+            "on disk        {} routed experts + {} other tensors ({})",
+            bytes(gg["routed_expert_bytes"].as_u64().unwrap_or(0)),
+            bytes(gg["other_tensor_bytes"].as_u64().unwrap_or(0)),
+            other.join(", ")
+        ));
+        line(format!(
+            "tokenizer      {} / {}; chat template {}",
+            gg["tokenizer_model"].as_str().unwrap_or("(none)"),
+            gg["tokenizer_pre"].as_str().unwrap_or("(none)"),
+            if gg["has_chat_template"] == true {
+                "present"
+            } else {
+                "absent"
+            }
+        ));
+    }
     if let Some(layouts) = r["expert_layouts"].as_array() {
         let fused = layouts.iter().filter(|l| *l == "fused").count();
         line(format!(

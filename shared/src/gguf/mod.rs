@@ -8,6 +8,7 @@
 //! what a hostile file's counts make them allocate; ours is about 400 lines, checks every count
 //! against the bytes that remain before allocating, and names the tensor or key that failed.
 
+mod config;
 mod dequant;
 mod experts;
 mod file;
@@ -18,6 +19,7 @@ mod tests;
 mod tests_experts;
 mod write;
 
+pub use config::{config_json, model_config};
 pub use dequant::{DEQUANTIZED, dequantize};
 pub use experts::{ARCHITECTURE, ExpertTensor, GgufExperts, LayerExperts};
 pub use file::{GgufFile, OpenError, is_gguf_path};

@@ -1,0 +1,165 @@
+//! A GGUF written by llama.cpp's own converter (`tests/fixtures/gguf/tiny-llamacpp-bf16.gguf`,
+//! the `tiny` fixture checkpoint through `convert_hf_to_gguf.py`, made by
+//! `tests/oracle/make_llamacpp_gguf.sh`): its metadata gives the same validated configuration as
+//! the checkpoint's `config.json`, a bad value is refused naming its key, its experts prepare into
+//! blobs byte-identical to the checkpoint's, and `hostd inspect` reports it.
+
+use serde_json::Value as Json;
+use shared::checkpoint::read_config;
+use shared::container::{CONTAINER_FILE, ContainerFile};
+use shared::gguf::{GgufFile, Value, model_config};
+use shared::ids::{ExpertId, LayerId};
+use std::path::PathBuf;
+use std::process::Command;
+use tests::{model_dir, prepare_container, workspace_bin};
+
+fn fixture() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("fixtures/gguf/tiny-llamacpp-bf16.gguf")
+}
+
+#[test]
+fn llamacpps_metadata_gives_the_checkpoints_configuration_and_bad_values_are_named() {
+    let f = GgufFile::open(&fixture()).expect("fixture opens");
+    let ours = model_config(&f.gguf).expect("config from metadata");
+    let theirs = read_config(&model_dir("tiny")).expect("config.json");
+    // Every field but the end-of-sequence ids: a GGUF names the tokenizer's EOS
+    // (`tokenizer.ggml.eos_token_id`, here `<|im_end|>`, 402), config.json its own (400); hostd
+    // adds the tokenizer's stop tokens to either.
+    let eos = f
+        .gguf
+        .get("tokenizer.ggml.eos_token_id")
+        .and_then(Value::as_u64);
+    assert_eq!(ours.text.eos_token_ids, vec![eos.expect("eos id") as u32]);
+    let mut ours_but_eos = ours.text.clone();
+    ours_but_eos.eos_token_ids = theirs.text.eos_token_ids.clone();
+    assert_eq!(ours_but_eos, theirs.text);
+
+    for (key, value, says) in [
+        (
+            "qwen35moe.attention.head_count_kv",
+            Value::U32(3),
+            "does not divide",
+        ),
+        ("qwen35moe.ssm.inner_size", Value::U32(63), "not a multiple"),
+        (
+            "qwen35moe.attention.value_length",
+            Value::U32(16),
+            "value head sizes",
+        ),
+        (
+            "qwen35moe.expert_used_count",
+            Value::U32(9),
+            "exceeds num_experts",
+        ),
+        (
+            "qwen35moe.attention.layer_norm_rms_epsilon",
+            Value::F32(2.0),
+            "must be in (0, 1)",
+        ),
+    ] {
+        let mut g = f.gguf.clone();
+        let slot = g
+            .metadata
+            .iter_mut()
+            .find(|(k, _)| k == key)
+            .unwrap_or_else(|| panic!("fixture has {key}"));
+        slot.1 = value;
+        let e = model_config(&g).expect_err("refused").to_string();
+        assert!(e.contains(key) && e.contains(says), "{key}: {e}");
+    }
+    let mut g = f.gguf.clone();
+    g.metadata.retain(|(k, _)| k != "qwen35moe.ssm.state_size");
+    let e = model_config(&g).expect_err("refused").to_string();
+    assert!(
+        e.contains("qwen35moe.ssm.state_size") && e.contains("missing"),
+        "{e}"
+    );
+}
+
+#[test]
+fn llamacpps_bf16_experts_prepare_into_the_checkpoints_blobs() {
+    let work = tempfile::tempdir().expect("tempdir");
+    let from_gguf = work.path().join("gguf");
+    let o = Command::new(workspace_bin("expertd"))
+        .args(["prepare"])
+        .arg(fixture())
+        .arg("--out")
+        .arg(&from_gguf)
+        .output()
+        .expect("spawn");
+    let log = String::from_utf8_lossy(&o.stdout).to_string() + &String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{log}");
+    // BF16 is above 5 bits: INT8, every tensor requantized (4 layers × gate, up, down).
+    assert_eq!(
+        log.matches("is BF16, not the container's INT8").count(),
+        12,
+        "{log}"
+    );
+    let from_ckpt = work.path().join("ckpt");
+    prepare_container(&model_dir("tiny"), &from_ckpt);
+
+    let (a, b) = (
+        ContainerFile::open(&from_gguf).expect("gguf container"),
+        ContainerFile::open(&from_ckpt).expect("checkpoint container"),
+    );
+    assert_eq!(a.header().layout, b.header().layout);
+    assert_ne!(
+        a.header().identity,
+        b.header().identity,
+        "identities name their sources"
+    );
+    let (bytes_a, bytes_b) = (
+        std::fs::read(from_gguf.join(CONTAINER_FILE)).expect("read"),
+        std::fs::read(from_ckpt.join(CONTAINER_FILE)).expect("read"),
+    );
+    let first = a
+        .header()
+        .layout
+        .blob_offset(LayerId::new(0), ExpertId::new(0))
+        .expect("in range") as usize;
+    assert!(
+        bytes_a[first..] == bytes_b[first..],
+        "llama.cpp's BF16 experts gave other blobs than the checkpoint's"
+    );
+    let o = Command::new(workspace_bin("expertd"))
+        .args(["verify", "--deep"])
+        .arg(&from_gguf)
+        .arg("--model")
+        .arg(fixture())
+        .output()
+        .expect("spawn");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stdout));
+}
+
+#[test]
+fn hostd_inspect_reports_a_gguf() {
+    let o = Command::new(workspace_bin("hostd"))
+        .args(["inspect", "--json"])
+        .arg(fixture())
+        .output()
+        .expect("spawn");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let r: Json = serde_json::from_slice(&o.stdout).expect("json");
+    assert_eq!(r["num_layers"], 4);
+    assert_eq!(r["vocab_size"], 448);
+    assert_eq!(r["gguf"]["tensors"], 73);
+    assert_eq!(r["gguf"]["tokenizer_pre"], "qwen35");
+    let types = r["gguf"]["expert_types"].as_array().expect("array");
+    assert_eq!(types.len(), 4);
+    assert!(
+        types
+            .iter()
+            .all(|t| t == &serde_json::json!(["BF16", "BF16", "BF16"])),
+        "{r}"
+    );
+    let o = Command::new(workspace_bin("hostd"))
+        .arg("inspect")
+        .arg(fixture())
+        .output()
+        .expect("spawn");
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        text.contains("experts        layers 0-3: gate/up/down BF16/BF16/BF16"),
+        "{text}"
+    );
+}
