@@ -2,12 +2,15 @@
 //! the `tiny` fixture checkpoint through `convert_hf_to_gguf.py`, made by
 //! `tests/oracle/make_llamacpp_gguf.sh`): its metadata gives the same validated configuration as
 //! the checkpoint's `config.json`, a bad value is refused naming its key, its experts prepare into
-//! blobs byte-identical to the checkpoint's, and `hostd inspect` reports it.
+//! blobs byte-identical to the checkpoint's, and `hostd inspect` reports it. Also opening files:
+//! a header past the first read, split files, files that are not GGUF.
 
 use serde_json::Value as Json;
 use shared::checkpoint::read_config;
 use shared::container::{CONTAINER_FILE, ContainerFile};
-use shared::gguf::{GgufFile, Value, model_config};
+use shared::gguf::{
+    GgufExperts, GgufFile, GgufWriter, Value, WriteTensor, is_gguf_path, model_config,
+};
 use shared::ids::{ExpertId, LayerId};
 use std::path::PathBuf;
 use std::process::Command;
@@ -162,4 +165,73 @@ fn hostd_inspect_reports_a_gguf() {
         text.contains("experts        layers 0-3: gate/up/down BF16/BF16/BF16"),
         "{text}"
     );
+}
+
+/// The fixture rewritten by our writer with one more metadata pair.
+fn with_metadata(key: &str, value: Value) -> Vec<u8> {
+    let f = GgufFile::open(&fixture()).expect("fixture opens");
+    let bytes = std::fs::read(fixture()).expect("read fixture");
+    let mut w = GgufWriter::new();
+    for (k, v) in &f.gguf.metadata {
+        w = w.kv(k, v.clone());
+    }
+    w = w.kv(key, value);
+    let tensors: Vec<WriteTensor<'_>> = f
+        .gguf
+        .tensors
+        .iter()
+        .map(|t| WriteTensor {
+            name: &t.name,
+            dims: &t.dims,
+            ty: t.ty,
+            data: &bytes[t.offset as usize..(t.offset + t.len) as usize],
+        })
+        .collect();
+    w.to_bytes(&tensors).expect("rewrite")
+}
+
+#[test]
+fn opening_reads_a_header_larger_than_the_first_read_and_refuses_split_files() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let original = GgufFile::open(&fixture()).expect("fixture opens");
+    // A 20 MiB metadata string: the header does not fit the first 16 MiB read.
+    let path = dir.path().join("big.gguf");
+    std::fs::write(
+        &path,
+        with_metadata("general.description", Value::String("x".repeat(20 << 20))),
+    )
+    .expect("write");
+    assert!(is_gguf_path(&path));
+    let f = GgufFile::open(&path).expect("opens");
+    assert_eq!(f.header_bytes.len() as u64, f.gguf.data_offset);
+    assert!(f.header_bytes.len() > 20 << 20);
+    assert_eq!(
+        model_config(&f.gguf).expect("config").text,
+        model_config(&original.gguf).expect("config").text
+    );
+    let (x, y) = (
+        GgufExperts::locate(&f.gguf).expect("locates"),
+        GgufExperts::locate(&original.gguf).expect("locates"),
+    );
+    let read = |f: &GgufFile, x: &GgufExperts| {
+        let (offset, len) = x.layers[3].up.expert_range(5);
+        f.read(offset, len, "up").expect("reads")
+    };
+    assert_eq!(read(&f, &x), read(&original, &y));
+
+    let path = dir.path().join("model-00001-of-00003.gguf");
+    std::fs::write(&path, with_metadata("split.count", Value::U16(3))).expect("write");
+    let t = GgufFile::open(&path).expect_err("refused").to_string();
+    assert!(
+        t.contains("split.count") && t.contains("llama-gguf-split --merge"),
+        "{t}"
+    );
+
+    // Not GGUF: a directory, a file of other bytes without the extension.
+    assert!(!is_gguf_path(dir.path()));
+    let other = dir.path().join("config.json");
+    std::fs::write(&other, b"{\"a\": 12}").expect("write");
+    assert!(!is_gguf_path(&other));
+    let t = GgufFile::open(&other).expect_err("refused").to_string();
+    assert!(t.contains("not a GGUF file"), "{t}");
 }

@@ -1,6 +1,6 @@
-//! Locating a `qwen35moe` GGUF's routed experts ([`GgufExperts::locate`]) and opening a file
-//! ([`GgufFile::open`]): the ranges of every expert, and an error naming the key or tensor for
-//! each way a file can be wrong.
+//! Locating a `qwen35moe` GGUF's routed experts ([`GgufExperts::locate`]): the ranges of every
+//! expert, and an error naming the key or tensor for each way a file can be wrong. (Opening
+//! files, `GgufFile::open`, is tested in `tests/it/gguf_llamacpp.rs`.)
 
 use super::*;
 
@@ -211,44 +211,4 @@ fn a_fused_gate_up_tensor_is_read_as_each_experts_gate_rows_then_its_up_rows() {
     }
     assert_eq!(l.gate.name, l.up.name);
     assert_eq!(l.gate.tensor_bytes, n * 4);
-}
-
-#[test]
-fn opening_reads_a_header_larger_than_the_first_read_and_refuses_split_files() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    // A 20 MiB metadata string: the header does not fit the first 16 MiB read.
-    let big = Model::new().set(
-        "general.description",
-        Some(Value::String("x".repeat(20 << 20))),
-    );
-    let path = dir.path().join("big.gguf");
-    std::fs::write(&path, big.bytes()).expect("write");
-    assert!(is_gguf_path(&path));
-    let f = GgufFile::open(&path).expect("opens");
-    assert_eq!(f.header_bytes.len() as u64, f.gguf.data_offset);
-    assert!(f.header_bytes.len() > 20 << 20);
-    let x = GgufExperts::locate(&f.gguf).expect("locates");
-    let (offset, len) = x.layers[0].up.expert_range(1);
-    let bytes = f.read(offset, len, "up").expect("reads");
-    assert_eq!(
-        f32::from_le_bytes(bytes[..4].try_into().expect("4")),
-        (H * F) as f32
-    );
-
-    let split = Model::new().set("split.count", Some(Value::U16(3)));
-    let path = dir.path().join("model-00001-of-00003.gguf");
-    std::fs::write(&path, split.bytes()).expect("write");
-    let t = GgufFile::open(&path).expect_err("refused").to_string();
-    assert!(
-        t.contains("split.count") && t.contains("llama-gguf-split --merge"),
-        "{t}"
-    );
-
-    // Not GGUF: a directory, a file of other bytes without the extension.
-    assert!(!is_gguf_path(dir.path()));
-    let other = dir.path().join("config.json");
-    std::fs::write(&other, b"{\"a\": 12}").expect("write");
-    assert!(!is_gguf_path(&other));
-    let t = GgufFile::open(&other).expect_err("refused").to_string();
-    assert!(t.contains("not a GGUF file"), "{t}");
 }
