@@ -6,6 +6,8 @@ GGUF's bytes as gguf-py reads them: a tensor whose type is the container's block
 its matrix must be byte-identical; any other is reported with the largest difference between
 gguf-py's dequantization of the GGUF and of the container's blocks (relative to the largest
 weight). Prints one JSON object.
+Fused gate/up tensors (`--fuse-gate-up-exps`) are split per expert into their halves. Exit 1
+unless at least one tensor was copied and every copy is identical.
 Usage: check_gguf_experts.py FILE.gguf CONTAINER_DIR
 """
 import json
@@ -43,9 +45,17 @@ r = GGUFReader(gguf_path)
 tensors = {t.name: t for t in r.tensors}
 out = {"gguf": gguf_path, "container": str(cdir), "format": fmt, "copied": [], "requantized": []}
 for layer in range(n_layers):
+    fused = tensors.get(f"blk.{layer}.ffn_gate_up_exps.weight")
     for part in ("gate", "up", "down"):
-        t = tensors[f"blk.{layer}.ffn_{part}_exps.weight"]
-        raw = np.asarray(t.data).reshape(n_exp, -1).view(np.uint8)
+        if fused is not None and part != "down":
+            # --fuse-gate-up-exps: each expert's gate rows, then its up rows.
+            t = fused
+            both = np.asarray(t.data).reshape(n_exp, -1).view(np.uint8)
+            half = both.shape[1] // 2
+            raw = both[:, :half] if part == "gate" else both[:, half:]
+        else:
+            t = tensors[f"blk.{layer}.ffn_{part}_exps.weight"]
+            raw = np.asarray(t.data).reshape(n_exp, -1).view(np.uint8)
         kind = dn_kind if part == "down" else gu_kind
         rows, cols = (d, f) if part == "down" else (f, d)
         worst, largest, same = 0.0, 0.0, True
@@ -65,7 +75,8 @@ for layer in range(n_layers):
                 b = dequantize(np.frombuffer(ours, np.uint8).reshape(rows, -1), kind)
                 worst = max(worst, float(np.abs(a - b).max()))
                 largest = max(largest, float(np.abs(a).max()))
-        entry = {"tensor": t.name, "type": t.tensor_type.name}
+        entry = {"tensor": t.name + ("" if fused is None or part == "down" else f" ({part} half)"),
+                 "type": t.tensor_type.name}
         if t.tensor_type == kind:
             entry["byte_identical"] = bool(same)
             out["copied"].append(entry)
@@ -73,6 +84,7 @@ for layer in range(n_layers):
             entry.update(to=kind.name, max_abs_diff=worst, max_abs_weight=largest,
                          rel_to_max_weight=worst / largest if largest else 0.0)
             out["requantized"].append(entry)
-out["all_copies_identical"] = all(c["byte_identical"] for c in out["copied"])
+# Nothing copied would make "all identical" vacuous: that counts as a failure.
+out["all_copies_identical"] = bool(out["copied"]) and all(c["byte_identical"] for c in out["copied"])
 print(json.dumps(out, indent=1))
 sys.exit(0 if out["all_copies_identical"] else 1)

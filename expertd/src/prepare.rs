@@ -99,7 +99,7 @@ pub enum PrepareError {
     },
     /// The output directory holds a container of this model in another expert format.
     #[error(
-        "{path} holds this model's experts in format {found}, not {wanted}; remove it or choose another --out"
+        "{path} holds this model's experts in format {found}, not {wanted}; continue it with --format {found}, or remove it or choose another --out"
     )]
     OtherFormat {
         /// The existing file.
@@ -343,7 +343,7 @@ pub fn prepare(
     for &layer in &todo {
         source_bytes += source.expert_bytes(layer)? * n_experts as u64;
     }
-    for r in &requantized {
+    for r in requantized.iter().filter(|r| todo.contains(&r.layer)) {
         on_event(PrepareEvent::Requantizing(*r));
     }
     on_event(PrepareEvent::Converting {

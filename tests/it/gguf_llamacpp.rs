@@ -70,6 +70,31 @@ fn llamacpps_metadata_gives_the_checkpoints_configuration_and_bad_values_are_nam
         let e = model_config(&g).expect_err("refused").to_string();
         assert!(e.contains(key) && e.contains(says), "{key}: {e}");
     }
+    // Derived fields are reported under the key they came from.
+    let mut g = f.gguf.clone();
+    for (k, v) in &mut g.metadata {
+        if k == "qwen35moe.rope.dimension_count" {
+            *v = Value::U32(7);
+        }
+    }
+    let e = model_config(&g).expect_err("refused").to_string();
+    assert!(e.contains("qwen35moe.rope.dimension_count"), "{e}");
+    // Without per-layer flags the interval decides, and 0 is refused. (llama.cpp 0c1e570 writes
+    // the interval from the top level of a nested config.json, where the tiny fixture has none,
+    // so its default 4, not text_config's 2: the per-layer flags are the ones to trust.)
+    let mut g = f.gguf.clone();
+    g.metadata
+        .retain(|(k, _)| k != "qwen35moe.attention.recurrent_layers");
+    let by_interval = model_config(&g).expect("interval 4").text.layer_types;
+    use shared::config::LayerType::{FullAttention as A, LinearAttention as D};
+    assert_eq!(by_interval, vec![D, D, D, A]);
+    for (k, v) in &mut g.metadata {
+        if k == "qwen35moe.full_attention_interval" {
+            *v = Value::U32(0);
+        }
+    }
+    let e = model_config(&g).expect_err("refused").to_string();
+    assert!(e.contains("qwen35moe.full_attention_interval"), "{e}");
     let mut g = f.gguf.clone();
     g.metadata.retain(|(k, _)| k != "qwen35moe.ssm.state_size");
     let e = model_config(&g).expect_err("refused").to_string();

@@ -71,6 +71,11 @@ fn encode(name: &str, w: &[f32], rows: usize, cols: usize) -> Vec<u8> {
                 out
             })
             .collect(),
+        // Types only the default-format rule looks at: all-zero blocks (every value 0).
+        "Q4_1" | "Q5_0" => {
+            let t = ty(name);
+            vec![0; rows * cols / t.block as usize * t.block_bytes as usize]
+        }
         other => panic!("no encoder for {other}"),
     }
 }
@@ -297,6 +302,8 @@ fn the_default_format_follows_the_files_types() {
     for (types, format, warnings) in [
         ([["Q4_K", "Q4_K", "Q4_K"]; 2], "q4k", 0),
         ([["Q8_0", "Q8_0", "Q6_K"]; 2], "int8", 6),
+        // Q4_1 is 5.0 bits: still Q4_K's; Q5_0 (5.5) down makes down Q6_K.
+        ([["Q4_1", "Q4_1", "Q5_0"]; 2], "q4k-q6k", 6),
     ] {
         let path = work.path().join(format!("{format}.gguf"));
         write_gguf(&path, &types, false);
@@ -312,16 +319,36 @@ fn the_default_format_follows_the_files_types() {
         let c = ContainerFile::open(&out).expect("container");
         assert_eq!(c.header().layout.dims.format.name(), format);
     }
+    // One layer's gate above 5 bits makes the whole file INT8 (gate/up must hold everywhere).
+    let path = work.path().join("mixed.gguf");
+    write_gguf(
+        &path,
+        &[["Q4_K", "Q4_K", "Q4_K"], ["Q5_0", "Q4_K", "Q4_K"]],
+        false,
+    );
+    let out = work.path().join("mixed");
+    let o = expertd(&["prepare", s(&path), "--out", s(&out)]);
+    assert!(o.status.success(), "{}", text(&o));
+    let c = ContainerFile::open(&out).expect("container");
+    assert_eq!(c.header().layout.dims.format.name(), "int8");
 }
 
 #[test]
 fn a_killed_gguf_prepare_resumes_to_the_same_bytes_and_a_truncated_gguf_is_refused_by_name() {
     let work = tempfile::tempdir().expect("tempdir");
     let gguf_path = work.path().join("model.gguf");
-    write_gguf(&gguf_path, &LAYERS, false);
+    // Layer 0 has a requantized tensor: a fresh run warns about it, the resumed run (which
+    // keeps layer 0) must not.
+    let layers = [["Q4_K", "Q4_0", "Q6_K"], LAYERS[1], LAYERS[2]];
+    write_gguf(&gguf_path, &layers, false);
     let reference = work.path().join("ref");
     let o = expertd(&["prepare", s(&gguf_path), "--out", s(&reference)]);
     assert!(o.status.success(), "{}", text(&o));
+    assert!(
+        text(&o).contains("warning: blk.0.ffn_up_exps.weight"),
+        "{}",
+        text(&o)
+    );
     let want = std::fs::read(reference.join(CONTAINER_FILE)).expect("reference");
     let layout = ContainerFile::open(&reference)
         .expect("opens")
@@ -377,6 +404,14 @@ fn a_killed_gguf_prepare_resumes_to_the_same_bytes_and_a_truncated_gguf_is_refus
         got == want,
         "resumed container differs from the uninterrupted one"
     );
+    // The kept layer's error statistics survived the kill too.
+    let report = |dir: &Path| -> serde_json::Value {
+        serde_json::from_slice(&std::fs::read(dir.join("prepare-report.json")).expect("report"))
+            .expect("json")
+    };
+    assert_eq!(report(&out)["layers"], report(&reference)["layers"]);
+    // Only the layers converted again are warned about (not layer 0's).
+    assert!(!log.contains("warning: blk.0."), "{log}");
 
     // Cut inside the last tensor's data: refused before anything is written, naming it.
     let bytes = std::fs::read(&gguf_path).expect("read");
@@ -384,6 +419,10 @@ fn a_killed_gguf_prepare_resumes_to_the_same_bytes_and_a_truncated_gguf_is_refus
     std::fs::write(&cut, &bytes[..bytes.len() - 4096]).expect("write cut");
     let o = expertd(&["prepare", s(&cut), "--out", s(&work.path().join("x"))]);
     assert!(!o.status.success());
+    assert!(
+        !work.path().join("x").exists(),
+        "nothing written for a truncated file"
+    );
     assert!(
         text(&o).contains("blk.2.ffn_down_exps.weight"),
         "{}",
@@ -402,12 +441,13 @@ fn a_fused_gate_up_gguf_gives_the_same_blobs_as_the_split_one() {
         let out = work.path().join(format!("c-{fused}"));
         let o = expertd(&["prepare", s(&path), "--out", s(&out)]);
         assert!(o.status.success(), "{}", text(&o));
-        let want = if fused {
-            "warning: blk.1.ffn_gate_up_exps.weight is Q4_0"
+        let (want, n) = if fused {
+            ("warning: blk.1.ffn_gate_up_exps.weight is Q4_0", 2)
         } else {
-            "warning: blk.1.ffn_up_exps.weight is Q4_0"
+            ("warning: blk.1.ffn_up_exps.weight is Q4_0", 3)
         };
         assert!(text(&o).contains(want), "{}", text(&o));
+        assert_eq!(text(&o).matches("warning:").count(), n, "{}", text(&o));
         let c = ContainerFile::open(&out).expect("container");
         let layout = c.header().layout;
         let bytes = std::fs::read(out.join(CONTAINER_FILE)).expect("read");

@@ -192,11 +192,35 @@ fn gguf() -> Vec<Vec<u8>> {
             },
         ])
         .expect("write");
+    // The same with gate and up fused into one ffn_gate_up_exps tensor.
+    let w16 = [0u8; 32];
+    let fused = GgufWriter::new()
+        .kv("general.architecture", Value::String("qwen35moe".into()))
+        .kv("qwen35moe.block_count", Value::U32(1))
+        .kv("qwen35moe.expert_count", Value::U32(2))
+        .kv("qwen35moe.embedding_length", Value::U32(2))
+        .kv("qwen35moe.expert_feed_forward_length", Value::U32(1))
+        .to_bytes(&[
+            WriteTensor {
+                name: "blk.0.ffn_gate_up_exps.weight",
+                dims: &[2, 2, 2],
+                ty: ty("F32"),
+                data: &w16,
+            },
+            WriteTensor {
+                name: "blk.0.ffn_down_exps.weight",
+                dims: &[1, 2, 2],
+                ty: ty("F32"),
+                data: &w8,
+            },
+        ])
+        .expect("write");
     vec![
         GgufWriter::new().to_bytes(&[]).expect("write"),
         full,
         packed,
         experts,
+        fused,
     ]
 }
 

@@ -31,7 +31,11 @@ pub fn run(args: &InspectArgs) -> anyhow::Result<()> {
     let report = if !args.config_only && shared::gguf::is_gguf_path(&args.model) {
         gguf_report(&args.model)?
     } else if args.config_only {
-        let config = if args.model.is_file() {
+        let config = if shared::gguf::is_gguf_path(&args.model) {
+            let f = shared::gguf::GgufFile::open(&args.model)?;
+            shared::gguf::model_config(&f.gguf)
+                .with_context(|| format!("{}", args.model.display()))?
+        } else if args.model.is_file() {
             let text = std::fs::read_to_string(&args.model)
                 .with_context(|| format!("reading {}", args.model.display()))?;
             shared::config::parse_config(&text)

@@ -3,9 +3,21 @@
 //! (`crate::config::parse_config`), so a GGUF and a checkpoint are held to the same checks.
 //! An error names the GGUF key that the failing config field came from.
 
+use super::experts::short;
 use super::{ARCHITECTURE, Gguf, GgufError, Value};
 use crate::config::{ConfigError, ModelConfig, parse_config};
 use serde_json::{Map, Value as Json, json};
+
+/// Config fields derived from metadata (not copied from one key), and the key or tensor an
+/// error in them is reported under.
+const DERIVED: &[(&str, &str)] = &[
+    ("partial_rotary_factor", "qwen35moe.rope.dimension_count"),
+    ("linear_value_head_dim", "qwen35moe.ssm.inner_size"),
+    ("num_hidden_layers", "qwen35moe.block_count"),
+    ("layer_types", "qwen35moe.attention.recurrent_layers"),
+    ("vocab_size", "tensor token_embd.weight"),
+    ("eos_token_id", "tokenizer.ggml.eos_token_id"),
+];
 
 /// Each config field read from one metadata key (`{arch}.` prefixed), in the config's names.
 const KEYS: &[(&str, &str)] = &[
@@ -56,7 +68,7 @@ fn number(g: &Gguf, k: &str) -> Result<Json, GgufError> {
         .map(|f| json!(f))
         .ok_or_else(|| GgufError::Metadata {
             key: k.to_string(),
-            why: format!("is {v:?}: expected a number"),
+            why: format!("is {}: expected a number", short(v)),
         })
 }
 
@@ -64,7 +76,7 @@ fn int(g: &Gguf, k: &str) -> Result<u64, GgufError> {
     let v = g.get(k).ok_or_else(|| missing(k))?;
     v.as_u64().ok_or_else(|| GgufError::Metadata {
         key: k.to_string(),
-        why: format!("is {v:?}: expected a non-negative integer"),
+        why: format!("is {}: expected a non-negative integer", short(v)),
     })
 }
 
@@ -110,7 +122,8 @@ pub fn config_json(g: &Gguf) -> Result<Json, GgufError> {
         return Err(GgufError::Metadata {
             key: vl,
             why: format!(
-                "is {v:?}, but {kl} is {}: different key and value head sizes are not supported",
+                "is {}, but {kl} is {}: different key and value head sizes are not supported",
+                short(v),
                 int(g, &kl)?
             ),
         });
@@ -137,18 +150,25 @@ pub fn config_json(g: &Gguf) -> Result<Json, GgufError> {
                 Value::Bool(false) => Ok("full_attention"),
                 other => Err(GgufError::Metadata {
                     key: key("attention.recurrent_layers"),
-                    why: format!("holds {other:?}, expected booleans"),
+                    why: format!("holds {}, expected booleans", short(other)),
                 }),
             })
             .collect::<Result<_, _>>()?,
         Some(v) => {
             return Err(GgufError::Metadata {
                 key: key("attention.recurrent_layers"),
-                why: format!("is {v:?}: expected {n} booleans"),
+                why: format!("is {}: expected {n} booleans", short(v)),
             });
         }
         None => {
-            let every = int(g, &key("full_attention_interval"))?.max(1) as usize;
+            let every = int(g, &key("full_attention_interval"))?;
+            if every == 0 || every > n as u64 {
+                return Err(GgufError::Metadata {
+                    key: key("full_attention_interval"),
+                    why: format!("is {every}: expected 1..={n} (the layer count)"),
+                });
+            }
+            let every = every as usize;
             (0..n)
                 .map(|i| {
                     if (i + 1) % every == 0 {
@@ -196,7 +216,14 @@ pub fn model_config(g: &Gguf) -> Result<ModelConfig, GgufError> {
         let from = KEYS
             .iter()
             .find(|(f, _)| names(f))
-            .map_or_else(|| format!("the metadata ({field})"), |(_, k)| key(k));
+            .map(|(_, k)| key(k))
+            .or_else(|| {
+                DERIVED
+                    .iter()
+                    .find(|(f, _)| names(f))
+                    .map(|(_, k)| (*k).to_string())
+            })
+            .unwrap_or_else(|| format!("the metadata ({field})"));
         GgufError::Metadata {
             key: from,
             why: e.to_string(),

@@ -9,6 +9,9 @@
 
 use super::{DEQUANTIZED, GgmlType, Gguf, GgufError, TensorInfo};
 
+/// Most weights one expert matrix may have (`hidden × inner`): 2²⁶, 64 times the real model's.
+pub const MAX_EXPERT_WEIGHTS: u64 = 1 << 26;
+
 /// The only architecture whose experts are read (`general.architecture`).
 pub const ARCHITECTURE: &str = "qwen35moe";
 
@@ -73,6 +76,15 @@ pub struct GgufExperts {
     pub layers: Vec<LayerExperts>,
 }
 
+/// A metadata value for an error message, cut to 80 characters.
+pub(crate) fn short(v: &super::Value) -> String {
+    let s = format!("{v:?}");
+    match s.char_indices().nth(80) {
+        Some((at, _)) => format!("{}…", &s[..at]),
+        None => s,
+    }
+}
+
 fn metadata_err(key: &str, why: impl Into<String>) -> GgufError {
     GgufError::Metadata {
         key: key.to_string(),
@@ -89,7 +101,7 @@ fn count(g: &Gguf, key: &str, max: u64) -> Result<usize, GgufError> {
         Some(n) if (1..=max).contains(&n) => Ok(n as usize),
         _ => Err(metadata_err(
             key,
-            format!("is {v:?}: expected an integer in 1..={max}"),
+            format!("is {}: expected an integer in 1..={max}", short(v)),
         )),
     }
 }
@@ -104,7 +116,10 @@ impl GgufExperts {
             Some(other) => {
                 return Err(metadata_err(
                     arch_key,
-                    format!("is {other:?}; only {ARCHITECTURE:?} (Qwen3.5/3.6 MoE) is supported"),
+                    format!(
+                        "is {}; only {ARCHITECTURE:?} (Qwen3.5/3.6 MoE) is supported",
+                        short(&super::Value::String(other.to_string()))
+                    ),
                 ));
             }
             None => return Err(metadata_err(arch_key, "missing or not a string")),
@@ -119,7 +134,10 @@ impl GgufExperts {
                 _ => {
                     return Err(metadata_err(
                         &key("nextn_predict_layers"),
-                        format!("is {v:?}: expected an integer below block_count ({blocks})"),
+                        format!(
+                            "is {}: expected an integer below block_count ({blocks})",
+                            short(v)
+                        ),
                     ));
                 }
             },
@@ -128,6 +146,17 @@ impl GgufExperts {
         let n_experts = count(g, &key("expert_count"), MAX)?;
         let hidden = count(g, &key("embedding_length"), MAX)?;
         let inner = count(g, &key("expert_feed_forward_length"), MAX)?;
+        // One expert matrix is held as f32 several times over while it is converted: cap its
+        // weights far above the real 2048 × 512 so a hostile header cannot ask for tens of GB.
+        if (hidden as u64) * (inner as u64) > MAX_EXPERT_WEIGHTS {
+            return Err(metadata_err(
+                &key("expert_feed_forward_length"),
+                format!(
+                    "{inner} × embedding_length {hidden} weights per expert matrix exceed the \
+                     supported {MAX_EXPERT_WEIGHTS}"
+                ),
+            ));
+        }
         let mut layers = Vec::with_capacity(n_layers);
         for layer in 0..n_layers {
             let find = |part: &str, rows: usize, cols: usize| {

@@ -21,7 +21,7 @@ mod write;
 
 pub use config::{config_json, model_config};
 pub use dequant::{DEQUANTIZED, dequantize};
-pub use experts::{ARCHITECTURE, ExpertTensor, GgufExperts, LayerExperts};
+pub use experts::{ARCHITECTURE, ExpertTensor, GgufExperts, LayerExperts, MAX_EXPERT_WEIGHTS};
 pub use file::{GgufFile, OpenError, is_gguf_path};
 pub use parse::{GgufError, MAX_ARRAY_ELEMENTS, MAX_STRING_BYTES, parse};
 pub use write::{GgufWriter, WriteTensor};

@@ -123,6 +123,20 @@ fn each_wrong_file_is_refused_naming_what_is_wrong() {
         "{t}"
     );
 
+    // A shape whose conversion would hold tens of GB per expert is refused up front.
+    let t = err_text(
+        &Model::new()
+            .set("qwen35moe.embedding_length", Some(Value::U32(65_536)))
+            .set(
+                "qwen35moe.expert_feed_forward_length",
+                Some(Value::U32(2048)),
+            ),
+    );
+    assert!(
+        t.contains("expert_feed_forward_length") && t.contains("exceed"),
+        "{t}"
+    );
+
     let mut m = Model::new();
     m.tensors.retain(|t| !t.0.contains("down"));
     let t = err_text(&m);

@@ -82,6 +82,14 @@ pub fn run(data: &[u8]) -> Outcome {
             for (name, bytes) in covered {
                 assert_eq!(Some(bytes), g.tensor(name).map(|t| t.len), "{name}");
             }
+            // Within one expert, gate's and up's bytes are apart (a fused tensor's halves).
+            for l in &x.layers {
+                for e in [0, x.n_experts - 1] {
+                    let (g0, gl) = l.gate.expert_range(e);
+                    let (u0, ul) = l.up.expert_range(e);
+                    assert!(g0 + gl <= u0 || u0 + ul <= g0, "gate and up overlap: {l:?}");
+                }
+            }
             "experts"
         }
         Err(_) => "no-experts",
