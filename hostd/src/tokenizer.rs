@@ -147,6 +147,24 @@ impl Tokenizer {
                 path: path.clone(),
                 error,
             })?;
+        Self::from_inner(inner, path)
+    }
+
+    /// The tokenizer a `qwen35moe` GGUF file's metadata describes (`shared::gguf::tokenizer_json`
+    /// rebuilds its `tokenizer.json`); errors name the file and the key.
+    pub fn from_gguf(path: impl AsRef<Path>) -> Result<Self> {
+        let path = path.as_ref().to_path_buf();
+        let load = |error: tokenizers::Error| TokenizerError::Load {
+            path: path.clone(),
+            error,
+        };
+        let file = shared::gguf::GgufFile::open(&path).map_err(|e| load(e.into()))?;
+        let json = shared::gguf::tokenizer_json(&file.gguf).map_err(|e| load(e.into()))?;
+        let inner: tokenizers::Tokenizer = json.to_string().parse().map_err(load)?;
+        Self::from_inner(inner, path)
+    }
+
+    fn from_inner(inner: tokenizers::Tokenizer, path: PathBuf) -> Result<Self> {
         match inner.get_decoder() {
             Some(DecoderWrapper::ByteLevel(_)) => {}
             other => {

@@ -2,7 +2,8 @@
 //! the `tiny` fixture checkpoint through `convert_hf_to_gguf.py`, made by
 //! `tests/oracle/make_llamacpp_gguf.sh`): its metadata gives the same validated configuration as
 //! the checkpoint's `config.json`, a bad value is refused naming its key, its experts prepare into
-//! blobs byte-identical to the checkpoint's, and `hostd inspect` reports it. Also opening files:
+//! blobs byte-identical to the checkpoint's, its tokenizer rebuilt from `tokenizer.ggml.*` encodes
+//! and decodes as the checkpoint's `tokenizer.json`, and `hostd inspect` reports it. Also opening files:
 //! a header past the first read, split files, files that are not GGUF.
 
 use serde_json::Value as Json;
@@ -259,4 +260,38 @@ fn opening_reads_a_header_larger_than_the_first_read_and_refuses_split_files() {
     assert!(!is_gguf_path(&other));
     let t = GgufFile::open(&other).expect_err("refused").to_string();
     assert!(t.contains("not a GGUF file"), "{t}");
+}
+
+#[test]
+fn the_tokenizer_rebuilt_from_llamacpps_metadata_encodes_and_decodes_as_the_checkpoints() {
+    use hostd::tokenizer::Tokenizer;
+    let ours = Tokenizer::from_gguf(fixture()).expect("tokenizer from the GGUF");
+    let theirs =
+        Tokenizer::from_file(model_dir("tiny").join("tokenizer.json")).expect("tokenizer.json");
+    assert_eq!(ours.vocab_size(), theirs.vocab_size());
+    assert_eq!(ours.special_token_ids(), theirs.special_token_ids());
+    for text in [
+        "Hello, world!",
+        "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n",
+        "  leading spaces, trailing\t\ttabs \n\n\nand newlines\r\n",
+        "I'm sure they'll say it's fine; we've DONE it, you'd SEE.",
+        "numbers 1234567890 and 3.14159e-10",
+        "unicode: naïve café 日本語 🦀 e\u{301} Ωmega",
+        "<think>\nreasoning</think>\n\n<tool_call>\n{\"name\": \"f\"}\n</tool_call>",
+        "",
+    ] {
+        let ids = theirs.encode(text).expect("encode");
+        assert_eq!(ours.encode(text).expect("encode"), ids, "{text:?}");
+        assert_eq!(
+            ours.decode(&ids).expect("decode"),
+            theirs.decode(&ids).expect("decode")
+        );
+    }
+    for id in 0..theirs.vocab_size() as u32 {
+        assert_eq!(
+            ours.decode(&[id]).ok(),
+            theirs.decode(&[id]).ok(),
+            "id {id}"
+        );
+    }
 }

@@ -17,6 +17,7 @@ mod parse;
 mod tests;
 #[cfg(test)]
 mod tests_experts;
+mod tokenizer;
 mod write;
 
 pub use config::{config_json, model_config};
@@ -24,6 +25,7 @@ pub use dequant::{DEQUANTIZED, dequantize};
 pub use experts::{ARCHITECTURE, ExpertTensor, GgufExperts, LayerExperts, MAX_EXPERT_WEIGHTS};
 pub use file::{GgufFile, OpenError, is_gguf_path};
 pub use parse::{GgufError, MAX_ARRAY_ELEMENTS, MAX_STRING_BYTES, parse};
+pub use tokenizer::{QWEN35_SPLIT, tokenizer_json};
 pub use write::{GgufWriter, WriteTensor};
 
 /// The four bytes that open a GGUF file.
