@@ -16,7 +16,7 @@ use shared::container::writer::encode_expert;
 use shared::ids::{ExpertId, LayerId};
 use shared::kernels::ExpertMatrices;
 use shared::kernels::int8::quantize_weights;
-use shared::kernels::kquant;
+use shared::kernels::kquant::{self, KMatrix};
 use shared::safetensors_locator::{ByteRange, ExpertLocator};
 use std::fs::File;
 use std::os::unix::fs::FileExt;
@@ -133,10 +133,38 @@ pub(crate) fn convert_expert(
             reason: format!("shapes do not match the config's d = {d}, f = {f}"),
         });
     }
+    let kquant = layout.format.kquant().map(|(gu, dn)| {
+        (
+            kquant::quantize_matrix(gu, &gate_up, 2 * f, d),
+            kquant::quantize_matrix(dn, &down, d, f),
+        )
+    });
+    encode_converted(
+        layout,
+        layer,
+        expert,
+        (&gate_up, &down),
+        kquant,
+        ranges.total_bytes(),
+    )
+}
+
+/// Finishes one expert whose f32 weights are `gate_up` (`[2f × d]`, gate rows first) and
+/// `down` (`[d × f]`): encodes the blob in `layout`'s format from the k-quant matrices given
+/// (checked for finite super-scales) or, for INT8 (`None`), quantizes them here, and measures
+/// the dequantization error against those f32 weights. Both sources (`convert_expert` and the
+/// GGUF reader) end here.
+pub(crate) fn encode_converted(
+    layout: &BlobLayout,
+    layer: LayerId,
+    expert: ExpertId,
+    (gate_up, down): (&[f32], &[f32]),
+    kquant: Option<(KMatrix, KMatrix)>,
+    source_bytes: u64,
+) -> Result<ConvertedExpert, PrepareError> {
+    let (f, d) = (layout.down_cols, layout.down_rows);
     let mut blob = vec![0u8; layout.stride];
-    let (checksum, deq_gate_up, deq_down) = if let Some((gu, dn)) = layout.format.kquant() {
-        let q_gate_up = kquant::quantize_matrix(gu, &gate_up, 2 * f, d);
-        let q_down = kquant::quantize_matrix(dn, &down, d, f);
+    let (checksum, deq_gate_up, deq_down) = if let Some((q_gate_up, q_down)) = kquant {
         // A sub-block whose range or minimum is too large for an f16 super-scale (about 4e6 for
         // a Q4_K min, 6e7 for a range) makes an infinite scale: refuse it, naming the expert.
         for (what, m) in [("gate/up", &q_gate_up), ("down", &q_down)] {
@@ -154,8 +182,8 @@ pub(crate) fn convert_expert(
         let checksum = encode_expert(layout, &m, &mut blob)?;
         (checksum, q_gate_up.dequantize(), q_down.dequantize())
     } else {
-        let q_gate_up = quantize_weights(&gate_up, 2 * f, d);
-        let q_down = quantize_weights(&down, d, f);
+        let q_gate_up = quantize_weights(gate_up, 2 * f, d);
+        let q_down = quantize_weights(down, d, f);
         let m = ExpertMatrices::Int8 {
             gate_up: q_gate_up.as_ref(),
             down: q_down.as_ref(),
@@ -164,27 +192,16 @@ pub(crate) fn convert_expert(
         (checksum, q_gate_up.dequantize(), q_down.dequantize())
     };
     let split = f * d;
+    let (li, ei) = (layer.index(), expert.index());
     let stats = ErrorStats {
-        gate: KindStats::of_matrix(
-            &gate_up[..split],
-            &deq_gate_up[..split],
-            d,
-            layer.index(),
-            expert.index(),
-        ),
-        up: KindStats::of_matrix(
-            &gate_up[split..],
-            &deq_gate_up[split..],
-            d,
-            layer.index(),
-            expert.index(),
-        ),
-        down: KindStats::of_matrix(&down, &deq_down, f, layer.index(), expert.index()),
+        gate: KindStats::of_matrix(&gate_up[..split], &deq_gate_up[..split], d, li, ei),
+        up: KindStats::of_matrix(&gate_up[split..], &deq_gate_up[split..], d, li, ei),
+        down: KindStats::of_matrix(down, &deq_down, f, li, ei),
     };
     Ok(ConvertedExpert {
         blob,
         checksum,
         stats,
-        source_bytes: ranges.total_bytes(),
+        source_bytes,
     })
 }

@@ -6,16 +6,12 @@
 //!
 //! Owns no file layout and no resume logic (that is `prepare`); holds one expert in memory.
 
-use crate::convert::ConvertedExpert;
+use crate::convert::{ConvertedExpert, encode_converted};
 use crate::prepare::PrepareError;
-use crate::quant_error::{ErrorStats, KindStats};
 use shared::container::format::{GGML_TYPE_Q4_K, GGML_TYPE_Q6_K};
-use shared::container::writer::encode_expert;
 use shared::container::{BlobLayout, ExpertFormat};
 use shared::gguf::{ExpertTensor, GgmlType, GgufExperts, GgufFile, OpenError, dequantize};
 use shared::ids::{ExpertId, LayerId};
-use shared::kernels::ExpertMatrices;
-use shared::kernels::int8::quantize_weights;
 use shared::kernels::kquant::{self, KMatrix, KQuantKind};
 use std::path::Path;
 
@@ -159,8 +155,7 @@ impl GgufSource {
         let (down_raw, down) = self.read(&l.down, layer, expert)?;
         let source_bytes = (gate_raw.len() + up_raw.len() + down_raw.len()) as u64;
         let gate_up: Vec<f32> = gate.into_iter().chain(up).collect();
-        let mut blob = vec![0u8; layout.stride];
-        let (checksum, deq_gate_up, deq_down) = if let Some((gu, dn)) = layout.format.kquant() {
+        let kquant = layout.format.kquant().map(|(gu, dn)| {
             // Row by row the k-quants are independent, so a matrix may be half copied blocks and
             // half requantized rows (gate copied, up requantized).
             let part = |t: &ExpertTensor, raw: Vec<u8>, values: &[f32], kind: KQuantKind| {
@@ -184,42 +179,15 @@ impl GgufSource {
                 cols: f,
                 data: part(&l.down, down_raw, &down, dn),
             };
-            for (what, m) in [("gate/up", &q_gate_up), ("down", &q_down)] {
-                m.as_ref().verify().map_err(|reason| PrepareError::Source {
-                    layer,
-                    expert,
-                    what,
-                    reason: format!("not representable as {}: {reason}", m.kind.name()),
-                })?;
-            }
-            let m = ExpertMatrices::KQuant {
-                gate_up: q_gate_up.as_ref(),
-                down: q_down.as_ref(),
-            };
-            let checksum = encode_expert(layout, &m, &mut blob)?;
-            (checksum, q_gate_up.dequantize(), q_down.dequantize())
-        } else {
-            let q_gate_up = quantize_weights(&gate_up, 2 * f, d);
-            let q_down = quantize_weights(&down, d, f);
-            let m = ExpertMatrices::Int8 {
-                gate_up: q_gate_up.as_ref(),
-                down: q_down.as_ref(),
-            };
-            let checksum = encode_expert(layout, &m, &mut blob)?;
-            (checksum, q_gate_up.dequantize(), q_down.dequantize())
-        };
-        let split = f * d;
-        let (li, ei) = (layer.index(), expert.index());
-        let stats = ErrorStats {
-            gate: KindStats::of_matrix(&gate_up[..split], &deq_gate_up[..split], d, li, ei),
-            up: KindStats::of_matrix(&gate_up[split..], &deq_gate_up[split..], d, li, ei),
-            down: KindStats::of_matrix(&down, &deq_down, f, li, ei),
-        };
-        Ok(ConvertedExpert {
-            blob,
-            checksum,
-            stats,
+            (q_gate_up, q_down)
+        });
+        encode_converted(
+            layout,
+            layer,
+            expert,
+            (&gate_up, &down),
+            kquant,
             source_bytes,
-        })
+        )
     }
 }
