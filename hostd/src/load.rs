@@ -21,7 +21,6 @@ use crate::model::weights::MappedCheckpoint;
 use crate::model::weights::WeightsError;
 use crate::tokenizer::{Tokenizer, TokenizerError};
 use shared::container::ContainerError;
-use shared::container::ModelIdentity;
 use shared::kernels::Isa;
 use shared::kernels::int8::Int8Isa;
 use std::io::IsTerminal;
@@ -170,7 +169,9 @@ pub enum KeepAwake {
 /// Model-loading options (the flags of the subcommands that load a model).
 #[derive(clap::Args, Debug, Clone)]
 pub struct LoadOptions {
-    /// Model directory (config.json, safetensors index and shards, tokenizer.json).
+    /// Model directory (config.json, safetensors index and shards, tokenizer.json), or a
+    /// qwen35moe GGUF file (dense weights, config and tokenizer from it; routed experts from a
+    /// container prepared from it).
     #[arg(long, env = "SLUICE_MODEL")]
     pub model: PathBuf,
     /// Routed-expert backend.
@@ -226,7 +227,7 @@ pub enum LoadError {
         source: TokenizerError,
     },
     /// The checkpoint failed validation or mapping.
-    #[error("model directory {} failed validation", dir.display())]
+    #[error("model {} failed validation", dir.display())]
     Checkpoint {
         /// The model directory.
         dir: PathBuf,
@@ -290,6 +291,12 @@ fn flags(message: impl Into<String>) -> LoadError {
 /// The model directory's tokenizer; a missing or wrong directory is reported as such (not as a
 /// tokenizer problem).
 pub fn load_tokenizer(model: &Path) -> Result<Tokenizer, LoadError> {
+    if shared::gguf::is_gguf_path(model) {
+        return Tokenizer::from_gguf(model).map_err(|source| LoadError::Tokenizer {
+            dir: model.to_path_buf(),
+            source,
+        });
+    }
     Tokenizer::from_model_dir(model).map_err(|e| match e {
         e @ TokenizerError::ModelDir { .. } => LoadError::ModelDir(e),
         source => LoadError::Tokenizer {
@@ -343,6 +350,15 @@ fn shard_specs(e: &ExpertdOptions) -> Result<Vec<ShardSpec>, LoadError> {
     Ok(specs)
 }
 
+/// The embedding table's bytes when hostd holds it in memory (converted from a GGUF) rather
+/// than mapped from a checkpoint directory, which `host_weight_bytes` leaves out.
+fn held_embedding_bytes(mapped: &MappedCheckpoint) -> u64 {
+    match mapped.checkpoint() {
+        Some(_) => 0,
+        None => shared::sizes::ModelSizes::from_config(&mapped.config().text).embedding_bytes_bf16,
+    }
+}
+
 /// Connects the expertd backend: one daemon, several daemons each serving its layers, or a
 /// private daemon when no `--expertd` is given.
 fn expertd_backend(
@@ -351,8 +367,8 @@ fn expertd_backend(
     client_name: &str,
 ) -> Result<Arc<dyn ExpertBackend>, LoadError> {
     let e = &args.expertd;
-    let cfg = &mapped.ckpt.config.text;
-    let identity = ModelIdentity::of_checkpoint(&mapped.ckpt)?;
+    let cfg = &mapped.config().text;
+    let identity = mapped.identity()?;
     let specs = shard_specs(e)?;
     let sharded = specs.len() > 1 || specs.first().is_some_and(|s| s.layers.is_some());
     let (endpoint, daemon) = match specs.first() {
@@ -366,6 +382,7 @@ fn expertd_backend(
                 container: dir.clone(),
                 cache_bytes: e.expertd_cache_bytes,
                 host_bytes: crate::plan::host_weight_bytes(cfg, args.dense.into())
+                    + held_embedding_bytes(mapped)
                     + args.host_extra_bytes,
                 threads: args.threads,
                 extra_args: e.expertd_daemon_args.clone(),
@@ -485,7 +502,7 @@ pub fn load_model(args: &LoadOptions, client_name: &str) -> Result<Model, LoadEr
                 tracing::warn!("{warning}");
             }
             tracing::info!(isa = selection.active.name(), container = %dir.display(), "container experts");
-            Arc::new(Int8Experts::open(dir, &mapped.ckpt, selection.active)?)
+            Arc::new(Int8Experts::open(dir, &mapped, selection.active)?)
         }
         ExpertsKind::Expertd => expertd_backend(args, &mapped, client_name)?,
     };
@@ -493,7 +510,7 @@ pub fn load_model(args: &LoadOptions, client_name: &str) -> Result<Model, LoadEr
     let t = std::time::Instant::now();
     // A bar on a terminal only: logs and pipes get the "model loaded" line as before.
     let bar = if std::io::stderr().is_terminal() {
-        let bar = indicatif::ProgressBar::new(mapped.ckpt.config.text.num_layers as u64);
+        let bar = indicatif::ProgressBar::new(mapped.config().text.num_layers as u64);
         bar.set_style(
             indicatif::ProgressStyle::with_template(
                 "loading layers {bar:40} {pos}/{len} {elapsed}",

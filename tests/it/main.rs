@@ -21,6 +21,7 @@ mod expertd_startup;
 mod expertd_trace_stall;
 mod first_hour;
 mod gguf;
+mod gguf_dense;
 mod gguf_llamacpp;
 mod gguf_prepare;
 mod inspect;

@@ -63,7 +63,14 @@ fn default_container(model: &Path, format: &str) -> PathBuf {
 
 /// Runs `hostd plan`.
 pub fn run(args: &PlanArgs) -> anyhow::Result<()> {
-    let config = if args.config_only {
+    let gguf = shared::gguf::is_gguf_path(&args.model);
+    let config = if gguf {
+        // The dense tensors and experts are checked as `hostd run` checks them.
+        crate::model::weights::MappedCheckpoint::open(&args.model)
+            .with_context(|| format!("{} is not a GGUF hostd can run", args.model.display()))?
+            .config()
+            .clone()
+    } else if args.config_only {
         if args.model.is_file() {
             let text = std::fs::read_to_string(&args.model)
                 .with_context(|| format!("reading {}", args.model.display()))?;
@@ -83,7 +90,7 @@ pub fn run(args: &PlanArgs) -> anyhow::Result<()> {
             .config
     };
     // A config.json file stands for its directory in the commands and the default container.
-    let model_dir = if args.model.is_file() {
+    let model_dir = if args.model.is_file() && !gguf {
         // `config.json` alone has the parent "": the current directory.
         match args.model.parent() {
             Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
@@ -93,7 +100,10 @@ pub fn run(args: &PlanArgs) -> anyhow::Result<()> {
         args.model.clone()
     };
     let cfg = &config.text;
-    let facts = ModelFacts::from_config(cfg).context("the model's expert dimensions")?;
+    let mut facts = ModelFacts::from_config(cfg).context("the model's expert dimensions")?;
+    if gguf {
+        facts.hold_embedding();
+    }
     let existing = match &args.container {
         Some(dir) if dir.join(shared::container::CONTAINER_FILE).is_file() => {
             let path = dir.join(shared::container::CONTAINER_FILE);
@@ -136,8 +146,12 @@ pub fn run(args: &PlanArgs) -> anyhow::Result<()> {
         .as_ref()
         .map(|(dir, _)| dir.join(shared::container::CONTAINER_FILE))
         .or_else(|| {
-            machine::largest_shard(&model_dir)
-                .filter(|shard| machine::same_filesystem(shard, &new_dir) != Some(false))
+            (if gguf {
+                Some(args.model.clone())
+            } else {
+                machine::largest_shard(&model_dir)
+            })
+            .filter(|shard| machine::same_filesystem(shard, &new_dir) != Some(false))
         });
     let disk: Result<Disk, String> =
         step(

@@ -103,14 +103,19 @@ pub fn write(out: &mut String, r: &Report<'_>) {
     );
     let _ = writeln!(
         out,
-        "  hostd needs {}: dense weights (INT8) {}, KV for {} tokens {}, DeltaNet state {}, runtime {} (the {} embedding table stays mapped from the checkpoint)",
+        "  hostd needs {}: dense weights (INT8) {}, KV for {} tokens {}, DeltaNet state {}, runtime {} (the {} embedding table {})",
         human_bytes(r.host),
         human_bytes(f.dense_resident_bytes),
         r.context,
         human_bytes(f.kv_bytes_per_token * r.context),
         human_bytes(f.linear_state_bytes),
         human_bytes(crate::plan::HOST_RUNTIME_BYTES),
-        human_bytes(f.embedding_bytes)
+        human_bytes(f.embedding_bytes),
+        if f.embedding_mapped {
+            "stays mapped from the checkpoint"
+        } else {
+            "is held in memory, converted from the GGUF, and counted"
+        }
     );
     let _ = writeln!(
         out,

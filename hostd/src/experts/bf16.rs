@@ -32,8 +32,15 @@ pub struct Bf16Experts {
 impl Bf16Experts {
     /// Locates every expert of every layer in the mapped checkpoint.
     pub fn new(w: &MappedCheckpoint, isa: Isa) -> Result<Bf16Experts, WeightsError> {
-        let cfg = &w.ckpt.config.text;
-        let locator = ExpertLocator::new(&w.ckpt);
+        let ckpt = w.checkpoint().ok_or_else(|| WeightsError::NotSafetensors {
+            path: w.path().display().to_string(),
+            what: "--experts bf16 reads BF16 experts from a safetensors directory; prepare a \
+                   container from the GGUF (`expertd prepare FILE.gguf --out DIR`) and use \
+                   --experts int8 --container DIR, or --experts expertd"
+                .into(),
+        })?;
+        let cfg = &ckpt.config.text;
+        let locator = ExpertLocator::new(ckpt);
         let mut experts = Vec::with_capacity(cfg.num_layers);
         for layer in LayerId::all(cfg.num_layers) {
             let mut row = Vec::with_capacity(cfg.num_experts);

@@ -8,12 +8,10 @@
 //! fails verification fails every call that uses it (it is never marked verified).
 
 use super::{ExpertBackend, ExpertError, MoeCall, validate_call};
+use crate::model::weights::MappedCheckpoint;
 use crate::profile::Profiler;
 use memmap2::Mmap;
-use shared::checkpoint::Checkpoint;
-use shared::container::{
-    BlobAt, ContainerError, ContainerFile, ExpertBlob, ModelIdentity, check_blob,
-};
+use shared::container::{BlobAt, ContainerError, ContainerFile, ExpertBlob, check_blob};
 use shared::ids::{ExpertId, LayerId};
 use shared::kernels::int8::Int8Isa;
 use shared::moe_exec::MoeExec;
@@ -66,22 +64,27 @@ pub struct Int8Experts {
 }
 
 impl Int8Experts {
-    /// Opens the container in `dir` and checks it was prepared from `ckpt`.
-    pub fn open(dir: &Path, ckpt: &Checkpoint, isa: Int8Isa) -> Result<Int8Experts, Int8LoadError> {
+    /// Opens the container in `dir` and checks it was prepared from `weights` (a checkpoint
+    /// directory or a GGUF file).
+    pub fn open(
+        dir: &Path,
+        weights: &MappedCheckpoint,
+        isa: Int8Isa,
+    ) -> Result<Int8Experts, Int8LoadError> {
         let container = ContainerFile::open(dir)?;
-        let ours = ModelIdentity::of_checkpoint(ckpt)?;
+        let ours = weights.identity()?;
         let theirs = container.header().identity;
         let what = theirs.differing(&ours);
         if !what.is_empty() {
             return Err(Int8LoadError::WrongModel {
                 container: container.path().display().to_string(),
-                model: ckpt.dir.display().to_string(),
+                model: weights.path().display().to_string(),
                 what: what.join(", "),
                 theirs: theirs.short_hex(),
                 ours: ours.short_hex(),
             });
         }
-        let cfg = &ckpt.config.text;
+        let cfg = &weights.config().text;
         let map_err = |e: std::io::Error| Int8LoadError::Map {
             path: container.path().display().to_string(),
             message: e.to_string(),

@@ -9,6 +9,7 @@ pub mod attention;
 pub mod batch;
 pub mod causal;
 pub mod gdn;
+pub mod gguf_weights;
 pub mod heat;
 pub use shared::keep_awake;
 pub mod linear;
@@ -175,8 +176,8 @@ impl Model {
         dense: DenseFormat,
         layer_done: &mut dyn FnMut(usize),
     ) -> Result<Model, ModelError> {
-        let cfg = w.ckpt.config.text.clone();
-        let prefix = w.ckpt.prefix;
+        let cfg = w.config().text.clone();
+        let prefix = w.prefix();
         let d = cfg.hidden_size;
         let mut layers = Vec::with_capacity(cfg.num_layers);
         for (i, ty) in cfg.layer_types.iter().enumerate() {

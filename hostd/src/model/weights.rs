@@ -10,8 +10,11 @@ use half::bf16;
 use memmap2::Mmap;
 use safetensors::Dtype;
 use shared::checkpoint::{Checkpoint, CheckpointError, TensorEntry};
+use shared::config::ModelConfig;
+use shared::container::{ContainerError, ModelIdentity};
 use std::sync::Arc;
 
+use super::gguf_weights::GgufWeights;
 use super::linear::{DenseFormat, Linear};
 
 /// A loading or shape problem, naming the tensor.
@@ -44,6 +47,32 @@ pub enum WeightsError {
     /// A mapped range lies outside its shard (the shard changed after validation?).
     #[error("tensor {0} lies outside its mapped shard (was the file modified while loading?)")]
     OutOfMap(String),
+    /// A GGUF file is unusable or a read of it failed.
+    #[error("{path}: {message}")]
+    Gguf {
+        /// The file.
+        path: String,
+        /// What is wrong, naming the tensor or key.
+        message: String,
+    },
+    /// A tensor has another shape than the model asks for.
+    #[error("tensor {name} is {found}, expected {wanted}")]
+    Shape {
+        /// The tensor.
+        name: String,
+        /// Its shape.
+        found: String,
+        /// The shape asked for.
+        wanted: String,
+    },
+    /// Something only a safetensors directory has was asked of a GGUF file.
+    #[error("{path} is a GGUF file: {what}")]
+    NotSafetensors {
+        /// The file.
+        path: String,
+        /// What was asked, and what to do instead.
+        what: String,
+    },
 }
 
 /// Storage of a bf16 matrix: a range of a shared mapping, or an owned aligned copy.
@@ -132,16 +161,33 @@ impl Matrix {
     }
 }
 
-/// A validated checkpoint with every shard memory-mapped.
+/// The model's weights: a validated safetensors directory with every shard memory-mapped, or a
+/// GGUF file whose dense tensors are read and converted when asked for.
 pub struct MappedCheckpoint {
-    /// The validated inventory.
-    pub ckpt: Checkpoint,
-    maps: Vec<Arc<Mmap>>,
+    source: Source,
+}
+
+enum Source {
+    Safetensors {
+        ckpt: Box<Checkpoint>,
+        maps: Vec<Arc<Mmap>>,
+    },
+    Gguf(Box<GgufWeights>),
 }
 
 impl MappedCheckpoint {
+    /// Opens a model: a GGUF file ([`shared::gguf::is_gguf_path`]) or a checkpoint directory.
+    pub fn open(path: &std::path::Path) -> Result<MappedCheckpoint, WeightsError> {
+        if shared::gguf::is_gguf_path(path) {
+            return Ok(MappedCheckpoint {
+                source: Source::Gguf(Box::new(GgufWeights::open(path)?)),
+            });
+        }
+        Self::open_dir(path)
+    }
+
     /// Validates the directory and maps every shard read-only.
-    pub fn open(dir: &std::path::Path) -> Result<MappedCheckpoint, WeightsError> {
+    fn open_dir(dir: &std::path::Path) -> Result<MappedCheckpoint, WeightsError> {
         let ckpt = Checkpoint::open(dir)?;
         let mut maps = Vec::with_capacity(ckpt.shards.len());
         for shard in &ckpt.shards {
@@ -157,7 +203,63 @@ impl MappedCheckpoint {
             let map = unsafe { Mmap::map(&file) }.map_err(map_err)?;
             maps.push(Arc::new(map));
         }
-        Ok(MappedCheckpoint { ckpt, maps })
+        Ok(MappedCheckpoint {
+            source: Source::Safetensors {
+                ckpt: Box::new(ckpt),
+                maps,
+            },
+        })
+    }
+
+    /// The validated configuration.
+    pub fn config(&self) -> &ModelConfig {
+        match &self.source {
+            Source::Safetensors { ckpt, .. } => &ckpt.config,
+            Source::Gguf(g) => g.config(),
+        }
+    }
+
+    /// Name prefix of the text model's tensors (a GGUF's are read under the release names).
+    pub fn prefix(&self) -> &'static str {
+        match &self.source {
+            Source::Safetensors { ckpt, .. } => ckpt.prefix,
+            Source::Gguf(_) => shared::tensor_spec::PREFIX_RELEASE,
+        }
+    }
+
+    /// The model directory or GGUF file.
+    pub fn path(&self) -> &std::path::Path {
+        match &self.source {
+            Source::Safetensors { ckpt, .. } => &ckpt.dir,
+            Source::Gguf(g) => g.path(),
+        }
+    }
+
+    /// The safetensors inventory; `None` for a GGUF file.
+    pub fn checkpoint(&self) -> Option<&Checkpoint> {
+        match &self.source {
+            Source::Safetensors { ckpt, .. } => Some(ckpt),
+            Source::Gguf(_) => None,
+        }
+    }
+
+    /// The identity a container prepared from these weights records (its routed experts).
+    pub fn identity(&self) -> Result<ModelIdentity, ContainerError> {
+        match &self.source {
+            Source::Safetensors { ckpt, .. } => ModelIdentity::of_checkpoint(ckpt),
+            Source::Gguf(g) => g.identity(),
+        }
+    }
+
+    /// The directory's inventory and mappings, or an error saying a GGUF cannot do `what`.
+    fn safetensors(&self, what: &str) -> Result<(&Checkpoint, &[Arc<Mmap>]), WeightsError> {
+        match &self.source {
+            Source::Safetensors { ckpt, maps } => Ok((ckpt, maps)),
+            Source::Gguf(g) => Err(WeightsError::NotSafetensors {
+                path: g.path().display().to_string(),
+                what: what.to_string(),
+            }),
+        }
     }
 
     /// A digest of the checkpoint's contents, cheap to compute: SHA-256 over `config.json`,
@@ -166,11 +268,16 @@ impl MappedCheckpoint {
     /// with the same layout but other weights (another seed, another fine-tune) differ in the
     /// samples. What a saved sequence state is checked against (with the formats that shape
     /// the numbers): a state from other weights is never resumed.
+    /// For a GGUF file: its own digest (`GgufWeights::digest`).
     pub fn digest(&self) -> Result<[u8; 32], WeightsError> {
         use sha2::{Digest, Sha256};
+        let (ckpt, maps) = match &self.source {
+            Source::Gguf(g) => return g.digest(),
+            Source::Safetensors { ckpt, maps } => (ckpt, maps),
+        };
         const SAMPLE: usize = 4096;
         const STRIDE: usize = 64 << 20;
-        let config = self.ckpt.dir.join(shared::checkpoint::CONFIG_FILE);
+        let config = ckpt.dir.join(shared::checkpoint::CONFIG_FILE);
         let config = std::fs::read(&config).map_err(|e| WeightsError::Map {
             path: config.display().to_string(),
             message: e.to_string(),
@@ -179,7 +286,7 @@ impl MappedCheckpoint {
         h.update(b"sluice checkpoint digest v1");
         h.update((config.len() as u64).to_le_bytes());
         h.update(&config);
-        for (shard, map) in self.ckpt.shards.iter().zip(&self.maps) {
+        for (shard, map) in ckpt.shards.iter().zip(maps) {
             let header_len = map.get(..8).map_or(0, |b| {
                 u64::from_le_bytes(b.try_into().expect("8 bytes")) as usize
             });
@@ -198,7 +305,8 @@ impl MappedCheckpoint {
     }
 
     fn entry(&self, name: &str) -> Result<&TensorEntry, WeightsError> {
-        self.ckpt
+        self.safetensors("its tensors are not safetensors entries")?
+            .0
             .tensor(name)
             .ok_or_else(|| WeightsError::Missing(name.to_string()))
     }
@@ -217,7 +325,7 @@ impl MappedCheckpoint {
         offset: u64,
         len: u64,
     ) -> Result<&[u8], WeightsError> {
-        let map = &self.maps[shard];
+        let map = &self.safetensors("it has no safetensors shards")?.1[shard];
         let start =
             usize::try_from(offset).map_err(|_| WeightsError::OutOfMap(name.to_string()))?;
         let end = start
@@ -241,7 +349,7 @@ impl MappedCheckpoint {
         if bytes.as_ptr().align_offset(align_of::<bf16>()) == 0 {
             Ok(Matrix {
                 storage: Storage::Mapped {
-                    map: self.maps[shard].clone(),
+                    map: self.safetensors("it has no safetensors shards")?.1[shard].clone(),
                     offset: offset as usize,
                     len,
                 },
@@ -258,7 +366,11 @@ impl MappedCheckpoint {
     }
 
     /// A 2-D (or `[rows, cols]`-viewable) BF16 tensor as a matrix.
+    /// From a GGUF: the tensor dequantized and converted to the transformers layout.
     pub fn matrix(&self, name: &str, rows: usize, cols: usize) -> Result<Matrix, WeightsError> {
+        if let Source::Gguf(g) = &self.source {
+            return g.matrix(name, rows, cols);
+        }
         let e = self.entry(name)?;
         if e.loc.dtype != Dtype::BF16 {
             return Err(WeightsError::Dtype {
@@ -275,6 +387,9 @@ impl MappedCheckpoint {
 
     /// A BF16 or F32 tensor converted to f32 values.
     pub fn vector_f32(&self, name: &str) -> Result<Vec<f32>, WeightsError> {
+        if let Source::Gguf(g) = &self.source {
+            return g.vector_f32(name);
+        }
         let e = self.entry(name)?;
         let bytes = self.bytes(name)?;
         match e.loc.dtype {
@@ -312,7 +427,7 @@ impl<'a> LayerTensors<'a> {
     pub fn layer(w: &'a MappedCheckpoint, layer: usize, dense: DenseFormat) -> LayerTensors<'a> {
         LayerTensors {
             w,
-            base: format!("{}layers.{layer}.", w.ckpt.prefix),
+            base: format!("{}layers.{layer}.", w.prefix()),
             layer,
             dense,
         }

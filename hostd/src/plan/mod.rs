@@ -60,6 +60,10 @@ pub struct ModelFacts {
     pub dense_resident_bytes: u64,
     /// The embedding table (BF16), mapped from the checkpoint.
     pub embedding_bytes: u64,
+    /// Whether the embedding table stays mapped from the checkpoint (a safetensors directory);
+    /// `false` when it is held in memory (converted from a GGUF) and counted in
+    /// `dense_resident_bytes` ([`ModelFacts::hold_embedding`]).
+    pub embedding_mapped: bool,
     /// Dense weight bytes one decode token reads with `--dense int8` (all but the embedding
     /// table, plus one embedding row).
     pub dense_bytes_per_token: u64,
@@ -112,11 +116,21 @@ impl ModelFacts {
             top_k: cfg.experts_per_token,
             dense_resident_bytes: host_weight_bytes(cfg, DenseFormat::Int8) - HOST_RUNTIME_BYTES,
             embedding_bytes: embedding,
+            embedding_mapped: true,
             dense_bytes_per_token: per_token,
             kv_bytes_per_token: sizes.runtime_kv_bytes_per_token,
             linear_state_bytes: sizes.runtime_linear_state_bytes_per_sequence,
             formats,
         })
+    }
+
+    /// The embedding table is held in hostd's memory (a GGUF's, dequantized to BF16), not
+    /// mapped: it counts in the dense weights.
+    pub fn hold_embedding(&mut self) {
+        if self.embedding_mapped {
+            self.embedding_mapped = false;
+            self.dense_resident_bytes += self.embedding_bytes;
+        }
     }
 
     /// hostd's memory for one sequence of `context` tokens: dense weights (without the mapped

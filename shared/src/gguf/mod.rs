@@ -9,6 +9,7 @@
 //! against the bytes that remain before allocating, and names the tensor or key that failed.
 
 mod config;
+mod dense;
 mod dequant;
 mod experts;
 mod file;
@@ -21,6 +22,7 @@ mod tokenizer;
 mod write;
 
 pub use config::{config_json, model_config};
+pub use dense::{DenseTensor, GgufDense, HeadOrder, Stored};
 pub use dequant::{DEQUANTIZED, dequantize};
 pub use experts::{ARCHITECTURE, ExpertTensor, GgufExperts, LayerExperts, MAX_EXPERT_WEIGHTS};
 pub use file::{GgufFile, OpenError, is_gguf_path};

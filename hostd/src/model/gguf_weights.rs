@@ -1,0 +1,141 @@
+//! Dense weights read from a `qwen35moe` GGUF file instead of a safetensors directory: the
+//! config from its metadata, each dense tensor dequantized and converted back to the
+//! transformers layout (`shared::gguf::GgufDense`) when the model asks for it, then held as BF16
+//! (or converted on to the dense format) like a safetensors matrix. The routed experts are not
+//! read here: they come from a container prepared from the same file.
+
+use half::bf16;
+use shared::config::ModelConfig;
+use shared::container::{ContainerError, ModelIdentity};
+use shared::gguf::{GgufDense, GgufExperts, GgufFile, OpenError};
+use shared::tensor_spec::PREFIX_RELEASE;
+use std::path::Path;
+
+use super::weights::{Matrix, WeightsError};
+
+/// An open GGUF with its dense tensors located and checked.
+pub struct GgufWeights {
+    file: GgufFile,
+    config: ModelConfig,
+    dense: GgufDense,
+    experts: GgufExperts,
+}
+
+/// A GGUF problem as a [`WeightsError`] naming the file.
+fn gguf_err(path: &Path, source: impl std::fmt::Display) -> WeightsError {
+    WeightsError::Gguf {
+        path: path.display().to_string(),
+        message: source.to_string(),
+    }
+}
+
+impl From<OpenError> for WeightsError {
+    fn from(e: OpenError) -> WeightsError {
+        let path = match &e {
+            OpenError::Io { path, .. } | OpenError::Parse { path, .. } => path.clone(),
+        };
+        let message = match e {
+            OpenError::Io { message, .. } => message,
+            OpenError::Parse { source, .. } => source.to_string(),
+        };
+        WeightsError::Gguf {
+            path: path.display().to_string(),
+            message,
+        }
+    }
+}
+
+impl GgufWeights {
+    /// Opens `path` (its header only) and checks that every dense tensor and routed expert the
+    /// metadata implies is there with its shape and a type we read.
+    pub fn open(path: &Path) -> Result<GgufWeights, WeightsError> {
+        let file = GgufFile::open(path)?;
+        let config = shared::gguf::model_config(&file.gguf).map_err(|e| gguf_err(path, e))?;
+        let experts = GgufExperts::locate(&file.gguf).map_err(|e| gguf_err(path, e))?;
+        let dense = GgufDense::locate(&file.gguf, &config.text, PREFIX_RELEASE)
+            .map_err(|e| gguf_err(path, e))?;
+        Ok(GgufWeights {
+            file,
+            config,
+            dense,
+            experts,
+        })
+    }
+
+    /// The validated configuration.
+    pub fn config(&self) -> &ModelConfig {
+        &self.config
+    }
+
+    /// The file.
+    pub fn path(&self) -> &Path {
+        &self.file.path
+    }
+
+    /// The identity a container prepared from this file records.
+    pub fn identity(&self) -> Result<ModelIdentity, ContainerError> {
+        ModelIdentity::of_gguf(&self.file, &self.experts)
+    }
+
+    /// The located tensor and its bytes.
+    fn tensor(&self, name: &str) -> Result<(&shared::gguf::DenseTensor, Vec<u8>), WeightsError> {
+        let t = self
+            .dense
+            .get(name)
+            .ok_or_else(|| WeightsError::Missing(name.to_string()))?;
+        let bytes = self.file.read(t.gguf.offset, t.gguf.len, &t.gguf.name)?;
+        Ok((t, bytes))
+    }
+
+    /// The transformers tensor `name` as a `[rows, cols]` BF16 matrix.
+    pub fn matrix(&self, name: &str, rows: usize, cols: usize) -> Result<Matrix, WeightsError> {
+        let (t, bytes) = self.tensor(name)?;
+        if (t.rows, t.cols) != (rows, cols) {
+            return Err(WeightsError::Shape {
+                name: name.to_string(),
+                found: format!("{} × {} in {}", t.rows, t.cols, t.gguf.name),
+                wanted: format!("{rows} × {cols}"),
+            });
+        }
+        let mut data = vec![bf16::ZERO; rows * cols];
+        t.for_each_row(&bytes, |r, v| {
+            for (o, &x) in data[r * cols..(r + 1) * cols].iter_mut().zip(v) {
+                *o = bf16::from_f32(x);
+            }
+        })
+        .map_err(|e| gguf_err(self.path(), e))?;
+        Ok(Matrix::from_vec(data, rows, cols))
+    }
+
+    /// The transformers tensor `name` (a vector) as f32 values.
+    pub fn vector_f32(&self, name: &str) -> Result<Vec<f32>, WeightsError> {
+        let (t, bytes) = self.tensor(name)?;
+        t.values(&bytes).map_err(|e| gguf_err(self.path(), e))
+    }
+
+    /// SHA-256 over the file's length, its header (metadata and tensor table) and 4 KiB
+    /// samples of its data every 64 MiB and at its end: what a saved sequence state is checked
+    /// against, as `MappedCheckpoint::digest` is for a directory.
+    pub fn digest(&self) -> Result<[u8; 32], WeightsError> {
+        use sha2::{Digest, Sha256};
+        const SAMPLE: u64 = 4096;
+        const STRIDE: u64 = 64 << 20;
+        let mut h = Sha256::new();
+        h.update(b"sluice gguf digest v1");
+        h.update(self.file.len.to_le_bytes());
+        h.update(&self.file.header_bytes);
+        let start = self.file.header_bytes.len() as u64;
+        let mut at = start;
+        while at < self.file.len {
+            let n = SAMPLE.min(self.file.len - at);
+            h.update(self.file.read(at, n, "a digest sample")?);
+            at += STRIDE;
+        }
+        let tail = self.file.len.saturating_sub(SAMPLE).max(start);
+        h.update(
+            self.file
+                .read(tail, self.file.len - tail, "a digest sample")?,
+        );
+        Ok(h.finalize().into())
+    }
+}
