@@ -576,3 +576,52 @@ fn tokenizer_missing_file_error_names_the_path() {
         "{err}"
     );
 }
+
+// ---- (f) the same vocabulary from a llama.cpp GGUF ------------------------------------------------------------
+
+/// The real vocabulary rebuilt from a GGUF that llama.cpp's converter wrote from the real
+/// `tokenizer.json` (`bench/peers/gguf-tokenizer.sh` makes the 16 MB vocabulary-only file and
+/// runs this test with `SLUICE_QWEN_GGUF_VOCAB` pointing at it): the spec vectors, every golden
+/// string's ids and each decode as the `tokenizer.json`'s, the same special ids. Ignored in CI,
+/// which has no llama.cpp build.
+#[test]
+#[ignore = "needs a llama.cpp-converted GGUF: bench/peers/gguf-tokenizer.sh"]
+fn a_llamacpp_gguf_of_the_real_vocabulary_tokenizes_as_tokenizer_json() {
+    let path = PathBuf::from(
+        std::env::var_os("SLUICE_QWEN_GGUF_VOCAB").expect("SLUICE_QWEN_GGUF_VOCAB=FILE.gguf"),
+    );
+    let gguf = Tokenizer::from_gguf(&path).unwrap_or_else(|e| panic!("{e}"));
+    let json = real();
+    let g = golden();
+    for v in &g.spec_vectors {
+        assert_eq!(gguf.encode(&v.text).expect("encode"), v.ids, "{:?}", v.text);
+    }
+    let mut mismatches = 0;
+    for (i, case) in g.cases.iter().enumerate() {
+        let ours = gguf.encode(&case.text).expect("encode");
+        let theirs = json.encode(&case.text).expect("encode");
+        if ours != theirs {
+            mismatches += 1;
+            eprintln!(
+                "case {i} ({}): gguf {ours:?} vs tokenizer.json {theirs:?}",
+                case.tag
+            );
+        }
+        assert_eq!(
+            gguf.decode(&case.ids).expect("decode"),
+            json.decode(&case.ids).expect("decode"),
+            "case {i}: decode"
+        );
+    }
+    assert_eq!(mismatches, 0, "{mismatches} of {} strings", g.cases.len());
+    assert_eq!(gguf.special_token_ids(), json.special_token_ids());
+    assert_eq!(
+        gguf.special_ids().expect("special"),
+        json.special_ids().expect("special")
+    );
+    eprintln!(
+        "{} golden strings and {} spec vectors: the GGUF's tokenizer equals tokenizer.json",
+        g.cases.len(),
+        g.spec_vectors.len()
+    );
+}

@@ -11,10 +11,12 @@ use crate::tokenizer::Tokenizer;
 #[derive(Debug, clap::Args)]
 #[command(group(clap::ArgGroup::new("source").required(true).multiple(false).args(["model", "tokenizer"])))]
 pub struct TokenizeArgs {
-    /// Model directory; its `tokenizer.json` is used.
-    #[arg(long, value_name = "DIR")]
+    /// Model directory (its `tokenizer.json` is used), or a GGUF file (the tokenizer its
+    /// metadata stands for).
+    #[arg(long, value_name = "DIR|FILE.gguf")]
     pub model: Option<PathBuf>,
-    /// A `tokenizer.json` file.
+    /// A `tokenizer.json` file, or a GGUF file (its tokenizer metadata; a vocabulary-only GGUF
+    /// will do).
     #[arg(long, value_name = "FILE")]
     pub tokenizer: Option<PathBuf>,
     /// Print a JSON array of ids instead of space-separated ids.
@@ -25,6 +27,9 @@ pub struct TokenizeArgs {
 /// Run `hostd tokenize`: encode all of stdin (no BOS/EOS, special tokens matched as text) and print the ids.
 pub fn run(args: &TokenizeArgs) -> anyhow::Result<()> {
     let tokenizer = match (&args.model, &args.tokenizer) {
+        (Some(path), None) | (None, Some(path)) if shared::gguf::is_gguf_path(path) => {
+            Tokenizer::from_gguf(path)?
+        }
         (Some(dir), None) => Tokenizer::from_model_dir(dir)?,
         (None, Some(file)) => Tokenizer::from_file(file)?,
         _ => anyhow::bail!("exactly one of --model DIR or --tokenizer FILE is required"),
