@@ -50,7 +50,8 @@ pub struct ServeArgs {
     /// Port to bind (0 picks a free one; the chosen port is printed).
     #[arg(long, env = "SLUICE_PORT", default_value_t = 8080)]
     pub port: u16,
-    /// The model name clients send as `model` (default: the model directory's name).
+    /// The model name clients send as `model` (default: the model directory's name, or a GGUF
+    /// file's name without `.gguf`).
     #[arg(long, env = "SLUICE_SERVED_MODEL_NAME")]
     pub served_model_name: Option<String>,
     /// Requests that may wait for a free sequence slot; beyond it the server answers 429.
@@ -279,7 +280,15 @@ pub fn run(args: &ServeArgs) -> anyhow::Result<()> {
             .model
             .canonicalize()
             .ok()
-            .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
+            .and_then(|p| {
+                // A GGUF is named by its file without `.gguf`, a directory by its name.
+                let name = if shared::gguf::is_gguf_path(&p) {
+                    p.file_stem()
+                } else {
+                    p.file_name()
+                };
+                name.map(|n| n.to_string_lossy().into_owned())
+            })
             .unwrap_or_else(|| "sluice".to_string()),
     };
     for origin in &args.cors_allow_origin {
