@@ -24,6 +24,15 @@ LAYERS=${LAYERS:-40}
 EXPERTS=${EXPERTS-32}
 MODEL=${MODEL:-/tmp/rd$LAYERS}
 CONTAINER=${CONTAINER:-/tmp/rd${LAYERS}c}
+# Issue 38: GGUF_MODEL=FILE.gguf runs sluice from that file (dense weights, config, tokenizer;
+# the experts from the container `expertd prepare FILE.gguf` wrote, CONTAINER, default
+# FILE-container) and llama.cpp on the same file. Configs q4k (--dense int8 --experts int8),
+# q4k-expertd and dense-bf16 (--dense bf16) instead of int8, int8-expertd and bf16.
+if [ -n "${GGUF_MODEL:-}" ]; then
+  CONTAINER=${CONTAINER_GGUF:-${GGUF_MODEL%.gguf}-container}
+  MODEL=$GGUF_MODEL
+  export GGUF=$GGUF_MODEL
+fi
 RUNS=${RUNS:-3}
 NEW=${NEW_TOKENS:-128}
 COLD_NEW=${COLD_NEW_TOKENS:-32}
@@ -44,17 +53,26 @@ export PEERS_ARGS
   echo "llama-bench extra knobs: ${PEERS_ARGS:-(defaults)}"
 } > "$OUT/meta.txt"
 # Warm the page cache for the resident runs.
-cat "$MODEL"/*.safetensors "$CONTAINER/experts.sluice" > /dev/null
+warm_model() { if [ -f "$MODEL" ]; then cat "$MODEL"; else cat "$MODEL"/*.safetensors; fi > /dev/null; }
+warm_model
+cat "$CONTAINER/experts.sluice" > /dev/null
 
 echo "== 1. resident (warm)"
+if [ -n "${GGUF_MODEL:-}" ]; then
+  RESIDENT=(--config "q4k: --dense int8 --experts int8 --container $CONTAINER"
+            --config "q4k-expertd: --dense int8 --experts expertd --container $CONTAINER"
+            --config "dense-bf16: --dense bf16 --experts int8 --container $CONTAINER")
+else
+  RESIDENT=(--config "bf16: --dense bf16 --experts bf16"
+            --config "int8: --dense int8 --experts int8 --container $CONTAINER"
+            --config "int8-expertd: --dense int8 --experts expertd --container $CONTAINER")
+fi
 "$BIN/hostd" bench --model "$MODEL" --threads "$THREADS" --runs "$RUNS" --prompt-tokens 512 --new-tokens "$NEW" \
-  --config "bf16: --dense bf16 --experts bf16" \
-  --config "int8: --dense int8 --experts int8 --container $CONTAINER" \
-  --config "int8-expertd: --dense int8 --experts expertd --container $CONTAINER" \
-  --json "$OUT/resident.json"
+  "${RESIDENT[@]}" --json "$OUT/resident.json"
 
 echo "== 2. llama.cpp pp512 / tg128"
 MODEL=$MODEL REPS=$RUNS bash "$HERE/peers/run.sh"
+PEER_TAG=llama-bench-$(basename "${GGUF:-$MODEL-q8_0}" .gguf)-t$THREADS
 
 echo "== 3. streaming, cache = 10% of the expert bytes, cold"
 "$BIN/hostd" bench --model "$MODEL" --threads "$THREADS" --runs "$RUNS" --prompt-tokens 512 --new-tokens "$COLD_NEW" --cold \
@@ -69,8 +87,8 @@ CGROUP_REPORT="$OUT/streaming-bounded.cgroup.txt" run_limited "$BIN/hostd" bench
   --json "$OUT/streaming-bounded.json" || echo "bounded sluice run failed"
 echo "== 4b. llama.cpp decode under the same ${LIMIT}-byte cgroup limit"
 MODEL=$MODEL PEERS_EVICT=1 PEERS_MEM_LIMIT=$LIMIT PEERS_P=0 PEERS_N="$COLD_NEW" REPS=$RUNS BENCH_TIMEOUT=1500 bash "$HERE/peers/run.sh" || echo "bounded llama-bench failed or timed out"
-# Put the checkpoint back in the page cache for whoever runs next (the GGUF is not re-read).
-cat "$MODEL"/*.safetensors > /dev/null
+# Put the model back in the page cache for whoever runs next.
+warm_model
 
 # Long context (issue 17), off unless LONGCTX lists lengths, e.g. LONGCTX="8192 32768" (on the
 # 2-core VM 8k adds ~15 min, 32k ~70): per length one bench/peers/longctx.sh round, sluice's
@@ -89,6 +107,6 @@ echo "== 6. summary"
 echo "loadavg at end: $(cat /proc/loadavg)" >> "$OUT/meta.txt"
 python3 "$HERE/headline_summary.py" --resident "$OUT/resident.json" --streaming "$OUT/streaming.json" \
   --streaming-bounded "$OUT/streaming-bounded.json" \
-  --peer "$PEERS_RES"/llama-bench-$(basename "$MODEL")-q8_0-t$THREADS.json \
-  --peer-bounded "$PEERS_RES"/llama-bench-$(basename "$MODEL")-q8_0-t$THREADS-mem$LIMIT-p0-n$COLD_NEW.json \
+  --peer "$PEERS_RES/$PEER_TAG.json" \
+  --peer-bounded "$PEERS_RES/$PEER_TAG-mem$LIMIT-p0-n$COLD_NEW.json" ${GGUF_MODEL:+--gguf "$(basename "$GGUF_MODEL")"} \
   --limit-bytes "$LIMIT" ${LONG_ARGS[@]+"${LONG_ARGS[@]}"} --out "$OUT/headline"

@@ -64,6 +64,7 @@ def main():
     ap.add_argument("--limit-bytes", type=int)
     ap.add_argument("--longctx", action="append", default=[], help="a bench/peers/longctx.sh OUT folder (its round 1); repeatable")
     ap.add_argument("--out", required=True)
+    ap.add_argument("--gguf", help="issue 38's run: sluice and llama.cpp on this same GGUF; configs q4k, q4k-expertd, dense-bf16; goals 1.3x decode, 1.5x prefill, 10x in the cgroup")
     a = ap.parse_args()
     res, st = json.load(open(a.resident)), json.load(open(a.streaming))
     cfg = {c["name"]: c for c in res["configs"]}
@@ -98,25 +99,34 @@ def main():
         within_noise = value is not None and abs(value / goal - 1.0) < NOISE
         rows.append({"target": name, "value": value, "goal": goal, "met": met, "within_noise": within_noise, "drift_ok": ok, "what": what})
 
-    i8, bf, xd = cfg.get("int8"), cfg.get("bf16"), cfg.get("int8-expertd")
-    # Goals: issue 17's (decode 1.2x, prefill 1.5x, roofline 0.85 / 0.80, cgroup 3x), issue 12's 0.95.
-    target("resident int8 decode / llama.cpp Q8_0 tg128", ratio(med(i8, "decode_tokens_per_s"), tg), 1.2,
-           f"median decode tok/s of config int8 (--dense int8 --experts int8, {res.get('new_tokens')} steps after a {res.get('prompt_tokens')}-token prompt) / llama-bench tg128 avg_ts", ["resident"])
+    if a.gguf:
+        # Issue 38: the same GGUF on both sides.
+        i8, bf, xd = cfg.get("q4k"), cfg.get("dense-bf16"), cfg.get("q4k-expertd")
+        main_name, peer_name, goals = "q4k", f"llama.cpp on {a.gguf}", {"decode": 1.3, "prefill": 1.5, "bounded": 10.0}
+        main_flags = "--dense int8 --experts int8 on the container prepared from the GGUF"
+    else:
+        i8, bf, xd = cfg.get("int8"), cfg.get("bf16"), cfg.get("int8-expertd")
+        main_name, peer_name, goals = "int8", "llama.cpp Q8_0", {"decode": 1.2, "prefill": 1.5, "bounded": 3.0}
+        main_flags = "--dense int8 --experts int8"
+    # Goals: issue 17's (decode 1.2x, prefill 1.5x, roofline 0.85 / 0.80, cgroup 3x), issue 12's
+    # 0.95; with --gguf issue 38's (1.3x, 1.5x, 10x).
+    target(f"resident {main_name} decode / {peer_name} tg128", ratio(med(i8, "decode_tokens_per_s"), tg), goals["decode"],
+           f"median decode tok/s of config {main_name} ({main_flags}, {res.get('new_tokens')} steps after a {res.get('prompt_tokens')}-token prompt) / llama-bench tg128 avg_ts", ["resident"])
     target("resident int8 decode, fraction of DRAM roofline", med(i8, "dram_fraction"), 0.85,
            "weight bytes per decode token x decode tok/s / DRAM read GB/s measured by the same bench (median over runs)", ["resident"])
     target("resident bf16 (exact) decode, fraction of DRAM roofline", med(bf, "dram_fraction"), 0.80, "as above, config bf16", ["resident"])
     target("resident int8 decode, fraction of max(DRAM probe, its own fastest weight stream)", strict_fraction(i8, res), 0.85,
            "as the int8 roofline line, but each run's denominator is the larger of the probe and the GB/s of the fastest op streaming >= 100 MB of weights per token in that process (the probe can read below what the kernels reach; median over runs)", ["resident"])
     target("resident bf16 (exact) decode, fraction of max(DRAM probe, its own fastest weight stream)", strict_fraction(bf, res), 0.80, "as above, config bf16", ["resident"])
-    target("prefill 512, int8 / llama.cpp pp512", ratio(med(i8, "prefill_tokens_per_s"), pp), 1.5,
+    target(f"prefill 512, {main_name} / {peer_name} pp512", ratio(med(i8, "prefill_tokens_per_s"), pp), goals["prefill"],
            "median prefill tok/s (512-token prompt in one block, excl. choosing the first token) / llama-bench pp512 avg_ts", ["resident"])
     target("prefill 512, bf16 / llama.cpp pp512", ratio(med(bf, "prefill_tokens_per_s"), pp), 1.0, "as above, config bf16", ["resident"])
     target("streaming 10% cache, cold: disk bytes/s / O_DIRECT bandwidth", med(stream, "disk_fraction"), 0.80,
            "physical disk bytes per decode token (hostd + expertd /proc/<pid>/io read_bytes) x decode tok/s / O_DIRECT read GB/s of the container measured by the same bench", ["streaming"])
-    target("streaming decode / llama.cpp decode, both inside the same cgroup memory limit", ratio(med(stream_b, "decode_tokens_per_s"), tgb), 3.0,
+    target(f"streaming decode / {peer_name} decode, both inside the same cgroup memory limit", ratio(med(stream_b, "decode_tokens_per_s"), tgb), goals["bounded"],
            "median decode tok/s of config stream10 run inside the cgroup / llama-bench tg avg_ts inside a cgroup with the same limit; limit = sluice's median hostd + expertd peak RSS (VmHWM) in the unbounded streaming run", ["streaming_bounded"])
     target("decode through expertd / in-process", ratio(med(xd, "decode_tokens_per_s"), med(i8, "decode_tokens_per_s")), 0.95,
-           "median decode tok/s of config int8-expertd / config int8, same bench run", ["resident"])
+           f"median decode tok/s of config {main_name}-expertd / config {main_name}, same bench run", ["resident"])
 
     # Long context (issue 17): one round per length, sluice's `hostd profile` then llama.cpp's.
     longs = [lc for lc in (longctx(d) for d in a.longctx) if lc]
@@ -129,7 +139,7 @@ def main():
 
     commit = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True).stdout.strip()
     out = {
-        "what": "issue 17 (and issue 12) targets from one bench/headline.sh run",
+        "what": ("issue 38 targets: sluice and llama.cpp on the same GGUF " + a.gguf) if a.gguf else "issue 17 (and issue 12) targets from one bench/headline.sh run",
         "date": res.get("date"), "commit": res.get("commit"), "summarised_at_commit": commit, "cpu": res.get("cpu"),
         "threads": res.get("threads"), "cores": res.get("cores"),
         "dram_gbps": res["bandwidth"]["dram_gbps_used"], "streaming_bandwidth": st["bandwidth"],
@@ -157,9 +167,9 @@ def main():
             v = med(c, k)
             return None if v is None else v / div
         md.append(f"| {name} | {f(s('prefill_tokens_per_s'),1)} | {f(s('ttft_s'))} | {f(s('decode_tokens_per_s'))} | {f(s('weight_bytes_per_decode_token', 1e6),1)} | {f(s('dram_fraction'))} | {f(s('disk_bytes_per_decode_token', 1e6),1)} | {f(s('hostd_vm_hwm_bytes', 2**30))} | {f(s('expertd_vm_hwm_bytes', 2**30))} |")
-    md.append(f"| llama.cpp Q8_0 | {f(pp,1)} (pp512) | — | {f(tg)} (tg128) | — | — | — | — | — |")
+    md.append(f"| {peer_name} | {f(pp,1)} (pp512) | — | {f(tg)} (tg128) | — | — | — | — | — |")
     if tgb is not None:
-        md.append(f"| llama.cpp Q8_0, cgroup {a.limit_bytes/2**30:.2f} GiB | — | — | {f(tgb)} | — | — | — | — | — |")
+        md.append(f"| {peer_name}, cgroup {a.limit_bytes/2**30:.2f} GiB | — | — | {f(tgb)} | — | — | — | — | — |")
     if longs:
         md += ["", "| long context (one round each) | sluice prefill tok/s | llama.cpp prefill tok/s | sluice decode tok/s at depth | llama.cpp decode tok/s at depth | hostd peak RSS GiB |",
                "|---|---:|---:|---:|---:|---:|"]

@@ -19,10 +19,10 @@ snapshot_bins() {
 
 # ensure_fixture BIN: the realdim checkpoint MODEL (LAYERS layers, EXPERTS experts per layer,
 # empty: the preset's 256; SEED) and its container CONTAINER, each made with BIN's binaries
-# unless it exists.
+# unless it exists. A MODEL that is a file (a GGUF) is never made here.
 ensure_fixture() {
   local bin=$1
-  [ -d "$MODEL" ] || "$bin/hostd" synth --preset realdim --layers "$LAYERS" ${EXPERTS:+--experts "$EXPERTS"} --seed "$SEED" --out "$MODEL"
+  [ -e "$MODEL" ] || "$bin/hostd" synth --preset realdim --layers "$LAYERS" ${EXPERTS:+--experts "$EXPERTS"} --seed "$SEED" --out "$MODEL"
   [ -f "$CONTAINER/experts.sluice" ] || "$bin/expertd" prepare "$MODEL" --out "$CONTAINER"
 }
 
