@@ -3,10 +3,12 @@
 //! from the data section's start, apart from every other tensor's and exactly its dimensions'
 //! size in its type; and our writer, given what was read, writes a file that reads back the
 //! same. For a file that [`GgufExperts::locate`] accepts: every expert's range lies inside
-//! its tensor, and the experts tile the tensor exactly.
+//! its tensor, and the experts tile the tensor exactly. For a file whose metadata makes a model
+//! config that [`GgufDense::locate`] accepts: every dense tensor reads back row by row without a
+//! panic, each transformers row exactly once (or is refused with an error).
 
 use crate::{Outcome, class};
-use shared::gguf::{GgufExperts, GgufWriter, MAX_NAME_BYTES, WriteTensor, parse};
+use shared::gguf::{GgufDense, GgufExperts, GgufWriter, MAX_NAME_BYTES, WriteTensor, parse};
 
 /// Parses `data` as a GGUF file of `data.len()` bytes and checks what it returns.
 pub fn run(data: &[u8]) -> Outcome {
@@ -94,6 +96,25 @@ pub fn run(data: &[u8]) -> Outcome {
         }
         Err(_) => "no-experts",
     };
+    if let Ok(cfg) = shared::gguf::model_config(&g)
+        && let Ok(dense) = GgufDense::locate(&g, &cfg.text, shared::tensor_spec::PREFIX_RELEASE)
+    {
+        for (name, t) in dense.iter() {
+            let bytes = &data[t.gguf.offset as usize..(t.gguf.offset + t.gguf.len) as usize];
+            let mut seen = vec![false; t.rows];
+            if t.for_each_row(bytes, |r, v| {
+                assert_eq!(v.len(), t.cols, "{name}");
+                assert!(
+                    !std::mem::replace(&mut seen[r], true),
+                    "{name}: row {r} twice"
+                );
+            })
+            .is_ok()
+            {
+                assert!(seen.iter().all(|&s| s), "{name}: a row never came");
+            }
+        }
+    }
     // Our writer, given what was read, writes a file that reads back the same: written again,
     // it gives the same bytes (so NaN payloads count too), and its tensors hold the same data.
     // (Not for files whose rewrite would be large: tensors past 64 MiB, or an alignment that
