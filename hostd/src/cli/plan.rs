@@ -55,9 +55,13 @@ fn step<T>(what: &str, f: impl FnOnce() -> T) -> T {
 
 /// The container directory of `format` when `--container` does not name one.
 fn default_container(model: &Path, format: &str) -> PathBuf {
-    let name = model
-        .file_name()
-        .map_or_else(|| "model".into(), |n| n.to_string_lossy().into_owned());
+    // `X.gguf` gives `X-FORMAT` beside it.
+    let name = if shared::gguf::is_gguf_path(model) {
+        model.file_stem()
+    } else {
+        model.file_name()
+    };
+    let name = name.map_or_else(|| "model".into(), |n| n.to_string_lossy().into_owned());
     model.with_file_name(format!("{name}-{format}"))
 }
 

@@ -281,13 +281,14 @@ pub fn run(args: &ServeArgs) -> anyhow::Result<()> {
             .canonicalize()
             .ok()
             .and_then(|p| {
-                // A GGUF is named by its file without `.gguf`, a directory by its name.
-                let name = if shared::gguf::is_gguf_path(&p) {
-                    p.file_stem()
+                // A GGUF is named by its file as given (a cache's symlink, not the blob it points
+                // to) without `.gguf`; a directory by its resolved name (`.` becomes a name).
+                if shared::gguf::is_gguf_path(&p) {
+                    args.load.model.file_stem()
                 } else {
                     p.file_name()
-                };
-                name.map(|n| n.to_string_lossy().into_owned())
+                }
+                .map(|n| n.to_string_lossy().into_owned())
             })
             .unwrap_or_else(|| "sluice".to_string()),
     };

@@ -83,17 +83,18 @@ impl GgufWeights {
             .dense
             .get(name)
             .ok_or_else(|| WeightsError::Missing(name.to_string()))?;
-        let bytes = self.file.read(t.gguf.offset, t.gguf.len, &t.gguf.name)?;
+        let info = t.gguf();
+        let bytes = self.file.read(info.offset, info.len, &info.name)?;
         Ok((t, bytes))
     }
 
     /// The transformers tensor `name` as a `[rows, cols]` BF16 matrix.
     pub fn matrix(&self, name: &str, rows: usize, cols: usize) -> Result<Matrix, WeightsError> {
         let (t, bytes) = self.tensor(name)?;
-        if (t.rows, t.cols) != (rows, cols) {
+        if (t.rows(), t.cols()) != (rows, cols) {
             return Err(WeightsError::Shape {
                 name: name.to_string(),
-                found: format!("{} × {} in {}", t.rows, t.cols, t.gguf.name),
+                found: format!("{} × {} in {}", t.rows(), t.cols(), t.gguf().name),
                 wanted: format!("{rows} × {cols}"),
             });
         }

@@ -182,7 +182,8 @@ pub fn config_json(g: &Gguf) -> Result<Json, GgufError> {
     };
     c.insert("layer_types".into(), json!(types));
     let vocab = rows_of(g, "token_embd.weight")?;
-    if rows_of(g, "output.weight")? != vocab {
+    // No `output.weight`: the output projection is tied to the embedding (llama.cpp's rule).
+    if g.tensor("output.weight").is_some() && rows_of(g, "output.weight")? != vocab {
         return Err(GgufError::Tensor {
             tensor: "output.weight".into(),
             why: format!("its rows differ from token_embd.weight's {vocab} (the vocabulary)"),

@@ -52,20 +52,15 @@ pub enum HeadOrder {
     },
 }
 
-/// One dense tensor: the GGUF tensor that holds it and how to read it back.
+/// One dense tensor: the GGUF tensor that holds it and how to read it back. Built only by
+/// [`GgufDense::locate`], which checks its fields against each other and the file.
 #[derive(Debug, Clone, PartialEq)]
 pub struct DenseTensor {
-    /// The GGUF tensor.
-    pub gguf: TensorInfo,
-    /// Rows of the transformers tensor viewed as a matrix (1 for a vector, the channels of the
-    /// conv weight).
-    pub rows: usize,
-    /// Columns (the vector's length, the conv kernel width).
-    pub cols: usize,
-    /// What the converter did to the values.
-    pub stored: Stored,
-    /// Which value heads it moved.
-    pub order: HeadOrder,
+    gguf: TensorInfo,
+    rows: usize,
+    cols: usize,
+    stored: Stored,
+    order: HeadOrder,
     /// Key heads and value heads per key head (for [`HeadOrder`]).
     heads: (usize, usize),
 }
@@ -256,6 +251,32 @@ fn tiled_index(i: usize, head: usize, (n_k, per_k): (usize, usize)) -> usize {
 }
 
 impl DenseTensor {
+    /// The GGUF tensor.
+    pub fn gguf(&self) -> &TensorInfo {
+        &self.gguf
+    }
+
+    /// Rows of the transformers tensor viewed as a matrix (1 for a vector, the channels of the
+    /// conv weight).
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    /// Columns (the vector's length, the conv kernel width).
+    pub fn cols(&self) -> usize {
+        self.cols
+    }
+
+    /// What the converter did to the values.
+    pub fn stored(&self) -> Stored {
+        self.stored
+    }
+
+    /// Which value heads it moved.
+    pub fn order(&self) -> HeadOrder {
+        self.order
+    }
+
     /// Dequantizes `data` (this tensor's bytes) and undoes the conversion, calling
     /// `row(r, values)` once for every transformers row `r` with its `cols` values. Rows come in
     /// the file's order, which is not `r`'s order where heads were moved.
@@ -300,7 +321,7 @@ impl DenseTensor {
                 && let Some(c) = file_row.iter().position(|v| !(*v < 0.0 && v.is_finite()))
             {
                 return Err(bad(format!(
-                    "element {c} of row {r} is {}: a stored A = −exp(A_log) is negative and finite",
+                    "element {c} (file order) of row {r} is {}: a stored A = −exp(A_log) is negative and finite",
                     file_row[c]
                 )));
             }
@@ -351,6 +372,31 @@ mod tests {
         assert_eq!(tiled, [0, 1, 4, 5, 2, 3, 6, 7]);
     }
 
+    /// llama.cpp's `_reorder_v_heads` spelled out: view `[n_k, per_k, head]`, swap the first two
+    /// axes; returns the grouped index each tiled position holds.
+    fn reorder_v_heads(n_k: usize, per_k: usize, head: usize) -> Vec<usize> {
+        let mut out = Vec::with_capacity(n_k * per_k * head);
+        for j in 0..per_k {
+            for k in 0..n_k {
+                for h in 0..head {
+                    out.push((k * per_k + j) * head + h);
+                }
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn tiled_index_inverts_llamacpps_reorder_at_the_real_shape() {
+        // Qwen3.6-35B-A3B: 16 key heads, 32 value heads of 128; also a vector (head 1).
+        for (n_k, per_k, head) in [(16, 2, 128), (16, 2, 1), (2, 3, 5)] {
+            let tiled = reorder_v_heads(n_k, per_k, head);
+            for (pos, &grouped) in tiled.iter().enumerate() {
+                assert_eq!(tiled_index(grouped, head, (n_k, per_k)), pos);
+            }
+        }
+    }
+
     fn a_tensor(values: &[f32]) -> (DenseTensor, Vec<u8>) {
         let ty = GgmlType::from_name("F32").expect("F32");
         let gguf = TensorInfo {
@@ -384,7 +430,7 @@ mod tests {
         let (t, bytes) = a_tensor(&[-1.0, 0.5, -1.0, -1.0]);
         let err = t.values(&bytes).expect_err("positive A").to_string();
         assert!(
-            err.contains("blk.0.ssm_a") && err.contains("element 1"),
+            err.contains("blk.0.ssm_a") && err.contains("element 1 (file order)"),
             "{err}"
         );
     }

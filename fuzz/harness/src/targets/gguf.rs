@@ -100,10 +100,11 @@ pub fn run(data: &[u8]) -> Outcome {
         && let Ok(dense) = GgufDense::locate(&g, &cfg.text, shared::tensor_spec::PREFIX_RELEASE)
     {
         for (name, t) in dense.iter() {
-            let bytes = &data[t.gguf.offset as usize..(t.gguf.offset + t.gguf.len) as usize];
-            let mut seen = vec![false; t.rows];
+            let info = t.gguf();
+            let bytes = &data[info.offset as usize..(info.offset + info.len) as usize];
+            let mut seen = vec![false; t.rows()];
             if t.for_each_row(bytes, |r, v| {
-                assert_eq!(v.len(), t.cols, "{name}");
+                assert_eq!(v.len(), t.cols(), "{name}");
                 assert!(
                     !std::mem::replace(&mut seen[r], true),
                     "{name}: row {r} twice"
