@@ -25,8 +25,8 @@ EXPERTS=${EXPERTS-32}
 MODEL=${MODEL:-/tmp/rd$LAYERS}
 CONTAINER=${CONTAINER:-/tmp/rd${LAYERS}c}
 # Issue 38: GGUF_MODEL=FILE.gguf runs sluice from that file (dense weights, config, tokenizer;
-# the experts from the container `expertd prepare FILE.gguf` wrote, CONTAINER, default
-# FILE-container) and llama.cpp on the same file. Configs q4k (--dense int8 --experts int8),
+# the experts from the container `expertd prepare FILE.gguf` wrote: CONTAINER_GGUF, default
+# FILE-container, made if missing) and llama.cpp on the same file. Configs q4k (--dense int8 --experts int8),
 # q4k-expertd and dense-bf16 (--dense bf16) instead of int8, int8-expertd and bf16.
 if [ -n "${GGUF_MODEL:-}" ]; then
   CONTAINER=${CONTAINER_GGUF:-${GGUF_MODEL%.gguf}-container}

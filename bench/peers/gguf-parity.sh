@@ -40,30 +40,31 @@ for GGUF in "$@"; do
   fi
   "$PY" -c "import json; ids=[int(t) for t in open('$out/ids.txt').read().split()]; json.dump({'prompts':[{'name':'random','input_ids':ids}]}, open('$out/prompts.json','w'))"
   "$W/llama_logits" "$GGUF" "$out/ids.txt" "$out/llama.f32" "$N" "$THREADS" > "$out/llama-ids.txt" 2> "$out/llama.log"
-  "$REPO/target/release/hostd" eval --model "$GGUF" --experts int8 --container "$container" --threads "$THREADS" \
+  "$REPO/target/release/hostd" eval --model "$GGUF" --dense bf16 --experts int8 --container "$container" --threads "$THREADS" \
     --prompts "$out/prompts.json" --new-tokens "$N" --out "$out/sluice.json" 2> "$out/sluice.log"
   # The unquantized checkpoint the GGUF was made from, on the same ids (BF16 experts, exact).
   ref=()
   if [ -f "$REF/config.json" ]; then
-    "$REPO/target/release/hostd" eval --model "$REF" --experts bf16 --threads "$THREADS" \
+    "$REPO/target/release/hostd" eval --model "$REF" --dense bf16 --experts bf16 --threads "$THREADS" \
       --prompts "$out/prompts.json" --new-tokens "$N" --out "$out/reference.json" 2> "$out/reference.log"
     ref=("$out/reference.json")
   fi
   "$PY" "$HERE/gguf_parity.py" "$out/llama.f32" "$out/llama-ids.txt" "$out/sluice.json" "$P" "$N" "$vocab" "${ref[@]}" > "$out/parity.json"
-  MODEL=$MODEL IDS_FROM=${IDS_FROM:-} IDS_PROMPT=${IDS_PROMPT:-} "$PY" - "$out/parity.json" "$REPO/docs/results/gguf-parity-$base${IDS_PROMPT:+-$IDS_PROMPT}.json" "$GGUF" "$container" <<'EOF'
+  THREADS=$THREADS W=$W MODEL=$MODEL IDS_FROM=${IDS_FROM:-} IDS_PROMPT=${IDS_PROMPT:-} "$PY" - "$out/parity.json" "$REPO/docs/results/gguf-parity-$base${IDS_PROMPT:+-$IDS_PROMPT}.json" "$GGUF" "$container" <<'EOF'
 import json, os, subprocess, sys
 r = json.load(open(sys.argv[1]))
 report = json.load(open(sys.argv[4] + "/prepare-report.json"))
 cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")
 doc = {
-    "what": "sluice vs llama.cpp logits on the same GGUF: one prompt of random ids, then greedy steps",
+    "what": "sluice vs llama.cpp logits on the same GGUF: one prompt, then greedy steps",
     "command": " ".join(f"{k}={os.environ[k]}" for k in ("MODEL", "IDS_FROM", "IDS_PROMPT") if os.environ.get(k)) + " bench/peers/gguf-parity.sh " + sys.argv[3],
     "prompt": (f"{os.environ['IDS_PROMPT']} of {os.environ['IDS_FROM']}" if os.environ.get("IDS_FROM") else "random ids, seed 38, over the whole vocabulary"),
     "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip(),
-    "llama_cpp": open("/tmp/peers/llama-version.txt").read().split("commit ")[-1].split(")")[0] if True else "",
+    "llama_cpp": open(os.environ["W"] + "/llama-version.txt").read().split("commit ")[-1].split(")")[0],
     "machine": cpu,
     "gguf": sys.argv[3].rsplit("/", 1)[-1],
-    "sluice": "hostd eval --dense bf16 --experts int8 (in-process) on the container expertd prepare wrote from the GGUF",
+    "sluice": "hostd eval --model FILE.gguf --dense bf16 --experts int8 (in-process) on the container expertd prepare wrote from the GGUF",
+    "threads": int(os.environ["THREADS"]),
     "container_format": report.get("expert_format"),
     "requantized_tensors": len(report.get("requantized", [])),
     **r,

@@ -58,6 +58,9 @@ def main():
         for i in np.nonzero(their_top != our_top)[0]
     ]
     steps = next((i for i, (a, b) in enumerate(zip(their_ids, prompt["greedy_ids"])) if a != b), len(their_ids))
+    # Rows compared: the P prompt positions, then greedy steps 1..=steps (step 0's row repeats the
+    # last prompt position; steps past the first differing id are fed different ids).
+    rows = np.r_[0:p, p + 1:p + min(steps + 1, n)]
     out = {
         "prompt_tokens": p,
         "greedy_steps": n,
@@ -69,9 +72,10 @@ def main():
         "prompt_top1_differences": flips,
         "kl_nats": {
             "what": "KL(llama.cpp || sluice) of the next-token distribution at the P prompt positions (same ids fed to both) and at the greedy steps up to and including the first differing greedy id (after it the two are fed different ids)",
-            "mean": float(kl[:p + steps + 1].mean()),
-            "median": float(np.median(kl[:p + steps + 1])),
-            "max": float(kl[:p + steps + 1].max()),
+            "rows": int(len(rows)),
+            "mean": float(kl[rows].mean()),
+            "median": float(np.median(kl[rows])),
+            "max": float(kl[rows].max()),
         },
         "max_abs_logit_diff_prompt": float(np.abs(theirs[:p] - ours[:p]).max()),
         "logit_std_llamacpp_prompt": float(theirs[:p].std()),

@@ -30,7 +30,11 @@ int main(int argc, char **argv) {
     if (!f) { perror(argv[2]); return 1; }
     llama_token ids[4096];
     int n = 0;
-    while (n < 4096 && fscanf(f, "%d", &ids[n]) == 1) n++;
+    int id;
+    while (fscanf(f, "%d", &id) == 1) {
+        if (n == 4096) { fprintf(stderr, "%s: more than 4096 ids\n", argv[2]); return 1; }
+        ids[n++] = id;
+    }
     fclose(f);
     if (n == 0) { fprintf(stderr, "no ids in %s\n", argv[2]); return 1; }
 
