@@ -217,6 +217,28 @@ fn with_metadata(key: &str, value: Value) -> Vec<u8> {
 }
 
 #[test]
+fn a_header_past_the_reading_limit_is_refused_as_too_large_not_truncated() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("big.gguf");
+    std::fs::write(
+        &path,
+        with_metadata("general.description", Value::String("x".repeat(2 << 20))),
+    )
+    .expect("write");
+    // The same file opens with the default limit, and is refused with a 1 MiB one.
+    GgufFile::open(&path).expect("opens with the default limit");
+    let err = GgufFile::open_with_header_limit(&path, 1 << 20)
+        .expect_err("a 2 MiB header past a 1 MiB limit")
+        .to_string();
+    assert!(
+        err.contains("header")
+            && err.contains("larger than the 1048576 bytes")
+            && !err.contains("truncated"),
+        "{err}"
+    );
+}
+
+#[test]
 fn opening_reads_a_header_larger_than_the_first_read_and_refuses_split_files() {
     let dir = tempfile::tempdir().expect("tempdir");
     let original = GgufFile::open(&fixture()).expect("fixture opens");

@@ -68,6 +68,13 @@ pub fn is_gguf_path(path: &Path) -> bool {
 impl GgufFile {
     /// Opens and parses `path`. A split GGUF (`split.count` > 1) is refused with how to merge it.
     pub fn open(path: &Path) -> Result<GgufFile, OpenError> {
+        Self::open_with_header_limit(path, MAX_HEADER_BYTES)
+    }
+
+    /// [`Self::open`], reading at most `max_header` bytes of the file's start to find its tensor
+    /// data (`open` allows 1 GiB); a header that needs more is refused as too large, not as a
+    /// truncated file.
+    pub fn open_with_header_limit(path: &Path, max_header: u64) -> Result<GgufFile, OpenError> {
         let io = |e: std::io::Error| OpenError::Io {
             path: path.to_path_buf(),
             message: e.to_string(),
@@ -78,14 +85,20 @@ impl GgufFile {
         };
         let file = File::open(path).map_err(io)?;
         let len = file.metadata().map_err(io)?.len();
-        let mut want = FIRST_READ.min(len);
+        let mut want = FIRST_READ.min(len).min(max_header);
         let (gguf, mut bytes) = loop {
             let mut bytes = vec![0u8; want as usize];
             file.read_exact_at(&mut bytes, 0).map_err(io)?;
             match parse(&bytes, len) {
                 Ok(g) => break (g, bytes),
-                Err(GgufError::Truncated { .. }) if want < len.min(MAX_HEADER_BYTES) => {
-                    want = (want * 2).min(len).min(MAX_HEADER_BYTES);
+                Err(GgufError::Truncated { .. }) if want < len.min(max_header) => {
+                    want = (want * 2).min(len).min(max_header);
+                }
+                Err(GgufError::Truncated { what, .. }) if want < len => {
+                    return Err(parse_err(GgufError::HeaderTooLarge {
+                        limit: max_header,
+                        reading: what,
+                    }));
                 }
                 Err(e) => return Err(parse_err(e)),
             }

@@ -42,6 +42,17 @@ pub enum GgufError {
         /// The most it could be.
         room: u64,
     },
+    /// The header (metadata and tensor table) does not end within the bytes a reader reads to
+    /// find it.
+    #[error(
+        "the header (metadata and tensor table) is larger than the {limit} bytes read to find the tensor data (it was still reading {reading}); llama.cpp's files need a few MiB to tens of MiB"
+    )]
+    HeaderTooLarge {
+        /// The most read.
+        limit: u64,
+        /// What was being read at the limit.
+        reading: String,
+    },
     /// A string that is not UTF-8.
     #[error("{what} at byte {offset} is not UTF-8")]
     NotUtf8 {
