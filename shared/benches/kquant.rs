@@ -267,6 +267,7 @@ fn bench_kquant(c: &mut Criterion) {
             let xn = KActsRef {
                 q: &acts.q[..n * pk],
                 sums: &acts.sums[..n * (pk / 16)],
+                sums32: &acts.sums32[..n * (pk / 32)],
                 scales: &acts.scales[..n],
             };
             for isa in isas() {

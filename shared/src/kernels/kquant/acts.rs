@@ -1,9 +1,12 @@
 //! The activation side of the k-quant kernels: rows quantised to signed int8 with one f32 scale
 //! per row (the int8 kernels' formula, `int8::quant`), zero-padded to a multiple of 256, with
-//! one i32 sum per 16 values so the kernels can apply Q4_K mins and the Q6_K offset per
-//! sub-block without touching the values again.
+//! one i32 sum per 16 values and one i16 sum per 32, so the kernels can apply Q4_K mins and the
+//! Q6_K offset per sub-block without touching the values again.
 
 use super::{SUM_GROUP, padded_k};
+
+/// Activation values per sum in [`KActsRef::sums32`] (the Q4_K sub-block).
+pub const SUM32_GROUP: usize = 32;
 use crate::kernels::int8::{quantize_value, row_params};
 
 /// Quantised activations borrowed: `n` rows of `padded_k(cols)` values.
@@ -13,6 +16,9 @@ pub struct KActsRef<'a> {
     pub q: &'a [i8],
     /// `sums[t·(pk/16) + g] = Σ q[t·pk + 16g .. 16g + 16]`.
     pub sums: &'a [i32],
+    /// `sums32[t·(pk/32) + j] = Σ q[t·pk + 32j .. 32j + 32]` (|·| ≤ 32 · 128 fits i16): the
+    /// Q4_K sub-block sums, which the AVX-512 kernel applies to eight tokens at once.
+    pub sums32: &'a [i16],
     /// One scale per row: value `c` of row `t` is `q[t][c] · scales[t]`.
     pub scales: &'a [f32],
 }
@@ -31,6 +37,12 @@ impl KActsRef<'_> {
             n * (pk / SUM_GROUP),
             "kquant: activation sums length != n ({n}) · {}",
             pk / SUM_GROUP
+        );
+        assert_eq!(
+            self.sums32.len(),
+            n * (pk / SUM32_GROUP),
+            "kquant: activation sums32 length != n ({n}) · {}",
+            pk / SUM32_GROUP
         );
         assert_eq!(
             self.scales.len(),
@@ -55,6 +67,7 @@ impl KActsRef<'_> {
 pub struct KActs {
     q: Vec<i8>,
     sums: Vec<i32>,
+    sums32: Vec<i16>,
     scales: Vec<f32>,
 }
 
@@ -70,11 +83,13 @@ impl KActs {
         }
         let q = take(&mut self.q, n * pk);
         let sums = take(&mut self.sums, n * (pk / SUM_GROUP));
+        let sums32 = take(&mut self.sums32, n * (pk / SUM32_GROUP));
         let scales = take(&mut self.scales, n);
-        quantize_activations_k(x, n, cols, q, sums, scales);
+        quantize_activations_k(x, n, cols, q, sums, sums32, scales);
         KActsRef {
             q: &self.q[..n * pk],
             sums: &self.sums[..n * (pk / SUM_GROUP)],
+            sums32: &self.sums32[..n * (pk / SUM32_GROUP)],
             scales: &self.scales[..n],
         }
     }
@@ -82,7 +97,7 @@ impl KActs {
 
 /// Quantises `n` rows of `cols` f32 each, per row, with the int8 kernels' symmetric formula:
 /// `q_out` gets `n · padded_k(cols)` values (zero padding), `sums_out` one sum per 16 values,
-/// `scales_out` one scale per row. Allocation-free.
+/// `sums32_out` one per 32, `scales_out` one scale per row. Allocation-free.
 ///
 /// # Panics
 ///
@@ -93,6 +108,7 @@ pub fn quantize_activations_k(
     cols: usize,
     q_out: &mut [i8],
     sums_out: &mut [i32],
+    sums32_out: &mut [i16],
     scales_out: &mut [f32],
 ) {
     let pk = padded_k(cols);
@@ -107,6 +123,12 @@ pub fn quantize_activations_k(
         n * (pk / SUM_GROUP),
         "kquant: sums length != n · {}",
         pk / SUM_GROUP
+    );
+    assert_eq!(
+        sums32_out.len(),
+        n * (pk / SUM32_GROUP),
+        "kquant: sums32 length != n · {}",
+        pk / SUM32_GROUP
     );
     assert_eq!(scales_out.len(), n, "kquant: scales length != n ({n})");
     if pk == 0 {
@@ -126,6 +148,13 @@ pub fn quantize_activations_k(
             .zip(q_row.chunks_exact(SUM_GROUP))
         {
             *sum = group.iter().map(|&v| i32::from(v)).sum();
+        }
+        for (sum, pair) in sums32_out[t * (pk / SUM32_GROUP)..][..pk / SUM32_GROUP]
+            .iter_mut()
+            .zip(sums_out[t * (pk / SUM_GROUP)..].chunks_exact(2))
+        {
+            // At most 32 · 128 in magnitude.
+            *sum = (pair[0] + pair[1]) as i16;
         }
         scales_out[t] = s;
     }

@@ -29,7 +29,8 @@
 
 use std::arch::x86_64::*;
 
-use super::{KActsRef, KMatrixRef, KQuantKind, QK_K, SUM_GROUP, f16_at, fold_q4k, fold_q6k};
+use super::fold_q6k;
+use super::{KActsRef, KMatrixRef, KQuantKind, QK_K, SUM_GROUP, SUM32_GROUP, f16_at, fold_q4k};
 use super::{Q4K_BLOCK_BYTES, Q6K_BLOCK_BYTES, padded_k};
 
 /// Rows per row tile: what the token groups share from L1 (at most 16 · 4 KiB).
@@ -137,6 +138,16 @@ impl<'a> Plan<'a> {
             x: std::array::from_fn(|t| q.as_ptr().wrapping_add(t * pk)),
             s: std::array::from_fn(|t| sums.as_ptr().wrapping_add(t * g)),
         }
+    }
+
+    /// Tokens `t0..t0 + T`: pointers to each one's first 32-value sum, the range bounds-checked
+    /// once here. For `b < blocks()`, token `t`'s super-block `b` has its 8 sums at
+    /// `s[t] + 8b`.
+    #[inline]
+    pub(super) fn sums32<const T: usize>(&self, t0: usize) -> [*const i16; T] {
+        let g = self.pk / SUM32_GROUP;
+        let sums = &self.x.sums32[t0 * g..(t0 + T) * g];
+        std::array::from_fn(|t| sums.as_ptr().wrapping_add(t * g))
     }
 
     /// `y[t0 + t][r] = acc[t] · x_scale[t0 + t]`: a row's finished accumulators.

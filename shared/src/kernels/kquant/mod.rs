@@ -12,8 +12,8 @@
 //!
 //! A [`KMatrixRef`] is `[rows, cols]` (`[out, in]`), each row `padded_k(cols) / 256` blocks
 //! back to back, columns past `cols` quantised as zeros. Activations ([`KActsRef`]) are `n`
-//! rows of `padded_k(cols)` signed bytes (zero past `cols`), one i32 sum per 16 bytes, one f32
-//! scale per row. Outputs are row-major `[n, rows]`.
+//! rows of `padded_k(cols)` signed bytes (zero past `cols`), one i32 sum per 16 bytes and one
+//! i16 sum per 32, one f32 scale per row. Outputs are row-major `[n, rows]`.
 //!
 //! # Arithmetic (the bitwise contract)
 //!
@@ -26,9 +26,10 @@
 //! 2. `acc ← fold(acc, block, a, m)` over `b` in order, starting from `0.0` ([`fold_q4k`],
 //!    [`fold_q6k`]: plain f32 multiplies and adds, never fused), then `y = acc · x_scale[t]`.
 //!
-//! Integer sums do not depend on order and step 2 is one scalar routine every ISA calls in the
-//! same order, so every ISA gives bit-identical outputs, and a token computed alone equals the
-//! same token in a batch.
+//! Integer sums do not depend on order and step 2 is the same f32 operations in the same order
+//! in every ISA (one scalar routine, or its lane-wise copy where eight tokens fold at once), so
+//! every ISA gives bit-identical outputs, and a token computed alone equals the same token in a
+//! batch.
 
 mod acts;
 #[cfg(target_arch = "x86_64")]
@@ -41,7 +42,7 @@ mod scalar;
 #[cfg(test)]
 mod tests;
 
-pub use acts::{KActs, KActsRef, quantize_activations_k};
+pub use acts::{KActs, KActsRef, SUM32_GROUP, quantize_activations_k};
 pub use expert::{KExpertScratch, expert_forward_k};
 pub use quant::{dequantize_row, quantize_matrix};
 

@@ -190,10 +190,12 @@ fn every_tile_shape_equals_the_scalar_kernel_bit_for_bit() {
                     .chunks_exact(SUM_GROUP)
                     .map(|g| g.iter().map(|&v| i32::from(v)).sum())
                     .collect();
+                let sums32: Vec<i16> = sums.chunks_exact(2).map(|p| (p[0] + p[1]) as i16).collect();
                 let scales = values(n, n as u64, 0.01);
                 let xa = KActsRef {
                     q: &q,
                     sums: &sums,
+                    sums32: &sums32,
                     scales: &scales,
                 };
                 let mut want = vec![0.0f32; n * rows];
@@ -233,18 +235,27 @@ fn extreme_codes_and_activations_stay_exact() {
             cols,
             data: &data,
         };
-        let x: Vec<f32> = (0..cols)
-            .map(|c| if c % 3 == 0 { -1.0 } else { 1.0 })
-            .collect();
-        let mut acts = KActs::default();
-        let xa = acts.quantize(&x, 1, cols);
-        let mut want = vec![0.0f32; 2];
-        gemv_k(Int8Isa::Scalar, m, xa, &mut want);
-        assert!(want.iter().all(|v| v.is_finite() && *v != 0.0), "{want:?}");
-        for isa in isas() {
-            let mut got = vec![0.0f32; 2];
-            gemv_k(isa, m, xa, &mut got);
-            assert_eq!(got.map_bits(), want.map_bits(), "{kind:?} {isa}");
+        // One token alone and eight (the eight-token tiles), signs varying by token.
+        for n in [1usize, 8] {
+            let x: Vec<f32> = (0..n * cols)
+                .map(|i| {
+                    if (i % cols) % (3 + i / cols) == 0 {
+                        -1.0
+                    } else {
+                        1.0
+                    }
+                })
+                .collect();
+            let mut acts = KActs::default();
+            let xa = acts.quantize(&x, n, cols);
+            let mut want = vec![0.0f32; 2 * n];
+            gemm_k(Int8Isa::Scalar, m, xa, n, &mut want);
+            assert!(want.iter().all(|v| v.is_finite() && *v != 0.0), "{want:?}");
+            for isa in isas() {
+                let mut got = vec![0.0f32; 2 * n];
+                gemm_k(isa, m, xa, n, &mut got);
+                assert_eq!(got.map_bits(), want.map_bits(), "{kind:?} {isa} n {n}");
+            }
         }
     }
 }
