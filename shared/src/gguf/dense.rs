@@ -17,7 +17,7 @@
 //! - a missing `output.weight` means the output projection is the embedding (llama.cpp's rule).
 
 use super::parse::GgufError;
-use super::{DEQUANTIZED, Gguf, TensorInfo, dequantize};
+use super::{Gguf, TensorInfo, dequantize};
 use crate::config::{LayerType, TextConfig};
 use crate::tensor_spec::{self, LM_HEAD};
 use std::collections::HashMap;
@@ -59,6 +59,8 @@ pub struct DenseTensor {
     gguf: TensorInfo,
     rows: usize,
     cols: usize,
+    /// Bytes of one stored row (whole blocks, checked by `locate`).
+    row_bytes: usize,
     stored: Stored,
     order: HeadOrder,
     /// Key heads and value heads per key head (for [`HeadOrder`]).
@@ -185,26 +187,7 @@ impl GgufDense {
                     t.dims
                 )));
             }
-            if !DEQUANTIZED.contains(&t.ty.name) {
-                return Err(bad(format!(
-                    "type {} is not supported (supported: {})",
-                    t.ty.name,
-                    DEQUANTIZED.join(", ")
-                )));
-            }
-            if !(cols as u64).is_multiple_of(t.ty.block) {
-                return Err(bad(format!(
-                    "rows of {cols} values are not whole {} blocks of {}",
-                    t.ty.name, t.ty.block
-                )));
-            }
-            let row_bytes = cols as u64 / t.ty.block * t.ty.block_bytes;
-            if row_bytes * rows as u64 != t.len {
-                return Err(bad(format!(
-                    "{} bytes, expected {rows} rows × {row_bytes}",
-                    t.len
-                )));
-            }
+            let row_bytes = t.row_bytes(rows, cols, 1).map_err(bad)?;
             let span = |head: usize| heads.0 * heads.1 * head;
             let fits = match order {
                 HeadOrder::Kept => true,
@@ -223,6 +206,7 @@ impl GgufDense {
                     gguf: t.clone(),
                     rows,
                     cols,
+                    row_bytes: row_bytes as usize,
                     stored,
                     order,
                     heads,
@@ -290,7 +274,7 @@ impl DenseTensor {
             tensor: t.name.clone(),
             why,
         };
-        let row_bytes = (self.cols as u64 / t.ty.block * t.ty.block_bytes) as usize;
+        let row_bytes = self.row_bytes;
         if data.len() != row_bytes * self.rows {
             return Err(bad(format!(
                 "{} bytes handed over, expected {}",
@@ -410,6 +394,7 @@ mod tests {
             gguf,
             rows: 1,
             cols: values.len(),
+            row_bytes: 4 * values.len(),
             stored: Stored::NegExp,
             order: HeadOrder::Cols { head: 1 },
             heads: (2, values.len() / 2),

@@ -7,7 +7,7 @@
 //! `[inner, hidden, experts]`. Expert `e` is the contiguous `e`-th slice, `rows` rows of
 //! `cols / block` blocks each — the row-major block layout of our k-quant blobs.
 
-use super::{DEQUANTIZED, GgmlType, Gguf, GgufError, TensorInfo};
+use super::{GgmlType, Gguf, GgufError, TensorInfo};
 
 /// Most weights one expert matrix may have (`hidden × inner`): 2²⁶, 64 times the real model's.
 pub const MAX_EXPERT_WEIGHTS: u64 = 1 << 26;
@@ -232,26 +232,7 @@ fn expert_tensor(
             t.dims
         )));
     }
-    if !DEQUANTIZED.contains(&t.ty.name) {
-        return Err(bad(format!(
-            "type {} is not supported for routed experts (supported: {})",
-            t.ty.name,
-            DEQUANTIZED.join(", ")
-        )));
-    }
-    if !(cols as u64).is_multiple_of(t.ty.block) {
-        return Err(bad(format!(
-            "{cols} columns are not whole {} blocks of {}",
-            t.ty.name, t.ty.block
-        )));
-    }
-    let expert_bytes = (cols as u64 / t.ty.block) * t.ty.block_bytes * rows as u64;
-    if expert_bytes * n_experts as u64 != t.len {
-        return Err(bad(format!(
-            "{} bytes, expected {} experts × {expert_bytes}",
-            t.len, n_experts
-        )));
-    }
+    let expert_bytes = rows as u64 * t.row_bytes(rows, cols, n_experts).map_err(bad)?;
     Ok(ExpertTensor {
         name: t.name.clone(),
         ty: t.ty,

@@ -190,6 +190,43 @@ pub struct TensorInfo {
     pub len: u64,
 }
 
+impl TensorInfo {
+    /// Checks that this tensor is `count` matrices of `rows` rows of `cols` values each, in a
+    /// type [`dequantize`] reads, every row whole blocks; returns the bytes of one row. The
+    /// error says what is wrong, without the tensor's name (the caller adds it and what the
+    /// tensor holds).
+    pub fn row_bytes(&self, rows: usize, cols: usize, count: usize) -> Result<u64, String> {
+        let ty = self.ty;
+        if !DEQUANTIZED.contains(&ty.name) {
+            return Err(format!(
+                "type {} is not supported (supported: {})",
+                ty.name,
+                DEQUANTIZED.join(", ")
+            ));
+        }
+        if !(cols as u64).is_multiple_of(ty.block) {
+            return Err(format!(
+                "rows of {cols} values are not whole {} blocks of {}",
+                ty.name, ty.block
+            ));
+        }
+        let row_bytes = cols as u64 / ty.block * ty.block_bytes;
+        let want = u128::from(row_bytes) * rows as u128 * count as u128;
+        if want != u128::from(self.len) {
+            let each = if count == 1 {
+                String::new()
+            } else {
+                format!("{count} × ")
+            };
+            return Err(format!(
+                "{} bytes, expected {each}{rows} rows × {row_bytes}",
+                self.len
+            ));
+        }
+        Ok(row_bytes)
+    }
+}
+
 /// A parsed GGUF file: version, metadata in file order, tensors in file order, and where the
 /// data section starts.
 #[derive(Debug, Clone, PartialEq)]
