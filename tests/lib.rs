@@ -1,11 +1,14 @@
 //! Helpers for sluice's end-to-end tests: fixture paths, the oracle's reference files, the
 //! `hostd` binary, safetensors rewriting used to build broken or re-laid-out checkpoints, the
 //! one harness for daemons run as subprocesses ([`Spawned`], [`wait_for`]), expertd run in this
-//! process on a temporary socket ([`InProcessDaemon`]), and the Python that parses Prometheus
+//! process on a temporary socket ([`InProcessDaemon`]), GGUF files rewritten with a change
+//! ([`rewrite_gguf`]), and the Python that parses Prometheus
 //! text ([`python`], [`parse_prometheus_text`]).
 
+mod gguf_rewrite;
 mod in_process;
 
+pub use gguf_rewrite::{GgufEdit, llamacpp_tiny_gguf, rewrite_gguf};
 pub use in_process::{InProcessDaemon, Transport};
 
 use safetensors::{Dtype, SafeTensors};

@@ -11,19 +11,18 @@ use hostd::experts::bf16::Bf16Experts;
 use hostd::model::Model;
 use hostd::model::linear::DenseFormat;
 use hostd::model::weights::MappedCheckpoint;
-use shared::gguf::{GgufFile, GgufWriter, WriteTensor};
 use shared::kernels::Isa;
 use shared::tensor_spec::dense_tensors;
 use std::path::PathBuf;
 use std::process::Command;
 use std::sync::Arc;
 use tests::{
-    max_abs_diff, model_dir, prepare_container, read_logits, reference, reference_dir,
-    workspace_bin,
+    GgufEdit, max_abs_diff, model_dir, prepare_container, read_logits, reference, reference_dir,
+    rewrite_gguf, workspace_bin,
 };
 
 fn fixture() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("fixtures/gguf/tiny-llamacpp-bf16.gguf")
+    tests::llamacpp_tiny_gguf()
 }
 
 /// Largest |Δlogit| against the transformers fp32 reference that a model read from llama.cpp's
@@ -186,38 +185,21 @@ fn hostd_runs_from_the_gguf_with_a_container_prepared_from_it() {
     );
 }
 
-/// llama.cpp's fixture written again without the tensors `drop`, and with `reshape`'s tensor
-/// given other ggml dimensions (same bytes).
-fn rewritten(drop: &[&str], reshape: Option<(&str, &[u64])>) -> Vec<u8> {
-    let f = GgufFile::open(&fixture()).expect("fixture opens");
-    let bytes = std::fs::read(fixture()).expect("read fixture");
-    let mut w = GgufWriter::new();
-    for (k, v) in &f.gguf.metadata {
-        w = w.kv(k, v.clone());
-    }
-    let tensors: Vec<WriteTensor<'_>> = f
-        .gguf
-        .tensors
-        .iter()
-        .filter(|t| !drop.contains(&t.name.as_str()))
-        .map(|t| WriteTensor {
-            name: &t.name,
-            dims: match reshape {
-                Some((name, dims)) if name == t.name => dims,
-                _ => &t.dims,
-            },
-            ty: t.ty,
-            data: &bytes[t.offset as usize..(t.offset + t.len) as usize],
-        })
-        .collect();
-    w.to_bytes(&tensors).expect("rewrite")
-}
-
 #[test]
 fn without_output_the_head_is_the_embedding_and_a_bad_dense_tensor_is_named() {
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("tied.gguf");
-    std::fs::write(&path, rewritten(&["output.weight"], None)).expect("write");
+    std::fs::write(
+        &path,
+        rewrite_gguf(
+            &fixture(),
+            GgufEdit {
+                drop: &["output.weight"],
+                ..GgufEdit::default()
+            },
+        ),
+    )
+    .expect("write");
     let tied = MappedCheckpoint::open(&path).expect("a GGUF without output.weight opens");
     let cfg = tied.config().text.clone();
     let (v, d) = (cfg.vocab_size, cfg.hidden_size);
@@ -239,7 +221,18 @@ fn without_output_the_head_is_the_embedding_and_a_bad_dense_tensor_is_named() {
         ),
     ] {
         let path = dir.path().join("bad.gguf");
-        std::fs::write(&path, rewritten(&drop, reshape)).expect("write");
+        std::fs::write(
+            &path,
+            rewrite_gguf(
+                &fixture(),
+                GgufEdit {
+                    drop: &drop,
+                    reshape,
+                    ..GgufEdit::default()
+                },
+            ),
+        )
+        .expect("write");
         let err = MappedCheckpoint::open(&path)
             .err()
             .expect("refused")

@@ -9,16 +9,25 @@
 use serde_json::Value as Json;
 use shared::checkpoint::read_config;
 use shared::container::{CONTAINER_FILE, ContainerFile};
-use shared::gguf::{
-    GgufExperts, GgufFile, GgufWriter, Value, WriteTensor, is_gguf_path, model_config,
-};
+use shared::gguf::{GgufExperts, GgufFile, Value, is_gguf_path, model_config};
 use shared::ids::{ExpertId, LayerId};
 use std::path::PathBuf;
 use std::process::Command;
-use tests::{model_dir, prepare_container, workspace_bin};
+use tests::{GgufEdit, model_dir, prepare_container, rewrite_gguf, workspace_bin};
 
 fn fixture() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("fixtures/gguf/tiny-llamacpp-bf16.gguf")
+    tests::llamacpp_tiny_gguf()
+}
+
+/// The fixture with metadata `key` set to `value`.
+fn with_metadata(key: &str, value: Value) -> Vec<u8> {
+    rewrite_gguf(
+        &fixture(),
+        GgufEdit {
+            set: Some((key, value)),
+            ..GgufEdit::default()
+        },
+    )
 }
 
 #[test]
@@ -191,29 +200,6 @@ fn hostd_inspect_reports_a_gguf() {
         text.contains("experts        layers 0-3: gate/up/down BF16/BF16/BF16"),
         "{text}"
     );
-}
-
-/// The fixture rewritten by our writer with one more metadata pair.
-fn with_metadata(key: &str, value: Value) -> Vec<u8> {
-    let f = GgufFile::open(&fixture()).expect("fixture opens");
-    let bytes = std::fs::read(fixture()).expect("read fixture");
-    let mut w = GgufWriter::new();
-    for (k, v) in &f.gguf.metadata {
-        w = w.kv(k, v.clone());
-    }
-    w = w.kv(key, value);
-    let tensors: Vec<WriteTensor<'_>> = f
-        .gguf
-        .tensors
-        .iter()
-        .map(|t| WriteTensor {
-            name: &t.name,
-            dims: &t.dims,
-            ty: t.ty,
-            data: &bytes[t.offset as usize..(t.offset + t.len) as usize],
-        })
-        .collect();
-    w.to_bytes(&tensors).expect("rewrite")
 }
 
 #[test]
