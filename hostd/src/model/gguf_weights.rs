@@ -119,24 +119,17 @@ impl GgufWeights {
     /// against, as `MappedCheckpoint::digest` is for a directory.
     pub fn digest(&self) -> Result<[u8; 32], WeightsError> {
         use sha2::{Digest, Sha256};
-        const SAMPLE: u64 = 4096;
-        const STRIDE: u64 = 64 << 20;
         let mut h = Sha256::new();
         h.update(b"sluice gguf digest v1");
         h.update(self.file.len.to_le_bytes());
         h.update(&self.file.header_bytes);
         let start = self.file.header_bytes.len() as u64;
-        let mut at = start;
-        while at < self.file.len {
-            let n = SAMPLE.min(self.file.len - at);
-            h.update(self.file.read(at, n, "a digest sample")?);
-            at += STRIDE;
+        for r in super::weights::digest_samples(start, self.file.len, start) {
+            h.update(
+                self.file
+                    .read(r.start, r.end - r.start, "a digest sample")?,
+            );
         }
-        let tail = self.file.len.saturating_sub(SAMPLE).max(start);
-        h.update(
-            self.file
-                .read(tail, self.file.len - tail, "a digest sample")?,
-        );
         Ok(h.finalize().into())
     }
 }

@@ -275,8 +275,6 @@ impl MappedCheckpoint {
             Source::Gguf(g) => return g.digest(),
             Source::Safetensors { ckpt, maps } => (ckpt, maps),
         };
-        const SAMPLE: usize = 4096;
-        const STRIDE: usize = 64 << 20;
         let config = ckpt.dir.join(shared::checkpoint::CONFIG_FILE);
         let config = std::fs::read(&config).map_err(|e| WeightsError::Map {
             path: config.display().to_string(),
@@ -294,12 +292,9 @@ impl MappedCheckpoint {
             h.update(shard.file_name.as_bytes());
             h.update((map.len() as u64).to_le_bytes());
             h.update(&map[..data_start]);
-            let mut at = data_start;
-            while at < map.len() {
-                h.update(&map[at..(at + SAMPLE).min(map.len())]);
-                at += STRIDE;
+            for r in digest_samples(data_start as u64, map.len() as u64, 0) {
+                h.update(&map[r.start as usize..r.end as usize]);
             }
-            h.update(&map[map.len().saturating_sub(SAMPLE)..]);
         }
         Ok(h.finalize().into())
     }
@@ -466,5 +461,55 @@ impl<'a> LayerTensors<'a> {
     /// `NAME` (a BF16 or F32 vector) as f32 values.
     pub fn vector(&self, name: &str) -> Result<Vec<f32>, WeightsError> {
         self.w.vector_f32(&format!("{}{name}", self.base))
+    }
+}
+
+/// The data bytes a checkpoint digest samples from `start..len`: 4 KiB every 64 MiB from
+/// `start`, then the last 4 KiB, beginning no earlier than `tail_floor` (the safetensors
+/// digest passes 0, so a small shard's tail may repeat header bytes; changing either would
+/// change every digest already recorded).
+pub(crate) fn digest_samples(
+    start: u64,
+    len: u64,
+    tail_floor: u64,
+) -> impl Iterator<Item = std::ops::Range<u64>> {
+    const SAMPLE: u64 = 4096;
+    const STRIDE: u64 = 64 << 20;
+    let strided = (start..len)
+        .step_by(STRIDE as usize)
+        .map(move |at| at..(at + SAMPLE).min(len));
+    let tail = len.saturating_sub(SAMPLE).max(tail_floor).min(len);
+    strided.chain(std::iter::once(tail..len))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::digest_samples;
+
+    #[test]
+    fn digest_samples_stride_from_the_start_and_end_with_the_tail() {
+        let mib = 1u64 << 20;
+        let got: Vec<_> = digest_samples(100, 130 * mib, 0).collect();
+        assert_eq!(
+            got,
+            [
+                100..4196,
+                100 + 64 * mib..4196 + 64 * mib,
+                100 + 128 * mib..4196 + 128 * mib,
+                130 * mib - 4096..130 * mib,
+            ]
+        );
+        // A short file: one sample to the end, and the tail from the floor (or 0).
+        assert_eq!(
+            digest_samples(100, 1000, 100).collect::<Vec<_>>(),
+            [100..1000, 100..1000]
+        );
+        assert_eq!(
+            digest_samples(100, 1000, 0).collect::<Vec<_>>(),
+            [100..1000, 0..1000]
+        );
+        let empty: Vec<_> = digest_samples(1000, 1000, 1000).collect();
+        assert_eq!(empty.len(), 1);
+        assert!(empty[0].is_empty() && empty[0].start == 1000, "{empty:?}");
     }
 }
