@@ -110,7 +110,9 @@ pub(crate) fn convert_expert(
     files.read_bf16(&ranges.down, "down", layer, expert, &mut down)?;
     // A NaN or infinite weight has no quantised value (the INT8 scale and the k-quant fits
     // would silently absorb it): refuse it, naming the tensor and the element.
-    for (what, w, cols) in [("gate/up", &gate_up, d), ("down", &down, f)] {
+    let split = (f * d).min(gate_up.len());
+    let (gate, up) = gate_up.split_at(split);
+    for (what, w, cols) in [("gate", gate, d), ("up", up, d), ("down", &down[..], f)] {
         if let Some(i) = w.iter().position(|v| !v.is_finite()) {
             return Err(PrepareError::Source {
                 layer,
@@ -167,8 +169,10 @@ pub(crate) fn encode_converted(
     let (checksum, deq_gate_up, deq_down) = if let Some((q_gate_up, q_down)) = kquant {
         // A sub-block whose range or minimum is too large for an f16 super-scale (about 4e6 for
         // a Q4_K min, 6e7 for a range) makes an infinite scale: refuse it, naming the expert.
-        for (what, m) in [("gate/up", &q_gate_up), ("down", &q_down)] {
-            m.as_ref().verify().map_err(|reason| PrepareError::Source {
+        // gate_up is verified as its gate rows and its up rows, so the error names which.
+        let (gate, up) = q_gate_up.as_ref().split_rows(f);
+        for (what, m) in [("gate", gate), ("up", up), ("down", q_down.as_ref())] {
+            m.verify().map_err(|reason| PrepareError::Source {
                 layer,
                 expert,
                 what,
@@ -204,4 +208,48 @@ pub(crate) fn encode_converted(
         stats,
         source_bytes,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use shared::container::ExpertFormat;
+
+    /// `encode_converted` on a 256 × 256 expert (f = 256) whose `row` of gate_up holds one
+    /// weight too large for a Q4_K super-scale: the error's `what` and reason.
+    fn refused_at(row: usize) -> (&'static str, String) {
+        let (d, f) = (256, 256);
+        let layout = BlobLayout::with_format(d, f, ExpertFormat::Q4K).expect("layout");
+        let mut gate_up = vec![0.01f32; 2 * f * d];
+        gate_up[row * d + 3] = 1e9;
+        let down = vec![0.01f32; d * f];
+        let kquant = Some((
+            kquant::quantize_matrix(kquant::KQuantKind::Q4K, &gate_up, 2 * f, d),
+            kquant::quantize_matrix(kquant::KQuantKind::Q4K, &down, d, f),
+        ));
+        let got = encode_converted(
+            &layout,
+            LayerId::new(1),
+            ExpertId::new(2),
+            (&gate_up, &down),
+            kquant,
+            0,
+        );
+        match got {
+            Err(PrepareError::Source { what, reason, .. }) => (what, reason),
+            Err(other) => panic!("{other}"),
+            Ok(_) => panic!("an infinite super-scale was accepted"),
+        }
+    }
+
+    #[test]
+    fn an_unrepresentable_kquant_weight_names_gate_or_up_and_its_row_there() {
+        let (what, reason) = refused_at(5);
+        assert_eq!(what, "gate", "{reason}");
+        assert!(reason.contains("row 5 "), "{reason}");
+        // Row f + 7 of gate_up is row 7 of up.
+        let (what, reason) = refused_at(256 + 7);
+        assert_eq!(what, "up", "{reason}");
+        assert!(reason.contains("row 7 "), "{reason}");
+    }
 }

@@ -147,7 +147,27 @@ impl KMatrixRef<'_> {
     }
 }
 
-impl KMatrixRef<'_> {
+impl<'a> KMatrixRef<'a> {
+    /// Rows `..at` and rows `at..` as two matrices (`at` clamped to `rows`).
+    pub fn split_rows(&self, at: usize) -> (KMatrixRef<'a>, KMatrixRef<'a>) {
+        let at = at.min(self.rows);
+        let (head, tail) = self
+            .data
+            .split_at((at * self.row_bytes()).min(self.data.len()));
+        (
+            KMatrixRef {
+                rows: at,
+                data: head,
+                ..*self
+            },
+            KMatrixRef {
+                rows: self.rows - at,
+                data: tail,
+                ..*self
+            },
+        )
+    }
+
     /// Checks what a checksum cannot: the shape, and that every block's f16 super-scales
     /// (`d`, and `dmin` for Q4_K) are finite. Names the first bad row and block.
     pub fn verify(&self) -> Result<(), String> {
