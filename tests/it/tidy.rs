@@ -1,7 +1,9 @@
 //! `tidy`: ARCHITECTURE.md's code-level invariants as checks over every tracked `.rs` file
 //! (modelled on rust-analyzer's `xtask/src/tidy.rs`). Each rule is a pure function of a file's
 //! workspace-relative path and its text that returns one message per violation; the unit tests
-//! below feed each rule a bad sample to show that it fails when its invariant is broken.
+//! below feed each rule a bad sample to show that it fails when its invariant is broken. A
+//! second check keeps the map honest: every repository path ARCHITECTURE.md names in backticks
+//! exists.
 //!
 //! Rules look at code with `//` comments stripped (a rough cut: a `//` inside a string literal also
 //! ends the line, which can only hide a violation, never invent one). Needles that would match
@@ -312,6 +314,107 @@ fn tidy() {
         "tidy found {} violation(s):\n{}",
         violations.len(),
         violations.join("\n")
+    );
+}
+
+/// The map whose named paths must exist. `docs/internals.md`, its detailed companion, names
+/// modules by their short paths within a crate, so it is not checked.
+const MAP: &str = "ARCHITECTURE.md";
+
+/// `token` without a `:LINE` suffix (`a.rs:12` → `a.rs`).
+fn strip_line_suffix(token: &str) -> &str {
+    match token.rsplit_once(':') {
+        Some((path, line)) if !line.is_empty() && line.bytes().all(|b| b.is_ascii_digit()) => path,
+        _ => token,
+    }
+}
+
+/// The backticked tokens of a Markdown `text` that look like repository paths: they contain a
+/// `/` or end in `.rs`, `.md`, `.sh` or `.toml`, and hold no whitespace, `::`, `*`, `<` or `{`
+/// (those are code, command lines or patterns). Fenced code blocks are skipped; a `:LINE`
+/// suffix and a trailing `/` are dropped.
+fn doc_paths(text: &str) -> Vec<String> {
+    let mut prose = String::new();
+    let mut fenced = false;
+    for line in text.lines() {
+        if line.trim_start().starts_with("```") {
+            fenced = !fenced;
+        } else if !fenced {
+            prose.push_str(line);
+            prose.push('\n');
+        }
+    }
+    prose
+        .split('`')
+        .skip(1)
+        .step_by(2)
+        .map(strip_line_suffix)
+        .filter(|t| {
+            let pathy = t.contains('/')
+                || [".rs", ".md", ".sh", ".toml"]
+                    .iter()
+                    .any(|ext| t.ends_with(ext));
+            let code = t.chars().any(char::is_whitespace)
+                || ["::", "*", "<", "{"].iter().any(|c| t.contains(c));
+            pathy && !code
+        })
+        .map(|t| t.trim_end_matches('/').to_owned())
+        .collect()
+}
+
+/// One message per path of `paths` that is absolute or names nothing under `root`.
+fn missing_paths(root: &Path, paths: &[String]) -> Vec<String> {
+    paths
+        .iter()
+        .filter_map(|p| {
+            if Path::new(p).is_absolute() {
+                Some(format!(
+                    "`{p}` is absolute: name it relative to the workspace root"
+                ))
+            } else if !root.join(p).exists() {
+                Some(format!("`{p}` does not exist"))
+            } else {
+                None
+            }
+        })
+        .collect()
+}
+
+#[test]
+fn architecture_md_names_only_paths_that_exist() {
+    let root = tests::workspace_root();
+    let text =
+        std::fs::read_to_string(root.join(MAP)).unwrap_or_else(|e| panic!("read {MAP}: {e}"));
+    let paths = doc_paths(&text);
+    assert!(
+        paths.len() > 50,
+        "found only {} paths in {MAP}: is the extraction broken?",
+        paths.len()
+    );
+    let missing = missing_paths(&root, &paths);
+    assert!(
+        missing.is_empty(),
+        "{MAP} names {} path(s) that are not in the repository (fix the path or drop it):\n{}",
+        missing.len(),
+        missing.join("\n")
+    );
+}
+
+#[test]
+fn doc_paths_are_the_backticked_repository_paths() {
+    let text = "`a/b.rs` and `c.md:12`, `d/`, `e.toml`, `f.sh`\n\
+        `x::y/z` `a b/c` `*.rs` `<p>/q` `{a,b}/c` `plain` `config.json` `a.rs:x`\n\
+        ```sh\n`in/fence.rs`\n```\n`after/fence`\n";
+    assert_eq!(
+        doc_paths(text),
+        ["a/b.rs", "c.md", "d", "e.toml", "f.sh", "after/fence"]
+    );
+    let root = tests::workspace_root();
+    let named = |paths: &[&str]| paths.iter().map(|p| p.to_string()).collect::<Vec<_>>();
+    assert!(missing_paths(&root, &named(&["Cargo.toml", "tests/it"])).is_empty());
+    assert_eq!(
+        missing_paths(&root, &named(&["tests/it/no_such_file.rs", "/etc"])).len(),
+        2
     );
 }
 
