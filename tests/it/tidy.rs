@@ -410,7 +410,7 @@ fn doc_paths_are_the_backticked_repository_paths() {
         ["a/b.rs", "c.md", "d", "e.toml", "f.sh", "after/fence"]
     );
     let root = tests::workspace_root();
-    let named = |paths: &[&str]| paths.iter().map(|p| p.to_string()).collect::<Vec<_>>();
+    let named = |paths: &[&str]| paths.iter().map(ToString::to_string).collect::<Vec<_>>();
     assert!(missing_paths(&root, &named(&["Cargo.toml", "tests/it"])).is_empty());
     assert_eq!(
         missing_paths(&root, &named(&["tests/it/no_such_file.rs", "/etc"])).len(),
