@@ -19,6 +19,7 @@
 use super::parse::GgufError;
 use super::{Gguf, TensorInfo, dequantize};
 use crate::config::{LayerType, TextConfig};
+use crate::kernels::kquant::KQuantKind;
 use crate::tensor_spec::{self, LM_HEAD};
 use std::collections::HashMap;
 
@@ -327,6 +328,41 @@ impl DenseTensor {
         Ok(())
     }
 
+    /// The tensor's k-quant blocks in the transformers row order, for a projection stored as
+    /// `Q4_K` or `Q6_K` that the k-quant kernels can run as it is: values stored as they are,
+    /// value heads kept or moved only as whole rows (rows are independent blocks, so moving
+    /// them back is a copy). `None` for any other type or conversion (those are dequantized).
+    pub fn kquant_rows(&self, data: &[u8]) -> Result<Option<(KQuantKind, Vec<u8>)>, GgufError> {
+        let kind = match self.gguf.ty.name {
+            "Q4_K" => KQuantKind::Q4K,
+            "Q6_K" => KQuantKind::Q6K,
+            _ => return Ok(None),
+        };
+        if self.stored != Stored::AsIs || matches!(self.order, HeadOrder::Cols { .. }) {
+            return Ok(None);
+        }
+        let rb = self.row_bytes;
+        if data.len() != rb * self.rows {
+            return Err(GgufError::Tensor {
+                tensor: self.gguf.name.clone(),
+                why: format!(
+                    "{} bytes handed over, expected {}",
+                    data.len(),
+                    rb * self.rows
+                ),
+            });
+        }
+        let mut out = data.to_vec();
+        if let HeadOrder::Rows { start, head } = self.order {
+            // Transformers row start + i sits at file row start + tiled_index(i).
+            for i in 0..self.rows - start {
+                let from = start + tiled_index(i, head, self.heads);
+                out[(start + i) * rb..][..rb].copy_from_slice(&data[from * rb..][..rb]);
+            }
+        }
+        Ok(Some((kind, out)))
+    }
+
     /// The whole tensor, row-major in the transformers layout (small tensors: vectors, norms).
     pub fn values(&self, data: &[u8]) -> Result<Vec<f32>, GgufError> {
         let mut all = vec![0f32; self.rows * self.cols];
@@ -417,6 +453,70 @@ mod tests {
         assert!(
             err.contains("blk.0.ssm_a") && err.contains("element 1 (file order)"),
             "{err}"
+        );
+    }
+
+    /// A Q4_K `[10, 256]` tensor whose rows 2.. hold 4 value heads of 2 rows (2 key heads).
+    fn q4k_tensor(stored: Stored, order: HeadOrder) -> (DenseTensor, Vec<u8>) {
+        let (rows, cols) = (10, 256);
+        let w: Vec<f32> = (0..rows * cols)
+            .map(|i| ((i * 7919 % 1000) as f32 / 500.0 - 1.0) * (1 + i / cols) as f32)
+            .collect();
+        let data = crate::kernels::kquant::quantize_matrix(KQuantKind::Q4K, &w, rows, cols).data;
+        let gguf = TensorInfo {
+            name: "blk.0.ssm_in.weight".into(),
+            dims: vec![cols as u64, rows as u64],
+            ty: GgmlType::from_name("Q4_K").expect("Q4_K"),
+            offset: 0,
+            len: data.len() as u64,
+        };
+        let row_bytes = data.len() / rows;
+        let t = DenseTensor {
+            gguf,
+            rows,
+            cols,
+            row_bytes,
+            stored,
+            order,
+            heads: (2, 2),
+        };
+        (t, data)
+    }
+
+    #[test]
+    fn kquant_rows_are_the_blocks_in_transformers_row_order() {
+        let (t, data) = q4k_tensor(Stored::AsIs, HeadOrder::Rows { start: 2, head: 2 });
+        let (kind, rows) = t
+            .kquant_rows(&data)
+            .expect("read")
+            .expect("kept as k-quant");
+        assert_eq!(kind, KQuantKind::Q4K);
+        // Each block row, dequantized, is the row for_each_row gives for that transformers row.
+        let rb = data.len() / 10;
+        let mut want = vec![vec![]; 10];
+        t.for_each_row(&data, |r, v| want[r] = v.to_vec())
+            .expect("rows");
+        for (r, bytes) in rows.chunks_exact(rb).enumerate() {
+            let mut got = vec![0f32; 256];
+            dequantize(t.gguf.ty, bytes, &mut got).expect("dequantize");
+            assert_eq!(got, want[r], "row {r}");
+        }
+        assert_ne!(rows, data, "the value-head rows moved");
+        // Moved columns, a stored 1 + w or another type are not run as k-quant.
+        let (t, data) = q4k_tensor(Stored::AsIs, HeadOrder::Cols { head: 64 });
+        assert_eq!(t.kquant_rows(&data).expect("read"), None);
+        let (t, data) = q4k_tensor(Stored::PlusOne, HeadOrder::Kept);
+        assert_eq!(t.kquant_rows(&data).expect("read"), None);
+        let (t, bytes) = a_tensor(&[-1.0; 4]);
+        assert_eq!(t.kquant_rows(&bytes).expect("read"), None);
+        let (t, data) = q4k_tensor(Stored::AsIs, HeadOrder::Kept);
+        assert_eq!(
+            t.kquant_rows(&data).expect("read"),
+            Some((KQuantKind::Q4K, data.clone()))
+        );
+        assert!(
+            t.kquant_rows(&data[1..]).is_err(),
+            "a short read is refused"
         );
     }
 }
