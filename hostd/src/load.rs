@@ -51,6 +51,10 @@ pub enum DenseKind {
     /// W8A8: weights quantised to INT8 per output row at load, activations per row; about half
     /// the bytes per token. Router and small gates stay BF16.
     Int8,
+    /// A GGUF only: projections the file stores as Q4_K or Q6_K run from those blocks (W4A8 /
+    /// W6A8, llama.cpp's own bytes; no conversion at load), the others as int8. Router and
+    /// small gates stay BF16.
+    Gguf,
 }
 
 impl From<DenseKind> for DenseFormat {
@@ -58,6 +62,7 @@ impl From<DenseKind> for DenseFormat {
         match k {
             DenseKind::Bf16 => DenseFormat::Bf16,
             DenseKind::Int8 => DenseFormat::Int8,
+            DenseKind::Gguf => DenseFormat::Gguf,
         }
     }
 }
@@ -469,6 +474,12 @@ fn expertd_backend(
 pub fn load_model(args: &LoadOptions, client_name: &str) -> Result<Model, LoadError> {
     if args.threads == Some(0) {
         return Err(LoadError::Threads);
+    }
+    if args.dense == DenseKind::Gguf && !shared::gguf::is_gguf_path(&args.model) {
+        return Err(flags(format!(
+            "--dense gguf keeps a GGUF's k-quant projections as they are; {} is not a GGUF file (use --dense int8 or bf16)",
+            args.model.display()
+        )));
     }
     let selection = Isa::selection();
     if let Some(warning) = selection.warning() {

@@ -248,3 +248,36 @@ fn without_output_the_head_is_the_embedding_and_a_bad_dense_tensor_is_named() {
         );
     }
 }
+
+#[test]
+fn dense_gguf_holds_non_kquant_projections_as_int8_and_needs_a_gguf() {
+    // llama.cpp's tiny conversion is BF16 throughout (its rows are too short for k-quants):
+    // with --dense gguf every projection is held as INT8, so the logits are --dense int8's,
+    // bit for bit.
+    let gguf = MappedCheckpoint::open(&fixture()).expect("GGUF opens");
+    let ckpt = MappedCheckpoint::open(&model_dir("tiny")).expect("checkpoint opens");
+    let isa = Isa::detect();
+    let logits = |dense| {
+        let experts = Arc::new(Bf16Experts::new(&ckpt, isa).expect("experts"));
+        let model = Model::load(&gguf, experts, isa, dense).expect("model from GGUF");
+        eval_prompt(&model, &[1, 5, 9, 200, 3], 3, usize::MAX).expect("eval")
+    };
+    let (int8, kept) = (logits(DenseFormat::Int8), logits(DenseFormat::Gguf));
+    assert_eq!(kept.greedy_ids, int8.greedy_ids);
+    assert!(
+        kept.prompt_logits == int8.prompt_logits && kept.greedy_logits == int8.greedy_logits,
+        "--dense gguf without k-quant tensors is --dense int8"
+    );
+    // A directory has no GGUF blocks to keep: refused before anything loads.
+    let o = Command::new(workspace_bin("hostd"))
+        .args(["run", "--model"])
+        .arg(model_dir("tiny"))
+        .args(["--dense", "gguf", "--prompt", "x", "--max-new-tokens", "1"])
+        .output()
+        .expect("spawn hostd");
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        !o.status.success() && stderr.contains("is not a GGUF file"),
+        "{stderr}"
+    );
+}

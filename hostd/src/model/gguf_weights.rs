@@ -1,13 +1,15 @@
 //! Dense weights read from a `qwen35moe` GGUF file instead of a safetensors directory: the
 //! config from its metadata, each dense tensor dequantized and converted back to the
 //! transformers layout (`shared::gguf::GgufDense`) when the model asks for it, then held as BF16
-//! (or converted on to the dense format) like a safetensors matrix. The routed experts are not
+//! (or converted on to the dense format) like a safetensors matrix; with `--dense gguf` a
+//! projection stored as `Q4_K` or `Q6_K` keeps its blocks instead ([`GgufWeights::kquant`]). The routed experts are not
 //! read here: they come from a container prepared from the same file.
 
 use half::bf16;
 use shared::config::ModelConfig;
 use shared::container::{ContainerError, ModelIdentity};
 use shared::gguf::{GgufDense, GgufExperts, GgufFile, OpenError};
+use shared::kernels::kquant::KMatrix;
 use shared::tensor_spec::PREFIX_RELEASE;
 use std::path::Path;
 
@@ -106,6 +108,45 @@ impl GgufWeights {
         })
         .map_err(|e| gguf_err(self.path(), e))?;
         Ok(Matrix::from_vec(data, rows, cols))
+    }
+
+    /// The transformers tensor `name` as its k-quant blocks in the transformers row order, if
+    /// the file stores it as `Q4_K` or `Q6_K` in a layout the k-quant kernels run as it is
+    /// (`DenseTensor::kquant_rows`); `None` otherwise. Every block's super-scales are checked
+    /// finite, naming the tensor.
+    pub fn kquant(
+        &self,
+        name: &str,
+        rows: usize,
+        cols: usize,
+    ) -> Result<Option<KMatrix>, WeightsError> {
+        let (t, bytes) = self.tensor(name)?;
+        if (t.rows(), t.cols()) != (rows, cols) {
+            return Err(WeightsError::Shape {
+                name: name.to_string(),
+                found: format!("{} × {} in {}", t.rows(), t.cols(), t.gguf().name),
+                wanted: format!("{rows} × {cols}"),
+            });
+        }
+        let Some((kind, data)) = t
+            .kquant_rows(&bytes)
+            .map_err(|e| gguf_err(self.path(), e))?
+        else {
+            return Ok(None);
+        };
+        let m = KMatrix {
+            kind,
+            rows,
+            cols,
+            data,
+        };
+        m.as_ref().verify().map_err(|why| {
+            gguf_err(
+                self.path(),
+                format!("tensor {:?} (it holds {name}): {why}", t.gguf().name),
+            )
+        })?;
+        Ok(Some(m))
     }
 
     /// The transformers tensor `name` (a vector) as f32 values.

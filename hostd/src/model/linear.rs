@@ -1,6 +1,7 @@
 //! Dense projection weights in the format the run chose: BF16 straight from the mapped
-//! checkpoint (the exact mode, the default) or W8A8 INT8 quantised at load (`--dense int8`),
-//! and the projections `y = x · Wᵀ` over either.
+//! checkpoint (the exact mode, the default), W8A8 INT8 quantised at load (`--dense int8`), or a
+//! GGUF's own `Q4_K` / `Q6_K` blocks run by the k-quant kernels (`--dense gguf`, W4A8 / W6A8,
+//! the same activation quantisation), and the projections `y = x · Wᵀ` over any of them.
 //!
 //! The INT8 form uses the routed experts' scheme and kernels (`shared::kernels::int8`):
 //! symmetric per-output-row weights in the R16C4 layout, activations quantised per row, exact
@@ -15,6 +16,7 @@ use rayon::prelude::*;
 use shared::kernels::int8::{
     self, Int8Isa, MatrixRef, QuantizedMatrix, ROW_BLOCK, padded_cols, padded_rows,
 };
+use shared::kernels::kquant::{self, KActs, KMatrix};
 use shared::kernels::{self, Isa};
 
 /// Storage format of the large dense projections.
@@ -25,6 +27,9 @@ pub enum DenseFormat {
     Bf16,
     /// INT8 weights quantised at load (per output row), INT8 activations (per row).
     Int8,
+    /// A GGUF's `Q4_K` / `Q6_K` projections kept in their blocks (k-quant kernels, INT8
+    /// activations per row); every other projection as [`DenseFormat::Int8`].
+    Gguf,
 }
 
 impl DenseFormat {
@@ -33,6 +38,7 @@ impl DenseFormat {
         match self {
             DenseFormat::Bf16 => "bf16",
             DenseFormat::Int8 => "int8",
+            DenseFormat::Gguf => "gguf",
         }
     }
 }
@@ -41,6 +47,7 @@ impl DenseFormat {
 enum Weights {
     Bf16(Matrix),
     Int8(QuantizedMatrix),
+    KQuant(KMatrix),
 }
 
 /// A `[rows, cols]` (`[out, in]`) dense projection weight.
@@ -68,9 +75,10 @@ impl std::fmt::Debug for Linear {
 const QUANT_CHUNK_ROWS: usize = 64 * ROW_BLOCK;
 
 impl Linear {
-    /// Wraps a BF16 matrix, converting it to `format`. INT8 conversion reads the matrix once
-    /// (in parallel) and then advises the kernel to drop its mapped pages, so the BF16 copy
-    /// does not stay resident beside the INT8 one.
+    /// Wraps a BF16 matrix, converting it to `format` ([`DenseFormat::Gguf`]: INT8, as for a
+    /// projection that is not k-quant in the file). INT8 conversion reads the matrix once (in
+    /// parallel) and then advises the kernel to drop its mapped pages, so the BF16 copy does
+    /// not stay resident beside the INT8 one.
     pub fn new(m: Matrix, format: DenseFormat) -> Linear {
         let (rows, cols) = (m.rows, m.cols);
         match format {
@@ -79,7 +87,7 @@ impl Linear {
                 rows,
                 cols,
             },
-            DenseFormat::Int8 => {
+            DenseFormat::Int8 | DenseFormat::Gguf => {
                 let q = quantize_bf16(&m);
                 m.release_pages();
                 Linear {
@@ -91,11 +99,23 @@ impl Linear {
         }
     }
 
+    /// Wraps k-quant blocks as they are (a GGUF's `Q4_K` / `Q6_K` projection).
+    pub fn kquant(m: KMatrix) -> Linear {
+        m.as_ref().assert_shape();
+        let (rows, cols) = (m.rows, m.cols);
+        Linear {
+            w: Weights::KQuant(m),
+            rows,
+            cols,
+        }
+    }
+
     /// The format the weights are held in.
     pub fn format(&self) -> DenseFormat {
         match self.w {
             Weights::Bf16(_) => DenseFormat::Bf16,
             Weights::Int8(_) => DenseFormat::Int8,
+            Weights::KQuant(_) => DenseFormat::Gguf,
         }
     }
 
@@ -104,6 +124,7 @@ impl Linear {
         match &self.w {
             Weights::Bf16(m) => m.bytes(),
             Weights::Int8(q) => q.as_ref().streamed_bytes(),
+            Weights::KQuant(m) => m.data.len(),
         }
     }
 
@@ -113,6 +134,7 @@ impl Linear {
         match &self.w {
             Weights::Bf16(m) => m.data().iter().map(|v| v.to_f32()).collect(),
             Weights::Int8(q) => q.dequantize(),
+            Weights::KQuant(m) => m.dequantize(),
         }
     }
 }
@@ -244,20 +266,24 @@ pub fn project_many(isa: Isa, mats: &[&Linear], x: &[f32], n: usize) -> Vec<Vec<
         .iter()
         .map(|m| match &m.w {
             Weights::Bf16(w) => Some(w),
-            Weights::Int8(_) => None,
+            Weights::Int8(_) | Weights::KQuant(_) => None,
         })
         .collect();
     if let Some(bf16) = bf16 {
         // The exact mode's path, unchanged: BF16 kernels writing straight into the outputs.
         return ops::project_many(isa, &bf16, x, n);
     }
-    let xq = QuantizedInput::new(x, n, cols);
+    // Each quantised form of x only if a matrix reads it (both use the same formula).
+    let has = |f: DenseFormat| mats.iter().any(|m| m.format() == f);
+    let xq = has(DenseFormat::Int8).then(|| QuantizedInput::new(x, n, cols));
+    let mut k_acts = KActs::default();
+    let xk = has(DenseFormat::Gguf).then(|| k_acts.quantize(x, n, cols));
     let mut tiles = Vec::new();
     for (out, m) in mats.iter().enumerate() {
-        let elem = if m.format() == DenseFormat::Int8 {
-            1
-        } else {
+        let elem = if m.format() == DenseFormat::Bf16 {
             2
+        } else {
+            1
         };
         let tile = ops::tile_rows(m.rows, elem * cols, ROW_BLOCK);
         for r0 in (0..m.rows).step_by(tile.max(1)) {
@@ -286,6 +312,7 @@ pub fn project_many(isa: Isa, mats: &[&Linear], x: &[f32], n: usize) -> Vec<Vec<
                     }
                 }
                 Weights::Int8(q) => {
+                    let xq = xq.as_ref().expect("quantised for the INT8 matrices");
                     int8::gemm_w8a8(
                         i8isa,
                         row_slice(q, t.r0, t.rows),
@@ -294,6 +321,11 @@ pub fn project_many(isa: Isa, mats: &[&Linear], x: &[f32], n: usize) -> Vec<Vec<
                         n,
                         &mut y,
                     );
+                }
+                Weights::KQuant(m) => {
+                    let rows = m.as_ref().split_rows(t.r0).1.split_rows(t.rows).0;
+                    let xk = xk.expect("quantised for the k-quant matrices");
+                    kquant::gemm_k(i8isa, rows, xk, n, &mut y);
                 }
             }
             (t.out, t.r0, y)
@@ -377,6 +409,76 @@ mod tests {
         let scale = exact.iter().fold(0f32, |a, v| a.max(v.abs()));
         for (e, g) in exact.iter().zip(&q) {
             assert!((e - g).abs() < 0.02 * scale, "{e} vs {g}");
+        }
+    }
+
+    #[test]
+    fn kquant_rows_are_the_kernel_over_the_whole_matrix_whatever_the_batch_or_tiling() {
+        // Enough rows that project_many cuts the k-quant matrices into several tiles, beside an
+        // INT8 and a BF16 matrix in the same call.
+        let isa = Isa::active();
+        let cols = 512;
+        let k_mat = |rows: usize, kind, seed| {
+            let w: Vec<f32> = matrix(rows, cols, seed)
+                .data()
+                .iter()
+                .map(|v| v.to_f32())
+                .collect();
+            kquant::quantize_matrix(kind, &w, rows, cols)
+        };
+        let (q4, q6) = (
+            k_mat(1500, kquant::KQuantKind::Q4K, 4),
+            k_mat(33, kquant::KQuantKind::Q6K, 5),
+        );
+        let lins = [
+            Linear::kquant(q4.clone()),
+            Linear::new(matrix(40, cols, 6), DenseFormat::Int8),
+            Linear::kquant(q6.clone()),
+            Linear::new(matrix(9, cols, 7), DenseFormat::Bf16),
+        ];
+        assert_eq!(lins[0].format(), DenseFormat::Gguf);
+        assert_eq!(lins[0].bytes(), q4.data.len());
+        let n = 9;
+        let x: Vec<f32> = (0..n * cols).map(|i| (i as f32 * 0.13).sin()).collect();
+        let block = project_many(isa, &lins.iter().collect::<Vec<_>>(), &x, n);
+        // The k-quant outputs are gemm_k over the whole matrix.
+        let mut acts = KActs::default();
+        let xa = acts.quantize(&x, n, cols);
+        for (m, o) in [(&q4, 0), (&q6, 2)] {
+            let mut want = vec![0.0f32; n * m.rows];
+            kquant::gemm_k(Int8Isa::active(), m.as_ref(), xa, n, &mut want);
+            assert_eq!(block[o], want, "matrix {o}");
+        }
+        // Each token alone gives its row of the block.
+        for t in 0..n {
+            let one = project_many(
+                isa,
+                &lins.iter().collect::<Vec<_>>(),
+                &x[t * cols..(t + 1) * cols],
+                1,
+            );
+            for (m, (blk, row)) in block.iter().zip(&one).enumerate() {
+                let rows = row.len();
+                assert_eq!(
+                    &blk[t * rows..(t + 1) * rows],
+                    &row[..],
+                    "matrix {m}, token {t}"
+                );
+            }
+        }
+        // And each value is the dequantized row times x, within what rounding x to int8 can
+        // move it: Σ|w| · max|x| / 254 (half a step of the row's scale), plus f32 slack.
+        let deq = lins[0].dequantize();
+        let x_max = x[..cols].iter().fold(0f32, |a, v| a.max(v.abs()));
+        for r in (0..1500).step_by(75) {
+            let w = &deq[r * cols..(r + 1) * cols];
+            let exact: f32 = w.iter().zip(&x).map(|(w, x)| w * x).sum();
+            let bound = w.iter().map(|w| w.abs()).sum::<f32>() * x_max / 254.0 + 1e-3;
+            let got = block[0][r];
+            assert!(
+                (exact - got).abs() <= bound,
+                "row {r}: {exact} vs {got} (bound {bound})"
+            );
         }
     }
 }

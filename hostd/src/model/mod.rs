@@ -204,10 +204,7 @@ impl Model {
         Ok(Model {
             embed,
             final_scale: ops::zero_centred_scale(&w.vector_f32(&format!("{prefix}norm.weight"))?),
-            lm_head: Linear::new(
-                w.matrix(shared::tensor_spec::LM_HEAD, cfg.vocab_size, d)?,
-                dense,
-            ),
+            lm_head: w.linear(shared::tensor_spec::LM_HEAD, cfg.vocab_size, d, dense)?,
             dense,
             layers,
             cfg,

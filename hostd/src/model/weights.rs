@@ -380,6 +380,25 @@ impl MappedCheckpoint {
         self.matrix_at(name, e.shard, e.loc.offset, rows, cols)
     }
 
+    /// `name` as a `[rows, cols]` projection held in `format`. With [`DenseFormat::Gguf`] a
+    /// GGUF projection stored as `Q4_K` or `Q6_K` keeps its blocks (the k-quant kernels run
+    /// them); anything else is held as INT8.
+    pub fn linear(
+        &self,
+        name: &str,
+        rows: usize,
+        cols: usize,
+        format: DenseFormat,
+    ) -> Result<Linear, WeightsError> {
+        if format == DenseFormat::Gguf
+            && let Source::Gguf(g) = &self.source
+            && let Some(m) = g.kquant(name, rows, cols)?
+        {
+            return Ok(Linear::kquant(m));
+        }
+        Ok(Linear::new(self.matrix(name, rows, cols)?, format))
+    }
+
     /// A BF16 or F32 tensor converted to f32 values.
     pub fn vector_f32(&self, name: &str) -> Result<Vec<f32>, WeightsError> {
         if let Source::Gguf(g) = &self.source {
@@ -452,10 +471,8 @@ impl<'a> LayerTensors<'a> {
         rows: usize,
         cols: usize,
     ) -> Result<Linear, WeightsError> {
-        Ok(Linear::new(
-            self.w.matrix(&format!("{}{name}", self.base), rows, cols)?,
-            format,
-        ))
+        self.w
+            .linear(&format!("{}{name}", self.base), rows, cols, format)
     }
 
     /// `NAME` (a BF16 or F32 vector) as f32 values.
