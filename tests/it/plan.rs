@@ -165,7 +165,8 @@ fn real_config() -> std::path::PathBuf {
     tests::workspace_root().join("tests/fixtures/configs/qwen3.6-35b-a3b.config.json")
 }
 
-/// `hostd plan --config-only REAL_CONFIG --container DIR --memory M --json`, which must succeed.
+/// `hostd plan --config-only REAL_CONFIG --container DIR --memory M --json`, which must succeed
+/// but for too little disk room for the recommended container on this machine (checked).
 fn real_plan(memory: &str, dir: &Path) -> serde_json::Value {
     let config = real_config();
     let o = hostd(&[

@@ -120,6 +120,14 @@ impl GgufWeights {
         rows: usize,
         cols: usize,
     ) -> Result<Option<KMatrix>, WeightsError> {
+        let located = self
+            .dense
+            .get(name)
+            .ok_or_else(|| WeightsError::Missing(name.to_string()))?;
+        if located.kquant_kind().is_none() {
+            // Not read here: the caller dequantizes it instead.
+            return Ok(None);
+        }
         let (t, bytes) = self.tensor(name)?;
         if (t.rows(), t.cols()) != (rows, cols) {
             return Err(WeightsError::Shape {
@@ -128,10 +136,7 @@ impl GgufWeights {
                 wanted: format!("{rows} × {cols}"),
             });
         }
-        let Some((kind, data)) = t
-            .kquant_rows(&bytes)
-            .map_err(|e| gguf_err(self.path(), e))?
-        else {
+        let Some((kind, data)) = t.kquant_rows(bytes).map_err(|e| gguf_err(self.path(), e))? else {
             return Ok(None);
         };
         let m = KMatrix {

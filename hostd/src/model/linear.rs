@@ -246,7 +246,8 @@ struct Tile<'a> {
 /// matrix, returned in order (`[n, rows_i]` each). The rows of all matrices are cut into tiles
 /// that share the rayon pool, paying one fork/join instead of one per matrix; every tile runs
 /// the same single-threaded kernel whatever the tiling (GEMV for one row, GEMM otherwise), so
-/// results do not depend on the thread count. INT8 matrices share one quantisation of `x`.
+/// results do not depend on the thread count. The INT8 matrices share one quantisation of `x`,
+/// the k-quant ones another (the same values, with the sums the k-quant kernels need).
 pub fn project_many(isa: Isa, mats: &[&Linear], x: &[f32], n: usize) -> Vec<Vec<f32>> {
     // PERF-CRITICAL: decode runs this a few times per layer per token.
     let Some(first) = mats.first() else {
@@ -280,12 +281,13 @@ pub fn project_many(isa: Isa, mats: &[&Linear], x: &[f32], n: usize) -> Vec<Vec<
     let xk = has(DenseFormat::Gguf).then(|| k_acts.quantize(x, n, cols));
     let mut tiles = Vec::new();
     for (out, m) in mats.iter().enumerate() {
-        let elem = if m.format() == DenseFormat::Bf16 {
-            2
-        } else {
-            1
+        // Bytes of one weight row: what sizes the tiles.
+        let row_bytes = match m.format() {
+            DenseFormat::Bf16 => 2 * cols,
+            DenseFormat::Int8 => cols,
+            DenseFormat::Gguf => m.bytes() / m.rows.max(1),
         };
-        let tile = ops::tile_rows(m.rows, elem * cols, ROW_BLOCK);
+        let tile = ops::tile_rows(m.rows, row_bytes, ROW_BLOCK);
         for r0 in (0..m.rows).step_by(tile.max(1)) {
             tiles.push(Tile {
                 lin: m,

@@ -146,12 +146,13 @@ impl ModelFacts {
 /// `(resident, per decode token)` bytes of the dense weights in `format`. INT8 quantises the
 /// projections `hostd` runs through `Linear` (per output row: one byte per weight and an f32
 /// scale per row); the embedding table, norms, convolution, the router, the shared-expert gate
-/// and DeltaNet's `a`/`b` projections stay as stored (`model/linear.rs`).
+/// and DeltaNet's `a`/`b` projections stay as stored (`model/linear.rs`). `gguf` is counted as
+/// INT8: its k-quant projections are smaller (4.5 or 6.6 bits), so this is an upper bound.
 pub fn dense_bytes(cfg: &TextConfig, format: DenseFormat) -> (u64, u64) {
     let mut resident = 0u64;
     let mut embedding = 0u64;
     for t in tensor_spec::dense_tensors(cfg, PREFIX_RELEASE) {
-        let bytes = if format == DenseFormat::Int8 && is_int8_projection(&t.name, &t.shape) {
+        let bytes = if format != DenseFormat::Bf16 && is_int8_projection(&t.name, &t.shape) {
             t.numel() + 4 * t.shape[0] as u64
         } else {
             t.canonical_bytes()

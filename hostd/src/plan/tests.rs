@@ -23,6 +23,9 @@ fn int8_dense_bytes_match_what_the_op_scopes_count() {
     assert!((mb / 1_939.4 - 1.0).abs() < 0.01, "dense per token {mb} MB");
     // The embedding table (1.02 GB BF16) stays as stored and is resident but not read per token.
     assert!(resident > per_token + 1_000_000_000);
+    // --dense gguf holds its k-quant projections in fewer bytes than INT8: counted as INT8 (an
+    // upper bound), never at BF16 size (which would shrink a private expertd's cache).
+    assert_eq!(dense_bytes(&cfg, DenseFormat::Gguf), (resident, per_token));
     let (bf16_resident, _) = dense_bytes(&cfg, DenseFormat::Bf16);
     assert_eq!(
         bf16_resident,

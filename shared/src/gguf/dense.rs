@@ -328,19 +328,27 @@ impl DenseTensor {
         Ok(())
     }
 
-    /// The tensor's k-quant blocks in the transformers row order, for a projection stored as
-    /// `Q4_K` or `Q6_K` that the k-quant kernels can run as it is: values stored as they are,
-    /// value heads kept or moved only as whole rows (rows are independent blocks, so moving
-    /// them back is a copy). `None` for any other type or conversion (those are dequantized).
-    pub fn kquant_rows(&self, data: &[u8]) -> Result<Option<(KQuantKind, Vec<u8>)>, GgufError> {
+    /// The k-quant format the kernels can run this tensor in as it is stored: `Q4_K` or `Q6_K`,
+    /// values stored as they are, value heads kept or moved only as whole rows (rows are
+    /// independent blocks, so moving them back is a copy). `None` for any other type or
+    /// conversion (those are dequantized). Needs no bytes: callers ask before reading.
+    pub fn kquant_kind(&self) -> Option<KQuantKind> {
         let kind = match self.gguf.ty.name {
             "Q4_K" => KQuantKind::Q4K,
             "Q6_K" => KQuantKind::Q6K,
-            _ => return Ok(None),
+            _ => return None,
         };
-        if self.stored != Stored::AsIs || matches!(self.order, HeadOrder::Cols { .. }) {
+        (self.stored == Stored::AsIs && !matches!(self.order, HeadOrder::Cols { .. }))
+            .then_some(kind)
+    }
+
+    /// `data` (this tensor's bytes) as k-quant blocks in the transformers row order, if
+    /// [`DenseTensor::kquant_kind`] allows: kept rows are `data` itself, moved value-head rows
+    /// are copied back into place.
+    pub fn kquant_rows(&self, data: Vec<u8>) -> Result<Option<(KQuantKind, Vec<u8>)>, GgufError> {
+        let Some(kind) = self.kquant_kind() else {
             return Ok(None);
-        }
+        };
         let rb = self.row_bytes;
         if data.len() != rb * self.rows {
             return Err(GgufError::Tensor {
@@ -352,13 +360,14 @@ impl DenseTensor {
                 ),
             });
         }
-        let mut out = data.to_vec();
-        if let HeadOrder::Rows { start, head } = self.order {
-            // Transformers row start + i sits at file row start + tiled_index(i).
-            for i in 0..self.rows - start {
-                let from = start + tiled_index(i, head, self.heads);
-                out[(start + i) * rb..][..rb].copy_from_slice(&data[from * rb..][..rb]);
-            }
+        let HeadOrder::Rows { start, head } = self.order else {
+            return Ok(Some((kind, data)));
+        };
+        let mut out = data.clone();
+        // Transformers row start + i sits at file row start + tiled_index(i).
+        for i in 0..self.rows - start {
+            let from = start + tiled_index(i, head, self.heads);
+            out[(start + i) * rb..][..rb].copy_from_slice(&data[from * rb..][..rb]);
         }
         Ok(Some((kind, out)))
     }
@@ -456,9 +465,11 @@ mod tests {
         );
     }
 
-    /// A Q4_K `[10, 256]` tensor whose rows 2.. hold 4 value heads of 2 rows (2 key heads).
+    /// A Q4_K `[14, 256]` tensor whose rows 2.. hold 6 value heads of 2 rows: 3 key heads of 2
+    /// value heads each, so the tiled order is not its own inverse (with 2 × 2 it would be, and
+    /// a copy in the wrong direction would pass).
     fn q4k_tensor(stored: Stored, order: HeadOrder) -> (DenseTensor, Vec<u8>) {
-        let (rows, cols) = (10, 256);
+        let (rows, cols) = (14, 256);
         let w: Vec<f32> = (0..rows * cols)
             .map(|i| ((i * 7919 % 1000) as f32 / 500.0 - 1.0) * (1 + i / cols) as f32)
             .collect();
@@ -478,7 +489,7 @@ mod tests {
             row_bytes,
             stored,
             order,
-            heads: (2, 2),
+            heads: (3, 2),
         };
         (t, data)
     }
@@ -487,13 +498,13 @@ mod tests {
     fn kquant_rows_are_the_blocks_in_transformers_row_order() {
         let (t, data) = q4k_tensor(Stored::AsIs, HeadOrder::Rows { start: 2, head: 2 });
         let (kind, rows) = t
-            .kquant_rows(&data)
+            .kquant_rows(data.clone())
             .expect("read")
             .expect("kept as k-quant");
         assert_eq!(kind, KQuantKind::Q4K);
         // Each block row, dequantized, is the row for_each_row gives for that transformers row.
-        let rb = data.len() / 10;
-        let mut want = vec![vec![]; 10];
+        let rb = data.len() / 14;
+        let mut want = vec![vec![]; 14];
         t.for_each_row(&data, |r, v| want[r] = v.to_vec())
             .expect("rows");
         for (r, bytes) in rows.chunks_exact(rb).enumerate() {
@@ -503,19 +514,20 @@ mod tests {
         }
         assert_ne!(rows, data, "the value-head rows moved");
         // Moved columns, a stored 1 + w or another type are not run as k-quant.
-        let (t, data) = q4k_tensor(Stored::AsIs, HeadOrder::Cols { head: 64 });
-        assert_eq!(t.kquant_rows(&data).expect("read"), None);
+        let (t, data) = q4k_tensor(Stored::AsIs, HeadOrder::Cols { head: 32 });
+        assert_eq!(t.kquant_kind(), None);
+        assert_eq!(t.kquant_rows(data).expect("read"), None);
         let (t, data) = q4k_tensor(Stored::PlusOne, HeadOrder::Kept);
-        assert_eq!(t.kquant_rows(&data).expect("read"), None);
+        assert_eq!(t.kquant_rows(data).expect("read"), None);
         let (t, bytes) = a_tensor(&[-1.0; 4]);
-        assert_eq!(t.kquant_rows(&bytes).expect("read"), None);
+        assert_eq!(t.kquant_rows(bytes).expect("read"), None);
         let (t, data) = q4k_tensor(Stored::AsIs, HeadOrder::Kept);
         assert_eq!(
-            t.kquant_rows(&data).expect("read"),
+            t.kquant_rows(data.clone()).expect("read"),
             Some((KQuantKind::Q4K, data.clone()))
         );
         assert!(
-            t.kquant_rows(&data[1..]).is_err(),
+            t.kquant_rows(data[1..].to_vec()).is_err(),
             "a short read is refused"
         );
     }

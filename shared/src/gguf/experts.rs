@@ -232,7 +232,9 @@ fn expert_tensor(
             t.dims
         )));
     }
-    let expert_bytes = rows as u64 * t.row_bytes(rows, cols, n_experts).map_err(bad)?;
+    let expert_bytes = rows as u64
+        * t.row_bytes(rows, cols, n_experts)
+            .map_err(|why| bad(format!("routed experts: {why}")))?;
     Ok(ExpertTensor {
         name: t.name.clone(),
         ty: t.ty,
