@@ -8,7 +8,7 @@
 use half::bf16;
 use shared::config::ModelConfig;
 use shared::container::{ContainerError, ModelIdentity};
-use shared::gguf::{GgufDense, GgufExperts, GgufFile, OpenError};
+use shared::gguf::{DenseTensor, GgufDense, GgufExperts, GgufFile, OpenError};
 use shared::kernels::kquant::KMatrix;
 use shared::tensor_spec::PREFIX_RELEASE;
 use std::path::Path;
@@ -79,20 +79,21 @@ impl GgufWeights {
         ModelIdentity::of_gguf(&self.file, &self.experts)
     }
 
-    /// The located tensor and its bytes.
-    fn tensor(&self, name: &str) -> Result<(&shared::gguf::DenseTensor, Vec<u8>), WeightsError> {
-        let t = self
-            .dense
+    /// The located tensor `name` (nothing read yet).
+    fn located(&self, name: &str) -> Result<&DenseTensor, WeightsError> {
+        self.dense
             .get(name)
-            .ok_or_else(|| WeightsError::Missing(name.to_string()))?;
-        let info = t.gguf();
-        let bytes = self.file.read(info.offset, info.len, &info.name)?;
-        Ok((t, bytes))
+            .ok_or_else(|| WeightsError::Missing(name.to_string()))
     }
 
-    /// The transformers tensor `name` as a `[rows, cols]` BF16 matrix.
-    pub fn matrix(&self, name: &str, rows: usize, cols: usize) -> Result<Matrix, WeightsError> {
-        let (t, bytes) = self.tensor(name)?;
+    /// The located tensor `name`, checked to be a `[rows, cols]` matrix.
+    fn located_matrix(
+        &self,
+        name: &str,
+        rows: usize,
+        cols: usize,
+    ) -> Result<&DenseTensor, WeightsError> {
+        let t = self.located(name)?;
         if (t.rows(), t.cols()) != (rows, cols) {
             return Err(WeightsError::Shape {
                 name: name.to_string(),
@@ -100,6 +101,19 @@ impl GgufWeights {
                 wanted: format!("{rows} × {cols}"),
             });
         }
+        Ok(t)
+    }
+
+    /// A located tensor's bytes.
+    fn read(&self, t: &DenseTensor) -> Result<Vec<u8>, WeightsError> {
+        let info = t.gguf();
+        Ok(self.file.read(info.offset, info.len, &info.name)?)
+    }
+
+    /// The transformers tensor `name` as a `[rows, cols]` BF16 matrix.
+    pub fn matrix(&self, name: &str, rows: usize, cols: usize) -> Result<Matrix, WeightsError> {
+        let t = self.located_matrix(name, rows, cols)?;
+        let bytes = self.read(t)?;
         let mut data = vec![bf16::ZERO; rows * cols];
         t.for_each_row(&bytes, |r, v| {
             for (o, &x) in data[r * cols..(r + 1) * cols].iter_mut().zip(v) {
@@ -120,22 +134,12 @@ impl GgufWeights {
         rows: usize,
         cols: usize,
     ) -> Result<Option<KMatrix>, WeightsError> {
-        let located = self
-            .dense
-            .get(name)
-            .ok_or_else(|| WeightsError::Missing(name.to_string()))?;
-        if located.kquant_kind().is_none() {
+        let t = self.located_matrix(name, rows, cols)?;
+        if t.kquant_kind().is_none() {
             // Not read here: the caller dequantizes it instead.
             return Ok(None);
         }
-        let (t, bytes) = self.tensor(name)?;
-        if (t.rows(), t.cols()) != (rows, cols) {
-            return Err(WeightsError::Shape {
-                name: name.to_string(),
-                found: format!("{} × {} in {}", t.rows(), t.cols(), t.gguf().name),
-                wanted: format!("{rows} × {cols}"),
-            });
-        }
+        let bytes = self.read(t)?;
         let Some((kind, data)) = t.kquant_rows(bytes).map_err(|e| gguf_err(self.path(), e))? else {
             return Ok(None);
         };
@@ -156,8 +160,9 @@ impl GgufWeights {
 
     /// The transformers tensor `name` (a vector) as f32 values.
     pub fn vector_f32(&self, name: &str) -> Result<Vec<f32>, WeightsError> {
-        let (t, bytes) = self.tensor(name)?;
-        t.values(&bytes).map_err(|e| gguf_err(self.path(), e))
+        let t = self.located(name)?;
+        t.values(&self.read(t)?)
+            .map_err(|e| gguf_err(self.path(), e))
     }
 
     /// SHA-256 over the file's length, its header (metadata and tensor table) and 4 KiB
